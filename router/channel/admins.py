@@ -1,0 +1,259 @@
+"""ConsumerAdmin and SupplierAdmin servants (NS 3.4.15, 3.4.16).
+
+An admin creates and owns proxies of one side of the channel; its QoS is copied into each proxy at creation,
+its forwarding filters are shared live by its proxies (NS 2.1.2-2.1.3). Event-Service-style admins
+(``for_consumers``/``for_suppliers``) and proxies (``obtain_push_supplier`` etc.) have internal ids but are not
+listed or resolvable by id (NS 3.4.15).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from omniORB import CORBA
+
+import CosNotification
+import CosNotifyChannelAdmin
+import CosNotifyChannelAdmin__POA
+import CosNotifyComm
+
+from router.channel import qos as Q
+from router.channel.common import FilterMixin, FilterSet, QoSMixin, group_passes, ids_of
+from router.channel.events import Event
+from router.channel.runtime import admin_oid
+from router.channel.store import AdminRow, ProxyRow
+from router.channel.typesets import TypeSet
+
+__all__ = ["ConsumerAdminImpl", "SupplierAdminImpl"]
+
+log = logging.getLogger("nsjms.channel")
+
+_CLIENT_TYPES = {
+    CosNotifyChannelAdmin.ANY_EVENT: "ANY",
+    CosNotifyChannelAdmin.STRUCTURED_EVENT: "STRUCTURED",
+    CosNotifyChannelAdmin.SEQUENCE_EVENT: "SEQUENCE",
+}
+
+
+def _kind(style: str, ctype: Any) -> str:
+    try:
+        return f"{style}_{_CLIENT_TYPES[ctype]}"
+    except KeyError:
+        raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO) from None
+
+
+class _AdminBase(QoSMixin, FilterMixin):
+    side = "C"
+
+    def __init__(self, channel: Any, row: AdminRow) -> None:
+        self.channel = channel
+        self.rt = channel.rt
+        self.id = row.id
+        self.es_style = row.es_style
+        self.operator = CosNotifyChannelAdmin.InterFilterGroupOperator._items[row.operator]
+        self.qos = dict(row.qos)
+        self._lock = threading.RLock()
+        self.proxies: dict[int, Any] = {}
+        self.filters = FilterSet(self.rt.resolve, row.filters.get("forwarding"))
+        self.types = TypeSet()
+        self.destroyed = False
+        self.oid = admin_oid(channel.id, self.side, self.id)
+        self.ref = self.rt.activate(self.oid, self)
+
+    # -- common IDL -------------------------------------------------------------------------------------
+    def _get_MyID(self) -> int:
+        return self.id
+
+    def _get_MyChannel(self) -> Any:
+        return self.channel.ref
+
+    def _get_MyOperator(self) -> Any:
+        return self.operator
+
+    def destroy(self) -> None:
+        if self.id == 0 and not self.es_style:
+            # NS leaves destroying a default admin unspecified; the channel must always have one.
+            raise CORBA.NO_PERMISSION(0, CORBA.COMPLETED_NO)
+        self.teardown()
+        self.rt.store.delete_admin(self.channel.id, self.side, self.id)
+        admins = self.channel.consumer_admins if self.side == "C" else self.channel.supplier_admins
+        admins.pop(self.id, None)
+
+    def teardown(self) -> None:
+        """Disconnect every proxy and deactivate (the channel is going, or this admin is)."""
+        with self._lock:
+            self.destroyed = True
+            proxies = list(self.proxies.values())
+        for proxy in proxies:
+            proxy.teardown(notify_client=True)
+        self.rt.deactivate(self.oid)
+
+    # -- QoS / filters plumbing ------------------------------------------------------------------------
+    def _qos_context(self) -> Q.Context:
+        return Q.Context(has_children=bool(self.proxies), parent=self.channel.qos)
+
+    def _persist_qos(self, qos: dict[str, Any]) -> None:
+        self.rt.store.update_admin(self.channel.id, self.side, self.id, qos=qos)
+
+    def _persist_filters(self) -> None:
+        self.rt.store.update_admin(self.channel.id, self.side, self.id,
+                                   filters={"forwarding": self.filters.saved()})
+
+    # -- proxies ------------------------------------------------------------------------------------------
+    def _new_proxy(self, kind: str, *, es_style: bool) -> Any:
+        from router.channel.proxies import proxy_class
+
+        level = Q.Level.PROXY_SUPPLIER if self.side == "C" else Q.Level.PROXY_CONSUMER
+        with self._lock:
+            if self.destroyed:
+                raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
+            self.channel.check_limit(self.side)
+            pid = max(self.proxies, default=-1) + 1
+            qos = Q.inherit(self.qos, Q.Target(level, sequence=kind.endswith("SEQUENCE")))
+            self.rt.store.insert_proxy(self.channel.id, self.side, self.id, pid, kind, es_style, qos)
+            row = ProxyRow(self.channel.id, self.side, self.id, pid, kind, es_style, qos, None, False, False, {}, {})
+            proxy = proxy_class(self.side, kind)(self, row)
+            self.proxies[pid] = proxy
+        return proxy
+
+    def restore_proxy(self, row: ProxyRow) -> None:
+        from router.channel.proxies import proxy_class
+
+        self.proxies[row.id] = proxy_class(self.side, row.kind)(self, row)
+
+    def start_all(self) -> None:
+        for proxy in list(self.proxies.values()):
+            proxy.start()
+
+    def forget_proxy(self, pid: int) -> None:
+        with self._lock:
+            self.proxies.pop(pid, None)
+
+    def _ids(self, style: str) -> list[int]:
+        return ids_of(p for p in list(self.proxies.values()) if p.kind.startswith(style))
+
+    def _get_proxy(self, pid: int) -> Any:
+        proxy = self.proxies.get(pid)
+        if proxy is None or proxy.es_style:
+            raise CosNotifyChannelAdmin.ProxyNotFound()
+        return proxy.ref
+
+
+class ConsumerAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.ConsumerAdmin):
+    side = "C"
+
+    def __init__(self, channel: Any, row: AdminRow) -> None:
+        super().__init__(channel, row)
+        self.priority_filter = _restore_ref(self.rt, row.extra.get("priority_filter"))
+        self.lifetime_filter = _restore_ref(self.rt, row.extra.get("lifetime_filter"))
+
+    def targets_for(self, event: Event) -> list[Any]:
+        """Connected proxy suppliers of this admin whose filters (with the admin's) pass the event."""
+        if self.destroyed:
+            return []
+        return [p for p in list(self.proxies.values()) if p.wants(event)]
+
+    def passes(self, own: FilterSet, event: Event) -> bool:
+        return group_passes(own, self.filters, self.operator, event)
+
+    # mapping filters (stored; applied per NS 2.3.1 by the proxies)
+    def _get_priority_filter(self) -> Any:
+        return self.priority_filter
+
+    def _set_priority_filter(self, value: Any) -> None:
+        self.priority_filter = value
+        self._persist_extra()
+
+    def _get_lifetime_filter(self) -> Any:
+        return self.lifetime_filter
+
+    def _set_lifetime_filter(self, value: Any) -> None:
+        self.lifetime_filter = value
+        self._persist_extra()
+
+    def _persist_extra(self) -> None:
+        extra = {"priority_filter": _ior_or_none(self.rt, self.priority_filter),
+                 "lifetime_filter": _ior_or_none(self.rt, self.lifetime_filter)}
+        self.rt.store.update_admin(self.channel.id, self.side, self.id, extra=extra)
+
+    def _get_pull_suppliers(self) -> list[int]:
+        return self._ids("PULL")
+
+    def _get_push_suppliers(self) -> list[int]:
+        return self._ids("PUSH")
+
+    def get_proxy_supplier(self, proxy_id: int) -> Any:
+        return self._get_proxy(proxy_id)
+
+    def obtain_notification_pull_supplier(self, ctype: Any) -> tuple[Any, int]:
+        proxy = self._new_proxy(_kind("PULL", ctype), es_style=False)
+        return proxy.ref, proxy.id
+
+    def obtain_notification_push_supplier(self, ctype: Any) -> tuple[Any, int]:
+        proxy = self._new_proxy(_kind("PUSH", ctype), es_style=False)
+        return proxy.ref, proxy.id
+
+    def obtain_push_supplier(self) -> Any:
+        return self._new_proxy("PUSH_ANY", es_style=True).ref
+
+    def obtain_pull_supplier(self) -> Any:
+        return self._new_proxy("PULL_ANY", es_style=True).ref
+
+    def subscription_change(self, added: list[Any], removed: list[Any]) -> None:
+        self.types.change(added, removed)
+
+
+class SupplierAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.SupplierAdmin):
+    side = "S"
+
+    def admits(self, own: FilterSet, event: Event) -> bool:
+        return group_passes(own, self.filters, self.operator, event)
+
+    def _get_pull_consumers(self) -> list[int]:
+        return self._ids("PULL")
+
+    def _get_push_consumers(self) -> list[int]:
+        return self._ids("PUSH")
+
+    def get_proxy_consumer(self, proxy_id: int) -> Any:
+        return self._get_proxy(proxy_id)
+
+    def obtain_notification_pull_consumer(self, ctype: Any) -> tuple[Any, int]:
+        proxy = self._new_proxy(_kind("PULL", ctype), es_style=False)
+        return proxy.ref, proxy.id
+
+    def obtain_notification_push_consumer(self, ctype: Any) -> tuple[Any, int]:
+        proxy = self._new_proxy(_kind("PUSH", ctype), es_style=False)
+        return proxy.ref, proxy.id
+
+    def obtain_push_consumer(self) -> Any:
+        return self._new_proxy("PUSH_ANY", es_style=True).ref
+
+    def obtain_pull_consumer(self) -> Any:
+        return self._new_proxy("PULL_ANY", es_style=True).ref
+
+    def offer_change(self, added: list[Any], removed: list[Any]) -> None:
+        self.types.change(added, removed)
+
+
+def _ior_or_none(rt: Any, ref: Any) -> str | None:
+    if ref is None or CORBA.is_nil(ref):
+        return None
+    return str(rt.ior(ref))
+
+
+def _restore_ref(rt: Any, ior: str | None) -> Any:
+    if not ior:
+        return None
+    try:
+        import CosNotifyFilter
+
+        return rt.resolve(ior)._unchecked_narrow(CosNotifyFilter.MappingFilter)
+    except CORBA.Exception:
+        log.warning("could not restore a mapping filter reference")
+        return None
+
+
+_ = (CosNotification, CosNotifyComm)

@@ -1,0 +1,364 @@
+"""EventChannelFactory and EventChannel servants, and the routing of events inside a channel (NS 3.4.17-18).
+
+Routing (:meth:`EventChannelImpl.route`): per-event QoS from the header (BAD_QOS on bad values), filtering at the
+proxy consumer and its SupplierAdmin, admission against MaxQueueLength (IMPL_LIMIT or DiscardPolicy), fan-out to
+every connected proxy supplier whose filters pass, and, for persistent events, one database transaction holding
+the events and their queue rows *before* the supplier's call returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Sequence
+
+from omniORB import CORBA
+
+import CosNotification
+import CosNotifyChannelAdmin
+import CosNotifyChannelAdmin__POA
+import CosEventChannelAdmin
+
+from router.channel import qos as Q
+from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
+from router.channel.events import Event, Form, encode
+from router.channel.queue import Record, choose_victim, Entry
+from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
+from router.channel.store import ChannelRow, NewEvent
+
+__all__ = ["EventChannelFactoryImpl", "EventChannelImpl"]
+
+log = logging.getLogger("nsjms.channel")
+
+_TIMET_PER_SECOND = 10_000_000
+
+
+class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
+    """The node's single factory; its channels are loaded from the store at start."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._lock = threading.RLock()
+        self.channels: dict[int, EventChannelImpl] = {}
+        self.ref: Any = None
+
+    def activate(self) -> Any:
+        self.rt.ins_poa.activate_object_with_id(FACTORY_KEY.encode(), self)
+        self.ref = self.rt.ins_poa.id_to_reference(FACTORY_KEY.encode())
+        return self.ref
+
+    def restore(self) -> None:
+        """Re-create every stored channel with its admins, proxies and queued persistent events."""
+        self.rt.set_seq_floor(self.rt.store.max_seq())
+        for row in self.rt.store.load_channels():
+            channel = EventChannelImpl(self, row)
+            self.channels[row.id] = channel
+            channel.restore()
+        log.info("restored %d channel(s)", len(self.channels))
+
+    # -- IDL ----------------------------------------------------------------------------------------------
+    def create_channel(self, initial_qos: list[Any], initial_admin: list[Any]) -> tuple[Any, int]:
+        try:
+            qos = Q.apply_qos(Q.channel_defaults(), [(p.name, p.value) for p in initial_qos],
+                              Q.Target(Q.Level.CHANNEL), Q.Context(has_children=False, parent=None))
+        except Q.QoSError as exc:
+            raise_unsupported_qos(exc)
+        try:
+            admin = Q.apply_admin(Q.admin_defaults(), [(p.name, p.value) for p in initial_admin])
+        except Q.AdminError as exc:
+            raise CosNotification.UnsupportedAdmin(Q.to_property_errors(exc.problems))
+        with self._lock:
+            cid = max(self.channels, default=-1) + 1
+            default_admin_qos = Q.inherit(qos, Q.Target(Q.Level.CONSUMER_ADMIN))
+            self.rt.store.insert_channel(cid, qos, admin, default_admin_qos)
+            row = ChannelRow(cid, qos, admin, 1, 1)
+            channel = EventChannelImpl(self, row)
+            self.channels[cid] = channel
+        channel.restore()
+        return channel.ref, cid
+
+    def get_all_channels(self) -> list[int]:
+        with self._lock:
+            return sorted(self.channels)
+
+    def get_event_channel(self, id: int) -> Any:  # noqa: A002
+        with self._lock:
+            channel = self.channels.get(id)
+        if channel is None:
+            raise CosNotifyChannelAdmin.ChannelNotFound()
+        return channel.ref
+
+    def forget(self, cid: int) -> None:
+        with self._lock:
+            self.channels.pop(cid, None)
+
+
+class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
+    """One channel: its admins and the routing of events between them."""
+
+    def __init__(self, factory: EventChannelFactoryImpl, row: ChannelRow) -> None:
+        self.factory = factory
+        self.rt = factory.rt
+        self.id = row.id
+        self.qos = dict(row.qos)
+        self.admin_props = dict(row.admin_props)
+        self.qos_target = Q.Target(Q.Level.CHANNEL)
+        self._lock = threading.RLock()
+        self.consumer_admins: dict[int, Any] = {}
+        self.supplier_admins: dict[int, Any] = {}
+        self.records: dict[int, Record] = {}      # live events by seq (MaxQueueLength, channel discard)
+        self._records_lock = threading.Lock()
+        self.destroyed = False
+        self.oid = channel_oid(self.id)
+        self.ref = self.rt.activate(self.oid, self)
+
+    # -- restore ------------------------------------------------------------------------------------------
+    def restore(self) -> None:
+        from router.channel.admins import ConsumerAdminImpl, SupplierAdminImpl
+
+        for arow in self.rt.store.load_admins(self.id):
+            cls = ConsumerAdminImpl if arow.side == "C" else SupplierAdminImpl
+            admin = cls(self, arow)
+            (self.consumer_admins if arow.side == "C" else self.supplier_admins)[arow.id] = admin
+        for prow in self.rt.store.load_proxies(self.id):
+            admins = self.consumer_admins if prow.side == "C" else self.supplier_admins
+            admin = admins.get(prow.admin_id)
+            if admin is not None:
+                admin.restore_proxy(prow)
+        self._restore_events()
+        for admin in list(self.consumer_admins.values()) + list(self.supplier_admins.values()):
+            admin.start_all()
+
+    def _restore_events(self) -> None:
+        from router.channel.events import decode
+
+        by_event: dict[int, Record] = {}
+        for q in self.rt.store.load_queued(self.id):
+            rec = by_event.get(q.event_id)
+            if rec is None:
+                rec = Record(q.seq, decode(q.form, q.body), q.priority, q.deadline, q.start_at, True, q.event_id,
+                             on_released=self.released)
+                by_event[q.event_id] = rec
+                self.records[rec.seq] = rec
+            proxy = self.consumer_admins.get(q.admin_id)
+            target = proxy.proxies.get(q.proxy_id) if proxy is not None else None
+            if target is not None:
+                target.enqueue(rec)
+        for rec in [r for r in by_event.values() if r.holders == 0]:
+            self.released(rec)
+        if by_event:
+            log.info("channel %d: restored %d queued persistent event(s)", self.id, len(by_event))
+
+    # -- QoS / admin properties -------------------------------------------------------------------------
+    def _qos_context(self) -> Q.Context:
+        with self._lock:
+            has = len(self.consumer_admins) + len(self.supplier_admins) > 2 or any(
+                a.proxies for a in list(self.consumer_admins.values()) + list(self.supplier_admins.values()))
+        return Q.Context(has_children=has, parent=None)
+
+    def _persist_qos(self, qos: dict[str, Any]) -> None:
+        self.rt.store.update_channel(self.id, qos=qos)
+
+    def get_admin(self) -> list[Any]:
+        return Q.to_properties(self.admin_props)
+
+    def set_admin(self, admin: list[Any]) -> None:
+        with self._lock:
+            try:
+                new = Q.apply_admin(self.admin_props, [(p.name, p.value) for p in admin])
+            except Q.AdminError as exc:
+                raise CosNotification.UnsupportedAdmin(Q.to_property_errors(exc.problems))
+            self.rt.store.update_channel(self.id, admin_props=new)
+            self.admin_props = new
+
+    # -- navigation -------------------------------------------------------------------------------------
+    def _get_MyFactory(self) -> Any:
+        return self.factory.ref
+
+    def _get_default_consumer_admin(self) -> Any:
+        return self.consumer_admins[0].ref
+
+    def _get_default_supplier_admin(self) -> Any:
+        return self.supplier_admins[0].ref
+
+    def _get_default_filter_factory(self) -> Any:
+        return getattr(self.factory, "filter_factory_ref", None)
+
+    def new_for_consumers(self, op: Any) -> tuple[Any, int]:
+        admin = self._new_admin("C", op, es_style=False)
+        return admin.ref, admin.id
+
+    def new_for_suppliers(self, op: Any) -> tuple[Any, int]:
+        admin = self._new_admin("S", op, es_style=False)
+        return admin.ref, admin.id
+
+    def get_consumeradmin(self, id: int) -> Any:  # noqa: A002
+        admin = self.consumer_admins.get(id)
+        if admin is None or admin.es_style:
+            raise CosNotifyChannelAdmin.AdminNotFound()
+        return admin.ref
+
+    def get_supplieradmin(self, id: int) -> Any:  # noqa: A002
+        admin = self.supplier_admins.get(id)
+        if admin is None or admin.es_style:
+            raise CosNotifyChannelAdmin.AdminNotFound()
+        return admin.ref
+
+    def get_all_consumeradmins(self) -> list[int]:
+        return ids_of(list(self.consumer_admins.values()))
+
+    def get_all_supplieradmins(self) -> list[int]:
+        return ids_of(list(self.supplier_admins.values()))
+
+    # Event Service (CosEventChannelAdmin::EventChannel) operations: ID-less admins.
+    def for_consumers(self) -> Any:
+        return self._new_admin("C", CosNotifyChannelAdmin.AND_OP, es_style=True).ref
+
+    def for_suppliers(self) -> Any:
+        return self._new_admin("S", CosNotifyChannelAdmin.AND_OP, es_style=True).ref
+
+    def destroy(self) -> None:
+        with self._lock:
+            if self.destroyed:
+                return
+            self.destroyed = True
+            admins = list(self.consumer_admins.values()) + list(self.supplier_admins.values())
+        for admin in admins:
+            admin.teardown()
+        self.rt.store.delete_channel(self.id)
+        self.factory.forget(self.id)
+        self.rt.deactivate(self.oid)
+
+    def _new_admin(self, side: str, op: Any, *, es_style: bool) -> Any:
+        from router.channel.admins import ConsumerAdminImpl, SupplierAdminImpl
+        from router.channel.store import AdminRow
+
+        level = Q.Level.CONSUMER_ADMIN if side == "C" else Q.Level.SUPPLIER_ADMIN
+        with self._lock:
+            self._check_alive()
+            admins = self.consumer_admins if side == "C" else self.supplier_admins
+            aid = max(admins, default=0) + 1
+            qos = Q.inherit(self.qos, Q.Target(level))
+            self.rt.store.insert_admin(self.id, side, aid, es_style, int(op._v), qos)
+            row = AdminRow(self.id, side, aid, es_style, int(op._v), qos, 0, {}, {})
+            cls = ConsumerAdminImpl if side == "C" else SupplierAdminImpl
+            admin = cls(self, row)
+            admins[aid] = admin
+        return admin
+
+    def _check_alive(self) -> None:
+        if self.destroyed:
+            raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
+
+    # -- counting for admin limits -------------------------------------------------------------------------
+    def proxy_count(self, side: str) -> int:
+        admins = self.consumer_admins if side == "C" else self.supplier_admins
+        return sum(len(a.proxies) for a in list(admins.values()))
+
+    def check_limit(self, side: str) -> None:
+        name = CosNotification.MaxConsumers if side == "C" else CosNotification.MaxSuppliers
+        limit = int(self.admin_props.get(name, 0))
+        if limit and self.proxy_count(side) >= limit:
+            value = CORBA.Any(CORBA.TC_long, limit)
+            raise CosNotifyChannelAdmin.AdminLimitExceeded(CosNotifyChannelAdmin.AdminLimit(name, value))
+
+    # -- routing ------------------------------------------------------------------------------------------
+    def route(self, source: Any, events: Sequence[Event]) -> None:
+        """Accept events from a proxy consumer; returns once they are queued (and stored, if persistent)."""
+        if self.destroyed:
+            raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
+        now = time.time()
+        records = [self._make_record(source, ev, now) for ev in events]
+        accepted = [r for r in records if source.admits(r.event)]
+        if not accepted:
+            return
+        self._admit(len(accepted))
+        plans = [(rec, self._targets(rec)) for rec in accepted]
+        plans = [(rec, targets) for rec, targets in plans if targets]
+        self._store(plans)
+        with self._records_lock:
+            for rec, _ in plans:
+                self.records[rec.seq] = rec
+        for rec, targets in plans:
+            rec.hold()                      # keep the record alive until every target queued it
+            for proxy in targets:
+                proxy.enqueue(rec)
+            rec.release()
+
+    def _make_record(self, source: Any, ev: Event, now: float) -> Record:
+        header = ev.value.header.variable_header if ev.form is Form.STRUCTURED else []
+        try:
+            eq = Q.event_qos(source.qos, header)
+        except Q.EventQoSError as exc:
+            log.info("rejected an event from %s: %s", source.oid, exc)
+            raise CORBA.BAD_QOS(0, CORBA.COMPLETED_NO)
+        timeout = int(eq.get("timeout") or 0)
+        deadline = now + timeout / _TIMET_PER_SECOND if timeout else None
+        stop = eq.get("stop_time")
+        if stop is not None:
+            stop_unix = Q.utc_to_unix(int(stop))
+            deadline = stop_unix if deadline is None else min(deadline, stop_unix)
+        start = eq.get("start_time")
+        start_at = Q.utc_to_unix(int(start)) if start is not None else None
+        persistent = bool(eq.get("persistent")) and self._connections_persistent()
+        return Record(self.rt.next_seq(), ev, int(eq.get("priority", 0)), deadline, start_at, persistent,
+                      on_released=self.released)
+
+    def _connections_persistent(self) -> bool:
+        return int(self.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent
+
+    def _targets(self, rec: Record) -> list[Any]:
+        out: list[Any] = []
+        for admin in list(self.consumer_admins.values()):
+            out.extend(admin.targets_for(rec.event))
+        return out
+
+    def _admit(self, n: int) -> None:
+        """MaxQueueLength with RejectNewEvents (IMPL_LIMIT) or the channel's DiscardPolicy (NS 2.5.7)."""
+        limit = int(self.admin_props.get(CosNotification.MaxQueueLength, 0))
+        if not limit:
+            return
+        with self._records_lock:
+            overflow = len(self.records) + n - limit
+        if overflow <= 0:
+            return
+        if bool(self.admin_props.get(CosNotification.RejectNewEvents, False)):
+            raise CORBA.IMPL_LIMIT(0, CORBA.COMPLETED_NO)
+        for _ in range(overflow):
+            self._discard_one()
+
+    def _discard_one(self) -> None:
+        with self._records_lock:
+            if not self.records:
+                return
+            policy = int(self.qos.get(CosNotification.DiscardPolicy, 0))
+            victim = choose_victim(policy, [Entry(r, ()) for r in self.records.values()]).record
+        log.info("channel %d full: discarding event seq=%d (DiscardPolicy=%d)", self.id, victim.seq, policy)
+        for admin in list(self.consumer_admins.values()):
+            for proxy in list(admin.proxies.values()):
+                proxy.queue.remove_record(victim)
+
+    def _store(self, plans: list[tuple[Record, list[Any]]]) -> None:
+        durable = [(rec, t) for rec, t in plans if rec.persistent]
+        if not durable:
+            return
+        rows = [NewEvent(rec.seq, int(rec.event.form), encode(rec.event), rec.priority, rec.deadline,
+                         rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
+        ids = self.rt.store.insert_events(self.id, rows)
+        for (rec, _), eid in zip(durable, ids):
+            rec.db_id = eid
+
+    def released(self, rec: Record) -> None:
+        """A record left its last queue: forget it and its stored copy."""
+        self._forget_record(rec)
+        if rec.db_id is not None:
+            self.rt.store.delete_events([rec.db_id])
+
+    def _forget_record(self, rec: Record) -> None:
+        with self._records_lock:
+            self.records.pop(rec.seq, None)
+
+    def queued_count(self) -> int:
+        with self._records_lock:
+            return len(self.records)

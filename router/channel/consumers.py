@@ -1,0 +1,215 @@
+"""Proxy consumers: suppliers push events in, or the channel pulls them (NS 3.4.3-3.4.11).
+
+A push returns only once the channel queued the events for every interested consumer, and for persistent events
+once they are committed to PostgreSQL: a push that returned normally is an event the channel will not lose.
+Pull-style proxy consumers run one thread each that calls the supplier's ``try_pull*``; it stops pulling while the
+connection is suspended or while the channel is full with ``RejectNewEvents`` (NS 2.5.7).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import omniORB
+from omniORB import CORBA
+
+import CosEventComm
+import CosNotification
+import CosNotifyChannelAdmin__POA
+import CosNotifyComm
+
+from router.channel.events import Event, normalise_any, normalise_structured
+from router.channel.proxies import ProxyBase
+
+__all__ = ["CONSUMER_CLASSES"]
+
+log = logging.getLogger("nsjms.channel")
+
+_PULL_IDLE_MIN, _PULL_IDLE_MAX = 0.005, 0.2
+_MAX_BACKOFF = 5.0
+
+
+class ProxyConsumerBase(ProxyBase):
+    side = "S"
+
+    def admits(self, event: Event) -> bool:
+        """Filters of this proxy consumer combined with its SupplierAdmin's (NS 2.3)."""
+        return self.admin.admits(self.filters, event)
+
+    def _accept(self, events: list[Event]) -> None:
+        if self.destroyed:
+            raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
+        if not self.connected:
+            raise CosEventComm.Disconnected()
+        self.channel.route(self, events)
+
+    def obtain_subscription_types(self, mode: Any) -> list[Any]:
+        return self._aggregate(self.channel.consumer_admins, mode)
+
+    def offer_change(self, added: list[Any], removed: list[Any]) -> None:
+        self.types.change(added, removed)
+
+
+class PushConsumerMixin(ProxyConsumerBase):
+    """Push style: the supplier calls us; nothing to run."""
+
+
+class PullConsumerMixin(ProxyConsumerBase):
+    """Pull style: a thread per proxy pulls from the supplier."""
+
+    def start(self) -> None:
+        if self.connected and not self.destroyed:
+            self.rt.spawn(f"pull-{self.oid}", self._pull_loop)
+
+    def _channel_full(self) -> bool:
+        props = self.channel.admin_props
+        limit = int(props.get(CosNotification.MaxQueueLength, 0))
+        return bool(limit and props.get(CosNotification.RejectNewEvents) and self.channel.queued_count() >= limit)
+
+    def _pull_loop(self) -> None:
+        idle, backoff = _PULL_IDLE_MIN, 0.05
+        while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
+            if self.suspended or self._channel_full():
+                self.stop_event.wait(0.1)
+                continue
+            try:
+                supplier = self.client_ref()
+                omniORB.setClientCallTimeout(supplier, self.rt.push_timeout_ms)
+                events = self.pull_once(supplier)
+            except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
+                log.info("proxy %s: supplier gone (%s); disconnecting", self.oid, type(exc).__name__)
+                self.teardown(notify_client=False)
+                return
+            except CORBA.Exception as exc:
+                log.warning("proxy %s: pull failed (%s); retrying", self.oid, exc)
+                self.stop_event.wait(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+                continue
+            backoff = 0.05
+            if not events:
+                self.stop_event.wait(idle)
+                idle = min(idle * 2, _PULL_IDLE_MAX)
+                continue
+            idle = _PULL_IDLE_MIN
+            self._route_pulled(events)
+
+    def _route_pulled(self, events: list[Event]) -> None:
+        try:
+            self.channel.route(self, events)
+        except CORBA.BAD_QOS:
+            log.error("proxy %s: supplier delivered event(s) with unusable QoS headers; not routed", self.oid)
+        except CORBA.IMPL_LIMIT:
+            log.error("proxy %s: channel full with RejectNewEvents; %d pulled event(s) rejected",
+                      self.oid, len(events))
+
+    def pull_once(self, supplier: Any) -> list[Event]:
+        raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------------------------------------
+class ProxyPushConsumerImpl(PushConsumerMixin, CosNotifyChannelAdmin__POA.ProxyPushConsumer):
+    client_iface = CosEventComm.PushSupplier
+    client_disconnect_op = "disconnect_push_supplier"
+
+    def connect_any_push_supplier(self, push_supplier: Any) -> None:
+        self._connect(push_supplier, required=False)
+
+    def connect_push_supplier(self, push_supplier: Any) -> None:
+        self._connect(push_supplier, required=False)
+
+    def push(self, data: Any) -> None:
+        self._accept([normalise_any(data)])
+
+    def disconnect_push_consumer(self) -> None:
+        self.client_disconnected()
+
+
+class StructuredProxyPushConsumerImpl(PushConsumerMixin, CosNotifyChannelAdmin__POA.StructuredProxyPushConsumer):
+    client_iface = CosNotifyComm.StructuredPushSupplier
+    client_disconnect_op = "disconnect_structured_push_supplier"
+
+    def connect_structured_push_supplier(self, push_supplier: Any) -> None:
+        self._connect(push_supplier, required=False)
+
+    def push_structured_event(self, notification: Any) -> None:
+        self._accept([normalise_structured(notification)])
+
+    def disconnect_structured_push_consumer(self) -> None:
+        self.client_disconnected()
+
+
+class SequenceProxyPushConsumerImpl(PushConsumerMixin, CosNotifyChannelAdmin__POA.SequenceProxyPushConsumer):
+    client_iface = CosNotifyComm.SequencePushSupplier
+    client_disconnect_op = "disconnect_sequence_push_supplier"
+
+    def connect_sequence_push_supplier(self, push_supplier: Any) -> None:
+        self._connect(push_supplier, required=False)
+
+    def push_structured_events(self, notifications: list[Any]) -> None:
+        if notifications:
+            self._accept([normalise_structured(ev) for ev in notifications])
+
+    def disconnect_sequence_push_consumer(self) -> None:
+        self.client_disconnected()
+
+
+class ProxyPullConsumerImpl(PullConsumerMixin, CosNotifyChannelAdmin__POA.ProxyPullConsumer):
+    client_iface = CosEventComm.PullSupplier
+    client_disconnect_op = "disconnect_pull_supplier"
+
+    def connect_any_pull_supplier(self, pull_supplier: Any) -> None:
+        self._connect(pull_supplier, required=True)
+
+    def connect_pull_supplier(self, pull_supplier: Any) -> None:
+        if pull_supplier is None or CORBA.is_nil(pull_supplier):
+            raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
+        self._connect(pull_supplier, required=True)
+
+    def pull_once(self, supplier: Any) -> list[Event]:
+        value, has_event = supplier.try_pull()
+        return [normalise_any(value)] if has_event else []
+
+    def disconnect_pull_consumer(self) -> None:
+        self.client_disconnected()
+
+
+class StructuredProxyPullConsumerImpl(PullConsumerMixin, CosNotifyChannelAdmin__POA.StructuredProxyPullConsumer):
+    client_iface = CosNotifyComm.StructuredPullSupplier
+    client_disconnect_op = "disconnect_structured_pull_supplier"
+
+    def connect_structured_pull_supplier(self, pull_supplier: Any) -> None:
+        self._connect(pull_supplier, required=True)
+
+    def pull_once(self, supplier: Any) -> list[Event]:
+        value, has_event = supplier.try_pull_structured_event()
+        return [normalise_structured(value)] if has_event else []
+
+    def disconnect_structured_pull_consumer(self) -> None:
+        self.client_disconnected()
+
+
+class SequenceProxyPullConsumerImpl(PullConsumerMixin, CosNotifyChannelAdmin__POA.SequenceProxyPullConsumer):
+    client_iface = CosNotifyComm.SequencePullSupplier
+    client_disconnect_op = "disconnect_sequence_pull_supplier"
+
+    def connect_sequence_pull_supplier(self, pull_supplier: Any) -> None:
+        self._connect(pull_supplier, required=True)
+
+    def pull_once(self, supplier: Any) -> list[Event]:
+        size = max(1, int(self.qos.get(CosNotification.MaximumBatchSize, 1)))
+        batch, has_event = supplier.try_pull_structured_events(max(size, 100))
+        return [normalise_structured(ev) for ev in batch] if has_event else []
+
+    def disconnect_sequence_pull_consumer(self) -> None:
+        self.client_disconnected()
+
+
+CONSUMER_CLASSES: dict[str, type] = {
+    "PUSH_ANY": ProxyPushConsumerImpl,
+    "PUSH_STRUCTURED": StructuredProxyPushConsumerImpl,
+    "PUSH_SEQUENCE": SequenceProxyPushConsumerImpl,
+    "PULL_ANY": ProxyPullConsumerImpl,
+    "PULL_STRUCTURED": StructuredProxyPullConsumerImpl,
+    "PULL_SEQUENCE": SequenceProxyPullConsumerImpl,
+}

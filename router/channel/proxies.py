@@ -1,0 +1,539 @@
+"""Proxy servants: the common base, the proxy registry, and the supplier side (NS 3.4.1-3.4.14).
+
+* :class:`ProxyBase` — ids, navigation, QoS, filters, connection state (persisted), suspend/resume, teardown.
+* Proxy *suppliers* (channel → consumer) own a :class:`~router.channel.queue.ProxyQueue`. Push proxies run one
+  dispatcher thread each, so a slow or dead consumer only delays itself; a failed push keeps the events queued and
+  is retried with backoff until the consumer answers, disconnects (``Disconnected``) or no longer exists
+  (``OBJECT_NOT_EXIST``), in which case the proxy disconnects itself and is destroyed (NS 3.3.7.1).
+* Proxy *consumers* (supplier → channel) live in :mod:`router.channel.consumers`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import omniORB
+from omniORB import CORBA
+
+import CosEventChannelAdmin
+import CosEventComm
+import CosNotification
+import CosNotifyChannelAdmin
+import CosNotifyChannelAdmin__POA
+import CosNotifyComm
+
+from router.channel import qos as Q
+from router.channel.common import FilterMixin, FilterSet, QoSMixin, raise_unsupported_qos
+from router.channel.events import Event, Form, as_any, as_structured
+from router.channel.queue import Entry, ProxyQueue, Record
+from router.channel.runtime import proxy_oid
+from router.channel.store import ProxyRow
+from router.channel.typesets import TypeSet
+
+__all__ = ["ProxyBase", "ProxySupplierBase", "proxy_class"]
+
+log = logging.getLogger("nsjms.channel")
+
+_TIMET = 10_000_000
+_IDLE_WAIT = 0.5
+_MAX_BACKOFF = 5.0
+# Failures after which a push is retried later: the consumer may come back.
+_TRANSIENT = (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.TIMEOUT, CORBA.NO_RESOURCES, CORBA.INTERNAL,
+              CORBA.UNKNOWN, CORBA.NO_RESPONSE)
+
+
+class ProxyBase(QoSMixin, FilterMixin):
+    """State and operations every proxy has."""
+
+    side = "C"
+    client_iface: Any = None          # typed interface of the connected client, for narrowing stored IORs
+
+    def __init__(self, admin: Any, row: ProxyRow) -> None:
+        self.admin = admin
+        self.channel = admin.channel
+        self.rt = admin.rt
+        self.id = row.id
+        self.kind = row.kind
+        self.style, self.form = row.kind.split("_", 1)
+        self.es_style = row.es_style
+        self.qos = dict(row.qos)
+        level = Q.Level.PROXY_SUPPLIER if self.side == "C" else Q.Level.PROXY_CONSUMER
+        self.qos_target = Q.Target(level, sequence=self.form == "SEQUENCE")
+        self._lock = threading.RLock()
+        self.client: Any = None
+        self.client_ior = row.client_ior
+        self.connected = row.connected
+        self.suspended = row.suspended
+        self.destroyed = False
+        self.stop_event = threading.Event()
+        self.filters = FilterSet(self.rt.resolve, row.filters.get("forwarding"))
+        self.types = TypeSet()
+        self.oid = proxy_oid(self.channel.id, self.side, admin.id, self.id)
+        self.ref = self.rt.activate(self.oid, self)
+
+    # -- navigation and QoS ------------------------------------------------------------------------------
+    def _get_MyType(self) -> Any:
+        return getattr(CosNotifyChannelAdmin, self.kind)
+
+    def _get_MyAdmin(self) -> Any:
+        return self.admin.ref
+
+    def _qos_context(self) -> Q.Context:
+        return Q.Context(has_children=False, parent={**self.channel.qos, **self.admin.qos})
+
+    def _persist_qos(self, qos: dict[str, Any]) -> None:
+        self._update(qos=qos)
+
+    def _persist_filters(self) -> None:
+        self._update(filters={"forwarding": self.filters.saved()})
+
+    def _update(self, **cols: Any) -> None:
+        self.rt.store.update_proxy(self.channel.id, self.side, self.admin.id, self.id, **cols)
+
+    def validate_event_qos(self, required_qos: list[Any]) -> list[Any]:
+        try:
+            available = Q.validate_event_qos({**self.channel.qos, **self.qos},
+                                             [(p.name, p.value) for p in required_qos])
+        except Q.QoSError as exc:
+            raise_unsupported_qos(exc)
+        return Q.to_named_ranges(available)
+
+    # -- connection --------------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self.destroyed:
+            raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
+
+    def _connect(self, client: Any, *, required: bool) -> None:
+        """Record the client (nil allowed unless required); AlreadyConnected if one is connected."""
+        with self._lock:
+            self._check_alive()
+            if self.connected:
+                raise CosEventChannelAdmin.AlreadyConnected()
+            nil = client is None or CORBA.is_nil(client)
+            if required and nil:
+                raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
+            self.client = None if nil else client
+            self.client_ior = None if nil else self.rt.ior(client)
+            self._update(client_ior=self.client_ior, connected=True, suspended=False)
+            self.connected, self.suspended = True, False
+        self.start()
+
+    def client_ref(self) -> Any:
+        """The connected client's reference (restored lazily from its IOR after a restart)."""
+        if self.client is None and self.client_ior:
+            self.client = self.rt.resolve(self.client_ior)._unchecked_narrow(self.client_iface)
+        return self.client
+
+    def start(self) -> None:
+        """Start the proxy's worker, if it has one and is connected (also called after a restore)."""
+
+    def suspend_connection(self) -> None:
+        with self._lock:
+            self._check_alive()
+            if not self.connected:
+                raise CosNotifyChannelAdmin.NotConnected()
+            if self.suspended:
+                raise CosNotifyChannelAdmin.ConnectionAlreadyInactive()
+            self._update(suspended=True)
+            self.suspended = True
+
+    def resume_connection(self) -> None:
+        with self._lock:
+            self._check_alive()
+            if not self.connected:
+                raise CosNotifyChannelAdmin.NotConnected()
+            if not self.suspended:
+                raise CosNotifyChannelAdmin.ConnectionAlreadyActive()
+            self._update(suspended=False)
+            self.suspended = False
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the worker (queue or pull loop)."""
+
+    def client_disconnected(self) -> None:
+        """The client called our ``disconnect_*``: release everything, the reference dies (NS 3.3.7.2)."""
+        self.teardown(notify_client=False)
+
+    def teardown(self, *, notify_client: bool) -> None:
+        with self._lock:
+            if self.destroyed:
+                return
+            self.destroyed = True
+            self.connected = False
+            self.stop_event.set()
+        self._release_resources()
+        if notify_client:
+            self._notify_client_async()
+        self.rt.store.delete_proxy(self.channel.id, self.side, self.admin.id, self.id)
+        self.admin.forget_proxy(self.id)
+        self.rt.deactivate(self.oid)
+
+    def _release_resources(self) -> None:
+        self._wake()
+
+    def _notify_client_async(self) -> None:
+        client = None
+        try:
+            client = self.client_ref()
+        except CORBA.Exception:
+            return
+        if client is None:
+            return
+        method = getattr(client, self.client_disconnect_op, None)
+        if method is None:
+            return
+
+        def call() -> None:
+            try:
+                omniORB.setClientCallTimeout(client, 2000)
+                method()
+            except (CORBA.Exception, CosEventComm.Disconnected):
+                pass
+
+        self.rt.spawn(f"notify-{self.oid}", call)
+
+    client_disconnect_op = ""
+
+    # -- offer / subscription ---------------------------------------------------------------------------
+    def _aggregate(self, admins: dict[int, Any], mode: Any) -> list[Any]:
+        if mode in (CosNotifyChannelAdmin.NONE_NOW_UPDATES_OFF, CosNotifyChannelAdmin.NONE_NOW_UPDATES_ON):
+            return []
+        seen: dict[tuple[str, str], Any] = {}
+        for admin in list(admins.values()):
+            for holder in [admin, *list(admin.proxies.values())]:
+                for et in holder.types.types():
+                    seen[(et.domain_name, et.type_name)] = et
+        return [seen[k] for k in sorted(seen)]
+
+
+class ProxySupplierBase(ProxyBase):
+    """Channel → consumer: an ordered queue, filters with the admin's, mapping filters, delivery."""
+
+    side = "C"
+
+    def __init__(self, admin: Any, row: ProxyRow) -> None:
+        super().__init__(admin, row)
+        self.queue = ProxyQueue(*self._queue_policies(), on_drop=self._dropped)
+        self.priority_filter: Any = None
+        self.lifetime_filter: Any = None
+
+    def _queue_policies(self) -> tuple[int, int, int]:
+        q = self.qos
+        return (int(q.get(CosNotification.OrderPolicy, CosNotification.PriorityOrder)),
+                int(q.get(CosNotification.DiscardPolicy, CosNotification.AnyOrder)),
+                int(q.get(CosNotification.MaxEventsPerConsumer, 0)))
+
+    def _qos_changed(self) -> None:
+        order, discard, max_events = self._queue_policies()
+        self.queue.discard_policy, self.queue.max_events = discard, max_events
+        self._wake()
+        if order != self.queue.order_policy:
+            log.info("proxy %s: new OrderPolicy applies to events queued from now on", self.oid)
+            self.queue.order_policy = order
+
+    # -- routing ------------------------------------------------------------------------------------------
+    def wants(self, event: Event) -> bool:
+        return self.connected and not self.destroyed and self.admin.passes(self.filters, event)
+
+    def enqueue(self, record: Record) -> None:
+        self.queue.put(record)
+
+    def _dropped(self, entries: list[Entry], reason: str) -> None:
+        log.debug("proxy %s dropped %d event(s): %s", self.oid, len(entries), reason)
+        self._finish(entries)
+
+    def _finish(self, entries: list[Entry]) -> None:
+        """These entries left the queue for good (delivered, expired or discarded)."""
+        ids = [e.record.db_id for e in entries if e.record.db_id is not None]
+        if ids and not self.destroyed:
+            self.rt.store.delete_deliveries(self.channel.id, self.admin.id, self.id, ids)
+        for e in entries:
+            e.record.release()
+
+    def _release_resources(self) -> None:
+        rest = self.queue.close()
+        for e in rest:
+            e.record.release()
+
+    def _wake(self) -> None:
+        self.queue.wake()
+
+    # -- batching -----------------------------------------------------------------------------------------
+    def batch_size(self) -> int:
+        if self.form != "SEQUENCE":
+            return 1
+        return max(1, int(self.qos.get(CosNotification.MaximumBatchSize, 1)))
+
+    def pacing(self) -> float:
+        return int(self.qos.get(CosNotification.PacingInterval, 0)) / _TIMET
+
+    def convert(self, entries: list[Entry]) -> Any:
+        events = [e.record.event for e in entries]
+        if self.form == "ANY":
+            return as_any(events[0])
+        if self.form == "STRUCTURED":
+            return as_structured(events[0])
+        return [as_structured(ev) for ev in events]
+
+    def empty_value(self) -> Any:
+        if self.form == "ANY":
+            return CORBA.Any(CORBA.TC_null, None)
+        if self.form == "STRUCTURED":
+            return as_structured(Event(Form.ANY, CORBA.Any(CORBA.TC_null, None)))
+        return []
+
+    # -- mapping filters (stored; evaluation belongs to the filter service) ---------------------------------
+    def _get_priority_filter(self) -> Any:
+        return self.priority_filter
+
+    def _set_priority_filter(self, value: Any) -> None:
+        self.priority_filter = value
+
+    def _get_lifetime_filter(self) -> Any:
+        return self.lifetime_filter
+
+    def _set_lifetime_filter(self, value: Any) -> None:
+        self.lifetime_filter = value
+
+    def obtain_offered_types(self, mode: Any) -> list[Any]:
+        return self._aggregate(self.channel.supplier_admins, mode)
+
+    def subscription_change(self, added: list[Any], removed: list[Any]) -> None:
+        self.types.change(added, removed)
+
+
+class PushSupplierMixin(ProxySupplierBase):
+    """Push delivery: one dispatcher thread per proxy."""
+
+    push_op = ""
+
+    def start(self) -> None:
+        if self.connected and not self.destroyed:
+            self.rt.spawn(f"push-{self.oid}", self._push_loop)
+
+    def _ready(self, since: float | None) -> tuple[int, float | None]:
+        """How many entries to take now, and when the current partial batch started (sequence pacing)."""
+        count = self.queue.peek_count()
+        size = self.batch_size()
+        if count >= size:
+            return size, None
+        if count == 0:
+            return 0, None
+        pacing = self.pacing()
+        if self.form != "SEQUENCE" or pacing <= 0:
+            return (count, None) if self.form != "SEQUENCE" else (0, since)
+        started = since if since is not None else time.time()
+        return (count, None) if time.time() - started >= pacing else (0, started)
+
+    def _push_loop(self) -> None:
+        backoff, since = 0.05, None
+        while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
+            if self.suspended or not self.connected:
+                self.queue.wait(_IDLE_WAIT)
+                continue
+            n, since = self._ready(since)
+            entries = self.queue.take(n) if n else []
+            if not entries:
+                self.queue.wait(self._idle_wait(since))
+                continue
+            outcome = self._deliver(entries)
+            if outcome == "gone":
+                return
+            if outcome == "retry":
+                self.stop_event.wait(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+            else:
+                backoff = 0.05
+
+    def _idle_wait(self, since: float | None) -> float:
+        wait = _IDLE_WAIT
+        due = self.queue.next_due()
+        if due is not None:
+            wait = min(wait, max(0.001, due - time.time()))
+        if since is not None:
+            wait = min(wait, max(0.001, since + self.pacing() - time.time()))
+        return wait
+
+    def _deliver(self, entries: list[Entry]) -> str:
+        try:
+            client = self.client_ref()
+            if client is None:
+                raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+            omniORB.setClientCallTimeout(client, self.rt.push_timeout_ms)
+            getattr(client, self.push_op)(self.convert(entries))
+        except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
+            log.info("proxy %s: consumer gone (%s); disconnecting", self.oid, type(exc).__name__)
+            self.queue.requeue(entries)
+            self.teardown(notify_client=False)
+            return "gone"
+        except _TRANSIENT + (CORBA.Exception,) as exc:
+            log.warning("proxy %s: push failed (%s); %d event(s) stay queued", self.oid, exc, len(entries))
+            self.queue.requeue(entries)
+            return "retry"
+        self._finish(entries)
+        return "ok"
+
+
+class PullSupplierMixin(ProxySupplierBase):
+    """Pull delivery: the consumer calls ``pull*`` (blocking) or ``try_pull*``."""
+
+    def _check_pullable(self) -> None:
+        self._check_alive()
+        if not self.connected:
+            raise CosEventComm.Disconnected()
+
+    def _blocking_take(self, want: Callable[[], int]) -> list[Entry]:
+        started = time.time()
+        while True:
+            self._check_pullable()
+            if self.rt.shutting_down.is_set():
+                raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+            if not self.suspended:
+                n = want()
+                count = self.queue.peek_count()
+                pacing = self.pacing()
+                if count >= n or (count and pacing > 0 and time.time() - started >= pacing):
+                    entries = self.queue.take(n)
+                    if entries:
+                        self._finish(entries)
+                        return entries
+            self.queue.wait(_IDLE_WAIT)
+
+    def _try_take(self, n: int) -> list[Entry]:
+        self._check_pullable()
+        if self.suspended:
+            return []
+        entries = self.queue.take(n)
+        if entries:
+            self._finish(entries)
+        return entries
+
+    def _limit(self, max_number: int) -> int:
+        size = self.batch_size()
+        return size if max_number <= 0 else min(max_number, size)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Concrete proxy suppliers
+# ----------------------------------------------------------------------------------------------------------
+class ProxyPushSupplierImpl(PushSupplierMixin, CosNotifyChannelAdmin__POA.ProxyPushSupplier):
+    client_iface = CosEventComm.PushConsumer
+    push_op = "push"
+    client_disconnect_op = "disconnect_push_consumer"
+
+    def connect_any_push_consumer(self, push_consumer: Any) -> None:
+        self._connect(push_consumer, required=True)
+
+    def connect_push_consumer(self, push_consumer: Any) -> None:
+        if push_consumer is None or CORBA.is_nil(push_consumer):
+            raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
+        self._connect(push_consumer, required=True)
+
+    def disconnect_push_supplier(self) -> None:
+        self.client_disconnected()
+
+
+class StructuredProxyPushSupplierImpl(PushSupplierMixin, CosNotifyChannelAdmin__POA.StructuredProxyPushSupplier):
+    client_iface = CosNotifyComm.StructuredPushConsumer
+    push_op = "push_structured_event"
+    client_disconnect_op = "disconnect_structured_push_consumer"
+
+    def connect_structured_push_consumer(self, push_consumer: Any) -> None:
+        self._connect(push_consumer, required=True)
+
+    def disconnect_structured_push_supplier(self) -> None:
+        self.client_disconnected()
+
+
+class SequenceProxyPushSupplierImpl(PushSupplierMixin, CosNotifyChannelAdmin__POA.SequenceProxyPushSupplier):
+    client_iface = CosNotifyComm.SequencePushConsumer
+    push_op = "push_structured_events"
+    client_disconnect_op = "disconnect_sequence_push_consumer"
+
+    def connect_sequence_push_consumer(self, push_consumer: Any) -> None:
+        self._connect(push_consumer, required=True)
+
+    def disconnect_sequence_push_supplier(self) -> None:
+        self.client_disconnected()
+
+
+class ProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__POA.ProxyPullSupplier):
+    client_iface = CosEventComm.PullConsumer
+    client_disconnect_op = "disconnect_pull_consumer"
+
+    def connect_any_pull_consumer(self, pull_consumer: Any) -> None:
+        self._connect(pull_consumer, required=False)
+
+    def connect_pull_consumer(self, pull_consumer: Any) -> None:
+        self._connect(pull_consumer, required=False)
+
+    def pull(self) -> Any:
+        return self.convert(self._blocking_take(lambda: 1))
+
+    def try_pull(self) -> tuple[Any, bool]:
+        entries = self._try_take(1)
+        return (self.convert(entries), True) if entries else (self.empty_value(), False)
+
+    def disconnect_pull_supplier(self) -> None:
+        self.client_disconnected()
+
+
+class StructuredProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__POA.StructuredProxyPullSupplier):
+    client_iface = CosNotifyComm.StructuredPullConsumer
+    client_disconnect_op = "disconnect_structured_pull_consumer"
+
+    def connect_structured_pull_consumer(self, pull_consumer: Any) -> None:
+        self._connect(pull_consumer, required=False)
+
+    def pull_structured_event(self) -> Any:
+        return self.convert(self._blocking_take(lambda: 1))
+
+    def try_pull_structured_event(self) -> tuple[Any, bool]:
+        entries = self._try_take(1)
+        return (self.convert(entries), True) if entries else (self.empty_value(), False)
+
+    def disconnect_structured_pull_supplier(self) -> None:
+        self.client_disconnected()
+
+
+class SequenceProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__POA.SequenceProxyPullSupplier):
+    client_iface = CosNotifyComm.SequencePullConsumer
+    client_disconnect_op = "disconnect_sequence_pull_consumer"
+
+    def connect_sequence_pull_consumer(self, pull_consumer: Any) -> None:
+        self._connect(pull_consumer, required=False)
+
+    def pull_structured_events(self, max_number: int) -> list[Any]:
+        return self.convert(self._blocking_take(lambda: self._limit(max_number)))
+
+    def try_pull_structured_events(self, max_number: int) -> tuple[list[Any], bool]:
+        entries = self._try_take(self._limit(max_number))
+        return (self.convert(entries), True) if entries else ([], False)
+
+    def disconnect_sequence_pull_supplier(self) -> None:
+        self.client_disconnected()
+
+
+def proxy_class(side: str, kind: str) -> type:
+    """The servant class for a proxy kind (a ``ProxyType`` name) on one side of the channel."""
+    from router.channel.consumers import CONSUMER_CLASSES
+
+    table = SUPPLIER_CLASSES if side == "C" else CONSUMER_CLASSES
+    try:
+        return table[kind]
+    except KeyError:
+        raise ValueError(f"unknown proxy kind {kind!r} on side {side!r}") from None
+
+
+SUPPLIER_CLASSES: dict[str, type] = {
+    "PUSH_ANY": ProxyPushSupplierImpl,
+    "PUSH_STRUCTURED": StructuredProxyPushSupplierImpl,
+    "PUSH_SEQUENCE": SequenceProxyPushSupplierImpl,
+    "PULL_ANY": ProxyPullSupplierImpl,
+    "PULL_STRUCTURED": StructuredProxyPullSupplierImpl,
+    "PULL_SEQUENCE": SequenceProxyPullSupplierImpl,
+}

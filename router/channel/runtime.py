@@ -1,0 +1,108 @@
+"""The channel runtime: ORB, persistent POA, store, id formats and background threads.
+
+Object references are persistent (NS 2.5.5.1, ConnectionReliability): servants live in a PERSISTENT/USER_ID POA
+on a fixed endpoint, with object ids derived from the NS ids (``ch/<channel>``, ``ch/<c>/<side>/<admin>``,
+``ch/<c>/<side>/<admin>/<proxy>``), so a reference handed out before a restart names the same object after it.
+The factory is activated in omniORB's INS POA under the key ``NotifyEventChannelFactory`` so that
+``corbaloc::HOST:PORT/NotifyEventChannelFactory`` resolves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from typing import Any, Callable
+
+from omniORB import CORBA, PortableServer
+
+from router.channel.store import Store
+
+__all__ = ["Runtime", "FACTORY_KEY", "channel_oid", "admin_oid", "proxy_oid"]
+
+log = logging.getLogger("nsjms.channel")
+
+FACTORY_KEY = "NotifyEventChannelFactory"
+
+
+def channel_oid(cid: int) -> str:
+    return f"ch/{cid}"
+
+
+def admin_oid(cid: int, side: str, aid: int) -> str:
+    return f"ch/{cid}/{side}/{aid}"
+
+
+def proxy_oid(cid: int, side: str, aid: int, pid: int) -> str:
+    return f"ch/{cid}/{side}/{aid}/{pid}"
+
+
+class Runtime:
+    """Shared services for every servant of one node."""
+
+    def __init__(self, orb: CORBA.ORB, store: Store, *, push_timeout_ms: int = 10_000) -> None:
+        self.orb = orb
+        self.store = store
+        self.push_timeout_ms = push_timeout_ms
+        root = orb.resolve_initial_references("RootPOA")
+        self.root_poa = root
+        policies = [
+            root.create_lifespan_policy(PortableServer.PERSISTENT),
+            root.create_id_assignment_policy(PortableServer.USER_ID),
+        ]
+        self.poa = root.create_POA("nsjms", root._get_the_POAManager(), policies)
+        self.ins_poa = orb.resolve_initial_references("omniINSPOA")
+        self._seq = itertools.count(1)
+        self._seq_lock = threading.Lock()
+        self.shutting_down = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- ids and references --------------------------------------------------------------------------
+    def set_seq_floor(self, floor: int) -> None:
+        with self._seq_lock:
+            self._seq = itertools.count(floor + 1)
+
+    def next_seq(self) -> int:
+        with self._seq_lock:
+            return next(self._seq)
+
+    def activate(self, oid: str, servant: PortableServer.Servant) -> Any:
+        self.poa.activate_object_with_id(oid.encode(), servant)
+        return self.poa.id_to_reference(oid.encode())
+
+    def reference(self, oid: str) -> Any:
+        return self.poa.id_to_reference(oid.encode())
+
+    def deactivate(self, oid: str) -> None:
+        try:
+            self.poa.deactivate_object(oid.encode())
+        except PortableServer.POA.ObjectNotActive:
+            pass
+
+    def ior(self, obj: Any) -> str:
+        return str(self.orb.object_to_string(obj))
+
+    def resolve(self, ior: str) -> Any:
+        return self.orb.string_to_object(ior)
+
+    # -- threads --------------------------------------------------------------------------------------
+    def spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
+        """A daemon worker thread; exceptions are logged, never silently lost."""
+
+        def run() -> None:
+            try:
+                target()
+            except Exception:  # noqa: BLE001 — a worker must report, not vanish
+                if not self.shutting_down.is_set():
+                    log.exception("worker %s failed", name)
+
+        t = threading.Thread(target=run, name=name, daemon=True)
+        self._threads = [x for x in self._threads if x.is_alive()]
+        self._threads.append(t)
+        t.start()
+        return t
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.shutting_down.set()
+        for t in list(self._threads):
+            t.join(timeout / max(1, len(self._threads)))

@@ -1,0 +1,335 @@
+"""PostgreSQL persistence of the channel: topology always, events when they are persistent (NS 2.5.5.1).
+
+Tables (created by :meth:`Store.migrate`, idempotent):
+
+* ``nsjms_channel`` — one row per channel: QoS, admin properties, id counters.
+* ``nsjms_admin`` — consumer ('C') and supplier ('S') admins, with QoS, operator and filter references.
+* ``nsjms_proxy`` — proxies of both sides: kind, QoS, connected client reference (IOR), suspension, filters.
+* ``nsjms_event`` — persistent events (CDR encapsulation) with their delivery attributes.
+* ``nsjms_queue`` — which proxy supplier still has to deliver which persistent event.
+
+Every statement is parameterised. Methods are small transactions; an event and its queue rows are written in
+one transaction, so an event acknowledged to its supplier is on disk for every consumer it was routed to.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+__all__ = ["Store", "StoreError", "AdminRow", "ProxyRow", "ChannelRow", "QueuedRow", "NewEvent"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS nsjms_channel (
+    id            integer PRIMARY KEY,
+    qos           jsonb   NOT NULL,
+    admin_props   jsonb   NOT NULL,
+    next_admin_c  integer NOT NULL DEFAULT 1,
+    next_admin_s  integer NOT NULL DEFAULT 1,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS nsjms_admin (
+    channel_id    integer NOT NULL REFERENCES nsjms_channel(id) ON DELETE CASCADE,
+    side          char(1) NOT NULL CHECK (side IN ('C','S')),
+    id            integer NOT NULL,
+    es_style      boolean NOT NULL DEFAULT false,
+    operator      smallint NOT NULL DEFAULT 0,
+    qos           jsonb   NOT NULL,
+    next_proxy    integer NOT NULL DEFAULT 0,
+    filters       jsonb   NOT NULL DEFAULT '{}'::jsonb,
+    extra         jsonb   NOT NULL DEFAULT '{}'::jsonb,
+    PRIMARY KEY (channel_id, side, id)
+);
+CREATE TABLE IF NOT EXISTS nsjms_proxy (
+    channel_id    integer NOT NULL,
+    side          char(1) NOT NULL CHECK (side IN ('C','S')),
+    admin_id      integer NOT NULL,
+    id            integer NOT NULL,
+    kind          text    NOT NULL,
+    es_style      boolean NOT NULL DEFAULT false,
+    qos           jsonb   NOT NULL,
+    client_ior    text,
+    connected     boolean NOT NULL DEFAULT false,
+    suspended     boolean NOT NULL DEFAULT false,
+    filters       jsonb   NOT NULL DEFAULT '{}'::jsonb,
+    extra         jsonb   NOT NULL DEFAULT '{}'::jsonb,
+    PRIMARY KEY (channel_id, side, admin_id, id),
+    FOREIGN KEY (channel_id, side, admin_id) REFERENCES nsjms_admin(channel_id, side, id) ON DELETE CASCADE
+);
+CREATE TABLE IF NOT EXISTS nsjms_event (
+    id            bigserial PRIMARY KEY,
+    channel_id    integer NOT NULL REFERENCES nsjms_channel(id) ON DELETE CASCADE,
+    seq           bigint  NOT NULL,
+    form          smallint NOT NULL,
+    body          bytea   NOT NULL,
+    priority      integer NOT NULL,
+    deadline      double precision,
+    start_at      double precision,
+    received_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS nsjms_queue (
+    channel_id    integer NOT NULL,
+    admin_id      integer NOT NULL,
+    proxy_id      integer NOT NULL,
+    event_id      bigint  NOT NULL REFERENCES nsjms_event(id) ON DELETE CASCADE,
+    PRIMARY KEY (channel_id, admin_id, proxy_id, event_id)
+);
+CREATE INDEX IF NOT EXISTS nsjms_queue_event ON nsjms_queue(event_id);
+"""
+
+
+class StoreError(RuntimeError):
+    """The database failed; the operation's effect is unknown to the caller only if it says so."""
+
+
+@dataclass(frozen=True)
+class ChannelRow:
+    id: int
+    qos: dict[str, Any]
+    admin_props: dict[str, Any]
+    next_admin_c: int
+    next_admin_s: int
+
+
+@dataclass(frozen=True)
+class AdminRow:
+    channel_id: int
+    side: str
+    id: int
+    es_style: bool
+    operator: int
+    qos: dict[str, Any]
+    next_proxy: int
+    filters: dict[str, Any]
+    extra: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ProxyRow:
+    channel_id: int
+    side: str
+    admin_id: int
+    id: int
+    kind: str
+    es_style: bool
+    qos: dict[str, Any]
+    client_ior: str | None
+    connected: bool
+    suspended: bool
+    filters: dict[str, Any]
+    extra: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class QueuedRow:
+    admin_id: int
+    proxy_id: int
+    event_id: int
+    seq: int
+    form: int
+    body: bytes
+    priority: int
+    deadline: float | None
+    start_at: float | None
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    seq: int
+    form: int
+    body: bytes
+    priority: int
+    deadline: float | None
+    start_at: float | None
+    targets: Sequence[tuple[int, int]]   # (consumer admin id, proxy supplier id)
+
+
+class Store:
+    """Thin, parameterised access to the channel tables through a connection pool."""
+
+    def __init__(self, dsn: str, pool_size: int = 8) -> None:
+        self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), open=False,
+                                    kwargs={"autocommit": False}, name="nsjms-channel")
+
+    def open(self, timeout: float = 30.0) -> None:
+        self._pool.open(wait=True, timeout=timeout)
+        self.migrate()
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def _tx(self) -> Iterator[psycopg.Connection[Any]]:
+        return self._pool.connection()  # type: ignore[return-value]
+
+    def migrate(self) -> None:
+        with self._tx() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(7715001)")
+            conn.execute(SCHEMA)
+
+    # -- channels ---------------------------------------------------------------------------------------
+    def insert_channel(self, cid: int, qos: dict[str, Any], admin_props: dict[str, Any],
+                       default_admin_qos: dict[str, Any]) -> None:
+        """A channel and its two default admins (id 0) in one transaction."""
+        with self._tx() as conn:
+            conn.execute("INSERT INTO nsjms_channel(id, qos, admin_props) VALUES (%s, %s, %s)",
+                         (cid, Jsonb(qos), Jsonb(admin_props)))
+            for side in ("C", "S"):
+                conn.execute("INSERT INTO nsjms_admin(channel_id, side, id, qos) VALUES (%s, %s, 0, %s)",
+                             (cid, side, Jsonb(default_admin_qos)))
+
+    def update_channel(self, cid: int, **cols: Any) -> None:
+        self._update("nsjms_channel", {"id": cid}, cols)
+
+    def delete_channel(self, cid: int) -> None:
+        with self._tx() as conn:
+            conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s", (cid,))
+            conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s", (cid,))
+            conn.execute("DELETE FROM nsjms_channel WHERE id = %s", (cid,))
+
+    def load_channels(self) -> list[ChannelRow]:
+        with self._tx() as conn:
+            rows = conn.execute("SELECT id, qos, admin_props, next_admin_c, next_admin_s "
+                                "FROM nsjms_channel ORDER BY id").fetchall()
+        return [ChannelRow(*r) for r in rows]
+
+    # -- admins -----------------------------------------------------------------------------------------
+    def insert_admin(self, cid: int, side: str, aid: int, es_style: bool, operator: int,
+                     qos: dict[str, Any]) -> None:
+        counter = "next_admin_c" if side == "C" else "next_admin_s"
+        with self._tx() as conn:
+            conn.execute("INSERT INTO nsjms_admin(channel_id, side, id, es_style, operator, qos) "
+                         "VALUES (%s, %s, %s, %s, %s, %s)", (cid, side, aid, es_style, operator, Jsonb(qos)))
+            conn.execute(f"UPDATE nsjms_channel SET {counter} = GREATEST({counter}, %s) WHERE id = %s",
+                         (aid + 1, cid))
+
+    def update_admin(self, cid: int, side: str, aid: int, **cols: Any) -> None:
+        self._update("nsjms_admin", {"channel_id": cid, "side": side, "id": aid}, cols)
+
+    def delete_admin(self, cid: int, side: str, aid: int) -> None:
+        with self._tx() as conn:
+            if side == "C":
+                conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s", (cid, aid))
+            conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s AND side = %s AND admin_id = %s",
+                         (cid, side, aid))
+            conn.execute("DELETE FROM nsjms_admin WHERE channel_id = %s AND side = %s AND id = %s",
+                         (cid, side, aid))
+            self._delete_orphans(conn, cid)
+
+    def load_admins(self, cid: int) -> list[AdminRow]:
+        with self._tx() as conn:
+            rows = conn.execute("SELECT channel_id, side, id, es_style, operator, qos, next_proxy, filters, extra "
+                                "FROM nsjms_admin WHERE channel_id = %s ORDER BY side, id", (cid,)).fetchall()
+        return [AdminRow(*r) for r in rows]
+
+    # -- proxies ----------------------------------------------------------------------------------------
+    def insert_proxy(self, cid: int, side: str, aid: int, pid: int, kind: str, es_style: bool,
+                     qos: dict[str, Any]) -> None:
+        with self._tx() as conn:
+            conn.execute("INSERT INTO nsjms_proxy(channel_id, side, admin_id, id, kind, es_style, qos) "
+                         "VALUES (%s, %s, %s, %s, %s, %s, %s)", (cid, side, aid, pid, kind, es_style, Jsonb(qos)))
+            conn.execute("UPDATE nsjms_admin SET next_proxy = GREATEST(next_proxy, %s) "
+                         "WHERE channel_id = %s AND side = %s AND id = %s", (pid + 1, cid, side, aid))
+
+    def update_proxy(self, cid: int, side: str, aid: int, pid: int, **cols: Any) -> None:
+        self._update("nsjms_proxy", {"channel_id": cid, "side": side, "admin_id": aid, "id": pid}, cols)
+
+    def delete_proxy(self, cid: int, side: str, aid: int, pid: int) -> None:
+        with self._tx() as conn:
+            if side == "C":
+                conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s",
+                             (cid, aid, pid))
+            conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s AND side = %s AND admin_id = %s "
+                         "AND id = %s", (cid, side, aid, pid))
+            self._delete_orphans(conn, cid)
+
+    def load_proxies(self, cid: int) -> list[ProxyRow]:
+        with self._tx() as conn:
+            rows = conn.execute("SELECT channel_id, side, admin_id, id, kind, es_style, qos, client_ior, connected, "
+                                "suspended, filters, extra FROM nsjms_proxy WHERE channel_id = %s "
+                                "ORDER BY side, admin_id, id", (cid,)).fetchall()
+        return [ProxyRow(*r) for r in rows]
+
+    # -- events -----------------------------------------------------------------------------------------
+    def insert_events(self, cid: int, events: Sequence[NewEvent]) -> list[int]:
+        """Store events and their queue rows atomically; returns the new event ids in order."""
+        ids: list[int] = []
+        with self._tx() as conn, conn.cursor() as cur:
+            for ev in events:
+                cur.execute("INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at) "
+                            "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                            (cid, ev.seq, ev.form, ev.body, ev.priority, ev.deadline, ev.start_at))
+                row = cur.fetchone()
+                assert row is not None
+                ids.append(int(row[0]))
+            rows = [(cid, aid, pid, eid) for ev, eid in zip(events, ids) for aid, pid in ev.targets]
+            cur.executemany("INSERT INTO nsjms_queue(channel_id, admin_id, proxy_id, event_id) "
+                            "VALUES (%s, %s, %s, %s)", rows)
+        return ids
+
+    def delete_deliveries(self, cid: int, aid: int, pid: int, event_ids: Iterable[int]) -> None:
+        """The proxy no longer has to deliver these events."""
+        ids = list(event_ids)
+        if not ids:
+            return
+        with self._tx() as conn:
+            conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s "
+                         "AND event_id = ANY(%s)", (cid, aid, pid, ids))
+
+    def delete_events(self, event_ids: Iterable[int]) -> None:
+        """Events no queue holds any more (the caller's reference count reached zero)."""
+        ids = list(event_ids)
+        if ids:
+            with self._tx() as conn:
+                conn.execute("DELETE FROM nsjms_event WHERE id = ANY(%s)", (ids,))
+
+    def load_queued(self, cid: int) -> list[QueuedRow]:
+        with self._tx() as conn:
+            self._delete_orphans(conn, cid)
+            rows = conn.execute(
+                "SELECT q.admin_id, q.proxy_id, e.id, e.seq, e.form, e.body, e.priority, e.deadline, e.start_at "
+                "FROM nsjms_queue q JOIN nsjms_event e ON e.id = q.event_id WHERE q.channel_id = %s "
+                "ORDER BY e.seq", (cid,)).fetchall()
+        return [QueuedRow(*r) for r in rows]
+
+    def max_seq(self) -> int:
+        with self._tx() as conn:
+            row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM nsjms_event").fetchone()
+        return int(row[0]) if row else 0
+
+    def stats(self) -> dict[str, int]:
+        with self._tx() as conn:
+            row = conn.execute("SELECT (SELECT count(*) FROM nsjms_channel), (SELECT count(*) FROM nsjms_proxy), "
+                               "(SELECT count(*) FROM nsjms_event), (SELECT count(*) FROM nsjms_queue)").fetchone()
+        assert row is not None
+        return dict(zip(("channels", "proxies", "events", "queued"), map(int, row)))
+
+    # -- helpers ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _delete_orphans(conn: psycopg.Connection[Any], cid: int) -> None:
+        conn.execute("DELETE FROM nsjms_event e WHERE e.channel_id = %s AND NOT EXISTS "
+                     "(SELECT 1 FROM nsjms_queue q WHERE q.event_id = e.id)", (cid,))
+
+    _COLUMNS = {"qos", "admin_props", "operator", "filters", "extra", "client_ior", "connected", "suspended",
+                "next_proxy"}
+
+    def _update(self, table: str, key: dict[str, Any], cols: dict[str, Any]) -> None:
+        if not cols:
+            return
+        bad = set(cols) - self._COLUMNS
+        if bad:
+            raise ValueError(f"unknown column(s) {sorted(bad)}")
+        sets = ", ".join(f"{c} = %s" for c in cols)
+        where = " AND ".join(f"{k} = %s" for k in key)
+        values = [Jsonb(v) if isinstance(v, dict) else v for v in cols.values()]
+        with self._tx() as conn:
+            conn.execute(f"UPDATE {table} SET {sets} WHERE {where}", (*values, *key.values()))
+
+
+def dumps(obj: Any) -> str:
+    """JSON for logs and status output."""
+    return json.dumps(obj, sort_keys=True, default=str)
