@@ -379,7 +379,35 @@ class PushSupplierMixin(ProxySupplierBase):
 
 
 class PullSupplierMixin(ProxySupplierBase):
-    """Pull delivery: the consumer calls ``pull*`` (blocking) or ``try_pull*``."""
+    """Pull delivery: the consumer calls ``pull*`` (blocking) or ``try_pull*``.
+
+    A pulled event leaves the in-memory queue at once, but its stored row stays until the same consumer pulls
+    again (its next request shows it received the previous reply) or disconnects. A crash in between therefore
+    redelivers the last pulled events after the restart instead of losing them: pull delivery of persistent
+    events is at-least-once, with at most one pull's worth of duplicates per consumer and crash.
+    """
+
+    def __init__(self, admin: Any, row: ProxyRow) -> None:
+        super().__init__(admin, row)
+        self._unconfirmed: list[Entry] = []
+        self._pull_lock = threading.Lock()
+
+    def _confirm_previous(self) -> None:
+        with self._pull_lock:
+            done, self._unconfirmed = self._unconfirmed, []
+        if done:
+            self._finish(done)
+
+    def _handed_out(self, entries: list[Entry]) -> None:
+        with self._pull_lock:
+            self._unconfirmed.extend(entries)
+
+    def _release_resources(self) -> None:
+        with self._pull_lock:
+            pending, self._unconfirmed = self._unconfirmed, []
+        for e in pending:
+            e.record.release()
+        super()._release_resources()
 
     def _check_pullable(self) -> None:
         self._check_alive()
@@ -387,6 +415,7 @@ class PullSupplierMixin(ProxySupplierBase):
             raise CosEventComm.Disconnected()
 
     def _blocking_take(self, want: Callable[[], int]) -> list[Entry]:
+        self._confirm_previous()
         started = time.time()
         while True:
             self._check_pullable()
@@ -399,17 +428,17 @@ class PullSupplierMixin(ProxySupplierBase):
                 if count >= n or (count and pacing > 0 and time.time() - started >= pacing):
                     entries = self.queue.take(n)
                     if entries:
-                        self._finish(entries)
+                        self._handed_out(entries)
                         return entries
             self.queue.wait(_IDLE_WAIT)
 
     def _try_take(self, n: int) -> list[Entry]:
+        self._confirm_previous()
         self._check_pullable()
         if self.suspended:
             return []
         entries = self.queue.take(n)
-        if entries:
-            self._finish(entries)
+        self._handed_out(entries)
         return entries
 
     def _limit(self, max_number: int) -> int:
