@@ -1,0 +1,158 @@
+"""``nsjms serve``: one node — embedded or given services, the ORB, the channel, ``endpoints.json``.
+
+:func:`build` wires the parts together (no work at import time); :class:`Node` runs and stops them. The ORB
+listens on a fixed loopback endpoint by default so persistent object references survive restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["NodeSettings", "Node", "write_endpoints"]
+
+log = logging.getLogger("nsjms.server")
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    state_dir: Path
+    orb_host: str = "127.0.0.1"
+    orb_port: int = 2809
+    orb_max_threads: int = 64
+    pg_dsn: str = ""                 # empty: start the embedded PostgreSQL
+    pg_embedded_port: int = 55432
+    pg_pool_size: int = 8
+    broker_url: str = ""             # empty: start the embedded ActiveMQ; "none": no broker
+    broker_stomp_port: int = 61613
+    broker_openwire_port: int = 61616
+    node_id: str = "node1"
+    extra_orb_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+def orb_args(s: NodeSettings) -> list[str]:
+    return [
+        "nsjms",
+        "-ORBendPoint", f"giop:tcp:{s.orb_host}:{s.orb_port}",
+        "-ORBmaxServerThreadPoolSize", str(s.orb_max_threads),
+        "-ORBclientCallTimeOutPeriod", "30000",
+        "-ORBclientConnectTimeOutPeriod", "5000",
+        "-ORBtraceLevel", "0",
+        *s.extra_orb_args,
+    ]
+
+
+def write_endpoints(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON atomically (readers never see a partial file)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+class Node:
+    """A running node. ``start()`` returns when the channel answers; ``stop()`` releases everything."""
+
+    def __init__(self, settings: NodeSettings) -> None:
+        self.s = settings
+        self.services: list[Any] = []
+        self.orb: Any = None
+        self.store: Any = None
+        self.runtime: Any = None
+        self.factory: Any = None
+        self.pg_dsn = settings.pg_dsn
+        self.broker_url = settings.broker_url
+        self._stopped = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.s.state_dir.mkdir(parents=True, exist_ok=True)
+        self._start_services()
+        self._start_channel()
+        self._publish()
+
+    def _start_services(self) -> None:
+        from router import services
+
+        if not self.pg_dsn:
+            pg = services.EmbeddedPostgres(self.s.state_dir, self.s.pg_embedded_port)
+            self.pg_dsn = pg.start()
+            self.services.append(pg)
+        if not self.broker_url:
+            mq = services.EmbeddedActiveMQ(self.s.state_dir, self.s.broker_stomp_port, self.s.broker_openwire_port)
+            self.broker_url = mq.start()
+            self.services.append(mq)
+
+    def _start_channel(self) -> None:
+        import omniORB  # noqa: F401 — puts the COS stubs on sys.path
+        from omniORB import CORBA
+
+        from router.channel.channel import EventChannelFactoryImpl
+        from router.channel.runtime import Runtime
+        from router.channel.store import Store
+
+        self.orb = CORBA.ORB_init(orb_args(self.s), CORBA.ORB_ID)
+        self.store = Store(self.pg_dsn, self.s.pg_pool_size)
+        self.store.open()
+        self.runtime = Runtime(self.orb, self.store)
+        self.factory = EventChannelFactoryImpl(self.runtime)
+        self.factory.activate()
+        self.factory.restore()
+        self.runtime.poa._get_the_POAManager().activate()
+        self.runtime.ins_poa._get_the_POAManager().activate()
+
+    def endpoints(self) -> dict[str, Any]:
+        from router.config import redact_dsn
+
+        host, port = self.s.orb_host, self.s.orb_port
+        return {
+            "event_channel_factory": {
+                "corbaloc": f"corbaloc::{host}:{port}/NotifyEventChannelFactory",
+                "ior": self.orb.object_to_string(self.factory.ref),
+            },
+            "bridge_factory": None,
+            "postgres_dsn": redact_dsn(self.pg_dsn),
+            "broker_url": redact_dsn(self.broker_url) if self.broker_url else None,
+            "node_id": self.s.node_id,
+            "pid": os.getpid(),
+        }
+
+    def _publish(self) -> None:
+        path = self.s.state_dir / "endpoints.json"
+        write_endpoints(path, self.endpoints())
+        (self.s.state_dir / "factory.ior").write_text(self.orb.object_to_string(self.factory.ref) + "\n")
+        log.info("nsjms node %s ready: %s", self.s.node_id, path)
+
+    def wait(self) -> None:
+        """Block until SIGTERM/SIGINT (main thread) or :meth:`stop`."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._stopped.set())
+        while not self._stopped.wait(0.5):
+            pass
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self.runtime is not None:
+            self.runtime.stop()
+        if self.orb is not None:
+            try:
+                self.orb.shutdown(True)
+                self.orb.destroy()
+            except Exception:  # noqa: BLE001
+                log.debug("ORB shutdown", exc_info=True)
+        if self.store is not None:
+            self.store.close()
+        for svc in reversed(self.services):
+            try:
+                svc.stop()
+            except Exception:  # noqa: BLE001
+                log.exception("stopping %s", type(svc).__name__)
+        try:
+            (self.s.state_dir / "endpoints.json").unlink()
+        except FileNotFoundError:
+            pass
