@@ -1,0 +1,1 @@
+"""JMS side of the bridge: the message model and the STOMP transport."""
