@@ -43,7 +43,7 @@ def orb_args(s: NodeSettings) -> list[str]:
         "-ORBmaxServerThreadPoolSize", str(s.orb_max_threads),
         "-ORBclientCallTimeOutPeriod", "30000",
         "-ORBclientConnectTimeOutPeriod", "5000",
-        "-ORBtraceLevel", "0",
+        "-ORBtraceLevel", "1",            # level 1 logs unexpected servant exceptions with a traceback
         *s.extra_orb_args,
     ]
 

@@ -54,11 +54,13 @@ class _AdminBase(QoSMixin, FilterMixin):
         self.es_style = row.es_style
         self.operator = CosNotifyChannelAdmin.InterFilterGroupOperator._items[row.operator]
         self.qos = dict(row.qos)
+        self.qos_target = Q.Target(Q.Level.CONSUMER_ADMIN if self.side == "C" else Q.Level.SUPPLIER_ADMIN)
         self._lock = threading.RLock()
         self.proxies: dict[int, Any] = {}
         self.filters = FilterSet(self.rt.resolve, row.filters.get("forwarding"))
         self.types = TypeSet()
         self.destroyed = False
+        self._next_proxy = row.next_proxy
         self.oid = admin_oid(channel.id, self.side, self.id)
         self.ref = self.rt.activate(self.oid, self)
 
@@ -110,18 +112,19 @@ class _AdminBase(QoSMixin, FilterMixin):
             if self.destroyed:
                 raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
             self.channel.check_limit(self.side)
-            pid = max(self.proxies, default=-1) + 1
+            pid = self._next_proxy
+            self._next_proxy = pid + 1
             qos = Q.inherit(self.qos, Q.Target(level, sequence=kind.endswith("SEQUENCE")))
             self.rt.store.insert_proxy(self.channel.id, self.side, self.id, pid, kind, es_style, qos)
             row = ProxyRow(self.channel.id, self.side, self.id, pid, kind, es_style, qos, None, False, False, {}, {})
-            proxy = proxy_class(self.side, kind)(self, row)
+            proxy = proxy_class(self.side, kind, es_style)(self, row)
             self.proxies[pid] = proxy
         return proxy
 
     def restore_proxy(self, row: ProxyRow) -> None:
         from router.channel.proxies import proxy_class
 
-        self.proxies[row.id] = proxy_class(self.side, row.kind)(self, row)
+        self.proxies[row.id] = proxy_class(self.side, row.kind, row.es_style)(self, row)
 
     def start_all(self) -> None:
         for proxy in list(self.proxies.values()):

@@ -1,7 +1,7 @@
 """EventChannelFactory and EventChannel servants, and the routing of events inside a channel (NS 3.4.17-18).
 
 Routing (:meth:`EventChannelImpl.route`): per-event QoS from the header (BAD_QOS on bad values), filtering at the
-proxy consumer and its SupplierAdmin, admission against MaxQueueLength (IMPL_LIMIT or DiscardPolicy), fan-out to
+proxy consumer and its SupplierAdmin, admission against MaxQueueLength (IMP_LIMIT or DiscardPolicy), fan-out to
 every connected proxy supplier whose filters pass, and, for persistent events, one database transaction holding
 the events and their queue rows *before* the supplier's call returns.
 """
@@ -69,8 +69,9 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         except Q.AdminError as exc:
             raise CosNotification.UnsupportedAdmin(Q.to_property_errors(exc.problems))
         with self._lock:
-            cid = max(self.channels, default=-1) + 1
-            default_admin_qos = Q.inherit(qos, Q.Target(Q.Level.CONSUMER_ADMIN))
+            cid = self.rt.store.next_channel_id()
+            default_admin_qos = {"C": Q.inherit(qos, Q.Target(Q.Level.CONSUMER_ADMIN)),
+                                 "S": Q.inherit(qos, Q.Target(Q.Level.SUPPLIER_ADMIN))}
             self.rt.store.insert_channel(cid, qos, admin, default_admin_qos)
             row = ChannelRow(cid, qos, admin, 1, 1)
             channel = EventChannelImpl(self, row)
@@ -110,6 +111,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         self.records: dict[int, Record] = {}      # live events by seq (MaxQueueLength, channel discard)
         self._records_lock = threading.Lock()
         self.destroyed = False
+        self._next_admin = {"C": row.next_admin_c, "S": row.next_admin_s}
         self.oid = channel_oid(self.id)
         self.ref = self.rt.activate(self.oid, self)
 
@@ -238,7 +240,8 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         with self._lock:
             self._check_alive()
             admins = self.consumer_admins if side == "C" else self.supplier_admins
-            aid = max(admins, default=0) + 1
+            aid = self._next_admin[side]
+            self._next_admin[side] = aid + 1
             qos = Q.inherit(self.qos, Q.Target(level))
             self.rt.store.insert_admin(self.id, side, aid, es_style, int(op._v), qos)
             row = AdminRow(self.id, side, aid, es_style, int(op._v), qos, 0, {}, {})
@@ -315,7 +318,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         return out
 
     def _admit(self, n: int) -> None:
-        """MaxQueueLength with RejectNewEvents (IMPL_LIMIT) or the channel's DiscardPolicy (NS 2.5.7)."""
+        """MaxQueueLength with RejectNewEvents (IMP_LIMIT) or the channel's DiscardPolicy (NS 2.5.7)."""
         limit = int(self.admin_props.get(CosNotification.MaxQueueLength, 0))
         if not limit:
             return
@@ -324,7 +327,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if overflow <= 0:
             return
         if bool(self.admin_props.get(CosNotification.RejectNewEvents, False)):
-            raise CORBA.IMPL_LIMIT(0, CORBA.COMPLETED_NO)
+            raise CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)
         for _ in range(overflow):
             self._discard_one()
 

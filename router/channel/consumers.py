@@ -14,6 +14,8 @@ from typing import Any
 import omniORB
 from omniORB import CORBA
 
+import CosEventChannelAdmin
+import CosEventChannelAdmin__POA
 import CosEventComm
 import CosNotification
 import CosNotifyChannelAdmin__POA
@@ -99,7 +101,7 @@ class PullConsumerMixin(ProxyConsumerBase):
             self.channel.route(self, events)
         except CORBA.BAD_QOS:
             log.error("proxy %s: supplier delivered event(s) with unusable QoS headers; not routed", self.oid)
-        except CORBA.IMPL_LIMIT:
+        except CORBA.IMP_LIMIT:
             log.error("proxy %s: channel full with RejectNewEvents; %d pulled event(s) rejected",
                       self.oid, len(events))
 
@@ -113,9 +115,6 @@ class ProxyPushConsumerImpl(PushConsumerMixin, CosNotifyChannelAdmin__POA.ProxyP
     client_disconnect_op = "disconnect_push_supplier"
 
     def connect_any_push_supplier(self, push_supplier: Any) -> None:
-        self._connect(push_supplier, required=False)
-
-    def connect_push_supplier(self, push_supplier: Any) -> None:
         self._connect(push_supplier, required=False)
 
     def push(self, data: Any) -> None:
@@ -161,11 +160,6 @@ class ProxyPullConsumerImpl(PullConsumerMixin, CosNotifyChannelAdmin__POA.ProxyP
     def connect_any_pull_supplier(self, pull_supplier: Any) -> None:
         self._connect(pull_supplier, required=True)
 
-    def connect_pull_supplier(self, pull_supplier: Any) -> None:
-        if pull_supplier is None or CORBA.is_nil(pull_supplier):
-            raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
-        self._connect(pull_supplier, required=True)
-
     def pull_once(self, supplier: Any) -> list[Event]:
         value, has_event = supplier.try_pull()
         return [normalise_any(value)] if has_event else []
@@ -204,6 +198,43 @@ class SequenceProxyPullConsumerImpl(PullConsumerMixin, CosNotifyChannelAdmin__PO
     def disconnect_sequence_pull_consumer(self) -> None:
         self.client_disconnected()
 
+
+class EsProxyPushConsumerImpl(PushConsumerMixin, CosEventChannelAdmin__POA.ProxyPushConsumer):
+    """Event Service ProxyPushConsumer (no id; Any events)."""
+
+    client_iface = CosEventComm.PushSupplier
+    client_disconnect_op = "disconnect_push_supplier"
+
+    def connect_push_supplier(self, push_supplier: Any) -> None:
+        self._connect(push_supplier, required=False)
+
+    def push(self, data: Any) -> None:
+        self._accept([normalise_any(data)])
+
+    def disconnect_push_consumer(self) -> None:
+        self.client_disconnected()
+
+
+class EsProxyPullConsumerImpl(PullConsumerMixin, CosEventChannelAdmin__POA.ProxyPullConsumer):
+    """Event Service ProxyPullConsumer (no id; Any events)."""
+
+    client_iface = CosEventComm.PullSupplier
+    client_disconnect_op = "disconnect_pull_supplier"
+
+    def connect_pull_supplier(self, pull_supplier: Any) -> None:
+        if pull_supplier is None or CORBA.is_nil(pull_supplier):
+            raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
+        self._connect(pull_supplier, required=True)
+
+    def pull_once(self, supplier: Any) -> list[Event]:
+        value, has_event = supplier.try_pull()
+        return [normalise_any(value)] if has_event else []
+
+    def disconnect_pull_consumer(self) -> None:
+        self.client_disconnected()
+
+
+ES_CONSUMER_CLASSES: dict[str, type] = {"PUSH_ANY": EsProxyPushConsumerImpl, "PULL_ANY": EsProxyPullConsumerImpl}
 
 CONSUMER_CLASSES: dict[str, type] = {
     "PUSH_ANY": ProxyPushConsumerImpl,

@@ -19,6 +19,7 @@ import omniORB
 from omniORB import CORBA
 
 import CosEventChannelAdmin
+import CosEventChannelAdmin__POA
 import CosEventComm
 import CosNotification
 import CosNotifyChannelAdmin
@@ -457,11 +458,6 @@ class ProxyPushSupplierImpl(PushSupplierMixin, CosNotifyChannelAdmin__POA.ProxyP
     def connect_any_push_consumer(self, push_consumer: Any) -> None:
         self._connect(push_consumer, required=True)
 
-    def connect_push_consumer(self, push_consumer: Any) -> None:
-        if push_consumer is None or CORBA.is_nil(push_consumer):
-            raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
-        self._connect(push_consumer, required=True)
-
     def disconnect_push_supplier(self) -> None:
         self.client_disconnected()
 
@@ -495,9 +491,6 @@ class ProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__POA.ProxyP
     client_disconnect_op = "disconnect_pull_consumer"
 
     def connect_any_pull_consumer(self, pull_consumer: Any) -> None:
-        self._connect(pull_consumer, required=False)
-
-    def connect_pull_consumer(self, pull_consumer: Any) -> None:
         self._connect(pull_consumer, required=False)
 
     def pull(self) -> Any:
@@ -547,15 +540,62 @@ class SequenceProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__PO
         self.client_disconnected()
 
 
-def proxy_class(side: str, kind: str) -> type:
-    """The servant class for a proxy kind (a ``ProxyType`` name) on one side of the channel."""
-    from router.channel.consumers import CONSUMER_CLASSES
+def proxy_class(side: str, kind: str, es_style: bool = False) -> type:
+    """The servant class for a proxy kind (a ``ProxyType`` name) on one side of the channel.
 
-    table = SUPPLIER_CLASSES if side == "C" else CONSUMER_CLASSES
+    Event-Service-style proxies (``obtain_push_supplier`` etc.) get ``CosEventChannelAdmin`` servants: the NS
+    proxy interfaces do not inherit the Event Service ones (NS 3.4), so a client narrowing to
+    ``CosEventChannelAdmin::ProxyPushSupplier`` needs an object of that type.
+    """
+    from router.channel.consumers import CONSUMER_CLASSES, ES_CONSUMER_CLASSES
+
+    if es_style:
+        table = ES_SUPPLIER_CLASSES if side == "C" else ES_CONSUMER_CLASSES
+    else:
+        table = SUPPLIER_CLASSES if side == "C" else CONSUMER_CLASSES
     try:
         return table[kind]
     except KeyError:
-        raise ValueError(f"unknown proxy kind {kind!r} on side {side!r}") from None
+        raise ValueError(f"unknown proxy kind {kind!r} on side {side!r} (es_style={es_style})") from None
+
+
+class EsProxyPushSupplierImpl(PushSupplierMixin, CosEventChannelAdmin__POA.ProxyPushSupplier):
+    """Event Service ProxyPushSupplier (no id; Any events)."""
+
+    client_iface = CosEventComm.PushConsumer
+    push_op = "push"
+    client_disconnect_op = "disconnect_push_consumer"
+
+    def connect_push_consumer(self, push_consumer: Any) -> None:
+        if push_consumer is None or CORBA.is_nil(push_consumer):
+            raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
+        self._connect(push_consumer, required=True)
+
+    def disconnect_push_supplier(self) -> None:
+        self.client_disconnected()
+
+
+class EsProxyPullSupplierImpl(PullSupplierMixin, CosEventChannelAdmin__POA.ProxyPullSupplier):
+    """Event Service ProxyPullSupplier (no id; Any events)."""
+
+    client_iface = CosEventComm.PullConsumer
+    client_disconnect_op = "disconnect_pull_consumer"
+
+    def connect_pull_consumer(self, pull_consumer: Any) -> None:
+        self._connect(pull_consumer, required=False)
+
+    def pull(self) -> Any:
+        return self.convert(self._blocking_take(lambda: 1))
+
+    def try_pull(self) -> tuple[Any, bool]:
+        entries = self._try_take(1)
+        return (self.convert(entries), True) if entries else (self.empty_value(), False)
+
+    def disconnect_pull_supplier(self) -> None:
+        self.client_disconnected()
+
+
+ES_SUPPLIER_CLASSES: dict[str, type] = {"PUSH_ANY": EsProxyPushSupplierImpl, "PULL_ANY": EsProxyPullSupplierImpl}
 
 
 SUPPLIER_CLASSES: dict[str, type] = {

@@ -25,6 +25,7 @@ from psycopg_pool import ConnectionPool
 __all__ = ["Store", "StoreError", "AdminRow", "ProxyRow", "ChannelRow", "QueuedRow", "NewEvent"]
 
 SCHEMA = """
+CREATE SEQUENCE IF NOT EXISTS nsjms_channel_id START WITH 0 MINVALUE 0;
 CREATE TABLE IF NOT EXISTS nsjms_channel (
     id            integer PRIMARY KEY,
     qos           jsonb   NOT NULL,
@@ -172,15 +173,22 @@ class Store:
             conn.execute(SCHEMA)
 
     # -- channels ---------------------------------------------------------------------------------------
+    def next_channel_id(self) -> int:
+        """Channel ids are never reused, even after a channel is destroyed."""
+        with self._tx() as conn:
+            row = conn.execute("SELECT nextval('nsjms_channel_id')").fetchone()
+        assert row is not None
+        return int(row[0])
+
     def insert_channel(self, cid: int, qos: dict[str, Any], admin_props: dict[str, Any],
-                       default_admin_qos: dict[str, Any]) -> None:
-        """A channel and its two default admins (id 0) in one transaction."""
+                       default_admin_qos: dict[str, dict[str, Any]]) -> None:
+        """A channel and its two default admins (id 0; QoS by side 'C'/'S') in one transaction."""
         with self._tx() as conn:
             conn.execute("INSERT INTO nsjms_channel(id, qos, admin_props) VALUES (%s, %s, %s)",
                          (cid, Jsonb(qos), Jsonb(admin_props)))
             for side in ("C", "S"):
                 conn.execute("INSERT INTO nsjms_admin(channel_id, side, id, qos) VALUES (%s, %s, 0, %s)",
-                             (cid, side, Jsonb(default_admin_qos)))
+                             (cid, side, Jsonb(default_admin_qos[side])))
 
     def update_channel(self, cid: int, **cols: Any) -> None:
         self._update("nsjms_channel", {"id": cid}, cols)
