@@ -1,0 +1,455 @@
+"""Node configuration: one frozen :class:`Config` from a TOML file, the environment and explicit overrides.
+
+Precedence, lowest to highest::
+
+    built-in defaults  <  TOML file  <  NSJMS_<SECTION>_<KEY> environment variables  <  overrides (CLI flags)
+
+Every value is validated when the configuration is loaded. A problem raises :class:`ConfigError` whose message
+names the key and where the value came from, e.g. ``orb.port (from NSJMS_ORB_PORT): expected an integer
+1-65535, got 'abc'``. Values of secret-bearing keys (DSNs, broker URLs, ``broker.passcode``) are redacted in
+error messages, in :meth:`Config.redacted` and in ``repr``: credentials must never reach a log.
+
+Environment variables whose section part is not a known section (``NSJMS_TEST_PG_DSN``, ``NSJMS_CONFIG``) are
+not configuration keys and are ignored; an unknown key in a known section (``NSJMS_ORB_PROT``) is an error.
+
+Exceptions::
+
+    ValueError
+     └── ConfigError        bad file, unknown section/key, wrong type or out-of-range value
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+__all__ = [
+    "CONFIG_ENV",
+    "ENV_PREFIX",
+    "BrokerConfig",
+    "Config",
+    "ConfigError",
+    "NodeConfig",
+    "OrbConfig",
+    "PostgresConfig",
+    "load_config",
+    "redact_dsn",
+]
+
+ENV_PREFIX = "NSJMS_"
+CONFIG_ENV = "NSJMS_CONFIG"  # path of the TOML file when none is given explicitly
+REDACTED = "***"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
+_HOST = re.compile(r"[A-Za-z0-9.:_-]{1,253}")
+_URL_START = re.compile(r"^\s*[A-Za-z][A-Za-z0-9+.-]*://")
+_SECRET_KEYS = ("password", "sslpassword", "passcode")
+_SECRET_ALT = "|".join(_SECRET_KEYS)
+_KV_SECRET = re.compile(rf"(\b(?:{_SECRET_ALT})\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s]*)", re.IGNORECASE)
+_QUERY_SECRET = re.compile(rf"([?&](?:{_SECRET_ALT})=)([^&#]*)", re.IGNORECASE)
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message names the key and the source of the bad value."""
+
+    def __init__(self, message: str, key: str = "", source: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+        self.source = source
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.key, self.source))
+
+
+# --------------------------------------------------------------------------------------- redaction
+def redact_dsn(dsn: str) -> str:
+    """Return ``dsn`` with any password replaced by ``***``.
+
+    Handles URLs (``postgresql://user:pw@host/db``, ``stomp://user:pw@host:61613``, ``?password=`` query
+    parameters) and libpq ``key=value`` strings (``password=pw``, ``password='p w'``). When in doubt it
+    removes more, never less.
+    """
+    if not dsn:
+        return dsn
+    if _URL_START.match(dsn):
+        return _QUERY_SECRET.sub(lambda m: m.group(1) + REDACTED, _redact_userinfo(dsn))
+    return _KV_SECRET.sub(lambda m: m.group(1) + REDACTED, dsn)
+
+
+def _redact_or_hide(value: str) -> str:
+    """Redact a value that should hold credentials; hide it entirely when its shape is not recognisable."""
+    if _URL_START.match(value) or re.match(r"^\s*[A-Za-z_]+\s*=", value):
+        return redact_dsn(value)
+    return f"<{len(value)} characters, not shown>"
+
+
+def _redact_userinfo(url: str) -> str:
+    scheme_end = url.index("://") + 3
+    head_end = min(
+        (i for i in (url.find("?", scheme_end), url.find("#", scheme_end)) if i >= 0), default=len(url)
+    )
+    at = url.rfind("@", scheme_end, head_end)
+    if at < 0:
+        return url
+    colon = url.find(":", scheme_end, at)
+    if colon < 0:
+        return url
+    return url[: colon + 1] + REDACTED + url[at:]
+
+
+# ---------------------------------------------------------------------------------------- sections
+@dataclass(frozen=True)
+class NodeConfig:
+    """``[node]``: identity and local state of this process."""
+
+    state_dir: Path = Path("./.nsjms")
+    node_id: str = "node1"
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class OrbConfig:
+    """``[orb]``: the IIOP endpoint of the channel factory."""
+
+    host: str = "127.0.0.1"
+    port: int = 2809
+    max_threads: int = 64
+
+
+@dataclass(frozen=True, repr=False)
+class PostgresConfig:
+    """``[postgres]``: empty ``dsn`` means "start the embedded cluster on ``embedded_port``"."""
+
+    dsn: str = ""
+    embedded_port: int = 55432
+    pool_size: int = 8
+
+    @property
+    def embedded(self) -> bool:
+        return not self.dsn
+
+    def __repr__(self) -> str:
+        return (
+            f"PostgresConfig(dsn={redact_dsn(self.dsn)!r}, embedded_port={self.embedded_port!r}, "
+            f"pool_size={self.pool_size!r})"
+        )
+
+
+@dataclass(frozen=True, repr=False)
+class BrokerConfig:
+    """``[broker]``: empty ``url`` means "start the embedded ActiveMQ on the ``embedded_*`` ports"."""
+
+    url: str = ""
+    login: str = ""
+    passcode: str = field(default="")
+    embedded_stomp_port: int = 61613
+    embedded_openwire_port: int = 61616
+
+    @property
+    def embedded(self) -> bool:
+        return not self.url
+
+    def __repr__(self) -> str:
+        return (
+            f"BrokerConfig(url={redact_dsn(self.url)!r}, login={self.login!r}, "
+            f"passcode={_mask(self.passcode)!r}, embedded_stomp_port={self.embedded_stomp_port!r}, "
+            f"embedded_openwire_port={self.embedded_openwire_port!r})"
+        )
+
+
+def _mask(secret: str) -> str:
+    return REDACTED if secret else ""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole validated configuration of one node. Build it with :func:`load_config`."""
+
+    node: NodeConfig = field(default_factory=NodeConfig)
+    orb: OrbConfig = field(default_factory=OrbConfig)
+    postgres: PostgresConfig = field(default_factory=PostgresConfig)
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+
+    def redacted(self) -> dict[str, dict[str, Any]]:
+        """A plain dict safe to log or print: DSN/URL passwords and ``broker.passcode`` become ``***``."""
+        out: dict[str, dict[str, Any]] = {}
+        for section, keys in _SCHEMA.items():
+            values = getattr(self, section)
+            out[section] = {key: spec.show(getattr(values, key)) for key, spec in keys.items()}
+        return out
+
+
+# ------------------------------------------------------------------------------------------ schema
+Parser = Callable[[Any, bool], Any]  # (raw value, came from text?) -> typed value; raises _Invalid
+
+
+class _Invalid(Exception):
+    """Internal: a value failed its check; carries the expectation for the error message."""
+
+
+@dataclass(frozen=True)
+class _Key:
+    parse: Parser
+    secret: bool = False  # the whole value is secret
+    has_credentials: bool = False  # the value may embed a password (DSN, URL)
+
+    def show(self, value: Any) -> Any:
+        if self.secret:
+            return _mask(str(value))
+        if self.has_credentials:
+            return redact_dsn(str(value))
+        return str(value) if isinstance(value, Path) else value
+
+    def describe(self, raw: Any) -> str:
+        if self.secret:
+            return repr(REDACTED)
+        if self.has_credentials and isinstance(raw, str):
+            return repr(_redact_or_hide(raw))
+        return repr(raw)
+
+
+def _integer(low: int, high: int) -> Parser:
+    def parse(raw: Any, textual: bool) -> int:
+        value = raw
+        if textual and isinstance(raw, str) and re.fullmatch(r"\s*[+-]?\d+\s*", raw):
+            value = int(raw)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise _Invalid(f"expected an integer {low}-{high}")
+        return value
+
+    return parse
+
+
+def _string(raw: Any, textual: bool) -> str:
+    if not isinstance(raw, str):
+        raise _Invalid("expected a string")
+    return raw
+
+
+def _path(raw: Any, textual: bool) -> Path:
+    if not isinstance(raw, str) or not raw.strip() or "\x00" in raw:
+        raise _Invalid("expected a non-empty path")
+    return Path(raw).expanduser()
+
+
+def _node_id(raw: Any, textual: bool) -> str:
+    if not isinstance(raw, str) or not _NODE_ID.fullmatch(raw):
+        raise _Invalid("expected 1-32 characters from [A-Za-z0-9_-]")
+    return raw
+
+
+def _log_level(raw: Any, textual: bool) -> str:
+    if not isinstance(raw, str) or raw.strip().upper() not in LOG_LEVELS:
+        raise _Invalid("expected one of " + ", ".join(LOG_LEVELS))
+    return raw.strip().upper()
+
+
+def _host(raw: Any, textual: bool) -> str:
+    if not isinstance(raw, str) or not _HOST.fullmatch(raw):
+        raise _Invalid("expected a host name or IP address")
+    return raw
+
+
+def _dsn(raw: Any, textual: bool) -> str:
+    value = _string(raw, textual).strip()
+    if not value:
+        return ""
+    expectation = "expected a postgresql:// URL, a key=value DSN or an empty string"
+    if _URL_START.match(value) and urlsplit(value).scheme not in ("postgresql", "postgres"):
+        raise _Invalid(expectation)
+    try:
+        conninfo_to_dict(value)
+    except psycopg.ProgrammingError as exc:
+        raise _Invalid(expectation) from exc
+    return value
+
+
+def _broker_url(raw: Any, textual: bool) -> str:
+    value = _string(raw, textual).strip()
+    if not value:
+        return ""
+    expectation = "expected a URL such as stomp://host:61613 or an empty string"
+    if not _URL_START.match(value):
+        raise _Invalid(expectation)
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        raise _Invalid(expectation) from exc
+    if not parts.hostname or (port is not None and not 1 <= port <= 65535):
+        raise _Invalid(expectation)
+    return value
+
+
+_PORT = _integer(1, 65535)
+
+_SCHEMA: dict[str, dict[str, _Key]] = {
+    "node": {"state_dir": _Key(_path), "node_id": _Key(_node_id), "log_level": _Key(_log_level)},
+    "orb": {"host": _Key(_host), "port": _Key(_PORT), "max_threads": _Key(_integer(1, 4096))},
+    "postgres": {
+        "dsn": _Key(_dsn, has_credentials=True),
+        "embedded_port": _Key(_PORT),
+        "pool_size": _Key(_integer(1, 1024)),
+    },
+    "broker": {
+        "url": _Key(_broker_url, has_credentials=True),
+        "login": _Key(_string),
+        "passcode": _Key(_string, secret=True),
+        "embedded_stomp_port": _Key(_PORT),
+        "embedded_openwire_port": _Key(_PORT),
+    },
+}
+_SECTION_TYPES: dict[str, type] = {
+    "node": NodeConfig,
+    "orb": OrbConfig,
+    "postgres": PostgresConfig,
+    "broker": BrokerConfig,
+}
+
+
+# ----------------------------------------------------------------------------------------- loading
+@dataclass
+class _Layer:
+    """Raw values from one source, keyed ``(section, key)``, each with a human-readable source label."""
+
+    values: dict[tuple[str, str], tuple[Any, str, bool]] = field(default_factory=dict)
+
+    def put(self, section: str, key: str, raw: Any, source: str, textual: bool) -> None:
+        _check_known(section, key, source)
+        self.values[(section, key)] = (raw, source, textual)
+
+
+def _check_known(section: str, key: str, source: str) -> None:
+    if section not in _SCHEMA:
+        raise ConfigError(
+            f"[{section}] (from {source}): unknown section; known: {', '.join(_SCHEMA)}", section, source
+        )
+    if key not in _SCHEMA[section]:
+        raise ConfigError(
+            f"{section}.{key} (from {source}): unknown key; known in [{section}]: "
+            f"{', '.join(_SCHEMA[section])}",
+            f"{section}.{key}",
+            source,
+        )
+
+
+def _file_layer(path: Path) -> _Layer:
+    source = str(path)
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read configuration file {path}: {exc.strerror or exc}", "", source
+        ) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}", "", source) from exc
+    layer = _Layer()
+    for section, table in data.items():
+        if section in _SCHEMA and not isinstance(table, dict):
+            raise ConfigError(f"[{section}] (from {source}): expected a table", section, source)
+        if not isinstance(table, dict):
+            raise ConfigError(
+                f"{section} (from {source}): unknown top-level key; known sections: {', '.join(_SCHEMA)}",
+                section,
+                source,
+            )
+        for key, raw in table.items():
+            layer.put(section, key, raw, source, textual=False)
+    return layer
+
+
+def _env_layer(env: Mapping[str, str]) -> _Layer:
+    layer = _Layer()
+    for name, raw in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
+        if section in _SCHEMA:
+            layer.put(section, key, raw, name, textual=True)
+    return layer
+
+
+def _override_layer(overrides: Mapping[str, Any], source: str) -> _Layer:
+    layer = _Layer()
+    for dotted, raw in overrides.items():
+        if raw is None:
+            continue  # an unset CLI flag
+        section, _, key = dotted.partition(".")
+        layer.put(section, key, raw, f"{source} {dotted}", textual=isinstance(raw, str))
+    return layer
+
+
+def _build(layers: list[_Layer]) -> Config:
+    merged: dict[tuple[str, str], tuple[Any, str, bool]] = {}
+    for layer in layers:
+        merged.update(layer.values)
+    sections: dict[str, Any] = {}
+    for section, keys in _SCHEMA.items():
+        kwargs = {
+            key: _parse_one(section, key, spec, merged[(section, key)])
+            for key, spec in keys.items()
+            if (section, key) in merged
+        }
+        sections[section] = _SECTION_TYPES[section](**kwargs)
+    config = Config(**sections)
+    _check_cross(config, merged)
+    return config
+
+
+def _parse_one(section: str, key: str, spec: _Key, entry: tuple[Any, str, bool]) -> Any:
+    raw, source, textual = entry
+    try:
+        return spec.parse(raw, textual)
+    except _Invalid as exc:
+        raise ConfigError(
+            f"{section}.{key} (from {source}): {exc}, got {spec.describe(raw)}", f"{section}.{key}", source
+        ) from None
+
+
+def _check_cross(config: Config, merged: dict[tuple[str, str], tuple[Any, str, bool]]) -> None:
+    broker = config.broker
+    if not broker.embedded or broker.embedded_stomp_port != broker.embedded_openwire_port:
+        return
+    key, other = "embedded_openwire_port", "embedded_stomp_port"
+    if ("broker", key) not in merged:
+        key, other = other, key
+    entry = merged.get(("broker", key))
+    source = entry[1] if entry else "defaults"
+    raise ConfigError(
+        f"broker.{key} (from {source}): must differ from broker.{other}, got {getattr(broker, key)} for both",
+        f"broker.{key}",
+        source,
+    )
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    override_source: str = "command line",
+) -> Config:
+    """Load and validate the configuration.
+
+    ``path``: TOML file; when ``None``, the file named by ``$NSJMS_CONFIG`` if set, else no file (defaults).
+    ``env``: the environment to read ``NSJMS_<SECTION>_<KEY>`` from (default ``os.environ``).
+    ``overrides``: ``{"orb.port": 2810, "postgres.dsn": "..."}``, typically from CLI flags; ``None`` values
+    are ignored so unset flags pass straight through. ``override_source`` labels them in error messages.
+    """
+    environ = os.environ if env is None else env
+    if path is None and environ.get(CONFIG_ENV):
+        path = environ[CONFIG_ENV]
+    layers = [_file_layer(Path(path))] if path is not None else []
+    layers.append(_env_layer(environ))
+    layers.append(_override_layer(overrides or {}, override_source))
+    return _build(layers)

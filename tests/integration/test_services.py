@@ -1,0 +1,290 @@
+"""router.services against the real binaries: embedded PostgreSQL and ActiveMQ lifecycles, kill -9."""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import stomp
+
+from router.services import (
+    EmbeddedActiveMQ,
+    EmbeddedPostgres,
+    ServiceError,
+    _pid_alive,  # zombie-aware liveness check
+    free_port,
+    wait_for_port,
+)
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    """A state directory the ``postgres`` OS user can traverse (pytest's tmp_path is mode 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="nsjms-svc-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def supervisor(code: str, base: Path, *ports: int) -> subprocess.Popen[str]:
+    """A child Python process that starts a service, prints one line, then sleeps (to be SIGKILLed)."""
+    script = textwrap.dedent(code) + "\nprint(url, flush=True)\nimport time\ntime.sleep(600)\n"
+    return subprocess.Popen(
+        [sys.executable, "-c", script, str(base), *map(str, ports)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def kill_supervisor(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    proc.kill()
+    _, err = proc.communicate(timeout=30)
+    assert line, f"supervisor printed nothing; stderr:\n{err}"
+    return line
+
+
+# -------------------------------------------------------------------------------------- PostgreSQL
+def test_embedded_postgres_lifecycle(state_dir: Path) -> None:
+    server = EmbeddedPostgres(state_dir, free_port())
+    dsn = server.start()
+    try:
+        assert dsn.startswith("postgresql://postgres:") and dsn.endswith(f"@127.0.0.1:{server.port}/nsjms")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert int(conn.execute("SHOW max_prepared_transactions").fetchone()[0]) > 0
+            assert conn.execute("SHOW listen_addresses").fetchone()[0] == "127.0.0.1"
+            conn.execute("CREATE TABLE t (v int)")
+        with psycopg.connect(dsn) as conn:
+            conn.execute("INSERT INTO t VALUES (1)")
+            conn.execute("PREPARE TRANSACTION 'nsjms-test-1'")
+        server.stop()
+        assert not server.is_running()
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(dsn, connect_timeout=2).close()
+
+        assert server.start() == dsn  # same data dir, same generated password
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            gids = [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall()]
+            assert gids == ["nsjms-test-1"]  # the prepared transaction survived the restart
+            conn.execute("COMMIT PREPARED 'nsjms-test-1'")
+            assert conn.execute("SELECT v FROM t").fetchall() == [(1,)]
+    finally:
+        server.stop()
+
+
+def test_embedded_postgres_needs_the_password(state_dir: Path) -> None:
+    server = EmbeddedPostgres(state_dir, free_port())
+    dsn = server.start()
+    try:
+        wrong = dsn.replace(dsn.split(":")[2].split("@")[0], "wrong-password")
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(wrong, connect_timeout=5).close()
+        mode = (state_dir / "pg" / "password").stat().st_mode & 0o777
+        assert mode == 0o600
+    finally:
+        server.stop()
+
+
+PG_SUPERVISOR = """
+    import sys
+    from router.services import EmbeddedPostgres
+    url = EmbeddedPostgres(sys.argv[1], int(sys.argv[2])).start()
+"""
+
+
+def test_embedded_postgres_restart_after_sigkill_of_supervisor(state_dir: Path) -> None:
+    port = free_port()
+    dsn = kill_supervisor(supervisor(PG_SUPERVISOR, state_dir, port))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE survived (v int)")
+    server = EmbeddedPostgres(state_dir, port)
+    try:
+        assert server.start() == dsn  # the running instance of that directory is reused
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM survived").fetchone() == (0,)
+    finally:
+        server.stop()
+    assert not server.is_running()
+
+
+def test_embedded_postgres_restart_after_sigkill_of_postmaster(state_dir: Path) -> None:
+    server = EmbeddedPostgres(state_dir, free_port())
+    dsn = server.start()
+    try:
+        pid = int((state_dir / "pg" / "data" / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)  # leaves a stale postmaster.pid behind
+        deadline = time.monotonic() + 10
+        while server.is_running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not server.is_running()
+        assert server.start() == dsn
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        server.stop()
+
+
+def test_embedded_postgres_on_another_port_restarts_the_leftover(state_dir: Path) -> None:
+    first = EmbeddedPostgres(state_dir, free_port())
+    first.start()
+    second = EmbeddedPostgres(state_dir, free_port())
+    try:
+        dsn = second.start()
+        assert f":{second.port}/" in dsn
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SHOW port").fetchone() == (str(second.port),)
+    finally:
+        second.stop()
+
+
+def test_embedded_postgres_busy_port(state_dir: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(ServiceError, match=f"port {port} .* already in use"):
+            EmbeddedPostgres(state_dir, port).start()
+
+
+def test_embedded_postgres_missing_binaries(state_dir: Path) -> None:
+    with pytest.raises(ServiceError, match="apt-get install postgresql-15"):
+        EmbeddedPostgres(state_dir, free_port(), bin_dir=state_dir / "nowhere").start()
+
+
+def test_wait_for_port_times_out_and_aborts() -> None:
+    port = free_port()
+    with pytest.raises(ServiceError, match=f"127.0.0.1:{port} did not accept connections"):
+        wait_for_port("127.0.0.1", port, 0.3)
+    with pytest.raises(ServiceError, match="gave up"):
+        wait_for_port("127.0.0.1", port, 30, abort=lambda: "gave up")
+
+
+# ---------------------------------------------------------------------------------------- ActiveMQ
+class Collector(stomp.ConnectionListener):
+    """Hands frames to a queue and does nothing else on the receiver thread."""
+
+    def __init__(self) -> None:
+        self.frames: queue.Queue[stomp.utils.Frame] = queue.Queue()
+
+    def on_message(self, frame: stomp.utils.Frame) -> None:
+        self.frames.put(frame)
+
+    def on_error(self, frame: stomp.utils.Frame) -> None:
+        self.frames.put(frame)
+
+
+def stomp_round_trip(port: int) -> None:
+    conn = stomp.Connection([("127.0.0.1", port)], auto_content_length=False)
+    listener = Collector()
+    conn.set_listener("collector", listener)
+    conn.connect(wait=True)
+    try:
+        conn.subscribe("/queue/nsjms.services.text", id="1", ack="auto")
+        conn.send("/queue/nsjms.services.text", "hello", headers={"persistent": "true"})
+        frame = listener.frames.get(timeout=15)
+        assert (frame.cmd, frame.body) == ("MESSAGE", "hello")
+        # jms-map-json needs the jettison/xstream jars the supervisor links into the broker's lib dir
+        conn.subscribe(
+            "/queue/nsjms.services.map", id="2", ack="auto", headers={"transformation": "jms-map-json"}
+        )
+        body = '{"map":{"entry":[{"string":"count","int":42}]}}'
+        conn.send("/queue/nsjms.services.map", body, headers={"transformation": "jms-map-json"})
+        frame = listener.frames.get(timeout=15)
+        assert frame.cmd == "MESSAGE" and '"int":42' in frame.body
+    finally:
+        conn.disconnect()
+
+
+AMQ_SUPERVISOR = """
+    import sys
+    from router.services import EmbeddedActiveMQ
+    url = EmbeddedActiveMQ(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])).start()
+"""
+
+
+def test_embedded_activemq_after_sigkill_of_supervisor(state_dir: Path) -> None:
+    stomp_port, openwire_port = free_port(), free_port()
+    url = kill_supervisor(supervisor(AMQ_SUPERVISOR, state_dir, stomp_port, openwire_port))
+    assert url == f"stomp://127.0.0.1:{stomp_port}"
+    leftover = int((state_dir / "activemq" / "broker.pid").read_text())
+    broker = EmbeddedActiveMQ(state_dir, stomp_port, openwire_port)
+    assert broker.is_running()  # the orphaned broker is still there ...
+    try:
+        assert broker.start() == url  # ... and is replaced by a fresh one
+        assert int((state_dir / "activemq" / "broker.pid").read_text()) != leftover
+        assert not _pid_alive(leftover)
+        stomp_round_trip(stomp_port)
+    finally:
+        broker.stop()
+    assert not broker.is_running()
+    with pytest.raises(ServiceError):
+        wait_for_port("127.0.0.1", stomp_port, 0.5)
+
+
+def test_embedded_activemq_busy_port(state_dir: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(ServiceError, match=f"port {port} .*ActiveMQ STOMP.* already in use"):
+            EmbeddedActiveMQ(state_dir, port, free_port()).start()
+
+
+# ---------------------------------------------------------------------------------------- fixtures
+_FRESH: dict[str, str] = {}
+
+
+def test_fresh_db_fixture_is_empty_and_prepares(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        name = conn.execute("SELECT current_database()").fetchone()[0]
+        assert name.startswith("nsjms_t_")
+        assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
+        conn.execute("CREATE TABLE locked (v int)")
+    with psycopg.connect(fresh_db) as conn:
+        conn.execute("INSERT INTO locked VALUES (1)")
+        conn.execute("PREPARE TRANSACTION 'nsjms-fixture-leftover'")  # left for the fixture to clean up
+    _FRESH["name"] = name
+
+
+def test_fresh_db_fixture_dropped_database_and_prepared_xacts(pg_dsn: str) -> None:
+    name = _FRESH.get("name")
+    assert name, "runs after test_fresh_db_fixture_is_empty_and_prepares"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (name,)).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM pg_prepared_xacts WHERE database = %s", (name,)
+        ).fetchone() == (0,)
+
+
+def test_broker_url_fixture_round_trip(broker_url: str) -> None:
+    host, _, port = broker_url.removeprefix("stomp://").rpartition(":")
+    conn = stomp.Connection([(host, int(port))], auto_content_length=False)
+    listener = Collector()
+    conn.set_listener("collector", listener)
+    conn.connect(wait=True)
+    try:
+        conn.subscribe("/queue/nsjms.fixture", id="1", ack="auto")
+        conn.send("/queue/nsjms.fixture", "ping", headers={"persistent": "true"})
+        frame = listener.frames.get(timeout=15)
+        assert (frame.cmd, frame.body) == ("MESSAGE", "ping")
+    finally:
+        conn.disconnect()
