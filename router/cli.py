@@ -51,7 +51,8 @@ def _config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-id", default=None)
     p.add_argument("--orb-host", default=None, help="IIOP listen address (default 127.0.0.1)")
     p.add_argument("--orb-port", type=int, default=None, help="IIOP listen port (default 2809)")
-    p.add_argument("--pg-dsn", default=None, help="PostgreSQL DSN (default: embedded cluster)")
+    p.add_argument("--pg-dsn", default=None,
+                   help="PostgreSQL DSN (default: embedded cluster); prefer NSJMS_POSTGRES_DSN for DSNs with passwords")
     p.add_argument("--broker-url", default=None, help="STOMP broker URL (default: embedded ActiveMQ)")
     p.add_argument("--log-level", default=None)
 

@@ -1,0 +1,199 @@
+"""Fixtures for the channel integration tests: the ``nsjms serve`` subprocess and a client ORB in the test process.
+
+* :class:`NsjmsServer` runs ``python -m router.cli serve`` on a free 127.0.0.1 port with a private state directory
+  and a brand-new database (``fresh_db`` from ``tests/conftest.py``); it waits for ``endpoints.json`` (written by the
+  server when ready), and can ``kill`` it with any signal, ``restart`` it with the same directory, DSN and port,
+  and ``stop`` it (SIGTERM, then SIGKILL). The server's stdout/stderr go to files in the state directory; their
+  tail is put in every start failure message.
+* ``client_orb`` (session): one omniORB ORB for the test process, listening on 127.0.0.1 only, RootPOA active,
+  with a client call timeout so a dead or hung server never blocks a test forever.
+* ``nsjms_server`` (function): a started server, stopped afterwards. ``factory`` narrows its factory reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
+from omniORB import CORBA
+
+import CosNotifyChannelAdmin  # noqa: E402
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:  # makes ``import stdclients`` work in the test modules under any import mode
+    sys.path.insert(0, _HERE)
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+CLIENT_CALL_TIMEOUT_MS = 30_000
+ENDPOINTS_FILE = "endpoints.json"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def tail(path: Path, limit: int = 4000) -> str:
+    """The last ``limit`` characters of a log file (empty if missing)."""
+    try:
+        return path.read_text(errors="replace")[-limit:]
+    except FileNotFoundError:
+        return ""
+
+
+@dataclass
+class NsjmsServer:
+    """One ``nsjms serve`` process; restartable with the same state directory, database and port."""
+
+    state_dir: Path
+    pg_dsn: str
+    broker_url: str
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+    endpoints: dict[str, Any] | None = None
+
+    @property
+    def endpoints_path(self) -> Path:
+        return self.state_dir / ENDPOINTS_FILE
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.state_dir / "server.stderr.log"
+
+    def command(self) -> list[str]:
+        """The command line that starts the server (the DSN, which holds a password, goes in the environment)."""
+        return [sys.executable, "-m", "router.cli", "serve", "--state-dir", str(self.state_dir),
+                "--orb-port", str(self.port), "--broker-url", self.broker_url]
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> dict[str, Any]:
+        """Start the process and wait until it wrote ``endpoints.json`` naming its own pid."""
+        assert self.proc is None or self.proc.poll() is not None, "server already running"
+        self.endpoints_path.unlink(missing_ok=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", NSJMS_POSTGRES_DSN=self.pg_dsn)
+        with open(self.state_dir / "server.stdout.log", "ab") as out, open(self.stderr_path, "ab") as err:
+            self.proc = subprocess.Popen(self.command(), stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
+        self.endpoints = self._wait_ready(timeout)
+        return self.endpoints
+
+    def _wait_ready(self, timeout: float) -> dict[str, Any]:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._fail(f"nsjms serve exited with code {self.proc.returncode} before it was ready")
+            data = self._read_endpoints()
+            if data is not None and data.get("pid") == self.proc.pid:
+                return data
+            time.sleep(0.05)
+        self._fail(f"nsjms serve wrote no {ENDPOINTS_FILE} within {timeout:.0f} s")
+        raise AssertionError("unreachable")
+
+    def _read_endpoints(self) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(self.endpoints_path.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None  # not written yet (the server writes it atomically, but be lenient)
+
+    def _fail(self, why: str) -> None:
+        shown = " ".join("<dsn>" if arg == self.pg_dsn else "<broker-url>" if arg == self.broker_url else arg
+                         for arg in self.command())  # DSNs and URLs may hold credentials
+        pytest.fail(f"{why}\ncommand: {shown}\n--- stderr tail ---\n{tail(self.stderr_path)}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "server not started"
+        return self.proc.pid
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` and wait for the process to end; returns its exit code."""
+        assert self.proc is not None, "server not started"
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=STOP_TIMEOUT_S)
+
+    def restart(self, timeout: float = START_TIMEOUT_S) -> dict[str, Any]:
+        """Start again with the same state directory, database and port (after ``kill`` or ``stop``)."""
+        return self.start(timeout)
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL if it does not end within the stop timeout; returns the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+
+    def ior(self) -> str:
+        """The factory IOR from ``endpoints.json``."""
+        assert self.endpoints is not None
+        return str(self.endpoints["event_channel_factory"]["ior"])
+
+    def corbaloc(self) -> str:
+        """The factory corbaloc from ``endpoints.json``."""
+        assert self.endpoints is not None
+        return str(self.endpoints["event_channel_factory"]["corbaloc"])
+
+
+@dataclass(frozen=True)
+class ClientOrb:
+    """The test process's ORB and its active RootPOA."""
+
+    orb: Any
+    poa: Any
+
+    def factory(self, stringified: str) -> Any:
+        """Resolve a stringified reference (IOR or corbaloc) and narrow it to an EventChannelFactory."""
+        obj = self.orb.string_to_object(stringified)
+        factory = obj._narrow(CosNotifyChannelAdmin.EventChannelFactory)
+        assert factory is not None, f"{stringified[:60]} is not a CosNotifyChannelAdmin::EventChannelFactory"
+        return factory
+
+
+@pytest.fixture(scope="session")
+def client_orb() -> Iterator[ClientOrb]:
+    """One ORB for the test process (127.0.0.1 endpoint, bounded client calls), RootPOA activated."""
+    args = ["-ORBendPoint", "giop:tcp:127.0.0.1:",
+            "-ORBclientCallTimeOutPeriod", str(CLIENT_CALL_TIMEOUT_MS)]
+    orb = CORBA.ORB_init(args, CORBA.ORB_ID)
+    poa = orb.resolve_initial_references("RootPOA")
+    poa._get_the_POAManager().activate()
+    yield ClientOrb(orb, poa)
+    orb.shutdown(True)
+    orb.destroy()
+
+
+@pytest.fixture
+def nsjms_server(tmp_path: Path, fresh_db: str, broker_url: str) -> Iterator[NsjmsServer]:
+    """A running ``nsjms serve`` on a free port with its own state directory and a brand-new database."""
+    state = tmp_path / "state"
+    state.mkdir()
+    server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker_url, port=free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def factory(nsjms_server: NsjmsServer, client_orb: ClientOrb) -> Any:
+    """The server's EventChannelFactory, resolved through its IOR."""
+    return client_orb.factory(nsjms_server.ior())
