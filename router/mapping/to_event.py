@@ -1,0 +1,257 @@
+"""JMS message -> StructuredEvent (NJI 2.4.1, 2.5, with the corrections of the digest §13.2-§13.3).
+
+Two cases:
+
+* **A message made by** :func:`router.mapping.to_jms.event_to_jms` (JMSType ``"Structured Event"`` and a
+  ``$nsjms_idl`` manifest): the original event is rebuilt exactly from the ``$`` properties, the manifest and the
+  body; the JMS headers are not consulted (the ``$ohf_*`` properties hold the original NS values, e.g. a Priority
+  of 100 that JMSPriority could only carry as 9).
+* **Any other message** ("foreign"): ``domain_name = ""`` (or ``$domain_name`` when present), ``type_name`` =
+  ``%TextMessage`` / ``%MapMessage`` / ``%StreamMessage`` / ``%BytesMessage`` / ``%ObjectMessage`` / ``%Message``
+  (no body) (or ``$type_name``), ``event_name`` = the destination name (or ``$event_name``).
+  Variable header: ``EventReliability`` (short), ``Priority`` (short), ``StopTime`` (UtcT, from JMSExpiration,
+  when not 0), ``StartTime`` (UtcT, from JMSDeliveryTime, when not 0). Filterable data: ``JMSType``,
+  ``JMSMessageID``, ``JMSTimestamp``, ``JMSReplyTo``, ``JMSCorrelationID``, ``JMSDestination`` (each omitted when
+  null/0), ``JMSRedelivered``, then every property in message order, Java -> IDL typed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+import omniORB  # noqa: F401  (first: it puts the COS stubs on sys.path)
+import CosNotification
+import TimeBase
+from omniORB import CORBA
+
+from router.jms.model import BodyType, DeliveryMode, JmsMessage, JmsType, Typed
+from router.mapping import body as bodies
+from router.mapping import idltypes as it
+from router.mapping import names
+from router.mapping import qos
+from router.mapping.errors import MappingError
+
+__all__ = ["jms_to_event", "TYPE_NAMES", "typed_to_any"]
+
+TYPE_NAMES = {
+    BodyType.TEXT: "%TextMessage", BodyType.MAP: "%MapMessage", BodyType.STREAM: "%StreamMessage",
+    BodyType.BYTES: "%BytesMessage", BodyType.OBJECT: "%ObjectMessage", BodyType.MESSAGE: "%Message",
+}
+_JAVA_TO_IDL = {
+    JmsType.BOOLEAN: CORBA.TC_boolean, JmsType.BYTE: CORBA.TC_octet, JmsType.SHORT: CORBA.TC_short,
+    JmsType.INT: CORBA.TC_long, JmsType.LONG: CORBA.TC_longlong, JmsType.FLOAT: CORBA.TC_float,
+    JmsType.DOUBLE: CORBA.TC_double, JmsType.STRING: CORBA.TC_string, JmsType.CHAR: CORBA.TC_wchar,
+}
+
+
+def jms_to_event(msg: JmsMessage, *,
+                 max_body_bytes: int | None = bodies.DEFAULT_MAX_BODY_BYTES) -> Any:
+    """The StructuredEvent for ``msg``; :class:`MappingError` when it cannot be mapped."""
+    if not isinstance(msg.body_type, BodyType) or msg.body_type not in TYPE_NAMES:
+        raise MappingError(f"unknown body type {msg.body_type!r}", "body_type")
+    bodies.check_size(msg.body_type, msg.body, max_body_bytes, "body")
+    manifest = msg.properties.get(names.MANIFEST)
+    if msg.jms_type == names.STRUCTURED_EVENT and manifest is not None:
+        return _rebuild(msg, _load_manifest(manifest))
+    return _foreign(msg)
+
+
+# ------------------------------------------------------------------------------------------------ round trip
+def _load_manifest(prop: Typed) -> dict[str, Any]:
+    try:
+        manifest = json.loads(str(prop.value))
+    except ValueError:
+        raise MappingError("manifest is not JSON", names.MANIFEST) from None
+    if not isinstance(manifest, dict) or manifest.get("v") != 1:
+        raise MappingError("unsupported manifest version", names.MANIFEST)
+    return manifest
+
+
+def _rebuild(msg: JmsMessage, manifest: dict[str, Any]) -> Any:
+    props = msg.properties
+    fixed = CosNotification.FixedEventHeader(
+        CosNotification.EventType(_fixed(props, names.DOMAIN_NAME), _fixed(props, names.TYPE_NAME)),
+        _fixed(props, names.EVENT_NAME))
+    variable = [_rebuild_entry(rec, props) for rec in _records(manifest, "ohf")]
+    filterable = [_rebuild_entry(rec, props) for rec in _records(manifest, "fd")]
+    body = manifest.get("body")
+    if not isinstance(body, dict):
+        raise MappingError("manifest has no body descriptor", names.MANIFEST)
+    remainder = bodies.body_from_manifest(body, msg.body_type, msg.body)
+    return CosNotification.StructuredEvent(CosNotification.EventHeader(fixed, variable), filterable, remainder)
+
+
+def _fixed(props: Any, name: str) -> str:
+    value = props.get(name)
+    if value is None:
+        raise MappingError("property missing", f"property:{name}")
+    return str(value.value)
+
+
+def _records(manifest: dict[str, Any], section: str) -> list[Any]:
+    records = manifest.get(section)
+    if not isinstance(records, list):
+        raise MappingError(f"manifest has no {section} list", names.MANIFEST)
+    for rec in records:
+        if not (isinstance(rec, list) and len(rec) == 3 and isinstance(rec[2], list)):
+            raise MappingError(f"malformed {section} record {rec!r}", names.MANIFEST)
+    return records
+
+
+def _rebuild_entry(record: list[Any], props: Any) -> Any:
+    name, desc, pnames = record
+    values = [_property(props, p) for p in pnames]
+    if desc == "cdr" and len(values) == 1:
+        return CosNotification.Property(name, _cdr_property(values[0], pnames[0]))
+    field = f"property:{pnames[0] if pnames else name}"
+    tc = it.desc_to_tc(desc, field)
+    if it.is_leaf(tc) and len(values) == 1:
+        return CosNotification.Property(name, CORBA.Any(tc, it.typed_to_leaf(tc, values[0], field)))
+    paths = it.leaf_paths(tc) if it.is_flattenable(tc) else None
+    if paths is None or len(paths) != len(values):
+        raise MappingError(f"manifest record for {name!r} does not match its type", field)
+    leaves = [it.typed_to_leaf(ltc, v, f"property:{p}") for (_, ltc), v, p in zip(paths, values, pnames)]
+    return CosNotification.Property(name, CORBA.Any(tc, it.build_struct(tc, iter(leaves))))
+
+
+def _property(props: Any, name: str) -> Typed:
+    value = props.get(name)
+    if not isinstance(value, Typed):
+        raise MappingError("property missing", f"property:{name}")
+    return value
+
+
+def _cdr_property(value: Typed, pname: str) -> Any:
+    field = f"property:{pname}"
+    try:
+        data = base64.b64decode(str(value.value).encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        raise MappingError("invalid base64", field) from None
+    return it.cdr_to_any(data, field)
+
+
+# ------------------------------------------------------------------------------------------------ foreign
+def _foreign(msg: JmsMessage) -> Any:
+    props = msg.properties
+    domain = _str_prop(props, names.DOMAIN_NAME, "")
+    type_name = _str_prop(props, names.TYPE_NAME, TYPE_NAMES[msg.body_type])
+    event_name = _str_prop(props, names.EVENT_NAME, msg.destination.name if msg.destination else "")
+    fixed = CosNotification.FixedEventHeader(CosNotification.EventType(domain, type_name), event_name)
+    header = CosNotification.EventHeader(fixed, _variable_header(msg))
+    return CosNotification.StructuredEvent(header, _filterable(msg), _foreign_body(msg))
+
+
+def _str_prop(props: Any, name: str, default: str) -> str:
+    value = props.get(name)
+    return str(value.value) if value is not None and value.type == JmsType.STRING else default
+
+
+def _variable_header(msg: JmsMessage) -> list[Any]:
+    if not 0 <= msg.priority <= 9:
+        raise MappingError(f"JMSPriority {msg.priority} is outside 0..9", "JMSPriority")
+    if not isinstance(msg.delivery_mode, DeliveryMode):
+        raise MappingError(f"unknown delivery mode {msg.delivery_mode!r}", "JMSDeliveryMode")
+    out = [
+        CosNotification.Property("EventReliability",
+                                 CORBA.Any(CORBA.TC_short, qos.mode_to_reliability(msg.delivery_mode))),
+        CosNotification.Property("Priority", CORBA.Any(CORBA.TC_short, qos.jms_to_ns_priority(msg.priority))),
+    ]
+    if msg.expiration:
+        out.append(CosNotification.Property("StopTime", _utc_any(msg.expiration)))
+    if msg.delivery_time:
+        out.append(CosNotification.Property("StartTime", _utc_any(msg.delivery_time)))
+    return out
+
+
+def _utc_any(ms: int) -> Any:
+    return CORBA.Any(TimeBase._tc_UtcT, TimeBase.UtcT(qos.ms_to_utc(ms), 0, 0, 0))
+
+
+def _filterable(msg: JmsMessage) -> list[Any]:
+    def string(name: str, value: str | None) -> None:
+        if value is not None:
+            out.append(CosNotification.Property(name, CORBA.Any(CORBA.TC_string, value)))
+
+    out: list[Any] = []
+    string("JMSType", msg.jms_type)
+    string("JMSMessageID", msg.message_id)
+    if msg.timestamp:
+        out.append(CosNotification.Property("JMSTimestamp", CORBA.Any(CORBA.TC_longlong, msg.timestamp)))
+    string("JMSReplyTo", msg.reply_to.stomp() if msg.reply_to else None)
+    string("JMSCorrelationID", msg.correlation_id)
+    string("JMSDestination", msg.destination.stomp() if msg.destination else None)
+    out.append(CosNotification.Property("JMSRedelivered", CORBA.Any(CORBA.TC_boolean, bool(msg.redelivered))))
+    for name, value in msg.properties.items():
+        if value.type in (JmsType.CHAR, JmsType.BYTES):
+            raise MappingError(f"a JMS property cannot be of type {value.type}", f"property:{name}")
+        out.append(CosNotification.Property(name, typed_to_any(value, f"property:{name}")))
+    return out
+
+
+def typed_to_any(value: Typed, field: str) -> Any:
+    """A JMS value as an Any: boolean, byte->octet (two's complement), short, int->long, long->long long, float,
+    double, String->string, char->wchar, byte[]->CORBA::OctetSeq."""
+    if value.type == JmsType.BYTES:
+        if not isinstance(value.value, (bytes, bytearray)):
+            raise MappingError("byte[] value is not bytes", field)
+        return CORBA.Any(CORBA._tc_OctetSeq, bytes(value.value))
+    if value.type not in _JAVA_TO_IDL:
+        raise MappingError(f"unknown JMS type {value.type!r}", field)
+    _check_java(value, field)
+    raw = value.value
+    if value.type == JmsType.BYTE:
+        raw = int(raw) & 0xFF
+    return CORBA.Any(_JAVA_TO_IDL[value.type], raw)
+
+
+def _check_java(value: Typed, field: str) -> None:
+    """Reject a value its declared Java type cannot hold (e.g. ``Typed(INT, 2**40)``)."""
+    raw, jtype = value.value, value.type
+    if jtype == JmsType.BOOLEAN:
+        ok = isinstance(raw, bool)
+    elif jtype in it.JAVA_RANGES:
+        low, high = it.JAVA_RANGES[jtype]
+        ok = isinstance(raw, int) and not isinstance(raw, bool) and low <= raw <= high
+    elif jtype in (JmsType.FLOAT, JmsType.DOUBLE):
+        ok = isinstance(raw, (float, int)) and not isinstance(raw, bool)
+    elif jtype == JmsType.CHAR:
+        ok = isinstance(raw, str) and len(raw) == 1 and ord(raw) <= 0xFFFF
+    else:
+        ok = isinstance(raw, str) and _is_unicode(raw)
+    if not ok:
+        raise MappingError(f"value {raw!r} cannot be represented as a Java {jtype}", field)
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _foreign_body(msg: JmsMessage) -> Any:
+    kind, body = msg.body_type, msg.body
+    if kind == BodyType.MESSAGE:
+        return CORBA.Any(CORBA.TC_null, None)
+    if kind == BodyType.TEXT:
+        return CORBA.Any(CORBA.TC_string, bodies.as_text(body))
+    if kind in (BodyType.BYTES, BodyType.OBJECT):
+        return CORBA.Any(CORBA._tc_OctetSeq, bodies.as_bytes(body))
+    if kind == BodyType.MAP:
+        if not isinstance(body, dict):
+            raise MappingError("map body is not a dict", "body")
+        return CORBA.Any(CosNotification._tc_PropertySeq, [
+            CosNotification.Property(str(k), typed_to_any(_typed(v, f"body.{k}"), f"body.{k}"))
+            for k, v in body.items()])
+    items = bodies.as_stream(body, None)
+    return CORBA.Any(CORBA._tc_AnySeq, [typed_to_any(v, f"body[{i}]") for i, v in enumerate(items)])
+
+
+def _typed(value: object, field: str) -> Typed:
+    if not isinstance(value, Typed):
+        raise MappingError(f"expected a typed value, got {type(value).__name__}", field)
+    return value

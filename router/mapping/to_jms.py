@@ -1,0 +1,142 @@
+"""StructuredEvent -> JMS message (NJI 2.4.2, 2.5, with the corrections of the digest §13.2-§13.3).
+
+* QoS: ``EventReliability`` -> delivery mode (absent -> PERSISTENT), ``Priority`` -> JMSPriority (NJI Table 2-6,
+  absent -> 4), ``Timeout``/``StopTime`` -> ``expiration`` (earliest wins), ``StartTime`` -> ``delivery_time``.
+* Fixed header -> String properties ``$domain_name``, ``$type_name``, ``$event_name``.
+* Every variable-header entry (the standard ones too, so their full NS value stays selectable) -> ``$ohf_<name>``,
+  every filterable-data entry -> ``$fd_<name>``; flattenable structs become one property per leaf; other values
+  become a String property holding base64 of the Any's CDR encapsulation (see :mod:`router.mapping.names`).
+* ``remainder_of_body`` -> body (see :mod:`router.mapping.body`); ``JMSType = "Structured Event"``.
+* ``$nsjms_idl``: a JSON manifest (original names, order, IDL types, which properties hold which entry) that lets
+  :func:`router.mapping.to_event.jms_to_event` rebuild the event exactly.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import omniORB  # noqa: F401  (first: it puts the COS stubs on sys.path)
+import TimeBase
+from omniORB import CORBA
+
+from router.jms.model import Destination, JmsMessage, JmsType, Typed
+from router.mapping import body as bodies
+from router.mapping import idltypes as it
+from router.mapping import names
+from router.mapping import qos
+from router.mapping.errors import MappingError
+
+__all__ = ["event_to_jms", "MANIFEST_VERSION"]
+
+MANIFEST_VERSION = 1
+_INTEGRAL = frozenset({CORBA.tk_short, CORBA.tk_ushort, CORBA.tk_long, CORBA.tk_ulong, CORBA.tk_longlong,
+                       CORBA.tk_ulonglong, CORBA.tk_octet})
+
+
+def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, default_persistent: bool = True,
+                 max_body_bytes: int | None = bodies.DEFAULT_MAX_BODY_BYTES) -> JmsMessage:
+    """The JMS message for ``event``, to be sent at ``now_ms`` (ms since the Unix epoch) to ``destination``.
+
+    Raises :class:`MappingError` for anything that cannot be mapped (a malformed standard QoS field, text that is
+    not valid Unicode, a body above ``max_body_bytes``, a value that cannot be CDR-encoded).
+    """
+    header = event.header
+    fixed = header.fixed_header
+    variable = list(header.variable_header)
+    props: dict[str, Typed] = {
+        names.DOMAIN_NAME: _string(fixed.event_type.domain_name, "domain_name"),
+        names.TYPE_NAME: _string(fixed.event_type.type_name, "type_name"),
+        names.EVENT_NAME: _string(fixed.event_name, "event_name"),
+    }
+    allocator = names.NameAllocator(props)
+    manifest: dict[str, Any] = {"v": MANIFEST_VERSION}
+    manifest["ohf"] = [_entry("ohf", p, allocator, props) for p in variable]
+    manifest["fd"] = [_entry("fd", p, allocator, props) for p in event.filterable_data]
+    body_type, body, manifest["body"] = bodies.body_to_jms(event.remainder_of_body)
+    bodies.check_size(body_type, body, max_body_bytes, "remainder_of_body")
+    if manifest["body"]["k"] == "cdr":
+        props[names.BODY_ENCODING] = Typed(JmsType.STRING, bodies.CDR_ANY)
+    props[names.MANIFEST] = Typed(JmsType.STRING, json.dumps(manifest, separators=(",", ":")))
+    std = _standard_qos(variable)
+    return JmsMessage(
+        body_type=body_type, body=body, destination=destination,
+        delivery_mode=qos.reliability_to_mode(std.get("EventReliability"), default_persistent),
+        priority=qos.ns_to_jms_priority(std["Priority"]) if "Priority" in std else 4,
+        expiration=qos.expiration_ms(now_ms, std.get("Timeout"), std.get("StopTime")),
+        delivery_time=max(0, qos.utc_to_ms(std["StartTime"])) if "StartTime" in std else 0,
+        timestamp=now_ms, jms_type=names.STRUCTURED_EVENT, properties=props,
+    )
+
+
+def _string(value: object, field: str) -> Typed:
+    if not isinstance(value, str):
+        raise MappingError(f"expected a string, got {type(value).__name__}", field)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise MappingError("not valid Unicode (unpaired surrogate)", field) from None
+    return Typed(JmsType.STRING, value)
+
+
+# ------------------------------------------------------------------------------------------------ properties
+def _entry(section: str, prop: Any, allocator: names.NameAllocator, out: dict[str, Typed]) -> list[Any]:
+    """Add the properties for one ohf/fd entry to ``out``; its manifest record ``[name, desc, [properties]]``."""
+    name = str(prop.name)
+    field = f"{section}:{name}"
+    _string(name, field)
+    tc, value = prop.value.typecode(), prop.value.value()
+    if it.is_leaf(tc):
+        pname = allocator.allocate(section, name)
+        out[pname] = _checked(it.leaf_to_typed(tc, value), field)
+        return [name, it.tc_to_desc(tc), [pname]]
+    if it.is_flattenable(tc):
+        pnames = []
+        for path, ltc, lvalue in it.flatten(tc, value):
+            pname = allocator.allocate(section, name, path)
+            out[pname] = _checked(it.leaf_to_typed(ltc, lvalue), f"{field}.{'.'.join(path)}")
+            pnames.append(pname)
+        return [name, it.tc_to_desc(tc), pnames]
+    pname = allocator.allocate(section, name)
+    encoded = base64.b64encode(it.any_to_cdr(prop.value, field)).decode("ascii")
+    out[pname] = Typed(JmsType.STRING, encoded)
+    return [name, "cdr", [pname]]
+
+
+def _checked(typed: Typed, field: str) -> Typed:
+    if isinstance(typed.value, str):
+        _string(typed.value, field)
+    return typed
+
+
+# ------------------------------------------------------------------------------------------------ standard QoS
+def _standard_qos(variable: list[Any]) -> dict[str, int]:
+    """The standard QoS header fields present (first occurrence wins), as integers; malformed -> MappingError."""
+    found: dict[str, int] = {}
+    for prop in variable:
+        name = str(prop.name)
+        if name in found:
+            continue
+        if name in ("EventReliability", "Priority", "Timeout"):
+            found[name] = _integral(prop.value, name)
+        elif name in ("StopTime", "StartTime"):
+            found[name] = _utc(prop.value, name)
+    reliability = found.get("EventReliability")
+    if reliability is not None and reliability not in (qos.BEST_EFFORT, qos.PERSISTENT):
+        raise MappingError(f"EventReliability must be 0 or 1, got {reliability}", "EventReliability")
+    if found.get("Timeout", 0) < 0:
+        raise MappingError("Timeout must not be negative", "Timeout")
+    return found
+
+
+def _integral(value: Any, field: str) -> int:
+    if it.unalias(value.typecode()).kind() not in _INTEGRAL:
+        raise MappingError(f"expected an integer type, got {value.typecode()}", field)
+    return int(value.value())
+
+
+def _utc(value: Any, field: str) -> int:
+    if not value.typecode().equivalent(TimeBase._tc_UtcT):
+        raise MappingError(f"expected TimeBase::UtcT, got {value.typecode()}", field)
+    return int(value.value().time)
