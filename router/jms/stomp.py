@@ -1,0 +1,529 @@
+"""The STOMP 1.2 transport (stomp.py 9), for ActiveMQ Classic and other STOMP brokers.
+
+Threads: stomp.py's receiver thread runs :class:`_Listener`, which only puts ``(epoch, kind, frame)`` on an inbox
+queue. One dispatcher thread owned by the transport drains it: it routes MESSAGE frames to subscription queues,
+hands RECEIPT/ERROR frames to the caller waiting on that receipt, fails every waiter of a lost connection, and
+calls the connection-state callback. Acking, sending and transaction work run on the callers' threads.
+
+Each successful connect starts a new *epoch*; transactions and un-acked deliveries belong to the epoch that made
+them and die with it (the broker rolls them back / redelivers). stomp.py's own reconnect loop is disabled
+(one attempt per connect): :meth:`StompTransport.reconnect` retries under :data:`RECONNECT_POLICY`.
+
+stomp.py exceptions and socket errors are translated to :mod:`router.jms.transport` exceptions here and only here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import stomp
+from stomp.exception import StompException
+from stomp.utils import Frame
+
+from router.jms.model import DeliveryMode, Destination, JmsMessage
+from router.jms.transport import (
+    RECONNECT_POLICY, AckMode, BrokerError, BrokerUnavailable, ConnectionState, Delivery, LocalProtocolError,
+    MessageCodec, QueueSubscription, ReceiptTimeout, RemoteProtocolError, RetryPolicy, SendFailed, SessionBook,
+    SimpleCodec, StateCallback, Subscription, SubscriptionSpec, TransportError, redact_url, stomp_destination,
+)
+
+__all__ = ["StompTransport", "parse_stomp_url"]
+
+log = logging.getLogger("nsjms.transport.stomp")
+
+_STOP = object()
+_LINK_ERRORS = (StompException, OSError)
+
+
+def parse_stomp_url(url: str) -> tuple[list[tuple[str, int]], bool]:
+    """``stomp://h1:61613[,h2:61613]`` → host/port list and whether TLS (``stomp+ssl``) is wanted."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("stomp", "stomp+ssl"):
+        raise LocalProtocolError(f"not a stomp URL: {redact_url(url)}")
+    if "@" in parts.netloc:
+        raise LocalProtocolError("put credentials in the username/password options, not in the URL")
+    hosts = []
+    for item in parts.netloc.split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise LocalProtocolError(f"want HOST:PORT in {url!r}, got {item!r}")
+        hosts.append((host.strip("[]"), int(port)))
+    return hosts, parts.scheme == "stomp+ssl"
+
+
+class _Listener(stomp.ConnectionListener):  # type: ignore[misc]
+    """Runs on stomp.py's receiver thread: only enqueues."""
+
+    def __init__(self, inbox: queue.Queue[Any], epoch: int) -> None:
+        self._inbox = inbox
+        self._epoch = epoch
+
+    def on_connected(self, frame: Frame) -> None:
+        self._inbox.put((self._epoch, "connected", frame))
+
+    def on_message(self, frame: Frame) -> None:
+        self._inbox.put((self._epoch, "message", frame))
+
+    def on_receipt(self, frame: Frame) -> None:
+        self._inbox.put((self._epoch, "receipt", frame))
+
+    def on_error(self, frame: Frame) -> None:
+        self._inbox.put((self._epoch, "error", frame))
+
+    def on_disconnected(self) -> None:
+        self._inbox.put((self._epoch, "disconnected", None))
+
+    def on_heartbeat_timeout(self) -> None:
+        self._inbox.put((self._epoch, "disconnected", None))
+
+
+@dataclass
+class _Waiter:
+    """One caller waiting for the answer to a receipted frame (or for CONNECTED)."""
+
+    operation: str
+    epoch: int
+    loss_is_failure: bool          # True: a lost connection means "not done"; False: the outcome is unknown
+    answers: queue.Queue[tuple[str, Frame | None]] = field(default_factory=lambda: queue.Queue(maxsize=1))
+
+    def wait(self, timeout: float) -> Frame:
+        try:
+            kind, frame = self.answers.get(timeout=timeout)
+        except queue.Empty:
+            raise ReceiptTimeout(f"no receipt within {timeout:g} s", self.operation) from None
+        if kind == "error" and frame is not None:
+            raise _broker_error(frame)
+        if kind == "lost":
+            if self.loss_is_failure:
+                raise BrokerUnavailable(f"{self.operation}: connection lost before the broker answered")
+            raise ReceiptTimeout("connection lost before the receipt", self.operation)
+        assert frame is not None
+        return frame
+
+
+def _broker_error(frame: Frame) -> BrokerError:
+    body = frame.body.decode("utf-8", "replace") if isinstance(frame.body, bytes) else str(frame.body or "")
+    return BrokerError(frame.headers.get("message", "(no message header)"), body, frame.headers.get("receipt-id"))
+
+
+class _EitherEvent:
+    """``is_set``/``wait`` over the caller's shutdown event and the transport's own close event."""
+
+    def __init__(self, *events: threading.Event) -> None:
+        self._events = events
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self._events)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        step = 0.05 if timeout is None else min(0.05, timeout)
+        remaining = timeout
+        while not self.is_set() and (remaining is None or remaining > 0):
+            self._events[0].wait(step)
+            remaining = None if remaining is None else remaining - step
+        return self.is_set()
+
+
+class StompTransport:
+    """:class:`~router.jms.transport.Transport` over STOMP 1.2 with stomp.py 9 (see the module docstring)."""
+
+    def __init__(self, url: str, *, username: str | None = None, password: str | None = None,
+                 client_id: str | None = None, codec: MessageCodec | None = None,
+                 on_state: StateCallback | None = None, shutdown: threading.Event | None = None,
+                 heartbeats: tuple[int, int] = (10_000, 10_000), receipt_timeout: float = 30.0,
+                 connect_timeout: float = 10.0, reconnect_policy: RetryPolicy = RECONNECT_POLICY,
+                 ssl_options: Mapping[str, Any] | None = None, vhost: str | None = None) -> None:
+        self._hosts, self._use_ssl = parse_stomp_url(url)
+        self.url = redact_url(url)
+        self.client_id = client_id
+        self._credentials = (username, password)
+        self._codec: MessageCodec = codec or SimpleCodec()
+        self._on_state = on_state
+        self._shutdown = shutdown or threading.Event()
+        self._closed_event = threading.Event()
+        self._heartbeats = heartbeats
+        self._receipt_timeout = receipt_timeout
+        self._connect_timeout = connect_timeout
+        self._policy = reconnect_policy
+        self._ssl_options = dict(ssl_options or {})
+        self._vhost = vhost
+        self._book = SessionBook()
+        self._conn: stomp.Connection12 | None = None
+        self._attempts = itertools.count(1)
+        self._sub_ids = itertools.count(1)
+        self._waiters: dict[str, _Waiter] = {}
+        self._subs: dict[str, QueueSubscription] = {}
+        self._inbox: queue.Queue[Any] = queue.Queue()
+        self._dispatcher: threading.Thread | None = None
+        self.last_error: BrokerError | None = None
+
+    def __repr__(self) -> str:
+        return f"StompTransport({self.url!r}, connected={self.is_connected()})"
+
+    def __enter__(self) -> StompTransport:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------- connection
+    def is_connected(self) -> bool:
+        return self._book.connected and not self._book.closed
+
+    def connect(self, *, retry: bool = False) -> None:
+        self._book.check_open()
+        self._start_dispatcher()
+        if retry:
+            self.reconnect()
+        else:
+            self._connect_once()
+
+    def reconnect(self) -> None:
+        self._book.check_open()
+        if threading.current_thread() is self._dispatcher:
+            raise LocalProtocolError("reconnect() called from the transport's own callback thread")
+        self._start_dispatcher()
+        stop = _EitherEvent(self._shutdown, self._closed_event)
+        for attempt in self._policy.retrying(stop):  # type: ignore[arg-type]
+            with attempt:
+                self._connect_once()
+                self._resubscribe()
+
+    def close(self) -> None:
+        with self._book.lock:
+            if self._book.closed:
+                return
+            conn, epoch, live = self._conn, self._book.epoch, self._book.connected
+        if live:
+            self._say_goodbye()
+        self._book.close()
+        self._closed_event.set()
+        self._conn = None
+        self._fail_waiters(lambda w: True)
+        for sub in list(self._subs.values()):
+            sub.active = False
+            sub.wake()
+        self._drop_socket(conn)
+        self._notify(ConnectionState.CLOSED)
+        self._stop_dispatcher()
+        log.info("transport to %s closed (epoch %d)", self.url, epoch)
+
+    def _connect_once(self) -> None:
+        self._abandon_current()
+        epoch = next(self._attempts)
+        conn = self._new_connection(epoch)
+        waiter = _Waiter("connect", epoch, loss_is_failure=True)
+        self._waiters[f"connect-{epoch}"] = waiter
+        try:
+            conn.connect(*self._credentials, wait=False, headers=self._connect_headers())
+            waiter.wait(self._connect_timeout)
+        except (_LINK_ERRORS + (ReceiptTimeout, BrokerUnavailable)) as exc:
+            self._drop_socket(conn)
+            raise BrokerUnavailable(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from exc
+        except BrokerError as exc:
+            self._drop_socket(conn)
+            if "InvalidClientID" in exc.body or "already connected" in exc.message:
+                raise BrokerUnavailable(f"client id {self.client_id!r} still in use on the broker") from exc
+            raise
+        finally:
+            self._waiters.pop(f"connect-{epoch}", None)
+        with self._book.lock:
+            self._conn = conn
+            self._book.connected_as(epoch)
+        self._notify(ConnectionState.CONNECTED)
+        log.info("connected to %s (epoch %d)", self.url, epoch)
+
+    def _new_connection(self, epoch: int) -> stomp.Connection12:
+        conn = stomp.Connection12(
+            self._hosts, heartbeats=self._heartbeats, auto_content_length=False, auto_decode=False,
+            reconnect_attempts_max=1, reconnect_sleep_initial=0.0, reconnect_sleep_increase=0.0,
+            reconnect_sleep_jitter=0.0, timeout=self._connect_timeout, vhost=self._vhost)
+        if self._use_ssl:
+            conn.set_ssl(for_hosts=self._hosts, **self._ssl_options)
+        conn.set_listener("nsjms", _Listener(self._inbox, epoch))
+        return conn
+
+    def _connect_headers(self) -> dict[str, str]:
+        return {"client-id": self.client_id} if self.client_id else {}
+
+    def _abandon_current(self) -> None:
+        """Drop the live connection (if any) as lost, synchronously, before a new one is made."""
+        with self._book.lock:
+            conn, epoch = self._conn, self._book.epoch
+            self._conn = None
+        self._lost(epoch)
+        self._drop_socket(conn)
+
+    def _say_goodbye(self) -> None:
+        try:
+            self._transmit("disconnect", lambda c, h: c.send_frame("DISCONNECT", h), {}, receipt=True,
+                           loss_is_failure=True, timeout=min(self._receipt_timeout, 5.0))
+        except TransportError as exc:
+            log.debug("DISCONNECT to %s not confirmed: %s", self.url, exc)
+
+    @staticmethod
+    def _drop_socket(conn: stomp.Connection12 | None) -> None:
+        if conn is None:
+            return
+        try:
+            conn.transport.disconnect_socket()
+        except Exception as exc:  # stomp.py may raise anything from a half-dead socket; we are discarding it
+            log.debug("closing a STOMP socket: %s", exc)
+
+    # ------------------------------------------------------------------------------------------- sending
+    def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
+             receipt: bool = True, headers: Mapping[str, str] | None = None) -> None:
+        dest = stomp_destination(destination)
+        encoded = self._codec.encode(message)
+        frame_headers = {**encoded.headers, **(headers or {})}
+        frame_headers["persistent"] = "true" if message.delivery_mode is DeliveryMode.PERSISTENT else "false"
+        if transaction is not None:
+            frame_headers["transaction"] = transaction
+        try:
+            self._book.use_tx(transaction)
+            self._transmit("send", lambda c, h: c.send(dest, encoded.body, headers=h), frame_headers,
+                           receipt=receipt, loss_is_failure=transaction is not None)
+        except (BrokerError, BrokerUnavailable) as exc:
+            raise SendFailed(str(exc), dest) from exc
+
+    def begin(self) -> str:
+        tx = f"tx-{uuid.uuid4().hex}"
+        epoch = self._transmit("begin", lambda c, h: c.begin(tx, headers=h), {}, receipt=True,
+                               loss_is_failure=True)
+        self._book.add_tx(tx, epoch)
+        return tx
+
+    def commit(self, transaction: str) -> None:
+        entry = self._book.end_tx(transaction)
+        if not self._book.is_live(entry):
+            raise BrokerUnavailable(f"transaction {transaction} was lost with its connection (rolled back)")
+        if entry.rollback_only:
+            self._abort_frame(transaction)
+            raise BrokerError(f"transaction {transaction} rolled back: a frame in it failed: {entry.rollback_only}")
+        self._transmit("commit", lambda c, h: c.commit(transaction, headers=h), {}, receipt=True,
+                       loss_is_failure=False)
+
+    def abort(self, transaction: str) -> None:
+        entry = self._book.end_tx(transaction)
+        if self._book.is_live(entry) and self._abort_frame(transaction):
+            self._book.restore(entry)
+
+    def _abort_frame(self, transaction: str) -> bool:
+        """True when the broker confirmed the ABORT; a lost connection has rolled back anyway."""
+        try:
+            self._transmit("abort", lambda c, h: c.abort(transaction, headers=h), {}, receipt=True,
+                           loss_is_failure=True)
+            return True
+        except BrokerUnavailable as exc:
+            log.info("ABORT of %s not sent (%s): the broker rolls it back with the connection", transaction, exc)
+            return False
+
+    # ------------------------------------------------------------------------------------------- consuming
+    def subscribe(self, destination: Destination | str, *, selector: str | None = None,
+                  ack: AckMode | str = AckMode.CLIENT_INDIVIDUAL, durable_name: str | None = None,
+                  prefetch: int = 100, transformation: str | None = None) -> Subscription:
+        spec = self._spec(destination, selector, ack, durable_name, prefetch, transformation)
+        sub = QueueSubscription(f"sub-{next(self._sub_ids)}", spec, self._book)
+        self._book.check_connected()
+        self._book.set_mode(sub.id, spec.ack)
+        self._subs[sub.id] = sub
+        try:
+            self._subscribe_frame(sub)
+        except TransportError:
+            self._subs.pop(sub.id, None)
+            self._book.forget_subscription(sub.id)
+            raise
+        return sub
+
+    def _spec(self, destination: Destination | str, selector: str | None, ack: AckMode | str,
+              durable_name: str | None, prefetch: int, transformation: str | None) -> SubscriptionSpec:
+        dest = stomp_destination(destination)
+        try:
+            mode = AckMode(ack)
+        except ValueError:
+            raise LocalProtocolError(f"unknown ack mode {ack!r}") from None
+        if durable_name is not None and (not self.client_id or not dest.startswith("/topic/")):
+            raise LocalProtocolError("a durable subscription needs a topic and a client_id on the transport")
+        if prefetch < 1:
+            raise LocalProtocolError(f"prefetch must be >= 1, got {prefetch}")
+        return SubscriptionSpec(dest, selector, mode, durable_name, prefetch, transformation)
+
+    def _subscribe_frame(self, sub: QueueSubscription) -> None:
+        spec = sub.spec
+        headers = {"activemq.prefetchSize": str(spec.prefetch)}
+        optional = {"selector": spec.selector, "activemq.subscriptionName": spec.durable_name,
+                    "transformation": spec.transformation}
+        headers.update({k: v for k, v in optional.items() if v is not None})
+        self._transmit("subscribe", lambda c, h: c.subscribe(spec.destination, sub.id, ack=spec.ack.value,
+                                                             headers=h), headers, receipt=True,
+                       loss_is_failure=True)
+
+    def _resubscribe(self) -> None:
+        for sub in list(self._subs.values()):
+            self._subscribe_frame(sub)
+
+    def unsubscribe(self, subscription: Subscription, *, remove_durable: bool = False) -> None:
+        self._book.check_open()
+        sub = self._subs.pop(subscription.id, None)
+        if sub is None:
+            raise LocalProtocolError(f"unknown subscription {subscription.id!r} (already unsubscribed?)")
+        sub.active = False
+        self._book.forget_subscription(sub.id)
+        sub.wake()
+        try:
+            self._unsubscribe_frame(sub.id, {})
+            if remove_durable and sub.spec.durable_name:   # ActiveMQ removes a durable only once it is inactive
+                self._unsubscribe_frame(sub.id, {"activemq.subscriptionName": sub.spec.durable_name})
+        except BrokerUnavailable:
+            if remove_durable:
+                raise
+            log.debug("UNSUBSCRIBE %s not sent: the connection is gone, and the subscription with it", sub.id)
+
+    def _unsubscribe_frame(self, sub_id: str, headers: dict[str, str]) -> None:
+        self._transmit("unsubscribe", lambda c, h: c.unsubscribe(sub_id, headers=h), headers, receipt=True,
+                       loss_is_failure=True)
+
+    def ack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+        self._book.take_for_ack(delivery, transaction)
+        self._transmit("ack", lambda c, h: c.ack(delivery.ack_id, transaction=transaction,
+                                                 receipt=h.get("receipt")), {}, receipt=receipt,
+                       loss_is_failure=transaction is not None)
+
+    def nack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+        self._book.take_for_ack(delivery, transaction)
+        self._transmit("nack", lambda c, h: c.nack(delivery.ack_id, transaction=transaction,
+                                                   receipt=h.get("receipt")), {}, receipt=receipt,
+                       loss_is_failure=transaction is not None)
+
+    # ------------------------------------------------------------------------------------------- frames out
+    def _transmit(self, operation: str, action: Callable[[stomp.Connection12, dict[str, str]], object],
+                  headers: dict[str, str], *, receipt: bool, loss_is_failure: bool,
+                  timeout: float | None = None) -> int:
+        """Write one frame; with ``receipt`` wait for its answer. Returns the epoch it went out on."""
+        rid = f"{operation}-{uuid.uuid4().hex}" if receipt else None
+        with self._book.lock:
+            epoch = self._book.check_connected()
+            conn = self._conn
+            if rid is not None:
+                headers["receipt"] = rid
+                self._waiters[rid] = _Waiter(operation, epoch, loss_is_failure)
+        assert conn is not None
+        try:
+            action(conn, headers)
+        except _LINK_ERRORS as exc:
+            self._waiters.pop(rid or "", None)
+            raise BrokerUnavailable(f"{operation}: the frame could not be written: {exc}") from exc
+        if rid is not None:
+            self._wait(rid, timeout or self._receipt_timeout)
+        return epoch
+
+    def _wait(self, rid: str, timeout: float) -> None:
+        waiter = self._waiters[rid]
+        try:
+            waiter.wait(timeout)
+        finally:
+            self._waiters.pop(rid, None)
+
+    # ------------------------------------------------------------------------------------------- dispatcher
+    def _start_dispatcher(self) -> None:
+        if self._dispatcher is None:
+            self._dispatcher = threading.Thread(target=self._dispatch_loop, name=f"nsjms-stomp-{self.url}",
+                                                daemon=True)
+            self._dispatcher.start()
+
+    def _stop_dispatcher(self) -> None:
+        thread = self._dispatcher
+        if thread is None:
+            return
+        self._inbox.put(_STOP)
+        if thread is not threading.current_thread():
+            thread.join(10.0)
+
+    def _dispatch_loop(self) -> None:
+        handlers = {"connected": self._on_connected, "message": self._on_message, "receipt": self._on_receipt,
+                    "error": self._on_error, "disconnected": self._on_disconnected, "state": self._on_state_item}
+        while (item := self._inbox.get()) is not _STOP:
+            epoch, kind, payload = item
+            try:
+                handlers[kind](epoch, payload)
+            except Exception:  # a bug or a bad callback must not kill the dispatcher
+                log.exception("error handling a %s frame from %s", kind, self.url)
+
+    def _on_connected(self, epoch: int, frame: Frame) -> None:
+        self._answer(f"connect-{epoch}", "receipt", frame)
+
+    def _on_message(self, epoch: int, frame: Frame) -> None:
+        if epoch != self._book.epoch:
+            return  # a frame from an abandoned connection: the broker redelivers it
+        sub = self._subs.get(frame.headers.get("subscription", ""))
+        if sub is None:
+            log.warning("MESSAGE for unknown subscription %r dropped", frame.headers.get("subscription"))
+            return
+        sub.feed(self._delivery(epoch, frame))
+
+    def _delivery(self, epoch: int, frame: Frame) -> Delivery:
+        headers = dict(frame.headers)
+        body = frame.body if isinstance(frame.body, bytes) else str(frame.body or "").encode("utf-8")
+        message_id = headers.get("message-id")
+        if message_id is None:
+            raise RemoteProtocolError(f"MESSAGE without message-id: {sorted(headers)}")
+        return Delivery(message=self._codec.decode(headers, body), headers=headers, body=body,
+                        subscription=headers.get("subscription", ""), ack_id=headers.get("ack", message_id),
+                        message_id=message_id, destination=headers.get("destination", ""),
+                        redelivered=headers.get("redelivered") == "true", epoch=epoch)
+
+    def _on_receipt(self, epoch: int, frame: Frame) -> None:
+        self._answer(frame.headers.get("receipt-id", ""), "receipt", frame)
+
+    def _on_error(self, epoch: int, frame: Frame) -> None:
+        error = _broker_error(frame)
+        log.error("ERROR frame from %s: %s", self.url, error.message)
+        self.last_error = error
+        rid = error.receipt_id or ""
+        if rid in self._waiters or f"connect-{epoch}" in self._waiters:
+            self._answer(rid if rid in self._waiters else f"connect-{epoch}", "error", frame)
+        elif epoch == self._book.epoch:
+            self._book.mark_rollback_only(error.message)
+
+    def _on_disconnected(self, epoch: int, _: None) -> None:
+        self._answer(f"connect-{epoch}", "lost", None)
+        self._lost(epoch)
+
+    def _on_state_item(self, _: int, state: ConnectionState) -> None:
+        if self._on_state is not None:
+            self._on_state(state)
+
+    def _answer(self, rid: str, kind: str, frame: Frame | None) -> None:
+        waiter = self._waiters.get(rid)
+        if waiter is not None:
+            try:
+                waiter.answers.put_nowait((kind, frame))
+            except queue.Full:
+                pass
+
+    def _lost(self, epoch: int) -> None:
+        """Connection ``epoch`` is gone: fail its waiters, wake receivers, tell the state callback once."""
+        if not self._book.lost(epoch):
+            return
+        log.warning("connection to %s lost (epoch %d)", self.url, epoch)
+        self._fail_waiters(lambda w: w.epoch == epoch)
+        for sub in list(self._subs.values()):
+            sub.wake()
+        self._notify(ConnectionState.DISCONNECTED)
+
+    def _fail_waiters(self, which: Callable[[_Waiter], bool]) -> None:
+        for rid, waiter in list(self._waiters.items()):
+            if which(waiter):
+                self._answer(rid, "lost", None)
+
+    def _notify(self, state: ConnectionState) -> None:
+        self._inbox.put((0, "state", state))

@@ -1,0 +1,68 @@
+"""The transport contract (tests/unit/test_transport_contract.py) against a real ActiveMQ over STOMP.
+
+Most tests use the session ``broker_url``; the outage tests restart a private broker of their own, so the shared
+one is never disturbed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.jms.transport import Transport, open_transport
+from router.services import EmbeddedActiveMQ, free_port
+from tests.unit.test_transport_contract import Make, TransportContract
+
+pytestmark = pytest.mark.integration
+
+
+def _factory(url: str, opened: list[Transport]) -> Make:
+    def make(**opts: Any) -> Transport:
+        opts.setdefault("receipt_timeout", 20.0)
+        t = open_transport(url, **opts)
+        t.connect(retry=True)          # a just-closed client id can linger on the broker for a moment
+        opened.append(t)
+        return t
+    return make
+
+
+@pytest.fixture(scope="module")
+def private_broker() -> Iterator[EmbeddedActiveMQ]:
+    base = Path(tempfile.mkdtemp(prefix="nsjms-stomp-outage-"))
+    broker = EmbeddedActiveMQ(base, free_port(), free_port(), die_with_parent=True)
+    try:
+        broker.start()
+    except Exception as exc:
+        shutil.rmtree(base, ignore_errors=True)
+        pytest.fail(f"cannot start a private ActiveMQ: {exc}", pytrace=False)
+    yield broker
+    broker.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+class TestStompContract(TransportContract):
+    quiet = 1.0
+
+    @pytest.fixture
+    def make(self, broker_url: str) -> Iterator[Make]:
+        opened: list[Transport] = []
+        yield _factory(broker_url, opened)
+        for t in opened:
+            t.close()
+
+    @pytest.fixture
+    def outage(self, private_broker: EmbeddedActiveMQ) -> Iterator[tuple[Make, Callable[[], None]]]:
+        opened: list[Transport] = []
+
+        def restart() -> None:
+            private_broker.stop()
+            private_broker.start()
+        yield _factory(private_broker.url, opened), restart
+        for t in opened:
+            t.close()

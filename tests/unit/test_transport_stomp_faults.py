@@ -1,0 +1,225 @@
+"""STOMP transport failure semantics against a scripted fake broker on 127.0.0.1 (no real service needed):
+missing receipts, a connection lost while a receipt is awaited, ERROR frames with and without a receipt id."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from router.jms.model import BodyType, JmsMessage
+from router.jms.stomp import StompTransport
+from router.jms.transport import (
+    RetryPolicy, BrokerError, BrokerUnavailable, ConnectionState, LocalProtocolError, ReceiptTimeout, SendFailed,
+    open_transport,
+)
+
+MSG = JmsMessage(BodyType.TEXT, "x")
+
+
+class FakeBroker:
+    """Accepts connections, answers CONNECT, records frames; answers nothing else unless told to."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.frames: list[bytes] = []
+        self.conns: list[socket.socket] = []
+        self.got_frame = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            buf += chunk
+            while b"\x00" in buf:
+                frame, buf = buf.split(b"\x00", 1)
+                self._frame(conn, frame.lstrip(b"\r\n"))
+
+    def _frame(self, conn: socket.socket, frame: bytes) -> None:
+        if frame.startswith((b"STOMP", b"CONNECT")):
+            conn.sendall(b"CONNECTED\nversion:1.2\nheart-beat:0,0\n\n\x00")
+            return
+        if frame.startswith(b"DISCONNECT"):
+            rid = frame.decode().split("receipt:")[1].split("\n")[0]
+            conn.sendall(f"RECEIPT\nreceipt-id:{rid}\n\n\x00".encode())
+            return
+        self.frames.append(frame)
+        self.got_frame.set()
+
+    def reply(self, raw: bytes) -> None:
+        self.conns[-1].sendall(raw)
+
+    def receipt_header(self) -> str:
+        for line in self.frames[-1].decode().splitlines():
+            if line.startswith("receipt:"):
+                return line.split(":", 1)[1]
+        raise AssertionError("no receipt header in the last frame")
+
+    def drop(self) -> None:
+        for conn in self.conns:
+            conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeBroker]:
+    broker = FakeBroker()
+    yield broker
+    broker.close()
+
+
+def connect(fake: FakeBroker, **opts: object) -> StompTransport:
+    t = open_transport(f"stomp://127.0.0.1:{fake.port}", heartbeats=(0, 0), **opts)
+    assert isinstance(t, StompTransport)
+    t.connect()
+    return t
+
+
+def in_thread(fn: object) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()  # type: ignore[operator]
+        except BaseException as exc:  # collected for the assertion
+            errors.append(exc)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, errors
+
+
+def test_missing_receipt_is_an_unknown_outcome(fake: FakeBroker) -> None:
+    t = connect(fake, receipt_timeout=0.3)
+    with pytest.raises(ReceiptTimeout) as info:
+        t.send("/queue/q", MSG)
+    assert info.value.outcome == "unknown" and info.value.operation == "send"
+    assert b"persistent:true" in fake.frames[-1]
+    t.close()
+
+
+def test_lost_connection_while_waiting(fake: FakeBroker) -> None:
+    t = connect(fake, receipt_timeout=10)
+    thread, errors = in_thread(lambda: t.send("/queue/q", MSG))
+    assert fake.got_frame.wait(5)
+    fake.drop()
+    thread.join(5)
+    assert len(errors) == 1 and isinstance(errors[0], ReceiptTimeout)   # a plain SEND may have landed
+    assert not t.is_connected()
+    with pytest.raises(SendFailed) as info:
+        t.send("/queue/q", MSG)                                          # now definitely not sent
+    assert isinstance(info.value.__cause__, BrokerUnavailable) and info.value.destination == "/queue/q"
+    t.close()
+
+
+def test_lost_connection_while_waiting_for_a_commit(fake: FakeBroker) -> None:
+    t = connect(fake, receipt_timeout=10)
+    thread, errors = in_thread(t.begin)
+    assert fake.got_frame.wait(5)
+    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
+    thread.join(5)
+    assert not errors
+    fake.got_frame.clear()
+    tx = fake.frames[-1].decode().split("transaction:")[1].split("\n")[0]
+    thread, errors = in_thread(lambda: t.commit(tx))
+    assert fake.got_frame.wait(5)
+    fake.drop()
+    thread.join(5)
+    assert len(errors) == 1 and isinstance(errors[0], ReceiptTimeout) and errors[0].operation == "commit"
+    t.close()
+
+
+def test_error_frame_goes_to_the_waiting_caller(fake: FakeBroker) -> None:
+    t = connect(fake, receipt_timeout=10)
+    thread, errors = in_thread(lambda: t.send("/queue/q", MSG))
+    assert fake.got_frame.wait(5)
+    fake.reply(f"ERROR\nreceipt-id:{fake.receipt_header()}\nmessage:not allowed\n\nstack trace\x00".encode())
+    thread.join(5)
+    assert len(errors) == 1 and isinstance(errors[0], SendFailed)
+    cause = errors[0].__cause__
+    assert isinstance(cause, BrokerError) and cause.message == "not allowed" and cause.body == "stack trace"
+    assert t.is_connected()
+    t.close()
+
+
+def test_unreceipted_error_makes_open_transactions_roll_back(fake: FakeBroker) -> None:
+    t = connect(fake, receipt_timeout=10)
+    thread, errors = in_thread(t.begin)
+    assert fake.got_frame.wait(5)
+    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
+    thread.join(5)
+    tx = fake.frames[-1].decode().split("transaction:")[1].split("\n")[0]
+    t.send("/queue/q", MSG, transaction=tx, receipt=False)
+    fake.reply(b"ERROR\nmessage:send refused\n\n\x00")
+    deadline = time.monotonic() + 5
+    while t.last_error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fake.got_frame.clear()
+    thread, errors = in_thread(lambda: t.commit(tx))
+    assert fake.got_frame.wait(5)
+    assert fake.frames[-1].startswith(b"ABORT")                         # never COMMIT a damaged transaction
+    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
+    thread.join(5)
+    assert len(errors) == 1 and isinstance(errors[0], BrokerError) and "send refused" in str(errors[0])
+    t.close()
+
+
+def test_state_callback_and_reconnect_after_drop(fake: FakeBroker) -> None:
+    states: list[ConnectionState] = []
+    t = connect(fake, on_state=states.append)
+    fake.drop()
+    deadline = time.monotonic() + 5
+    while t.is_connected() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t.reconnect()
+    assert t.is_connected()
+    t.close()
+    assert states == [ConnectionState.CONNECTED, ConnectionState.DISCONNECTED, ConnectionState.CONNECTED,
+                      ConnectionState.CLOSED]
+
+
+def test_connect_refused_is_unavailable_and_reconnect_stops_on_shutdown() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    shutdown = threading.Event()
+    policy = RetryPolicy("test.reconnect", max_attempts=1000, max_total_s=60, initial_wait_s=0.05, max_wait_s=0.2)
+    t = open_transport(f"stomp://127.0.0.1:{port}", shutdown=shutdown, reconnect_policy=policy)
+    with pytest.raises(BrokerUnavailable):
+        t.connect()
+    threading.Timer(0.5, shutdown.set).start()
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailable):
+        t.reconnect()
+    assert 0.4 < time.monotonic() - started < 5
+    t.close()
+
+
+def test_credentials_only_from_arguments() -> None:
+    with pytest.raises(LocalProtocolError):
+        open_transport("stomp://user:secret@127.0.0.1:61613")
+    t = open_transport("stomp://127.0.0.1:61613", username="u", password="secret")
+    assert "secret" not in repr(t) and "secret" not in t.url
