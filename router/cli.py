@@ -84,6 +84,8 @@ def _settings(cfg: Any) -> Any:
         pg_embedded_port=cfg.postgres.embedded_port,
         pg_pool_size=cfg.postgres.pool_size,
         broker_url=cfg.broker.url,
+        broker_login=cfg.broker.login,
+        broker_passcode=cfg.broker.passcode,
         broker_stomp_port=cfg.broker.embedded_stomp_port,
         broker_openwire_port=cfg.broker.embedded_openwire_port,
         node_id=cfg.node.node_id,

@@ -29,7 +29,9 @@ class NodeSettings:
     pg_dsn: str = ""                 # empty: start the embedded PostgreSQL
     pg_embedded_port: int = 55432
     pg_pool_size: int = 8
-    broker_url: str = ""             # empty: start the embedded ActiveMQ; "none": no broker
+    broker_url: str = ""             # empty: start the embedded ActiveMQ
+    broker_login: str = ""
+    broker_passcode: str = field(default="", repr=False)
     broker_stomp_port: int = 61613
     broker_openwire_port: int = 61616
     node_id: str = "node1"
@@ -44,6 +46,7 @@ def orb_args(s: NodeSettings) -> list[str]:
         "-ORBclientCallTimeOutPeriod", "30000",
         "-ORBclientConnectTimeOutPeriod", "5000",
         "-ORBtraceLevel", "1",            # level 1 logs unexpected servant exceptions with a traceback
+        "-ORBnativeCharCodeSet", "UTF-8",  # IDL strings carry any Unicode text (JMS text bodies)
         *s.extra_orb_args,
     ]
 
@@ -65,6 +68,8 @@ class Node:
         self.store: Any = None
         self.runtime: Any = None
         self.factory: Any = None
+        self.bridges: Any = None
+        self.bridge_store: Any = None
         self.pg_dsn = settings.pg_dsn
         self.broker_url = settings.broker_url
         self._stopped = threading.Event()
@@ -103,8 +108,28 @@ class Node:
         self.factory = EventChannelFactoryImpl(self.runtime)
         self.factory.activate()
         self.factory.restore()
+        self._build_bridges()
+        # Bridges' endpoint servants are active before the POAs: channel dispatchers restored above may already be
+        # calling them, and are held (not refused) until here.
         self.runtime.poa._get_the_POAManager().activate()
         self.runtime.ins_poa._get_the_POAManager().activate()
+        self.bridges.resume()
+
+    def _build_bridges(self) -> None:
+        from router.bridge.bridge import BridgeFactoryImpl, BrokerSettings
+        from router.bridge.codec import MappingCodec
+        from router.bridge.store import BridgeStore
+        from router.jms.transport import open_transport
+
+        def transport(url: str, **opts: Any) -> Any:
+            return open_transport(url, codec=MappingCodec(), **opts)
+
+        self.bridge_store = BridgeStore(self.pg_dsn)
+        self.bridge_store.open()
+        broker = BrokerSettings(self.broker_url, self.s.broker_login, self.s.broker_passcode)
+        self.bridges = BridgeFactoryImpl(self.factory, self.bridge_store, broker, transport, self.s.node_id)
+        self.bridges.activate()
+        self.bridges.restore()
 
     def endpoints(self) -> dict[str, Any]:
         from router.config import redact_dsn
@@ -115,7 +140,10 @@ class Node:
                 "corbaloc": f"corbaloc::{host}:{port}/NotifyEventChannelFactory",
                 "ior": self.orb.object_to_string(self.factory.ref),
             },
-            "bridge_factory": None,
+            "bridge_factory": {
+                "corbaloc": f"corbaloc::{host}:{port}/BridgeFactory",
+                "ior": self.orb.object_to_string(self.bridges.ref),
+            },
             "postgres_dsn": redact_dsn(self.pg_dsn),
             "broker_url": redact_dsn(self.broker_url) if self.broker_url else None,
             "node_id": self.s.node_id,
@@ -137,6 +165,8 @@ class Node:
 
     def stop(self) -> None:
         self._stopped.set()
+        if self.bridges is not None:
+            self.bridges.shutdown()
         if self.runtime is not None:
             self.runtime.stop()
         if self.orb is not None:
@@ -147,6 +177,8 @@ class Node:
                 log.debug("ORB shutdown", exc_info=True)
         if self.store is not None:
             self.store.close()
+        if self.bridge_store is not None:
+            self.bridge_store.close()
         for svc in reversed(self.services):
             try:
                 svc.stop()

@@ -9,6 +9,7 @@ locally: never a skip. Channel and ORB fixtures live in ``tests/integration/conf
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 import gc
 import os
 import shutil
@@ -177,45 +178,70 @@ def _drop_database(admin_dsn: str, dsn: str, name: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ broker
+@dataclass(frozen=True)
+class Broker:
+    """A running broker: its STOMP URL (for nsjms) and OpenWire URL (for the Java JMS interop client)."""
+
+    stomp_url: str
+    openwire_url: str
+
+
 @pytest.fixture(scope="session")
-def broker_url(docker_available: bool) -> Iterator[str]:
-    """``stomp://host:port`` of an ActiveMQ Classic broker accepting anonymous STOMP connections."""
+def broker(docker_available: bool) -> Iterator[Broker]:
+    """An ActiveMQ Classic broker accepting anonymous STOMP and OpenWire connections."""
     given = os.environ.get("NSJMS_TEST_BROKER_URL", "")
     if given:
-        yield given
+        yield Broker(given, os.environ.get("NSJMS_TEST_BROKER_OPENWIRE_URL", ""))
     elif docker_available:
         yield from _broker_container()
     else:
         yield from _broker_embedded()
 
 
-def _broker_container() -> Iterator[str]:
+@pytest.fixture(scope="session")
+def broker_url(broker: Broker) -> str:
+    """``stomp://host:port`` of the session broker."""
+    return broker.stomp_url
+
+
+@pytest.fixture(scope="session")
+def broker_openwire_url(broker: Broker) -> str:
+    """``tcp://host:port`` (OpenWire) of the session broker; the Java JMS client connects there."""
+    if not broker.openwire_url:
+        pytest.fail("NSJMS_TEST_BROKER_URL is set but NSJMS_TEST_BROKER_OPENWIRE_URL is not: "
+                    "the Java JMS interop tests need the broker's OpenWire URL")
+    return broker.openwire_url
+
+
+def _broker_container() -> Iterator[Broker]:
     from testcontainers.core.container import DockerContainer
 
-    container = DockerContainer(AMQ_IMAGE).with_exposed_ports(61613)
+    container = DockerContainer(AMQ_IMAGE).with_exposed_ports(61613, 61616)
     try:
         container.start()
         host, port = container.get_container_host_ip(), int(container.get_exposed_port(61613))
+        openwire = int(container.get_exposed_port(61616))
         _wait_for_stomp(host, port, STOMP_READY_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - docker/testcontainers raise many types; all become a failure
         container.stop()
         _fail("an ActiveMQ container", exc)
     try:
-        yield f"stomp://{host}:{port}"
+        yield Broker(f"stomp://{host}:{port}", f"tcp://{host}:{openwire}")
     finally:
         container.stop()
 
 
-def _broker_embedded() -> Iterator[str]:
+def _broker_embedded() -> Iterator[Broker]:
     base = _service_dir("nsjms-test-amq-")
-    broker = EmbeddedActiveMQ(base, free_port(), free_port(), die_with_parent=True)
+    openwire = free_port()
+    broker = EmbeddedActiveMQ(base, free_port(), openwire, die_with_parent=True)
     try:
         url = broker.start()
     except (ServiceError, OSError) as exc:
         shutil.rmtree(base, ignore_errors=True)
         _fail("an embedded ActiveMQ", exc)
     try:
-        yield url
+        yield Broker(url, f"tcp://127.0.0.1:{openwire}")
     finally:
         broker.stop()
         shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""The NS⇄JMS bridge (OMG Notification/JMS Interworking): CosBridgeAdmin factory and bridges."""

@@ -1,0 +1,556 @@
+"""CosBridgeAdmin BridgeFactory and Bridge servants (NJI 2.2, 2.3, 3.1), plus the project's ManagedBridge.
+
+A bridge joins one event channel of this node and one JMS destination, in one direction. Creating it validates the
+endpoints (NJI Table 2-1) and obtains the proxy it needs on a new admin of the channel; ``start_bridge`` connects
+(or resumes) both sides; ``stop_bridge`` suspends them; ``destroy`` disconnects and releases both. Bridges and
+their state are stored in PostgreSQL and come back in their last state after a restart: the receiver/sender
+servants live in the persistent POA under stable ids (``br/<id>/recv``, ``br/<id>/send``), so the channel's stored
+reference to them stays valid.
+
+Bridge state (NJI 2.3): Active when started and both connections are up; Inactive when stopped or when the
+broker connection or the proxy connection is lost (``get_status`` then says ``stopped``, ``status()`` says why).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from omniORB import CORBA
+
+import CosNotification
+import CosNotifyChannelAdmin
+
+from idl.generated import BridgeTransactionMgmt as BTM
+from idl.generated import CosBridgeAdmin as BA
+from idl.generated import CosBridgeAdmin__POA
+from idl.generated import NsjmsAdmin, NsjmsAdmin__POA
+from router.bridge import flows as F
+from router.bridge.endpoints import EndpointSpec, Problem, check_pair, from_idl, parse_factory, to_idl
+from router.bridge.store import BridgeRow, BridgeStore
+from router.jms.model import Destination
+from router.jms.transport import ConnectionState, Transport, TransportError
+from router.mapping import event_to_jms, jms_to_event
+
+__all__ = ["BridgeFactoryImpl", "BridgeImpl", "BrokerSettings", "BRIDGE_FACTORY_KEY"]
+
+log = logging.getLogger("nsjms.bridge")
+
+BRIDGE_FACTORY_KEY = "BridgeFactory"
+_TIMET = 10_000_000
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    url: str
+    login: str = ""
+    passcode: str = field(default="", repr=False)
+    dead_letter: Destination = F.DEFAULT_DLQ
+
+
+def _invalid(problems: list[Problem]) -> BA.InvalidExternalEndPoints:
+    for p in problems:
+        log.info("invalid bridge endpoint (%s): %s", p.code, p.reason)
+    return BA.InvalidExternalEndPoints([BA.ExternalEndpointError(getattr(BA, p.role), getattr(BA, p.code))
+                                        for p in problems])
+
+
+class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
+    """The node's BridgeFactory (object key ``BridgeFactory``)."""
+
+    def __init__(self, channel_factory: Any, store: BridgeStore, broker: BrokerSettings,
+                 open_transport: Callable[..., Transport], node_id: str = "node1") -> None:
+        self.node_id = node_id
+        self.channels = channel_factory
+        self.rt = channel_factory.rt
+        self.store = store
+        self.broker = broker
+        self.open_transport = open_transport
+        self._lock = threading.RLock()
+        self.bridges: dict[int, BridgeImpl] = {}
+        self.ref: Any = None
+        self.shutdown_event = threading.Event()     # node shutdown: interrupts broker reconnects
+
+    def activate(self) -> Any:
+        self.rt.ins_poa.activate_object_with_id(BRIDGE_FACTORY_KEY.encode(), self)
+        self.ref = self.rt.ins_poa.id_to_reference(BRIDGE_FACTORY_KEY.encode())
+        return self.ref
+
+    def restore(self) -> None:
+        """Re-create stored bridges; their servants must be active before the channel's dispatchers run."""
+        for row in self.store.load():
+            bridge = BridgeImpl(self, row)
+            self.bridges[row.id] = bridge
+        log.info("restored %d bridge(s)", len(self.bridges))
+
+    def resume(self) -> None:
+        """After the POAs are active: restart the bridges that were started."""
+        for bridge in list(self.bridges.values()):
+            if bridge.row.state == "started":
+                bridge.resume_after_restart()
+
+    def shutdown(self) -> None:
+        self.shutdown_event.set()
+        for bridge in list(self.bridges.values()):
+            bridge.halt()
+
+    def _channel_exists(self, cid: int) -> bool:
+        return cid in self.channels.channels
+
+    # -- IDL ----------------------------------------------------------------------------------------------
+    def create_bridge(self, source: Any, sink: Any) -> tuple[Any, int]:
+        src, snk = from_idl(source), from_idl(sink)
+        problems = check_pair(src, snk, self._channel_exists)
+        if problems:
+            raise _invalid(problems)
+        channel_spec = snk if src.is_jms else src
+        with self._lock:
+            bid = self.store.next_id()
+            row = BridgeRow(bid, src.to_json(), snk.to_json(), "created", int(channel_spec.channel_id or 0),
+                            None, None, {})
+            self.store.insert(row)
+            bridge = BridgeImpl(self, row)
+            self.bridges[bid] = bridge
+        try:
+            bridge.attach_channel()
+        except Exception:
+            bridge.destroy()
+            raise
+        log.info("bridge %d created: %s -> %s", bid, src.describe(), snk.describe())
+        return bridge.ref, bid
+
+    def get_bridge_with_id(self, id: int) -> Any:  # noqa: A002
+        bridge = self.bridges.get(id)
+        if bridge is None:
+            raise BA.BridgeNotFound()
+        return bridge.ref
+
+    def get_all_bridges(self) -> list[int]:
+        return sorted(self.bridges)
+
+    def forget(self, bid: int) -> None:
+        with self._lock:
+            self.bridges.pop(bid, None)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [b.status() for b in sorted(self.bridges.values(), key=lambda b: b.id)]
+
+
+class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
+    """One bridge: endpoints, connections, the data path thread(s), state."""
+
+    def __init__(self, factory: BridgeFactoryImpl, row: BridgeRow) -> None:
+        self.factory = factory
+        self.rt = factory.rt
+        self.row = row
+        self.id = row.id
+        self.source = EndpointSpec.from_json(row.source)
+        self.sink = EndpointSpec.from_json(row.sink)
+        self.to_jms_direction = not self.source.is_jms
+        self.channel_spec = self.source if self.to_jms_direction else self.sink
+        self.jms_spec = self.sink if self.to_jms_direction else self.source
+        self.destination = Destination((self.jms_spec.destination_type or "QUEUE").lower(),
+                                       self.jms_spec.destination_name or "")
+        self._lock = threading.RLock()
+        self.started = row.state == "started"
+        self.destroyed = False
+        self.channel_ok = False
+        self.broker_state = ConnectionState.DISCONNECTED
+        self.last_error = ""
+        self.stop_event = threading.Event()
+        self.transport: Transport | None = None
+        self.proxy: Any = None
+        self.dead_letter = F.DeadLetter(self._transport, self.id, factory.broker.dead_letter)
+        self.flow_out: F.ChannelToJms | None = None
+        self.flow_in: F.JmsToChannel | None = None
+        self.tx_events = int(row.settings.get("tx_events", 0))
+        self.tx_timeout = int(row.settings.get("tx_timeout", 0))
+        self._tx_started = 0.0
+        self.oid = f"br/{self.id}"
+        self.ref = self.rt.activate(self.oid, self)
+        self.endpoint_servant = self._make_endpoint_servant()
+        self.endpoint_ref = self.rt.activate(self._endpoint_oid(), self.endpoint_servant)
+
+    # -- construction --------------------------------------------------------------------------------------
+    def _endpoint_oid(self) -> str:
+        return f"{self.oid}/{'recv' if self.to_jms_direction else 'send'}"
+
+    def _kind(self) -> str:
+        return "SEQUENCE" if self.channel_spec.type == "SEQUENCE_EVENT" else "STRUCTURED"
+
+    def _make_endpoint_servant(self) -> Any:
+        seq = self._kind() == "SEQUENCE"
+        if self.to_jms_direction:
+            self.flow_out = F.ChannelToJms(self, self.destination, _LazyTransport(self), self._to_jms,
+                                           self.dead_letter, _event_bytes)
+            if self.channel_spec.style == "PUSH":
+                return (F.SequencePushReceiver if seq else F.StructuredPushReceiver)(self.flow_out)
+            cls = F.SequencePullReceiver if seq else F.StructuredPullReceiver
+            return cls(self.flow_out, None, self._pacing_s(), self.stop_event)
+        self.flow_in = F.JmsToChannel(self, _LazyTransport(self), jms_to_event, self.dead_letter, self._subscribe)
+        if self.channel_spec.style == "PUSH":
+            cls2 = F.SequencePushSenderServant if seq else F.PushSenderServant
+            return cls2(self.channel_disconnected)
+        return (F.SequencePullSender if seq else F.StructuredPullSender)(self.flow_in)
+
+    def _to_jms(self, event: Any, destination: Destination) -> Any:
+        """Map, and check the message can be encoded for STOMP (an encoding failure is a mapping failure)."""
+        from router.mapping.stomp_body import message_to_stomp
+
+        msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
+        message_to_stomp(msg)
+        return msg
+
+    def _pacing_s(self) -> float:
+        return float(self.row.settings.get("pacing_s", 0.0))
+
+    def _channel(self) -> Any:
+        channel = self.factory.channels.channels.get(self.channel_spec.channel_id)
+        if channel is None:
+            raise _invalid([Problem(self.channel_spec.role, "INVALID_CHANNELID",
+                                    f"channel {self.channel_spec.channel_id} no longer exists")])
+        return channel
+
+    def attach_channel(self) -> None:
+        """Obtain the proxy on a new admin of the channel (NJI 2.3 steps 1-2); not connected until start."""
+        channel = self._channel()
+        kind = getattr(CosNotifyChannelAdmin, f"{self._kind()}_EVENT")
+        if self.to_jms_direction:
+            admin, aid = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
+            obtain = (admin.obtain_notification_push_supplier if self.channel_spec.style == "PUSH"
+                      else admin.obtain_notification_pull_supplier)
+        else:
+            admin, aid = channel.new_for_suppliers(CosNotifyChannelAdmin.AND_OP)
+            obtain = (admin.obtain_notification_push_consumer if self.channel_spec.style == "PUSH"
+                      else admin.obtain_notification_pull_consumer)
+        proxy, pid = obtain(kind)
+        self.factory.store.set_proxy(self.id, aid, pid)
+        self.row = BridgeRow(self.row.id, self.row.source, self.row.sink, self.row.state, self.row.channel_id,
+                             aid, pid, self.row.settings)
+
+    def _proxy_servant(self) -> Any:
+        """The channel's proxy servant for this bridge (same process)."""
+        channel = self._channel()
+        admins = channel.consumer_admins if self.to_jms_direction else channel.supplier_admins
+        admin = admins.get(self.row.admin_id)
+        proxy = admin.proxies.get(self.row.proxy_id) if admin is not None else None
+        if proxy is None:
+            raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
+        return proxy
+
+    def _proxy_ref(self) -> Any:
+        servant = self._proxy_servant()
+        iface = _PROXY_IFACES[(self.to_jms_direction, self.channel_spec.style, self._kind())]
+        return servant.ref._narrow(iface)
+
+    # -- transport -------------------------------------------------------------------------------------------
+    def _transport(self) -> Transport:
+        with self._lock:
+            if self.transport is None:
+                b = self.factory.broker
+                self.transport = self.factory.open_transport(
+                    b.url, username=b.login or None, password=b.passcode or None,
+                    client_id=f"nsjms-{self.factory.node_id}-bridge-{self.id}", on_state=self._on_broker_state,
+                    shutdown=self.factory.shutdown_event)
+                self.transport.connect(retry=False)
+                self.broker_state = ConnectionState.CONNECTED
+            return self.transport
+
+    def _on_broker_state(self, state: ConnectionState) -> None:
+        self.broker_state = state
+        if state is not ConnectionState.CONNECTED:
+            log.warning("bridge %d: broker connection %s", self.id, state.value)
+
+    def note_broker_problem(self, exc: Exception) -> None:
+        self.last_error = f"broker: {exc}"
+        transport = self.transport
+        if transport is not None and not transport.is_connected():
+            self.broker_state = ConnectionState.DISCONNECTED
+
+    def reconnect_source(self) -> None:
+        transport = self.transport
+        if transport is None or self.stop_event.is_set():
+            return
+        try:
+            transport.reconnect()
+            self.broker_state = ConnectionState.CONNECTED
+        except TransportError as exc:
+            self.note_broker_problem(exc)
+
+    def _subscribe(self) -> Any:
+        from router.jms.transport import AckMode
+
+        durable = None
+        if self.destination.kind == "topic" and self._connection_persistent():
+            durable = f"nsjms-bridge-{self.id}"
+        profile = parse_factory(self.jms_spec.factory_name)
+        return self._transport().subscribe(self.destination, selector=profile.selector,
+                                           ack=AckMode.CLIENT_INDIVIDUAL, durable_name=durable,
+                                           prefetch=int(self.row.settings.get("prefetch", 100)),
+                                           transformation=profile.transformation)
+
+    def _connection_persistent(self) -> bool:
+        channel = self._channel()
+        return int(channel.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent
+
+    # -- running -------------------------------------------------------------------------------------------
+    def running(self) -> bool:
+        return self.started and not self.destroyed
+
+    def _connect_channel(self) -> None:
+        servant = self._proxy_servant()
+        proxy = self._proxy_ref()
+        self.proxy = proxy
+        if servant.connected:
+            if getattr(servant, "suspended", False):
+                proxy.resume_connection()
+        else:
+            connect = _CONNECT_OPS[(self.to_jms_direction, self.channel_spec.style, self._kind())]
+            getattr(proxy, connect)(self.endpoint_ref)
+        self.channel_ok = True
+
+    def _start_workers(self) -> None:
+        self.stop_event.clear()
+        if self.to_jms_direction:
+            if self.channel_spec.style == "PULL":
+                self.endpoint_servant.proxy = self.proxy
+                self.endpoint_servant.stop = self.stop_event
+                self.rt.spawn(f"bridge-{self.id}-pull", self.endpoint_servant.run)
+            return
+        if self.channel_spec.style == "PUSH":
+            assert self.flow_in is not None
+            channel = self._channel()
+            batch = int(channel.qos.get(CosNotification.MaximumBatchSize, 1))
+            loop = F.PushSenderLoop(self.flow_in, self.proxy, self._kind() == "SEQUENCE", batch, self._pacing_s(),
+                                    self.jms_spec.style == "PULL", self.stop_event)
+            self.rt.spawn(f"bridge-{self.id}-recv", loop.run)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self.destroyed:
+                raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
+            if self.started:
+                raise BA.BridgeAlreadyStarted()
+            self._channel()
+            try:
+                self._transport()
+                if self.flow_in is not None:
+                    self.flow_in.ensure_subscribed()
+            except TransportError as exc:
+                self.note_broker_problem(exc)
+                log.warning("bridge %d: starting while the broker is unavailable (%s); will retry", self.id, exc)
+            self._connect_channel()
+            self.started = True
+            self.factory.store.set_state(self.id, "started")
+            self._start_workers()
+        log.info("bridge %d started", self.id)
+
+    def _stop(self) -> None:
+        with self._lock:
+            if not self.started or self.destroyed:
+                raise BA.BridgeInactive()
+            self.started = False
+            self.factory.store.set_state(self.id, "stopped")
+            self.stop_event.set()
+            self._suspend_channel()
+            self._drop_subscription()
+        log.info("bridge %d stopped", self.id)
+
+    def _suspend_channel(self) -> None:
+        try:
+            servant = self._proxy_servant()
+            if servant.connected and not servant.suspended and hasattr(self.proxy, "suspend_connection"):
+                self.proxy.suspend_connection()
+        except CORBA.UserException:
+            pass
+        except CORBA.Exception as exc:
+            log.warning("bridge %d: could not suspend its proxy: %s", self.id, exc)
+
+    def _drop_subscription(self) -> None:
+        if self.flow_in is not None and self.flow_in.subscription is not None and self.transport is not None:
+            try:
+                self.transport.unsubscribe(self.flow_in.subscription)
+            except TransportError:
+                pass
+            self.flow_in.subscription = None
+
+    def resume_after_restart(self) -> None:
+        self.started = False
+        try:
+            self._start()
+        except Exception:  # noqa: BLE001 — a bridge that cannot resume is reported, the node keeps running
+            log.exception("bridge %d could not resume after restart", self.id)
+            self.last_error = "could not resume after restart"
+
+    def halt(self) -> None:
+        """Node shutdown: stop threads and close the broker connection, keep the stored state."""
+        self.stop_event.set()
+        if self.transport is not None:
+            self.transport.close()
+
+    def channel_disconnected(self) -> None:
+        self.channel_ok = False
+        self.last_error = "channel: proxy disconnected"
+        log.warning("bridge %d: the channel disconnected its proxy", self.id)
+
+    # -- transactions (BridgeTransactionMgmt) ----------------------------------------------------------------
+    def transaction_events(self) -> int:
+        return self.tx_events
+
+    def transaction_deadline(self) -> float:
+        return time.monotonic() + self.tx_timeout if self.tx_timeout else 0.0
+
+    def enable_transaction(self, events: int, timeout: int) -> None:
+        with self._lock:
+            if self.tx_events:
+                raise BTM.TransactionAlreadyActive()
+            if events < 1 or not self.to_jms_direction:
+                raise BTM.UnsupportedTransaction()
+            self.tx_events, self.tx_timeout = int(events), int(timeout)
+            self._save_settings()
+
+    def disable_transaction(self) -> None:
+        with self._lock:
+            if self.flow_out is not None and self.flow_out._lock.locked():
+                raise BTM.TransactionActive()
+            self.tx_events, self.tx_timeout = 0, 0
+            self._save_settings()
+
+    def _save_settings(self) -> None:
+        settings = dict(self.row.settings, tx_events=self.tx_events, tx_timeout=self.tx_timeout)
+        self.factory.store.set_settings(self.id, settings)
+        self.row = BridgeRow(self.row.id, self.row.source, self.row.sink, self.row.state, self.row.channel_id,
+                             self.row.admin_id, self.row.proxy_id, settings)
+
+    # -- IDL -----------------------------------------------------------------------------------------------
+    def _get_end_point_receiver(self) -> Any:
+        return to_idl(self.source)
+
+    def _get_end_point_sender(self) -> Any:
+        return to_idl(self.sink)
+
+    def _get_receiver_ref(self) -> Any:
+        kind = {"PUSH": "PUSH_CONS", "PULL": "PULL_CONS"}[self.channel_spec.style]
+        if self.to_jms_direction:
+            disc = getattr(NsjmsAdmin, f"{self._kind()}_{kind}")
+            return NsjmsAdmin.EndpointReceiver(disc, self.endpoint_ref)
+        disc = NsjmsAdmin.MESSAGE_LISTENER if self.jms_spec.style == "PUSH" else NsjmsAdmin.MESSAGE_CONSUMER
+        return NsjmsAdmin.EndpointReceiver(disc, None)
+
+    def _get_sender_ref(self) -> Any:
+        if self.to_jms_direction:
+            return NsjmsAdmin.EndpointSender(NsjmsAdmin.MESSAGE_PRODUCER, None)
+        kind = {"PUSH": "PUSH_SUPL", "PULL": "PULL_SUPL"}[self.channel_spec.style]
+        return NsjmsAdmin.EndpointSender(getattr(NsjmsAdmin, f"{self._kind()}_{kind}"), self.endpoint_ref)
+
+    def start_bridge(self) -> None:
+        self._start()
+
+    def stop_bridge(self) -> None:
+        self._stop()
+
+    def start(self) -> None:
+        self._start()
+
+    def stop(self) -> None:
+        self._stop()
+
+    def get_status(self) -> Any:
+        return NsjmsAdmin.started if self.active() else NsjmsAdmin.stopped
+
+    def active(self) -> bool:
+        """NJI 2.3: the AND of the proxy connection and the JMS connection, while started."""
+        transport = self.transport
+        broker_up = transport is not None and transport.is_connected()
+        return self.running() and self.channel_ok and broker_up
+
+    def destroy(self) -> None:
+        with self._lock:
+            if self.destroyed:
+                return
+            self.destroyed = True
+            self.started = False
+            self.stop_event.set()
+        self._release_channel()
+        self._drop_subscription()
+        if self.transport is not None:
+            self.transport.close()
+        self.factory.store.delete(self.id)
+        self.factory.forget(self.id)
+        self.rt.deactivate(self._endpoint_oid())
+        self.rt.deactivate(self.oid)
+        log.info("bridge %d destroyed", self.id)
+
+    def _release_channel(self) -> None:
+        """Disconnect and destroy the proxy and the admin the bridge made (NJI 2.3 destroy)."""
+        try:
+            channel = self._channel()
+        except BA.InvalidExternalEndPoints:
+            return
+        admins = channel.consumer_admins if self.to_jms_direction else channel.supplier_admins
+        admin = admins.get(self.row.admin_id) if self.row.admin_id is not None else None
+        if admin is not None:
+            try:
+                admin.destroy()
+            except CORBA.Exception as exc:
+                log.warning("bridge %d: releasing its admin: %s", self.id, exc)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "source": self.source.describe(),
+            "sink": self.sink.describe(),
+            "state": "active" if self.active() else ("inactive" if self.started else self.row.state),
+            "started": self.started,
+            "channel_connected": self.channel_ok,
+            "broker": self.broker_state.value,
+            "forwarded": (self.flow_out.forwarded if self.flow_out else 0)
+                         + (self.flow_in.forwarded if self.flow_in else 0),
+            "duplicates_suppressed": self.flow_in.duplicates if self.flow_in else 0,
+            "dead_lettered": self.dead_letter.count,
+            "refused_to_broker_dlq": self.flow_in.refused if self.flow_in else 0,
+            "transaction_events": self.tx_events,
+            "last_error": self.last_error,
+        }
+
+
+class _LazyTransport:
+    """Defers to the bridge's transport, opening it on first use (so a bridge can start while the broker is down)."""
+
+    def __init__(self, bridge: BridgeImpl) -> None:
+        self._bridge = bridge
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bridge._transport(), name)
+
+
+def _event_bytes(event: Any) -> bytes:
+    import omniORB
+
+    return bytes(omniORB.cdrMarshal(CosNotification._tc_StructuredEvent, event))
+
+
+_PROXY_IFACES = {
+    (True, "PUSH", "STRUCTURED"): CosNotifyChannelAdmin.StructuredProxyPushSupplier,
+    (True, "PUSH", "SEQUENCE"): CosNotifyChannelAdmin.SequenceProxyPushSupplier,
+    (True, "PULL", "STRUCTURED"): CosNotifyChannelAdmin.StructuredProxyPullSupplier,
+    (True, "PULL", "SEQUENCE"): CosNotifyChannelAdmin.SequenceProxyPullSupplier,
+    (False, "PUSH", "STRUCTURED"): CosNotifyChannelAdmin.StructuredProxyPushConsumer,
+    (False, "PUSH", "SEQUENCE"): CosNotifyChannelAdmin.SequenceProxyPushConsumer,
+    (False, "PULL", "STRUCTURED"): CosNotifyChannelAdmin.StructuredProxyPullConsumer,
+    (False, "PULL", "SEQUENCE"): CosNotifyChannelAdmin.SequenceProxyPullConsumer,
+}
+
+_CONNECT_OPS = {
+    (True, "PUSH", "STRUCTURED"): "connect_structured_push_consumer",
+    (True, "PUSH", "SEQUENCE"): "connect_sequence_push_consumer",
+    (True, "PULL", "STRUCTURED"): "connect_structured_pull_consumer",
+    (True, "PULL", "SEQUENCE"): "connect_sequence_pull_consumer",
+    (False, "PUSH", "STRUCTURED"): "connect_structured_push_supplier",
+    (False, "PUSH", "SEQUENCE"): "connect_sequence_push_supplier",
+    (False, "PULL", "STRUCTURED"): "connect_structured_pull_supplier",
+    (False, "PULL", "SEQUENCE"): "connect_sequence_pull_supplier",
+}

@@ -1,0 +1,515 @@
+"""The data paths of a bridge: channel → JMS and JMS → channel (NJI 2.3, 2.4, 2.6).
+
+The bridge is a *standard client of the channel* (NJI 2.3): its endpoint receiver/sender are CORBA servants of the
+CosNotifyComm interfaces, connected to proxies it obtained from the channel, so every channel guarantee (persistent
+queues, retries, ordering) applies to it unchanged.
+
+Channel → JMS: events leave the channel only once the broker confirmed them (receipt of the SEND, or of the COMMIT
+of a STOMP transaction for a batch). A push that cannot be forwarded raises ``TRANSIENT`` to the channel, which
+keeps the events queued and retries with backoff; a pull receiver re-sends the same batch until it is confirmed
+(the channel keeps a pulled event stored until the next pull). An event the mapping cannot express goes to the
+dead-letter destination with the reason; if even that send fails, the event stays in the channel.
+
+JMS → channel: a message is acknowledged to the broker only after the channel accepted the event (for persistent
+events: committed). A crash in between makes the broker redeliver; the bridge remembers recently forwarded message
+ids and acknowledges a redelivered duplicate without forwarding it twice. An unmappable message, or one whose event
+the channel rejects (``BAD_QOS``), is dead-lettered with the reason and then acknowledged.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import omniORB
+from omniORB import CORBA
+
+import CosEventComm
+import CosNotification
+import CosNotifyComm__POA
+
+from router.jms.model import BodyType, Destination, JmsMessage, Typed, JmsType
+from router.jms.transport import (BrokerUnavailable, Delivery, LocalProtocolError, Transport, TransportError)
+
+__all__ = ["ChannelToJms", "JmsToChannel", "DeadLetter", "DEFAULT_DLQ"]
+
+log = logging.getLogger("nsjms.bridge")
+
+DEFAULT_DLQ = Destination("queue", "nsjms.DLQ")
+_TIMET = 10_000_000
+_MAX_BACKOFF = 5.0
+
+
+class DeadLetter:
+    """Sends what cannot be routed to the dead-letter destination, with the reason in its properties."""
+
+    def __init__(self, transport_for: Callable[[], Transport], bridge_id: int,
+                 destination: Destination = DEFAULT_DLQ) -> None:
+        self._transport_for = transport_for
+        self.bridge_id = bridge_id
+        self.destination = destination
+        self.count = 0
+
+    def send(self, body: bytes, reason: str, origin: str, extra: dict[str, str] | None = None) -> None:
+        """Raises :class:`TransportError` if the dead letter could not be stored by the broker."""
+        props = {"nsjms_dlq_reason": Typed(JmsType.STRING, reason[:1000]),
+                 "nsjms_dlq_bridge": Typed(JmsType.INT, self.bridge_id),
+                 "nsjms_dlq_origin": Typed(JmsType.STRING, origin)}
+        for k, v in (extra or {}).items():
+            props[k] = Typed(JmsType.STRING, v)
+        msg = JmsMessage(BodyType.BYTES, body, destination=self.destination, properties=props)
+        self._transport_for().send(self.destination, msg, receipt=True)
+        self.count += 1
+        log.warning("bridge %d: dead-lettered a %s to %s: %s", self.bridge_id, origin, self.destination.stomp(),
+                    reason)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Channel → JMS
+# ----------------------------------------------------------------------------------------------------------
+class ChannelToJms:
+    """Forwards structured events to one JMS destination; used by the receiver servants below."""
+
+    def __init__(self, bridge: Any, destination: Destination, transport: Transport,
+                 to_jms: Callable[[Any, Destination], JmsMessage], dead_letter: DeadLetter,
+                 event_bytes: Callable[[Any], bytes]) -> None:
+        self.bridge = bridge
+        self.destination = destination
+        self.transport = transport
+        self.to_jms = to_jms
+        self.dead_letter = dead_letter
+        self.event_bytes = event_bytes
+        self.forwarded = 0
+        self._lock = threading.Lock()     # one batch at a time: order is kept
+
+    def forward(self, events: Sequence[Any]) -> None:
+        """Map and send; returns once the broker confirmed every message. Raises TransportError otherwise."""
+        messages: list[JmsMessage] = []
+        for ev in events:
+            msg = self._map(ev)
+            if msg is not None:
+                messages.append(msg)
+        with self._lock:
+            self._send(messages)
+        self.forwarded += len(messages)
+
+    def _map(self, event: Any) -> JmsMessage | None:
+        from router.mapping.errors import MappingError
+
+        try:
+            return self.to_jms(event, self.destination)
+        except MappingError as exc:
+            self.dead_letter.send(self.event_bytes(event), str(exc), "event")
+            return None
+
+    def _send(self, messages: list[JmsMessage]) -> None:
+        if not messages:
+            return
+        batch = self.bridge.transaction_events()
+        if len(messages) == 1 and batch <= 1:
+            self.transport.send(self.destination, messages[0], receipt=True)
+            return
+        step = max(batch, len(messages)) if batch > 1 else len(messages)
+        for i in range(0, len(messages), step):
+            self._send_transaction(messages[i:i + step])
+
+    def _send_transaction(self, chunk: list[JmsMessage]) -> None:
+        tx = self.transport.begin()
+        try:
+            deadline = self.bridge.transaction_deadline()
+            for msg in chunk:
+                self.transport.send(self.destination, msg, transaction=tx, receipt=False)
+                if deadline and time.monotonic() > deadline:
+                    raise BrokerUnavailable("TransactionTimeout expired before the batch was sent")
+        except BaseException:
+            try:
+                self.transport.abort(tx)
+            except TransportError:
+                pass
+            raise
+        self.transport.commit(tx)
+
+
+def _transient(exc: Exception) -> CORBA.TRANSIENT:
+    log.warning("bridge: forwarding failed, events stay in the channel: %s", exc)
+    return CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+
+
+class _PushReceiverMixin:
+    """Endpoint receiver: the channel pushes to the bridge."""
+
+    def __init__(self, flow: ChannelToJms) -> None:
+        self.flow = flow
+
+    def offer_change(self, added: Any, removed: Any) -> None:
+        return None
+
+    def _forward(self, events: list[Any]) -> None:
+        if not self.flow.bridge.running():
+            raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+        try:
+            self.flow.forward(events)
+        except TransportError as exc:
+            self.flow.bridge.note_broker_problem(exc)
+            raise _transient(exc) from None
+
+
+class StructuredPushReceiver(_PushReceiverMixin, CosNotifyComm__POA.StructuredPushConsumer):
+    def push_structured_event(self, notification: Any) -> None:
+        self._forward([notification])
+
+    def disconnect_structured_push_consumer(self) -> None:
+        self.flow.bridge.channel_disconnected()
+
+
+class SequencePushReceiver(_PushReceiverMixin, CosNotifyComm__POA.SequencePushConsumer):
+    def push_structured_events(self, notifications: list[Any]) -> None:
+        self._forward(list(notifications))
+
+    def disconnect_sequence_push_consumer(self) -> None:
+        self.flow.bridge.channel_disconnected()
+
+
+class _PullReceiverBase:
+    """Endpoint receiver pulling from the channel, paced by the endpoint's PacingInterval."""
+
+    def __init__(self, flow: ChannelToJms, proxy: Any, pacing_s: float, stop: threading.Event) -> None:
+        self.flow = flow
+        self.proxy = proxy
+        self.pacing_s = pacing_s
+        self.stop = stop
+
+    def run(self) -> None:
+        backoff = 0.05
+        pending: list[Any] = []
+        while not self.stop.is_set():
+            if not pending:
+                try:
+                    pending = self.pull()
+                except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST):
+                    self.flow.bridge.channel_disconnected()
+                    return
+                except CORBA.Exception as exc:
+                    log.warning("bridge: pull from the channel failed: %s", exc)
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                    continue
+                if not pending:
+                    self.stop.wait(self.pacing_s or 0.05)
+                    continue
+            try:
+                self.flow.forward(pending)
+            except TransportError as exc:   # keep the batch, send it again: nothing is pulled meanwhile
+                self.flow.bridge.note_broker_problem(exc)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+                continue
+            pending, backoff = [], 0.05
+
+    def pull(self) -> list[Any]:
+        raise NotImplementedError
+
+
+class StructuredPullReceiver(_PullReceiverBase, CosNotifyComm__POA.StructuredPullConsumer):
+    def pull(self) -> list[Any]:
+        event, has = self.proxy.try_pull_structured_event()
+        return [event] if has else []
+
+    def disconnect_structured_pull_consumer(self) -> None:
+        self.flow.bridge.channel_disconnected()
+
+    def offer_change(self, added: Any, removed: Any) -> None:
+        return None
+
+
+class SequencePullReceiver(_PullReceiverBase, CosNotifyComm__POA.SequencePullConsumer):
+    def pull(self) -> list[Any]:
+        events, has = self.proxy.try_pull_structured_events(1000)
+        return list(events) if has else []
+
+    def disconnect_sequence_pull_consumer(self) -> None:
+        self.flow.bridge.channel_disconnected()
+
+    def offer_change(self, added: Any, removed: Any) -> None:
+        return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# JMS → channel
+# ----------------------------------------------------------------------------------------------------------
+class JmsToChannel:
+    """Receives from one JMS destination and hands events to the channel; acks only what the channel accepted."""
+
+    RECENT = 10_000
+
+    def __init__(self, bridge: Any, transport: Transport, to_event: Callable[[JmsMessage], Any],
+                 dead_letter: DeadLetter, subscribe: Callable[[], Any]) -> None:
+        self.bridge = bridge
+        self.transport = transport
+        self.to_event = to_event
+        self.dead_letter = dead_letter
+        self._subscribe = subscribe
+        self.subscription: Any = None
+        self.forwarded = 0
+        self.duplicates = 0
+        self.refused = 0
+        self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def ensure_subscribed(self) -> Any:
+        if self.subscription is None:
+            self.subscription = self._subscribe()
+        return self.subscription
+
+    def receive(self, timeout: float) -> Delivery | None:
+        return self.ensure_subscribed().receive(timeout)
+
+    def seen(self, delivery: Delivery) -> bool:
+        return delivery.redelivered and delivery.message_id in self._recent
+
+    def remember(self, delivery: Delivery) -> None:
+        self._recent[delivery.message_id] = None
+        while len(self._recent) > self.RECENT:
+            self._recent.popitem(last=False)
+
+    def map(self, delivery: Delivery) -> Any | None:
+        """The event for a delivery; or None once the delivery was settled otherwise (dead-lettered and acked,
+        or refused to the broker's own DLQ)."""
+        from router.mapping.errors import MappingError
+
+        if untransportable(delivery):
+            self.refuse(delivery)
+            return None
+        try:
+            return self.to_event(delivery.message)
+        except MappingError as exc:
+            self.reject(delivery, f"unmappable JMS message: {exc}")
+            return None
+
+    def refuse(self, delivery: Delivery) -> None:
+        """NACK: ActiveMQ moves the *original* message, body intact, to ``ActiveMQ.DLQ``."""
+        log.warning("bridge %d: message %s has an empty, unmarked body: a Java Map/Stream/Object message the STOMP "
+                    "transport cannot carry (or an empty text); refused to the broker's dead-letter queue",
+                    self.bridge.id, delivery.message_id)
+        self.transport.nack(delivery, receipt=True)
+        self.refused += 1
+
+    def ack(self, deliveries: Sequence[Delivery]) -> None:
+        for d in deliveries:
+            self.transport.ack(d, receipt=True)
+            self.remember(d)
+
+    def reject(self, delivery: Delivery, reason: str) -> None:
+        """The channel refused the event for good: dead-letter the original, then ack it."""
+        self.dead_letter.send(delivery.body, reason, "message",
+                              {"nsjms_dlq_message_id": delivery.message_id,
+                               "nsjms_dlq_destination": delivery.destination})
+        self.transport.ack(delivery, receipt=True)
+
+
+class PushSenderLoop:
+    """JMS → channel, channel side PUSH: a thread receives (listener style, or paced for a MESSAGE_CONSUMER
+    endpoint), pushes into the bridge's proxy consumer, then acks."""
+
+    def __init__(self, flow: JmsToChannel, proxy: Any, sequence: bool, batch: int, pacing_s: float,
+                 paced_receive: bool, stop: threading.Event) -> None:
+        self.flow = flow
+        self.proxy = proxy
+        self.sequence = sequence
+        self.batch = max(1, batch) if sequence else 1
+        self.pacing_s = pacing_s
+        self.paced_receive = paced_receive
+        self.stop = stop
+
+    def run(self) -> None:
+        backoff = 0.05
+        while not self.stop.is_set():
+            try:
+                self._round()
+                backoff = 0.05
+            except (BrokerUnavailable, TransportError) as exc:
+                self.flow.bridge.note_broker_problem(exc)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+                self.flow.bridge.reconnect_source()
+            except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST):
+                self.flow.bridge.channel_disconnected()
+                return
+
+    def _collect(self) -> list[tuple[Delivery, Any]]:
+        got: list[tuple[Delivery, Any]] = []
+        deadline = time.monotonic() + (self.pacing_s if self.pacing_s > 0 else 0.2)
+        while len(got) < self.batch and not self.stop.is_set():
+            wait = max(0.0, deadline - time.monotonic()) if got else 0.5
+            delivery = self.flow.receive(wait)
+            if delivery is None:
+                if got or self.paced_receive:
+                    break
+                continue
+            if self.flow.seen(delivery):
+                self.flow.duplicates += 1
+                self.flow.transport.ack(delivery, receipt=True)
+                continue
+            event = self.flow.map(delivery)
+            if event is not None:
+                got.append((delivery, event))
+        return got
+
+    def _round(self) -> None:
+        if not self.flow.bridge.running():
+            self.stop.wait(0.2)
+            return
+        if self.paced_receive and self.pacing_s > 0:
+            self.stop.wait(self.pacing_s)
+        got = self._collect()
+        if not got:
+            return
+        self._push(got)
+
+    def _push(self, got: list[tuple[Delivery, Any]]) -> None:
+        while not self.stop.is_set():
+            try:
+                if self.sequence:
+                    self.proxy.push_structured_events([e for _, e in got])
+                else:
+                    self.proxy.push_structured_event(got[0][1])
+            except CORBA.BAD_QOS:
+                self._push_one_by_one(got)
+                return
+            except CORBA.IMP_LIMIT:
+                log.info("bridge %d: channel full; waiting", self.flow.bridge.id)
+                self.stop.wait(0.5)
+                continue
+            except (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.TIMEOUT) as exc:
+                log.warning("bridge %d: push into the channel failed (%s); retrying", self.flow.bridge.id, exc)
+                self.stop.wait(0.5)
+                continue
+            self.flow.ack([d for d, _ in got])
+            self.flow.forwarded += len(got)
+            return
+
+    def _push_one_by_one(self, got: list[tuple[Delivery, Any]]) -> None:
+        """A batch had an event with unusable QoS: find it, dead-letter it, forward the rest."""
+        for delivery, event in got:
+            try:
+                self.proxy.push_structured_event(event)
+            except CORBA.BAD_QOS:
+                self.flow.reject(delivery, "the channel rejected the event's QoS (BAD_QOS)")
+                continue
+            self.flow.ack([delivery])
+            self.flow.forwarded += 1
+
+
+class _PullSenderBase:
+    """JMS → channel, channel side PULL: the channel's pull-style proxy consumer pulls from this servant. A message
+    handed to the channel is acknowledged when the channel pulls again (it routed the previous one by then)."""
+
+    def __init__(self, flow: JmsToChannel) -> None:
+        self.flow = flow
+        self._handed: list[Delivery] = []
+        self._lock = threading.Lock()
+
+    def _confirm(self) -> None:
+        with self._lock:
+            done, self._handed = self._handed, []
+        if done:
+            self.flow.ack(done)
+            self.flow.forwarded += len(done)
+
+    def _take(self, n: int, timeout: float) -> list[Any]:
+        if not self.flow.bridge.running():
+            return []
+        try:
+            self._confirm()
+            events: list[Any] = []
+            while len(events) < n:
+                delivery = self.flow.receive(timeout if not events else 0.0)
+                if delivery is None:
+                    break
+                if self.flow.seen(delivery):
+                    self.flow.duplicates += 1
+                    self.flow.transport.ack(delivery, receipt=True)
+                    continue
+                event = self.flow.map(delivery)
+                if event is None:
+                    continue
+                with self._lock:
+                    self._handed.append(delivery)
+                events.append(event)
+            return events
+        except TransportError as exc:
+            self.flow.bridge.note_broker_problem(exc)
+            return []
+
+    def subscription_change(self, added: Any, removed: Any) -> None:
+        return None
+
+
+class StructuredPullSender(_PullSenderBase, CosNotifyComm__POA.StructuredPullSupplier):
+    def pull_structured_event(self) -> Any:
+        while True:
+            events = self._take(1, 1.0)
+            if events:
+                return events[0]
+
+    def try_pull_structured_event(self) -> tuple[Any, bool]:
+        events = self._take(1, 0.0)
+        if events:
+            return events[0], True
+        return _empty_event(), False
+
+    def disconnect_structured_pull_supplier(self) -> None:
+        self.flow.bridge.channel_disconnected()
+
+
+class SequencePullSender(_PullSenderBase, CosNotifyComm__POA.SequencePullSupplier):
+    def pull_structured_events(self, max_number: int) -> list[Any]:
+        while True:
+            events = self._take(max(1, max_number), 1.0)
+            if events:
+                return events
+
+    def try_pull_structured_events(self, max_number: int) -> tuple[list[Any], bool]:
+        events = self._take(max(1, max_number), 0.0)
+        return events, bool(events)
+
+    def disconnect_sequence_pull_supplier(self) -> None:
+        self.flow.bridge.channel_disconnected()
+
+
+class _SenderMixin:
+    """What the bridge connects to its proxy consumer (so the channel can tell it about disconnection)."""
+
+    def __init__(self, on_disconnect: Callable[[], None]) -> None:
+        self._on_disconnect = on_disconnect
+
+    def subscription_change(self, added: Any, removed: Any) -> None:
+        return None
+
+
+class PushSenderServant(_SenderMixin, CosNotifyComm__POA.StructuredPushSupplier):
+    def disconnect_structured_push_supplier(self) -> None:
+        self._on_disconnect()
+
+
+class SequencePushSenderServant(_SenderMixin, CosNotifyComm__POA.SequencePushSupplier):
+    def disconnect_sequence_push_supplier(self) -> None:
+        self._on_disconnect()
+
+
+def untransportable(delivery: Delivery) -> bool:
+    """An empty body that nothing marks: over STOMP a Java Map/Stream/Object message arrives exactly like this
+    (ENVIRONMENT.md, docs/bridge.md), so it cannot be told from an empty TextMessage and is not forwarded."""
+    h = delivery.headers
+    return (not delivery.body and "content-length" not in h and "nsjms_body" not in h
+            and h.get("transformation") != "jms-map-json" and "$nsjms_idl" not in h)
+
+
+def _empty_event() -> Any:
+    header = CosNotification.EventHeader(CosNotification.FixedEventHeader(CosNotification.EventType("", ""), ""), [])
+    return CosNotification.StructuredEvent(header, [], CORBA.Any(CORBA.TC_null, None))
+
+
+_ = (omniORB, LocalProtocolError)
