@@ -166,6 +166,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         self.dead_letter = F.DeadLetter(self._transport, self.id, factory.broker.dead_letter)
         self.flow_out: F.ChannelToJms | None = None
         self.flow_in: F.JmsToChannel | None = None
+        self._reconnecting = False
         self.tx_events = int(row.settings.get("tx_events", 0))
         self.tx_timeout = int(row.settings.get("tx_timeout", 0))
         self._tx_started = 0.0
@@ -265,20 +266,50 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             log.warning("bridge %d: broker connection %s", self.id, state.value)
 
     def note_broker_problem(self, exc: Exception) -> None:
+        """A broker operation failed: record it and, if the connection is gone, reconnect in the background."""
         self.last_error = f"broker: {exc}"
         transport = self.transport
         if transport is not None and not transport.is_connected():
             self.broker_state = ConnectionState.DISCONNECTED
+            self._reconnect_async()
+
+    def _reconnect_async(self) -> None:
+        """At most one reconnect at a time (the transport's policy is bounded and jittered); repeated while the
+        bridge is running and the broker stays away."""
+        with self._lock:
+            if self._reconnecting or self.destroyed or self.factory.shutdown_event.is_set():
+                return
+            self._reconnecting = True
+        self.rt.spawn(f"bridge-{self.id}-reconnect", self._reconnect_loop)
+
+    def _reconnect_loop(self) -> None:
+        try:
+            while not (self.destroyed or self.factory.shutdown_event.is_set()):
+                transport = self.transport
+                if transport is None or transport.is_connected():
+                    break
+                try:
+                    transport.reconnect()
+                except TransportError as exc:
+                    self.last_error = f"broker: {exc}"
+                    self.factory.shutdown_event.wait(1.0)
+                    continue
+                self.broker_state = ConnectionState.CONNECTED
+                log.info("bridge %d: broker connection re-established", self.id)
+                break
+        finally:
+            with self._lock:
+                self._reconnecting = False
 
     def reconnect_source(self) -> None:
-        transport = self.transport
-        if transport is None or self.stop_event.is_set():
-            return
-        try:
-            transport.reconnect()
-            self.broker_state = ConnectionState.CONNECTED
-        except TransportError as exc:
-            self.note_broker_problem(exc)
+        """JMS → channel loop: wait (bounded) for the background reconnect."""
+        self._reconnect_async()
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not self.stop_event.is_set():
+            transport = self.transport
+            if transport is not None and transport.is_connected():
+                return
+            self.stop_event.wait(0.1)
 
     def _subscribe(self) -> Any:
         from router.jms.transport import AckMode
