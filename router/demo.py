@@ -1,8 +1,12 @@
-"""Visible demo traffic for the quick start: a CORBA supplier and consumer on a running node.
+"""Visible demo traffic for the quick start: CORBA → channel → JMS queue → channel → CORBA, through two bridges.
 
-It talks to the node only through its published ``endpoints.json`` and the standard OMG stubs, as any client
-would: it creates (or reuses) a channel with persistent QoS, connects a structured push consumer that prints what
-it receives, and pushes telecom-style alarm events at a steady rate.
+It talks to the node only through its published ``endpoints.json`` and OMG IDL stubs (omniORB's COS stubs and the
+interworking spec's ``CosBridgeAdmin``), as any client would:
+
+1. channel *A* (persistent QoS) with a structured push supplier: telecom-style alarm events;
+2. bridge 1: channel A → ActiveMQ queue ``nsjms.demo.alarms`` (JMS messages a Java application could consume);
+3. bridge 2: that queue → channel *B*;
+4. a structured push consumer on channel B prints what arrives, JMS headers included.
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ def _printer_servant(out: Callable[[str], None]) -> Any:
         def push_structured_event(self, ev: Any) -> None:
             fields = {p.name: p.value.value() for p in ev.filterable_data}
             Printer.count += 1
-            out(f"  <- received {ev.header.fixed_header.event_name:>10}  severity={fields.get('severity')}"
-                f"  object={fields.get('managedObject')}")
+            fixed = ev.header.fixed_header
+            via = f" via JMS {fields['JMSDestination']}" if "JMSDestination" in fields else ""
+            out(f"  <- received {fixed.event_name:>10}  {fixed.event_type.domain_name}/{fixed.event_type.type_name}"
+                f"  severity={fields.get('severity')}  object={fields.get('managedObject')}{via}")
 
         def disconnect_structured_push_consumer(self) -> None:
             out("  consumer disconnected by the channel")
@@ -50,6 +56,32 @@ def _printer_servant(out: Callable[[str], None]) -> Any:
             pass
 
     return Printer()
+
+
+def _via_jms(orb: Any, endpoints: dict[str, Any], factory: Any, channel: Any, cid: int, qos: list[Any],
+             out: Callable[[str], None]) -> tuple[Any, list[Any]]:
+    """Two bridges through an ActiveMQ queue; returns the channel to consume from and the bridges."""
+    if not endpoints.get("bridge_factory"):
+        return channel, []
+    from idl.generated import CosBridgeAdmin as BA
+
+    bf = orb.string_to_object(endpoints["bridge_factory"]["corbaloc"])._narrow(BA.BridgeFactory)
+    target, tid = factory.create_channel(qos, [])
+    queue = BA.JMSDestination(BA.QUEUE, "nsjms.demo.alarms", "")
+
+    def channel_ep(role: Any, chan_id: int) -> Any:
+        return BA.ExternalEndpoint(role, BA.ExternalEndpointConnector(BA.STRUCTURED_EVENT, chan_id), BA.PUSH,
+                                   BA.STRUCTURED_EVENT)
+
+    def jms_ep(role: Any) -> Any:
+        return BA.ExternalEndpoint(role, BA.ExternalEndpointConnector(destination=queue), BA.PUSH, BA.JMS_MESSAGE)
+
+    out_bridge, b1 = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK))
+    in_bridge, b2 = bf.create_bridge(jms_ep(BA.SOURCE), channel_ep(BA.SINK, tid))
+    out_bridge.start_bridge()
+    in_bridge.start_bridge()
+    out(f"demo: bridge {b1}: channel {cid} -> JMS queue nsjms.demo.alarms; bridge {b2}: that queue -> channel {tid}")
+    return target, [out_bridge, in_bridge]
 
 
 def run_demo(state_dir: Path, *, rate: float = 2.0, count: int = 0, stop: threading.Event | None = None,
@@ -73,7 +105,8 @@ def run_demo(state_dir: Path, *, rate: float = 2.0, count: int = 0, stop: thread
     channel, cid = factory.create_channel(persistent, [])
     out(f"demo: channel {cid} created at {endpoints['event_channel_factory']['corbaloc']}")
     printer = _printer_servant(out)
-    supplier_proxy, _ = channel._get_default_consumer_admin().obtain_notification_push_supplier(
+    target, bridges = _via_jms(orb, endpoints, factory, channel, cid, persistent, out)
+    supplier_proxy, _ = target._get_default_consumer_admin().obtain_notification_push_supplier(
         CosNotifyChannelAdmin.STRUCTURED_EVENT)
     supplier_proxy = supplier_proxy._narrow(CosNotifyChannelAdmin.StructuredProxyPushSupplier)
     supplier_proxy.connect_structured_push_consumer(printer._this())
@@ -92,10 +125,11 @@ def run_demo(state_dir: Path, *, rate: float = 2.0, count: int = 0, stop: thread
         while type(printer).count < n and time.time() < deadline:
             time.sleep(0.05)
     finally:
-        try:
-            channel.destroy()
-        except CORBA.Exception:
-            pass
+        for obj in [*bridges, channel, target]:
+            try:
+                obj.destroy()
+            except CORBA.Exception:
+                pass
         orb.destroy()
     received = int(type(printer).count)
     out(f"demo: pushed {n}, received {received}")

@@ -261,9 +261,10 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             return self.transport
 
     def _on_broker_state(self, state: ConnectionState) -> None:
+        """Transport callback (its own thread): record only; reconnecting happens on the bridge's threads."""
         self.broker_state = state
-        if state is not ConnectionState.CONNECTED:
-            log.warning("bridge %d: broker connection %s", self.id, state.value)
+        if state is ConnectionState.DISCONNECTED and not self.destroyed:
+            log.warning("bridge %d: broker connection lost", self.id)
 
     def note_broker_problem(self, exc: Exception) -> None:
         """A broker operation failed: record it and, if the connection is gone, reconnect in the background."""
@@ -424,6 +425,8 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
 
     def channel_disconnected(self) -> None:
         self.channel_ok = False
+        if self.destroyed:
+            return
         self.last_error = "channel: proxy disconnected"
         log.warning("bridge %d: the channel disconnected its proxy", self.id)
 
