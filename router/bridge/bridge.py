@@ -265,6 +265,8 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         self.broker_state = state
         if state is ConnectionState.DISCONNECTED and not self.destroyed:
             log.warning("bridge %d: broker connection lost", self.id)
+            if self.started:
+                self._reconnect_async()      # spawns a bridge thread; the transport is not called from here
 
     def note_broker_problem(self, exc: Exception) -> None:
         """A broker operation failed: record it and, if the connection is gone, reconnect in the background."""
