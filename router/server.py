@@ -150,10 +150,37 @@ class Node:
             "pid": os.getpid(),
         }
 
+    def snapshot(self) -> dict[str, Any]:
+        """What ``nsjms status`` shows beyond the IDL: queue depths, proxy states, bridges, stored rows."""
+        import time
+
+        channels = []
+        for cid, ch in sorted(self.factory.channels.items()):
+            proxies = []
+            for aid, admin in sorted(ch.consumer_admins.items()):
+                for pid, proxy in sorted(admin.proxies.items()):
+                    proxies.append({"admin": aid, "id": pid, "kind": proxy.kind, "connected": proxy.connected,
+                                    "suspended": proxy.suspended, "queued": len(proxy.queue),
+                                    **getattr(proxy, "status_extra", lambda: {})()})
+            channels.append({"id": cid, "events_held": ch.queued_count(), "proxy_suppliers": proxies})
+        return {"time": time.time(), "node_id": self.s.node_id, "channels": channels,
+                "bridges": self.bridges.status() if self.bridges is not None else [],
+                "store": self.store.stats()}
+
+    def _status_loop(self) -> None:
+        path = self.s.state_dir / "status.json"
+        while not self._stopped.wait(2.0):
+            try:
+                write_endpoints(path, self.snapshot())
+            except Exception:  # noqa: BLE001 — status is best effort; the node keeps running
+                log.debug("status snapshot failed", exc_info=True)
+
     def _publish(self) -> None:
         path = self.s.state_dir / "endpoints.json"
         write_endpoints(path, self.endpoints())
         (self.s.state_dir / "factory.ior").write_text(self.orb.object_to_string(self.factory.ref) + "\n")
+        write_endpoints(self.s.state_dir / "status.json", self.snapshot())
+        self.runtime.spawn("status", self._status_loop)
         log.info("nsjms node %s ready: %s", self.s.node_id, path)
 
     def wait(self) -> None:
@@ -184,7 +211,8 @@ class Node:
                 svc.stop()
             except Exception:  # noqa: BLE001
                 log.exception("stopping %s", type(svc).__name__)
-        try:
-            (self.s.state_dir / "endpoints.json").unlink()
-        except FileNotFoundError:
-            pass
+        for name in ("endpoints.json", "status.json"):
+            try:
+                (self.s.state_dir / name).unlink()
+            except FileNotFoundError:
+                pass

@@ -1,16 +1,24 @@
-"""``nsjms status``: what a running node publishes, asked over IIOP with the standard interfaces only."""
+"""``nsjms status``: a running node's endpoints, liveness (asked over IIOP), queues and bridges.
+
+The node rewrites ``<state-dir>/status.json`` every 2 s with what the IDL does not expose (queue depths, proxy
+states, bridge connections and counters, stored rows); this command checks the node answers over IIOP and shows
+both. A snapshot older than 10 s is flagged as stale.
+"""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 __all__ = ["collect", "render"]
 
+STALE_AFTER_S = 10.0
+
 
 def collect(state_dir: Path) -> dict[str, Any]:
-    """Endpoints plus, per channel, its admins, proxies and queue depth as the factory reports them."""
+    """Raises FileNotFoundError when no node runs there, ConnectionError when it does not answer."""
     endpoints = json.loads((state_dir / "endpoints.json").read_text())
     from omniORB import CORBA
     import CosNotifyChannelAdmin
@@ -19,35 +27,51 @@ def collect(state_dir: Path) -> dict[str, Any]:
     try:
         factory = orb.string_to_object(endpoints["event_channel_factory"]["corbaloc"])._narrow(
             CosNotifyChannelAdmin.EventChannelFactory)
-        channels = []
-        for cid in factory.get_all_channels():
-            ch = factory.get_event_channel(cid)
-            channels.append({
-                "id": cid,
-                "consumer_admins": list(ch.get_all_consumeradmins()),
-                "supplier_admins": list(ch.get_all_supplieradmins()),
-                "proxy_suppliers": sum(len(ch.get_consumeradmin(a)._get_push_suppliers())
-                                       + len(ch.get_consumeradmin(a)._get_pull_suppliers())
-                                       for a in ch.get_all_consumeradmins()),
-            })
-    except CORBA.TRANSIENT as exc:
+        channel_ids = list(factory.get_all_channels())
+    except (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.OBJECT_NOT_EXIST) as exc:
         raise ConnectionError(f"{endpoints['event_channel_factory']['corbaloc']}: {exc}") from exc
     finally:
         orb.destroy()
-    return {"endpoints": endpoints, "channels": channels}
+    snapshot: dict[str, Any] = {}
+    try:
+        snapshot = json.loads((state_dir / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        pass
+    age = time.time() - float(snapshot.get("time", 0)) if snapshot else None
+    return {"endpoints": endpoints, "channel_ids": channel_ids, "snapshot": snapshot,
+            "snapshot_age_s": age, "stale": age is None or age > STALE_AFTER_S}
 
 
 def render(report: dict[str, Any]) -> str:
-    ep = report["endpoints"]
+    ep, snap = report["endpoints"], report["snapshot"]
+    bridge_ep = ep.get("bridge_factory") or {}
     lines = [
         f"node        {ep.get('node_id')} (pid {ep.get('pid')})",
-        f"factory     {ep['event_channel_factory']['corbaloc']}",
-        f"bridges     {ep['bridge_factory']['corbaloc'] if ep.get('bridge_factory') else '-'}",
+        f"factory     {ep['event_channel_factory']['corbaloc']}  (answering)",
+        f"bridges     {bridge_ep.get('corbaloc', '-')}",
         f"postgres    {ep.get('postgres_dsn')}",
         f"broker      {ep.get('broker_url') or '-'}",
-        f"channels    {len(report['channels'])}",
+        f"channels    {report['channel_ids']}",
     ]
-    for ch in report["channels"]:
-        lines.append(f"  channel {ch['id']}: consumer admins {ch['consumer_admins']}, "
-                     f"supplier admins {ch['supplier_admins']}, proxy suppliers {ch['proxy_suppliers']}")
+    if report["stale"]:
+        lines.append("snapshot    missing or stale (the node writes status.json every 2 s)")
+    store = snap.get("store") or {}
+    if store:
+        lines.append(f"stored      {store.get('events', 0)} persistent events, {store.get('queued', 0)} queue rows")
+    for ch in snap.get("channels", []):
+        lines.append(f"channel {ch['id']}: {ch['events_held']} event(s) held")
+        for p in ch["proxy_suppliers"]:
+            flags = [] if p["connected"] else ["not connected"]
+            flags += ["suspended"] if p["suspended"] else []
+            flags += [f"{k}={v}" for k, v in p.items()
+                      if k not in {"admin", "id", "kind", "connected", "suspended", "queued"}]
+            lines.append(f"  admin {p['admin']} proxy {p['id']} {p['kind']:<16} queued {p['queued']:>6}"
+                         f"  {' '.join(flags)}".rstrip())
+    for b in snap.get("bridges", []):
+        lines.append(f"bridge {b['id']}: {b['source']} -> {b['sink']}  [{b['state']}]  broker {b['broker']}, "
+                     f"channel {'connected' if b['channel_connected'] else 'not connected'}, "
+                     f"forwarded {b['forwarded']}, dead-lettered {b['dead_lettered']}, "
+                     f"refused {b.get('refused_to_broker_dlq', 0)}, duplicates suppressed {b['duplicates_suppressed']}")
+        if b.get("last_error"):
+            lines.append(f"  last error: {b['last_error']}")
     return "\n".join(lines)
