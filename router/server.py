@@ -105,6 +105,7 @@ class Node:
         self.store = Store(self.pg_dsn, self.s.pg_pool_size)
         self.store.open()
         self.runtime = Runtime(self.orb, self.store)
+        self.runtime.start_reaper()
         self.factory = EventChannelFactoryImpl(self.runtime)
         self.factory.activate()
         self.factory.restore()

@@ -42,8 +42,17 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         self._lock = threading.RLock()
         self.channels: dict[int, EventChannelImpl] = {}
         self.ref: Any = None
+        self.filter_factory: Any = None
+        self.filter_factory_ref: Any = None
 
     def activate(self) -> Any:
+        from router.channel.ack import activate_status
+        from router.channel.filters import FilterFactoryImpl
+
+        self.filter_factory = FilterFactoryImpl(self.rt)
+        self.filter_factory_ref = self.filter_factory.activate()
+        self.filter_factory.on_change = self._constraints_changed
+        activate_status(self.rt)
         self.rt.ins_poa.activate_object_with_id(FACTORY_KEY.encode(), self)
         self.ref = self.rt.ins_poa.id_to_reference(FACTORY_KEY.encode())
         return self.ref
@@ -51,6 +60,8 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
     def restore(self) -> None:
         """Re-create every stored channel with its admins, proxies and queued persistent events."""
         self.rt.set_seq_floor(self.rt.store.max_seq())
+        if self.filter_factory is not None:
+            self.filter_factory.restore()          # before the channels: their filter references name these
         for row in self.rt.store.load_channels():
             channel = EventChannelImpl(self, row)
             self.channels[row.id] = channel
@@ -78,6 +89,14 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
             self.channels[cid] = channel
         channel.restore()
         return channel.ref, cid
+
+    def _constraints_changed(self) -> None:
+        from router.channel.sharing import sharing_of
+
+        with self._lock:
+            channels = list(self.channels.values())
+        for channel in channels:
+            sharing_of(channel).changed()
 
     def get_all_channels(self) -> list[int]:
         with self._lock:
@@ -129,6 +148,9 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             if admin is not None:
                 admin.restore_proxy(prow)
         self._restore_events()
+        from router.channel.sharing import sharing_of
+
+        sharing_of(self)            # the subscription/offer baseline, before any client can change it
         for admin in list(self.consumer_admins.values()) + list(self.supplier_admins.values()):
             admin.start_all()
 
@@ -353,10 +375,10 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             rec.db_id = eid
 
     def released(self, rec: Record) -> None:
-        """A record left its last queue: forget it and its stored copy."""
+        """A record left its last queue: forget it; its stored copy is deleted by the store's reaper."""
         self._forget_record(rec)
         if rec.db_id is not None:
-            self.rt.store.delete_events([rec.db_id])
+            self.rt.store.reap_later(rec.db_id)
 
     def _forget_record(self, rec: Record) -> None:
         with self._records_lock:

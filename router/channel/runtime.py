@@ -85,6 +85,16 @@ class Runtime:
     def resolve(self, ior: str) -> Any:
         return self.orb.string_to_object(ior)
 
+    def local_servant(self, ref: Any) -> Any:
+        """The servant behind ``ref`` if it lives in this node's persistent POA, else None (remote or inactive)."""
+        if ref is None:
+            return None
+        try:
+            return self.poa.reference_to_servant(ref)
+        except (PortableServer.POA.WrongAdapter, PortableServer.POA.ObjectNotActive, PortableServer.POA.WrongPolicy,
+                CORBA.Exception):
+            return None
+
     # -- threads --------------------------------------------------------------------------------------
     def spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
         """A daemon worker thread; exceptions are logged, never silently lost."""
@@ -101,6 +111,19 @@ class Runtime:
         self._threads.append(t)
         t.start()
         return t
+
+    def start_reaper(self, interval: float = 0.2) -> None:
+        """Delete fully delivered persistent events in batches (see :meth:`Store.reap_later`)."""
+
+        def loop() -> None:
+            while not self.shutting_down.wait(interval):
+                try:
+                    self.store.reap()
+                except Exception:  # noqa: BLE001 — retried at the next tick; orphans are also removed at start
+                    log.warning("could not delete delivered events; will retry", exc_info=True)
+            self.store.reap()
+
+        self.spawn("reaper", loop)
 
     def stop(self, timeout: float = 5.0) -> None:
         self.shutting_down.set()

@@ -15,6 +15,7 @@ one transaction, so an event acknowledged to its supplier is on disk for every c
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -156,6 +157,8 @@ class Store:
     def __init__(self, dsn: str, pool_size: int = 8) -> None:
         self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), open=False,
                                     kwargs={"autocommit": False}, name="nsjms-channel")
+        self._reap_lock = threading.Lock()
+        self._reap: list[int] = []
 
     def open(self, timeout: float = 30.0) -> None:
         self._pool.open(wait=True, timeout=timeout)
@@ -166,6 +169,13 @@ class Store:
 
     def _tx(self) -> Iterator[psycopg.Connection[Any]]:
         return self._pool.connection()  # type: ignore[return-value]
+
+    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection as a context manager: one transaction, committed on a clean exit.
+
+        For modules that keep their own tables next to the channel's (e.g. ``router.channel.filters``).
+        """
+        return self._tx()
 
     def migrate(self) -> None:
         with self._tx() as conn:
@@ -263,21 +273,37 @@ class Store:
         return [ProxyRow(*r) for r in rows]
 
     # -- events -----------------------------------------------------------------------------------------
+    _INSERT_EVENTS = """
+        WITH ev AS (
+            INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at)
+            SELECT %(cid)s, * FROM unnest(%(seq)s::bigint[], %(form)s::smallint[], %(body)s::bytea[],
+                                          %(prio)s::integer[], %(deadline)s::float8[], %(start)s::float8[])
+            RETURNING id, seq
+        ), q AS (
+            INSERT INTO nsjms_queue(channel_id, admin_id, proxy_id, event_id)
+            SELECT %(cid)s, t.a, t.p, ev.id
+            FROM unnest(%(qseq)s::bigint[], %(qadmin)s::integer[], %(qproxy)s::integer[]) AS t(seq, a, p)
+            JOIN ev ON ev.seq = t.seq
+        )
+        SELECT id, seq FROM ev"""
+
     def insert_events(self, cid: int, events: Sequence[NewEvent]) -> list[int]:
-        """Store events and their queue rows atomically; returns the new event ids in order."""
-        ids: list[int] = []
-        with self._tx() as conn, conn.cursor() as cur:
-            for ev in events:
-                cur.execute("INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at) "
-                            "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
-                            (cid, ev.seq, ev.form, ev.body, ev.priority, ev.deadline, ev.start_at))
-                row = cur.fetchone()
-                assert row is not None
-                ids.append(int(row[0]))
-            rows = [(cid, aid, pid, eid) for ev, eid in zip(events, ids) for aid, pid in ev.targets]
-            cur.executemany("INSERT INTO nsjms_queue(channel_id, admin_id, proxy_id, event_id) "
-                            "VALUES (%s, %s, %s, %s)", rows)
-        return ids
+        """Store events and their queue rows atomically, in one statement; returns the new ids in order."""
+        if not events:
+            return []
+        params = {
+            "cid": cid,
+            "seq": [ev.seq for ev in events], "form": [ev.form for ev in events],
+            "body": [ev.body for ev in events], "prio": [ev.priority for ev in events],
+            "deadline": [ev.deadline for ev in events], "start": [ev.start_at for ev in events],
+            "qseq": [ev.seq for ev in events for _ in ev.targets],
+            "qadmin": [a for ev in events for a, _ in ev.targets],
+            "qproxy": [p for ev in events for _, p in ev.targets],
+        }
+        with self._tx() as conn:
+            rows = conn.execute(self._INSERT_EVENTS, params).fetchall()
+        by_seq = {int(seq): int(eid) for eid, seq in rows}
+        return [by_seq[ev.seq] for ev in events]
 
     def delete_deliveries(self, cid: int, aid: int, pid: int, event_ids: Iterable[int]) -> None:
         """The proxy no longer has to deliver these events."""
@@ -294,6 +320,26 @@ class Store:
         if ids:
             with self._tx() as conn:
                 conn.execute("DELETE FROM nsjms_event WHERE id = ANY(%s)", (ids,))
+
+    def reap_later(self, event_id: int) -> None:
+        """Queue a fully delivered event for deletion by :meth:`reap` (batched: one statement for many events).
+
+        Its queue rows are already gone, so until then it is only an orphan row, which startup also removes."""
+        with self._reap_lock:
+            self._reap.append(event_id)
+
+    def reap(self) -> int:
+        """Delete the events queued by :meth:`reap_later`; returns how many."""
+        with self._reap_lock:
+            ids, self._reap = self._reap, []
+        if ids:
+            try:
+                self.delete_events(ids)
+            except psycopg.Error:
+                with self._reap_lock:          # try again next time; nothing depends on it meanwhile
+                    self._reap.extend(ids)
+                raise
+        return len(ids)
 
     def load_queued(self, cid: int) -> list[QueuedRow]:
         with self._tx() as conn:
