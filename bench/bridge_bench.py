@@ -1,0 +1,150 @@
+"""Bridge throughput: channel → bridge → ActiveMQ queue, and ActiveMQ queue → bridge → channel.
+
+    .venv/bin/python bench/bridge_bench.py [--messages 2000]
+
+Baselines measured in the same run on the same broker: raw persistent STOMP sends with a receipt each, and
+BEGIN + 100 SENDs + COMMIT with a receipt. The bridge is measured end to end (events pushed by a CORBA supplier
+until the last one is confirmed on the other side); the channel is Persistent/Persistent in both directions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import omniORB  # noqa: E402,F401  (puts the COS stubs on sys.path)
+
+from channel_bench import Counter, _consumer, _event  # noqa: E402
+from common import PAYLOAD, client_orb, node, report, services, stomp_send_rate  # noqa: E402
+
+
+def _persistent_channel(factory: Any, batch: int = 1) -> tuple[Any, int]:
+    from omniORB import CORBA
+    import CosNotification
+
+    qos = [CosNotification.Property(CosNotification.ConnectionReliability,
+                                    CORBA.Any(CORBA.TC_short, CosNotification.Persistent)),
+           CosNotification.Property(CosNotification.EventReliability,
+                                    CORBA.Any(CORBA.TC_short, CosNotification.Persistent)),
+           CosNotification.Property(CosNotification.MaximumBatchSize, CORBA.Any(CORBA.TC_long, batch))]
+    return factory.create_channel(qos, [])
+
+
+def _endpoint(role: str, cid: int | None, queue: str | None, sequence: bool) -> Any:
+    from idl.generated import CosBridgeAdmin as BA
+
+    if queue is not None:
+        connector = BA.ExternalEndpointConnector(destination=BA.JMSDestination(BA.QUEUE, queue, ""))
+        return BA.ExternalEndpoint(getattr(BA, role), connector, BA.PUSH, BA.JMS_MESSAGE)
+    kind = BA.SEQUENCE_EVENT if sequence else BA.STRUCTURED_EVENT
+    return BA.ExternalEndpoint(getattr(BA, role), BA.ExternalEndpointConnector(kind, cid), BA.PUSH, kind)
+
+
+def _count_queue(url: str, queue: str, counter: Counter) -> Any:
+    import stomp
+
+    class L(stomp.ConnectionListener):
+        def on_message(self, frame: Any) -> None:
+            counter.add(1)
+
+    parts = urlsplit(url)
+    conn = stomp.Connection12([(parts.hostname, parts.port)])
+    conn.set_listener("c", L())
+    conn.connect(wait=True)
+    conn.subscribe(f"/queue/{queue}", id="1", ack="auto", headers={"activemq.prefetchSize": "1000"})
+    return conn
+
+
+def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool) -> float:
+    import CosNotifyChannelAdmin as NCA
+
+    channel, cid = _persistent_channel(factory, 100 if sequence else 1)
+    queue = f"bench.out.{cid}"
+    bridge, _ = bf.create_bridge(_endpoint("SOURCE", cid, None, sequence), _endpoint("SINK", None, queue, sequence))
+    bridge.start_bridge()
+    counter = Counter()
+    conn = _count_queue(url, queue, counter)
+    kind = NCA.SEQUENCE_EVENT if sequence else NCA.STRUCTURED_EVENT
+    pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(kind)
+    events = [_event(i) for i in range(n)]
+    t0 = time.perf_counter()
+    if sequence:
+        pc = pc._narrow(NCA.SequenceProxyPushConsumer)
+        pc.connect_sequence_push_supplier(None)
+        for i in range(0, n, 100):
+            pc.push_structured_events(events[i:i + 100])
+    else:
+        pc = pc._narrow(NCA.StructuredProxyPushConsumer)
+        pc.connect_structured_push_supplier(None)
+        for ev in events:
+            pc.push_structured_event(ev)
+    counter.wait(n)
+    elapsed = time.perf_counter() - t0
+    conn.disconnect()
+    bridge.destroy()
+    channel.destroy()
+    return n / elapsed
+
+
+def from_jms_rate(factory: Any, bf: Any, url: str, n: int) -> float:
+    import stomp
+    import CosNotifyChannelAdmin as NCA
+
+    channel, cid = _persistent_channel(factory)
+    queue = f"bench.in.{cid}"
+    parts = urlsplit(url)
+    conn = stomp.Connection12([(parts.hostname, parts.port)], auto_content_length=False)
+    conn.connect(wait=True)
+    for i in range(n):          # preload: the measurement is the bridge draining the queue into the channel
+        conn.send(f"/queue/{queue}", PAYLOAD, headers={"persistent": "true", "n": str(i)})
+    conn.disconnect()
+    counter = Counter()
+    consumer = _consumer(counter, False)
+    ps, _ = channel._get_default_consumer_admin().obtain_notification_push_supplier(NCA.STRUCTURED_EVENT)
+    ps._narrow(NCA.StructuredProxyPushSupplier).connect_structured_push_consumer(consumer._this())
+    bridge, _ = bf.create_bridge(_endpoint("SOURCE", None, queue, False), _endpoint("SINK", cid, None, False))
+    t0 = time.perf_counter()
+    bridge.start_bridge()
+    counter.wait(n)
+    elapsed = time.perf_counter() - t0
+    bridge.destroy()
+    channel.destroy()
+    return n / elapsed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--messages", type=int, default=2000)
+    args = ap.parse_args()
+    n = args.messages
+    with services() as (dsn, url):
+        s1 = stomp_send_rate(url, 1000)
+        s100 = stomp_send_rate(url, 5000, per_tx=100)
+        with node(dsn, url) as ep:
+            from idl.generated import CosBridgeAdmin as BA
+            import CosNotifyChannelAdmin as NCA
+
+            orb = client_orb()
+            factory = orb.string_to_object(ep["event_channel_factory"]["corbaloc"])._narrow(NCA.EventChannelFactory)
+            bf = orb.string_to_object(ep["bridge_factory"]["corbaloc"])._narrow(BA.BridgeFactory)
+            to_jms_rate(factory, bf, url, 200, False)        # warm-up
+            single = to_jms_rate(factory, bf, url, n, False)
+            batched = to_jms_rate(factory, bf, url, n * 5, True)
+            inbound = from_jms_rate(factory, bf, url, n)
+    report(f"bridge, 1 KB payloads, persistent channel and persistent JMS messages ({n} messages)", [
+        ("channel -> JMS, structured push (receipt per message)", single, "STOMP send+receipt", s1),
+        ("channel -> JMS, sequence push x100 (one STOMP tx per batch)", batched, "STOMP tx of 100", s100),
+        ("JMS -> channel, listener, ack after the channel accepted", inbound, "STOMP send+receipt", s1),
+    ])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
