@@ -1,7 +1,7 @@
-"""The ``nsjms`` command line: ``serve``, ``status``, ``demo``.
+"""The ``nsjms`` command line: ``serve``, ``status``, ``bridge``, ``demo``.
 
-Exit codes: 0 OK, 1 runtime failure, 2 usage or configuration error (the message names the key), 3 the node is
-not running / not reachable.
+Exit codes: 0 OK, 1 runtime failure, 2 usage or configuration error (the message names the key or option), 3 the
+node is not running / not reachable, 4 the node refused the request (the message says why).
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--state-dir", type=Path, default=None)
     status.add_argument("--config", default=None)
     status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    from router.bridgecli import add_parser as add_bridge_parser
+
+    add_bridge_parser(sub)
 
     demo = sub.add_parser("demo", help="push demo events through a running node and print them")
     demo.add_argument("--state-dir", type=Path, default=None)
@@ -157,6 +161,20 @@ def cmd_status(args: argparse.Namespace, cfg: Any) -> int:
     return EXIT_OK
 
 
+def cmd_bridge(args: argparse.Namespace, cfg: Any) -> int:
+    from router.bridgecli import UsageError, run
+
+    state_dir = Path(cfg.node.state_dir)
+    if not (state_dir / "endpoints.json").exists():
+        print(f"nsjms bridge: no running node ({state_dir / 'endpoints.json'} missing)", file=sys.stderr)
+        return EXIT_NOT_RUNNING
+    try:
+        return run(args, state_dir)
+    except UsageError as exc:
+        print(f"nsjms bridge: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from router.config import ConfigError
 
@@ -168,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     logging.basicConfig(level=getattr(logging, cfg.node.log_level, logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo}
+    handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge}
     return handlers[args.command](args, cfg)
 
 
