@@ -542,7 +542,11 @@ class EmbeddedActiveMQ:
         )
         if not _CONNECTORS.search(xml):
             raise ServiceError(f"{AMQ_INSTANCE / 'activemq.xml'} has no <transportConnectors> element")
-        return _CONNECTORS.sub(lambda _m: connectors, xml, count=1)
+        xml = _CONNECTORS.sub(lambda _m: connectors, xml, count=1)
+        # The scheduler makes AMQ_SCHEDULED_DELAY work: the bridge maps an event's StartTime to a delivery delay.
+        if "schedulerSupport=" not in xml:
+            xml = xml.replace("<broker ", '<broker schedulerSupport="true" ', 1)
+        return xml
 
     def _link_extra_jars(self) -> None:
         """Link jettison/xstream (``jms-json`` transformations) into ``$activemq.base/lib`` if installed."""
