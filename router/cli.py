@@ -99,6 +99,9 @@ def _settings(cfg: Any) -> Any:
 def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
     from router.server import Node
 
+    from router.telemetry import configure
+
+    flush_telemetry = configure(cfg.telemetry.exporter, cfg.telemetry.interval_s, service_name=cfg.node.node_id)
     node = Node(_settings(cfg))
     try:
         node.start()
@@ -114,6 +117,7 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
         if demo is not None and demo.poll() is None:
             demo.terminate()
         node.stop()
+        flush_telemetry()
     return EXIT_OK
 
 

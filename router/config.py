@@ -166,6 +166,14 @@ class BrokerConfig:
         )
 
 
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """``[telemetry]``: OpenTelemetry export. ``none`` keeps the API's no-op providers (zero cost)."""
+
+    exporter: str = "none"          # none | console
+    interval_s: int = 30            # metric export interval
+
+
 def _mask(secret: str) -> str:
     return REDACTED if secret else ""
 
@@ -178,6 +186,7 @@ class Config:
     orb: OrbConfig = field(default_factory=OrbConfig)
     postgres: PostgresConfig = field(default_factory=PostgresConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def redacted(self) -> dict[str, dict[str, Any]]:
         """A plain dict safe to log or print: DSN/URL passwords and ``broker.passcode`` become ``***``."""
@@ -292,6 +301,14 @@ def _broker_url(raw: Any, textual: bool) -> str:
 
 _PORT = _integer(1, 65535)
 
+
+def _exporter(raw: Any, textual: bool) -> str:
+    value = _string(raw, textual).strip().lower()
+    if value not in ("none", "console"):
+        raise _Invalid("expected 'none' or 'console'")
+    return value
+
+
 _SCHEMA: dict[str, dict[str, _Key]] = {
     "node": {"state_dir": _Key(_path), "node_id": _Key(_node_id), "log_level": _Key(_log_level)},
     "orb": {"host": _Key(_host), "port": _Key(_PORT), "max_threads": _Key(_integer(1, 4096))},
@@ -307,12 +324,14 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
         "embedded_stomp_port": _Key(_PORT),
         "embedded_openwire_port": _Key(_PORT),
     },
+    "telemetry": {"exporter": _Key(_exporter), "interval_s": _Key(_integer(1, 3600))},
 }
 _SECTION_TYPES: dict[str, type] = {
     "node": NodeConfig,
     "orb": OrbConfig,
     "postgres": PostgresConfig,
     "broker": BrokerConfig,
+    "telemetry": TelemetryConfig,
 }
 
 

@@ -168,6 +168,20 @@ class Node:
                 "bridges": self.bridges.status() if self.bridges is not None else [],
                 "store": self.store.stats()}
 
+    def _register_gauges(self) -> None:
+        from router import telemetry
+
+        def depths() -> list[tuple[int, str, int]]:
+            return [(cid, proxy.oid, len(proxy.queue))
+                    for cid, ch in list(self.factory.channels.items())
+                    for admin in list(ch.consumer_admins.values())
+                    for proxy in list(admin.proxies.values())]
+
+        def bridges() -> list[tuple[int, bool]]:
+            return [(b.id, b.active()) for b in list(self.bridges.bridges.values())]
+
+        telemetry.register_gauges(depths, bridges)
+
     def _status_loop(self) -> None:
         path = self.s.state_dir / "status.json"
         while not self._stopped.wait(2.0):
@@ -181,6 +195,7 @@ class Node:
         write_endpoints(path, self.endpoints())
         (self.s.state_dir / "factory.ior").write_text(self.orb.object_to_string(self.factory.ref) + "\n")
         write_endpoints(self.s.state_dir / "status.json", self.snapshot())
+        self._register_gauges()
         self.runtime.spawn("status", self._status_loop)
         log.info("nsjms node %s ready: %s", self.s.node_id, path)
 

@@ -31,6 +31,7 @@ import CosEventComm
 import CosNotification
 import CosNotifyComm__POA
 
+from router import telemetry
 from router.jms.model import BodyType, Destination, JmsMessage, Typed, JmsType
 from router.jms.transport import (BrokerUnavailable, Delivery, LocalProtocolError, Transport, TransportError)
 
@@ -63,6 +64,7 @@ class DeadLetter:
         msg = JmsMessage(BodyType.BYTES, body, destination=self.destination, properties=props)
         self._transport_for().send(self.destination, msg, receipt=True)
         self.count += 1
+        telemetry.bridge_dead_letter(self.bridge_id, origin)
         log.warning("bridge %d: dead-lettered a %s to %s: %s", self.bridge_id, origin, self.destination.stomp(),
                     reason)
 
@@ -92,9 +94,10 @@ class ChannelToJms:
             msg = self._map(ev)
             if msg is not None:
                 messages.append(msg)
-        with self._lock:
+        with self._lock, telemetry.forward_span(self.bridge.id, len(messages)):
             self._send(messages)
         self.forwarded += len(messages)
+        telemetry.bridge_moved(self.bridge.id, len(messages), "to_jms")
 
     def _map(self, event: Any) -> JmsMessage | None:
         from router.mapping.errors import MappingError
@@ -297,6 +300,7 @@ class JmsToChannel:
                     self.bridge.id, delivery.message_id)
         self.transport.nack(delivery, receipt=True)
         self.refused += 1
+        telemetry.bridge_dead_letter(self.bridge.id, "refused")
 
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         """Acks go without a receipt (ActiveMQ answers an ACK receipt only after ~10 ms; without one: ~6,000/s).
@@ -304,6 +308,7 @@ class JmsToChannel:
         for d in deliveries:
             self.remember(d)
             self.transport.ack(d, receipt=False)
+        telemetry.bridge_moved(self.bridge.id, len(deliveries), "from_jms")
 
     def reject(self, delivery: Delivery, reason: str) -> None:
         """The channel refused the event for good: dead-letter the original, then ack it."""
