@@ -57,7 +57,7 @@ class _AdminBase(QoSMixin, FilterMixin):
         self.qos_target = Q.Target(Q.Level.CONSUMER_ADMIN if self.side == "C" else Q.Level.SUPPLIER_ADMIN)
         self._lock = threading.RLock()
         self.proxies: dict[int, Any] = {}
-        self.filters = FilterSet(self.rt.resolve, row.filters.get("forwarding"))
+        self.filters = FilterSet(self.rt.resolve, row.filters.get("forwarding"), local=self.rt.local_servant)
         self.types = TypeSet()
         self.destroyed = False
         self._next_proxy = row.next_proxy
@@ -105,8 +105,6 @@ class _AdminBase(QoSMixin, FilterMixin):
 
     # -- proxies ------------------------------------------------------------------------------------------
     def _new_proxy(self, kind: str, *, es_style: bool) -> Any:
-        from router.channel.proxies import proxy_class
-
         level = Q.Level.PROXY_SUPPLIER if self.side == "C" else Q.Level.PROXY_CONSUMER
         with self._lock:
             if self.destroyed:
@@ -117,14 +115,12 @@ class _AdminBase(QoSMixin, FilterMixin):
             qos = Q.inherit(self.qos, Q.Target(level, sequence=kind.endswith("SEQUENCE")))
             self.rt.store.insert_proxy(self.channel.id, self.side, self.id, pid, kind, es_style, qos)
             row = ProxyRow(self.channel.id, self.side, self.id, pid, kind, es_style, qos, None, False, False, {}, {})
-            proxy = proxy_class(self.side, kind, es_style)(self, row)
+            proxy = _servant_class(self.side, kind, es_style, qos)(self, row)
             self.proxies[pid] = proxy
         return proxy
 
     def restore_proxy(self, row: ProxyRow) -> None:
-        from router.channel.proxies import proxy_class
-
-        self.proxies[row.id] = proxy_class(self.side, row.kind, row.es_style)(self, row)
+        self.proxies[row.id] = _servant_class(self.side, row.kind, row.es_style, row.qos)(self, row)
 
     def start_all(self) -> None:
         for proxy in list(self.proxies.values()):
@@ -205,7 +201,10 @@ class ConsumerAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.ConsumerAdmin):
         return self._new_proxy("PULL_ANY", es_style=True).ref
 
     def subscription_change(self, added: list[Any], removed: list[Any]) -> None:
+        from router.channel.sharing import sharing_of
+
         self.types.change(added, removed)
+        sharing_of(self.channel).changed()
 
 
 class SupplierAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.SupplierAdmin):
@@ -238,7 +237,18 @@ class SupplierAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.SupplierAdmin):
         return self._new_proxy("PULL_ANY", es_style=True).ref
 
     def offer_change(self, added: list[Any], removed: list[Any]) -> None:
+        from router.channel.sharing import sharing_of
+
         self.types.change(added, removed)
+        sharing_of(self.channel).changed()
+
+
+def _servant_class(side: str, kind: str, es_style: bool, qos: dict[str, Any]) -> type:
+    """Ack servants for proxy suppliers created with DeliveryReliability=Acknowledgment (docs/ack.md)."""
+    from router.channel.ack import ack_class_for
+    from router.channel.proxies import proxy_class
+
+    return ack_class_for(side, kind, es_style, qos) or proxy_class(side, kind, es_style)
 
 
 def _ior_or_none(rt: Any, ref: Any) -> str | None:

@@ -20,6 +20,7 @@ import CosNotifyChannelAdmin
 import CosNotifyChannelAdmin__POA
 import CosEventChannelAdmin
 
+from router import telemetry
 from router.channel import qos as Q
 from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
 from router.channel.events import Event, Form, encode
@@ -310,6 +311,11 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             for proxy in targets:
                 proxy.enqueue(rec)
             rec.release()
+        durable = sum(1 for rec, _ in plans if rec.persistent)
+        if durable:
+            telemetry.accepted(self.id, durable, True)
+        if len(plans) > durable:
+            telemetry.accepted(self.id, len(plans) - durable, False)
 
     def _make_record(self, source: Any, ev: Event, now: float) -> Record:
         header = ev.value.header.variable_header if ev.form is Form.STRUCTURED else []
@@ -317,6 +323,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             eq = Q.event_qos(source.qos, header)
         except Q.EventQoSError as exc:
             log.info("rejected an event from %s: %s", source.oid, exc)
+            telemetry.rejected(self.id, 1, "BAD_QOS")
             raise CORBA.BAD_QOS(0, CORBA.COMPLETED_NO)
         timeout = int(eq.get("timeout") or 0)
         deadline = now + timeout / _TIMET_PER_SECOND if timeout else None
@@ -349,6 +356,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if overflow <= 0:
             return
         if bool(self.admin_props.get(CosNotification.RejectNewEvents, False)):
+            telemetry.rejected(self.id, n, "IMP_LIMIT")
             raise CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)
         for _ in range(overflow):
             self._discard_one()

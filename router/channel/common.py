@@ -71,8 +71,11 @@ class QoSMixin:
 class FilterSet:
     """The forwarding filters attached to one admin or proxy, by FilterID (NS 3.2.4)."""
 
-    def __init__(self, resolve: Callable[[str], Any], saved: dict[str, str] | None = None) -> None:
+    def __init__(self, resolve: Callable[[str], Any], saved: dict[str, str] | None = None,
+                 local: Callable[[Any], Any] | None = None) -> None:
         self._resolve = resolve
+        self._local = local                         # ref -> in-process servant or None (evaluated without IIOP)
+        self._servants: dict[int, Any] = {}
         self._lock = threading.Lock()
         self._filters: dict[int, Any] = {}
         self._iors: dict[int, str] = {}
@@ -94,6 +97,7 @@ class FilterSet:
             if fid not in self._filters:
                 raise CosNotifyFilter.FilterNotFound()
             del self._filters[fid], self._iors[fid]
+            self._servants.pop(fid, None)
 
     def get(self, fid: int) -> Any:
         with self._lock:
@@ -109,6 +113,7 @@ class FilterSet:
         with self._lock:
             self._filters.clear()
             self._iors.clear()
+            self._servants.clear()
 
     def saved(self) -> dict[str, str]:
         with self._lock:
@@ -124,11 +129,23 @@ class FilterSet:
             self._filters[fid] = ref
         return ref
 
+    def _target(self, fid: int) -> Any:
+        """The filter to ask: its servant when it lives in this process (no IIOP), else its reference."""
+        if fid not in self._servants:
+            ref = self._ref(fid)
+            self._servants[fid] = self._local(ref) if self._local is not None else None
+        return self._servants[fid] or self._ref(fid)
+
     def any_match(self, event: Event) -> bool:
         """OR over the filters (NS 3.2.1.8-9); an unanswerable filter does not match."""
         with self._lock:
-            refs = [self._ref(fid) for fid in sorted(self._filters)]
+            refs = [self._target(fid) for fid in sorted(self._filters)]
         return any(_ask(f, event) for f in refs)
+
+    def targets(self) -> list[Any]:
+        """The filters to ask, in id order (servants for local filters)."""
+        with self._lock:
+            return [self._target(fid) for fid in sorted(self._filters)]
 
 
 def _ask(flt: Any, event: Event) -> bool:
@@ -170,11 +187,13 @@ class FilterMixin:
             raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
         fid = self.filters.add(new_filter, self.rt.ior(new_filter))
         self._persist_filters()
+        self._filters_changed()
         return fid
 
     def remove_filter(self, filter: int) -> None:  # noqa: A002 — IDL parameter name
         self.filters.remove(filter)
         self._persist_filters()
+        self._filters_changed()
 
     def get_filter(self, filter: int) -> Any:  # noqa: A002
         return self.filters.get(filter)
@@ -185,6 +204,14 @@ class FilterMixin:
     def remove_all_filters(self) -> None:
         self.filters.clear()
         self._persist_filters()
+        self._filters_changed()
+
+    def _filters_changed(self) -> None:
+        """Hook: consumer-side holders re-derive the channel's subscription aggregate (router.channel.sharing)."""
+        if getattr(self, "side", "") == "C" and getattr(self, "channel", None) is not None:
+            from router.channel.sharing import sharing_of
+
+            sharing_of(self.channel).changed()  # type: ignore[attr-defined]
 
 
 def ids_of(items: Iterable[Any]) -> list[int]:

@@ -39,18 +39,36 @@ class ProxyConsumerBase(ProxyBase):
         """Filters of this proxy consumer combined with its SupplierAdmin's (NS 2.3)."""
         return self.admin.admits(self.filters, event)
 
+    _inbound_ack: Any = None
+
     def _accept(self, events: list[Event]) -> None:
         if self.destroyed:
             raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
         if not self.connected:
             raise CosEventComm.Disconnected()
-        self.channel.route(self, events)
+        self._route_acked(events)
+
+    def _route_acked(self, events: list[Event]) -> None:
+        """Route; with a CosNotifyCommAck supplier, suppress duplicates and acknowledge (docs/ack.md)."""
+        if self._inbound_ack is None:
+            from router.channel.ack import InboundAck
+
+            self._inbound_ack = InboundAck(self)
+        if self._inbound_ack.active():
+            self._inbound_ack.accept(events, lambda evs: self.channel.route(self, evs))
+        else:
+            self.channel.route(self, events)
 
     def obtain_subscription_types(self, mode: Any) -> list[Any]:
-        return self._aggregate(self.channel.consumer_admins, mode)
+        from router.channel.sharing import sharing_of
+
+        return sharing_of(self.channel).obtain(self, "sub", mode)
 
     def offer_change(self, added: list[Any], removed: list[Any]) -> None:
+        from router.channel.sharing import sharing_of
+
         self.types.change(added, removed)
+        sharing_of(self.channel).changed()
 
 
 class PushConsumerMixin(ProxyConsumerBase):
@@ -98,7 +116,7 @@ class PullConsumerMixin(ProxyConsumerBase):
 
     def _route_pulled(self, events: list[Event]) -> None:
         try:
-            self.channel.route(self, events)
+            self._route_acked(events)
         except CORBA.BAD_QOS:
             log.error("proxy %s: supplier delivered event(s) with unusable QoS headers; not routed", self.oid)
         except CORBA.IMP_LIMIT:

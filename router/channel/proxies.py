@@ -70,7 +70,8 @@ class ProxyBase(QoSMixin, FilterMixin):
         self.suspended = row.suspended
         self.destroyed = False
         self.stop_event = threading.Event()
-        self.filters = FilterSet(self.rt.resolve, row.filters.get("forwarding"))
+        self.filters = FilterSet(self.rt.resolve, row.filters.get("forwarding"), local=self.rt.local_servant)
+        self.extra: dict[str, Any] = dict(row.extra or {})
         self.types = TypeSet()
         self.oid = proxy_oid(self.channel.id, self.side, admin.id, self.id)
         self.ref = self.rt.activate(self.oid, self)
@@ -93,6 +94,13 @@ class ProxyBase(QoSMixin, FilterMixin):
 
     def _update(self, **cols: Any) -> None:
         self.rt.store.update_proxy(self.channel.id, self.side, self.admin.id, self.id, **cols)
+
+    def save_extra(self, **items: Any) -> None:
+        """Merge ``items`` into the proxy's ``extra`` jsonb (mapping filters, acknowledgement state) and store it."""
+        with self._lock:                 # held across the write: stored snapshots never go backwards
+            self.extra.update(items)
+            if not self.destroyed:
+                self._update(extra=dict(self.extra))
 
     def validate_event_qos(self, required_qos: list[Any]) -> list[Any]:
         try:
@@ -172,6 +180,10 @@ class ProxyBase(QoSMixin, FilterMixin):
         self.rt.store.delete_proxy(self.channel.id, self.side, self.admin.id, self.id)
         self.admin.forget_proxy(self.id)
         self.rt.deactivate(self.oid)
+        if self.filters or self.types.types():
+            from router.channel.sharing import sharing_of
+
+            sharing_of(self.channel).changed()      # its subscriptions/offers leave the aggregate
 
     def _release_resources(self) -> None:
         self._wake()
@@ -219,8 +231,8 @@ class ProxySupplierBase(ProxyBase):
     def __init__(self, admin: Any, row: ProxyRow) -> None:
         super().__init__(admin, row)
         self.queue = ProxyQueue(*self._queue_policies(), on_drop=self._dropped)
-        self.priority_filter: Any = None
-        self.lifetime_filter: Any = None
+        self.priority_filter: Any = _restore_mapping(self.rt, self.extra.get("priority_filter"))
+        self.lifetime_filter: Any = _restore_mapping(self.rt, self.extra.get("lifetime_filter"))
 
     def _queue_policies(self) -> tuple[int, int, int]:
         q = self.qos
@@ -241,7 +253,21 @@ class ProxySupplierBase(ProxyBase):
         return self.connected and not self.destroyed and self.admin.passes(self.filters, event)
 
     def enqueue(self, record: Record) -> None:
-        self.queue.put(record)
+        self.queue.put(self._mapped(record))
+
+    def _mapped(self, record: Record) -> Record:
+        """Apply the priority/lifetime mapping filters (the proxy's own override its admin's, NS 2.3.1)."""
+        pf = _effective(self.priority_filter, getattr(self.admin, "priority_filter", None))
+        lf = _effective(self.lifetime_filter, getattr(self.admin, "lifetime_filter", None))
+        if pf is None and lf is None:
+            return record
+        from router.channel.filters import mapped_deadline, mapped_priority, proxy_view
+
+        priority = mapped_priority(self.rt, pf, record) if pf is not None else record.priority
+        deadline = mapped_deadline(self.rt, lf, record, time.time()) if lf is not None else record.deadline
+        if priority == record.priority and deadline == record.deadline:
+            return record
+        return proxy_view(record, priority, deadline)
 
     def _dropped(self, entries: list[Entry], reason: str) -> None:
         log.debug("proxy %s dropped %d event(s): %s", self.oid, len(entries), reason)
@@ -287,24 +313,31 @@ class ProxySupplierBase(ProxyBase):
             return as_structured(Event(Form.ANY, CORBA.Any(CORBA.TC_null, None)))
         return []
 
-    # -- mapping filters (stored; evaluation belongs to the filter service) ---------------------------------
+    # -- mapping filters (persisted in extra; applied by _mapped, NS 2.3.1) ---------------------------------
     def _get_priority_filter(self) -> Any:
         return self.priority_filter
 
     def _set_priority_filter(self, value: Any) -> None:
-        self.priority_filter = value
+        self.priority_filter = _nil_to_none(value)
+        self.save_extra(priority_filter=_ior_of(self.rt, self.priority_filter))
 
     def _get_lifetime_filter(self) -> Any:
         return self.lifetime_filter
 
     def _set_lifetime_filter(self, value: Any) -> None:
-        self.lifetime_filter = value
+        self.lifetime_filter = _nil_to_none(value)
+        self.save_extra(lifetime_filter=_ior_of(self.rt, self.lifetime_filter))
 
     def obtain_offered_types(self, mode: Any) -> list[Any]:
-        return self._aggregate(self.channel.supplier_admins, mode)
+        from router.channel.sharing import sharing_of
+
+        return sharing_of(self.channel).obtain(self, "offer", mode)
 
     def subscription_change(self, added: list[Any], removed: list[Any]) -> None:
+        from router.channel.sharing import sharing_of
+
         self.types.change(added, removed)
+        sharing_of(self.channel).changed()
 
 
 class PushSupplierMixin(ProxySupplierBase):
@@ -538,6 +571,31 @@ class SequenceProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__PO
 
     def disconnect_sequence_pull_supplier(self) -> None:
         self.client_disconnected()
+
+
+def _nil_to_none(ref: Any) -> Any:
+    return None if ref is None or CORBA.is_nil(ref) else ref
+
+
+def _effective(own: Any, admin: Any) -> Any:
+    """The proxy's own mapping filter, else its admin's; None when neither is set."""
+    return _nil_to_none(own) or _nil_to_none(admin)
+
+
+def _ior_of(rt: Any, ref: Any) -> str | None:
+    return None if ref is None else str(rt.ior(ref))
+
+
+def _restore_mapping(rt: Any, ior: str | None) -> Any:
+    if not ior:
+        return None
+    import CosNotifyFilter
+
+    try:
+        return rt.resolve(ior)._unchecked_narrow(CosNotifyFilter.MappingFilter)
+    except CORBA.Exception:
+        log.warning("could not restore a mapping filter reference")
+        return None
 
 
 def proxy_class(side: str, kind: str, es_style: bool = False) -> type:

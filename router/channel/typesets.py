@@ -21,7 +21,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_%*.:\-/ ]*$")
 
 def valid_name(name: str) -> bool:
     """A domain or type name as the channel accepts it (printable, no control characters)."""
-    return isinstance(name, str) and len(name) <= 256 and bool(_NAME.match(name))
+    return isinstance(name, str) and len(name) <= 256 and bool(_NAME.fullmatch(name))
 
 
 class TypeSet:

@@ -1,0 +1,606 @@
+"""Event acknowledgement (NJI 4.2): Ack proxy suppliers, acknowledging Ack suppliers, stopped-connection reports.
+
+Outbound (channel → consumer), :class:`AckState` plus the ``*SupplierAck`` servants:
+
+* A proxy supplier of structured or sequence form whose QoS ``DeliveryReliability`` is ``Acknowledgment`` when it
+  is created (inherited from its admin/channel, or restored from the store) is activated as the matching
+  ``CosNotifyChannelAdminAck::*ProxyP*SupplierAck`` servant; clients ``_narrow`` to that interface to call
+  ``acknowledge``.
+* Every event (structured) or batch (sequence, first event only) gets a ``SequenceNumber`` header (long) from a
+  per-connection counter: 0, 1, …, 2^31-1, 0, … The channel overwrites a SequenceNumber that came from upstream
+  (each hop is its own logical connection, NJI 4.2.5). The counter is reset only by a new connection; in nsjms a
+  disconnect destroys the proxy, so a new connection is a new proxy starting at 0.
+* A sent batch stays *in flight* until ``acknowledge`` names its number; only then are its stored queue rows
+  deleted. The in-flight numbers of persistent events and the counter are kept in the proxy's ``extra`` column
+  *before* the push, so after ``kill -9`` the same events are resent with the same numbers (the consumer
+  recognises them as duplicates).
+* Reliable Delivery Sequence: a push failing with a transient error is retried every ``RetryInterval``
+  (tenacity, interrupted by the proxy's stop event); a batch not acknowledged within ``RetryInterval`` is sent
+  again (pull: offered again). Both count against ``Retries`` per connection; a successful ``acknowledge`` resets
+  the count. When the count is exhausted the connection STOPS: nothing more is sent, nothing is dropped, the
+  failure is logged (ERROR), counted (OpenTelemetry counter ``nsjms.ack.connections_stopped``, meter
+  ``nsjms``, attributes ``nsjms.channel``/``nsjms.proxy``) and listed by ``nsjms status`` and the node's status
+  object. ``resume_connection`` on the proxy is the operator's reset: it clears
+  the flag and the retry count and resends the in-flight events with their original numbers.
+
+Inbound (supplier → channel), :class:`InboundAck`: a proxy consumer whose DeliveryReliability is Acknowledgment
+and whose connected supplier is a ``CosNotifyCommAck`` supplier acknowledges each event (or batch) by its
+SequenceNumber once the channel has queued and, if persistent, stored it; a number seen before on that
+connection is a duplicate: acknowledged again, not routed again.
+
+Status: :class:`ConnectionStatusImpl` is activated in the INS POA under ``NsjmsStatus``
+(``corbaloc::HOST:PORT/NsjmsStatus``) as a ``CosNotification::QoSAdmin``; ``get_qos()`` lists one property per
+stopped connection (name = proxy object id, value = the reason, a string).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import omniORB
+import tenacity
+from omniORB import CORBA
+
+import CosEventComm
+import CosNotification
+import CosNotification__POA
+
+from idl.generated import CosNotifyChannelAdminAck__POA, CosNotifyCommAck
+from router.channel import qos as Q
+from router.channel.events import Form
+from router.channel.proxies import (
+    _TRANSIENT, PullSupplierMixin, PushSupplierMixin, SequenceProxyPullSupplierImpl, SequenceProxyPushSupplierImpl,
+    StructuredProxyPullSupplierImpl, StructuredProxyPushSupplierImpl)
+from router.channel.queue import Entry, order_key
+
+__all__ = ["AckState", "ConnectionStatusImpl", "InboundAck", "STATUS_KEY", "SN_LIMIT", "ack_class_for",
+           "activate_status", "next_sn", "with_sequence_number", "sequence_number_of"]
+
+log = logging.getLogger("nsjms.ack")
+
+STATUS_KEY = "NsjmsStatus"
+SN_LIMIT = 2**31 - 1            # SequenceNumber range 0..2^31-1; the value after SN_LIMIT is 0
+WINDOW = 64                     # batches in flight per connection before the proxy waits for acknowledgements
+_IDLE = 0.5
+_TIMET = 10_000_000
+
+
+def next_sn(sn: int) -> int:
+    return 0 if sn >= SN_LIMIT else sn + 1
+
+
+def ack_enabled(qos: dict[str, Any]) -> bool:
+    return int(qos.get(Q.DELIVERY_RELIABILITY, Q.ACK_NONE)) == Q.ACK_ACKNOWLEDGMENT
+
+
+def retry_policy(qos: dict[str, Any]) -> tuple[int, float]:
+    """(Retries, RetryInterval in seconds) of a proxy's effective QoS."""
+    return int(qos.get(Q.RETRIES, 3)), int(qos.get(Q.RETRY_INTERVAL, _TIMET)) / _TIMET
+
+
+# -- SequenceNumber header ---------------------------------------------------------------------------------
+def with_sequence_number(event: Any, sn: int) -> Any:
+    """A copy of a StructuredEvent whose variable header carries ``SequenceNumber = sn`` (any old one replaced)."""
+    header = event.header
+    variable = [p for p in header.variable_header if p.name != Q.SEQUENCE_NUMBER]
+    variable.append(CosNotification.Property(Q.SEQUENCE_NUMBER, CORBA.Any(CORBA.TC_long, sn)))
+    new_header = CosNotification.EventHeader(header.fixed_header, variable)
+    return CosNotification.StructuredEvent(new_header, event.filterable_data, event.remainder_of_body)
+
+
+def sequence_number_of(event: Any) -> int | None:
+    for p in event.header.variable_header:
+        if p.name == Q.SEQUENCE_NUMBER:
+            try:
+                value = p.value.value()
+            except (AttributeError, CORBA.Exception):
+                return None
+            return int(value) if isinstance(value, int) and 0 <= value <= SN_LIMIT else None
+    return None
+
+
+# -- operator-visible status -------------------------------------------------------------------------------
+class ConnectionStatusImpl(CosNotification__POA.QoSAdmin):
+    """Stopped logical connections of this node, readable with ``get_qos`` (name = proxy oid, value = reason)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.stopped: dict[str, str] = {}
+
+    def report(self, oid: str, reason: str) -> None:
+        with self._lock:
+            self.stopped[oid] = reason
+
+    def clear(self, oid: str) -> None:
+        with self._lock:
+            self.stopped.pop(oid, None)
+
+    def get_qos(self) -> list[Any]:
+        with self._lock:
+            items = sorted(self.stopped.items())
+        return [CosNotification.Property(k, CORBA.Any(CORBA.TC_string, v)) for k, v in items]
+
+    def set_qos(self, qos: list[Any]) -> None:
+        raise CORBA.NO_PERMISSION(0, CORBA.COMPLETED_NO)
+
+    def validate_qos(self, required_qos: list[Any]) -> list[Any]:
+        return []
+
+
+def activate_status(rt: Any) -> ConnectionStatusImpl:
+    servant = ConnectionStatusImpl()
+    rt.ins_poa.activate_object_with_id(STATUS_KEY.encode(), servant)
+    rt.connection_status = servant
+    return servant
+
+
+def _status(rt: Any) -> ConnectionStatusImpl | None:
+    return getattr(rt, "connection_status", None)
+
+
+@functools.lru_cache(maxsize=1)
+def _stopped_counter() -> Any:
+    """Created on first use, so a meter provider configured by the CLI after import is used."""
+    from opentelemetry import metrics
+
+    from router.telemetry import NAME
+
+    return metrics.get_meter(NAME).create_counter(
+        "nsjms.ack.connections_stopped", unit="{connection}",
+        description="Logical connections stopped because the acknowledgement retries ran out (NJI 4.2.7.3)")
+
+
+# -- outbound state ----------------------------------------------------------------------------------------
+@dataclass
+class Pending:
+    """One event or batch sent (or about to be sent) under a SequenceNumber, waiting for its acknowledgement."""
+
+    sn: int
+    entries: list[Entry]
+    sent_at: float = 0.0            # 0: never sent in this process (due at once)
+    order: int = 0
+
+
+@dataclass
+class AckState:
+    """Per-connection acknowledgement bookkeeping of one proxy supplier (thread-safe through ``lock``)."""
+
+    next: int = 0
+    stopped: str = ""
+    retry_count: int = 0
+    inflight: dict[int, Pending] = field(default_factory=dict)
+    restored: dict[int, int] = field(default_factory=dict)      # event db id -> SN, from before a restart
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _order: int = 0
+
+    @classmethod
+    def load(cls, saved: dict[str, Any] | None) -> "AckState":
+        saved = saved or {}
+        restored = {int(eid): int(sn) for sn, eids in (saved.get("inflight") or {}).items() for eid in eids}
+        return cls(next=int(saved.get("next", 0)), stopped=str(saved.get("stopped", "")), restored=restored)
+
+    def to_json(self) -> dict[str, Any]:
+        inflight = {str(p.sn): [e.record.db_id for e in p.entries if e.record.db_id is not None]
+                    for p in self.inflight.values()}
+        return {"next": self.next, "stopped": self.stopped, "inflight": {k: v for k, v in inflight.items() if v}}
+
+    def open(self, entries: list[Entry], now: float) -> Pending:
+        with self.lock:
+            sn, self.next = self.next, next_sn(self.next)
+            self._order += 1
+            p = Pending(sn, entries, now, self._order)
+            self.inflight[sn] = p
+            return p
+
+    def adopt(self, entry: Entry) -> bool:
+        """Put a restored entry back in flight under its old SequenceNumber; False if it was not in flight."""
+        sn = self.restored.pop(entry.record.db_id, None) if entry.record.db_id is not None else None
+        if sn is None:
+            return False
+        with self.lock:
+            p = self.inflight.get(sn)
+            if p is None:
+                self._order += 1
+                p = self.inflight[sn] = Pending(sn, [], 0.0, self._order)
+            p.entries.append(entry)
+        return True
+
+    def acknowledge(self, sns: list[int]) -> list[Entry]:
+        with self.lock:
+            done = [self.inflight.pop(sn) for sn in dict.fromkeys(sns) if sn in self.inflight]
+            if done:
+                self.retry_count = 0
+        return [e for p in done for e in p.entries]
+
+    def overdue(self, now: float, interval: float) -> list[Pending]:
+        with self.lock:
+            return sorted((p for p in self.inflight.values() if p.sent_at + interval <= now), key=lambda p: p.order)
+
+    def next_due(self, interval: float) -> float | None:
+        with self.lock:
+            return min((p.sent_at + interval for p in self.inflight.values()), default=None)
+
+    def room(self) -> bool:
+        with self.lock:
+            return len(self.inflight) < WINDOW
+
+    def drain(self) -> list[Entry]:
+        with self.lock:
+            rest = [e for p in self.inflight.values() for e in p.entries]
+            self.inflight.clear()
+        return rest
+
+
+class _AckSupplierMixin:
+    """acknowledge, SequenceNumber headers, stop/reset, persistence — shared by push and pull Ack proxies."""
+
+    ack: AckState
+
+    def _init_ack(self) -> None:
+        self.ack = AckState.load(self.extra.get("ack"))  # type: ignore[attr-defined]
+        self._tls = threading.local()
+
+    def enqueue(self, record: Any) -> None:
+        if self.ack.restored and record.db_id in self.ack.restored:
+            record.hold()
+            if self.ack.adopt(Entry(record, order_key(self.queue.order_policy, record))):  # type: ignore[attr-defined]
+                return
+            record.release()
+        super().enqueue(record)  # type: ignore[misc]
+
+    def start(self) -> None:
+        if self.ack.stopped and _status(self.rt) is not None:  # type: ignore[attr-defined]
+            _status(self.rt).report(self.oid, self.ack.stopped)  # type: ignore[attr-defined,union-attr]
+        super().start()  # type: ignore[misc]
+
+    def status_extra(self) -> dict[str, Any]:
+        """Extra fields of this proxy in ``nsjms status`` (router.server snapshot): acknowledgement state."""
+        with self.ack.lock:
+            extra: dict[str, Any] = {"in_flight": len(self.ack.inflight), "retries_used": self.ack.retry_count}
+            if self.ack.stopped:
+                extra["STOPPED"] = repr(self.ack.stopped) + " (reset with resume_connection)"
+        return extra
+
+    def _save_ack(self) -> None:
+        with self.ack.lock:
+            state = self.ack.to_json()
+        self.save_extra(ack=state)  # type: ignore[attr-defined]
+
+    def _policy(self) -> tuple[int, float]:
+        return retry_policy(self.qos)  # type: ignore[attr-defined]
+
+    # -- IDL ------------------------------------------------------------------------------------------
+    def acknowledge(self, sequence_numbers: list[int]) -> None:
+        self._check_alive()  # type: ignore[attr-defined]
+        done = self.ack.acknowledge(list(sequence_numbers))
+        if done:
+            self._finish(done)  # type: ignore[attr-defined]
+            self._save_ack()
+        self._wake()  # type: ignore[attr-defined]
+
+    def resume_connection(self) -> None:
+        """Also the operator's reset of a connection stopped by exhausted retries (NJI 4.2.7.3, scheme 1)."""
+        if not self.ack.stopped:
+            super().resume_connection()  # type: ignore[misc]
+            return
+        with self.ack.lock:
+            self.ack.stopped, self.ack.retry_count = "", 0
+            for p in self.ack.inflight.values():
+                p.sent_at = 0.0
+        self._save_ack()
+        status = _status(self.rt)  # type: ignore[attr-defined]
+        if status is not None:
+            status.clear(self.oid)  # type: ignore[attr-defined]
+        log.warning("proxy %s: stopped connection reset by the operator; resending in-flight events",
+                    self.oid)  # type: ignore[attr-defined]
+        self._wake()  # type: ignore[attr-defined]
+
+    def _stop_connection(self, reason: str) -> None:
+        with self.ack.lock:
+            if self.ack.stopped:
+                return
+            self.ack.stopped = reason
+        self._save_ack()
+        log.error("proxy %s: logical connection STOPPED: %s; events stay queued until resume_connection",
+                  self.oid, reason)  # type: ignore[attr-defined]
+        status = _status(self.rt)  # type: ignore[attr-defined]
+        if status is not None:
+            status.report(self.oid, reason)  # type: ignore[attr-defined]
+        from router.telemetry import A
+
+        _stopped_counter().add(1, {A.CHANNEL: self.channel.id, A.PROXY: self.oid})  # type: ignore[attr-defined]
+
+    def _count_retry(self) -> bool:
+        """One more retry on this connection; False (and the connection stopped) if Retries are exhausted."""
+        retries, _ = self._policy()
+        with self.ack.lock:
+            exhausted = self.ack.retry_count >= retries
+            if not exhausted:
+                self.ack.retry_count += 1
+        if exhausted:
+            self._stop_connection(f"no acknowledgement after {retries} retries")
+        return not exhausted
+
+    def convert(self, entries: list[Entry]) -> Any:
+        value = super().convert(entries)  # type: ignore[misc]
+        sn = getattr(self._tls, "sn", None)
+        if sn is None:
+            return value
+        if isinstance(value, list):
+            return [with_sequence_number(value[0], sn), *value[1:]] if value else value
+        return with_sequence_number(value, sn)
+
+    def _release_resources(self) -> None:
+        for e in self.ack.drain():
+            e.record.release()
+        super()._release_resources()  # type: ignore[misc]
+
+
+class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
+    """Push with acknowledgements: a window of in-flight batches, resent after RetryInterval without an ack."""
+
+    def __init__(self, admin: Any, row: Any) -> None:
+        super().__init__(admin, row)
+        self._init_ack()
+
+    def _push_loop(self) -> None:
+        since: float | None = None
+        while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
+            if self.ack.stopped or self.suspended or not self.connected:
+                self.queue.wait(_IDLE)
+                continue
+            outcome, since = self._step(since)
+            if outcome == "gone":
+                return
+
+    def _step(self, since: float | None) -> tuple[str, float | None]:
+        _, interval = self._policy()
+        overdue = self.ack.overdue(time.time(), interval)
+        if overdue:
+            fresh = [p for p in overdue if p.sent_at == 0.0]
+            if len(fresh) < len(overdue) and not self._count_retry():
+                return "stopped", since
+            return self._send_all(overdue), since
+        if self.ack.room():
+            n, since = self._ready(since)
+            entries = self.queue.take(n) if n else []
+            if entries:
+                p = self.ack.open(entries, 0.0)
+                if any(e.record.db_id is not None for e in entries):
+                    self._save_ack()                 # the number is on disk before the consumer can see it
+                return self._send_all([p]), since
+        self.queue.wait(self._ack_wait(interval, since))
+        return "idle", since
+
+    def _ack_wait(self, interval: float, since: float | None) -> float:
+        wait = self._idle_wait(since) if self.ack.room() else _IDLE
+        due = self.ack.next_due(interval)
+        return max(0.001, min(wait, due - time.time())) if due is not None else wait
+
+    def _send_all(self, pendings: list[Pending]) -> str:
+        for p in pendings:
+            outcome = self._send(p)
+            if outcome != "ok":
+                return outcome
+        return "ok"
+
+    def _send(self, p: Pending) -> str:
+        """Push one batch under its number; transient failures are retried every RetryInterval (tenacity)."""
+        retries, interval = self._policy()
+        try:
+            self._retrying(interval)(self._push_once, p)
+        except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
+            log.info("proxy %s: consumer gone (%s); disconnecting", self.oid, type(exc).__name__)
+            self.teardown(notify_client=False)
+            return "gone"
+        except _Exhausted:
+            return "stopped"
+        except CORBA.Exception as exc:
+            log.warning("proxy %s: push of SequenceNumber %d failed (%s)", self.oid, p.sn, exc)
+        p.sent_at = time.time()
+        return "ok"
+
+    def _retrying(self, interval: float) -> tenacity.Retrying:
+        stop_event = self.stop_event
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            if not self._count_retry():
+                raise _Exhausted()
+
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_TRANSIENT),
+            stop=lambda state: stop_event.is_set() or bool(self.ack.stopped),
+            wait=tenacity.wait_fixed(interval),
+            sleep=lambda seconds: stop_event.wait(seconds) and None,
+            before_sleep=before_sleep,
+            reraise=True)
+
+    def _push_once(self, p: Pending) -> None:
+        client = self.client_ref()
+        if client is None:
+            raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+        omniORB.setClientCallTimeout(client, self.rt.push_timeout_ms)
+        self._tls.sn = p.sn
+        try:
+            value = self.convert(p.entries)
+        finally:
+            self._tls.sn = None
+        getattr(client, self.push_op)(value)
+
+
+class _Exhausted(Exception):
+    """Retries ran out inside a tenacity loop (the connection is already stopped)."""
+
+
+class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
+    """Pull with acknowledgements: pulled batches stay in flight and are offered again after RetryInterval."""
+
+    def __init__(self, admin: Any, row: Any) -> None:
+        super().__init__(admin, row)
+        self._init_ack()
+
+    def _confirm_previous(self) -> None:
+        """Acknowledgements, not the next pull, confirm delivery here."""
+
+    def _handed_out(self, entries: list[Entry]) -> None:
+        """Nothing to do: entries are tracked in flight by :meth:`_next_batch`."""
+
+    def _next_batch(self, n: int) -> list[Entry]:
+        self._tls.sn = None
+        if self.suspended or self.ack.stopped:
+            return []
+        _, interval = self._policy()
+        overdue = self.ack.overdue(time.time(), interval)
+        if overdue:
+            p = overdue[0]
+            if p.sent_at != 0.0 and not self._count_retry():
+                return []
+        elif self.ack.room():
+            entries = self.queue.take(n)
+            if not entries:
+                return []
+            p = self.ack.open(entries, 0.0)
+            if any(e.record.db_id is not None for e in entries):
+                self._save_ack()
+        else:
+            return []
+        p.sent_at = time.time()
+        self._tls.sn = p.sn
+        return p.entries
+
+    def _try_take(self, n: int) -> list[Entry]:
+        self._check_pullable()
+        return self._next_batch(n)
+
+    def _blocking_take(self, want: Callable[[], int]) -> list[Entry]:
+        while True:
+            self._check_pullable()
+            if self.rt.shutting_down.is_set():
+                raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+            entries = self._next_batch(want())
+            if entries:
+                return entries
+            _, interval = self._policy()
+            due = self.ack.next_due(interval)
+            self.queue.wait(_IDLE if due is None else max(0.001, min(_IDLE, due - time.time())))
+
+
+# -- concrete Ack servants ---------------------------------------------------------------------------------
+class StructuredProxyPushSupplierAckImpl(AckPushMixin, StructuredProxyPushSupplierImpl,
+                                         CosNotifyChannelAdminAck__POA.StructuredProxyPushSupplierAck):
+    pass
+
+
+class SequenceProxyPushSupplierAckImpl(AckPushMixin, SequenceProxyPushSupplierImpl,
+                                       CosNotifyChannelAdminAck__POA.SequenceProxyPushSupplierAck):
+    pass
+
+
+class StructuredProxyPullSupplierAckImpl(AckPullMixin, StructuredProxyPullSupplierImpl,
+                                         CosNotifyChannelAdminAck__POA.StructuredProxyPullSupplierAck):
+    pass
+
+
+class SequenceProxyPullSupplierAckImpl(AckPullMixin, SequenceProxyPullSupplierImpl,
+                                       CosNotifyChannelAdminAck__POA.SequenceProxyPullSupplierAck):
+    pass
+
+
+ACK_SUPPLIER_CLASSES: dict[str, type] = {
+    "PUSH_STRUCTURED": StructuredProxyPushSupplierAckImpl,
+    "PUSH_SEQUENCE": SequenceProxyPushSupplierAckImpl,
+    "PULL_STRUCTURED": StructuredProxyPullSupplierAckImpl,
+    "PULL_SEQUENCE": SequenceProxyPullSupplierAckImpl,
+}
+
+
+def ack_class_for(side: str, kind: str, es_style: bool, qos: dict[str, Any]) -> type | None:
+    """The Ack servant class for a proxy supplier created with DeliveryReliability=Acknowledgment, else None."""
+    if side != "C" or es_style or not ack_enabled(qos):
+        return None
+    return ACK_SUPPLIER_CLASSES.get(kind)
+
+
+# -- inbound: the channel acknowledges CosNotifyCommAck suppliers -------------------------------------------
+_ACK_SUPPLIER_IFACES = {
+    "PUSH_STRUCTURED": CosNotifyCommAck.StructuredPushSupplierAck,
+    "PUSH_SEQUENCE": CosNotifyCommAck.SequencePushSupplierAck,
+    "PULL_STRUCTURED": CosNotifyCommAck.StructuredPullSupplierAck,
+    "PULL_SEQUENCE": CosNotifyCommAck.SequencePullSupplierAck,
+}
+_SEEN = 4096
+
+
+class InboundAck:
+    """Duplicate suppression and acknowledgement towards one Ack supplier (one per proxy consumer)."""
+
+    def __init__(self, proxy: Any) -> None:
+        self.proxy = proxy
+        self._lock = threading.Lock()
+        saved = proxy.extra.get("ack_in") or {}
+        self._seen: deque[int] = deque(saved.get("seen", []), maxlen=_SEEN)
+        self._seen_set = set(self._seen)
+        self._ack_ref: Any = None
+        self._probed = False
+
+    def active(self) -> bool:
+        """DeliveryReliability=Acknowledgment on the proxy and a CosNotifyCommAck supplier connected."""
+        if not ack_enabled(self.proxy.qos):
+            return False
+        if not self._probed:
+            self._ack_ref = self._probe()
+            self._probed = True
+        return self._ack_ref is not None
+
+    def _probe(self) -> Any:
+        iface = _ACK_SUPPLIER_IFACES.get(self.proxy.kind)
+        try:
+            client = self.proxy.client_ref()
+            if iface is None or client is None or not client._is_a(iface._NP_RepositoryId):
+                return None
+            return client._unchecked_narrow(iface)
+        except CORBA.Exception as exc:
+            log.info("proxy %s: cannot tell whether the supplier acknowledges (%s)", self.proxy.oid, exc)
+            return None
+
+    def accept(self, events: list[Any], route: Callable[[list[Any]], None]) -> None:
+        """Route ``events`` unless their SequenceNumber was seen; then acknowledge it to the supplier."""
+        sn = sequence_number_of(events[0].value) if events and events[0].form is Form.STRUCTURED else None
+        if sn is None:
+            route(events)
+            return
+        with self._lock:
+            duplicate = sn in self._seen_set
+        if duplicate:
+            log.info("proxy %s: duplicate SequenceNumber %d from the supplier; not routed again", self.proxy.oid, sn)
+        else:
+            route(events)
+            self._remember(sn)
+        self._acknowledge([sn])
+
+    def _remember(self, sn: int) -> None:
+        with self._lock:
+            if len(self._seen) == self._seen.maxlen:
+                self._seen_set.discard(self._seen[0])
+            self._seen.append(sn)
+            self._seen_set.add(sn)
+            recent = list(self._seen)[-256:]
+        self.proxy.save_extra(ack_in={"seen": recent})
+
+    def _acknowledge(self, sns: list[int]) -> None:
+        client = self._ack_ref
+
+        def call() -> None:
+            try:
+                omniORB.setClientCallTimeout(client, 5000)
+                client.acknowledge(sns)
+            except CORBA.Exception as exc:
+                log.info("proxy %s: acknowledge %s to the supplier failed: %s", self.proxy.oid, sns, exc)
+
+        self.proxy.rt.spawn(f"ack-{self.proxy.oid}", call)
