@@ -171,7 +171,8 @@ class ClientOrb:
 def client_orb() -> Iterator[ClientOrb]:
     """One ORB for the test process (127.0.0.1 endpoint, bounded client calls), RootPOA activated."""
     args = ["-ORBendPoint", "giop:tcp:127.0.0.1:",
-            "-ORBclientCallTimeOutPeriod", str(CLIENT_CALL_TIMEOUT_MS)]
+            "-ORBclientCallTimeOutPeriod", str(CLIENT_CALL_TIMEOUT_MS),
+            "-ORBnativeCharCodeSet", "UTF-8"]  # like the server: IDL strings carry any Unicode (JMS text bodies)
     orb = CORBA.ORB_init(args, CORBA.ORB_ID)
     poa = orb.resolve_initial_references("RootPOA")
     poa._get_the_POAManager().activate()
