@@ -108,10 +108,11 @@ class Node:
         self.runtime.start_reaper()
         self.factory = EventChannelFactoryImpl(self.runtime)
         self.factory.activate()
-        self.factory.restore()
+        # Bridges' endpoint servants must be active before the channel restores: its dispatchers start at once and
+        # push to them; a call to an object id that is not active yet fails with OBJECT_NOT_EXIST (measured), which
+        # a proxy takes as "consumer gone". Bridge restore only activates servants; it does not touch channels.
         self._build_bridges()
-        # Bridges' endpoint servants are active before the POAs: channel dispatchers restored above may already be
-        # calling them, and are held (not refused) until here.
+        self.factory.restore()
         self.runtime.poa._get_the_POAManager().activate()
         self.runtime.ins_poa._get_the_POAManager().activate()
         self.bridges.resume()
@@ -185,6 +186,11 @@ class Node:
     def _status_loop(self) -> None:
         path = self.s.state_dir / "status.json"
         while not self._stopped.wait(2.0):
+            for channel in list(self.factory.channels.values()):
+                try:
+                    channel.sweep_expired()
+                except Exception:  # noqa: BLE001 — retried at the next tick
+                    log.warning("sweeping expired events of channel %d failed", channel.id, exc_info=True)
             try:
                 write_endpoints(path, self.snapshot())
             except Exception:  # noqa: BLE001 — status is best effort; the node keeps running

@@ -167,6 +167,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         self.flow_out: F.ChannelToJms | None = None
         self.flow_in: F.JmsToChannel | None = None
         self._reconnecting = False
+        self._warned_best_effort = False
         self.tx_events = int(row.settings.get("tx_events", 0))
         self.tx_timeout = int(row.settings.get("tx_timeout", 0))
         self._tx_started = 0.0
@@ -191,7 +192,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
                 return (F.SequencePushReceiver if seq else F.StructuredPushReceiver)(self.flow_out)
             cls = F.SequencePullReceiver if seq else F.StructuredPullReceiver
             return cls(self.flow_out, None, self._pacing_s(), self.stop_event)
-        self.flow_in = F.JmsToChannel(self, _LazyTransport(self), jms_to_event, self.dead_letter, self._subscribe)
+        self.flow_in = F.JmsToChannel(self, _LazyTransport(self), self._to_event, self.dead_letter, self._subscribe)
         if self.channel_spec.style == "PUSH":
             cls2 = F.SequencePushSenderServant if seq else F.PushSenderServant
             return cls2(self.channel_disconnected)
@@ -204,6 +205,23 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
         message_to_stomp(msg)
         return msg
+
+    def _to_event(self, msg: Any) -> Any:
+        """NJI 2.4.1 mapping; into a BestEffort channel the EventReliability header is left out, because the
+        channel would refuse Persistent events (NS 2.5.5.1) and JMS producers send PERSISTENT by default. Such a
+        bridge is at-most-once across a node crash; docs/bridge.md says so, and the first occurrence is logged."""
+        event = jms_to_event(msg)
+        if self._connection_persistent():
+            return event
+        header = event.header.variable_header
+        kept = [p for p in header if p.name != CosNotification.EventReliability]
+        if len(kept) != len(header):
+            if not self._warned_best_effort:
+                self._warned_best_effort = True
+                log.warning("bridge %d: channel %s is BestEffort; persistent JMS messages become BestEffort events",
+                            self.id, self.channel_spec.channel_id)
+            event.header.variable_header = kept
+        return event
 
     def _pacing_s(self) -> float:
         return float(self.row.settings.get("pacing_s", 0.0))
@@ -347,7 +365,9 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         self.channel_ok = True
 
     def _start_workers(self) -> None:
-        self.stop_event.clear()
+        # A fresh event per start: a worker of the previous start that is still finishing a call keeps its own
+        # (set) event and exits, instead of being revived next to the new one.
+        self.stop_event = threading.Event()
         if self.to_jms_direction:
             if self.channel_spec.style == "PULL":
                 self.endpoint_servant.proxy = self.proxy

@@ -33,7 +33,7 @@ import CosNotifyComm__POA
 
 from router import telemetry
 from router.jms.model import BodyType, Destination, JmsMessage, Typed, JmsType
-from router.jms.transport import (BrokerUnavailable, Delivery, LocalProtocolError, Transport, TransportError)
+from router.jms.transport import (BrokerError, BrokerUnavailable, Delivery, LocalProtocolError, Transport, TransportError)
 
 __all__ = ["ChannelToJms", "JmsToChannel", "DeadLetter", "DEFAULT_DLQ"]
 
@@ -113,11 +113,26 @@ class ChannelToJms:
             return
         batch = self.bridge.transaction_events()
         if len(messages) == 1 and batch <= 1:
-            self.transport.send(self.destination, messages[0], receipt=True)
+            self._send_one(messages[0])
             return
-        step = max(batch, len(messages)) if batch > 1 else len(messages)
+        step = batch if batch > 1 else len(messages)     # TransactionEvents caps a transaction's size
         for i in range(0, len(messages), step):
-            self._send_transaction(messages[i:i + step])
+            chunk = messages[i:i + step]
+            try:
+                self._send_transaction(chunk)
+            except BrokerError:                          # one message refused: find it, keep the rest
+                for msg in chunk:
+                    self._send_one(msg)
+
+    def _send_one(self, msg: JmsMessage) -> None:
+        """A message the broker refuses with an ERROR frame would be refused again: dead-letter it (the bridge
+        must not stall on it). Connection problems propagate: the event stays in the channel."""
+        try:
+            self.transport.send(self.destination, msg, receipt=True)
+        except BrokerError as exc:
+            from router.mapping.stomp_body import message_to_stomp
+
+            self.dead_letter.send(message_to_stomp(msg).body, f"broker refused the message: {exc}", "event")
 
     def _send_transaction(self, chunk: list[JmsMessage]) -> None:
         tx = self.transport.begin()
@@ -177,40 +192,44 @@ class SequencePushReceiver(_PushReceiverMixin, CosNotifyComm__POA.SequencePushCo
 
 
 class _PullReceiverBase:
-    """Endpoint receiver pulling from the channel, paced by the endpoint's PacingInterval."""
+    """Endpoint receiver pulling from the channel, paced by the endpoint's PacingInterval.
+
+    A batch that could not be sent is kept on the object (not in the worker), so after a stop/start it is sent
+    before anything new is pulled: the channel confirms a pulled batch when the next pull arrives."""
 
     def __init__(self, flow: ChannelToJms, proxy: Any, pacing_s: float, stop: threading.Event) -> None:
         self.flow = flow
         self.proxy = proxy
         self.pacing_s = pacing_s
         self.stop = stop
+        self.pending: list[Any] = []
 
     def run(self) -> None:
+        stop = self.stop                 # this worker's generation; a restart gets a new event
         backoff = 0.05
-        pending: list[Any] = []
-        while not self.stop.is_set():
-            if not pending:
+        while not stop.is_set():
+            if not self.pending:
                 try:
-                    pending = self.pull()
+                    self.pending = self.pull()
                 except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST):
                     self.flow.bridge.channel_disconnected()
                     return
                 except CORBA.Exception as exc:
                     log.warning("bridge: pull from the channel failed: %s", exc)
-                    self.stop.wait(backoff)
+                    stop.wait(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF)
                     continue
-                if not pending:
-                    self.stop.wait(self.pacing_s or 0.05)
+                if not self.pending:
+                    stop.wait(self.pacing_s or 0.05)
                     continue
             try:
-                self.flow.forward(pending)
-            except TransportError as exc:   # keep the batch, send it again: nothing is pulled meanwhile
+                self.flow.forward(self.pending)
+            except Exception as exc:  # noqa: BLE001 — keep the batch and send it again, pull nothing meanwhile
                 self.flow.bridge.note_broker_problem(exc)
-                self.stop.wait(backoff)
+                stop.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
                 continue
-            pending, backoff = [], 0.05
+            self.pending, backoff = [], 0.05
 
     def pull(self) -> list[Any]:
         raise NotImplementedError
@@ -284,6 +303,9 @@ class JmsToChannel:
         or refused to the broker's own DLQ)."""
         from router.mapping.errors import MappingError
 
+        if delivery.decode_error is not None:
+            self.reject(delivery, f"undecodable STOMP frame: {delivery.decode_error}")
+            return None
         if untransportable(delivery):
             self.refuse(delivery)
             return None
@@ -305,8 +327,9 @@ class JmsToChannel:
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         """Acks go without a receipt (ActiveMQ answers an ACK receipt only after ~10 ms; without one: ~6,000/s).
         A lost ack is harmless: the broker redelivers and :meth:`seen` recognises the message."""
-        for d in deliveries:
+        for d in deliveries:            # all remembered first: a failed ack must not leave later ones unknown
             self.remember(d)
+        for d in deliveries:
             self.transport.ack(d, receipt=False)
         telemetry.bridge_moved(self.bridge.id, len(deliveries), "from_jms")
 
@@ -346,6 +369,10 @@ class PushSenderLoop:
             except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST):
                 self.flow.bridge.channel_disconnected()
                 return
+            except Exception:  # noqa: BLE001 — the worker must survive; un-acked deliveries come back from the broker
+                log.exception("bridge %d: receive loop failed; continuing", self.flow.bridge.id)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
 
     def _collect(self) -> list[tuple[Delivery, Any]]:
         got: list[tuple[Delivery, Any]] = []
@@ -391,7 +418,9 @@ class PushSenderLoop:
                 log.info("bridge %d: channel full; waiting", self.flow.bridge.id)
                 self.stop.wait(0.5)
                 continue
-            except (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.TIMEOUT) as exc:
+            except CORBA.OBJECT_NOT_EXIST:
+                raise
+            except CORBA.SystemException as exc:     # TRANSIENT, a database failure surfacing as UNKNOWN, ...
                 log.warning("bridge %d: push into the channel failed (%s); retrying", self.flow.bridge.id, exc)
                 self.stop.wait(0.5)
                 continue
@@ -400,15 +429,24 @@ class PushSenderLoop:
             return
 
     def _push_one_by_one(self, got: list[tuple[Delivery, Any]]) -> None:
-        """A batch had an event with unusable QoS: find it, dead-letter it, forward the rest."""
+        """A batch had an event with unusable QoS: find it, dead-letter it, forward the rest (each retried like a
+        batch while the channel is full or failing)."""
         for delivery, event in got:
-            try:
-                self.proxy.push_structured_event(event)
-            except CORBA.BAD_QOS:
-                self.flow.reject(delivery, "the channel rejected the event's QoS (BAD_QOS)")
-                continue
-            self.flow.ack([delivery])
-            self.flow.forwarded += 1
+            while not self.stop.is_set():
+                try:
+                    self.proxy.push_structured_event(event)
+                except CORBA.BAD_QOS:
+                    self.flow.reject(delivery, "the channel rejected the event's QoS (BAD_QOS)")
+                    break
+                except CORBA.OBJECT_NOT_EXIST:
+                    raise
+                except CORBA.SystemException as exc:       # IMP_LIMIT, TRANSIENT, UNKNOWN, ...
+                    log.info("bridge %d: push into the channel failed (%s); retrying", self.flow.bridge.id, exc)
+                    self.stop.wait(0.5)
+                    continue
+                self.flow.ack([delivery])
+                self.flow.forwarded += 1
+                break
 
 
 class _PullSenderBase:

@@ -445,11 +445,9 @@ class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
         super().__init__(admin, row)
         self._init_ack()
 
-    def _confirm_previous(self) -> None:
-        """Acknowledgements, not the next pull, confirm delivery here."""
-
     def _handed_out(self, entries: list[Entry]) -> None:
-        """Nothing to do: entries are tracked in flight by :meth:`_next_batch`."""
+        """Nothing to confirm by the next pull: acknowledgements confirm delivery, and entries are tracked in
+        flight by :meth:`_next_batch`."""
 
     def _next_batch(self, n: int) -> list[Entry]:
         self._tls.sn = None

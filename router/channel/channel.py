@@ -166,12 +166,13 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
                              on_released=self.released)
                 by_event[q.event_id] = rec
                 self.records[rec.seq] = rec
+                rec.hold()          # until every row is queued: a discard must not release it half-way
             proxy = self.consumer_admins.get(q.admin_id)
             target = proxy.proxies.get(q.proxy_id) if proxy is not None else None
             if target is not None:
-                target.enqueue(rec)
-        for rec in [r for r in by_event.values() if r.holders == 0]:
-            self.released(rec)
+                self._enqueue_one(target, rec)
+        for rec in by_event.values():
+            rec.release()           # records no queue took are released here (and reaped)
         if by_event:
             log.info("channel %d: restored %d queued persistent event(s)", self.id, len(by_event))
 
@@ -299,23 +300,36 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         accepted = [r for r in records if source.admits(r.event)]
         if not accepted:
             return
-        self._admit(len(accepted))
         plans = [(rec, self._targets(rec)) for rec in accepted]
         plans = [(rec, targets) for rec, targets in plans if targets]
+        if not plans:
+            return
+        self._admit(len(plans))             # only events some consumer will hold count against MaxQueueLength
         self._store(plans)
         with self._records_lock:
             for rec, _ in plans:
                 self.records[rec.seq] = rec
         for rec, targets in plans:
             rec.hold()                      # keep the record alive until every target queued it
-            for proxy in targets:
-                proxy.enqueue(rec)
-            rec.release()
+            try:
+                for proxy in targets:
+                    self._enqueue_one(proxy, rec)
+            finally:
+                rec.release()
         durable = sum(1 for rec, _ in plans if rec.persistent)
         if durable:
             telemetry.accepted(self.id, durable, True)
         if len(plans) > durable:
             telemetry.accepted(self.id, len(plans) - durable, False)
+
+    @staticmethod
+    def _enqueue_one(proxy: Any, rec: Record) -> None:
+        """One target's failure (e.g. a discard that could not reach the database) must not keep the event from
+        the other targets; the stored queue row of a failed target makes it come back after a restart."""
+        try:
+            proxy.enqueue(rec)
+        except Exception:  # noqa: BLE001
+            log.exception("channel: could not queue event seq=%d for proxy %s", rec.seq, getattr(proxy, "oid", "?"))
 
     def _make_record(self, source: Any, ev: Event, now: float) -> Record:
         header = ev.value.header.variable_header if ev.form is Form.STRUCTURED else []
@@ -361,16 +375,29 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         for _ in range(overflow):
             self._discard_one()
 
-    def _discard_one(self) -> None:
+    def _discard_one(self) -> bool:
+        """Discard the DiscardPolicy's victim among events still *queued* (not in flight or awaiting a pull
+        confirmation, which cannot be taken back). False if nothing could be discarded."""
+        policy = int(self.qos.get(CosNotification.DiscardPolicy, 0))
         with self._records_lock:
-            if not self.records:
-                return
-            policy = int(self.qos.get(CosNotification.DiscardPolicy, 0))
-            victim = choose_victim(policy, [Entry(r, ()) for r in self.records.values()]).record
-        log.info("channel %d full: discarding event seq=%d (DiscardPolicy=%d)", self.id, victim.seq, policy)
+            candidates = list(self.records.values())
+        while candidates:
+            victim = choose_victim(policy, [Entry(r, ()) for r in candidates]).record
+            removed = False
+            for admin in list(self.consumer_admins.values()):
+                for proxy in list(admin.proxies.values()):
+                    removed = proxy.queue.remove_record(victim) or removed
+            if removed:
+                log.info("channel %d full: discarded event seq=%d (DiscardPolicy=%d)", self.id, victim.seq, policy)
+                return True
+            candidates.remove(victim)
+        return False
+
+    def sweep_expired(self) -> None:
+        """Drop expired events from every queue, also those nobody takes from (suspended, idle pull)."""
         for admin in list(self.consumer_admins.values()):
             for proxy in list(admin.proxies.values()):
-                proxy.queue.remove_record(victim)
+                proxy.queue.take(0)
 
     def _store(self, plans: list[tuple[Record, list[Any]]]) -> None:
         durable = [(rec, t) for rec, t in plans if rec.persistent]

@@ -80,23 +80,40 @@ class PullConsumerMixin(ProxyConsumerBase):
 
     def start(self) -> None:
         if self.connected and not self.destroyed:
-            self.rt.spawn(f"pull-{self.oid}", self._pull_loop)
+            self.rt.spawn(f"pull-{self.oid}", self.supervised(self._pull_loop))
 
     def _channel_full(self) -> bool:
         props = self.channel.admin_props
         limit = int(props.get(CosNotification.MaxQueueLength, 0))
         return bool(limit and props.get(CosNotification.RejectNewEvents) and self.channel.queued_count() >= limit)
 
+    def room(self, wanted: int) -> int:
+        """How many events a pull may ask for now: the channel's free places when it is bounded."""
+        limit = int(self.channel.admin_props.get(CosNotification.MaxQueueLength, 0))
+        if not limit:
+            return wanted
+        return max(1, min(wanted, limit - self.channel.queued_count()))
+
     def _pull_loop(self) -> None:
+        """Pull, then route what was pulled; pulled events are kept and routed again until the channel took them
+        (a full channel, a database failure), so nothing the supplier handed over is lost while the node runs."""
         idle, backoff = _PULL_IDLE_MIN, 0.05
+        pulled: list[Event] = []
         while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
+            if pulled:
+                if self._route_pulled(pulled):
+                    pulled, backoff = [], 0.05
+                else:
+                    self.stop_event.wait(backoff)
+                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                continue
             if self.suspended or self._channel_full():
                 self.stop_event.wait(0.1)
                 continue
             try:
                 supplier = self.client_ref()
                 omniORB.setClientCallTimeout(supplier, self.rt.push_timeout_ms)
-                events = self.pull_once(supplier)
+                pulled = self.pull_once(supplier)
             except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
                 log.info("proxy %s: supplier gone (%s); disconnecting", self.oid, type(exc).__name__)
                 self.teardown(notify_client=False)
@@ -107,21 +124,30 @@ class PullConsumerMixin(ProxyConsumerBase):
                 backoff = min(backoff * 2, _MAX_BACKOFF)
                 continue
             backoff = 0.05
-            if not events:
+            if not pulled:
                 self.stop_event.wait(idle)
                 idle = min(idle * 2, _PULL_IDLE_MAX)
                 continue
             idle = _PULL_IDLE_MIN
-            self._route_pulled(events)
 
-    def _route_pulled(self, events: list[Event]) -> None:
+    def _route_pulled(self, events: list[Event]) -> bool:
+        """True once the events are settled: routed, or (one by one) refused for unusable QoS headers."""
         try:
             self._route_acked(events)
+            return True
         except CORBA.BAD_QOS:
-            log.error("proxy %s: supplier delivered event(s) with unusable QoS headers; not routed", self.oid)
+            if len(events) > 1:
+                return all(self._route_pulled([ev]) for ev in events)
+            log.error("proxy %s: the supplier delivered an event with unusable QoS headers (%s); not routed",
+                      self.oid, _event_name(events[0]))
+            return True
         except CORBA.IMP_LIMIT:
-            log.error("proxy %s: channel full with RejectNewEvents; %d pulled event(s) rejected",
-                      self.oid, len(events))
+            log.info("proxy %s: channel full with RejectNewEvents; %d pulled event(s) wait", self.oid, len(events))
+            return False
+        except Exception:  # noqa: BLE001 — e.g. the database is unavailable: keep the events, try again
+            log.warning("proxy %s: routing %d pulled event(s) failed; retrying", self.oid, len(events),
+                        exc_info=True)
+            return False
 
     def pull_once(self, supplier: Any) -> list[Event]:
         raise NotImplementedError
@@ -210,7 +236,7 @@ class SequenceProxyPullConsumerImpl(PullConsumerMixin, CosNotifyChannelAdmin__PO
 
     def pull_once(self, supplier: Any) -> list[Event]:
         size = max(1, int(self.qos.get(CosNotification.MaximumBatchSize, 1)))
-        batch, has_event = supplier.try_pull_structured_events(max(size, 100))
+        batch, has_event = supplier.try_pull_structured_events(self.room(max(size, 100)))
         return [normalise_structured(ev) for ev in batch] if has_event else []
 
     def disconnect_sequence_pull_consumer(self) -> None:
@@ -253,6 +279,14 @@ class EsProxyPullConsumerImpl(PullConsumerMixin, CosEventChannelAdmin__POA.Proxy
 
 
 ES_CONSUMER_CLASSES: dict[str, type] = {"PUSH_ANY": EsProxyPushConsumerImpl, "PULL_ANY": EsProxyPullConsumerImpl}
+
+
+def _event_name(event: Event) -> str:
+    if event.form.name == "STRUCTURED":
+        fixed = event.value.header.fixed_header
+        return f"{fixed.event_type.domain_name}/{fixed.event_type.type_name}/{fixed.event_name}"
+    return "an untyped event"
+
 
 CONSUMER_CLASSES: dict[str, type] = {
     "PUSH_ANY": ProxyPushConsumerImpl,

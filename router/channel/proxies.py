@@ -139,6 +139,23 @@ class ProxyBase(QoSMixin, FilterMixin):
     def start(self) -> None:
         """Start the proxy's worker, if it has one and is connected (also called after a restore)."""
 
+    def supervised(self, loop: Callable[[], None]) -> Callable[[], None]:
+        """A worker that an unexpected error does not kill: it is logged and the loop starts again after a
+        backoff, until the proxy stops. (Expected failures are handled inside the loops.)"""
+
+        def run() -> None:
+            backoff = 0.1
+            while not (self.stop_event.is_set() or self.rt.shutting_down.is_set() or self.destroyed):
+                try:
+                    loop()
+                    return
+                except Exception:  # noqa: BLE001
+                    log.exception("proxy %s: worker failed; restarting it in %.1f s", self.oid, backoff)
+                    self.stop_event.wait(backoff)
+                    backoff = min(backoff * 2, _MAX_BACKOFF)
+
+        return run
+
     def suspend_connection(self) -> None:
         with self._lock:
             self._check_alive()
@@ -211,17 +228,6 @@ class ProxyBase(QoSMixin, FilterMixin):
 
     client_disconnect_op = ""
 
-    # -- offer / subscription ---------------------------------------------------------------------------
-    def _aggregate(self, admins: dict[int, Any], mode: Any) -> list[Any]:
-        if mode in (CosNotifyChannelAdmin.NONE_NOW_UPDATES_OFF, CosNotifyChannelAdmin.NONE_NOW_UPDATES_ON):
-            return []
-        seen: dict[tuple[str, str], Any] = {}
-        for admin in list(admins.values()):
-            for holder in [admin, *list(admin.proxies.values())]:
-                for et in holder.types.types():
-                    seen[(et.domain_name, et.type_name)] = et
-        return [seen[k] for k in sorted(seen)]
-
 
 class ProxySupplierBase(ProxyBase):
     """Channel → consumer: an ordered queue, filters with the admin's, mapping filters, delivery."""
@@ -274,10 +280,22 @@ class ProxySupplierBase(ProxyBase):
         self._finish(entries)
 
     def _finish(self, entries: list[Entry]) -> None:
-        """These entries left the queue for good (delivered, expired or discarded)."""
+        """These entries left the queue for good (delivered, expired or discarded).
+
+        The stored rows are deleted first, retried while the database is unavailable (a delivered event whose row
+        survived would be delivered again after a restart, never lost); then the records are released."""
         ids = [e.record.db_id for e in entries if e.record.db_id is not None]
-        if ids and not self.destroyed:
-            self.rt.store.delete_deliveries(self.channel.id, self.admin.id, self.id, ids)
+        backoff = 0.05
+        while ids and not self.destroyed:
+            try:
+                self.rt.store.delete_deliveries(self.channel.id, self.admin.id, self.id, ids)
+                break
+            except Exception as exc:  # noqa: BLE001 — e.g. PostgreSQL restarting
+                log.warning("proxy %s: could not remove %d delivered event(s) from the store (%s); retrying",
+                            self.oid, len(ids), exc)
+                if self.stop_event.wait(backoff) or self.rt.shutting_down.is_set():
+                    break                      # stopping: the rows stay and are delivered again after a restart
+                backoff = min(backoff * 2, _MAX_BACKOFF)
         for e in entries:
             e.record.release()
 
@@ -344,10 +362,12 @@ class PushSupplierMixin(ProxySupplierBase):
     """Push delivery: one dispatcher thread per proxy."""
 
     push_op = ""
+    failing: str | None = None
+    failed_attempts = 0
 
     def start(self) -> None:
         if self.connected and not self.destroyed:
-            self.rt.spawn(f"push-{self.oid}", self._push_loop)
+            self.rt.spawn(f"push-{self.oid}", self.supervised(self._push_loop))
 
     def _ready(self, since: float | None) -> tuple[int, float | None]:
         """How many entries to take now, and when the current partial batch started (sequence pacing)."""
@@ -405,11 +425,19 @@ class PushSupplierMixin(ProxySupplierBase):
             self.teardown(notify_client=False)
             return "gone"
         except _TRANSIENT + (CORBA.Exception,) as exc:
-            log.warning("proxy %s: push failed (%s); %d event(s) stay queued", self.oid, exc, len(entries))
+            # NS 2.5.5.1: keep retrying until the consumer answers or no longer exists; nothing is dropped. A
+            # consumer that keeps refusing shows in `nsjms status` (failing, attempts) and in the log.
+            self.failing, self.failed_attempts = f"{type(exc).__name__}: {exc}", self.failed_attempts + 1
+            log.warning("proxy %s: push failed (%s, attempt %d); %d event(s) stay queued", self.oid, exc,
+                        self.failed_attempts, len(entries))
             self.queue.requeue(entries)
             return "retry"
+        self.failing, self.failed_attempts = None, 0
         self._finish(entries)
         return "ok"
+
+    def status_extra(self) -> dict[str, Any]:
+        return {"failing": self.failing, "attempts": self.failed_attempts} if self.failing else {}
 
 
 class PullSupplierMixin(ProxySupplierBase):
@@ -425,12 +453,22 @@ class PullSupplierMixin(ProxySupplierBase):
         super().__init__(admin, row)
         self._unconfirmed: list[Entry] = []
         self._pull_lock = threading.Lock()
+        self._pulls_active = 0
 
-    def _confirm_previous(self) -> None:
+    def _begin_pull(self) -> None:
+        """A new request proves the previous replies arrived only if no other pull is in progress: with
+        concurrent pulls on one proxy, another thread's reply may still be on its way, so nothing is confirmed."""
         with self._pull_lock:
-            done, self._unconfirmed = self._unconfirmed, []
+            done: list[Entry] = []
+            if self._pulls_active == 0:
+                done, self._unconfirmed = self._unconfirmed, []
+            self._pulls_active += 1
         if done:
             self._finish(done)
+
+    def _end_pull(self) -> None:
+        with self._pull_lock:
+            self._pulls_active -= 1
 
     def _handed_out(self, entries: list[Entry]) -> None:
         with self._pull_lock:
@@ -449,7 +487,13 @@ class PullSupplierMixin(ProxySupplierBase):
             raise CosEventComm.Disconnected()
 
     def _blocking_take(self, want: Callable[[], int]) -> list[Entry]:
-        self._confirm_previous()
+        self._begin_pull()
+        try:
+            return self._blocking_wait(want)
+        finally:
+            self._end_pull()
+
+    def _blocking_wait(self, want: Callable[[], int]) -> list[Entry]:
         started = time.time()
         while True:
             self._check_pullable()
@@ -467,13 +511,16 @@ class PullSupplierMixin(ProxySupplierBase):
             self.queue.wait(_IDLE_WAIT)
 
     def _try_take(self, n: int) -> list[Entry]:
-        self._confirm_previous()
-        self._check_pullable()
-        if self.suspended:
-            return []
-        entries = self.queue.take(n)
-        self._handed_out(entries)
-        return entries
+        self._begin_pull()
+        try:
+            self._check_pullable()
+            if self.suspended:
+                return []
+            entries = self.queue.take(n)
+            self._handed_out(entries)
+            return entries
+        finally:
+            self._end_pull()
 
     def _limit(self, max_number: int) -> int:
         size = self.batch_size()

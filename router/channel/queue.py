@@ -143,7 +143,7 @@ class ProxyQueue:
         """Drop this proxy's entry for a record (channel-level discard). True if one was queued."""
         with self.cond:
             for entry in self._all():
-                if entry.record is record:
+                if entry.record.seq == record.seq:     # also a mapping-filter view of the record
                     self._remove(entry)
                     break
             else:
@@ -188,11 +188,16 @@ class ProxyQueue:
             return self._delayed[0][0] if self._delayed else None
 
     def requeue(self, entries: list[Entry]) -> None:
-        """Put back entries whose delivery failed (they keep their place in the order)."""
+        """Put back entries whose delivery failed (they keep their place in the order). A closed queue (its
+        proxy went away meanwhile) drops them instead, so their records are released."""
         with self.cond:
-            for entry in entries:
-                bisect.insort(self._items, entry)
-            self.cond.notify_all()
+            closed = self.closed
+            if not closed:
+                for entry in entries:
+                    bisect.insort(self._items, entry)
+                self.cond.notify_all()
+        if closed and entries:
+            self._on_drop(entries, "proxy closed")
 
     def wait(self, timeout: float) -> None:
         with self.cond:

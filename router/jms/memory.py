@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from router.jms.model import DeliveryMode, Destination, JmsMessage
+from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage
 from router.jms.transport import (
     AckMode, BrokerError, BrokerUnavailable, ConnectionState, Delivery, LocalProtocolError, MessageCodec,
     QueueSubscription, RetryPolicy, RECONNECT_POLICY, SendFailed, SessionBook, SimpleCodec,
@@ -572,10 +572,14 @@ class MemoryTransport:
         sub = self._subs.get(sub_id)
         if sub is None:
             return
-        sub.feed(Delivery(message=self._codec.decode(headers, body), headers=headers, body=body,
+        try:
+            message, problem = self._codec.decode(headers, body), None
+        except Exception as exc:  # noqa: BLE001 — same contract as the STOMP transport: hand it on, marked
+            message, problem = JmsMessage(BodyType.BYTES, body), f"{type(exc).__name__}: {exc}"
+        sub.feed(Delivery(message=message, headers=headers, body=body,
                           subscription=sub_id, ack_id=headers["ack"], message_id=headers["message-id"],
                           destination=headers["destination"], redelivered=headers.get("redelivered") == "true",
-                          epoch=self._book.epoch))
+                          epoch=self._book.epoch, decode_error=problem))
 
     def _run(self, operation: str, action: Callable[[], None], *, transaction: str | None = None) -> None:
         """Apply ``action`` now, or at COMMIT when in ``transaction``; an injected fault is raised here."""

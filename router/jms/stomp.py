@@ -28,7 +28,7 @@ import stomp
 from stomp.exception import StompException
 from stomp.utils import Frame
 
-from router.jms.model import DeliveryMode, Destination, JmsMessage
+from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage
 from router.jms.transport import (
     RECONNECT_POLICY, AckMode, BrokerError, BrokerUnavailable, ConnectionState, Delivery, LocalProtocolError,
     MessageCodec, QueueSubscription, ReceiptTimeout, RemoteProtocolError, RetryPolicy, SendFailed, SessionBook,
@@ -476,10 +476,14 @@ class StompTransport:
         message_id = headers.get("message-id")
         if message_id is None:
             raise RemoteProtocolError(f"MESSAGE without message-id: {sorted(headers)}")
-        return Delivery(message=self._codec.decode(headers, body), headers=headers, body=body,
+        try:
+            message, problem = self._codec.decode(headers, body), None
+        except Exception as exc:  # noqa: BLE001 — the owner must settle it (dead-letter + ack), never lose it
+            message, problem = JmsMessage(BodyType.BYTES, body), f"{type(exc).__name__}: {exc}"
+        return Delivery(message=message, headers=headers, body=body,
                         subscription=headers.get("subscription", ""), ack_id=headers.get("ack", message_id),
                         message_id=message_id, destination=headers.get("destination", ""),
-                        redelivered=headers.get("redelivered") == "true", epoch=epoch)
+                        redelivered=headers.get("redelivered") == "true", epoch=epoch, decode_error=problem)
 
     def _on_receipt(self, epoch: int, frame: Frame) -> None:
         self._answer(frame.headers.get("receipt-id", ""), "receipt", frame)

@@ -135,6 +135,7 @@ class Delivery:
     destination: str
     redelivered: bool
     epoch: int = field(default=0, compare=False)   # which connection delivered it; acks need the same one
+    decode_error: str | None = None   # the codec could not decode the frame: ``message`` is a raw BytesMessage
 
 
 @dataclass(frozen=True)

@@ -134,3 +134,14 @@ def test_remove_record_and_close():
     assert seqs(rest) == [2]
     q.put(rec(3))          # a closed queue drops what arrives
     assert (3, "proxy closed") in drops.items
+
+
+def test_requeue_into_a_closed_queue_releases_the_records():
+    released = []
+    q, drops = make()
+    r = Record(1, Event(Form.ANY, 1), 0, None, None, False, on_released=released.append)
+    q.put(r)
+    in_flight = q.take(1)
+    assert q.close() == []
+    q.requeue(in_flight)                 # the push failed after the proxy went away
+    assert drops.items == [(1, "proxy closed")] and released == [r]

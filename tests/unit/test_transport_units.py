@@ -169,3 +169,30 @@ def test_receive_wakes_up_when_the_connection_is_lost() -> None:
     threading.Timer(0.1, broker.restart).start()
     thread.join(5)
     assert not thread.is_alive() and len(errors) == 1
+
+
+def test_undecodable_frame_is_handed_on_marked_not_dropped() -> None:
+    """A frame the codec rejects still reaches the consumer (raw body, ``decode_error``) so it can be settled."""
+    from router.jms.model import BodyType, JmsMessage
+
+    class Picky(SimpleCodec):
+        def decode(self, headers, body):  # type: ignore[override]
+            if body == b"poison":
+                raise ValueError("cannot decode")
+            return super().decode(headers, body)
+
+    t = open_transport("memory://units-decode", codec=Picky())
+    t.connect()
+    try:
+        sub = t.subscribe("/queue/decode")
+        t.send("/queue/decode", JmsMessage(BodyType.BYTES, b"poison"))
+        t.send("/queue/decode", JmsMessage(BodyType.BYTES, b"fine"))
+        bad, good = sub.receive(2.0), sub.receive(2.0)
+        assert bad is not None and good is not None
+        assert bad.decode_error is not None and "cannot decode" in bad.decode_error
+        assert bad.message.body == b"poison" and bad.message.body_type is BodyType.BYTES
+        assert good.decode_error is None and good.message.body == b"fine"
+        t.ack(bad)
+        t.ack(good)
+    finally:
+        t.close()
