@@ -10,10 +10,11 @@ import omniORB  # noqa: F401  (must precede CosNotification)
 import CosNotification
 from omniORB import CORBA
 
+from . import fastnav
 from .ast import Expr
+from .compiler import MALFORMED, State, compile_tree
 from .errors import EvaluationError
-from .evaluator import ANY, STRUCTURED, TYPED, Context, evaluate
-from .navigate import Node
+from .evaluator import ANY, STRUCTURED, TYPED
 from .parser import parse
 
 __all__ = ["Constraint", "compile_constraint"]
@@ -21,38 +22,51 @@ __all__ = ["Constraint", "compile_constraint"]
 _log = logging.getLogger(__name__)
 
 # Values that break their TypeCode (possible only for locally built events) fail like bad operands.
-_MALFORMED = (AttributeError, TypeError, ValueError, LookupError, ArithmeticError, CORBA.Exception)
+_MALFORMED = MALFORMED
+
+_STRUCTURED_INFO = fastnav.info_for(CosNotification._tc_StructuredEvent)
+_ANY_INFO = fastnav.info_for(CORBA.TC_any)
+_TYPED_INFO = fastnav.info_for(CosNotification._tc_PropertySeq)
 
 
 class Constraint:
-    """A syntactically valid constraint; the match methods never raise (an error means FALSE)."""
+    """A syntactically valid constraint; the match methods never raise (an error means FALSE).
 
-    __slots__ = ("expression", "_tree")
+    The syntax tree is compiled once into closures (:mod:`compiler`); ``_constant`` is the result of a
+    constraint that does not depend on the event (empty, or folded to a constant), else None.
+    """
+
+    __slots__ = ("expression", "_tree", "_run", "_constant")
 
     def __init__(self, expression: str, tree: Expr | None) -> None:
         self.expression = expression
         self._tree = tree
+        if tree is None:
+            self._run, self._constant = None, True
+        else:
+            self._run, self._constant = compile_tree(tree)
 
     def __repr__(self) -> str:
         return f"Constraint({self.expression!r})"
 
     def match_structured(self, event: Any, *, now: int | None = None) -> bool:
         """Evaluate against a ``CosNotification.StructuredEvent``."""
-        return self._match(Node(event, CosNotification._tc_StructuredEvent), STRUCTURED, now)
+        return self._match(event, _STRUCTURED_INFO, STRUCTURED, now)
 
     def match_any(self, any_value: Any, *, now: int | None = None) -> bool:
         """Evaluate against the content of a ``CORBA.Any`` (an unstructured event)."""
-        return self._match(Node(any_value, CORBA.TC_any), ANY, now)
+        return self._match(any_value, _ANY_INFO, ANY, now)
 
     def match_typed(self, props: Sequence[Any], *, now: int | None = None) -> bool:
         """Evaluate against a typed event given as a list of ``CosNotification.Property``."""
-        return self._match(Node(list(props), CosNotification._tc_PropertySeq), TYPED, now)
+        return self._match(list(props), _TYPED_INFO, TYPED, now)
 
-    def _match(self, root: Node, form: str, now: int | None) -> bool:
-        if self._tree is None:
-            return True
+    def _match(self, value: Any, info: fastnav.TypeInfo, form: str, now: int | None) -> bool:
+        constant = self._constant
+        if constant is not None:
+            return constant
         try:
-            return evaluate(self._tree, Context(root, form, now)) is True
+            return self._run(State(value, info, form, now)) is True  # type: ignore[misc]
         except EvaluationError as exc:
             _log.debug("constraint %r is FALSE: %s", self.expression, exc)
         except _MALFORMED as exc:
