@@ -20,7 +20,8 @@ import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
 from router.channel import qos as Q
-from router.channel.common import FilterMixin, FilterSet, QoSMixin, group_passes, ids_of
+from router.channel.common import (FilterMixin, FilterSet, QoSMixin, group_passes, ids_of, ior_or_none,
+                                   mapping_filter_from_ior)
 from router.channel.events import Event
 from router.channel.runtime import admin_oid
 from router.channel.store import AdminRow, ProxyRow
@@ -145,8 +146,8 @@ class ConsumerAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.ConsumerAdmin):
 
     def __init__(self, channel: Any, row: AdminRow) -> None:
         super().__init__(channel, row)
-        self.priority_filter = _restore_ref(self.rt, row.extra.get("priority_filter"))
-        self.lifetime_filter = _restore_ref(self.rt, row.extra.get("lifetime_filter"))
+        self.priority_filter = mapping_filter_from_ior(self.rt, row.extra.get("priority_filter"))
+        self.lifetime_filter = mapping_filter_from_ior(self.rt, row.extra.get("lifetime_filter"))
 
     def targets_for(self, event: Event) -> list[Any]:
         """Connected proxy suppliers of this admin whose filters (with the admin's) pass the event."""
@@ -173,8 +174,8 @@ class ConsumerAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.ConsumerAdmin):
         self._persist_extra()
 
     def _persist_extra(self) -> None:
-        extra = {"priority_filter": _ior_or_none(self.rt, self.priority_filter),
-                 "lifetime_filter": _ior_or_none(self.rt, self.lifetime_filter)}
+        extra = {"priority_filter": ior_or_none(self.rt, self.priority_filter),
+                 "lifetime_filter": ior_or_none(self.rt, self.lifetime_filter)}
         self.rt.store.update_admin(self.channel.id, self.side, self.id, extra=extra)
 
     def _get_pull_suppliers(self) -> list[int]:
@@ -249,24 +250,6 @@ def _servant_class(side: str, kind: str, es_style: bool, qos: dict[str, Any]) ->
     from router.channel.proxies import proxy_class
 
     return ack_class_for(side, kind, es_style, qos) or proxy_class(side, kind, es_style)
-
-
-def _ior_or_none(rt: Any, ref: Any) -> str | None:
-    if ref is None or CORBA.is_nil(ref):
-        return None
-    return str(rt.ior(ref))
-
-
-def _restore_ref(rt: Any, ior: str | None) -> Any:
-    if not ior:
-        return None
-    try:
-        import CosNotifyFilter
-
-        return rt.resolve(ior)._unchecked_narrow(CosNotifyFilter.MappingFilter)
-    except CORBA.Exception:
-        log.warning("could not restore a mapping filter reference")
-        return None
 
 
 _ = (CosNotification, CosNotifyComm)

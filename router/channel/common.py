@@ -216,3 +216,21 @@ class FilterMixin:
 
 def ids_of(items: Iterable[Any]) -> list[int]:
     return sorted(x.id for x in items if not getattr(x, "es_style", False))
+
+
+def ior_or_none(rt: Any, ref: Any) -> str | None:
+    """The stringified reference, or None for no/nil reference (how mapping-filter references are stored)."""
+    if ref is None or CORBA.is_nil(ref):
+        return None
+    return str(rt.ior(ref))
+
+
+def mapping_filter_from_ior(rt: Any, ior: str | None) -> Any:
+    """A stored mapping-filter reference (resolved without a remote call), or None."""
+    if not ior:
+        return None
+    try:
+        return rt.resolve(ior)._unchecked_narrow(CosNotifyFilter.MappingFilter)
+    except CORBA.Exception:
+        log.warning("could not restore a mapping filter reference")
+        return None

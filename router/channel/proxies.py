@@ -27,7 +27,8 @@ import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
 from router.channel import qos as Q
-from router.channel.common import FilterMixin, FilterSet, QoSMixin, raise_unsupported_qos
+from router.channel.common import (FilterMixin, FilterSet, QoSMixin, ior_or_none, mapping_filter_from_ior,
+                                   raise_unsupported_qos)
 from router.channel.events import Event, Form, as_any, as_structured
 from router.channel.queue import Entry, ProxyQueue, Record
 from router.channel.runtime import proxy_oid
@@ -237,8 +238,8 @@ class ProxySupplierBase(ProxyBase):
     def __init__(self, admin: Any, row: ProxyRow) -> None:
         super().__init__(admin, row)
         self.queue = ProxyQueue(*self._queue_policies(), on_drop=self._dropped)
-        self.priority_filter: Any = _restore_mapping(self.rt, self.extra.get("priority_filter"))
-        self.lifetime_filter: Any = _restore_mapping(self.rt, self.extra.get("lifetime_filter"))
+        self.priority_filter: Any = mapping_filter_from_ior(self.rt, self.extra.get("priority_filter"))
+        self.lifetime_filter: Any = mapping_filter_from_ior(self.rt, self.extra.get("lifetime_filter"))
 
     def _queue_policies(self) -> tuple[int, int, int]:
         q = self.qos
@@ -337,14 +338,14 @@ class ProxySupplierBase(ProxyBase):
 
     def _set_priority_filter(self, value: Any) -> None:
         self.priority_filter = _nil_to_none(value)
-        self.save_extra(priority_filter=_ior_of(self.rt, self.priority_filter))
+        self.save_extra(priority_filter=ior_or_none(self.rt, self.priority_filter))
 
     def _get_lifetime_filter(self) -> Any:
         return self.lifetime_filter
 
     def _set_lifetime_filter(self, value: Any) -> None:
         self.lifetime_filter = _nil_to_none(value)
-        self.save_extra(lifetime_filter=_ior_of(self.rt, self.lifetime_filter))
+        self.save_extra(lifetime_filter=ior_or_none(self.rt, self.lifetime_filter))
 
     def obtain_offered_types(self, mode: Any) -> list[Any]:
         from router.channel.sharing import sharing_of
@@ -627,22 +628,6 @@ def _nil_to_none(ref: Any) -> Any:
 def _effective(own: Any, admin: Any) -> Any:
     """The proxy's own mapping filter, else its admin's; None when neither is set."""
     return _nil_to_none(own) or _nil_to_none(admin)
-
-
-def _ior_of(rt: Any, ref: Any) -> str | None:
-    return None if ref is None else str(rt.ior(ref))
-
-
-def _restore_mapping(rt: Any, ior: str | None) -> Any:
-    if not ior:
-        return None
-    import CosNotifyFilter
-
-    try:
-        return rt.resolve(ior)._unchecked_narrow(CosNotifyFilter.MappingFilter)
-    except CORBA.Exception:
-        log.warning("could not restore a mapping filter reference")
-        return None
 
 
 def proxy_class(side: str, kind: str, es_style: bool = False) -> type:
