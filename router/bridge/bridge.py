@@ -27,6 +27,7 @@ import CosNotifyChannelAdmin
 from idl.generated import BridgeTransactionMgmt as BTM
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import CosBridgeAdmin__POA
+from idl.generated import CosNotifyChannelAdminAck
 from idl.generated import NsjmsAdmin, NsjmsAdmin__POA
 from router.bridge import flows as F
 from router.bridge.endpoints import EndpointSpec, Problem, check_pair, from_idl, parse_factory, to_idl
@@ -163,6 +164,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         self.stop_event = threading.Event()
         self.transport: Transport | None = None
         self.proxy: Any = None
+        self.channel_ack: Any = None     # the proxy as an Ack proxy (NJI 2.6.2), when the channel made it one
         self.dead_letter = F.DeadLetter(self._transport, self.id, factory.broker.dead_letter)
         self.flow_out: F.ChannelToJms | None = None
         self.flow_in: F.JmsToChannel | None = None
@@ -203,7 +205,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         from router.mapping.stomp_body import message_to_stomp
 
         msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
-        message_to_stomp(msg)
+        _check_stomp_limits(message_to_stomp(msg).headers)
         return msg
 
     def _to_event(self, msg: Any) -> Any:
@@ -356,6 +358,8 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         servant = self._proxy_servant()
         proxy = self._proxy_ref()
         self.proxy = proxy
+        if self.to_jms_direction:        # before connecting: the channel may push at once
+            self.channel_ack = self._ack_proxy(proxy)
         if servant.connected:
             if getattr(servant, "suspended", False):
                 proxy.resume_connection()
@@ -363,6 +367,32 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             connect = _CONNECT_OPS[(self.to_jms_direction, self.channel_spec.style, self._kind())]
             getattr(proxy, connect)(self.endpoint_ref)
         self.channel_ok = True
+
+    def _ack_proxy(self, proxy: Any) -> Any:
+        """``proxy`` as its ``CosNotifyChannelAdminAck`` interface when the channel made it an Ack proxy (its
+        DeliveryReliability was Acknowledgment when it was created, docs/ack.md); None otherwise."""
+        iface = _ACK_IFACES[(self.channel_spec.style, self._kind())]
+        try:
+            return proxy._narrow(iface) if proxy._is_a(iface._NP_RepositoryId) else None
+        except CORBA.Exception as exc:
+            log.warning("bridge %d: cannot tell whether its proxy acknowledges (%s)", self.id, exc)
+            return None
+
+    def acknowledge_channel(self, events: list[Any]) -> None:
+        """NJI 2.6.2: as the channel's consumer, acknowledge events (by their SequenceNumber) once the broker
+        confirmed them (or they were dead-lettered). A failed acknowledge only makes the channel resend the events:
+        at-least-once, like a lost receipt."""
+        ack = self.channel_ack
+        if ack is None:
+            return
+        sns = [sn for sn in (_sequence_number(ev) for ev in events) if sn is not None]
+        if not sns:
+            return
+        try:
+            ack.acknowledge(sns)
+        except CORBA.Exception as exc:
+            log.warning("bridge %d: acknowledging %d event(s) to the channel failed (%s); they will be resent",
+                        self.id, len(sns), exc)
 
     def _start_workers(self) -> None:
         # A fresh event per start: a worker of the previous start that is still finishing a call keeps its own
@@ -583,6 +613,44 @@ class _LazyTransport:
         return getattr(self._bridge._transport(), name)
 
 
+# ActiveMQ Classic's STOMP wire format refuses a header line above 10 KiB or more than 1000 headers with an ERROR
+# frame and closes the connection: such an event could never be sent and would stall the bridge (resent forever).
+STOMP_MAX_HEADER_LINE = 10 * 1024
+STOMP_MAX_HEADERS = 1000
+_STOMP_RESERVE = 16                # headers the transport adds when sending (destination, receipt, transaction, ...)
+
+
+def _check_stomp_limits(headers: dict[str, str]) -> None:
+    """A mapping failure (the event is dead-lettered) when the frame exceeds what the broker accepts."""
+    from router.mapping.errors import MappingError
+
+    if len(headers) + _STOMP_RESERVE > STOMP_MAX_HEADERS:
+        raise MappingError(f"{len(headers)} STOMP headers; the broker accepts at most {STOMP_MAX_HEADERS}",
+                           "properties")
+    for name, value in headers.items():
+        size = _escaped_len(name) + 1 + _escaped_len(value)
+        if size > STOMP_MAX_HEADER_LINE:
+            raise MappingError(f"the STOMP header line is {size} bytes; the broker accepts at most "
+                               f"{STOMP_MAX_HEADER_LINE}", f"property:{name}")
+
+
+def _escaped_len(text: str) -> int:
+    """UTF-8 length after STOMP 1.2 header escaping (backslash, CR, LF and colon take two bytes)."""
+    return len(text.encode("utf-8")) + sum(text.count(c) for c in "\\\r\n:")
+
+
+def _sequence_number(event: Any) -> int | None:
+    """The ``SequenceNumber`` an Ack proxy put in an event's variable header (per event, or on a batch's first)."""
+    for p in event.header.variable_header:
+        if p.name == "SequenceNumber":
+            try:
+                value = p.value.value()
+            except CORBA.Exception:
+                return None
+            return value if isinstance(value, int) else None
+    return None
+
+
 def _event_bytes(event: Any) -> bytes:
     import omniORB
 
@@ -598,6 +666,13 @@ _PROXY_IFACES = {
     (False, "PUSH", "SEQUENCE"): CosNotifyChannelAdmin.SequenceProxyPushConsumer,
     (False, "PULL", "STRUCTURED"): CosNotifyChannelAdmin.StructuredProxyPullConsumer,
     (False, "PULL", "SEQUENCE"): CosNotifyChannelAdmin.SequenceProxyPullConsumer,
+}
+
+_ACK_IFACES = {
+    ("PUSH", "STRUCTURED"): CosNotifyChannelAdminAck.StructuredProxyPushSupplierAck,
+    ("PUSH", "SEQUENCE"): CosNotifyChannelAdminAck.SequenceProxyPushSupplierAck,
+    ("PULL", "STRUCTURED"): CosNotifyChannelAdminAck.StructuredProxyPullSupplierAck,
+    ("PULL", "SEQUENCE"): CosNotifyChannelAdminAck.SequenceProxyPullSupplierAck,
 }
 
 _CONNECT_OPS = {

@@ -173,6 +173,7 @@ class _PushReceiverMixin:
         except TransportError as exc:
             self.flow.bridge.note_broker_problem(exc)
             raise _transient(exc) from None
+        self.flow.bridge.acknowledge_channel(events)     # NJI 2.6.2: an Ack proxy needs it (no-op otherwise)
 
 
 class StructuredPushReceiver(_PushReceiverMixin, CosNotifyComm__POA.StructuredPushConsumer):
@@ -229,6 +230,7 @@ class _PullReceiverBase:
                 stop.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
                 continue
+            self.flow.bridge.acknowledge_channel(self.pending)
             self.pending, backoff = [], 0.05
 
     def pull(self) -> list[Any]:
