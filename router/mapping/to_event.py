@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import zlib
 from typing import Any
 
 import omniORB  # noqa: F401  (first: it puts the COS stubs on sys.path)
@@ -60,9 +61,26 @@ def jms_to_event(msg: JmsMessage, *,
 
 
 # ------------------------------------------------------------------------------------------------ round trip
+_MANIFEST_MAX = 4 * 1024 * 1024    # bound on an unpacked manifest (a compressed one must not expand without limit)
+
+
+def unpack_manifest(text: str) -> str:
+    if not text.startswith("z:"):
+        return text
+    try:
+        packed = base64.b64decode(text[2:], validate=True)
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(packed, _MANIFEST_MAX)
+        if inflater.unconsumed_tail or not inflater.eof:
+            raise MappingError("packed manifest is truncated or larger than 4 MiB", names.MANIFEST)
+        return raw.decode("utf-8")
+    except (ValueError, zlib.error):
+        raise MappingError("packed manifest is not valid base64/zlib/UTF-8", names.MANIFEST) from None
+
+
 def _load_manifest(prop: Typed) -> dict[str, Any]:
     try:
-        manifest = json.loads(str(prop.value))
+        manifest = json.loads(unpack_manifest(str(prop.value)))
     except ValueError:
         raise MappingError("manifest is not JSON", names.MANIFEST) from None
     if not isinstance(manifest, dict) or manifest.get("v") != 1:

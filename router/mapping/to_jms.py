@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import zlib
 from typing import Any
 
 import omniORB  # noqa: F401  (first: it puts the COS stubs on sys.path)
@@ -58,7 +59,7 @@ def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, de
     bodies.check_size(body_type, body, max_body_bytes, "remainder_of_body")
     if manifest["body"]["k"] == "cdr":
         props[names.BODY_ENCODING] = Typed(JmsType.STRING, bodies.CDR_ANY)
-    props[names.MANIFEST] = Typed(JmsType.STRING, json.dumps(manifest, separators=(",", ":")))
+    props[names.MANIFEST] = Typed(JmsType.STRING, pack_manifest(json.dumps(manifest, separators=(",", ":"))))
     std = _standard_qos(variable)
     return JmsMessage(
         body_type=body_type, body=body, destination=destination,
@@ -68,6 +69,17 @@ def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, de
         delivery_time=max(0, qos.utc_to_ms(std["StartTime"])) if "StartTime" in std else 0,
         timestamp=now_ms, jms_type=names.STRUCTURED_EVENT, properties=props,
     )
+
+
+MANIFEST_PACK_OVER = 2048     # bytes of JSON; STOMP header lines are limited (ActiveMQ: 10 KiB)
+
+
+def pack_manifest(text: str) -> str:
+    """Large manifests travel as ``z:`` + base64(zlib(JSON)) so events with many properties fit in one STOMP
+    header line; a JSON manifest always starts with ``{``, so the two forms cannot be confused."""
+    if len(text) <= MANIFEST_PACK_OVER:
+        return text
+    return "z:" + base64.b64encode(zlib.compress(text.encode("utf-8"), 9)).decode("ascii")
 
 
 def _string(value: object, field: str) -> Typed:

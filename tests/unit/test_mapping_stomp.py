@@ -163,3 +163,38 @@ def test_unsendable_bodies_are_errors() -> None:
         message_to_stomp(JmsMessage(BodyType.BYTES, "not bytes", DEST))
     with pytest.raises(MappingError):
         message_to_stomp(JmsMessage(BodyType.MAP, {"a": 1}, DEST))
+
+
+def test_many_properties_fit_in_a_stomp_header_line() -> None:
+    """A large manifest is packed (z: + base64 zlib) below ActiveMQ's 10 KiB header-line limit and round-trips."""
+    import omniORB
+    from omniORB import CORBA
+
+    CORBA.ORB_init([], CORBA.ORB_ID)
+    import CosNotification
+
+    from router.jms.model import Destination
+    from router.mapping import event_to_jms, jms_to_event
+    from router.mapping.compare import event_equal
+    from router.mapping.stomp_body import message_from_stomp, message_to_stomp
+
+    fd = [CosNotification.Property(f"counter_{i:03d}", CORBA.Any(CORBA.TC_long, i)) for i in range(300)]
+    header = CosNotification.EventHeader(
+        CosNotification.FixedEventHeader(CosNotification.EventType("Telecom", "PM"), "report"), [])
+    event = CosNotification.StructuredEvent(header, fd, CORBA.Any(CORBA.TC_string, "x"))
+    frame = message_to_stomp(event_to_jms(event, Destination("queue", "pm"), now_ms=0))
+    manifest = frame.headers["$nsjms_idl"]
+    assert manifest.startswith("z:") and len(manifest) < 10 * 1024
+    assert event_equal(jms_to_event(message_from_stomp(frame.headers, frame.body)), event)
+    _ = omniORB
+
+
+def test_a_corrupt_packed_manifest_is_a_mapping_error() -> None:
+    import pytest
+
+    from router.mapping.errors import MappingError
+    from router.mapping.to_event import unpack_manifest
+
+    for bad in ("z:not-base64!", "z:" + "QUJD"):
+        with pytest.raises(MappingError):
+            unpack_manifest(bad)
