@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 __all__ = [
-    "Member", "Position", "UnionLabel", "Index", "Assoc", "Implicit", "Step", "Path",
+    "Member", "Position", "LabelIdent", "UnionLabel", "Index", "Assoc", "Implicit", "Step", "Path",
     "BoolLit", "NumLit", "StrLit", "EnumIdent", "Component", "Exist", "Default", "Not",
     "BoolOp", "Compare", "In", "Substr", "Arith", "Expr", "IMPLICIT_MEMBERS",
 ]
@@ -37,10 +37,19 @@ class Position:
 
 
 @dataclass(frozen=True, slots=True)
-class UnionLabel:
-    """``.(5)``, ``.('x')``, ``.()``: union member by case label; ``None`` is the default arm."""
+class LabelIdent:
+    """An identifier written as a union case label, ``.(CAR)``: an enumerator of the discriminator."""
 
-    label: int | str | None
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnionLabel:
+    """``.(5)``, ``.('x')``, ``.(CAR)``, ``.(TRUE)``, ``.()``: union member by case label (NS 2.4.2,
+    2.4.6); ``None`` is the default arm. A ``bool`` label is TRUE / FALSE (``bool`` is an ``int``
+    subclass, so compare ``type(label)`` where the difference matters)."""
+
+    label: int | str | LabelIdent | None
 
 
 @dataclass(frozen=True, slots=True)

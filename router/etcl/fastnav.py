@@ -20,6 +20,7 @@ import omniORB  # noqa: F401  (before the COS stubs)
 from omniORB import CORBA
 
 from . import navigate as nav
+from .ast import LabelIdent
 from .errors import EvaluationError
 from .operands import EnumValue, Num, Operand, SeqValue
 
@@ -46,6 +47,7 @@ _UTCT_ID = nav._UTCT_ID
 
 _CACHE: dict[Any, TypeInfo] = {}
 _CACHE_LIMIT = 4096
+_ARMS_LIMIT = 256  # distinct written labels remembered per union type
 
 
 class TypeInfo:
@@ -53,7 +55,7 @@ class TypeInfo:
 
     __slots__ = ("tc", "base", "kind", "is_any", "_names", "_find", "_mtypes", "_content", "_labels",
                  "_default", "_nv", "_type_id", "_repos_id", "_enum", "_utct", "_disc", "_nv_elem",
-                 "plans")
+                 "_arms", "plans")
 
     def __init__(self, tc: Any) -> None:
         self.tc = tc
@@ -74,6 +76,7 @@ class TypeInfo:
         self._utct: bool | None = None
         self._disc: TypeInfo | None = None
         self._nv_elem: Any = None
+        self._arms: dict[tuple[type, int | str | LabelIdent], int | None] = {}
         self.plans: dict[str, tuple[str, TypeInfo]] = {}  # struct member name -> (attribute, type)
 
     # -- structs, exceptions, unions --
@@ -113,6 +116,23 @@ class TypeInfo:
             labels = self._labels = [None if i == default else nav._label_value(self.base, i)
                                      for i in range(int(self.base.member_count()))]
         return labels
+
+    def arm_for(self, label: int | str | LabelIdent) -> int | None:
+        """Index of the first non-default member whose case label is ``label`` (``navigate.label_matches``)."""
+        key = (type(label), label)  # TRUE is not 1 here: the kind of label is part of the key
+        try:
+            return self._arms[key]
+        except KeyError:
+            pass
+        wanted = nav.label_operand(label)
+        disc_tc = self.base.discriminator_type()
+        default = self.default()
+        found = next((i for i, value in enumerate(self.labels())
+                      if i != default and nav.label_matches(wanted, value, disc_tc)), None)
+        if len(self._arms) >= _ARMS_LIMIT:
+            self._arms.clear()
+        self._arms[key] = found
+        return found
 
     def disc_info(self) -> TypeInfo:
         d = self._disc
@@ -297,7 +317,7 @@ def _active_member(v: Any, info: TypeInfo, i: int) -> Located:
     return getattr(v, "_v", None), info.member_info(i)
 
 
-def union_label(v: Any, info: TypeInfo, label: int | str | None, exact: bool = False) -> Located:
+def union_label(v: Any, info: TypeInfo, label: int | str | LabelIdent | None, exact: bool = False) -> Located:
     if info.is_any:
         v, info = skip_any(v, info)
     if info.kind != _UNION:
@@ -307,12 +327,12 @@ def union_label(v: Any, info: TypeInfo, label: int | str | None, exact: bool = F
         if default < 0:
             raise EvaluationError("union has no default member")
         return _active_member(v, info, default)
-    for i, value in enumerate(info.labels()):
-        if i != default and nav._label_matches(label, value):
-            if exact and _active_index(v, info) != i:
-                raise EvaluationError(f"union discriminator is not {label!r}")
-            return _active_member(v, info, i)
-    raise EvaluationError(f"union has no case label {label!r}")
+    i = info.arm_for(label)
+    if i is None:
+        raise EvaluationError(f"union has no case label {label!r}")
+    if exact and _active_index(v, info) != i:
+        raise EvaluationError(f"union discriminator is not {label!r}")
+    return _active_member(v, info, i)
 
 
 def union_default_active(v: Any, info: TypeInfo) -> bool:

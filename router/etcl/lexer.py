@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ast import (IMPLICIT_MEMBERS, Assoc, Implicit, Index, Member, Path, Position, Step,
+from .ast import (IMPLICIT_MEMBERS, Assoc, Implicit, Index, LabelIdent, Member, Path, Position, Step,
                   UnionLabel)
 from .errors import EtclSyntaxError
 
@@ -281,21 +281,33 @@ class _Lexer:
         self.skip_ws()
         start = self.i
         c = self.peek()
-        label: int | str | None
+        label: int | str | LabelIdent | None
         if c == ")":
             label = None
         elif c == "'":
             label = self.string()
+        elif c == "\\" or _is_letter(c):
+            label = self.label_word()
         else:
             sign = -1 if c == "-" else 1
             if c in ("+", "-"):
                 self.i += 1
             text = self.digits()
             if not text:
-                raise self.error("expected a union label: digits, a string or nothing", start)
+                raise self.error("expected a union label: digits, a string, an identifier or nothing", start)
             label = sign * int(text)
         self.expect_close(")")
         return UnionLabel(label)
+
+    def label_word(self) -> bool | LabelIdent:
+        """``TRUE`` / ``FALSE`` (a boolean label) or an <Ident> naming an enumerator (NS 2.4.2)."""
+        if self.peek() != "\\" and self.keyword_ahead():
+            start = self.i
+            word = self.word()
+            if word in ("TRUE", "FALSE"):
+                return word == "TRUE"
+            raise self.error(f"keyword {word!r} must be escaped as '\\{word}'", start)
+        return LabelIdent(self.ident("a union label"))
 
     def expect_close(self, closer: str) -> None:
         self.skip_ws()

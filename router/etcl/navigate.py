@@ -19,11 +19,13 @@ from typing import Any
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path; must precede CosNotification)
 from omniORB import CORBA
 
+from .ast import LabelIdent
 from .errors import EvaluationError
-from .operands import EnumValue, Num, Operand, SeqValue
+from .operands import EnumName, EnumValue, Num, Operand, SeqValue, compare, weak_long
 
 __all__ = ["Node", "skip_any", "member", "position", "union_label", "index", "assoc", "implicit",
-           "to_operand", "is_nv_list", "union_default_active", "nv_lookup"]
+           "to_operand", "is_nv_list", "union_default_active", "nv_lookup", "label_operand",
+           "label_matches"]
 
 _K = {name: getattr(CORBA, f"tk_{name}")._v for name in (
     "null", "void", "short", "long", "ushort", "ulong", "float", "double", "boolean", "char", "octet",
@@ -172,20 +174,35 @@ def _union_member_by_name(node: Node, base: Any, name: str) -> Node:
     return _active_member(node, base, i)
 
 
-def _label_matches(label: int | str, value: Any) -> bool:
-    if isinstance(label, str):
-        return isinstance(value, str) and value == label
-    if isinstance(value, omniORB.EnumItem):
-        return bool(value._v == label)
-    return isinstance(value, int) and int(value) == label
+def label_operand(label: int | str | LabelIdent) -> Operand:
+    """The constant a written case label stands for, as the right operand of ``$._d == label``."""
+    if isinstance(label, LabelIdent):
+        return EnumName(label.name)
+    if isinstance(label, bool) or isinstance(label, str):
+        return label
+    return weak_long(label)
 
 
-def union_label(node: Node, label: int | str | None, *, exact: bool = False) -> Node:
-    """``.(label)``: the union arm for a case label, ``.()`` for the default arm (NS 2.4.6).
+def label_matches(wanted: Operand, value: Any, disc_tc: Any) -> bool:
+    """Whether the case label ``value`` (read from the union's TypeCode, whose discriminator type is
+    ``disc_tc``) is the written label ``wanted``: exactly when ``$._d == wanted`` would be TRUE with
+    that discriminator, so an enumerator matches by name or ordinal, a char by character or code, a
+    boolean as TRUE / FALSE or 1 / 0, an integer by value; other pairs never match."""
+    try:
+        return compare("==", to_operand(Node(value, disc_tc)), wanted)
+    except EvaluationError:
+        return False
 
-    Any label of a multi-label arm reaches it (``$.(0)`` reads arm ``case 0: case 2:`` when the
-    discriminator is 2). With ``exact`` (used by ``exist``) the discriminator must select that very
-    label, so ``exist $.(0)`` is ``$._d == 0`` (NS 2.4.6).
+
+def union_label(node: Node, label: int | str | LabelIdent | None, *, exact: bool = False) -> Node:
+    """``.(label)``: the union arm for a case label, ``.()`` for the default arm (NS 2.4.2, 2.4.6).
+
+    A label selects the arm of the case label ``x`` for which ``$._d == label`` would hold if the
+    discriminator were ``x`` (see ``label_matches``); ``.(CAR)`` names an enumerator. Any label of a
+    multi-label arm reaches it (``$.(0)`` reads arm ``case 0: case 2:`` when the discriminator is 2).
+    A value that only the default arm covers is no case label: that arm is ``.()``. With ``exact``
+    (used by ``exist``) the discriminator must select that very label, so ``exist $.(0)`` is
+    ``$._d == 0`` (NS 2.4.6).
     """
     node, base, k = _base(node)
     if k != _K["union"]:
@@ -195,8 +212,10 @@ def union_label(node: Node, label: int | str | None, *, exact: bool = False) -> 
         if default < 0:
             raise EvaluationError("union has no default member")
         return _active_member(node, base, default)
+    wanted = label_operand(label)
+    disc_tc = base.discriminator_type()
     for i in range(int(base.member_count())):
-        if i != default and _label_matches(label, _label_value(base, i)):
+        if i != default and label_matches(wanted, _label_value(base, i), disc_tc):
             if exact and _active_index(node, base) != i:
                 raise EvaluationError(f"union discriminator is not {label!r}")
             return _active_member(node, base, i)

@@ -109,7 +109,8 @@ def _fixed_events() -> list[tuple[str, Any]]:
                                                 b"", [], [], []))
     unions = [E.ByKind(E.HOUSE, "street"), E.ByKind(E.CAR, 4), E.ByChar("a", 5), E.ByChar("z", "zed"),
               E.NoDef(1, 9), E.NoDef(2, "b"), E.DefUnion(1, "t"), E.DefUnion(7, 70), E.K(0, "s0"), E.K(3, E.X(1, "b", 2)),
-              E.K(9, 3)]
+              E.K(9, 3), E.ByKindDef(E.BOAT, "dock"), E.ByKindDef(E.CAR, 3), E.ByBool(True, 5),
+              E.ByBool(False, "n"), E.ByWay(E._in, 5), E.ByAlias(E.CAR, 3)]
     tests = [E.NV("math", to_any(90)), E.NV("Math", to_any(80)), E.NV("art", to_any("A"))]
     pupil = CORBA.Any(E._tc_Pupil, E.Pupil(3, tests, [1, 2, 3]))
     student = E.Student("ann", [E.TestResult("math", 80), E.TestResult("art", 95)])
@@ -187,6 +188,8 @@ COMPONENTS = [
     "$.test[0].score", "$.test[1].name", "$.test._length", "$.monthly_attendance", "$.gpa", "$.high",
     "$.low", "$.time.low", "$.time.high", "$[0].name", "$[1]", "$[0].value", "$remainder_of_body",
     "$header", "$.header", "$filterable_data", "$\\in", "$name", "$.name",
+    "$.(CAR)", "$.(HOUSE)", "$.(BOAT)", "$.(PURPLE)", "$.('CAR')", "$.(TRUE)", "$.(FALSE)", "$.(\\in)",
+    "$.(97)", "$.u.(CAR)", "$.place", "$.other", "$.yes", "$.cars",
 ]
 LITERALS = ["0", "1", "-1", "2", "3", "5", "7", "90", "255", "2.5", ".5", "-0.5", "1e300", "1e3",
             "9223372036854775809", "4294967296", "'a'", "'b'", "'x'", "'H'", "'abc'", "'link'", "'bob'",
@@ -250,6 +253,21 @@ def test_compiled_matches_reference_on_flat_shapes(parts: list[str], op: str, jo
 ])
 def test_compiled_matches_reference_on_examples(text: str, event: tuple[str, Any]) -> None:
     check(text, event)
+
+
+UNION_LABELS = ["()", "(0)", "(1)", "(2)", "(97)", "('a')", "('z')", "('CAR')", "(CAR)", "(HOUSE)", "(BOAT)",
+                "(PURPLE)", "(TRUE)", "(FALSE)", "(\\in)", "(outward)", "(a)"]
+
+
+@pytest.mark.parametrize("label", UNION_LABELS)
+def test_union_labels_agree_on_every_union(label: str) -> None:
+    """Every label form, as a value, under ``exist`` and after ``default``, on every fixed union event."""
+    unions = [e for e in FIXED_EVENTS if e[0] == "any" and "union" in repr(e[1].typecode().kind())]
+    assert len(unions) >= 15
+    for event in unions:
+        for text in (f"$.{label} == 4", f"$.{label} == 'dock'", f"exist $.{label}",
+                     f"exist $.{label} and $.{label} != 5", f"default $._d and exist $.{label}"):
+            check(text, event)
 
 
 def test_constant_constraints_are_folded() -> None:

@@ -31,6 +31,12 @@ module EtclTest {
   union DefUnion switch (long) { case 1: string text; default: long defvalue; };
   union ByKind switch (Kind) { case HOUSE: string address; case CAR: long wheels; };
   union ByChar switch (char) { case 'a': long x; default: string y; };
+  union ByKindDef switch (Kind) { case HOUSE: case BOAT: string place; default: long other; };
+  union ByBool switch (boolean) { case TRUE: long yes; case FALSE: string no; };
+  enum Way { _in, outward };
+  union ByWay switch (Way) { case _in: long inbound; case outward: string outbound; };
+  typedef Kind KindAlias;
+  union ByAlias switch (KindAlias) { case CAR: long cars; case BOAT: string boats; };
   struct TestResult { string name; long score; };
   typedef sequence<TestResult> ResultSeq;
   struct Student { string name; ResultSeq test; };

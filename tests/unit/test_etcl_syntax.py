@@ -9,7 +9,7 @@ import pytest
 
 from router.etcl import EtclSyntaxError, compile_constraint
 from router.etcl.ast import (Arith, Assoc, BoolOp, Compare, Component, EnumIdent, Exist, Implicit, In,
-                             Index, Member, Not, NumLit, Path, Position, StrLit, Substr, UnionLabel)
+                             Index, LabelIdent, Member, Not, NumLit, Path, Position, StrLit, Substr, UnionLabel)
 from router.etcl.lexer import MAX_LENGTH, tokenize
 from router.etcl.parser import MAX_DEPTH, parse
 
@@ -49,6 +49,9 @@ def test_strings_and_escapes(text: str, value: str) -> None:
     ("$.(+3)", comp(UnionLabel(3))),
     ("$.('x')", comp(UnionLabel("x"))),
     ("$.()", comp(UnionLabel(None))),
+    ("$.(e5)", comp(UnionLabel(LabelIdent("e5")))),
+    ("$. ( \\in )", comp(UnionLabel(LabelIdent("in")))),
+    ("$.(TRUE)", comp(UnionLabel(True))),
     ("$. _d", comp(Implicit("_d"))),
     ("$.seq._length", comp(Member("seq"), Implicit("_length"))),
     ("$violation(serviceUser)._repos_id", comp(Assoc("serviceUser"), Implicit("_repos_id"), var="violation")),
@@ -102,7 +105,7 @@ def test_empty_constraint_is_true(text: str) -> None:
     ("$.a[x]", 4),
     ("$.a[1", 5),
     ("$.a._foo", 4),
-    ("$.(abc)", 3),
+    ("$.(?)", 3), ("$.(and)", 3),
     ("1e", 1),
     ("1e+", 1),
     ("exist 5", 6),

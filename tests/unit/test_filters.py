@@ -310,3 +310,38 @@ def test_exhausted_retries_stop_the_connection_report_and_count(monkeypatch: pyt
     assert "STOPPED" in p.status_extra()
     p.resume_connection()                                          # the operator's reset
     assert not p.ack.stopped and p.ack.retry_count == 0 and p.rt.connection_status.stopped == {}
+
+
+def _etcl_support() -> Any:
+    """The ETCL tests' IDL helper (real generated unions), loaded by path as the ETCL tests do."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "etcl_test_support"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("test_etcl_support.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def test_a_union_arm_is_selected_by_its_enum_label(factory: FilterFactoryImpl) -> None:
+    """``$.(CAR)`` is a valid constraint (it was refused as InvalidConstraint) and selects the arm."""
+    support = _etcl_support()
+    etcl, _ = support.load_idl()
+    flt = new_filter(factory)
+    flt.add_constraints([exp("$.remainder_of_body.(CAR) == 4"), exp("$.remainder_of_body.(BOAT) == 'dock'")])
+
+    def carrying(value: Any) -> Any:
+        tc = omniORB.findTypeCode(value._NP_RepositoryId)
+        return support.structured(remainder=CORBA.Any(tc, value))
+
+    assert flt.match_structured(carrying(etcl.ByKindDef(etcl.CAR, 4))) is False   # CAR is the default arm
+    assert flt.match_structured(carrying(etcl.ByKind(etcl.CAR, 4))) is True
+    assert flt.match_structured(carrying(etcl.ByKind(etcl.CAR, 5))) is False
+    assert flt.match_structured(carrying(etcl.ByKindDef(etcl.BOAT, "dock"))) is True
+    assert flt.match_structured(carrying(etcl.ByKindDef(etcl.HOUSE, "dock"))) is True   # same arm
+    assert flt.match_structured(carrying(etcl.ByKindDef(etcl.HOUSE, "shed"))) is False
