@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,14 +18,15 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import omniORB  # noqa: E402,F401  (puts the COS stubs on sys.path)
+import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
-from channel_bench import Counter, _consumer, _event  # noqa: E402
-from common import PAYLOAD, client_orb, node, report, services, stomp_send_rate  # noqa: E402
+from channel_bench import Counter, _consumer, _event
+from common import PAYLOAD, client_orb, node, report, services, stomp_send_rate
 
 
 def _persistent_channel(factory: Any, batch: int = 1) -> tuple[Any, int]:
     from omniORB import CORBA
+
     import CosNotification
 
     qos = [CosNotification.Property(CosNotification.ConnectionReliability,
@@ -95,6 +95,7 @@ def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool) -> floa
 
 def from_jms_rate(factory: Any, bf: Any, url: str, n: int) -> float:
     import stomp
+
     import CosNotifyChannelAdmin as NCA
 
     channel, cid = _persistent_channel(factory)
@@ -128,8 +129,9 @@ def main() -> int:
         s1 = stomp_send_rate(url, 1000)
         s100 = stomp_send_rate(url, 5000, per_tx=100)
         with node(dsn, url) as ep:
-            from idl.generated import CosBridgeAdmin as BA
             import CosNotifyChannelAdmin as NCA
+
+            from idl.generated import CosBridgeAdmin as BA
 
             orb = client_orb()
             factory = orb.string_to_object(ep["event_channel_factory"]["corbaloc"])._narrow(NCA.EventChannelFactory)

@@ -19,13 +19,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import omniORB  # noqa: E402,F401  (puts the COS stubs on sys.path)
+import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
-from common import PAYLOAD, client_orb, node, pg_commit_rate, report, services  # noqa: E402
+from common import PAYLOAD, client_orb, node, pg_commit_rate, report, services
 
 
 def _event(i: int) -> Any:
     from omniORB import CORBA
+
     import CosNotification
 
     header = CosNotification.EventHeader(
@@ -71,6 +72,7 @@ def _consumer(counter: Counter, sequence: bool) -> Any:
 
 def channel_rate(orb: Any, factory: Any, persistent: bool, sequence: bool, n: int, filters: int = 0) -> float:
     from omniORB import CORBA
+
     import CosNotification
     import CosNotifyChannelAdmin as NCA
 

@@ -16,9 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -65,22 +66,23 @@ def node(dsn: str, broker_url: str) -> Iterator[dict[str, Any]]:
     env = dict(os.environ, NSJMS_POSTGRES_DSN=node_dsn, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "router.cli", "serve", "--state-dir", str(state), "--orb-port", str(port),
            "--broker-url", broker_url, "--log-level", "WARNING"]
-    log = open(state / "serve.log", "wb")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 60
-        while not (state / "endpoints.json").exists():
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("node did not start: " + (state / "serve.log").read_text()[-2000:])
-            time.sleep(0.1)
-        yield json.loads((state / "endpoints.json").read_text())
+        with open(state / "serve.log", "wb") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                deadline = time.time() + 60
+                while not (state / "endpoints.json").exists():
+                    if proc.poll() is not None or time.time() > deadline:
+                        raise RuntimeError("node did not start: " + (state / "serve.log").read_text()[-2000:])
+                    time.sleep(0.1)
+                yield json.loads((state / "endpoints.json").read_text())
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
         shutil.rmtree(state, ignore_errors=True)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
@@ -125,10 +127,10 @@ def pg_commit_rate(dsn: str, n: int = 1000, per_tx: int = 1) -> float:
 
 def stomp_send_rate(url: str, n: int = 1000, per_tx: int = 0) -> float:
     """Persistent 1 KB STOMP sends/s with a receipt each (per_tx = 0) or BEGIN + per_tx SENDs + COMMIT(receipt)."""
-    import stomp
+    import threading
     from urllib.parse import urlsplit
 
-    import threading
+    import stomp
 
     class Receipts(stomp.ConnectionListener):
         def __init__(self) -> None:

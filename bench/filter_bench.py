@@ -16,15 +16,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import omniORB  # noqa: E402,F401  (puts the COS stubs on sys.path)
+import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
-from channel_bench import Counter, _consumer, _event  # noqa: E402
-from common import client_orb, node, report, services  # noqa: E402
+from channel_bench import Counter, _consumer, _event
+from common import client_orb, node, report, services
 
 MATCH = "$type_name == 'Event' and $n >= 0"
 MISS = "$type_name == 'Event' and $n < 0"
@@ -114,18 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     client_orb()                                  # an ORB for CDR and the in-process servants
     report("constraint evaluations, in process (1 KB structured event)", in_process(args.seconds))
-    with services() as (dsn, broker_url):
-        with node(dsn, broker_url) as ep:
-            import CosNotifyChannelAdmin as NCA
+    with services() as (dsn, broker_url), node(dsn, broker_url) as ep:
+        import CosNotifyChannelAdmin as NCA
 
-            orb = client_orb()
-            factory = orb.string_to_object(ep["event_channel_factory"]["corbaloc"])._narrow(NCA.EventChannelFactory)
-            channel_rate(factory, 200, 0)          # warm-up
-            base = channel_rate(factory, args.events, 0)
-            rows = [("no filter (baseline)", base, "no filter", base)]
-            for k in (1, 10):
-                rows.append((f"{k} filter(s) on the proxy supplier", channel_rate(factory, args.events, k),
-                             "no filter", base))
+        orb = client_orb()
+        factory = orb.string_to_object(ep["event_channel_factory"]["corbaloc"])._narrow(NCA.EventChannelFactory)
+        channel_rate(factory, 200, 0)          # warm-up
+        base = channel_rate(factory, args.events, 0)
+        rows = [("no filter (baseline)", base, "no filter", base)]
+        for k in (1, 10):
+            rows.append((f"{k} filter(s) on the proxy supplier", channel_rate(factory, args.events, k),
+                         "no filter", base))
     report(f"channel, structured push -> push consumer, BestEffort ({args.events} events)", rows)
     return 0
 

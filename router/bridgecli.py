@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "run", "UsageError", "parse_endpoint"]
+__all__ = ["UsageError", "add_parser", "parse_endpoint", "run"]
 
 
 class UsageError(ValueError):

@@ -14,14 +14,16 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["run_demo"]
 
 
 def _event(n: int) -> Any:
     from omniORB import CORBA
+
     import CosNotification
 
     severity = ("minor", "major", "critical")[n % 3]
@@ -88,6 +90,7 @@ def run_demo(state_dir: Path, *, rate: float = 2.0, count: int = 0, stop: thread
              out: Callable[[str], None] = print) -> int:
     """Push ``count`` events (0 = until stopped) at ``rate`` per second; returns how many were received."""
     from omniORB import CORBA
+
     import CosNotification
     import CosNotifyChannelAdmin
 

@@ -18,13 +18,23 @@ Spans: ``nsjms.bridge.forward`` (one per batch sent to the broker, with ``nsjms.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, ClassVar
 
 from opentelemetry import metrics, trace
 
-__all__ = ["NAME", "A", "accepted", "rejected", "bridge_moved", "bridge_dead_letter", "forward_span",
-           "register_gauges", "configure"]
+__all__ = [
+    "NAME",
+    "A",
+    "accepted",
+    "bridge_dead_letter",
+    "bridge_moved",
+    "configure",
+    "forward_span",
+    "register_gauges",
+    "rejected",
+]
 
 NAME = "nsjms"
 
@@ -48,7 +58,7 @@ def _meter() -> metrics.Meter:
 class _Instruments:
     """Created lazily so that a provider configured after import is used."""
 
-    _cache: dict[str, Any] = {}
+    _cache: ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def get(cls, name: str, factory: Callable[[metrics.Meter], Any]) -> Any:

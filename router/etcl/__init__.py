@@ -19,4 +19,4 @@ from .constraint import Constraint, compile_constraint
 from .errors import EtclSyntaxError
 from .eventtype import event_type_matches
 
-__all__ = ["EtclSyntaxError", "Constraint", "compile_constraint", "event_type_matches"]
+__all__ = ["Constraint", "EtclSyntaxError", "compile_constraint", "event_type_matches"]

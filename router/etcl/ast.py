@@ -9,12 +9,32 @@ make a deep tree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 __all__ = [
-    "Member", "Position", "LabelIdent", "UnionLabel", "Index", "Assoc", "Implicit", "Step", "Path",
-    "BoolLit", "NumLit", "StrLit", "EnumIdent", "Component", "Exist", "Default", "Not",
-    "BoolOp", "Compare", "In", "Substr", "Arith", "Expr", "IMPLICIT_MEMBERS",
+    "IMPLICIT_MEMBERS",
+    "Arith",
+    "Assoc",
+    "BoolLit",
+    "BoolOp",
+    "Compare",
+    "Component",
+    "Default",
+    "EnumIdent",
+    "Exist",
+    "Expr",
+    "Implicit",
+    "In",
+    "Index",
+    "LabelIdent",
+    "Member",
+    "Not",
+    "NumLit",
+    "Path",
+    "Position",
+    "Step",
+    "StrLit",
+    "Substr",
+    "UnionLabel",
 ]
 
 IMPLICIT_MEMBERS = ("_length", "_d", "_type_id", "_repos_id")
@@ -73,7 +93,7 @@ class Implicit:
     name: str
 
 
-Step = Union[Member, Position, UnionLabel, Index, Assoc, Implicit]
+Step = Member | Position | UnionLabel | Index | Assoc | Implicit
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,5 +202,5 @@ class Arith:
     depth: int = field(default=1, compare=False)
 
 
-Expr = Union[BoolLit, NumLit, StrLit, EnumIdent, Component, Exist, Default, Not, BoolOp, Compare, In,
-             Substr, Arith]
+Expr = (BoolLit | NumLit | StrLit | EnumIdent | Component | Exist | Default | Not | BoolOp | Compare | In
+        | Substr | Arith)

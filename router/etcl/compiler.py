@@ -29,13 +29,34 @@ from typing import Any
 from omniORB import CORBA
 
 from . import fastnav as fn
-from .ast import (Arith, Assoc, BoolLit, BoolOp, Compare, Component, Default, EnumIdent, Exist, Expr,
-                  Implicit, In, Index, Member, Not, NumLit, Path, Position, StrLit, Substr, UnionLabel)
+from .ast import (
+    Arith,
+    Assoc,
+    BoolLit,
+    BoolOp,
+    Compare,
+    Component,
+    Default,
+    EnumIdent,
+    Exist,
+    Expr,
+    Implicit,
+    In,
+    Index,
+    Member,
+    Not,
+    NumLit,
+    Path,
+    Position,
+    StrLit,
+    Substr,
+    UnionLabel,
+)
 from .errors import EvaluationError
 from .evaluator import _HEADER_PATHS, _NV_LISTS, _TYPED_HEADER, TYPED, current_utc_time
-from .operands import (EnumName, Num, Operand, arith, compare, contains, require_bool, substring)
+from .operands import EnumName, Num, Operand, arith, compare, contains, require_bool, substring
 
-__all__ = ["State", "compile_tree", "MALFORMED"]
+__all__ = ["MALFORMED", "State", "compile_tree"]
 
 # Values that break their TypeCode (possible only for locally built events) fail like bad operands.
 MALFORMED = (AttributeError, TypeError, ValueError, LookupError, ArithmeticError, CORBA.Exception)
@@ -47,7 +68,7 @@ Step = Callable[[Any, fn.TypeInfo], fn.Located]
 class State:
     """One evaluation: the event, how it arrived, ``$curtime`` and the per-event caches."""
 
-    __slots__ = ("value", "info", "form", "now", "variables", "lists")
+    __slots__ = ("form", "info", "lists", "now", "value", "variables")
 
     def __init__(self, value: Any, info: fn.TypeInfo, form: str, now: int | None) -> None:
         self.value = value
@@ -55,7 +76,7 @@ class State:
         self.form = form
         self.now = now
         self.variables: dict[tuple[str, bool], fn.Located] | None = None
-        self.lists: list[Any] | None = None
+        self.lists: list[fn.Located | None] | None = None
 
 
 # --- constants ------------------------------------------------------------------------------------
@@ -63,23 +84,28 @@ class State:
 class _Const:
     """A folded subexpression: its value, or the error evaluating it gives."""
 
-    __slots__ = ("value", "error")
+    __slots__ = ("error", "value")
 
-    def __init__(self, value: Operand = None, error: str | None = None) -> None:  # type: ignore[assignment]
+    def __init__(self, value: Operand = False, error: str | None = None) -> None:  # value unused with an error
         self.value = value
         self.error = error
 
 
-def _fold(compute: Callable[[], Operand]) -> _Const | None:
-    """Evaluate a constant subexpression now; None if it fails in an unexpected way (left to run time)."""
+def _fold(compute: Callable[..., Operand], *args: Any) -> _Const | None:
+    """Evaluate a constant subexpression, ``compute(*args)``, now; None if it fails in an unexpected way
+    (left to run time)."""
     try:
-        return _Const(compute())
+        return _Const(compute(*args))
     except EvaluationError as exc:
         return _Const(error=str(exc) or "evaluation error")
     except MALFORMED as exc:
         return _Const(error=f"{type(exc).__name__}: {exc}")
     except Exception:  # noqa: BLE001  (not foldable; evaluated, and raised, at run time)
         return None
+
+
+def _negate(x: Operand) -> Operand:
+    return not require_bool(x, "'not'")
 
 
 def _const_run(c: _Const) -> Run:
@@ -97,7 +123,7 @@ def _const_run(c: _Const) -> Run:
 class _Compiled:
     """A compiled subexpression: ``run``, and ``const`` when it is a literal-only expression."""
 
-    __slots__ = ("run", "const")
+    __slots__ = ("const", "run")
 
     def __init__(self, run: Run, const: _Const | None = None) -> None:
         self.run = run
@@ -150,7 +176,7 @@ def _nv_list(state: State, i: int) -> fn.Located | None:
         if found is not None and not fn.is_nv_list(*found):
             found = None
         lists[i] = found
-    return found  # type: ignore[return-value]
+    return found
 
 
 _UNSET: Any = object()
@@ -270,6 +296,7 @@ class _Compiler:
 
     def locate(self, path: Path, exact_labels: bool = False) -> Callable[[State], fn.Located]:
         """A function giving the (value, info) a path designates; EvaluationError if it does not exist."""
+        start: Callable[[State], fn.Located]
         if path.var is None:
             start = _root
         else:
@@ -305,7 +332,7 @@ class _Compiler:
 
     def compile(self, e: Expr) -> _Compiled:
         method = _DISPATCH[type(e)]
-        return method(self, e)  # type: ignore[operator]
+        return method(self, e)
 
     def bool_lit(self, e: BoolLit) -> _Compiled:
         return _constant(_Const(e.value))
@@ -351,7 +378,7 @@ class _Compiler:
             c = inner.const
             if c.error is not None:
                 return _constant(c)
-            folded = _fold(lambda: not require_bool(c.value, "'not'"))
+            folded = _fold(_negate, c.value)
             if folded is not None:
                 return _constant(folded)
         run = inner.run
@@ -383,7 +410,7 @@ class _Compiler:
                     break
                 if k.value is (not stop):
                     continue  # a constant that does not decide: require_bool passes, evaluation goes on
-                ended = _fold(lambda: require_bool(k.value, what)) or _Const(error=f"{what} needs a boolean")
+                ended = _fold(require_bool, k.value, what) or _Const(error=f"{what} needs a boolean")
                 break
             ended = k
             break
@@ -437,7 +464,7 @@ class _Compiler:
         if lc is not None and rc is not None:
             if lc.error is not None or rc.error is not None:  # left is evaluated first
                 return _constant(lc if lc.error is not None else rc)
-            folded = _fold(lambda: compare(op, lc.value, rc.value))
+            folded = _fold(compare, op, lc.value, rc.value)
             if folded is not None:
                 return _constant(folded)
         lrun, rrun = left.run, right.run
@@ -476,7 +503,7 @@ class _Compiler:
         if lc is not None and rc is not None:
             if lc.error is not None or rc.error is not None:
                 return _constant(lc if lc.error is not None else rc)
-            folded = _fold(lambda: function(lc.value, rc.value))
+            folded = _fold(function, lc.value, rc.value)
             if folded is not None:
                 return _constant(folded)
         lrun, rrun = left.run, right.run
@@ -496,15 +523,18 @@ class _Compiler:
         acc = self.compile(e.first)
         rest = [(op, self.compile(operand)) for op, operand in e.rest]
         # fold the constant prefix (left to right, as evaluated)
-        while rest and acc.const is not None and acc.const.error is None:
-            op, c = rest[0]
-            if c.const is None:
+        while rest:
+            ac = acc.const
+            if ac is None or ac.error is not None:
                 break
-            if c.const.error is not None:
-                acc = _constant(c.const)
+            op, c = rest[0]
+            cc = c.const
+            if cc is None:
+                break
+            if cc.error is not None:
+                acc = _constant(cc)
             else:
-                a, b = acc.const.value, c.const.value
-                folded = _fold(lambda: arith(op, a, b))
+                folded = _fold(arith, op, ac.value, cc.value)
                 if folded is None:
                     break
                 acc = _constant(folded)

@@ -7,14 +7,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import omniORB  # noqa: F401  (must precede CosNotification)
-import CosNotification
 from omniORB import CORBA
+
+import CosNotification
 
 from . import fastnav
 from .ast import Expr
-from .compiler import MALFORMED, State, compile_tree
+from .compiler import MALFORMED, Run, State, compile_tree
 from .errors import EvaluationError
 from .evaluator import ANY, STRUCTURED, TYPED
+from .operands import Operand
 from .parser import parse
 
 __all__ = ["Constraint", "compile_constraint"]
@@ -23,6 +25,11 @@ _log = logging.getLogger(__name__)
 
 # Values that break their TypeCode (possible only for locally built events) fail like bad operands.
 _MALFORMED = MALFORMED
+
+def _true(state: State) -> Operand:
+    """The empty constraint (never run: its constant result is used)."""
+    return True
+
 
 _STRUCTURED_INFO = fastnav.info_for(CosNotification._tc_StructuredEvent)
 _ANY_INFO = fastnav.info_for(CORBA.TC_any)
@@ -36,13 +43,16 @@ class Constraint:
     constraint that does not depend on the event (empty, or folded to a constant), else None.
     """
 
-    __slots__ = ("expression", "_tree", "_run", "_constant")
+    __slots__ = ("_constant", "_run", "_tree", "expression")
+
+    _run: Run
+    _constant: bool | None
 
     def __init__(self, expression: str, tree: Expr | None) -> None:
         self.expression = expression
         self._tree = tree
         if tree is None:
-            self._run, self._constant = None, True
+            self._run, self._constant = _true, True
         else:
             self._run, self._constant = compile_tree(tree)
 
@@ -66,7 +76,7 @@ class Constraint:
         if constant is not None:
             return constant
         try:
-            return self._run(State(value, info, form, now)) is True  # type: ignore[misc]
+            return self._run(State(value, info, form, now)) is True
         except EvaluationError as exc:
             _log.debug("constraint %r is FALSE: %s", self.expression, exc)
         except _MALFORMED as exc:

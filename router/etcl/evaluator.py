@@ -22,13 +22,33 @@ from typing import Any
 from omniORB import CORBA
 
 from . import navigate as nav
-from .ast import (Arith, Assoc, BoolLit, BoolOp, Compare, Component, Default, EnumIdent, Exist, Expr,
-                  Implicit, In, Index, Member, Not, NumLit, Path, Position, StrLit, Substr, UnionLabel)
+from .ast import (
+    Arith,
+    Assoc,
+    BoolLit,
+    BoolOp,
+    Compare,
+    Component,
+    Default,
+    EnumIdent,
+    Exist,
+    Expr,
+    Implicit,
+    In,
+    Index,
+    Member,
+    Not,
+    NumLit,
+    Path,
+    Position,
+    StrLit,
+    Substr,
+    UnionLabel,
+)
 from .errors import EvaluationError
-from .operands import (EnumName, Operand, arith, compare, contains, require_bool, substring,
-                       weak_double, weak_long)
+from .operands import EnumName, Operand, arith, compare, contains, require_bool, substring, weak_double, weak_long
 
-__all__ = ["Context", "evaluate", "current_utc_time", "STRUCTURED", "ANY", "TYPED"]
+__all__ = ["ANY", "STRUCTURED", "TYPED", "Context", "current_utc_time", "evaluate"]
 
 STRUCTURED, ANY, TYPED = "structured", "any", "typed"
 
@@ -52,7 +72,7 @@ def current_utc_time() -> int:
 class Context:
     """The event being matched and the value of ``$curtime``."""
 
-    __slots__ = ("root", "form", "_now", "variables")
+    __slots__ = ("_now", "form", "root", "variables")
 
     def __init__(self, root: nav.Node, form: str, now: int | None) -> None:
         self.root = root

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import omniORB  # noqa: F401  (before the COS stubs)
+import omniORB
 from omniORB import CORBA
 
 from . import navigate as nav
@@ -24,8 +24,22 @@ from .ast import LabelIdent
 from .errors import EvaluationError
 from .operands import EnumValue, Num, Operand, SeqValue
 
-__all__ = ["TypeInfo", "info_for", "skip_any", "member", "position", "union_label", "index", "assoc",
-           "implicit", "to_operand", "is_nv_list", "union_default_active", "nv_find", "Located"]
+__all__ = [
+    "Located",
+    "TypeInfo",
+    "assoc",
+    "implicit",
+    "index",
+    "info_for",
+    "is_nv_list",
+    "member",
+    "nv_find",
+    "position",
+    "skip_any",
+    "to_operand",
+    "union_default_active",
+    "union_label",
+]
 
 Located = tuple[Any, "TypeInfo"]
 
@@ -42,7 +56,6 @@ _STRINGS = frozenset(nav._STRINGS)
 _NV_KEYS = frozenset((_K["string"], _K["wstring"]))
 _NUMERIC = nav._NUMERIC
 _MISSING = object()
-_NOT_YET = object()
 _UTCT_ID = nav._UTCT_ID
 
 _CACHE: dict[Any, TypeInfo] = {}
@@ -53,9 +66,27 @@ _ARMS_LIMIT = 256  # distinct written labels remembered per union type
 class TypeInfo:
     """What navigation needs to know about one TypeCode (``tc``, possibly an alias)."""
 
-    __slots__ = ("tc", "base", "kind", "is_any", "_names", "_find", "_mtypes", "_content", "_labels",
-                 "_default", "_nv", "_type_id", "_repos_id", "_enum", "_utct", "_disc", "_nv_elem",
-                 "_arms", "plans")
+    __slots__ = (
+        "_arms",
+        "_content",
+        "_default",
+        "_disc",
+        "_enum",
+        "_find",
+        "_labels",
+        "_mtypes",
+        "_names",
+        "_nv",
+        "_nv_elem",
+        "_repos_id",
+        "_type_id",
+        "_utct",
+        "base",
+        "is_any",
+        "kind",
+        "plans",
+        "tc",
+    )
 
     def __init__(self, tc: Any) -> None:
         self.tc = tc
@@ -70,12 +101,12 @@ class TypeInfo:
         self._labels: list[Any] | None = None
         self._default: int | None = None
         self._nv: bool | None = None
-        self._type_id: Any = _NOT_YET
-        self._repos_id: Any = _NOT_YET
+        self._type_id: str | EvaluationError | None = None  # None: not computed yet
+        self._repos_id: str | EvaluationError | None = None
         self._enum: tuple[tuple[str, ...], str] | None = None
         self._utct: bool | None = None
         self._disc: TypeInfo | None = None
-        self._nv_elem: Any = None
+        self._nv_elem: tuple[str, str, TypeInfo] | None = None
         self._arms: dict[tuple[type, int | str | LabelIdent], int | None] = {}
         self.plans: dict[str, tuple[str, TypeInfo]] = {}  # struct member name -> (attribute, type)
 
@@ -177,14 +208,14 @@ class TypeInfo:
         e = self._nv_elem
         if e is None:
             element = nav.unalias(self.base.content_type())
-            e = self._nv_elem = (element.member_name(0), element.member_name(1),
+            e = self._nv_elem = (str(element.member_name(0)), str(element.member_name(1)),
                                  info_for(element.member_type(1)))
         return e
 
     # -- implicit members (results or the error they give) --
     def type_id(self) -> str:
         t = self._type_id
-        if t is _NOT_YET:
+        if t is None:
             try:
                 t = nav._type_id(self.tc)
             except EvaluationError as exc:
@@ -196,7 +227,7 @@ class TypeInfo:
 
     def repos_id(self) -> str:
         r = self._repos_id
-        if r is _NOT_YET:
+        if r is None:
             try:
                 r = nav._repos_id(self.tc)
             except EvaluationError as exc:

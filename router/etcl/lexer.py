@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ast import (IMPLICIT_MEMBERS, Assoc, Implicit, Index, LabelIdent, Member, Path, Position, Step,
-                  UnionLabel)
+from .ast import IMPLICIT_MEMBERS, Assoc, Implicit, Index, LabelIdent, Member, Path, Position, Step, UnionLabel
 from .errors import EtclSyntaxError
 
-__all__ = ["Token", "tokenize", "KEYWORDS", "MAX_LENGTH"]
+__all__ = ["KEYWORDS", "MAX_LENGTH", "Token", "tokenize"]
 
 MAX_LENGTH = 65536
 """Longest accepted constraint, in characters."""

@@ -16,16 +16,29 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import omniORB  # noqa: F401  (puts the COS stubs on sys.path; must precede CosNotification)
+import omniORB
 from omniORB import CORBA
 
 from .ast import LabelIdent
 from .errors import EvaluationError
 from .operands import EnumName, EnumValue, Num, Operand, SeqValue, compare, weak_long
 
-__all__ = ["Node", "skip_any", "member", "position", "union_label", "index", "assoc", "implicit",
-           "to_operand", "is_nv_list", "union_default_active", "nv_lookup", "label_operand",
-           "label_matches"]
+__all__ = [
+    "Node",
+    "assoc",
+    "implicit",
+    "index",
+    "is_nv_list",
+    "label_matches",
+    "label_operand",
+    "member",
+    "nv_lookup",
+    "position",
+    "skip_any",
+    "to_operand",
+    "union_default_active",
+    "union_label",
+]
 
 _K = {name: getattr(CORBA, f"tk_{name}")._v for name in (
     "null", "void", "short", "long", "ushort", "ulong", "float", "double", "boolean", "char", "octet",
@@ -49,7 +62,7 @@ _UTCT_ID = "IDL:omg.org/TimeBase/UtcT:1.0"
 class Node:
     """A value with its TypeCode."""
 
-    __slots__ = ("value", "tc")
+    __slots__ = ("tc", "value")
 
     def __init__(self, value: Any, tc: Any) -> None:
         self.value = value
@@ -178,7 +191,7 @@ def label_operand(label: int | str | LabelIdent) -> Operand:
     """The constant a written case label stands for, as the right operand of ``$._d == label``."""
     if isinstance(label, LabelIdent):
         return EnumName(label.name)
-    if isinstance(label, bool) or isinstance(label, str):
+    if isinstance(label, (bool, str)):
         return label
     return weak_long(label)
 

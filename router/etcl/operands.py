@@ -9,14 +9,27 @@ the spec does not allow; the constraint's match result is then FALSE.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Union
+from typing import Any
 
 from .errors import EvaluationError
 
-__all__ = ["Num", "EnumValue", "EnumName", "SeqValue", "Operand", "weak_long", "weak_double",
-           "compare", "arith", "contains", "substring", "require_bool"]
+__all__ = [
+    "EnumName",
+    "EnumValue",
+    "Num",
+    "Operand",
+    "SeqValue",
+    "arith",
+    "compare",
+    "contains",
+    "require_bool",
+    "substring",
+    "weak_double",
+    "weak_long",
+]
 
 _FLOAT_KINDS = ("longdouble", "double", "float")
 _INT_RANK = {"octet": 1, "short": 2, "ushort": 2, "long": 3, "ulong": 3, "longlong": 4, "ulonglong": 4}
@@ -57,7 +70,7 @@ class SeqValue:
     items: Callable[[], Iterator[Operand]]
 
 
-Operand = Union[bool, str, Num, EnumValue, EnumName, SeqValue]
+Operand = bool | str | Num | EnumValue | EnumName | SeqValue
 
 
 def weak_long(value: int) -> Num:
@@ -158,18 +171,15 @@ def arith(op: str, left: Operand, right: Operand) -> Num:
 
 # --- comparison ---------------------------------------------------------------------------------
 
-def _ordered(op: str, x: object, y: object) -> bool:
-    if op == "==":
-        return x == y
-    if op == "!=":
-        return x != y
-    if op == "<":
-        return x < y  # type: ignore[operator]
-    if op == "<=":
-        return x <= y  # type: ignore[operator]
-    if op == ">":
-        return x > y  # type: ignore[operator]
-    return x >= y  # type: ignore[operator]
+_ORDERED: dict[str, Callable[[Any, Any], bool]] = {
+    "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
+def _ordered(op: str, x: str | bool | int | float, y: str | bool | int | float) -> bool:
+    """``x op y`` for two values of one comparable kind (the callers check the kinds)."""
+    return _ORDERED[op](x, y)
 
 
 def _enum_ordinal(e: EnumValue, other: Operand) -> int | None:

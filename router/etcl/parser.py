@@ -12,12 +12,27 @@ raises EtclSyntaxError, so neither parsing nor evaluation can hit Python's recur
 
 from __future__ import annotations
 
-from .ast import (Arith, BoolLit, BoolOp, Compare, Component, Default, EnumIdent, Exist, Expr, In,
-                  Not, NumLit, Path, StrLit, Substr)
+from .ast import (
+    Arith,
+    BoolLit,
+    BoolOp,
+    Compare,
+    Component,
+    Default,
+    EnumIdent,
+    Exist,
+    Expr,
+    In,
+    Not,
+    NumLit,
+    Path,
+    StrLit,
+    Substr,
+)
 from .errors import EtclSyntaxError
 from .lexer import Token, tokenize
 
-__all__ = ["parse", "MAX_DEPTH"]
+__all__ = ["MAX_DEPTH", "parse"]
 
 MAX_DEPTH = 100
 """Deepest accepted nesting of parentheses, and tallest accepted syntax tree."""

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import omniORB  # noqa: F401
-import CosNotification as N
+import omniORB
 from omniORB import CORBA
 from omniORB.any import to_any
+
+import CosNotification as N
 
 from router.etcl import compile_constraint
 from router.etcl.compiler import MALFORMED
@@ -108,7 +109,8 @@ def _fixed_events() -> list[tuple[str, Any]]:
     holder2 = CORBA.Any(E._tc_Holder, E.Holder(to_any("x"), to_any(2.5), E.K(2, "two"), [[0, 0, 0], [1, 1, 1]],
                                                 b"", [], [], []))
     unions = [E.ByKind(E.HOUSE, "street"), E.ByKind(E.CAR, 4), E.ByChar("a", 5), E.ByChar("z", "zed"),
-              E.NoDef(1, 9), E.NoDef(2, "b"), E.DefUnion(1, "t"), E.DefUnion(7, 70), E.K(0, "s0"), E.K(3, E.X(1, "b", 2)),
+              E.NoDef(1, 9), E.NoDef(2, "b"), E.DefUnion(1, "t"), E.DefUnion(7, 70), E.K(0, "s0"),
+              E.K(3, E.X(1, "b", 2)),
               E.K(9, 3), E.ByKindDef(E.BOAT, "dock"), E.ByKindDef(E.CAR, 3), E.ByBool(True, 5),
               E.ByBool(False, "n"), E.ByWay(E._in, 5), E.ByAlias(E.CAR, 3)]
     tests = [E.NV("math", to_any(90)), E.NV("Math", to_any(80)), E.NV("art", to_any("A"))]
@@ -234,7 +236,7 @@ def test_compiled_matches_reference(text: str, event: tuple[str, Any]) -> None:
 def test_compiled_matches_reference_on_flat_shapes(parts: list[str], op: str, joiner: str,
                                                    event: tuple[str, Any]) -> None:
     comparisons = [f"{a} {op} {b}" if op in ("==", "!=", "<", ">=", "~") else f"{a} {op} {b} == 1"
-                   for a, b in zip(parts, parts[1:] + parts[:1])]
+                   for a, b in zip(parts, parts[1:] + parts[:1], strict=True)]
     check(joiner.join(comparisons), event)
 
 

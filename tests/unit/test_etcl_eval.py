@@ -11,10 +11,11 @@ from types import ModuleType
 
 import pytest
 
-import omniORB  # noqa: F401
-import CosNotification as N
+import omniORB
 from omniORB import CORBA
 from omniORB.any import to_any
+
+import CosNotification as N
 
 from router.etcl import compile_constraint
 from router.etcl.errors import EvaluationError

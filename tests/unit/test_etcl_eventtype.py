@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import omniORB  # noqa: F401
+
 import CosNotification as N
 
 from router.etcl import event_type_matches

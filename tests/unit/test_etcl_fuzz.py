@@ -11,9 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import omniORB  # noqa: F401
-import CosNotification as N
 from omniORB import CORBA
 from omniORB.any import to_any
+
+import CosNotification as N
 
 from router.etcl import Constraint, EtclSyntaxError, compile_constraint
 

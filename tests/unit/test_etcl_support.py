@@ -18,8 +18,9 @@ from types import ModuleType
 from typing import Any
 
 import omniORB  # noqa: F401  (before CosNotification)
-import CosNotification as N
 from omniORB import CORBA
+
+import CosNotification as N
 
 TEST_IDL = r"""
 module EtclTest {

@@ -8,8 +8,27 @@ import pickle
 import pytest
 
 from router.etcl import EtclSyntaxError, compile_constraint
-from router.etcl.ast import (Arith, Assoc, BoolOp, Compare, Component, EnumIdent, Exist, Implicit, In,
-                             Index, LabelIdent, Member, Not, NumLit, Path, Position, StrLit, Substr, UnionLabel)
+from router.etcl.ast import (
+    Arith,
+    Assoc,
+    BoolOp,
+    Compare,
+    Component,
+    EnumIdent,
+    Exist,
+    Implicit,
+    In,
+    Index,
+    LabelIdent,
+    Member,
+    Not,
+    NumLit,
+    Path,
+    Position,
+    StrLit,
+    Substr,
+    UnionLabel,
+)
 from router.etcl.lexer import MAX_LENGTH, tokenize
 from router.etcl.parser import MAX_DEPTH, parse
 

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
-import omniORB  # noqa: F401  (before the COS stubs)
+import omniORB
 from omniORB import CORBA
 
 import CosNotification
 import CosNotifyFilter
 
-from router.channel.ack import AckState, next_sn, sequence_number_of, with_sequence_number, SN_LIMIT
+from router.channel.ack import SN_LIMIT, AckState, next_sn, sequence_number_of, with_sequence_number
 from router.channel.events import Event, Form
 from router.channel.filters import FilterFactoryImpl, FilterImpl, MappingFilterImpl, types_for
 from router.channel.queue import Entry, Record
@@ -171,7 +171,7 @@ def test_callbacks_get_added_and_removed_types(factory: FilterFactoryImpl) -> No
                           [(t.domain_name, t.type_name) for t in removed]))
 
     cb = flt.attach_callback(Cb())
-    [info] = flt.add_constraints([exp("TRUE", ("D", "T"))])
+    [_info] = flt.add_constraints([exp("TRUE", ("D", "T"))])
     flt.remove_all_constraints()
     assert calls == [([("D", "T")], []), ([], [("D", "T")])]
     flt.detach_callback(cb)
@@ -285,8 +285,8 @@ def test_exhausted_retries_stop_the_connection_report_and_count(monkeypatch: pyt
 
     class Proxy(_AckSupplierMixin):
         oid = "ch/0/C/0/1"
-        qos = {"Retries": 2, "RetryInterval": 1}
-        extra: dict[str, Any] = {}
+        qos: ClassVar[dict[str, int]] = {"Retries": 2, "RetryInterval": 1}
+        extra: ClassVar[dict[str, Any]] = {}
 
         def __init__(self) -> None:
             self.rt = type("Rt", (), {"connection_status": ConnectionStatusImpl()})()

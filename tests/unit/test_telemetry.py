@@ -68,9 +68,8 @@ def test_forward_span_and_duration(sdk):
 
 def test_span_records_a_failed_forward(sdk):
     _, spans = sdk
-    with pytest.raises(RuntimeError):
-        with telemetry.forward_span(10, 1):
-            raise RuntimeError("broker gone")
+    with pytest.raises(RuntimeError), telemetry.forward_span(10, 1):
+        raise RuntimeError("broker gone")
     [span] = [s for s in spans.get_finished_spans() if s.attributes.get(telemetry.A.BRIDGE) == 10]
     assert not span.status.is_ok
 
