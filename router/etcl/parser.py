@@ -139,14 +139,14 @@ class _Parser:
         if tok.kind == "op" and tok.value in ("-", "+"):
             return self.signed_number()
         self.advance()
-        if tok.kind == "num":
-            return NumLit(tok.value)  # type: ignore[arg-type]
-        if tok.kind == "str":
-            return StrLit(tok.value)  # type: ignore[arg-type]
-        if tok.kind == "ident":
-            return EnumIdent(tok.value)  # type: ignore[arg-type]
-        if tok.kind == "comp":
-            return Component(tok.value)  # type: ignore[arg-type]
+        if tok.kind == "num" and isinstance(tok.value, (int, float)):
+            return NumLit(tok.value)
+        if tok.kind == "str" and isinstance(tok.value, str):
+            return StrLit(tok.value)
+        if tok.kind == "ident" and isinstance(tok.value, str):
+            return EnumIdent(tok.value)
+        if tok.kind == "comp" and isinstance(tok.value, Path):
+            return Component(tok.value)
         if tok.kind == "kw":
             return self.keyword_factor(tok)
         raise self.error(f"unexpected {self.describe(tok)}", tok)
@@ -158,9 +158,9 @@ class _Parser:
             return Exist(self.exist_operand())
         if tok.value == "default":
             nxt = self.advance()
-            if nxt.kind != "comp":
+            if nxt.kind != "comp" or not isinstance(nxt.value, Path):
                 raise self.error("'default' must be followed by a $component", nxt)
-            return Default(nxt.value)  # type: ignore[arg-type]
+            return Default(nxt.value)
         raise self.error(f"unexpected {self.describe(tok)}", tok)
 
     def exist_operand(self) -> Path:
