@@ -119,7 +119,7 @@ def test_watch_backoff_grows_and_resets_after_a_stable_period() -> None:
         waits.append(0.0 if delay is None else delay)
         return real_wait(0)
 
-    watch._stop.wait = record  # type: ignore[method-assign]
+    watch._stop.wait = record  # type: ignore[method-assign,assignment]
     for _ in range(5):
         service.running = False
         watch.check_once()
@@ -143,7 +143,11 @@ def test_watch_records_reachability_changes() -> None:
 
 def test_watch_thread_stops() -> None:
     seen = threading.Event()
-    watch = ServiceWatch("x", Health("k", "a", False), lambda: seen.set() or None, interval=0.01)
+
+    def probe() -> None:
+        seen.set()
+
+    watch = ServiceWatch("x", Health("k", "a", False), probe, interval=0.01)
     watch.start()
     assert seen.wait(10)
     watch.stop()
