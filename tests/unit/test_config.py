@@ -291,10 +291,14 @@ def test_connect_timeouts() -> None:
         load_config(env={"NSJMS_BROKER_CONNECT_TIMEOUT_S": "0"})
 
 
-def test_cli_refuses_an_http_broker_url_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_refuses_an_http_broker_url_with_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from router.cli import EXIT_CONFIG, main
 
-    assert main(["serve", "--broker-url", "http://x:1", "--state-dir", "/nonexistent/nsjms"]) == EXIT_CONFIG
+    state = tmp_path / "nsjms"
+    # explicit DSN and ORB port: code that accepted the URL would fail on them without starting embedded services
+    argv = ["serve", "--broker-url", "http://x:1", "--state-dir", str(state), "--pg-dsn",
+            "postgresql://u@127.0.0.1:1/x", "--orb-port", "1"]
+    assert main(argv) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert "broker.url (from command line broker.url): unsupported scheme 'http://'" in err
-    assert not Path("/nonexistent/nsjms").exists()
+    assert not state.exists()
