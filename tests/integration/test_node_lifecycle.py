@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import stomp
+from bridgekit import JavaTool, java_tool  # noqa: F401  (java_tool is a fixture)
 from conftest import ClientOrb
 from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, wait_until
 
@@ -230,6 +231,24 @@ def test_embedded_broker_refuses_connections_without_credentials(embedded_node: 
     assert stomp_probe("127.0.0.1", embedded_node.stomp_port, login, passcode, 10) is None
     mode = (embedded_node.state_dir / "activemq" / "credentials").stat().st_mode & 0o777
     assert mode == 0o600
+
+
+def test_embedded_broker_refuses_openwire_without_credentials(embedded_node: EmbeddedNode,
+                                                              java_tool: JavaTool) -> None:  # noqa: F811
+    """A Java JMS client (OpenWire) needs the generated credentials too; with them it reaches STOMP consumers."""
+    url = f"tcp://127.0.0.1:{embedded_node.openwire_port}"
+    name = f"nsjms.lifecycle.openwire.{uuid.uuid4().hex[:8]}"
+    with pytest.raises(AssertionError, match="JmsTool produce failed"):
+        java_tool.with_url(url).produce("queue", name, 1)
+    login, passcode = embedded_node.credentials()
+    java_tool.with_url(f"{url}?jms.userName={login}&jms.password={passcode}").produce("queue", name, 1)
+    conn, listener = stomp_client(embedded_node)
+    try:
+        conn.subscribe(f"/queue/{name}", id="1", ack="auto")
+        frame = listener.frames.get(timeout=30)
+        assert frame.headers["destination"] == f"/queue/{name}"
+    finally:
+        conn.disconnect()
 
 
 def test_status_shows_reachability_and_no_secret(embedded_node: EmbeddedNode) -> None:
