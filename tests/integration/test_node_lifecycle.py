@@ -146,7 +146,7 @@ def embedded_node() -> Iterator[EmbeddedNode]:
 
 
 # ------------------------------------------------------------------------------------------ STOMP client
-class Frames(stomp.ConnectionListener):
+class Frames(stomp.ConnectionListener):  # type: ignore[misc]  # stomp.py ships no type hints
     """Hands frames to a queue and does nothing else on the receiver thread."""
 
     def __init__(self) -> None:
