@@ -171,6 +171,10 @@ def cmd_status(args: argparse.Namespace, cfg: Any) -> int:
     except FileNotFoundError:
         print(f"nsjms status: no running node ({state_dir / 'endpoints.json'} missing)", file=sys.stderr)
         return EXIT_NOT_RUNNING
+    except PermissionError:  # the node's files are private (mode 0600)
+        print(f"nsjms status: cannot read {state_dir / 'endpoints.json'}: run as the node's user",
+              file=sys.stderr)
+        return EXIT_FAILURE
     except ConnectionError as exc:
         print(f"nsjms status: node not reachable: {exc}", file=sys.stderr)
         return EXIT_NOT_RUNNING

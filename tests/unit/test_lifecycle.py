@@ -175,3 +175,16 @@ def test_service_unreachable_names_key_and_address() -> None:
     exc = ServiceUnreachable("postgres.dsn", "postgresql://u:***@127.0.0.1:1/db", "connection refused")
     assert str(exc) == "postgres.dsn: cannot reach postgresql://u:***@127.0.0.1:1/db: connection refused"
     assert pickle.loads(pickle.dumps(exc)).key == "postgres.dsn"
+
+
+def test_status_on_private_files_of_another_user_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import router.status
+    from router.cli import EXIT_FAILURE, main
+
+    def private(state_dir: Path) -> dict[str, object]:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(router.status, "collect", private)
+    assert main(["status", "--state-dir", str(tmp_path)]) == EXIT_FAILURE
+    assert "run as the node's user" in capsys.readouterr().err
