@@ -1,7 +1,9 @@
 """The ``nsjms`` command line: ``serve``, ``status``, ``bridge``, ``demo``.
 
 Exit codes: 0 OK, 1 runtime failure, 2 usage or configuration error (the message names the key or option), 3 the
-node is not running / not reachable, 4 the node refused the request (the message says why).
+node is not running / not reachable, 4 the node refused the request (the message says why), 5 ``serve``: the state
+directory is in use by a running node (nothing was touched), 6 ``serve``: PostgreSQL did not answer at start (the
+message names ``postgres.dsn`` and the address, password redacted).
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import logging
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-__all__ = ["main", "EXIT_OK", "EXIT_FAILURE", "EXIT_CONFIG", "EXIT_NOT_RUNNING"]
+__all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "EXIT_LOCKED", "EXIT_NOT_RUNNING", "EXIT_OK", "EXIT_UNREACHABLE", "main"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_NOT_RUNNING = 0, 1, 2, 3
+EXIT_LOCKED, EXIT_UNREACHABLE = 5, 6  # 4 is the node refusing a request (bridgecli)
 
 log = logging.getLogger("nsjms")
 
@@ -92,24 +96,38 @@ def _settings(cfg: Any) -> Any:
         broker_passcode=cfg.broker.passcode,
         broker_stomp_port=cfg.broker.embedded_stomp_port,
         broker_openwire_port=cfg.broker.embedded_openwire_port,
+        pg_connect_timeout_s=float(cfg.postgres.connect_timeout_s),
+        broker_connect_timeout_s=float(cfg.broker.connect_timeout_s),
         node_id=cfg.node.node_id,
     )
 
 
 def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
+    from router.config import redact_dsn
+    from router.lifecycle import ServiceUnreachable, StateDirLocked
     from router.server import Node
-
     from router.telemetry import configure
 
     flush_telemetry = configure(cfg.telemetry.exporter, cfg.telemetry.interval_s, service_name=cfg.node.node_id)
     node = Node(_settings(cfg))
     try:
         node.start()
+    except StateDirLocked as exc:  # another node owns everything there: touch nothing, not even via stop()
+        print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
+        return EXIT_LOCKED
+    except ServiceUnreachable as exc:
+        print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
+        node.stop()
+        return EXIT_UNREACHABLE
     except Exception as exc:  # noqa: BLE001 — report the cause and stop what was started
-        log.error("nsjms serve failed to start: %s", exc)
+        log.error("nsjms serve failed to start: %s", redact_dsn(str(exc)))
         node.stop()
         return EXIT_FAILURE
     print(f"nsjms: node {cfg.node.node_id} serving; endpoints in {node.s.state_dir / 'endpoints.json'}", flush=True)
+    broker = node.health.get("broker")
+    if broker is not None and not broker.reachable:
+        print(f"nsjms: WARNING broker.url {broker.address} is unreachable ({broker.error}); bridges wait and "
+              "reconnect by themselves", flush=True)
     demo = _start_demo(args, node.s.state_dir) if args.demo else None
     try:
         node.wait()
@@ -153,6 +171,10 @@ def cmd_status(args: argparse.Namespace, cfg: Any) -> int:
     except FileNotFoundError:
         print(f"nsjms status: no running node ({state_dir / 'endpoints.json'} missing)", file=sys.stderr)
         return EXIT_NOT_RUNNING
+    except PermissionError:  # the node's files are private (mode 0600)
+        print(f"nsjms status: cannot read {state_dir / 'endpoints.json'}: run as the node's user",
+              file=sys.stderr)
+        return EXIT_FAILURE
     except ConnectionError as exc:
         print(f"nsjms status: node not reachable: {exc}", file=sys.stderr)
         return EXIT_NOT_RUNNING

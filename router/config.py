@@ -33,6 +33,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 __all__ = [
+    "BROKER_SCHEMES",
     "CONFIG_ENV",
     "ENV_PREFIX",
     "BrokerConfig",
@@ -41,6 +42,7 @@ __all__ = [
     "NodeConfig",
     "OrbConfig",
     "PostgresConfig",
+    "broker_addresses",
     "load_config",
     "redact_dsn",
 ]
@@ -132,6 +134,7 @@ class PostgresConfig:
     dsn: str = ""
     embedded_port: int = 55432
     pool_size: int = 8
+    connect_timeout_s: int = 10  # bound of the start-up connection check (and of each reachability probe)
 
     @property
     def embedded(self) -> bool:
@@ -140,7 +143,7 @@ class PostgresConfig:
     def __repr__(self) -> str:
         return (
             f"PostgresConfig(dsn={redact_dsn(self.dsn)!r}, embedded_port={self.embedded_port!r}, "
-            f"pool_size={self.pool_size!r})"
+            f"pool_size={self.pool_size!r}, connect_timeout_s={self.connect_timeout_s!r})"
         )
 
 
@@ -153,6 +156,7 @@ class BrokerConfig:
     passcode: str = field(default="")
     embedded_stomp_port: int = 61613
     embedded_openwire_port: int = 61616
+    connect_timeout_s: int = 10  # bound of the start-up reachability check (and of each probe)
 
     @property
     def embedded(self) -> bool:
@@ -162,7 +166,8 @@ class BrokerConfig:
         return (
             f"BrokerConfig(url={redact_dsn(self.url)!r}, login={self.login!r}, "
             f"passcode={_mask(self.passcode)!r}, embedded_stomp_port={self.embedded_stomp_port!r}, "
-            f"embedded_openwire_port={self.embedded_openwire_port!r})"
+            f"embedded_openwire_port={self.embedded_openwire_port!r}, "
+            f"connect_timeout_s={self.connect_timeout_s!r})"
         )
 
 
@@ -282,21 +287,41 @@ def _dsn(raw: Any, textual: bool) -> str:
     return value
 
 
+BROKER_SCHEMES = ("stomp", "stomp+ssl")  # the node's transports (router.jms.transport's table, minus memory://)
+
+
 def _broker_url(raw: Any, textual: bool) -> str:
     value = _string(raw, textual).strip()
     if not value:
         return ""
-    expectation = "expected a URL such as stomp://host:61613 or an empty string"
+    expectation = (
+        "expected a URL stomp://HOST:PORT or stomp+ssl://HOST:PORT (failover: HOST:PORT,HOST:PORT) or an empty string"
+    )
     if not _URL_START.match(value):
         raise _Invalid(expectation)
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError as exc:
-        raise _Invalid(expectation) from exc
-    if not parts.hostname or (port is not None and not 1 <= port <= 65535):
+    parts = urlsplit(value)
+    if parts.scheme.lower() not in BROKER_SCHEMES:
+        raise _Invalid(f"unsupported scheme {parts.scheme + '://'!r}; {expectation}")
+    if "@" in parts.netloc:
+        raise _Invalid("credentials do not belong in the URL: set broker.login and broker.passcode")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise _Invalid(expectation)
+    for item in parts.netloc.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise _Invalid(expectation)
     return value
+
+
+def broker_addresses(url: str) -> list[tuple[str, int]]:
+    """``[(host, port), ...]`` of a URL accepted by ``broker.url`` (empty for an empty URL)."""
+    if not url:
+        return []
+    out = []
+    for item in urlsplit(url).netloc.split(","):
+        host, _, port = item.strip().rpartition(":")
+        out.append((host.strip("[]"), int(port)))
+    return out
 
 
 _PORT = _integer(1, 65535)
@@ -316,6 +341,7 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
         "dsn": _Key(_dsn, has_credentials=True),
         "embedded_port": _Key(_PORT),
         "pool_size": _Key(_integer(1, 1024)),
+        "connect_timeout_s": _Key(_integer(1, 300)),
     },
     "broker": {
         "url": _Key(_broker_url, has_credentials=True),
@@ -323,6 +349,7 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
         "passcode": _Key(_string, secret=True),
         "embedded_stomp_port": _Key(_PORT),
         "embedded_openwire_port": _Key(_PORT),
+        "connect_timeout_s": _Key(_integer(1, 300)),
     },
     "telemetry": {"exporter": _Key(_exporter), "interval_s": _Key(_integer(1, 3600))},
 }

@@ -1,7 +1,16 @@
 """``nsjms serve``: one node — embedded or given services, the ORB, the channel, ``endpoints.json``.
 
-:func:`build` wires the parts together (no work at import time); :class:`Node` runs and stops them. The ORB
-listens on a fixed loopback endpoint by default so persistent object references survive restarts.
+:class:`Node` wires the parts together (no work at import time), runs and stops them. The ORB listens on a fixed
+loopback endpoint by default so persistent object references survive restarts.
+
+Start order: (1) take the state directory's exclusive lock — a second node on the same directory is refused
+before it touches anything (:class:`router.lifecycle.StateDirLocked`); (2) make the state directory private
+(umask 0077, no group/other bits); (3) start or reuse the embedded services, filling the embedded broker's
+generated credentials into the bridges' broker settings; (4) check PostgreSQL answers within
+``postgres.connect_timeout_s`` (else :class:`router.lifecycle.ServiceUnreachable` naming ``postgres.dsn``) and
+probe the broker (an unreachable broker is logged as an error naming ``broker.url``; the node serves and its
+bridges reconnect by themselves); (5) the ORB, channels, bridges; (6) ``endpoints.json`` and one watch thread per
+service, which keeps reachability for ``status.json`` and restarts a dead embedded service with backoff.
 """
 
 from __future__ import annotations
@@ -9,13 +18,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NodeSettings", "Node", "write_endpoints"]
+__all__ = ["Node", "NodeSettings", "write_endpoints"]
 
 log = logging.getLogger("nsjms.server")
 
@@ -34,6 +45,9 @@ class NodeSettings:
     broker_passcode: str = field(default="", repr=False)
     broker_stomp_port: int = 61613
     broker_openwire_port: int = 61616
+    pg_connect_timeout_s: float = 10.0
+    broker_connect_timeout_s: float = 10.0
+    watch_interval_s: float = 2.0
     node_id: str = "node1"
     extra_orb_args: tuple[str, ...] = field(default_factory=tuple)
 
@@ -52,10 +66,10 @@ def orb_args(s: NodeSettings) -> list[str]:
 
 
 def write_endpoints(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON atomically (readers never see a partial file)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    """Write JSON atomically (readers never see a partial file), mode 0600."""
+    from router.lifecycle import write_private
+
+    write_private(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 class Node:
@@ -72,26 +86,93 @@ class Node:
         self.bridge_store: Any = None
         self.pg_dsn = settings.pg_dsn
         self.broker_url = settings.broker_url
+        self.broker_login = settings.broker_login
+        self.broker_passcode = settings.broker_passcode
+        self.embedded_pg: Any = None
+        self.embedded_mq: Any = None
+        self.health: dict[str, Any] = {}
+        self.watches: list[Any] = []
+        self._lock: Any = None
         self._stopped = threading.Event()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
-        self.s.state_dir.mkdir(parents=True, exist_ok=True)
+        """Raises StateDirLocked (nothing touched), ServiceUnreachable, ServiceError; then call :meth:`stop`."""
+        from router.lifecycle import StateLock
+
+        os.umask(0o077)  # every file this process or its services create is private
+        self.s.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = StateLock(self.s.state_dir)
+        lock.acquire()
+        self._lock = lock
+        self._private_state_dir()
         self._start_services()
+        self._check_services()
         self._start_channel()
         self._publish()
+        for watch in self.watches:
+            watch.start()
+
+    def _private_state_dir(self) -> None:
+        """No group/other bits anywhere; as root with the embedded PostgreSQL, the ``postgres`` group may traverse
+        the top directory (its server runs as that user and lives in ``pg/``, which it owns with mode 0700)."""
+        from router.lifecycle import private_tree
+        from router.services import PG_OS_USER
+
+        private_tree(self.s.state_dir)
+        if not self.pg_dsn and os.geteuid() == 0:
+            try:
+                shutil.chown(self.s.state_dir, group=PG_OS_USER)
+                os.chmod(self.s.state_dir, 0o710)
+            except LookupError:
+                pass  # no postgres user: EmbeddedPostgres says what to install
 
     def _start_services(self) -> None:
         from router import services
 
         if not self.pg_dsn:
-            pg = services.EmbeddedPostgres(self.s.state_dir, self.s.pg_embedded_port)
-            self.pg_dsn = pg.start()
-            self.services.append(pg)
+            self.embedded_pg = services.EmbeddedPostgres(self.s.state_dir, self.s.pg_embedded_port)
+            self.services.append(self.embedded_pg)
+            self.pg_dsn = self.embedded_pg.start()
         if not self.broker_url:
-            mq = services.EmbeddedActiveMQ(self.s.state_dir, self.s.broker_stomp_port, self.s.broker_openwire_port)
-            self.broker_url = mq.start()
-            self.services.append(mq)
+            self.embedded_mq = services.EmbeddedActiveMQ(
+                self.s.state_dir, self.s.broker_stomp_port, self.s.broker_openwire_port, authenticate=True
+            )
+            self.services.append(self.embedded_mq)
+            self.broker_url = self.embedded_mq.start()
+            self.broker_login, self.broker_passcode = self.embedded_mq.login, self.embedded_mq.passcode
+
+    def _check_services(self) -> None:
+        """PostgreSQL must answer (bounded wait); an unreachable broker is reported loudly but not fatal."""
+        from router.config import redact_dsn
+        from router.lifecycle import Health, ServiceUnreachable, ServiceWatch
+
+        pg = Health("postgres.dsn", redact_dsn(self.pg_dsn), self.embedded_pg is not None)
+        mq = Health("broker.url", redact_dsn(self.broker_url), self.embedded_mq is not None)
+        self.health = {"postgres": pg, "broker": mq}
+        problem = self._probe_pg()
+        if problem is not None:
+            raise ServiceUnreachable("postgres.dsn", pg.address, problem)
+        pg.record_probe(None, time.time())
+        problem = self._probe_broker()
+        mq.record_probe(problem, time.time())
+        if problem is not None:
+            log.error("broker.url %s is unreachable at start (%s): the node serves CORBA clients; its bridges wait "
+                      "and reconnect by themselves; `nsjms status` shows the broker's reachability",
+                      mq.address, problem)
+        interval = self.s.watch_interval_s
+        self.watches = [ServiceWatch("PostgreSQL", pg, self._probe_pg, self.embedded_pg, interval=interval),
+                        ServiceWatch("ActiveMQ", mq, self._probe_broker, self.embedded_mq, interval=interval)]
+
+    def _probe_pg(self) -> str | None:
+        from router.lifecycle import probe_postgres
+
+        return probe_postgres(self.pg_dsn, self.s.pg_connect_timeout_s)
+
+    def _probe_broker(self) -> str | None:
+        from router.lifecycle import probe_broker
+
+        return probe_broker(self.broker_url, self.broker_login, self.broker_passcode, self.s.broker_connect_timeout_s)
 
     def _start_channel(self) -> None:
         import omniORB  # noqa: F401 — puts the COS stubs on sys.path
@@ -128,7 +209,7 @@ class Node:
 
         self.bridge_store = BridgeStore(self.pg_dsn)
         self.bridge_store.open()
-        broker = BrokerSettings(self.broker_url, self.s.broker_login, self.s.broker_passcode)
+        broker = BrokerSettings(self.broker_url, self.broker_login, self.broker_passcode)
         self.bridges = BridgeFactoryImpl(self.factory, self.bridge_store, broker, transport, self.s.node_id)
         self.bridges.activate()
         self.bridges.restore()
@@ -153,9 +234,7 @@ class Node:
         }
 
     def snapshot(self) -> dict[str, Any]:
-        """What ``nsjms status`` shows beyond the IDL: queue depths, proxy states, bridges, stored rows."""
-        import time
-
+        """What ``nsjms status`` shows beyond the IDL: queue depths, proxy states, bridges, stored rows, services."""
         channels = []
         for cid, ch in sorted(self.factory.channels.items()):
             proxies = []
@@ -163,11 +242,12 @@ class Node:
                 for pid, proxy in sorted(admin.proxies.items()):
                     proxies.append({"admin": aid, "id": pid, "kind": proxy.kind, "connected": proxy.connected,
                                     "suspended": proxy.suspended, "queued": len(proxy.queue),
-                                    **getattr(proxy, "status_extra", lambda: {})()})
+                                    **getattr(proxy, "status_extra", dict)()})
             channels.append({"id": cid, "events_held": ch.queued_count(), "proxy_suppliers": proxies})
         return {"time": time.time(), "node_id": self.s.node_id, "channels": channels,
                 "bridges": self.bridges.status() if self.bridges is not None else [],
-                "store": self.store.stats()}
+                "store": self.store.stats(),
+                "services": {name: health.as_dict() for name, health in self.health.items()}}
 
     def _register_gauges(self) -> None:
         from router import telemetry
@@ -189,17 +269,19 @@ class Node:
             for channel in list(self.factory.channels.values()):
                 try:
                     channel.sweep_expired()
-                except Exception:  # noqa: BLE001 — retried at the next tick
+                except Exception:
                     log.warning("sweeping expired events of channel %d failed", channel.id, exc_info=True)
             try:
                 write_endpoints(path, self.snapshot())
-            except Exception:  # noqa: BLE001 — status is best effort; the node keeps running
+            except Exception:
                 log.debug("status snapshot failed", exc_info=True)
 
     def _publish(self) -> None:
         path = self.s.state_dir / "endpoints.json"
         write_endpoints(path, self.endpoints())
-        (self.s.state_dir / "factory.ior").write_text(self.orb.object_to_string(self.factory.ref) + "\n")
+        from router.lifecycle import write_private
+
+        write_private(self.s.state_dir / "factory.ior", self.orb.object_to_string(self.factory.ref) + "\n")
         write_endpoints(self.s.state_dir / "status.json", self.snapshot())
         self._register_gauges()
         self.runtime.spawn("status", self._status_loop)
@@ -213,7 +295,12 @@ class Node:
             pass
 
     def stop(self) -> None:
+        """Release everything this node started; a node that never got the state directory's lock touches nothing."""
         self._stopped.set()
+        if self._lock is None:
+            return
+        for watch in self.watches:
+            watch.stop()  # before the services stop: a watch would restart them
         if self.bridges is not None:
             self.bridges.shutdown()
         if self.runtime is not None:
@@ -222,7 +309,7 @@ class Node:
             try:
                 self.orb.shutdown(True)
                 self.orb.destroy()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.debug("ORB shutdown", exc_info=True)
         if self.store is not None:
             self.store.close()
@@ -231,10 +318,12 @@ class Node:
         for svc in reversed(self.services):
             try:
                 svc.stop()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("stopping %s", type(svc).__name__)
         for name in ("endpoints.json", "status.json"):
             try:
                 (self.s.state_dir / name).unlink()
             except FileNotFoundError:
                 pass
+        self._lock.release()
+        self._lock = None

@@ -3,7 +3,14 @@
 ``nsjms serve`` starts them when ``postgres.dsn`` / ``broker.url`` are empty; test fixtures start them when
 no external service is given. Both listen on 127.0.0.1 only and survive a ``kill -9`` of their supervisor: the
 next ``start()`` on the same state directory reuses the running PostgreSQL (same port) or stops it and starts
-it again (other port), and stops a leftover ActiveMQ (found through its pid file) before starting a fresh one.
+it again (other port), and reuses a leftover ActiveMQ (found through its pid file) when it is ours and healthy:
+same ``activemq.xml`` (ports, credentials, policies) and an authenticated STOMP CONNECT answered; otherwise it
+stops it and starts a fresh one. Callers must hold the state directory's lock (:mod:`router.lifecycle`) before
+``start()``: it may stop a leftover service, which must never be one a live node owns.
+
+Files are private: directories 0700, files 0600 (the broker runs with umask 0077; PostgreSQL sets its own).
+With ``authenticate=True`` (what ``nsjms serve`` uses) the broker's STOMP and OpenWire connectors require the
+login/passcode generated on first start and kept in ``activemq/credentials`` (mode 0600).
 
 Layout under ``base_dir``::
 
@@ -11,18 +18,17 @@ Layout under ``base_dir``::
       data/        the cluster (initdb on first start)
       server.log
       password     generated superuser password for TCP connections (mode 0600)
-    activemq/      activemq.xml, log4j2.properties, lib/ (extra jars), data/, tmp/, console.log, broker.pid
+    activemq/      activemq.xml, log4j2.properties, lib/ (extra jars), data/, tmp/, console.log, broker.pid,
+                   credentials (login and generated passcode, mode 0600)
 
-Exceptions::
-
-    RuntimeError
-     └── ServiceError      missing binaries (names the apt package), busy port, start/stop timeout
+Exceptions: :class:`ServiceError` (missing binaries naming the apt package, busy port, start/stop timeout); the
+tree is drawn in :mod:`router.lifecycle`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -36,7 +42,17 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-__all__ = ["EmbeddedActiveMQ", "EmbeddedPostgres", "ServiceError", "free_port", "wait_for_port"]
+from router.lifecycle import ServiceError, private_tree, stomp_probe, write_private
+
+__all__ = [
+    "EmbeddedActiveMQ",
+    "EmbeddedPostgres",
+    "ServiceError",
+    "free_port",
+    "private_tree",
+    "stomp_probe",
+    "wait_for_port",
+]
 
 LOCALHOST = "127.0.0.1"
 PG_BIN_CANDIDATES = ("/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin")
@@ -47,10 +63,10 @@ AMQ_HOME = Path("/usr/share/activemq")
 AMQ_INSTANCE = Path("/etc/activemq/instances-available/main")
 AMQ_EXTRA_JARS = ("jettison.jar", "xstream.jar", "xpp3.jar", "xmlpull.jar", "mxparser.jar")
 JAVA_SHARE = Path("/usr/share/java")
+AMQ_LOGIN = "nsjms"
+PRIVATE_UMASK = 0o077
 
-
-class ServiceError(RuntimeError):
-    """An embedded service could not be started or stopped; the message says why and what to do."""
+log = logging.getLogger("nsjms.services")
 
 
 # ------------------------------------------------------------------------------------------- ports
@@ -179,6 +195,18 @@ class EmbeddedPostgres:
     def is_running(self) -> bool:
         return self._running_port() is not None
 
+    def alive(self) -> bool:
+        """The postmaster of this data directory runs (what the node's supervision checks)."""
+        return self.is_running()
+
+    @property
+    def pid(self) -> int | None:
+        try:
+            pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid if self.is_running() else None
+
     def __enter__(self) -> str:
         return self.start()
 
@@ -210,6 +238,7 @@ class EmbeddedPostgres:
                 timeout=self.timeout + 30,
                 stdin=subprocess.DEVNULL,
                 check=False,
+                umask=PRIVATE_UMASK,
             )
         except FileNotFoundError as exc:
             raise ServiceError(f"{what}: cannot run {argv[0]!r}: {exc.strerror}") from exc
@@ -261,7 +290,8 @@ class EmbeddedPostgres:
 
     def _server_options(self) -> str:
         return (
-            f"-p {self.port} -k {self.root} -c listen_addresses={LOCALHOST} -c max_prepared_transactions=64"
+            f"-p {self.port} -k {self.root} -c listen_addresses={LOCALHOST} -c max_prepared_transactions=64 "
+            "-c unix_socket_permissions=0700"
         )
 
     def _start_server(self) -> None:
@@ -362,6 +392,8 @@ class EmbeddedPostgres:
         fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(password + "\n")
+        if self._as_postgres():
+            shutil.chown(self.password_file, PG_OS_USER, PG_OS_USER)
 
     def _make_dsn(self) -> str:
         password = self._read_password() or ""
@@ -369,15 +401,63 @@ class EmbeddedPostgres:
 
 
 # ---------------------------------------------------------------------------------------- ActiveMQ
-_CONNECTORS = re.compile(r"<transportConnectors>.*?</transportConnectors>", re.DOTALL)
+_AMQ_XML = """<?xml version="1.0" encoding="UTF-8"?>
+<!-- Written by nsjms (router/services.py) at every start; do not edit: changes are overwritten. -->
+<beans
+  xmlns="http://www.springframework.org/schema/beans"
+  xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
+  xsi:schemaLocation="http://www.springframework.org/schema/beans http://www.springframework.org/schema/beans/spring-beans-2.0.xsd
+  http://activemq.apache.org/schema/core http://activemq.apache.org/schema/core/activemq-core.xsd">
+    <bean class="org.springframework.beans.factory.config.PropertyPlaceholderConfigurer"/>
+    <broker xmlns="http://activemq.apache.org/schema/core" useJmx="false" brokerName="localhost"
+            dataDirectory="${{activemq.base}}/data" schedulerSupport="true">
+        <!-- Dead-letter non-persistent and expired messages too (ActiveMQ's default discards non-persistent ones). -->
+        <destinationPolicy>
+            <policyMap>
+                <policyEntries>
+                    <policyEntry queue=">">
+                        <deadLetterStrategy>
+                            <sharedDeadLetterStrategy processNonPersistent="true" processExpired="true"/>
+                        </deadLetterStrategy>
+                    </policyEntry>
+                    <policyEntry topic=">">
+                        <deadLetterStrategy>
+                            <sharedDeadLetterStrategy processNonPersistent="true" processExpired="true"/>
+                        </deadLetterStrategy>
+                    </policyEntry>
+                </policyEntries>
+            </policyMap>
+        </destinationPolicy>
+        <persistenceAdapter>
+            <kahaDB directory="${{activemq.base}}/data/kahadb"/>
+        </persistenceAdapter>
+{plugins}        <transportConnectors>
+            <transportConnector name="openwire" uri="tcp://{host}:{openwire}"/>
+            <transportConnector name="stomp" uri="stomp://{host}:{stomp}"/>
+        </transportConnectors>
+    </broker>
+</beans>
+"""
+_AMQ_AUTH = """        <plugins>
+            <simpleAuthenticationPlugin anonymousAccessAllowed="false">
+                <users>
+                    <authenticationUser username="{login}" password="{passcode}" groups="admins,users"/>
+                </users>
+            </simpleAuthenticationPlugin>
+        </plugins>
+"""
 
 
 class EmbeddedActiveMQ:
     """A private ActiveMQ Classic broker in ``base_dir/activemq``: STOMP and OpenWire on 127.0.0.1.
 
+    ``authenticate=True`` makes both connectors require ``login``/``passcode`` (generated on first start, kept in
+    ``activemq/credentials``); ``nsjms serve`` always uses it. With ``False`` (test fixtures) anyone connects.
+    Non-persistent and expired messages are dead-lettered to ``ActiveMQ.DLQ`` like persistent ones.
+
     ``die_with_parent=True`` asks the kernel to SIGTERM the broker when the *thread* that called ``start()``
     ends (use it from a main thread only, e.g. test fixtures). Without it, a broker left by a killed
-    supervisor is found through ``broker.pid`` and stopped by the next ``start()`` on the same directory.
+    supervisor is found through ``broker.pid`` and reused by the next ``start()`` when it is ours and healthy.
     """
 
     def __init__(
@@ -389,6 +469,8 @@ class EmbeddedActiveMQ:
         timeout: float = 120.0,
         stop_timeout: float = 30.0,
         die_with_parent: bool = False,
+        authenticate: bool = False,
+        reuse: bool = True,
     ) -> None:
         self.root = Path(base_dir).resolve() / "activemq"
         self.stomp_port = stomp_port
@@ -396,20 +478,33 @@ class EmbeddedActiveMQ:
         self.timeout = timeout
         self.stop_timeout = stop_timeout
         self.die_with_parent = die_with_parent
+        self.authenticate = authenticate
+        self.reuse = reuse
         self.pid_file = self.root / "broker.pid"
+        self.credentials_file = self.root / "credentials"
         self.console_log = self.root / "console.log"
         self.broker_log = self.root / "data" / "activemq.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self.url = ""
+        self.login = ""
+        self.passcode = ""
+        self.reused = False  # the last start() adopted a running broker instead of starting one
 
     # -- public
     def start(self) -> str:
-        """Write the instance config, start the broker, wait for STOMP; return ``stomp://127.0.0.1:PORT``."""
+        """Write the instance config, start the broker (or adopt ours), wait for STOMP; return its URL."""
         java = self._java()
+        self._prepare_root()
+        if self.authenticate:
+            self.login, self.passcode = self._credentials()
+        xml = self._instance_xml()
+        self.url = f"stomp://{LOCALHOST}:{self.stomp_port}"
+        if self.reuse and self._adopt_leftover(xml):
+            return self.url
         self._kill_leftover()
         for port, what in ((self.stomp_port, "ActiveMQ STOMP"), (self.openwire_port, "ActiveMQ OpenWire")):
             _ensure_port_free(port, what)
-        self._write_instance()
+        self._write_instance(xml)
         self._spawn(java)
         try:
             wait_for_port(LOCALHOST, self.stomp_port, self.timeout, abort=self._exited)
@@ -420,7 +515,7 @@ class EmbeddedActiveMQ:
                 f"--- tail of {self.broker_log} ---\n{_tail(self.broker_log)}\n"
                 f"--- tail of {self.console_log} ---\n{_tail(self.console_log)}"
             ) from None
-        self.url = f"stomp://{LOCALHOST}:{self.stomp_port}"
+        private_tree(self.root)
         return self.url
 
     def stop(self) -> None:
@@ -435,6 +530,18 @@ class EmbeddedActiveMQ:
     def is_running(self) -> bool:
         return self._leftover_pid() is not None
 
+    def alive(self) -> bool:
+        """The broker process runs (our child, or the adopted leftover); what the node's supervision checks."""
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return self.is_running()
+
+    @property
+    def pid(self) -> int | None:
+        if self._proc is not None:
+            return self._proc.pid if self._proc.poll() is None else None
+        return self._leftover_pid()
+
     def __enter__(self) -> str:
         return self.start()
 
@@ -448,7 +555,7 @@ class EmbeddedActiveMQ:
             raise ServiceError(
                 "`java` not found on PATH: install it with `apt-get install default-jre-headless`"
             )
-        if not (AMQ_HOME / "bin" / "activemq.jar").exists() or not (AMQ_INSTANCE / "activemq.xml").exists():
+        if not (AMQ_HOME / "bin" / "activemq.jar").exists() or not (AMQ_INSTANCE / "log4j2.properties").exists():
             raise ServiceError(
                 f"ActiveMQ not found under {AMQ_HOME} / {AMQ_INSTANCE}: install it with "
                 "`apt-get install activemq` (or run scripts/bootstrap.sh)"
@@ -479,7 +586,8 @@ class EmbeddedActiveMQ:
         setpriv = shutil.which("setpriv")
         if self.die_with_parent and setpriv:  # util-linux: prctl(PR_SET_PDEATHSIG) then exec, same pid
             argv = [setpriv, "--pdeathsig", "TERM", "--", *argv]
-        with open(self.console_log, "ab") as console:
+        fd = os.open(self.console_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "ab") as console:
             self._proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -487,8 +595,9 @@ class EmbeddedActiveMQ:
                 stderr=subprocess.STDOUT,
                 cwd=self.root,
                 start_new_session=True,
+                umask=PRIVATE_UMASK,  # journal, logs and temp files readable by the broker's user only
             )
-        self.pid_file.write_text(f"{self._proc.pid}\n")
+        write_private(self.pid_file, f"{self._proc.pid}\n")
 
     def _exited(self) -> str | None:
         if self._proc is not None and self._proc.poll() is not None:
@@ -514,6 +623,28 @@ class EmbeddedActiveMQ:
         mine = f"-Dactivemq.base={self.root}".encode() in cmdline.split(b"\0")
         return pid if mine and _pid_alive(pid) else None
 
+    def _adopt_leftover(self, xml: str) -> bool:
+        """Keep a running broker of this directory when it was started with exactly this configuration (ports,
+        credentials, policies) and answers an authenticated STOMP CONNECT: its clients stay connected."""
+        pid = self._leftover_pid()
+        if pid is None:
+            return False
+        try:
+            same_config = (self.root / "activemq.xml").read_text() == xml
+        except OSError:
+            same_config = False
+        problem = (
+            stomp_probe(LOCALHOST, self.stomp_port, self.login, self.passcode, 5.0)
+            if same_config
+            else "its configuration differs"
+        )
+        if problem is not None:
+            log.warning("leftover ActiveMQ (pid %d) in %s is not reused (%s): restarting it", pid, self.root, problem)
+            return False
+        log.info("reusing the running ActiveMQ (pid %d) of %s", pid, self.root)
+        self.reused = True
+        return True
+
     def _kill_leftover(self) -> None:
         pid = self._leftover_pid()
         if pid is None:
@@ -525,28 +656,34 @@ class EmbeddedActiveMQ:
                 raise ServiceError(f"leftover ActiveMQ (pid {pid}) from {self.root} did not die")
 
     # -- instance configuration
-    def _write_instance(self) -> None:
-        for sub in ("data", "tmp", "lib"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(AMQ_INSTANCE / "log4j2.properties", self.root / "log4j2.properties")
-        xml = (AMQ_INSTANCE / "activemq.xml").read_text()
-        (self.root / "activemq.xml").write_text(self._with_connectors(xml))
-        self._link_extra_jars()
+    def _prepare_root(self) -> None:
+        for sub in ("", "data", "tmp", "lib"):
+            (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_tree(self.root)
 
-    def _with_connectors(self, xml: str) -> str:
-        connectors = (
-            "<transportConnectors>\n"
-            f'            <transportConnector name="openwire" uri="tcp://{LOCALHOST}:{self.openwire_port}"/>\n'
-            f'            <transportConnector name="stomp" uri="stomp://{LOCALHOST}:{self.stomp_port}"/>\n'
-            "        </transportConnectors>"
+    def _credentials(self) -> tuple[str, str]:
+        """``(login, passcode)``: read from ``credentials`` or generated (and stored, mode 0600) on first use."""
+        try:
+            login, passcode = self.credentials_file.read_text().split("\n")[:2]
+            if login and passcode:
+                return login, passcode
+        except (OSError, ValueError):
+            pass
+        passcode = secrets.token_urlsafe(24)  # [A-Za-z0-9_-]: safe in XML attributes and STOMP headers
+        write_private(self.credentials_file, f"{AMQ_LOGIN}\n{passcode}\n")
+        return AMQ_LOGIN, passcode
+
+    def _instance_xml(self) -> str:
+        plugins = _AMQ_AUTH.format(login=self.login, passcode=self.passcode) if self.authenticate else ""
+        return _AMQ_XML.format(
+            plugins=plugins, host=LOCALHOST, openwire=self.openwire_port, stomp=self.stomp_port
         )
-        if not _CONNECTORS.search(xml):
-            raise ServiceError(f"{AMQ_INSTANCE / 'activemq.xml'} has no <transportConnectors> element")
-        xml = _CONNECTORS.sub(lambda _m: connectors, xml, count=1)
-        # The scheduler makes AMQ_SCHEDULED_DELAY work: the bridge maps an event's StartTime to a delivery delay.
-        if "schedulerSupport=" not in xml:
-            xml = xml.replace("<broker ", '<broker schedulerSupport="true" ', 1)
-        return xml
+
+    def _write_instance(self, xml: str) -> None:
+        shutil.copyfile(AMQ_INSTANCE / "log4j2.properties", self.root / "log4j2.properties")
+        os.chmod(self.root / "log4j2.properties", 0o600)
+        write_private(self.root / "activemq.xml", xml)  # holds the passcode
+        self._link_extra_jars()
 
     def _link_extra_jars(self) -> None:
         """Link jettison/xstream (``jms-json`` transformations) into ``$activemq.base/lib`` if installed."""

@@ -2,7 +2,8 @@
 
 The node rewrites ``<state-dir>/status.json`` every 2 s with what the IDL does not expose (queue depths, proxy
 states, bridge connections and counters, stored rows); this command checks the node answers over IIOP and shows
-both. A snapshot older than 10 s is flagged as stale.
+both. A snapshot older than 10 s is flagged as stale. The snapshot's ``services`` part says whether PostgreSQL and the
+broker were reachable at the node's last probe (every 2 s), and for embedded ones their pid and restart count.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["collect", "render"]
+__all__ = ["collect", "render", "render_service"]
 
 STALE_AFTER_S = 10.0
 
@@ -20,7 +21,7 @@ STALE_AFTER_S = 10.0
 def collect(state_dir: Path) -> dict[str, Any]:
     """Raises FileNotFoundError when no node runs there, ConnectionError when it does not answer."""
     endpoints = json.loads((state_dir / "endpoints.json").read_text())
-    from omniORB import CORBA
+    from omniORB import CORBA  # noqa: I001 — omniORB first: it puts the COS stubs on sys.path
     import CosNotifyChannelAdmin
 
     orb = CORBA.ORB_init(["nsjms-status", "-ORBclientCallTimeOutPeriod", "5000"], CORBA.ORB_ID)
@@ -42,6 +43,24 @@ def collect(state_dir: Path) -> dict[str, Any]:
             "snapshot_age_s": age, "stale": age is None or age > STALE_AFTER_S}
 
 
+def render_service(name: str, svc: dict[str, Any]) -> str:
+    """``postgres    reachable  (embedded, pid 12, restarts 1, last 2026-11-22T14:00:00Z)`` or UNREACHABLE + why."""
+    state = {True: "reachable", False: "UNREACHABLE", None: "not checked yet"}[svc.get("reachable")]
+    details = ["embedded" if svc.get("embedded") else "external"]
+    if svc.get("pid"):
+        details.append(f"pid {svc['pid']}")
+    if svc.get("embedded"):
+        details.append(f"restarts {svc.get('restarts', 0)}")
+    if svc.get("last_restart"):
+        details.append("last restart " + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(svc["last_restart"])))
+    line = f"{name:<11} {state}: {svc.get('key')} {svc.get('address')}  ({', '.join(details)})"
+    if svc.get("error"):
+        line += f"\n  why: {svc['error']}"
+    if svc.get("last_restart_error"):
+        line += f"\n  last restart failed: {svc['last_restart_error']}"
+    return line
+
+
 def render(report: dict[str, Any]) -> str:
     ep, snap = report["endpoints"], report["snapshot"]
     bridge_ep = ep.get("bridge_factory") or {}
@@ -49,12 +68,16 @@ def render(report: dict[str, Any]) -> str:
         f"node        {ep.get('node_id')} (pid {ep.get('pid')})",
         f"factory     {ep['event_channel_factory']['corbaloc']}  (answering)",
         f"bridges     {bridge_ep.get('corbaloc', '-')}",
-        f"postgres    {ep.get('postgres_dsn')}",
-        f"broker      {ep.get('broker_url') or '-'}",
-        f"channels    {report['channel_ids']}",
     ]
+    services = snap.get("services") or {}
+    if not services:
+        lines += [f"postgres    {ep.get('postgres_dsn')}", f"broker      {ep.get('broker_url') or '-'}"]
+    lines.append(f"channels    {report['channel_ids']}")
     if report["stale"]:
         lines.append("snapshot    missing or stale (the node writes status.json every 2 s)")
+    for name in ("postgres", "broker"):
+        if name in services:
+            lines.append(render_service(name, services[name]))
     store = snap.get("store") or {}
     if store:
         lines.append(f"stored      {store.get('events', 0)} persistent events, {store.get('queued', 0)} queue rows")

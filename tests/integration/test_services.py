@@ -19,6 +19,7 @@ import psycopg
 import pytest
 import stomp
 
+from router.lifecycle import stomp_probe
 from router.services import (
     EmbeddedActiveMQ,
     EmbeddedPostgres,
@@ -221,7 +222,9 @@ AMQ_SUPERVISOR = """
 """
 
 
-def test_embedded_activemq_after_sigkill_of_supervisor(state_dir: Path) -> None:
+def test_embedded_activemq_after_sigkill_of_supervisor_is_reused(state_dir: Path) -> None:
+    """A healthy leftover broker of this directory with the same configuration keeps running (its JMS clients stay
+    connected); issue 7: every restart used to stop it and start a new one."""
     stomp_port, openwire_port = free_port(), free_port()
     url = kill_supervisor(supervisor(AMQ_SUPERVISOR, state_dir, stomp_port, openwire_port))
     assert url == f"stomp://127.0.0.1:{stomp_port}"
@@ -229,15 +232,28 @@ def test_embedded_activemq_after_sigkill_of_supervisor(state_dir: Path) -> None:
     broker = EmbeddedActiveMQ(state_dir, stomp_port, openwire_port)
     assert broker.is_running()  # the orphaned broker is still there ...
     try:
-        assert broker.start() == url  # ... and is replaced by a fresh one
-        assert int((state_dir / "activemq" / "broker.pid").read_text()) != leftover
-        assert not _pid_alive(leftover)
+        assert broker.start() == url  # ... and is adopted
+        assert broker.reused and broker.pid == leftover and broker.alive()
         stomp_round_trip(stomp_port)
     finally:
         broker.stop()
-    assert not broker.is_running()
+    assert not broker.is_running() and not _pid_alive(leftover)
     with pytest.raises(ServiceError):
         wait_for_port("127.0.0.1", stomp_port, 0.5)
+
+
+def test_embedded_activemq_leftover_with_another_configuration_is_replaced(state_dir: Path) -> None:
+    stomp_port, openwire_port = free_port(), free_port()
+    kill_supervisor(supervisor(AMQ_SUPERVISOR, state_dir, stomp_port, openwire_port))
+    leftover = int((state_dir / "activemq" / "broker.pid").read_text())
+    broker = EmbeddedActiveMQ(state_dir, stomp_port, openwire_port, authenticate=True)  # now with credentials
+    try:
+        broker.start()
+        assert not broker.reused and broker.pid != leftover and not _pid_alive(leftover)
+        assert stomp_probe("127.0.0.1", stomp_port, "", "", 10) is not None, "anonymous access is refused"
+        assert stomp_probe("127.0.0.1", stomp_port, broker.login, broker.passcode, 10) is None
+    finally:
+        broker.stop()
 
 
 def test_embedded_activemq_busy_port(state_dir: Path) -> None:

@@ -189,7 +189,7 @@ def test_redact_dsn(dsn: str, expected: str) -> None:
 def test_redacted_and_repr_never_show_secrets() -> None:
     env = {
         "NSJMS_POSTGRES_DSN": f"postgresql://nsjms:{SECRET}@db/nsjms",
-        "NSJMS_BROKER_URL": f"stomp://amq:{SECRET}@broker:61613",
+        "NSJMS_BROKER_URL": "stomp://broker:61613",
         "NSJMS_BROKER_LOGIN": "amq",
         "NSJMS_BROKER_PASSCODE": SECRET,
     }
@@ -200,7 +200,7 @@ def test_redacted_and_repr_never_show_secrets() -> None:
     assert shown["broker"]["passcode"] == "***"
     assert shown["broker"]["login"] == "amq"
     assert shown["postgres"]["dsn"] == "postgresql://nsjms:***@db/nsjms"
-    assert shown["broker"]["url"] == "stomp://amq:***@broker:61613"
+    assert shown["broker"]["url"] == "stomp://broker:61613"
     assert shown["node"]["state_dir"] == ".nsjms"
 
 
@@ -239,3 +239,66 @@ def test_sample_deploy_config_is_valid_and_documents_the_defaults() -> None:
         and config.postgres == Config().postgres
         and config.broker == Config().broker
     )
+
+
+# ------------------------------------------------------------------ schemes checked at configuration time (issue 7)
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("NSJMS_BROKER_URL", "http://x:1", "broker.url (from NSJMS_BROKER_URL): unsupported scheme 'http://'"),
+        ("NSJMS_BROKER_URL", "tcp://127.0.0.1:61616", "broker.url (from NSJMS_BROKER_URL): unsupported scheme"),
+        ("NSJMS_BROKER_URL", "memory://x", "broker.url (from NSJMS_BROKER_URL): unsupported scheme"),
+        ("NSJMS_BROKER_URL", "stomp://h", "broker.url (from NSJMS_BROKER_URL): expected a URL stomp://HOST:PORT"),
+        ("NSJMS_BROKER_URL", "stomp://h:1/queue", "broker.url (from NSJMS_BROKER_URL): expected a URL"),
+        ("NSJMS_BROKER_URL", "stomp://h:1,h2", "broker.url (from NSJMS_BROKER_URL): expected a URL"),
+        ("NSJMS_POSTGRES_DSN", "http://x:1", "postgres.dsn (from NSJMS_POSTGRES_DSN): expected a postgresql"),
+        ("NSJMS_POSTGRES_DSN", "stomp://x:1", "postgres.dsn (from NSJMS_POSTGRES_DSN): expected a postgresql"),
+    ],
+)
+def test_service_url_schemes_are_checked_at_load_time(key: str, value: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env={key: value})
+    assert str(info.value).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["stomp://127.0.0.1:61613", "stomp+ssl://amq.example:61614", "STOMP://h:1", "stomp://a:1,b:2",
+     "stomp://[::1]:61613"],
+)
+def test_supported_broker_urls(value: str) -> None:
+    assert load_config(env={"NSJMS_BROKER_URL": value}).broker.url == value
+
+
+@pytest.mark.parametrize(
+    "value", ["postgresql://u@h:5/db", "postgres://h/db", "host=h port=5 dbname=db", "dbname=nsjms"]
+)
+def test_supported_dsns(value: str) -> None:
+    assert load_config(env={"NSJMS_POSTGRES_DSN": value}).postgres.dsn == value
+
+
+def test_credentials_in_the_broker_url_are_refused_without_echo() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env={"NSJMS_BROKER_URL": f"stomp://amq:{SECRET}@broker:61613"})
+    assert str(info.value).startswith("broker.url (from NSJMS_BROKER_URL): credentials do not belong in the URL")
+    assert SECRET not in str(info.value)
+
+
+def test_connect_timeouts() -> None:
+    config = load_config(env={"NSJMS_POSTGRES_CONNECT_TIMEOUT_S": "3"})
+    assert (config.postgres.connect_timeout_s, config.broker.connect_timeout_s) == (3, 10)
+    with pytest.raises(ConfigError, match=r"broker.connect_timeout_s \(from NSJMS_BROKER_CONNECT_TIMEOUT_S\)"):
+        load_config(env={"NSJMS_BROKER_CONNECT_TIMEOUT_S": "0"})
+
+
+def test_cli_refuses_an_http_broker_url_with_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from router.cli import EXIT_CONFIG, main
+
+    state = tmp_path / "nsjms"
+    # explicit DSN and ORB port: code that accepted the URL would fail on them without starting embedded services
+    argv = ["serve", "--broker-url", "http://x:1", "--state-dir", str(state), "--pg-dsn",
+            "postgresql://u@127.0.0.1:1/x", "--orb-port", "1"]
+    assert main(argv) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "broker.url (from command line broker.url): unsupported scheme 'http://'" in err
+    assert not state.exists()
