@@ -8,7 +8,7 @@
   keys the node writes, and ``factory.ior`` holds the factory's IOR and stays valid across a restart.
 
 The Java example is not run here: no Java ORB with the OMG COS Notification stubs is installable on the project's
-machines (see docs/clients.md, "Java").
+machines (see docs/clients.md, "Java"); tests/unit/test_java_example.py only compiles it.
 """
 
 from __future__ import annotations
