@@ -13,7 +13,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-APT_PACKAGES=(omniorb-idl activemq libpostgresql-jdbc-java libjettison-java libxstream-java postgresql-15)
+APT_PACKAGES=(omniorb-idl activemq libpostgresql-jdbc-java libjettison-java libxstream-java postgresql-15 libomniorb4-dev libcos4-dev g++)
 PYTHON="${PYTHON:-python3.11}"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.nsjms-bootstrap"
