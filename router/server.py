@@ -277,11 +277,12 @@ class Node:
                 log.debug("status snapshot failed", exc_info=True)
 
     def _publish(self) -> None:
-        path = self.s.state_dir / "endpoints.json"
-        write_endpoints(path, self.endpoints())
         from router.lifecycle import write_private
 
+        # factory.ior first: endpoints.json is the "ready" signal, so every file it announces already exists
         write_private(self.s.state_dir / "factory.ior", self.orb.object_to_string(self.factory.ref) + "\n")
+        path = self.s.state_dir / "endpoints.json"
+        write_endpoints(path, self.endpoints())
         write_endpoints(self.s.state_dir / "status.json", self.snapshot())
         self._register_gauges()
         self.runtime.spawn("status", self._status_loop)
