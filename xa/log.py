@@ -206,7 +206,10 @@ class FileLog:
             self._synced = target
 
     def live(self) -> Mapping[str, LiveTxn]:
+        """Refuses after a durability failure: memory may then hold a record the disk does not."""
         with self._lock:
+            if self._failed is not None:
+                raise LogDurabilityUnknown(f"the recovery log failed earlier: {self._failed}")
             return fold([r for txn in self._live.values() for r in txn.records()])
 
     # ----------------------------------------------------------------------------------- compaction

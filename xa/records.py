@@ -170,7 +170,7 @@ def _frame_at(data: bytes, offset: int) -> tuple[bytes, int] | None:
         return None
     length, crc = _HEAD.unpack_from(data, offset)
     end = offset + _HEAD.size + length
-    if length > MAX_PAYLOAD or end > len(data):
+    if length == 0 or length > MAX_PAYLOAD or end > len(data):  # a zero-filled tail is never a frame
         return None
     payload = data[offset + _HEAD.size:end]
     return (payload, end) if zlib.crc32(payload) == crc else None

@@ -22,7 +22,7 @@ from .errors import BranchNotFound, LogDurabilityUnknown, UsageError
 from .records import LiveTxn, Record, fold
 from .xid import NodeId
 
-__all__ = ["FakeClock", "MemoryLog", "MemoryManager", "MemoryResource"]
+__all__ = ["FakeClock", "Injection", "MemoryLog", "MemoryManager", "MemoryResource"]
 
 Injection = BaseException | Callable[[], object]
 
@@ -178,8 +178,9 @@ class MemoryLog:
     name, e.g. ``{"Commit": LogWriteFailed("disk full")}``); with ``written=True`` in :meth:`fail_after_write`
     the record is kept although the append raised (a sync that failed after the write)."""
 
-    def __init__(self, node: NodeId) -> None:
+    def __init__(self, node: NodeId, calls: list[str] | None = None) -> None:
         self._node = node
+        self.calls = calls if calls is not None else []  # share a manager's ``calls`` for one timeline
         self.records: list[Record] = []
         self.durable: list[bool] = []
         self.fail: dict[str, BaseException] = {}
@@ -198,6 +199,7 @@ class MemoryLog:
         if self.failed:
             raise LogDurabilityUnknown("the log failed earlier")
         kind = type(record).__name__
+        self.calls.append(f"log {kind}{' durable' if durable else ''}")
         exc = self.fail.pop(kind, None)
         if exc is not None:
             if kind in self._keep_on_failure:
