@@ -47,6 +47,7 @@ from .errors import (
     TransactionRolledBack,
     TransactionTimeout,
     UsageError,
+    XAError,
 )
 from .log import RecoveryLog
 from .records import Commit, End, Heuristic, Participant, Progress, Record, Rollback
@@ -193,6 +194,8 @@ class Transaction:
         try:
             resource.begin(xid)
         except Exception as exc:
+            if isinstance(exc, XAError) and exc.gtrid is None:
+                exc.gtrid = self.gtrid
             self.set_rollback_only(f"branch {resource.name} could not begin: {exc}")
             raise
         return xid
@@ -238,6 +241,8 @@ class Transaction:
             try:
                 resource.prepare()
             except Exception as exc:
+                if isinstance(exc, XAError) and exc.gtrid is None:
+                    exc.gtrid = self.gtrid  # every xa error names its transaction
                 self._rollback_all(Event.PREPARE_FAILED, f"branch {resource.name} failed to prepare: {exc}", exc)
                 raise
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from psycopg import Xid, errors
@@ -26,7 +27,7 @@ from .errors import BranchNotFound, BranchUnavailable, PrepareFailed, ResourceEr
 
 __all__ = ["PgBranch", "PgManager", "translate"]
 
-Connect = Callable[[], psycopg.Connection[tuple[object, ...]]]
+Connect = Callable[[], psycopg.Connection[Any]]
 
 
 def translate(exc: psycopg.Error, *, step: str, gtrid: str | None, branch: str) -> ResourceError:
@@ -47,7 +48,7 @@ class PgBranch:
     kind = "postgresql"
     one_phase_only = False
 
-    def __init__(self, conn: psycopg.Connection[tuple[object, ...]], name: str, *, manager: str = "postgresql",
+    def __init__(self, conn: psycopg.Connection[Any], name: str, *, manager: str = "postgresql",
                  sort_key: str | None = None) -> None:
         self.conn = conn
         self.name = name
@@ -104,7 +105,7 @@ class PgManager:
         self.key = key
 
     @contextmanager
-    def _session(self, step: str, xid: Xid | None = None) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    def _session(self, step: str, xid: Xid | None = None) -> Iterator[psycopg.Connection[Any]]:
         gtrid, branch = (xid.gtrid, xid.bqual or "") if xid else (None, "")
         try:
             with self._connect() as conn:

@@ -93,6 +93,7 @@ def test_prepare_fails_for_participant_i(w: World, failing: str) -> None:
     with pytest.raises(PrepareFailed) as info:
         t.commit()
     assert info.value is boom  # the ORIGINAL error
+    assert boom.gtrid == t.gtrid  # filled in by the coordinator when the participant did not know it
     assert t.state is State.ROLLED_BACK
     assert all(b.steps[-1] == "rollback" for b in branches)
     assert w.prepared() == set() and w.db.committed == [] and w.broker.committed == []
@@ -314,8 +315,9 @@ def test_begin_failure_makes_the_transaction_rollback_only(w: World) -> None:
     t = w.coord.begin()
     ok = w.db.branch("a")
     t.enlist(ok)
-    with pytest.raises(BranchUnavailable):
+    with pytest.raises(BranchUnavailable) as info:
         t.enlist(w.db.branch("b", fail={"begin": BranchUnavailable("down")}))
+    assert info.value.gtrid == t.gtrid
     assert t.state is State.ROLLBACK_ONLY
     with pytest.raises(TransactionRolledBack, match="could not begin"):
         t.commit()
