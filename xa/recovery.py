@@ -214,15 +214,28 @@ class RecoveryManager:
         report.heuristic.append(gtrid)
 
     def _presume_abort(self, known: set[str], scan: _Scan, report: RecoveryReport) -> None:
+        candidates: list[tuple[str, Xid]] = []
         for key, xids in scan.prepared.items():
             for xid in xids.values():
+                age = self._age(xid)
                 if xid.gtrid in known:
                     continue
-                age = self._age(xid)
                 if age is None or age < self.guard:
                     report.waiting.append(f"{xid.gtrid}/{xid.bqual}")
                 else:
-                    self._rollback_xid(key, xid, report)
+                    candidates.append((key, xid))
+        if not candidates:
+            return
+        # Re-check AFTER the scan, in-flight set first, then the log: a transaction that decided while we
+        # scanned is either still in flight here or has its COMMIT record in the log (it stays until END, and
+        # END is written only when every branch is done, in which case the rollback below finds nothing).
+        busy = self.in_flight()
+        decided = set(self.log.live())
+        for key, xid in candidates:
+            if xid.gtrid in busy or xid.gtrid in decided:
+                report.waiting.append(f"{xid.gtrid}/{xid.bqual}")
+            else:
+                self._rollback_xid(key, xid, report)
 
     def _age(self, xid: Xid) -> float | None:
         return None if xid.prepared is None else self.clock.wall() - xid.prepared.timestamp()

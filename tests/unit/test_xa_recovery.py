@@ -265,3 +265,34 @@ def test_decision_unknown_is_resolved_from_what_the_disk_holds(w: World, on_disk
     else:
         assert len(report.rolled_back) == 2 and report.committed == []
     assert w.db.prepared == {}
+
+
+def test_a_decision_logged_during_the_scan_prevents_presumed_abort(w: World) -> None:
+    """A transaction that logs COMMIT while recovery scans is not rolled back (re-check after the scan)."""
+    gtrid = w.undecided()
+    w.clock.advance(GUARD + 1)
+    real_recover = w.db.recover
+
+    def recover_then_decide() -> list[Xid]:
+        found = list(real_recover())
+        w.log.append(Commit(gtrid, (QUEUE, OUTBOX), None, w.clock.wall()), durable=True)
+        return found
+
+    w.db.recover = recover_then_decide  # type: ignore[method-assign]
+    report = w.rm.run()
+    assert report.rolled_back == [] and len(w.db.prepared) == 2
+    assert sorted(report.waiting) == [f"{gtrid}/channel-queue", f"{gtrid}/outbox"]
+
+
+def test_a_transaction_that_started_during_the_scan_is_not_aborted(w: World) -> None:
+    gtrid = w.undecided()
+    w.clock.advance(GUARD + 1)
+    real_recover = w.db.recover
+
+    def recover_then_busy() -> list[Xid]:
+        found = list(real_recover())
+        w.busy = frozenset({gtrid})
+        return found
+
+    w.db.recover = recover_then_busy  # type: ignore[method-assign]
+    assert w.rm.run().rolled_back == [] and len(w.db.prepared) == 2
