@@ -89,3 +89,11 @@ def test_diagrams_are_drawn_from_the_table() -> None:
             if state is not target:
                 assert f"{state.value} --> {target.value}: {event.value}" in text
                 assert f'{state.value} -> {target.value} [label="{event.value}"];' in graph
+
+
+def test_the_docs_diagram_is_the_table() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "transactions.md").read_text()
+    block = doc.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    assert block == mermaid(), "regenerate the diagram: python -c 'from xa.states import mermaid; print(mermaid())'"
