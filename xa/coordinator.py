@@ -42,6 +42,7 @@ from .errors import (
     DuplicateBranch,
     HeuristicKind,
     HeuristicOutcome,
+    IllegalTransition,
     LogError,
     LogWriteFailed,
     TransactionRolledBack,
@@ -207,11 +208,14 @@ class Transaction:
     # --------------------------------------------------------------------------------------- commit
     def commit(self) -> Outcome:
         """Two-phase commit (see the module docstring). Returns once the decision is COMMIT."""
-        if self._state is State.ROLLBACK_ONLY:
-            self._refuse_rollback_only()
         if self._overdue():
             self._fail_timeout()
-        self._move(Event.COMMIT_REQUESTED)
+        try:
+            self._move(Event.COMMIT_REQUESTED)
+        except IllegalTransition:
+            if self._state is not State.ROLLBACK_ONLY:  # read after the failed move: no race with the marker
+                raise
+            self._refuse_rollback_only()
         participants = ordered(self._resources)
         self._phase_one(participants)
         self._move(Event.ALL_PREPARED)

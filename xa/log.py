@@ -241,6 +241,10 @@ class FileLog:
             self._sizes = {t.gtrid: sum(len(frame(r)) for r in t.records()) for t in self._live.values()}
             self._dead = 0
 
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
     def size(self) -> int:
         with self._lock:
             return self._end

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from psycopg import Xid
 
-from .errors import BranchNotFound, LogDurabilityUnknown, UsageError
+from .errors import BranchNotFound, LogDurabilityUnknown, ResourceError, UsageError
 from .records import LiveTxn, Record, fold
 from .xid import NodeId
 
@@ -53,6 +53,18 @@ def _inject(fail: Mapping[str, Injection], step: str) -> None:
     action()
 
 
+def _inject_for(fail: Mapping[str, Injection], step: str, xid: Xid) -> None:
+    """Like :func:`_inject`; an injected ``ResourceError`` names the xid's transaction and branch, as
+    ``xa.pg`` does (the injected object itself is not changed: it may be shared between steps)."""
+    try:
+        _inject(fail, step)
+    except ResourceError as exc:
+        if exc.gtrid is not None:
+            raise
+        kwargs = {**exc._kwargs(), "gtrid": xid.gtrid, "branch": exc.branch or xid.bqual or ""}
+        raise type(exc)(exc.message, **kwargs) from exc
+
+
 @dataclass
 class MemoryManager:
     """A resource manager (think: one PostgreSQL database) holding committed values and prepared branches."""
@@ -84,13 +96,13 @@ class MemoryManager:
 
     def commit_branch(self, xid: Xid) -> None:
         self.calls.append(f"commit_branch {xid.bqual}")
-        _inject(self.fail, "commit_branch")
+        _inject_for(self.fail, "commit_branch", xid)
         _, values = self._take(xid)
         self.committed.extend(values)
 
     def rollback_branch(self, xid: Xid) -> None:
         self.calls.append(f"rollback_branch {xid.bqual}")
-        _inject(self.fail, "rollback_branch")
+        _inject_for(self.fail, "rollback_branch", xid)
         self._take(xid)
 
     def _take(self, xid: Xid) -> tuple[Xid, list[str]]:

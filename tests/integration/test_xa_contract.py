@@ -9,9 +9,11 @@ from typing import Any, Protocol
 import psycopg
 import pytest
 from psycopg import Xid
+from psycopg.conninfo import make_conninfo
 
+from router.services import free_port
 from xa.coordinator import Coordinator
-from xa.errors import BranchNotFound, PrepareFailed
+from xa.errors import BranchNotFound, BranchUnavailable, PrepareFailed
 from xa.pg import PgBranch, PgManager
 from xa.resource import RecoverableManager, Resource
 from xa.states import State
@@ -30,6 +32,7 @@ class Harness(Protocol):
     def doom(self, branch: Resource) -> None: ...  # make the branch's prepare fail
     def visible(self) -> set[str]: ...
     def crash(self, branch: Resource) -> None: ...  # the session holding the branch dies
+    def unreachable(self) -> RecoverableManager: ...  # the same manager when its server cannot be reached
 
 
 class MemoryHarness:
@@ -54,6 +57,10 @@ class MemoryHarness:
     def crash(self, branch: Resource) -> None:
         pass  # prepared branches live in the manager, as in a database
 
+    def unreachable(self) -> RecoverableManager:
+        down = BranchUnavailable("connection refused")
+        return MemoryManager("pg", fail={"recover": down, "commit_branch": down, "rollback_branch": down})
+
 
 class PgHarness:
     def __init__(self, dsn: str) -> None:
@@ -61,7 +68,8 @@ class PgHarness:
         self.conns: list[psycopg.Connection[Any]] = []
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE t (v text, CONSTRAINT t_v UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)")
-        self.manager: RecoverableManager = PgManager(lambda: psycopg.connect(dsn))
+        self.pg = PgManager(lambda: psycopg.connect(dsn))
+        self.manager: RecoverableManager = self.pg
 
     def branch(self, name: str) -> Resource:
         conn = psycopg.connect(self.dsn)
@@ -84,9 +92,14 @@ class PgHarness:
         assert isinstance(branch, PgBranch)
         branch.conn.close()
 
+    def unreachable(self) -> RecoverableManager:
+        dead = make_conninfo(self.dsn, host="127.0.0.1", port=str(free_port()), connect_timeout="2")
+        return PgManager(lambda: psycopg.connect(dead))
+
     def close(self) -> None:
         for conn in self.conns:
             conn.close()
+        self.pg.close()
 
 
 @pytest.fixture(params=["memory", "postgresql"])
@@ -187,3 +200,15 @@ def test_prepare_failure_is_prepare_failed_and_everything_rolls_back(h: Harness)
     assert info.value.branch == "b-bad" and info.value.gtrid == t.gtrid
     assert t.state is State.ROLLED_BACK
     assert h.visible() == set() and ours(h) == []
+
+
+def test_unreachable_manager_is_branch_unavailable(h: Harness) -> None:
+    down = h.unreachable()
+    xid = branch_xid(new_gtrid(NODE), "a")
+    with pytest.raises(BranchUnavailable):
+        down.recover()
+    with pytest.raises(BranchUnavailable) as info:
+        down.commit_branch(xid)
+    assert info.value.gtrid == xid.gtrid
+    with pytest.raises(BranchUnavailable):
+        down.rollback_branch(xid)

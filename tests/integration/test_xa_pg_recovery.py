@@ -69,14 +69,17 @@ class CrashAt:
 class Node:
     """One run of a node: its log, PostgreSQL sessions, a twin broker branch; ``restart`` reads it all back."""
 
-    def __init__(self, dsn: str, state_dir: Path) -> None:
+    def __init__(self, dsn: str, state_dir: Path, family: list[Node] | None = None) -> None:
         self.dsn, self.state_dir = dsn, state_dir
+        self.family = family if family is not None else []  # every incarnation, closed by the fixture
+        self.family.append(self)
         self.clock = SystemClock()
         self.log = FileLog(state_dir, NODE)
         self.coord = Coordinator(NODE, self.log, self.clock)
         self.conns: list[psycopg.Connection[Any]] = []
         self.broker = MemoryManager("broker")
         self.resent: list[tuple[str, str]] = []
+        self.pg = PgManager(lambda: psycopg.connect(dsn), key="pg")  # recovery's own session
 
     def branch(self, name: str) -> PgBranch:
         conn = psycopg.connect(self.dsn)
@@ -87,20 +90,23 @@ class Node:
         return self.broker.branch("stomp", one_phase=True, **kw)
 
     def die(self) -> None:
+        if self.log.closed:
+            return
         for conn in self.conns:
             conn.close()
+        self.pg.close()
         self.log.close()
 
     def recovery(self, guard: float) -> RecoveryManager:
         def resend(gtrid: str, p: Participant) -> None:
             self.resent.append((gtrid, p.name))
 
-        return RecoveryManager(NODE, self.log, [PgManager(lambda: psycopg.connect(self.dsn), key="pg")], resend,
+        return RecoveryManager(NODE, self.log, [self.pg], resend,
                                self.clock, in_flight_guard=guard, in_flight=self.coord.in_flight)
 
     def restart(self) -> Node:
         self.die()
-        return Node(self.dsn, self.state_dir)
+        return Node(self.dsn, self.state_dir, self.family)
 
 
 @pytest.fixture
@@ -110,7 +116,8 @@ def node(fresh_db: str, tmp_path: Path) -> Iterator[Node]:
         conn.execute("CREATE TABLE outbox (dedupe_id text PRIMARY KEY)")
     n = Node(fresh_db, tmp_path)
     yield n
-    n.die()
+    for incarnation in n.family:
+        incarnation.die()
 
 
 def prepared_gids(dsn: str) -> set[str]:
@@ -240,7 +247,7 @@ def test_prepared_xacts_of_another_database_are_not_listed(node: Node, pg_dsn: s
     xid = branch_xid(new_gtrid(NODE), "outbox")  # even OUR node's xid: it is not this database's to finish
     try:
         prepare_and_close(other_dsn, xid, "SELECT 1")
-        assert PgManager(lambda: psycopg.connect(node.dsn)).recover() == []
+        assert node.pg.recover() == []
         assert node.recovery(guard=0).run().rolled_back == []
         assert prepared_gids(other_dsn) == {str(xid)}
     finally:
