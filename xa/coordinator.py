@@ -156,6 +156,11 @@ class Transaction:
     def rollback_reason(self) -> str:
         return self._reason
 
+    @property
+    def timed_out(self) -> bool:
+        """True once the deadline passed before the decision (the transaction is or will be rolled back)."""
+        return self._timed_out
+
     def _move(self, event: Event) -> State:
         with self._lock:
             self._state = apply(self._state, event, gtrid=self.gtrid)

@@ -28,7 +28,10 @@ from psycopg import Xid
 
 from .errors import ForeignXid, UsageError
 
-__all__ = ["FORMAT_ID", "GlobalId", "NodeId", "branch_xid", "dedupe_id", "is_ours", "new_gtrid", "parse_gtrid"]
+__all__ = [
+    "FORMAT_ID", "GlobalId", "NodeId", "branch_xid", "check_branch", "dedupe_id", "is_ours", "new_gtrid",
+    "parse_gtrid", "require_ours",
+]
 
 FORMAT_ID = 0x6E736A31  # "nsj1"
 _NODE = re.compile(r"[A-Za-z0-9_-]{1,32}")

@@ -210,7 +210,7 @@ def test_timeout_before_commit(w: World) -> None:
     with pytest.raises(TransactionTimeout) as info:
         t.commit()
     assert info.value.gtrid == t.gtrid
-    assert t.state is State.ROLLED_BACK
+    assert t.state is State.ROLLED_BACK and t.timed_out
     assert all(b.steps == ["begin", "rollback"] for b in branches)
     assert "Commit" not in w.log.kinds()
 
@@ -233,7 +233,7 @@ def test_no_commit_logged_past_the_deadline(w: World) -> None:
 
 def test_deadline_no_longer_applies_after_the_decision(w: World) -> None:
     t, _ = w.txn(timeout=5, fail={"channel-queue": {"commit": lambda: w.clock.advance(60)}})
-    assert t.commit().state is State.COMMITTED
+    assert t.commit().state is State.COMMITTED and not t.timed_out
 
 
 def test_zero_timeout_means_no_deadline(w: World) -> None:
