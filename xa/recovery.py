@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 
 from psycopg import Xid
 
-from .errors import BranchNotFound, HeuristicOutcome, UsageError, XAError
+from .errors import BranchNotFound, HeuristicKind, HeuristicOutcome, UsageError, XAError
 from .log import RecoveryLog
 from .records import End, Heuristic, LiveTxn, Participant, Progress
 from .resource import Clock, RecoverableManager
 from .xid import NodeId, branch_xid, is_ours
 
-__all__ = ["InDoubt", "RecoveryManager", "RecoveryReport", "SafeAction"]
+__all__ = ["InDoubt", "RecoveryManager", "RecoveryReport", "SafeAction", "render"]
 
 _log = logging.getLogger("xa.recovery")
 Resend = Callable[[str, Participant], None]
@@ -248,6 +248,66 @@ class RecoveryManager:
             raise UsageError("only a transaction with a heuristic outcome can be forgotten", gtrid=gtrid)
         self.log.append(End(gtrid, self.clock.wall(), who), durable=True)
 
+    def resolve(self, gtrid: str, action: SafeAction, who: str, why: str) -> RecoveryReport:
+        """An operator's decision for one in-doubt transaction (``nsjms txn commit|rollback``).
+
+        Acting as the log says (commit a logged COMMIT; roll back what has no COMMIT record) is ordinary recovery,
+        without waiting for the in-flight guard. Acting AGAINST the log (commit without a COMMIT record, roll
+        back a logged COMMIT) is a heuristic decision: a HEURISTIC record (who, when, why) is made durable BEFORE
+        any branch is touched, and the transaction stays listed until it is forgotten.
+        """
+        if action not in (SafeAction.COMMIT, SafeAction.ROLLBACK):
+            raise UsageError(f"an operator can commit or roll back, not {action.value}", gtrid=gtrid)
+        if not who.strip() or not why.strip():
+            raise UsageError("an operator decision needs who and why", gtrid=gtrid)
+        if gtrid in self.in_flight():
+            raise UsageError("this node is driving the transaction now", gtrid=gtrid)
+        txn = self.log.live().get(gtrid)
+        scan = self._scan()
+        found = [(key, x) for key, xids in scan.prepared.items() for x in xids.values() if x.gtrid == gtrid]
+        if txn is None and not found:
+            raise UsageError("no such in-doubt transaction on this node", gtrid=gtrid)
+        report = RecoveryReport(foreign=scan.foreign, errors=[f"{k}: {e}" for k, e in scan.unavailable.items()])
+        logged_commit = txn is not None and txn.commit is not None
+        if action is SafeAction.COMMIT and logged_commit and txn is not None and not txn.heuristics:
+            self._finish_commit(txn, scan, report)
+            return report
+        if action is SafeAction.ROLLBACK and not logged_commit:
+            for key, xid in found:
+                self._rollback_xid(key, xid, report)
+            if txn is not None and txn.rollback is not None and not txn.heuristics and not report.errors:
+                self._progress(gtrid, [], [], report)
+            return report
+        kind = HeuristicKind.COMMIT if action is SafeAction.COMMIT else self._rollback_kind(txn, found)
+        self.log.append(Heuristic(gtrid, kind, "*", who, why, self.clock.wall()), durable=True)
+        report.heuristic.append(gtrid)
+        for key, xid in found:
+            if action is SafeAction.COMMIT:
+                self._commit_xid(key, xid, report)
+            else:
+                self._rollback_xid(key, xid, report)
+        return report
+
+    @staticmethod
+    def _rollback_kind(txn: LiveTxn | None, found: Sequence[tuple[str, Xid]]) -> HeuristicKind:
+        """ROLLBACK if nothing of a logged COMMIT can have committed yet (every two-phase branch still prepared,
+        nothing recorded done), else MIXED."""
+        if txn is None or txn.commit is None:
+            return HeuristicKind.ROLLBACK
+        still = {x.bqual for _, x in found}
+        two_phase = {p.name for p in txn.commit.participants if not p.one_phase}
+        return HeuristicKind.ROLLBACK if two_phase <= still and not txn.done else HeuristicKind.MIXED
+
+    def _commit_xid(self, manager: str, xid: Xid, report: RecoveryReport) -> None:
+        try:
+            self.managers[manager].commit_branch(xid)
+        except BranchNotFound:
+            return
+        except XAError as exc:
+            report.errors.append(f"{xid.gtrid}/{xid.bqual}: commit failed: {exc}")
+            return
+        report.committed.append(f"{xid.gtrid}/{xid.bqual}")
+
     def view(self) -> list[InDoubt]:
         """Every in-doubt transaction of this node, oldest first, with the safe action and why."""
         busy, live, scan = self.in_flight(), self.log.live(), self._scan()
@@ -275,7 +335,7 @@ class RecoveryManager:
         if txn.rollback is not None:
             return InDoubt(txn.gtrid, "rollback-logged", pending, age, SafeAction.ROLLBACK,
                            f"rollback decided ({txn.rollback.reason}); branches left prepared")
-        unreachable = [p.manager for p in decision.participants if p.manager in scan.unavailable]
+        unreachable = [p.manager for p in decision.participants if not p.one_phase and p.manager not in scan.prepared]
         if unreachable:
             return InDoubt(txn.gtrid, "commit-logged", pending, age, SafeAction.RETRY,
                            f"COMMIT logged; cannot reach {', '.join(sorted(set(unreachable)))}")
@@ -298,3 +358,13 @@ class RecoveryManager:
                            f"no decision yet; younger than the in-flight guard ({self.guard:.0f} s)")
         return InDoubt(gtrid, "undecided", pending, age, SafeAction.ROLLBACK,
                        "no COMMIT logged: presumed abort")
+
+
+def render(view: Sequence[InDoubt]) -> str:
+    """The operator view as a plain-text table (what ``nsjms txn list`` prints)."""
+    head = ("GTRID", "STATUS", "AGE", "PENDING", "ACTION", "REASON")
+    rows = [(d.gtrid, d.status, "-" if d.age_s is None else f"{d.age_s:.0f}s", ",".join(d.pending) or "-",
+             d.action.value, d.reason) for d in view]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]]) for r in [head, *rows]]
+    return "\n".join(lines) + "\n"

@@ -296,3 +296,74 @@ def test_a_transaction_that_started_during_the_scan_is_not_aborted(w: World) -> 
 
     w.db.recover = recover_then_busy  # type: ignore[method-assign]
     assert w.rm.run().rolled_back == [] and len(w.db.prepared) == 2
+
+
+# ---------------------------------------------------------------------------------- operator decisions
+def test_operator_rollback_of_an_undecided_transaction_is_ordinary(w: World) -> None:
+    gtrid = w.undecided()  # young: run() would wait, the operator need not
+    report = w.rm.resolve(gtrid, SafeAction.ROLLBACK, "operator:alice", "stuck after a node swap")
+    assert len(report.rolled_back) == 2 and report.heuristic == []
+    assert w.db.prepared == {} and w.log.records == []
+
+
+def test_operator_commit_without_a_decision_is_a_heuristic(w: World) -> None:
+    gtrid = w.undecided()
+    report = w.rm.resolve(gtrid, SafeAction.COMMIT, "operator:alice", "the outbox rows were already sent")
+    assert len(report.committed) == 2 and report.heuristic == [gtrid]
+    heuristic = w.log.records[0]
+    assert isinstance(heuristic, Heuristic) and heuristic.kind is HeuristicKind.COMMIT
+    assert (heuristic.who, heuristic.why) == ("operator:alice", "the outbox rows were already sent")
+    assert w.log.durable[0] and w.db.calls.index("commit_branch channel-queue") > 0
+    [entry] = w.rm.view()
+    assert entry.action is SafeAction.FORGET
+    w.rm.forget(gtrid, "operator:alice")
+    assert w.rm.view() == []
+
+
+def test_operator_rollback_of_a_logged_commit_is_a_heuristic_logged_first(w: World) -> None:
+    gtrid = w.crashed_commit("outbox")  # channel-queue already committed: the outcome is mixed
+    order: list[str] = []
+    w.log.calls = order
+    w.db.calls = order
+    w.rm.resolve(gtrid, SafeAction.ROLLBACK, "operator:bob", "broker lost the messages")
+    assert order.index("log Heuristic durable") < order.index("rollback_branch outbox")
+    kinds = [r.kind for r in w.log.records if isinstance(r, Heuristic)]
+    assert kinds == [HeuristicKind.MIXED]  # channel-queue is gone: it may have committed
+    assert w.db.prepared == {} and w.db.committed == []
+
+
+def test_operator_commit_of_a_logged_commit_is_ordinary(w: World) -> None:
+    gtrid = w.crashed_commit("channel-queue", "outbox")
+    report = w.rm.resolve(gtrid, SafeAction.COMMIT, "operator", "finish it now")
+    assert report.ended == [gtrid] and report.heuristic == [] and w.resent == [(gtrid, "stomp")]
+
+
+def test_operator_misuse(w: World) -> None:
+    with pytest.raises(UsageError):
+        w.rm.resolve(new_gtrid(NODE), SafeAction.ROLLBACK, "op", "why")  # nothing to resolve
+    gtrid = w.undecided()
+    with pytest.raises(UsageError):
+        w.rm.resolve(gtrid, SafeAction.RESEND, "op", "why")
+    with pytest.raises(UsageError):
+        w.rm.resolve(gtrid, SafeAction.COMMIT, "op", " ")
+    w.busy = frozenset({gtrid})
+    with pytest.raises(UsageError):
+        w.rm.resolve(gtrid, SafeAction.COMMIT, "op", "why")
+
+
+def test_render_lists_every_entry() -> None:
+    from xa.recovery import InDoubt, render
+
+    text = render([InDoubt("n1:" + "a" * 24, "undecided", ("outbox",), 75.4, SafeAction.ROLLBACK,
+                           "no COMMIT logged: presumed abort")])
+    head, row = text.splitlines()
+    assert head.split()[:5] == ["GTRID", "STATUS", "AGE", "PENDING", "ACTION"]
+    assert row.split()[:5] == ["n1:" + "a" * 24, "undecided", "75s", "outbox", "rollback"]
+    assert row.endswith("no COMMIT logged: presumed abort")
+
+
+def test_operator_rollback_of_a_logged_commit_before_any_branch_committed(w: World) -> None:
+    gtrid = w.crashed_commit("channel-queue", "outbox")
+    w.rm.resolve(gtrid, SafeAction.ROLLBACK, "operator:bob", "wrong destination")
+    kinds = [r.kind for r in w.log.records if isinstance(r, Heuristic)]
+    assert kinds == [HeuristicKind.ROLLBACK] and w.db.prepared == {}
