@@ -72,6 +72,10 @@ class PgBranch:
     def begin(self, xid: Xid) -> None:
         if self.conn.autocommit:
             raise UsageError(f"branch {self.name}: the connection is in autocommit mode", gtrid=xid.gtrid)
+        status = self.conn.info.transaction_status
+        if status != psycopg.pq.TransactionStatus.IDLE:
+            raise UsageError(f"branch {self.name}: the connection is not idle ({status.name}); enlist the branch "
+                             "before doing its work", gtrid=xid.gtrid)
         self._xid = xid
         with self._boundary("begin"):
             self.conn.tpc_begin(xid)

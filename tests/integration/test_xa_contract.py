@@ -13,7 +13,7 @@ from psycopg.conninfo import make_conninfo
 
 from router.services import free_port
 from xa.coordinator import Coordinator
-from xa.errors import BranchNotFound, BranchUnavailable, PrepareFailed
+from xa.errors import BranchNotFound, BranchUnavailable, PrepareFailed, UsageError
 from xa.pg import PgBranch, PgManager
 from xa.resource import RecoverableManager, Resource
 from xa.states import State
@@ -212,3 +212,37 @@ def test_unreachable_manager_is_branch_unavailable(h: Harness) -> None:
     assert info.value.gtrid == xid.gtrid
     with pytest.raises(BranchUnavailable):
         down.rollback_branch(xid)
+
+
+# ------------------------------------------------------------------------- PostgreSQL-only boundary
+def test_pg_branch_refuses_a_busy_or_autocommit_connection(fresh_db: str) -> None:
+    xid = branch_xid(new_gtrid(NODE), "a")
+    with psycopg.connect(fresh_db) as busy:
+        busy.execute("SELECT 1")  # work done before enlisting: it would not be part of the branch
+        with pytest.raises(UsageError, match="not idle"):
+            PgBranch(busy, "a").begin(xid)
+    with psycopg.connect(fresh_db, autocommit=True) as auto, pytest.raises(UsageError, match="autocommit"):
+        PgBranch(auto, "a").begin(xid)
+
+
+def test_pg_errors_are_translated_at_the_boundary(fresh_db: str) -> None:
+    """A non-connection error at commit is BranchUnavailable (outcome unknown), never a raw psycopg error."""
+    conn = psycopg.connect(fresh_db)
+    try:
+        branch = PgBranch(conn, "a")
+        branch.begin(branch_xid(new_gtrid(NODE), "a"))
+        branch.prepare()
+        conn.close()  # the session dies after PREPARE
+        with pytest.raises(BranchUnavailable) as info:
+            branch.commit()
+        assert isinstance(info.value.__cause__, psycopg.Error)
+        with pytest.raises(BranchUnavailable, match="closed while prepared"):
+            branch.rollback()
+    finally:
+        conn.close()
+    manager = PgManager(lambda: psycopg.connect(fresh_db))
+    try:
+        [xid] = [x for x in manager.recover() if is_ours(x, NODE)]
+        manager.rollback_branch(xid)
+    finally:
+        manager.close()

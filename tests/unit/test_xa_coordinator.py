@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from xa.coordinator import BranchOutcome, Coordinator, Transaction
@@ -353,3 +355,27 @@ def test_twin_fails_loudly_on_protocol_misuse(w: World) -> None:
         b.commit()
     with pytest.raises(UsageError):
         b.write("x")
+
+
+def test_with_the_file_log_the_decision_is_synced_before_phase_two(tmp_path: Path) -> None:
+    from xa.log import FileLog, FileOps
+
+    clock = FakeClock()
+    db = MemoryManager("pg", clock)
+
+    class Ops(FileOps):
+        def sync(self, fd: int) -> None:
+            db.calls.append("fdatasync")
+            super().sync(fd)
+
+    log = FileLog(tmp_path, NODE, ops=Ops())
+    try:
+        t = Coordinator(NODE, log, clock).begin(30)
+        t.enlist(db.branch("a"))
+        t.enlist(db.branch("b"))
+        db.calls.clear()
+        assert t.commit().state is State.COMMITTED
+        assert db.calls == ["prepare a", "prepare b", "fdatasync", "commit a", "commit b"]
+        assert log.live() == {}
+    finally:
+        log.close()
