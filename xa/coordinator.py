@@ -64,7 +64,7 @@ _HANDED_OFF = TERMINAL | {State.COMMIT_PENDING, State.IN_DOUBT, State.HEURISTIC_
                           State.HEURISTIC_MIXED}
 
 
-class BranchOutcome(str, enum.Enum):
+class BranchOutcome(enum.StrEnum):
     COMMITTED = "COMMITTED"
     ROLLED_BACK = "ROLLED_BACK"
     UNKNOWN = "UNKNOWN"  # the call failed or never answered: recovery finishes it (commit / re-send / abort)

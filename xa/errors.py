@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 
-class HeuristicKind(str, enum.Enum):
+class HeuristicKind(enum.StrEnum):
     """What a participant (or an operator) did on its own, against or without the coordinator's decision."""
 
     COMMIT = "commit"

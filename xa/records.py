@@ -34,7 +34,7 @@ MAX_PAYLOAD = 1 << 20
 _HEAD = struct.Struct(">II")
 
 
-class Kind(str, enum.Enum):
+class Kind(enum.StrEnum):
     HEADER = "HEADER"
     COMMIT = "COMMIT"  # the decision: durable before any phase-two call
     ROLLBACK = "ROLLBACK"  # rollback decided but some branch could not be rolled back (recovery finishes it)

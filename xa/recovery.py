@@ -43,7 +43,7 @@ _log = logging.getLogger("xa.recovery")
 Resend = Callable[[str, Participant], None]
 
 
-class SafeAction(str, enum.Enum):
+class SafeAction(enum.StrEnum):
     COMMIT = "commit"  # the decision is COMMIT: commit the prepared branches
     RESEND = "resend"  # committed; the broker's outcome is unknown: re-send the outbox rows (same dedupe ids)
     ROLLBACK = "rollback"  # no decision (presumed abort) or a logged rollback
@@ -80,7 +80,7 @@ class _Scan:
     unavailable: dict[str, str] = field(default_factory=dict)  # manager key -> error
     foreign: int = 0
 
-    def state(self, manager: str, xid: Xid) -> Xid | None | str:
+    def state(self, manager: str, xid: Xid) -> Xid | str | None:
         """The prepared xid, None if gone, or the manager's error text if it could not be asked."""
         if manager in self.unavailable:
             return self.unavailable[manager]

@@ -25,7 +25,7 @@ from .errors import IllegalTransition
 __all__ = ["TERMINAL", "TRANSITIONS", "Event", "State", "apply", "dot", "mermaid"]
 
 
-class State(str, enum.Enum):
+class State(enum.StrEnum):
     ACTIVE = "ACTIVE"  # branches enlisted, work in progress
     ROLLBACK_ONLY = "ROLLBACK_ONLY"  # a participant / the bridge forced rollback (NJI 2.7.4)
     PREPARING = "PREPARING"  # phase one running
@@ -42,7 +42,7 @@ class State(str, enum.Enum):
     FORGOTTEN = "FORGOTTEN"  # an operator acknowledged the heuristic outcome; the log forgot it
 
 
-class Event(str, enum.Enum):
+class Event(enum.StrEnum):
     ENLIST = "enlist"
     MARK_ROLLBACK_ONLY = "mark_rollback_only"
     COMMIT_REQUESTED = "commit_requested"

@@ -64,7 +64,7 @@ def test_rollback_only_cannot_prepare() -> None:
 
 
 def test_terminal_states() -> None:
-    assert TERMINAL == {State.COMMITTED, State.ROLLED_BACK, State.FORGOTTEN}
+    assert {State.COMMITTED, State.ROLLED_BACK, State.FORGOTTEN} == TERMINAL
     for state in TERMINAL:
         for event in Event:
             with pytest.raises(IllegalTransition):
