@@ -123,6 +123,9 @@ def encode(record: Record) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
+_UNDECODABLE = (ValueError, KeyError, TypeError, AttributeError)  # UnicodeDecodeError is a ValueError
+
+
 def decode(payload: bytes) -> Record:
     """The record of a payload; ValueError/KeyError/TypeError on anything that is not one."""
     body = json.loads(payload.decode())
@@ -188,7 +191,7 @@ def scan(data: bytes) -> tuple[list[Record], int]:
         payload, end = found
         try:
             records.append(decode(payload))
-        except (ValueError, KeyError, TypeError) as exc:
+        except _UNDECODABLE as exc:
             raise LogCorrupted(f"undecodable record at byte {offset}: {exc}") from exc
         offset = end
     if offset < len(data):
@@ -203,7 +206,7 @@ def _check_tail(data: bytes, start: int) -> None:
             continue
         try:
             decode(found[0])
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        except _UNDECODABLE:
             continue
         raise LogCorrupted(f"damaged record at byte {start} followed by a valid record at byte {candidate}")
 

@@ -173,11 +173,11 @@ def test_damage_followed_by_valid_records_is_corruption(tmp_path: Path) -> None:
     assert path.read_bytes() == bytes(data)  # nothing was cut: an operator decides
 
 
-def test_checksum_valid_but_undecodable_record_is_corruption(tmp_path: Path) -> None:
+@pytest.mark.parametrize("payload", [b'{"type":"NOPE"}', b"[1, 2]", b'"text"', b'{"type":"END"}', b"\xff\xfe"])
+def test_checksum_valid_but_undecodable_record_is_corruption(tmp_path: Path, payload: bytes) -> None:
     path, _ = _log_with(tmp_path, [commit(1)])
     import struct
     import zlib
-    payload = b'{"type":"NOPE"}'
     with path.open("ab") as f:
         f.write(struct.pack(">II", len(payload), zlib.crc32(payload)) + payload)
     with pytest.raises(LogCorrupted):
