@@ -1,0 +1,370 @@
+"""Recovery: finish what the log decided, presume abort for what it did not, never touch another node's xids.
+
+Pure logic over injected parts: the node's recovery log, the resource managers (by key), a re-send callback for
+one-phase branches, the clock and the coordinator's in-flight set. :meth:`RecoveryManager.run` does, in order:
+
+1. asks every manager for its prepared branches (``recover()`` on a fresh session). An xid with another format
+   id, a gtrid that is not nsjms's, or another node's id is FOREIGN: counted, never touched. A manager that
+   cannot be reached makes its branches unknown: nothing is concluded about them ("gone" is only believed when
+   the manager answered);
+2. for each transaction with a COMMIT record and no END (and not in flight here): ``commit_branch`` every
+   two-phase branch still prepared (a branch already gone counts as done), then, only once every two-phase
+   branch is done (the outbox rows are then committed and visible), hands each one-phase branch not known done
+   to the re-send callback (``resend(gtrid, participant)``: re-send the outbox rows of ``gtrid`` with their
+   stored dedupe ids). All done: END; otherwise a PROGRESS record, and the next run continues;
+3. for each transaction with a ROLLBACK record: roll back its prepared branches, then END;
+4. for each of THIS node's prepared branches with no record at all (presumed abort): roll it back if it is
+   older than ``in_flight_guard`` seconds (by PostgreSQL's ``prepared`` time) and not in flight here; younger
+   ones are left alone (their coordinator may be about to log the decision);
+5. a transaction with a HEURISTIC record is left as it is until an operator forgets it (:meth:`forget`).
+
+:meth:`RecoveryManager.view` lists the in-doubt transactions with the safe action and its reason: the data of
+``nsjms txn list``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from psycopg import Xid
+
+from .errors import BranchNotFound, HeuristicKind, HeuristicOutcome, UsageError, XAError
+from .log import RecoveryLog
+from .records import End, Heuristic, LiveTxn, Participant, Progress
+from .resource import Clock, RecoverableManager
+from .xid import NodeId, branch_xid, is_ours
+
+__all__ = ["InDoubt", "RecoveryManager", "RecoveryReport", "SafeAction", "render"]
+
+_log = logging.getLogger("xa.recovery")
+Resend = Callable[[str, Participant], None]
+
+
+class SafeAction(enum.StrEnum):
+    COMMIT = "commit"  # the decision is COMMIT: commit the prepared branches
+    RESEND = "resend"  # committed; the broker's outcome is unknown: re-send the outbox rows (same dedupe ids)
+    ROLLBACK = "rollback"  # no decision (presumed abort) or a logged rollback
+    WAIT = "wait"  # may still be deciding (in flight, or younger than the guard)
+    FORGET = "forget"  # heuristic outcome recorded: an operator checks the data, then forgets it
+    RETRY = "retry"  # a manager did not answer; nothing can be concluded yet
+
+
+@dataclass(frozen=True)
+class InDoubt:
+    gtrid: str
+    status: str
+    pending: tuple[str, ...]
+    age_s: float | None
+    action: SafeAction
+    reason: str
+
+
+@dataclass
+class RecoveryReport:
+    committed: list[str] = field(default_factory=list)  # "gtrid/branch"
+    rolled_back: list[str] = field(default_factory=list)
+    resent: list[str] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    heuristic: list[str] = field(default_factory=list)
+    foreign: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Scan:
+    prepared: dict[str, dict[str, Xid]] = field(default_factory=dict)  # manager key -> str(xid) -> xid
+    unavailable: dict[str, str] = field(default_factory=dict)  # manager key -> error
+    foreign: int = 0
+
+    def state(self, manager: str, xid: Xid) -> Xid | str | None:
+        """The prepared xid, None if gone, or the manager's error text if it could not be asked."""
+        if manager in self.unavailable:
+            return self.unavailable[manager]
+        if manager not in self.prepared:
+            return f"no resource manager {manager!r} is configured"
+        return self.prepared[manager].get(str(xid))
+
+
+class RecoveryManager:
+    def __init__(self, node: NodeId, log: RecoveryLog, managers: Sequence[RecoverableManager], resend: Resend,
+                 clock: Clock, *, in_flight_guard: float = 60.0,
+                 in_flight: Callable[[], frozenset[str]] = frozenset) -> None:
+        if log.node != node:
+            raise UsageError(f"the recovery log belongs to node {log.node}, not {node}")
+        self.node, self.log, self.clock = node, log, clock
+        self.managers: Mapping[str, RecoverableManager] = {m.key: m for m in managers}
+        self.resend, self.guard, self.in_flight = resend, in_flight_guard, in_flight
+
+    # -------------------------------------------------------------------------------------------- scan
+    def _scan(self) -> _Scan:
+        scan = _Scan()
+        for key, manager in self.managers.items():
+            try:
+                xids = manager.recover()
+            except XAError as exc:
+                scan.unavailable[key] = f"{type(exc).__name__}: {exc}"
+                continue
+            ours = [x for x in xids if is_ours(x, self.node)]
+            scan.foreign += len(xids) - len(ours)
+            scan.prepared[key] = {str(x): x for x in ours}
+        return scan
+
+    # --------------------------------------------------------------------------------------------- run
+    def run(self) -> RecoveryReport:
+        report = RecoveryReport()
+        busy = self.in_flight()
+        live = self.log.live()
+        scan = self._scan()
+        report.foreign = scan.foreign
+        report.errors += [f"{k}: {e}" for k, e in scan.unavailable.items()]
+        for txn in live.values():
+            if txn.gtrid in busy:
+                report.waiting.append(txn.gtrid)
+            elif txn.heuristics:
+                report.heuristic.append(txn.gtrid)
+            elif txn.commit is not None:
+                self._finish_commit(txn, scan, report)
+            elif txn.rollback is not None:
+                self._finish_rollback(txn, txn.rollback.participants, scan, report)
+        self._presume_abort(set(live) | busy, scan, report)
+        return report
+
+    def _finish_commit(self, txn: LiveTxn, scan: _Scan, report: RecoveryReport) -> None:
+        assert txn.commit is not None
+        todo = [p for p in txn.commit.participants if p.name not in txn.done]
+        done = [p.name for p in todo if not p.one_phase and self._commit_branch(txn.gtrid, p, scan, report)]
+        if len(done) == sum(not p.one_phase for p in todo):  # every two-phase branch done: outbox visible
+            done += [p.name for p in todo if p.one_phase and self._resend(txn.gtrid, p, report)]
+        self._progress(txn.gtrid, todo, done, report)
+
+    def _commit_branch(self, gtrid: str, p: Participant, scan: _Scan, report: RecoveryReport) -> bool:
+        xid = branch_xid(gtrid, p.name)
+        found = scan.state(p.manager, xid)
+        if isinstance(found, str):
+            report.errors.append(f"{gtrid}/{p.name}: {found}")
+            return False
+        if found is None:
+            return True  # already gone: committed before the crash (or by an earlier recovery)
+        try:
+            self.managers[p.manager].commit_branch(found)
+        except BranchNotFound:
+            return True
+        except HeuristicOutcome as exc:
+            self._heuristic(gtrid, p.name, exc, report)
+            return False
+        except XAError as exc:
+            report.errors.append(f"{gtrid}/{p.name}: commit failed: {exc}")
+            return False
+        report.committed.append(f"{gtrid}/{p.name}")
+        return True
+
+    def _resend(self, gtrid: str, p: Participant, report: RecoveryReport) -> bool:
+        try:
+            self.resend(gtrid, p)
+        except Exception as exc:  # noqa: BLE001 - the callback's failure is reported; the next run retries
+            report.errors.append(f"{gtrid}/{p.name}: re-send failed: {type(exc).__name__}: {exc}")
+            return False
+        report.resent.append(f"{gtrid}/{p.name}")
+        return True
+
+    def _finish_rollback(self, txn: LiveTxn, parts: Sequence[Participant], scan: _Scan,
+                         report: RecoveryReport) -> None:
+        todo = [p for p in parts if p.name not in txn.done]
+        done = [p.name for p in todo if p.one_phase or self._rollback_branch(txn.gtrid, p, scan, report)]
+        self._progress(txn.gtrid, todo, done, report)
+
+    def _rollback_branch(self, gtrid: str, p: Participant, scan: _Scan, report: RecoveryReport) -> bool:
+        xid = branch_xid(gtrid, p.name)
+        found = scan.state(p.manager, xid)
+        if isinstance(found, str):
+            report.errors.append(f"{gtrid}/{p.name}: {found}")
+            return False
+        return found is None or self._rollback_xid(p.manager, found, report)
+
+    def _rollback_xid(self, manager: str, xid: Xid, report: RecoveryReport) -> bool:
+        try:
+            self.managers[manager].rollback_branch(xid)
+        except BranchNotFound:
+            return True
+        except HeuristicOutcome as exc:
+            self._heuristic(xid.gtrid, xid.bqual or "", exc, report)
+            return False
+        except XAError as exc:
+            report.errors.append(f"{xid.gtrid}/{xid.bqual}: rollback failed: {exc}")
+            return False
+        report.rolled_back.append(f"{xid.gtrid}/{xid.bqual}")
+        return True
+
+    def _progress(self, gtrid: str, todo: Sequence[Participant], done: Sequence[str],
+                  report: RecoveryReport) -> None:
+        now = self.clock.wall()
+        if len(done) == len(todo):
+            self.log.append(End(gtrid, now), durable=False)
+            report.ended.append(gtrid)
+        elif done:
+            self.log.append(Progress(gtrid, tuple(done), (), now), durable=False)
+
+    def _heuristic(self, gtrid: str, branch: str, exc: HeuristicOutcome, report: RecoveryReport) -> None:
+        record = Heuristic(gtrid, exc.kind, branch, f"participant:{branch}", str(exc), self.clock.wall())
+        self.log.append(record, durable=True)
+        report.heuristic.append(gtrid)
+
+    def _presume_abort(self, known: set[str], scan: _Scan, report: RecoveryReport) -> None:
+        candidates: list[tuple[str, Xid]] = []
+        for key, xids in scan.prepared.items():
+            for xid in xids.values():
+                age = self._age(xid)
+                if xid.gtrid in known:
+                    continue
+                if age is None or age < self.guard:
+                    report.waiting.append(f"{xid.gtrid}/{xid.bqual}")
+                else:
+                    candidates.append((key, xid))
+        if not candidates:
+            return
+        # Re-check AFTER the scan, in-flight set first, then the log: a transaction that decided while we
+        # scanned is either still in flight here or has its COMMIT record in the log (it stays until END, and
+        # END is written only when every branch is done, in which case the rollback below finds nothing).
+        busy = self.in_flight()
+        decided = set(self.log.live())
+        for key, xid in candidates:
+            if xid.gtrid in busy or xid.gtrid in decided:
+                report.waiting.append(f"{xid.gtrid}/{xid.bqual}")
+            else:
+                self._rollback_xid(key, xid, report)
+
+    def _age(self, xid: Xid) -> float | None:
+        return None if xid.prepared is None else self.clock.wall() - xid.prepared.timestamp()
+
+    # ---------------------------------------------------------------------------------------- operator
+    def forget(self, gtrid: str, who: str) -> None:
+        """An operator checked a heuristic outcome: drop it from the log (END with ``who``)."""
+        txn = self.log.live().get(gtrid)
+        if txn is None or not txn.heuristics:
+            raise UsageError("only a transaction with a heuristic outcome can be forgotten", gtrid=gtrid)
+        self.log.append(End(gtrid, self.clock.wall(), who), durable=True)
+
+    def resolve(self, gtrid: str, action: SafeAction, who: str, why: str) -> RecoveryReport:
+        """An operator's decision for one in-doubt transaction (``nsjms txn commit|rollback``).
+
+        Acting as the log says (commit a logged COMMIT; roll back what has no COMMIT record) is ordinary recovery,
+        without waiting for the in-flight guard. Acting AGAINST the log (commit without a COMMIT record, roll
+        back a logged COMMIT) is a heuristic decision: a HEURISTIC record (who, when, why) is made durable BEFORE
+        any branch is touched, and the transaction stays listed until it is forgotten.
+        """
+        if action not in (SafeAction.COMMIT, SafeAction.ROLLBACK):
+            raise UsageError(f"an operator can commit or roll back, not {action.value}", gtrid=gtrid)
+        if not who.strip() or not why.strip():
+            raise UsageError("an operator decision needs who and why", gtrid=gtrid)
+        if gtrid in self.in_flight():
+            raise UsageError("this node is driving the transaction now", gtrid=gtrid)
+        txn = self.log.live().get(gtrid)
+        scan = self._scan()
+        found = [(key, x) for key, xids in scan.prepared.items() for x in xids.values() if x.gtrid == gtrid]
+        if txn is None and not found:
+            raise UsageError("no such in-doubt transaction on this node", gtrid=gtrid)
+        report = RecoveryReport(foreign=scan.foreign, errors=[f"{k}: {e}" for k, e in scan.unavailable.items()])
+        logged_commit = txn is not None and txn.commit is not None
+        if action is SafeAction.COMMIT and logged_commit and txn is not None and not txn.heuristics:
+            self._finish_commit(txn, scan, report)
+            return report
+        if action is SafeAction.ROLLBACK and not logged_commit:
+            for key, xid in found:
+                self._rollback_xid(key, xid, report)
+            if txn is not None and txn.rollback is not None and not txn.heuristics and not report.errors:
+                self._progress(gtrid, [], [], report)
+            return report
+        kind = HeuristicKind.COMMIT if action is SafeAction.COMMIT else self._rollback_kind(txn, found)
+        self.log.append(Heuristic(gtrid, kind, "*", who, why, self.clock.wall()), durable=True)
+        report.heuristic.append(gtrid)
+        for key, xid in found:
+            if action is SafeAction.COMMIT:
+                self._commit_xid(key, xid, report)
+            else:
+                self._rollback_xid(key, xid, report)
+        return report
+
+    @staticmethod
+    def _rollback_kind(txn: LiveTxn | None, found: Sequence[tuple[str, Xid]]) -> HeuristicKind:
+        """ROLLBACK if nothing of a logged COMMIT can have committed yet (every two-phase branch still prepared,
+        nothing recorded done), else MIXED."""
+        if txn is None or txn.commit is None:
+            return HeuristicKind.ROLLBACK
+        still = {x.bqual for _, x in found}
+        two_phase = {p.name for p in txn.commit.participants if not p.one_phase}
+        return HeuristicKind.ROLLBACK if two_phase <= still and not txn.done else HeuristicKind.MIXED
+
+    def _commit_xid(self, manager: str, xid: Xid, report: RecoveryReport) -> None:
+        try:
+            self.managers[manager].commit_branch(xid)
+        except BranchNotFound:
+            return
+        except XAError as exc:
+            report.errors.append(f"{xid.gtrid}/{xid.bqual}: commit failed: {exc}")
+            return
+        report.committed.append(f"{xid.gtrid}/{xid.bqual}")
+
+    def view(self) -> list[InDoubt]:
+        """Every in-doubt transaction of this node, oldest first, with the safe action and why."""
+        busy, live, scan = self.in_flight(), self.log.live(), self._scan()
+        out = [self._view_logged(t, scan, busy) for t in live.values()]
+        by_gtrid: dict[str, list[Xid]] = {}
+        for xids in scan.prepared.values():
+            for xid in xids.values():
+                if xid.gtrid not in live:
+                    by_gtrid.setdefault(xid.gtrid, []).append(xid)
+        out += [self._view_undecided(g, xids, busy) for g, xids in by_gtrid.items()]
+        return sorted(out, key=lambda d: -(d.age_s or 0.0))
+
+    def _view_logged(self, txn: LiveTxn, scan: _Scan, busy: frozenset[str]) -> InDoubt:
+        now = self.clock.wall()
+        if txn.heuristics:
+            h = txn.heuristics[-1]
+            return InDoubt(txn.gtrid, f"heuristic-{h.kind.value}", (h.branch,), now - h.at, SafeAction.FORGET,
+                           f"{h.who} at {h.at:.0f}: {h.why}; check the data, then forget")
+        decision = txn.commit or txn.rollback
+        assert decision is not None
+        pending = tuple(p.name for p in decision.participants if p.name not in txn.done)
+        age = now - decision.at
+        if txn.gtrid in busy:
+            return InDoubt(txn.gtrid, "in-flight", pending, age, SafeAction.WAIT, "this node is driving it now")
+        if txn.rollback is not None:
+            return InDoubt(txn.gtrid, "rollback-logged", pending, age, SafeAction.ROLLBACK,
+                           f"rollback decided ({txn.rollback.reason}); branches left prepared")
+        unreachable = [p.manager for p in decision.participants if not p.one_phase and p.manager not in scan.prepared]
+        if unreachable:
+            return InDoubt(txn.gtrid, "commit-logged", pending, age, SafeAction.RETRY,
+                           f"COMMIT logged; cannot reach {', '.join(sorted(set(unreachable)))}")
+        prepared = [p.name for p in decision.participants
+                    if not p.one_phase and scan.state(p.manager, branch_xid(txn.gtrid, p.name)) is not None]
+        if prepared:
+            return InDoubt(txn.gtrid, "commit-logged", pending, age, SafeAction.COMMIT,
+                           f"COMMIT logged; prepared branches {', '.join(prepared)} must be committed")
+        return InDoubt(txn.gtrid, "commit-logged", pending, age, SafeAction.RESEND,
+                       "COMMIT logged; broker outcome unknown: re-send the outbox rows with their dedupe ids")
+
+    def _view_undecided(self, gtrid: str, xids: list[Xid], busy: frozenset[str]) -> InDoubt:
+        ages = [a for a in (self._age(x) for x in xids) if a is not None]
+        age = max(ages) if ages else None
+        pending = tuple(sorted(x.bqual or "" for x in xids))
+        if gtrid in busy:
+            return InDoubt(gtrid, "in-flight", pending, age, SafeAction.WAIT, "this node is driving it now")
+        if age is None or age < self.guard:
+            return InDoubt(gtrid, "undecided", pending, age, SafeAction.WAIT,
+                           f"no decision yet; younger than the in-flight guard ({self.guard:.0f} s)")
+        return InDoubt(gtrid, "undecided", pending, age, SafeAction.ROLLBACK,
+                       "no COMMIT logged: presumed abort")
+
+
+def render(view: Sequence[InDoubt]) -> str:
+    """The operator view as a plain-text table (what ``nsjms txn list`` prints)."""
+    head = ("GTRID", "STATUS", "AGE", "PENDING", "ACTION", "REASON")
+    rows = [(d.gtrid, d.status, "-" if d.age_s is None else f"{d.age_s:.0f}s", ",".join(d.pending) or "-",
+             d.action.value, d.reason) for d in view]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]]) for r in [head, *rows]]
+    return "\n".join(lines) + "\n"
