@@ -39,7 +39,7 @@ from router.mapping import times as times_mod
 from router.mapping.errors import MappingError
 from router.mapping.times import ANY_CHANNEL, ChannelTimeSupport
 
-__all__ = ["TYPE_NAMES", "MappedEvent", "jms_to_event", "map_message", "typed_to_any"]
+__all__ = ["CODESET_MINORS", "TYPE_NAMES", "MappedEvent", "jms_to_event", "map_message", "typed_to_any"]
 
 TYPE_NAMES = {
     BodyType.TEXT: "%TextMessage", BodyType.MAP: "%MapMessage", BodyType.STREAM: "%StreamMessage",
@@ -143,14 +143,24 @@ def _rebuild(msg: JmsMessage, manifest: dict[str, Any]) -> Any:
     return event
 
 
+#: MARSHAL minor codes that come from the ORB's wide-character configuration, not from the value: ``wchar`` in an
+#: encapsulation needs a negotiated wide codeset, which an ORB started without ``-ORBnativeCharCodeSet`` lacks.
+CODESET_MINORS = frozenset({omniORB.MARSHAL_MessageTooLong, omniORB.MARSHAL_WCharSentByGIOP10Client,
+                            omniORB.MARSHAL_WCharSentByGIOP10Server, omniORB.MARSHAL_InvalidWCharSize})
+
+
 def _check_encodable(event: Any) -> None:
     """A manifest can describe values its IDL types cannot hold (a bounded string or sequence overrun, an array
-    of the wrong length, a NUL in a string): refuse here what the channel could not store. Only ``BAD_PARAM``
-    (an invalid value) counts; codeset limits depend on the ORB's configuration (docs/mapping.md, deviation 10)."""
+    of the wrong length, a NUL in a string): refuse here what the channel could not store. Codeset limits
+    (``DATA_CONVERSION``, :data:`CODESET_MINORS`) depend on the ORB's configuration, not on the message, and are
+    left to the channel (docs/mapping.md, deviation 10)."""
     try:
         omniORB.cdrMarshal(CosNotification._tc_StructuredEvent, event)
-    except CORBA.BAD_PARAM as exc:
-        raise MappingError(f"the rebuilt event cannot be CDR-encoded: {exc}", names.MANIFEST) from None
+    except CORBA.DATA_CONVERSION:
+        pass
+    except CORBA.SystemException as exc:
+        if not (isinstance(exc, CORBA.MARSHAL) and exc.minor in CODESET_MINORS):
+            raise MappingError(f"the rebuilt event cannot be CDR-encoded: {exc}", names.MANIFEST) from None
     except (TypeError, ValueError, AttributeError) as exc:
         raise MappingError(f"the rebuilt event is malformed: {exc}", names.MANIFEST) from None
 

@@ -103,9 +103,13 @@ def _reply_to(entries: list[Any]) -> Destination | None:
     text = _text_entry(entries, "JMSReplyTo")
     if text is None:
         return None
-    destination = parse_destination(text)
+    field = "filterable_data:JMSReplyTo"
+    try:
+        destination = parse_destination(text)
+    except MappingError as exc:
+        raise MappingError(exc.reason, field) from None
     if destination is None or not destination.name:
-        raise MappingError(f"not a destination: {text!r}", "filterable_data:JMSReplyTo")
+        raise MappingError(f"not a destination: {text!r}", field)
     return destination
 
 
