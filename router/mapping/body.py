@@ -136,7 +136,10 @@ def _stream_value(tc: Any, elements: object, body: object) -> Any:
         items = as_stream(body, len(elements))
         tcs = [it.desc_to_tc(d, _FIELD) for d in elements]
         return [CORBA.Any(etc, it.typed_to_leaf(etc, item, _FIELD)) for etc, item in zip(tcs, items)]
-    content = it.unalias(tc).content_type()
+    base = it.unalias(tc)
+    if base.kind() not in (CORBA.tk_sequence, CORBA.tk_array):
+        raise MappingError(f"a stream body needs a sequence or array type, the manifest says {base}", _FIELD)
+    content = base.content_type()
     values = [it.typed_to_leaf(content, item, _FIELD) for item in as_stream(body, None)]
     return "".join(values) if it.unalias(content).kind() == CORBA.tk_char else values
 

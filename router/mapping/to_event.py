@@ -81,7 +81,7 @@ def map_message(msg: JmsMessage, *, times: ChannelTimeSupport = ANY_CHANNEL, now
     times_mod.check_expiry(_int_header(msg.expiration, "JMSExpiration"), now)
     manifest = msg.properties.get(names.MANIFEST)
     if msg.jms_type == names.STRUCTURED_EVENT and manifest is not None:
-        event = _rebuild(msg, _load_manifest(manifest))
+        event = _rebuild_checked(msg, _load_manifest(manifest))
     else:
         event = _foreign(msg)
     header, filterable, notes = times_mod.fit_times(list(event.header.variable_header),
@@ -122,6 +122,16 @@ def _load_manifest(prop: Typed) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("v") != 1:
         raise MappingError("unsupported manifest version", names.MANIFEST)
     return manifest
+
+
+def _rebuild_checked(msg: JmsMessage, manifest: dict[str, Any]) -> Any:
+    """:func:`_rebuild`, with the ORB's own errors on a TypeCode a manifest describes (``BadKind``, ``Bounds``:
+    e.g. a stream body whose type is not a sequence) translated at this one boundary."""
+    try:
+        return _rebuild(msg, manifest)
+    except CORBA.Exception as exc:
+        raise MappingError(f"the manifest does not match the message: {type(exc).__name__} {exc}",
+                           names.MANIFEST) from None
 
 
 def _rebuild(msg: JmsMessage, manifest: dict[str, Any]) -> Any:

@@ -186,9 +186,10 @@ def test_text_an_idl_string_cannot_hold_is_a_mapping_error(msg: JmsMessage) -> N
 @pytest.mark.parametrize("desc, value", [
     (["string", 3], Typed(JmsType.STRING, "too long")),
     (["sequence", 1, "long"], None),
+    ("long", None),                 # a stream body whose type is no sequence (found by the fuzz: BadKind)
     ("string", Typed(JmsType.STRING, "a\x00"))])
 def test_a_manifest_describing_values_its_types_cannot_hold_is_a_mapping_error(desc: Any, value: Any) -> None:
-    if value is None:       # a bounded sequence overrun, in the body
+    if value is None:       # in the body: a bounded sequence overrun, or no sequence type at all
         msg = nsjms_message(manifest([], {"k": "stream", "tc": desc}), BodyType.STREAM,
                             [Typed(JmsType.INT, 1), Typed(JmsType.INT, 2)])
     else:
