@@ -4,15 +4,22 @@ Two cases:
 
 * **A message made by** :func:`router.mapping.to_jms.event_to_jms` (JMSType ``"Structured Event"`` and a
   ``$nsjms_idl`` manifest): the original event is rebuilt exactly from the ``$`` properties, the manifest and the
-  body; the JMS headers are not consulted (the ``$ohf_*`` properties hold the original NS values, e.g. a Priority
-  of 100 that JMSPriority could only carry as 9).
+  body (the ``$ohf_*`` properties hold the original NS values, e.g. a Priority of 100 that JMSPriority could only
+  carry as 9). What the JMS side added is appended to ``filterable_data`` after the event's own entries
+  (JMSMessageID, JMSRedelivered when true, a changed JMSCorrelationID/JMSReplyTo, properties the manifest does not
+  list), so an unchanged message gives back exactly its event.
 * **Any other message** ("foreign"): ``domain_name = ""`` (or ``$domain_name`` when present), ``type_name`` =
   ``%TextMessage`` / ``%MapMessage`` / ``%StreamMessage`` / ``%BytesMessage`` / ``%ObjectMessage`` / ``%Message``
   (no body) (or ``$type_name``), ``event_name`` = the destination name (or ``$event_name``).
   Variable header: ``EventReliability`` (short), ``Priority`` (short), ``StopTime`` (UtcT, from JMSExpiration,
-  when not 0), ``StartTime`` (UtcT, from JMSDeliveryTime, when not 0). Filterable data: ``JMSType``,
+  when not 0), ``StartTime`` (UtcT, from JMSDeliveryTime, when after 1970). Filterable data: ``JMSType``,
   ``JMSMessageID``, ``JMSTimestamp``, ``JMSReplyTo``, ``JMSCorrelationID``, ``JMSDestination`` (each omitted when
   null/0), ``JMSRedelivered``, then every property in message order, Java -> IDL typed.
+
+Both: an expired message raises :class:`~router.mapping.errors.MessageExpired`; StopTime/StartTime are then fitted
+to what the receiving channel accepts (:mod:`router.mapping.times`). Text an IDL string cannot hold (a NUL) and
+values out of their IDL range are :class:`~router.mapping.errors.MappingError`, never an event the channel would
+fail to store.
 """
 
 from __future__ import annotations  # noqa: I001  (omniORB must be imported before the COS stubs)

@@ -1,6 +1,6 @@
 """JMS headers and properties around nsjms-made messages (issue 7, NJI 2.4.1) and request/reply (NJI 2.4)."""
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (omniORB must be imported before the COS stubs)
 
 from typing import Any
 

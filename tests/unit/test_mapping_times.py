@@ -1,6 +1,6 @@
 """JMS -> channel times (issue 7): StopTime/StartTime fitted to what the channel accepts (NS 2.5.5.3-4), expiry."""
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (omniORB must be imported before the COS stubs)
 
 import pickle
 from typing import Any
