@@ -1,6 +1,6 @@
 """NS <-> JMS mapping rules (NJI 2.4-2.5 with the digest's corrections): QoS, names, bodies, errors."""
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (omniORB must be imported before the COS stubs)
 
 import json
 import pickle
@@ -10,7 +10,7 @@ import omniORB
 import pytest
 from omniORB import CORBA
 
-import CosNotification as N  # noqa: E402  (omniORB first)
+import CosNotification as N
 import CosNotifyChannelAdmin as CA
 import TimeBase
 
@@ -74,7 +74,7 @@ def test_priority_absent_is_jms_default_4() -> None:
 @pytest.mark.parametrize("jms", range(10))
 def test_priority_table_jms_to_ns_is_identity(jms: int) -> None:
     ev = jms_to_event(JmsMessage(BodyType.TEXT, "x", DEST, priority=jms))
-    prio = [p for p in ev.header.variable_header if p.name == "Priority"][0].value
+    prio = next(p for p in ev.header.variable_header if p.name == "Priority").value
     assert prio.typecode().equal(CORBA.TC_short) and prio.value() == jms
 
 
