@@ -82,15 +82,12 @@ def _first(entries: list[Any], name: str) -> Any | None:
 
 
 def _text_entry(entries: list[Any], name: str) -> str | None:
-    """The first filterable_data entry ``name`` as text; an entry that is not a string is an error (it would be
-    silently ignored otherwise)."""
+    """The first filterable_data entry ``name`` when it is a string or wstring, else None (such an entry sets no
+    header; it still travels as its ``$fd_`` property, so nothing is lost)."""
     value = _first(entries, name)
-    if value is None:
+    if value is None or it.unalias(value.typecode()).kind() not in (CORBA.tk_string, CORBA.tk_wstring):
         return None
-    field = f"filterable_data:{name}"
-    if it.unalias(value.typecode()).kind() not in (CORBA.tk_string, CORBA.tk_wstring):
-        raise MappingError(f"{name} must be a string to become the JMS header, got {value.typecode()}", field)
-    return _string(value.value(), field).value  # type: ignore[return-value]
+    return _string(value.value(), f"filterable_data:{name}").value  # type: ignore[return-value]
 
 
 def _correlation_id(entries: list[Any]) -> str | None:
@@ -99,18 +96,16 @@ def _correlation_id(entries: list[Any]) -> str | None:
 
 
 def _reply_to(entries: list[Any]) -> Destination | None:
-    """JMSReplyTo: the first ``JMSReplyTo`` filterable_data entry, a STOMP destination (``/queue/x``, ...)."""
+    """JMSReplyTo: the first ``JMSReplyTo`` filterable_data entry when it names a STOMP destination (``/queue/x``,
+    ``/topic/x``, ``/temp-queue/x``, ...); anything else sets no header (it stays a ``$fd_`` property)."""
     text = _text_entry(entries, "JMSReplyTo")
     if text is None:
         return None
-    field = "filterable_data:JMSReplyTo"
     try:
         destination = parse_destination(text)
-    except MappingError as exc:
-        raise MappingError(exc.reason, field) from None
-    if destination is None or not destination.name:
-        raise MappingError(f"not a destination: {text!r}", field)
-    return destination
+    except MappingError:
+        return None
+    return destination if destination is not None and destination.name else None
 
 
 MANIFEST_PACK_OVER = 2048     # bytes of JSON; STOMP header lines are limited (ActiveMQ: 10 KiB)

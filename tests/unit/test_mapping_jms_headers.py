@@ -102,11 +102,15 @@ def test_wstring_correlation_id_is_accepted() -> None:
 
 @pytest.mark.parametrize("entry", [
     P("JMSCorrelationID", CORBA.Any(CORBA.TC_long, 5)), P("JMSReplyTo", CORBA.Any(CORBA.TC_long, 5)),
-    string("JMSReplyTo", "replies"), string("JMSReplyTo", "/queue/")])
-def test_unusable_correlation_or_reply_entries_are_mapping_errors(entry: Any) -> None:
-    with pytest.raises(MappingError) as info:
-        event_to_jms(event([entry]), DEST, now_ms=NOW)
-    assert info.value.field == f"filterable_data:{entry.name}"
+    string("JMSReplyTo", "replies"), string("JMSReplyTo", "/queue/"), string("JMSReplyTo", "")])
+def test_entries_that_cannot_be_the_header_set_none_and_still_round_trip(entry: Any) -> None:
+    """An NS supplier may use these names for something else: no header, but the entry is not lost."""
+    original = event([entry])
+    msg = event_to_jms(original, DEST, now_ms=NOW)
+    assert msg.correlation_id is None and msg.reply_to is None
+    frame = message_to_stomp(msg)
+    assert "correlation-id" not in frame.headers and "reply-to" not in frame.headers
+    assert event_equal(jms_to_event(message_from_stomp(frame.headers, frame.body), now_ms=NOW), original)
 
 
 def test_a_changed_correlation_id_on_an_nsjms_message_is_reported_not_duplicated() -> None:
