@@ -148,7 +148,10 @@ def _map_value(entries: object, body: object) -> list[Any]:
     if not isinstance(entries, list) or not isinstance(body, dict):
         raise MappingError("map body or its manifest is malformed", _FIELD)
     props = []
-    for name, desc in entries:
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+            raise MappingError("malformed map entry descriptor in the manifest", _FIELD)
+        name, desc = entry
         field = f"{_FIELD}.{name}"
         typed = body.get(name)
         if not isinstance(typed, Typed):

@@ -375,6 +375,11 @@ def typed_to_any(value: Typed, field: str) -> Any:
     raw = value.value
     if value.type == JmsType.BYTE:
         raw = int(raw) & 0xFF
+    elif value.type in (JmsType.FLOAT, JmsType.DOUBLE):
+        try:
+            raw = float(raw)
+        except OverflowError:
+            raise MappingError(f"{value.type} value out of range", field) from None
     return CORBA.Any(_JAVA_TO_IDL[value.type], raw)
 
 

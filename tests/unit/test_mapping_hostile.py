@@ -250,6 +250,11 @@ def assert_encodable(event: Any) -> None:
         assert exc.minor in CODESET_MINORS, exc
 
 
+_TYPED = st.builds(Typed, st.sampled_from(list(JmsType)),
+                   st.one_of(st.integers(-(2**1100), 2**1100), st.text(max_size=4), st.floats(), st.booleans(),
+                             st.binary(max_size=4)))
+
+
 def _frame_headers(base: dict[str, str], manifest_text: str | None) -> dict[str, str]:
     headers = dict(base)
     if manifest_text is not None:
@@ -279,8 +284,9 @@ def test_arbitrary_frames_raise_only_mapping_errors(base: dict[str, str], manife
                                                        st.floats(), st.booleans(), st.binary(max_size=6))),
                                    max_size=4),
        st.sampled_from(list(BodyType)), st.one_of(st.none(), st.text(max_size=5), st.binary(max_size=8),
-                                                  st.lists(st.builds(Typed, st.sampled_from(list(JmsType)),
-                                                                     st.integers(-3, 3)), max_size=3)))
+                                                  st.lists(_TYPED, max_size=3),
+                                                  st.dictionaries(st.sampled_from(["", "k", "x"]), _TYPED,
+                                                                  max_size=3)))
 def test_arbitrary_manifests_and_properties_raise_only_mapping_errors(manifest_text: str, props: dict[str, Typed],
                                                                       body_type: BodyType, body: object) -> None:
     msg = nsjms_message(manifest_text, body_type, body, props)
@@ -296,3 +302,19 @@ def test_the_fuzz_oracle_can_fail() -> None:
     with pytest.raises(RecursionError):
         json.loads("[" * 100_000)
     assert base64.b64encode(b"x")
+
+
+@pytest.mark.parametrize("entries", [[1], [["k"]], [[["k"], "long"]], "k"])
+def test_malformed_map_entry_descriptors_are_mapping_errors(entries: Any) -> None:
+    """Before: TypeError/ValueError unpacking the manifest's map entries."""
+    msg = nsjms_message(manifest([], {"k": "map", "tc": "null", "e": entries}), BodyType.MAP,
+                        {"k": Typed(JmsType.INT, 1)})
+    with pytest.raises(MappingError):
+        jms_to_event(msg, now_ms=NOW)
+
+
+def test_an_int_too_big_for_a_double_property_is_a_mapping_error() -> None:
+    """Before: the event was made and the channel then failed to encode the double."""
+    msg = JmsMessage(BodyType.TEXT, "x", DEST, properties={"d": Typed(JmsType.DOUBLE, 2**1100)})
+    with pytest.raises(MappingError):
+        jms_to_event(msg, now_ms=NOW)
