@@ -20,7 +20,7 @@ encapsulation of the entry's Any (entry descriptor ``"cdr"``). JMS -> NS bodies 
 :mod:`router.mapping.to_event`.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (omniORB must be imported before the COS stubs)
 
 from typing import Any
 
@@ -32,8 +32,17 @@ from router.jms.model import BodyType, JmsType, Typed
 from router.mapping import idltypes as it
 from router.mapping.errors import MappingError
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "CDR_ANY", "body_to_jms", "body_from_manifest", "body_size", "check_size",
-           "as_text", "as_bytes", "as_stream"]
+__all__ = [
+    "CDR_ANY",
+    "DEFAULT_MAX_BODY_BYTES",
+    "as_bytes",
+    "as_stream",
+    "as_text",
+    "body_from_manifest",
+    "body_size",
+    "body_to_jms",
+    "check_size",
+]
 
 #: Default body size limit (ActiveMQ's default STOMP/OpenWire maxFrameSize is 100 MB).
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024

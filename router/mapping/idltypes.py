@@ -40,9 +40,23 @@ from router.mapping import limits
 from router.mapping.errors import MappingError
 
 __all__ = [
-    "unalias", "is_leaf", "is_flattenable", "leaf_to_typed", "typed_to_leaf", "flatten", "leaf_paths",
-    "build_struct", "tc_to_desc", "desc_to_tc", "describe", "any_to_cdr", "cdr_to_any", "JAVA_RANGES",
-    "parse_java_float", "format_java_float", "float32",
+    "JAVA_RANGES",
+    "any_to_cdr",
+    "build_struct",
+    "cdr_to_any",
+    "desc_to_tc",
+    "describe",
+    "flatten",
+    "float32",
+    "format_java_float",
+    "is_flattenable",
+    "is_leaf",
+    "leaf_paths",
+    "leaf_to_typed",
+    "parse_java_float",
+    "tc_to_desc",
+    "typed_to_leaf",
+    "unalias",
 ]
 
 _K = CORBA

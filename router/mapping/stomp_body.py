@@ -33,8 +33,14 @@ from router.mapping import limits
 from router.mapping import typed_props as tp
 from router.mapping.errors import MappingError
 
-__all__ = ["StompFrame", "message_to_stomp", "message_from_stomp", "map_to_json", "map_from_json",
-           "MAP_TRANSFORMATION"]
+__all__ = [
+    "MAP_TRANSFORMATION",
+    "StompFrame",
+    "map_from_json",
+    "map_to_json",
+    "message_from_stomp",
+    "message_to_stomp",
+]
 
 MAP_TRANSFORMATION = "jms-map-json"
 _XSTREAM_NAMES = {JmsType.BYTES: "byte-array"}

@@ -31,9 +31,17 @@ from router.mapping import idltypes as it
 from router.mapping.errors import MappingError
 
 __all__ = [
-    "TYPES_HEADER", "DELIVERY_TIME_HEADER", "BODY_HEADER", "FRAME_HEADERS", "StandardHeaders",
-    "to_stomp_headers", "from_stomp_headers", "encode_value", "decode_value", "parse_destination",
+    "BODY_HEADER",
+    "DELIVERY_TIME_HEADER",
+    "FRAME_HEADERS",
+    "TYPES_HEADER",
+    "StandardHeaders",
     "check_header_text",
+    "decode_value",
+    "encode_value",
+    "from_stomp_headers",
+    "parse_destination",
+    "to_stomp_headers",
 ]
 
 TYPES_HEADER = "nsjms_types"
