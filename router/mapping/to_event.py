@@ -109,7 +109,10 @@ _MANIFEST_MAX = 4 * 1024 * 1024    # bound on an unpacked manifest (a compressed
 
 
 def unpack_manifest(text: str) -> str:
+    """The manifest's JSON text, at most 4 MiB whether sent plain or packed (``z:`` + base64 of zlib)."""
     if not text.startswith("z:"):
+        if len(text) > _MANIFEST_MAX:
+            raise MappingError("manifest is larger than 4 MiB", names.MANIFEST)
         return text
     try:
         packed = base64.b64decode(text[2:], validate=True)

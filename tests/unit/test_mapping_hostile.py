@@ -318,3 +318,11 @@ def test_an_int_too_big_for_a_double_property_is_a_mapping_error() -> None:
     msg = JmsMessage(BodyType.TEXT, "x", DEST, properties={"d": Typed(JmsType.DOUBLE, 2**1100)})
     with pytest.raises(MappingError):
         jms_to_event(msg, now_ms=NOW)
+
+
+def test_a_plain_manifest_above_the_bound_is_refused_before_parsing() -> None:
+    text = json.dumps(manifest([["x", "long", ["$fd_x"]]] * 300_000))
+    assert len(text) > 4 * 1024 * 1024
+    with pytest.raises(MappingError) as info:
+        jms_to_event(nsjms_message(text), now_ms=NOW)
+    assert "4 MiB" in info.value.reason
