@@ -137,7 +137,7 @@ def body_from_manifest(desc: dict[str, Any], body_type: BodyType, body: object) 
         return CORBA.Any(tc, _stream_value(tc, desc.get("e"), body))
     if kind == "map":
         return CORBA.Any(tc, _map_value(desc.get("e"), body))
-    raise MappingError(f"unknown body descriptor {desc!r} for a {body_type} body", _FIELD)
+    raise MappingError(f"unknown body descriptor kind {str(kind)[:40]!r} for a {body_type} body", _FIELD)
 
 
 def _stream_value(tc: Any, elements: object, body: object) -> Any:

@@ -58,19 +58,20 @@ def load_json(text: str | bytes, field: str, what: str) -> Any:
 
 
 def json_depth(doc: object, limit: int) -> int:
-    """Nesting depth of lists and dicts in ``doc``; stops counting once above ``limit`` (iterative)."""
-    deepest = 0
-    stack: list[tuple[object, int]] = [(doc, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if not isinstance(item, (list, dict)):
-            continue
-        deepest = max(deepest, depth)
-        if deepest > limit:
-            return deepest
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
+    """Nesting depth of lists and dicts in ``doc``; stops counting once above ``limit`` (level by level, so it
+    cannot itself recurse)."""
+    level: list[list[Any] | dict[Any, Any]] = [doc] if isinstance(doc, (list, dict)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return depth
+        below: list[list[Any] | dict[Any, Any]] = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item
+            below.extend([c for c in children if isinstance(c, (list, dict))])
+        level = below
+    return depth
 
 
 def unmarshal(tc: Any, data: bytes, field: str) -> Any:
