@@ -20,7 +20,7 @@ encapsulation of the entry's Any (entry descriptor ``"cdr"``). JMS -> NS bodies 
 :mod:`router.mapping.to_event`.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (omniORB must be imported before the COS stubs)
 
 from typing import Any
 
@@ -32,8 +32,17 @@ from router.jms.model import BodyType, JmsType, Typed
 from router.mapping import idltypes as it
 from router.mapping.errors import MappingError
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "CDR_ANY", "body_to_jms", "body_from_manifest", "body_size", "check_size",
-           "as_text", "as_bytes", "as_stream"]
+__all__ = [
+    "CDR_ANY",
+    "DEFAULT_MAX_BODY_BYTES",
+    "as_bytes",
+    "as_stream",
+    "as_text",
+    "body_from_manifest",
+    "body_size",
+    "body_to_jms",
+    "check_size",
+]
 
 #: Default body size limit (ActiveMQ's default STOMP/OpenWire maxFrameSize is 100 MB).
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -128,7 +137,7 @@ def body_from_manifest(desc: dict[str, Any], body_type: BodyType, body: object) 
         return CORBA.Any(tc, _stream_value(tc, desc.get("e"), body))
     if kind == "map":
         return CORBA.Any(tc, _map_value(desc.get("e"), body))
-    raise MappingError(f"unknown body descriptor {desc!r} for a {body_type} body", _FIELD)
+    raise MappingError(f"unknown body descriptor kind {str(kind)[:40]!r} for a {body_type} body", _FIELD)
 
 
 def _stream_value(tc: Any, elements: object, body: object) -> Any:
@@ -136,7 +145,10 @@ def _stream_value(tc: Any, elements: object, body: object) -> Any:
         items = as_stream(body, len(elements))
         tcs = [it.desc_to_tc(d, _FIELD) for d in elements]
         return [CORBA.Any(etc, it.typed_to_leaf(etc, item, _FIELD)) for etc, item in zip(tcs, items)]
-    content = it.unalias(tc).content_type()
+    base = it.unalias(tc)
+    if base.kind() not in (CORBA.tk_sequence, CORBA.tk_array):
+        raise MappingError(f"a stream body needs a sequence or array type, the manifest says {base}", _FIELD)
+    content = base.content_type()
     values = [it.typed_to_leaf(content, item, _FIELD) for item in as_stream(body, None)]
     return "".join(values) if it.unalias(content).kind() == CORBA.tk_char else values
 
@@ -145,7 +157,10 @@ def _map_value(entries: object, body: object) -> list[Any]:
     if not isinstance(entries, list) or not isinstance(body, dict):
         raise MappingError("map body or its manifest is malformed", _FIELD)
     props = []
-    for name, desc in entries:
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+            raise MappingError("malformed map entry descriptor in the manifest", _FIELD)
+        name, desc = entry
         field = f"{_FIELD}.{name}"
         typed = body.get(name)
         if not isinstance(typed, Typed):

@@ -5,7 +5,7 @@ can marshal to different bytes. Two Anys are equal when their TypeCodes are ``eq
 included) and their values are, member by member; floats compare bit-exactly except that NaN equals NaN.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (omniORB must be imported before the COS stubs)
 
 import math
 from typing import Any

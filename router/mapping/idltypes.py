@@ -36,12 +36,27 @@ import omniORB
 from omniORB import CORBA, tcInternal
 
 from router.jms.model import JmsType, Typed
+from router.mapping import limits
 from router.mapping.errors import MappingError
 
 __all__ = [
-    "unalias", "is_leaf", "is_flattenable", "leaf_to_typed", "typed_to_leaf", "flatten", "leaf_paths",
-    "build_struct", "tc_to_desc", "desc_to_tc", "describe", "any_to_cdr", "cdr_to_any", "JAVA_RANGES",
-    "parse_java_float", "format_java_float", "float32",
+    "JAVA_RANGES",
+    "any_to_cdr",
+    "build_struct",
+    "cdr_to_any",
+    "desc_to_tc",
+    "describe",
+    "flatten",
+    "float32",
+    "format_java_float",
+    "is_flattenable",
+    "is_leaf",
+    "leaf_paths",
+    "leaf_to_typed",
+    "parse_java_float",
+    "tc_to_desc",
+    "typed_to_leaf",
+    "unalias",
 ]
 
 _K = CORBA
@@ -278,18 +293,31 @@ def describe(tc: Any, seen: frozenset[str]) -> Any:
 _KIND_WORD = {_K.tk_sequence: "sequence", _K.tk_array: "array", _K.tk_string: "string", _K.tk_wstring: "wstring"}
 
 
-def desc_to_tc(desc: object, field: str) -> Any:
-    """Inverse of :func:`tc_to_desc`."""
+def desc_to_tc(desc: object, field: str, depth: int = 0) -> Any:
+    """Inverse of :func:`tc_to_desc`; a descriptor nested deeper than :data:`limits.MAX_TYPE_DEPTH` is refused."""
+    if depth > limits.MAX_TYPE_DEPTH:
+        raise MappingError(f"type descriptor nested deeper than {limits.MAX_TYPE_DEPTH} levels", field)
     if isinstance(desc, str) and desc in _BASIC:
         return _BASIC[desc]
     if isinstance(desc, str) and desc.startswith("tc:"):
-        return _unmarshal(CORBA._tc_TypeCode, _b64(desc[3:], field), field)
+        tc = limits.unmarshal(CORBA._tc_TypeCode, _b64(desc[3:], field), field)
+        if limits.value_depth(tc, limits.MAX_TYPE_DEPTH) > limits.MAX_TYPE_DEPTH:
+            raise MappingError(f"TypeCode nested deeper than {limits.MAX_TYPE_DEPTH} levels", field)
+        return tc
     if isinstance(desc, list) and desc:
         try:
-            return _build_tc(desc, field)
-        except (TypeError, ValueError, IndexError, CORBA.SystemException) as exc:
+            return _build_tc(desc, field, depth + 1)
+        except (TypeError, ValueError, IndexError, OverflowError, CORBA.SystemException) as exc:
             raise MappingError(f"malformed type descriptor: {exc}", field) from exc
-    raise MappingError(f"unknown type descriptor {desc!r}", field)
+    raise MappingError(f"unknown type descriptor {_short(desc)}", field)
+
+
+def _short(value: object) -> str:
+    """A bounded, non-recursive rendering of a hostile value for an error message."""
+    if isinstance(value, (list, dict)):
+        return f"<{type(value).__name__} of {len(value)}>"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _enum_tc(repo_id: str, name: str, members: list[str]) -> Any:
@@ -306,24 +334,39 @@ def _enum_tc(repo_id: str, name: str, members: list[str]) -> Any:
     return tcInternal.createTypeCode((tcInternal.tv_enum, repo_id, name, tuple(items)))
 
 
-def _build_tc(desc: list[Any], field: str) -> Any:
+def _build_tc(desc: list[Any], field: str, depth: int) -> Any:
     word = desc[0]
     if word == "alias":
-        return tcInternal.createAliasTC(desc[1], desc[2], desc_to_tc(desc[3], field))
+        return tcInternal.createAliasTC(_text(desc[1]), _text(desc[2]), desc_to_tc(desc[3], field, depth))
     if word == "struct":
-        members = [CORBA.StructMember(m, desc_to_tc(d, field), None) for m, d in desc[3]]
-        return tcInternal.createStructTC(desc[1], desc[2], members)
+        members = [CORBA.StructMember(_text(m), desc_to_tc(d, field, depth), None) for m, d in desc[3]]
+        return tcInternal.createStructTC(_text(desc[1]), _text(desc[2]), members)
     if word == "enum":
-        return _enum_tc(str(desc[1]), str(desc[2]), [str(m) for m in desc[3]])
+        if not isinstance(desc[3], list):
+            raise TypeError("enum members are not a list")
+        return _enum_tc(_text(desc[1]), _text(desc[2]), [_text(m) for m in desc[3]])
     if word == "sequence":
-        return tcInternal.createSequenceTC(int(desc[1]), desc_to_tc(desc[2], field))
+        return tcInternal.createSequenceTC(_bound(desc[1]), desc_to_tc(desc[2], field, depth))
     if word == "array":
-        return tcInternal.createArrayTC(int(desc[1]), desc_to_tc(desc[2], field))
+        return tcInternal.createArrayTC(_bound(desc[1]), desc_to_tc(desc[2], field, depth))
     if word == "string":
-        return tcInternal.createStringTC(int(desc[1]))
+        return tcInternal.createStringTC(_bound(desc[1]))
     if word == "wstring":
-        return tcInternal.createWStringTC(int(desc[1]))
-    raise MappingError(f"unknown type descriptor {desc!r}", field)
+        return tcInternal.createWStringTC(_bound(desc[1]))
+    raise MappingError(f"unknown type descriptor {_short(desc)}", field)
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str) or "\0" in value:
+        raise TypeError(f"expected a name, got {_short(value)}")
+    return value
+
+
+def _bound(value: object) -> int:
+    """A sequence/array/string bound: an integer 0..2**32-1 (CDR ``unsigned long``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFFFFFF:
+        raise ValueError(f"bound {_short(value)} is not 0..2**32-1")
+    return value
 
 
 def any_to_cdr(value: Any, field: str) -> bytes:
@@ -332,7 +375,8 @@ def any_to_cdr(value: Any, field: str) -> bytes:
 
 
 def cdr_to_any(data: bytes, field: str) -> Any:
-    return _unmarshal(CORBA.TC_any, data, field)
+    """The Any in an untrusted CDR encapsulation (size- and depth-bounded, see :mod:`router.mapping.limits`)."""
+    return limits.unmarshal(CORBA.TC_any, data, field)
 
 
 def _b64(text: str, field: str) -> bytes:
@@ -347,10 +391,3 @@ def _marshal(tc: Any, value: Any, field: str) -> bytes:
         return bytes(omniORB.cdrMarshal(tc, value))
     except (CORBA.SystemException, TypeError, ValueError) as exc:
         raise MappingError(f"cannot CDR-encode the value: {exc}", field) from exc
-
-
-def _unmarshal(tc: Any, data: bytes, field: str) -> Any:
-    try:
-        return omniORB.cdrUnmarshal(tc, data)
-    except (CORBA.SystemException, TypeError, ValueError) as exc:
-        raise MappingError(f"invalid CDR encapsulation: {exc}", field) from exc

@@ -18,8 +18,16 @@ import re
 from collections.abc import Iterable
 
 __all__ = [
-    "DOMAIN_NAME", "TYPE_NAME", "EVENT_NAME", "BODY_ENCODING", "MANIFEST", "SECTION_PREFIX", "STRUCTURED_EVENT",
-    "sanitise", "NameAllocator", "is_identifier",
+    "BODY_ENCODING",
+    "DOMAIN_NAME",
+    "EVENT_NAME",
+    "MANIFEST",
+    "SECTION_PREFIX",
+    "STRUCTURED_EVENT",
+    "TYPE_NAME",
+    "NameAllocator",
+    "is_identifier",
+    "sanitise",
 ]
 
 DOMAIN_NAME = "$domain_name"

@@ -9,9 +9,19 @@ from __future__ import annotations
 from router.jms.model import DeliveryMode
 
 __all__ = [
-    "UTC_EPOCH_OFFSET", "TICKS_PER_MS", "ns_to_jms_priority", "jms_to_ns_priority", "reliability_to_mode",
-    "mode_to_reliability", "utc_to_ms", "ms_to_utc", "timet_to_ms", "ms_to_timet", "expiration_ms",
-    "BEST_EFFORT", "PERSISTENT",
+    "BEST_EFFORT",
+    "PERSISTENT",
+    "TICKS_PER_MS",
+    "UTC_EPOCH_OFFSET",
+    "expiration_ms",
+    "jms_to_ns_priority",
+    "mode_to_reliability",
+    "ms_to_timet",
+    "ms_to_utc",
+    "ns_to_jms_priority",
+    "reliability_to_mode",
+    "timet_to_ms",
+    "utc_to_ms",
 ]
 
 #: 100 ns intervals from 1582-10-15T00:00Z (TimeBase epoch) to 1970-01-01T00:00Z.

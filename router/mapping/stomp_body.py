@@ -29,11 +29,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.jms.model import BodyType, JmsMessage, JmsType, Typed
+from router.mapping import limits
 from router.mapping import typed_props as tp
 from router.mapping.errors import MappingError
 
-__all__ = ["StompFrame", "message_to_stomp", "message_from_stomp", "map_to_json", "map_from_json",
-           "MAP_TRANSFORMATION"]
+__all__ = [
+    "MAP_TRANSFORMATION",
+    "StompFrame",
+    "map_from_json",
+    "map_to_json",
+    "message_from_stomp",
+    "message_to_stomp",
+]
 
 MAP_TRANSFORMATION = "jms-map-json"
 _XSTREAM_NAMES = {JmsType.BYTES: "byte-array"}
@@ -109,7 +116,7 @@ def _body_from(headers: dict[str, str], body: bytes) -> tuple[BodyType, object]:
 # ------------------------------------------------------------------------------------------------ typed JSON
 def map_to_json(entries: dict[str, Typed]) -> str:
     """ActiveMQ's ``jms-map-json`` body for a map."""
-    out = []
+    out: list[dict[str, Any]] = []
     for name, value in entries.items():
         element = _element(value, f"body.{name}")
         if value.type == JmsType.STRING:
@@ -121,10 +128,7 @@ def map_to_json(entries: dict[str, Typed]) -> str:
 
 def map_from_json(text: str) -> dict[str, Typed]:
     """Inverse of :func:`map_to_json`; also reads Jettison's variants (one entry as an object, numbers as text)."""
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        raise MappingError("map body is not JSON", "body") from None
+    doc = limits.load_json(text, "body", "map body")
     inner = doc.get("map") if isinstance(doc, dict) else None
     if inner in ("", None) or inner == {}:
         return {}
@@ -173,8 +177,8 @@ def _parse_element(element: dict[str, Any], field: str) -> Typed:
         raise MappingError(f"unknown JSON value type {name!r}", field)
     if jtype == JmsType.BYTES:
         try:
-            return Typed(jtype, base64.b64decode(str(raw), validate=True))
-        except binascii.Error:
+            return Typed(jtype, base64.b64decode(str(raw).encode("ascii"), validate=True))
+        except (binascii.Error, UnicodeEncodeError):
             raise MappingError("invalid base64", field) from None
     if jtype == JmsType.CHAR:
         if not isinstance(raw, str) or len(raw) != 1:
@@ -190,10 +194,7 @@ def _parse_element(element: dict[str, Any], field: str) -> Typed:
 
 
 def _stream_from_json(body: bytes) -> list[Typed]:
-    try:
-        items = json.loads(_decode(body))
-    except ValueError:
-        raise MappingError("stream body is not JSON", "body") from None
+    items = limits.load_json(_decode(body), "body", "stream body")
     if not isinstance(items, list) or not all(isinstance(i, dict) and len(i) == 1 for i in items):
         raise MappingError("stream body is not a list of typed values", "body")
     return [_parse_element(item, f"body[{n}]") for n, item in enumerate(items)]

@@ -11,7 +11,7 @@
   :func:`router.mapping.to_event.jms_to_event` rebuild the event exactly.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (omniORB must be imported before the COS stubs)
 
 import base64
 import json
@@ -25,11 +25,13 @@ from omniORB import CORBA
 from router.jms.model import Destination, JmsMessage, JmsType, Typed
 from router.mapping import body as bodies
 from router.mapping import idltypes as it
+from router.mapping import limits
 from router.mapping import names
 from router.mapping import qos
 from router.mapping.errors import MappingError
+from router.mapping.typed_props import parse_destination
 
-__all__ = ["event_to_jms", "MANIFEST_VERSION"]
+__all__ = ["MANIFEST_VERSION", "event_to_jms"]
 
 MANIFEST_VERSION = 1
 _INTEGRAL = frozenset({CORBA.tk_short, CORBA.tk_ushort, CORBA.tk_long, CORBA.tk_ulong, CORBA.tk_longlong,
@@ -57,6 +59,9 @@ def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, de
     manifest["fd"] = [_entry("fd", p, allocator, props) for p in event.filterable_data]
     body_type, body, manifest["body"] = bodies.body_to_jms(event.remainder_of_body)
     bodies.check_size(body_type, body, max_body_bytes, "remainder_of_body")
+    if manifest["body"]["k"] == "cdr" and isinstance(body, bytes) and len(body) > limits.MAX_CDR_BYTES:
+        raise MappingError(f"a CDR-encoded body of {len(body)} bytes exceeds the limit of {limits.MAX_CDR_BYTES} "
+                           "bytes the receiving side decodes", "remainder_of_body")
     if manifest["body"]["k"] == "cdr":
         props[names.BODY_ENCODING] = Typed(JmsType.STRING, bodies.CDR_ANY)
     props[names.MANIFEST] = Typed(JmsType.STRING, pack_manifest(json.dumps(manifest, separators=(",", ":"))))
@@ -68,7 +73,39 @@ def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, de
         expiration=qos.expiration_ms(now_ms, std.get("Timeout"), std.get("StopTime")),
         delivery_time=max(0, qos.utc_to_ms(std["StartTime"])) if "StartTime" in std else 0,
         timestamp=now_ms, jms_type=names.STRUCTURED_EVENT, properties=props,
+        correlation_id=_correlation_id(event.filterable_data), reply_to=_reply_to(event.filterable_data),
     )
+
+
+def _first(entries: list[Any], name: str) -> Any | None:
+    return next((p.value for p in entries if p.name == name), None)
+
+
+def _text_entry(entries: list[Any], name: str) -> str | None:
+    """The first filterable_data entry ``name`` when it is a string or wstring, else None (such an entry sets no
+    header; it still travels as its ``$fd_`` property, so nothing is lost)."""
+    value = _first(entries, name)
+    if value is None or it.unalias(value.typecode()).kind() not in (CORBA.tk_string, CORBA.tk_wstring):
+        return None
+    return _string(value.value(), f"filterable_data:{name}").value  # type: ignore[return-value]
+
+
+def _correlation_id(entries: list[Any]) -> str | None:
+    """JMSCorrelationID: the first ``JMSCorrelationID`` filterable_data entry (the name JMS -> NS gives it)."""
+    return _text_entry(entries, "JMSCorrelationID")
+
+
+def _reply_to(entries: list[Any]) -> Destination | None:
+    """JMSReplyTo: the first ``JMSReplyTo`` filterable_data entry when it names a STOMP destination (``/queue/x``,
+    ``/topic/x``, ``/temp-queue/x``, ...); anything else sets no header (it stays a ``$fd_`` property)."""
+    text = _text_entry(entries, "JMSReplyTo")
+    if text is None:
+        return None
+    try:
+        destination = parse_destination(text)
+    except MappingError:
+        return None
+    return destination if destination is not None and destination.name else None
 
 
 MANIFEST_PACK_OVER = 2048     # bytes of JSON; STOMP header lines are limited (ActiveMQ: 10 KiB)

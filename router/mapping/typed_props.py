@@ -31,8 +31,17 @@ from router.mapping import idltypes as it
 from router.mapping.errors import MappingError
 
 __all__ = [
-    "TYPES_HEADER", "DELIVERY_TIME_HEADER", "BODY_HEADER", "FRAME_HEADERS", "StandardHeaders",
-    "to_stomp_headers", "from_stomp_headers", "encode_value", "decode_value", "parse_destination",
+    "BODY_HEADER",
+    "DELIVERY_TIME_HEADER",
+    "FRAME_HEADERS",
+    "TYPES_HEADER",
+    "StandardHeaders",
+    "check_header_text",
+    "decode_value",
+    "encode_value",
+    "from_stomp_headers",
+    "parse_destination",
+    "to_stomp_headers",
 ]
 
 TYPES_HEADER = "nsjms_types"
@@ -80,7 +89,19 @@ def to_stomp_headers(msg: JmsMessage, *, now_ms: int | None = None) -> dict[str,
             types.append(f"{_escape(name)}={value.type.value}")
     if types:
         headers[TYPES_HEADER] = ",".join(types)
+    check_header_text(headers)
     return headers
+
+
+def check_header_text(headers: dict[str, str]) -> None:
+    """Refuse a header a STOMP frame cannot carry: a NUL ends the frame (STOMP 1.2 has no escape for it), so it
+    would split the frame at the receiver. CR, LF, ``:`` and ``\\`` are escaped by the transport."""
+    for name, value in headers.items():
+        for text in (name, value):
+            if "\0" in text:
+                field = name if name in FRAME_HEADERS else f"property:{name}"
+                raise MappingError(f"a STOMP header cannot carry a NUL character (position {text.index(chr(0))})",
+                                   field)
 
 
 def _standard(msg: JmsMessage, now_ms: int | None) -> dict[str, str]:
