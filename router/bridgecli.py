@@ -15,29 +15,45 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["UsageError", "add_parser", "parse_endpoint", "run"]
+__all__ = ["STATES", "UsageError", "add_parser", "bridge_state", "parse_endpoint", "run"]
+
+#: The one vocabulary for a bridge's state (``bridge list``, ``status``, docs): NJI 2.3 Active/Inactive, and for
+#: an inactive bridge the reason.
+STATES = {
+    "active": "started, and both its channel and broker connections are up: events flow",
+    "inactive": "not flowing; the reason follows: 'stopped' (never started or stopped; `bridge start ID`) or "
+                "'started, reconnecting' (a connection is down; the bridge reconnects by itself)",
+}
+
+
+def bridge_state(started: bool | None, active: bool) -> str:
+    """``[active]``, ``[inactive] stopped``, ``[inactive] started, reconnecting`` (``started`` None: unknown)."""
+    if active:
+        return "[active]"
+    if started is None:
+        return "[inactive]"
+    return "[inactive] started, reconnecting" if started else "[inactive] stopped"
 
 
 class UsageError(ValueError):
     """A bad command line; the message names the option."""
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("bridge", help="list, create, start, stop or destroy bridges of a running node")
-    p.add_argument("--state-dir", type=Path, default=None)
-    p.add_argument("--config", default=None)
-    bsub = p.add_subparsers(dest="bridge_command", required=True)
-    bsub.add_parser("list", help="bridges with their endpoints and state")
-    c = bsub.add_parser("create", help="create (and by default start) a bridge")
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("bridge", parents=[common],
+                       help="list, create, start, stop or destroy bridges of a running node")
+    bsub = p.add_subparsers(dest="bridge_command", required=True, metavar="{list,create,start,stop,destroy}")
+    bsub.add_parser("list", parents=[common], help="bridges with their endpoints and state (active | inactive)")
+    c = bsub.add_parser("create", parents=[common], help="create (and by default start) a bridge")
     c.add_argument("--from", dest="source", required=True, help="channel:<id> | queue:<name> | topic:<name>")
     c.add_argument("--to", dest="sink", required=True, help="channel:<id> | queue:<name> | topic:<name>")
     c.add_argument("--channel-form", choices=["structured", "sequence"], default="structured")
     c.add_argument("--channel-style", choices=["push", "pull"], default="push")
     c.add_argument("--jms-style", choices=["push", "pull"], default="push")
     c.add_argument("--factory", default="", help="connection-factory profile: default | jms-json [;selector=...]")
-    c.add_argument("--no-start", action="store_true", help="create only (the bridge stays inactive)")
+    c.add_argument("--no-start", action="store_true", help="create only (the bridge stays inactive, stopped)")
     for name in ("start", "stop", "destroy"):
-        b = bsub.add_parser(name, help=f"{name} a bridge")
+        b = bsub.add_parser(name, parents=[common], help=f"{name} a bridge")
         b.add_argument("id", type=int)
 
 
@@ -70,6 +86,14 @@ def _describe(ep: Any) -> str:
     return f"channel:{conn._v} ({ep.type._n.lower()}, {ep.style._n.lower()})"
 
 
+def _snapshot_bridges(state_dir: Path) -> dict[int, dict[str, Any]]:
+    try:
+        snap = json.loads((state_dir / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return {int(b["id"]): b for b in snap.get("bridges", [])}
+
+
 def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
     """Returns an exit code: 0 ok, 2 usage, 3 node not running, 4 refused by the node (message says why)."""
     from omniORB import CORBA
@@ -84,7 +108,7 @@ def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
     orb = CORBA.ORB_init(["nsjms-bridge", "-ORBclientCallTimeOutPeriod", "15000"], CORBA.ORB_ID)
     try:
         factory = orb.string_to_object(endpoints["bridge_factory"]["corbaloc"])._narrow(BA.BridgeFactory)
-        return _dispatch(args, factory, BA, NsjmsAdmin, out)
+        return _dispatch(args, factory, BA, NsjmsAdmin, out, _snapshot_bridges(state_dir))
     except BA.InvalidExternalEndPoints as exc:
         for err in exc.error:
             out(f"nsjms bridge: invalid {err.role._n.lower()} endpoint: {err.code._n} (see the node log for why)")
@@ -105,17 +129,29 @@ def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
         orb.destroy()
 
 
-def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, out: Any) -> int:
+def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, out: Any,
+              snapshot: dict[int, dict[str, Any]]) -> int:
     cmd = args.bridge_command
+    as_json = getattr(args, "json", False)
     if cmd == "list":
-        ids = list(factory.get_all_bridges())
-        if not ids:
-            out("no bridges")
-        for bid in ids:
+        rows = []
+        for bid in factory.get_all_bridges():
             bridge = factory.get_bridge_with_id(bid)._narrow(NsjmsAdmin.ManagedBridge)
-            state = "active" if bridge.get_status() == NsjmsAdmin.started else "inactive"
-            out(f"bridge {bid}: {_describe(bridge._get_end_point_receiver())} -> "
-                f"{_describe(bridge._get_end_point_sender())}  [{state}]")
+            active = bridge.get_status() == NsjmsAdmin.started  # NJI 2.3: started AND both connections up
+            snap = snapshot.get(bid, {})
+            started = snap.get("started")
+            rows.append({"id": bid, "source": _describe(bridge._get_end_point_receiver()),
+                         "sink": _describe(bridge._get_end_point_sender()),
+                         "state": "active" if active else "inactive", "started": True if active else started,
+                         "last_error": snap.get("last_error")})
+        if as_json:
+            out(json.dumps(rows, indent=2, sort_keys=True))
+        elif not rows:
+            out("no bridges")
+        for r in [] if as_json else rows:
+            out(f"bridge {r['id']}: {r['source']} -> {r['sink']}  {bridge_state(r['started'], r['state'] == 'active')}")
+            if r["last_error"] and r["state"] != "active":
+                out(f"  last error: {r['last_error']}")
         return 0
     if cmd == "create":
         src_kind, src = parse_endpoint(args.source, "--from")
@@ -124,9 +160,13 @@ def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, 
                                             _endpoint(BA, "SINK", snk_kind, snk, args))
         if not args.no_start:
             bridge.start_bridge()
-        out(f"bridge {bid} created{'' if args.no_start else ' and started'}: {args.source} -> {args.sink}")
+        if as_json:
+            out(json.dumps({"id": bid, "started": not args.no_start}))
+        else:
+            out(f"bridge {bid} created{'' if args.no_start else ' and started'}: {args.source} -> {args.sink}")
         return 0
     bridge = factory.get_bridge_with_id(args.id)
     {"start": bridge.start_bridge, "stop": bridge.stop_bridge, "destroy": bridge.destroy}[cmd]()
-    out(f"bridge {args.id}: {cmd}{'ed' if cmd != 'stop' else 'ped'}")
+    done = f"{cmd}{'ed' if cmd != 'stop' else 'ped'}"
+    out(json.dumps({"id": args.id, done: True}) if as_json else f"bridge {args.id}: {done}")
     return 0

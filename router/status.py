@@ -90,8 +90,11 @@ def render(report: dict[str, Any]) -> str:
                       if k not in {"admin", "id", "kind", "connected", "suspended", "queued"}]
             lines.append(f"  admin {p['admin']} proxy {p['id']} {p['kind']:<16} queued {p['queued']:>6}"
                          f"  {' '.join(flags)}".rstrip())
+    from router.bridgecli import bridge_state
+
     for b in snap.get("bridges", []):
-        lines.append(f"bridge {b['id']}: {b['source']} -> {b['sink']}  [{b['state']}]  broker {b['broker']}, "
+        state = bridge_state(b.get("started"), b.get("state") == "active")
+        lines.append(f"bridge {b['id']}: {b['source']} -> {b['sink']}  {state};  broker {b['broker']}, "
                      f"channel {'connected' if b['channel_connected'] else 'not connected'}, "
                      f"forwarded {b['forwarded']}, dead-lettered {b['dead_lettered']}, "
                      f"refused {b.get('refused_to_broker_dlq', 0)}, duplicates suppressed {b['duplicates_suppressed']}")
