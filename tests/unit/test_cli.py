@@ -10,8 +10,8 @@ import pytest
 
 from router import cli
 from router.bridgecli import bridge_state
-from router.channelcli import PropertyRefused, check_admin, check_qos, parse_assignments
 from router.channel import qos as Q
+from router.channelcli import PropertyRefused, check_admin, check_qos, parse_assignments
 from router.demo import free_slot, live_runs, queue_name
 from router.status import render
 
