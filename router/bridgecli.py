@@ -43,18 +43,25 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("bridge", parents=[common],
                        help="list, create, start, stop or destroy bridges of a running node")
     bsub = p.add_subparsers(dest="bridge_command", required=True, metavar="{list,create,start,stop,destroy}")
-    bsub.add_parser("list", parents=[common], help="bridges with their endpoints and state (active | inactive)")
+    bsub.add_parser("list", parents=[common], help="bridges with their endpoints and state (active | inactive)",
+                    epilog="States: " + "; ".join(f"{k}: {v}" for k, v in STATES.items()) + ".")
     c = bsub.add_parser("create", parents=[common], help="create (and by default start) a bridge")
-    c.add_argument("--from", dest="source", required=True, help="channel:<id> | queue:<name> | topic:<name>")
-    c.add_argument("--to", dest="sink", required=True, help="channel:<id> | queue:<name> | topic:<name>")
-    c.add_argument("--channel-form", choices=["structured", "sequence"], default="structured")
-    c.add_argument("--channel-style", choices=["push", "pull"], default="push")
-    c.add_argument("--jms-style", choices=["push", "pull"], default="push")
-    c.add_argument("--factory", default="", help="connection-factory profile: default | jms-json [;selector=...]")
+    c.add_argument("--from", dest="source", required=True, metavar="ENDPOINT",
+                   help="channel:<id> | queue:<name> | topic:<name>")
+    c.add_argument("--to", dest="sink", required=True, metavar="ENDPOINT",
+                   help="channel:<id> | queue:<name> | topic:<name>")
+    c.add_argument("--channel-form", choices=["structured", "sequence"], default="structured",
+                   help="event form the bridge uses on the channel side")
+    c.add_argument("--channel-style", choices=["push", "pull"], default="push",
+                   help="flow style of the bridge's proxy on the channel")
+    c.add_argument("--jms-style", choices=["push", "pull"], default="push",
+                   help="flow style of a JMS source (a JMS sink is always push)")
+    c.add_argument("--factory", default="", metavar="PROFILE",
+                   help="connection-factory profile: default | jms-json [;selector=...]")
     c.add_argument("--no-start", action="store_true", help="create only (the bridge stays inactive, stopped)")
     for name in ("start", "stop", "destroy"):
         b = bsub.add_parser(name, parents=[common], help=f"{name} a bridge")
-        b.add_argument("id", type=int)
+        b.add_argument("id", type=int, metavar="ID", help="bridge id (from bridge list)")
 
 
 def parse_endpoint(text: str, option: str) -> tuple[str, str]:

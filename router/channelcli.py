@@ -46,10 +46,20 @@ class PropertyRefused(UsageError):
         super().__init__("; ".join(self.messages))
 
 
+CREATE_EPILOG = (
+    "Names are the CosNotification property names (docs/qos.md). Values: integers; true/false for booleans; "
+    "BestEffort/Persistent, AnyOrder/FifoOrder/PriorityOrder/DeadlineOrder/LifoOrder and None/Acknowledgment for "
+    "the enumerated ones; durations (TimeBase::TimeT) in 100 ns units or with a unit: 250ms, 5s, 2m. Checked with "
+    "the channel's own rules before anything is sent: a refusal names the property, the error code and the "
+    "possible values, e.g. EventReliability=Persistent needs ConnectionReliability=Persistent."
+)
+
+
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("channel", parents=[common], help="create, list, show or destroy event channels of a node")
     csub = p.add_subparsers(dest="channel_command", required=True, metavar="{create,list,show,destroy}")
-    c = csub.add_parser("create", parents=[common], help="create an event channel (prints its id)")
+    c = csub.add_parser("create", parents=[common], help="create an event channel (prints its id)",
+                        epilog=CREATE_EPILOG)
     c.add_argument("--qos", action="append", default=[], metavar="NAME=VALUE",
                    help="initial QoS, e.g. EventReliability=Persistent (repeatable)")
     c.add_argument("--admin", action="append", default=[], metavar="NAME=VALUE",
@@ -57,9 +67,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     csub.add_parser("list", parents=[common], help="channel ids with events held and admin/proxy counts")
     s = csub.add_parser("show", parents=[common],
                         help="QoS, admin properties, admins, proxies (state, queue depth) and filters of a channel")
-    s.add_argument("id", type=int)
+    s.add_argument("id", type=int, metavar="ID", help="channel id (from channel list)")
     d = csub.add_parser("destroy", parents=[common], help="destroy a channel with its admins, proxies and events")
-    d.add_argument("id", type=int)
+    d.add_argument("id", type=int, metavar="ID", help="channel id (from channel list)")
 
 
 # -- NAME=VALUE parsing and client-side checks (no I/O) -------------------------------------------------------
