@@ -93,6 +93,26 @@ def _describe(ep: Any) -> str:
     return f"channel:{conn._v} ({ep.type._n.lower()}, {ep.style._n.lower()})"
 
 
+def _precheck(args: argparse.Namespace, BA: Any,
+              channel_factory: Any) -> tuple[dict[tuple[str, str], str], list[Any]]:
+    """The node's own endpoint rules (``router.bridge.endpoints.check_pair``, pure) applied before sending, to
+    name the reason of a refusal: the IDL's ``InvalidExternalEndPoints`` carries only the role and the code.
+
+    Returns the reasons by (role, code) and the ``ExternalEndpointError`` values the node would raise."""
+    import CosNotifyChannelAdmin
+
+    from router.bridge.endpoints import check_pair, from_idl
+
+    src_kind, src = parse_endpoint(args.source, "--from")
+    snk_kind, snk = parse_endpoint(args.sink, "--to")
+    ecf = channel_factory._narrow(CosNotifyChannelAdmin.EventChannelFactory)
+    existing = set(ecf.get_all_channels())
+    problems = check_pair(from_idl(_endpoint(BA, "SOURCE", src_kind, src, args)),
+                          from_idl(_endpoint(BA, "SINK", snk_kind, snk, args)), lambda cid: cid in existing)
+    reasons = {(p.role, p.code): p.reason for p in problems}
+    return reasons, [BA.ExternalEndpointError(getattr(BA, p.role), getattr(BA, p.code)) for p in problems]
+
+
 def _snapshot_bridges(state_dir: Path) -> dict[int, dict[str, Any]]:
     try:
         snap = json.loads((state_dir / "status.json").read_text())
@@ -113,12 +133,19 @@ def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
         out("nsjms bridge: the node publishes no BridgeFactory")
         return 3
     orb = CORBA.ORB_init(["nsjms-bridge", "-ORBclientCallTimeOutPeriod", "15000"], CORBA.ORB_ID)
+    reasons: dict[tuple[str, str], str] = {}
     try:
         factory = orb.string_to_object(endpoints["bridge_factory"]["corbaloc"])._narrow(BA.BridgeFactory)
+        if args.bridge_command == "create":
+            channels = orb.string_to_object(endpoints["event_channel_factory"]["corbaloc"])
+            reasons, errors = _precheck(args, BA, channels)
+            if errors:  # refused by the node's own rules: not sent, reported exactly as the node would
+                raise BA.InvalidExternalEndPoints(errors)
         return _dispatch(args, factory, BA, NsjmsAdmin, out, _snapshot_bridges(state_dir))
     except BA.InvalidExternalEndPoints as exc:
         for err in exc.error:
-            out(f"nsjms bridge: invalid {err.role._n.lower()} endpoint: {err.code._n} (see the node log for why)")
+            why = reasons.get((err.role._n, err.code._n), "the node's log says why")
+            out(f"nsjms bridge: invalid {err.role._n.lower()} endpoint: {err.code._n}: {why}")
         return 4
     except BA.BridgeNotFound:
         out(f"nsjms bridge: no bridge with id {args.id}")

@@ -135,3 +135,16 @@ def test_node_found_from_any_directory_by_the_environment(nsjms_server: NsjmsSer
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["endpoints"]["pid"] == nsjms_server.pid
+
+
+def test_bridge_refusals_carry_the_reason(nsjms_server: NsjmsServer, factory: Any) -> None:
+    """Issue 11: `bridge create --factory bogus` said only INVALID_JMSDESTINATION "(see the node log for why)"."""
+    state = nsjms_server.state_dir
+    _, cid = factory.create_channel([], [])
+    bogus = _cli(state, "bridge", "create", "--from", f"channel:{cid}", "--to", "queue:nsjms.test.cli.bogus",
+                 "--factory", "bogus")
+    assert bogus.returncode == 4, bogus.stdout + bogus.stderr
+    assert "INVALID_JMSDESTINATION: unknown connection factory profile 'bogus'" in bogus.stdout, bogus.stdout
+    gone = _cli(state, "bridge", "create", "--from", "channel:99999", "--to", "queue:nsjms.test.cli.bogus")
+    assert gone.returncode == 4 and "INVALID_CHANNELID: no event channel with id 99999" in gone.stdout, gone.stdout
+    assert "no bridges" in _cli(state, "bridge", "list").stdout
