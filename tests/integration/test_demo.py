@@ -109,3 +109,42 @@ def test_two_demos_at_once_use_their_own_queues(nsjms_server: NsjmsServer, facto
         code = running.wait(timeout=60)
     assert code == 0, (state / "demo-background.log").read_text()
     assert _counts(factory, bf) == baseline, "SIGTERM (as from serve --demo) removes the demo's objects"
+
+
+def _bridge_factory_after_restart(client_orb: Any, server: NsjmsServer) -> Any:
+    """The client ORB may hold a connection to the previous server on the same port: the first call over it fails
+    with COMM_FAILURE (as ``ClientOrb.factory`` handles for the channel factory)."""
+    from omniORB import CORBA
+
+    for _ in range(5):
+        try:
+            bf = bridge_factory(client_orb, server)
+            bf.get_all_bridges()
+            return bf
+        except (CORBA.COMM_FAILURE, CORBA.TRANSIENT):
+            continue
+    return bridge_factory(client_orb, server)
+
+
+def test_serve_demo_restarted_does_not_add_bridges(tmp_path: Path, fresh_db: str, broker_url: str,
+                                                   client_orb: Any) -> None:
+    """Issue 11: each restart of `serve --demo` added a pair of bridges competing for the demo queue."""
+    from conftest import free_port
+
+    state = tmp_path / "state"
+    state.mkdir()
+    server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker_url, port=free_port())
+    plain = server.command
+    server.command = lambda: [*plain(), "--demo", "--demo-rate", "20"]  # type: ignore[method-assign]
+    try:
+        for restart in range(2):
+            server.start()
+            bf = _bridge_factory_after_restart(client_orb, server)
+            assert wait_until(lambda: any(len(r["bridges"]) == 2 for r in _runs(state).values()), 60), \
+                f"the demo of start {restart + 1} did not come up"
+            run = next(iter(_runs(state).values()))
+            assert sorted(bf.get_all_bridges()) == sorted(run["bridges"]), f"start {restart + 1}: only its bridges"
+            server.stop()
+            assert _runs(state) == {}, "serve stopped its demo, which removed its objects"
+    finally:
+        server.stop()
