@@ -26,13 +26,21 @@ STATES = {
 }
 
 
-def bridge_state(started: bool | None, active: bool) -> str:
-    """``[active]``, ``[inactive] stopped``, ``[inactive] started, reconnecting`` (``started`` None: unknown)."""
+def bridge_state(started: bool | None, active: bool, missing_channel: int | None = None) -> str:
+    """``[active]``, ``[inactive] stopped``, ``[inactive] started, reconnecting`` (``started`` None: unknown);
+    a bridge whose channel was destroyed says so: it cannot work again and should be destroyed."""
     if active:
         return "[active]"
+    if missing_channel is not None:
+        return f"[inactive] channel {missing_channel} no longer exists: destroy this bridge"
     if started is None:
         return "[inactive]"
     return "[inactive] started, reconnecting" if started else "[inactive] stopped"
+
+
+def _channel_of(ep: Any) -> int | None:
+    conn = ep.connector
+    return None if conn._d._n == "JMS_MESSAGE" else int(conn._v)
 
 
 class UsageError(ValueError):
@@ -113,6 +121,19 @@ def _precheck(args: argparse.Namespace, BA: Any,
     return reasons, [BA.ExternalEndpointError(getattr(BA, p.role), getattr(BA, p.code)) for p in problems]
 
 
+def _channel_id(row: dict[str, Any]) -> int | None:
+    for text in (row["source"], row["sink"]):
+        if text.startswith("channel:"):
+            return int(text.split(":", 1)[1].split()[0])
+    return None
+
+
+def _ecf_type() -> Any:
+    import CosNotifyChannelAdmin
+
+    return CosNotifyChannelAdmin.EventChannelFactory
+
+
 def _snapshot_bridges(state_dir: Path) -> dict[int, dict[str, Any]]:
     try:
         snap = json.loads((state_dir / "status.json").read_text())
@@ -141,6 +162,9 @@ def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
             reasons, errors = _precheck(args, BA, channels)
             if errors:  # refused by the node's own rules: not sent, reported exactly as the node would
                 raise BA.InvalidExternalEndPoints(errors)
+        if args.bridge_command == "list":
+            ecf = orb.string_to_object(endpoints["event_channel_factory"]["corbaloc"])
+            args.existing_channels = set(ecf._narrow(_ecf_type()).get_all_channels())
         return _dispatch(args, factory, BA, NsjmsAdmin, out, _snapshot_bridges(state_dir))
     except BA.InvalidExternalEndPoints as exc:
         for err in exc.error:
@@ -174,16 +198,20 @@ def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, 
             active = bridge.get_status() == NsjmsAdmin.started  # NJI 2.3: started AND both connections up
             snap = snapshot.get(bid, {})
             started = snap.get("started")
-            rows.append({"id": bid, "source": _describe(bridge._get_end_point_receiver()),
-                         "sink": _describe(bridge._get_end_point_sender()),
+            receiver, sender = bridge._get_end_point_receiver(), bridge._get_end_point_sender()
+            channel = next(c for c in (_channel_of(receiver), _channel_of(sender), -1) if c is not None)
+            rows.append({"id": bid, "source": _describe(receiver), "sink": _describe(sender),
                          "state": "active" if active else "inactive", "started": True if active else started,
+                         "channel_exists": channel in getattr(args, "existing_channels", {channel}),
                          "last_error": snap.get("last_error")})
         if as_json:
             out(json.dumps(rows, indent=2, sort_keys=True))
         elif not rows:
             out("no bridges")
         for r in [] if as_json else rows:
-            out(f"bridge {r['id']}: {r['source']} -> {r['sink']}  {bridge_state(r['started'], r['state'] == 'active')}")
+            missing = None if r["channel_exists"] else _channel_id(r)
+            state = bridge_state(r["started"], r["state"] == "active", missing)
+            out(f"bridge {r['id']}: {r['source']} -> {r['sink']}  {state}")
             if r["last_error"] and r["state"] != "active":
                 out(f"  last error: {r['last_error']}")
         return 0

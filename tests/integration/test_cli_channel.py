@@ -148,3 +148,18 @@ def test_bridge_refusals_carry_the_reason(nsjms_server: NsjmsServer, factory: An
     gone = _cli(state, "bridge", "create", "--from", "channel:99999", "--to", "queue:nsjms.test.cli.bogus")
     assert gone.returncode == 4 and "INVALID_CHANNELID: no event channel with id 99999" in gone.stdout, gone.stdout
     assert "no bridges" in _cli(state, "bridge", "list").stdout
+
+
+def test_a_bridge_whose_channel_is_gone_is_named_and_can_be_destroyed(nsjms_server: NsjmsServer,
+                                                                     factory: Any) -> None:
+    state = nsjms_server.state_dir
+    channel, cid = factory.create_channel([], [])
+    done = _cli(state, "bridge", "create", "--from", f"channel:{cid}", "--to", "queue:nsjms.test.cli.gone", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    bid = json.loads(done.stdout)["id"]
+    channel.destroy()
+    gone = f"[inactive] channel {cid} no longer exists: destroy this bridge"
+    assert gone in _cli(state, "bridge", "list").stdout
+    assert wait_until(lambda: gone in _cli(state, "status").stdout, 15), _cli(state, "status").stdout
+    assert _cli(state, "bridge", "destroy", str(bid)).returncode == 0
+    assert "no bridges" in _cli(state, "bridge", "list").stdout

@@ -160,6 +160,18 @@ def test_status_renders_bridges_with_the_same_words_as_bridge_list(snap_state: s
     assert shown in line and f"[{snap_state}]" not in line.replace(shown, ""), line
 
 
+def test_a_bridge_whose_channel_is_gone_is_reported_as_such() -> None:
+    bridge = {"id": 2, "source": "PUSH structured_event channel 7", "sink": "PUSH queue q", "state": "inactive",
+              "started": True, "broker": "connected", "channel_connected": False, "forwarded": 0,
+              "dead_lettered": 0, "duplicates_suppressed": 0}
+    report: dict[str, Any] = {"endpoints": {"event_channel_factory": {"corbaloc": "corbaloc::x"}},
+                              "snapshot": {"bridges": [bridge]}, "channel_ids": [1, 2], "stale": False}
+    line = next(ln for ln in render(report).splitlines() if ln.startswith("bridge 2"))
+    assert "[inactive] channel 7 no longer exists: destroy this bridge" in line, line
+    report["channel_ids"] = [7]
+    assert "[inactive] started, reconnecting" in render(report)
+
+
 # -- demo decisions -------------------------------------------------------------------------------------------
 def test_demo_queue_is_per_state_dir_and_slot(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
