@@ -172,6 +172,12 @@ def _no_node(command: str, state_dir: Path, origin: str) -> int:
     return EXIT_NOT_RUNNING
 
 
+def _private(command: str, state_dir: Path) -> int:
+    """The node's files are private (mode 0600): say so instead of a traceback."""
+    print(f"nsjms {command}: cannot read {state_dir / 'endpoints.json'}: run as the node's user", file=sys.stderr)
+    return EXIT_FAILURE
+
+
 def _running(command: str, args: argparse.Namespace, cfg: Any) -> Path | None:
     state_dir = Path(cfg.node.state_dir)
     if (state_dir / "endpoints.json").exists():
@@ -262,10 +268,8 @@ def cmd_status(args: argparse.Namespace, cfg: Any) -> int:
         report = collect(state_dir)
     except FileNotFoundError:
         return _no_node("status", state_dir, state_dir_origin(args, cfg))
-    except PermissionError:  # the node's files are private (mode 0600)
-        print(f"nsjms status: cannot read {state_dir / 'endpoints.json'}: run as the node's user",
-              file=sys.stderr)
-        return EXIT_FAILURE
+    except PermissionError:
+        return _private("status", state_dir)
     except ConnectionError as exc:
         print(f"nsjms status: node not reachable: {exc}", file=sys.stderr)
         return EXIT_NOT_RUNNING
@@ -289,6 +293,8 @@ def cmd_bridge(args: argparse.Namespace, cfg: Any) -> int:
     except UsageError as exc:
         print(f"nsjms bridge: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except PermissionError:
+        return _private("bridge", state_dir)
 
 
 def cmd_channel(args: argparse.Namespace, cfg: Any) -> int:
@@ -311,6 +317,8 @@ def cmd_channel(args: argparse.Namespace, cfg: Any) -> int:
     except UsageError as exc:
         print(f"nsjms channel: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except PermissionError:
+        return _private("channel", state_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -204,3 +204,21 @@ def test_demo_progress_only_on_a_terminal(isatty: bool, flag: list[str], progres
     monkeypatch.setattr("signal.signal", lambda *a: None)
     assert cli.main(["demo", "--count", "1", "--state-dir", str(tmp_path), *flag]) == cli.EXIT_OK
     assert (seen["progress"] is not None) is progress
+
+
+@pytest.mark.parametrize("command", [["channel", "list"], ["bridge", "list"]])
+def test_private_node_files_are_reported_not_a_traceback(command: list[str], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import router.bridgecli
+    import router.channelcli
+
+    (tmp_path / "endpoints.json").write_text("{}")
+
+    def private(*args: Any, **kw: Any) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(router.channelcli, "run", private)
+    monkeypatch.setattr(router.bridgecli, "run", private)
+    assert cli.main([*command, "--state-dir", str(tmp_path)]) == cli.EXIT_FAILURE
+    assert "run as the node's user" in capsys.readouterr().err
