@@ -15,30 +15,61 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["UsageError", "add_parser", "parse_endpoint", "run"]
+__all__ = ["STATES", "UsageError", "add_parser", "bridge_state", "parse_endpoint", "run"]
+
+#: The one vocabulary for a bridge's state (``bridge list``, ``status``, docs): NJI 2.3 Active/Inactive, and for
+#: an inactive bridge the reason.
+STATES = {
+    "active": "started, and both its channel and broker connections are up: events flow",
+    "inactive": "not flowing; the reason follows: 'stopped' (never started or stopped; `bridge start ID`) or "
+                "'started, reconnecting' (a connection is down; the bridge reconnects by itself)",
+}
+
+
+def bridge_state(started: bool | None, active: bool, missing_channel: int | None = None) -> str:
+    """``[active]``, ``[inactive] stopped``, ``[inactive] started, reconnecting`` (``started`` None: unknown);
+    a bridge whose channel was destroyed says so: it cannot work again and should be destroyed."""
+    if active:
+        return "[active]"
+    if missing_channel is not None:
+        return f"[inactive] channel {missing_channel} no longer exists: destroy this bridge"
+    if started is None:
+        return "[inactive]"
+    return "[inactive] started, reconnecting" if started else "[inactive] stopped"
+
+
+def _channel_of(ep: Any) -> int | None:
+    conn = ep.connector
+    return None if conn._d._n == "JMS_MESSAGE" else int(conn._v)
 
 
 class UsageError(ValueError):
     """A bad command line; the message names the option."""
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("bridge", help="list, create, start, stop or destroy bridges of a running node")
-    p.add_argument("--state-dir", type=Path, default=None)
-    p.add_argument("--config", default=None)
-    bsub = p.add_subparsers(dest="bridge_command", required=True)
-    bsub.add_parser("list", help="bridges with their endpoints and state")
-    c = bsub.add_parser("create", help="create (and by default start) a bridge")
-    c.add_argument("--from", dest="source", required=True, help="channel:<id> | queue:<name> | topic:<name>")
-    c.add_argument("--to", dest="sink", required=True, help="channel:<id> | queue:<name> | topic:<name>")
-    c.add_argument("--channel-form", choices=["structured", "sequence"], default="structured")
-    c.add_argument("--channel-style", choices=["push", "pull"], default="push")
-    c.add_argument("--jms-style", choices=["push", "pull"], default="push")
-    c.add_argument("--factory", default="", help="connection-factory profile: default | jms-json [;selector=...]")
-    c.add_argument("--no-start", action="store_true", help="create only (the bridge stays inactive)")
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("bridge", parents=[common],
+                       help="list, create, start, stop or destroy bridges of a running node")
+    bsub = p.add_subparsers(dest="bridge_command", required=True, metavar="{list,create,start,stop,destroy}")
+    bsub.add_parser("list", parents=[common], help="bridges with their endpoints and state (active | inactive)",
+                    epilog="States: " + "; ".join(f"{k}: {v}" for k, v in STATES.items()) + ".")
+    c = bsub.add_parser("create", parents=[common], help="create (and by default start) a bridge")
+    c.add_argument("--from", dest="source", required=True, metavar="ENDPOINT",
+                   help="channel:<id> | queue:<name> | topic:<name>")
+    c.add_argument("--to", dest="sink", required=True, metavar="ENDPOINT",
+                   help="channel:<id> | queue:<name> | topic:<name>")
+    c.add_argument("--channel-form", choices=["structured", "sequence"], default="structured",
+                   help="event form the bridge uses on the channel side")
+    c.add_argument("--channel-style", choices=["push", "pull"], default="push",
+                   help="flow style of the bridge's proxy on the channel")
+    c.add_argument("--jms-style", choices=["push", "pull"], default="push",
+                   help="flow style of a JMS source (a JMS sink is always push)")
+    c.add_argument("--factory", default="", metavar="PROFILE",
+                   help="connection-factory profile: default | jms-json [;selector=...]")
+    c.add_argument("--no-start", action="store_true", help="create only (the bridge stays inactive, stopped)")
     for name in ("start", "stop", "destroy"):
-        b = bsub.add_parser(name, help=f"{name} a bridge")
-        b.add_argument("id", type=int)
+        b = bsub.add_parser(name, parents=[common], help=f"{name} a bridge")
+        b.add_argument("id", type=int, metavar="ID", help="bridge id (from bridge list)")
 
 
 def parse_endpoint(text: str, option: str) -> tuple[str, str]:
@@ -70,6 +101,47 @@ def _describe(ep: Any) -> str:
     return f"channel:{conn._v} ({ep.type._n.lower()}, {ep.style._n.lower()})"
 
 
+def _precheck(args: argparse.Namespace, BA: Any,
+              channel_factory: Any) -> tuple[dict[tuple[str, str], str], list[Any]]:
+    """The node's own endpoint rules (``router.bridge.endpoints.check_pair``, pure) applied before sending, to
+    name the reason of a refusal: the IDL's ``InvalidExternalEndPoints`` carries only the role and the code.
+
+    Returns the reasons by (role, code) and the ``ExternalEndpointError`` values the node would raise."""
+    import CosNotifyChannelAdmin
+
+    from router.bridge.endpoints import check_pair, from_idl
+
+    src_kind, src = parse_endpoint(args.source, "--from")
+    snk_kind, snk = parse_endpoint(args.sink, "--to")
+    ecf = channel_factory._narrow(CosNotifyChannelAdmin.EventChannelFactory)
+    existing = set(ecf.get_all_channels())
+    problems = check_pair(from_idl(_endpoint(BA, "SOURCE", src_kind, src, args)),
+                          from_idl(_endpoint(BA, "SINK", snk_kind, snk, args)), lambda cid: cid in existing)
+    reasons = {(p.role, p.code): p.reason for p in problems}
+    return reasons, [BA.ExternalEndpointError(getattr(BA, p.role), getattr(BA, p.code)) for p in problems]
+
+
+def _channel_id(row: dict[str, Any]) -> int | None:
+    for text in (row["source"], row["sink"]):
+        if text.startswith("channel:"):
+            return int(text.split(":", 1)[1].split()[0])
+    return None
+
+
+def _ecf_type() -> Any:
+    import CosNotifyChannelAdmin
+
+    return CosNotifyChannelAdmin.EventChannelFactory
+
+
+def _snapshot_bridges(state_dir: Path) -> dict[int, dict[str, Any]]:
+    try:
+        snap = json.loads((state_dir / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return {int(b["id"]): b for b in snap.get("bridges", [])}
+
+
 def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
     """Returns an exit code: 0 ok, 2 usage, 3 node not running, 4 refused by the node (message says why)."""
     from omniORB import CORBA
@@ -82,12 +154,22 @@ def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
         out("nsjms bridge: the node publishes no BridgeFactory")
         return 3
     orb = CORBA.ORB_init(["nsjms-bridge", "-ORBclientCallTimeOutPeriod", "15000"], CORBA.ORB_ID)
+    reasons: dict[tuple[str, str], str] = {}
     try:
         factory = orb.string_to_object(endpoints["bridge_factory"]["corbaloc"])._narrow(BA.BridgeFactory)
-        return _dispatch(args, factory, BA, NsjmsAdmin, out)
+        if args.bridge_command == "create":
+            channels = orb.string_to_object(endpoints["event_channel_factory"]["corbaloc"])
+            reasons, errors = _precheck(args, BA, channels)
+            if errors:  # refused by the node's own rules: not sent, reported exactly as the node would
+                raise BA.InvalidExternalEndPoints(errors)
+        if args.bridge_command == "list":
+            ecf = orb.string_to_object(endpoints["event_channel_factory"]["corbaloc"])
+            args.existing_channels = set(ecf._narrow(_ecf_type()).get_all_channels())
+        return _dispatch(args, factory, BA, NsjmsAdmin, out, _snapshot_bridges(state_dir))
     except BA.InvalidExternalEndPoints as exc:
         for err in exc.error:
-            out(f"nsjms bridge: invalid {err.role._n.lower()} endpoint: {err.code._n} (see the node log for why)")
+            why = reasons.get((err.role._n, err.code._n), "the node's log says why")
+            out(f"nsjms bridge: invalid {err.role._n.lower()} endpoint: {err.code._n}: {why}")
         return 4
     except BA.BridgeNotFound:
         out(f"nsjms bridge: no bridge with id {args.id}")
@@ -105,17 +187,33 @@ def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
         orb.destroy()
 
 
-def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, out: Any) -> int:
+def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, out: Any,
+              snapshot: dict[int, dict[str, Any]]) -> int:
     cmd = args.bridge_command
+    as_json = getattr(args, "json", False)
     if cmd == "list":
-        ids = list(factory.get_all_bridges())
-        if not ids:
-            out("no bridges")
-        for bid in ids:
+        rows = []
+        for bid in factory.get_all_bridges():
             bridge = factory.get_bridge_with_id(bid)._narrow(NsjmsAdmin.ManagedBridge)
-            state = "active" if bridge.get_status() == NsjmsAdmin.started else "inactive"
-            out(f"bridge {bid}: {_describe(bridge._get_end_point_receiver())} -> "
-                f"{_describe(bridge._get_end_point_sender())}  [{state}]")
+            active = bridge.get_status() == NsjmsAdmin.started  # NJI 2.3: started AND both connections up
+            snap = snapshot.get(bid, {})
+            started = snap.get("started")
+            receiver, sender = bridge._get_end_point_receiver(), bridge._get_end_point_sender()
+            channel = next(c for c in (_channel_of(receiver), _channel_of(sender), -1) if c is not None)
+            rows.append({"id": bid, "source": _describe(receiver), "sink": _describe(sender),
+                         "state": "active" if active else "inactive", "started": True if active else started,
+                         "channel_exists": channel in getattr(args, "existing_channels", {channel}),
+                         "last_error": snap.get("last_error")})
+        if as_json:
+            out(json.dumps(rows, indent=2, sort_keys=True))
+        elif not rows:
+            out("no bridges")
+        for r in [] if as_json else rows:
+            missing = None if r["channel_exists"] else _channel_id(r)
+            state = bridge_state(r["started"], r["state"] == "active", missing)
+            out(f"bridge {r['id']}: {r['source']} -> {r['sink']}  {state}")
+            if r["last_error"] and r["state"] != "active":
+                out(f"  last error: {r['last_error']}")
         return 0
     if cmd == "create":
         src_kind, src = parse_endpoint(args.source, "--from")
@@ -124,9 +222,13 @@ def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, 
                                             _endpoint(BA, "SINK", snk_kind, snk, args))
         if not args.no_start:
             bridge.start_bridge()
-        out(f"bridge {bid} created{'' if args.no_start else ' and started'}: {args.source} -> {args.sink}")
+        if as_json:
+            out(json.dumps({"id": bid, "started": not args.no_start}))
+        else:
+            out(f"bridge {bid} created{'' if args.no_start else ' and started'}: {args.source} -> {args.sink}")
         return 0
     bridge = factory.get_bridge_with_id(args.id)
     {"start": bridge.start_bridge, "stop": bridge.stop_bridge, "destroy": bridge.destroy}[cmd]()
-    out(f"bridge {args.id}: {cmd}{'ed' if cmd != 'stop' else 'ped'}")
+    done = f"{cmd}{'ed' if cmd != 'stop' else 'ped'}"
+    out(json.dumps({"id": args.id, done: True}) if as_json else f"bridge {args.id}: {done}")
     return 0

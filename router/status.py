@@ -9,6 +9,7 @@ broker were reachable at the node's last probe (every 2 s), and for embedded one
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,15 @@ def render_service(name: str, svc: dict[str, Any]) -> str:
     return line
 
 
+def _missing_channel(bridge: dict[str, Any], channel_ids: list[int]) -> int | None:
+    """The channel id of a bridge endpoint (``"PUSH structured_event channel 3"``) that no longer exists."""
+    for text in (bridge.get("source", ""), bridge.get("sink", "")):
+        m = re.search(r"\bchannel (\d+)$", str(text))
+        if m and int(m.group(1)) not in channel_ids:
+            return int(m.group(1))
+    return None
+
+
 def render(report: dict[str, Any]) -> str:
     ep, snap = report["endpoints"], report["snapshot"]
     bridge_ep = ep.get("bridge_factory") or {}
@@ -90,8 +100,11 @@ def render(report: dict[str, Any]) -> str:
                       if k not in {"admin", "id", "kind", "connected", "suspended", "queued"}]
             lines.append(f"  admin {p['admin']} proxy {p['id']} {p['kind']:<16} queued {p['queued']:>6}"
                          f"  {' '.join(flags)}".rstrip())
+    from router.bridgecli import bridge_state
+
     for b in snap.get("bridges", []):
-        lines.append(f"bridge {b['id']}: {b['source']} -> {b['sink']}  [{b['state']}]  broker {b['broker']}, "
+        state = bridge_state(b.get("started"), b.get("state") == "active", _missing_channel(b, report["channel_ids"]))
+        lines.append(f"bridge {b['id']}: {b['source']} -> {b['sink']}  {state};  broker {b['broker']}, "
                      f"channel {'connected' if b['channel_connected'] else 'not connected'}, "
                      f"forwarded {b['forwarded']}, dead-lettered {b['dead_lettered']}, "
                      f"refused {b.get('refused_to_broker_dlq', 0)}, duplicates suppressed {b['duplicates_suppressed']}")

@@ -1,0 +1,224 @@
+"""The command line without a node: global options, state-directory discovery, channel QoS checks, vocabulary."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router import cli
+from router.bridgecli import bridge_state
+from router.channel import qos as Q
+from router.channelcli import PropertyRefused, check_admin, check_qos, parse_assignments
+from router.demo import free_slot, live_runs, queue_name
+from router.status import render
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("NSJMS_STATE_DIR", "NSJMS_CONFIG", "NSJMS_NODE_STATE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    args = cli.build_parser().parse_args(argv)
+    for key, default in cli.GLOBAL_DEFAULTS.items():
+        if not hasattr(args, key):
+            setattr(args, key, default)
+    return args
+
+
+@pytest.mark.parametrize("argv", [
+    ["--state-dir", "/x", "--json", "channel", "list"],
+    ["channel", "--state-dir", "/x", "--json", "list"],
+    ["channel", "list", "--state-dir", "/x", "--json"],
+    ["--json", "channel", "list", "--state-dir", "/x"],
+])
+def test_global_options_before_or_after_the_subcommand(argv: list[str]) -> None:
+    args = _parse(*argv)
+    assert (args.state_dir, args.json, args.command, args.channel_command) == (Path("/x"), True, "channel", "list")
+
+
+@pytest.mark.parametrize("command", [["serve"], ["status"], ["demo"], ["bridge", "list"], ["bridge", "stop", "3"],
+                                     ["channel", "show", "1"], ["channel", "create"]])
+def test_every_subcommand_accepts_the_global_options_on_both_sides(command: list[str]) -> None:
+    after = _parse(*command, "--state-dir", "/s", "--config", "c.toml", "--json")
+    before = _parse("--state-dir", "/s", "--config", "c.toml", "--json", *command)
+    for args in (after, before):
+        assert (args.state_dir, args.config, args.json) == (Path("/s"), "c.toml", True)
+
+
+def test_defaults_when_no_global_option_is_given() -> None:
+    args = _parse("status")
+    assert (args.state_dir, args.config, args.json) == (None, None, False)
+
+
+def test_status_says_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("NSJMS_STATE_DIR", str(tmp_path / "nowhere"))
+    assert cli.main(["status"]) == cli.EXIT_NOT_RUNNING
+    err = capsys.readouterr().err
+    assert str(tmp_path / "nowhere" / "endpoints.json") in err and "from $NSJMS_STATE_DIR" in err, err
+    assert "--state-dir" in err and "node.state_dir" in err
+
+
+def test_state_dir_from_the_configuration_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    conf = tmp_path / "nsjms.toml"
+    conf.write_text(f'[node]\nstate_dir = "{tmp_path / "from-config"}"\n')
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bridge", "list", "--config", str(conf)]) == cli.EXIT_NOT_RUNNING
+    err = capsys.readouterr().err
+    assert str(tmp_path / "from-config") in err and "node.state_dir of the configuration" in err, err
+
+
+def test_default_state_dir_is_named_with_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--json", "status"]) == cli.EXIT_NOT_RUNNING
+    err = capsys.readouterr().err
+    assert "default ./.nsjms" in err and str(tmp_path) in err, err
+
+
+def test_state_dir_option_wins_over_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("NSJMS_STATE_DIR", str(tmp_path / "env"))
+    assert cli.main(["channel", "list", "--state-dir", str(tmp_path / "opt")]) == cli.EXIT_NOT_RUNNING
+    err = capsys.readouterr().err
+    assert str(tmp_path / "opt") in err and "from --state-dir" in err, err
+
+
+# -- channel create: QoS/admin checked client-side with the channel's rules ------------------------------------
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--qos", "EventReliability=7"], "--qos EventReliability: BAD_VALUE"),
+    (["--qos", "Bogus=1"], "--qos Bogus: BAD_PROPERTY"),
+    (["--qos", "StartTime=1"], "--qos StartTime: UNSUPPORTED_PROPERTY"),
+    (["--qos", "EventReliability=Persistent"], "ConnectionReliability=Persistent"),
+    (["--qos", "Timeout=soon"], "--qos Timeout=soon: BAD_TYPE"),
+    (["--qos", "EnableTransaction=maybe"], "BAD_TYPE: expected a boolean"),
+    (["--admin", "MaxQueueLength=-1"], "--admin MaxQueueLength: BAD_VALUE"),
+    (["--admin", "EventReliability=1"], "--admin EventReliability: BAD_PROPERTY"),
+    (["--qos", "EventReliability"], "expected NAME=VALUE"),
+])
+def test_channel_create_refuses_with_the_property_and_the_reason(
+        argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No node is needed to learn that a property is wrong (exit 2, like every usage error)."""
+    assert cli.main(["channel", "create", "--state-dir", str(tmp_path), *argv]) == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert expected in err, err
+
+
+def test_channel_create_with_valid_properties_needs_a_node(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["channel", "create", "--state-dir", str(tmp_path), "--qos", "EventReliability=Persistent",
+            "--qos", "ConnectionReliability=Persistent", "--qos", "Timeout=5s", "--admin", "MaxQueueLength=100"]
+    assert cli.main(argv) == cli.EXIT_NOT_RUNNING
+    assert "no running node" in capsys.readouterr().err
+
+
+def test_values_are_parsed_by_the_property_type() -> None:
+    values = parse_assignments(["OrderPolicy=fifoorder", "Timeout=250ms", "EnableTransaction=true", "Priority=-3",
+                                "RetryInterval=0x10"], Q.QOS_PROPERTIES, "--qos")
+    assert values == {"OrderPolicy": 1, "Timeout": 2_500_000, "EnableTransaction": True, "Priority": -3,
+                      "RetryInterval": 16}
+    check_qos(values)
+
+
+def test_client_check_agrees_with_the_channel() -> None:
+    """The CLI refuses exactly what the factory's create_channel would refuse (same module, same call)."""
+    with pytest.raises(PropertyRefused) as refused:
+        check_qos({"EventReliability": 1})
+    with pytest.raises(Q.QoSError) as channel:
+        Q.apply_qos(Q.channel_defaults(), [("EventReliability", Q.to_any("EventReliability", 1))],
+                    Q.Target(Q.Level.CHANNEL), Q.Context())
+    assert [p.name for p in channel.value.problems] == ["EventReliability"]
+    assert len(refused.value.messages) == len(channel.value.problems)
+    check_admin({"MaxQueueLength": 10, "RejectNewEvents": True})
+
+
+# -- one vocabulary for a bridge's state ---------------------------------------------------------------------
+def test_bridge_state_vocabulary() -> None:
+    assert bridge_state(True, True) == "[active]"
+    assert bridge_state(False, False) == "[inactive] stopped"
+    assert bridge_state(True, False) == "[inactive] started, reconnecting"
+
+
+@pytest.mark.parametrize(("snap_state", "started", "shown"), [
+    ("active", True, "[active]"), ("inactive", True, "[inactive] started, reconnecting"),
+    ("created", False, "[inactive] stopped"), ("stopped", False, "[inactive] stopped"),
+])
+def test_status_renders_bridges_with_the_same_words_as_bridge_list(snap_state: str, started: bool,
+                                                                    shown: str) -> None:
+    bridge = {"id": 4, "source": "channel:1", "sink": "queue:q", "state": snap_state, "started": started,
+              "broker": "connected", "channel_connected": True, "forwarded": 0, "dead_lettered": 0,
+              "duplicates_suppressed": 0}
+    report: dict[str, Any] = {"endpoints": {"event_channel_factory": {"corbaloc": "corbaloc::x"}},
+                              "snapshot": {"bridges": [bridge]}, "channel_ids": [], "stale": False}
+    line = next(ln for ln in render(report).splitlines() if ln.startswith("bridge 4"))
+    assert shown in line and f"[{snap_state}]" not in line.replace(shown, ""), line
+
+
+def test_a_bridge_whose_channel_is_gone_is_reported_as_such() -> None:
+    bridge = {"id": 2, "source": "PUSH structured_event channel 7", "sink": "PUSH queue q", "state": "inactive",
+              "started": True, "broker": "connected", "channel_connected": False, "forwarded": 0,
+              "dead_lettered": 0, "duplicates_suppressed": 0}
+    report: dict[str, Any] = {"endpoints": {"event_channel_factory": {"corbaloc": "corbaloc::x"}},
+                              "snapshot": {"bridges": [bridge]}, "channel_ids": [1, 2], "stale": False}
+    line = next(ln for ln in render(report).splitlines() if ln.startswith("bridge 2"))
+    assert "[inactive] channel 7 no longer exists: destroy this bridge" in line, line
+    report["channel_ids"] = [7]
+    assert "[inactive] started, reconnecting" in render(report)
+
+
+# -- demo decisions -------------------------------------------------------------------------------------------
+def test_demo_queue_is_per_state_dir_and_slot(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert queue_name(a, 0) == queue_name(a, 0)
+    assert len({queue_name(a, 0), queue_name(b, 0), queue_name(a, 1)}) == 3
+
+
+def test_demo_reuses_the_slot_of_ended_runs() -> None:
+    runs = {"r1": {"pid": 1, "slot": 0}, "r2": {"pid": 2, "slot": 1}}
+    assert free_slot(live_runs(runs, alive=lambda pid: False)) == 0          # a restart: same queue again
+    assert free_slot(live_runs(runs, alive=lambda pid: pid == 1)) == 1       # slot 0 busy: the next one
+    assert free_slot(live_runs(runs, alive=lambda pid: True)) == 2
+
+
+@pytest.mark.parametrize(("isatty", "flag", "progress"), [(True, [], True), (False, [], False),
+                                                          (False, ["--progress"], True), (True, ["--quiet"], False)])
+def test_demo_progress_only_on_a_terminal(isatty: bool, flag: list[str], progress: bool, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import router.demo
+
+    (tmp_path / "endpoints.json").write_text("{}")
+    seen: dict[str, Any] = {}
+
+    def fake_run_demo(state_dir: Path, **kw: Any) -> router.demo.DemoResult:
+        seen.update(kw)
+        return router.demo.DemoResult(run="r", queue="q", pushed=1, received=1)
+
+    monkeypatch.setattr(router.demo, "run_demo", fake_run_demo)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: isatty)
+    monkeypatch.setattr("signal.signal", lambda *a: None)
+    assert cli.main(["demo", "--count", "1", "--state-dir", str(tmp_path), *flag]) == cli.EXIT_OK
+    assert (seen["progress"] is not None) is progress
+
+
+@pytest.mark.parametrize("command", [["channel", "list"], ["bridge", "list"]])
+def test_private_node_files_are_reported_not_a_traceback(command: list[str], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import router.bridgecli
+    import router.channelcli
+
+    (tmp_path / "endpoints.json").write_text("{}")
+
+    def private(*args: Any, **kw: Any) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(router.channelcli, "run", private)
+    monkeypatch.setattr(router.bridgecli, "run", private)
+    assert cli.main([*command, "--state-dir", str(tmp_path)]) == cli.EXIT_FAILURE
+    assert "run as the node's user" in capsys.readouterr().err
