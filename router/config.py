@@ -410,8 +410,19 @@ def _file_layer(path: Path) -> _Layer:
                 source,
             )
         for key, raw in table.items():
-            layer.put(section, key, raw, source, textual=False)
+            layer.put(section, key, _anchor_path(section, key, raw, path), source, textual=False)
     return layer
+
+
+def _anchor_path(section: str, key: str, raw: Any, config_file: Path) -> Any:
+    """A relative path in a configuration file is relative to that file, not to the caller's directory."""
+    spec = _SCHEMA.get(section, {}).get(key)
+    if spec is None or spec.parse is not _path or not isinstance(raw, str) or not raw.strip():
+        return raw
+    candidate = Path(raw).expanduser()
+    if candidate.is_absolute():
+        return raw
+    return str(config_file.resolve().parent / candidate)
 
 
 def _env_layer(env: Mapping[str, str]) -> _Layer:

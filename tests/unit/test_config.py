@@ -225,9 +225,9 @@ def test_invalid_broker_url_error_does_not_leak_password() -> None:
 def test_passcode_is_never_echoed() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(env={}, overrides={"broker.passcode": 12345})
-    assert "broker.passcode (from command line broker.passcode): expected a string, got '***'" == str(
+    assert str(
         info.value
-    )
+    ) == "broker.passcode (from command line broker.passcode): expected a string, got '***'"
 
 
 def test_sample_deploy_config_is_valid_and_documents_the_defaults() -> None:
@@ -302,3 +302,15 @@ def test_cli_refuses_an_http_broker_url_with_exit_2(capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert "broker.url (from command line broker.url): unsupported scheme 'http://'" in err
     assert not state.exists()
+
+
+def test_relative_state_dir_in_a_file_is_relative_to_that_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf_dir = tmp_path / "etc"
+    conf_dir.mkdir()
+    conf = conf_dir / "nsjms.toml"
+    conf.write_text('[node]\nstate_dir = "state"\n')
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(conf, env={})
+    assert cfg.node.state_dir == conf_dir.resolve() / "state"
