@@ -449,6 +449,10 @@ class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
         """Nothing to confirm by the next pull: acknowledgements confirm delivery, and entries are tracked in
         flight by :meth:`_next_batch`."""
 
+    def _hand_out(self, entries: list[Entry]) -> Any:
+        """Entries stay in flight (offered again after RetryInterval) whatever happens to this reply."""
+        return self.convert(entries)
+
     def _next_batch(self, n: int) -> list[Entry]:
         self._tls.sn = None
         if self.suspended or self.ack.stopped:

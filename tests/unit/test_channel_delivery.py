@@ -1,0 +1,260 @@
+"""Proxy supplier delivery without services: injected failures, put-back, poison events, dead letters.
+
+The proxies are built around a fake runtime and a fake consumer (no ORB calls: ``setClientCallTimeout`` is
+stubbed), so each failure permutation is a fast test. Waiting is on conditions with a deadline, never a sleep.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import omniORB  # noqa: F401  (before the COS stubs)
+import pytest
+from omniORB import CORBA
+
+from router.channel import proxies as P
+from router.channel.boundary import POISON_ATTEMPTS, Outcome
+from router.channel.channel import EventChannelImpl
+from router.channel.events import Event, Form
+from router.channel.queue import FIFO_ORDER, ProxyQueue, Record
+
+DEADLINE_S = 20.0
+
+
+def wait_for(cond: Callable[[], bool], what: str) -> None:
+    end = time.monotonic() + DEADLINE_S
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.deleted: list[int] = []
+
+    def delete_deliveries(self, cid: int, aid: int, pid: int, ids: list[int]) -> None:
+        self.deleted.extend(ids)
+
+
+class FakeRt:
+    def __init__(self) -> None:
+        self.store = FakeStore()
+        self.shutting_down = threading.Event()
+        self.push_timeout_ms = 1000
+        self.max_event_bytes = 0
+
+
+class Consumer:
+    """Records what it receives; ``fail(event_seq_or_none)`` decides what to raise for one call."""
+
+    def __init__(self, fail: Callable[[list[int]], BaseException | None] = lambda seqs: None) -> None:
+        self.got: list[int] = []
+        self.calls = 0
+        self.fail = fail
+
+    def _receive(self, seqs: list[int]) -> None:
+        self.calls += 1
+        exc = self.fail(seqs)
+        if exc is not None:
+            raise exc
+        self.got.extend(seqs)
+
+    def push_structured_event(self, ev: Any) -> None:
+        self._receive([ev])
+
+    def push_structured_events(self, evs: list[Any]) -> None:
+        self._receive(list(evs))
+
+
+def make_proxy(cls: type, consumer: Consumer, monkeypatch: pytest.MonkeyPatch, *, batch: int = 1) -> Any:
+    monkeypatch.setattr(P.omniORB, "setClientCallTimeout", lambda obj, ms: None)
+    proxy = object.__new__(cls)
+    proxy.rt = FakeRt()
+    proxy.oid = "ch/0/C/0/1"
+    proxy.id = 1
+    proxy.admin = type("Admin", (), {"id": 0})()
+    proxy.channel = type("Channel", (), {"id": 0})()
+    proxy.form = "SEQUENCE" if "Sequence" in cls.__name__ else "STRUCTURED"
+    proxy.qos = {"MaximumBatchSize": batch, "PacingInterval": 0}
+    proxy.connected, proxy.suspended, proxy.destroyed = True, False, False
+    proxy.stop_event = threading.Event()
+    proxy.client = consumer
+    proxy.client_ior = "IOR:fake"
+    proxy.queue = ProxyQueue(FIFO_ORDER, 0, 0, proxy._dropped)
+    proxy.dead_lettered, proxy.last_dead_letter, proxy._isolate = 0, None, 0
+    if hasattr(cls, "_pull_lock"):
+        pass
+    return proxy
+
+
+def record(seq: int, db_id: int | None = None) -> Record:
+    # The event value is its seq: the fake consumer sees ints (convert passes STRUCTURED values through).
+    return Record(seq, Event(Form.STRUCTURED, seq), 0, None, None, db_id is not None, db_id)
+
+
+def run_worker(proxy: Any) -> threading.Thread:
+    t = threading.Thread(target=proxy.supervised(proxy._push_loop), daemon=True)
+    t.start()
+    return t
+
+
+def stop(proxy: Any, t: threading.Thread) -> None:
+    proxy.stop_event.set()
+    proxy.queue.wake()
+    t.join(5)
+    assert not t.is_alive()
+
+
+# -- a failing worker puts back what it took -------------------------------------------------------------------
+def test_non_corba_failure_in_a_push_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    failures = iter([RuntimeError("injected: bug in delivery")])
+    consumer = Consumer(lambda seqs: next(failures, None))
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, consumer, monkeypatch)
+    for i in range(1, 6):
+        proxy.queue.put(record(i))
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: len(consumer.got) == 5, "all five events after the injected failure")
+    finally:
+        stop(proxy, t)
+    assert consumer.got == [1, 2, 3, 4, 5]        # before the fix, event 1 was taken and dropped
+    assert len(proxy.queue) == 0
+
+
+def test_non_corba_failure_in_conversion_is_retried_then_dead_lettered(monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer = Consumer()
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, consumer, monkeypatch)
+    real_convert = proxy.convert
+
+    def convert(entries: list[Any]) -> Any:
+        if entries[0].record.seq == 2:
+            raise ValueError("injected: event 2 cannot be converted")
+        return real_convert(entries)
+
+    monkeypatch.setattr(proxy, "convert", convert)
+    for i in (1, 2, 3):
+        proxy.queue.put(record(i, db_id=100 + i))
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: consumer.got == [1, 3], "the events around the unconvertible one")
+    finally:
+        stop(proxy, t)
+    assert proxy.dead_lettered == 1
+    assert "seq=2" in proxy.last_dead_letter and "ValueError" in proxy.last_dead_letter
+    assert sorted(proxy.rt.store.deleted) == [101, 102, 103]   # the dead letter left the store with a log line
+
+
+# -- poison events ------------------------------------------------------------------------------------------------
+def test_poison_event_in_a_batch_is_isolated_and_dead_lettered(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(seqs: list[int]) -> BaseException | None:
+        return CORBA.MARSHAL(0, CORBA.COMPLETED_NO) if 3 in seqs else None
+
+    consumer = Consumer(fail)
+    proxy = make_proxy(P.SequenceProxyPushSupplierImpl, consumer, monkeypatch, batch=3)
+    for i in range(1, 7):
+        proxy.queue.put(record(i))
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: sorted(consumer.got) == [1, 2, 4, 5, 6], "every event but the poison one")
+    finally:
+        stop(proxy, t)
+    assert consumer.got == [1, 2, 4, 5, 6]        # order kept
+    assert proxy.dead_lettered == 1 and "MARSHAL" in proxy.last_dead_letter
+    assert len(proxy.queue) == 0
+    assert proxy.status_extra()["dead_lettered"] == 1
+
+
+def test_poison_event_is_attempted_a_bounded_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    attempts: list[int] = []
+
+    def fail(seqs: list[int]) -> BaseException | None:
+        if seqs == [1]:
+            attempts.append(1)
+            return CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)
+        return None
+
+    consumer = Consumer(fail)
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, consumer, monkeypatch)
+    proxy.queue.put(record(1))
+    proxy.queue.put(record(2))
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: consumer.got == [2], "the event behind the poison one")
+    finally:
+        stop(proxy, t)
+    assert len(attempts) == POISON_ATTEMPTS
+
+
+def test_transient_failures_are_never_dead_lettered(monkeypatch: pytest.MonkeyPatch) -> None:
+    failures = iter([CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)] * (POISON_ATTEMPTS + 2))
+    consumer = Consumer(lambda seqs: next(failures, None))
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, consumer, monkeypatch)
+    proxy.queue.put(record(1))
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: consumer.got == [1], "delivery after the consumer came back")
+    finally:
+        stop(proxy, t)
+    assert proxy.dead_lettered == 0
+
+
+def test_attempt_classifies_failures(monkeypatch: pytest.MonkeyPatch) -> None:
+    cases = [(CORBA.MARSHAL(0, CORBA.COMPLETED_NO), Outcome.EVENT_FAILED),
+             (CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO), Outcome.EVENT_FAILED),
+             (CORBA.COMM_FAILURE(0, CORBA.COMPLETED_MAYBE), Outcome.RETRY),
+             (CORBA.TIMEOUT(0, CORBA.COMPLETED_MAYBE), Outcome.RETRY),
+             (CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO), Outcome.GONE),
+             (None, Outcome.DELIVERED)]
+    for exc, expected in cases:
+        proxy = make_proxy(P.StructuredProxyPushSupplierImpl, Consumer(lambda seqs, e=exc: e), monkeypatch)
+        proxy.queue.put(record(1))
+        outcome, _ = proxy._attempt(proxy.queue.take(1))
+        assert outcome is expected, exc
+
+
+# -- pull proxies ---------------------------------------------------------------------------------------------------
+def make_pull(monkeypatch: pytest.MonkeyPatch) -> Any:
+    proxy = make_proxy(P.StructuredProxyPullSupplierImpl, Consumer(), monkeypatch)
+    proxy._unconfirmed, proxy._pull_lock, proxy._pulls_active = [], threading.Lock(), 0
+    proxy.filters = None
+    return proxy
+
+
+def test_pull_reply_that_cannot_be_converted_is_not_confirmed_by_the_next_pull(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = make_pull(monkeypatch)
+    proxy.queue.put(record(1, db_id=11))
+    proxy.queue.put(record(2, db_id=12))
+    real_convert = proxy.convert
+    broken = iter([ValueError("injected: conversion bug")])
+
+    def convert(entries: list[Any]) -> Any:
+        exc = next(broken, None)
+        if exc is not None:
+            raise exc
+        return real_convert(entries)
+
+    monkeypatch.setattr(proxy, "convert", convert)
+    with pytest.raises(CORBA.TRANSIENT):
+        proxy.try_pull_structured_event()
+    assert proxy._unconfirmed == []
+    assert proxy.try_pull_structured_event() == (1, True)   # before the fix event 1 was confirmed unseen: lost
+    assert proxy.try_pull_structured_event() == (2, True)
+    assert proxy.rt.store.deleted == [11]                    # confirmed by the pull after it, as before
+
+
+# -- routing: a BestEffort copy is not dropped ------------------------------------------------------------------
+def test_routing_queues_the_event_when_a_mapping_filter_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, Consumer(), monkeypatch)
+
+    def broken(rec: Record) -> Record:
+        raise RuntimeError("injected: mapping filter evaluation failed")
+
+    monkeypatch.setattr(proxy, "_mapped", broken)
+    EventChannelImpl._enqueue_one(proxy, record(7))        # a BestEffort copy (no stored row to come back from)
+    assert [e.record.seq for e in proxy.queue.take(10)] == [7]
