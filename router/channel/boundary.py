@@ -24,7 +24,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from omniORB import CORBA
 
@@ -96,12 +95,7 @@ def store_faults() -> Iterator[None]:
 
 
 def describe(exc: BaseException) -> str:
-    """A short, operator-readable reason for a failed delivery."""
+    """A short, operator-readable reason for a failed delivery (a system exception with its minor code's name)."""
     if isinstance(exc, CORBA.SystemException):
-        return f"{type(exc).__name__} (minor 0x{int(exc.minor) & 0xFFFFFFFF:08x}, {_completion(exc)})"
+        return str(exc).removeprefix("CORBA.")
     return f"{type(exc).__name__}: {exc}"
-
-
-def _completion(exc: Any) -> str:
-    return {CORBA.COMPLETED_YES: "COMPLETED_YES", CORBA.COMPLETED_NO: "COMPLETED_NO"}.get(
-        exc.completed, "COMPLETED_MAYBE")

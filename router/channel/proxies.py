@@ -474,9 +474,24 @@ class PushSupplierMixin(ProxySupplierBase):
             return Outcome.GONE, exc
         except EVENT_SPECIFIC as exc:
             return Outcome.EVENT_FAILED, exc
+        except CORBA.COMM_FAILURE as exc:
+            return self._after_comm_failure(client, exc), exc
         except CORBA.Exception as exc:
             return Outcome.RETRY, exc
         return Outcome.DELIVERED, None
+
+    @staticmethod
+    def _after_comm_failure(client: Any, exc: CORBA.COMM_FAILURE) -> Outcome:
+        """A connection closed while our request was being sent (``COMM_FAILURE_MarshalArguments``) is how a
+        consumer's ORB refuses a message above its own size limit. It counts against the event only if the
+        consumer answers a small call right after; otherwise the consumer is unavailable (retry) or gone."""
+        if exc.minor != omniORB.COMM_FAILURE_MarshalArguments:
+            return Outcome.RETRY
+        try:
+            gone = bool(client._non_existent())
+        except CORBA.Exception:
+            return Outcome.RETRY
+        return Outcome.GONE if gone else Outcome.EVENT_FAILED
 
     def status_extra(self) -> dict[str, Any]:
         failing = {"failing": self.failing, "attempts": self.failed_attempts} if self.failing else {}

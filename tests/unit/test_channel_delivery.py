@@ -56,6 +56,12 @@ class Consumer:
         self.got: list[int] = []
         self.calls = 0
         self.fail = fail
+        self.probe: BaseException | bool = False        # what _non_existent answers (or raises)
+
+    def _non_existent(self) -> bool:
+        if isinstance(self.probe, BaseException):
+            raise self.probe
+        return self.probe
 
     def _receive(self, seqs: list[int]) -> None:
         self.calls += 1
@@ -215,6 +221,19 @@ def test_attempt_classifies_failures(monkeypatch: pytest.MonkeyPatch) -> None:
         proxy.queue.put(record(1))
         outcome, _ = proxy._attempt(proxy.queue.take(1))
         assert outcome is expected, exc
+
+
+def test_connection_closed_while_sending_counts_against_the_event_only_if_the_consumer_answers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    closed = CORBA.COMM_FAILURE(omniORB.COMM_FAILURE_MarshalArguments, CORBA.COMPLETED_NO)
+    for probe, expected in [(False, Outcome.EVENT_FAILED), (True, Outcome.GONE),
+                            (CORBA.TRANSIENT(0, CORBA.COMPLETED_NO), Outcome.RETRY)]:
+        consumer = Consumer(lambda seqs: closed)
+        consumer.probe = probe
+        proxy = make_proxy(P.StructuredProxyPushSupplierImpl, consumer, monkeypatch)
+        proxy.queue.put(record(1))
+        outcome, _ = proxy._attempt(proxy.queue.take(1))
+        assert outcome is expected, probe
 
 
 # -- pull proxies ---------------------------------------------------------------------------------------------------
