@@ -6,6 +6,7 @@ Every flow moves ``N_EVENTS`` events and checks each arrives exactly once, with 
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -64,6 +65,19 @@ FLOWS = [
     ((Q, PUSH), (A, PULL)),
     ((A, PULL), (Q, PUSH)),
 ]
+
+
+def queued(server: Any, pid: int) -> int | None:
+    """Events queued for proxy supplier ``pid`` in the node's ``status.json`` (None until it shows that proxy)."""
+    try:
+        data = json.loads((server.state_dir / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    for channel in data.get("channels", []):
+        for proxy in channel.get("proxy_suppliers", []):
+            if proxy["id"] == pid:
+                return int(proxy["queued"])
+    return None
 
 
 def fifo_channel(factory: Any, order: int = CosNotification.FifoOrder) -> Any:
@@ -270,15 +284,15 @@ def test_consumer_raising_disconnected_destroys_its_proxy(factory: Any) -> None:
 
 
 @pytest.mark.parametrize("order", [CosNotification.FifoOrder, CosNotification.PriorityOrder], ids=["fifo", "priority"])
-def test_order_of_events_queued_while_suspended(factory: Any, order: int) -> None:
+def test_order_of_events_queued_while_suspended(nsjms_server: Any, factory: Any, order: int) -> None:
     channel = fifo_channel(factory, order)
     end = ConsumerEnd(channel, S, PUSH)
     end.proxy.suspend_connection()
     prios = [((i * 7) % 5) - 2 for i in range(300)]  # -2..2, interleaved
     client = PushSupplierClient(obtain_proxy_consumer(channel.default_supplier_admin, S, PUSH)[0], S)
     client.connect()
-    client.push_all([make_event(i, priority=p) for i, p in enumerate(prios)])
-    time.sleep(1.0)  # let the channel finish queuing before the consumer resumes
+    client.push_all([make_event(i, priority=p) for i, p in enumerate(prios)])  # returns once queued
+    assert wait_until(lambda: queued(nsjms_server, end.pid) == 300, 30), "the node's status shows all 300 queued"
     assert end.servant.count() == 0, "events were delivered to a suspended consumer"
     end.proxy.resume_connection()
     got = [event_id(x) for x in end.receive(300, 60)]
@@ -288,14 +302,15 @@ def test_order_of_events_queued_while_suspended(factory: Any, order: int) -> Non
         assert got == sorted(range(300), key=lambda i: (-prios[i], i))
 
 
-def test_sequence_push_batch_size_and_pacing(factory: Any) -> None:
+def test_sequence_push_batch_size_and_pacing(nsjms_server: Any, factory: Any) -> None:
     channel = fifo_channel(factory)
     end = ConsumerEnd(channel, Q, PUSH)
     end.proxy.set_qos([prop("MaximumBatchSize", long_(10)), prop("PacingInterval", time_t(0.0))])
     client = PushSupplierClient(obtain_proxy_consumer(channel.default_supplier_admin, S, PUSH)[0], S)
     client.connect()
     client.push_all([make_event(i) for i in range(5)])
-    time.sleep(1.5)
+    # Condition, not a sleep: the node's status snapshot (taken by its own thread) shows the five still queued.
+    assert wait_until(lambda: queued(nsjms_server, end.pid) == 5, 30), "PacingInterval=0: a partial batch was sent"
     assert end.servant.count() == 0, "PacingInterval=0 must deliver only full batches"
     client.push_all([make_event(i) for i in range(5, 1000)])
     assert end.servant.wait_for(1000, FLOW_TIMEOUT_S)
