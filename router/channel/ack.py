@@ -52,6 +52,7 @@ import CosNotification
 import CosNotification__POA
 
 from idl.generated import CosNotifyChannelAdminAck__POA, CosNotifyCommAck
+from router.channel.boundary import store_boundary_all
 from router.channel import qos as Q
 from router.channel.events import Form
 from router.channel.proxies import (
@@ -606,3 +607,6 @@ class InboundAck:
                 log.info("proxy %s: acknowledge %s to the supplier failed: %s", self.proxy.oid, sns, exc)
 
         self.proxy.rt.spawn(f"ack-{self.proxy.oid}", call)
+
+
+store_boundary_all([ACK_SUPPLIER_CLASSES])

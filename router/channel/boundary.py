@@ -22,8 +22,10 @@ tried :data:`POISON_ATTEMPTS` times alone and then dead-lettered, so it cannot s
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from omniORB import CORBA
 
@@ -40,6 +42,7 @@ __all__ = [
     "Outcome",
     "check_size",
     "giop_max_msg_size",
+    "store_boundary",
     "store_faults",
 ]
 
@@ -92,6 +95,31 @@ def store_faults() -> Iterator[None]:
         raise CORBA.TRANSIENT(MINOR_STORE_UNAVAILABLE, completion) from exc
     except StoreError as exc:
         raise CORBA.PERSIST_STORE(MINOR_STORE_FAILED, CORBA.COMPLETED_NO) from exc
+
+
+def store_boundary(*classes: type) -> None:
+    """Wrap every IDL operation of these servant classes (the names in their skeleton's ``_omni_op_d``) in
+    :func:`store_faults`, so no operation answers ``UNKNOWN`` for a database failure. Idempotent."""
+    for cls in classes:
+        for name in getattr(cls, "_omni_op_d", {}):
+            impl = getattr(cls, name, None)
+            if callable(impl) and not getattr(impl, "_store_boundary", False):
+                setattr(cls, name, _guarded(impl))
+
+
+def store_boundary_all(tables: Iterable[dict[str, type]]) -> None:
+    for table in tables:
+        store_boundary(*table.values())
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def op(*args: Any, **kwargs: Any) -> Any:
+        with store_faults():
+            return fn(*args, **kwargs)
+
+    op._store_boundary = True  # type: ignore[attr-defined]
+    return op
 
 
 def describe(exc: BaseException) -> str:

@@ -22,7 +22,7 @@ import CosEventChannelAdmin
 
 from router import telemetry
 from router.channel import qos as Q
-from router.channel.boundary import check_size
+from router.channel.boundary import check_size, store_boundary
 from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
 from router.channel.events import Event, Form, encode
 from router.channel.queue import Record, choose_victim, Entry
@@ -440,3 +440,6 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
     def queued_count(self) -> int:
         with self._records_lock:
             return len(self.records)
+
+
+store_boundary(EventChannelFactoryImpl, EventChannelImpl)

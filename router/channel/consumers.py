@@ -21,7 +21,7 @@ import CosNotification
 import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
-from router.channel.boundary import MINOR_EVENT_TOO_LARGE, store_faults
+from router.channel.boundary import MINOR_EVENT_TOO_LARGE, store_boundary_all, store_faults
 from router.channel.events import Event, normalise_any, normalise_structured
 from router.channel.proxies import ProxyBase
 
@@ -304,3 +304,6 @@ CONSUMER_CLASSES: dict[str, type] = {
     "PULL_STRUCTURED": StructuredProxyPullConsumerImpl,
     "PULL_SEQUENCE": SequenceProxyPullConsumerImpl,
 }
+
+
+store_boundary_all([CONSUMER_CLASSES, ES_CONSUMER_CLASSES])

@@ -27,7 +27,7 @@ import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
 from router.channel import qos as Q
-from router.channel.boundary import EVENT_SPECIFIC, Outcome
+from router.channel.boundary import EVENT_SPECIFIC, Outcome, store_boundary_all
 from router.channel.common import (FilterMixin, FilterSet, QoSMixin, ior_or_none, mapping_filter_from_ior,
                                    raise_unsupported_qos)
 from router.channel.delivery import DeliveryFailures
@@ -768,3 +768,6 @@ SUPPLIER_CLASSES: dict[str, type] = {
     "PULL_STRUCTURED": StructuredProxyPullSupplierImpl,
     "PULL_SEQUENCE": SequenceProxyPullSupplierImpl,
 }
+
+
+store_boundary_all([SUPPLIER_CLASSES, ES_SUPPLIER_CLASSES])

@@ -93,6 +93,9 @@ def test_database_down_gives_transient_and_accepts_only_stored_events(
             with pytest.raises(CORBA.TRANSIENT) as info:
                 supplier.push_one(make_event(i, reliability=PERSISTENT))
             refused.append(info.value)
+        with pytest.raises(CORBA.TRANSIENT) as info:    # any operation that needs the store, not only pushes
+            channel.default_supplier_admin.obtain_notification_push_consumer(S.client_type)
+        refused.append(info.value)
         for exc in refused:
             assert exc.completed == CORBA.COMPLETED_NO
             assert exc.minor == MINOR_STORE_UNAVAILABLE
