@@ -277,3 +277,62 @@ def test_routing_queues_the_event_when_a_mapping_filter_fails(monkeypatch: pytes
     monkeypatch.setattr(proxy, "_mapped", broken)
     EventChannelImpl._enqueue_one(proxy, record(7))        # a BestEffort copy (no stored row to come back from)
     assert [e.record.seq for e in proxy.queue.take(10)] == [7]
+
+
+# -- the subscription/offer notifier survives a failing proxy ----------------------------------------------------
+def test_sharing_notifier_survives_a_non_corba_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.channel import sharing as SH
+
+    monkeypatch.setattr(SH.omniORB, "setClientCallTimeout", lambda obj, ms: None)
+
+    class Rt:
+        shutting_down = threading.Event()
+
+        def spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
+            t = threading.Thread(target=target, daemon=True)
+            t.start()
+            return t
+
+    class Chan:
+        id = 0
+        rt = Rt()
+        consumer_admins: dict[int, Any] = {}
+        supplier_admins: dict[int, Any] = {}
+
+    class Client:
+        def __init__(self) -> None:
+            self.changes: list[Any] = []
+
+        def _is_a(self, repo_id: str) -> bool:
+            return True
+
+        def _unchecked_narrow(self, iface: Any) -> Any:
+            return self
+
+        def offer_change(self, add: Any, rem: Any) -> None:
+            self.changes.append((add, rem))
+
+    class BrokenProxy:
+        oid = "broken"
+
+        def client_ref(self) -> Any:
+            raise RuntimeError("injected: not a CORBA failure")
+
+    good_client = Client()
+
+    class GoodProxy:
+        oid = "good"
+
+        def client_ref(self) -> Any:
+            return good_client
+
+    sharing = SH.Sharing(Chan())
+    sharing._queue.put((BrokenProxy(), "offer", [], []))
+    sharing._queue.put((GoodProxy(), "offer", ["t"], []))
+    worker = Chan.rt.spawn("sharing", sharing._run)
+    try:
+        wait_for(lambda: good_client.changes == [(["t"], [])], "the notification behind the failing one")
+        assert worker.is_alive()                  # before the fix the worker died at the first item
+    finally:
+        Chan.rt.shutting_down.set()
+        worker.join(5)
