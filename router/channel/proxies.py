@@ -34,7 +34,7 @@ from router.channel.delivery import DeliveryFailures
 from router.channel.events import Event, Form, as_any, as_structured
 from router.channel.queue import Entry, ProxyQueue, Record
 from router.channel.runtime import proxy_oid
-from router.channel.store import ProxyRow
+from router.channel.store import ProxyRow, StoreError
 from router.channel.typesets import TypeSet
 
 __all__ = ["ProxyBase", "ProxySupplierBase", "proxy_class"]
@@ -290,12 +290,17 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         log.debug("proxy %s dropped %d event(s): %s", self.oid, len(entries), reason)
         self._finish(entries)
 
-    def _finish(self, entries: list[Entry]) -> None:
+    def _finish(self, entries: list[Entry], *, wait: bool = True) -> None:
         """These entries left the queue for good (delivered, expired or discarded).
 
         The stored rows are deleted first, retried while the database is unavailable (a delivered event whose row
-        survived would be delivered again after a restart, never lost); then the records are released."""
+        survived would be delivered again after a restart, never lost); then the records are released. With
+        ``wait=False`` (a client's call is waiting) there is one attempt: a :class:`StoreError` propagates and
+        nothing is released, so the caller can keep the entries and try again later."""
         ids = [e.record.db_id for e in entries if e.record.db_id is not None]
+        if ids and not wait and not self.destroyed:
+            self.rt.store.delete_deliveries(self.channel.id, self.admin.id, self.id, ids)
+            ids = []
         backoff = 0.05
         while ids and not self.destroyed:
             try:
@@ -521,8 +526,15 @@ class PullSupplierMixin(ProxySupplierBase):
             if self._pulls_active == 0:
                 done, self._unconfirmed = self._unconfirmed, []
             self._pulls_active += 1
-        if done:
-            self._finish(done)
+        if not done:
+            return
+        try:
+            self._finish(done, wait=False)      # never block a client's pull on the database
+        except StoreError:
+            with self._pull_lock:               # still unconfirmed: the next pull tries again
+                self._unconfirmed = done + self._unconfirmed
+                self._pulls_active -= 1
+            raise                               # TRANSIENT at the servant boundary: the client pulls again
 
     def _end_pull(self) -> None:
         with self._pull_lock:

@@ -336,3 +336,39 @@ def test_sharing_notifier_survives_a_non_corba_failure(monkeypatch: pytest.Monke
     finally:
         Chan.rt.shutting_down.set()
         worker.join(5)
+
+
+def test_pull_during_a_database_outage_answers_transient_and_confirms_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.channel.store import StoreUnavailable
+
+    proxy = make_pull(monkeypatch)
+    store = proxy.rt.store
+    down = threading.Event()
+    real_delete = store.delete_deliveries
+
+    def delete(cid: int, aid: int, pid: int, ids: list[int]) -> None:
+        if down.is_set():
+            raise StoreUnavailable("injected: database down")
+        real_delete(cid, aid, pid, ids)
+
+    store.delete_deliveries = delete
+    for i in (1, 2):
+        proxy.queue.put(record(i, db_id=10 + i))
+    assert proxy.try_pull_structured_event() == (1, True)
+    down.set()
+    answer: list[Any] = []
+    t = threading.Thread(target=lambda: answer.append(_call(proxy.try_pull_structured_event)), daemon=True)
+    t.start()
+    wait_for(lambda: bool(answer), "the pull to answer while the database is down")   # it used to block
+    assert isinstance(answer[0], CORBA.TRANSIENT) and answer[0].completed == CORBA.COMPLETED_NO
+    assert [e.record.seq for e in proxy._unconfirmed] == [1] and proxy._pulls_active == 0
+    down.clear()
+    assert proxy.try_pull_structured_event() == (2, True)
+    assert store.deleted == [11]
+
+
+def _call(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 — the test inspects it
+        return exc
