@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,9 +26,18 @@ from stdclients import (
     Style,
     connect_push_consumer,
     event_id,
+    header_value,
+    long_,
     obtain_proxy_consumer,
     obtain_proxy_supplier,
+    prop,
+    short,
+    time_t,
 )
+
+import CosNotification
+import CosNotifyChannelAdmin
+from idl.generated import CosNotifyChannelAdminAck, CosNotifyCommAck
 
 from router.channel.boundary import MINOR_EVENT_TOO_LARGE
 
@@ -123,3 +133,38 @@ def test_poison_event_is_dead_lettered_and_the_events_behind_it_arrive(nsjms_ser
     assert why.startswith(("COMM_FAILURE(omniORB.COMM_FAILURE_MarshalArguments", "MARSHAL(")), why
     log = nsjms_server.stderr_path.read_text(errors="replace")
     assert f"DEAD-LETTERED event {what}" in log
+
+
+class AckingConsumer(StructuredPushConsumer):
+    """Acknowledges every SequenceNumber it receives (NJI 4.2), from its own thread."""
+
+    proxy: Any = None
+
+    def push_structured_event(self, notification: Any) -> None:
+        super().push_structured_event(notification)
+        sn = header_value(notification, "SequenceNumber")
+        threading.Thread(target=self.proxy.acknowledge, args=([sn],), daemon=True).start()
+
+
+def test_poison_event_does_not_stop_an_acknowledged_connection(nsjms_server: Any, client_orb: Any) -> None:
+    factory = client_orb.factory(nsjms_server.ior())
+    qos = [prop("EventReliability", short(CosNotification.Persistent)),
+           prop("ConnectionReliability", short(CosNotification.Persistent)),
+           prop("DeliveryReliability", short(CosNotifyCommAck.Acknowledgment)),
+           prop("Retries", long_(2)), prop("RetryInterval", time_t(0.3))]
+    channel, _ = factory.create_channel(qos, [])
+    proxy, push_pid = channel.default_consumer_admin.obtain_notification_push_supplier(
+        CosNotifyChannelAdmin.STRUCTURED_EVENT)
+    proxy = proxy._narrow(CosNotifyChannelAdminAck.StructuredProxyPushSupplierAck)
+    consumer = AckingConsumer()
+    consumer.proxy = proxy
+    proxy.connect_structured_push_consumer(consumer._this())
+    supplier_proxy, _ = obtain_proxy_consumer(channel.default_supplier_admin, S, Style.PUSH)
+
+    results = push_from_process(client_orb.orb.object_to_string(supplier_proxy), [0, 3 * MB, 0, 0])
+    assert all(r.get("ok") for r in results), results
+
+    wait_until(lambda: sorted(consumer.ids()) == [0, 2, 3], "the events behind the poison one")
+    assert consumer.ids() == [0, 2, 3]
+    wait_until(lambda: proxy_status(nsjms_server, push_pid).get("dead_lettered") == 1, "the dead letter in status")
+    assert "STOPPED" not in proxy_status(nsjms_server, push_pid), "Retries did not stop the connection"
