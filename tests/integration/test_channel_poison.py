@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import CosNotification
+import CosNotifyChannelAdmin
 import pytest
 from stdclients import (
     Form,
@@ -35,10 +37,7 @@ from stdclients import (
     time_t,
 )
 
-import CosNotification
-import CosNotifyChannelAdmin
 from idl.generated import CosNotifyChannelAdminAck, CosNotifyCommAck
-
 from router.channel.boundary import MINOR_EVENT_TOO_LARGE
 
 pytestmark = pytest.mark.integration

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import CosNotification
 import pytest
 from conftest import NsjmsServer, free_port
 from omniORB import CORBA
@@ -32,7 +33,6 @@ from stdclients import (
     short,
 )
 
-import CosNotification
 from router.channel.boundary import MINOR_STORE_UNAVAILABLE
 from router.services import EmbeddedPostgres
 

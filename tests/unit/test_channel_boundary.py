@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, ClassVar
 
 import omniORB  # noqa: F401  (before the COS stubs)
 import pytest
@@ -31,7 +31,8 @@ def test_store_faults_become_corba_system_exceptions(exc: Exception, expected: t
                                                      minor: int) -> None:
     with pytest.raises(expected) as info, store_faults():
         raise exc
-    assert info.value.completed == completed and info.value.minor == minor
+    raised: Any = info.value
+    assert raised.completed == completed and raised.minor == minor
 
 
 def test_other_errors_pass_through_untouched() -> None:
@@ -55,7 +56,7 @@ def test_size_limit() -> None:
 
 def test_store_boundary_wraps_only_idl_operations() -> None:
     class Servant:
-        _omni_op_d = {"op": None, "missing": None}
+        _omni_op_d: ClassVar[dict[str, None]] = {"op": None, "missing": None}
 
         def op(self) -> None:
             raise StoreUnavailable("down")

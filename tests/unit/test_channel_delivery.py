@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
-import omniORB  # noqa: F401  (before the COS stubs)
+import omniORB
 import pytest
 from omniORB import CORBA
 
@@ -78,8 +78,8 @@ class Consumer:
 
 
 def make_proxy(cls: type, consumer: Consumer, monkeypatch: pytest.MonkeyPatch, *, batch: int = 1) -> Any:
-    monkeypatch.setattr(P.omniORB, "setClientCallTimeout", lambda obj, ms: None)
-    proxy = object.__new__(cls)
+    monkeypatch.setattr(omniORB, "setClientCallTimeout", lambda obj, ms: None)
+    proxy: Any = object.__new__(cls)
     proxy.rt = FakeRt()
     proxy.oid = "ch/0/C/0/1"
     proxy.id = 1
@@ -96,6 +96,10 @@ def make_proxy(cls: type, consumer: Consumer, monkeypatch: pytest.MonkeyPatch, *
     if hasattr(cls, "_pull_lock"):
         pass
     return proxy
+
+
+def _raising(exc: BaseException | None) -> Callable[[list[int]], BaseException | None]:
+    return lambda seqs: exc
 
 
 def record(seq: int, db_id: int | None = None) -> Record:
@@ -181,7 +185,8 @@ def test_poison_event_is_attempted_a_bounded_number_of_times(monkeypatch: pytest
     def fail(seqs: list[int]) -> BaseException | None:
         if seqs == [1]:
             attempts.append(1)
-            return CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)
+            failure: BaseException = CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)
+            return failure
         return None
 
     consumer = Consumer(fail)
@@ -217,7 +222,7 @@ def test_attempt_classifies_failures(monkeypatch: pytest.MonkeyPatch) -> None:
              (CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO), Outcome.GONE),
              (None, Outcome.DELIVERED)]
     for exc, expected in cases:
-        proxy = make_proxy(P.StructuredProxyPushSupplierImpl, Consumer(lambda seqs, e=exc: e), monkeypatch)
+        proxy = make_proxy(P.StructuredProxyPushSupplierImpl, Consumer(_raising(exc)), monkeypatch)
         proxy.queue.put(record(1))
         outcome, _ = proxy._attempt(proxy.queue.take(1))
         assert outcome is expected, exc
@@ -283,7 +288,7 @@ def test_routing_queues_the_event_when_a_mapping_filter_fails(monkeypatch: pytes
 def test_sharing_notifier_survives_a_non_corba_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     from router.channel import sharing as SH
 
-    monkeypatch.setattr(SH.omniORB, "setClientCallTimeout", lambda obj, ms: None)
+    monkeypatch.setattr(omniORB, "setClientCallTimeout", lambda obj, ms: None)
 
     class Rt:
         shutting_down = threading.Event()
@@ -296,8 +301,8 @@ def test_sharing_notifier_survives_a_non_corba_failure(monkeypatch: pytest.Monke
     class Chan:
         id = 0
         rt = Rt()
-        consumer_admins: dict[int, Any] = {}
-        supplier_admins: dict[int, Any] = {}
+        consumer_admins: ClassVar[dict[int, Any]] = {}
+        supplier_admins: ClassVar[dict[int, Any]] = {}
 
     class Client:
         def __init__(self) -> None:
