@@ -619,7 +619,7 @@ def proxy_view(record: Any, priority: int, deadline: float | None) -> Any:
 
     record.hold()
     return Record(record.seq, record.event, priority, deadline, record.start_at, record.persistent,
-                  record.db_id, on_released=lambda _view: record.release())
+                  record.db_id, size=record.size, on_released=lambda _view: record.release())
 
 
 store_boundary(FilterImpl, MappingFilterImpl, FilterFactoryImpl)

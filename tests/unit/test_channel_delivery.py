@@ -377,3 +377,35 @@ def _call(fn: Callable[[], Any]) -> Any:
         return fn()
     except Exception as exc:  # noqa: BLE001 — the test inspects it
         return exc
+
+
+def test_pulled_event_above_the_size_limit_is_refused_alone_not_retried_forever() -> None:
+    from router.channel.boundary import MINOR_EVENT_TOO_LARGE
+    from router.channel.consumers import StructuredProxyPullConsumerImpl
+
+    consumer: Any = object.__new__(StructuredProxyPullConsumerImpl)
+    consumer.oid, consumer.rt = "ch/0/S/0/1", FakeRt()
+    routed: list[list[int]] = []
+
+    def route(events: list[Any]) -> None:
+        if any(ev.value == 2 for ev in events):
+            raise CORBA.IMP_LIMIT(MINOR_EVENT_TOO_LARGE, CORBA.COMPLETED_NO)
+        routed.append([ev.value for ev in events])
+
+    consumer._route_acked = route
+    batch = [Event(Form.ANY, i) for i in (1, 2, 3)]
+    assert consumer._route_pulled(batch) is True          # settled: it used to be "channel full, retry" forever
+    assert routed == [[1], [3]]
+
+
+def test_pulled_events_wait_while_the_channel_is_full() -> None:
+    from router.channel.consumers import StructuredProxyPullConsumerImpl
+
+    consumer: Any = object.__new__(StructuredProxyPullConsumerImpl)
+    consumer.oid, consumer.rt = "ch/0/S/0/1", FakeRt()
+
+    def full(events: list[Any]) -> None:
+        raise CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)       # MaxQueueLength with RejectNewEvents
+
+    consumer._route_acked = full
+    assert consumer._route_pulled([Event(Form.ANY, 1)]) is False
