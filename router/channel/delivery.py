@@ -13,7 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from router.channel.boundary import POISON_ATTEMPTS, describe
+import CosEventComm
+import omniORB
+from omniORB import CORBA
+
+from router.channel.boundary import EVENT_SPECIFIC, POISON_ATTEMPTS, Outcome, describe
 from router.channel.events import describe_event
 from router.channel.queue import Entry
 
@@ -91,6 +95,56 @@ class DeliveryFailures:
 
     def _finish(self, entries: list[Entry]) -> None:
         raise NotImplementedError
+
+    # -- one push attempt (push proxy suppliers) ---------------------------------------------------------------
+    rt: Any
+    push_op: str
+
+    def client_ref(self) -> Any:
+        raise NotImplementedError
+
+    def convert(self, entries: list[Entry]) -> Any:
+        raise NotImplementedError
+
+    def _attempt(self, entries: list[Entry]) -> tuple[Outcome, BaseException | None]:
+        """Convert and push; CORBA failures become outcomes (see :class:`~router.channel.boundary.Outcome`)."""
+        try:
+            client = self.client_ref()
+            if client is None:
+                raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+            omniORB.setClientCallTimeout(client, self.rt.push_timeout_ms)
+        except CORBA.OBJECT_NOT_EXIST as exc:
+            return Outcome.GONE, exc
+        except CORBA.Exception as exc:
+            return Outcome.RETRY, exc
+        try:
+            value = self.convert(entries)
+        except Exception as exc:  # noqa: BLE001 — the channel cannot convert this content: event-specific
+            return Outcome.EVENT_FAILED, exc
+        try:
+            getattr(client, self.push_op)(value)
+        except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
+            return Outcome.GONE, exc
+        except EVENT_SPECIFIC as exc:
+            return Outcome.EVENT_FAILED, exc
+        except CORBA.COMM_FAILURE as exc:
+            return self._after_comm_failure(client, exc), exc
+        except CORBA.Exception as exc:
+            return Outcome.RETRY, exc
+        return Outcome.DELIVERED, None
+
+    @staticmethod
+    def _after_comm_failure(client: Any, exc: CORBA.COMM_FAILURE) -> Outcome:
+        """A connection closed while our request was being sent (``COMM_FAILURE_MarshalArguments``) is how a
+        consumer's ORB refuses a message above its own size limit. It counts against the event only if the
+        consumer answers a small call right after; otherwise the consumer is unavailable (retry) or gone."""
+        if exc.minor != omniORB.COMM_FAILURE_MarshalArguments:
+            return Outcome.RETRY
+        try:
+            gone = bool(client._non_existent())
+        except CORBA.Exception:
+            return Outcome.RETRY
+        return Outcome.GONE if gone else Outcome.EVENT_FAILED
 
     def dead_letter_status(self) -> dict[str, Any]:
         if not self.dead_lettered:

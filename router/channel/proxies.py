@@ -27,7 +27,7 @@ import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
 from router.channel import qos as Q
-from router.channel.boundary import EVENT_SPECIFIC, Outcome, store_boundary_all
+from router.channel.boundary import Outcome, store_boundary_all
 from router.channel.common import (FilterMixin, FilterSet, QoSMixin, ior_or_none, mapping_filter_from_ior,
                                    raise_unsupported_qos)
 from router.channel.delivery import DeliveryFailures
@@ -457,46 +457,6 @@ class PushSupplierMixin(ProxySupplierBase):
             assert exc is not None
             self._content_failed(entries, exc)
         return outcome
-
-    def _attempt(self, entries: list[Entry]) -> tuple[Outcome, BaseException | None]:
-        """Convert and push; CORBA failures become outcomes (see :class:`~router.channel.boundary.Outcome`)."""
-        try:
-            client = self.client_ref()
-            if client is None:
-                raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
-            omniORB.setClientCallTimeout(client, self.rt.push_timeout_ms)
-        except CORBA.OBJECT_NOT_EXIST as exc:
-            return Outcome.GONE, exc
-        except CORBA.Exception as exc:
-            return Outcome.RETRY, exc
-        try:
-            value = self.convert(entries)
-        except Exception as exc:  # noqa: BLE001 — the channel cannot convert this content: event-specific
-            return Outcome.EVENT_FAILED, exc
-        try:
-            getattr(client, self.push_op)(value)
-        except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
-            return Outcome.GONE, exc
-        except EVENT_SPECIFIC as exc:
-            return Outcome.EVENT_FAILED, exc
-        except CORBA.COMM_FAILURE as exc:
-            return self._after_comm_failure(client, exc), exc
-        except CORBA.Exception as exc:
-            return Outcome.RETRY, exc
-        return Outcome.DELIVERED, None
-
-    @staticmethod
-    def _after_comm_failure(client: Any, exc: CORBA.COMM_FAILURE) -> Outcome:
-        """A connection closed while our request was being sent (``COMM_FAILURE_MarshalArguments``) is how a
-        consumer's ORB refuses a message above its own size limit. It counts against the event only if the
-        consumer answers a small call right after; otherwise the consumer is unavailable (retry) or gone."""
-        if exc.minor != omniORB.COMM_FAILURE_MarshalArguments:
-            return Outcome.RETRY
-        try:
-            gone = bool(client._non_existent())
-        except CORBA.Exception:
-            return Outcome.RETRY
-        return Outcome.GONE if gone else Outcome.EVENT_FAILED
 
     def status_extra(self) -> dict[str, Any]:
         failing = {"failing": self.failing, "attempts": self.failed_attempts} if self.failing else {}
