@@ -53,6 +53,8 @@ class NodeSettings:
 
 
 def orb_args(s: NodeSettings) -> list[str]:
+    from router.channel.boundary import giop_max_msg_size
+
     return [
         "nsjms",
         "-ORBendPoint", f"giop:tcp:{s.orb_host}:{s.orb_port}",
@@ -61,6 +63,9 @@ def orb_args(s: NodeSettings) -> list[str]:
         "-ORBclientConnectTimeOutPeriod", "5000",
         "-ORBtraceLevel", "1",            # level 1 logs unexpected servant exceptions with a traceback
         "-ORBnativeCharCodeSet", "UTF-8",  # IDL strings carry any Unicode text (JMS text bodies)
+        # Above the channel's event size limit: a larger event reaches the servant, which refuses it with
+        # IMP_LIMIT (docs/channel.md), and whatever the channel accepted fits in its own outgoing messages.
+        "-ORBgiopMaxMsgSize", str(giop_max_msg_size()),
         *s.extra_orb_args,
     ]
 

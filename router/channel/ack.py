@@ -52,6 +52,7 @@ import CosNotification
 import CosNotification__POA
 
 from idl.generated import CosNotifyChannelAdminAck__POA, CosNotifyCommAck
+from router.channel.boundary import EVENT_SPECIFIC, Outcome, store_boundary_all
 from router.channel import qos as Q
 from router.channel.events import Form
 from router.channel.proxies import (
@@ -265,7 +266,7 @@ class _AckSupplierMixin:
             extra: dict[str, Any] = {"in_flight": len(self.ack.inflight), "retries_used": self.ack.retry_count}
             if self.ack.stopped:
                 extra["STOPPED"] = repr(self.ack.stopped) + " (reset with resume_connection)"
-        return extra
+        return {**extra, **getattr(self, "dead_letter_status", dict)()}
 
     def _save_ack(self) -> None:
         with self.ack.lock:
@@ -369,7 +370,7 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
             return self._send_all(overdue), since
         if self.ack.room():
             n, since = self._ready(since)
-            entries = self.queue.take(n) if n else []
+            entries = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes) if n else []
             if entries:
                 p = self.ack.open(entries, 0.0)
                 if any(e.record.db_id is not None for e in entries):
@@ -401,9 +402,24 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
             return "gone"
         except _Exhausted:
             return "stopped"
+        except _ContentFailed as failed:
+            return self._content_failed_in_flight(p, failed.exc)
         except CORBA.Exception as exc:
             log.warning("proxy %s: push of SequenceNumber %d failed (%s)", self.oid, p.sn, exc)
+        else:
+            self._delivered_one_batch()
         p.sent_at = time.time()
+        return "ok"
+
+    def _content_failed_in_flight(self, p: Pending, exc: BaseException) -> str:
+        """A batch the consumer's ORB cannot take (size, content) is not retried under its SequenceNumber until
+        Retries stop the connection: its number is withdrawn (the consumer never received it) and its entries go
+        through the channel's poison handling (isolated, retried alone, dead-lettered after the limit)."""
+        with self.ack.lock:
+            self.ack.inflight.pop(p.sn, None)
+        self._content_failed(p.entries, exc)
+        if any(e.record.db_id is not None for e in p.entries):
+            self._save_ack()
         return "ok"
 
     def _retrying(self, interval: float) -> tenacity.Retrying:
@@ -429,13 +445,30 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
         self._tls.sn = p.sn
         try:
             value = self.convert(p.entries)
+        except Exception as exc:  # noqa: BLE001 — the channel cannot convert this content
+            raise _ContentFailed(exc) from exc
         finally:
             self._tls.sn = None
-        getattr(client, self.push_op)(value)
+        try:
+            getattr(client, self.push_op)(value)
+        except EVENT_SPECIFIC as exc:
+            raise _ContentFailed(exc) from exc
+        except CORBA.COMM_FAILURE as exc:
+            if self._after_comm_failure(client, exc) is Outcome.EVENT_FAILED:
+                raise _ContentFailed(exc) from exc
+            raise
 
 
 class _Exhausted(Exception):
     """Retries ran out inside a tenacity loop (the connection is already stopped)."""
+
+
+class _ContentFailed(Exception):
+    """The consumer's ORB refused this batch because of its content (not retried under its number)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
 
 
 class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
@@ -448,6 +481,10 @@ class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
     def _handed_out(self, entries: list[Entry]) -> None:
         """Nothing to confirm by the next pull: acknowledgements confirm delivery, and entries are tracked in
         flight by :meth:`_next_batch`."""
+
+    def _hand_out(self, entries: list[Entry]) -> Any:
+        """Entries stay in flight (offered again after RetryInterval) whatever happens to this reply."""
+        return self.convert(entries)
 
     def _next_batch(self, n: int) -> list[Entry]:
         self._tls.sn = None
@@ -602,3 +639,6 @@ class InboundAck:
                 log.info("proxy %s: acknowledge %s to the supplier failed: %s", self.proxy.oid, sns, exc)
 
         self.proxy.rt.spawn(f"ack-{self.proxy.oid}", call)
+
+
+store_boundary_all([ACK_SUPPLIER_CLASSES])

@@ -19,6 +19,7 @@ import CosNotifyChannelAdmin
 import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
+from router.channel.boundary import store_boundary
 from router.channel import qos as Q
 from router.channel.common import (FilterMixin, FilterSet, QoSMixin, group_passes, ids_of, ior_or_none,
                                    mapping_filter_from_ior)
@@ -253,3 +254,6 @@ def _servant_class(side: str, kind: str, es_style: bool, qos: dict[str, Any]) ->
 
 
 _ = (CosNotification, CosNotifyComm)
+
+
+store_boundary(ConsumerAdminImpl, SupplierAdminImpl)

@@ -22,6 +22,7 @@ import CosEventChannelAdmin
 
 from router import telemetry
 from router.channel import qos as Q
+from router.channel.boundary import check_size, store_boundary
 from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
 from router.channel.events import Event, Form, encode
 from router.channel.queue import Record, choose_victim, Entry
@@ -163,7 +164,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             rec = by_event.get(q.event_id)
             if rec is None:
                 rec = Record(q.seq, decode(q.form, q.body), q.priority, q.deadline, q.start_at, True, q.event_id,
-                             on_released=self.released)
+                             size=len(q.body), on_released=self.released)
                 by_event[q.event_id] = rec
                 self.records[rec.seq] = rec
                 rec.hold()          # until every row is queued: a discard must not release it half-way
@@ -296,7 +297,11 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if self.destroyed:
             raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
         now = time.time()
+        encoded = self._encode_checked(events)
         records = [self._make_record(source, ev, now) for ev in events]
+        for rec, body in zip(records, encoded):
+            rec.size = len(body)
+        bodies = {rec.seq: body for rec, body in zip(records, encoded)}
         accepted = [r for r in records if source.admits(r.event)]
         if not accepted:
             return
@@ -305,7 +310,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if not plans:
             return
         self._admit(len(plans))             # only events some consumer will hold count against MaxQueueLength
-        self._store(plans)
+        self._store(plans, bodies)
         with self._records_lock:
             for rec, _ in plans:
                 self.records[rec.seq] = rec
@@ -321,6 +326,19 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             telemetry.accepted(self.id, durable, True)
         if len(plans) > durable:
             telemetry.accepted(self.id, len(plans) - durable, False)
+
+    def _encode_checked(self, events: Sequence[Event]) -> list[bytes]:
+        """Every event's CDR encoding; the whole push is refused (IMP_LIMIT, COMPLETED_NO) if one is larger than
+        the node's ``max_event_bytes``: the channel accepts only what it can deliver and store."""
+        encoded = [encode(ev) for ev in events]
+        limit = self.rt.max_event_bytes
+        too_big = [len(b) for b in encoded if limit and len(b) > limit]
+        if too_big:
+            log.warning("channel %d: refused a push of %d event(s): an event of %d bytes is above the limit of %d "
+                        "bytes (IMP_LIMIT)", self.id, len(events), max(too_big), limit)
+            telemetry.rejected(self.id, len(events), "EVENT_TOO_LARGE")
+            check_size(max(too_big), limit)
+        return encoded
 
     @staticmethod
     def _enqueue_one(proxy: Any, rec: Record) -> None:
@@ -399,11 +417,11 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             for proxy in list(admin.proxies.values()):
                 proxy.queue.take(0)
 
-    def _store(self, plans: list[tuple[Record, list[Any]]]) -> None:
+    def _store(self, plans: list[tuple[Record, list[Any]]], bodies: dict[int, bytes]) -> None:
         durable = [(rec, t) for rec, t in plans if rec.persistent]
         if not durable:
             return
-        rows = [NewEvent(rec.seq, int(rec.event.form), encode(rec.event), rec.priority, rec.deadline,
+        rows = [NewEvent(rec.seq, int(rec.event.form), bodies[rec.seq], rec.priority, rec.deadline,
                          rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
         ids = self.rt.store.insert_events(self.id, rows)
         for (rec, _), eid in zip(durable, ids):
@@ -422,3 +440,6 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
     def queued_count(self) -> int:
         with self._records_lock:
             return len(self.records)
+
+
+store_boundary(EventChannelFactoryImpl, EventChannelImpl)

@@ -21,6 +21,7 @@ import CosNotification
 import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
+from router.channel.boundary import MINOR_EVENT_TOO_LARGE, store_boundary_all, store_faults
 from router.channel.events import Event, normalise_any, normalise_structured
 from router.channel.proxies import ProxyBase
 
@@ -46,7 +47,8 @@ class ProxyConsumerBase(ProxyBase):
             raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
         if not self.connected:
             raise CosEventComm.Disconnected()
-        self._route_acked(events)
+        with store_faults():            # database down: a prompt, retryable TRANSIENT (COMPLETED_NO), never UNKNOWN
+            self._route_acked(events)
 
     def _route_acked(self, events: list[Event]) -> None:
         """Route; with a CosNotifyCommAck supplier, suppress duplicates and acknowledge (docs/ack.md)."""
@@ -141,7 +143,13 @@ class PullConsumerMixin(ProxyConsumerBase):
             log.error("proxy %s: the supplier delivered an event with unusable QoS headers (%s); not routed",
                       self.oid, _event_name(events[0]))
             return True
-        except CORBA.IMP_LIMIT:
+        except CORBA.IMP_LIMIT as exc:
+            if exc.minor == MINOR_EVENT_TOO_LARGE:
+                if len(events) > 1:
+                    return all(self._route_pulled([ev]) for ev in events)
+                log.error("proxy %s: the supplier delivered an event above the channel's size limit of %d bytes "
+                          "(%s); not routed", self.oid, self.rt.max_event_bytes, _event_name(events[0]))
+                return True
             log.info("proxy %s: channel full with RejectNewEvents; %d pulled event(s) wait", self.oid, len(events))
             return False
         except Exception:  # noqa: BLE001 — e.g. the database is unavailable: keep the events, try again
@@ -296,3 +304,6 @@ CONSUMER_CLASSES: dict[str, type] = {
     "PULL_STRUCTURED": StructuredProxyPullConsumerImpl,
     "PULL_SEQUENCE": SequenceProxyPullConsumerImpl,
 }
+
+
+store_boundary_all([CONSUMER_CLASSES, ES_CONSUMER_CLASSES])

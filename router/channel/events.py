@@ -32,6 +32,7 @@ __all__ = [
     "encode",
     "decode",
     "ANY_TYPE_NAME",
+    "describe_event",
 ]
 
 ANY_TYPE_NAME = "%ANY"
@@ -119,3 +120,14 @@ def decode(form: int, data: bytes) -> Event:
 def null_any() -> CORBA.Any:
     """A fresh ``tk_null`` Any (for empty remainders)."""
     return _NULL_ANY
+
+
+def describe_event(event: Event) -> str:
+    """``domain/type/name`` of a structured event (for log lines and status), or "an untyped event"."""
+    if event.form is Form.STRUCTURED:
+        try:
+            fixed = event.value.header.fixed_header  # type: ignore[attr-defined]
+            return f"{fixed.event_type.domain_name}/{fixed.event_type.type_name}/{fixed.event_name}"
+        except AttributeError:
+            return "a structured event"
+    return "an untyped event"

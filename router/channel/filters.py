@@ -31,6 +31,7 @@ import CosNotifyFilter
 import CosNotifyFilter__POA
 from psycopg.types.json import Jsonb
 
+from router.channel.boundary import store_boundary
 from router.etcl import Constraint, EtclSyntaxError, compile_constraint, event_type_matches
 
 __all__ = ["FilterFactoryImpl", "FilterImpl", "MappingFilterImpl", "GRAMMAR", "filter_oid", "FILTER_SCHEMA"]
@@ -618,4 +619,7 @@ def proxy_view(record: Any, priority: int, deadline: float | None) -> Any:
 
     record.hold()
     return Record(record.seq, record.event, priority, deadline, record.start_at, record.persistent,
-                  record.db_id, on_released=lambda _view: record.release())
+                  record.db_id, size=record.size, on_released=lambda _view: record.release())
+
+
+store_boundary(FilterImpl, MappingFilterImpl, FilterFactoryImpl)

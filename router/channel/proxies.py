@@ -27,12 +27,14 @@ import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
 from router.channel import qos as Q
+from router.channel.boundary import Outcome, store_boundary_all
 from router.channel.common import (FilterMixin, FilterSet, QoSMixin, ior_or_none, mapping_filter_from_ior,
                                    raise_unsupported_qos)
+from router.channel.delivery import DeliveryFailures
 from router.channel.events import Event, Form, as_any, as_structured
 from router.channel.queue import Entry, ProxyQueue, Record
 from router.channel.runtime import proxy_oid
-from router.channel.store import ProxyRow
+from router.channel.store import ProxyRow, StoreError
 from router.channel.typesets import TypeSet
 
 __all__ = ["ProxyBase", "ProxySupplierBase", "proxy_class"]
@@ -230,7 +232,7 @@ class ProxyBase(QoSMixin, FilterMixin):
     client_disconnect_op = ""
 
 
-class ProxySupplierBase(ProxyBase):
+class ProxySupplierBase(ProxyBase, DeliveryFailures):
     """Channel → consumer: an ordered queue, filters with the admin's, mapping filters, delivery."""
 
     side = "C"
@@ -260,7 +262,15 @@ class ProxySupplierBase(ProxyBase):
         return self.connected and not self.destroyed and self.admin.passes(self.filters, event)
 
     def enqueue(self, record: Record) -> None:
-        self.queue.put(self._mapped(record))
+        """Queue a routed event. A mapping filter that cannot answer does not cost the event its place: it is
+        queued with its own priority and lifetime (and the failure logged)."""
+        try:
+            mapped = self._mapped(record)
+        except Exception:  # noqa: BLE001 — e.g. a remote mapping filter unreachable, or a bug in its evaluation
+            log.warning("proxy %s: mapping filters failed for event seq=%d; queued with its own priority and "
+                        "lifetime", self.oid, record.seq, exc_info=True)
+            mapped = record
+        self.queue.put(mapped)
 
     def _mapped(self, record: Record) -> Record:
         """Apply the priority/lifetime mapping filters (the proxy's own override its admin's, NS 2.3.1)."""
@@ -280,12 +290,17 @@ class ProxySupplierBase(ProxyBase):
         log.debug("proxy %s dropped %d event(s): %s", self.oid, len(entries), reason)
         self._finish(entries)
 
-    def _finish(self, entries: list[Entry]) -> None:
+    def _finish(self, entries: list[Entry], *, wait: bool = True) -> None:
         """These entries left the queue for good (delivered, expired or discarded).
 
         The stored rows are deleted first, retried while the database is unavailable (a delivered event whose row
-        survived would be delivered again after a restart, never lost); then the records are released."""
+        survived would be delivered again after a restart, never lost); then the records are released. With
+        ``wait=False`` (a client's call is waiting) there is one attempt: a :class:`StoreError` propagates and
+        nothing is released, so the caller can keep the entries and try again later."""
         ids = [e.record.db_id for e in entries if e.record.db_id is not None]
+        if ids and not wait and not self.destroyed:
+            self.rt.store.delete_deliveries(self.channel.id, self.admin.id, self.id, ids)
+            ids = []
         backoff = 0.05
         while ids and not self.destroyed:
             try:
@@ -391,18 +406,18 @@ class PushSupplierMixin(ProxySupplierBase):
                 self.queue.wait(_IDLE_WAIT)
                 continue
             n, since = self._ready(since)
-            entries = self.queue.take(n) if n else []
+            entries = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes) if n else []
             if not entries:
                 self.queue.wait(self._idle_wait(since))
                 continue
             outcome = self._deliver(entries)
-            if outcome == "gone":
+            if outcome is Outcome.GONE:
                 return
-            if outcome == "retry":
+            if outcome is Outcome.DELIVERED:
+                backoff = 0.05
+            else:
                 self.stop_event.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
-            else:
-                backoff = 0.05
 
     def _idle_wait(self, since: float | None) -> float:
         wait = _IDLE_WAIT
@@ -413,32 +428,39 @@ class PushSupplierMixin(ProxySupplierBase):
             wait = min(wait, max(0.001, since + self.pacing() - time.time()))
         return wait
 
-    def _deliver(self, entries: list[Entry]) -> str:
+    def _deliver(self, entries: list[Entry]) -> Outcome:
+        """One attempt to push ``entries``; whatever happens, each entry is delivered, put back or dead-lettered.
+
+        An unexpected (non-CORBA) error puts the entries back before it propagates to :meth:`supervised`, which
+        restarts the loop: a failing worker never drops what it took."""
         try:
-            client = self.client_ref()
-            if client is None:
-                raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
-            omniORB.setClientCallTimeout(client, self.rt.push_timeout_ms)
-            getattr(client, self.push_op)(self.convert(entries))
-        except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
+            outcome, exc = self._attempt(entries)
+        except BaseException:
+            self.queue.requeue(entries)
+            raise
+        if outcome is Outcome.DELIVERED:
+            self.failing, self.failed_attempts = None, 0
+            self._delivered_one_batch()
+            self._finish(entries)
+        elif outcome is Outcome.GONE:
             log.info("proxy %s: consumer gone (%s); disconnecting", self.oid, type(exc).__name__)
             self.queue.requeue(entries)
             self.teardown(notify_client=False)
-            return "gone"
-        except _TRANSIENT + (CORBA.Exception,) as exc:
+        elif outcome is Outcome.RETRY:
             # NS 2.5.5.1: keep retrying until the consumer answers or no longer exists; nothing is dropped. A
             # consumer that keeps refusing shows in `nsjms status` (failing, attempts) and in the log.
             self.failing, self.failed_attempts = f"{type(exc).__name__}: {exc}", self.failed_attempts + 1
             log.warning("proxy %s: push failed (%s, attempt %d); %d event(s) stay queued", self.oid, exc,
                         self.failed_attempts, len(entries))
             self.queue.requeue(entries)
-            return "retry"
-        self.failing, self.failed_attempts = None, 0
-        self._finish(entries)
-        return "ok"
+        else:
+            assert exc is not None
+            self._content_failed(entries, exc)
+        return outcome
 
     def status_extra(self) -> dict[str, Any]:
-        return {"failing": self.failing, "attempts": self.failed_attempts} if self.failing else {}
+        failing = {"failing": self.failing, "attempts": self.failed_attempts} if self.failing else {}
+        return {**failing, **self.dead_letter_status()}
 
 
 class PullSupplierMixin(ProxySupplierBase):
@@ -464,8 +486,15 @@ class PullSupplierMixin(ProxySupplierBase):
             if self._pulls_active == 0:
                 done, self._unconfirmed = self._unconfirmed, []
             self._pulls_active += 1
-        if done:
-            self._finish(done)
+        if not done:
+            return
+        try:
+            self._finish(done, wait=False)      # never block a client's pull on the database
+        except StoreError:
+            with self._pull_lock:               # still unconfirmed: the next pull tries again
+                self._unconfirmed = done + self._unconfirmed
+                self._pulls_active -= 1
+            raise                               # TRANSIENT at the servant boundary: the client pulls again
 
     def _end_pull(self) -> None:
         with self._pull_lock:
@@ -505,7 +534,7 @@ class PullSupplierMixin(ProxySupplierBase):
                 count = self.queue.peek_count()
                 pacing = self.pacing()
                 if count >= n or (count and pacing > 0 and time.time() - started >= pacing):
-                    entries = self.queue.take(n)
+                    entries = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes)
                     if entries:
                         self._handed_out(entries)
                         return entries
@@ -517,11 +546,26 @@ class PullSupplierMixin(ProxySupplierBase):
             self._check_pullable()
             if self.suspended:
                 return []
-            entries = self.queue.take(n)
+            entries = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes)
             self._handed_out(entries)
             return entries
         finally:
             self._end_pull()
+
+    def _hand_out(self, entries: list[Entry]) -> Any:
+        """The reply to a pull. If converting the entries fails, they are taken back (the next pull must not
+        confirm them) and handled as a content failure; the consumer gets TRANSIENT and pulls again."""
+        try:
+            value = self.convert(entries)
+        except Exception as exc:  # noqa: BLE001 — the channel cannot convert this content: event-specific
+            with self._pull_lock:
+                taken = {id(e) for e in entries}
+                self._unconfirmed = [e for e in self._unconfirmed if id(e) not in taken]
+            self._content_failed(entries, exc)
+            raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO) from exc
+        if entries:
+            self._delivered_one_batch()
+        return value
 
     def _limit(self, max_number: int) -> int:
         size = self.batch_size()
@@ -575,11 +619,11 @@ class ProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__POA.ProxyP
         self._connect(pull_consumer, required=False)
 
     def pull(self) -> Any:
-        return self.convert(self._blocking_take(lambda: 1))
+        return self._hand_out(self._blocking_take(lambda: 1))
 
     def try_pull(self) -> tuple[Any, bool]:
         entries = self._try_take(1)
-        return (self.convert(entries), True) if entries else (self.empty_value(), False)
+        return (self._hand_out(entries), True) if entries else (self.empty_value(), False)
 
     def disconnect_pull_supplier(self) -> None:
         self.client_disconnected()
@@ -593,11 +637,11 @@ class StructuredProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__
         self._connect(pull_consumer, required=False)
 
     def pull_structured_event(self) -> Any:
-        return self.convert(self._blocking_take(lambda: 1))
+        return self._hand_out(self._blocking_take(lambda: 1))
 
     def try_pull_structured_event(self) -> tuple[Any, bool]:
         entries = self._try_take(1)
-        return (self.convert(entries), True) if entries else (self.empty_value(), False)
+        return (self._hand_out(entries), True) if entries else (self.empty_value(), False)
 
     def disconnect_structured_pull_supplier(self) -> None:
         self.client_disconnected()
@@ -611,11 +655,11 @@ class SequenceProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__PO
         self._connect(pull_consumer, required=False)
 
     def pull_structured_events(self, max_number: int) -> list[Any]:
-        return self.convert(self._blocking_take(lambda: self._limit(max_number)))
+        return self._hand_out(self._blocking_take(lambda: self._limit(max_number)))
 
     def try_pull_structured_events(self, max_number: int) -> tuple[list[Any], bool]:
         entries = self._try_take(self._limit(max_number))
-        return (self.convert(entries), True) if entries else ([], False)
+        return (self._hand_out(entries), True) if entries else ([], False)
 
     def disconnect_sequence_pull_supplier(self) -> None:
         self.client_disconnected()
@@ -675,11 +719,11 @@ class EsProxyPullSupplierImpl(PullSupplierMixin, CosEventChannelAdmin__POA.Proxy
         self._connect(pull_consumer, required=False)
 
     def pull(self) -> Any:
-        return self.convert(self._blocking_take(lambda: 1))
+        return self._hand_out(self._blocking_take(lambda: 1))
 
     def try_pull(self) -> tuple[Any, bool]:
         entries = self._try_take(1)
-        return (self.convert(entries), True) if entries else (self.empty_value(), False)
+        return (self._hand_out(entries), True) if entries else (self.empty_value(), False)
 
     def disconnect_pull_supplier(self) -> None:
         self.client_disconnected()
@@ -696,3 +740,6 @@ SUPPLIER_CLASSES: dict[str, type] = {
     "PULL_STRUCTURED": StructuredProxyPullSupplierImpl,
     "PULL_SEQUENCE": SequenceProxyPullSupplierImpl,
 }
+
+
+store_boundary_all([SUPPLIER_CLASSES, ES_SUPPLIER_CLASSES])

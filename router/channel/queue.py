@@ -38,6 +38,7 @@ class Record:
     start_at: float | None        # unix seconds; None = deliverable at once
     persistent: bool
     db_id: int | None = None      # row id when stored
+    size: int = 0                 # CDR-encoded size in bytes (0 = not measured)
     holders: int = 0              # number of queues holding an entry for this record
     on_released: Callable[["Record"], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -63,6 +64,7 @@ class Entry:
 
     record: Record
     key: tuple[float, ...]
+    failures: int = 0             # event-specific delivery failures of this entry (poison detection)
 
     def __lt__(self, other: "Entry") -> bool:
         return self.key < other.key
@@ -82,7 +84,8 @@ class ProxyQueue:
     """The ordered queue of one proxy supplier."""
 
     def __init__(self, order_policy: int, discard_policy: int, max_events: int,
-                 on_drop: Callable[[list[Entry], str], None]) -> None:
+                 on_drop: Callable[[list[Entry], str], None], *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock                   # unix seconds; injected by tests
         self.order_policy = order_policy
         self.discard_policy = discard_policy
         self.max_events = max_events          # MaxEventsPerConsumer, 0 = unlimited
@@ -100,7 +103,7 @@ class ProxyQueue:
         with self.cond:
             closed = self.closed
             if not closed:
-                if record.start_at is not None and record.start_at > time.time():
+                if record.start_at is not None and record.start_at > self._clock():
                     heapq.heappush(self._delayed, (record.start_at, record.seq, entry))
                 else:
                     bisect.insort(self._items, entry)
@@ -164,20 +167,29 @@ class ProxyQueue:
             self._remove(e)
         return expired
 
-    def take(self, max_n: int) -> list[Entry]:
-        """Remove and return up to ``max_n`` deliverable entries (head first). Never blocks."""
-        now = time.time()
+    def take(self, max_n: int, max_bytes: int = 0) -> list[Entry]:
+        """Remove and return up to ``max_n`` deliverable entries (head first). Never blocks.
+
+        With ``max_bytes``, the batch stops before the entry that would take its total size above it (the head
+        entry is always taken, whatever its size). If handing expired entries over fails, the batch is put back
+        before the error propagates: nothing taken is lost."""
+        now = self._clock()
         with self.cond:
             self._promote_due(now)
             expired = self._drop_expired(now)
-            batch, self._items = self._items[:max_n], self._items[max_n:]
+            n = _fitting(self._items, max_n, max_bytes)
+            batch, self._items = self._items[:n], self._items[n:]
         if expired:
-            self._on_drop(expired, "expired")
+            try:
+                self._on_drop(expired, "expired")
+            except BaseException:
+                self.requeue(batch)
+                raise
         return batch
 
     def peek_count(self) -> int:
         """Number of entries deliverable now (due and not expired)."""
-        now = time.time()
+        now = self._clock()
         with self.cond:
             self._promote_due(now)
             return sum(1 for e in self._items if not e.record.expired(now))
@@ -219,6 +231,19 @@ class ProxyQueue:
 
     def __len__(self) -> int:
         return len(self._items) + len(self._delayed)
+
+
+def _fitting(items: list[Entry], max_n: int, max_bytes: int) -> int:
+    """How many head entries make a batch of at most ``max_n`` entries and ``max_bytes`` bytes (at least one)."""
+    n = min(max_n, len(items))
+    if not max_bytes or n <= 1:
+        return n
+    total = 0
+    for i in range(n):
+        total += items[i].record.size
+        if i and total > max_bytes:
+            return i
+    return n
 
 
 def choose_victim(policy: int, entries: list[Entry]) -> Entry:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from omniORB import CORBA, PortableServer
 
+from router.channel.boundary import DEFAULT_MAX_EVENT_BYTES
 from router.channel.store import Store
 
 __all__ = ["Runtime", "FACTORY_KEY", "channel_oid", "admin_oid", "proxy_oid"]
@@ -40,10 +41,12 @@ def proxy_oid(cid: int, side: str, aid: int, pid: int) -> str:
 class Runtime:
     """Shared services for every servant of one node."""
 
-    def __init__(self, orb: CORBA.ORB, store: Store, *, push_timeout_ms: int = 10_000) -> None:
+    def __init__(self, orb: CORBA.ORB, store: Store, *, push_timeout_ms: int = 10_000,
+                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         self.orb = orb
         self.store = store
         self.push_timeout_ms = push_timeout_ms
+        self.max_event_bytes = max_event_bytes      # larger events are refused (IMP_LIMIT); 0 = no limit
         root = orb.resolve_initial_references("RootPOA")
         self.root_poa = root
         policies = [

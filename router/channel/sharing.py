@@ -140,7 +140,10 @@ class Sharing:
                 proxy, which, add, rem = self._queue.get(timeout=1.0)
             except queue.Empty:
                 continue
-            self._deliver(proxy, which, add, rem)
+            try:
+                self._deliver(proxy, which, add, rem)
+            except Exception:  # noqa: BLE001 — one proxy's failure must not stop the notifier for the others
+                log.exception("proxy %s: %s_change notification failed", getattr(proxy, "oid", "?"), which)
 
     def _deliver(self, proxy: Any, which: str, add: list[Any], rem: list[Any]) -> None:
         client = self._client(proxy, _SUBSCRIBE_ID if which == "sub" else _PUBLISH_ID)

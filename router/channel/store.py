@@ -10,20 +10,31 @@ Tables (created by :meth:`Store.migrate`, idempotent):
 
 Every statement is parameterised. Methods are small transactions; an event and its queue rows are written in
 one transaction, so an event acknowledged to its supplier is on disk for every consumer it was routed to.
+
+Errors: this module is the one boundary where psycopg's exceptions become the channel's own::
+
+    StoreError                  the database refused the operation (a bug or a schema problem)
+    └── StoreUnavailable        the database could not be reached in time (no connection within the checkout
+                                timeout, connection lost); ``in_doubt`` when the connection broke during COMMIT
+
+A connection is checked out within ``checkout_timeout`` seconds (default 5) and each new connection is made within
+``connect_timeout`` seconds, so a caller never waits long on a database that is down; pooled connections are
+checked before use, so the first operation after the database came back succeeds.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 import psycopg
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
-__all__ = ["Store", "StoreError", "AdminRow", "ProxyRow", "ChannelRow", "QueuedRow", "NewEvent"]
+__all__ = ["Store", "StoreError", "StoreUnavailable", "AdminRow", "ProxyRow", "ChannelRow", "QueuedRow", "NewEvent"]
 
 SCHEMA = """
 CREATE SEQUENCE IF NOT EXISTS nsjms_channel_id START WITH 0 MINVALUE 0;
@@ -85,8 +96,31 @@ CREATE INDEX IF NOT EXISTS nsjms_queue_event ON nsjms_queue(event_id);
 """
 
 
+DEFAULT_CHECKOUT_TIMEOUT = 5.0
+DEFAULT_CONNECT_TIMEOUT = 3
+
+
 class StoreError(RuntimeError):
-    """The database failed; the operation's effect is unknown to the caller only if it says so."""
+    """The database refused an operation; nothing of it was committed."""
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached in time or the connection broke.
+
+    ``in_doubt`` is True only when the connection broke while the transaction was being committed: then the
+    caller cannot know whether it was committed. Otherwise nothing of the operation was committed.
+    """
+
+    def __init__(self, message: str, *, in_doubt: bool = False) -> None:
+        super().__init__(message)
+        self.in_doubt = in_doubt
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_unavailable, (str(self), self.in_doubt))
+
+
+def _unavailable(message: str, in_doubt: bool) -> StoreUnavailable:
+    return StoreUnavailable(message, in_doubt=in_doubt)
 
 
 @dataclass(frozen=True)
@@ -154,9 +188,13 @@ class NewEvent:
 class Store:
     """Thin, parameterised access to the channel tables through a connection pool."""
 
-    def __init__(self, dsn: str, pool_size: int = 8) -> None:
+    def __init__(self, dsn: str, pool_size: int = 8, *, checkout_timeout: float = DEFAULT_CHECKOUT_TIMEOUT,
+                 connect_timeout: int = DEFAULT_CONNECT_TIMEOUT) -> None:
+        self.checkout_timeout = checkout_timeout
         self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), open=False,
-                                    kwargs={"autocommit": False}, name="nsjms-channel")
+                                    kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
+                                    timeout=checkout_timeout, check=ConnectionPool.check_connection,
+                                    name="nsjms-channel")
         self._reap_lock = threading.Lock()
         self._reap: list[int] = []
 
@@ -167,10 +205,24 @@ class Store:
     def close(self) -> None:
         self._pool.close()
 
+    @contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[Any]]:
-        return self._pool.connection()  # type: ignore[return-value]
+        """One transaction on a pooled connection, committed on a clean exit; psycopg's errors translated."""
+        stage = "checkout"
+        try:
+            with self._pool.connection(timeout=self.checkout_timeout) as conn:
+                stage = "work"
+                yield conn
+                stage = "commit"
+        except PoolTimeout as exc:
+            raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise StoreUnavailable(f"database connection failed during {stage}: {_first_line(exc)}",
+                                   in_doubt=stage == "commit") from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"database error during {stage}: {_first_line(exc)}") from exc
 
-    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
+    def transaction(self) -> Any:
         """A pooled connection as a context manager: one transaction, committed on a clean exit.
 
         For modules that keep their own tables next to the channel's (e.g. ``router.channel.filters``).
@@ -335,7 +387,7 @@ class Store:
         if ids:
             try:
                 self.delete_events(ids)
-            except psycopg.Error:
+            except StoreError:
                 with self._reap_lock:          # try again next time; nothing depends on it meanwhile
                     self._reap.extend(ids)
                 raise
@@ -382,6 +434,11 @@ class Store:
         values = [Jsonb(v) if isinstance(v, dict) else v for v in cols.values()]
         with self._tx() as conn:
             conn.execute(f"UPDATE {table} SET {sets} WHERE {where}", (*values, *key.values()))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def dumps(obj: Any) -> str:

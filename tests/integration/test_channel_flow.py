@@ -6,7 +6,9 @@ Every flow moves ``N_EVENTS`` events and checks each arrives exactly once, with 
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -45,7 +47,7 @@ pytestmark = pytest.mark.integration
 
 N_EVENTS = 1000
 FLOW_TIMEOUT_S = 120.0
-QUIET_S = 0.5  # how long we wait to be sure nothing more arrives
+MARKER_ID = 999_999  # the event sent after the others to show that nothing more arrives
 
 A, S, Q = Form.ANY, Form.STRUCTURED, Form.SEQUENCE
 PUSH, PULL = Style.PUSH, Style.PULL
@@ -64,6 +66,19 @@ FLOWS = [
     ((Q, PUSH), (A, PULL)),
     ((A, PULL), (Q, PUSH)),
 ]
+
+
+def queued(server: Any, pid: int) -> int | None:
+    """Events queued for proxy supplier ``pid`` in the node's ``status.json`` (None until it shows that proxy)."""
+    try:
+        data = json.loads((server.state_dir / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    for channel in data.get("channels", []):
+        for proxy in channel.get("proxy_suppliers", []):
+            if proxy["id"] == pid:
+                return int(proxy["queued"])
+    return None
 
 
 def fifo_channel(factory: Any, order: int = CosNotification.FifoOrder) -> Any:
@@ -86,16 +101,47 @@ class ConsumerEnd:
             self.client.connect()
             self.pulled: list[Any] = []
 
-    def receive(self, n: int, timeout: float = FLOW_TIMEOUT_S) -> list[Any]:
-        """Everything received once ``n`` events arrived (or the timeout passed), plus any late extras."""
+    def receive(self, n: int, marker: Callable[[], int], timeout: float = FLOW_TIMEOUT_S) -> list[Any]:
+        """Everything received before a marker event, once ``n`` events arrived (or the timeout passed).
+
+        No quiet period: ``marker()`` sends one more event through the same path and returns its id. The channel
+        delivers in queue order and a retried event keeps its place, so anything extra (a duplicate of an earlier
+        event) arrives before the marker; what arrived before the marker is everything there is to see."""
         if self.style is Style.PUSH:
             self.servant.wait_for(n, timeout)
-            time.sleep(QUIET_S)
-            return list(self.servant.snapshot())
-        self.pulled.extend(self.client.drain(n - len(self.pulled), timeout))
-        time.sleep(QUIET_S)
-        self.pulled.extend(self.client.try_pull())
-        return list(self.pulled)
+            mark = marker()
+            assert wait_until(lambda: mark in self.servant.ids(), timeout), "the marker event did not arrive"
+            items = list(self.servant.snapshot())
+        else:
+            self.pulled.extend(self.client.drain(n - len(self.pulled), timeout))
+            mark = marker()
+            deadline = time.monotonic() + timeout
+            while mark not in [event_id(x) for x in self.pulled] and time.monotonic() < deadline:
+                self.pulled.extend(self.client.drain(1, 1.0))
+            items = list(self.pulled)
+        ids = [event_id(x) for x in items]
+        assert mark in ids, "the marker event did not arrive"
+        return items[:ids.index(mark)] + items[ids.index(mark) + 1:]
+
+
+def push_marker(client: Any, form: Form, marker_id: int) -> Callable[[], int]:
+    """A ``marker`` for :meth:`ConsumerEnd.receive` that pushes event ``marker_id`` through ``client``."""
+
+    def send() -> int:
+        client.push_all([make_item(form, marker_id)])
+        return marker_id
+
+    return send
+
+
+def source_marker(source: Any, form: Form, marker_id: int) -> Callable[[], int]:
+    """A ``marker`` that lets a pull supplier (pulled by the channel) serve event ``marker_id`` next."""
+
+    def send() -> int:
+        source.add([make_item(form, marker_id)])
+        return marker_id
+
+    return send
 
 
 def supply(channel: Any, form: Form, style: Style, items: list[Any]) -> Any:
@@ -132,8 +178,9 @@ def test_flow_exactly_once_fifo(factory: Any, supplier: tuple[Form, Style], cons
     if consumer == (Q, PUSH):
         end.proxy.set_qos([prop("MaximumBatchSize", long_(25)), prop("PacingInterval", time_t(0.2))])
     items = [make_item(supplier[0], i) for i in range(N_EVENTS)]
-    supply(channel, supplier[0], supplier[1], items)
-    received = end.receive(N_EVENTS)
+    handle = supply(channel, supplier[0], supplier[1], items)
+    marker = (push_marker if supplier[1] is Style.PUSH else source_marker)(handle, supplier[0], MARKER_ID)
+    received = end.receive(N_EVENTS, marker)
     assert [event_id(x) for x in received] == list(range(N_EVENTS)), "not exactly once in FIFO order"
     assert_delivered_form(received, supplier[0], consumer[0])
 
@@ -266,36 +313,37 @@ def test_consumer_raising_disconnected_destroys_its_proxy(factory: Any) -> None:
     with pytest.raises(CosNotifyChannelAdmin.ProxyNotFound):
         admin.get_proxy_supplier(bad_pid)
     _assert_gone(lambda: bad_proxy.MyType)
-    assert [event_id(x) for x in good_end.receive(5, 15)] == list(range(5))
+    assert [event_id(x) for x in good_end.receive(5, push_marker(client, S, MARKER_ID), 15)] == list(range(5))
 
 
 @pytest.mark.parametrize("order", [CosNotification.FifoOrder, CosNotification.PriorityOrder], ids=["fifo", "priority"])
-def test_order_of_events_queued_while_suspended(factory: Any, order: int) -> None:
+def test_order_of_events_queued_while_suspended(nsjms_server: Any, factory: Any, order: int) -> None:
     channel = fifo_channel(factory, order)
     end = ConsumerEnd(channel, S, PUSH)
     end.proxy.suspend_connection()
     prios = [((i * 7) % 5) - 2 for i in range(300)]  # -2..2, interleaved
     client = PushSupplierClient(obtain_proxy_consumer(channel.default_supplier_admin, S, PUSH)[0], S)
     client.connect()
-    client.push_all([make_event(i, priority=p) for i, p in enumerate(prios)])
-    time.sleep(1.0)  # let the channel finish queuing before the consumer resumes
+    client.push_all([make_event(i, priority=p) for i, p in enumerate(prios)])  # returns once queued
+    assert wait_until(lambda: queued(nsjms_server, end.pid) == 300, 30), "the node's status shows all 300 queued"
     assert end.servant.count() == 0, "events were delivered to a suspended consumer"
     end.proxy.resume_connection()
-    got = [event_id(x) for x in end.receive(300, 60)]
+    got = [event_id(x) for x in end.receive(300, push_marker(client, S, MARKER_ID), 60)]
     if order == CosNotification.FifoOrder:
         assert got == list(range(300))
     else:  # highest priority first, FIFO within equal priority
         assert got == sorted(range(300), key=lambda i: (-prios[i], i))
 
 
-def test_sequence_push_batch_size_and_pacing(factory: Any) -> None:
+def test_sequence_push_batch_size_and_pacing(nsjms_server: Any, factory: Any) -> None:
     channel = fifo_channel(factory)
     end = ConsumerEnd(channel, Q, PUSH)
     end.proxy.set_qos([prop("MaximumBatchSize", long_(10)), prop("PacingInterval", time_t(0.0))])
     client = PushSupplierClient(obtain_proxy_consumer(channel.default_supplier_admin, S, PUSH)[0], S)
     client.connect()
     client.push_all([make_event(i) for i in range(5)])
-    time.sleep(1.5)
+    # Condition, not a sleep: the node's status snapshot (taken by its own thread) shows the five still queued.
+    assert wait_until(lambda: queued(nsjms_server, end.pid) == 5, 30), "PacingInterval=0: a partial batch was sent"
     assert end.servant.count() == 0, "PacingInterval=0 must deliver only full batches"
     client.push_all([make_event(i) for i in range(5, 1000)])
     assert end.servant.wait_for(1000, FLOW_TIMEOUT_S)

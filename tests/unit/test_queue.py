@@ -87,15 +87,65 @@ def test_expired_entries_are_dropped_not_delivered():
     assert drops.items == [(1, "expired")]
 
 
+class Clock:
+    """An injected clock: time moves only when the test says so."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_start_time_delays_delivery():
-    q, _ = make()
-    q.put(rec(1, start_at=time.time() + 0.3))
+    clock = Clock()
+    q = ProxyQueue(FIFO_ORDER, ANY_ORDER, 0, Drops(), clock=clock)
+    q.put(rec(1, start_at=clock.now + 0.3))
     q.put(rec(2))
     assert seqs(q.take(10)) == [2]
     assert q.peek_count() == 0
-    assert q.next_due() is not None
-    time.sleep(0.35)
+    assert q.next_due() == clock.now + 0.3
+    clock.now += 0.299
+    assert q.take(10) == [] and q.peek_count() == 0
+    clock.now += 0.001                     # exactly due
+    assert q.peek_count() == 1
     assert seqs(q.take(10)) == [1]
+
+
+def test_expiry_follows_the_injected_clock():
+    clock = Clock()
+    drops = Drops()
+    q = ProxyQueue(FIFO_ORDER, ANY_ORDER, 0, drops, clock=clock)
+    q.put(rec(1, deadline=clock.now + 5))
+    assert q.peek_count() == 1
+    clock.now += 5
+    assert q.take(10) == [] and drops.items == [(1, "expired")]
+
+
+def test_take_bounds_the_batch_by_bytes_but_always_takes_the_head():
+    q, _ = make(FIFO_ORDER)
+    for i, size in enumerate([700, 200, 200, 50]):
+        r = rec(i)
+        r.size = size
+        q.put(r)
+    assert seqs(q.take(10, max_bytes=1000)) == [0, 1]      # 900 bytes; the next would make 1100
+    assert seqs(q.take(10, max_bytes=100)) == [2]          # the head alone is above the budget: taken anyway
+    assert seqs(q.take(10, max_bytes=100)) == [3]
+
+
+def test_take_puts_the_batch_back_when_handing_over_expired_entries_fails():
+    def failing_drop(entries, reason):
+        raise RuntimeError("injected: the drop callback failed")
+
+    clock = Clock()
+    q = ProxyQueue(FIFO_ORDER, ANY_ORDER, 0, failing_drop, clock=clock)
+    q.put(rec(1, deadline=clock.now + 1))
+    q.put(rec(2))
+    q.put(rec(3))
+    clock.now += 1
+    with pytest.raises(RuntimeError):
+        q.take(10)
+    assert seqs(q.take(10)) == [2, 3]       # before the fix the batch taken before the failure was lost
 
 
 def test_requeue_keeps_order():

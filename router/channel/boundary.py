@@ -1,0 +1,129 @@
+"""The channel's limits and the mapping of its own failures to CORBA exceptions (the servant boundary).
+
+Servants call :func:`store_faults` around work that touches the store, so a supplier sees a CORBA system exception
+it can act on instead of ``UNKNOWN``:
+
+=====================================  ===========================================================================
+``StoreUnavailable``                   ``TRANSIENT`` (minor ``MINOR_STORE_UNAVAILABLE``), ``COMPLETED_NO``; retry.
+                                       ``COMPLETED_MAYBE`` only when the connection broke during COMMIT.
+other ``StoreError``                   ``PERSIST_STORE`` (minor ``MINOR_STORE_FAILED``), ``COMPLETED_NO``.
+event above ``max_event_bytes``        ``IMP_LIMIT`` (minor ``MINOR_EVENT_TOO_LARGE``), ``COMPLETED_NO``; do not
+                                       retry the same event.
+=====================================  ===========================================================================
+
+Minor codes carry the unofficial vendor id ``NSJMS_VMCID`` (``0x4E530000``, "NS"), which the OMG did not assign;
+they are documented in ``docs/channel.md``.
+
+Delivery outcomes (:class:`Outcome`) classify a failed push: a failure caused by the event itself (its size or
+content: ``MARSHAL``, ``IMP_LIMIT``, ``BAD_PARAM``, ``DATA_CONVERSION``, or a conversion error in the channel) is
+tried :data:`POISON_ATTEMPTS` times alone and then dead-lettered, so it cannot stall the events behind it.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from omniORB import CORBA
+
+from router.channel.store import StoreError, StoreUnavailable
+
+__all__ = [
+    "DEFAULT_MAX_EVENT_BYTES",
+    "EVENT_SPECIFIC",
+    "MINOR_EVENT_TOO_LARGE",
+    "MINOR_STORE_FAILED",
+    "MINOR_STORE_UNAVAILABLE",
+    "NSJMS_VMCID",
+    "POISON_ATTEMPTS",
+    "Outcome",
+    "check_size",
+    "giop_max_msg_size",
+    "store_boundary",
+    "store_faults",
+]
+
+NSJMS_VMCID = 0x4E530000
+MINOR_EVENT_TOO_LARGE = NSJMS_VMCID | 1
+MINOR_STORE_UNAVAILABLE = NSJMS_VMCID | 2
+MINOR_STORE_FAILED = NSJMS_VMCID | 3
+
+DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024      # CDR-encoded size of one event
+_GIOP_HEADROOM = 1024 * 1024                    # GIOP/request headers and a few small events around a big one
+POISON_ATTEMPTS = 3                             # event-specific failures of one event, alone, before dead-lettering
+
+# Push failures caused by the event, not by the consumer's availability.
+EVENT_SPECIFIC: tuple[type[Exception], ...] = (CORBA.MARSHAL, CORBA.IMP_LIMIT, CORBA.BAD_PARAM,
+                                               CORBA.DATA_CONVERSION)
+
+
+class Outcome(enum.Enum):
+    """What one delivery attempt of a batch came to."""
+
+    DELIVERED = "delivered"
+    RETRY = "retry"                # consumer unavailable: keep the batch, retry with backoff
+    GONE = "gone"                  # consumer no longer exists: the proxy disconnects
+    EVENT_FAILED = "event_failed"  # the batch's content failed: isolate, count, dead-letter after the limit
+
+
+def giop_max_msg_size(max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> int:
+    """The ORB's ``giopMaxMsgSize`` for a node whose events may be ``max_event_bytes`` long.
+
+    Twice the event limit plus headroom: a push of one event at the limit reaches the servant (which answers
+    ``IMP_LIMIT`` above it) instead of being cut off by the ORB, and the channel's own outgoing batches, which it
+    keeps under ``max_event_bytes`` unless a single event is that large, always fit.
+    """
+    return 2 * max_event_bytes + _GIOP_HEADROOM
+
+
+def check_size(size: int, limit: int) -> None:
+    """Refuse an event whose encoded size is above the channel's limit (0 = no limit)."""
+    if limit and size > limit:
+        raise CORBA.IMP_LIMIT(MINOR_EVENT_TOO_LARGE, CORBA.COMPLETED_NO)
+
+
+@contextmanager
+def store_faults() -> Iterator[None]:
+    """Translate the store's exceptions into the CORBA system exceptions a client can act on."""
+    try:
+        yield
+    except StoreUnavailable as exc:
+        completion = CORBA.COMPLETED_MAYBE if exc.in_doubt else CORBA.COMPLETED_NO
+        raise CORBA.TRANSIENT(MINOR_STORE_UNAVAILABLE, completion) from exc
+    except StoreError as exc:
+        raise CORBA.PERSIST_STORE(MINOR_STORE_FAILED, CORBA.COMPLETED_NO) from exc
+
+
+def store_boundary(*classes: type) -> None:
+    """Wrap every IDL operation of these servant classes (the names in their skeleton's ``_omni_op_d``) in
+    :func:`store_faults`, so no operation answers ``UNKNOWN`` for a database failure. Idempotent."""
+    for cls in classes:
+        for name in getattr(cls, "_omni_op_d", {}):
+            impl = getattr(cls, name, None)
+            if callable(impl) and not getattr(impl, "_store_boundary", False):
+                setattr(cls, name, _guarded(impl))
+
+
+def store_boundary_all(tables: Iterable[dict[str, type]]) -> None:
+    for table in tables:
+        store_boundary(*table.values())
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def op(*args: Any, **kwargs: Any) -> Any:
+        with store_faults():
+            return fn(*args, **kwargs)
+
+    op._store_boundary = True  # type: ignore[attr-defined]
+    return op
+
+
+def describe(exc: BaseException) -> str:
+    """A short, operator-readable reason for a failed delivery (a system exception with its minor code's name)."""
+    if isinstance(exc, CORBA.SystemException):
+        return str(exc).removeprefix("CORBA.")
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,152 @@
+"""Delivery failures of a proxy supplier: poison events and dead letters (mixed into ``ProxySupplierBase``).
+
+A batch whose *content* failed (see :data:`router.channel.boundary.EVENT_SPECIFIC`; also a conversion error inside
+the channel) is put back and its entries are then delivered one at a time, so the failing event is found and the
+others go through. One event that fails alone :data:`~router.channel.boundary.POISON_ATTEMPTS` times is
+dead-lettered: it leaves the queue (and the store) with an ERROR log line naming the event and the reason, the
+``nsjms.events.dead_lettered`` counter, and the proxy's ``dead_lettered`` / ``last_dead_letter`` fields in
+``nsjms status``. The events behind it are delivered as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import CosEventComm
+import omniORB
+from omniORB import CORBA
+
+from router.channel.boundary import EVENT_SPECIFIC, POISON_ATTEMPTS, Outcome, describe
+from router.channel.events import describe_event
+from router.channel.queue import Entry
+
+__all__ = ["DeliveryFailures"]
+
+log = logging.getLogger("nsjms.channel")
+
+_counter: Any = None
+
+
+def _dead_letter_counter() -> Any:
+    global _counter
+    if _counter is None:
+        from opentelemetry import metrics
+
+        from router.telemetry import NAME
+
+        _counter = metrics.get_meter(NAME).create_counter(
+            "nsjms.events.dead_lettered", unit="{event}",
+            description="Events a proxy supplier gave up delivering because of their content")
+    return _counter
+
+
+class DeliveryFailures:
+    """Poison handling shared by push and pull proxy suppliers (needs ``queue``, ``oid``, ``channel``, ``_finish``)."""
+
+    dead_lettered = 0
+    last_dead_letter: str | None = None
+    _isolate = 0                  # entries still to be delivered one at a time after a batch failed on content
+    queue: Any
+    oid: str
+    channel: Any
+
+    def _batch_limit(self, n: int) -> int:
+        """The batch size to take now: 1 while isolating the entries of a batch that failed on its content."""
+        return min(n, 1) if self._isolate else n
+
+    def _delivered_one_batch(self) -> None:
+        if self._isolate:
+            self._isolate -= 1
+
+    def _content_failed(self, entries: list[Entry], exc: BaseException) -> None:
+        """The batch failed because of what it holds: isolate it, or count the failure of its only entry and
+        dead-letter that entry once it failed :data:`POISON_ATTEMPTS` times. Never loses an entry."""
+        reason = describe(exc)
+        if len(entries) > 1:
+            self._isolate = max(self._isolate, len(entries))
+            log.warning("proxy %s: a batch of %d event(s) failed (%s); delivering them one at a time", self.oid,
+                        len(entries), reason)
+            self.queue.requeue(entries)
+            return
+        entry = entries[0]
+        entry.failures += 1
+        if entry.failures < POISON_ATTEMPTS:
+            log.warning("proxy %s: delivery of event seq=%d failed because of its content (%s, attempt %d of %d)",
+                        self.oid, entry.record.seq, reason, entry.failures, POISON_ATTEMPTS)
+            self.queue.requeue(entries)
+            return
+        self._dead_letter(entry, reason)
+
+    def _dead_letter(self, entry: Entry, reason: str) -> None:
+        rec = entry.record
+        what = f"seq={rec.seq} {describe_event(rec.event)} ({rec.size} bytes)"
+        if rec.db_id is not None:
+            what += f" stored as event id {rec.db_id}"
+        self.dead_lettered += 1
+        self.last_dead_letter = f"{what}: {reason}"
+        self._delivered_one_batch()
+        log.error("proxy %s: DEAD-LETTERED event %s after %d failed deliveries: %s; the events behind it go on",
+                  self.oid, what, entry.failures, reason)
+        from router.telemetry import A
+
+        _dead_letter_counter().add(1, {A.CHANNEL: self.channel.id, A.PROXY: self.oid, A.REASON: reason.split()[0]})
+        self._finish([entry])
+
+    def _finish(self, entries: list[Entry]) -> None:
+        raise NotImplementedError
+
+    # -- one push attempt (push proxy suppliers) ---------------------------------------------------------------
+    rt: Any
+    push_op: str
+
+    def client_ref(self) -> Any:
+        raise NotImplementedError
+
+    def convert(self, entries: list[Entry]) -> Any:
+        raise NotImplementedError
+
+    def _attempt(self, entries: list[Entry]) -> tuple[Outcome, BaseException | None]:
+        """Convert and push; CORBA failures become outcomes (see :class:`~router.channel.boundary.Outcome`)."""
+        try:
+            client = self.client_ref()
+            if client is None:
+                raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+            omniORB.setClientCallTimeout(client, self.rt.push_timeout_ms)
+        except CORBA.OBJECT_NOT_EXIST as exc:
+            return Outcome.GONE, exc
+        except CORBA.Exception as exc:
+            return Outcome.RETRY, exc
+        try:
+            value = self.convert(entries)
+        except Exception as exc:  # noqa: BLE001 — the channel cannot convert this content: event-specific
+            return Outcome.EVENT_FAILED, exc
+        try:
+            getattr(client, self.push_op)(value)
+        except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
+            return Outcome.GONE, exc
+        except EVENT_SPECIFIC as exc:
+            return Outcome.EVENT_FAILED, exc
+        except CORBA.COMM_FAILURE as exc:
+            return self._after_comm_failure(client, exc), exc
+        except CORBA.Exception as exc:
+            return Outcome.RETRY, exc
+        return Outcome.DELIVERED, None
+
+    @staticmethod
+    def _after_comm_failure(client: Any, exc: CORBA.COMM_FAILURE) -> Outcome:
+        """A connection closed while our request was being sent (``COMM_FAILURE_MarshalArguments``) is how a
+        consumer's ORB refuses a message above its own size limit. It counts against the event only if the
+        consumer answers a small call right after; otherwise the consumer is unavailable (retry) or gone."""
+        if exc.minor != omniORB.COMM_FAILURE_MarshalArguments:
+            return Outcome.RETRY
+        try:
+            gone = bool(client._non_existent())
+        except CORBA.Exception:
+            return Outcome.RETRY
+        return Outcome.GONE if gone else Outcome.EVENT_FAILED
+
+    def dead_letter_status(self) -> dict[str, Any]:
+        if not self.dead_lettered:
+            return {}
+        return {"dead_lettered": self.dead_lettered, "last_dead_letter": self.last_dead_letter}

@@ -1,0 +1,138 @@
+"""PostgreSQL down under a running node: suppliers get a prompt, retryable TRANSIENT and nothing unstored is accepted.
+
+The node runs on its own PostgreSQL cluster (so stopping it disturbs no other test). Persistent events are pushed
+before, during and after an outage; a pull proxy supplier nobody pulls from holds them. During the outage every
+push must fail with ``TRANSIENT`` / ``COMPLETED_NO`` (minor ``MINOR_STORE_UNAVAILABLE``) — not ``UNKNOWN``, and not
+a client-side ``TIMEOUT`` after a long block. After the database is back pushes succeed again, and after a restart
+of the node the queue holds exactly the events whose push returned normally.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import CosNotification
+import pytest
+from conftest import NsjmsServer, free_port
+from omniORB import CORBA
+from stdclients import (
+    Form,
+    PullConsumerClient,
+    PushSupplierClient,
+    Style,
+    event_id,
+    make_event,
+    obtain_proxy_consumer,
+    obtain_proxy_supplier,
+    prop,
+    short,
+)
+
+from router.channel.boundary import MINOR_STORE_UNAVAILABLE
+from router.services import EmbeddedPostgres
+
+pytestmark = pytest.mark.integration
+
+S = Form.STRUCTURED
+PERSISTENT = CosNotification.Persistent
+DEADLINE_S = 90.0
+
+
+def wait_until(cond: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def own_pg() -> Iterator[EmbeddedPostgres]:
+    base = Path(tempfile.mkdtemp(prefix="nsjms-test-pgdown-"))
+    base.chmod(0o755)                      # the postgres OS user must reach the cluster directory
+    pg = EmbeddedPostgres(base, free_port())
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_database_down_gives_transient_and_accepts_only_stored_events(
+        tmp_path: Path, own_pg: EmbeddedPostgres, broker_url: str, client_orb: Any) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    server = NsjmsServer(state_dir=state, pg_dsn=own_pg.dsn, broker_url=broker_url, port=free_port())
+    server.start()
+    try:
+        factory = client_orb.factory(server.ior())
+        qos = [prop("EventReliability", short(PERSISTENT)), prop("ConnectionReliability", short(PERSISTENT))]
+        channel, _ = factory.create_channel(qos, [])
+        pull_proxy, _ = obtain_proxy_supplier(channel.default_consumer_admin, S, Style.PULL)
+        puller = PullConsumerClient(pull_proxy, S)
+        puller.connect()                                   # holds every event; nobody pulls before the end
+        supplier_proxy, _ = obtain_proxy_consumer(channel.default_supplier_admin, S, Style.PUSH)
+        supplier = PushSupplierClient(supplier_proxy, S)
+        supplier.connect()
+
+        accepted: list[int] = []
+        for i in range(5):
+            supplier.push_one(make_event(i, reliability=PERSISTENT))
+            accepted.append(i)
+
+        own_pg.stop()
+        refused: list[CORBA.SystemException] = []
+        for i in range(5, 8):
+            with pytest.raises(CORBA.TRANSIENT) as info:
+                supplier.push_one(make_event(i, reliability=PERSISTENT))
+            refused.append(info.value)
+        supplier.push_one(make_event(100, reliability=CosNotification.BestEffort))   # needs no database: accepted
+        with pytest.raises(CORBA.TRANSIENT) as info:    # any operation that needs the store, not only pushes
+            channel.default_supplier_admin.obtain_notification_push_consumer(S.client_type)
+        refused.append(info.value)
+        for exc in refused:
+            assert exc.completed == CORBA.COMPLETED_NO
+            assert exc.minor == MINOR_STORE_UNAVAILABLE
+
+        own_pg.start()
+        next_id = 8
+
+        def push_after_recovery() -> bool:
+            # The pool reconnects in the background: until then the answer is still TRANSIENT (retryable).
+            try:
+                supplier.push_one(make_event(next_id, reliability=PERSISTENT))
+            except CORBA.TRANSIENT as exc:
+                assert exc.completed == CORBA.COMPLETED_NO
+                return False
+            return True
+
+        wait_until(push_after_recovery, "a push to succeed after the database came back")
+        accepted.append(next_id)
+        for i in range(9, 12):
+            supplier.push_one(make_event(i, reliability=PERSISTENT))
+            accepted.append(i)
+
+        server.stop()
+        server.restart()
+        got: list[int] = []
+
+        def pulled_all() -> bool:
+            try:
+                got.extend(event_id(ev) for ev in puller.try_pull())
+            except (CORBA.TRANSIENT, CORBA.COMM_FAILURE):
+                pass                                       # the restarted server's endpoint is coming up
+            return len(got) >= len(accepted)
+
+        wait_until(pulled_all, "every accepted event after the restart")
+        got.extend(event_id(ev) for ev in puller.try_pull())
+        # Exactly the accepted persistent events, each once (the BestEffort one lived in memory only, NS 2.5.5.1).
+        assert sorted(got) == accepted, "the queue must hold exactly the accepted persistent events, each once"
+    finally:
+        server.stop()
