@@ -7,8 +7,15 @@ their state are stored in PostgreSQL and come back in their last state after a r
 servants live in the persistent POA under stable ids (``br/<id>/recv``, ``br/<id>/send``), so the channel's stored
 reference to them stays valid.
 
-Bridge state (NJI 2.3): Active when started and both connections are up; Inactive when stopped or when the
-broker connection or the proxy connection is lost (``get_status`` then says ``stopped``, ``status()`` says why).
+Bridge state: ``get_status`` reports the administrative state, ``started`` from ``start_bridge`` until
+``stop_bridge`` (so it never contradicts ``BridgeAlreadyStarted`` / ``BridgeInactive``). Whether a started bridge
+is Active (NJI 2.3: the AND of the proxy connection and the JMS connection) is in ``status()``: ``active``,
+``broker`` (connected / disconnected) and ``channel_connected``, with ``last_error`` saying why.
+
+Threads: the transport's connection-state callback runs on the transport's dispatcher thread and only records the
+state and wakes the bridge's *supervisor* thread (CONVENTIONS item 8); the supervisor reconnects the broker with no
+limit on the outage's length (each attempt is bounded by the transport's reconnect policy, the next one follows),
+re-subscribes, and resumes the bridge's proxy if the channel stopped or suspended it meanwhile.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ __all__ = ["BridgeFactoryImpl", "BridgeImpl", "BrokerSettings", "BRIDGE_FACTORY_
 log = logging.getLogger("nsjms.bridge")
 
 BRIDGE_FACTORY_KEY = "BridgeFactory"
+SUPERVISE_INTERVAL_S = 1.0         # the supervisor checks a started bridge at least this often
 _TIMET = 10_000_000
 
 
@@ -50,6 +58,7 @@ class BrokerSettings:
     login: str = ""
     passcode: str = field(default="", repr=False)
     dead_letter: Destination = F.DEFAULT_DLQ
+    max_event_bytes: int = F.MAX_EVENT_BYTES      # JMS → channel: larger events are dead-lettered (flows.py)
 
 
 def _invalid(problems: list[Problem]) -> BA.InvalidExternalEndPoints:
@@ -101,10 +110,14 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
     def _channel_exists(self, cid: int) -> bool:
         return cid in self.channels.channels
 
+    def _channel_persistent(self, cid: int) -> bool:
+        channel = self.channels.channels.get(cid)
+        return channel is not None and _persistent(channel)
+
     # -- IDL ----------------------------------------------------------------------------------------------
     def create_bridge(self, source: Any, sink: Any) -> tuple[Any, int]:
         src, snk = from_idl(source), from_idl(sink)
-        problems = check_pair(src, snk, self._channel_exists)
+        problems = check_pair(src, snk, self._channel_exists, self._channel_persistent)
         if problems:
             raise _invalid(problems)
         channel_spec = snk if src.is_jms else src
@@ -168,7 +181,8 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         self.dead_letter = F.DeadLetter(self._transport, self.id, factory.broker.dead_letter)
         self.flow_out: F.ChannelToJms | None = None
         self.flow_in: F.JmsToChannel | None = None
-        self._reconnecting = False
+        self._wake = threading.Event()          # set by callbacks and failures: the supervisor has work
+        self._supervising = False
         self._warned_best_effort = False
         self.tx_events = int(row.settings.get("tx_events", 0))
         self.tx_timeout = int(row.settings.get("tx_timeout", 0))
@@ -193,8 +207,10 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             if self.channel_spec.style == "PUSH":
                 return (F.SequencePushReceiver if seq else F.StructuredPushReceiver)(self.flow_out)
             cls = F.SequencePullReceiver if seq else F.StructuredPullReceiver
-            return cls(self.flow_out, None, self._pacing_s(), self.stop_event)
-        self.flow_in = F.JmsToChannel(self, _LazyTransport(self), self._to_event, self.dead_letter, self._subscribe)
+            return cls(self.flow_out, None, self._pacing_s, self.stop_event)
+        self.flow_in = F.JmsToChannel(self, _LazyTransport(self), self._to_event, self.dead_letter, self._subscribe,
+                                      event_size=lambda ev: len(_event_bytes(ev)),
+                                      max_event_bytes=self.factory.broker.max_event_bytes)
         if self.channel_spec.style == "PUSH":
             cls2 = F.SequencePushSenderServant if seq else F.PushSenderServant
             return cls2(self.channel_disconnected)
@@ -225,8 +241,27 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             event.header.variable_header = kept
         return event
 
+    def _proxy_qos(self, name: str, default: int) -> int:
+        """QoS ``name`` as the bridge's proxy sees it: the proxy's own, else its admin's, else the channel's (the
+        bridge's admin and proxy inherit from the channel; sequence-only properties live on admins/channels)."""
+        try:
+            servant = self._proxy_servant()
+        except CORBA.Exception:
+            return default
+        channel = self.factory.channels.channels.get(self.channel_spec.channel_id)
+        for holder in (servant, getattr(servant, "admin", None), channel):
+            qos = getattr(holder, "qos", None)
+            if isinstance(qos, dict) and name in qos:
+                return int(qos[name])
+        return default
+
     def _pacing_s(self) -> float:
-        return float(self.row.settings.get("pacing_s", 0.0))
+        """PacingInterval (TimeT) of the bridge's proxy in seconds; 0 = no pacing."""
+        return self._proxy_qos(CosNotification.PacingInterval, 0) / _TIMET
+
+    def _batch_size(self) -> int:
+        """MaximumBatchSize of the bridge's proxy (sequence endpoints)."""
+        return max(1, self._proxy_qos(CosNotification.MaximumBatchSize, 1))
 
     def _channel(self) -> Any:
         channel = self.factory.channels.channels.get(self.channel_spec.channel_id)
@@ -281,52 +316,86 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             return self.transport
 
     def _on_broker_state(self, state: ConnectionState) -> None:
-        """Transport callback (its own thread): record only; reconnecting happens on the bridge's threads."""
+        """Transport callback, on the transport's dispatcher thread: record and hand over, nothing else. It takes no
+        lock and calls nothing that could wait (CONVENTIONS item 8): the supervisor thread does the work."""
         self.broker_state = state
         if state is ConnectionState.DISCONNECTED and not self.destroyed:
             log.warning("bridge %d: broker connection lost", self.id)
-            if self.started:
-                self._reconnect_async()      # spawns a bridge thread; the transport is not called from here
+        self._wake.set()
 
     def note_broker_problem(self, exc: Exception) -> None:
-        """A broker operation failed: record it and, if the connection is gone, reconnect in the background."""
+        """A broker operation failed: record it and wake the supervisor (it reconnects if the connection is gone)."""
         self.last_error = f"broker: {exc}"
         transport = self.transport
         if transport is not None and not transport.is_connected():
             self.broker_state = ConnectionState.DISCONNECTED
-            self._reconnect_async()
+        self._wake.set()
 
-    def _reconnect_async(self) -> None:
-        """At most one reconnect at a time (the transport's policy is bounded and jittered); repeated while the
-        bridge is running and the broker stays away."""
-        with self._lock:
-            if self._reconnecting or self.destroyed or self.factory.shutdown_event.is_set():
-                return
-            self._reconnecting = True
-        self.rt.spawn(f"bridge-{self.id}-reconnect", self._reconnect_loop)
+    def _ensure_supervisor(self) -> None:
+        """Start the supervisor thread once (called with ``self._lock`` held, never from a callback)."""
+        if self._supervising or self.destroyed:
+            return
+        self._supervising = True
+        self.rt.spawn(f"bridge-{self.id}-supervisor", self._supervise)
 
-    def _reconnect_loop(self) -> None:
+    def _supervise(self) -> None:
+        """Until the bridge is destroyed or the node shuts down: while started, keep the broker connected (however
+        long it is away), the subscription in place and the bridge's proxy resumed."""
         try:
             while not (self.destroyed or self.factory.shutdown_event.is_set()):
-                transport = self.transport
-                if transport is None or transport.is_connected():
-                    break
-                try:
-                    transport.reconnect()
-                except TransportError as exc:
-                    self.last_error = f"broker: {exc}"
-                    self.factory.shutdown_event.wait(1.0)
-                    continue
-                self.broker_state = ConnectionState.CONNECTED
-                log.info("bridge %d: broker connection re-established", self.id)
-                break
-        finally:
+                self._wake.wait(SUPERVISE_INTERVAL_S)
+                self._wake.clear()
+                if self.running():
+                    self._heal()
+        except Exception:  # noqa: BLE001 — a bug here must not end supervision silently: log, and start again
+            log.exception("bridge %d: supervisor failed; restarting it", self.id)
+            self.factory.shutdown_event.wait(SUPERVISE_INTERVAL_S)
             with self._lock:
-                self._reconnecting = False
+                self._supervising = False
+                self._ensure_supervisor()
+            return
+        with self._lock:
+            self._supervising = False
+
+    def _heal(self) -> None:
+        """One supervision round (supervisor thread only)."""
+        try:
+            transport = self._transport()
+            if not transport.is_connected():
+                transport.reconnect()        # bounded by the transport's policy; the next round tries again
+                log.info("bridge %d: broker connection re-established", self.id)
+            self.broker_state = ConnectionState.CONNECTED
+            if self.flow_in is not None and self.running():
+                self.flow_in.ensure_subscribed()
+        except TransportError as exc:
+            self.last_error = f"broker: {exc}"
+            self.broker_state = ConnectionState.DISCONNECTED
+            return
+        self._resume_proxy()
+
+    def _resume_proxy(self) -> None:
+        """The broker is up and the bridge started: a proxy the channel stopped (an Ack proxy whose Retries ran
+        out on TRANSIENT answers while the broker was away) or left suspended is resumed. Resuming a stopped Ack
+        proxy may leave it suspended; hence the loop (bounded)."""
+        for _ in range(3):
+            try:
+                servant = self._proxy_servant()
+            except CORBA.Exception:
+                return
+            stopped = getattr(getattr(servant, "ack", None), "stopped", "")
+            if not servant.connected or not (stopped or servant.suspended) or not self.running():
+                return
+            log.warning("bridge %d: its proxy is %s; resuming it", self.id,
+                        f"stopped ({stopped})" if stopped else "suspended")
+            try:
+                self._proxy_ref().resume_connection()
+            except CORBA.Exception as exc:
+                log.warning("bridge %d: resuming its proxy failed: %s", self.id, exc)
+                return
 
     def reconnect_source(self) -> None:
-        """JMS → channel loop: wait (bounded) for the background reconnect."""
-        self._reconnect_async()
+        """JMS → channel loop: wake the supervisor and wait (bounded) for the broker connection."""
+        self._wake.set()
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and not self.stop_event.is_set():
             transport = self.transport
@@ -337,18 +406,23 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
     def _subscribe(self) -> Any:
         from router.jms.transport import AckMode
 
-        durable = None
-        if self.destination.kind == "topic" and self._connection_persistent():
-            durable = f"nsjms-bridge-{self.id}"
+        durable = self._durable_name()
         profile = parse_factory(self.jms_spec.factory_name)
         return self._transport().subscribe(self.destination, selector=profile.selector,
                                            ack=AckMode.CLIENT_INDIVIDUAL, durable_name=durable,
                                            prefetch=int(self.row.settings.get("prefetch", 100)),
                                            transformation=profile.transformation)
 
+    def _durable_name(self) -> str | None:
+        """NJI Table 2-3: a topic source of a Persistent channel is a durable subscription."""
+        try:
+            durable = self.destination.kind == "topic" and self.flow_in is not None and self._connection_persistent()
+        except BA.InvalidExternalEndPoints:          # the channel is gone: nothing tells any more
+            return None
+        return f"nsjms-bridge-{self.id}" if durable else None
+
     def _connection_persistent(self) -> bool:
-        channel = self._channel()
-        return int(channel.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent
+        return _persistent(self._channel())
 
     # -- running -------------------------------------------------------------------------------------------
     def running(self) -> bool:
@@ -361,12 +435,20 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         if self.to_jms_direction:        # before connecting: the channel may push at once
             self.channel_ack = self._ack_proxy(proxy)
         if servant.connected:
-            if getattr(servant, "suspended", False):
-                proxy.resume_connection()
+            self._resume_proxy_now(servant, proxy)
         else:
             connect = _CONNECT_OPS[(self.to_jms_direction, self.channel_spec.style, self._kind())]
             getattr(proxy, connect)(self.endpoint_ref)
         self.channel_ok = True
+
+    def _resume_proxy_now(self, servant: Any, proxy: Any) -> None:
+        """At start: resume a suspended (stopped bridge) or Ack-stopped proxy until it is neither (an Ack proxy's
+        ``resume_connection`` clears the stopped state first and may leave it suspended)."""
+        for _ in range(3):
+            stopped = getattr(getattr(servant, "ack", None), "stopped", "")
+            if not (stopped or getattr(servant, "suspended", False)):
+                return
+            proxy.resume_connection()
 
     def _ack_proxy(self, proxy: Any) -> Any:
         """``proxy`` as its ``CosNotifyChannelAdminAck`` interface when the channel made it an Ack proxy (its
@@ -406,10 +488,8 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             return
         if self.channel_spec.style == "PUSH":
             assert self.flow_in is not None
-            channel = self._channel()
-            batch = int(channel.qos.get(CosNotification.MaximumBatchSize, 1))
-            loop = F.PushSenderLoop(self.flow_in, self.proxy, self._kind() == "SEQUENCE", batch, self._pacing_s(),
-                                    self.jms_spec.style == "PULL", self.stop_event)
+            loop = F.PushSenderLoop(self.flow_in, self.proxy, self._kind() == "SEQUENCE", self._batch_size,
+                                    self._pacing_s, self.jms_spec.style == "PULL", self.stop_event)
             self.rt.spawn(f"bridge-{self.id}-recv", loop.run)
 
     def _start(self) -> None:
@@ -419,6 +499,10 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             if self.started:
                 raise BA.BridgeAlreadyStarted()
             self._channel()
+            problems = check_pair(self.source, self.sink, self.factory._channel_exists,
+                                  self.factory._channel_persistent)
+            if problems:                 # the channel's ConnectionReliability may have changed (NJI Table 2-3)
+                raise _invalid(problems)
             try:
                 self._transport()
                 if self.flow_in is not None:
@@ -430,6 +514,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             self.started = True
             self.factory.store.set_state(self.id, "started")
             self._start_workers()
+            self._ensure_supervisor()
         log.info("bridge %d started", self.id)
 
     def _stop(self) -> None:
@@ -440,7 +525,8 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             self.factory.store.set_state(self.id, "stopped")
             self.stop_event.set()
             self._suspend_channel()
-            self._drop_subscription()
+            # The JMS subscription stays (JMS Connection.stop, NJI 2.3): a topic keeps collecting for the bridge;
+            # nothing is dispatched or acknowledged until start_bridge.
         log.info("bridge %d stopped", self.id)
 
     def _suspend_channel(self) -> None:
@@ -453,13 +539,24 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         except CORBA.Exception as exc:
             log.warning("bridge %d: could not suspend its proxy: %s", self.id, exc)
 
-    def _drop_subscription(self) -> None:
-        if self.flow_in is not None and self.flow_in.subscription is not None and self.transport is not None:
-            try:
-                self.transport.unsubscribe(self.flow_in.subscription)
-            except TransportError:
-                pass
-            self.flow_in.subscription = None
+    def _release_subscription(self) -> None:
+        """destroy: end the JMS subscription; a durable one (topic source on a Persistent channel) is removed from
+        the broker (STOMP UNSUBSCRIBE with ``activemq.subscriptionName``), so the broker stops keeping messages for
+        it. A durable subscription the bridge holds no live handle for (after a restart while stopped) is
+        re-attached first so that it can be removed."""
+        flow = self.flow_in
+        if flow is None:
+            return
+        durable = self._durable_name()
+        try:
+            if flow.subscription is None and durable is not None:
+                flow.subscription = self._subscribe()
+            if flow.subscription is not None and self.transport is not None:
+                self.transport.unsubscribe(flow.subscription, remove_durable=durable is not None)
+        except TransportError as exc:
+            log.warning("bridge %d: could not release its JMS subscription%s: %s", self.id,
+                        f" (durable {durable!r} stays on the broker)" if durable else "", exc)
+        flow.subscription = None
 
     def resume_after_restart(self) -> None:
         self.started = False
@@ -545,7 +642,8 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         self._stop()
 
     def get_status(self) -> Any:
-        return NsjmsAdmin.started if self.active() else NsjmsAdmin.stopped
+        """The administrative state (see the module docstring); ``status()`` tells whether it is Active."""
+        return NsjmsAdmin.started if self.running() else NsjmsAdmin.stopped
 
     def active(self) -> bool:
         """NJI 2.3: the AND of the proxy connection and the JMS connection, while started."""
@@ -560,8 +658,19 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             self.destroyed = True
             self.started = False
             self.stop_event.set()
+        self._wake.set()                 # the supervisor sees ``destroyed`` and ends
+        durable = self._durable_name()
         self._release_channel()
-        self._drop_subscription()
+        if durable is not None and self.transport is None:
+            try:
+                self._transport()
+            except TransportError as exc:
+                log.warning("bridge %d: broker unavailable at destroy: %s", self.id, exc)
+        if self.transport is not None and self.transport.is_connected():
+            self._release_subscription()
+        elif durable is not None:
+            log.warning("bridge %d: broker unavailable at destroy: durable subscription %r stays on the broker",
+                        self.id, durable)
         if self.transport is not None:
             self.transport.close()
         self.factory.store.delete(self.id)
@@ -591,6 +700,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             "sink": self.sink.describe(),
             "state": "active" if self.active() else ("inactive" if self.started else self.row.state),
             "started": self.started,
+            "active": self.active(),
             "channel_connected": self.channel_ok,
             "broker": self.broker_state.value,
             "forwarded": (self.flow_out.forwarded if self.flow_out else 0)
@@ -618,6 +728,11 @@ class _LazyTransport:
 STOMP_MAX_HEADER_LINE = 10 * 1024
 STOMP_MAX_HEADERS = 1000
 _STOMP_RESERVE = 16                # headers the transport adds when sending (destination, receipt, transaction, ...)
+# Headers ActiveMQ parses as numbers when it converts a SEND: a value that is not one makes it close the connection
+# without an ERROR frame (measured on 5.17), which looks like a broker failure and would stall the bridge. The mapping
+# writes expires/priority/timestamp itself; these can come from event properties.
+STOMP_INTEGER_HEADERS = frozenset({"JMSXGroupSeq", "AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_PERIOD",
+                                   "AMQ_SCHEDULED_REPEAT", "expires", "priority", "timestamp"})
 
 
 def _check_stomp_limits(headers: dict[str, str]) -> None:
@@ -628,15 +743,31 @@ def _check_stomp_limits(headers: dict[str, str]) -> None:
         raise MappingError(f"{len(headers)} STOMP headers; the broker accepts at most {STOMP_MAX_HEADERS}",
                            "properties")
     for name, value in headers.items():
+        if name in STOMP_INTEGER_HEADERS and not _is_java_integer(value, 32 if name == "JMSXGroupSeq" else 64):
+            raise MappingError(f"ActiveMQ closes the connection on a non-integer {name} header ({value[:40]!r})",
+                               f"property:{name}")
         size = _escaped_len(name) + 1 + _escaped_len(value)
         if size > STOMP_MAX_HEADER_LINE:
             raise MappingError(f"the STOMP header line is {size} bytes; the broker accepts at most "
                                f"{STOMP_MAX_HEADER_LINE}", f"property:{name}")
 
 
+def _is_java_integer(text: str, bits: int) -> bool:
+    """What Java's ``Integer.parseInt`` (32) / ``Long.parseLong`` (64) accepts."""
+    try:
+        number = int(text, 10)
+    except ValueError:
+        return False
+    return text.lstrip("+-").isdigit() and -(2 ** (bits - 1)) <= number < 2 ** (bits - 1)
+
+
 def _escaped_len(text: str) -> int:
     """UTF-8 length after STOMP 1.2 header escaping (backslash, CR, LF and colon take two bytes)."""
     return len(text.encode("utf-8")) + sum(text.count(c) for c in "\\\r\n:")
+
+
+def _persistent(channel: Any) -> bool:
+    return int(channel.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent
 
 
 def _sequence_number(event: Any) -> int | None:
