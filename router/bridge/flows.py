@@ -578,9 +578,9 @@ class _PullSenderBase:
     def _take(self, n: int, timeout: float) -> list[Any]:
         if not self.flow.bridge.running():
             return []
+        events: list[Any] = []
         try:
             self._confirm()
-            events: list[Any] = []
             while len(events) < n:
                 delivery = self.flow.receive(timeout if not events else 0.0)
                 if delivery is None:
@@ -595,10 +595,11 @@ class _PullSenderBase:
                 with self._lock:
                     self._handed.append(delivery)
                 events.append(event)
-            return events
         except TransportError as exc:
+            # What was taken before the failure is in _handed (acked at the next pull): hand it over now, or it
+            # would be acked without ever reaching the channel.
             self.flow.bridge.note_broker_problem(exc)
-            return []
+        return events
 
     def subscription_change(self, added: Any, removed: Any) -> None:
         return None

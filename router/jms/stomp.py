@@ -223,6 +223,8 @@ class StompTransport:
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._dispatcher: threading.Thread | None = None
         self._split: _SplitFrame | None = None     # dispatcher thread only
+        self._sub_lock = threading.Lock()          # one SUBSCRIBE per subscription and connection epoch
+        self._sub_epochs: dict[str, int] = {}
         self.last_error: BrokerError | None = None
 
     def __repr__(self) -> str:
@@ -400,7 +402,7 @@ class StompTransport:
         self._book.set_mode(sub.id, spec.ack)
         self._subs[sub.id] = sub
         try:
-            self._subscribe_frame(sub)
+            self._subscribe_once(sub)
         except TransportError:
             self._subs.pop(sub.id, None)
             self._book.forget_subscription(sub.id)
@@ -420,19 +422,28 @@ class StompTransport:
             raise LocalProtocolError(f"prefetch must be >= 1, got {prefetch}")
         return SubscriptionSpec(dest, selector, mode, durable_name, prefetch, transformation)
 
-    def _subscribe_frame(self, sub: QueueSubscription) -> None:
+    def _subscribe_once(self, sub: QueueSubscription) -> None:
+        """At most one SUBSCRIBE per subscription and connection: ``subscribe()`` on one thread and the re-subscribe
+        of ``reconnect()`` on another may both reach a new subscription; a second SUBSCRIBE would make the broker
+        dispatch (prefetch) to a consumer whose messages nobody reads."""
+        with self._sub_lock:
+            if self._book.connected and self._sub_epochs.get(sub.id) == self._book.epoch:
+                return
+            self._sub_epochs[sub.id] = self._subscribe_frame(sub)
+
+    def _subscribe_frame(self, sub: QueueSubscription) -> int:
         spec = sub.spec
         headers = {"activemq.prefetchSize": str(spec.prefetch)}
         optional = {"selector": spec.selector, "activemq.subscriptionName": spec.durable_name,
                     "transformation": spec.transformation}
         headers.update({k: v for k, v in optional.items() if v is not None})
-        self._transmit("subscribe", lambda c, h: c.subscribe(spec.destination, sub.id, ack=spec.ack.value,
-                                                             headers=h), headers, receipt=True,
-                       loss_is_failure=True)
+        return self._transmit("subscribe", lambda c, h: c.subscribe(spec.destination, sub.id, ack=spec.ack.value,
+                                                                    headers=h), headers, receipt=True,
+                              loss_is_failure=True)
 
     def _resubscribe(self) -> None:
         for sub in list(self._subs.values()):
-            self._subscribe_frame(sub)
+            self._subscribe_once(sub)
 
     def unsubscribe(self, subscription: Subscription, *, remove_durable: bool = False) -> None:
         self._book.check_open()
@@ -441,6 +452,7 @@ class StompTransport:
             raise LocalProtocolError(f"unknown subscription {subscription.id!r} (already unsubscribed?)")
         sub.active = False
         self._book.forget_subscription(sub.id)
+        self._sub_epochs.pop(sub.id, None)
         sub.wake()
         try:
             self._unsubscribe_frame(sub.id, {})

@@ -25,17 +25,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import CosNotification
-
-from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep, java_tool, reconnect_client  # noqa: F401
+import pytest
+from bridgekit import JavaTool, bridge_factory, channel_ep, java_tool, jms_ep, reconnect_client  # noqa: F401
 from conftest import NsjmsServer, free_port
+from stdclients import (
+    Form,
+    PushSupplierClient,
+    StructuredPushConsumer,
+    Style,
+    connect_push_consumer,
+    long_,
+    make_event,
+    obtain_proxy_consumer,
+    obtain_proxy_supplier,
+    prop,
+    short,
+    time_t,
+    wait_until,
+)
+
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import CosNotifyCommAck
 from router.services import EmbeddedActiveMQ
-from stdclients import (Form, PushSupplierClient, StructuredPushConsumer, Style, connect_push_consumer, long_,
-                        make_event, obtain_proxy_consumer, obtain_proxy_supplier, prop, short, time_t, wait_until)
 
 pytestmark = pytest.mark.integration
 

@@ -32,17 +32,27 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import CosNotification
 import pytest
 import stomp
-
-import CosNotification
-
-from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep, java_tool  # noqa: F401
+from bridgekit import JavaTool, bridge_factory, channel_ep, java_tool, jms_ep  # noqa: F401
 from conftest import NsjmsServer, free_port
+from stdclients import (
+    Form,
+    PushSupplierClient,
+    StructuredPushConsumer,
+    Style,
+    connect_push_consumer,
+    make_event,
+    obtain_proxy_consumer,
+    obtain_proxy_supplier,
+    prop,
+    short,
+    wait_until,
+)
+
 from idl.generated import CosBridgeAdmin as BA
 from router.services import EmbeddedActiveMQ
-from stdclients import (Form, PushSupplierClient, StructuredPushConsumer, Style, connect_push_consumer, make_event,
-                        obtain_proxy_consumer, obtain_proxy_supplier, prop, short, wait_until)
 
 pytestmark = pytest.mark.integration
 
@@ -138,7 +148,7 @@ def test_a_poison_message_is_dead_lettered_and_the_good_ones_flow(nsjms_server: 
     queue = _name(f"poison.{case}")
     channel, cid = _persistent_channel(factory)
     consumer = _consumer(channel)
-    bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid))
+    bridge, _ = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid))
     bridge.start_bridge()
     _send_raw(broker_url, [_send(queue, "ok-1", b"first")])
     _poison(case, queue, broker_url, java_tool)

@@ -19,7 +19,14 @@ import pytest
 
 from router.bridge import flows as F
 from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
-from router.jms.transport import BrokerError, BrokerUnavailable, ConnectionState, Delivery, SendFailed, SendRefused
+from router.jms.transport import (
+    BrokerError,
+    BrokerUnavailable,
+    ConnectionState,
+    Delivery,
+    SendFailed,
+    SendRefused,
+)
 
 QUEUE = Destination("queue", "out")
 
@@ -332,3 +339,51 @@ def test_headers_activemq_parses_as_numbers_are_checked_before_sending(name: str
     else:
         with pytest.raises(MappingError, match=name):
             _check_stomp_limits({name: value})
+
+
+def test_pacing_and_batch_size_come_from_the_bridges_proxy() -> None:
+    """PacingInterval used to be always 0 (read from a setting nothing set) and MaximumBatchSize came from the
+    channel: both are now the bridge's proxy's QoS (its own, else its admin's, else the channel's)."""
+    import CosNotification
+
+    from router.bridge.bridge import BridgeImpl
+    from router.bridge.endpoints import EndpointSpec
+
+    def holder(qos: dict[str, int]) -> Any:
+        return type("Holder", (), {"qos": qos})()
+
+    admin = holder({CosNotification.PacingInterval: 2_000_000})           # 0.2 s in TimeT units
+    servant = holder({CosNotification.MaximumBatchSize: 25})
+    servant.admin = admin
+    channel = holder({CosNotification.MaximumBatchSize: 1, CosNotification.PacingInterval: 0})
+    bridge = BridgeImpl.__new__(BridgeImpl)
+    bridge.channel_spec = EndpointSpec("SINK", "SEQUENCE_EVENT", "PUSH", channel_id=4)
+    bridge.factory = type("Factory", (), {"channels": type("Channels", (), {"channels": {4: channel}})()})()
+    bridge._proxy_servant = lambda: servant  # type: ignore[method-assign]
+    assert bridge._batch_size() == 25 and bridge._pacing_s() == 0.2
+    servant.qos[CosNotification.PacingInterval] = 5_000_000                 # changed while running: read each time
+    assert bridge._pacing_s() == 0.5
+
+
+def test_events_pulled_before_a_transport_failure_are_handed_to_the_channel() -> None:
+    """The channel pulls a batch; the second receive fails (connection lost): the first message is already in the
+    bridge's hand-over list (acked at the next pull), so it must be returned, not dropped."""
+    transport = FakeTransport()
+    flow = _jms_flow(transport)
+
+    class Failing:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def receive(self, timeout: float | None = None) -> Delivery | None:
+            self.calls += 1
+            if self.calls > 1:
+                raise BrokerUnavailable("connection lost")
+            return _delivery("m-1")
+
+    flow.subscription = Failing()
+    sender = F.SequencePullSender(flow)
+    events, has = sender.try_pull_structured_events(10)
+    assert has and events == [("event", "hello")]
+    sender.try_pull_structured_events(10)            # the next pull confirms it
+    assert transport.acked == ["m-1"]

@@ -270,3 +270,14 @@ def test_credentials_only_from_arguments() -> None:
         open_transport("stomp://user:secret@127.0.0.1:61613")
     t = open_transport("stomp://127.0.0.1:61613", username="u", password="secret")
     assert "secret" not in repr(t) and "secret" not in t.url
+
+
+def test_one_subscribe_frame_per_subscription_and_connection(fake: FakeBroker) -> None:
+    """reconnect() re-subscribes every subscription while subscribe() may run on another thread: a subscription
+    already subscribed on the live connection must not be subscribed again (a second consumer's prefetch stranded
+    messages after restarts)."""
+    t = connect(fake, receipt_timeout=10)
+    _subscribed(fake, t)
+    t._resubscribe()                        # what reconnect() does after a subscribe() that won the race
+    assert [f.split(b"\n", 1)[0] for f in fake.frames].count(b"SUBSCRIBE") == 1
+    t.close()
