@@ -347,7 +347,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
                 self._wake.clear()
                 if self.running():
                     self._heal()
-        except Exception:  # noqa: BLE001 — a bug here must not end supervision silently: log, and start again
+        except Exception:  # a bug here must not end supervision silently: log, and start again
             log.exception("bridge %d: supervisor failed; restarting it", self.id)
             self.factory.shutdown_event.wait(SUPERVISE_INTERVAL_S)
             with self._lock:
@@ -767,7 +767,7 @@ def _escaped_len(text: str) -> int:
 
 
 def _persistent(channel: Any) -> bool:
-    return int(channel.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent
+    return bool(int(channel.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent)
 
 
 def _sequence_number(event: Any) -> int | None:

@@ -118,7 +118,7 @@ class ChannelToJms:
             return self.to_jms(event, self.destination)
         except MappingError as exc:
             reason = str(exc)
-        except Exception as exc:  # noqa: BLE001 — any failure to map one event dead-letters that event, never stalls
+        except Exception as exc:  # any failure to map one event dead-letters that event, never stalls
             log.exception("bridge %d: mapping an event failed", self.bridge.id)
             reason = f"mapping failed: {_describe(exc)}"
         self.dead_letter.send(self.event_bytes(event), reason, "event")
@@ -317,7 +317,8 @@ class JmsToChannel:
             return self.subscription
 
     def receive(self, timeout: float) -> Delivery | None:
-        return self.ensure_subscribed().receive(timeout)
+        delivery: Delivery | None = self.ensure_subscribed().receive(timeout)
+        return delivery
 
     def seen(self, delivery: Delivery) -> bool:
         """Already forwarded (a redelivery after a lost ack). Keyed on the broker's message id alone: ActiveMQ
@@ -365,7 +366,7 @@ class JmsToChannel:
             event = self.to_event(delivery.message)
         except MappingError as exc:
             return None, f"unmappable JMS message: {exc}"
-        except Exception as exc:  # noqa: BLE001 — RecursionError, a codec bug, ...: dead-letter this message only
+        except Exception as exc:  # RecursionError, a codec bug, ...: dead-letter this message only
             log.exception("bridge %d: mapping message %s failed", self.bridge.id, delivery.message_id)
             return None, f"unmappable JMS message: {_describe(exc)}"
         if self.event_size is not None:

@@ -69,7 +69,7 @@ def _watch_split_frames(conn: stomp.Connection12, inbox: queue.Queue[Any], epoch
     MESSAGE whose header section never ends, followed by a "frame" whose command is the rest of that header. stomp.py
     logs and drops the second part, and the first lacks most headers, so the message could be neither acked nor
     rejected. Both parts are handed to the dispatcher, which reassembles them (:class:`_SplitFrame`)."""
-    original = conn.transport.process_frame
+    original: Callable[[Frame, bytes], None] = conn.transport.process_frame
 
     def process_frame(frame: Frame, raw: bytes) -> None:
         kind = str(frame.cmd).lower()
@@ -524,9 +524,10 @@ class StompTransport:
             thread.join(10.0)
 
     def _dispatch_loop(self) -> None:
-        handlers = {"connected": self._on_connected, "message": self._on_message, "receipt": self._on_receipt,
-                    "error": self._on_error, "disconnected": self._on_disconnected, "state": self._on_state_item,
-                    "split": self._on_split, "fragment": self._on_fragment}
+        handlers: dict[str, Callable[[int, Any], None]] = {
+            "connected": self._on_connected, "message": self._on_message, "receipt": self._on_receipt,
+            "error": self._on_error, "disconnected": self._on_disconnected, "state": self._on_state_item,
+            "split": self._on_split, "fragment": self._on_fragment}
         while (item := self._inbox.get()) is not _STOP:
             epoch, kind, payload = item
             try:
@@ -581,7 +582,7 @@ class StompTransport:
             except Exception as exc:  # noqa: BLE001 — the owner must settle it (dead-letter + ack), never lose it
                 message, problem = JmsMessage(BodyType.BYTES, body), f"{type(exc).__name__}: {exc}"
         return Delivery(message=message, headers=headers, body=body,
-                        subscription=headers.get("subscription", ""), ack_id=headers.get("ack", message_id),
+                        subscription=headers.get("subscription", ""), ack_id=str(headers.get("ack", message_id)),
                         message_id=message_id, destination=headers.get("destination", ""),
                         redelivered=headers.get("redelivered") == "true", epoch=epoch, decode_error=problem)
 

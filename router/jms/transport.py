@@ -379,12 +379,15 @@ class RetryPolicy:
                  retry_on: tuple[type[BaseException], ...] = (BrokerUnavailable,)) -> tenacity.Retrying:
         """A ``tenacity.Retrying``: stops after ``max_attempts``, ``max_total_s`` or when ``shutdown`` is set;
         sleeps on ``shutdown.wait`` so setting it ends the wait at once; re-raises the last error."""
+        def sleep(seconds: float) -> None:
+            shutdown.wait(seconds)
+
         return tenacity.Retrying(
             stop=(tenacity.stop_after_attempt(self.max_attempts) | tenacity.stop_after_delay(self.max_total_s)
                   | tenacity.stop_when_event_set(shutdown)),
             wait=tenacity.wait_random_exponential(multiplier=self.initial_wait_s, max=self.max_wait_s),
             retry=tenacity.retry_if_exception_type(retry_on),
-            sleep=shutdown.wait, reraise=True, before_sleep=self._log_retry)
+            sleep=sleep, reraise=True, before_sleep=self._log_retry)
 
     def _log_retry(self, state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
