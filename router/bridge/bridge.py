@@ -345,7 +345,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             while not (self.destroyed or self.factory.shutdown_event.is_set()):
                 self._wake.wait(SUPERVISE_INTERVAL_S)
                 self._wake.clear()
-                if self.running():
+                if self.running() or self._holds_subscription():
                     self._heal()
         except Exception:  # a bug here must not end supervision silently: log, and start again
             log.exception("bridge %d: supervisor failed; restarting it", self.id)
@@ -356,6 +356,12 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             return
         with self._lock:
             self._supervising = False
+
+    def _holds_subscription(self) -> bool:
+        """A stopped JMS → channel bridge keeps its subscription (stop_bridge is Connection.stop): keep its broker
+        connection too, so a topic goes on collecting for it across a broker restart."""
+        flow = self.flow_in
+        return flow is not None and flow.subscription is not None and not self.destroyed
 
     def _heal(self) -> None:
         """One supervision round (supervisor thread only)."""
