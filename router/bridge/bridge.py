@@ -38,6 +38,8 @@ from idl.generated import CosNotifyChannelAdminAck
 from idl.generated import NsjmsAdmin, NsjmsAdmin__POA
 from router.bridge import flows as F
 from router.bridge.endpoints import EndpointSpec, Problem, check_pair, from_idl, parse_factory, to_idl
+from router.bridge.limits import check_stomp_limits
+from router.bridge.supervisor import Supervised
 from router.bridge.store import BridgeRow, BridgeStore
 from router.jms.model import Destination
 from router.jms.transport import ConnectionState, Transport, TransportError
@@ -48,7 +50,6 @@ __all__ = ["BridgeFactoryImpl", "BridgeImpl", "BrokerSettings", "BRIDGE_FACTORY_
 log = logging.getLogger("nsjms.bridge")
 
 BRIDGE_FACTORY_KEY = "BridgeFactory"
-SUPERVISE_INTERVAL_S = 1.0         # the supervisor checks a started bridge at least this often
 _TIMET = 10_000_000
 
 
@@ -153,7 +154,7 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
         return [b.status() for b in sorted(self.bridges.values(), key=lambda b: b.id)]
 
 
-class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
+class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
     """One bridge: endpoints, connections, the data path thread(s), state."""
 
     def __init__(self, factory: BridgeFactoryImpl, row: BridgeRow) -> None:
@@ -221,7 +222,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         from router.mapping.stomp_body import message_to_stomp
 
         msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
-        _check_stomp_limits(message_to_stomp(msg).headers)
+        check_stomp_limits(message_to_stomp(msg).headers)
         return msg
 
     def _to_event(self, msg: Any) -> Any:
@@ -314,100 +315,6 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
                 self.transport.connect(retry=False)
                 self.broker_state = ConnectionState.CONNECTED
             return self.transport
-
-    def _on_broker_state(self, state: ConnectionState) -> None:
-        """Transport callback, on the transport's dispatcher thread: record and hand over, nothing else. It takes no
-        lock and calls nothing that could wait (CONVENTIONS item 8): the supervisor thread does the work."""
-        self.broker_state = state
-        if state is ConnectionState.DISCONNECTED and not self.destroyed:
-            log.warning("bridge %d: broker connection lost", self.id)
-        self._wake.set()
-
-    def note_broker_problem(self, exc: Exception) -> None:
-        """A broker operation failed: record it and wake the supervisor (it reconnects if the connection is gone)."""
-        self.last_error = f"broker: {exc}"
-        transport = self.transport
-        if transport is not None and not transport.is_connected():
-            self.broker_state = ConnectionState.DISCONNECTED
-        self._wake.set()
-
-    def _ensure_supervisor(self) -> None:
-        """Start the supervisor thread once (called with ``self._lock`` held, never from a callback)."""
-        if self._supervising or self.destroyed:
-            return
-        self._supervising = True
-        self.rt.spawn(f"bridge-{self.id}-supervisor", self._supervise)
-
-    def _supervise(self) -> None:
-        """Until the bridge is destroyed or the node shuts down: while started, keep the broker connected (however
-        long it is away), the subscription in place and the bridge's proxy resumed."""
-        try:
-            while not (self.destroyed or self.factory.shutdown_event.is_set()):
-                self._wake.wait(SUPERVISE_INTERVAL_S)
-                self._wake.clear()
-                if self.running() or self._holds_subscription():
-                    self._heal()
-        except Exception:  # a bug here must not end supervision silently: log, and start again
-            log.exception("bridge %d: supervisor failed; restarting it", self.id)
-            self.factory.shutdown_event.wait(SUPERVISE_INTERVAL_S)
-            with self._lock:
-                self._supervising = False
-                self._ensure_supervisor()
-            return
-        with self._lock:
-            self._supervising = False
-
-    def _holds_subscription(self) -> bool:
-        """A stopped JMS → channel bridge keeps its subscription (stop_bridge is Connection.stop): keep its broker
-        connection too, so a topic goes on collecting for it across a broker restart."""
-        flow = self.flow_in
-        return flow is not None and flow.subscription is not None and not self.destroyed
-
-    def _heal(self) -> None:
-        """One supervision round (supervisor thread only)."""
-        try:
-            transport = self._transport()
-            if not transport.is_connected():
-                transport.reconnect()        # bounded by the transport's policy; the next round tries again
-                log.info("bridge %d: broker connection re-established", self.id)
-            self.broker_state = ConnectionState.CONNECTED
-            if self.flow_in is not None and self.running():
-                self.flow_in.ensure_subscribed()
-        except TransportError as exc:
-            self.last_error = f"broker: {exc}"
-            self.broker_state = ConnectionState.DISCONNECTED
-            return
-        self._resume_proxy()
-
-    def _resume_proxy(self) -> None:
-        """The broker is up and the bridge started: a proxy the channel stopped (an Ack proxy whose Retries ran
-        out on TRANSIENT answers while the broker was away) or left suspended is resumed. Resuming a stopped Ack
-        proxy may leave it suspended; hence the loop (bounded)."""
-        for _ in range(3):
-            try:
-                servant = self._proxy_servant()
-            except CORBA.Exception:
-                return
-            stopped = getattr(getattr(servant, "ack", None), "stopped", "")
-            if not servant.connected or not (stopped or servant.suspended) or not self.running():
-                return
-            log.warning("bridge %d: its proxy is %s; resuming it", self.id,
-                        f"stopped ({stopped})" if stopped else "suspended")
-            try:
-                self._proxy_ref().resume_connection()
-            except CORBA.Exception as exc:
-                log.warning("bridge %d: resuming its proxy failed: %s", self.id, exc)
-                return
-
-    def reconnect_source(self) -> None:
-        """JMS → channel loop: wake the supervisor and wait (bounded) for the broker connection."""
-        self._wake.set()
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and not self.stop_event.is_set():
-            transport = self.transport
-            if transport is not None and transport.is_connected():
-                return
-            self.stop_event.wait(0.1)
 
     def _subscribe(self) -> Any:
         from router.jms.transport import AckMode
@@ -727,49 +634,6 @@ class _LazyTransport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bridge._transport(), name)
-
-
-# ActiveMQ Classic's STOMP wire format refuses a header line above 10 KiB or more than 1000 headers with an ERROR
-# frame and closes the connection: such an event could never be sent and would stall the bridge (resent forever).
-STOMP_MAX_HEADER_LINE = 10 * 1024
-STOMP_MAX_HEADERS = 1000
-_STOMP_RESERVE = 16                # headers the transport adds when sending (destination, receipt, transaction, ...)
-# Headers ActiveMQ parses as numbers when it converts a SEND: a value that is not one makes it close the connection
-# without an ERROR frame (measured on 5.17), which looks like a broker failure and would stall the bridge. The mapping
-# writes expires/priority/timestamp itself; these can come from event properties.
-STOMP_INTEGER_HEADERS = frozenset({"JMSXGroupSeq", "AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_PERIOD",
-                                   "AMQ_SCHEDULED_REPEAT", "expires", "priority", "timestamp"})
-
-
-def _check_stomp_limits(headers: dict[str, str]) -> None:
-    """A mapping failure (the event is dead-lettered) when the frame exceeds what the broker accepts."""
-    from router.mapping.errors import MappingError
-
-    if len(headers) + _STOMP_RESERVE > STOMP_MAX_HEADERS:
-        raise MappingError(f"{len(headers)} STOMP headers; the broker accepts at most {STOMP_MAX_HEADERS}",
-                           "properties")
-    for name, value in headers.items():
-        if name in STOMP_INTEGER_HEADERS and not _is_java_integer(value, 32 if name == "JMSXGroupSeq" else 64):
-            raise MappingError(f"ActiveMQ closes the connection on a non-integer {name} header ({value[:40]!r})",
-                               f"property:{name}")
-        size = _escaped_len(name) + 1 + _escaped_len(value)
-        if size > STOMP_MAX_HEADER_LINE:
-            raise MappingError(f"the STOMP header line is {size} bytes; the broker accepts at most "
-                               f"{STOMP_MAX_HEADER_LINE}", f"property:{name}")
-
-
-def _is_java_integer(text: str, bits: int) -> bool:
-    """What Java's ``Integer.parseInt`` (32) / ``Long.parseLong`` (64) accepts."""
-    try:
-        number = int(text, 10)
-    except ValueError:
-        return False
-    return text.lstrip("+-").isdigit() and -(2 ** (bits - 1)) <= number < 2 ** (bits - 1)
-
-
-def _escaped_len(text: str) -> int:
-    """UTF-8 length after STOMP 1.2 header escaping (backslash, CR, LF and colon take two bytes)."""
-    return len(text.encode("utf-8")) + sum(text.count(c) for c in "\\\r\n:")
 
 
 def _persistent(channel: Any) -> bool:

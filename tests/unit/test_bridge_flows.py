@@ -331,14 +331,14 @@ def test_broker_unavailable_is_a_transport_error_not_a_refusal() -> None:
 def test_headers_activemq_parses_as_numbers_are_checked_before_sending(name: str, value: str, ok: bool) -> None:
     """ActiveMQ closes the connection (no ERROR frame) on such a SEND: the event must be a mapping failure
     (dead-lettered), not an endless unknown-outcome retry."""
-    from router.bridge.bridge import _check_stomp_limits
+    from router.bridge.limits import check_stomp_limits
     from router.mapping.errors import MappingError
 
     if ok:
-        _check_stomp_limits({name: value})
+        check_stomp_limits({name: value})
     else:
         with pytest.raises(MappingError, match=name):
-            _check_stomp_limits({name: value})
+            check_stomp_limits({name: value})
 
 
 def test_pacing_and_batch_size_come_from_the_bridges_proxy() -> None:
