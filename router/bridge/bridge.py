@@ -7,8 +7,15 @@ their state are stored in PostgreSQL and come back in their last state after a r
 servants live in the persistent POA under stable ids (``br/<id>/recv``, ``br/<id>/send``), so the channel's stored
 reference to them stays valid.
 
-Bridge state (NJI 2.3): Active when started and both connections are up; Inactive when stopped or when the
-broker connection or the proxy connection is lost (``get_status`` then says ``stopped``, ``status()`` says why).
+Bridge state: ``get_status`` reports the administrative state, ``started`` from ``start_bridge`` until
+``stop_bridge`` (so it never contradicts ``BridgeAlreadyStarted`` / ``BridgeInactive``). Whether a started bridge
+is Active (NJI 2.3: the AND of the proxy connection and the JMS connection) is in ``status()``: ``active``,
+``broker`` (connected / disconnected) and ``channel_connected``, with ``last_error`` saying why.
+
+Threads: the transport's connection-state callback runs on the transport's dispatcher thread and only records the
+state and wakes the bridge's *supervisor* thread (CONVENTIONS item 8); the supervisor reconnects the broker with no
+limit on the outage's length (each attempt is bounded by the transport's reconnect policy, the next one follows),
+re-subscribes, and resumes the bridge's proxy if the channel stopped or suspended it meanwhile.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from idl.generated import CosNotifyChannelAdminAck
 from idl.generated import NsjmsAdmin, NsjmsAdmin__POA
 from router.bridge import flows as F
 from router.bridge.endpoints import EndpointSpec, Problem, check_pair, from_idl, parse_factory, to_idl
+from router.bridge.limits import check_stomp_limits
+from router.bridge.supervisor import Supervised
 from router.bridge.store import BridgeRow, BridgeStore
 from router.jms.model import Destination
 from router.jms.transport import ConnectionState, Transport, TransportError
@@ -50,6 +59,7 @@ class BrokerSettings:
     login: str = ""
     passcode: str = field(default="", repr=False)
     dead_letter: Destination = F.DEFAULT_DLQ
+    max_event_bytes: int = F.MAX_EVENT_BYTES      # JMS → channel: larger events are dead-lettered (flows.py)
 
 
 def _invalid(problems: list[Problem]) -> BA.InvalidExternalEndPoints:
@@ -101,10 +111,14 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
     def _channel_exists(self, cid: int) -> bool:
         return cid in self.channels.channels
 
+    def _channel_persistent(self, cid: int) -> bool:
+        channel = self.channels.channels.get(cid)
+        return channel is not None and _persistent(channel)
+
     # -- IDL ----------------------------------------------------------------------------------------------
     def create_bridge(self, source: Any, sink: Any) -> tuple[Any, int]:
         src, snk = from_idl(source), from_idl(sink)
-        problems = check_pair(src, snk, self._channel_exists)
+        problems = check_pair(src, snk, self._channel_exists, self._channel_persistent)
         if problems:
             raise _invalid(problems)
         channel_spec = snk if src.is_jms else src
@@ -140,7 +154,7 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
         return [b.status() for b in sorted(self.bridges.values(), key=lambda b: b.id)]
 
 
-class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
+class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
     """One bridge: endpoints, connections, the data path thread(s), state."""
 
     def __init__(self, factory: BridgeFactoryImpl, row: BridgeRow) -> None:
@@ -168,7 +182,8 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         self.dead_letter = F.DeadLetter(self._transport, self.id, factory.broker.dead_letter)
         self.flow_out: F.ChannelToJms | None = None
         self.flow_in: F.JmsToChannel | None = None
-        self._reconnecting = False
+        self._wake = threading.Event()          # set by callbacks and failures: the supervisor has work
+        self._supervising = False
         self._warned_best_effort = False
         self.tx_events = int(row.settings.get("tx_events", 0))
         self.tx_timeout = int(row.settings.get("tx_timeout", 0))
@@ -193,8 +208,10 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             if self.channel_spec.style == "PUSH":
                 return (F.SequencePushReceiver if seq else F.StructuredPushReceiver)(self.flow_out)
             cls = F.SequencePullReceiver if seq else F.StructuredPullReceiver
-            return cls(self.flow_out, None, self._pacing_s(), self.stop_event)
-        self.flow_in = F.JmsToChannel(self, _LazyTransport(self), self._to_event, self.dead_letter, self._subscribe)
+            return cls(self.flow_out, None, self._pacing_s, self.stop_event)
+        self.flow_in = F.JmsToChannel(self, _LazyTransport(self), self._to_event, self.dead_letter, self._subscribe,
+                                      event_size=lambda ev: len(_event_bytes(ev)),
+                                      max_event_bytes=self.factory.broker.max_event_bytes)
         if self.channel_spec.style == "PUSH":
             cls2 = F.SequencePushSenderServant if seq else F.PushSenderServant
             return cls2(self.channel_disconnected)
@@ -205,7 +222,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         from router.mapping.stomp_body import message_to_stomp
 
         msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
-        _check_stomp_limits(message_to_stomp(msg).headers)
+        check_stomp_limits(message_to_stomp(msg).headers)
         return msg
 
     def _to_event(self, msg: Any) -> Any:
@@ -225,8 +242,27 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             event.header.variable_header = kept
         return event
 
+    def _proxy_qos(self, name: str, default: int) -> int:
+        """QoS ``name`` as the bridge's proxy sees it: the proxy's own, else its admin's, else the channel's (the
+        bridge's admin and proxy inherit from the channel; sequence-only properties live on admins/channels)."""
+        try:
+            servant = self._proxy_servant()
+        except CORBA.Exception:
+            return default
+        channel = self.factory.channels.channels.get(self.channel_spec.channel_id)
+        for holder in (servant, getattr(servant, "admin", None), channel):
+            qos = getattr(holder, "qos", None)
+            if isinstance(qos, dict) and name in qos:
+                return int(qos[name])
+        return default
+
     def _pacing_s(self) -> float:
-        return float(self.row.settings.get("pacing_s", 0.0))
+        """PacingInterval (TimeT) of the bridge's proxy in seconds; 0 = no pacing."""
+        return self._proxy_qos(CosNotification.PacingInterval, 0) / _TIMET
+
+    def _batch_size(self) -> int:
+        """MaximumBatchSize of the bridge's proxy (sequence endpoints)."""
+        return max(1, self._proxy_qos(CosNotification.MaximumBatchSize, 1))
 
     def _channel(self) -> Any:
         channel = self.factory.channels.channels.get(self.channel_spec.channel_id)
@@ -280,75 +316,26 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
                 self.broker_state = ConnectionState.CONNECTED
             return self.transport
 
-    def _on_broker_state(self, state: ConnectionState) -> None:
-        """Transport callback (its own thread): record only; reconnecting happens on the bridge's threads."""
-        self.broker_state = state
-        if state is ConnectionState.DISCONNECTED and not self.destroyed:
-            log.warning("bridge %d: broker connection lost", self.id)
-            if self.started:
-                self._reconnect_async()      # spawns a bridge thread; the transport is not called from here
-
-    def note_broker_problem(self, exc: Exception) -> None:
-        """A broker operation failed: record it and, if the connection is gone, reconnect in the background."""
-        self.last_error = f"broker: {exc}"
-        transport = self.transport
-        if transport is not None and not transport.is_connected():
-            self.broker_state = ConnectionState.DISCONNECTED
-            self._reconnect_async()
-
-    def _reconnect_async(self) -> None:
-        """At most one reconnect at a time (the transport's policy is bounded and jittered); repeated while the
-        bridge is running and the broker stays away."""
-        with self._lock:
-            if self._reconnecting or self.destroyed or self.factory.shutdown_event.is_set():
-                return
-            self._reconnecting = True
-        self.rt.spawn(f"bridge-{self.id}-reconnect", self._reconnect_loop)
-
-    def _reconnect_loop(self) -> None:
-        try:
-            while not (self.destroyed or self.factory.shutdown_event.is_set()):
-                transport = self.transport
-                if transport is None or transport.is_connected():
-                    break
-                try:
-                    transport.reconnect()
-                except TransportError as exc:
-                    self.last_error = f"broker: {exc}"
-                    self.factory.shutdown_event.wait(1.0)
-                    continue
-                self.broker_state = ConnectionState.CONNECTED
-                log.info("bridge %d: broker connection re-established", self.id)
-                break
-        finally:
-            with self._lock:
-                self._reconnecting = False
-
-    def reconnect_source(self) -> None:
-        """JMS → channel loop: wait (bounded) for the background reconnect."""
-        self._reconnect_async()
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and not self.stop_event.is_set():
-            transport = self.transport
-            if transport is not None and transport.is_connected():
-                return
-            self.stop_event.wait(0.1)
-
     def _subscribe(self) -> Any:
         from router.jms.transport import AckMode
 
-        durable = None
-        if self.destination.kind == "topic" and self._connection_persistent():
-            durable = f"nsjms-bridge-{self.id}"
+        durable = self._durable_name()
         profile = parse_factory(self.jms_spec.factory_name)
         return self._transport().subscribe(self.destination, selector=profile.selector,
                                            ack=AckMode.CLIENT_INDIVIDUAL, durable_name=durable,
                                            prefetch=int(self.row.settings.get("prefetch", 100)),
                                            transformation=profile.transformation)
 
+    def _durable_name(self) -> str | None:
+        """NJI Table 2-3: a topic source of a Persistent channel is a durable subscription."""
+        try:
+            durable = self.destination.kind == "topic" and self.flow_in is not None and self._connection_persistent()
+        except BA.InvalidExternalEndPoints:          # the channel is gone: nothing tells any more
+            return None
+        return f"nsjms-bridge-{self.id}" if durable else None
+
     def _connection_persistent(self) -> bool:
-        channel = self._channel()
-        return int(channel.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent
+        return _persistent(self._channel())
 
     # -- running -------------------------------------------------------------------------------------------
     def running(self) -> bool:
@@ -361,12 +348,20 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         if self.to_jms_direction:        # before connecting: the channel may push at once
             self.channel_ack = self._ack_proxy(proxy)
         if servant.connected:
-            if getattr(servant, "suspended", False):
-                proxy.resume_connection()
+            self._resume_proxy_now(servant, proxy)
         else:
             connect = _CONNECT_OPS[(self.to_jms_direction, self.channel_spec.style, self._kind())]
             getattr(proxy, connect)(self.endpoint_ref)
         self.channel_ok = True
+
+    def _resume_proxy_now(self, servant: Any, proxy: Any) -> None:
+        """At start: resume a suspended (stopped bridge) or Ack-stopped proxy until it is neither (an Ack proxy's
+        ``resume_connection`` clears the stopped state first and may leave it suspended)."""
+        for _ in range(3):
+            stopped = getattr(getattr(servant, "ack", None), "stopped", "")
+            if not (stopped or getattr(servant, "suspended", False)):
+                return
+            proxy.resume_connection()
 
     def _ack_proxy(self, proxy: Any) -> Any:
         """``proxy`` as its ``CosNotifyChannelAdminAck`` interface when the channel made it an Ack proxy (its
@@ -406,10 +401,8 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             return
         if self.channel_spec.style == "PUSH":
             assert self.flow_in is not None
-            channel = self._channel()
-            batch = int(channel.qos.get(CosNotification.MaximumBatchSize, 1))
-            loop = F.PushSenderLoop(self.flow_in, self.proxy, self._kind() == "SEQUENCE", batch, self._pacing_s(),
-                                    self.jms_spec.style == "PULL", self.stop_event)
+            loop = F.PushSenderLoop(self.flow_in, self.proxy, self._kind() == "SEQUENCE", self._batch_size,
+                                    self._pacing_s, self.jms_spec.style == "PULL", self.stop_event)
             self.rt.spawn(f"bridge-{self.id}-recv", loop.run)
 
     def _start(self) -> None:
@@ -419,6 +412,10 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             if self.started:
                 raise BA.BridgeAlreadyStarted()
             self._channel()
+            problems = check_pair(self.source, self.sink, self.factory._channel_exists,
+                                  self.factory._channel_persistent)
+            if problems:                 # the channel's ConnectionReliability may have changed (NJI Table 2-3)
+                raise _invalid(problems)
             try:
                 self._transport()
                 if self.flow_in is not None:
@@ -430,6 +427,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             self.started = True
             self.factory.store.set_state(self.id, "started")
             self._start_workers()
+            self._ensure_supervisor()
         log.info("bridge %d started", self.id)
 
     def _stop(self) -> None:
@@ -440,7 +438,8 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             self.factory.store.set_state(self.id, "stopped")
             self.stop_event.set()
             self._suspend_channel()
-            self._drop_subscription()
+            # The JMS subscription stays (JMS Connection.stop, NJI 2.3): a topic keeps collecting for the bridge;
+            # nothing is dispatched or acknowledged until start_bridge.
         log.info("bridge %d stopped", self.id)
 
     def _suspend_channel(self) -> None:
@@ -453,13 +452,24 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         except CORBA.Exception as exc:
             log.warning("bridge %d: could not suspend its proxy: %s", self.id, exc)
 
-    def _drop_subscription(self) -> None:
-        if self.flow_in is not None and self.flow_in.subscription is not None and self.transport is not None:
-            try:
-                self.transport.unsubscribe(self.flow_in.subscription)
-            except TransportError:
-                pass
-            self.flow_in.subscription = None
+    def _release_subscription(self) -> None:
+        """destroy: end the JMS subscription; a durable one (topic source on a Persistent channel) is removed from
+        the broker (STOMP UNSUBSCRIBE with ``activemq.subscriptionName``), so the broker stops keeping messages for
+        it. A durable subscription the bridge holds no live handle for (after a restart while stopped) is
+        re-attached first so that it can be removed."""
+        flow = self.flow_in
+        if flow is None:
+            return
+        durable = self._durable_name()
+        try:
+            if flow.subscription is None and durable is not None:
+                flow.subscription = self._subscribe()
+            if flow.subscription is not None and self.transport is not None:
+                self.transport.unsubscribe(flow.subscription, remove_durable=durable is not None)
+        except TransportError as exc:
+            log.warning("bridge %d: could not release its JMS subscription%s: %s", self.id,
+                        f" (durable {durable!r} stays on the broker)" if durable else "", exc)
+        flow.subscription = None
 
     def resume_after_restart(self) -> None:
         self.started = False
@@ -545,7 +555,8 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
         self._stop()
 
     def get_status(self) -> Any:
-        return NsjmsAdmin.started if self.active() else NsjmsAdmin.stopped
+        """The administrative state (see the module docstring); ``status()`` tells whether it is Active."""
+        return NsjmsAdmin.started if self.running() else NsjmsAdmin.stopped
 
     def active(self) -> bool:
         """NJI 2.3: the AND of the proxy connection and the JMS connection, while started."""
@@ -560,8 +571,19 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             self.destroyed = True
             self.started = False
             self.stop_event.set()
+        self._wake.set()                 # the supervisor sees ``destroyed`` and ends
+        durable = self._durable_name()
         self._release_channel()
-        self._drop_subscription()
+        if durable is not None and self.transport is None:
+            try:
+                self._transport()
+            except TransportError as exc:
+                log.warning("bridge %d: broker unavailable at destroy: %s", self.id, exc)
+        if self.transport is not None and self.transport.is_connected():
+            self._release_subscription()
+        elif durable is not None:
+            log.warning("bridge %d: broker unavailable at destroy: durable subscription %r stays on the broker",
+                        self.id, durable)
         if self.transport is not None:
             self.transport.close()
         self.factory.store.delete(self.id)
@@ -591,6 +613,7 @@ class BridgeImpl(NsjmsAdmin__POA.ManagedBridge):
             "sink": self.sink.describe(),
             "state": "active" if self.active() else ("inactive" if self.started else self.row.state),
             "started": self.started,
+            "active": self.active(),
             "channel_connected": self.channel_ok,
             "broker": self.broker_state.value,
             "forwarded": (self.flow_out.forwarded if self.flow_out else 0)
@@ -613,30 +636,8 @@ class _LazyTransport:
         return getattr(self._bridge._transport(), name)
 
 
-# ActiveMQ Classic's STOMP wire format refuses a header line above 10 KiB or more than 1000 headers with an ERROR
-# frame and closes the connection: such an event could never be sent and would stall the bridge (resent forever).
-STOMP_MAX_HEADER_LINE = 10 * 1024
-STOMP_MAX_HEADERS = 1000
-_STOMP_RESERVE = 16                # headers the transport adds when sending (destination, receipt, transaction, ...)
-
-
-def _check_stomp_limits(headers: dict[str, str]) -> None:
-    """A mapping failure (the event is dead-lettered) when the frame exceeds what the broker accepts."""
-    from router.mapping.errors import MappingError
-
-    if len(headers) + _STOMP_RESERVE > STOMP_MAX_HEADERS:
-        raise MappingError(f"{len(headers)} STOMP headers; the broker accepts at most {STOMP_MAX_HEADERS}",
-                           "properties")
-    for name, value in headers.items():
-        size = _escaped_len(name) + 1 + _escaped_len(value)
-        if size > STOMP_MAX_HEADER_LINE:
-            raise MappingError(f"the STOMP header line is {size} bytes; the broker accepts at most "
-                               f"{STOMP_MAX_HEADER_LINE}", f"property:{name}")
-
-
-def _escaped_len(text: str) -> int:
-    """UTF-8 length after STOMP 1.2 header escaping (backslash, CR, LF and colon take two bytes)."""
-    return len(text.encode("utf-8")) + sum(text.count(c) for c in "\\\r\n:")
+def _persistent(channel: Any) -> bool:
+    return bool(int(channel.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent)
 
 
 def _sequence_number(event: Any) -> int | None:

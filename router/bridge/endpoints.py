@@ -10,6 +10,10 @@ raises as ``InvalidExternalEndPoints`` with the matching ``ExternalEndpointError
 * ``MISMATCH_ENDPOINTROLE_NOTIFSTYLE`` — the role, style and type do not fit together, e.g. a PULL sink on the
   JMS side (JMS has no pull on the sender side, Table 2-1), or a channel endpoint whose type is not
   STRUCTURED_EVENT/SEQUENCE_EVENT, or an endpoint whose ``role`` is not the one its position requires.
+* ``INVALID_JMSDESTINATION`` also for a **queue** joined to a channel whose ConnectionReliability is BestEffort:
+  NJI Table 2-3 maps BestEffort only to a (non-durable) TopicSubscriber; the point-to-point model has no
+  BestEffort counterpart ("[no supported]"). ``create_bridge`` can raise nothing but ``InvalidExternalEndPoints``,
+  and the destination is what does not fit.
 
 Supported combinations (all the ones Table 2-1 allows, including the "implementation dependent" one):
 
@@ -155,9 +159,11 @@ def _check_one(spec: EndpointSpec, position: str, channel_exists: Callable[[int]
     return None
 
 
-def check_pair(source: EndpointSpec, sink: EndpointSpec,
-               channel_exists: Callable[[int], bool]) -> list[Problem]:
-    """Every consistency problem of a (source, sink) pair; empty when the bridge can be created."""
+def check_pair(source: EndpointSpec, sink: EndpointSpec, channel_exists: Callable[[int], bool],
+               channel_persistent: Callable[[int], bool] | None = None) -> list[Problem]:
+    """Every consistency problem of a (source, sink) pair; empty when the bridge can be created.
+    ``channel_persistent(id)`` tells whether a channel's ConnectionReliability is Persistent (Table 2-3 check;
+    skipped when not given)."""
     problems = [p for p in (_check_one(source, "SOURCE", channel_exists),
                             _check_one(sink, "SINK", channel_exists)) if p is not None]
     if problems:
@@ -167,4 +173,11 @@ def check_pair(source: EndpointSpec, sink: EndpointSpec,
         what = "JMS destinations" if source.is_jms else "event channels"
         return [Problem(source.role, code, f"both endpoints are {what}"),
                 Problem(sink.role, code, f"both endpoints are {what}")]
+    jms, channel = (source, sink) if source.is_jms else (sink, source)
+    if (channel_persistent is not None and jms.destination_type == "QUEUE"
+            and not channel_persistent(int(channel.channel_id or 0))):
+        return [Problem(jms.role, "INVALID_JMSDESTINATION",
+                        f"queue {jms.destination_name} with channel {channel.channel_id}, whose ConnectionReliability "
+                        "is BestEffort: NJI Table 2-3 supports BestEffort only with topics (use a Persistent channel "
+                        "or a topic)")]
     return []

@@ -33,15 +33,27 @@ import CosNotifyComm__POA
 
 from router import telemetry
 from router.jms.model import BodyType, Destination, JmsMessage, Typed, JmsType
-from router.jms.transport import (BrokerError, BrokerUnavailable, Delivery, LocalProtocolError, Transport, TransportError)
+from router.jms.transport import (BrokerError, BrokerUnavailable, Delivery, LocalProtocolError, SendRefused, Transport,
+                                  TransportError)
 
 __all__ = ["ChannelToJms", "JmsToChannel", "DeadLetter", "DEFAULT_DLQ"]
 
 log = logging.getLogger("nsjms.bridge")
 
 DEFAULT_DLQ = Destination("queue", "nsjms.DLQ")
+BROKER_DLQ = "ActiveMQ.DLQ"
+#: Largest event (CDR-encoded StructuredEvent) a JMS → channel bridge hands to the channel. omniORB refuses GIOP
+#: messages above ``giopMaxMsgSize`` (2 MiB by default) with MARSHAL/COMM_FAILURE, so a bigger event could enter
+#: the channel but never be pushed to a consumer. Larger messages are dead-lettered with the reason instead.
+#: Override per node with ``BrokerSettings.max_event_bytes``.
+MAX_EVENT_BYTES = 1024 * 1024
 _TIMET = 10_000_000
 _MAX_BACKOFF = 5.0
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text[:500]}" if text else type(exc).__name__
 
 
 class DeadLetter:
@@ -105,8 +117,12 @@ class ChannelToJms:
         try:
             return self.to_jms(event, self.destination)
         except MappingError as exc:
-            self.dead_letter.send(self.event_bytes(event), str(exc), "event")
-            return None
+            reason = str(exc)
+        except Exception as exc:  # any failure to map one event dead-letters that event, never stalls
+            log.exception("bridge %d: mapping an event failed", self.bridge.id)
+            reason = f"mapping failed: {_describe(exc)}"
+        self.dead_letter.send(self.event_bytes(event), reason, "event")
+        return None
 
     def _send(self, messages: list[JmsMessage]) -> None:
         if not messages:
@@ -120,19 +136,21 @@ class ChannelToJms:
             chunk = messages[i:i + step]
             try:
                 self._send_transaction(chunk)
-            except BrokerError:                          # one message refused: find it, keep the rest
+            except (BrokerError, SendRefused):           # one message refused: find it, keep the rest
                 for msg in chunk:
                     self._send_one(msg)
 
     def _send_one(self, msg: JmsMessage) -> None:
-        """A message the broker refuses with an ERROR frame would be refused again: dead-letter it (the bridge
-        must not stall on it). Connection problems propagate: the event stays in the channel."""
+        """A message the broker refuses with an ERROR frame (:class:`SendRefused`) would be refused again:
+        dead-letter it (the bridge must not stall on it). Connection problems (:class:`SendFailed`,
+        :class:`BrokerUnavailable`, :class:`ReceiptTimeout`) propagate: the event stays in the channel."""
         try:
             self.transport.send(self.destination, msg, receipt=True)
-        except BrokerError as exc:
+        except SendRefused as exc:
             from router.mapping.stomp_body import message_to_stomp
 
-            self.dead_letter.send(message_to_stomp(msg).body, f"broker refused the message: {exc}", "event")
+            reason = f"broker refused the message: {exc.message or exc.reason}"
+            self.dead_letter.send(message_to_stomp(msg).body, reason, "event")
 
     def _send_transaction(self, chunk: list[JmsMessage]) -> None:
         tx = self.transport.begin()
@@ -198,10 +216,10 @@ class _PullReceiverBase:
     A batch that could not be sent is kept on the object (not in the worker), so after a stop/start it is sent
     before anything new is pulled: the channel confirms a pulled batch when the next pull arrives."""
 
-    def __init__(self, flow: ChannelToJms, proxy: Any, pacing_s: float, stop: threading.Event) -> None:
+    def __init__(self, flow: ChannelToJms, proxy: Any, pacing_s: Callable[[], float], stop: threading.Event) -> None:
         self.flow = flow
         self.proxy = proxy
-        self.pacing_s = pacing_s
+        self.pacing_s = pacing_s          # read every round: PacingInterval can change while the bridge runs
         self.stop = stop
         self.pending: list[Any] = []
 
@@ -221,7 +239,7 @@ class _PullReceiverBase:
                     backoff = min(backoff * 2, _MAX_BACKOFF)
                     continue
                 if not self.pending:
-                    stop.wait(self.pacing_s or 0.05)
+                    stop.wait(self.pacing_s() or 0.05)
                     continue
             try:
                 self.flow.forward(self.pending)
@@ -270,25 +288,37 @@ class JmsToChannel:
     RECENT = 10_000
 
     def __init__(self, bridge: Any, transport: Transport, to_event: Callable[[JmsMessage], Any],
-                 dead_letter: DeadLetter, subscribe: Callable[[], Any]) -> None:
+                 dead_letter: DeadLetter, subscribe: Callable[[], Any],
+                 event_size: Callable[[Any], int] | None = None, max_event_bytes: int = MAX_EVENT_BYTES,
+                 clock_ms: Callable[[], int] | None = None) -> None:
         self.bridge = bridge
+        self.event_size = event_size
+        self.max_event_bytes = max_event_bytes
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.transport = transport
         self.to_event = to_event
         self.dead_letter = dead_letter
         self._subscribe = subscribe
+        self._subscribe_lock = threading.Lock()
         self.subscription: Any = None
         self.forwarded = 0
         self.duplicates = 0
         self.refused = 0
+        self.held: list[tuple[Delivery, Any]] = []       # received, not yet pushed when the push loop stopped
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def ensure_subscribed(self) -> Any:
-        if self.subscription is None:
-            self.subscription = self._subscribe()
-        return self.subscription
+        """The bridge's one subscription, made on first use. Serialised: after a node restart the channel's pull
+        proxy pulls (``receive``) while ``start`` subscribes; two SUBSCRIBEs would leave a second subscription
+        whose prefetched messages nobody reads (they stayed un-acked until the next restart)."""
+        with self._subscribe_lock:
+            if self.subscription is None:
+                self.subscription = self._subscribe()
+            return self.subscription
 
     def receive(self, timeout: float) -> Delivery | None:
-        return self.ensure_subscribed().receive(timeout)
+        delivery: Delivery | None = self.ensure_subscribed().receive(timeout)
+        return delivery
 
     def seen(self, delivery: Delivery) -> bool:
         """Already forwarded (a redelivery after a lost ack). Keyed on the broker's message id alone: ActiveMQ
@@ -302,29 +332,66 @@ class JmsToChannel:
 
     def map(self, delivery: Delivery) -> Any | None:
         """The event for a delivery; or None once the delivery was settled otherwise (dead-lettered and acked,
-        or refused to the broker's own DLQ)."""
-        from router.mapping.errors import MappingError
-
-        if delivery.decode_error is not None:
-            self.reject(delivery, f"undecodable STOMP frame: {delivery.decode_error}")
-            return None
-        if untransportable(delivery):
+        or refused to the broker's own DLQ). Whatever goes wrong with one message settles that message: it never
+        escapes to the receive loop (which would leave the message unacknowledged and stall the prefetch)."""
+        problem = self._problem(delivery)
+        if problem == "refuse":
             self.refuse(delivery)
             return None
-        try:
-            return self.to_event(delivery.message)
-        except MappingError as exc:
-            self.reject(delivery, f"unmappable JMS message: {exc}")
+        if problem is not None:
+            self.reject(delivery, problem)
             return None
+        event, problem = self._event(delivery)
+        if problem is not None:
+            self.reject(delivery, problem)
+            return None
+        return event
+
+    def _problem(self, delivery: Delivery) -> str | None:
+        """Why ``delivery`` cannot become an event before mapping it ("refuse": NACK to the broker's DLQ)."""
+        if delivery.decode_error is not None:
+            return f"undecodable STOMP frame: {delivery.decode_error}"
+        if untransportable(delivery):
+            return "refuse"
+        expiration = delivery.message.expiration
+        if expiration and expiration <= self.clock_ms():
+            return (f"expired: JMSExpiration {expiration} is in the past (0 means never); JMS lets an expired "
+                    "message be dropped, nsjms keeps it here instead")
+        return None
+
+    def _event(self, delivery: Delivery) -> tuple[Any, str | None]:
+        from router.mapping.errors import MappingError
+
+        try:
+            event = self.to_event(delivery.message)
+        except MappingError as exc:
+            return None, f"unmappable JMS message: {exc}"
+        except Exception as exc:  # RecursionError, a codec bug, ...: dead-letter this message only
+            log.exception("bridge %d: mapping message %s failed", self.bridge.id, delivery.message_id)
+            return None, f"unmappable JMS message: {_describe(exc)}"
+        if self.event_size is not None:
+            try:
+                size = self.event_size(event)
+            except Exception as exc:  # noqa: BLE001 — an event the ORB cannot marshal can never be delivered
+                return None, f"the event cannot be encoded for CORBA: {_describe(exc)}"
+            if size > self.max_event_bytes:
+                return None, (f"the event is {size} bytes; the bridge's event size limit is {self.max_event_bytes} "
+                              "bytes (larger events could not be delivered by the ORB)")
+        return event, None
 
     def refuse(self, delivery: Delivery) -> None:
-        """NACK: ActiveMQ moves the *original* message, body intact, to ``ActiveMQ.DLQ``."""
-        log.warning("bridge %d: message %s has an empty, unmarked body: a Java Map/Stream/Object message the STOMP "
-                    "transport cannot carry (or an empty text); refused to the broker's dead-letter queue",
-                    self.bridge.id, delivery.message_id)
+        """NACK: ActiveMQ moves the *original* message, body intact, to ``ActiveMQ.DLQ``. The broker's copy carries
+        no reason, so a record naming the message id and the reason goes to the bridge's own dead-letter
+        destination first (if that fails, nothing is NACKed: the broker redelivers and this runs again)."""
+        reason = ("empty, unmarked body: a Java Map/Stream/Object message the STOMP transport cannot carry (or an "
+                  f"empty text); the original was moved to the broker's dead-letter queue {BROKER_DLQ}")
+        log.warning("bridge %d: message %s: %s", self.bridge.id, delivery.message_id, reason)
+        self.dead_letter.send(b"", reason, "refused",
+                              {"nsjms_dlq_message_id": delivery.message_id,
+                               "nsjms_dlq_destination": delivery.destination,
+                               "nsjms_dlq_moved_to": BROKER_DLQ})
         self.transport.nack(delivery, receipt=True)
         self.refused += 1
-        telemetry.bridge_dead_letter(self.bridge.id, "refused")
 
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         """Acks go without a receipt (ActiveMQ answers an ACK receipt only after ~10 ms; without one: ~6,000/s).
@@ -336,24 +403,37 @@ class JmsToChannel:
         telemetry.bridge_moved(self.bridge.id, len(deliveries), "from_jms")
 
     def reject(self, delivery: Delivery, reason: str) -> None:
-        """The channel refused the event for good: dead-letter the original, then ack it."""
-        self.dead_letter.send(delivery.body, reason, "message",
-                              {"nsjms_dlq_message_id": delivery.message_id,
-                               "nsjms_dlq_destination": delivery.destination})
+        """The message can never become an event the channel takes: dead-letter the original, then ack it. If the
+        broker refuses the dead letter itself (:class:`SendRefused`), the original is NACKed to the broker's DLQ
+        instead (the reason is then only in the log): it must not stay unacknowledged."""
+        extra = {"nsjms_dlq_message_id": delivery.message_id, "nsjms_dlq_destination": delivery.destination}
+        try:
+            self.dead_letter.send(delivery.body, reason, "message", extra)
+        except SendRefused as exc:
+            log.error("bridge %d: the broker refused the dead letter of message %s (%s); NACKing it to %s. "
+                      "Reason it was dead-lettered: %s", self.bridge.id, delivery.message_id, exc, BROKER_DLQ, reason)
+            self.transport.nack(delivery, receipt=True)
+            return
         self.transport.ack(delivery, receipt=True)
 
 
 class PushSenderLoop:
     """JMS → channel, channel side PUSH: a thread receives (listener style, or paced for a MESSAGE_CONSUMER
-    endpoint), pushes into the bridge's proxy consumer, then acks."""
+    endpoint), pushes into the bridge's proxy consumer, then acks.
 
-    def __init__(self, flow: JmsToChannel, proxy: Any, sequence: bool, batch: int, pacing_s: float,
-                 paced_receive: bool, stop: threading.Event) -> None:
+    ``stop_bridge`` keeps the JMS subscription, so deliveries this loop received but had not pushed when it was
+    stopped stay un-acked on that subscription: they are kept in ``flow.held`` and pushed first by the next loop
+    (the broker would only redeliver them after the connection ends)."""
+
+    def __init__(self, flow: JmsToChannel, proxy: Any, sequence: bool, batch: Callable[[], int],
+                 pacing_s: Callable[[], float], paced_receive: bool, stop: threading.Event) -> None:
         self.flow = flow
         self.proxy = proxy
         self.sequence = sequence
-        self.batch = max(1, batch) if sequence else 1
-        self.pacing_s = pacing_s
+        self._batch = batch               # MaximumBatchSize and PacingInterval of the bridge's proxy, read each round
+        self._pacing = pacing_s
+        self.batch = 1
+        self.pacing_s = 0.0
         self.paced_receive = paced_receive
         self.stop = stop
 
@@ -376,8 +456,8 @@ class PushSenderLoop:
                 self.stop.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
 
-    def _collect(self) -> list[tuple[Delivery, Any]]:
-        got: list[tuple[Delivery, Any]] = []
+    def _collect(self, got: list[tuple[Delivery, Any]]) -> list[tuple[Delivery, Any]]:
+        """Receive up to a batch into ``got`` (the same list, so a failure midway loses nothing already taken)."""
         deadline = time.monotonic() + (self.pacing_s if self.pacing_s > 0 else 0.2)
         while len(got) < self.batch and not self.stop.is_set():
             wait = max(0.0, deadline - time.monotonic()) if got else 0.5
@@ -399,14 +479,40 @@ class PushSenderLoop:
         if not self.flow.bridge.running():
             self.stop.wait(0.2)
             return
-        if self.paced_receive and self.pacing_s > 0:
-            self.stop.wait(self.pacing_s)
-        got = self._collect()
-        if not got:
-            return
-        self._push(got)
+        self.batch = max(1, self._batch()) if self.sequence else 1
+        self.pacing_s = self._pacing()
+        got = self._take_held()
+        try:
+            if not got:
+                if self.paced_receive and self.pacing_s > 0:
+                    self.stop.wait(self.pacing_s)
+                self._collect(got)
+            if got and not self.stop.is_set():
+                got = self._push(got)
+        finally:
+            self._hold(got)              # whatever was received and not settled: the next round pushes it
 
-    def _push(self, got: list[tuple[Delivery, Any]]) -> None:
+    def _take_held(self) -> list[tuple[Delivery, Any]]:
+        """Held deliveries not yet forwarded (a held one that was forwarded but whose ack failed is acked again)."""
+        held, self.flow.held = self.flow.held, []
+        fresh = []
+        for delivery, event in held:
+            if not self.flow.seen(delivery):
+                fresh.append((delivery, event))
+                continue
+            try:
+                self.flow.transport.ack(delivery, receipt=False)
+            except TransportError as exc:     # a lost connection: the broker redelivers it, seen() recognises it
+                log.debug("bridge %d: ack of held message %s: %s", self.flow.bridge.id, delivery.message_id, exc)
+        return fresh
+
+    def _hold(self, got: list[tuple[Delivery, Any]]) -> None:
+        """Keep ``got`` (received on the live subscription, un-acked) for the next round or loop of this bridge."""
+        if got:
+            self.flow.held = got + self.flow.held
+
+    def _push(self, got: list[tuple[Delivery, Any]]) -> list[tuple[Delivery, Any]]:
+        """Push and ack ``got``; returns what is left unsettled (stopped meanwhile)."""
         while not self.stop.is_set():
             try:
                 if self.sequence:
@@ -414,8 +520,7 @@ class PushSenderLoop:
                 else:
                     self.proxy.push_structured_event(got[0][1])
             except CORBA.BAD_QOS:
-                self._push_one_by_one(got)
-                return
+                return self._push_one_by_one(got)
             except CORBA.IMP_LIMIT:
                 log.info("bridge %d: channel full; waiting", self.flow.bridge.id)
                 self.stop.wait(0.5)
@@ -426,15 +531,18 @@ class PushSenderLoop:
                 log.warning("bridge %d: push into the channel failed (%s); retrying", self.flow.bridge.id, exc)
                 self.stop.wait(0.5)
                 continue
-            self.flow.ack([d for d, _ in got])
             self.flow.forwarded += len(got)
-            return
+            self.flow.ack([d for d, _ in got])
+            return []
+        return got
 
-    def _push_one_by_one(self, got: list[tuple[Delivery, Any]]) -> None:
+    def _push_one_by_one(self, got: list[tuple[Delivery, Any]]) -> list[tuple[Delivery, Any]]:
         """A batch had an event with unusable QoS: find it, dead-letter it, forward the rest (each retried like a
-        batch while the channel is full or failing)."""
-        for delivery, event in got:
-            while not self.stop.is_set():
+        batch while the channel is full or failing). Returns what is left unsettled (stopped meanwhile)."""
+        for i, (delivery, event) in enumerate(got):
+            while True:
+                if self.stop.is_set():
+                    return got[i:]
                 try:
                     self.proxy.push_structured_event(event)
                 except CORBA.BAD_QOS:
@@ -446,9 +554,10 @@ class PushSenderLoop:
                     log.info("bridge %d: push into the channel failed (%s); retrying", self.flow.bridge.id, exc)
                     self.stop.wait(0.5)
                     continue
-                self.flow.ack([delivery])
                 self.flow.forwarded += 1
+                self.flow.ack([delivery])
                 break
+        return []
 
 
 class _PullSenderBase:
@@ -470,9 +579,9 @@ class _PullSenderBase:
     def _take(self, n: int, timeout: float) -> list[Any]:
         if not self.flow.bridge.running():
             return []
+        events: list[Any] = []
         try:
             self._confirm()
-            events: list[Any] = []
             while len(events) < n:
                 delivery = self.flow.receive(timeout if not events else 0.0)
                 if delivery is None:
@@ -487,10 +596,11 @@ class _PullSenderBase:
                 with self._lock:
                     self._handed.append(delivery)
                 events.append(event)
-            return events
         except TransportError as exc:
+            # What was taken before the failure is in _handed (acked at the next pull): hand it over now, or it
+            # would be acked without ever reaching the channel.
             self.flow.bridge.note_broker_problem(exc)
-            return []
+        return events
 
     def subscription_change(self, added: Any, removed: Any) -> None:
         return None

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage
 from router.jms.transport import (
     AckMode, BrokerError, BrokerUnavailable, ConnectionState, Delivery, LocalProtocolError, MessageCodec,
-    QueueSubscription, RetryPolicy, RECONNECT_POLICY, SendFailed, SessionBook, SimpleCodec,
+    QueueSubscription, RetryPolicy, RECONNECT_POLICY, SendFailed, SendRefused, SessionBook, SimpleCodec,
     StateCallback, Subscription, SubscriptionSpec, TransportError, stomp_destination,
 )
 
@@ -605,7 +605,9 @@ class MemoryTransport:
         try:
             self._book.use_tx(transaction)
             self._run("send", lambda: self.broker.send(dest, dict(frame), encoded.body), transaction=transaction)
-        except (BrokerError, BrokerUnavailable) as exc:
+        except BrokerError as exc:
+            raise SendRefused.from_error(exc, dest) from exc
+        except BrokerUnavailable as exc:
             raise SendFailed(str(exc), dest) from exc
 
     def begin(self) -> str:

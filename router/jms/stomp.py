@@ -26,13 +26,14 @@ from urllib.parse import urlsplit
 
 import stomp
 from stomp.exception import StompException
-from stomp.utils import Frame
+from stomp.utils import PREAMBLE_END_RE, Frame
 
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage
 from router.jms.transport import (
     RECONNECT_POLICY, AckMode, BrokerError, BrokerUnavailable, ConnectionState, Delivery, LocalProtocolError,
-    MessageCodec, QueueSubscription, ReceiptTimeout, RemoteProtocolError, RetryPolicy, SendFailed, SessionBook,
-    SimpleCodec, StateCallback, Subscription, SubscriptionSpec, TransportError, redact_url, stomp_destination,
+    MessageCodec, QueueSubscription, ReceiptTimeout, RemoteProtocolError, RetryPolicy, SendFailed, SendRefused,
+    SessionBook, SimpleCodec, StateCallback, Subscription, SubscriptionSpec, TransportError, redact_url,
+    stomp_destination,
 )
 
 __all__ = ["StompTransport", "parse_stomp_url"]
@@ -41,6 +42,9 @@ log = logging.getLogger("nsjms.transport.stomp")
 
 _STOP = object()
 _LINK_ERRORS = (StompException, OSError)
+_SERVER_FRAMES = frozenset({"connected", "message", "receipt", "error", "heartbeat"})
+#: decode_error of a MESSAGE whose header held a NUL byte (STOMP cannot carry one: the frame arrived split).
+SPLIT_FRAME = "a STOMP header of this message holds a NUL byte, which split its MESSAGE frame (reassembled)"
 
 
 def parse_stomp_url(url: str) -> tuple[list[tuple[str, int]], bool]:
@@ -57,6 +61,61 @@ def parse_stomp_url(url: str) -> tuple[list[tuple[str, int]], bool]:
             raise LocalProtocolError(f"want HOST:PORT in {url!r}, got {item!r}")
         hosts.append((host.strip("[]"), int(port)))
     return hosts, parts.scheme == "stomp+ssl"
+
+
+def _watch_split_frames(conn: stomp.Connection12, inbox: queue.Queue[Any], epoch: int) -> None:
+    """Runs on stomp.py's receiver thread, only enqueues. STOMP ends a frame at the first NUL byte, and ActiveMQ
+    passes a NUL inside a header value through unescaped (a STOMP producer can put one there): stomp.py then sees a
+    MESSAGE whose header section never ends, followed by a "frame" whose command is the rest of that header. stomp.py
+    logs and drops the second part, and the first lacks most headers, so the message could be neither acked nor
+    rejected. Both parts are handed to the dispatcher, which reassembles them (:class:`_SplitFrame`)."""
+    original: Callable[[Frame, bytes], None] = conn.transport.process_frame
+
+    def process_frame(frame: Frame, raw: bytes) -> None:
+        kind = str(frame.cmd).lower()
+        if kind == "message" and PREAMBLE_END_RE.search(raw) is None:
+            inbox.put((epoch, "split", frame))
+        elif kind not in _SERVER_FRAMES:
+            inbox.put((epoch, "fragment", (frame, PREAMBLE_END_RE.search(raw) is not None)))
+        else:
+            original(frame, raw)
+
+    conn.transport.process_frame = process_frame
+
+
+def _unescape(text: str) -> str:
+    """STOMP 1.2 header unescaping (``\\c`` ``\\n`` ``\\r`` ``\\\\``) of a line stomp.py did not parse."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            out.append({"c": ":", "n": "\n", "r": "\r", "\\": "\\"}.get(text[i + 1], text[i + 1]))
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+@dataclass
+class _SplitFrame:
+    """A MESSAGE frame being put back together from the pieces a NUL byte in its headers cut it into."""
+
+    epoch: int
+    headers: dict[str, str]
+
+    def add(self, fragment: Frame) -> None:
+        """The fragment's "command" continues the last header's value after the NUL, unless it is a whole
+        ``name:value`` line (the NUL ended the value; STOMP 1.2 escapes colons inside values)."""
+        last = next(reversed(self.headers), None)
+        name, colon, value = str(fragment.cmd).partition(":")
+        if last is not None:
+            self.headers[last] += "\0"
+        if colon:
+            self.headers.setdefault(_unescape(name), _unescape(value))
+        elif last is not None:
+            self.headers[last] += _unescape(str(fragment.cmd))
+        for key, val in fragment.headers.items():
+            self.headers.setdefault(key, val)
 
 
 class _Listener(stomp.ConnectionListener):  # type: ignore[misc]
@@ -163,6 +222,9 @@ class StompTransport:
         self._subs: dict[str, QueueSubscription] = {}
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._dispatcher: threading.Thread | None = None
+        self._split: _SplitFrame | None = None     # dispatcher thread only
+        self._sub_lock = threading.Lock()          # one SUBSCRIBE per subscription and connection epoch
+        self._sub_epochs: dict[str, int] = {}
         self.last_error: BrokerError | None = None
 
     def __repr__(self) -> str:
@@ -250,6 +312,7 @@ class StompTransport:
         if self._use_ssl:
             conn.set_ssl(for_hosts=self._hosts, **self._ssl_options)
         conn.set_listener("nsjms", _Listener(self._inbox, epoch))
+        _watch_split_frames(conn, self._inbox, epoch)
         return conn
 
     def _connect_headers(self) -> dict[str, str]:
@@ -292,7 +355,9 @@ class StompTransport:
             self._book.use_tx(transaction)
             self._transmit("send", lambda c, h: c.send(dest, encoded.body, headers=h), frame_headers,
                            receipt=receipt, loss_is_failure=transaction is not None)
-        except (BrokerError, BrokerUnavailable) as exc:
+        except BrokerError as exc:
+            raise SendRefused.from_error(exc, dest) from exc
+        except BrokerUnavailable as exc:
             raise SendFailed(str(exc), dest) from exc
 
     def begin(self) -> str:
@@ -337,7 +402,7 @@ class StompTransport:
         self._book.set_mode(sub.id, spec.ack)
         self._subs[sub.id] = sub
         try:
-            self._subscribe_frame(sub)
+            self._subscribe_once(sub)
         except TransportError:
             self._subs.pop(sub.id, None)
             self._book.forget_subscription(sub.id)
@@ -357,19 +422,28 @@ class StompTransport:
             raise LocalProtocolError(f"prefetch must be >= 1, got {prefetch}")
         return SubscriptionSpec(dest, selector, mode, durable_name, prefetch, transformation)
 
-    def _subscribe_frame(self, sub: QueueSubscription) -> None:
+    def _subscribe_once(self, sub: QueueSubscription) -> None:
+        """At most one SUBSCRIBE per subscription and connection: ``subscribe()`` on one thread and the re-subscribe
+        of ``reconnect()`` on another may both reach a new subscription; a second SUBSCRIBE would make the broker
+        dispatch (prefetch) to a consumer whose messages nobody reads."""
+        with self._sub_lock:
+            if self._book.connected and self._sub_epochs.get(sub.id) == self._book.epoch:
+                return
+            self._sub_epochs[sub.id] = self._subscribe_frame(sub)
+
+    def _subscribe_frame(self, sub: QueueSubscription) -> int:
         spec = sub.spec
         headers = {"activemq.prefetchSize": str(spec.prefetch)}
         optional = {"selector": spec.selector, "activemq.subscriptionName": spec.durable_name,
                     "transformation": spec.transformation}
         headers.update({k: v for k, v in optional.items() if v is not None})
-        self._transmit("subscribe", lambda c, h: c.subscribe(spec.destination, sub.id, ack=spec.ack.value,
-                                                             headers=h), headers, receipt=True,
-                       loss_is_failure=True)
+        return self._transmit("subscribe", lambda c, h: c.subscribe(spec.destination, sub.id, ack=spec.ack.value,
+                                                                    headers=h), headers, receipt=True,
+                              loss_is_failure=True)
 
     def _resubscribe(self) -> None:
         for sub in list(self._subs.values()):
-            self._subscribe_frame(sub)
+            self._subscribe_once(sub)
 
     def unsubscribe(self, subscription: Subscription, *, remove_durable: bool = False) -> None:
         self._book.check_open()
@@ -378,6 +452,7 @@ class StompTransport:
             raise LocalProtocolError(f"unknown subscription {subscription.id!r} (already unsubscribed?)")
         sub.active = False
         self._book.forget_subscription(sub.id)
+        self._sub_epochs.pop(sub.id, None)
         sub.wake()
         try:
             self._unsubscribe_frame(sub.id, {})
@@ -449,8 +524,10 @@ class StompTransport:
             thread.join(10.0)
 
     def _dispatch_loop(self) -> None:
-        handlers = {"connected": self._on_connected, "message": self._on_message, "receipt": self._on_receipt,
-                    "error": self._on_error, "disconnected": self._on_disconnected, "state": self._on_state_item}
+        handlers: dict[str, Callable[[int, Any], None]] = {
+            "connected": self._on_connected, "message": self._on_message, "receipt": self._on_receipt,
+            "error": self._on_error, "disconnected": self._on_disconnected, "state": self._on_state_item,
+            "split": self._on_split, "fragment": self._on_fragment}
         while (item := self._inbox.get()) is not _STOP:
             epoch, kind, payload = item
             try:
@@ -461,27 +538,51 @@ class StompTransport:
     def _on_connected(self, epoch: int, frame: Frame) -> None:
         self._answer(f"connect-{epoch}", "receipt", frame)
 
-    def _on_message(self, epoch: int, frame: Frame) -> None:
+    def _on_message(self, epoch: int, frame: Frame, problem: str | None = None) -> None:
         if epoch != self._book.epoch:
             return  # a frame from an abandoned connection: the broker redelivers it
         sub = self._subs.get(frame.headers.get("subscription", ""))
         if sub is None:
             log.warning("MESSAGE for unknown subscription %r dropped", frame.headers.get("subscription"))
             return
-        sub.feed(self._delivery(epoch, frame))
+        sub.feed(self._delivery(epoch, frame, problem))
 
-    def _delivery(self, epoch: int, frame: Frame) -> Delivery:
+    def _on_split(self, epoch: int, frame: Frame) -> None:
+        if self._split is not None:
+            log.error("an unfinished split MESSAGE frame from %s was followed by another: %s", self.url,
+                      sorted(self._split.headers))
+        self._split = _SplitFrame(epoch, dict(frame.headers))
+
+    def _on_fragment(self, epoch: int, item: tuple[Frame, bool]) -> None:
+        fragment, complete = item
+        split = self._split
+        if split is None or split.epoch != epoch:
+            log.warning("unknown frame %r from %s dropped", str(fragment.cmd)[:80], self.url)
+            return
+        split.add(fragment)
+        if not complete:
+            return                      # another NUL later in the same header section
+        self._split = None
+        frame = Frame("MESSAGE", split.headers, fragment.body)
+        log.warning("MESSAGE %s from %s had a NUL byte in a header: reassembled, handed over as undecodable",
+                    split.headers.get("message-id"), self.url)
+        self._on_message(epoch, frame, SPLIT_FRAME)
+
+    def _delivery(self, epoch: int, frame: Frame, problem: str | None = None) -> Delivery:
         headers = dict(frame.headers)
         body = frame.body if isinstance(frame.body, bytes) else str(frame.body or "").encode("utf-8")
         message_id = headers.get("message-id")
         if message_id is None:
             raise RemoteProtocolError(f"MESSAGE without message-id: {sorted(headers)}")
-        try:
-            message, problem = self._codec.decode(headers, body), None
-        except Exception as exc:  # noqa: BLE001 — the owner must settle it (dead-letter + ack), never lose it
-            message, problem = JmsMessage(BodyType.BYTES, body), f"{type(exc).__name__}: {exc}"
+        if problem is not None:
+            message = JmsMessage(BodyType.BYTES, body)
+        else:
+            try:
+                message, problem = self._codec.decode(headers, body), None
+            except Exception as exc:  # noqa: BLE001 — the owner must settle it (dead-letter + ack), never lose it
+                message, problem = JmsMessage(BodyType.BYTES, body), f"{type(exc).__name__}: {exc}"
         return Delivery(message=message, headers=headers, body=body,
-                        subscription=headers.get("subscription", ""), ack_id=headers.get("ack", message_id),
+                        subscription=headers.get("subscription", ""), ack_id=str(headers.get("ack", message_id)),
                         message_id=message_id, destination=headers.get("destination", ""),
                         redelivered=headers.get("redelivered") == "true", epoch=epoch, decode_error=problem)
 

@@ -9,6 +9,9 @@ Exception tree (all picklable, all carrying their data)::
     TransportError
      ├── BrokerUnavailable      no usable connection; nothing was done (safe to retry after reconnect())
      ├── SendFailed             this message was definitely NOT accepted (.destination, .reason)
+     │    └── SendRefused       ... because the broker refused THIS message with an ERROR frame (.message, .body):
+     │                          sending it again would be refused again (dead-letter it); a plain SendFailed is a
+     │                          connection problem (retry after reconnect())
      ├── ReceiptTimeout         the outcome is UNKNOWN: the frame left, no receipt came back (.operation)
      ├── BrokerError            the broker answered with an ERROR frame (.message, .body, .receipt_id)
      └── ProtocolError
@@ -37,7 +40,7 @@ import tenacity
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 
 __all__ = [
-    "TransportError", "BrokerUnavailable", "SendFailed", "ReceiptTimeout", "BrokerError", "ProtocolError",
+    "TransportError", "BrokerUnavailable", "SendFailed", "SendRefused", "ReceiptTimeout", "BrokerError", "ProtocolError",
     "RemoteProtocolError", "LocalProtocolError", "ConnectionState", "AckMode", "Delivery", "Subscription",
     "Transport", "MessageCodec", "EncodedMessage", "SimpleCodec", "RetryPolicy", "RECONNECT_POLICY",
     "open_transport", "register_scheme", "stomp_destination", "parse_destination", "redact_url",
@@ -68,6 +71,22 @@ class SendFailed(TransportError):
 
     def __str__(self) -> str:
         return f"send to {self.destination} failed: {self.reason}"
+
+
+class SendRefused(SendFailed):
+    """The broker answered this SEND with an ERROR frame (``message``, ``body``): it refuses the message itself
+    (authorization, a header it cannot parse, a full store with ``sendFailIfNoSpace``). Sending the same message
+    again would be refused again; the connection may still be usable."""
+
+    def __init__(self, reason: str, destination: str, message: str = "", body: str = "") -> None:
+        super().__init__(reason, destination)
+        self.args = (reason, destination, message, body)
+        self.message = message
+        self.body = body
+
+    @classmethod
+    def from_error(cls, error: BrokerError, destination: str) -> SendRefused:
+        return cls(str(error), destination, error.message, error.body)
 
 
 class ReceiptTimeout(TransportError):
@@ -360,12 +379,15 @@ class RetryPolicy:
                  retry_on: tuple[type[BaseException], ...] = (BrokerUnavailable,)) -> tenacity.Retrying:
         """A ``tenacity.Retrying``: stops after ``max_attempts``, ``max_total_s`` or when ``shutdown`` is set;
         sleeps on ``shutdown.wait`` so setting it ends the wait at once; re-raises the last error."""
+        def sleep(seconds: float) -> None:
+            shutdown.wait(seconds)
+
         return tenacity.Retrying(
             stop=(tenacity.stop_after_attempt(self.max_attempts) | tenacity.stop_after_delay(self.max_total_s)
                   | tenacity.stop_when_event_set(shutdown)),
             wait=tenacity.wait_random_exponential(multiplier=self.initial_wait_s, max=self.max_wait_s),
             retry=tenacity.retry_if_exception_type(retry_on),
-            sleep=shutdown.wait, reraise=True, before_sleep=self._log_retry)
+            sleep=sleep, reraise=True, before_sleep=self._log_retry)
 
     def _log_retry(self, state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None

@@ -8,6 +8,7 @@ ActiveMQ. Every test uses its own channel and destination names.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import time
@@ -97,12 +98,16 @@ def _cases(cid: int) -> list[tuple[str, Any, Any, list[tuple[str, str]]]]:
         ("channel to channel", channel_ep(src, cid), channel_ep(snk, cid), [("SOURCE", bad_ch), ("SINK", bad_ch)]),
         ("source given the SINK role", channel_ep(snk, cid), jms_ep(snk, "adm.q"), [("SINK", mismatch)]),
         ("sink given the SOURCE role", jms_ep(src, "adm.q"), channel_ep(src, cid), [("SOURCE", mismatch)]),
+        # NJI Table 2-3: ConnectionReliability BestEffort has no point-to-point counterpart ("[no supported]")
+        ("queue sink, BestEffort channel", channel_ep(src, cid), jms_ep(snk, "adm.q"), [("SINK", bad_dest)]),
+        ("queue source, BestEffort channel", jms_ep(src, "adm.q", style=BA.PULL), channel_ep(snk, cid, BA.PULL, Q),
+         [("SOURCE", bad_dest)]),
     ]
     return cases
 
 
 def test_create_bridge_rejects_every_inconsistent_pair(bf: Any, factory: Any) -> None:
-    channel, cid = factory.create_channel([], [])
+    channel, cid = factory.create_channel([], [])          # ConnectionReliability BestEffort (the default)
     admins_before = (sorted(channel.get_all_consumeradmins()), sorted(channel.get_all_supplieradmins()))
     for label, source, sink, expected in _cases(cid):
         with pytest.raises(BA.InvalidExternalEndPoints) as info:
@@ -113,8 +118,13 @@ def test_create_bridge_rejects_every_inconsistent_pair(bf: Any, factory: Any) ->
 
 
 def test_every_allowed_pair_is_created(bf: Any, factory: Any) -> None:
-    """Table 2-1 "yes" and "implementation dependent" cells, both forms, queue and topic."""
-    _, cid = factory.create_channel([], [])
+    """Table 2-1 "yes" and "implementation dependent" cells, both forms, queue and topic; Table 2-3: a BestEffort
+    channel takes topics only."""
+    _, best_effort = factory.create_channel([], [])
+    for src, snk in ((channel_ep(BA.SOURCE, best_effort), jms_ep(BA.SINK, "adm.t", BA.TOPIC)),
+                     (jms_ep(BA.SOURCE, "adm.t", BA.TOPIC), channel_ep(BA.SINK, best_effort))):
+        bf.create_bridge(src, snk)[0].destroy()
+    _, cid = _persistent_channel(factory)
     made = []
     for kind in (S, Q):
         for ch_style in (BA.PUSH, BA.PULL):
@@ -139,7 +149,7 @@ def _assert_endpoint(got: Any, given: Any) -> None:
 
 
 def test_lookup_and_endpoints(bf: Any, factory: Any) -> None:
-    _, cid = factory.create_channel([], [])
+    _, cid = _persistent_channel(factory)
     pairs = [(channel_ep(BA.SOURCE, cid, BA.PULL, Q), jms_ep(BA.SINK, "adm.look", BA.TOPIC)),
              (jms_ep(BA.SOURCE, "adm.look2", BA.QUEUE, BA.PULL, "jms-json;selector=n > 3"),
               channel_ep(BA.SINK, cid, BA.PUSH, S))]
@@ -161,7 +171,7 @@ def _managed(bridge: Any) -> Any:
 
 
 def test_start_stop_destroy(bf: Any, factory: Any) -> None:
-    channel, cid = factory.create_channel([], [])
+    channel, cid = _persistent_channel(factory)
     before = set(channel.get_all_consumeradmins())
     bridge, bid = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, _name("adm.life")))
     managed = _managed(bridge)
@@ -202,7 +212,7 @@ def test_start_stop_destroy(bf: Any, factory: Any) -> None:
 
 
 def test_destroy_releases_the_supplier_side(bf: Any, factory: Any) -> None:
-    channel, cid = factory.create_channel([], [])
+    channel, cid = _persistent_channel(factory)
     before = set(channel.get_all_supplieradmins())
     bridge, _ = bf.create_bridge(jms_ep(BA.SOURCE, _name("adm.in")), channel_ep(BA.SINK, cid, BA.PULL, Q))
     added = set(channel.get_all_supplieradmins()) - before
@@ -217,7 +227,7 @@ def test_destroy_releases_the_supplier_side(bf: Any, factory: Any) -> None:
 # ------------------------------------------------------------------------------------------ persistence
 def test_bridges_come_back_in_their_last_state_after_sigkill(nsjms_server: NsjmsServer, bf: Any, factory: Any,
                                                              java_tool: JavaTool) -> None:
-    channel, cid = factory.create_channel([], [])
+    channel, cid = _persistent_channel(factory)
     q_run, q_stop, q_new = _name("adm.run"), _name("adm.stopped"), _name("adm.created")
     running, rid = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, q_run))
     stopped, sid = bf.create_bridge(channel_ep(BA.SOURCE, cid, BA.PULL), jms_ep(BA.SINK, q_stop))
@@ -266,7 +276,16 @@ def private_broker(tmp_path: Path) -> Iterator[tuple[EmbeddedActiveMQ, str]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_get_status_reflects_a_lost_broker(tmp_path: Path, fresh_db: str, client_orb: Any,
+def _bridge_status(server: NsjmsServer, bid: int) -> dict[str, Any]:
+    """The bridge's entry in the node's ``status.json`` (rewritten every 2 s; {} until it lists the bridge)."""
+    try:
+        data = json.loads((server.state_dir / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return dict(next((b for b in data.get("bridges", []) if b["id"] == bid), {}))
+
+
+def test_status_reports_a_started_bridge_with_a_lost_broker_as_inactive(tmp_path: Path, fresh_db: str, client_orb: Any,
                                            private_broker: tuple[EmbeddedActiveMQ, str]) -> None:
     broker, _ = private_broker
     state = tmp_path / "state"
@@ -276,20 +295,25 @@ def test_get_status_reflects_a_lost_broker(tmp_path: Path, fresh_db: str, client
     try:
         bf = bridge_factory(client_orb, server)
         factory = client_orb.factory(server.ior())
-        _, cid = factory.create_channel([], [])
-        out, _ = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, "adm.status.out"))
-        inb, _ = bf.create_bridge(jms_ep(BA.SOURCE, "adm.status.in"), channel_ep(BA.SINK, cid))
+        _, cid = _persistent_channel(factory)
+        out, out_id = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, "adm.status.out"))
+        inb, in_id = bf.create_bridge(jms_ep(BA.SOURCE, "adm.status.in"), channel_ep(BA.SINK, cid))
         bridges = [_managed(out), _managed(inb)]
         for b in bridges:
             b.start()
-        assert wait_until(lambda: all(b.get_status() == NsjmsAdmin.started for b in bridges), 15)
+        ids = [out_id, in_id]
+        assert wait_until(lambda: all(_bridge_status(server, i).get("active") for i in ids), 15)
         broker.stop()
-        assert wait_until(lambda: all(b.get_status() == NsjmsAdmin.stopped for b in bridges), 30), \
+        assert wait_until(lambda: all(_bridge_status(server, i).get("broker") == "disconnected" for i in ids), 30), \
             "a bridge whose broker connection is lost is Inactive"
+        for i in ids:
+            assert _bridge_status(server, i)["active"] is False and _bridge_status(server, i)["started"] is True
+        # get_status is the administrative state: started, consistent with BridgeAlreadyStarted
+        assert all(b.get_status() == NsjmsAdmin.started for b in bridges)
         with pytest.raises(BA.BridgeAlreadyStarted):
-            bridges[0].start()                    # still started: Inactive only because of the broker
+            bridges[0].start()
         broker.start()
-        assert wait_until(lambda: all(b.get_status() == NsjmsAdmin.started for b in bridges), 90), \
+        assert wait_until(lambda: all(_bridge_status(server, i).get("active") for i in ids), 90), \
             "the bridges reconnect by themselves and become Active again"
     finally:
         server.stop()
@@ -303,7 +327,7 @@ IN_KINDS = [(jms_style, style, kind) for style in (BA.PUSH, BA.PULL) for kind in
 
 @pytest.mark.parametrize(("style", "kind"), OUT_KINDS, ids=lambda v: str(v))
 def test_channel_to_jms_flow(bf: Any, factory: Any, java_tool: JavaTool, style: Any, kind: Any) -> None:
-    channel, cid = factory.create_channel([], [])
+    channel, cid = _persistent_channel(factory)
     queue = _name(f"adm.out.{style}.{kind}")
     bridge, _ = bf.create_bridge(channel_ep(BA.SOURCE, cid, style, kind), jms_ep(BA.SINK, queue))
     bridge.start_bridge()

@@ -147,7 +147,7 @@ def test_unexpressible_event_is_dead_lettered_and_order_kept(bf: Any, factory: A
     """A filterable_data string longer than a STOMP header may be (ActiveMQ refuses header lines above 10 KiB and
     drops the connection): the event cannot be expressed as a STOMP message for this broker, so it goes to
     ``nsjms.DLQ`` with the reason, and the events around it arrive in order."""
-    channel, cid = factory.create_channel([], [])
+    channel, cid = _persistent_channel(factory)             # a queue needs a Persistent channel (NJI Table 2-3)
     queue = _name("more.dlq.out")
     bridge, bid = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, queue))
     bridge.start_bridge()
@@ -175,7 +175,7 @@ def test_unexpressible_event_is_dead_lettered_and_order_kept(bf: Any, factory: A
 # --------------------------------------------------------------------------- 3. BridgeTransactionMgmt
 def test_transaction_management(nsjms_server: NsjmsServer, bf: Any, factory: Any, java_tool: JavaTool) -> None:
     batch = [prop("MaximumBatchSize", long_(50)), prop("PacingInterval", time_t(0.2))]
-    channel, cid = factory.create_channel(batch, [])
+    channel, cid = _persistent_channel(factory, batch)
     queue = _name("more.tx")
     bridge, bid = bf.create_bridge(channel_ep(BA.SOURCE, cid, BA.PUSH, Q), jms_ep(BA.SINK, queue))
     managed = _managed(bridge)
@@ -298,7 +298,7 @@ def _cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_bridge_cli(nsjms_server: NsjmsServer, bf: Any, factory: Any, java_tool: JavaTool, tmp_path: Path) -> None:
     state = nsjms_server.state_dir
-    _, cid = factory.create_channel([], [])
+    _, cid = _persistent_channel(factory)
     queue = _name("more.cli")
     done = _cli(state, "list")
     assert (done.returncode, done.stdout.strip()) == (0, "no bridges"), done.stderr

@@ -99,3 +99,16 @@ def test_cli_endpoint_parsing():
     for bad in ("channel:x", "chan:1", "queue:", "alarms"):
         with pytest.raises(UsageError, match="--to"):
             parse_endpoint(bad, "--to")
+
+
+def test_connection_reliability_table_2_3() -> None:
+    """NJI Table 2-3: BestEffort has no point-to-point counterpart; a queue needs a Persistent channel."""
+    persistent = {7}.__contains__
+    assert codes(check_pair(chan("SOURCE", 0), jms("SINK"), exists, persistent)) == [
+        ("SINK", "INVALID_JMSDESTINATION")]
+    assert codes(check_pair(jms("SOURCE", style="PULL"), chan("SINK", 0), exists, persistent)) == [
+        ("SOURCE", "INVALID_JMSDESTINATION")]
+    assert check_pair(chan("SOURCE", 0), jms("SINK", dtype="TOPIC"), exists, persistent) == []
+    assert check_pair(jms("SOURCE", dtype="TOPIC"), chan("SINK", 0), exists, persistent) == []
+    assert check_pair(chan("SOURCE", 7), jms("SINK"), exists, persistent) == []
+    assert check_pair(jms("SOURCE"), chan("SINK", 7), exists, persistent) == []

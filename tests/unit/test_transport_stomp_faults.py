@@ -14,7 +14,7 @@ from router.jms.model import BodyType, JmsMessage
 from router.jms.stomp import StompTransport
 from router.jms.transport import (
     RetryPolicy, BrokerError, BrokerUnavailable, ConnectionState, LocalProtocolError, ReceiptTimeout, SendFailed,
-    open_transport,
+    SendRefused, open_transport,
 )
 
 MSG = JmsMessage(BodyType.TEXT, "x")
@@ -159,10 +159,57 @@ def test_error_frame_goes_to_the_waiting_caller(fake: FakeBroker) -> None:
     assert fake.got_frame.wait(5)
     fake.reply(f"ERROR\nreceipt-id:{fake.receipt_header()}\nmessage:not allowed\n\nstack trace\x00".encode())
     thread.join(5)
-    assert len(errors) == 1 and isinstance(errors[0], SendFailed)
+    assert len(errors) == 1 and isinstance(errors[0], SendRefused)   # refused: the bridge dead-letters it
+    assert errors[0].message == "not allowed" and errors[0].body == "stack trace"
     cause = errors[0].__cause__
     assert isinstance(cause, BrokerError) and cause.message == "not allowed" and cause.body == "stack trace"
     assert t.is_connected()
+    t.close()
+
+
+def test_a_lost_connection_is_a_send_failure_but_not_a_refusal(fake: FakeBroker) -> None:
+    t = connect(fake, receipt_timeout=10)
+    fake.drop()
+    deadline = time.monotonic() + 5
+    while t.is_connected() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(SendFailed) as info:
+        t.send("/queue/q", MSG)
+    assert not isinstance(info.value, SendRefused)
+    t.close()
+
+
+def _subscribed(fake: FakeBroker, t: StompTransport) -> object:
+    holder: list[object] = []
+    thread, errors = in_thread(lambda: holder.append(t.subscribe("/queue/in")))
+    assert fake.got_frame.wait(5)
+    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
+    thread.join(5)
+    assert not errors and holder
+    return holder[0]
+
+
+@pytest.mark.parametrize("nul_at", ["middle", "end"])
+def test_a_nul_byte_in_a_header_is_reassembled_and_handed_over_as_undecodable(fake: FakeBroker, nul_at: str) -> None:
+    """ActiveMQ passes a NUL inside a header value (a STOMP producer put it there) through unescaped; STOMP ends the
+    frame there. The message used to arrive as a header-less MESSAGE (dropped: never acked, never dead-lettered)."""
+    from router.jms.stomp import SPLIT_FRAME
+
+    t = connect(fake, receipt_timeout=10)
+    sub = _subscribed(fake, t)
+    value = b"a\x00b" if nul_at == "middle" else b"a\x00"
+    fake.reply(b"MESSAGE\nnote:" + value + b"\nexpires:0\ndestination:/queue/in\nack:ID\\c1\nsubscription:sub-1\n"
+               b"message-id:ID\\cm-1\n\npoison\x00\n"
+               b"MESSAGE\ndestination:/queue/in\nack:ID\\c2\nsubscription:sub-1\nmessage-id:ID\\cm-2\n\ngood\x00")
+    first = sub.receive(5)  # type: ignore[attr-defined]
+    second = sub.receive(5)  # type: ignore[attr-defined]
+    assert first is not None and first.decode_error == SPLIT_FRAME
+    assert first.message_id == "ID:m-1" and first.ack_id == "ID:1" and first.body == b"poison"
+    assert first.headers["note"] == ("a\x00b" if nul_at == "middle" else "a\x00")
+    assert second is not None and second.decode_error is None and second.body == b"good"
+    fake.got_frame.clear()
+    t.ack(first, receipt=False)                       # it can be settled like any other delivery
+    assert fake.got_frame.wait(5) and fake.frames[-1].startswith(b"ACK") and b"id:ID\\c1" in fake.frames[-1]
     t.close()
 
 
@@ -223,3 +270,14 @@ def test_credentials_only_from_arguments() -> None:
         open_transport("stomp://user:secret@127.0.0.1:61613")
     t = open_transport("stomp://127.0.0.1:61613", username="u", password="secret")
     assert "secret" not in repr(t) and "secret" not in t.url
+
+
+def test_one_subscribe_frame_per_subscription_and_connection(fake: FakeBroker) -> None:
+    """reconnect() re-subscribes every subscription while subscribe() may run on another thread: a subscription
+    already subscribed on the live connection must not be subscribed again (a second consumer's prefetch stranded
+    messages after restarts)."""
+    t = connect(fake, receipt_timeout=10)
+    _subscribed(fake, t)
+    t._resubscribe()                        # what reconnect() does after a subscribe() that won the race
+    assert [f.split(b"\n", 1)[0] for f in fake.frames].count(b"SUBSCRIBE") == 1
+    t.close()

@@ -9,6 +9,9 @@
 //       prints one JSON object per message received on stdout, then a line {"done": <received>}.
 //   java JmsTool durable <openwire-url> <client-id> <topic> <subscription> <count> <timeout-ms>
 //       like consume, through a durable topic subscription.
+//   java JmsTool special <openwire-url> <queue|topic> <name> <what> [arg]
+//       one persistent "poison" message: what = nul-property (String property note = "a<NUL>b", text body
+//       "poison"), big-text (a text body of <arg> characters); both carry the String property label = "poison".
 import java.io.Serializable;
 import java.util.ArrayList;
 import java.util.Base64;
@@ -29,6 +32,7 @@ public final class JmsTool {
             case "produce": produce(args); break;
             case "consume": consume(args, null, null); break;
             case "durable": consume(new String[] {"consume", args[1], "topic", args[3], args[5], args[6]}, args[2], args[4]); break;
+            case "special": special(args); break;
             default: throw new IllegalArgumentException("unknown command " + args[0]);
         }
     }
@@ -62,6 +66,34 @@ public final class JmsTool {
                 m.setFloatProperty("f", 1.25f);
                 p.send(m, p.getDeliveryMode(), i % 10, 0);
             }
+        } finally {
+            c.close();
+        }
+    }
+
+    private static void special(String[] a) throws Exception {
+        ActiveMQConnectionFactory f = new ActiveMQConnectionFactory(a[1]);
+        Connection c = f.createConnection();
+        try {
+            Session s = c.createSession(false, Session.AUTO_ACKNOWLEDGE);
+            MessageProducer p = s.createProducer(dest(s, a[2], a[3]));
+            p.setDeliveryMode(DeliveryMode.PERSISTENT);
+            Message m;
+            switch (a[4]) {
+                case "nul-property":
+                    m = s.createTextMessage("poison");
+                    m.setStringProperty("note", "a\u0000b");
+                    break;
+                case "big-text": {
+                    char[] text = new char[Integer.parseInt(a[5])];
+                    java.util.Arrays.fill(text, 'x');
+                    m = s.createTextMessage(new String(text));
+                    break;
+                }
+                default: throw new IllegalArgumentException(a[4]);
+            }
+            m.setStringProperty("label", "poison");
+            p.send(m);
         } finally {
             c.close();
         }
