@@ -128,18 +128,14 @@ class Node:
             watch.start()
 
     def _private_state_dir(self) -> None:
-        """No group/other bits anywhere; as root with the embedded PostgreSQL, the ``postgres`` group may traverse
-        the top directory (its server runs as that user and lives in ``pg/``, which it owns with mode 0700)."""
+        """No group/other bits anywhere; as root with an embedded PostgreSQL (configured, or one whose cluster lives
+        here and may still run), the ``postgres`` group may traverse the top directory (its server runs as that
+        user and lives in ``pg/``, which it owns with mode 0700)."""
         from router.lifecycle import private_tree
-        from router.services import PG_OS_USER
 
         private_tree(self.s.state_dir)
-        if not self.pg_dsn and os.geteuid() == 0:
-            try:
-                shutil.chown(self.s.state_dir, group=PG_OS_USER)
-                os.chmod(self.s.state_dir, 0o710)
-            except LookupError:
-                pass  # no postgres user: EmbeddedPostgres says what to install
+        if not self.pg_dsn or (self.s.state_dir / "pg").exists():
+            _postgres_may_traverse(self.s.state_dir)
 
     def _check_before_services(self) -> None:
         """What can end the start is checked before an embedded service is started, adopted or stopped."""
@@ -364,6 +360,19 @@ class Node:
         self._lock = None
 
 
+def _postgres_may_traverse(state_dir: Path) -> None:
+    """As root: ``root:postgres 0710`` on the state directory, so the ``postgres`` OS user reaches ``pg/``."""
+    from router.services import PG_OS_USER
+
+    if os.geteuid() != 0:
+        return
+    try:
+        shutil.chown(state_dir, group=PG_OS_USER)
+        os.chmod(state_dir, 0o710)
+    except LookupError:
+        pass  # no postgres user: EmbeddedPostgres says what to install
+
+
 def stop_services(state_dir: Path) -> list[str]:
     """Stop the embedded PostgreSQL and ActiveMQ left running under ``state_dir`` by a node that is gone.
 
@@ -387,6 +396,7 @@ def stop_services(state_dir: Path) -> list[str]:
         pg = services.EmbeddedPostgres(state_dir, 0)
         pid = pg.pid
         if pid is not None:
+            _postgres_may_traverse(state_dir)  # pg_ctl runs as postgres
             pg.stop()
             stopped.append(f"embedded PostgreSQL (pid {pid})")
         for name in ("endpoints.json", "status.json"):

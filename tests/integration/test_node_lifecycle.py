@@ -380,6 +380,8 @@ def _services_untouched(node: EmbeddedNode, broker_pid: int, pg_pid: int) -> Non
     assert _pid_alive(broker_pid) and node.broker_pid() == broker_pid, "the leftover ActiveMQ still runs"
     assert stomp_probe("127.0.0.1", node.stomp_port, *node.credentials(), 10) is None, "and answers"
     assert _pid_alive(pg_pid) and node.pg_pid() == pg_pid, "the leftover PostgreSQL still runs"
+    if os.geteuid() == 0:  # and its OS user can still reach it (pg_ctl runs as postgres)
+        assert node.state_dir.stat().st_mode & 0o777 == 0o710, oct(node.state_dir.stat().st_mode)
 
 
 def test_a_start_that_fails_leaves_the_services_of_a_killed_node_running(embedded_node: EmbeddedNode) -> None:
