@@ -285,7 +285,7 @@ def cmd_stop_services(args: argparse.Namespace, cfg: Any) -> int:
     except StateDirLocked as exc:
         print(f"nsjms stop-services: {exc}", file=sys.stderr)
         return EXIT_LOCKED
-    except ServiceError as exc:
+    except (ServiceError, OSError) as exc:  # OSError: e.g. the state directory belongs to another user
         print(f"nsjms stop-services: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     what = ", ".join(stopped) if stopped else "nothing was running"

@@ -216,3 +216,21 @@ def test_bind_problem() -> None:
 ])
 def test_kept_for_restart(result: str | None, code: str | None, status: str | None, kept: bool) -> None:
     assert kept_for_restart(result, code, status) is kept
+
+
+def test_stop_services_command_reports_an_unreadable_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import router.server
+    from router.cli import main
+
+    def denied(state_dir: Path) -> list[str]:
+        raise PermissionError(13, "Permission denied", str(state_dir / "node.lock"))
+
+    monkeypatch.setattr(router.server, "stop_services", denied)
+    for key in ("SERVICE_RESULT", "EXIT_CODE", "EXIT_STATUS"):
+        monkeypatch.delenv(key, raising=False)
+    assert main(["stop-services", "--state-dir", str(tmp_path)]) == 1
+    assert "Permission denied" in capsys.readouterr().err
+    monkeypatch.setenv("SERVICE_RESULT", "signal")  # a crash: nothing is touched, not even looked at
+    assert main(["stop-services", "--state-dir", str(tmp_path), "--unless-restarting"]) == 0
+    assert "keep running for it" in capsys.readouterr().out
