@@ -1,4 +1,4 @@
-"""The ``nsjms`` command line: ``serve``, ``status``, ``channel``, ``bridge``, ``demo``.
+"""The ``nsjms`` command line: ``serve``, ``status``, ``channel``, ``bridge``, ``demo``, ``stop-services``.
 
 ``--state-dir``, ``--config`` and ``--json`` are accepted before or after the subcommand. The state directory is
 ``--state-dir``, else ``$NSJMS_STATE_DIR``, else ``node.state_dir`` of the configuration (``--config``/
@@ -33,7 +33,7 @@ EXIT_CODES: dict[int, str] = {
                  "option or property and why)",
     EXIT_NOT_RUNNING: "no running node (the message says where it looked) or the node does not answer",
     EXIT_REFUSED: "the node refused the request, or the channel/bridge id does not exist (the message says why)",
-    EXIT_LOCKED: "`serve`: the state directory is in use by a running node (nothing was touched)",
+    EXIT_LOCKED: "`serve`, `stop-services`: the state directory is in use by a running node (nothing was touched)",
     EXIT_UNREACHABLE: "`serve`: PostgreSQL did not answer at start (the message names `postgres.dsn` and the address, "
                       "password redacted)",
 }
@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common()
     p = argparse.ArgumentParser(prog="nsjms", parents=[common],
                                 description="CORBA Notification Service ⇄ JMS routing engine")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{serve,status,channel,bridge,demo}")
+    sub = p.add_subparsers(dest="command", required=True,
+                           metavar="{serve,status,channel,bridge,demo,stop-services}")
 
     serve = sub.add_parser("serve", parents=[common],
                            help="run a node (embedded PostgreSQL and ActiveMQ unless given)")
@@ -90,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
                           help="print every event (default when stdout is a terminal)")
     progress.add_argument("--quiet", dest="progress", action="store_false",
                           help="print only the summary (default when stdout is not a terminal)")
+
+    stop = sub.add_parser("stop-services", parents=[common],
+                          help="stop the embedded PostgreSQL and ActiveMQ a node left running (refused while a node "
+                               "runs on the state directory)")
+    stop.add_argument("--unless-restarting", action="store_true",
+                      help="for systemd's ExecStopPost: leave them running when the unit's main process failed and "
+                           "Restart=on-failure starts it again ($SERVICE_RESULT, $EXIT_CODE, $EXIT_STATUS)")
     return p
 
 
@@ -199,13 +207,13 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
     except StateDirLocked as exc:  # another node owns everything there: touch nothing, not even via stop()
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
         return EXIT_LOCKED
-    except ServiceUnreachable as exc:
+    except ServiceUnreachable as exc:  # adopted (leftover) services keep running for the next start
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
-        node.stop()
+        node.stop(start_failed=True)
         return EXIT_UNREACHABLE
-    except Exception as exc:  # noqa: BLE001 — report the cause and stop what was started
+    except Exception as exc:  # noqa: BLE001 — report the cause and stop what this start launched
         log.error("nsjms serve failed to start: %s", redact_dsn(str(exc)))
-        node.stop()
+        node.stop(start_failed=True)
         return EXIT_FAILURE
     endpoints_path = node.s.state_dir / "endpoints.json"
     if args.json:
@@ -258,6 +266,31 @@ def cmd_demo(args: argparse.Namespace, cfg: Any) -> int:
     if args.json:
         print(json.dumps(result.as_dict()))
     return EXIT_OK if args.count == 0 or result.received >= args.count else EXIT_FAILURE
+
+
+def cmd_stop_services(args: argparse.Namespace, cfg: Any) -> int:
+    from router.lifecycle import ServiceError, StateDirLocked, kept_for_restart
+    from router.server import stop_services
+
+    state_dir = Path(cfg.node.state_dir).resolve()
+    env = os.environ
+    if args.unless_restarting and kept_for_restart(env.get("SERVICE_RESULT"), env.get("EXIT_CODE"),
+                                                   env.get("EXIT_STATUS")):
+        print(f"nsjms stop-services: the node failed ({env.get('SERVICE_RESULT')}, {env.get('EXIT_CODE')} "
+              f"{env.get('EXIT_STATUS')}) and is restarted: its embedded services under {state_dir} keep running "
+              "for it", flush=True)
+        return EXIT_OK
+    try:
+        stopped = stop_services(state_dir)
+    except StateDirLocked as exc:
+        print(f"nsjms stop-services: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
+    except (ServiceError, OSError) as exc:  # OSError: e.g. the state directory belongs to another user
+        print(f"nsjms stop-services: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    what = ", ".join(stopped) if stopped else "nothing was running"
+    print(f"nsjms stop-services: {state_dir}: {what}", flush=True)
+    return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace, cfg: Any) -> int:
@@ -336,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, cfg.node.log_level, logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge,
-                "channel": cmd_channel}
+                "channel": cmd_channel, "stop-services": cmd_stop_services}
     return handlers[args.command](args, cfg)
 
 

@@ -38,6 +38,8 @@ __all__ = [
     "ServiceWatch",
     "StateDirLocked",
     "StateLock",
+    "bind_problem",
+    "kept_for_restart",
     "private_tree",
     "probe_broker",
     "probe_postgres",
@@ -229,12 +231,44 @@ def probe_broker(url: str, login: str, passcode: str, timeout: float) -> str | N
     return "; ".join(problems) or "no broker address"
 
 
+def bind_problem(host: str, port: int) -> str | None:
+    """``None`` when a listening socket could be bound on ``host:port`` now (``SO_REUSEADDR``, as a server sets
+    it), else why not (port in use, address not local, name unknown)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    return None
+
+
 def _tcp_probe(host: str, port: int, timeout: float) -> str | None:
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return None
     except OSError as exc:
         return f"cannot connect to {host}:{port}: {exc.strerror or exc}"
+
+
+# ---------------------------------------------------------------------------------------------- systemd
+#: ``$SERVICE_RESULT`` values for which ``Restart=on-failure`` starts the unit's main process again.
+RESTARTED_RESULTS = frozenset({"exit-code", "signal", "core-dump", "watchdog", "oom-kill"})
+#: Exit statuses systemd does not restart (``RestartPreventExitStatus=`` of deploy/nsjms.service): config, locked.
+NOT_RESTARTED_STATUSES = frozenset({"2", "5"})
+
+
+def kept_for_restart(service_result: str | None, exit_code: str | None, exit_status: str | None) -> bool:
+    """Pure: in a systemd ``ExecStopPost``, whether the embedded services stay for the restart that follows.
+
+    True when the main process failed (crash, signal, exit code 1 or 6…) and ``Restart=on-failure`` will start it
+    again: the next node adopts them. False for a deliberate stop (``success``; ``timeout``: the node was killed
+    after ``TimeoutStopSec``), for exit codes systemd does not retry, and outside systemd (no ``$SERVICE_RESULT``).
+    """
+    if service_result not in RESTARTED_RESULTS:
+        return False
+    return not (exit_code == "exited" and exit_status in NOT_RESTARTED_STATUSES)
 
 
 # ------------------------------------------------------------------------------------------- supervision

@@ -5,12 +5,20 @@ loopback endpoint by default so persistent object references survive restarts.
 
 Start order: (1) take the state directory's exclusive lock — a second node on the same directory is refused
 before it touches anything (:class:`router.lifecycle.StateDirLocked`); (2) make the state directory private
-(umask 0077, no group/other bits); (3) start or reuse the embedded services, filling the embedded broker's
-generated credentials into the bridges' broker settings; (4) check PostgreSQL answers within
-``postgres.connect_timeout_s`` (else :class:`router.lifecycle.ServiceUnreachable` naming ``postgres.dsn``) and
-probe the broker (an unreachable broker is logged as an error naming ``broker.url``; the node serves and its
-bridges reconnect by themselves); (5) the ORB, channels, bridges; (6) ``endpoints.json`` and one watch thread per
-service, which keeps reachability for ``status.json`` and restarts a dead embedded service with backoff.
+(umask 0077, no group/other bits); (3) the checks that can end the start without a service being touched: the ORB
+endpoint can be bound, and an external ``postgres.dsn`` answers within ``postgres.connect_timeout_s`` (else
+:class:`router.lifecycle.ServiceUnreachable` naming ``postgres.dsn``); (4) start or reuse the embedded services,
+filling the embedded broker's generated credentials into the bridges' broker settings; (5) check an embedded
+PostgreSQL answers and probe the broker (an unreachable broker is logged as an error naming ``broker.url``; the
+node serves and its bridges reconnect by themselves); (6) the ORB, channels, bridges; (7) ``endpoints.json`` and
+one watch thread per service, which keeps reachability for ``status.json`` and restarts a dead embedded service
+with backoff.
+
+A start that fails after (4) is undone with ``stop(start_failed=True)``: services this start launched are stopped,
+services it found running and adopted (left by a killed node) keep running for the next start — a node that cannot
+start (PostgreSQL down, say) under systemd's ``Restart=on-failure`` must not stop and restart the broker every
+cycle. :func:`stop_services` stops a state directory's embedded services when no node runs there (``nsjms
+stop-services``, the systemd unit's ``ExecStopPost``).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Node", "NodeSettings", "write_endpoints"]
+__all__ = ["Node", "NodeSettings", "stop_services", "write_endpoints"]
 
 log = logging.getLogger("nsjms.server")
 
@@ -111,6 +119,7 @@ class Node:
         lock.acquire()
         self._lock = lock
         self._private_state_dir()
+        self._check_before_services()
         self._start_services()
         self._check_services()
         self._start_channel()
@@ -119,18 +128,28 @@ class Node:
             watch.start()
 
     def _private_state_dir(self) -> None:
-        """No group/other bits anywhere; as root with the embedded PostgreSQL, the ``postgres`` group may traverse
-        the top directory (its server runs as that user and lives in ``pg/``, which it owns with mode 0700)."""
+        """No group/other bits anywhere; as root with an embedded PostgreSQL (configured, or one whose cluster lives
+        here and may still run), the ``postgres`` group may traverse the top directory (its server runs as that
+        user and lives in ``pg/``, which it owns with mode 0700)."""
         from router.lifecycle import private_tree
-        from router.services import PG_OS_USER
 
         private_tree(self.s.state_dir)
-        if not self.pg_dsn and os.geteuid() == 0:
-            try:
-                shutil.chown(self.s.state_dir, group=PG_OS_USER)
-                os.chmod(self.s.state_dir, 0o710)
-            except LookupError:
-                pass  # no postgres user: EmbeddedPostgres says what to install
+        if not self.pg_dsn or (self.s.state_dir / "pg").exists():
+            _postgres_may_traverse(self.s.state_dir)
+
+    def _check_before_services(self) -> None:
+        """What can end the start is checked before an embedded service is started, adopted or stopped."""
+        from router.config import redact_dsn
+        from router.lifecycle import ServiceError, ServiceUnreachable, bind_problem
+
+        problem = bind_problem(self.s.orb_host, self.s.orb_port)
+        if problem is not None:
+            raise ServiceError(f"orb.host/orb.port: cannot listen on {self.s.orb_host}:{self.s.orb_port}: {problem}; "
+                               "stop the process holding it or choose another orb.port")
+        if self.pg_dsn:  # external: embedded services must not be touched for a node that cannot start
+            problem = self._probe_pg()
+            if problem is not None:
+                raise ServiceUnreachable("postgres.dsn", redact_dsn(self.pg_dsn), problem)
 
     def _start_services(self) -> None:
         from router import services
@@ -155,7 +174,7 @@ class Node:
         pg = Health("postgres.dsn", redact_dsn(self.pg_dsn), self.embedded_pg is not None)
         mq = Health("broker.url", redact_dsn(self.broker_url), self.embedded_mq is not None)
         self.health = {"postgres": pg, "broker": mq}
-        problem = self._probe_pg()
+        problem = self._probe_pg() if self.embedded_pg is not None else None  # an external one: checked before
         if problem is not None:
             raise ServiceUnreachable("postgres.dsn", pg.address, problem)
         pg.record_probe(None, time.time())
@@ -300,8 +319,11 @@ class Node:
         while not self._stopped.wait(0.5):
             pass
 
-    def stop(self) -> None:
-        """Release everything this node started; a node that never got the state directory's lock touches nothing."""
+    def stop(self, *, start_failed: bool = False) -> None:
+        """Release everything this node started; a node that never got the state directory's lock touches nothing.
+
+        ``start_failed``: undo a failed :meth:`start` — an embedded service it adopted (found running, left by a
+        killed node) keeps running for the next start; only services this start launched are stopped."""
         self._stopped.set()
         if self._lock is None:
             return
@@ -322,6 +344,9 @@ class Node:
         if self.bridge_store is not None:
             self.bridge_store.close()
         for svc in reversed(self.services):
+            if start_failed and getattr(svc, "reused", False):
+                log.warning("leaving the running %s (pid %s) for the next start", type(svc).__name__, svc.pid)
+                continue
             try:
                 svc.stop()
             except Exception:
@@ -333,3 +358,49 @@ class Node:
                 pass
         self._lock.release()
         self._lock = None
+
+
+def _postgres_may_traverse(state_dir: Path) -> None:
+    """As root: ``root:postgres 0710`` on the state directory, so the ``postgres`` OS user reaches ``pg/``."""
+    from router.services import PG_OS_USER
+
+    if os.geteuid() != 0:
+        return
+    try:
+        shutil.chown(state_dir, group=PG_OS_USER)
+        os.chmod(state_dir, 0o710)
+    except LookupError:
+        pass  # no postgres user: EmbeddedPostgres says what to install
+
+
+def stop_services(state_dir: Path) -> list[str]:
+    """Stop the embedded PostgreSQL and ActiveMQ left running under ``state_dir`` by a node that is gone.
+
+    Takes the state directory's lock first (:class:`router.lifecycle.StateDirLocked` while a node runs there:
+    nothing is touched), removes the stale ``endpoints.json``/``status.json`` and returns what it stopped.
+    """
+    from router import services
+    from router.lifecycle import StateLock
+
+    if not state_dir.is_dir():
+        return []  # never a node here (and the directory is not created)
+    lock = StateLock(state_dir)
+    lock.acquire()
+    try:
+        stopped = []
+        mq = services.EmbeddedActiveMQ(state_dir, 0, 0, authenticate=True)  # ports are not needed to stop it
+        pid = mq.pid
+        if pid is not None:
+            mq.stop()
+            stopped.append(f"embedded ActiveMQ (pid {pid})")
+        pg = services.EmbeddedPostgres(state_dir, 0)
+        pid = pg.pid
+        if pid is not None:
+            _postgres_may_traverse(state_dir)  # pg_ctl runs as postgres
+            pg.stop()
+            stopped.append(f"embedded PostgreSQL (pid {pid})")
+        for name in ("endpoints.json", "status.json"):
+            (state_dir / name).unlink(missing_ok=True)
+        return stopped
+    finally:
+        lock.release()

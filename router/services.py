@@ -168,6 +168,7 @@ class EmbeddedPostgres:
         self.timeout = timeout
         self._bin_dir = Path(bin_dir) if bin_dir is not None else None
         self.dsn = ""
+        self.reused = False  # the last start() kept a server already running here
 
     # -- public
     def start(self) -> str:
@@ -180,6 +181,7 @@ class EmbeddedPostgres:
         if running is not None and running != self.port:
             self._pg_ctl("stop", "-m", "fast")
             running = None
+        self.reused = running is not None
         if running is None:
             _ensure_port_free(self.port, "embedded PostgreSQL")
             self._start_server()
@@ -494,6 +496,7 @@ class EmbeddedActiveMQ:
     def start(self) -> str:
         """Write the instance config, start the broker (or adopt ours), wait for STOMP; return its URL."""
         java = self._java()
+        self.reused = False
         self._prepare_root()
         if self.authenticate:
             self.login, self.passcode = self._credentials()

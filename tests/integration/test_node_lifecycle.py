@@ -3,7 +3,8 @@ directory lock, private files, broker credentials, reachability in ``status``, s
 reuse of a leftover broker, and the broker dead-lettering non-persistent messages.
 
 One node (``embedded_node``, module scope: an ActiveMQ start costs 15-30 s here) runs on free ports in a private
-state directory; the tests use it in file order and each leaves it serving. Real services throughout.
+state directory; the tests use it in file order and each leaves it serving, except the last (``stop-services``),
+which leaves it stopped. Real services throughout.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -102,8 +104,8 @@ class EmbeddedNode:
         return "".join(p.read_text(errors="replace") for p in sorted(self.logs.iterdir()))
 
     def run_cli(self, *args: str, orb_port: int | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.command(orb_port)[:3], *args], capture_output=True, text=True, check=False, timeout=300,
-                              stdin=subprocess.DEVNULL, env=self.env(), cwd=REPO)
+        return subprocess.run([*self.command(orb_port)[:3], *args], capture_output=True, text=True, check=False,
+                              timeout=300, stdin=subprocess.DEVNULL, env=self.env(), cwd=REPO)
 
     def serve_again(self, orb_port: int) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.command(orb_port), capture_output=True, text=True, check=False, timeout=300,
@@ -371,3 +373,83 @@ def test_node_killed_and_restarted_reuses_the_running_broker(embedded_node: Embe
     supplier, dest = _bridge_to_queue(node, client_orb)
     assert _delivered(node, supplier, dest, 3, 60), "bridges log in to the reused broker"
     _assert_no_secret(node)
+
+
+# ------------------------------------------------------------------- 4. starts that fail, stop-services
+def _services_untouched(node: EmbeddedNode, broker_pid: int, pg_pid: int) -> None:
+    assert _pid_alive(broker_pid) and node.broker_pid() == broker_pid, "the leftover ActiveMQ still runs"
+    assert stomp_probe("127.0.0.1", node.stomp_port, *node.credentials(), 10) is None, "and answers"
+    assert _pid_alive(pg_pid) and node.pg_pid() == pg_pid, "the leftover PostgreSQL still runs"
+    if os.geteuid() == 0:  # and its OS user can still reach it (pg_ctl runs as postgres)
+        assert node.state_dir.stat().st_mode & 0o777 == 0o710, oct(node.state_dir.stat().st_mode)
+
+
+def test_a_start_that_fails_leaves_the_services_of_a_killed_node_running(embedded_node: EmbeddedNode) -> None:
+    """Under systemd's Restart=on-failure a node that cannot start (PostgreSQL down, ORB port busy, bad
+    configuration) is retried every few seconds: no attempt may stop (or start) the embedded broker."""
+    node = embedded_node
+    assert node.proc is not None
+    broker_pid, pg_pid = node.broker_pid(), node.pg_pid()
+    node.proc.kill()
+    node.proc.wait(30)
+
+    dead_pg = f"postgresql://nsjms:pw@127.0.0.1:{free_port()}/nsjms"
+    env = dict(node.env(), NSJMS_POSTGRES_DSN=dead_pg)
+    for _ in range(2):  # two restart cycles
+        done = subprocess.run(node.command(free_port()), capture_output=True, text=True, check=False, timeout=300,
+                              stdin=subprocess.DEVNULL, env=env, cwd=REPO)
+        assert done.returncode == EXIT_UNREACHABLE, done.stdout + done.stderr
+        assert "nsjms serve: postgres.dsn: cannot reach postgresql://nsjms:***@127.0.0.1:" in done.stderr
+        assert "ActiveMQ" not in done.stderr, done.stderr  # neither adopted nor restarted nor stopped
+        _services_untouched(node, broker_pid, pg_pid)
+
+    with socket.socket() as busy:  # the ORB port is held by another process
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        done = node.serve_again(busy.getsockname()[1])
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "orb.host/orb.port: cannot listen on 127.0.0.1:" in done.stderr, done.stderr
+    _services_untouched(node, broker_pid, pg_pid)
+
+    bad = node.run_cli("serve", "--state-dir", str(node.state_dir), "--log-level", "LOUD")
+    assert bad.returncode == 2 and "configuration error" in bad.stderr, bad.stderr
+    _services_untouched(node, broker_pid, pg_pid)
+
+    # what the unit's ExecStopPost runs after such a failure: they stay for the restart
+    kept = subprocess.run([*node.command()[:3], "stop-services", "--state-dir", str(node.state_dir),
+                           "--unless-restarting"], capture_output=True, text=True, check=False, timeout=300,
+                          stdin=subprocess.DEVNULL, cwd=REPO,
+                          env=dict(node.env(), SERVICE_RESULT="exit-code", EXIT_CODE="exited", EXIT_STATUS="6"))
+    assert kept.returncode == 0 and "keep running" in kept.stdout, kept.stdout + kept.stderr
+    _services_untouched(node, broker_pid, pg_pid)
+
+    node.start()  # PostgreSQL back: the next start adopts them
+    assert node.broker_pid() == broker_pid and node.pg_pid() == pg_pid
+    assert f"reusing the running ActiveMQ (pid {broker_pid})" in node.stderr()
+
+
+def test_stop_services_is_refused_while_a_node_runs_and_stops_what_a_killed_node_left(
+        embedded_node: EmbeddedNode) -> None:
+    node = embedded_node
+    assert node.proc is not None
+    broker_pid, pg_pid = node.broker_pid(), node.pg_pid()
+    endpoints = (node.state_dir / "endpoints.json").read_text()
+    refused = node.run_cli("stop-services", "--state-dir", str(node.state_dir))
+    assert refused.returncode == EXIT_LOCKED, refused.stdout + refused.stderr
+    assert f"is in use by a running nsjms node (pid {node.proc.pid}" in refused.stderr
+    _services_untouched(node, broker_pid, pg_pid)
+    assert (node.state_dir / "endpoints.json").read_text() == endpoints and node.proc.poll() is None
+
+    node.proc.kill()
+    node.proc.wait(30)
+    # a deliberate `systemctl stop` whose node had to be killed after TimeoutStopSec: ExecStopPost stops them
+    stopped = subprocess.run([*node.command()[:3], "stop-services", "--state-dir", str(node.state_dir),
+                              "--unless-restarting"], capture_output=True, text=True, check=False, timeout=300,
+                             stdin=subprocess.DEVNULL, cwd=REPO,
+                             env=dict(node.env(), SERVICE_RESULT="timeout", EXIT_CODE="killed", EXIT_STATUS="KILL"))
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"embedded ActiveMQ (pid {broker_pid}), embedded PostgreSQL (pid {pg_pid})" in stopped.stdout
+    assert not _pid_alive(broker_pid) and not _pid_alive(pg_pid)
+    assert not (node.state_dir / "endpoints.json").exists(), "the stale endpoints are gone"
+    again = node.run_cli("stop-services", "--state-dir", str(node.state_dir))
+    assert again.returncode == 0 and "nothing was running" in again.stdout, again.stdout + again.stderr

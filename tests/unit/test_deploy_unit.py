@@ -1,0 +1,57 @@
+"""deploy/nsjms.service: the commands it runs exist in the CLI, crash restarts keep the embedded services (what
+``stop-services --unless-restarting`` decides matches the unit's restart rules), and ``systemd-analyze verify``
+accepts it. The commands themselves run against real services in tests/integration/test_node_lifecycle.py."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from router.cli import build_parser
+from router.lifecycle import NOT_RESTARTED_STATUSES, kept_for_restart
+
+UNIT = Path(__file__).resolve().parents[2] / "deploy" / "nsjms.service"
+
+
+def directives() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in UNIT.read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            found.setdefault(key.strip(), []).append(value.strip())
+    return found
+
+
+def test_the_unit_runs_commands_the_cli_has() -> None:
+    units = directives()
+    for key in ("ExecStart", "ExecStopPost"):
+        (line,) = units[key]
+        argv = shlex.split(line.lstrip("-"))
+        assert argv[0] == "/opt/nsjms/bin/nsjms"
+        build_parser().parse_args(argv[1:])  # exits (SystemExit) on an unknown command or option
+    assert shlex.split(units["ExecStopPost"][0])[1:3] == ["stop-services", "--config"]
+    assert "--unless-restarting" in units["ExecStopPost"][0]
+
+
+def test_a_crash_leaves_the_embedded_services_to_the_restarted_node() -> None:
+    units = directives()
+    assert units["KillMode"] == ["process"], "mixed/control-group would SIGKILL the services after a crash"
+    assert units["Restart"] == ["on-failure"]
+    assert set(units["RestartPreventExitStatus"][0].split()) == NOT_RESTARTED_STATUSES
+    assert kept_for_restart("signal", "killed", "SEGV") and not kept_for_restart("success", "exited", "0")
+
+
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    # verify checks that the executables exist: /opt/nsjms is not installed here, so point them at /bin/true
+    unit = tmp_path / "nsjms.service"
+    unit.write_text(UNIT.read_text().replace("/opt/nsjms/bin/nsjms", "/bin/true"))
+    done = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, check=False, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 0 and "nsjms.service" not in done.stderr, done.stdout + done.stderr
