@@ -14,7 +14,8 @@ One file per node, ``<state_dir>/xa-<node>.log`` (format: :mod:`xa.records`). Gu
   i.e. restart, and let recovery read what is really on disk).
 * Creating the file is atomic (``<file>.tmp``, synced, renamed, directory synced); a file with no valid frame
   at all is a crash during creation and is replaced by a fresh log. Opening cuts off a torn tail (and syncs
-  the cut); damage followed by valid records raises :class:`~xa.errors.LogCorrupted` instead of guessing.
+  the cut); a zero-filled page followed by valid records is a lost unsynced write (skipped, see
+  :func:`xa.records.scan`); other damage followed by valid records raises :class:`~xa.errors.LogCorrupted`.
 * Compaction: once ended transactions hold more than ``compact_bytes`` and more than half the file, the live
   records are rewritten to ``<file>.tmp``, synced, renamed over the log, and the directory synced. After the
   rename the log always writes to the new file; a failed directory fsync then fails the log (durability of the
