@@ -370,7 +370,10 @@ class RecoveryManager:
     def view(self) -> list[InDoubt]:
         """Every in-doubt transaction of this node, oldest first, with the safe action and why. Total: any log
         entry is shown, whatever records it holds."""
-        busy, live, scan = self.in_flight(), self.log.live(), self._scan()
+        first = self.log.live()  # same read order as run(): an entry new in the second read may be in flight
+        busy = self.in_flight()
+        live, scan = self.log.live(), self._scan()
+        busy |= set(live) - set(first)
         out = [self._view_logged(t, scan, busy) for t in live.values()]
         by_gtrid: dict[str, list[Xid]] = {}
         for xids in scan.prepared.values():

@@ -15,7 +15,7 @@ from psycopg import Xid
 from xa.coordinator import Coordinator, Outcome
 from xa.errors import OutcomeUnknown
 from xa.records import LiveTxn, Record
-from xa.recovery import RecoveryManager
+from xa.recovery import RecoveryManager, SafeAction
 from xa.states import State
 from xa.testing import FakeClock, MemoryLog, MemoryManager
 from xa.xid import NodeId
@@ -140,3 +140,15 @@ def test_a_transaction_handed_off_between_the_reads(broker_fails: bool) -> None:
         assert outcome.state is State.COMMITTED
         assert race.resent == [] and report.ended == [] and race.broker.committed == ["msg"]
     assert race.pg.committed == ["row"] and race.log.live() == {}
+
+
+@pytest.mark.parametrize("trigger", TRIGGERS)
+def test_the_view_never_recommends_acting_on_a_transaction_in_phase_two(trigger: str) -> None:
+    race = Race(trigger, broker_fails=True)
+    race.clock.advance(3600)
+    entries = race.rm.view()  # empty when the whole decision happened after the log reads
+    assert race.thread is not None, f"the view never reached {trigger}"
+    assert [e.action for e in entries] in ([], [SafeAction.WAIT]), entries
+    outcome = race.release()
+    [entry] = race.rm.view()  # handed off now: recovery's business
+    assert entry.gtrid == outcome.gtrid and entry.action is SafeAction.RESEND
