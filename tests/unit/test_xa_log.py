@@ -264,7 +264,7 @@ def test_compaction_keeps_live_records_only(tmp_path: Path) -> None:
         log.append(End(gtrid(i), 5.0), durable=False)
         biggest = max(biggest, log.size())
     assert log.size() < biggest  # it shrank at least once
-    assert not log.path.with_name(log.path.name + ".compact").exists()
+    assert not log.path.with_name(log.path.name + ".tmp").exists()
     expected = {g: (t.commit, t.done, t.unknown, t.heuristics) for g, t in log.live().items()}
     assert set(expected) == {gtrid(0), gtrid(9999)}
     log.append(commit(500), durable=True)
