@@ -145,6 +145,7 @@ class Transaction:
         self._lock = threading.Lock()
         self._resources: list[Resource] = []
         self._reason = ""
+        self._rollback_only = False  # a flag of its own: an empty reason still marks the transaction
         self._timed_out = False
 
     # ----------------------------------------------------------------------------------------- state
@@ -175,7 +176,7 @@ class Transaction:
         with self._lock:
             if self._state not in (State.ACTIVE, State.ROLLBACK_ONLY) or not self._overdue():
                 return False
-            self._timed_out = True
+            self._timed_out = self._rollback_only = True
             self._reason = self._reason or "deadline passed"
             self._state = apply(self._state, Event.MARK_ROLLBACK_ONLY, gtrid=self.gtrid)
             return True
@@ -184,7 +185,8 @@ class Transaction:
         """Force this transaction to roll back (the bridge's role, NJI 2.7.4). The first reason is kept."""
         with self._lock:
             self._state = apply(self._state, Event.MARK_ROLLBACK_ONLY, gtrid=self.gtrid)
-            self._reason = self._reason or reason
+            self._rollback_only = True
+            self._reason = self._reason or reason or "rollback-only (no reason given)"
 
     # --------------------------------------------------------------------------------------- enlist
     def enlist(self, resource: Resource) -> Xid:
@@ -224,7 +226,7 @@ class Transaction:
         participants = ordered(self._resources)
         self._phase_one(participants)
         self._move(Event.ALL_PREPARED)
-        if self._reason:  # rollback-only was set while preparing
+        if self._rollback_only:  # rollback-only was set while preparing
             self._refuse_rollback_only()
         if self._overdue():
             self._fail_timeout()
@@ -285,12 +287,14 @@ class Transaction:
         return Outcome(self.gtrid, self._move(Event.PHASE_TWO_DONE), results)
 
     def _record_heuristics(self, heuristics: Sequence[BranchResult], results: Sequence[BranchResult]) -> None:
+        """HEURISTIC records (durable) BEFORE the PROGRESS record: a crash between them leaves a heuristic
+        entry, never a PROGRESS with nothing to explain it."""
         now = self._c.clock.wall()
-        self._record_quietly(_progress(self.gtrid, results, now))
         for b in heuristics:
             kind = b.heuristic or HeuristicKind.HAZARD
             self._record_quietly(Heuristic(self.gtrid, kind, b.name, f"participant:{b.name}", b.error, now),
                                  durable=True)
+        self._record_quietly(_progress(self.gtrid, results, now))
 
     def _record_quietly(self, record: Record, *, durable: bool = False) -> None:
         """Records after the decision: losing one only makes recovery redo idempotent work, so a log failure

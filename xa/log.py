@@ -12,14 +12,19 @@ One file per node, ``<state_dir>/xa-<node>.log`` (format: :mod:`xa.records`). Gu
   was cut back and synced); otherwise :class:`~xa.errors.LogDurabilityUnknown`, and the log refuses every
   further write (after a failed fsync the kernel's page cache cannot be trusted: the node must reopen the log,
   i.e. restart, and let recovery read what is really on disk).
-* Creating the file syncs it and its directory. Opening it cuts off a torn tail (and syncs the cut);
-  damage followed by valid records raises :class:`~xa.errors.LogCorrupted` instead of guessing.
+* Creating the file is atomic (``<file>.tmp``, synced, renamed, directory synced); a file with no valid frame
+  at all is a crash during creation and is replaced by a fresh log. Opening cuts off a torn tail (and syncs
+  the cut); a zero-filled page followed by valid records is a lost unsynced write (skipped, see
+  :func:`xa.records.scan`); other damage followed by valid records raises :class:`~xa.errors.LogCorrupted`.
 * Compaction: once ended transactions hold more than ``compact_bytes`` and more than half the file, the live
-  records are rewritten to ``<file>.compact``, synced, renamed over the log, and the directory synced.
+  records are rewritten to ``<file>.tmp``, synced, renamed over the log, and the directory synced. After the
+  rename the log always writes to the new file; a failed directory fsync then fails the log (durability of the
+  rename unknown). Compaction triggered by an END never makes that append fail (logged instead).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -32,6 +37,8 @@ from .records import End, Header, LiveTxn, Record, apply_record, fold, frame, sc
 from .xid import NodeId
 
 __all__ = ["FileLog", "FileOps", "RecoveryLog", "log_path"]
+
+_log = logging.getLogger("xa.log")
 
 
 class RecoveryLog(Protocol):
@@ -108,25 +115,38 @@ class FileLog:
         return self._path
 
     def _open(self, wall: float) -> tuple[int, int]:
-        if not self._path.exists():
-            self._header = Header(self._node.value, wall)
-            fd = self._create(self._path, [self._header])
-            return fd, os.lseek(fd, 0, os.SEEK_END)
-        fd = os.open(self._path, os.O_RDWR)
+        if self._path.exists():
+            fd = os.open(self._path, os.O_RDWR)
+            try:
+                data = os.pread(fd, os.fstat(fd).st_size, 0)
+                records, valid = scan(data)
+                if records:
+                    return fd, self._load(fd, data, records, valid)
+            except BaseException:
+                os.close(fd)
+                raise
+            # No valid frame at all (a crash while an older version created the file): nothing to lose.
+            os.close(fd)
+            _log.warning("recovery log %s holds no valid record (%d bytes): starting a fresh log", self._path,
+                         len(data))
+        self._header = Header(self._node.value, wall)
+        fd = self._install([self._header])
         try:
-            data = os.pread(fd, os.fstat(fd).st_size, 0)
-            records, valid = scan(data)
-            self._header = self._check_header(records)
-            if valid < len(data):  # torn last write: cut it off for good
-                self._ops.truncate(fd, valid)
-                self._ops.sync(fd)
-            for record in records[1:]:
-                self._track(record, len(frame(record)))
-            os.lseek(fd, valid, os.SEEK_SET)
-            return fd, valid
+            _sync_dir(self._path.parent)
         except BaseException:
             os.close(fd)
             raise
+        return fd, os.lseek(fd, 0, os.SEEK_END)
+
+    def _load(self, fd: int, data: bytes, records: list[Record], valid: int) -> int:
+        self._header = self._check_header(records)
+        if valid < len(data):  # torn last write: cut it off for good
+            self._ops.truncate(fd, valid)
+            self._ops.sync(fd)
+        for record in records[1:]:
+            self._track(record, len(frame(record)))
+        os.lseek(fd, valid, os.SEEK_SET)
+        return valid
 
     def _check_header(self, records: list[Record]) -> Header:
         head = records[0] if records else None
@@ -136,15 +156,19 @@ class FileLog:
             raise UsageError(f"{self._path} is the log of node {head.node!r}, not {self._node.value!r}")
         return head
 
-    def _create(self, path: Path, records: list[Record]) -> int:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    def _install(self, records: list[Record]) -> int:
+        """Write ``records`` to ``<file>.tmp``, sync it and rename it over the log; returns its open fd. The
+        caller syncs the directory. On failure nothing was renamed (the log, if any, is untouched)."""
+        tmp = self._path.with_name(self._path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             self._ops.write(fd, b"".join(frame(r) for r in records))
             self._ops.sync(fd)
-            _sync_dir(path.parent)
+            os.replace(tmp, self._path)
         except BaseException:
             os.close(fd)
-            path.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
         return fd
 
@@ -167,7 +191,10 @@ class FileLog:
         if durable:
             self._sync_to(end)
         elif isinstance(record, End):
-            self._maybe_compact()
+            try:
+                self._maybe_compact()
+            except LogError as exc:  # the END itself is written: compaction is housekeeping
+                _log.error("recovery log %s: compaction failed: %s", self._path, exc)
 
     def _write(self, data: bytes) -> None:
         if self._failed is not None:
@@ -226,20 +253,23 @@ class FileLog:
                 raise LogDurabilityUnknown(f"the recovery log failed earlier: {self._failed}")
             records: list[Record] = [self._header]
             records += [r for txn in self._live.values() for r in txn.records()]
-            tmp = self._path.with_name(self._path.name + ".compact")
-            tmp.unlink(missing_ok=True)
             try:
-                fd = self._create(tmp, records)
-                os.replace(tmp, self._path)
-                _sync_dir(self._path.parent)
+                fd = self._install(records)
             except OSError as exc:
-                tmp.unlink(missing_ok=True)
                 raise LogWriteFailed(f"recovery log compaction failed (the old log is intact): {exc}") from exc
-            os.close(self._fd)
-            self._fd = fd
+            # The new file IS the log now: every later record must go to it, whatever happens next.
+            old, self._fd = self._fd, fd
+            os.close(old)
             self._end = self._synced = os.lseek(fd, 0, os.SEEK_END)
             self._sizes = {t.gtrid: sum(len(frame(r)) for r in t.records()) for t in self._live.values()}
             self._dead = 0
+            try:
+                _sync_dir(self._path.parent)
+            except OSError as exc:
+                # The rename may not survive a power loss (the old file would come back without the records
+                # appended from now on): refuse further writes until a restart reads what is really on disk.
+                self._failed = f"directory fsync after compaction failed: {exc}"
+                raise LogDurabilityUnknown(f"recovery log compaction: {self._failed}") from exc
 
     @property
     def closed(self) -> bool:

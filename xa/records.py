@@ -8,14 +8,16 @@ Frame (all integers big-endian)::
 
 The crc32 covers the payload. The first frame of a file is a HEADER (node id, format version). A reader stops
 at the first frame that is incomplete or fails its checksum; if no valid frame follows it anywhere in the rest
-of the file, that tail is a torn last write and is cut off (:func:`scan`). A bad frame followed by a valid one is
-damage, not a torn write: :class:`~xa.errors.LogCorrupted`.
+of the file, that tail is a torn last write and is cut off (:func:`scan`). A bad stretch followed by a valid
+frame is a lost unsynced write (skipped) if it holds a page-aligned page of zeros, otherwise damage, not a torn
+write: :class:`~xa.errors.LogCorrupted`.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import logging
 import struct
 import zlib
 from collections.abc import Iterable, Mapping
@@ -28,6 +30,8 @@ __all__ = [
     "Commit", "End", "Header", "Heuristic", "Kind", "LiveTxn", "Participant", "Progress", "Record", "Rollback",
     "decode", "encode", "fold", "frame", "scan",
 ]
+
+_log = logging.getLogger("xa.log")
 
 FORMAT_VERSION = 1
 MAX_PAYLOAD = 1 << 20
@@ -180,26 +184,52 @@ def _frame_at(data: bytes, offset: int) -> tuple[bytes, int] | None:
 
 
 def scan(data: bytes) -> tuple[list[Record], int]:
-    """The records of a log image and the length of its valid prefix (where a torn tail starts).
+    """The records of a log image and the end of its last valid record (where a torn tail starts).
 
-    Raises :class:`LogCorrupted` when a bad frame is followed by a valid one, or a checksum-valid frame does not
-    decode (written by something else, or by a newer version).
+    A damaged stretch followed by valid records is a LOST UNSYNCED WRITE, skipped, when it contains a
+    page-aligned block of :data:`PAGE` zero bytes: after a power loss, a page of the unsynced tail that never
+    reached the disk reads back as zeros while a later page did reach it. Nothing after such a hole was ever
+    synced (a successful fsync would have written the hole too), so what is lost is what the durability
+    contract allows to lose; the records after it are kept. Raises :class:`LogCorrupted` for any other damage
+    followed by a valid record, or a checksum-valid frame that does not decode (written by something else, or
+    by a newer version).
     """
     records: list[Record] = []
     offset = 0
-    while (found := _frame_at(data, offset)) is not None:
-        payload, end = found
-        try:
-            records.append(decode(payload))
-        except _UNDECODABLE as exc:
-            raise LogCorrupted(f"undecodable record at byte {offset}: {exc}") from exc
-        offset = end
-    if offset < len(data):
-        _check_tail(data, offset)
-    return records, offset
+    while True:
+        while (found := _frame_at(data, offset)) is not None:
+            payload, end = found
+            try:
+                records.append(decode(payload))
+            except _UNDECODABLE as exc:
+                raise LogCorrupted(f"undecodable record at byte {offset}: {exc}") from exc
+            offset = end
+        following = _next_record(data, offset) if offset < len(data) else None
+        if following is None:
+            return records, offset
+        if not _lost_page(data, offset, following):
+            raise LogCorrupted(f"damaged record at byte {offset} followed by a valid record at byte {following}")
+        _log.warning("recovery log: bytes %d-%d are a lost unsynced write (a zero-filled page): skipped",
+                     offset, following)
+        offset = following
 
 
-def _check_tail(data: bytes, start: int) -> None:
+#: the unit in which an unsynced write can be lost (the page cache's page, the file system's block)
+PAGE = 4096
+
+
+def _lost_page(data: bytes, start: int, end: int) -> bool:
+    """Whether ``data[start:end]`` contains a page-aligned page of zeros."""
+    page = -(-start // PAGE) * PAGE
+    while page + PAGE <= end:
+        if not any(data[page:page + PAGE]):
+            return True
+        page += PAGE
+    return False
+
+
+def _next_record(data: bytes, start: int) -> int | None:
+    """The offset of the first decodable, checksum-valid frame after ``start``, or None."""
     for candidate in range(start + 1, len(data) - _HEAD.size + 1):
         found = _frame_at(data, candidate)
         if found is None:
@@ -208,7 +238,8 @@ def _check_tail(data: bytes, start: int) -> None:
             decode(found[0])
         except _UNDECODABLE:
             continue
-        raise LogCorrupted(f"damaged record at byte {start} followed by a valid record at byte {candidate}")
+        return candidate
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- fold

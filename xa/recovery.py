@@ -1,25 +1,35 @@
 """Recovery: finish what the log decided, presume abort for what it did not, never touch another node's xids.
 
 Pure logic over injected parts: the node's recovery log, the resource managers (by key), a re-send callback for
-one-phase branches, the clock and the coordinator's in-flight set. :meth:`RecoveryManager.run` does, in order:
+one-phase branches, the clock and the coordinator's in-flight set. :meth:`RecoveryManager.run` reads the log,
+THEN the in-flight set, THEN the log again, and acts only on transactions of the first read that are not in
+flight and still in the second read (a transaction that begins and decides meanwhile is its coordinator's).
+Then, in order:
 
 1. asks every manager for its prepared branches (``recover()`` on a fresh session). An xid with another format
    id, a gtrid that is not nsjms's, or another node's id is FOREIGN: counted, never touched. A manager that
    cannot be reached makes its branches unknown: nothing is concluded about them ("gone" is only believed when
    the manager answered);
-2. for each transaction with a COMMIT record and no END (and not in flight here): ``commit_branch`` every
-   two-phase branch still prepared (a branch already gone counts as done), then, only once every two-phase
-   branch is done (the outbox rows are then committed and visible), hands each one-phase branch not known done
-   to the re-send callback (``resend(gtrid, participant)``: re-send the outbox rows of ``gtrid`` with their
-   stored dedupe ids). All done: END; otherwise a PROGRESS record, and the next run continues;
-3. for each transaction with a ROLLBACK record: roll back its prepared branches, then END;
-4. for each of THIS node's prepared branches with no record at all (presumed abort): roll it back if it is
-   older than ``in_flight_guard`` seconds (by PostgreSQL's ``prepared`` time) and not in flight here; younger
-   ones are left alone (their coordinator may be about to log the decision);
-5. a transaction with a HEURISTIC record is left as it is until an operator forgets it (:meth:`forget`).
+2. for each transaction with a COMMIT record and no END: ``commit_branch`` every two-phase branch still
+   prepared (a branch already gone counts as done), then, only once every two-phase branch is done (the outbox
+   rows are then committed and visible), hands each one-phase branch not known done to the re-send callback
+   (``resend(gtrid, participant)``: re-send the outbox rows of ``gtrid`` with their stored dedupe ids). All
+   done: END; otherwise a PROGRESS record, and the next run continues. Branches a HEURISTIC record settled are
+   skipped, the others are still finished; with a HEURISTIC record there is no END (see 5);
+3. for each transaction with a ROLLBACK record: roll back its prepared branches, then END (same rule for
+   heuristics);
+4. for each of THIS node's prepared branches whose gtrid has no COMMIT or ROLLBACK record (presumed abort; this
+   includes a log entry with only HEURISTIC/PROGRESS records, e.g. a heuristic during a rollback): roll it back
+   if it is older than ``in_flight_guard`` seconds (by PostgreSQL's ``prepared`` time) and not in flight here;
+   younger ones are left alone (their coordinator may be about to log the decision). A gtrid whose COMMIT was
+   seen, or whose PROGRESS names a committed branch, is never presumed aborted. An entry without a decision and
+   without a heuristic is ended once none of its branches is prepared;
+5. a transaction with a HEURISTIC record stays listed until an operator forgets it (:meth:`forget`), which is
+   refused while any of its branches is prepared, a manager does not answer, or a branch of its logged COMMIT
+   is not finished.
 
-:meth:`RecoveryManager.view` lists the in-doubt transactions with the safe action and its reason: the data of
-``nsjms txn list``.
+:meth:`RecoveryManager.view` lists the in-doubt transactions with every pending branch, the safe action and its
+reason: the data of ``nsjms txn list``.
 """
 
 from __future__ import annotations
@@ -116,30 +126,47 @@ class RecoveryManager:
     # --------------------------------------------------------------------------------------------- run
     def run(self) -> RecoveryReport:
         report = RecoveryReport()
+        # Read the log, THEN the in-flight set, THEN the log again. A gtrid of the first read that is not in
+        # flight was handed off by its coordinator before the in-flight read (a coordinator writes END before
+        # handing off), so it is safe to act on if it is still in the second read. A gtrid that appears only
+        # in the second read may have been begun and decided after the in-flight read: left alone this run.
+        first = self.log.live()
         busy = self.in_flight()
         live = self.log.live()
         scan = self._scan()
         report.foreign = scan.foreign
         report.errors += [f"{k}: {e}" for k, e in scan.unavailable.items()]
+        keep = set(busy) | {g for g, t in [*first.items(), *live.items()] if _decided(t) or t.done}
+        keep |= set(live) - set(first)
+        undecided: list[LiveTxn] = []
         for txn in live.values():
-            if txn.gtrid in busy:
+            if txn.gtrid in busy or txn.gtrid not in first:
                 report.waiting.append(txn.gtrid)
-            elif txn.heuristics:
+                continue
+            if txn.heuristics:
                 report.heuristic.append(txn.gtrid)
-            elif txn.commit is not None:
+            if txn.commit is not None:
                 self._finish_commit(txn, scan, report)
             elif txn.rollback is not None:
                 self._finish_rollback(txn, txn.rollback.participants, scan, report)
-        self._presume_abort(set(live) | busy, scan, report)
+            elif txn.done:  # branches committed, decision record lost: only an operator can decide
+                report.waiting.append(txn.gtrid)
+            else:  # no decision logged (e.g. a heuristic during a rollback): presumed abort below
+                undecided.append(txn)
+        self._presume_abort(keep, set(live), scan, report)
+        for txn in undecided:
+            self._end_undecided(txn, scan, report)
         return report
 
     def _finish_commit(self, txn: LiveTxn, scan: _Scan, report: RecoveryReport) -> None:
+        """Every branch not done and not settled by a heuristic record is finished (heuristic or not)."""
         assert txn.commit is not None
-        todo = [p for p in txn.commit.participants if p.name not in txn.done]
+        settled = _settled(txn)
+        todo = [p for p in txn.commit.participants if p.name not in txn.done and p.name not in settled]
         done = [p.name for p in todo if not p.one_phase and self._commit_branch(txn.gtrid, p, scan, report)]
         if len(done) == sum(not p.one_phase for p in todo):  # every two-phase branch done: outbox visible
             done += [p.name for p in todo if p.one_phase and self._resend(txn.gtrid, p, report)]
-        self._progress(txn.gtrid, todo, done, report)
+        self._progress(txn, todo, done, report)
 
     def _commit_branch(self, gtrid: str, p: Participant, scan: _Scan, report: RecoveryReport) -> bool:
         xid = branch_xid(gtrid, p.name)
@@ -173,9 +200,10 @@ class RecoveryManager:
 
     def _finish_rollback(self, txn: LiveTxn, parts: Sequence[Participant], scan: _Scan,
                          report: RecoveryReport) -> None:
-        todo = [p for p in parts if p.name not in txn.done]
+        settled = _settled(txn)
+        todo = [p for p in parts if p.name not in txn.done and p.name not in settled]
         done = [p.name for p in todo if p.one_phase or self._rollback_branch(txn.gtrid, p, scan, report)]
-        self._progress(txn.gtrid, todo, done, report)
+        self._progress(txn, todo, done, report)
 
     def _rollback_branch(self, gtrid: str, p: Participant, scan: _Scan, report: RecoveryReport) -> bool:
         xid = branch_xid(gtrid, p.name)
@@ -199,21 +227,33 @@ class RecoveryManager:
         report.rolled_back.append(f"{xid.gtrid}/{xid.bqual}")
         return True
 
-    def _progress(self, gtrid: str, todo: Sequence[Participant], done: Sequence[str],
+    def _progress(self, txn: LiveTxn, todo: Sequence[Participant], done: Sequence[str],
                   report: RecoveryReport) -> None:
+        """END once every branch is done, unless a heuristic outcome is recorded: that stays until forgotten."""
         now = self.clock.wall()
-        if len(done) == len(todo):
-            self.log.append(End(gtrid, now), durable=False)
-            report.ended.append(gtrid)
+        if len(done) == len(todo) and not txn.heuristics and txn.gtrid not in report.heuristic:
+            self.log.append(End(txn.gtrid, now), durable=False)
+            report.ended.append(txn.gtrid)
         elif done:
-            self.log.append(Progress(gtrid, tuple(done), (), now), durable=False)
+            self.log.append(Progress(txn.gtrid, tuple(done), (), now), durable=False)
+
+    def _end_undecided(self, txn: LiveTxn, scan: _Scan, report: RecoveryReport) -> None:
+        """A log entry without a decision and without a heuristic: END once none of its branches is prepared."""
+        if txn.heuristics or scan.unavailable:
+            return
+        left = [x for x in _prepared_of(scan, txn.gtrid) if f"{x.gtrid}/{x.bqual}" not in report.rolled_back]
+        if not left:
+            self.log.append(End(txn.gtrid, self.clock.wall()), durable=False)
+            report.ended.append(txn.gtrid)
 
     def _heuristic(self, gtrid: str, branch: str, exc: HeuristicOutcome, report: RecoveryReport) -> None:
         record = Heuristic(gtrid, exc.kind, branch, f"participant:{branch}", str(exc), self.clock.wall())
         self.log.append(record, durable=True)
         report.heuristic.append(gtrid)
 
-    def _presume_abort(self, known: set[str], scan: _Scan, report: RecoveryReport) -> None:
+    def _presume_abort(self, known: set[str], seen: set[str], scan: _Scan, report: RecoveryReport) -> None:
+        """Roll back this node's old prepared branches whose gtrid is not in ``known`` (in flight, decided, or
+        new in the log); ``seen``: the gtrids of the log read before the scan."""
         candidates: list[tuple[str, Xid]] = []
         for key, xids in scan.prepared.items():
             for xid in xids.values():
@@ -230,9 +270,10 @@ class RecoveryManager:
         # scanned is either still in flight here or has its COMMIT record in the log (it stays until END, and
         # END is written only when every branch is done, in which case the rollback below finds nothing).
         busy = self.in_flight()
-        decided = set(self.log.live())
+        again = self.log.live()
         for key, xid in candidates:
-            if xid.gtrid in busy or xid.gtrid in decided:
+            txn = again.get(xid.gtrid)
+            if xid.gtrid in busy or (txn is not None and (_decided(txn) or txn.done or xid.gtrid not in seen)):
                 report.waiting.append(f"{xid.gtrid}/{xid.bqual}")
             else:
                 self._rollback_xid(key, xid, report)
@@ -242,10 +283,28 @@ class RecoveryManager:
 
     # ---------------------------------------------------------------------------------------- operator
     def forget(self, gtrid: str, who: str) -> None:
-        """An operator checked a heuristic outcome: drop it from the log (END with ``who``)."""
+        """An operator checked a heuristic outcome: drop it from the log (END with ``who``). Refused while any
+        branch is still prepared, a manager cannot be asked, or a branch of a logged COMMIT is not finished:
+        END would let presumed abort roll back part of a decided transaction, or lose a re-send."""
         txn = self.log.live().get(gtrid)
         if txn is None or not txn.heuristics:
             raise UsageError("only a transaction with a heuristic outcome can be forgotten", gtrid=gtrid)
+        if gtrid in self.in_flight():
+            raise UsageError("this node is driving the transaction now", gtrid=gtrid)
+        scan = self._scan()
+        if scan.unavailable:
+            raise UsageError(f"cannot forget yet: {', '.join(sorted(scan.unavailable))} did not answer, its "
+                             "branches may still be prepared", gtrid=gtrid)
+        prepared = sorted(x.bqual or "" for x in _prepared_of(scan, gtrid))
+        if prepared:
+            raise UsageError(f"cannot forget yet: branches {', '.join(prepared)} are still prepared (let recovery "
+                             "finish them, or decide them with commit/rollback first)", gtrid=gtrid)
+        settled = _settled(txn)
+        unfinished = [p.name for p in (txn.commit.participants if txn.commit is not None else ())
+                      if p.one_phase and p.name not in txn.done and p.name not in settled]
+        if unfinished:
+            raise UsageError(f"cannot forget yet: branches {', '.join(unfinished)} of the logged COMMIT are not "
+                             "finished (recovery re-sends them)", gtrid=gtrid)
         self.log.append(End(gtrid, self.clock.wall(), who), durable=True)
 
     def resolve(self, gtrid: str, action: SafeAction, who: str, why: str) -> RecoveryReport:
@@ -276,7 +335,7 @@ class RecoveryManager:
             for key, xid in found:
                 self._rollback_xid(key, xid, report)
             if txn is not None and txn.rollback is not None and not txn.heuristics and not report.errors:
-                self._progress(gtrid, [], [], report)
+                self._progress(txn, [], [], report)
             return report
         kind = HeuristicKind.COMMIT if action is SafeAction.COMMIT else self._rollback_kind(txn, found)
         self.log.append(Heuristic(gtrid, kind, "*", who, why, self.clock.wall()), durable=True)
@@ -309,8 +368,12 @@ class RecoveryManager:
         report.committed.append(f"{xid.gtrid}/{xid.bqual}")
 
     def view(self) -> list[InDoubt]:
-        """Every in-doubt transaction of this node, oldest first, with the safe action and why."""
-        busy, live, scan = self.in_flight(), self.log.live(), self._scan()
+        """Every in-doubt transaction of this node, oldest first, with the safe action and why. Total: any log
+        entry is shown, whatever records it holds."""
+        first = self.log.live()  # same read order as run(): an entry new in the second read may be in flight
+        busy = self.in_flight()
+        live, scan = self.log.live(), self._scan()
+        busy |= set(live) - set(first)
         out = [self._view_logged(t, scan, busy) for t in live.values()]
         by_gtrid: dict[str, list[Xid]] = {}
         for xids in scan.prepared.values():
@@ -322,30 +385,67 @@ class RecoveryManager:
 
     def _view_logged(self, txn: LiveTxn, scan: _Scan, busy: frozenset[str]) -> InDoubt:
         now = self.clock.wall()
-        if txn.heuristics:
-            h = txn.heuristics[-1]
-            return InDoubt(txn.gtrid, f"heuristic-{h.kind.value}", (h.branch,), now - h.at, SafeAction.FORGET,
-                           f"{h.who} at {h.at:.0f}: {h.why}; check the data, then forget")
         decision = txn.commit or txn.rollback
-        assert decision is not None
-        pending = tuple(p.name for p in decision.participants if p.name not in txn.done)
-        age = now - decision.at
+        prepared = _prepared_of(scan, txn.gtrid)
+        if decision is not None:
+            pending = tuple(p.name for p in decision.participants if p.name not in txn.done)
+        else:
+            pending = tuple(sorted({x.bqual or "" for x in prepared} | txn.unknown))
+        at = decision.at if decision is not None else min((h.at for h in txn.heuristics), default=None)
+        ages = [a for a in (self._age(x) for x in prepared) if a is not None]
+        age = now - at if at is not None else (max(ages) if ages else None)
+        h = txn.heuristics[-1] if txn.heuristics else None
+        if h is not None:
+            status, note = f"heuristic-{h.kind.value}", f"{h.who} at {h.at:.0f}: {h.why}; "
+        else:
+            status = "commit-logged" if txn.commit else "rollback-logged" if txn.rollback else "undecided"
+            note = ""
         if txn.gtrid in busy:
             return InDoubt(txn.gtrid, "in-flight", pending, age, SafeAction.WAIT, "this node is driving it now")
-        if txn.rollback is not None:
-            return InDoubt(txn.gtrid, "rollback-logged", pending, age, SafeAction.ROLLBACK,
-                           f"rollback decided ({txn.rollback.reason}); branches left prepared")
-        unreachable = [p.manager for p in decision.participants if not p.one_phase and p.manager not in scan.prepared]
+        action, reason = self._next_step(txn, scan, prepared, ages)
+        if action is None:
+            if h is not None:
+                return InDoubt(txn.gtrid, status, pending, age, SafeAction.FORGET,
+                               f"{note}nothing left to finish; check the data, then forget")
+            return InDoubt(txn.gtrid, status, pending, age, SafeAction.RETRY, "finished; the next run ends it")
+        return InDoubt(txn.gtrid, status, pending, age, action, note + reason)
+
+    def _next_step(self, txn: LiveTxn, scan: _Scan, prepared: list[Xid],
+                   ages: list[float]) -> tuple[SafeAction | None, str]:
+        """What is still to be done for a logged transaction, heuristic or not (None: nothing)."""
+        settled = _settled(txn)
+        names = {x.bqual or "" for x in prepared}
+        decision = txn.commit or txn.rollback
+        if decision is None:
+            if txn.done:
+                return SafeAction.COMMIT, (f"no decision logged, yet {', '.join(sorted(txn.done))} committed: "
+                                           "decide the rest by hand (commit)")
+            if prepared:
+                if not ages or min(ages) < self.guard:
+                    return SafeAction.WAIT, f"no decision yet; younger than the in-flight guard ({self.guard:.0f} s)"
+                return SafeAction.ROLLBACK, f"no COMMIT logged: presumed abort of {', '.join(sorted(names))}"
+            if scan.unavailable:
+                return SafeAction.RETRY, f"cannot reach {', '.join(sorted(scan.unavailable))}"
+            return None, ""
+        work = [p for p in decision.participants if p.name not in txn.done and p.name not in settled]
+        unreachable = sorted({p.manager for p in work if not p.one_phase and p.manager not in scan.prepared})
         if unreachable:
-            return InDoubt(txn.gtrid, "commit-logged", pending, age, SafeAction.RETRY,
-                           f"COMMIT logged; cannot reach {', '.join(sorted(set(unreachable)))}")
-        prepared = [p.name for p in decision.participants
-                    if not p.one_phase and scan.state(p.manager, branch_xid(txn.gtrid, p.name)) is not None]
-        if prepared:
-            return InDoubt(txn.gtrid, "commit-logged", pending, age, SafeAction.COMMIT,
-                           f"COMMIT logged; prepared branches {', '.join(prepared)} must be committed")
-        return InDoubt(txn.gtrid, "commit-logged", pending, age, SafeAction.RESEND,
-                       "COMMIT logged; broker outcome unknown: re-send the outbox rows with their dedupe ids")
+            return SafeAction.RETRY, f"{'COMMIT' if txn.commit else 'ROLLBACK'} logged; cannot reach " \
+                                     f"{', '.join(unreachable)}"
+        left = [p.name for p in work if not p.one_phase and p.name in names]
+        if txn.rollback is not None and left:
+            return SafeAction.ROLLBACK, (f"rollback decided ({txn.rollback.reason}); branches {', '.join(left)} "
+                                         "left prepared")
+        if txn.commit is not None and left:
+            return SafeAction.COMMIT, f"COMMIT logged; prepared branches {', '.join(left)} must be committed"
+        if txn.commit is not None and any(p.one_phase for p in work):
+            return SafeAction.RESEND, ("COMMIT logged; broker outcome unknown: re-send the outbox rows with "
+                                       "their dedupe ids")
+        held = sorted(names & settled)
+        if held:
+            action = SafeAction.COMMIT if txn.heuristics[-1].kind is HeuristicKind.COMMIT else SafeAction.ROLLBACK
+            return action, f"heuristic branches {', '.join(held)} still prepared: decide them, then forget"
+        return None, ""
 
     def _view_undecided(self, gtrid: str, xids: list[Xid], busy: frozenset[str]) -> InDoubt:
         ages = [a for a in (self._age(x) for x in xids) if a is not None]
@@ -358,6 +458,23 @@ class RecoveryManager:
                            f"no decision yet; younger than the in-flight guard ({self.guard:.0f} s)")
         return InDoubt(gtrid, "undecided", pending, age, SafeAction.ROLLBACK,
                        "no COMMIT logged: presumed abort")
+
+
+def _decided(txn: LiveTxn) -> bool:
+    return txn.commit is not None or txn.rollback is not None
+
+
+def _settled(txn: LiveTxn) -> set[str]:
+    """Branches a heuristic record settled (``*``: every branch of the transaction)."""
+    names = {h.branch for h in txn.heuristics}
+    if "*" in names:
+        decision = txn.commit or txn.rollback
+        names |= {p.name for p in decision.participants} if decision is not None else set()
+    return names
+
+
+def _prepared_of(scan: _Scan, gtrid: str) -> list[Xid]:
+    return [x for xids in scan.prepared.values() for x in xids.values() if x.gtrid == gtrid]
 
 
 def render(view: Sequence[InDoubt]) -> str:

@@ -187,10 +187,11 @@ def test_heuristic_rollback_at_commit_is_recorded(w: World) -> None:
     t, _ = w.txn(fail={"outbox": {"commit": bad}})
     outcome = t.commit()
     assert outcome.state is State.HEURISTIC_MIXED  # the other branches committed
-    heuristic = w.log.records[-1]
+    assert w.log.kinds() == ["Commit", "Heuristic", "Progress"]  # the heuristic is durable first
+    heuristic = w.log.records[1]
     assert isinstance(heuristic, Heuristic) and heuristic.branch == "outbox"
     assert heuristic.kind is HeuristicKind.ROLLBACK and heuristic.who == "participant:outbox"
-    assert w.log.durable[-1] is True
+    assert w.log.durable[1] is True
 
 
 def test_heuristic_rollback_of_the_only_branch(w: World) -> None:
@@ -285,6 +286,31 @@ def test_rollback_only_set_while_preparing(w: World) -> None:
     with pytest.raises(TransactionRolledBack, match="late veto"):
         tx.commit()
     assert w.prepared() == set() and "Commit" not in w.log.kinds()
+
+
+def test_rollback_only_with_an_empty_reason_set_while_preparing(w: World) -> None:
+    """t_empty_reason.py: the mark is a flag; an empty reason must not make it ignored."""
+    t: list[Transaction] = []
+    tx, _branches = w.txn(fail={"outbox": {"prepare": lambda: t[0].set_rollback_only("")}})
+    t.append(tx)
+    with pytest.raises(TransactionRolledBack):
+        tx.commit()
+    assert w.prepared() == set() and "Commit" not in w.log.kinds()
+    assert w.db.committed == [] and w.broker.committed == [] and tx.rollback_reason
+
+
+def test_heuristic_during_rollback_is_durable_before_progress(w: World) -> None:
+    """t_orphan.py: a crash (or failure) after the PROGRESS and before the HEURISTIC must not leave a
+    PROGRESS-only entry: the HEURISTIC comes first, and if it cannot be written the PROGRESS still explains
+    nothing that recovery cannot handle (no decision: presumed abort)."""
+    t = w.coord.begin()
+    t.enlist(w.db.branch("a", fail={"rollback": HeuristicOutcome("committed on its own", kind=HeuristicKind.COMMIT)}))
+    t.enlist(w.db.branch("b", fail={"rollback": BranchUnavailable("connection lost")}))
+    t.enlist(w.db.branch("c", fail={"prepare": PrepareFailed("no")}))
+    with pytest.raises(PrepareFailed):
+        t.commit()
+    assert w.log.kinds() == ["Heuristic", "Progress"]
+    assert w.log.durable == [True, False]
 
 
 def test_rollback_only_too_late_after_the_decision(w: World) -> None:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import xa.log as xlog
-from xa.errors import HeuristicKind, LogCorrupted, LogDurabilityUnknown, LogWriteFailed, UsageError
+from xa.errors import HeuristicKind, LogCorrupted, LogDurabilityUnknown, LogError, LogWriteFailed, UsageError
 from xa.log import FileLog, FileOps, log_path
 from xa.records import (
     Commit,
@@ -264,7 +264,7 @@ def test_compaction_keeps_live_records_only(tmp_path: Path) -> None:
         log.append(End(gtrid(i), 5.0), durable=False)
         biggest = max(biggest, log.size())
     assert log.size() < biggest  # it shrank at least once
-    assert not log.path.with_name(log.path.name + ".compact").exists()
+    assert not log.path.with_name(log.path.name + ".tmp").exists()
     expected = {g: (t.commit, t.done, t.unknown, t.heuristics) for g, t in log.live().items()}
     assert set(expected) == {gtrid(0), gtrid(9999)}
     log.append(commit(500), durable=True)
@@ -325,3 +325,134 @@ def test_garbage_after_a_valid_log_is_never_a_record(items: list[Record], garbag
 def test_fold_matches_log_semantics() -> None:
     live = fold([commit(1), Progress(gtrid(1), ("queue",), ("stomp",), 1.0), Progress(gtrid(1), ("stomp",), (), 2.0)])
     assert live[gtrid(1)].done == {"queue", "stomp"} and live[gtrid(1)].unknown == set()
+
+
+# ------------------------------------------------------------------------- review regressions (ab12)
+def _open_fds_under(directory: Path) -> list[str]:
+    """Paths (possibly "(deleted)") of this process's open fds that point into ``directory``."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith(str(directory)):
+            out.append(target)
+    return out
+
+
+def test_failed_directory_fsync_after_the_compaction_rename(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """t_compact.py: the rename happened, so the log must switch to the new file; a failed directory fsync
+    leaves the rename's durability unknown (the log refuses writes), never "old log intact" with appends going
+    to the deleted old file; the failure does not escape from the END append that triggered it."""
+    log = FileLog(tmp_path, NODE, compact_bytes=200)
+    log.append(commit(1), durable=True)  # live across the compaction
+    real = xlog._sync_dir
+
+    def failing(path: Path) -> None:
+        raise OSError(5, "EIO on directory fsync")
+
+    monkeypatch.setattr(xlog, "_sync_dir", failing)
+    i = 1000
+    with pytest.raises(LogDurabilityUnknown):  # the END appends succeed; the next write is refused
+        while i < 1500:
+            log.append(commit(i), durable=True)
+            log.append(End(gtrid(i), 2.0), durable=False)
+            i += 1
+    monkeypatch.setattr(xlog, "_sync_dir", real)
+    refused = i  # the write that was refused
+    assert refused < 1500
+    with pytest.raises(LogDurabilityUnknown):
+        log.live()
+    log.close()
+    assert _open_fds_under(tmp_path) == []  # neither the old nor the new fd leaked
+    again = FileLog(tmp_path, NODE)
+    live = again.live()
+    assert gtrid(1) in live  # every acknowledged COMMIT without END survived
+    assert gtrid(refused) not in live or live[gtrid(refused)].commit == commit(refused)
+    assert [g for g in live if g not in (gtrid(1), gtrid(refused))] == []
+    again.close()
+
+
+def test_failed_rename_during_compaction_keeps_the_old_log_and_leaks_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = FileLog(tmp_path, NODE, compact_bytes=200)
+    log.append(commit(1), durable=True)
+    real = os.replace
+
+    def failing(src: str, dst: str) -> None:
+        if Path(dst) == log.path:
+            raise OSError(28, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing)
+    for i in range(1000, 1030):  # compaction is due and fails at every END: the ENDs are still written
+        log.append(commit(i), durable=True)
+        log.append(End(gtrid(i), 2.0), durable=False)
+    monkeypatch.setattr(os, "replace", real)
+    assert [p for p in _open_fds_under(tmp_path) if not p.endswith(log.path.name)] == []
+    assert not log.path.with_name(log.path.name + ".tmp").exists()
+    log.append(commit(2), durable=True)
+    assert set(log.live()) == {gtrid(1), gtrid(2)}
+    log.close()
+    assert set(FileLog(tmp_path, NODE).live()) == {gtrid(1), gtrid(2)}
+
+
+@pytest.mark.parametrize("content", [b"", frame(Header("n1", 1.0))[:7], frame(Header("n1", 1.0))[:-1],
+                                     bytes(64)], ids=["empty", "torn-length", "torn-payload", "zeros"])
+def test_a_crash_while_creating_the_log_does_not_block_every_later_open(tmp_path: Path, content: bytes) -> None:
+    """t_empty.py: a file with no valid frame at all holds nothing to lose: it is a fresh log."""
+    log_path(tmp_path, NODE).write_bytes(content)
+    log = FileLog(tmp_path, NODE, wall=lambda: 9.0)
+    log.append(commit(1), durable=True)
+    log.close()
+    records, _ = scan(log_path(tmp_path, NODE).read_bytes())
+    assert records == [Header("n1", 9.0), commit(1)]
+
+
+def test_creation_is_atomic(tmp_path: Path) -> None:
+    """A failure (crash) before the header is durable leaves no log file at all, so the next open creates one."""
+    ops = CountingOps()
+    ops.fail_sync = OSError(5, "EIO")
+    with pytest.raises(LogError):
+        FileLog(tmp_path, NODE, ops=ops)
+    assert not log_path(tmp_path, NODE).exists() and _open_fds_under(tmp_path) == []
+    assert FileLog(tmp_path, NODE).live() == {}
+
+
+def test_a_lost_unsynced_page_in_the_middle_of_the_tail_is_not_corruption(tmp_path: Path) -> None:
+    """t_midloss.py (corrected: the script zeroed a page past the end of the file, which is only a zero tail):
+    after a power loss a page of the UNSYNCED tail may read back as zeros while a later page reached the disk.
+    Nothing after such a hole was ever synced, so the log opens; every synced record is kept, the records after
+    the hole too."""
+    big = tuple(Participant(f"b{i}", "postgresql", "pg", False) for i in range(30))
+    log = FileLog(tmp_path, NODE)
+    synced_ones = [Commit(gtrid(i), big, None, 1.0) for i in range(5)]
+    for c in synced_ones:
+        log.append(c, durable=True)
+    synced = log.size()
+    for i in range(5, 40):
+        log.append(Commit(gtrid(i), big, None, 1.0), durable=False)
+    log.close()
+    data = bytearray(log.path.read_bytes())
+    start = -(-synced // 4096) * 4096
+    assert start + 4096 < len(data) - 3000  # the hole is followed by whole records
+    data[start:start + 4096] = bytes(4096)
+    log.path.write_bytes(bytes(data))
+    again = FileLog(tmp_path, NODE)
+    live = again.live()
+    assert all(live[c.gtrid].commit == c for c in synced_ones)
+    assert gtrid(39) in live and len(live) < 40  # the records in the hole are lost, the later ones kept
+    again.append(commit(100), durable=True)
+    again.close()
+    assert gtrid(100) in FileLog(tmp_path, NODE).live()
+
+
+def test_damage_that_is_not_a_zero_page_followed_by_records_is_still_corruption(tmp_path: Path) -> None:
+    path, _ = _log_with(tmp_path, [commit(i) for i in range(60)])
+    data = bytearray(path.read_bytes())
+    data[4096:8192] = bytes([0x5A]) * 4096  # a page of garbage, not of zeros
+    path.write_bytes(bytes(data))
+    with pytest.raises(LogCorrupted):
+        FileLog(tmp_path, NODE)

@@ -13,7 +13,9 @@ from xa.errors import (
     HeuristicKind,
     HeuristicOutcome,
     LogDurabilityUnknown,
+    LogWriteFailed,
     OutcomeUnknown,
+    PrepareFailed,
     UsageError,
 )
 from xa.records import Commit, End, Heuristic, Participant, Progress, Rollback
@@ -180,7 +182,12 @@ def test_heuristic_outcomes_stay_until_forgotten(w: World) -> None:
     w.log.append(Heuristic(gtrid, HeuristicKind.MIXED, "outbox", "operator:alice", "manual fix", 1.0),
                  durable=True)
     report = w.rm.run()
-    assert report.heuristic == [gtrid] and report.committed == []
+    assert report.heuristic == [gtrid] and report.committed == [] and report.ended == []
+    assert w.resent == [(gtrid, "stomp")]  # the branches the heuristic did not settle are still finished
+    with pytest.raises(UsageError, match="still prepared"):
+        w.rm.forget(gtrid, "operator:bob")  # the heuristic branch itself is still prepared
+    w.db.prepared.clear()  # the operator decides it by hand
+    assert w.rm.run().ended == []  # stays until forgotten
     [entry] = w.rm.view()
     assert entry.action is SafeAction.FORGET and "operator:alice" in entry.reason
     w.rm.forget(gtrid, "operator:bob")
@@ -203,8 +210,11 @@ def test_heuristic_from_a_branch_is_recorded(w: World) -> None:
     [(heuristic, durable)] = [(r, d) for r, d in zip(w.log.records, w.log.durable, strict=True)
                               if isinstance(r, Heuristic)]
     assert heuristic.kind is HeuristicKind.ROLLBACK and heuristic.branch == "outbox" and durable
-    [entry] = w.rm.view()
-    assert entry.action is SafeAction.FORGET
+    [entry] = w.rm.view()  # the broker branch of the logged COMMIT is still to be finished
+    assert entry.action is SafeAction.RESEND and entry.pending == ("outbox", "stomp")
+    assert entry.status == "heuristic-rollback"
+    w.rm.run()
+    assert w.resent == [(gtrid, "stomp")]
 
 
 def test_view_commit_logged_with_prepared_branches(w: World) -> None:
@@ -367,3 +377,102 @@ def test_operator_rollback_of_a_logged_commit_before_any_branch_committed(w: Wor
     w.rm.resolve(gtrid, SafeAction.ROLLBACK, "operator:bob", "wrong destination")
     kinds = [r.kind for r in w.log.records if isinstance(r, Heuristic)]
     assert kinds == [HeuristicKind.ROLLBACK] and w.db.prepared == {}
+
+
+# ------------------------------------------------------------------------- review regressions (ab12)
+def test_a_heuristic_branch_does_not_stop_the_rest_of_a_logged_commit() -> None:
+    """t_forget.py: a COMMIT-logged transaction with a heuristic branch still has its other branches committed
+    and re-sent; the view lists them; forget refuses until nothing is prepared or unfinished; presumed abort
+    never rolls back a branch of it."""
+    clock = FakeClock()
+    log = MemoryLog(NODE)
+    pg, broker = MemoryManager("pg", clock), MemoryManager("broker", clock)
+    coord = Coordinator(NODE, log, clock)
+    t = coord.begin()
+    a = pg.branch("a", fail={"commit": HeuristicOutcome("rolled back on its own", kind=HeuristicKind.ROLLBACK)})
+    b = pg.branch("b", fail={"commit": BranchUnavailable("connection lost")})
+    stomp = broker.branch("stomp", one_phase=True, fail={"commit": OutcomeUnknown("no receipt")})
+    for r in (a, b, stomp):
+        t.enlist(r)
+    b.write("outbox-row")
+    stomp.write("msg")
+    assert t.commit().state is State.HEURISTIC_ROLLBACK
+    resent: list[str] = []
+    rm = RecoveryManager(NODE, log, [pg], lambda g, p: resent.append(p.name), clock, in_flight_guard=GUARD,
+                         in_flight=coord.in_flight)
+    clock.advance(3600)
+    [entry] = rm.view()
+    assert set(entry.pending) == {"a", "b", "stomp"} and entry.action is SafeAction.COMMIT
+    with pytest.raises(UsageError):
+        rm.forget(t.gtrid, "operator:alice")
+    report = rm.run()
+    assert report.committed == [f"{t.gtrid}/b"] and report.rolled_back == [] and report.heuristic == [t.gtrid]
+    assert pg.committed == ["outbox-row"] and resent == ["stomp"]
+    assert report.ended == [] and t.gtrid in log.live()
+    with pytest.raises(UsageError, match="a are still prepared"):  # the twin keeps the heuristic branch
+        rm.forget(t.gtrid, "operator:alice")
+    assert a.xid is not None
+    pg.prepared.pop(str(a.xid))  # the operator settles it by hand
+    [entry] = rm.view()
+    assert entry.action is SafeAction.FORGET and entry.pending == ("a",)
+    rm.forget(t.gtrid, "operator:alice")
+    clock.advance(3600)
+    again = rm.run()
+    assert again.rolled_back == [] and again.committed == [] and resent == ["stomp"]
+
+
+def test_forget_refuses_while_a_manager_does_not_answer(w: World) -> None:
+    gtrid = w.crashed_commit()
+    w.log.append(Heuristic(gtrid, HeuristicKind.MIXED, "*", "operator:alice", "by hand", 1.0), durable=True)
+    w.db.fail["recover"] = BranchUnavailable("down")
+    with pytest.raises(UsageError, match="did not answer"):
+        w.rm.forget(gtrid, "operator:bob")
+    del w.db.fail["recover"]
+    w.rm.forget(gtrid, "operator:bob")
+    assert gtrid not in w.log.live()
+
+
+@pytest.mark.parametrize("lost", ["Heuristic", "Progress"])
+def test_a_heuristic_during_rollback_leaves_no_branch_prepared(lost: str) -> None:
+    """t_orphan.py: a rollback with a heuristic branch and a branch left behind, one of the two records lost
+    (failed write, or a crash between them): recovery still rolls back what is left (no decision logged:
+    presumed abort) and the view shows the entry instead of failing."""
+    clock = FakeClock()
+    log = MemoryLog(NODE)
+    pg = MemoryManager("pg", clock)
+    coord = Coordinator(NODE, log, clock)
+    t = coord.begin()
+    t.enlist(pg.branch("a", fail={"rollback": HeuristicOutcome("committed on its own", kind=HeuristicKind.COMMIT)}))
+    t.enlist(pg.branch("b", fail={"rollback": BranchUnavailable("connection lost")}))
+    t.enlist(pg.branch("c", fail={"prepare": PrepareFailed("no")}))
+    log.fail[lost] = LogWriteFailed("disk full")
+    with pytest.raises(PrepareFailed):
+        t.commit()
+    assert lost not in log.kinds() and len(pg.prepared) == 2
+    rm = RecoveryManager(NODE, log, [pg], lambda g, p: None, clock, in_flight_guard=GUARD,
+                         in_flight=coord.in_flight)
+    [entry] = rm.view()
+    assert entry.action is SafeAction.WAIT  # younger than the guard
+    clock.advance(3600)
+    [entry] = rm.view()
+    assert entry.action is SafeAction.ROLLBACK and set(entry.pending) >= {"a", "b"}
+    report = rm.run()
+    assert pg.prepared == {} and sorted(report.rolled_back) == [f"{t.gtrid}/a", f"{t.gtrid}/b"]
+    if lost == "Heuristic":  # nothing explains the entry any more: ended
+        assert report.ended == [t.gtrid] and rm.view() == []
+    else:  # the heuristic stays until an operator forgets it
+        [entry] = rm.view()
+        assert entry.status == "heuristic-commit" and entry.action is SafeAction.FORGET
+        rm.forget(t.gtrid, "operator:alice")
+        assert rm.view() == []
+
+
+def test_view_is_total_for_any_log_entry(w: World) -> None:
+    gtrid = new_gtrid(NODE)
+    w.log.append(Progress(gtrid, ("outbox",), ("stomp",), 1.0), durable=False)  # decision record lost
+    [entry] = w.rm.view()
+    assert entry.action is SafeAction.COMMIT and "no decision logged" in entry.reason
+    w.db.add_prepared(branch_xid(gtrid, "channel-queue"), ["row"])
+    w.clock.advance(3600)
+    report = w.rm.run()
+    assert report.rolled_back == [] and report.waiting == [gtrid]  # partly committed: never presumed abort
