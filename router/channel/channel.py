@@ -309,8 +309,9 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         plans = [(rec, targets) for rec, targets in plans if targets]
         if not plans:
             return
-        self._admit(len(plans))             # only events some consumer will hold count against MaxQueueLength
+        overflow = self._admit(len(plans))  # only events some consumer will hold count against MaxQueueLength
         self._store(plans, bodies)
+        self._make_room(overflow)           # discard only once the new events are durably stored
         with self._records_lock:
             for rec, _ in plans:
                 self.records[rec.seq] = rec
@@ -378,18 +379,24 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             out.extend(admin.targets_for(rec.event))
         return out
 
-    def _admit(self, n: int) -> None:
-        """MaxQueueLength with RejectNewEvents (IMP_LIMIT) or the channel's DiscardPolicy (NS 2.5.7)."""
+    def _admit(self, n: int) -> int:
+        """MaxQueueLength (NS 2.5.7): with RejectNewEvents the push is refused (IMP_LIMIT, nothing changed);
+        otherwise the number of queued events the DiscardPolicy must discard for ``n`` new ones. Deciding only:
+        the discard itself waits until the new events are stored (:meth:`_make_room`), so a store failure
+        leaves the queues as they were."""
         limit = int(self.admin_props.get(CosNotification.MaxQueueLength, 0))
         if not limit:
-            return
+            return 0
         with self._records_lock:
             overflow = len(self.records) + n - limit
         if overflow <= 0:
-            return
+            return 0
         if bool(self.admin_props.get(CosNotification.RejectNewEvents, False)):
             telemetry.rejected(self.id, n, "IMP_LIMIT")
             raise CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)
+        return overflow
+
+    def _make_room(self, overflow: int) -> None:
         for _ in range(overflow):
             self._discard_one()
 
