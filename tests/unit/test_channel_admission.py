@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+
 from omniORB import CORBA
 
 import CosNotification
