@@ -40,11 +40,13 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+
+import tenacity
 
 import omniORB
-import tenacity
 from omniORB import CORBA
 
 import CosEventComm
@@ -52,16 +54,32 @@ import CosNotification
 import CosNotification__POA
 
 from idl.generated import CosNotifyChannelAdminAck__POA, CosNotifyCommAck
-from router.channel.boundary import EVENT_SPECIFIC, Outcome, store_boundary_all
 from router.channel import qos as Q
+from router.channel.boundary import EVENT_SPECIFIC, Outcome, store_boundary_all
 from router.channel.events import Form
 from router.channel.proxies import (
-    _TRANSIENT, PullSupplierMixin, PushSupplierMixin, SequenceProxyPullSupplierImpl, SequenceProxyPushSupplierImpl,
-    StructuredProxyPullSupplierImpl, StructuredProxyPushSupplierImpl)
+    _TRANSIENT,
+    PullSupplierMixin,
+    PushSupplierMixin,
+    SequenceProxyPullSupplierImpl,
+    SequenceProxyPushSupplierImpl,
+    StructuredProxyPullSupplierImpl,
+    StructuredProxyPushSupplierImpl,
+)
 from router.channel.queue import Entry, order_key
 
-__all__ = ["AckState", "ConnectionStatusImpl", "InboundAck", "STATUS_KEY", "SN_LIMIT", "ack_class_for",
-           "activate_status", "next_sn", "with_sequence_number", "sequence_number_of"]
+__all__ = [
+    "SN_LIMIT",
+    "STATUS_KEY",
+    "AckState",
+    "ConnectionStatusImpl",
+    "InboundAck",
+    "ack_class_for",
+    "activate_status",
+    "next_sn",
+    "sequence_number_of",
+    "with_sequence_number",
+]
 
 log = logging.getLogger("nsjms.ack")
 
@@ -181,7 +199,7 @@ class AckState:
     _order: int = 0
 
     @classmethod
-    def load(cls, saved: dict[str, Any] | None) -> "AckState":
+    def load(cls, saved: dict[str, Any] | None) -> AckState:
         saved = saved or {}
         restored = {int(eid): int(sn) for sn, eids in (saved.get("inflight") or {}).items() for eid in eids}
         return cls(next=int(saved.get("next", 0)), stopped=str(saved.get("stopped", "")), restored=restored)
@@ -393,7 +411,7 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
 
     def _send(self, p: Pending) -> str:
         """Push one batch under its number; transient failures are retried every RetryInterval (tenacity)."""
-        retries, interval = self._policy()
+        _, interval = self._policy()
         try:
             self._retrying(interval)(self._push_once, p)
         except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
@@ -429,11 +447,14 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
             if not self._count_retry():
                 raise _Exhausted()
 
+        def sleep(seconds: float) -> None:
+            stop_event.wait(seconds)            # interrupted by the proxy's stop
+
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_TRANSIENT),
             stop=lambda state: stop_event.is_set() or bool(self.ack.stopped),
             wait=tenacity.wait_fixed(interval),
-            sleep=lambda seconds: stop_event.wait(seconds) and None,
+            sleep=sleep,
             before_sleep=before_sleep,
             reraise=True)
 
@@ -445,7 +466,7 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
         self._tls.sn = p.sn
         try:
             value = self.convert(p.entries)
-        except Exception as exc:  # noqa: BLE001 — the channel cannot convert this content
+        except Exception as exc:
             raise _ContentFailed(exc) from exc
         finally:
             self._tls.sn = None

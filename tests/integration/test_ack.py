@@ -11,17 +11,20 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+
+from omniORB import CORBA
 
 import CosNotification
 import CosNotifyChannelAdmin
 import CosNotifyComm__POA
-from omniORB import CORBA
 
 from idl.generated import CosNotifyChannelAdminAck, CosNotifyCommAck, CosNotifyCommAck__POA
-from stdclients import make_event, event_id, header_value, long_, prop, short, time_t, wait_until
+
+from stdclients import event_id, header_value, long_, make_event, prop, short, time_t, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -166,7 +169,7 @@ def test_not_acknowledged_event_is_resent_then_the_connection_stops_and_is_repor
     sp.push_structured_event(make_event(2))                      # queued, not sent: the connection is stopped
     time.sleep(INTERVAL_S * 3)
     assert consumer.count() == 1 + RETRIES
-    [(oid, reason)] = status(client_orb, nsjms_server).items()
+    [(_, reason)] = status(client_orb, nsjms_server).items()
     assert "retries" in reason
     consumer.policy = "each"
     proxy.resume_connection()                                    # the operator's reset
@@ -235,7 +238,7 @@ def test_consumer_that_keeps_failing_stops_the_connection_without_losing_events(
 def test_crash_before_acknowledging_redelivers_with_the_same_numbers(nsjms_server: Any, client_orb: Any) -> None:
     factory = client_orb.factory(nsjms_server.ior())
     consumer = AckConsumer("never")
-    _, proxy, sp = setup(factory, consumer, combination4(retries=1000, interval=30.0))
+    _, _, sp = setup(factory, consumer, combination4(retries=1000, interval=30.0))
     for i in range(5):
         sp.push_structured_event(make_event(i))
     assert wait_until(lambda: consumer.count() >= 5, TIMEOUT_S)

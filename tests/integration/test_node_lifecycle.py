@@ -26,12 +26,13 @@ from typing import Any
 
 import pytest
 import stomp
-from bridgekit import JavaTool, java_tool  # noqa: F401  (java_tool is a fixture)
-from conftest import ClientOrb
-from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, wait_until
 
 from router.lifecycle import stomp_probe
 from router.services import EmbeddedActiveMQ, EmbeddedPostgres, _pid_alive, free_port
+
+from bridgekit import JavaTool, java_tool  # noqa: F401  (java_tool is a fixture)
+from conftest import ClientOrb
+from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -102,8 +103,8 @@ class EmbeddedNode:
         return "".join(p.read_text(errors="replace") for p in sorted(self.logs.iterdir()))
 
     def run_cli(self, *args: str, orb_port: int | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.command(orb_port)[:3], *args], capture_output=True, text=True, check=False, timeout=300,
-                              stdin=subprocess.DEVNULL, env=self.env(), cwd=REPO)
+        return subprocess.run([*self.command(orb_port)[:3], *args], capture_output=True, text=True, check=False,
+                              timeout=300, stdin=subprocess.DEVNULL, env=self.env(), cwd=REPO)
 
     def serve_again(self, orb_port: int) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.command(orb_port), capture_output=True, text=True, check=False, timeout=300,

@@ -8,7 +8,13 @@ import pytest
 
 from router.channel.events import Event, Form
 from router.channel.queue import (
-    ANY_ORDER, DEADLINE_ORDER, FIFO_ORDER, LIFO_ORDER, PRIORITY_ORDER, ProxyQueue, Record,
+    ANY_ORDER,
+    DEADLINE_ORDER,
+    FIFO_ORDER,
+    LIFO_ORDER,
+    PRIORITY_ORDER,
+    ProxyQueue,
+    Record,
 )
 
 
