@@ -193,6 +193,8 @@ class AckState:
     next: int = 0
     stopped: str = ""
     retry_count: int = 0
+    resends: int = 0                # retries counted on this connection (resends and push retries); never reset
+    checked_at: float = 0.0         # clock reading of the last finished scheduling pass (see ``passed``)
     inflight: dict[int, Pending] = field(default_factory=dict)
     restored: dict[int, int] = field(default_factory=dict)      # event db id -> SN, from before a restart
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -249,6 +251,18 @@ class AckState:
         with self.lock:
             return len(self.inflight) < WINDOW
 
+    def passed(self, now: float) -> None:
+        """A scheduling pass that decided at ``now`` is over: every resend due by ``now`` has been pushed (or the
+        connection is stopped). Tests and operators wait for ``checked_at`` to pass a deadline, not for time."""
+        with self.lock:
+            self.checked_at = max(self.checked_at, now)
+
+    def schedule(self, interval: float) -> dict[str, Any]:
+        """The resend scheduler's state for ``status_extra`` (``next_resend_at`` None: nothing will be resent)."""
+        due = None if self.stopped else self.next_due(interval)
+        with self.lock:
+            return {"resends": self.resends, "checked_at": self.checked_at, "next_resend_at": due}
+
     def drain(self) -> list[Entry]:
         with self.lock:
             rest = [e for p in self.inflight.values() for e in p.entries]
@@ -264,6 +278,7 @@ class _AckSupplierMixin:
     def _init_ack(self) -> None:
         self.ack = AckState.load(self.extra.get("ack"))  # type: ignore[attr-defined]
         self._tls = threading.local()
+        self._clock: Callable[[], float] = time.time    # the resend scheduler's clock (unix s); tests inject one
 
     def enqueue(self, record: Any) -> None:
         if self.ack.restored and record.db_id in self.ack.restored:
@@ -284,6 +299,7 @@ class _AckSupplierMixin:
             extra: dict[str, Any] = {"in_flight": len(self.ack.inflight), "retries_used": self.ack.retry_count}
             if self.ack.stopped:
                 extra["STOPPED"] = repr(self.ack.stopped) + " (reset with resume_connection)"
+        extra.update(self.ack.schedule(self._policy()[1]))
         return {**extra, **getattr(self, "dead_letter_status", dict)()}
 
     def _save_ack(self) -> None:
@@ -342,6 +358,7 @@ class _AckSupplierMixin:
             exhausted = self.ack.retry_count >= retries
             if not exhausted:
                 self.ack.retry_count += 1
+                self.ack.resends += 1
         if exhausted:
             self._stop_connection(f"no acknowledgement after {retries} retries")
         return not exhausted
@@ -371,16 +388,24 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
     def _push_loop(self) -> None:
         since: float | None = None
         while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
-            if self.ack.stopped or self.suspended or not self.connected:
-                self.queue.wait(_IDLE)
-                continue
-            outcome, since = self._step(since)
+            outcome, since = self._tick(since)
             if outcome == "gone":
                 return
 
-    def _step(self, since: float | None) -> tuple[str, float | None]:
+    def _tick(self, since: float | None) -> tuple[str, float | None]:
+        """One pass of the resend scheduler at the clock's current reading."""
+        now = self._clock()
+        if self.ack.stopped or self.suspended or not self.connected:
+            self.ack.passed(now)                     # decided at `now`: nothing is sent
+            self.queue.wait(_IDLE)
+            return "idle", since
+        outcome, since = self._step(since, now)
+        self.ack.passed(now)
+        return outcome, since
+
+    def _step(self, since: float | None, now: float) -> tuple[str, float | None]:
         _, interval = self._policy()
-        overdue = self.ack.overdue(time.time(), interval)
+        overdue = self.ack.overdue(now, interval)
         if overdue:
             fresh = [p for p in overdue if p.sent_at == 0.0]
             if len(fresh) < len(overdue) and not self._count_retry():
@@ -394,13 +419,13 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
                 if any(e.record.db_id is not None for e in entries):
                     self._save_ack()                 # the number is on disk before the consumer can see it
                 return self._send_all([p]), since
-        self.queue.wait(self._ack_wait(interval, since))
+        self.queue.wait(self._ack_wait(interval, since, now))
         return "idle", since
 
-    def _ack_wait(self, interval: float, since: float | None) -> float:
+    def _ack_wait(self, interval: float, since: float | None, now: float) -> float:
         wait = self._idle_wait(since) if self.ack.room() else _IDLE
         due = self.ack.next_due(interval)
-        return max(0.001, min(wait, due - time.time())) if due is not None else wait
+        return max(0.001, min(wait, due - now)) if due is not None else wait
 
     def _send_all(self, pendings: list[Pending]) -> str:
         for p in pendings:
@@ -426,7 +451,7 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
             log.warning("proxy %s: push of SequenceNumber %d failed (%s)", self.oid, p.sn, exc)
         else:
             self._delivered_one_batch()
-        p.sent_at = time.time()
+        p.sent_at = self._clock()
         return "ok"
 
     def _content_failed_in_flight(self, p: Pending, exc: BaseException) -> str:
@@ -512,7 +537,9 @@ class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
         if self.suspended or self.ack.stopped:
             return []
         _, interval = self._policy()
-        overdue = self.ack.overdue(time.time(), interval)
+        now = self._clock()
+        overdue = self.ack.overdue(now, interval)
+        self.ack.passed(now)
         if overdue:
             p = overdue[0]
             if p.sent_at != 0.0 and not self._count_retry():
@@ -526,7 +553,7 @@ class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
                 self._save_ack()
         else:
             return []
-        p.sent_at = time.time()
+        p.sent_at = now
         self._tls.sn = p.sn
         return p.entries
 
@@ -544,7 +571,7 @@ class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
                 return entries
             _, interval = self._policy()
             due = self.ack.next_due(interval)
-            self.queue.wait(_IDLE if due is None else max(0.001, min(_IDLE, due - time.time())))
+            self.queue.wait(_IDLE if due is None else max(0.001, min(_IDLE, due - self._clock())))
 
 
 # -- concrete Ack servants ---------------------------------------------------------------------------------
