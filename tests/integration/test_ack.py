@@ -164,7 +164,7 @@ def pull_when_offered(proxy: Any) -> Any:
         ev, has = proxy.try_pull_structured_event()
         if has:
             got.append(ev)
-        return has
+        return bool(has)
 
     assert wait_until(offered, TIMEOUT_S)
     return got[0]

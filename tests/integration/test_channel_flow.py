@@ -390,7 +390,7 @@ def test_event_service_style_admins_and_proxies(factory: Any) -> None:
         supplier_proxy.push(make_any(i))
     assert consumer.wait_for(50, 30)
     assert consumer.ids() == list(range(50))
-    pulled = []
+    pulled: list[int] = []
     deadline = time.monotonic() + 30
     while len(pulled) < 50 and time.monotonic() < deadline:
         value, has = pull_proxy.try_pull()

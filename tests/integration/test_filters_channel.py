@@ -82,8 +82,9 @@ def tc_time(seconds_ago: float) -> Any:
 
 # (constraint, [(event, must_match)]) for NS 2.4.7 examples 1-12 (errata of spec digest §7 applied).
 def examples() -> list[tuple[str, str, list[tuple[Any, bool]]]]:
-    student = lambda tag, *sc: CORBA.Any(E._tc_Student, E.Student(tag, [E.TestResult(f"t{i}", s)  # noqa: E731
-                                                                         for i, s in enumerate(sc)]))
+    def student(tag: str, *sc: int) -> Any:
+        return CORBA.Any(E._tc_Student, E.Student(tag, [E.TestResult(f"t{i}", s) for i, s in enumerate(sc)]))
+
     return [
         ("ex1", "$type_name == 'CommunicationsAlarm' and not ($event_name == 'lost_packet')",
          [(structured("ex1-a"), True), (structured("lost_packet"), False),
@@ -186,7 +187,10 @@ def test_ns_2_4_7_examples_through_filter_objects(factory: Any) -> None:
             push(sp, ap, ev)
     for (name, _expr, events), consumer in zip(cases, consumers, strict=True):
         want = {key_of(ev) for ev, ok in events if ok}
-        assert wait_until(lambda c=consumer, w=want: w <= received_keys(c), TIMEOUT_S), (name, received_keys(consumer))
+        def received_all(c: StructuredPushConsumer = consumer, w: set[str] = want) -> bool:
+            return w <= received_keys(c)
+
+        assert wait_until(received_all, TIMEOUT_S), (name, received_keys(consumer))
     time.sleep(QUIET_S)
     for (name, expr, events), consumer in zip(cases, consumers, strict=True):
         own = {key_of(ev) for ev, _ in events}                 # other examples' events may match too
@@ -201,7 +205,9 @@ def test_event_type_list_is_checked_before_the_expression_with_wildcards(factory
     proxy.add_filter(new_filter(channel, ([("Tele*", "Comm*Alarm"), ("Transport", "RoadImpassable")],
                                           "$severity != 4")))
     sp, ap = suppliers(channel)
-    sev = lambda n: {"severity": CORBA.Any(CORBA.TC_long, n)}  # noqa: E731
+    def sev(n: int) -> dict[str, Any]:
+        return {"severity": CORBA.Any(CORBA.TC_long, n)}
+
     for ev in (structured("a", "Telecom", "CommunicationsAlarm", filterable=sev(1)),
                structured("b", "Transport", "RoadImpassable", filterable=sev(2)),
                structured("c", "Telecom", "CommunicationsAlarm", filterable=sev(4)),
@@ -365,7 +371,9 @@ def names_in_order(consumer: StructuredPushConsumer) -> list[str]:
 def test_priority_mapping_proxy_filter_overrides_admin_filter_and_never_changes_the_event(factory: Any) -> None:
     channel = make_channel(factory)
     admin, _ = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
-    short = lambda v: CORBA.Any(CORBA.TC_short, v)  # noqa: E731
+    def short(v: int) -> Any:
+        return CORBA.Any(CORBA.TC_short, v)
+
     admin._set_priority_filter(mapping_filter(channel, short(0), ("$n == 1", short(9))))
     plain, by_admin = connect_consumer(admin)
     own, by_own = connect_consumer(admin)
@@ -397,7 +405,9 @@ def test_lifetime_mapping_expires_only_that_proxys_copy(factory: Any) -> None:
     admin = channel._get_default_consumer_admin()
     _, keeps = connect_consumer(admin)
     short_lived, loses = connect_consumer(admin)
-    tt = lambda s: CORBA.Any(CORBA.TC_ulonglong, int(s * 10_000_000))  # noqa: E731
+    def tt(s: float) -> Any:
+        return CORBA.Any(CORBA.TC_ulonglong, int(s * 10_000_000))
+
     short_lived._set_lifetime_filter(mapping_filter(channel, tt(0), ("$n == 1", tt(0.2))))
     short_lived.suspend_connection()
     sp, ap = suppliers(channel)
