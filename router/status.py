@@ -71,6 +71,13 @@ def _missing_channel(bridge: dict[str, Any], channel_ids: list[int]) -> int | No
     return None
 
 
+def _flag(key: str, value: Any) -> str:
+    """``key=value`` for a proxy line; a time (``*_at``, unix seconds) as UTC ``HH:MM:SS.mmmZ``."""
+    if key.endswith("_at") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{key}={time.strftime('%H:%M:%S', time.gmtime(value))}.{int(value * 1000) % 1000:03d}Z"
+    return f"{key}={value}"
+
+
 def render(report: dict[str, Any]) -> str:
     ep, snap = report["endpoints"], report["snapshot"]
     bridge_ep = ep.get("bridge_factory") or {}
@@ -96,7 +103,7 @@ def render(report: dict[str, Any]) -> str:
         for p in ch["proxy_suppliers"]:
             flags = [] if p["connected"] else ["not connected"]
             flags += ["suspended"] if p["suspended"] else []
-            flags += [f"{k}={v}" for k, v in p.items()
+            flags += [_flag(k, v) for k, v in p.items()
                       if k not in {"admin", "id", "kind", "connected", "suspended", "queued"}]
             lines.append(f"  admin {p['admin']} proxy {p['id']} {p['kind']:<16} queued {p['queued']:>6}"
                          f"  {' '.join(flags)}".rstrip())

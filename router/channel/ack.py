@@ -40,11 +40,13 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+
+import tenacity
 
 import omniORB
-import tenacity
 from omniORB import CORBA
 
 import CosEventComm
@@ -52,16 +54,32 @@ import CosNotification
 import CosNotification__POA
 
 from idl.generated import CosNotifyChannelAdminAck__POA, CosNotifyCommAck
-from router.channel.boundary import EVENT_SPECIFIC, Outcome, store_boundary_all
 from router.channel import qos as Q
+from router.channel.boundary import EVENT_SPECIFIC, Outcome, store_boundary_all
 from router.channel.events import Form
 from router.channel.proxies import (
-    _TRANSIENT, PullSupplierMixin, PushSupplierMixin, SequenceProxyPullSupplierImpl, SequenceProxyPushSupplierImpl,
-    StructuredProxyPullSupplierImpl, StructuredProxyPushSupplierImpl)
+    _TRANSIENT,
+    PullSupplierMixin,
+    PushSupplierMixin,
+    SequenceProxyPullSupplierImpl,
+    SequenceProxyPushSupplierImpl,
+    StructuredProxyPullSupplierImpl,
+    StructuredProxyPushSupplierImpl,
+)
 from router.channel.queue import Entry, order_key
 
-__all__ = ["AckState", "ConnectionStatusImpl", "InboundAck", "STATUS_KEY", "SN_LIMIT", "ack_class_for",
-           "activate_status", "next_sn", "with_sequence_number", "sequence_number_of"]
+__all__ = [
+    "SN_LIMIT",
+    "STATUS_KEY",
+    "AckState",
+    "ConnectionStatusImpl",
+    "InboundAck",
+    "ack_class_for",
+    "activate_status",
+    "next_sn",
+    "sequence_number_of",
+    "with_sequence_number",
+]
 
 log = logging.getLogger("nsjms.ack")
 
@@ -175,13 +193,15 @@ class AckState:
     next: int = 0
     stopped: str = ""
     retry_count: int = 0
+    resends: int = 0                # retries counted on this connection (resends and push retries); never reset
+    checked_at: float = 0.0         # clock reading of the last finished scheduling pass (see ``passed``)
     inflight: dict[int, Pending] = field(default_factory=dict)
     restored: dict[int, int] = field(default_factory=dict)      # event db id -> SN, from before a restart
     lock: threading.Lock = field(default_factory=threading.Lock)
     _order: int = 0
 
     @classmethod
-    def load(cls, saved: dict[str, Any] | None) -> "AckState":
+    def load(cls, saved: dict[str, Any] | None) -> AckState:
         saved = saved or {}
         restored = {int(eid): int(sn) for sn, eids in (saved.get("inflight") or {}).items() for eid in eids}
         return cls(next=int(saved.get("next", 0)), stopped=str(saved.get("stopped", "")), restored=restored)
@@ -231,6 +251,18 @@ class AckState:
         with self.lock:
             return len(self.inflight) < WINDOW
 
+    def passed(self, now: float) -> None:
+        """A scheduling pass that decided at ``now`` is over: every resend due by ``now`` has been pushed (or the
+        connection is stopped). Tests and operators wait for ``checked_at`` to pass a deadline, not for time."""
+        with self.lock:
+            self.checked_at = max(self.checked_at, now)
+
+    def schedule(self, interval: float) -> dict[str, Any]:
+        """The resend scheduler's state for ``status_extra`` (``next_resend_at`` None: nothing will be resent)."""
+        due = None if self.stopped else self.next_due(interval)
+        with self.lock:
+            return {"resends": self.resends, "checked_at": self.checked_at, "next_resend_at": due}
+
     def drain(self) -> list[Entry]:
         with self.lock:
             rest = [e for p in self.inflight.values() for e in p.entries]
@@ -246,6 +278,7 @@ class _AckSupplierMixin:
     def _init_ack(self) -> None:
         self.ack = AckState.load(self.extra.get("ack"))  # type: ignore[attr-defined]
         self._tls = threading.local()
+        self._clock: Callable[[], float] = time.time    # the resend scheduler's clock (unix s); tests inject one
 
     def enqueue(self, record: Any) -> None:
         if self.ack.restored and record.db_id in self.ack.restored:
@@ -266,6 +299,7 @@ class _AckSupplierMixin:
             extra: dict[str, Any] = {"in_flight": len(self.ack.inflight), "retries_used": self.ack.retry_count}
             if self.ack.stopped:
                 extra["STOPPED"] = repr(self.ack.stopped) + " (reset with resume_connection)"
+        extra.update(self.ack.schedule(self._policy()[1]))
         return {**extra, **getattr(self, "dead_letter_status", dict)()}
 
     def _save_ack(self) -> None:
@@ -324,6 +358,7 @@ class _AckSupplierMixin:
             exhausted = self.ack.retry_count >= retries
             if not exhausted:
                 self.ack.retry_count += 1
+                self.ack.resends += 1
         if exhausted:
             self._stop_connection(f"no acknowledgement after {retries} retries")
         return not exhausted
@@ -353,16 +388,24 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
     def _push_loop(self) -> None:
         since: float | None = None
         while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
-            if self.ack.stopped or self.suspended or not self.connected:
-                self.queue.wait(_IDLE)
-                continue
-            outcome, since = self._step(since)
+            outcome, since = self._tick(since)
             if outcome == "gone":
                 return
 
-    def _step(self, since: float | None) -> tuple[str, float | None]:
+    def _tick(self, since: float | None) -> tuple[str, float | None]:
+        """One pass of the resend scheduler at the clock's current reading."""
+        now = self._clock()
+        if self.ack.stopped or self.suspended or not self.connected:
+            self.ack.passed(now)                     # decided at `now`: nothing is sent
+            self.queue.wait(_IDLE)
+            return "idle", since
+        outcome, since = self._step(since, now)
+        self.ack.passed(now)
+        return outcome, since
+
+    def _step(self, since: float | None, now: float) -> tuple[str, float | None]:
         _, interval = self._policy()
-        overdue = self.ack.overdue(time.time(), interval)
+        overdue = self.ack.overdue(now, interval)
         if overdue:
             fresh = [p for p in overdue if p.sent_at == 0.0]
             if len(fresh) < len(overdue) and not self._count_retry():
@@ -376,13 +419,13 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
                 if any(e.record.db_id is not None for e in entries):
                     self._save_ack()                 # the number is on disk before the consumer can see it
                 return self._send_all([p]), since
-        self.queue.wait(self._ack_wait(interval, since))
+        self.queue.wait(self._ack_wait(interval, since, now))
         return "idle", since
 
-    def _ack_wait(self, interval: float, since: float | None) -> float:
+    def _ack_wait(self, interval: float, since: float | None, now: float) -> float:
         wait = self._idle_wait(since) if self.ack.room() else _IDLE
         due = self.ack.next_due(interval)
-        return max(0.001, min(wait, due - time.time())) if due is not None else wait
+        return max(0.001, min(wait, due - now)) if due is not None else wait
 
     def _send_all(self, pendings: list[Pending]) -> str:
         for p in pendings:
@@ -393,7 +436,7 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
 
     def _send(self, p: Pending) -> str:
         """Push one batch under its number; transient failures are retried every RetryInterval (tenacity)."""
-        retries, interval = self._policy()
+        _, interval = self._policy()
         try:
             self._retrying(interval)(self._push_once, p)
         except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
@@ -408,7 +451,7 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
             log.warning("proxy %s: push of SequenceNumber %d failed (%s)", self.oid, p.sn, exc)
         else:
             self._delivered_one_batch()
-        p.sent_at = time.time()
+        p.sent_at = self._clock()
         return "ok"
 
     def _content_failed_in_flight(self, p: Pending, exc: BaseException) -> str:
@@ -429,11 +472,14 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
             if not self._count_retry():
                 raise _Exhausted()
 
+        def sleep(seconds: float) -> None:
+            stop_event.wait(seconds)            # interrupted by the proxy's stop
+
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_TRANSIENT),
             stop=lambda state: stop_event.is_set() or bool(self.ack.stopped),
             wait=tenacity.wait_fixed(interval),
-            sleep=lambda seconds: stop_event.wait(seconds) and None,
+            sleep=sleep,
             before_sleep=before_sleep,
             reraise=True)
 
@@ -445,7 +491,7 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
         self._tls.sn = p.sn
         try:
             value = self.convert(p.entries)
-        except Exception as exc:  # noqa: BLE001 — the channel cannot convert this content
+        except Exception as exc:
             raise _ContentFailed(exc) from exc
         finally:
             self._tls.sn = None
@@ -491,7 +537,9 @@ class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
         if self.suspended or self.ack.stopped:
             return []
         _, interval = self._policy()
-        overdue = self.ack.overdue(time.time(), interval)
+        now = self._clock()
+        overdue = self.ack.overdue(now, interval)
+        self.ack.passed(now)
         if overdue:
             p = overdue[0]
             if p.sent_at != 0.0 and not self._count_retry():
@@ -505,7 +553,7 @@ class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
                 self._save_ack()
         else:
             return []
-        p.sent_at = time.time()
+        p.sent_at = now
         self._tls.sn = p.sn
         return p.entries
 
@@ -523,7 +571,7 @@ class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
                 return entries
             _, interval = self._policy()
             due = self.ack.next_due(interval)
-            self.queue.wait(_IDLE if due is None else max(0.001, min(_IDLE, due - time.time())))
+            self.queue.wait(_IDLE if due is None else max(0.001, min(_IDLE, due - self._clock())))
 
 
 # -- concrete Ack servants ---------------------------------------------------------------------------------

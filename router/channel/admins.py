@@ -19,10 +19,17 @@ import CosNotifyChannelAdmin
 import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
-from router.channel.boundary import store_boundary
 from router.channel import qos as Q
-from router.channel.common import (FilterMixin, FilterSet, QoSMixin, group_passes, ids_of, ior_or_none,
-                                   mapping_filter_from_ior)
+from router.channel.boundary import store_boundary
+from router.channel.common import (
+    FilterMixin,
+    FilterSet,
+    QoSMixin,
+    group_passes,
+    ids_of,
+    ior_or_none,
+    mapping_filter_from_ior,
+)
 from router.channel.events import Event
 from router.channel.runtime import admin_oid
 from router.channel.store import AdminRow, ProxyRow

@@ -11,21 +11,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from omniORB import CORBA
 
 import CosNotification
 import CosNotifyChannelAdmin
 import CosNotifyChannelAdmin__POA
-import CosEventChannelAdmin
 
 from router import telemetry
 from router.channel import qos as Q
 from router.channel.boundary import check_size, store_boundary
 from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
 from router.channel.events import Event, Form, encode
-from router.channel.queue import Record, choose_victim, Entry
+from router.channel.queue import Entry, Record, choose_victim
 from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
 from router.channel.store import ChannelRow, NewEvent
 
@@ -80,7 +80,7 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         try:
             admin = Q.apply_admin(Q.admin_defaults(), [(p.name, p.value) for p in initial_admin])
         except Q.AdminError as exc:
-            raise CosNotification.UnsupportedAdmin(Q.to_property_errors(exc.problems))
+            raise CosNotification.UnsupportedAdmin(Q.to_property_errors(exc.problems)) from exc
         with self._lock:
             cid = self.rt.store.next_channel_id()
             default_admin_qos = {"C": Q.inherit(qos, Q.Target(Q.Level.CONSUMER_ADMIN)),
@@ -146,9 +146,9 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             (self.consumer_admins if arow.side == "C" else self.supplier_admins)[arow.id] = admin
         for prow in self.rt.store.load_proxies(self.id):
             admins = self.consumer_admins if prow.side == "C" else self.supplier_admins
-            admin = admins.get(prow.admin_id)
-            if admin is not None:
-                admin.restore_proxy(prow)
+            owner = admins.get(prow.admin_id)
+            if owner is not None:
+                owner.restore_proxy(prow)
         self._restore_events()
         from router.channel.sharing import sharing_of
 
@@ -195,7 +195,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             try:
                 new = Q.apply_admin(self.admin_props, [(p.name, p.value) for p in admin])
             except Q.AdminError as exc:
-                raise CosNotification.UnsupportedAdmin(Q.to_property_errors(exc.problems))
+                raise CosNotification.UnsupportedAdmin(Q.to_property_errors(exc.problems)) from exc
             self.rt.store.update_channel(self.id, admin_props=new)
             self.admin_props = new
 
@@ -299,9 +299,9 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         now = time.time()
         encoded = self._encode_checked(events)
         records = [self._make_record(source, ev, now) for ev in events]
-        for rec, body in zip(records, encoded):
+        for rec, body in zip(records, encoded, strict=True):
             rec.size = len(body)
-        bodies = {rec.seq: body for rec, body in zip(records, encoded)}
+        bodies = {rec.seq: body for rec, body in zip(records, encoded, strict=True)}
         accepted = [r for r in records if source.admits(r.event)]
         if not accepted:
             return
@@ -309,8 +309,9 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         plans = [(rec, targets) for rec, targets in plans if targets]
         if not plans:
             return
-        self._admit(len(plans))             # only events some consumer will hold count against MaxQueueLength
+        overflow = self._admit(len(plans))  # only events some consumer will hold count against MaxQueueLength
         self._store(plans, bodies)
+        self._make_room(overflow)           # discard only once the new events are durably stored
         with self._records_lock:
             for rec, _ in plans:
                 self.records[rec.seq] = rec
@@ -346,31 +347,31 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         the other targets; the stored queue row of a failed target makes it come back after a restart."""
         try:
             proxy.enqueue(rec)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("channel: could not queue event seq=%d for proxy %s", rec.seq, getattr(proxy, "oid", "?"))
 
     def _make_record(self, source: Any, ev: Event, now: float) -> Record:
-        header = ev.value.header.variable_header if ev.form is Form.STRUCTURED else []
+        header = ev.structured.header.variable_header if ev.form is Form.STRUCTURED else []
         try:
             eq = Q.event_qos(source.qos, header)
         except Q.EventQoSError as exc:
             log.info("rejected an event from %s: %s", source.oid, exc)
             telemetry.rejected(self.id, 1, "BAD_QOS")
-            raise CORBA.BAD_QOS(0, CORBA.COMPLETED_NO)
-        timeout = int(eq.get("timeout") or 0)
+            raise CORBA.BAD_QOS(0, CORBA.COMPLETED_NO) from exc
+        timeout = eq["timeout"]
         deadline = now + timeout / _TIMET_PER_SECOND if timeout else None
-        stop = eq.get("stop_time")
+        stop = eq["stop_time"]
         if stop is not None:
-            stop_unix = Q.utc_to_unix(int(stop))
+            stop_unix = Q.utc_to_unix(stop)
             deadline = stop_unix if deadline is None else min(deadline, stop_unix)
-        start = eq.get("start_time")
-        start_at = Q.utc_to_unix(int(start)) if start is not None else None
-        persistent = bool(eq.get("persistent")) and self._connections_persistent()
-        return Record(self.rt.next_seq(), ev, int(eq.get("priority", 0)), deadline, start_at, persistent,
+        start = eq["start_time"]
+        start_at = Q.utc_to_unix(start) if start is not None else None
+        persistent = eq["persistent"] and self._connections_persistent()
+        return Record(self.rt.next_seq(), ev, eq["priority"], deadline, start_at, persistent,
                       on_released=self.released)
 
     def _connections_persistent(self) -> bool:
-        return int(self.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent
+        return bool(int(self.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent)
 
     def _targets(self, rec: Record) -> list[Any]:
         out: list[Any] = []
@@ -378,18 +379,24 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             out.extend(admin.targets_for(rec.event))
         return out
 
-    def _admit(self, n: int) -> None:
-        """MaxQueueLength with RejectNewEvents (IMP_LIMIT) or the channel's DiscardPolicy (NS 2.5.7)."""
+    def _admit(self, n: int) -> int:
+        """MaxQueueLength (NS 2.5.7): with RejectNewEvents the push is refused (IMP_LIMIT, nothing changed);
+        otherwise the number of queued events the DiscardPolicy must discard for ``n`` new ones. Deciding only:
+        the discard itself waits until the new events are stored (:meth:`_make_room`), so a store failure
+        leaves the queues as they were."""
         limit = int(self.admin_props.get(CosNotification.MaxQueueLength, 0))
         if not limit:
-            return
+            return 0
         with self._records_lock:
             overflow = len(self.records) + n - limit
         if overflow <= 0:
-            return
+            return 0
         if bool(self.admin_props.get(CosNotification.RejectNewEvents, False)):
             telemetry.rejected(self.id, n, "IMP_LIMIT")
             raise CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)
+        return overflow
+
+    def _make_room(self, overflow: int) -> None:
         for _ in range(overflow):
             self._discard_one()
 
@@ -424,7 +431,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         rows = [NewEvent(rec.seq, int(rec.event.form), bodies[rec.seq], rec.priority, rec.deadline,
                          rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
         ids = self.rt.store.insert_events(self.id, rows)
-        for (rec, _), eid in zip(durable, ids):
+        for (rec, _), eid in zip(durable, ids, strict=True):
             rec.db_id = eid
 
     def released(self, rec: Record) -> None:

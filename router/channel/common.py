@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from omniORB import CORBA
 
@@ -20,7 +21,7 @@ import CosNotifyFilter
 from router.channel import qos as Q
 from router.channel.events import Event, Form
 
-__all__ = ["QoSMixin", "FilterSet", "FilterMixin", "group_passes", "raise_unsupported_qos"]
+__all__ = ["FilterMixin", "FilterSet", "QoSMixin", "group_passes", "raise_unsupported_qos"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -34,10 +35,10 @@ class QoSMixin:
     """``get_qos``/``set_qos``/``validate_qos`` over ``self.qos`` (a dict), persisted by ``_persist_qos``."""
 
     qos: dict[str, Any]
-    qos_target: "Q.Target"
+    qos_target: Q.Target
     _lock: threading.RLock
 
-    def _qos_context(self) -> "Q.Context":
+    def _qos_context(self) -> Q.Context:
         raise NotImplementedError
 
     def _persist_qos(self, qos: dict[str, Any]) -> None:

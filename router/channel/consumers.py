@@ -14,7 +14,6 @@ from typing import Any
 import omniORB
 from omniORB import CORBA
 
-import CosEventChannelAdmin
 import CosEventChannelAdmin__POA
 import CosEventComm
 import CosNotification
@@ -38,7 +37,7 @@ class ProxyConsumerBase(ProxyBase):
 
     def admits(self, event: Event) -> bool:
         """Filters of this proxy consumer combined with its SupplierAdmin's (NS 2.3)."""
-        return self.admin.admits(self.filters, event)
+        return bool(self.admin.admits(self.filters, event))
 
     _inbound_ack: Any = None
 
@@ -94,7 +93,7 @@ class PullConsumerMixin(ProxyConsumerBase):
         limit = int(self.channel.admin_props.get(CosNotification.MaxQueueLength, 0))
         if not limit:
             return wanted
-        return max(1, min(wanted, limit - self.channel.queued_count()))
+        return max(1, min(wanted, limit - int(self.channel.queued_count())))
 
     def _pull_loop(self) -> None:
         """Pull, then route what was pulled; pulled events are kept and routed again until the channel took them
@@ -152,7 +151,7 @@ class PullConsumerMixin(ProxyConsumerBase):
                 return True
             log.info("proxy %s: channel full with RejectNewEvents; %d pulled event(s) wait", self.oid, len(events))
             return False
-        except Exception:  # noqa: BLE001 — e.g. the database is unavailable: keep the events, try again
+        except Exception:
             log.warning("proxy %s: routing %d pulled event(s) failed; retrying", self.oid, len(events),
                         exc_info=True)
             return False
@@ -291,7 +290,7 @@ ES_CONSUMER_CLASSES: dict[str, type] = {"PUSH_ANY": EsProxyPushConsumerImpl, "PU
 
 def _event_name(event: Event) -> str:
     if event.form.name == "STRUCTURED":
-        fixed = event.value.header.fixed_header
+        fixed = event.structured.header.fixed_header
         return f"{fixed.event_type.domain_name}/{fixed.event_type.type_name}/{fixed.event_name}"
     return "an untyped event"
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import CosEventComm
 import omniORB
 from omniORB import CORBA
+
+import CosEventComm
 
 from router.channel.boundary import EVENT_SPECIFIC, POISON_ATTEMPTS, Outcome, describe
 from router.channel.events import describe_event

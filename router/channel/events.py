@@ -20,19 +20,19 @@ from dataclasses import dataclass
 import omniORB
 from omniORB import CORBA
 
-import CosNotification  # noqa: E402  (COS stubs are importable once omniORB is)
+import CosNotification
 
 __all__ = [
-    "Form",
+    "ANY_TYPE_NAME",
     "Event",
-    "normalise_any",
-    "normalise_structured",
+    "Form",
     "as_any",
     "as_structured",
-    "encode",
     "decode",
-    "ANY_TYPE_NAME",
     "describe_event",
+    "encode",
+    "normalise_any",
+    "normalise_structured",
 ]
 
 ANY_TYPE_NAME = "%ANY"

@@ -19,8 +19,11 @@ from __future__ import annotations
 import base64
 import logging
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
+
+from psycopg.types.json import Jsonb
 
 import omniORB
 from omniORB import CORBA
@@ -29,12 +32,12 @@ import CosNotification
 import CosNotifyComm
 import CosNotifyFilter
 import CosNotifyFilter__POA
-from psycopg.types.json import Jsonb
 
 from router.channel.boundary import store_boundary
+from router.channel.queue import Record
 from router.etcl import Constraint, EtclSyntaxError, compile_constraint, event_type_matches
 
-__all__ = ["FilterFactoryImpl", "FilterImpl", "MappingFilterImpl", "GRAMMAR", "filter_oid", "FILTER_SCHEMA"]
+__all__ = ["FILTER_SCHEMA", "GRAMMAR", "FilterFactoryImpl", "FilterImpl", "MappingFilterImpl", "filter_oid"]
 
 log = logging.getLogger("nsjms.filter")
 
@@ -55,7 +58,6 @@ CREATE TABLE IF NOT EXISTS nsjms_filter (
     next_cb       integer NOT NULL DEFAULT 1
 );
 """
-
 
 def filter_oid(fid: int) -> str:
     return f"flt/{fid}"
@@ -191,7 +193,7 @@ class _FilterBase:
 
     kind = "F"
 
-    def __init__(self, factory: "FilterFactoryImpl", fid: int, grammar: str) -> None:
+    def __init__(self, factory: FilterFactoryImpl, fid: int, grammar: str) -> None:
         self.factory = factory
         self.rt = factory.rt
         self.id = fid
@@ -394,7 +396,7 @@ class MappingFilterImpl(_FilterBase, CosNotifyFilter__POA.MappingFilter):
 
     kind = "M"
 
-    def __init__(self, factory: "FilterFactoryImpl", fid: int, grammar: str, default_value: Any) -> None:
+    def __init__(self, factory: FilterFactoryImpl, fid: int, grammar: str, default_value: Any) -> None:
         super().__init__(factory, fid, grammar)
         self.default_value = default_value
         self.value_type = default_value.typecode()
@@ -555,7 +557,7 @@ class FilterFactoryImpl(CosNotifyFilter__POA.FilterFactory):
         if self.on_change is not None:
             try:
                 self.on_change()
-            except Exception:  # noqa: BLE001 — sharing must never fail a filter operation
+            except Exception:
                 log.exception("subscription sharing after a constraint change failed")
 
     def forget(self, flt: _FilterBase) -> None:
@@ -600,23 +602,22 @@ def mapped_priority(rt: Any, mf: Any, record: Any) -> int:
 def mapped_deadline(rt: Any, mf: Any, record: Any, now: float) -> float | None:
     """Deadline for one proxy's copy: the filter's lifetime (TimeT) on a match; else the header/QoS deadline;
     else the filter's ``default_value`` (NS 2.3.1 three-step rule; a Timeout of 0 means "not set")."""
+    deadline: float | None = record.deadline
     ok, value = ask_mapping(rt, mf, record.event)
-    if not ok and (record.deadline is not None or _header_has(record.event, "Timeout")):
-        return record.deadline
+    if not ok and (deadline is not None or _header_has(record.event, "Timeout")):
+        return deadline
     try:
         lifetime = int(value.value()) if value is not None else 0
     except (TypeError, ValueError, AttributeError):
-        return record.deadline
-    return now + lifetime / 10_000_000 if lifetime > 0 else record.deadline
+        return deadline
+    return now + lifetime / 10_000_000 if lifetime > 0 else deadline
 
 
-def proxy_view(record: Any, priority: int, deadline: float | None) -> Any:
+def proxy_view(record: Record, priority: int, deadline: float | None) -> Record:
     """A per-proxy copy of a record with its own priority/deadline; the event itself is shared, never changed.
 
     The copy holds the original record until it is released, so the stored event lives as long as any copy.
     """
-    from router.channel.queue import Record
-
     record.hold()
     return Record(record.seq, record.event, priority, deadline, record.start_at, record.persistent,
                   record.db_id, size=record.size, on_released=lambda _view: record.release())

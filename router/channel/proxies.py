@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import omniORB
 from omniORB import CORBA
@@ -28,8 +29,14 @@ import CosNotifyComm
 
 from router.channel import qos as Q
 from router.channel.boundary import Outcome, store_boundary_all
-from router.channel.common import (FilterMixin, FilterSet, QoSMixin, ior_or_none, mapping_filter_from_ior,
-                                   raise_unsupported_qos)
+from router.channel.common import (
+    FilterMixin,
+    FilterSet,
+    QoSMixin,
+    ior_or_none,
+    mapping_filter_from_ior,
+    raise_unsupported_qos,
+)
 from router.channel.delivery import DeliveryFailures
 from router.channel.events import Event, Form, as_any, as_structured
 from router.channel.queue import Entry, ProxyQueue, Record
@@ -152,7 +159,7 @@ class ProxyBase(QoSMixin, FilterMixin):
                 try:
                     loop()
                     return
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("proxy %s: worker failed; restarting it in %.1f s", self.oid, backoff)
                     self.stop_event.wait(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF)
@@ -266,7 +273,7 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         queued with its own priority and lifetime (and the failure logged)."""
         try:
             mapped = self._mapped(record)
-        except Exception:  # noqa: BLE001 — e.g. a remote mapping filter unreachable, or a bug in its evaluation
+        except Exception:
             log.warning("proxy %s: mapping filters failed for event seq=%d; queued with its own priority and "
                         "lifetime", self.oid, record.seq, exc_info=True)
             mapped = record
@@ -534,7 +541,7 @@ class PullSupplierMixin(ProxySupplierBase):
                 count = self.queue.peek_count()
                 pacing = self.pacing()
                 if count >= n or (count and pacing > 0 and time.time() - started >= pacing):
-                    entries = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes)
+                    entries: list[Entry] = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes)
                     if entries:
                         self._handed_out(entries)
                         return entries
@@ -546,9 +553,9 @@ class PullSupplierMixin(ProxySupplierBase):
             self._check_pullable()
             if self.suspended:
                 return []
-            entries = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes)
-            self._handed_out(entries)
-            return entries
+            taken: list[Entry] = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes)
+            self._handed_out(taken)
+            return taken
         finally:
             self._end_pull()
 
@@ -557,7 +564,7 @@ class PullSupplierMixin(ProxySupplierBase):
         confirm them) and handled as a content failure; the consumer gets TRANSIENT and pulls again."""
         try:
             value = self.convert(entries)
-        except Exception as exc:  # noqa: BLE001 — the channel cannot convert this content: event-specific
+        except Exception as exc:
             with self._pull_lock:
                 taken = {id(e) for e in entries}
                 self._unconfirmed = [e for e in self._unconfirmed if id(e) not in taken]
@@ -655,7 +662,8 @@ class SequenceProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__PO
         self._connect(pull_consumer, required=False)
 
     def pull_structured_events(self, max_number: int) -> list[Any]:
-        return self._hand_out(self._blocking_take(lambda: self._limit(max_number)))
+        events: list[Any] = self._hand_out(self._blocking_take(lambda: self._limit(max_number)))
+        return events
 
     def try_pull_structured_events(self, max_number: int) -> tuple[list[Any], bool]:
         entries = self._try_take(self._limit(max_number))

@@ -27,7 +27,7 @@ import enum
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 # omniORB must come first: importing it puts the COS stubs on sys.path.
 # isort: off
@@ -494,7 +494,7 @@ def _always_valid(current: Mapping[str, object], values: Mapping[str, object],
     """Is ``values`` valid combined with every choice (absent or any offered value) of the ``offered`` ones?"""
     names = list(offered)
     for combo in itertools.product(*[[None, *offered[n]] for n in names]):
-        extra = {n: v for n, v in zip(names, combo) if v is not None}
+        extra = {n: v for n, v in zip(names, combo, strict=True) if v is not None}
         if _evaluate(current, {**values, **extra}, target, ctx)[1]:
             return False
     return True
@@ -527,7 +527,28 @@ def _event_context(proxy_qos: Mapping[str, object], values: Mapping[str, object]
     return problems
 
 
-def event_qos(proxy_qos: Mapping[str, object], variable_header: Iterable[Any]) -> dict[str, object]:
+class EventQoS(TypedDict):
+    """The per-event QoS the channel acts on (see :func:`event_qos`)."""
+
+    priority: int
+    persistent: bool
+    start_time: int | None          # UtcT.time
+    stop_time: int | None           # UtcT.time
+    timeout: int                    # TimeT, 0 = none
+
+
+def _as_int(value: object) -> int:
+    """A QoS value already checked by the property table (a Python int from an IDL integer type)."""
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise TypeError(f"QoS value {value!r} is not a number")
+
+
+def _opt_int(value: object) -> int | None:
+    return None if value is None else _as_int(value)
+
+
+def event_qos(proxy_qos: Mapping[str, object], variable_header: Iterable[Any]) -> EventQoS:
     """Effective QoS of one event: the supplying proxy's QoS overridden by the header (not remembered).
 
     Returns ``priority`` (int), ``persistent`` (bool, EventReliability), ``start_time``/``stop_time``
@@ -539,11 +560,11 @@ def event_qos(proxy_qos: Mapping[str, object], variable_header: Iterable[Any]) -
         raise EventQoSError(problems)
     merged = {**proxy_qos, **values}
     return {
-        "priority": int(_value(merged, CosNotification.Priority)),  # type: ignore[call-overload]
+        "priority": _as_int(_value(merged, CosNotification.Priority)),
         "persistent": _value(merged, _ER) == PERSISTENT,
-        "start_time": values.get(CosNotification.StartTime),
-        "stop_time": values.get(CosNotification.StopTime),
-        "timeout": int(_value(merged, CosNotification.Timeout) or 0),  # type: ignore[call-overload]
+        "start_time": _opt_int(values.get(CosNotification.StartTime)),
+        "stop_time": _opt_int(values.get(CosNotification.StopTime)),
+        "timeout": _as_int(_value(merged, CosNotification.Timeout) or 0),
     }
 
 

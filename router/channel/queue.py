@@ -15,13 +15,22 @@ import bisect
 import heapq
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from router.channel.events import Event
 
-__all__ = ["Record", "Entry", "ProxyQueue", "order_key", "ANY_ORDER", "FIFO_ORDER", "PRIORITY_ORDER",
-           "DEADLINE_ORDER", "LIFO_ORDER"]
+__all__ = [
+    "ANY_ORDER",
+    "DEADLINE_ORDER",
+    "FIFO_ORDER",
+    "LIFO_ORDER",
+    "PRIORITY_ORDER",
+    "Entry",
+    "ProxyQueue",
+    "Record",
+    "order_key",
+]
 
 ANY_ORDER, FIFO_ORDER, PRIORITY_ORDER, DEADLINE_ORDER, LIFO_ORDER = 0, 1, 2, 3, 4
 _NO_DEADLINE = float("inf")
@@ -40,7 +49,7 @@ class Record:
     db_id: int | None = None      # row id when stored
     size: int = 0                 # CDR-encoded size in bytes (0 = not measured)
     holders: int = 0              # number of queues holding an entry for this record
-    on_released: Callable[["Record"], None] | None = None
+    on_released: Callable[[Record], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def hold(self) -> None:
@@ -66,7 +75,7 @@ class Entry:
     key: tuple[float, ...]
     failures: int = 0             # event-specific delivery failures of this entry (poison detection)
 
-    def __lt__(self, other: "Entry") -> bool:
+    def __lt__(self, other: Entry) -> bool:
         return self.key < other.key
 
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from omniORB import CORBA, PortableServer
 
 from router.channel.boundary import DEFAULT_MAX_EVENT_BYTES
 from router.channel.store import Store
 
-__all__ = ["Runtime", "FACTORY_KEY", "channel_oid", "admin_oid", "proxy_oid"]
+__all__ = ["FACTORY_KEY", "Runtime", "admin_oid", "channel_oid", "proxy_oid"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -105,7 +106,7 @@ class Runtime:
         def run() -> None:
             try:
                 target()
-            except Exception:  # noqa: BLE001 — a worker must report, not vanish
+            except Exception:
                 if not self.shutting_down.is_set():
                     log.exception("worker %s failed", name)
 
@@ -122,7 +123,7 @@ class Runtime:
             while not self.shutting_down.wait(interval):
                 try:
                     self.store.reap()
-                except Exception:  # noqa: BLE001 — retried at the next tick; orphans are also removed at start
+                except Exception:
                     log.warning("could not delete delivered events; will retry", exc_info=True)
             self.store.reap()
 

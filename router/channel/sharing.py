@@ -39,7 +39,7 @@ _PUBLISH_ID = "IDL:omg.org/CosNotifyComm/NotifyPublish:1.0"
 _ALL = ("", "%ALL")
 
 
-def sharing_of(channel: Any) -> "Sharing":
+def sharing_of(channel: Any) -> Sharing:
     """The channel's Sharing (created on first use)."""
     sharing = getattr(channel, "_sharing", None)
     if sharing is None:
@@ -142,7 +142,7 @@ class Sharing:
                 continue
             try:
                 self._deliver(proxy, which, add, rem)
-            except Exception:  # noqa: BLE001 — one proxy's failure must not stop the notifier for the others
+            except Exception:
                 log.exception("proxy %s: %s_change notification failed", getattr(proxy, "oid", "?"), which)
 
     def _deliver(self, proxy: Any, which: str, add: list[Any], rem: list[Any]) -> None:

@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, ClassVar
 
 import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-__all__ = ["Store", "StoreError", "StoreUnavailable", "AdminRow", "ProxyRow", "ChannelRow", "QueuedRow", "NewEvent"]
+__all__ = ["AdminRow", "ChannelRow", "NewEvent", "ProxyRow", "QueuedRow", "Store", "StoreError", "StoreUnavailable"]
 
 SCHEMA = """
 CREATE SEQUENCE IF NOT EXISTS nsjms_channel_id START WITH 0 MINVALUE 0;
@@ -412,7 +413,7 @@ class Store:
             row = conn.execute("SELECT (SELECT count(*) FROM nsjms_channel), (SELECT count(*) FROM nsjms_proxy), "
                                "(SELECT count(*) FROM nsjms_event), (SELECT count(*) FROM nsjms_queue)").fetchone()
         assert row is not None
-        return dict(zip(("channels", "proxies", "events", "queued"), map(int, row)))
+        return dict(zip(("channels", "proxies", "events", "queued"), map(int, row), strict=True))
 
     # -- helpers ----------------------------------------------------------------------------------------
     @staticmethod
@@ -420,8 +421,9 @@ class Store:
         conn.execute("DELETE FROM nsjms_event e WHERE e.channel_id = %s AND NOT EXISTS "
                      "(SELECT 1 FROM nsjms_queue q WHERE q.event_id = e.id)", (cid,))
 
-    _COLUMNS = {"qos", "admin_props", "operator", "filters", "extra", "client_ior", "connected", "suspended",
-                "next_proxy"}
+    _COLUMNS: ClassVar[frozenset[str]] = frozenset({
+        "qos", "admin_props", "operator", "filters", "extra", "client_ior", "connected", "suspended",
+        "next_proxy"})
 
     def _update(self, table: str, key: dict[str, Any], cols: dict[str, Any]) -> None:
         if not cols:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 import threading
 from collections import Counter
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import CosNotification
 import CosNotifyComm

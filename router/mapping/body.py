@@ -144,7 +144,7 @@ def _stream_value(tc: Any, elements: object, body: object) -> Any:
     if isinstance(elements, list):
         items = as_stream(body, len(elements))
         tcs = [it.desc_to_tc(d, _FIELD) for d in elements]
-        return [CORBA.Any(etc, it.typed_to_leaf(etc, item, _FIELD)) for etc, item in zip(tcs, items)]
+        return [CORBA.Any(etc, it.typed_to_leaf(etc, item, _FIELD)) for etc, item in zip(tcs, items, strict=True)]
     base = it.unalias(tc)
     if base.kind() not in (CORBA.tk_sequence, CORBA.tk_array):
         raise MappingError(f"a stream body needs a sequence or array type, the manifest says {base}", _FIELD)

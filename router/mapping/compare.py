@@ -41,7 +41,7 @@ def value_equal(tc: Any, a: Any, b: Any) -> bool:
         if isinstance(a, (str, bytes)) or isinstance(b, (str, bytes)):
             return type(a) is type(b) and a == b
         content = base.content_type()
-        return len(a) == len(b) and all(value_equal(content, x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(value_equal(content, x, y) for x, y in zip(a, b, strict=True))
     if kind in (CORBA.tk_float, CORBA.tk_double):
         return _float_equal(float(a), float(b))
     if kind == CORBA.tk_enum:

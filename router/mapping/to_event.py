@@ -256,7 +256,7 @@ def _rebuild_entry(record: list[Any], props: Any) -> Any:
     paths = it.leaf_paths(tc) if it.is_flattenable(tc) else None
     if paths is None or len(paths) != len(values):
         raise MappingError(f"manifest record for {name!r} does not match its type", field)
-    leaves = [it.typed_to_leaf(ltc, v, f"property:{p}") for (_, ltc), v, p in zip(paths, values, pnames)]
+    leaves = [it.typed_to_leaf(ltc, v, f"property:{p}") for (_, ltc), v, p in zip(paths, values, pnames, strict=True)]
     return CosNotification.Property(name, CORBA.Any(tc, it.build_struct(tc, iter(leaves))))
 
 

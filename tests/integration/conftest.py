@@ -29,7 +29,7 @@ import pytest
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 from omniORB import CORBA
 
-import CosNotifyChannelAdmin  # noqa: E402
+import CosNotifyChannelAdmin
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # makes ``import stdclients`` work in the test modules under any import mode

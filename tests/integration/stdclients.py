@@ -33,48 +33,48 @@ from typing import Any
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 from omniORB import CORBA, PortableServer  # noqa: F401
 
-import CosEventComm  # noqa: E402
-import CosEventComm__POA  # noqa: E402,F401  (re-exported for test modules)
-import CosNotification  # noqa: E402
-import CosNotifyChannelAdmin  # noqa: E402
-import CosNotifyComm  # noqa: E402,F401
-import CosNotifyComm__POA  # noqa: E402
-import TimeBase  # noqa: E402
+import CosEventComm
+import CosEventComm__POA  # noqa: F401  (re-exported for test modules)
+import CosNotification
+import CosNotifyChannelAdmin
+import CosNotifyComm  # noqa: F401
+import CosNotifyComm__POA
+import TimeBase
 
 __all__ = [
-    "Form",
-    "Style",
     "TEST_DOMAIN",
     "TEST_TYPE",
-    "make_event",
-    "make_any",
-    "make_item",
+    "AnyPullSupplier",
+    "AnyPushConsumer",
+    "Form",
+    "PullConsumerClient",
+    "PushSupplierClient",
+    "Recorder",
+    "SequencePullSupplier",
+    "SequencePushConsumer",
+    "StructuredPullSupplier",
+    "StructuredPushConsumer",
+    "Style",
+    "boolean",
+    "connect_pull_supplier",
+    "connect_push_consumer",
+    "deactivate",
     "event_id",
     "header_value",
-    "prop",
-    "short",
     "long_",
-    "boolean",
-    "time_t",
-    "utc_in",
-    "Recorder",
-    "AnyPushConsumer",
-    "StructuredPushConsumer",
-    "SequencePushConsumer",
-    "make_push_consumer",
-    "AnyPullSupplier",
-    "StructuredPullSupplier",
-    "SequencePullSupplier",
+    "make_any",
+    "make_event",
+    "make_item",
     "make_pull_supplier",
-    "PushSupplierClient",
-    "PullConsumerClient",
+    "make_push_consumer",
     "obtain_proxy_consumer",
     "obtain_proxy_supplier",
-    "connect_push_consumer",
-    "connect_pull_supplier",
-    "wait_until",
-    "deactivate",
+    "prop",
+    "short",
+    "time_t",
     "unreachable_reference",
+    "utc_in",
+    "wait_until",
 ]
 
 TEST_DOMAIN = "nsjms.test"

@@ -6,22 +6,26 @@ Clients use the standard OMG stubs plus the standard acknowledgement stubs (``Co
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+
+from omniORB import CORBA
 
 import CosNotification
 import CosNotifyChannelAdmin
 import CosNotifyComm__POA
-from omniORB import CORBA
 
 from idl.generated import CosNotifyChannelAdminAck, CosNotifyCommAck, CosNotifyCommAck__POA
-from stdclients import make_event, event_id, header_value, long_, prop, short, time_t, wait_until
+
+from stdclients import event_id, header_value, long_, make_event, prop, short, time_t, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +46,7 @@ class AckConsumer(CosNotifyComm__POA.StructuredPushConsumer):
     """Records (SequenceNumber, event id) per push; acknowledges according to ``policy``; dedups by number."""
 
     def __init__(self, policy: str = "each", fail: bool = False) -> None:
-        self.policy = policy            # each | never | bulk:<n> | late:<seconds>
+        self.policy = policy            # each | never | bulk:<n>
         self.fail = fail                # raise TRANSIENT instead of accepting
         self.proxy: Any = None
         self.lock = threading.Lock()
@@ -75,15 +79,9 @@ class AckConsumer(CosNotifyComm__POA.StructuredPushConsumer):
         if self.policy.startswith("bulk:") and len(self.pending) >= int(self.policy[5:]):
             batch, self.pending = self.pending, []
             return batch
-        if self.policy.startswith("late:"):
-            batch, self.pending = self.pending, []
-            time.sleep(0)  # acknowledged by _ack after the delay
-            return batch
         return []
 
     def _ack(self, batch: list[int]) -> None:
-        if self.policy.startswith("late:"):
-            time.sleep(float(self.policy[5:]))
         self.proxy.acknowledge(batch)
 
     def ack_all_pending(self) -> None:
@@ -132,6 +130,46 @@ def nsjms_status(server: Any) -> str:
     return done.stdout
 
 
+def ack_status(server: Any) -> dict[str, Any] | None:
+    """The Ack proxy supplier's entry in the node's status snapshot (``status.json``, rewritten every 2 s):
+    in_flight, queued, resends (retries counted on the connection), next_resend_at, and checked_at, the node's
+    clock reading of the resend scheduler's last *finished* pass (every resend due by then has been pushed)."""
+    try:
+        snap = json.loads((server.state_dir / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    entries = [p for ch in snap["channels"] for p in ch["proxy_suppliers"] if "resends" in p]
+    assert len(entries) <= 1, entries
+    return entries[0] if entries else None
+
+
+def scheduler_passed(server: Any, deadline: float, **want: Any) -> bool:
+    """The resend scheduler finished a pass at or after ``deadline`` and the Ack proxy's state equals ``want``."""
+    entry = ack_status(server)
+    return (entry is not None and entry["checked_at"] >= deadline
+            and all(entry.get(k) == v for k, v in want.items()))
+
+
+def wait_scheduler(server: Any, deadline: float, **want: Any) -> None:
+    """Wait (bounded) until :func:`scheduler_passed`; the failure names the last state seen."""
+    assert wait_until(lambda: scheduler_passed(server, deadline, **want), TIMEOUT_S), \
+        f"resend scheduler not past {deadline:.3f} with {want}: {ack_status(server)!s}"
+
+
+def pull_when_offered(proxy: Any) -> Any:
+    """Poll ``try_pull`` until an event is offered (a re-offer comes when RetryInterval has passed)."""
+    got: list[Any] = []
+
+    def offered() -> bool:
+        ev, has = proxy.try_pull_structured_event()
+        if has:
+            got.append(ev)
+        return bool(has)
+
+    assert wait_until(offered, TIMEOUT_S)
+    return got[0]
+
+
 def after_restart(call: Callable[[], Any], attempts: int = 30) -> Any:
     for _ in range(attempts - 1):
         try:
@@ -142,14 +180,16 @@ def after_restart(call: Callable[[], Any], attempts: int = 30) -> Any:
 
 
 # -- tests --------------------------------------------------------------------------------------------------
-def test_each_event_gets_the_next_sequence_number_and_acked_events_are_not_resent(factory: Any) -> None:
+def test_each_event_gets_the_next_sequence_number_and_acked_events_are_not_resent(
+        factory: Any, nsjms_server: Any) -> None:
     consumer = AckConsumer("each")
     _, _, sp = setup(factory, consumer)
     upstream = prop("SequenceNumber", long_(777))               # overwritten by the channel (per hop)
     for i in range(20):
         sp.push_structured_event(make_event(i, extra_header=[upstream]))
     assert wait_until(lambda: consumer.count() >= 20, TIMEOUT_S)
-    time.sleep(INTERVAL_S * 4)
+    deadline = time.time() + INTERVAL_S * 2                     # an unacknowledged event is resent by then
+    wait_scheduler(nsjms_server, deadline, in_flight=0, resends=0)
     assert consumer.pushes == [(i, i) for i in range(20)], "one push per event, numbered 0.. in order"
 
 
@@ -161,18 +201,21 @@ def test_not_acknowledged_event_is_resent_then_the_connection_stops_and_is_repor
     sp.push_structured_event(make_event(1))
     assert wait_until(lambda: consumer.count() >= 1 + RETRIES, TIMEOUT_S)
     assert wait_until(lambda: len(status(client_orb, nsjms_server)) == 1, TIMEOUT_S)
-    time.sleep(INTERVAL_S * 4)
+    deadline = time.time() + INTERVAL_S * 2                     # a connection not stopped resends by then
+    wait_scheduler(nsjms_server, deadline, in_flight=1, resends=RETRIES, next_resend_at=None)
     assert consumer.pushes == [(0, 1)] * (1 + RETRIES), "original push plus Retries resends, same number"
     sp.push_structured_event(make_event(2))                      # queued, not sent: the connection is stopped
-    time.sleep(INTERVAL_S * 3)
+    deadline = time.time() + INTERVAL_S * 2
+    wait_scheduler(nsjms_server, deadline, queued=1, in_flight=1)
     assert consumer.count() == 1 + RETRIES
-    [(oid, reason)] = status(client_orb, nsjms_server).items()
+    [(_, reason)] = status(client_orb, nsjms_server).items()
     assert "retries" in reason
     consumer.policy = "each"
     proxy.resume_connection()                                    # the operator's reset
     assert wait_until(lambda: {1, 2} <= set(consumer.unique.values()), TIMEOUT_S)
     consumer.ack_all_pending()
-    time.sleep(INTERVAL_S * 4)
+    deadline = time.time() + INTERVAL_S * 2
+    wait_scheduler(nsjms_server, deadline, queued=0, in_flight=0)
     assert consumer.unique == {0: 1, 1: 2}, "same number for the resent event, the next for the new one"
     assert status(client_orb, nsjms_server) == {}
 
@@ -203,13 +246,13 @@ def test_late_acknowledgement_causes_one_duplicate_recognised_by_number(factory:
     assert consumer.unique == {0: 5, 1: 6}
 
 
-def test_bulk_acknowledgement(factory: Any) -> None:
+def test_bulk_acknowledgement(factory: Any, nsjms_server: Any) -> None:
     consumer = AckConsumer("bulk:10")
     _, _, sp = setup(factory, consumer, combination4(interval=5.0))
     for i in range(30):
         sp.push_structured_event(make_event(i))
     assert wait_until(lambda: consumer.count() >= 30, TIMEOUT_S)
-    time.sleep(1.0)
+    wait_scheduler(nsjms_server, time.time(), in_flight=0, resends=0)
     assert consumer.pushes == [(i, i) for i in range(30)]
 
 
@@ -224,7 +267,8 @@ def test_consumer_that_keeps_failing_stops_the_connection_without_losing_events(
     failures = consumer.failures
     assert failures == 1 + RETRIES
     assert wait_until(lambda: "STOPPED=" in nsjms_status(nsjms_server), TIMEOUT_S), "visible in nsjms status"
-    time.sleep(INTERVAL_S * 3)
+    deadline = time.time() + INTERVAL_S * 2                     # a connection not stopped retries by then
+    wait_scheduler(nsjms_server, deadline, resends=RETRIES)
     assert consumer.failures == failures, "a stopped connection sends nothing"
     consumer.fail = False
     proxy.resume_connection()
@@ -235,7 +279,7 @@ def test_consumer_that_keeps_failing_stops_the_connection_without_losing_events(
 def test_crash_before_acknowledging_redelivers_with_the_same_numbers(nsjms_server: Any, client_orb: Any) -> None:
     factory = client_orb.factory(nsjms_server.ior())
     consumer = AckConsumer("never")
-    _, proxy, sp = setup(factory, consumer, combination4(retries=1000, interval=30.0))
+    _, _, sp = setup(factory, consumer, combination4(retries=1000, interval=30.0))
     for i in range(5):
         sp.push_structured_event(make_event(i))
     assert wait_until(lambda: consumer.count() >= 5, TIMEOUT_S)
@@ -251,7 +295,7 @@ def test_crash_before_acknowledging_redelivers_with_the_same_numbers(nsjms_serve
     assert consumer.unique[5] == 9, "the series continues after the restart"
 
 
-def test_pull_acknowledgement_and_reoffer(factory: Any) -> None:
+def test_pull_acknowledgement_and_reoffer(factory: Any, nsjms_server: Any) -> None:
     channel, _ = factory.create_channel(combination4(), [])
     proxy, _ = channel._get_default_consumer_admin().obtain_notification_pull_supplier(
         CosNotifyChannelAdmin.STRUCTURED_EVENT)
@@ -267,16 +311,15 @@ def test_pull_acknowledgement_and_reoffer(factory: Any) -> None:
     second = proxy.pull_structured_event()
     assert [header_value(e, "SequenceNumber") for e in (first, second)] == [0, 1]
     proxy.acknowledge([1])
-    time.sleep(INTERVAL_S * 1.5)
-    again, has = proxy.try_pull_structured_event()
-    assert has and header_value(again, "SequenceNumber") == 0 and event_id(again) == 0
+    again = pull_when_offered(proxy)                             # offered again after RetryInterval
+    assert header_value(again, "SequenceNumber") == 0 and event_id(again) == 0
     proxy.acknowledge([0, 0, 1])                                 # duplicate acks are tolerated
-    time.sleep(INTERVAL_S * 1.5)
-    _, has = proxy.try_pull_structured_event()
+    wait_scheduler(nsjms_server, 0.0, in_flight=0, queued=0)
+    _, has = proxy.try_pull_structured_event()                   # nothing in flight: nothing to offer again
     assert not has
 
 
-def test_sequence_push_numbers_each_batch_once(factory: Any) -> None:
+def test_sequence_push_numbers_each_batch_once(factory: Any, nsjms_server: Any) -> None:
     got: list[list[Any]] = []
 
     class SeqConsumer(CosNotifyComm__POA.SequencePushConsumer):
@@ -303,7 +346,8 @@ def test_sequence_push_numbers_each_batch_once(factory: Any) -> None:
     proxy.connect_sequence_push_consumer(SeqConsumer()._this())
     sp.push_structured_events([make_event(i) for i in range(10)])
     assert wait_until(lambda: sum(len(b) for b in got) >= 10, TIMEOUT_S)
-    time.sleep(INTERVAL_S * 3)
+    deadline = time.time() + INTERVAL_S * 2                     # an unacknowledged batch is resent by then
+    wait_scheduler(nsjms_server, deadline, in_flight=0, resends=0)
     assert [header_value(b[0], "SequenceNumber") for b in got] == list(range(len(got)))
     assert all(header_value(ev, "SequenceNumber") is None for b in got for ev in b[1:])
     assert sorted(event_id(ev) for b in got for ev in b) == list(range(10))
@@ -323,7 +367,7 @@ class AckSupplier(CosNotifyCommAck__POA.StructuredPushSupplierAck):
         pass
 
 
-def test_the_channel_acknowledges_ack_suppliers_and_drops_duplicates(factory: Any) -> None:
+def test_the_channel_acknowledges_ack_suppliers_and_drops_duplicates(factory: Any, nsjms_server: Any) -> None:
     channel, _ = factory.create_channel(combination4(), [])
     consumer = AckConsumer("each")
     p, _ = channel._get_default_consumer_admin().obtain_notification_push_supplier(
@@ -339,5 +383,6 @@ def test_the_channel_acknowledges_ack_suppliers_and_drops_duplicates(factory: An
         sp.push_structured_event(make_event(i, extra_header=[prop("SequenceNumber", long_(sn))]))
     assert wait_until(lambda: sorted(supplier.acks) == [0, 1, 1, 2], TIMEOUT_S)
     assert wait_until(lambda: consumer.count() >= 3, TIMEOUT_S)
-    time.sleep(INTERVAL_S * 3)
+    # everything the channel routed has been delivered and acknowledged: a routed duplicate would be queued here
+    wait_scheduler(nsjms_server, time.time(), queued=0, in_flight=0)
     assert [i for _, i in consumer.pushes] == [10, 11, 12]

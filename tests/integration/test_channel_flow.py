@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from omniORB import CORBA
+
 import CosEventChannelAdmin
 import CosNotification
 import CosNotifyChannelAdmin
-from omniORB import CORBA
 
 from stdclients import (
     AnyPushConsumer,
@@ -205,7 +206,7 @@ def test_sigterm_stops_cleanly(nsjms_server: Any) -> None:
 
 def test_navigation_ids_and_back_references(factory: Any) -> None:
     channel, cid = factory.create_channel([], [])
-    channel2, cid2 = factory.create_channel([], [])
+    _, cid2 = factory.create_channel([], [])
     assert cid != cid2 and {cid, cid2} <= set(factory.get_all_channels())
     assert cid in channel.MyFactory.get_all_channels()
     cadmin0, sadmin0 = channel.default_consumer_admin, channel.default_supplier_admin
@@ -389,7 +390,7 @@ def test_event_service_style_admins_and_proxies(factory: Any) -> None:
         supplier_proxy.push(make_any(i))
     assert consumer.wait_for(50, 30)
     assert consumer.ids() == list(range(50))
-    pulled = []
+    pulled: list[int] = []
     deadline = time.monotonic() + 30
     while len(pulled) < 50 and time.monotonic() < deadline:
         value, has = pull_proxy.try_pull()

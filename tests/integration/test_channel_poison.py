@@ -19,9 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import CosNotification
 import CosNotifyChannelAdmin
-import pytest
+
+from idl.generated import CosNotifyChannelAdminAck, CosNotifyCommAck
+from router.channel.boundary import MINOR_EVENT_TOO_LARGE
+
 from stdclients import (
     Form,
     StructuredPushConsumer,
@@ -36,9 +41,6 @@ from stdclients import (
     short,
     time_t,
 )
-
-from idl.generated import CosNotifyChannelAdminAck, CosNotifyCommAck
-from router.channel.boundary import MINOR_EVENT_TOO_LARGE
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from omniORB import CORBA
+
 import CosNotification
 import CosNotifyChannelAdmin
 import TimeBase
-from omniORB import CORBA
 
 from stdclients import (
     Form,

@@ -16,10 +16,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import CosNotification
 import pytest
-from conftest import NsjmsServer, free_port
+
 from omniORB import CORBA
+
+import CosNotification
+
+from router.channel.boundary import MINOR_STORE_UNAVAILABLE
+from router.services import EmbeddedPostgres
+
+from conftest import NsjmsServer, free_port
 from stdclients import (
     Form,
     PullConsumerClient,
@@ -32,9 +38,6 @@ from stdclients import (
     prop,
     short,
 )
-
-from router.channel.boundary import MINOR_STORE_UNAVAILABLE
-from router.services import EmbeddedPostgres
 
 pytestmark = pytest.mark.integration
 

@@ -11,17 +11,19 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+
+from omniORB import CORBA
 
 import CosNotification
 import CosNotifyChannelAdmin
 import CosNotifyComm__POA
 import CosNotifyFilter
 import TimeBase
-from omniORB import CORBA
 
 from stdclients import StructuredPushConsumer, wait_until
 
@@ -80,8 +82,9 @@ def tc_time(seconds_ago: float) -> Any:
 
 # (constraint, [(event, must_match)]) for NS 2.4.7 examples 1-12 (errata of spec digest §7 applied).
 def examples() -> list[tuple[str, str, list[tuple[Any, bool]]]]:
-    student = lambda tag, *sc: CORBA.Any(E._tc_Student, E.Student(tag, [E.TestResult(f"t{i}", s)  # noqa: E731
-                                                                         for i, s in enumerate(sc)]))
+    def student(tag: str, *sc: int) -> Any:
+        return CORBA.Any(E._tc_Student, E.Student(tag, [E.TestResult(f"t{i}", s) for i, s in enumerate(sc)]))
+
     return [
         ("ex1", "$type_name == 'CommunicationsAlarm' and not ($event_name == 'lost_packet')",
          [(structured("ex1-a"), True), (structured("lost_packet"), False),
@@ -101,7 +104,8 @@ def examples() -> list[tuple[str, str, list[tuple[Any, bool]]]]:
         ("ex5", "$.test._length == 3 and ($.test[0].score + $.test[1].score + $.test[2].score) / 3 >= 80",
          [(student("s1", 80, 80, 80), True), (student("s2", 100, 100, 39), False), (student("s3", 80, 80), False)]),
         ("ex6", "$.memsize / 5.5 + $.cputime * 1275.0 + $.filesize * 1.25 > 500000.0",
-         [(CORBA.Any(E._tc_Proc, E.Proc(0, 400.0, 0)), True), (CORBA.Any(E._tc_Proc, E.Proc(1_100_000, 0.0, 0)), False)]),
+         [(CORBA.Any(E._tc_Proc, E.Proc(0, 400.0, 0)), True),
+          (CORBA.Any(E._tc_Proc, E.Proc(1_100_000, 0.0, 0)), False)]),
         ("ex7", "default $._d and $.defvalue == 2",
          [(CORBA.Any(E._tc_DefUnion, E.DefUnion(7, 2)), True), (CORBA.Any(E._tc_DefUnion, E.DefUnion(8, 3)), False),
           (CORBA.Any(E._tc_DefUnion, E.DefUnion(1, "two")), False)]),
@@ -173,7 +177,7 @@ def test_ns_2_4_7_examples_through_filter_objects(factory: Any) -> None:
     admin, _ = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
     cases = examples()
     consumers = []
-    for name, expr, _events in cases:
+    for _name, expr, _events in cases:
         proxy, consumer = connect_consumer(admin)
         proxy.add_filter(new_filter(channel, ([], expr)))
         consumers.append(consumer)
@@ -181,11 +185,14 @@ def test_ns_2_4_7_examples_through_filter_objects(factory: Any) -> None:
     for _name, _expr, events in cases:
         for ev, _ in events:
             push(sp, ap, ev)
-    for (name, expr, events), consumer in zip(cases, consumers):
+    for (name, _expr, events), consumer in zip(cases, consumers, strict=True):
         want = {key_of(ev) for ev, ok in events if ok}
-        assert wait_until(lambda c=consumer, w=want: w <= received_keys(c), TIMEOUT_S), (name, received_keys(consumer))
+        def received_all(c: StructuredPushConsumer = consumer, w: set[str] = want) -> bool:
+            return w <= received_keys(c)
+
+        assert wait_until(received_all, TIMEOUT_S), (name, received_keys(consumer))
     time.sleep(QUIET_S)
-    for (name, expr, events), consumer in zip(cases, consumers):
+    for (name, expr, events), consumer in zip(cases, consumers, strict=True):
         own = {key_of(ev) for ev, _ in events}                 # other examples' events may match too
         want = {key_of(ev) for ev, ok in events if ok}
         assert received_keys(consumer) & own == want, f"{name}: {expr}"
@@ -198,7 +205,9 @@ def test_event_type_list_is_checked_before_the_expression_with_wildcards(factory
     proxy.add_filter(new_filter(channel, ([("Tele*", "Comm*Alarm"), ("Transport", "RoadImpassable")],
                                           "$severity != 4")))
     sp, ap = suppliers(channel)
-    sev = lambda n: {"severity": CORBA.Any(CORBA.TC_long, n)}  # noqa: E731
+    def sev(n: int) -> dict[str, Any]:
+        return {"severity": CORBA.Any(CORBA.TC_long, n)}
+
     for ev in (structured("a", "Telecom", "CommunicationsAlarm", filterable=sev(1)),
                structured("b", "Transport", "RoadImpassable", filterable=sev(2)),
                structured("c", "Telecom", "CommunicationsAlarm", filterable=sev(4)),
@@ -362,7 +371,9 @@ def names_in_order(consumer: StructuredPushConsumer) -> list[str]:
 def test_priority_mapping_proxy_filter_overrides_admin_filter_and_never_changes_the_event(factory: Any) -> None:
     channel = make_channel(factory)
     admin, _ = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
-    short = lambda v: CORBA.Any(CORBA.TC_short, v)  # noqa: E731
+    def short(v: int) -> Any:
+        return CORBA.Any(CORBA.TC_short, v)
+
     admin._set_priority_filter(mapping_filter(channel, short(0), ("$n == 1", short(9))))
     plain, by_admin = connect_consumer(admin)
     own, by_own = connect_consumer(admin)
@@ -392,9 +403,11 @@ def test_priority_mapping_proxy_filter_overrides_admin_filter_and_never_changes_
 def test_lifetime_mapping_expires_only_that_proxys_copy(factory: Any) -> None:
     channel = make_channel(factory)
     admin = channel._get_default_consumer_admin()
-    plain, keeps = connect_consumer(admin)
+    _, keeps = connect_consumer(admin)
     short_lived, loses = connect_consumer(admin)
-    tt = lambda s: CORBA.Any(CORBA.TC_ulonglong, int(s * 10_000_000))  # noqa: E731
+    def tt(s: float) -> Any:
+        return CORBA.Any(CORBA.TC_ulonglong, int(s * 10_000_000))
+
     short_lived._set_lifetime_filter(mapping_filter(channel, tt(0), ("$n == 1", tt(0.2))))
     short_lived.suspend_connection()
     sp, ap = suppliers(channel)

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
+from omniORB import CORBA
+
 import CosNotification
 import CosNotifyChannelAdmin
 import CosNotifyComm
 import CosNotifyComm__POA
 import CosNotifyFilter
-from omniORB import CORBA
 
 from stdclients import StructuredPushConsumer, wait_until
 

@@ -28,12 +28,13 @@ from typing import Any
 
 import pytest
 import stomp
-from bridgekit import JavaTool, java_tool  # noqa: F401  (java_tool is a fixture)
-from conftest import ClientOrb
-from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, wait_until
 
 from router.lifecycle import stomp_probe
 from router.services import EmbeddedActiveMQ, EmbeddedPostgres, _pid_alive, free_port
+
+from bridgekit import JavaTool, java_tool  # noqa: F401  (java_tool is a fixture)
+from conftest import ClientOrb
+from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from conftest import NsjmsServer, free_port
 from stdclients import wait_until
 

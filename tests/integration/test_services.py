@@ -14,6 +14,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -41,6 +42,13 @@ def state_dir() -> Iterator[Path]:
     path.chmod(0o711)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def one(conn: psycopg.Connection[Any], sql: str) -> Any:
+    """The single value a one-row, one-column query returns."""
+    row = conn.execute(sql).fetchone()
+    assert row is not None, sql
+    return row[0]
 
 
 def supervisor(code: str, base: Path, *ports: int) -> subprocess.Popen[str]:
@@ -71,8 +79,8 @@ def test_embedded_postgres_lifecycle(state_dir: Path) -> None:
     try:
         assert dsn.startswith("postgresql://postgres:") and dsn.endswith(f"@127.0.0.1:{server.port}/nsjms")
         with psycopg.connect(dsn, autocommit=True) as conn:
-            assert int(conn.execute("SHOW max_prepared_transactions").fetchone()[0]) > 0
-            assert conn.execute("SHOW listen_addresses").fetchone()[0] == "127.0.0.1"
+            assert int(one(conn, "SHOW max_prepared_transactions")) > 0
+            assert one(conn, "SHOW listen_addresses") == "127.0.0.1"
             conn.execute("CREATE TABLE t (v int)")
         with psycopg.connect(dsn) as conn:
             conn.execute("INSERT INTO t VALUES (1)")
@@ -271,7 +279,7 @@ _FRESH: dict[str, str] = {}
 
 def test_fresh_db_fixture_is_empty_and_prepares(fresh_db: str) -> None:
     with psycopg.connect(fresh_db, autocommit=True) as conn:
-        name = conn.execute("SELECT current_database()").fetchone()[0]
+        name = one(conn, "SELECT current_database()")
         assert name.startswith("nsjms_t_")
         assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
         conn.execute("CREATE TABLE locked (v int)")

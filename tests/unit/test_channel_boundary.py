@@ -5,8 +5,9 @@ from __future__ import annotations
 import pickle
 from typing import Any, ClassVar
 
-import omniORB  # noqa: F401  (before the COS stubs)
 import pytest
+
+import omniORB  # noqa: F401  (before the COS stubs)
 from omniORB import CORBA
 
 from router.channel.boundary import (

@@ -11,8 +11,9 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import omniORB
 import pytest
+
+import omniORB
 from omniORB import CORBA
 
 from router.channel import proxies as P

@@ -172,6 +172,16 @@ def test_a_bridge_whose_channel_is_gone_is_reported_as_such() -> None:
     assert "[inactive] started, reconnecting" in render(report)
 
 
+def test_status_shows_the_resend_scheduler_of_an_ack_proxy_with_readable_times() -> None:
+    proxy = {"admin": 0, "id": 3, "kind": "PUSH_STRUCTURED", "connected": True, "suspended": False, "queued": 1,
+             "in_flight": 1, "retries_used": 2, "resends": 5, "checked_at": 1_700_000_000.25, "next_resend_at": None}
+    report: dict[str, Any] = {"endpoints": {"event_channel_factory": {"corbaloc": "corbaloc::x"}},
+                              "snapshot": {"channels": [{"id": 1, "events_held": 1, "proxy_suppliers": [proxy]}]},
+                              "channel_ids": [1], "stale": False}
+    line = next(ln for ln in render(report).splitlines() if ln.startswith("  admin 0 proxy 3"))
+    assert "in_flight=1 retries_used=2 resends=5 checked_at=22:13:20.250Z next_resend_at=None" in line, line
+
+
 # -- demo decisions -------------------------------------------------------------------------------------------
 def test_demo_queue_is_per_state_dir_and_slot(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"

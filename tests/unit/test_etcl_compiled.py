@@ -65,9 +65,10 @@ def reference(text: str, root: Node, form: str, now: int | None) -> bool | str:
 
 def compiled(constraint: Any, method: str, value: Any, now: int | None) -> bool | str:
     try:
-        return getattr(constraint, method)(value, now=now)
+        result: bool | str = getattr(constraint, method)(value, now=now)
     except Exception as exc:  # noqa: BLE001
         return f"raises {type(exc).__name__}"
+    return result
 
 
 def check(text: str, event: Any) -> None:
@@ -129,7 +130,7 @@ def _fixed_events() -> list[tuple[str, Any]]:
         ("any", CORBA.Any(CORBA.TypeCode("IDL:omg.org/CORBA/OctetSeq:1.0"), 5)),
     ]
     for u in unions:
-        tc = omniORB.findTypeCode(u._NP_RepositoryId)  # type: ignore[attr-defined]
+        tc = omniORB.findTypeCode(u._NP_RepositoryId)
         events.append(("any", CORBA.Any(tc, u)))
     import TimeBase
 

@@ -94,8 +94,10 @@ def test_precedence_and_associativity() -> None:
     assert parse("1 - 2 - 3") == Arith(NumLit(1), (("-", NumLit(2)), ("-", NumLit(3))))
     assert parse("1 - (2 - 3)") == Arith(NumLit(1), (("-", Arith(NumLit(2), (("-", NumLit(3)),))),))
     assert parse("'x' ~ $a in $b") == In(Substr(StrLit("x"), a), b)
+    true = parse("TRUE")
+    assert true is not None
     assert parse("$a + 1 < 2 and TRUE") == BoolOp("and", (
-        Compare("<", Arith(a, (("+", NumLit(1)),)), NumLit(2)), parse("TRUE")))
+        Compare("<", Arith(a, (("+", NumLit(1)),)), NumLit(2)), true))
     assert parse("HOUSE in $a") == In(EnumIdent("HOUSE"), a)
     assert parse("exist x") == Exist(Path("x", False, ()))
     assert parse("\\and == 1") == Compare("==", EnumIdent("and"), NumLit(1))
@@ -149,6 +151,7 @@ def test_syntax_errors_with_positions(text: str, position: int) -> None:
 def test_syntax_error_is_a_picklable_value_error() -> None:
     with pytest.raises(ValueError) as info:
         compile_constraint("$a ==")
+    assert isinstance(info.value, EtclSyntaxError)
     copy = pickle.loads(pickle.dumps(info.value))
     assert isinstance(copy, EtclSyntaxError)
     assert (copy.message, copy.expression, copy.position) == (info.value.message, "$a ==", 5)

@@ -213,11 +213,13 @@ def test_restore_gives_the_same_constraints_ids_and_values(factory: FilterFactor
     flt.add_constraints([exp("$a == 1", ("D", "T*"))])
     factory.create_mapping_filter("EXTENDED_TCL", short(0))
     mf = max(factory.filters.values(), key=lambda f: f.id)
+    assert isinstance(mf, MappingFilterImpl)
     mf.add_mapping_constraints([CosNotifyFilter.MappingConstraintPair(exp("$a == 1"), short(4))])
     again = FilterFactoryImpl(factory.rt)
     again.repo = factory.repo
     again.restore()
     f2, m2 = again.filters[flt.id], again.filters[mf.id]
+    assert isinstance(f2, FilterImpl) and isinstance(m2, MappingFilterImpl)
     assert [(c.constraint_id, c.constraint_expression.constraint_expr) for c in f2.get_all_constraints()] == \
         [(c.constraint_id, c.constraint_expression.constraint_expr) for c in flt.get_all_constraints()]
     assert f2.match_structured(event("D", "Tx", a=1)) is True

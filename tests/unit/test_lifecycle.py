@@ -45,7 +45,8 @@ def test_the_lock_dies_with_its_process_and_is_not_inherited(tmp_path: Path) -> 
     code = (
         "import sys, subprocess; from pathlib import Path; from router.lifecycle import StateLock\n"
         "lock = StateLock(Path(sys.argv[1])); lock.acquire()\n"
-        "child = subprocess.Popen(['sleep', '30'], stdout=subprocess.DEVNULL)\n"  # a service outliving its node must not keep the lock
+        # a service outliving its node must not keep the lock
+        "child = subprocess.Popen(['sleep', '30'], stdout=subprocess.DEVNULL)\n"
         "print(child.pid, flush=True); sys.stdin.read()\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdin=subprocess.PIPE,

@@ -4,6 +4,7 @@ from __future__ import annotations  # noqa: I001  (omniORB must be imported befo
 
 import json
 import pickle
+from collections.abc import Sequence
 from typing import Any
 
 import omniORB
@@ -35,7 +36,7 @@ def utc(ms: int) -> Any:
     return CORBA.Any(TimeBase._tc_UtcT, TimeBase.UtcT(qos.ms_to_utc(ms), 0, 0, 0))
 
 
-def event(ohf: list[Any] = (), fd: list[Any] = (), body: Any = None, *, domain: str = "Telecom",
+def event(ohf: Sequence[Any] = (), fd: Sequence[Any] = (), body: Any = None, *, domain: str = "Telecom",
           type_name: str = "Alarm", name: str = "e1") -> Any:
     fixed = N.FixedEventHeader(N.EventType(domain, type_name), name)
     return N.StructuredEvent(N.EventHeader(fixed, list(ohf)), list(fd),
@@ -264,6 +265,7 @@ def test_property_seq_body_is_map() -> None:
     ev = event(body=CORBA.Any(N._tc_PropertySeq, props))
     msg = to_jms(ev)
     assert msg.body_type == BodyType.MAP
+    assert isinstance(msg.body, dict)
     assert msg.body["count"] == Typed(JmsType.INT, 42)
     assert msg.body["name"] == Typed(JmsType.STRING, "link-down")
     assert msg.body["raw"] == Typed(JmsType.BYTES, b"\x00\x01")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations  # noqa: I001  (omniORB must be imported before the COS stubs)
 
+from collections.abc import Callable
 from typing import Any
 
 import omniORB  # noqa: F401
@@ -47,7 +48,13 @@ LEAVES: list[tuple[Any, st.SearchStrategy[Any]]] = [
     (CORBA.TC_string, LATIN1), (CORBA.TC_wstring, WIDE), (TimeBase._tc_TimeT, ints(0, 2**64 - 1)),
     (CA._tc_ClientType, st.sampled_from([CA.ANY_EVENT, CA.STRUCTURED_EVENT, CA.SEQUENCE_EVENT])),
 ]
-leaf_any = st.one_of(*[s.map(lambda v, tc=tc: CORBA.Any(tc, v)) for tc, s in LEAVES])
+
+
+def _as_any(tc: Any) -> Callable[[Any], Any]:
+    return lambda v: CORBA.Any(tc, v)
+
+
+leaf_any = st.one_of(*[s.map(_as_any(tc)) for tc, s in LEAVES])
 utc_value = st.builds(TimeBase.UtcT, ints(0, 2**64 - 1), ints(0, 2**32 - 1), ints(0, 2**16 - 1), ints(-720, 720))
 struct_any = st.one_of(
     utc_value.map(lambda u: CORBA.Any(TimeBase._tc_UtcT, u)),

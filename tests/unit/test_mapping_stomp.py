@@ -129,7 +129,8 @@ def test_text_and_bytes_frames_declare_their_type() -> None:
 
 
 def test_activemq_map_json_shapes() -> None:
-    doc = '{"map":{"entry":[{"string":"count","int":42},{"string":["name","link-down"]},{"string":"load","double":0.5}]}}'
+    doc = ('{"map":{"entry":[{"string":"count","int":42},{"string":["name","link-down"]},'
+           '{"string":"load","double":0.5}]}}')
     assert map_from_json(doc) == {"count": Typed(JmsType.INT, 42), "name": Typed(JmsType.STRING, "link-down"),
                                   "load": Typed(JmsType.DOUBLE, 0.5)}
     assert map_from_json('{"map":{"entry":{"string":"n","long":"7"}}}') == {"n": Typed(JmsType.LONG, 7)}
@@ -138,7 +139,7 @@ def test_activemq_map_json_shapes() -> None:
 
 
 def test_received_activemq_frames() -> None:
-    text = message_from_stomp({"destination": "/queue/q", "message-id": "ID:1"}, "hi".encode())
+    text = message_from_stomp({"destination": "/queue/q", "message-id": "ID:1"}, b"hi")
     assert (text.body_type, text.body) == (BodyType.TEXT, "hi")
     raw = message_from_stomp({"destination": "/queue/q", "content-length": "2"}, b"\x00\x01")
     assert (raw.body_type, raw.body) == (BodyType.BYTES, b"\x00\x01")

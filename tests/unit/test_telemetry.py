@@ -30,7 +30,7 @@ def sdk() -> Any:
 
 def points(reader: InMemoryMetricReader, name: str) -> list[Any]:
     data = reader.get_metrics_data()
-    out = []
+    out: list[Any] = []
     for rm in data.resource_metrics if data else []:
         for sm in rm.scope_metrics:
             for m in sm.metrics:
@@ -39,7 +39,7 @@ def points(reader: InMemoryMetricReader, name: str) -> list[Any]:
     return out
 
 
-def test_counters_carry_their_attributes(sdk):
+def test_counters_carry_their_attributes(sdk: Any) -> None:
     reader, _ = sdk
     telemetry.accepted(3, 5, True)
     telemetry.accepted(3, 2, False)
@@ -56,7 +56,7 @@ def test_counters_carry_their_attributes(sdk):
     assert dead.attributes == {telemetry.A.BRIDGE: 7, telemetry.A.REASON: "event"}
 
 
-def test_forward_span_and_duration(sdk):
+def test_forward_span_and_duration(sdk: Any) -> None:
     reader, spans = sdk
     with telemetry.forward_span(9, 100):
         pass
@@ -66,7 +66,7 @@ def test_forward_span_and_duration(sdk):
     assert hist.count == 1 and hist.sum >= 0
 
 
-def test_span_records_a_failed_forward(sdk):
+def test_span_records_a_failed_forward(sdk: Any) -> None:
     _, spans = sdk
     with pytest.raises(RuntimeError), telemetry.forward_span(10, 1):
         raise RuntimeError("broker gone")
@@ -74,7 +74,7 @@ def test_span_records_a_failed_forward(sdk):
     assert not span.status.is_ok
 
 
-def test_gauges_read_live_values(sdk):
+def test_gauges_read_live_values(sdk: Any) -> None:
     reader, _ = sdk
     depth = {"n": 3}
     telemetry.register_gauges(lambda: [(1, "ch/1/C/0/0", depth["n"])], lambda: [(2, True)])
@@ -84,5 +84,5 @@ def test_gauges_read_live_values(sdk):
     assert [p.value for p in points(reader, "nsjms.bridge.active")] == [1]
 
 
-def test_configure_none_installs_nothing():
+def test_configure_none_installs_nothing() -> None:
     assert telemetry.configure("none", 30)() is None
