@@ -19,7 +19,7 @@ Exceptions::
 
 from __future__ import annotations
 
-__all__ = ["AuditError", "UsageError", "LedgerError"]
+__all__ = ["AuditError", "LedgerError", "UsageError"]
 
 
 class AuditError(Exception):

@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from enum import Enum
+from functools import partial
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -27,9 +28,21 @@ from audit import LedgerError, UsageError
 T = TypeVar("T")
 
 __all__ = [
-    "TABLE", "DEFAULT_PARTITION", "COLUMNS", "HOP_COLUMNS", "Outcome", "Direction", "RetentionSettings",
-    "schema_sql", "install_schema", "partition_name", "list_partitions", "ensure_partitions",
-    "drop_expired_partitions", "maintain", "day_bounds",
+    "COLUMNS",
+    "DEFAULT_PARTITION",
+    "HOP_COLUMNS",
+    "TABLE",
+    "Direction",
+    "Outcome",
+    "RetentionSettings",
+    "day_bounds",
+    "drop_expired_partitions",
+    "ensure_partitions",
+    "install_schema",
+    "list_partitions",
+    "maintain",
+    "partition_name",
+    "schema_sql",
 ]
 
 TABLE = "nsjms_ledger"
@@ -98,7 +111,7 @@ def partition_name(day: date) -> str:
 
 def day_bounds(day: date) -> tuple[datetime, datetime]:
     """``[day 00:00 UTC, next day 00:00 UTC)``."""
-    start = datetime.combine(day, time(0), tzinfo=timezone.utc)
+    start = datetime.combine(day, time(0), tzinfo=UTC)
     return start, start + timedelta(days=1)
 
 
@@ -122,7 +135,7 @@ def ensure_partitions(conn: psycopg.Connection[Any], first: date, days: int) -> 
     for n in range(days):
         day = first + timedelta(days=n)
         if day not in have:
-            _run(conn, f"create ledger partition {partition_name(day)}", lambda d=day: _create(conn, d))
+            _run(conn, f"create ledger partition {partition_name(day)}", partial(_create, conn, day))
             created.append(day)
     return created
 
@@ -155,9 +168,8 @@ def drop_expired_partitions(conn: psycopg.Connection[Any], retention_days: int, 
     dropped = []
     for day in list_partitions(conn):
         if day < cutoff:
-            name = sql.Identifier(partition_name(day))
-            _run(conn, f"drop ledger partition {partition_name(day)}",
-                 lambda n=name: conn.execute(sql.SQL("DROP TABLE {}").format(n)))
+            stmt = sql.SQL("DROP TABLE {}").format(sql.Identifier(partition_name(day)))
+            _run(conn, f"drop ledger partition {partition_name(day)}", partial(conn.execute, stmt))
             dropped.append(day)
     return dropped
 
@@ -165,7 +177,7 @@ def drop_expired_partitions(conn: psycopg.Connection[Any], retention_days: int, 
 def maintain(conn: psycopg.Connection[Any], settings: RetentionSettings,
              today: date | None = None) -> tuple[list[date], list[date]]:
     """Create today's and ``ahead_days`` next partitions, drop expired ones; return (created, dropped)."""
-    today = today or datetime.now(timezone.utc).date()
+    today = today or datetime.now(UTC).date()
     created = ensure_partitions(conn, today, settings.ahead_days + 1)
     dropped = drop_expired_partitions(conn, settings.retention_days, today)
     return created, dropped

@@ -15,22 +15,30 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
-import pyarrow.dataset as pads
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pyarrow.csv as pacsv  # type: ignore[import-untyped]
+import pyarrow.dataset as pads  # type: ignore[import-untyped]
 from psycopg import sql
 
 from audit import UsageError
 from audit.ledger import COLUMNS, TABLE, Outcome
 
-__all__ = ["SynthSpec", "Truth", "generate", "write_parquet", "copy_to_postgres", "arrow_schema", "HOPS",
-           "DEAD_LETTER_REASONS"]
+__all__ = [
+    "DEAD_LETTER_REASONS",
+    "HOPS",
+    "SynthSpec",
+    "Truth",
+    "arrow_schema",
+    "copy_to_postgres",
+    "generate",
+    "write_parquet",
+]
 
 #: Median (µs) and log-normal sigma of each hop, from the previous hop.
 HOPS: tuple[tuple[str, float, float], ...] = (
@@ -59,7 +67,7 @@ class SynthSpec:
 
     deliveries: int
     seed: int = 1
-    start: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    start: datetime = datetime(2026, 1, 1, tzinfo=UTC)
     rate_per_s: float = 500.0
     channels: int = 3
     bridges: int = 6
@@ -203,4 +211,4 @@ def copy_to_postgres(table: pa.Table, conn: Any, batch_rows: int = 200_000) -> i
             buf = io.BytesIO()
             pacsv.write_csv(pa.Table.from_batches([batch]), buf, options)
             copy.write(buf.getvalue())
-    return table.num_rows
+    return int(table.num_rows)

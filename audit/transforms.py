@@ -20,13 +20,32 @@ from datetime import datetime, timedelta
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
-    DoubleType, IntegerType, LongType, StringType, StructField, StructType, TimestampType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
 )
 
 __all__ = [
-    "LEDGER_SCHEMA", "HOPS", "ledger", "obligations", "status_counts", "lost", "duplicates", "stuck_in_doubt",
-    "dead_letters_by_reason", "hop_latencies", "latency_percentiles", "latency_histogram",
-    "throughput_per_minute", "throughput_totals", "PERCENTILES",
+    "HOPS",
+    "HOP_NAMES",
+    "LEDGER_SCHEMA",
+    "PERCENTILES",
+    "dead_letters_by_reason",
+    "duplicates",
+    "hop_latencies",
+    "latency_histogram",
+    "latency_percentiles",
+    "ledger",
+    "lost",
+    "obligations",
+    "status_counts",
+    "stuck_in_doubt",
+    "throughput_per_minute",
+    "throughput_totals",
 ]
 
 _TS = ("accepted_at", "dispatched_at", "prepared_at", "decided_at", "broker_committed_at", "acknowledged_at")
@@ -47,6 +66,7 @@ HOPS: tuple[tuple[str, str, str], ...] = (
     ("broker_commit", "decided_at", "broker_committed_at"),
     ("acknowledge", "broker_committed_at", "acknowledged_at"),
 )
+HOP_NAMES: tuple[str, ...] = (*[h for h, _, _ in HOPS], "end_to_end")
 PERCENTILES = (0.5, 0.9, 0.99, 0.999)
 _TERMINAL = ("delivered", "dead_letter", "discarded", "expired")
 _RESOLVING = ("delivered", "rolled_back", "dead_letter", "discarded", "expired")
@@ -63,9 +83,14 @@ def _count_if(cond: Column) -> Column:
 
 
 def _open_doubts(rows: DataFrame) -> DataFrame:
-    """In-doubt rows whose gtrid has no resolving row: dedupe_id, gtrid, prepared_at."""
+    """In-doubt rows whose gtrid has no resolving row: dedupe_id, gtrid, prepared_at.
+
+    The resolving rows are first narrowed to the (few) in-doubt gtrids by a semi join, so the ledger's
+    millions of gtrids are never de-duplicated.
+    """
     doubts = rows.where(F.col("outcome") == "in_doubt").select("dedupe_id", "gtrid", "prepared_at")
-    resolved = rows.where(F.col("outcome").isin(*_RESOLVING) & F.col("gtrid").isNotNull()).select("gtrid").distinct()
+    resolved = (rows.where(F.col("outcome").isin(*_RESOLVING) & F.col("gtrid").isNotNull()).select("gtrid")
+                .join(doubts.select("gtrid"), on="gtrid", how="left_semi"))
     return doubts.join(resolved, on="gtrid", how="left_anti").select("dedupe_id", "gtrid", "prepared_at")
 
 
@@ -104,15 +129,17 @@ def lost(obl: DataFrame) -> DataFrame:
             .select("dedupe_id", *_DIMS, "accepted_at"))
 
 
-def duplicates(ledger_df: DataFrame) -> DataFrame:
-    """dedupe_ids delivered more than once: deliveries, distinct_gtrids, first/last delivery time."""
+def duplicates(ledger_df: DataFrame, obl: DataFrame) -> DataFrame:
+    """dedupe_ids delivered more than once (``obl``: :func:`obligations`): deliveries, distinct_gtrids,
+    first/last delivery time (of the last hop)."""
     done = F.coalesce(*[F.col(c) for c in reversed(_TS)])
-    rows = ledger_df.select("dedupe_id", *_DIMS, "gtrid", *_TS, "outcome").where(F.col("outcome") == "delivered")
+    dup_ids = obl.select("dedupe_id", "status").where(F.col("status") == "duplicated").select("dedupe_id")
+    rows = (ledger_df.select("dedupe_id", *_DIMS, "gtrid", *_TS, "outcome").where(F.col("outcome") == "delivered")
+            .join(dup_ids, on="dedupe_id", how="left_semi"))
     return (rows.groupBy("dedupe_id").agg(
                 *[F.min(c).alias(c) for c in _DIMS], F.count(F.lit(1)).alias("deliveries"),
                 F.countDistinct("gtrid").alias("distinct_gtrids"),
                 F.min(done).alias("first_delivered_at"), F.max(done).alias("last_delivered_at"))
-            .where(F.col("deliveries") > 1)
             .select("dedupe_id", *_DIMS, F.col("deliveries").cast(LongType()).alias("deliveries"),
                     F.col("distinct_gtrids").cast(LongType()).alias("distinct_gtrids"),
                     "first_delivered_at", "last_delivered_at"))
@@ -139,38 +166,53 @@ def dead_letters_by_reason(ledger_df: DataFrame) -> DataFrame:
 
 
 def _ms(a: str | Column, b: str | Column) -> Column:
-    a, b = (F.col(x) if isinstance(x, str) else x for x in (a, b))
-    return ((F.unix_micros(b) - F.unix_micros(a)).cast(DoubleType()) / 1000.0)
+    ca, cb = (F.col(x) if isinstance(x, str) else x for x in (a, b))
+    return (F.unix_micros(cb) - F.unix_micros(ca)).cast(DoubleType()) / 1000.0
 
 
 def hop_latencies(ledger_df: DataFrame) -> DataFrame:
-    """Long format from ``delivered`` rows: dedupe_id, direction, hop, latency_ms (hops the row lacks omitted)."""
+    """From ``delivered`` rows, one column per hop in ms (null when the row lacks the hop):
+    dedupe_id, direction, dispatch_ms, prepare_ms, decide_ms, broker_commit_ms, acknowledge_ms, end_to_end_ms
+    (``end_to_end``: accepted to the last hop the row has)."""
     rows = ledger_df.select("dedupe_id", "direction", *_TS, "outcome").where(F.col("outcome") == "delivered")
     last = F.coalesce(*[F.col(c) for c in reversed(_TS[1:])])
-    pairs = [F.struct(F.lit(name).alias("hop"), _ms(a, b).alias("latency_ms")) for name, a, b in HOPS]
-    pairs.append(F.struct(F.lit("end_to_end").alias("hop"), _ms("accepted_at", last).alias("latency_ms")))
-    return (rows.select("dedupe_id", "direction", F.explode(F.array(*pairs)).alias("h"))
-            .where(F.col("h.latency_ms").isNotNull())
-            .select("dedupe_id", "direction", F.col("h.hop").alias("hop"), F.col("h.latency_ms").alias("latency_ms")))
+    return rows.select("dedupe_id", "direction", *[_ms(a, b).alias(f"{name}_ms") for name, a, b in HOPS],
+                       _ms("accepted_at", last).alias("end_to_end_ms"))
 
 
-def latency_percentiles(hops: DataFrame, accuracy: int = 10_000) -> DataFrame:
-    """hop, direction (and ``all``), samples, p50_ms, p90_ms, p99_ms, p999_ms, max_ms (percentile_approx)."""
-    rows = hops.select("hop", "direction", "latency_ms")
-    both = rows.unionByName(rows.select("hop", F.lit("all").alias("direction"), "latency_ms"))
-    pct = F.percentile_approx("latency_ms", F.array(*[F.lit(p) for p in PERCENTILES]), accuracy)
-    agg = both.groupBy("hop", "direction").agg(F.count(F.lit(1)).alias("samples"), pct.alias("p"),
-                                                 F.max("latency_ms").alias("max_ms"))
-    return agg.select("hop", "direction", F.col("samples").cast(LongType()).alias("samples"),
-                      *[F.col("p")[i].alias(f"p{str(p).split('.')[1]:0<2}_ms") for i, p in enumerate(PERCENTILES)],
-                      "max_ms")
+def latency_percentiles(lat: DataFrame, accuracy: int = 10_000) -> DataFrame:
+    """hop, direction (each, and ``all``), samples, p50_ms, p90_ms, p99_ms, p999_ms, max_ms, from
+    :func:`hop_latencies` with percentile_approx (one pass; ``accuracy`` as Spark defines it)."""
+    cols = [*HOP_NAMES]
+    rows = lat.select("direction", *[f"{h}_ms" for h in cols])
+    probs = F.array(*[F.lit(p) for p in PERCENTILES])
+    aggs = []
+    for h in cols:
+        c = F.col(f"{h}_ms")
+        aggs += [F.count(c).alias(f"{h}_n"), F.percentile_approx(c, probs, accuracy).alias(f"{h}_p"),
+                 F.max(c).alias(f"{h}_max")]
+    wide = rows.rollup("direction").agg(F.grouping("direction").alias("g"), *aggs)
+    per_hop = F.array(*[F.struct(F.lit(h).alias("hop"), F.col(f"{h}_n").alias("n"), F.col(f"{h}_p").alias("p"),
+                                 F.col(f"{h}_max").alias("mx")) for h in cols])
+    long = wide.select(F.when(F.col("g") == 1, "all").otherwise(F.col("direction")).alias("direction"),
+                       F.explode(per_hop).alias("x")).where(F.col("x.n") > 0)
+    return long.select(F.col("x.hop").alias("hop"), "direction", F.col("x.n").cast(LongType()).alias("samples"),
+                       *[F.col("x.p")[i].alias(_pname(p)) for i, p in enumerate(PERCENTILES)],
+                       F.col("x.mx").alias("max_ms"))
 
 
-def latency_histogram(hops: DataFrame, bins_per_decade: int = 10) -> DataFrame:
-    """hop, lo_ms, hi_ms, samples: log-spaced bins (``bins_per_decade`` per factor of 10), empty bins omitted."""
-    k = F.floor(F.log10(F.greatest(F.col("latency_ms"), F.lit(1e-3))) * bins_per_decade)
-    return (hops.select("hop", "latency_ms").groupBy("hop", k.alias("k")).agg(F.count(F.lit(1)).alias("n"))
-            .select("hop", F.pow(F.lit(10.0), F.col("k") / bins_per_decade).alias("lo_ms"),
+def _pname(p: float) -> str:
+    return f"p{str(p).split('.')[1]:0<2}_ms"
+
+
+def latency_histogram(lat: DataFrame, hop: str = "end_to_end", bins_per_decade: int = 10) -> DataFrame:
+    """hop, lo_ms, hi_ms, samples for one hop of :func:`hop_latencies`: log-spaced bins
+    (``bins_per_decade`` per factor of 10; latencies below 1 µs share the lowest bin), empty bins omitted."""
+    v = F.col(f"{hop}_ms")
+    k = F.floor(F.log10(F.greatest(v, F.lit(1e-3))) * bins_per_decade)
+    return (lat.select(v.alias("v")).where(F.col("v").isNotNull())
+            .groupBy(k.alias("k")).agg(F.count(F.lit(1)).alias("n"))
+            .select(F.lit(hop).alias("hop"), F.pow(F.lit(10.0), F.col("k") / bins_per_decade).alias("lo_ms"),
                     F.pow(F.lit(10.0), (F.col("k") + 1) / bins_per_decade).alias("hi_ms"),
                     F.col("n").cast(LongType()).alias("samples")))
 

@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     from router.bridgecli import add_parser as add_bridge_parser
 
     add_bridge_parser(sub)
+    from audit.cli import add_parsers as add_audit_parsers  # ledger + audit (heavy imports stay inside)
+
+    add_audit_parsers(sub)
 
     demo = sub.add_parser("demo", help="push demo events through a running node and print them")
     demo.add_argument("--state-dir", type=Path, default=None)
@@ -179,6 +182,12 @@ def cmd_bridge(args: argparse.Namespace, cfg: Any) -> int:
         return EXIT_CONFIG
 
 
+def cmd_audit(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.cli import run
+
+    return run(args, cfg)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from router.config import ConfigError
 
@@ -190,7 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     logging.basicConfig(level=getattr(logging, cfg.node.log_level, logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge}
+    handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge,
+                "ledger": cmd_audit, "audit": cmd_audit}
     return handlers[args.command](args, cfg)
 
 
