@@ -129,6 +129,9 @@ def _plot_latency(hist: list[dict[str, Any]], pct: list[dict[str, Any]]) -> byte
         ax.bar([r["lo_ms"] for r in rows], [r["samples"] for r in rows],
                width=[r["hi_ms"] - r["lo_ms"] for r in rows], align="edge")
         ax.set_xscale("log")
+        from matplotlib.ticker import NullFormatter
+
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_title("End-to-end latency distribution")
     ax.set_xlabel("ms (log scale)")
     ax.set_ylabel("deliveries")

@@ -208,9 +208,8 @@ def _pname(p: float) -> str:
 def latency_histogram(lat: DataFrame, hop: str = "end_to_end", bins_per_decade: int = 10) -> DataFrame:
     """hop, lo_ms, hi_ms, samples for one hop of :func:`hop_latencies`: log-spaced bins
     (``bins_per_decade`` per factor of 10; latencies below 1 µs share the lowest bin), empty bins omitted."""
-    v = F.col(f"{hop}_ms")
-    k = F.floor(F.log10(F.greatest(v, F.lit(1e-3))) * bins_per_decade)
-    return (lat.select(v.alias("v")).where(F.col("v").isNotNull())
+    k = F.floor(F.log10(F.greatest(F.col("v"), F.lit(1e-3))) * bins_per_decade)
+    return (lat.select(F.col(f"{hop}_ms").alias("v")).where(F.col("v").isNotNull())
             .groupBy(k.alias("k")).agg(F.count(F.lit(1)).alias("n"))
             .select(F.lit(hop).alias("hop"), F.pow(F.lit(10.0), F.col("k") / bins_per_decade).alias("lo_ms"),
                     F.pow(F.lit(10.0), (F.col("k") + 1) / bins_per_decade).alias("hi_ms"),
