@@ -9,6 +9,7 @@ from PostgreSQL with ``COPY … TO STDOUT`` (timestamps as epoch microseconds), 
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import sys
 from collections.abc import Iterator
@@ -84,8 +85,12 @@ def _export_day(conn: psycopg.Connection[Any], lo: datetime, hi: datetime, folde
     tmp = folder / ".part-0.parquet.tmp"
     writer: Any = None
     with conn.cursor() as cur, cur.copy(stmt) as copy:
+        chunks = iter(copy)
+        first = next(chunks, None)
+        if first is None:  # no rows that day (pyarrow refuses an empty CSV stream)
+            return 0
         reader = pacsv.open_csv(
-            _ChunkStream(iter(copy)),
+            _ChunkStream(itertools.chain([first], chunks)),
             read_options=pacsv.ReadOptions(column_names=raw.names, block_size=8 << 20),
             convert_options=pacsv.ConvertOptions(column_types=raw, strings_can_be_null=True,
                                                  quoted_strings_can_be_null=False))

@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-import pyarrow.compute as pc
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pytest
 
 from audit import LedgerError, UsageError
