@@ -14,8 +14,10 @@ only a path (Parquet) or the JDBC URL reachable from them.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from audit import UsageError
 __all__ = ["DEFAULT_JDBC_JAR", "AuditRequest", "AuditResult", "jdbc_options", "run_audit"]
 
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
+log = logging.getLogger("nsjms.audit")
 #: At most this many rows of a list table (lost, duplicates, ...) go into the summary and the report; the
 #: Parquet tables hold them all.
 LIST_LIMIT = 1000
@@ -61,27 +64,48 @@ class AuditResult:
     violations: tuple[str, ...]
 
 
+class _Progress:
+    """A tqdm bar over the job's steps (on a terminal) and one log line per finished step (always)."""
+
+    STEPS = ("start Spark", "read ledger", "reconcile", "latency", "throughput", "report")
+
+    def __init__(self, show: bool) -> None:
+        from tqdm import tqdm  # type: ignore[import-untyped]
+
+        self.bar = tqdm(total=len(self.STEPS), unit="step", disable=not show, desc="nsjms audit")
+        self.name, self.t0, self.start = "", time.monotonic(), time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        self._done()
+        self.name, self.t0 = name, time.monotonic()
+        self.bar.set_postfix_str(name)
+
+    def _done(self) -> None:
+        if self.name:
+            log.info("audit: %s done in %.1f s", self.name, time.monotonic() - self.t0)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        self._done()
+        self.bar.close()
+        log.info("audit: finished in %.1f s", time.monotonic() - self.start)
+
+
 def run_audit(req: AuditRequest) -> AuditResult:
     """Run the audit; raise :class:`UsageError` for a bad request (before starting Spark when possible)."""
     _check(req)
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
     from audit import report
 
-    steps = ["start Spark", "read ledger", "reconcile", "latency", "throughput", "report"]
-    with tqdm(total=len(steps), unit="step", disable=not req.progress, desc="nsjms audit") as bar:
-        def step(name: str) -> None:
-            bar.set_postfix_str(name)
-
-        step(steps[0])
+    step = _Progress(req.progress)
+    try:
+        step("start Spark")
         with _session(req) as spark:
-            bar.update(1)
-            step(steps[1])
-            frames = _compute(spark, req, bar, step)
-            step(steps[5])
+            frames = _compute(spark, req, step)
+            step("report")
             summary = report.summary(frames, req)
             report.write(req.out, summary, frames)
-            bar.update(1)
+    finally:
+        step.close()
     return AuditResult(summary, tuple(summary["violations"]))
 
 
@@ -184,16 +208,17 @@ def _read(spark: Any, req: AuditRequest) -> Any:
     return ledger
 
 
-def _compute(spark: Any, req: AuditRequest, bar: Any, step: Any) -> dict[str, Any]:
+def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     """Run the transforms, write every table, return the small ones collected (lists of dicts)."""
     from pyspark import StorageLevel
 
     from audit import transforms as T
 
+    step("read ledger")
     ledger = _read(spark, req)
     if req.source == "jdbc":  # read the database once, not once per result
         ledger = ledger.persist(StorageLevel.MEMORY_AND_DISK)
-    bar.update(1)
+        ledger.count()
     step("reconcile")
     obl = T.obligations(ledger, req.as_of, req.grace).persist(StorageLevel.MEMORY_AND_DISK)
     tables = {
@@ -201,32 +226,26 @@ def _compute(spark: Any, req: AuditRequest, bar: Any, step: Any) -> dict[str, An
         "stuck_in_doubt": T.stuck_in_doubt(ledger, req.as_of, req.grace),
         "dead_letters": T.dead_letters_by_reason(ledger),
     }
-    out: dict[str, Any] = {}
-    for name, df in tables.items():
-        out[name] = _write_collect(df, req.out / "tables" / name, limit=LIST_LIMIT)
+    out: dict[str, Any] = {name: _write_collect(spark, df, req.out / "tables" / name) for name, df in tables.items()}
     obl.unpersist()
-    bar.update(1)
     step("latency")
     lat = T.hop_latencies(ledger)
-    out["latency_percentiles"] = _write_collect(T.latency_percentiles(lat), req.out / "tables" / "latency_percentiles")
-    out["latency_histogram"] = _write_collect(T.latency_histogram(lat), req.out / "tables" / "latency_histogram")
-    bar.update(1)
+    for name, df in (("latency_percentiles", T.latency_percentiles(lat)),
+                     ("latency_histogram", T.latency_histogram(lat))):
+        out[name] = _write_collect(spark, df, req.out / "tables" / name)
     step("throughput")
-    per_minute = T.throughput_per_minute(ledger)
-    per_minute.write.mode("overwrite").parquet(str(req.out / "tables" / "throughput_per_minute"))
-    minute_df = spark.read.parquet(str(req.out / "tables" / "throughput_per_minute"))
-    out["throughput_totals"] = [r.asDict() for r in T.throughput_totals(minute_df).orderBy("minute").collect()]
+    path = req.out / "tables" / "throughput_per_minute"
+    T.throughput_per_minute(ledger).write.mode("overwrite").parquet(str(path))
+    totals = T.throughput_totals(spark.read.parquet(str(path))).orderBy("minute")
+    out["throughput_totals"] = [r.asDict() for r in totals.collect()]
     if req.source == "jdbc":
         ledger.unpersist()
-    bar.update(1)
     return out
 
 
-def _write_collect(df: Any, path: Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """Write a result table as one Parquet file set; return its rows (the first ``limit`` by its first column)."""
-    df = df.persist()
+def _write_collect(spark: Any, df: Any, path: Path) -> list[dict[str, Any]]:
+    """Write a result table (one Parquet file set), then read back its first :data:`LIST_LIMIT` rows (by the
+    first column): computing once and re-reading the small written table is cheaper than computing twice."""
     df.coalesce(1).write.mode("overwrite").parquet(str(path))
-    part = df if limit is None else df.orderBy(df.columns[0]).limit(limit)
-    rows = [r.asDict(recursive=True) for r in part.collect()]
-    df.unpersist()
-    return rows
+    back = spark.read.parquet(str(path))
+    return [r.asDict(recursive=True) for r in back.orderBy(back.columns[0]).limit(LIST_LIMIT).collect()]

@@ -33,11 +33,12 @@ from audit.ledger import ensure_partitions, install_schema
 from audit.synth import SynthSpec, copy_to_postgres, generate
 from router.services import free_port
 
-pytestmark = pytest.mark.integration
+# Spark jobs: about 20-40 s each on an idle 2-core machine, several minutes when the machine is shared.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 START = datetime(2026, 2, 1, 23, 58, tzinfo=UTC)  # 3000 obligations at 20/s: crosses midnight (two partitions)
 SPEC = SynthSpec(deliveries=3000, seed=7, start=START, rate_per_s=20.0)
-AUDIT_TIMEOUT_S = 600
+AUDIT_TIMEOUT_S = 900
 CLUSTER_READY_S = 120.0
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -101,7 +102,7 @@ def test_audit_over_jdbc_finds_exactly_the_deleted_and_the_duplicated_delivery(
                          "WHERE dedupe_id = %s AND outcome = 'delivered'", (twice,))
         out = tmp_path / "audit"
         proc = _audit(out, "--source", "jdbc", "--master", "local[2]", "--from", "2026-02-01", "--to", "2026-02-03",
-                      "--jdbc-partitions", "4", dsn=copy)
+                      "--jdbc-partitions", "4", "--shuffle-partitions", "2", dsn=copy)
     finally:
         _drop_database(copy)
     assert proc.returncode == EXIT_VIOLATION, proc.stdout + proc.stderr[-4000:]
@@ -189,7 +190,7 @@ def test_same_audit_on_a_spark_standalone_cluster(ledger_db: str, spark_cluster:
     assert len(export.files) == 2
     out = tmp_path / "audit"
     proc = _audit(out, "--parquet", str(tmp_path / "ledger"), "--master", spark_cluster.url,
-                  "--as-of", "2026-02-02T12:00:00")
+                  "--as-of", "2026-02-02T12:00:00", "--shuffle-partitions", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["master"] == spark_cluster.url

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from datetime import UTC, date, datetime, timedelta
@@ -93,16 +94,26 @@ def test_synthetic_copy_then_export_parquet_by_day(fresh_db: str, tmp_path: Path
     assert not list(tmp_path.rglob("*.tmp"))
 
 
-def test_cli_ledger_export(fresh_db: str, tmp_path: Path) -> None:
-    start = datetime(2026, 3, 1, 12, tzinfo=UTC)
-    table, _ = generate(SynthSpec(deliveries=50, start=start))
-    with psycopg.connect(fresh_db) as conn:
-        install_schema(conn)
-        copy_to_postgres(table, conn)
-    proc = subprocess.run(
-        [sys.executable, "-m", "router.cli", "ledger", "export", "--pg-dsn", fresh_db, "--from", "2026-03-01",
-         "--to", "2026-03-02", "--out", str(tmp_path / "x")],
-        check=False, capture_output=True, text=True, timeout=120)
+def _nsjms(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NSJMS_POSTGRES_DSN": dsn}  # the DSN (with its password) stays off the command line
+    return subprocess.run([sys.executable, "-m", "router.cli", *args], env=env, check=False, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_ledger_init_generate_export(fresh_db: str, tmp_path: Path) -> None:
+    today = datetime.now(UTC).date()
+    proc = _nsjms("ledger", "init", "--ahead-days", "1", dsn=fresh_db)
     assert proc.returncode == 0, proc.stderr
-    assert "100 rows" in proc.stdout
-    assert pq.read_table(tmp_path / "x" / "day=2026-03-01" / "part-0.parquet").num_rows == 100
+    assert f"partitions created: {today}, {today + timedelta(days=1)}; dropped: none" in proc.stdout
+    proc = _nsjms("ledger", "generate", "--deliveries", "50", "--start", "2026-03-01T12:00", "--lost", "1",
+                  "--to-db", dsn=fresh_db)
+    assert proc.returncode == 0, proc.stderr
+    assert "generated 99 rows (50 obligations): lost 1" in proc.stdout
+    proc = _nsjms("ledger", "export", "--from", "2026-03-01", "--to", "2026-03-02", "--out", str(tmp_path / "x"),
+                  dsn=fresh_db)
+    assert proc.returncode == 0, proc.stderr
+    assert "exported 99 rows into 1 day file(s)" in proc.stdout
+    assert pq.read_table(tmp_path / "x" / "day=2026-03-01" / "part-0.parquet").num_rows == 99
+    assert _nsjms("ledger", "init", dsn=fresh_db).returncode == 1  # a migration runs once
+    assert _nsjms("ledger", "export", "--from", "2026-03-02", "--to", "2026-03-01", "--out", str(tmp_path),
+                  dsn=fresh_db).returncode == 2
