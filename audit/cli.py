@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from audit import AuditError, UsageError
+from audit import AuditError, LedgerError, UsageError
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "EXIT_VIOLATION", "add_parsers", "main", "parse_time", "run"]
 
@@ -161,8 +161,11 @@ def _generate(args: argparse.Namespace, cfg: Any) -> int:
     if args.to_db:
         import psycopg
 
-        with psycopg.connect(_need_dsn(args, cfg)) as conn:
-            synth.copy_to_postgres(table, conn)
+        try:
+            with psycopg.connect(_need_dsn(args, cfg)) as conn:
+                synth.copy_to_postgres(table, conn)
+        except psycopg.Error as exc:
+            raise LedgerError("copy synthetic rows into the ledger", f"{type(exc).__name__}: {exc}") from exc
     print(f"generated {table.num_rows} rows ({args.deliveries} obligations): lost {len(truth.lost)}, "
           f"duplicated {len(truth.duplicated)}, in doubt {len(truth.in_doubt)}, "
           f"dead letters {sum(truth.dead_letters.values())}")

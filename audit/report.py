@@ -167,7 +167,7 @@ def _table(rows: list[dict[str, Any]], limit: int = 200) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(r[c]))}</td>" for c in cols) + "</tr>"
                    for r in rows[:limit])
-    more = f"<p>… {len(rows) - limit} more in the Parquet table</p>" if len(rows) > limit else ""
+    more = f"<p>… the first {limit} rows; all of them are in <code>tables/</code></p>" if len(rows) > limit else ""
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}"
 
 
