@@ -102,7 +102,7 @@ def run_audit(req: AuditRequest) -> AuditResult:
         with _session(req) as spark:
             frames = _compute(spark, req, step)
             step("report")
-            summary = report.summary(frames, req)
+            summary = report.summary(frames, req, master=str(spark.sparkContext.master))
             report.write(req.out, summary, frames)
     finally:
         step.close()

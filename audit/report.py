@@ -39,7 +39,8 @@ def violations(lost: int, duplicated: int, max_lost: int, max_duplicates: int) -
     return out
 
 
-def summary(frames: dict[str, list[dict[str, Any]]], req: AuditRequest) -> dict[str, Any]:
+def summary(frames: dict[str, list[dict[str, Any]]], req: AuditRequest, master: str) -> dict[str, Any]:
+    """The JSON summary; ``master``: the Spark master the job ran on."""
     by_status: dict[str, int] = {}
     by_direction: dict[str, dict[str, int]] = {}
     for r in frames["status_counts"]:
@@ -59,7 +60,7 @@ def summary(frames: dict[str, list[dict[str, Any]]], req: AuditRequest) -> dict[
         per_minute[key] = per_minute.get(key, 0) + int(r["delivered"])
     return {
         "generated_at": datetime.now(UTC).isoformat(),
-        "source": req.source, "master": req.master or "local[*]",
+        "source": req.source, "master": master,
         "window": {"from": _utc(req.start), "to": _utc(req.end)},
         "as_of": _utc(req.as_of), "grace_s": req.grace.total_seconds(),
         "obligations": sum(by_status.values()), "by_status": by_status, "by_direction": by_direction,
