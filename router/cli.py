@@ -20,12 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXIT_CODES", "EXIT_CONFIG", "EXIT_FAILURE", "EXIT_LOCKED", "EXIT_NOT_RUNNING", "EXIT_OK", "EXIT_REFUSED",
+__all__ = ["EXIT_AUDIT_VIOLATION", "EXIT_CODES", "EXIT_CONFIG", "EXIT_FAILURE", "EXIT_LOCKED", "EXIT_NOT_RUNNING", "EXIT_OK", "EXIT_REFUSED",
            "EXIT_UNREACHABLE", "build_parser", "main"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_NOT_RUNNING = 0, 1, 2, 3
 EXIT_REFUSED = 4  # returned by bridgecli / channelcli
 EXIT_LOCKED, EXIT_UNREACHABLE = 5, 6
+EXIT_AUDIT_VIOLATION = 7  # audit.cli.EXIT_VIOLATION
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
     EXIT_FAILURE: "runtime failure (the message says what; `demo`: not every event came back)",
@@ -36,6 +37,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_LOCKED: "`serve`, `stop-services`: the state directory is in use by a running node (nothing was touched)",
     EXIT_UNREACHABLE: "`serve`: PostgreSQL did not answer at start (the message names `postgres.dsn` and the address, "
                       "password redacted)",
+    EXIT_AUDIT_VIOLATION: "`audit`: more lost or duplicated deliveries than `--max-lost` / `--max-duplicates` allow",
 }
 
 log = logging.getLogger("nsjms")
@@ -62,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsjms", parents=[common],
                                 description="CORBA Notification Service ⇄ JMS routing engine")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{serve,status,channel,bridge,demo,stop-services}")
+                           metavar="{serve,status,channel,bridge,demo,stop-services,ledger,audit}")
 
     serve = sub.add_parser("serve", parents=[common],
                            help="run a node (embedded PostgreSQL and ActiveMQ unless given)")
@@ -80,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_channel_parser(sub, common)
     add_bridge_parser(sub, common)
+    from audit.cli import add_parsers as add_audit_parsers  # ledger + audit (heavy imports stay inside)
+
+    add_audit_parsers(sub, common)
 
     demo = sub.add_parser("demo", parents=[common],
                           help="push demo events through a running node and print them (restartable)")
@@ -354,6 +359,12 @@ def cmd_channel(args: argparse.Namespace, cfg: Any) -> int:
         return _private("channel", state_dir)
 
 
+def cmd_audit(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.cli import run
+
+    return run(args, cfg)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from router.config import ConfigError
 
@@ -369,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, cfg.node.log_level, logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge,
-                "channel": cmd_channel, "stop-services": cmd_stop_services}
+                "channel": cmd_channel, "stop-services": cmd_stop_services, "ledger": cmd_audit, "audit": cmd_audit}
     return handlers[args.command](args, cfg)
 
 

@@ -3,17 +3,20 @@
 #
 #   bash scripts/bootstrap.sh
 #
-# 1. apt: omniorb-idl activemq libpostgresql-jdbc-java libjettison-java libxstream-java postgresql-15
+# 1. apt: omniorb-idl activemq libpostgresql-jdbc-java libjettison-java libxstream-java postgresql-15 chromium
 #    (skipped when `dpkg -s` finds them all), default-jdk-headless only when `javac` is missing,
 #    python3.11-venv only when ensurepip is missing. Root runs apt directly, others through sudo.
 #    postgresql-15 is installed without creating Debian's "main" cluster: nsjms starts its own.
-# 2. .venv with python3.11 and `pip install -e '.[test]'`, redone only when pyproject.toml changed.
+#    chromium: the audit report's browser test (headless screenshot).
+# 2. .venv with python3.11 and `pip install -e '.[test,audit]'` (audit: pyspark, pyarrow, matplotlib, tqdm; about
+#    80 s more on a fresh venv, pyspark builds its wheel from a 456 MB sdist), redone only when pyproject.toml
+#    changed.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-APT_PACKAGES=(omniorb-idl activemq libpostgresql-jdbc-java libjettison-java libxstream-java postgresql-15 libomniorb4-dev libcos4-dev g++)
+APT_PACKAGES=(omniorb-idl activemq libpostgresql-jdbc-java libjettison-java libxstream-java postgresql-15 libomniorb4-dev libcos4-dev g++ chromium)
 PYTHON="${PYTHON:-python3.11}"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.nsjms-bootstrap"
@@ -78,8 +81,8 @@ setup_venv() {
         log "virtualenv: up to date"
         return
     fi
-    log "virtualenv: pip install -e '.[test]'"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+    log "virtualenv: pip install -e '.[test,audit]'"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test,audit]'
     printf '%s\n' "$want" >"$STAMP"
     log "virtualenv: done"
 }

@@ -1,0 +1,251 @@
+"""The ``nsjms audit`` job: read the ledger (JDBC or Parquet), run :mod:`audit.transforms`, write the results.
+
+Output directory::
+
+    OUT/tables/<name>/*.parquet   lost, duplicates, stuck_in_doubt, dead_letters, status_counts,
+                                  latency_percentiles, latency_histogram, throughput_per_minute
+    OUT/summary.json              counts, violations, percentiles (``audit.report.summary``)
+    OUT/report.html               self-contained report, PNG plots embedded as base64
+
+The Spark session is created here (``master``: ``local[*]`` unless given; under ``spark-submit`` the
+submitted master is used). The job runs no Python on executors, so cluster workers need no nsjms install:
+only a path (Parquet) or the JDBC URL reachable from them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from psycopg.conninfo import conninfo_to_dict
+
+from audit import UsageError
+
+__all__ = ["DEFAULT_JDBC_JAR", "AuditRequest", "AuditResult", "jdbc_options", "run_audit"]
+
+DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
+log = logging.getLogger("nsjms.audit")
+#: At most this many rows of a list table (lost, duplicates, ...) go into the summary and the report; the
+#: Parquet tables hold them all.
+LIST_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class AuditRequest:
+    out: Path
+    source: Literal["jdbc", "parquet"]
+    as_of: datetime
+    grace: timedelta
+    parquet: Path | None = None
+    dsn: str = ""
+    start: datetime | None = None
+    end: datetime | None = None
+    master: str | None = None
+    max_lost: int = 0
+    max_duplicates: int = 0
+    jdbc_partitions: int = 8
+    jdbc_jar: str = DEFAULT_JDBC_JAR
+    driver_memory: str = "1g"
+    shuffle_partitions: int = 8
+    progress: bool = False
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    summary: dict[str, Any]
+    violations: tuple[str, ...]
+
+
+class _Progress:
+    """A tqdm bar over the job's steps (on a terminal) and one log line per finished step (always)."""
+
+    STEPS = ("start Spark", "read ledger", "reconcile", "latency", "throughput", "report")
+
+    def __init__(self, show: bool) -> None:
+        from tqdm import tqdm  # type: ignore[import-untyped]
+
+        self.bar = tqdm(total=len(self.STEPS), unit="step", disable=not show, desc="nsjms audit")
+        self.name, self.t0, self.start = "", time.monotonic(), time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        self._done()
+        self.name, self.t0 = name, time.monotonic()
+        self.bar.set_postfix_str(name)
+
+    def _done(self) -> None:
+        if self.name:
+            log.info("audit: %s done in %.1f s", self.name, time.monotonic() - self.t0)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        self._done()
+        self.bar.close()
+        log.info("audit: finished in %.1f s", time.monotonic() - self.start)
+
+
+def run_audit(req: AuditRequest) -> AuditResult:
+    """Run the audit; raise :class:`UsageError` for a bad request (before starting Spark when possible)."""
+    _check(req)
+    from audit import report
+
+    step = _Progress(req.progress)
+    try:
+        step("start Spark")
+        with _session(req) as spark:
+            frames = _compute(spark, req, step)
+            step("report")
+            summary = report.summary(frames, req, master=str(spark.sparkContext.master))
+            report.write(req.out, summary, frames)
+    finally:
+        step.close()
+    return AuditResult(summary, tuple(summary["violations"]))
+
+
+def _check(req: AuditRequest) -> None:
+    if req.start is not None and req.end is not None and req.end <= req.start:
+        raise UsageError(f"--to ({req.end}) must be after --from ({req.start})")
+    if req.source == "parquet" and (req.parquet is None or not req.parquet.is_dir()):
+        raise UsageError(f"--parquet: {req.parquet} is not a directory (an `nsjms ledger export` output)")
+    if req.source == "jdbc":
+        if not req.dsn:
+            raise UsageError("--source jdbc needs a PostgreSQL DSN (--pg-dsn or NSJMS_POSTGRES_DSN)")
+        if not Path(req.jdbc_jar).is_file():
+            raise UsageError(f"--jdbc-jar: {req.jdbc_jar} not found (Debian: apt-get install libpostgresql-jdbc-java)")
+    if min(req.max_lost, req.max_duplicates) < 0 or req.jdbc_partitions < 1:
+        raise UsageError("--max-lost/--max-duplicates must be >= 0 and --jdbc-partitions >= 1")
+
+
+@contextmanager
+def _session(req: AuditRequest) -> Iterator[Any]:
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise UsageError("pyspark is not installed: pip install 'nsjms[audit]'") from exc
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # running under spark-submit: its master wins
+    builder = SparkSession.builder.appName("nsjms-audit")
+    if req.master or not submitted:
+        builder = builder.master(req.master or "local[*]")
+    conf = {"spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false", "spark.driver.memory": req.driver_memory,
+            "spark.sql.shuffle.partitions": str(req.shuffle_partitions),
+            "spark.driver.host": os.environ["SPARK_LOCAL_IP"], "spark.driver.bindAddress": os.environ["SPARK_LOCAL_IP"]}
+    if req.source == "jdbc":
+        conf["spark.jars"] = req.jdbc_jar
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        yield spark
+    finally:
+        if not submitted:
+            spark.stop()
+
+
+def jdbc_options(dsn: str) -> dict[str, str]:
+    """A libpq DSN → Spark JDBC options (url without credentials; user/password as separate options)."""
+    info = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    host = info.get("host", "localhost")
+    if host.startswith("/"):
+        raise UsageError("JDBC needs a TCP host, not a unix socket directory, in the DSN")
+    url = f"jdbc:postgresql://{host}:{info.get('port', '5432')}/{info.get('dbname', info.get('user', 'postgres'))}"
+    opts = {"url": url, "driver": "org.postgresql.Driver"}
+    for key in ("user", "password", "sslmode"):
+        if key in info:
+            opts[key] = info[key]
+    return opts
+
+
+def _bounds(req: AuditRequest) -> tuple[datetime, datetime] | None:
+    """The partitioning range of the JDBC read: the window, or the ledger's min/max accepted_at."""
+    if req.start is not None and req.end is not None:
+        return req.start, req.end
+    import psycopg
+
+    with psycopg.connect(req.dsn) as conn:
+        row = conn.execute("SELECT min(accepted_at), max(accepted_at) FROM nsjms_ledger").fetchone()
+    if row is None or row[0] is None:
+        return None
+    return req.start or row[0], req.end or row[1] + timedelta(microseconds=1)
+
+
+def _read(spark: Any, req: AuditRequest) -> Any:
+    from pyspark.sql import functions as F
+
+    from audit import transforms as T
+
+    if req.source == "parquet":
+        raw = spark.read.parquet(str(req.parquet))
+        if "day" in raw.columns:  # prune whole day directories before reading them
+            if req.start is not None:
+                raw = raw.where(F.col("day") >= F.lit(req.start.strftime("%Y-%m-%d")).cast("date"))
+            if req.end is not None:
+                raw = raw.where(F.col("day") <= F.lit(req.end.strftime("%Y-%m-%d")).cast("date"))
+    else:
+        reader = spark.read.format("jdbc").options(**jdbc_options(req.dsn), dbtable="nsjms_ledger", fetchsize="20000")
+        bounds = _bounds(req)
+        if bounds is not None and req.jdbc_partitions > 1:
+            fmt = "%Y-%m-%d %H:%M:%S.%f"
+            reader = reader.options(partitionColumn="accepted_at", numPartitions=str(req.jdbc_partitions),
+                                    lowerBound=bounds[0].astimezone(UTC).strftime(fmt),
+                                    upperBound=bounds[1].astimezone(UTC).strftime(fmt))
+        raw = reader.load()
+    ledger = T.ledger(raw)
+    if req.start is not None:
+        ledger = ledger.where(F.col("accepted_at") >= F.lit(req.start))
+    if req.end is not None:
+        ledger = ledger.where(F.col("accepted_at") < F.lit(req.end))
+    return ledger
+
+
+def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
+    """Run the transforms, write every table, return the small ones collected (lists of dicts)."""
+    from pyspark import StorageLevel
+
+    from audit import transforms as T
+
+    step("read ledger")
+    ledger = _read(spark, req)
+    if req.source == "jdbc":  # read the database once, not once per result
+        ledger = ledger.persist(StorageLevel.MEMORY_AND_DISK)
+        ledger.count()
+    step("reconcile")
+    obl = T.obligations(ledger, req.as_of, req.grace).persist(StorageLevel.MEMORY_AND_DISK)
+    tables = {
+        "status_counts": T.status_counts(obl), "lost": T.lost(obl), "duplicates": T.duplicates(ledger, obl),
+        "stuck_in_doubt": T.stuck_in_doubt(ledger, req.as_of, req.grace),
+        "dead_letters": T.dead_letters_by_reason(ledger),
+    }
+    out: dict[str, Any] = {name: _write_collect(spark, df, req.out / "tables" / name) for name, df in tables.items()}
+    obl.unpersist()
+    step("latency")
+    lat = T.hop_latencies(ledger)
+    for name, df in (("latency_percentiles", T.latency_percentiles(lat)),
+                     ("latency_histogram", T.latency_histogram(lat))):
+        out[name] = _write_collect(spark, df, req.out / "tables" / name)
+    step("throughput")
+    path = req.out / "tables" / "throughput_per_minute"
+    T.throughput_per_minute(ledger).write.mode("overwrite").parquet(str(path))
+    totals = T.throughput_totals(spark.read.parquet(str(path))).orderBy("minute")
+    out["throughput_totals"] = [r.asDict() for r in totals.collect()]
+    if req.source == "jdbc":
+        ledger.unpersist()
+    return out
+
+
+def _write_collect(spark: Any, df: Any, path: Path) -> list[dict[str, Any]]:
+    """Write a result table (one Parquet file set), then read back its first :data:`LIST_LIMIT` rows (by the
+    first column): computing once and re-reading the small written table is cheaper than computing twice."""
+    df.coalesce(1).write.mode("overwrite").parquet(str(path))
+    back = spark.read.parquet(str(path))
+    return [r.asDict(recursive=True) for r in back.orderBy(back.columns[0]).limit(LIST_LIMIT).collect()]

@@ -1,0 +1,209 @@
+"""The audit's JSON summary and self-contained HTML report (PNG plots by matplotlib, embedded as base64)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from audit.job import AuditRequest
+
+__all__ = ["summary", "violations", "write"]
+
+_ID_LIMIT = 100
+
+
+def _utc(value: Any) -> Any:
+    """PySpark returns naive datetimes in the driver's local time zone; make them aware UTC."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
+    return value
+
+
+def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: _utc(v) for k, v in r.items()} for r in rows]
+
+
+def violations(lost: int, duplicated: int, max_lost: int, max_duplicates: int) -> list[str]:
+    """What breaks the guarantees: more lost or duplicated obligations than allowed (default: none)."""
+    out = []
+    if lost > max_lost:
+        out.append(f"{lost} lost (allowed {max_lost})")
+    if duplicated > max_duplicates:
+        out.append(f"{duplicated} duplicated (allowed {max_duplicates})")
+    return out
+
+
+def summary(frames: dict[str, list[dict[str, Any]]], req: AuditRequest, master: str) -> dict[str, Any]:
+    """The JSON summary; ``master``: the Spark master the job ran on."""
+    by_status: dict[str, int] = {}
+    by_direction: dict[str, dict[str, int]] = {}
+    for r in frames["status_counts"]:
+        by_status[r["status"]] = by_status.get(r["status"], 0) + int(r["obligations"])
+        by_direction.setdefault(r["direction"], {})[r["status"]] = int(r["obligations"])
+    lost, duplicated = by_status.get("lost", 0), by_status.get("duplicated", 0)
+    dead: dict[str, int] = {}
+    for r in frames["dead_letters"]:
+        dead[r["failure_reason"]] = dead.get(r["failure_reason"], 0) + int(r["dead_letters"])
+    latency: dict[str, dict[str, dict[str, float]]] = {}
+    for r in frames["latency_percentiles"]:
+        latency.setdefault(r["hop"], {})[r["direction"]] = {
+            k: r[k] for k in ("samples", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms")}
+    per_minute: dict[str, int] = {}
+    for r in frames["throughput_totals"]:
+        key = _utc(r["minute"])
+        per_minute[key] = per_minute.get(key, 0) + int(r["delivered"])
+    return {
+        "generated_at": datetime.now(UTC).isoformat(),
+        "source": req.source, "master": master,
+        "window": {"from": _utc(req.start), "to": _utc(req.end)},
+        "as_of": _utc(req.as_of), "grace_s": req.grace.total_seconds(),
+        "obligations": sum(by_status.values()), "by_status": by_status, "by_direction": by_direction,
+        "lost": lost, "duplicated": duplicated,
+        "extra_deliveries_listed": sum(int(r["deliveries"]) - 1 for r in frames["duplicates"]),
+        "stuck_in_doubt": len(frames["stuck_in_doubt"]), "dead_letters": dead,
+        "lost_ids": sorted(r["dedupe_id"] for r in frames["lost"])[:_ID_LIMIT],
+        "duplicate_ids": sorted(r["dedupe_id"] for r in frames["duplicates"])[:_ID_LIMIT],
+        "stuck_gtrids": sorted(r["gtrid"] for r in frames["stuck_in_doubt"])[:_ID_LIMIT],
+        "latency_ms": latency,
+        "throughput": {"minutes": len(per_minute), "delivered": sum(per_minute.values()),
+                       "peak_per_minute": max(per_minute.values(), default=0)},
+        "limits": {"max_lost": req.max_lost, "max_duplicates": req.max_duplicates},
+        "violations": violations(lost, duplicated, req.max_lost, req.max_duplicates),
+    }
+
+
+def write(out: Path, summ: dict[str, Any], frames: dict[str, list[dict[str, Any]]]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summ, indent=2, sort_keys=True, default=str) + "\n")
+    plots = {"throughput": _plot_throughput(frames["throughput_totals"]),
+             "latency": _plot_latency(frames["latency_histogram"], frames["latency_percentiles"]),
+             "faults": _plot_faults(summ)}
+    (out / "plots").mkdir(exist_ok=True)
+    for name, png in plots.items():
+        (out / "plots" / f"{name}.png").write_bytes(png)
+    (out / "report.html").write_text(_html(summ, frames, plots), encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------- plots
+def _figure() -> Any:
+    from matplotlib.figure import Figure  # the object API renders with Agg; no pyplot, no GUI backend
+
+    return Figure(figsize=(9, 3.6), dpi=100, layout="constrained")
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _plot_throughput(rows: list[dict[str, Any]]) -> bytes:
+    fig = _figure()
+    ax = fig.add_subplot()
+    series: dict[str, tuple[list[datetime], list[int]]] = {}
+    for r in sorted(rows, key=lambda r: (r["direction"], r["minute"])):
+        xs, ys = series.setdefault(r["direction"], ([], []))
+        xs.append(r["minute"])
+        ys.append(int(r["delivered"]))
+    for direction, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=direction)
+    ax.set_title("Throughput: deliveries per minute (UTC)")
+    ax.set_ylabel("delivered / min")
+    if series:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no deliveries", ha="center", transform=ax.transAxes)
+    return _png(fig)
+
+
+def _plot_latency(hist: list[dict[str, Any]], pct: list[dict[str, Any]]) -> bytes:
+    fig = _figure()
+    ax, bx = fig.subplots(1, 2)
+    rows = sorted(hist, key=lambda r: r["lo_ms"])
+    if rows:
+        ax.bar([r["lo_ms"] for r in rows], [r["samples"] for r in rows],
+               width=[r["hi_ms"] - r["lo_ms"] for r in rows], align="edge")
+        ax.set_xscale("log")
+        from matplotlib.ticker import NullFormatter
+
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_title("End-to-end latency distribution")
+    ax.set_xlabel("ms (log scale)")
+    ax.set_ylabel("deliveries")
+    hops = [r for r in pct if r["direction"] == "all"]
+    names = [r["hop"] for r in hops]
+    for key, label in (("p50_ms", "p50"), ("p99_ms", "p99")):
+        bx.barh([f"{n} {label}" for n in names], [r[key] for r in hops], label=label)
+    bx.set_title("Latency per hop (ms)")
+    if hops:
+        bx.legend()
+    return _png(fig)
+
+
+def _plot_faults(summ: dict[str, Any]) -> bytes:
+    fig = _figure()
+    ax = fig.add_subplot()
+    labels = ["lost", "duplicated", "stuck in doubt", *[f"dead letter: {k}" for k in sorted(summ["dead_letters"])]]
+    values = [summ["lost"], summ["duplicated"], summ["stuck_in_doubt"],
+              *[summ["dead_letters"][k] for k in sorted(summ["dead_letters"])]]
+    colors = ["#c0392b", "#d35400", "#8e44ad", *["#7f8c8d"] * len(summ["dead_letters"])]
+    bars = ax.barh(labels, values, color=colors)
+    ax.bar_label(bars)
+    ax.invert_yaxis()
+    ax.set_title("Losses, duplicates, in doubt, dead letters (obligations)")
+    return _png(fig)
+
+
+# -------------------------------------------------------------------------------------------- HTML
+def _table(rows: list[dict[str, Any]], limit: int = 200) -> str:
+    if not rows:
+        return "<p><em>none</em></p>"
+    cols = list(rows[0])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(r[c]))}</td>" for c in cols) + "</tr>"
+                   for r in rows[:limit])
+    more = f"<p>… the first {limit} rows; all of them are in <code>tables/</code></p>" if len(rows) > limit else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}"
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return "" if v is None else str(_utc(v))
+
+
+def _img(png: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def _html(summ: dict[str, Any], frames: dict[str, list[dict[str, Any]]], plots: dict[str, bytes]) -> str:
+    verdict = ("<p class=bad>VIOLATION: " + html.escape("; ".join(summ["violations"])) + "</p>"
+               if summ["violations"] else "<p class=ok>No loss or duplicate beyond the allowed limits.</p>")
+    facts = [{"what": k, "value": summ[k]} for k in ("obligations", "lost", "duplicated", "stuck_in_doubt",
+                                                     "as_of", "grace_s", "source", "master")]
+    facts.append({"what": "window", "value": f"{summ['window']['from']} .. {summ['window']['to']}"})
+    pct = sorted(_rows(frames["latency_percentiles"]), key=lambda r: (r["hop"], r["direction"]))
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>nsjms audit</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1000px}} table{{border-collapse:collapse;margin:.5em 0}}
+td,th{{border:1px solid #bbb;padding:2px 6px;font-size:90%}} .bad{{color:#fff;background:#c0392b;padding:.5em}}
+.ok{{color:#fff;background:#27ae60;padding:.5em}} img{{max-width:100%}}</style></head><body>
+<h1>nsjms delivery audit</h1>{verdict}
+{_table(facts)}
+<h2>Throughput</h2>{_img(plots["throughput"], "throughput per minute")}
+<h2>Latency</h2>{_img(plots["latency"], "latency distribution")}{_table(pct)}
+<h2>Losses and duplicates</h2>{_img(plots["faults"], "losses and duplicates")}
+<h3>Lost</h3>{_table(_rows(frames["lost"]))}
+<h3>Duplicated</h3>{_table(_rows(frames["duplicates"]))}
+<h3>Stuck in doubt</h3>{_table(_rows(frames["stuck_in_doubt"]))}
+<h3>Dead letters by reason</h3>{_table(_rows(frames["dead_letters"]))}
+<p>Generated {html.escape(summ["generated_at"])}; full tables in <code>tables/</code>, numbers in
+<code>summary.json</code>.</p>
+</body></html>
+"""

@@ -1,0 +1,231 @@
+"""The audit as pure PySpark transforms: each function takes DataFrames and returns one, starting with a
+``select`` of the columns it reads and ending with a ``select`` of the columns it returns (its schema), joins
+state their type, and everything is Spark SQL expressions (no Python UDFs).
+
+Definitions (the contract the router's ledger writes follow):
+
+* an **obligation** is a ``dedupe_id``; its rows share ``accepted_at``;
+* **delivered**: it has a ``delivered`` row; **duplicated**: more than one;
+* **in doubt**: it has an ``in_doubt`` row whose ``gtrid`` has no resolving row (``delivered``,
+  ``rolled_back``, ``dead_letter``, ``discarded``, ``expired``) with the same gtrid; **stuck** once the
+  ``prepared_at`` is older than ``as_of - grace``;
+* **lost**: accepted at or before ``as_of - grace``, no terminal row, not in doubt;
+* **in flight**: accepted after ``as_of - grace``, no terminal row, not in doubt.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+__all__ = [
+    "HOPS",
+    "HOP_NAMES",
+    "LEDGER_SCHEMA",
+    "PERCENTILES",
+    "dead_letters_by_reason",
+    "duplicates",
+    "hop_latencies",
+    "latency_histogram",
+    "latency_percentiles",
+    "ledger",
+    "lost",
+    "obligations",
+    "status_counts",
+    "stuck_in_doubt",
+    "throughput_per_minute",
+    "throughput_totals",
+]
+
+_TS = ("accepted_at", "dispatched_at", "prepared_at", "decided_at", "broker_committed_at", "acknowledged_at")
+LEDGER_SCHEMA = StructType(
+    [StructField(c, LongType()) for c in ("entry_id", "event_id")]
+    + [StructField(c, StringType()) for c in ("jms_message_id", "dedupe_id")]
+    + [StructField(c, IntegerType()) for c in ("channel_id", "proxy_id", "bridge_id")]
+    + [StructField(c, StringType()) for c in ("destination", "direction", "gtrid")]
+    + [StructField(c, TimestampType()) for c in _TS]
+    + [StructField(c, StringType()) for c in ("outcome", "failure_reason")]
+    + [StructField("recorded_at", TimestampType())]
+)
+#: (hop name, from column, to column); ``end_to_end`` ends at the last hop the row has.
+HOPS: tuple[tuple[str, str, str], ...] = (
+    ("dispatch", "accepted_at", "dispatched_at"),
+    ("prepare", "dispatched_at", "prepared_at"),
+    ("decide", "prepared_at", "decided_at"),
+    ("broker_commit", "decided_at", "broker_committed_at"),
+    ("acknowledge", "broker_committed_at", "acknowledged_at"),
+)
+HOP_NAMES: tuple[str, ...] = (*[h for h, _, _ in HOPS], "end_to_end")
+PERCENTILES = (0.5, 0.9, 0.99, 0.999)
+_TERMINAL = ("delivered", "dead_letter", "discarded", "expired")
+_RESOLVING = ("delivered", "rolled_back", "dead_letter", "discarded", "expired")
+_DIMS = ("direction", "channel_id", "bridge_id", "destination")
+
+
+def ledger(raw: DataFrame) -> DataFrame:
+    """Any source (JDBC, Parquet, a test frame) → the ledger schema, typed; extra columns are dropped."""
+    return raw.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in LEDGER_SCHEMA.fields])
+
+
+def _count_if(cond: Column) -> Column:
+    return F.sum(F.when(cond, 1).otherwise(0)).cast(LongType())
+
+
+def _open_doubts(rows: DataFrame) -> DataFrame:
+    """In-doubt rows whose gtrid has no resolving row: dedupe_id, gtrid, prepared_at.
+
+    The resolving rows are first narrowed to the (few) in-doubt gtrids by a semi join, so the ledger's
+    millions of gtrids are never de-duplicated.
+    """
+    doubts = rows.where(F.col("outcome") == "in_doubt").select("dedupe_id", "gtrid", "prepared_at")
+    resolved = (rows.where(F.col("outcome").isin(*_RESOLVING) & F.col("gtrid").isNotNull()).select("gtrid")
+                .join(doubts.select("gtrid"), on="gtrid", how="left_semi"))
+    return doubts.join(resolved, on="gtrid", how="left_anti").select("dedupe_id", "gtrid", "prepared_at")
+
+
+def obligations(ledger_df: DataFrame, as_of: datetime, grace: timedelta) -> DataFrame:
+    """One row per dedupe_id with its counts and ``status`` (delivered, duplicated, dead_letter, discarded,
+    expired, in_doubt, lost, in_flight)."""
+    rows = ledger_df.select("dedupe_id", *_DIMS, "gtrid", "accepted_at", "prepared_at", "outcome")
+    per = rows.groupBy("dedupe_id").agg(
+        *[F.min(c).alias(c) for c in _DIMS],
+        F.min("accepted_at").alias("accepted_at"),
+        _count_if(F.col("outcome") == "accepted").alias("accepted_rows"),
+        _count_if(F.col("outcome") == "delivered").alias("deliveries"),
+        *[_count_if(F.col("outcome") == o).alias(o) for o in ("dead_letter", "discarded", "expired")],
+    )
+    doubt = _open_doubts(rows).groupBy("dedupe_id").agg(F.count(F.lit(1)).alias("open_doubts"))
+    cutoff = F.lit(as_of - grace).cast(TimestampType())
+    status = (F.when(F.col("deliveries") > 1, "duplicated").when(F.col("deliveries") == 1, "delivered")
+              .when(F.col("dead_letter") > 0, "dead_letter").when(F.col("discarded") > 0, "discarded")
+              .when(F.col("expired") > 0, "expired").when(F.col("open_doubts") > 0, "in_doubt")
+              .when(F.col("accepted_at") <= cutoff, "lost").otherwise("in_flight"))
+    return (per.join(doubt, on="dedupe_id", how="left_outer")
+            .select("dedupe_id", *_DIMS, "accepted_at", "accepted_rows", "deliveries",
+                    F.coalesce(F.col("open_doubts"), F.lit(0)).cast(LongType()).alias("open_doubts"),
+                    status.alias("status")))
+
+
+def status_counts(obl: DataFrame) -> DataFrame:
+    """status, direction, obligations."""
+    return (obl.select("status", "direction").groupBy("status", "direction").agg(F.count(F.lit(1)).alias("n"))
+            .select("status", "direction", F.col("n").cast(LongType()).alias("obligations")))
+
+
+def lost(obl: DataFrame) -> DataFrame:
+    """The lost obligations: dedupe_id, direction, channel_id, bridge_id, destination, accepted_at."""
+    return (obl.select("dedupe_id", *_DIMS, "accepted_at", "status").where(F.col("status") == "lost")
+            .select("dedupe_id", *_DIMS, "accepted_at"))
+
+
+def duplicates(ledger_df: DataFrame, obl: DataFrame) -> DataFrame:
+    """dedupe_ids delivered more than once (``obl``: :func:`obligations`): deliveries, distinct_gtrids,
+    first/last delivery time (of the last hop)."""
+    done = F.coalesce(*[F.col(c) for c in reversed(_TS)])
+    dup_ids = obl.select("dedupe_id", "status").where(F.col("status") == "duplicated").select("dedupe_id")
+    rows = (ledger_df.select("dedupe_id", *_DIMS, "gtrid", *_TS, "outcome").where(F.col("outcome") == "delivered")
+            .join(dup_ids, on="dedupe_id", how="left_semi"))
+    return (rows.groupBy("dedupe_id").agg(
+                *[F.min(c).alias(c) for c in _DIMS], F.count(F.lit(1)).alias("deliveries"),
+                F.countDistinct("gtrid").alias("distinct_gtrids"),
+                F.min(done).alias("first_delivered_at"), F.max(done).alias("last_delivered_at"))
+            .select("dedupe_id", *_DIMS, F.col("deliveries").cast(LongType()).alias("deliveries"),
+                    F.col("distinct_gtrids").cast(LongType()).alias("distinct_gtrids"),
+                    "first_delivered_at", "last_delivered_at"))
+
+
+def stuck_in_doubt(ledger_df: DataFrame, as_of: datetime, grace: timedelta) -> DataFrame:
+    """gtrids prepared before ``as_of - grace`` with no decision recorded: gtrid, items, prepared_at, age_s."""
+    rows = ledger_df.select("dedupe_id", "gtrid", "prepared_at", "outcome")
+    cutoff = F.lit(as_of - grace).cast(TimestampType())
+    return (_open_doubts(rows).where(F.col("prepared_at") <= cutoff)
+            .groupBy("gtrid").agg(F.countDistinct("dedupe_id").alias("items"), F.min("prepared_at").alias("p"))
+            .select("gtrid", F.col("items").cast(LongType()).alias("items"), F.col("p").alias("prepared_at"),
+                    ((F.unix_micros(F.lit(as_of).cast(TimestampType())) - F.unix_micros(F.col("p")))
+                     .cast(DoubleType()) / 1e6).alias("age_s")))
+
+
+def dead_letters_by_reason(ledger_df: DataFrame) -> DataFrame:
+    """failure_reason, direction, bridge_id, destination, dead_letters."""
+    return (ledger_df.select("failure_reason", "direction", "bridge_id", "destination", "outcome")
+            .where(F.col("outcome") == "dead_letter")
+            .groupBy("failure_reason", "direction", "bridge_id", "destination").agg(F.count(F.lit(1)).alias("n"))
+            .select("failure_reason", "direction", "bridge_id", "destination",
+                    F.col("n").cast(LongType()).alias("dead_letters")))
+
+
+def _ms(a: str | Column, b: str | Column) -> Column:
+    ca, cb = (F.col(x) if isinstance(x, str) else x for x in (a, b))
+    return (F.unix_micros(cb) - F.unix_micros(ca)).cast(DoubleType()) / 1000.0
+
+
+def hop_latencies(ledger_df: DataFrame) -> DataFrame:
+    """From ``delivered`` rows, one column per hop in ms (null when the row lacks the hop):
+    dedupe_id, direction, dispatch_ms, prepare_ms, decide_ms, broker_commit_ms, acknowledge_ms, end_to_end_ms
+    (``end_to_end``: accepted to the last hop the row has)."""
+    rows = ledger_df.select("dedupe_id", "direction", *_TS, "outcome").where(F.col("outcome") == "delivered")
+    last = F.coalesce(*[F.col(c) for c in reversed(_TS[1:])])
+    return rows.select("dedupe_id", "direction", *[_ms(a, b).alias(f"{name}_ms") for name, a, b in HOPS],
+                       _ms("accepted_at", last).alias("end_to_end_ms"))
+
+
+def latency_percentiles(lat: DataFrame, accuracy: int = 10_000) -> DataFrame:
+    """hop, direction (each, and ``all``), samples, p50_ms, p90_ms, p99_ms, p999_ms, max_ms, from
+    :func:`hop_latencies` with percentile_approx (one pass; ``accuracy`` as Spark defines it)."""
+    cols = [*HOP_NAMES]
+    rows = lat.select("direction", *[f"{h}_ms" for h in cols])
+    probs = F.array(*[F.lit(p) for p in PERCENTILES])
+    aggs = []
+    for h in cols:
+        c = F.col(f"{h}_ms")
+        aggs += [F.count(c).alias(f"{h}_n"), F.percentile_approx(c, probs, accuracy).alias(f"{h}_p"),
+                 F.max(c).alias(f"{h}_max")]
+    wide = rows.rollup("direction").agg(F.grouping("direction").alias("g"), *aggs)
+    per_hop = F.array(*[F.struct(F.lit(h).alias("hop"), F.col(f"{h}_n").alias("n"), F.col(f"{h}_p").alias("p"),
+                                 F.col(f"{h}_max").alias("mx")) for h in cols])
+    long = wide.select(F.when(F.col("g") == 1, "all").otherwise(F.col("direction")).alias("direction"),
+                       F.explode(per_hop).alias("x")).where(F.col("x.n") > 0)
+    return long.select(F.col("x.hop").alias("hop"), "direction", F.col("x.n").cast(LongType()).alias("samples"),
+                       *[F.col("x.p")[i].alias(_pname(p)) for i, p in enumerate(PERCENTILES)],
+                       F.col("x.mx").alias("max_ms"))
+
+
+def _pname(p: float) -> str:
+    return f"p{str(p).split('.')[1]:0<2}_ms"
+
+
+def latency_histogram(lat: DataFrame, hop: str = "end_to_end", bins_per_decade: int = 10) -> DataFrame:
+    """hop, lo_ms, hi_ms, samples for one hop of :func:`hop_latencies`: log-spaced bins
+    (``bins_per_decade`` per factor of 10; latencies below 1 µs share the lowest bin), empty bins omitted."""
+    k = F.floor(F.log10(F.greatest(F.col("v"), F.lit(1e-3))) * bins_per_decade)
+    return (lat.select(F.col(f"{hop}_ms").alias("v")).where(F.col("v").isNotNull())
+            .groupBy(k.alias("k")).agg(F.count(F.lit(1)).alias("n"))
+            .select(F.lit(hop).alias("hop"), F.pow(F.lit(10.0), F.col("k") / bins_per_decade).alias("lo_ms"),
+                    F.pow(F.lit(10.0), (F.col("k") + 1) / bins_per_decade).alias("hi_ms"),
+                    F.col("n").cast(LongType()).alias("samples")))
+
+
+def throughput_per_minute(ledger_df: DataFrame) -> DataFrame:
+    """minute (UTC, of the last hop), direction, channel_id, bridge_id, destination, delivered."""
+    done = F.coalesce(*[F.col(c) for c in reversed(_TS)])
+    return (ledger_df.select(*_DIMS, *_TS, "outcome").where(F.col("outcome") == "delivered")
+            .groupBy(F.date_trunc("minute", done).alias("minute"), *_DIMS).agg(F.count(F.lit(1)).alias("n"))
+            .select("minute", *_DIMS, F.col("n").cast(LongType()).alias("delivered")))
+
+
+def throughput_totals(per_minute: DataFrame) -> DataFrame:
+    """minute, direction, delivered: the per-minute table summed over channels, bridges and destinations."""
+    return (per_minute.select("minute", "direction", "delivered").groupBy("minute", "direction")
+            .agg(F.sum("delivered").alias("n"))
+            .select("minute", "direction", F.col("n").cast(LongType()).alias("delivered")))

@@ -1,0 +1,173 @@
+"""The audit's PySpark transforms on small hand-built frames (one local[1] session for the module)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from audit import transforms as T
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+AS_OF = T0 + timedelta(hours=1)
+GRACE = timedelta(minutes=5)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    session = (SparkSession.builder.master("local[1]").appName("nsjms-audit-unit")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "1").config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def ms(n: float) -> timedelta:
+    return timedelta(milliseconds=n)
+
+
+def row(dedupe: str, outcome: str, accepted: datetime = T0, *, gtrid: str | None = None,
+        hops: tuple[float, ...] = (), reason: str | None = None, direction: str = "channel_to_jms",
+        bridge: int = 1, destination: str = "queue/a") -> dict[str, Any]:
+    """A ledger row; ``hops``: ms after the previous hop for dispatched, prepared, decided, committed, acked."""
+    r: dict[str, Any] = {c.name: None for c in T.LEDGER_SCHEMA.fields}
+    r.update(dedupe_id=dedupe, outcome=outcome, accepted_at=accepted, gtrid=gtrid, failure_reason=reason,
+             direction=direction, channel_id=0, bridge_id=bridge, proxy_id=bridge, destination=destination,
+             recorded_at=accepted)
+    t = accepted
+    for name, d in zip(T._TS[1:], hops, strict=False):
+        t = t + ms(d)
+        r[name] = t
+    return r
+
+
+def frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    return spark.createDataFrame(rows, schema=T.LEDGER_SCHEMA)
+
+
+def delivered(dedupe: str, accepted: datetime = T0, **kw: Any) -> list[dict[str, Any]]:
+    return [row(dedupe, "accepted", accepted, **kw),
+            row(dedupe, "delivered", accepted, gtrid=f"g-{dedupe}", hops=(1, 2, 3, 4, 5), **kw)]
+
+
+@pytest.fixture(scope="module")
+def ledger(spark: SparkSession) -> DataFrame:
+    old = T0
+    recent = AS_OF - timedelta(minutes=1)
+    rows = [
+        *delivered("ok"),
+        *delivered("dup"), row("dup", "delivered", gtrid="g-dup-2", hops=(1, 1, 1, 1, 1)),
+        row("lost", "accepted", old),
+        row("flight", "accepted", recent),
+        # in doubt, unresolved and old: stuck
+        row("doubt", "accepted", old), row("doubt", "in_doubt", old, gtrid="g-doubt", hops=(1, 1)),
+        # in doubt, then rolled back and never retried: lost
+        row("rb", "accepted", old), row("rb", "in_doubt", old, gtrid="g-rb", hops=(1, 1)),
+        row("rb", "rolled_back", old, gtrid="g-rb", reason="broker refused"),
+        # in doubt recently: in doubt, not stuck
+        row("fresh-doubt", "accepted", recent), row("fresh-doubt", "in_doubt", recent, gtrid="g-fd", hops=(1, 1)),
+        # rolled back once, then delivered by a second transaction: delivered once
+        row("retry", "accepted", old), row("retry", "rolled_back", old, gtrid="g-r1", reason="timeout"),
+        row("retry", "delivered", old, gtrid="g-r2", hops=(1, 2, 3, 4, 5)),
+        row("dl1", "accepted", old), row("dl1", "dead_letter", old, hops=(1,), reason="mapping failed"),
+        row("dl2", "accepted", old, direction="jms_to_channel"),
+        row("dl2", "dead_letter", old, hops=(1,), reason="mapping failed", direction="jms_to_channel"),
+        row("dl3", "accepted", old), row("dl3", "dead_letter", old, hops=(1,), reason="header too large"),
+        row("exp", "accepted", old), row("exp", "expired", old, reason="stop time"),
+    ]
+    return frame(spark, rows).cache()
+
+
+def collect(df: DataFrame, *order: str) -> list[dict[str, Any]]:
+    return [r.asDict(recursive=True) for r in df.orderBy(*order).collect()] if order else [
+        r.asDict(recursive=True) for r in df.collect()]
+
+
+def test_reconciliation_classifies_every_obligation(ledger: DataFrame) -> None:
+    obl = T.obligations(T.ledger(ledger), AS_OF, GRACE)
+    status = {r["dedupe_id"]: r["status"] for r in collect(obl)}
+    assert status == {
+        "ok": "delivered", "dup": "duplicated", "lost": "lost", "flight": "in_flight", "doubt": "in_doubt",
+        "rb": "lost", "fresh-doubt": "in_doubt", "retry": "delivered", "dl1": "dead_letter",
+        "dl2": "dead_letter", "dl3": "dead_letter", "exp": "expired",
+    }
+    assert [r["dedupe_id"] for r in collect(T.lost(obl), "dedupe_id")] == ["lost", "rb"]
+    counts = {(r["status"], r["direction"]): r["obligations"] for r in collect(T.status_counts(obl))}
+    assert counts[("dead_letter", "channel_to_jms")] == 2 and counts[("dead_letter", "jms_to_channel")] == 1
+    assert sum(counts.values()) == 12
+
+
+def test_duplicates_counts_deliveries_and_transactions(ledger: DataFrame) -> None:
+    led = T.ledger(ledger)
+    dups = collect(T.duplicates(led, T.obligations(led, AS_OF, GRACE)))
+    assert [(r["dedupe_id"], r["deliveries"], r["distinct_gtrids"]) for r in dups] == [("dup", 2, 2)]
+    assert dups[0]["first_delivered_at"] < dups[0]["last_delivered_at"]
+
+
+def test_stuck_in_doubt_only_old_unresolved_transactions(ledger: DataFrame) -> None:
+    stuck = collect(T.stuck_in_doubt(T.ledger(ledger), AS_OF, GRACE))
+    assert [(r["gtrid"], r["items"]) for r in stuck] == [("g-doubt", 1)]
+    assert stuck[0]["age_s"] == pytest.approx((AS_OF - T0 - ms(2)).total_seconds())
+
+
+def test_dead_letters_by_reason(ledger: DataFrame) -> None:
+    got = {(r["failure_reason"], r["direction"]): r["dead_letters"]
+           for r in collect(T.dead_letters_by_reason(T.ledger(ledger)))}
+    assert got == {("mapping failed", "channel_to_jms"): 1, ("mapping failed", "jms_to_channel"): 1,
+                   ("header too large", "channel_to_jms"): 1}
+
+
+def test_latency_per_hop_and_end_to_end(spark: SparkSession) -> None:
+    # five deliveries whose dispatch hop takes 1..5 ms and everything else 1 ms; one with no broker hops
+    rows = [row(f"d{i}", "delivered", hops=(i, 1, 1, 1, 1), gtrid=f"g{i}") for i in range(1, 6)]
+    rows.append(row("short", "delivered", hops=(10, 1), gtrid="gs", direction="jms_to_channel"))
+    lat = T.hop_latencies(T.ledger(frame(spark, rows)))
+    pct = {(r["hop"], r["direction"]): r for r in collect(T.latency_percentiles(lat))}
+    assert pct[("dispatch", "channel_to_jms")]["samples"] == 5
+    assert pct[("dispatch", "channel_to_jms")]["p50_ms"] == 3.0
+    assert pct[("dispatch", "channel_to_jms")]["max_ms"] == 5.0
+    assert pct[("dispatch", "all")]["samples"] == 6 and pct[("dispatch", "all")]["max_ms"] == 10.0
+    assert ("decide", "jms_to_channel") not in pct  # no sample, no row
+    assert pct[("end_to_end", "jms_to_channel")]["p50_ms"] == 11.0  # accepted → last hop it has
+    assert pct[("end_to_end", "channel_to_jms")]["p999_ms"] == 9.0
+    hist = collect(T.latency_histogram(lat, bins_per_decade=1), "lo_ms")
+    assert [(round(r["lo_ms"]), round(r["hi_ms"]), r["samples"]) for r in hist] == [(1, 10, 5), (10, 100, 1)]
+
+
+def test_throughput_per_minute_by_destination(spark: SparkSession) -> None:
+    rows = [row(f"a{i}", "delivered", T0 + timedelta(seconds=20 * i), hops=(1, 1, 1, 1, 1)) for i in range(4)]
+    rows += [row("b", "delivered", T0, hops=(1, 1, 1, 1, 1), destination="queue/b"),
+             row("b", "accepted", T0, destination="queue/b")]
+    per_minute = T.throughput_per_minute(T.ledger(frame(spark, rows)))
+    got = [(r["minute"].minute, r["destination"], r["delivered"]) for r in collect(per_minute, "minute", "destination")]
+    assert got == [(0, "queue/a", 3), (0, "queue/b", 1), (1, "queue/a", 1)]
+    totals = collect(T.throughput_totals(per_minute), "minute")
+    assert [r["delivered"] for r in totals] == [4, 1]
+
+
+def test_every_transform_states_its_schema_and_runs_no_python(ledger: DataFrame) -> None:
+    led = T.ledger(ledger.withColumn("day", ledger["accepted_at"].cast("date")))  # extra columns are dropped
+    assert led.schema == T.LEDGER_SCHEMA
+    obl = T.obligations(led, AS_OF, GRACE)
+    lat = T.hop_latencies(led)
+    outputs = {
+        "obligations": obl, "status_counts": T.status_counts(obl), "lost": T.lost(obl),
+        "duplicates": T.duplicates(led, obl), "stuck": T.stuck_in_doubt(led, AS_OF, GRACE),
+        "dead": T.dead_letters_by_reason(led), "lat": lat, "pct": T.latency_percentiles(lat),
+        "hist": T.latency_histogram(lat), "tpm": T.throughput_per_minute(led),
+    }
+    assert outputs["pct"].columns == ["hop", "direction", "samples", "p50_ms", "p90_ms", "p99_ms", "p999_ms",
+                                      "max_ms"]
+    assert outputs["lost"].columns == ["dedupe_id", "direction", "channel_id", "bridge_id", "destination",
+                                       "accepted_at"]
+    for name, df in outputs.items():
+        plan = df._jdf.queryExecution().executedPlan().toString()
+        assert "Python" not in plan, f"{name} runs Python on executors:\n{plan}"

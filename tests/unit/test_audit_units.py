@@ -1,0 +1,104 @@
+"""The audit package without Spark or a database: generator, settings, CLI parsing, import hygiene."""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import subprocess
+import sys
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pytest
+
+from audit import LedgerError, UsageError
+from audit.cli import EXIT_USAGE, main, parse_time
+from audit.job import jdbc_options
+from audit.ledger import COLUMNS, Outcome, RetentionSettings, day_bounds, partition_name
+from audit.report import violations
+from audit.synth import SynthSpec, arrow_schema, generate, write_parquet
+
+
+def test_generator_is_deterministic_and_injects_exactly_what_it_reports(tmp_path: Path) -> None:
+    spec = SynthSpec(deliveries=500, seed=3, lost=4, duplicates=3, in_doubt=2, dead_letters=5)
+    table, truth = generate(spec)
+    again, truth2 = generate(spec)
+    assert table.equals(again) and truth == truth2
+    assert not generate(SynthSpec(deliveries=500, seed=4))[0].equals(generate(SynthSpec(deliveries=500))[0])
+    assert table.schema == arrow_schema() and table.column_names == list(COLUMNS)
+    assert table.num_rows == 2 * 500 - 4 + 3  # accepted + one closing row each, minus the lost, plus duplicates
+    assert (len(truth.lost), len(truth.duplicated), len(truth.in_doubt)) == (4, 3, 2)
+    assert sum(truth.dead_letters.values()) == 5
+    rows = table.to_pylist()
+    delivered: dict[str, int] = {}
+    for r in rows:
+        if r["outcome"] == Outcome.DELIVERED:
+            delivered[r["dedupe_id"]] = delivered.get(r["dedupe_id"], 0) + 1
+            assert r["accepted_at"] < r["dispatched_at"] < r["prepared_at"] < r["decided_at"] \
+                < r["broker_committed_at"] < r["acknowledged_at"]
+    assert {k for k, n in delivered.items() if n > 1} == truth.duplicated
+    assert not (truth.lost | truth.in_doubt) & set(delivered)
+    assert {r["gtrid"] for r in rows if r["outcome"] == "in_doubt"} == truth.in_doubt_gtrids
+    assert all(r["failure_reason"] for r in rows if r["outcome"] == "dead_letter")
+    assert pc.all(pc.greater_equal(table["entry_id"], 1)).as_py()
+    files = write_parquet(table, tmp_path)
+    assert [f.parent.name for f in files] == ["day=2026-01-01"]
+
+
+@pytest.mark.parametrize("kwargs", [{"deliveries": 0}, {"deliveries": 3, "lost": 2, "duplicates": 2},
+                                    {"deliveries": 3, "rate_per_s": 0},
+                                    {"deliveries": 3, "start": datetime(2026, 1, 1)}])
+def test_generator_refuses_impossible_specs(kwargs: dict[str, object]) -> None:
+    with pytest.raises(UsageError):
+        SynthSpec(**kwargs)  # type: ignore[arg-type]
+
+
+def test_partition_naming_and_retention_settings() -> None:
+    assert partition_name(date(2026, 3, 9)) == "nsjms_ledger_p20260309"
+    assert day_bounds(date(2026, 3, 9)) == (datetime(2026, 3, 9, tzinfo=UTC), datetime(2026, 3, 10, tzinfo=UTC))
+    with pytest.raises(UsageError):
+        RetentionSettings(retention_days=0)
+    with pytest.raises(UsageError):
+        RetentionSettings(ahead_days=-1)
+    err = pickle.loads(pickle.dumps(LedgerError("drop ledger partition x", "boom")))
+    assert (err.operation, str(err)) == ("drop ledger partition x", "drop ledger partition x: boom")
+
+
+def test_violations_only_beyond_the_limits() -> None:
+    assert violations(0, 0, 0, 0) == []
+    assert violations(1, 2, 0, 0) == ["1 lost (allowed 0)", "2 duplicated (allowed 0)"]
+    assert violations(1, 2, 1, 2) == []
+
+
+def test_times_without_zone_are_utc() -> None:
+    assert parse_time("2026-02-01") == datetime(2026, 2, 1, tzinfo=UTC)
+    assert parse_time("2026-02-01T10:00:00+02:00").utcoffset() == timedelta(hours=2)
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_time("yesterday")
+
+
+def test_jdbc_options_keep_credentials_out_of_the_url() -> None:
+    opts = jdbc_options("postgresql://nsjms:s3cret@127.0.0.1:5433/ledger?sslmode=require")
+    assert opts["url"] == "jdbc:postgresql://127.0.0.1:5433/ledger"
+    assert (opts["user"], opts["password"], opts["sslmode"]) == ("nsjms", "s3cret", "require")
+    with pytest.raises(UsageError):
+        jdbc_options("host=/var/run/postgresql dbname=x")
+
+
+def test_audit_usage_errors_exit_2_before_starting_spark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", "--out", str(tmp_path), "--parquet", str(tmp_path / "missing")]) == EXIT_USAGE
+    assert "is not a directory" in capsys.readouterr().err
+    assert main(["audit", "--out", str(tmp_path), "--source", "jdbc"]) == EXIT_USAGE
+    assert "needs a PostgreSQL DSN" in capsys.readouterr().err
+    assert main(["audit", "--out", str(tmp_path), "--parquet", str(tmp_path), "--from", "2026-02-02",
+                 "--to", "2026-02-01"]) == EXIT_USAGE
+
+
+def test_router_cli_does_not_import_the_audit_stack() -> None:
+    code = ("import sys, router.cli\n"
+            "router.cli._parser().parse_args(['audit', '--out', 'x'])\n"
+            "heavy = {'pyspark', 'pyarrow', 'matplotlib', 'tqdm', 'numpy', 'py4j'}\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]"
