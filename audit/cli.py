@@ -51,8 +51,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser | None = None) -> None
     led = sub.add_parser("ledger", parents=parents,
                          help="the delivery ledger: init, maintain partitions, export, generate")
     lsub = led.add_subparsers(dest="ledger_command", required=True)
-    init = lsub.add_parser("init", parents=parents, help="create the ledger table (schema v1) and its first partitions")
-    maint = lsub.add_parser("maintain", parents=parents, help="create the coming days' partitions, drop those past retention")
+    init = lsub.add_parser("init", parents=parents,
+                           help="create the ledger table (schema v1) and its first partitions")
+    maint = lsub.add_parser("maintain", parents=parents,
+                            help="create the coming days' partitions, drop those past retention")
     for p in (init, maint):
         _db_flags(p, not parents)
         p.add_argument("--retention-days", type=int, default=30)
@@ -80,7 +82,8 @@ def _generate_parser(lsub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def _audit_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    a = sub.add_parser("audit", parents=parents, help="reconcile the ledger on Spark: losses, duplicates, latency, throughput")
+    a = sub.add_parser("audit", parents=parents,
+                       help="reconcile the ledger on Spark: losses, duplicates, latency, throughput")
     _db_flags(a, not parents)
     a.add_argument("--from", dest="start", type=parse_time, default=None, help="accepted_at >= this (UTC)")
     a.add_argument("--to", dest="end", type=parse_time, default=None, help="accepted_at < this (UTC)")

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from enum import Enum
+from enum import StrEnum
 from functools import partial
 from importlib import resources
 from typing import Any, TypeVar
@@ -60,7 +60,7 @@ COLUMNS: tuple[str, ...] = (
 )
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """What a ledger row records (``outcome`` column)."""
 
     ACCEPTED = "accepted"        # nsjms took responsibility for the item
@@ -76,7 +76,7 @@ class Outcome(str, Enum):
         return self in (Outcome.DELIVERED, Outcome.DEAD_LETTER, Outcome.DISCARDED, Outcome.EXPIRED)
 
 
-class Direction(str, Enum):
+class Direction(StrEnum):
     CHANNEL_TO_JMS = "channel_to_jms"
     JMS_TO_CHANNEL = "jms_to_channel"
 

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXIT_AUDIT_VIOLATION", "EXIT_CODES", "EXIT_CONFIG", "EXIT_FAILURE", "EXIT_LOCKED", "EXIT_NOT_RUNNING", "EXIT_OK", "EXIT_REFUSED",
+__all__ = ["EXIT_AUDIT_VIOLATION", "EXIT_CODES", "EXIT_CONFIG", "EXIT_FAILURE", "EXIT_LOCKED", "EXIT_NOT_RUNNING",
+           "EXIT_OK", "EXIT_REFUSED",
            "EXIT_UNREACHABLE", "build_parser", "main"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_NOT_RUNNING = 0, 1, 2, 3

@@ -69,6 +69,7 @@ __all__ = [
     "make_push_consumer",
     "obtain_proxy_consumer",
     "obtain_proxy_supplier",
+    "persistent_qos",
     "prop",
     "short",
     "time_t",
@@ -118,6 +119,13 @@ def prop(name: str, value: Any) -> Any:
 def short(v: int) -> Any:
     """Any holding a CORBA short."""
     return CORBA.Any(CORBA.TC_short, v)
+
+
+def persistent_qos() -> list[Any]:
+    """QoS of a channel whose events and connections are Persistent: what a bridge to a JMS *queue* needs
+    (NJI Table 2-3 gives BestEffort no point-to-point counterpart)."""
+    return [prop("EventReliability", short(CosNotification.Persistent)),
+            prop("ConnectionReliability", short(CosNotification.Persistent))]
 
 
 def long_(v: int) -> Any:

@@ -32,9 +32,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import CosNotification
 import pytest
 import stomp
+
+import CosNotification
+
+from idl.generated import CosBridgeAdmin as BA
+from router.services import EmbeddedActiveMQ
+
 from bridgekit import JavaTool, bridge_factory, channel_ep, java_tool, jms_ep  # noqa: F401
 from conftest import NsjmsServer, free_port
 from stdclients import (
@@ -50,9 +55,6 @@ from stdclients import (
     short,
     wait_until,
 )
-
-from idl.generated import CosBridgeAdmin as BA
-from router.services import EmbeddedActiveMQ
 
 pytestmark = pytest.mark.integration
 
@@ -195,12 +197,9 @@ REFUSING_PLUGINS = """
 class RefusingBroker(EmbeddedActiveMQ):
     """A broker of this test whose authorization refuses anonymous writes to ``refused.*`` queues."""
 
-    def _write_instance(self) -> None:
-        super()._write_instance()
-        xml_path = self.root / "activemq.xml"
-        xml = xml_path.read_text()
+    def _write_instance(self, xml: str) -> None:
         assert "<plugins>" not in xml, "the embedded broker config has plugins already: merge them here"
-        xml_path.write_text(xml.replace("</broker>", REFUSING_PLUGINS + "    </broker>", 1))
+        super()._write_instance(xml.replace("</broker>", REFUSING_PLUGINS + "    </broker>", 1))
 
 
 @pytest.fixture

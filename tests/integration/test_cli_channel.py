@@ -15,7 +15,15 @@ import CosNotifyFilter
 from router.channelcli import _node_refusal
 
 from conftest import NsjmsServer
-from stdclients import Form, StructuredPushConsumer, Style, connect_push_consumer, obtain_proxy_supplier, wait_until
+from stdclients import (
+    Form,
+    StructuredPushConsumer,
+    Style,
+    connect_push_consumer,
+    obtain_proxy_supplier,
+    persistent_qos,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,7 +116,7 @@ def _short(v: int) -> Any:
 
 def test_bridge_state_is_the_same_in_bridge_list_and_status(nsjms_server: NsjmsServer, factory: Any) -> None:
     state = nsjms_server.state_dir
-    _, cid = factory.create_channel([], [])
+    _, cid = factory.create_channel(persistent_qos(), [])
     done = _cli(state, "bridge", "create", "--from", f"channel:{cid}", "--to", "queue:nsjms.test.cli.vocab",
                 "--no-start", "--json")
     assert done.returncode == 0, done.stderr
@@ -140,7 +148,7 @@ def test_node_found_from_any_directory_by_the_environment(nsjms_server: NsjmsSer
 def test_bridge_refusals_carry_the_reason(nsjms_server: NsjmsServer, factory: Any) -> None:
     """Issue 11: `bridge create --factory bogus` said only INVALID_JMSDESTINATION "(see the node log for why)"."""
     state = nsjms_server.state_dir
-    _, cid = factory.create_channel([], [])
+    _, cid = factory.create_channel(persistent_qos(), [])
     bogus = _cli(state, "bridge", "create", "--from", f"channel:{cid}", "--to", "queue:nsjms.test.cli.bogus",
                  "--factory", "bogus")
     assert bogus.returncode == 4, bogus.stdout + bogus.stderr
@@ -153,7 +161,7 @@ def test_bridge_refusals_carry_the_reason(nsjms_server: NsjmsServer, factory: An
 def test_a_bridge_whose_channel_is_gone_is_named_and_can_be_destroyed(nsjms_server: NsjmsServer,
                                                                      factory: Any) -> None:
     state = nsjms_server.state_dir
-    channel, cid = factory.create_channel([], [])
+    channel, cid = factory.create_channel(persistent_qos(), [])
     done = _cli(state, "bridge", "create", "--from", f"channel:{cid}", "--to", "queue:nsjms.test.cli.gone", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     bid = json.loads(done.stdout)["id"]

@@ -34,7 +34,7 @@ from router.services import EmbeddedActiveMQ, EmbeddedPostgres, _pid_alive, free
 
 from bridgekit import JavaTool, java_tool  # noqa: F401  (java_tool is a fixture)
 from conftest import ClientOrb
-from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, wait_until
+from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, persistent_qos, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -301,7 +301,7 @@ def test_embedded_broker_dead_letters_a_nacked_non_persistent_message(embedded_n
 # ------------------------------------------------------------------------------------------- 4. supervision
 def _bridge_to_queue(node: EmbeddedNode, client_orb: ClientOrb) -> tuple[PushSupplierClient, str]:
     factory = client_orb.factory(node.endpoints()["event_channel_factory"]["ior"])
-    channel, cid = factory.create_channel([], [])
+    channel, cid = factory.create_channel(persistent_qos(), [])
     dest = f"nsjms.lifecycle.bridge.{uuid.uuid4().hex[:8]}"
     done = node.run_cli("bridge", "--state-dir", str(node.state_dir), "create", "--from", f"channel:{cid}",
                         "--to", f"queue:{dest}")
