@@ -97,7 +97,7 @@ def test_audit_usage_errors_exit_2_before_starting_spark(tmp_path: Path, capsys:
 
 def test_router_cli_does_not_import_the_audit_stack() -> None:
     code = ("import sys, router.cli\n"
-            "router.cli._parser().parse_args(['audit', '--out', 'x'])\n"
+            "router.cli.build_parser().parse_args(['audit', '--out', 'x'])\n"
             "heavy = {'pyspark', 'pyarrow', 'matplotlib', 'tqdm', 'numpy', 'py4j'}\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))\n")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
