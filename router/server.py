@@ -114,6 +114,7 @@ class Node:
         from router.lifecycle import StateLock
 
         os.umask(0o077)  # every file this process or its services create is private
+        self._install_stop_signals()  # before endpoints.json says "ready": a SIGTERM from then on stops cleanly
         self.s.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock = StateLock(self.s.state_dir)
         lock.acquire()
@@ -312,10 +313,14 @@ class Node:
         self.runtime.spawn("status", self._status_loop)
         log.info("nsjms node %s ready: %s", self.s.node_id, path)
 
+    def _install_stop_signals(self) -> None:
+        """SIGTERM/SIGINT end :meth:`wait` (only the main thread may set handlers; elsewhere call :meth:`stop`)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self._stopped.set())
+
     def wait(self) -> None:
-        """Block until SIGTERM/SIGINT (main thread) or :meth:`stop`."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self._stopped.set())
+        """Block until SIGTERM/SIGINT (handlers installed by :meth:`start`) or :meth:`stop`."""
         while not self._stopped.wait(0.5):
             pass
 

@@ -234,3 +234,26 @@ def test_stop_services_command_reports_an_unreadable_state_dir(tmp_path: Path, m
     monkeypatch.setenv("SERVICE_RESULT", "signal")  # a crash: nothing is touched, not even looked at
     assert main(["stop-services", "--state-dir", str(tmp_path), "--unless-restarting"]) == 0
     assert "keep running for it" in capsys.readouterr().out
+
+
+def test_sigterm_handler_is_in_place_before_the_node_says_it_is_ready(
+        tmp_path: Path, rec: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM right after endpoints.json appeared killed the process with the default action (exit -15):
+    ``wait()`` installed the handlers only after ``_publish``."""
+    import signal
+
+    seen: list[Any] = []
+    monkeypatch.setattr(lifecycle, "probe_postgres", lambda dsn, t: None)
+    monkeypatch.setattr(Node, "_start_channel", lambda self: None)
+    monkeypatch.setattr(Node, "_publish", lambda self: seen.append(signal.getsignal(signal.SIGTERM)))
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    node = Node(settings(tmp_path))
+    try:
+        node.start()
+        assert seen and seen[0] not in (signal.SIG_DFL, signal.SIG_IGN, None), "no SIGTERM handler at publish time"
+        seen[0](signal.SIGTERM, None)
+        node.wait()  # returns: the signal asked the node to stop
+    finally:
+        node.stop()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
