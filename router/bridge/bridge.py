@@ -355,12 +355,10 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         self.channel_ok = True
 
     def _resume_proxy_now(self, servant: Any, proxy: Any) -> None:
-        """At start: resume a suspended (stopped bridge) or Ack-stopped proxy until it is neither (an Ack proxy's
-        ``resume_connection`` clears the stopped state first and may leave it suspended)."""
-        for _ in range(3):
-            stopped = getattr(getattr(servant, "ack", None), "stopped", "")
-            if not (stopped or getattr(servant, "suspended", False)):
-                return
+        """At start: resume a suspended (stopped bridge) or Ack-stopped proxy (one ``resume_connection`` clears
+        both)."""
+        stopped = getattr(getattr(servant, "ack", None), "stopped", "")
+        if stopped or getattr(servant, "suspended", False):
             proxy.resume_connection()
 
     def _ack_proxy(self, proxy: Any) -> Any:
