@@ -43,7 +43,7 @@ from router.bridge.supervisor import Supervised
 from router.bridge.store import BridgeRow, BridgeStore
 from router.jms.model import Destination
 from router.jms.transport import ConnectionState, Transport, TransportError
-from router.mapping import event_to_jms, jms_to_event
+from router.mapping import ChannelTimeSupport, event_to_jms, map_message
 
 __all__ = ["BridgeFactoryImpl", "BridgeImpl", "BrokerSettings", "BRIDGE_FACTORY_KEY"]
 
@@ -185,6 +185,7 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         self._wake = threading.Event()          # set by callbacks and failures: the supervisor has work
         self._supervising = False
         self._warned_best_effort = False
+        self.times = ChannelTimeSupport()      # what the proxy consumer accepts per event (_time_support)
         self.tx_events = int(row.settings.get("tx_events", 0))
         self.tx_timeout = int(row.settings.get("tx_timeout", 0))
         self._tx_started = 0.0
@@ -228,8 +229,12 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
     def _to_event(self, msg: Any) -> Any:
         """NJI 2.4.1 mapping; into a BestEffort channel the EventReliability header is left out, because the
         channel would refuse Persistent events (NS 2.5.5.1) and JMS producers send PERSISTENT by default. Such a
-        bridge is at-most-once across a node crash; docs/bridge.md says so, and the first occurrence is logged."""
-        event = jms_to_event(msg)
+        bridge is at-most-once across a node crash; docs/bridge.md says so, and the first occurrence is logged.
+        StopTime/StartTime are kept only when the proxy consumer supports them (:meth:`_time_support`)."""
+        mapped = map_message(msg, times=self._time_support())
+        for note in mapped.notes:
+            log.info("bridge %d: message %s: %s", self.id, msg.message_id, note)
+        event = mapped.event
         if self._connection_persistent():
             return event
         header = event.header.variable_header
@@ -241,6 +246,18 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
                             self.id, self.channel_spec.channel_id)
             event.header.variable_header = kept
         return event
+
+    def _time_support(self) -> ChannelTimeSupport:
+        """StopTimeSupported/StartTimeSupported of the bridge's proxy consumer, read for each message from the QoS
+        the channel checks the event against (its ``get_qos``), so a ``set_qos`` takes effect at once; the last
+        value read when the proxy cannot be reached (the channel refuses the event then anyway)."""
+        try:
+            qos = self._proxy_servant().qos
+        except CORBA.Exception:
+            return self.times
+        flags = (CosNotification.StopTimeSupported, CosNotification.StartTimeSupported)
+        self.times = ChannelTimeSupport.from_qos({name: qos.get(name) for name in flags})
+        return self.times
 
     def _proxy_qos(self, name: str, default: int) -> int:
         """QoS ``name`` as the bridge's proxy sees it: the proxy's own, else its admin's, else the channel's (the
