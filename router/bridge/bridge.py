@@ -575,9 +575,7 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
 
     def active(self) -> bool:
         """NJI 2.3: the AND of the proxy connection and the JMS connection, while started."""
-        transport = self.transport
-        broker_up = transport is not None and transport.is_connected()
-        return self.running() and self.channel_ok and broker_up
+        return self.inactive_reason() is None
 
     def destroy(self) -> None:
         with self._lock:
@@ -621,14 +619,35 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
             except CORBA.Exception as exc:
                 log.warning("bridge %d: releasing its admin: %s", self.id, exc)
 
+    def inactive_reason(self) -> str | None:
+        """Why the bridge is not Active (NJI 2.3), first cause first; None when it is Active. One of
+        ``channel gone`` (its channel was destroyed: it cannot work again), ``stopped`` (administratively),
+        ``broker down`` (the JMS connection is lost; the bridge reconnects) and ``channel not connected``."""
+        if self.factory.channels.channels.get(self.channel_spec.channel_id) is None:
+            return "channel gone"
+        if not self.running():
+            return "stopped"
+        transport = self.transport
+        if transport is None or not transport.is_connected():
+            return "broker down"
+        if not self.channel_ok:
+            return "channel not connected"
+        return None
+
     def status(self) -> dict[str, Any]:
+        """The node snapshot's row: ``state`` (``active``/``inactive``, NJI 2.3), ``started`` (administrative),
+        ``channel_id`` and ``reason`` (:meth:`inactive_reason`, None when active); counters. ``router.bridgecli
+        .bridge_state`` renders it for ``bridge list`` and ``status``."""
+        reason = self.inactive_reason()
         return {
             "id": self.id,
             "source": self.source.describe(),
             "sink": self.sink.describe(),
-            "state": "active" if self.active() else ("inactive" if self.started else self.row.state),
-            "started": self.started,
-            "active": self.active(),
+            "state": "active" if reason is None else "inactive",
+            "reason": reason,
+            "started": self.running(),
+            "channel_id": self.channel_spec.channel_id,
+            "active": reason is None,
             "channel_connected": self.channel_ok,
             "broker": self.broker_state.value,
             "forwarded": (self.flow_out.forwarded if self.flow_out else 0)
