@@ -121,6 +121,7 @@ def _precheck(args: argparse.Namespace, BA: Any,
     name the reason of a refusal: the IDL's ``InvalidExternalEndPoints`` carries only the role and the code.
 
     Returns the reasons by (role, code) and the ``ExternalEndpointError`` values the node would raise."""
+    import CosNotification
     import CosNotifyChannelAdmin
 
     from router.bridge.endpoints import check_pair, from_idl
@@ -129,8 +130,18 @@ def _precheck(args: argparse.Namespace, BA: Any,
     snk_kind, snk = parse_endpoint(args.sink, "--to")
     ecf = channel_factory._narrow(CosNotifyChannelAdmin.EventChannelFactory)
     existing = set(ecf.get_all_channels())
+
+    def persistent(cid: int) -> bool:
+        """NJI Table 2-3 (a queue needs a Persistent channel), from the channel's ConnectionReliability."""
+        try:
+            qos = {p.name: p.value.value() for p in ecf.get_event_channel(cid).get_qos()}
+        except CosNotifyChannelAdmin.ChannelNotFound:
+            return True                 # reported as INVALID_CHANNELID
+        return bool(qos.get("ConnectionReliability") == CosNotification.Persistent)
+
     problems = check_pair(from_idl(_endpoint(BA, "SOURCE", src_kind, src, args)),
-                          from_idl(_endpoint(BA, "SINK", snk_kind, snk, args)), lambda cid: cid in existing)
+                          from_idl(_endpoint(BA, "SINK", snk_kind, snk, args)), lambda cid: cid in existing,
+                          persistent)
     reasons = {(p.role, p.code): p.reason for p in problems}
     return reasons, [BA.ExternalEndpointError(getattr(BA, p.role), getattr(BA, p.code)) for p in problems]
 

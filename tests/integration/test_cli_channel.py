@@ -106,9 +106,15 @@ def _short(v: int) -> Any:
     return CORBA.Any(CORBA.TC_short, v)
 
 
+def _persistent_qos() -> list[Any]:
+    """A queue bridge needs a Persistent channel (NJI Table 2-3)."""
+    return [CosNotification.Property(name, _short(CosNotification.Persistent))
+            for name in ("EventReliability", "ConnectionReliability")]
+
+
 def test_bridge_state_is_the_same_in_bridge_list_and_status(nsjms_server: NsjmsServer, factory: Any) -> None:
     state = nsjms_server.state_dir
-    _, cid = factory.create_channel([], [])
+    _, cid = factory.create_channel(_persistent_qos(), [])
     done = _cli(state, "bridge", "create", "--from", f"channel:{cid}", "--to", "queue:nsjms.test.cli.vocab",
                 "--no-start", "--json")
     assert done.returncode == 0, done.stderr
@@ -147,13 +153,17 @@ def test_bridge_refusals_carry_the_reason(nsjms_server: NsjmsServer, factory: An
     assert "INVALID_JMSDESTINATION: unknown connection factory profile 'bogus'" in bogus.stdout, bogus.stdout
     gone = _cli(state, "bridge", "create", "--from", "channel:99999", "--to", "queue:nsjms.test.cli.bogus")
     assert gone.returncode == 4 and "INVALID_CHANNELID: no event channel with id 99999" in gone.stdout, gone.stdout
+    best_effort = _cli(state, "bridge", "create", "--from", f"channel:{cid}", "--to", "queue:nsjms.test.cli.be")
+    assert best_effort.returncode == 4, best_effort.stdout + best_effort.stderr
+    assert "INVALID_JMSDESTINATION: queue nsjms.test.cli.be with channel" in best_effort.stdout, best_effort.stdout
+    assert "ConnectionReliability is BestEffort" in best_effort.stdout, best_effort.stdout
     assert "no bridges" in _cli(state, "bridge", "list").stdout
 
 
 def test_a_bridge_whose_channel_is_gone_is_named_and_can_be_destroyed(nsjms_server: NsjmsServer,
                                                                      factory: Any) -> None:
     state = nsjms_server.state_dir
-    channel, cid = factory.create_channel([], [])
+    channel, cid = factory.create_channel(_persistent_qos(), [])
     done = _cli(state, "bridge", "create", "--from", f"channel:{cid}", "--to", "queue:nsjms.test.cli.gone", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     bid = json.loads(done.stdout)["id"]
