@@ -59,7 +59,8 @@ class BrokerSettings:
     login: str = ""
     passcode: str = field(default="", repr=False)
     dead_letter: Destination = F.DEFAULT_DLQ
-    max_event_bytes: int = F.MAX_EVENT_BYTES      # JMS → channel: larger events are dead-lettered (flows.py)
+    max_event_bytes: int = F.MAX_EVENT_BYTES      # node.max_event_bytes: larger JMS → channel events (and bodies)
+                                                  # are dead-lettered (flows.py)
 
 
 def _invalid(problems: list[Problem]) -> BA.InvalidExternalEndPoints:
@@ -231,7 +232,7 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         channel would refuse Persistent events (NS 2.5.5.1) and JMS producers send PERSISTENT by default. Such a
         bridge is at-most-once across a node crash; docs/bridge.md says so, and the first occurrence is logged.
         StopTime/StartTime are kept only when the proxy consumer supports them (:meth:`_time_support`)."""
-        mapped = map_message(msg, times=self._time_support())
+        mapped = map_message(msg, times=self._time_support(), max_body_bytes=self.factory.broker.max_event_bytes)
         for note in mapped.notes:
             log.info("bridge %d: message %s: %s", self.id, msg.message_id, note)
         event = mapped.event
