@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import CosNotification
 import pytest
 import stomp
+from omniORB import CORBA
 from bridgekit import JavaTool, java_tool  # noqa: F401  (java_tool is a fixture)
 from conftest import ClientOrb
 from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, wait_until
@@ -298,7 +300,9 @@ def test_embedded_broker_dead_letters_a_nacked_non_persistent_message(embedded_n
 # ------------------------------------------------------------------------------------------- 4. supervision
 def _bridge_to_queue(node: EmbeddedNode, client_orb: ClientOrb) -> tuple[PushSupplierClient, str]:
     factory = client_orb.factory(node.endpoints()["event_channel_factory"]["ior"])
-    channel, cid = factory.create_channel([], [])
+    persistent = CORBA.Any(CORBA.TC_short, CosNotification.Persistent)   # a queue bridge needs it (NJI Table 2-3)
+    channel, cid = factory.create_channel([CosNotification.Property(name, persistent)
+                                           for name in ("EventReliability", "ConnectionReliability")], [])
     dest = f"nsjms.lifecycle.bridge.{uuid.uuid4().hex[:8]}"
     done = node.run_cli("bridge", "--state-dir", str(node.state_dir), "create", "--from", f"channel:{cid}",
                         "--to", f"queue:{dest}")
