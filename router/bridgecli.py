@@ -15,27 +15,41 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STATES", "UsageError", "add_parser", "bridge_state", "parse_endpoint", "run"]
+__all__ = ["REASONS", "STATES", "UsageError", "add_parser", "bridge_state", "parse_endpoint", "run"]
 
 #: The one vocabulary for a bridge's state (``bridge list``, ``status``, docs): NJI 2.3 Active/Inactive, and for
-#: an inactive bridge the reason.
+#: an inactive bridge the reason, from the node's snapshot fields ``state``, ``started``, ``reason``, ``channel_id``.
 STATES = {
     "active": "started, and both its channel and broker connections are up: events flow",
-    "inactive": "not flowing; the reason follows: 'stopped' (never started or stopped; `bridge start ID`) or "
-                "'started, reconnecting' (a connection is down; the bridge reconnects by itself)",
+    "inactive": "not flowing; the reason follows: 'stopped' (never started or stopped; `bridge start ID`), "
+                "'started, broker down; reconnecting' or 'started, channel not connected; reconnecting' (the bridge "
+                "reconnects by itself) or 'channel N no longer exists: destroy this bridge'",
+}
+
+#: ``reason`` values of the node's snapshot (``BridgeImpl.inactive_reason``) as shown after ``[inactive]``.
+REASONS = {
+    "stopped": "stopped",
+    "broker down": "started, broker down; reconnecting",
+    "channel not connected": "started, channel not connected; reconnecting",
 }
 
 
-def bridge_state(started: bool | None, active: bool, missing_channel: int | None = None) -> str:
-    """``[active]``, ``[inactive] stopped``, ``[inactive] started, reconnecting`` (``started`` None: unknown);
-    a bridge whose channel was destroyed says so: it cannot work again and should be destroyed."""
-    if active:
+def bridge_state(row: dict[str, Any], missing_channel: int | None = None) -> str:
+    """``[active]`` or ``[inactive] REASON`` for one bridge from the node's snapshot row (``state``, ``started``,
+    ``reason``, ``channel_id``); ``missing_channel``: a channel the caller found gone (fresher than the snapshot).
+    Without a snapshot row only the administrative state is known: ``[inactive] stopped`` or ``[unknown] started``."""
+    reason = row.get("reason")
+    if missing_channel is not None or reason == "channel gone":
+        cid = missing_channel if missing_channel is not None else row.get("channel_id")
+        return f"[inactive] channel {cid} no longer exists: destroy this bridge"
+    state = row.get("state")
+    if state == "active":
         return "[active]"
-    if missing_channel is not None:
-        return f"[inactive] channel {missing_channel} no longer exists: destroy this bridge"
-    if started is None:
-        return "[inactive]"
-    return "[inactive] started, reconnecting" if started else "[inactive] stopped"
+    if state == "inactive":
+        return f"[inactive] {REASONS.get(str(reason), str(reason or 'unknown reason'))}"
+    if row.get("started") is False:
+        return "[inactive] stopped"
+    return "[unknown] started; not yet in the node's status snapshot (written every 2 s)"
 
 
 def _channel_of(ep: Any) -> int | None:
@@ -107,6 +121,7 @@ def _precheck(args: argparse.Namespace, BA: Any,
     name the reason of a refusal: the IDL's ``InvalidExternalEndPoints`` carries only the role and the code.
 
     Returns the reasons by (role, code) and the ``ExternalEndpointError`` values the node would raise."""
+    import CosNotification
     import CosNotifyChannelAdmin
 
     from router.bridge.endpoints import check_pair, from_idl
@@ -115,8 +130,18 @@ def _precheck(args: argparse.Namespace, BA: Any,
     snk_kind, snk = parse_endpoint(args.sink, "--to")
     ecf = channel_factory._narrow(CosNotifyChannelAdmin.EventChannelFactory)
     existing = set(ecf.get_all_channels())
+
+    def persistent(cid: int) -> bool:
+        """NJI Table 2-3 (a queue needs a Persistent channel), from the channel's ConnectionReliability."""
+        try:
+            qos = {p.name: p.value.value() for p in ecf.get_event_channel(cid).get_qos()}
+        except CosNotifyChannelAdmin.ChannelNotFound:
+            return True                 # reported as INVALID_CHANNELID
+        return bool(qos.get("ConnectionReliability") == CosNotification.Persistent)
+
     problems = check_pair(from_idl(_endpoint(BA, "SOURCE", src_kind, src, args)),
-                          from_idl(_endpoint(BA, "SINK", snk_kind, snk, args)), lambda cid: cid in existing)
+                          from_idl(_endpoint(BA, "SINK", snk_kind, snk, args)), lambda cid: cid in existing,
+                          persistent)
     reasons = {(p.role, p.code): p.reason for p in problems}
     return reasons, [BA.ExternalEndpointError(getattr(BA, p.role), getattr(BA, p.code)) for p in problems]
 
@@ -195,13 +220,17 @@ def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, 
         rows = []
         for bid in factory.get_all_bridges():
             bridge = factory.get_bridge_with_id(bid)._narrow(NsjmsAdmin.ManagedBridge)
-            active = bridge.get_status() == NsjmsAdmin.started  # NJI 2.3: started AND both connections up
-            snap = snapshot.get(bid, {})
-            started = snap.get("started")
+            started = bridge.get_status() == NsjmsAdmin.started  # administrative (not NJI 2.3 Active)
             receiver, sender = bridge._get_end_point_receiver(), bridge._get_end_point_sender()
             channel = next(c for c in (_channel_of(receiver), _channel_of(sender), -1) if c is not None)
-            rows.append({"id": bid, "source": _describe(receiver), "sink": _describe(sender),
-                         "state": "active" if active else "inactive", "started": True if active else started,
+            snap = snapshot.get(bid, {})
+            # the node's snapshot says whether it is Active and why not; if it is older than a start/stop just
+            # made, the administrative state from the node (asked now) wins
+            fresh = snap.get("started") == started
+            state = snap.get("state") if fresh else ("inactive" if not started else None)
+            reason = snap.get("reason") if fresh else ("stopped" if not started else None)
+            rows.append({"id": bid, "source": _describe(receiver), "sink": _describe(sender), "state": state,
+                         "started": started, "reason": reason, "channel_id": channel,
                          "channel_exists": channel in getattr(args, "existing_channels", {channel}),
                          "last_error": snap.get("last_error")})
         if as_json:
@@ -210,8 +239,7 @@ def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, 
             out("no bridges")
         for r in [] if as_json else rows:
             missing = None if r["channel_exists"] else _channel_id(r)
-            state = bridge_state(r["started"], r["state"] == "active", missing)
-            out(f"bridge {r['id']}: {r['source']} -> {r['sink']}  {state}")
+            out(f"bridge {r['id']}: {r['source']} -> {r['sink']}  {bridge_state(r, missing)}")
             if r["last_error"] and r["state"] != "active":
                 out(f"  last error: {r['last_error']}")
         return 0

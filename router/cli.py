@@ -114,6 +114,8 @@ def _config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pg-dsn", default=None, metavar="DSN",
                    help="PostgreSQL DSN (default: embedded cluster); prefer NSJMS_POSTGRES_DSN for DSNs with passwords")
     p.add_argument("--broker-url", default=None, metavar="URL", help="STOMP broker URL (default: embedded ActiveMQ)")
+    p.add_argument("--max-event-bytes", type=int, default=None, metavar="BYTES",
+                   help="largest event the node accepts, CDR-encoded (node.max_event_bytes; default 8 MiB)")
     p.add_argument("--log-level", default=None, metavar="LEVEL",
                    help="DEBUG, INFO, WARNING, ERROR or CRITICAL (node.log_level; default INFO)")
 
@@ -147,6 +149,7 @@ def _load(args: argparse.Namespace) -> Any:
         "node.state_dir": _state_dir_override(args),
         "node.node_id": getattr(args, "node_id", None),
         "node.log_level": getattr(args, "log_level", None),
+        "node.max_event_bytes": getattr(args, "max_event_bytes", None),
         "orb.host": getattr(args, "orb_host", None),
         "orb.port": getattr(args, "orb_port", None),
         "postgres.dsn": getattr(args, "pg_dsn", None),
@@ -174,6 +177,7 @@ def _settings(cfg: Any) -> Any:
         pg_connect_timeout_s=float(cfg.postgres.connect_timeout_s),
         broker_connect_timeout_s=float(cfg.broker.connect_timeout_s),
         node_id=cfg.node.node_id,
+        max_event_bytes=cfg.node.max_event_bytes,
     )
 
 

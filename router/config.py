@@ -35,6 +35,7 @@ from psycopg.conninfo import conninfo_to_dict
 __all__ = [
     "BROKER_SCHEMES",
     "CONFIG_ENV",
+    "DEFAULT_MAX_EVENT_BYTES",
     "ENV_PREFIX",
     "BrokerConfig",
     "Config",
@@ -48,6 +49,10 @@ __all__ = [
 ]
 
 ENV_PREFIX = "NSJMS_"
+#: ``node.max_event_bytes``: the one event size limit of a node (CDR-encoded StructuredEvent), see NodeConfig.
+DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
+MIN_MAX_EVENT_BYTES = 64 * 1024
+MAX_MAX_EVENT_BYTES = 256 * 1024 * 1024     # the ORB's giopMaxMsgSize (2x + 1 MiB) stays well below 4 GiB
 CONFIG_ENV = "NSJMS_CONFIG"  # path of the TOML file when none is given explicitly
 REDACTED = "***"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -116,6 +121,10 @@ class NodeConfig:
     state_dir: Path = Path("./.nsjms")
     node_id: str = "node1"
     log_level: str = "INFO"
+    #: The largest event the node handles, in bytes of its CDR encoding: the channel refuses a larger push
+    #: (IMP_LIMIT), the ORB's giopMaxMsgSize is derived from it, a JMS -> channel bridge dead-letters a message
+    #: whose event (or body) is larger. docs/configuration.md.
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
 
 
 @dataclass(frozen=True)
@@ -335,7 +344,8 @@ def _exporter(raw: Any, textual: bool) -> str:
 
 
 _SCHEMA: dict[str, dict[str, _Key]] = {
-    "node": {"state_dir": _Key(_path), "node_id": _Key(_node_id), "log_level": _Key(_log_level)},
+    "node": {"state_dir": _Key(_path), "node_id": _Key(_node_id), "log_level": _Key(_log_level),
+             "max_event_bytes": _Key(_integer(MIN_MAX_EVENT_BYTES, MAX_MAX_EVENT_BYTES))},
     "orb": {"host": _Key(_host), "port": _Key(_PORT), "max_threads": _Key(_integer(1, 4096))},
     "postgres": {
         "dsn": _Key(_dsn, has_credentials=True),

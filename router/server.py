@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from router.config import DEFAULT_MAX_EVENT_BYTES
+
 __all__ = ["Node", "NodeSettings", "stop_services", "write_endpoints"]
 
 log = logging.getLogger("nsjms.server")
@@ -57,6 +59,7 @@ class NodeSettings:
     broker_connect_timeout_s: float = 10.0
     watch_interval_s: float = 2.0
     node_id: str = "node1"
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES   # node.max_event_bytes: channel, ORB, bridge, mapping
     extra_orb_args: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -73,7 +76,7 @@ def orb_args(s: NodeSettings) -> list[str]:
         "-ORBnativeCharCodeSet", "UTF-8",  # IDL strings carry any Unicode text (JMS text bodies)
         # Above the channel's event size limit: a larger event reaches the servant, which refuses it with
         # IMP_LIMIT (docs/channel.md), and whatever the channel accepted fits in its own outgoing messages.
-        "-ORBgiopMaxMsgSize", str(giop_max_msg_size()),
+        "-ORBgiopMaxMsgSize", str(giop_max_msg_size(s.max_event_bytes)),
         *s.extra_orb_args,
     ]
 
@@ -210,7 +213,7 @@ class Node:
         self.orb = CORBA.ORB_init(orb_args(self.s), CORBA.ORB_ID)
         self.store = Store(self.pg_dsn, self.s.pg_pool_size)
         self.store.open()
-        self.runtime = Runtime(self.orb, self.store)
+        self.runtime = Runtime(self.orb, self.store, max_event_bytes=self.s.max_event_bytes)
         self.runtime.start_reaper()
         self.factory = EventChannelFactoryImpl(self.runtime)
         self.factory.activate()
@@ -224,7 +227,7 @@ class Node:
         self.bridges.resume()
 
     def _build_bridges(self) -> None:
-        from router.bridge.bridge import BridgeFactoryImpl, BrokerSettings
+        from router.bridge.bridge import BridgeFactoryImpl
         from router.bridge.codec import MappingCodec
         from router.bridge.store import BridgeStore
         from router.jms.transport import open_transport
@@ -234,10 +237,18 @@ class Node:
 
         self.bridge_store = BridgeStore(self.pg_dsn)
         self.bridge_store.open()
-        broker = BrokerSettings(self.broker_url, self.broker_login, self.broker_passcode)
-        self.bridges = BridgeFactoryImpl(self.factory, self.bridge_store, broker, transport, self.s.node_id)
+        self.bridges = BridgeFactoryImpl(self.factory, self.bridge_store, self.broker_settings(), transport,
+                                         self.s.node_id)
         self.bridges.activate()
         self.bridges.restore()
+
+    def broker_settings(self) -> Any:
+        """The bridges' BrokerSettings: the broker, and the node's one event size limit (``node.max_event_bytes``)
+        for JMS -> channel events and message bodies."""
+        from router.bridge.bridge import BrokerSettings
+
+        return BrokerSettings(self.broker_url, self.broker_login, self.broker_passcode,
+                              max_event_bytes=self.s.max_event_bytes)
 
     def endpoints(self) -> dict[str, Any]:
         from router.config import redact_dsn

@@ -63,7 +63,10 @@ def render_service(name: str, svc: dict[str, Any]) -> str:
 
 
 def _missing_channel(bridge: dict[str, Any], channel_ids: list[int]) -> int | None:
-    """The channel id of a bridge endpoint (``"PUSH structured_event channel 3"``) that no longer exists."""
+    """The bridge's channel (``channel_id``, else from an endpoint ``"PUSH structured_event channel 3"``) when it no
+    longer exists."""
+    if isinstance(bridge.get("channel_id"), int):
+        return None if bridge["channel_id"] in channel_ids else int(bridge["channel_id"])
     for text in (bridge.get("source", ""), bridge.get("sink", "")):
         m = re.search(r"\bchannel (\d+)$", str(text))
         if m and int(m.group(1)) not in channel_ids:
@@ -110,7 +113,7 @@ def render(report: dict[str, Any]) -> str:
     from router.bridgecli import bridge_state
 
     for b in snap.get("bridges", []):
-        state = bridge_state(b.get("started"), b.get("state") == "active", _missing_channel(b, report["channel_ids"]))
+        state = bridge_state(b, _missing_channel(b, report["channel_ids"]))
         lines.append(f"bridge {b['id']}: {b['source']} -> {b['sink']}  {state};  broker {b['broker']}, "
                      f"channel {'connected' if b['channel_connected'] else 'not connected'}, "
                      f"forwarded {b['forwarded']}, dead-lettered {b['dead_lettered']}, "

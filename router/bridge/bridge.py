@@ -43,7 +43,7 @@ from router.bridge.supervisor import Supervised
 from router.bridge.store import BridgeRow, BridgeStore
 from router.jms.model import Destination
 from router.jms.transport import ConnectionState, Transport, TransportError
-from router.mapping import event_to_jms, jms_to_event
+from router.mapping import ChannelTimeSupport, event_to_jms, map_message
 
 __all__ = ["BridgeFactoryImpl", "BridgeImpl", "BrokerSettings", "BRIDGE_FACTORY_KEY"]
 
@@ -59,7 +59,8 @@ class BrokerSettings:
     login: str = ""
     passcode: str = field(default="", repr=False)
     dead_letter: Destination = F.DEFAULT_DLQ
-    max_event_bytes: int = F.MAX_EVENT_BYTES      # JMS → channel: larger events are dead-lettered (flows.py)
+    max_event_bytes: int = F.MAX_EVENT_BYTES      # node.max_event_bytes: larger JMS → channel events (and bodies)
+                                                  # are dead-lettered (flows.py)
 
 
 def _invalid(problems: list[Problem]) -> BA.InvalidExternalEndPoints:
@@ -185,6 +186,7 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         self._wake = threading.Event()          # set by callbacks and failures: the supervisor has work
         self._supervising = False
         self._warned_best_effort = False
+        self.times = ChannelTimeSupport()      # what the proxy consumer accepts per event (_time_support)
         self.tx_events = int(row.settings.get("tx_events", 0))
         self.tx_timeout = int(row.settings.get("tx_timeout", 0))
         self._tx_started = 0.0
@@ -228,8 +230,12 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
     def _to_event(self, msg: Any) -> Any:
         """NJI 2.4.1 mapping; into a BestEffort channel the EventReliability header is left out, because the
         channel would refuse Persistent events (NS 2.5.5.1) and JMS producers send PERSISTENT by default. Such a
-        bridge is at-most-once across a node crash; docs/bridge.md says so, and the first occurrence is logged."""
-        event = jms_to_event(msg)
+        bridge is at-most-once across a node crash; docs/bridge.md says so, and the first occurrence is logged.
+        StopTime/StartTime are kept only when the proxy consumer supports them (:meth:`_time_support`)."""
+        mapped = map_message(msg, times=self._time_support(), max_body_bytes=self.factory.broker.max_event_bytes)
+        for note in mapped.notes:
+            log.info("bridge %d: message %s: %s", self.id, msg.message_id, note)
+        event = mapped.event
         if self._connection_persistent():
             return event
         header = event.header.variable_header
@@ -241,6 +247,18 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
                             self.id, self.channel_spec.channel_id)
             event.header.variable_header = kept
         return event
+
+    def _time_support(self) -> ChannelTimeSupport:
+        """StopTimeSupported/StartTimeSupported of the bridge's proxy consumer, read for each message from the QoS
+        the channel checks the event against (its ``get_qos``), so a ``set_qos`` takes effect at once; the last
+        value read when the proxy cannot be reached (the channel refuses the event then anyway)."""
+        try:
+            qos = self._proxy_servant().qos
+        except CORBA.Exception:
+            return self.times
+        flags = (CosNotification.StopTimeSupported, CosNotification.StartTimeSupported)
+        self.times = ChannelTimeSupport.from_qos({name: qos.get(name) for name in flags})
+        return self.times
 
     def _proxy_qos(self, name: str, default: int) -> int:
         """QoS ``name`` as the bridge's proxy sees it: the proxy's own, else its admin's, else the channel's (the
@@ -355,12 +373,10 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         self.channel_ok = True
 
     def _resume_proxy_now(self, servant: Any, proxy: Any) -> None:
-        """At start: resume a suspended (stopped bridge) or Ack-stopped proxy until it is neither (an Ack proxy's
-        ``resume_connection`` clears the stopped state first and may leave it suspended)."""
-        for _ in range(3):
-            stopped = getattr(getattr(servant, "ack", None), "stopped", "")
-            if not (stopped or getattr(servant, "suspended", False)):
-                return
+        """At start: resume a suspended (stopped bridge) or Ack-stopped proxy (one ``resume_connection`` clears
+        both)."""
+        stopped = getattr(getattr(servant, "ack", None), "stopped", "")
+        if stopped or getattr(servant, "suspended", False):
             proxy.resume_connection()
 
     def _ack_proxy(self, proxy: Any) -> Any:
@@ -560,9 +576,7 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
 
     def active(self) -> bool:
         """NJI 2.3: the AND of the proxy connection and the JMS connection, while started."""
-        transport = self.transport
-        broker_up = transport is not None and transport.is_connected()
-        return self.running() and self.channel_ok and broker_up
+        return self.inactive_reason() is None
 
     def destroy(self) -> None:
         with self._lock:
@@ -606,14 +620,35 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
             except CORBA.Exception as exc:
                 log.warning("bridge %d: releasing its admin: %s", self.id, exc)
 
+    def inactive_reason(self) -> str | None:
+        """Why the bridge is not Active (NJI 2.3), first cause first; None when it is Active. One of
+        ``channel gone`` (its channel was destroyed: it cannot work again), ``stopped`` (administratively),
+        ``broker down`` (the JMS connection is lost; the bridge reconnects) and ``channel not connected``."""
+        if self.factory.channels.channels.get(self.channel_spec.channel_id) is None:
+            return "channel gone"
+        if not self.running():
+            return "stopped"
+        transport = self.transport
+        if transport is None or not transport.is_connected():
+            return "broker down"
+        if not self.channel_ok:
+            return "channel not connected"
+        return None
+
     def status(self) -> dict[str, Any]:
+        """The node snapshot's row: ``state`` (``active``/``inactive``, NJI 2.3), ``started`` (administrative),
+        ``channel_id`` and ``reason`` (:meth:`inactive_reason`, None when active); counters. ``router.bridgecli
+        .bridge_state`` renders it for ``bridge list`` and ``status``."""
+        reason = self.inactive_reason()
         return {
             "id": self.id,
             "source": self.source.describe(),
             "sink": self.sink.describe(),
-            "state": "active" if self.active() else ("inactive" if self.started else self.row.state),
-            "started": self.started,
-            "active": self.active(),
+            "state": "active" if reason is None else "inactive",
+            "reason": reason,
+            "started": self.running(),
+            "channel_id": self.channel_spec.channel_id,
+            "active": reason is None,
             "channel_connected": self.channel_ok,
             "broker": self.broker_state.value,
             "forwarded": (self.flow_out.forwarded if self.flow_out else 0)

@@ -32,6 +32,7 @@ import CosNotification
 import CosNotifyComm__POA
 
 from router import telemetry
+from router.config import DEFAULT_MAX_EVENT_BYTES
 from router.jms.model import BodyType, Destination, JmsMessage, Typed, JmsType
 from router.jms.transport import (BrokerError, BrokerUnavailable, Delivery, LocalProtocolError, SendRefused, Transport,
                                   TransportError)
@@ -42,11 +43,10 @@ log = logging.getLogger("nsjms.bridge")
 
 DEFAULT_DLQ = Destination("queue", "nsjms.DLQ")
 BROKER_DLQ = "ActiveMQ.DLQ"
-#: Largest event (CDR-encoded StructuredEvent) a JMS → channel bridge hands to the channel. omniORB refuses GIOP
-#: messages above ``giopMaxMsgSize`` (2 MiB by default) with MARSHAL/COMM_FAILURE, so a bigger event could enter
-#: the channel but never be pushed to a consumer. Larger messages are dead-lettered with the reason instead.
-#: Override per node with ``BrokerSettings.max_event_bytes``.
-MAX_EVENT_BYTES = 1024 * 1024
+#: Largest event (CDR-encoded StructuredEvent) a JMS → channel bridge hands to the channel: the node's one limit
+#: (``node.max_event_bytes``, passed as ``BrokerSettings.max_event_bytes``), the same the channel refuses above
+#: with IMP_LIMIT and the ORB's giopMaxMsgSize is derived from. Larger messages are dead-lettered with the reason.
+MAX_EVENT_BYTES = DEFAULT_MAX_EVENT_BYTES
 _TIMET = 10_000_000
 _MAX_BACKOFF = 5.0
 
@@ -375,8 +375,8 @@ class JmsToChannel:
             except Exception as exc:  # noqa: BLE001 — an event the ORB cannot marshal can never be delivered
                 return None, f"the event cannot be encoded for CORBA: {_describe(exc)}"
             if size > self.max_event_bytes:
-                return None, (f"the event is {size} bytes; the bridge's event size limit is {self.max_event_bytes} "
-                              "bytes (larger events could not be delivered by the ORB)")
+                return None, (f"the event is {size} bytes; the node's event size limit is {self.max_event_bytes} "
+                              "bytes (node.max_event_bytes): the channel would refuse it")
         return event, None
 
     def refuse(self, delivery: Delivery) -> None:

@@ -120,23 +120,21 @@ class Supervised:
 
     def _resume_proxy(self) -> None:
         """The broker is up and the bridge started: a proxy the channel stopped (an Ack proxy whose Retries ran
-        out on TRANSIENT answers while the broker was away) or left suspended is resumed. Resuming a stopped Ack
-        proxy may leave it suspended; hence the loop (bounded)."""
-        for _ in range(3):
-            try:
-                servant = self._proxy_servant()
-            except CORBA.Exception:
-                return
-            stopped = getattr(getattr(servant, "ack", None), "stopped", "")
-            if not servant.connected or not (stopped or servant.suspended) or not self.running():
-                return
-            log.warning("bridge %d: its proxy is %s; resuming it", self.id,
-                        f"stopped ({stopped})" if stopped else "suspended")
-            try:
-                self._proxy_ref().resume_connection()
-            except CORBA.Exception as exc:
-                log.warning("bridge %d: resuming its proxy failed: %s", self.id, exc)
-                return
+        out on TRANSIENT answers while the broker was away) or left suspended is resumed (one
+        ``resume_connection`` clears both)."""
+        try:
+            servant = self._proxy_servant()
+        except CORBA.Exception:
+            return
+        stopped = getattr(getattr(servant, "ack", None), "stopped", "")
+        if not servant.connected or not (stopped or servant.suspended) or not self.running():
+            return
+        log.warning("bridge %d: its proxy is %s; resuming it", self.id,
+                    f"stopped ({stopped})" if stopped else "suspended")
+        try:
+            self._proxy_ref().resume_connection()
+        except CORBA.Exception as exc:
+            log.warning("bridge %d: resuming its proxy failed: %s", self.id, exc)
 
     def reconnect_source(self) -> None:
         """JMS → channel loop: wake the supervisor and wait (bounded) for the broker connection."""

@@ -320,7 +320,8 @@ class _AckSupplierMixin:
         self._wake()  # type: ignore[attr-defined]
 
     def resume_connection(self) -> None:
-        """Also the operator's reset of a connection stopped by exhausted retries (NJI 4.2.7.3, scheme 1)."""
+        """Also the operator's reset of a connection stopped by exhausted retries (NJI 4.2.7.3, scheme 1); a proxy
+        that was also suspended is resumed by the same call."""
         if not self.ack.stopped:
             super().resume_connection()  # type: ignore[misc]
             return
@@ -334,6 +335,9 @@ class _AckSupplierMixin:
             status.clear(self.oid)  # type: ignore[attr-defined]
         log.warning("proxy %s: stopped connection reset by the operator; resending in-flight events",
                     self.oid)  # type: ignore[attr-defined]
+        if self.suspended and self.connected:  # type: ignore[attr-defined]
+            super().resume_connection()  # type: ignore[misc]  # one call clears a suspension too (and wakes)
+            return
         self._wake()  # type: ignore[attr-defined]
 
     def _stop_connection(self, reason: str) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 from omniORB import CORBA
 
 from router.channel.store import StoreError, StoreUnavailable
+from router.config import DEFAULT_MAX_EVENT_BYTES as _NODE_DEFAULT
 
 __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
@@ -51,7 +52,7 @@ MINOR_EVENT_TOO_LARGE = NSJMS_VMCID | 1
 MINOR_STORE_UNAVAILABLE = NSJMS_VMCID | 2
 MINOR_STORE_FAILED = NSJMS_VMCID | 3
 
-DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024      # CDR-encoded size of one event
+DEFAULT_MAX_EVENT_BYTES = _NODE_DEFAULT        # CDR-encoded size of one event (node.max_event_bytes)
 _GIOP_HEADROOM = 1024 * 1024                    # GIOP/request headers and a few small events around a big one
 POISON_ATTEMPTS = 3                             # event-specific failures of one event, alone, before dead-lettering
 

@@ -276,6 +276,24 @@ def test_consumer_that_keeps_failing_stops_the_connection_without_losing_events(
     assert status(client_orb, nsjms_server) == {}
 
 
+def test_one_resume_clears_both_a_stop_and_a_suspension(nsjms_server: Any, client_orb: Any) -> None:
+    """A proxy both STOPPED (retries exhausted) and suspended is active again after ONE resume_connection:
+    before the fix the first call cleared only the stop and left the proxy suspended (the bridge called it twice)."""
+    factory = client_orb.factory(nsjms_server.ior())
+    consumer = AckConsumer("each", fail=True)
+    _, proxy, sp = setup(factory, consumer)
+    sp.push_structured_event(make_event(0))
+    assert wait_until(lambda: len(status(client_orb, nsjms_server)) == 1, TIMEOUT_S)
+    proxy.suspend_connection()
+    sp.push_structured_event(make_event(1))
+    consumer.fail = False
+    proxy.resume_connection()
+    assert wait_until(lambda: sorted(consumer.unique.values()) == [0, 1], TIMEOUT_S), "delivered after one resume"
+    with pytest.raises(CosNotifyChannelAdmin.ConnectionAlreadyActive):
+        proxy.resume_connection()
+    assert status(client_orb, nsjms_server) == {}
+
+
 def test_crash_before_acknowledging_redelivers_with_the_same_numbers(nsjms_server: Any, client_orb: Any) -> None:
     factory = client_orb.factory(nsjms_server.ior())
     consumer = AckConsumer("never")

@@ -18,6 +18,8 @@ import collections
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -182,6 +184,37 @@ def bf(nsjms_server: NsjmsServer, client_orb: Any) -> Any:
 KILL_N = 400
 KILL_AT = 60
 KILL_MAX_DUPS = 3          # as test_bridge_more.test_node_sigkill_jms_to_channel: ack window 2 + channel window 1
+
+
+def _cli(state_dir: Path, *args: str) -> str:
+    argv = [sys.executable, "-m", "router.cli", *args, "--state-dir", str(state_dir)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_broker_down_is_inactive_with_the_reason_in_bridge_list_and_status(rig: Rig) -> None:
+    """A started bridge whose broker is down is Inactive (NJI 2.3). ``bridge list`` used to print ``[active]`` for
+    it (it read the administrative ``get_status``); both commands now render the node's state and reason."""
+    _, cid = _persistent_channel(rig.factory)
+    bridge, bid = rig.bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, _name("vocab")))
+    bridge.start_bridge()
+    state = rig.server.state_dir
+
+    def line(*args: str) -> str:
+        return next((ln for ln in _cli(state, *args).splitlines() if ln.startswith(f"bridge {bid}:")), "")
+
+    assert wait_until(lambda: "[active]" in line("status"), TIMEOUT_S), line("status")
+    assert "[active]" in line("bridge", "list")
+    rig.kill_broker()
+    down = "[inactive] started, broker down; reconnecting"
+    assert wait_until(lambda: down in line("bridge", "list"), TIMEOUT_S), line("bridge", "list")
+    assert wait_until(lambda: down in line("status"), TIMEOUT_S), line("status")
+    rig.broker.start()
+    assert wait_until(lambda: "[active]" in line("status"), 2 * TIMEOUT_S), line("status")
+    assert "[active]" in line("bridge", "list")
+    bridge.stop_bridge()
+    assert "[inactive] stopped" in line("bridge", "list")
 
 
 def test_pull_style_jms_to_channel_loses_nothing_across_sigkill(nsjms_server: NsjmsServer, bf: Any, factory: Any,

@@ -312,6 +312,7 @@ def test_bridge_cli(nsjms_server: NsjmsServer, bf: Any, factory: Any, java_tool:
     _sequence_supplier(factory.get_event_channel(cid)).push_all([make_event(i) for i in range(20)])
     assert sorted(_event_ids(java_tool.consume("queue", queue, 20, 20))) == list(range(20))
 
+    assert wait_until(lambda: "[active]" in _cli(state, "list").stdout, 15), "the node's snapshot says Active"
     done = _cli(state, "list")
     assert done.returncode == 0 and f"bridge {bid}: channel:{cid}" in done.stdout and "[active]" in done.stdout, \
         done.stdout

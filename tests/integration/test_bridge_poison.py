@@ -9,8 +9,9 @@ on the source queue):
   frame arrives split in two);
 * a deeply nested ``$nsjms_idl`` type manifest (``RecursionError`` inside the mapping);
 * a negative ``expires`` (a past JMSExpiration: expired);
-* a body whose event exceeds the bridge's event size limit (``MAX_EVENT_BYTES``, 1 MiB; the node's ORB refuses GIOP
-  messages above 2 MiB, so such an event would be accepted and never delivered);
+* a body just under the node's event size limit whose event exceeds it (``node.max_event_bytes``, set to 1 MiB for
+  these nodes: the channel would refuse the event with IMP_LIMIT), and a body above the limit (refused by the
+  mapping before an event is built); the same limit makes the channel refuse a larger push (checked directly);
 * a Java MapMessage over a plain STOMP subscription (refused to ``ActiveMQ.DLQ``; the record saying why goes to
   ``nsjms.DLQ``).
 
@@ -60,6 +61,14 @@ pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 30.0
 PERSISTENT = CosNotification.Persistent
+LIMIT = 1024 * 1024          # node.max_event_bytes of the nodes of this module
+
+
+@pytest.fixture(autouse=True)
+def _small_event_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node of this module starts with ``NSJMS_NODE_MAX_EVENT_BYTES`` = 1 MiB (the servers inherit the
+    environment): the one limit feeds the channel, the ORB, the bridge and the mapping."""
+    monkeypatch.setenv("NSJMS_NODE_MAX_EVENT_BYTES", str(LIMIT))
 
 
 def _name(prefix: str) -> str:
@@ -133,14 +142,17 @@ def _poison(case: str, queue: str, broker_url: str, java_tool: JavaTool) -> None
     elif case == "negative-expires":
         frame = _send(queue, "poison", b"poison", b"expires:-5\n")
     elif case == "oversized-event":
-        frame = _send(queue, "poison", b"x" * (3 * 1024 * 1024))
+        frame = _send(queue, "poison", b"x" * (LIMIT - 16))       # the body fits; the event around it does not
+    elif case == "oversized-body":
+        frame = _send(queue, "poison", b"x" * (3 * LIMIT))
     else:
         raise AssertionError(case)
     _send_raw(broker_url, [frame])
 
 
 REASONS = {"nul-header": "NUL byte", "deep-manifest": "unmappable JMS message", "negative-expires": "expired",
-           "oversized-event": "event size limit", "map-body": "Map/Stream/Object"}
+           "oversized-event": f"event size limit is {LIMIT} bytes",
+           "oversized-body": f"exceeds the limit of {LIMIT} bytes", "map-body": "Map/Stream/Object"}
 
 
 @pytest.mark.parametrize("case", sorted(REASONS))
@@ -170,6 +182,27 @@ def test_a_poison_message_is_dead_lettered_and_the_good_ones_flow(nsjms_server: 
     assert consumer.count() == 2, "the poison message became an event"
 
 
+def test_the_channel_refuses_a_push_above_the_node_limit(nsjms_server: NsjmsServer, factory: Any) -> None:
+    """The same ``node.max_event_bytes`` is the channel's limit: a direct push above it is refused (IMP_LIMIT),
+    one below it is delivered."""
+    from omniORB import CORBA
+
+    channel, _ = _persistent_channel(factory)
+    consumer = _consumer(channel)
+    proxy, _ = obtain_proxy_consumer(channel.default_supplier_admin, Form.STRUCTURED, Style.PUSH)
+    supplier = PushSupplierClient(proxy, Form.STRUCTURED)
+    supplier.connect()
+    big = make_event(1)
+    big.remainder_of_body = CORBA.Any(CORBA.TC_string, "x" * (LIMIT + 1))
+    with pytest.raises(CORBA.IMP_LIMIT):
+        supplier.push_one(big)
+    fits = make_event(2)
+    fits.remainder_of_body = CORBA.Any(CORBA.TC_string, "x" * (LIMIT // 2))
+    supplier.push_one(fits)
+    assert consumer.wait_for(1, TIMEOUT_S)
+    assert [ev.header.fixed_header.event_name for ev in consumer.snapshot()] == ["e2"]
+
+
 # --------------------------------------------------------------------------------------- channel -> JMS
 REFUSING_PLUGINS = """
         <plugins>
@@ -197,9 +230,10 @@ REFUSING_PLUGINS = """
 class RefusingBroker(EmbeddedActiveMQ):
     """A broker of this test whose authorization refuses anonymous writes to ``refused.*`` queues."""
 
-    def _write_instance(self, xml: str) -> None:
+    def _instance_xml(self) -> str:
+        xml = super()._instance_xml()
         assert "<plugins>" not in xml, "the embedded broker config has plugins already: merge them here"
-        super()._write_instance(xml.replace("</broker>", REFUSING_PLUGINS + "    </broker>", 1))
+        return xml.replace("</broker>", REFUSING_PLUGINS + "    </broker>", 1)
 
 
 @pytest.fixture

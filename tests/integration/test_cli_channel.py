@@ -155,6 +155,10 @@ def test_bridge_refusals_carry_the_reason(nsjms_server: NsjmsServer, factory: An
     assert "INVALID_JMSDESTINATION: unknown connection factory profile 'bogus'" in bogus.stdout, bogus.stdout
     gone = _cli(state, "bridge", "create", "--from", "channel:99999", "--to", "queue:nsjms.test.cli.bogus")
     assert gone.returncode == 4 and "INVALID_CHANNELID: no event channel with id 99999" in gone.stdout, gone.stdout
+    best_effort = _cli(state, "bridge", "create", "--from", f"channel:{cid}", "--to", "queue:nsjms.test.cli.be")
+    assert best_effort.returncode == 4, best_effort.stdout + best_effort.stderr
+    assert "INVALID_JMSDESTINATION: queue nsjms.test.cli.be with channel" in best_effort.stdout, best_effort.stdout
+    assert "ConnectionReliability is BestEffort" in best_effort.stdout, best_effort.stdout
     assert "no bridges" in _cli(state, "bridge", "list").stdout
 
 

@@ -289,6 +289,7 @@ def test_exhausted_retries_stop_the_connection_report_and_count(monkeypatch: pyt
         oid = "ch/0/C/0/1"
         qos: ClassVar[dict[str, int]] = {"Retries": 2, "RetryInterval": 1}
         extra: ClassVar[dict[str, Any]] = {}
+        suspended, connected = False, True
 
         def __init__(self) -> None:
             self.rt = type("Rt", (), {"connection_status": ConnectionStatusImpl()})()
