@@ -29,7 +29,7 @@ from typing import Any
 
 from omniORB import CORBA
 
-from router.channel.store import StoreError, StoreUnavailable
+from router.db.errors import StoreError, StoreUnavailable
 
 __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
