@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,3 +125,36 @@ def test_a_tampered_migration_refuses_to_start(db: Database, fresh_db: str) -> N
             node_db.open()                    # what a node's start does
     finally:
         node_db.close()
+
+
+# -- through `nsjms serve` ---------------------------------------------------------------------------------------
+def _server(tmp_path: Path, dsn: str, broker_url: str) -> Any:
+    from conftest import NsjmsServer, free_port
+
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    return NsjmsServer(state_dir=state, pg_dsn=dsn, broker_url=broker_url, port=free_port())
+
+
+def test_a_node_adopts_a_pre_migration_database_and_refuses_a_tampered_one(
+        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: Any) -> None:
+    server = _server(tmp_path, fresh_db, broker_url)
+    server.start()
+    try:
+        _, cid = client_orb.factory(server.ior()).create_channel([], [])
+    finally:
+        server.stop()
+    with psycopg.connect(fresh_db) as conn:       # what the previous version leaves: its tables, no version table
+        conn.execute(f"DROP TABLE {VERSION_TABLE}")
+    server.start()
+    try:
+        assert cid in client_orb.factory(server.ior()).get_all_channels()
+    finally:
+        server.stop()
+    assert [v for v, _, _ in versions(fresh_db)] == [m.version for m in load()]
+    with psycopg.connect(fresh_db) as conn:
+        conn.execute(f"UPDATE {VERSION_TABLE} SET checksum = %s WHERE version = 1", ("0" * 64,))
+    env = dict(os.environ, NSJMS_POSTGRES_DSN=fresh_db)
+    done = subprocess.run(server.command(), env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "0001_initial.sql differs from the one applied to this database" in done.stderr
