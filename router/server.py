@@ -95,6 +95,7 @@ class Node:
         self.s = settings
         self.services: list[Any] = []
         self.orb: Any = None
+        self.db: Any = None
         self.store: Any = None
         self.runtime: Any = None
         self.factory: Any = None
@@ -209,11 +210,13 @@ class Node:
         from router.channel.channel import EventChannelFactoryImpl
         from router.channel.runtime import Runtime
         from router.channel.store import Store
+        from router.db import Database
 
         self.orb = CORBA.ORB_init(orb_args(self.s), CORBA.ORB_ID)
-        self.store = Store(self.pg_dsn, self.s.pg_pool_size)
-        self.store.open()
-        self.runtime = Runtime(self.orb, self.store, max_event_bytes=self.s.max_event_bytes)
+        self.db = Database(self.pg_dsn, self.s.pg_pool_size)
+        self.db.open()                     # one pool for the node; applies the missing schema migrations
+        self.store = Store()
+        self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
         self.runtime.start_reaper()
         self.factory = EventChannelFactoryImpl(self.runtime)
         self.factory.activate()
@@ -235,8 +238,7 @@ class Node:
         def transport(url: str, **opts: Any) -> Any:
             return open_transport(url, codec=MappingCodec(), **opts)
 
-        self.bridge_store = BridgeStore(self.pg_dsn)
-        self.bridge_store.open()
+        self.bridge_store = BridgeStore()
         self.bridges = BridgeFactoryImpl(self.factory, self.bridge_store, self.broker_settings(), transport,
                                          self.s.node_id)
         self.bridges.activate()
@@ -282,8 +284,13 @@ class Node:
             channels.append({"id": cid, "events_held": ch.queued_count(), "proxy_suppliers": proxies})
         return {"time": time.time(), "node_id": self.s.node_id, "channels": channels,
                 "bridges": self.bridges.status() if self.bridges is not None else [],
-                "store": self.store.stats(),
+                "store": self._store_stats(),
                 "services": {name: health.as_dict() for name, health in self.health.items()}}
+
+    def _store_stats(self) -> dict[str, int]:
+        with self.db.unit_of_work() as conn:
+            stats: dict[str, int] = self.store.stats(conn)
+        return stats
 
     def _register_gauges(self) -> None:
         from router import telemetry
@@ -355,10 +362,8 @@ class Node:
                 self.orb.destroy()
             except Exception:
                 log.debug("ORB shutdown", exc_info=True)
-        if self.store is not None:
-            self.store.close()
-        if self.bridge_store is not None:
-            self.bridge_store.close()
+        if self.db is not None:
+            self.db.close()
         for svc in reversed(self.services):
             if start_failed and getattr(svc, "reused", False):
                 log.warning("leaving the running %s (pid %s) for the next start", type(svc).__name__, svc.pid)

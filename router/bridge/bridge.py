@@ -93,7 +93,9 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
 
     def restore(self) -> None:
         """Re-create stored bridges; their servants must be active before the channel's dispatchers run."""
-        for row in self.store.load():
+        with self.rt.db.unit_of_work() as conn:
+            rows = self.store.load(conn)
+        for row in rows:
             bridge = BridgeImpl(self, row)
             self.bridges[row.id] = bridge
         log.info("restored %d bridge(s)", len(self.bridges))
@@ -124,10 +126,11 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
             raise _invalid(problems)
         channel_spec = snk if src.is_jms else src
         with self._lock:
-            bid = self.store.next_id()
-            row = BridgeRow(bid, src.to_json(), snk.to_json(), "created", int(channel_spec.channel_id or 0),
-                            None, None, {})
-            self.store.insert(row)
+            with self.rt.db.unit_of_work() as conn:
+                bid = self.store.next_id(conn)
+                row = BridgeRow(bid, src.to_json(), snk.to_json(), "created", int(channel_spec.channel_id or 0),
+                                None, None, {})
+                self.store.insert(conn, row)
             bridge = BridgeImpl(self, row)
             self.bridges[bid] = bridge
         try:
@@ -302,7 +305,8 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
             obtain = (admin.obtain_notification_push_consumer if self.channel_spec.style == "PUSH"
                       else admin.obtain_notification_pull_consumer)
         proxy, pid = obtain(kind)
-        self.factory.store.set_proxy(self.id, aid, pid)
+        with self.factory.rt.db.unit_of_work() as conn:
+            self.factory.store.set_proxy(conn, self.id, aid, pid)
         self.row = BridgeRow(self.row.id, self.row.source, self.row.sink, self.row.state, self.row.channel_id,
                              aid, pid, self.row.settings)
 
@@ -441,7 +445,8 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
                 log.warning("bridge %d: starting while the broker is unavailable (%s); will retry", self.id, exc)
             self._connect_channel()
             self.started = True
-            self.factory.store.set_state(self.id, "started")
+            with self.factory.rt.db.unit_of_work() as conn:
+                self.factory.store.set_state(conn, self.id, "started")
             self._start_workers()
             self._ensure_supervisor()
         log.info("bridge %d started", self.id)
@@ -451,7 +456,8 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
             if not self.started or self.destroyed:
                 raise BA.BridgeInactive()
             self.started = False
-            self.factory.store.set_state(self.id, "stopped")
+            with self.factory.rt.db.unit_of_work() as conn:
+                self.factory.store.set_state(conn, self.id, "stopped")
             self.stop_event.set()
             self._suspend_channel()
             # The JMS subscription stays (JMS Connection.stop, NJI 2.3): a topic keeps collecting for the bridge;
@@ -533,7 +539,8 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
 
     def _save_settings(self) -> None:
         settings = dict(self.row.settings, tx_events=self.tx_events, tx_timeout=self.tx_timeout)
-        self.factory.store.set_settings(self.id, settings)
+        with self.factory.rt.db.unit_of_work() as conn:
+            self.factory.store.set_settings(conn, self.id, settings)
         self.row = BridgeRow(self.row.id, self.row.source, self.row.sink, self.row.state, self.row.channel_id,
                              self.row.admin_id, self.row.proxy_id, settings)
 
@@ -600,7 +607,8 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
                         self.id, durable)
         if self.transport is not None:
             self.transport.close()
-        self.factory.store.delete(self.id)
+        with self.factory.rt.db.unit_of_work() as conn:
+            self.factory.store.delete(conn, self.id)
         self.factory.forget(self.id)
         self.rt.deactivate(self._endpoint_oid())
         self.rt.deactivate(self.oid)

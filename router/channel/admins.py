@@ -88,7 +88,8 @@ class _AdminBase(QoSMixin, FilterMixin):
             # NS leaves destroying a default admin unspecified; the channel must always have one.
             raise CORBA.NO_PERMISSION(0, CORBA.COMPLETED_NO)
         self.teardown()
-        self.rt.store.delete_admin(self.channel.id, self.side, self.id)
+        with self.rt.db.unit_of_work() as conn:
+            self.rt.store.delete_admin(conn, self.channel.id, self.side, self.id)
         admins = self.channel.consumer_admins if self.side == "C" else self.channel.supplier_admins
         admins.pop(self.id, None)
 
@@ -106,11 +107,13 @@ class _AdminBase(QoSMixin, FilterMixin):
         return Q.Context(has_children=bool(self.proxies), parent=self.channel.qos)
 
     def _persist_qos(self, qos: dict[str, Any]) -> None:
-        self.rt.store.update_admin(self.channel.id, self.side, self.id, qos=qos)
+        with self.rt.db.unit_of_work() as conn:
+            self.rt.store.update_admin(conn, self.channel.id, self.side, self.id, qos=qos)
 
     def _persist_filters(self) -> None:
-        self.rt.store.update_admin(self.channel.id, self.side, self.id,
-                                   filters={"forwarding": self.filters.saved()})
+        with self.rt.db.unit_of_work() as conn:
+            self.rt.store.update_admin(conn, self.channel.id, self.side, self.id,
+                                       filters={"forwarding": self.filters.saved()})
 
     # -- proxies ------------------------------------------------------------------------------------------
     def _new_proxy(self, kind: str, *, es_style: bool) -> Any:
@@ -122,7 +125,8 @@ class _AdminBase(QoSMixin, FilterMixin):
             pid = self._next_proxy
             self._next_proxy = pid + 1
             qos = Q.inherit(self.qos, Q.Target(level, sequence=kind.endswith("SEQUENCE")))
-            self.rt.store.insert_proxy(self.channel.id, self.side, self.id, pid, kind, es_style, qos)
+            with self.rt.db.unit_of_work() as conn:
+                self.rt.store.insert_proxy(conn, self.channel.id, self.side, self.id, pid, kind, es_style, qos)
             row = ProxyRow(self.channel.id, self.side, self.id, pid, kind, es_style, qos, None, False, False, {}, {})
             proxy = _servant_class(self.side, kind, es_style, qos)(self, row)
             self.proxies[pid] = proxy
@@ -184,7 +188,8 @@ class ConsumerAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.ConsumerAdmin):
     def _persist_extra(self) -> None:
         extra = {"priority_filter": ior_or_none(self.rt, self.priority_filter),
                  "lifetime_filter": ior_or_none(self.rt, self.lifetime_filter)}
-        self.rt.store.update_admin(self.channel.id, self.side, self.id, extra=extra)
+        with self.rt.db.unit_of_work() as conn:
+            self.rt.store.update_admin(conn, self.channel.id, self.side, self.id, extra=extra)
 
     def _get_pull_suppliers(self) -> list[int]:
         return self._ids("PULL")

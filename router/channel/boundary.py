@@ -29,8 +29,8 @@ from typing import Any
 
 from omniORB import CORBA
 
-from router.channel.store import StoreError, StoreUnavailable
 from router.config import DEFAULT_MAX_EVENT_BYTES as _NODE_DEFAULT
+from router.db.errors import StoreError, StoreUnavailable
 
 __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",

@@ -61,10 +61,13 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
 
     def restore(self) -> None:
         """Re-create every stored channel with its admins, proxies and queued persistent events."""
-        self.rt.set_seq_floor(self.rt.store.max_seq())
+        with self.rt.db.unit_of_work() as conn:
+            self.rt.set_seq_floor(self.rt.store.max_seq(conn))
         if self.filter_factory is not None:
             self.filter_factory.restore()          # before the channels: their filter references name these
-        for row in self.rt.store.load_channels():
+        with self.rt.db.unit_of_work() as conn:
+            crows = self.rt.store.load_channels(conn)
+        for row in crows:
             channel = EventChannelImpl(self, row)
             self.channels[row.id] = channel
             channel.restore()
@@ -82,10 +85,11 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         except Q.AdminError as exc:
             raise CosNotification.UnsupportedAdmin(Q.to_property_errors(exc.problems)) from exc
         with self._lock:
-            cid = self.rt.store.next_channel_id()
             default_admin_qos = {"C": Q.inherit(qos, Q.Target(Q.Level.CONSUMER_ADMIN)),
                                  "S": Q.inherit(qos, Q.Target(Q.Level.SUPPLIER_ADMIN))}
-            self.rt.store.insert_channel(cid, qos, admin, default_admin_qos)
+            with self.rt.db.unit_of_work() as conn:
+                cid = self.rt.store.next_channel_id(conn)
+                self.rt.store.insert_channel(conn, cid, qos, admin, default_admin_qos)
             row = ChannelRow(cid, qos, admin, 1, 1)
             channel = EventChannelImpl(self, row)
             self.channels[cid] = channel
@@ -140,11 +144,15 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
     def restore(self) -> None:
         from router.channel.admins import ConsumerAdminImpl, SupplierAdminImpl
 
-        for arow in self.rt.store.load_admins(self.id):
+        with self.rt.db.unit_of_work() as conn:
+            arows = self.rt.store.load_admins(conn, self.id)
+        for arow in arows:
             cls = ConsumerAdminImpl if arow.side == "C" else SupplierAdminImpl
             admin = cls(self, arow)
             (self.consumer_admins if arow.side == "C" else self.supplier_admins)[arow.id] = admin
-        for prow in self.rt.store.load_proxies(self.id):
+        with self.rt.db.unit_of_work() as conn:
+            prows = self.rt.store.load_proxies(conn, self.id)
+        for prow in prows:
             admins = self.consumer_admins if prow.side == "C" else self.supplier_admins
             owner = admins.get(prow.admin_id)
             if owner is not None:
@@ -160,7 +168,9 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         from router.channel.events import decode
 
         by_event: dict[int, Record] = {}
-        for q in self.rt.store.load_queued(self.id):
+        with self.rt.db.unit_of_work() as conn:
+            qrows = self.rt.store.load_queued(conn, self.id)
+        for q in qrows:
             rec = by_event.get(q.event_id)
             if rec is None:
                 rec = Record(q.seq, decode(q.form, q.body), q.priority, q.deadline, q.start_at, True, q.event_id,
@@ -185,7 +195,8 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         return Q.Context(has_children=has, parent=None)
 
     def _persist_qos(self, qos: dict[str, Any]) -> None:
-        self.rt.store.update_channel(self.id, qos=qos)
+        with self.rt.db.unit_of_work() as conn:
+            self.rt.store.update_channel(conn, self.id, qos=qos)
 
     def get_admin(self) -> list[Any]:
         return Q.to_properties(self.admin_props)
@@ -196,7 +207,8 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
                 new = Q.apply_admin(self.admin_props, [(p.name, p.value) for p in admin])
             except Q.AdminError as exc:
                 raise CosNotification.UnsupportedAdmin(Q.to_property_errors(exc.problems)) from exc
-            self.rt.store.update_channel(self.id, admin_props=new)
+            with self.rt.db.unit_of_work() as conn:
+                self.rt.store.update_channel(conn, self.id, admin_props=new)
             self.admin_props = new
 
     # -- navigation -------------------------------------------------------------------------------------
@@ -253,7 +265,8 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             admins = list(self.consumer_admins.values()) + list(self.supplier_admins.values())
         for admin in admins:
             admin.teardown()
-        self.rt.store.delete_channel(self.id)
+        with self.rt.db.unit_of_work() as conn:
+            self.rt.store.delete_channel(conn, self.id)
         self.factory.forget(self.id)
         self.rt.deactivate(self.oid)
 
@@ -268,7 +281,8 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             aid = self._next_admin[side]
             self._next_admin[side] = aid + 1
             qos = Q.inherit(self.qos, Q.Target(level))
-            self.rt.store.insert_admin(self.id, side, aid, es_style, int(op._v), qos)
+            with self.rt.db.unit_of_work() as conn:
+                self.rt.store.insert_admin(conn, self.id, side, aid, es_style, int(op._v), qos)
             row = AdminRow(self.id, side, aid, es_style, int(op._v), qos, 0, {}, {})
             cls = ConsumerAdminImpl if side == "C" else SupplierAdminImpl
             admin = cls(self, row)
@@ -430,7 +444,8 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             return
         rows = [NewEvent(rec.seq, int(rec.event.form), bodies[rec.seq], rec.priority, rec.deadline,
                          rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
-        ids = self.rt.store.insert_events(self.id, rows)
+        with self.rt.db.unit_of_work() as conn:
+            ids = self.rt.store.insert_events(conn, self.id, rows)
         for (rec, _), eid in zip(durable, ids, strict=True):
             rec.db_id = eid
 

@@ -37,7 +37,7 @@ from router.channel.boundary import store_boundary
 from router.channel.queue import Record
 from router.etcl import Constraint, EtclSyntaxError, compile_constraint, event_type_matches
 
-__all__ = ["FILTER_SCHEMA", "GRAMMAR", "FilterFactoryImpl", "FilterImpl", "MappingFilterImpl", "filter_oid"]
+__all__ = ["GRAMMAR", "FilterFactoryImpl", "FilterImpl", "MappingFilterImpl", "filter_oid"]
 
 log = logging.getLogger("nsjms.filter")
 
@@ -45,19 +45,6 @@ GRAMMAR = "EXTENDED_TCL"
 _ANY_TYPE = ("", "%ANY")
 _TYPED_TYPE = ("", "%TYPED")
 
-FILTER_SCHEMA = """
-CREATE SEQUENCE IF NOT EXISTS nsjms_filter_id START WITH 1;
-CREATE TABLE IF NOT EXISTS nsjms_filter (
-    id            bigint  PRIMARY KEY,
-    kind          char(1) NOT NULL CHECK (kind IN ('F','M')),
-    grammar       text    NOT NULL,
-    default_value text,
-    next_cid      integer NOT NULL DEFAULT 1,
-    constraints   jsonb   NOT NULL DEFAULT '[]'::jsonb,
-    callbacks     jsonb   NOT NULL DEFAULT '{}'::jsonb,
-    next_cb       integer NOT NULL DEFAULT 1
-);
-"""
 
 def filter_oid(fid: int) -> str:
     return f"flt/{fid}"
@@ -151,38 +138,34 @@ def types_for(constraints: Iterable[Compiled]) -> list[Any]:
 
 # -- persistence -------------------------------------------------------------------------------------------
 class FilterRepo:
-    """SQL for ``nsjms_filter``; one row per filter, rewritten as a whole on each change (one statement)."""
+    """SQL for ``nsjms_filter`` (created by migration 0001); one row per filter, rewritten as a whole on each change
+    (one statement). Each method is one unit of work of the node's :class:`router.db.Database`."""
 
-    def __init__(self, store: Any) -> None:
-        self.store = store
-
-    def migrate(self) -> None:
-        with self.store.transaction() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(7715002)")
-            conn.execute(FILTER_SCHEMA)
+    def __init__(self, db: Any) -> None:
+        self.db = db
 
     def next_id(self) -> int:
-        with self.store.transaction() as conn:
+        with self.db.unit_of_work() as conn:
             row = conn.execute("SELECT nextval('nsjms_filter_id')").fetchone()
         return int(row[0])
 
     def insert(self, fid: int, kind: str, grammar: str, default_value: str | None) -> None:
-        with self.store.transaction() as conn:
+        with self.db.unit_of_work() as conn:
             conn.execute("INSERT INTO nsjms_filter(id, kind, grammar, default_value) VALUES (%s, %s, %s, %s)",
                          (fid, kind, grammar, default_value))
 
     def save(self, fid: int, next_cid: int, constraints: list[dict[str, Any]], callbacks: dict[str, str],
              next_cb: int) -> None:
-        with self.store.transaction() as conn:
+        with self.db.unit_of_work() as conn:
             conn.execute("UPDATE nsjms_filter SET next_cid = %s, constraints = %s, callbacks = %s, next_cb = %s "
                          "WHERE id = %s", (next_cid, Jsonb(constraints), Jsonb(callbacks), next_cb, fid))
 
     def delete(self, fid: int) -> None:
-        with self.store.transaction() as conn:
+        with self.db.unit_of_work() as conn:
             conn.execute("DELETE FROM nsjms_filter WHERE id = %s", (fid,))
 
     def load(self) -> list[tuple[Any, ...]]:
-        with self.store.transaction() as conn:
+        with self.db.unit_of_work() as conn:
             return list(conn.execute("SELECT id, kind, grammar, default_value, next_cid, constraints, callbacks, "
                                      "next_cb FROM nsjms_filter ORDER BY id").fetchall())
 
@@ -504,14 +487,13 @@ class FilterFactoryImpl(CosNotifyFilter__POA.FilterFactory):
 
     def __init__(self, rt: Any) -> None:
         self.rt = rt
-        self.repo = FilterRepo(rt.store)
+        self.repo = FilterRepo(rt.db)
         self._lock = threading.Lock()
         self.filters: dict[int, _FilterBase] = {}
         self.ref: Any = None
         self.on_change: Any = None            # called after any constraint change (subscription sharing)
 
     def activate(self) -> Any:
-        self.repo.migrate()
         self.ref = self.rt.activate(self.OID, self)
         return self.ref
 

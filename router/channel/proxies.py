@@ -103,7 +103,8 @@ class ProxyBase(QoSMixin, FilterMixin):
         self._update(filters={"forwarding": self.filters.saved()})
 
     def _update(self, **cols: Any) -> None:
-        self.rt.store.update_proxy(self.channel.id, self.side, self.admin.id, self.id, **cols)
+        with self.rt.db.unit_of_work() as conn:
+            self.rt.store.update_proxy(conn, self.channel.id, self.side, self.admin.id, self.id, **cols)
 
     def save_extra(self, **items: Any) -> None:
         """Merge ``items`` into the proxy's ``extra`` jsonb (mapping filters, acknowledgement state) and store it."""
@@ -204,7 +205,8 @@ class ProxyBase(QoSMixin, FilterMixin):
         self._release_resources()
         if notify_client:
             self._notify_client_async()
-        self.rt.store.delete_proxy(self.channel.id, self.side, self.admin.id, self.id)
+        with self.rt.db.unit_of_work() as conn:
+            self.rt.store.delete_proxy(conn, self.channel.id, self.side, self.admin.id, self.id)
         self.admin.forget_proxy(self.id)
         self.rt.deactivate(self.oid)
         if self.filters or self.types.types():
@@ -306,12 +308,14 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         nothing is released, so the caller can keep the entries and try again later."""
         ids = [e.record.db_id for e in entries if e.record.db_id is not None]
         if ids and not wait and not self.destroyed:
-            self.rt.store.delete_deliveries(self.channel.id, self.admin.id, self.id, ids)
+            with self.rt.db.unit_of_work() as conn:
+                self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids)
             ids = []
         backoff = 0.05
         while ids and not self.destroyed:
             try:
-                self.rt.store.delete_deliveries(self.channel.id, self.admin.id, self.id, ids)
+                with self.rt.db.unit_of_work() as conn:
+                    self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids)
                 break
             except Exception as exc:  # noqa: BLE001 — e.g. PostgreSQL restarting
                 log.warning("proxy %s: could not remove %d delivered event(s) from the store (%s); retrying",

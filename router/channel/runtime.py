@@ -19,6 +19,7 @@ from omniORB import CORBA, PortableServer
 
 from router.channel.boundary import DEFAULT_MAX_EVENT_BYTES
 from router.channel.store import Store
+from router.db import Database, StoreError
 
 __all__ = ["FACTORY_KEY", "Runtime", "admin_oid", "channel_oid", "proxy_oid"]
 
@@ -42,10 +43,11 @@ def proxy_oid(cid: int, side: str, aid: int, pid: int) -> str:
 class Runtime:
     """Shared services for every servant of one node."""
 
-    def __init__(self, orb: CORBA.ORB, store: Store, *, push_timeout_ms: int = 10_000,
+    def __init__(self, orb: CORBA.ORB, db: Database, store: Store | None = None, *, push_timeout_ms: int = 10_000,
                  max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         self.orb = orb
-        self.store = store
+        self.db = db                                # the node's pool: callers open units of work on it
+        self.store = store if store is not None else Store()
         self.push_timeout_ms = push_timeout_ms
         self.max_event_bytes = max_event_bytes      # larger events are refused (IMP_LIMIT); 0 = no limit
         root = orb.resolve_initial_references("RootPOA")
@@ -116,16 +118,29 @@ class Runtime:
         t.start()
         return t
 
+    def reap(self) -> int:
+        """Delete the events queued by :meth:`Store.reap_later` in one statement; returns how many. When the unit
+        of work fails the events are queued again (nothing depends on them meanwhile) and the error propagates."""
+        ids = self.store.take_reap()
+        if ids:
+            try:
+                with self.db.unit_of_work() as conn:
+                    self.store.delete_events(conn, ids)
+            except StoreError:
+                self.store.reap_again(ids)
+                raise
+        return len(ids)
+
     def start_reaper(self, interval: float = 0.2) -> None:
         """Delete fully delivered persistent events in batches (see :meth:`Store.reap_later`)."""
 
         def loop() -> None:
             while not self.shutting_down.wait(interval):
                 try:
-                    self.store.reap()
+                    self.reap()
                 except Exception:
                     log.warning("could not delete delivered events; will retry", exc_info=True)
-            self.store.reap()
+            self.reap()
 
         self.spawn("reaper", loop)
 

@@ -1,6 +1,6 @@
 """PostgreSQL persistence of the channel: topology always, events when they are persistent (NS 2.5.5.1).
 
-Tables (created by :meth:`Store.migrate`, idempotent):
+Tables (created by migration ``router/db/migrations/0001_initial.sql``):
 
 * ``nsjms_channel`` — one row per channel: QoS, admin properties, id counters.
 * ``nsjms_admin`` — consumer ('C') and supplier ('S') admins, with QoS, operator and filter references.
@@ -8,121 +8,28 @@ Tables (created by :meth:`Store.migrate`, idempotent):
 * ``nsjms_event`` — persistent events (CDR encapsulation) with their delivery attributes.
 * ``nsjms_queue`` — which proxy supplier still has to deliver which persistent event.
 
-Every statement is parameterised. Methods are small transactions; an event and its queue rows are written in
-one transaction, so an event acknowledged to its supplier is on disk for every consumer it was routed to.
-
-Errors: this module is the one boundary where psycopg's exceptions become the channel's own::
-
-    StoreError                  the database refused the operation (a bug or a schema problem)
-    └── StoreUnavailable        the database could not be reached in time (no connection within the checkout
-                                timeout, connection lost); ``in_doubt`` when the connection broke during COMMIT
-
-A connection is checked out within ``checkout_timeout`` seconds (default 5) and each new connection is made within
-``connect_timeout`` seconds, so a caller never waits long on a database that is down; pooled connections are
-checked before use, so the first operation after the database came back succeeds.
+Every statement is parameterised. Every method takes ``conn``, a connection inside a transaction the caller opened
+(``with db.unit_of_work() as conn:``, :class:`router.db.Database`), so a caller can commit several changes together;
+an event and its queue rows are written by one statement, so an event acknowledged to its supplier is on disk for
+every consumer it was routed to. The pool and the translation of psycopg's errors into :class:`StoreError` /
+:class:`StoreUnavailable` live in :mod:`router.db` (re-exported here).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import psycopg
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool, PoolTimeout
 
-__all__ = ["AdminRow", "ChannelRow", "NewEvent", "ProxyRow", "QueuedRow", "Store", "StoreError", "StoreUnavailable"]
+from router.db.errors import StoreError, StoreUnavailable
 
-SCHEMA = """
-CREATE SEQUENCE IF NOT EXISTS nsjms_channel_id START WITH 0 MINVALUE 0;
-CREATE TABLE IF NOT EXISTS nsjms_channel (
-    id            integer PRIMARY KEY,
-    qos           jsonb   NOT NULL,
-    admin_props   jsonb   NOT NULL,
-    next_admin_c  integer NOT NULL DEFAULT 1,
-    next_admin_s  integer NOT NULL DEFAULT 1,
-    created_at    timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS nsjms_admin (
-    channel_id    integer NOT NULL REFERENCES nsjms_channel(id) ON DELETE CASCADE,
-    side          char(1) NOT NULL CHECK (side IN ('C','S')),
-    id            integer NOT NULL,
-    es_style      boolean NOT NULL DEFAULT false,
-    operator      smallint NOT NULL DEFAULT 0,
-    qos           jsonb   NOT NULL,
-    next_proxy    integer NOT NULL DEFAULT 0,
-    filters       jsonb   NOT NULL DEFAULT '{}'::jsonb,
-    extra         jsonb   NOT NULL DEFAULT '{}'::jsonb,
-    PRIMARY KEY (channel_id, side, id)
-);
-CREATE TABLE IF NOT EXISTS nsjms_proxy (
-    channel_id    integer NOT NULL,
-    side          char(1) NOT NULL CHECK (side IN ('C','S')),
-    admin_id      integer NOT NULL,
-    id            integer NOT NULL,
-    kind          text    NOT NULL,
-    es_style      boolean NOT NULL DEFAULT false,
-    qos           jsonb   NOT NULL,
-    client_ior    text,
-    connected     boolean NOT NULL DEFAULT false,
-    suspended     boolean NOT NULL DEFAULT false,
-    filters       jsonb   NOT NULL DEFAULT '{}'::jsonb,
-    extra         jsonb   NOT NULL DEFAULT '{}'::jsonb,
-    PRIMARY KEY (channel_id, side, admin_id, id),
-    FOREIGN KEY (channel_id, side, admin_id) REFERENCES nsjms_admin(channel_id, side, id) ON DELETE CASCADE
-);
-CREATE TABLE IF NOT EXISTS nsjms_event (
-    id            bigserial PRIMARY KEY,
-    channel_id    integer NOT NULL REFERENCES nsjms_channel(id) ON DELETE CASCADE,
-    seq           bigint  NOT NULL,
-    form          smallint NOT NULL,
-    body          bytea   NOT NULL,
-    priority      integer NOT NULL,
-    deadline      double precision,
-    start_at      double precision,
-    received_at   timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS nsjms_queue (
-    channel_id    integer NOT NULL,
-    admin_id      integer NOT NULL,
-    proxy_id      integer NOT NULL,
-    event_id      bigint  NOT NULL REFERENCES nsjms_event(id) ON DELETE CASCADE,
-    PRIMARY KEY (channel_id, admin_id, proxy_id, event_id)
-);
-CREATE INDEX IF NOT EXISTS nsjms_queue_event ON nsjms_queue(event_id);
-"""
-
-
-DEFAULT_CHECKOUT_TIMEOUT = 5.0
-DEFAULT_CONNECT_TIMEOUT = 3
-
-
-class StoreError(RuntimeError):
-    """The database refused an operation; nothing of it was committed."""
-
-
-class StoreUnavailable(StoreError):
-    """The database could not be reached in time or the connection broke.
-
-    ``in_doubt`` is True only when the connection broke while the transaction was being committed: then the
-    caller cannot know whether it was committed. Otherwise nothing of the operation was committed.
-    """
-
-    def __init__(self, message: str, *, in_doubt: bool = False) -> None:
-        super().__init__(message)
-        self.in_doubt = in_doubt
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_unavailable, (str(self), self.in_doubt))
-
-
-def _unavailable(message: str, in_doubt: bool) -> StoreUnavailable:
-    return StoreUnavailable(message, in_doubt=in_doubt)
-
+__all__ = ["AdminRow", "ChannelRow", "Conn", "NewEvent", "ProxyRow", "QueuedRow", "Store", "StoreError",
+           "StoreUnavailable"]
 
 @dataclass(frozen=True)
 class ChannelRow:
@@ -186,143 +93,96 @@ class NewEvent:
     targets: Sequence[tuple[int, int]]   # (consumer admin id, proxy supplier id)
 
 
-class Store:
-    """Thin, parameterised access to the channel tables through a connection pool."""
+Conn = psycopg.Connection[Any]
 
-    def __init__(self, dsn: str, pool_size: int = 8, *, checkout_timeout: float = DEFAULT_CHECKOUT_TIMEOUT,
-                 connect_timeout: int = DEFAULT_CONNECT_TIMEOUT) -> None:
-        self.checkout_timeout = checkout_timeout
-        self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), open=False,
-                                    kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
-                                    timeout=checkout_timeout, check=ConnectionPool.check_connection,
-                                    name="nsjms-channel")
+
+class Store:
+    """Parameterised access to the channel tables on the caller's connection (see the module docstring).
+
+    The only state it keeps is the list of fully delivered events waiting to be deleted in one batch."""
+
+    def __init__(self) -> None:
         self._reap_lock = threading.Lock()
         self._reap: list[int] = []
 
-    def open(self, timeout: float = 30.0) -> None:
-        self._pool.open(wait=True, timeout=timeout)
-        self.migrate()
-
-    def close(self) -> None:
-        self._pool.close()
-
-    @contextmanager
-    def _tx(self) -> Iterator[psycopg.Connection[Any]]:
-        """One transaction on a pooled connection, committed on a clean exit; psycopg's errors translated."""
-        stage = "checkout"
-        try:
-            with self._pool.connection(timeout=self.checkout_timeout) as conn:
-                stage = "work"
-                yield conn
-                stage = "commit"
-        except PoolTimeout as exc:
-            raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            raise StoreUnavailable(f"database connection failed during {stage}: {_first_line(exc)}",
-                                   in_doubt=stage == "commit") from exc
-        except psycopg.Error as exc:
-            raise StoreError(f"database error during {stage}: {_first_line(exc)}") from exc
-
-    def transaction(self) -> Any:
-        """A pooled connection as a context manager: one transaction, committed on a clean exit.
-
-        For modules that keep their own tables next to the channel's (e.g. ``router.channel.filters``).
-        """
-        return self._tx()
-
-    def migrate(self) -> None:
-        with self._tx() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(7715001)")
-            conn.execute(SCHEMA)
-
     # -- channels ---------------------------------------------------------------------------------------
-    def next_channel_id(self) -> int:
+    def next_channel_id(self, conn: Conn) -> int:
         """Channel ids are never reused, even after a channel is destroyed."""
-        with self._tx() as conn:
-            row = conn.execute("SELECT nextval('nsjms_channel_id')").fetchone()
+        row = conn.execute("SELECT nextval('nsjms_channel_id')").fetchone()
         assert row is not None
         return int(row[0])
 
-    def insert_channel(self, cid: int, qos: dict[str, Any], admin_props: dict[str, Any],
+    def insert_channel(self, conn: Conn, cid: int, qos: dict[str, Any], admin_props: dict[str, Any],
                        default_admin_qos: dict[str, dict[str, Any]]) -> None:
-        """A channel and its two default admins (id 0; QoS by side 'C'/'S') in one transaction."""
-        with self._tx() as conn:
-            conn.execute("INSERT INTO nsjms_channel(id, qos, admin_props) VALUES (%s, %s, %s)",
-                         (cid, Jsonb(qos), Jsonb(admin_props)))
-            for side in ("C", "S"):
-                conn.execute("INSERT INTO nsjms_admin(channel_id, side, id, qos) VALUES (%s, %s, 0, %s)",
-                             (cid, side, Jsonb(default_admin_qos[side])))
+        """A channel and its two default admins (id 0; QoS by side 'C'/'S')."""
+        conn.execute("INSERT INTO nsjms_channel(id, qos, admin_props) VALUES (%s, %s, %s)",
+                     (cid, Jsonb(qos), Jsonb(admin_props)))
+        for side in ("C", "S"):
+            conn.execute("INSERT INTO nsjms_admin(channel_id, side, id, qos) VALUES (%s, %s, 0, %s)",
+                         (cid, side, Jsonb(default_admin_qos[side])))
 
-    def update_channel(self, cid: int, **cols: Any) -> None:
-        self._update("nsjms_channel", {"id": cid}, cols)
+    def update_channel(self, conn: Conn, cid: int, **cols: Any) -> None:
+        self._update(conn, "nsjms_channel", {"id": cid}, cols)
 
-    def delete_channel(self, cid: int) -> None:
-        with self._tx() as conn:
-            conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s", (cid,))
-            conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s", (cid,))
-            conn.execute("DELETE FROM nsjms_channel WHERE id = %s", (cid,))
+    def delete_channel(self, conn: Conn, cid: int) -> None:
+        conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s", (cid,))
+        conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s", (cid,))
+        conn.execute("DELETE FROM nsjms_channel WHERE id = %s", (cid,))
 
-    def load_channels(self) -> list[ChannelRow]:
-        with self._tx() as conn:
-            rows = conn.execute("SELECT id, qos, admin_props, next_admin_c, next_admin_s "
-                                "FROM nsjms_channel ORDER BY id").fetchall()
+    def load_channels(self, conn: Conn) -> list[ChannelRow]:
+        rows = conn.execute("SELECT id, qos, admin_props, next_admin_c, next_admin_s "
+                            "FROM nsjms_channel ORDER BY id").fetchall()
         return [ChannelRow(*r) for r in rows]
 
     # -- admins -----------------------------------------------------------------------------------------
-    def insert_admin(self, cid: int, side: str, aid: int, es_style: bool, operator: int,
+    def insert_admin(self, conn: Conn, cid: int, side: str, aid: int, es_style: bool, operator: int,
                      qos: dict[str, Any]) -> None:
         counter = "next_admin_c" if side == "C" else "next_admin_s"
-        with self._tx() as conn:
-            conn.execute("INSERT INTO nsjms_admin(channel_id, side, id, es_style, operator, qos) "
-                         "VALUES (%s, %s, %s, %s, %s, %s)", (cid, side, aid, es_style, operator, Jsonb(qos)))
-            conn.execute(f"UPDATE nsjms_channel SET {counter} = GREATEST({counter}, %s) WHERE id = %s",
-                         (aid + 1, cid))
+        conn.execute("INSERT INTO nsjms_admin(channel_id, side, id, es_style, operator, qos) "
+                     "VALUES (%s, %s, %s, %s, %s, %s)", (cid, side, aid, es_style, operator, Jsonb(qos)))
+        conn.execute(f"UPDATE nsjms_channel SET {counter} = GREATEST({counter}, %s) WHERE id = %s",
+                     (aid + 1, cid))
 
-    def update_admin(self, cid: int, side: str, aid: int, **cols: Any) -> None:
-        self._update("nsjms_admin", {"channel_id": cid, "side": side, "id": aid}, cols)
+    def update_admin(self, conn: Conn, cid: int, side: str, aid: int, **cols: Any) -> None:
+        self._update(conn, "nsjms_admin", {"channel_id": cid, "side": side, "id": aid}, cols)
 
-    def delete_admin(self, cid: int, side: str, aid: int) -> None:
-        with self._tx() as conn:
-            if side == "C":
-                conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s", (cid, aid))
-            conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s AND side = %s AND admin_id = %s",
-                         (cid, side, aid))
-            conn.execute("DELETE FROM nsjms_admin WHERE channel_id = %s AND side = %s AND id = %s",
-                         (cid, side, aid))
-            self._delete_orphans(conn, cid)
+    def delete_admin(self, conn: Conn, cid: int, side: str, aid: int) -> None:
+        if side == "C":
+            conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s", (cid, aid))
+        conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s AND side = %s AND admin_id = %s",
+                     (cid, side, aid))
+        conn.execute("DELETE FROM nsjms_admin WHERE channel_id = %s AND side = %s AND id = %s",
+                     (cid, side, aid))
+        self._delete_orphans(conn, cid)
 
-    def load_admins(self, cid: int) -> list[AdminRow]:
-        with self._tx() as conn:
-            rows = conn.execute("SELECT channel_id, side, id, es_style, operator, qos, next_proxy, filters, extra "
-                                "FROM nsjms_admin WHERE channel_id = %s ORDER BY side, id", (cid,)).fetchall()
+    def load_admins(self, conn: Conn, cid: int) -> list[AdminRow]:
+        rows = conn.execute("SELECT channel_id, side, id, es_style, operator, qos, next_proxy, filters, extra "
+                            "FROM nsjms_admin WHERE channel_id = %s ORDER BY side, id", (cid,)).fetchall()
         return [AdminRow(*r) for r in rows]
 
     # -- proxies ----------------------------------------------------------------------------------------
-    def insert_proxy(self, cid: int, side: str, aid: int, pid: int, kind: str, es_style: bool,
+    def insert_proxy(self, conn: Conn, cid: int, side: str, aid: int, pid: int, kind: str, es_style: bool,
                      qos: dict[str, Any]) -> None:
-        with self._tx() as conn:
-            conn.execute("INSERT INTO nsjms_proxy(channel_id, side, admin_id, id, kind, es_style, qos) "
-                         "VALUES (%s, %s, %s, %s, %s, %s, %s)", (cid, side, aid, pid, kind, es_style, Jsonb(qos)))
-            conn.execute("UPDATE nsjms_admin SET next_proxy = GREATEST(next_proxy, %s) "
-                         "WHERE channel_id = %s AND side = %s AND id = %s", (pid + 1, cid, side, aid))
+        conn.execute("INSERT INTO nsjms_proxy(channel_id, side, admin_id, id, kind, es_style, qos) "
+                     "VALUES (%s, %s, %s, %s, %s, %s, %s)", (cid, side, aid, pid, kind, es_style, Jsonb(qos)))
+        conn.execute("UPDATE nsjms_admin SET next_proxy = GREATEST(next_proxy, %s) "
+                     "WHERE channel_id = %s AND side = %s AND id = %s", (pid + 1, cid, side, aid))
 
-    def update_proxy(self, cid: int, side: str, aid: int, pid: int, **cols: Any) -> None:
-        self._update("nsjms_proxy", {"channel_id": cid, "side": side, "admin_id": aid, "id": pid}, cols)
+    def update_proxy(self, conn: Conn, cid: int, side: str, aid: int, pid: int, **cols: Any) -> None:
+        self._update(conn, "nsjms_proxy", {"channel_id": cid, "side": side, "admin_id": aid, "id": pid}, cols)
 
-    def delete_proxy(self, cid: int, side: str, aid: int, pid: int) -> None:
-        with self._tx() as conn:
-            if side == "C":
-                conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s",
-                             (cid, aid, pid))
-            conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s AND side = %s AND admin_id = %s "
-                         "AND id = %s", (cid, side, aid, pid))
-            self._delete_orphans(conn, cid)
+    def delete_proxy(self, conn: Conn, cid: int, side: str, aid: int, pid: int) -> None:
+        if side == "C":
+            conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s",
+                         (cid, aid, pid))
+        conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s AND side = %s AND admin_id = %s "
+                     "AND id = %s", (cid, side, aid, pid))
+        self._delete_orphans(conn, cid)
 
-    def load_proxies(self, cid: int) -> list[ProxyRow]:
-        with self._tx() as conn:
-            rows = conn.execute("SELECT channel_id, side, admin_id, id, kind, es_style, qos, client_ior, connected, "
-                                "suspended, filters, extra FROM nsjms_proxy WHERE channel_id = %s "
-                                "ORDER BY side, admin_id, id", (cid,)).fetchall()
+    def load_proxies(self, conn: Conn, cid: int) -> list[ProxyRow]:
+        rows = conn.execute("SELECT channel_id, side, admin_id, id, kind, es_style, qos, client_ior, connected, "
+                            "suspended, filters, extra FROM nsjms_proxy WHERE channel_id = %s "
+                            "ORDER BY side, admin_id, id", (cid,)).fetchall()
         return [ProxyRow(*r) for r in rows]
 
     # -- events -----------------------------------------------------------------------------------------
@@ -340,8 +200,8 @@ class Store:
         )
         SELECT id, seq FROM ev"""
 
-    def insert_events(self, cid: int, events: Sequence[NewEvent]) -> list[int]:
-        """Store events and their queue rows atomically, in one statement; returns the new ids in order."""
+    def insert_events(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> list[int]:
+        """Store events and their queue rows in one statement; returns the new ids in order."""
         if not events:
             return []
         params = {
@@ -353,71 +213,62 @@ class Store:
             "qadmin": [a for ev in events for a, _ in ev.targets],
             "qproxy": [p for ev in events for _, p in ev.targets],
         }
-        with self._tx() as conn:
-            rows = conn.execute(self._INSERT_EVENTS, params).fetchall()
+        rows = conn.execute(self._INSERT_EVENTS, params).fetchall()
         by_seq = {int(seq): int(eid) for eid, seq in rows}
         return [by_seq[ev.seq] for ev in events]
 
-    def delete_deliveries(self, cid: int, aid: int, pid: int, event_ids: Iterable[int]) -> None:
-        """The proxy no longer has to deliver these events."""
+    def delete_deliveries(self, conn: Conn, cid: int, aid: int, pid: int, event_ids: Iterable[int]) -> None:
+        """The proxy no longer has to deliver these events (one statement)."""
         ids = list(event_ids)
-        if not ids:
-            return
-        with self._tx() as conn:
+        if ids:
             conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s "
                          "AND event_id = ANY(%s)", (cid, aid, pid, ids))
 
-    def delete_events(self, event_ids: Iterable[int]) -> None:
-        """Events no queue holds any more (the caller's reference count reached zero)."""
+    def delete_events(self, conn: Conn, event_ids: Iterable[int]) -> None:
+        """Events no queue holds any more (the caller's reference count reached zero); one statement."""
         ids = list(event_ids)
         if ids:
-            with self._tx() as conn:
-                conn.execute("DELETE FROM nsjms_event WHERE id = ANY(%s)", (ids,))
+            conn.execute("DELETE FROM nsjms_event WHERE id = ANY(%s)", (ids,))
 
     def reap_later(self, event_id: int) -> None:
-        """Queue a fully delivered event for deletion by :meth:`reap` (batched: one statement for many events).
+        """Queue a fully delivered event for deletion in a batch (see :meth:`take_reap`).
 
         Its queue rows are already gone, so until then it is only an orphan row, which startup also removes."""
         with self._reap_lock:
             self._reap.append(event_id)
 
-    def reap(self) -> int:
-        """Delete the events queued by :meth:`reap_later`; returns how many."""
+    def take_reap(self) -> list[int]:
+        """The events queued by :meth:`reap_later` since the last call, for one :meth:`delete_events`; a caller
+        whose unit of work failed gives them back with :meth:`reap_again`."""
         with self._reap_lock:
             ids, self._reap = self._reap, []
-        if ids:
-            try:
-                self.delete_events(ids)
-            except StoreError:
-                with self._reap_lock:          # try again next time; nothing depends on it meanwhile
-                    self._reap.extend(ids)
-                raise
-        return len(ids)
+        return ids
 
-    def load_queued(self, cid: int) -> list[QueuedRow]:
-        with self._tx() as conn:
-            self._delete_orphans(conn, cid)
-            rows = conn.execute(
-                "SELECT q.admin_id, q.proxy_id, e.id, e.seq, e.form, e.body, e.priority, e.deadline, e.start_at "
-                "FROM nsjms_queue q JOIN nsjms_event e ON e.id = q.event_id WHERE q.channel_id = %s "
-                "ORDER BY e.seq", (cid,)).fetchall()
+    def reap_again(self, event_ids: Iterable[int]) -> None:
+        with self._reap_lock:
+            self._reap.extend(event_ids)
+
+    def load_queued(self, conn: Conn, cid: int) -> list[QueuedRow]:
+        self._delete_orphans(conn, cid)
+        rows = conn.execute(
+            "SELECT q.admin_id, q.proxy_id, e.id, e.seq, e.form, e.body, e.priority, e.deadline, e.start_at "
+            "FROM nsjms_queue q JOIN nsjms_event e ON e.id = q.event_id WHERE q.channel_id = %s "
+            "ORDER BY e.seq", (cid,)).fetchall()
         return [QueuedRow(*r) for r in rows]
 
-    def max_seq(self) -> int:
-        with self._tx() as conn:
-            row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM nsjms_event").fetchone()
+    def max_seq(self, conn: Conn) -> int:
+        row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM nsjms_event").fetchone()
         return int(row[0]) if row else 0
 
-    def stats(self) -> dict[str, int]:
-        with self._tx() as conn:
-            row = conn.execute("SELECT (SELECT count(*) FROM nsjms_channel), (SELECT count(*) FROM nsjms_proxy), "
-                               "(SELECT count(*) FROM nsjms_event), (SELECT count(*) FROM nsjms_queue)").fetchone()
+    def stats(self, conn: Conn) -> dict[str, int]:
+        row = conn.execute("SELECT (SELECT count(*) FROM nsjms_channel), (SELECT count(*) FROM nsjms_proxy), "
+                           "(SELECT count(*) FROM nsjms_event), (SELECT count(*) FROM nsjms_queue)").fetchone()
         assert row is not None
         return dict(zip(("channels", "proxies", "events", "queued"), map(int, row), strict=True))
 
     # -- helpers ----------------------------------------------------------------------------------------
     @staticmethod
-    def _delete_orphans(conn: psycopg.Connection[Any], cid: int) -> None:
+    def _delete_orphans(conn: Conn, cid: int) -> None:
         conn.execute("DELETE FROM nsjms_event e WHERE e.channel_id = %s AND NOT EXISTS "
                      "(SELECT 1 FROM nsjms_queue q WHERE q.event_id = e.id)", (cid,))
 
@@ -425,7 +276,7 @@ class Store:
         "qos", "admin_props", "operator", "filters", "extra", "client_ior", "connected", "suspended",
         "next_proxy"})
 
-    def _update(self, table: str, key: dict[str, Any], cols: dict[str, Any]) -> None:
+    def _update(self, conn: Conn, table: str, key: dict[str, Any], cols: dict[str, Any]) -> None:
         if not cols:
             return
         bad = set(cols) - self._COLUMNS
@@ -434,13 +285,7 @@ class Store:
         sets = ", ".join(f"{c} = %s" for c in cols)
         where = " AND ".join(f"{k} = %s" for k in key)
         values = [Jsonb(v) if isinstance(v, dict) else v for v in cols.values()]
-        with self._tx() as conn:
-            conn.execute(f"UPDATE {table} SET {sets} WHERE {where}", (*values, *key.values()))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        conn.execute(f"UPDATE {table} SET {sets} WHERE {where}", (*values, *key.values()))
 
 
 def dumps(obj: Any) -> str:

@@ -22,19 +22,21 @@ from router.channel import qos as Q
 from router.channel.ack import AckState, StructuredProxyPushSupplierAckImpl, sequence_number_of
 from router.channel.events import Event, Form
 from router.channel.queue import FIFO_ORDER, ProxyQueue, Record
+from router.db.testing import NullDatabase
 
 INTERVAL_S = 10.0
 RETRIES = 2
 
 
 class FakeStore:
-    def delete_deliveries(self, cid: int, aid: int, pid: int, ids: list[int]) -> None:
+    def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int]) -> None:
         pass
 
 
 class FakeRt:
     def __init__(self) -> None:
         self.store = FakeStore()
+        self.db = NullDatabase()
         self.shutting_down = threading.Event()
         self.push_timeout_ms = 1000
         self.max_event_bytes = 0

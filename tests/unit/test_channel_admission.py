@@ -20,6 +20,7 @@ from router.channel.channel import EventChannelImpl
 from router.channel.events import Event, Form
 from router.channel.queue import FIFO_ORDER, Entry, ProxyQueue, Record
 from router.channel.store import NewEvent, StoreUnavailable
+from router.db.testing import NullDatabase
 
 
 class FailingStore:
@@ -30,7 +31,7 @@ class FailingStore:
         self.inserted: list[NewEvent] = []
         self.reaped: list[int] = []
 
-    def insert_events(self, cid: int, rows: list[NewEvent]) -> list[int]:
+    def insert_events(self, conn: object, cid: int, rows: list[NewEvent]) -> list[int]:
         if self.down:
             raise StoreUnavailable("injected: the database is unreachable")
         self.inserted.extend(rows)
@@ -43,6 +44,7 @@ class FailingStore:
 class FakeRt:
     def __init__(self) -> None:
         self.store = FailingStore()
+        self.db = NullDatabase()
         self.max_event_bytes = 0
         self._seq = 0
 

@@ -20,6 +20,7 @@ from router.channel.boundary import (
     store_faults,
 )
 from router.channel.store import Store, StoreError, StoreUnavailable
+from router.db import Database
 
 
 @pytest.mark.parametrize("exc,expected,completed,minor", [
@@ -74,12 +75,12 @@ def test_store_boundary_wraps_only_idl_operations() -> None:
 
 
 def test_unreachable_database_is_a_prompt_store_unavailable() -> None:
-    store = Store("host=127.0.0.1 port=1 dbname=nsjms user=nobody", checkout_timeout=0.5, connect_timeout=1)
-    store._pool.open(wait=False)
+    db = Database("host=127.0.0.1 port=1 dbname=nsjms user=nobody", checkout_timeout=0.5, connect_timeout=1)
+    db._pool.open(wait=False)
     try:
-        with pytest.raises(StoreUnavailable) as info:
-            store.max_seq()
+        with pytest.raises(StoreUnavailable) as info, db.unit_of_work() as conn:
+            Store().max_seq(conn)
         assert not info.value.in_doubt
         assert "password" not in str(info.value)
     finally:
-        store.close()
+        db.close()

@@ -21,6 +21,7 @@ from router.channel.boundary import POISON_ATTEMPTS, Outcome
 from router.channel.channel import EventChannelImpl
 from router.channel.events import Event, Form
 from router.channel.queue import FIFO_ORDER, ProxyQueue, Record
+from router.db.testing import NullDatabase
 
 DEADLINE_S = 20.0
 
@@ -38,13 +39,14 @@ class FakeStore:
     def __init__(self) -> None:
         self.deleted: list[int] = []
 
-    def delete_deliveries(self, cid: int, aid: int, pid: int, ids: list[int]) -> None:
+    def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int]) -> None:
         self.deleted.extend(ids)
 
 
 class FakeRt:
     def __init__(self) -> None:
         self.store = FakeStore()
+        self.db = NullDatabase()
         self.shutting_down = threading.Event()
         self.push_timeout_ms = 1000
         self.max_event_bytes = 0
@@ -352,10 +354,10 @@ def test_pull_during_a_database_outage_answers_transient_and_confirms_later(monk
     down = threading.Event()
     real_delete = store.delete_deliveries
 
-    def delete(cid: int, aid: int, pid: int, ids: list[int]) -> None:
+    def delete(conn: object, cid: int, aid: int, pid: int, ids: list[int]) -> None:
         if down.is_set():
             raise StoreUnavailable("injected: database down")
-        real_delete(cid, aid, pid, ids)
+        real_delete(conn, cid, aid, pid, ids)
 
     store.delete_deliveries = delete
     for i in (1, 2):

@@ -52,7 +52,7 @@ class FakeRt:
     """Activation is a no-op; spawned work runs at once; callbacks are local servants."""
 
     def __init__(self) -> None:
-        self.store = None
+        self.db = None
         self.objects: dict[str, Any] = {}
 
     def activate(self, oid: str, servant: Any) -> Any:

@@ -1,0 +1,11 @@
+"""Persistence of the node: one connection pool, units of work, numbered schema migrations.
+
+:class:`Database` owns the pool and translates psycopg's errors (:mod:`router.db.errors`); the stores
+(``router.channel.store``, ``router.bridge.store``, the filter repository) take a connection from a unit of work
+their caller opened; :mod:`router.db.migrate` brings the schema up to date at start.
+"""
+
+from router.db.database import Database
+from router.db.errors import SchemaError, StoreError, StoreUnavailable
+
+__all__ = ["Database", "SchemaError", "StoreError", "StoreUnavailable"]

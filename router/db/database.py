@@ -1,0 +1,87 @@
+"""The node's one PostgreSQL connection pool and the one boundary where psycopg's errors become the project's.
+
+A caller opens a unit of work and hands its connection to the store functions it calls, so everything it does in
+that block commits (or rolls back) together::
+
+    with db.unit_of_work() as conn:
+        store.insert_events(conn, cid, rows)
+
+A connection is checked out within ``checkout_timeout`` seconds (default 5) and each new connection is made within
+``connect_timeout`` seconds, so a caller never waits long on a database that is down; pooled connections are
+checked before use, so the first operation after the database came back succeeds. Errors (see
+:mod:`router.db.errors`): no connection in time or a broken connection is :class:`StoreUnavailable` (``in_doubt``
+when it broke during COMMIT), any other psycopg error is :class:`StoreError`; nothing else is translated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from router.db.errors import StoreError, StoreUnavailable
+
+__all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "Database"]
+
+DEFAULT_CHECKOUT_TIMEOUT = 5.0
+DEFAULT_CONNECT_TIMEOUT = 3
+
+
+class Database:
+    """One pool of at most ``max(2, pool_size)`` connections shared by every store of the node."""
+
+    def __init__(self, dsn: str, pool_size: int = 8, *, checkout_timeout: float = DEFAULT_CHECKOUT_TIMEOUT,
+                 connect_timeout: int = DEFAULT_CONNECT_TIMEOUT) -> None:
+        self.checkout_timeout = checkout_timeout
+        self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), open=False,
+                                    kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
+                                    timeout=checkout_timeout, check=ConnectionPool.check_connection,
+                                    name="nsjms")
+
+    def open(self, timeout: float = 30.0, *, migrate: bool = True) -> None:
+        """Open the pool (waiting up to ``timeout`` s for a first connection) and bring the schema up to date."""
+        self._pool.open(wait=True, timeout=timeout)
+        if migrate:
+            self.migrate()
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def migrate(self) -> list[int]:
+        """Apply the missing numbered migrations (see :mod:`router.db.migrate`); returns the versions applied."""
+        from router.db.migrate import run
+
+        with self.unit_of_work() as conn:
+            return run(conn)
+
+    @contextmanager
+    def unit_of_work(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection inside one transaction: committed on a clean exit, rolled back on an exception.
+
+        Do not open a second unit of work inside one: it would take a second connection and a second transaction.
+        """
+        stage = "checkout"
+        try:
+            with self._pool.connection(timeout=self.checkout_timeout) as conn:
+                stage = "work"
+                yield conn
+                stage = "commit"
+        except PoolTimeout as exc:
+            raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise StoreUnavailable(f"database connection failed during {stage}: {_first_line(exc)}",
+                                   in_doubt=stage == "commit") from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"database error during {stage}: {_first_line(exc)}") from exc
+
+    def stats(self) -> dict[str, int]:
+        """The pool's counters (psycopg_pool's ``get_stats``)."""
+        return {k: int(v) for k, v in self._pool.get_stats().items()}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

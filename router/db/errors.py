@@ -1,0 +1,41 @@
+"""The persistence layer's exceptions: the one tree psycopg's errors become (see :mod:`router.db.database`)::
+
+    StoreError                  the database refused the operation (a bug or a schema problem)
+    ├── StoreUnavailable        the database could not be reached in time (no connection within the checkout
+    │                           timeout, connection lost); ``in_doubt`` when the connection broke during COMMIT
+    └── SchemaError             the database's schema cannot be used by this version (tampered or unknown
+                                migration, a half-created schema); the node refuses to start
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SchemaError", "StoreError", "StoreUnavailable"]
+
+
+class StoreError(RuntimeError):
+    """The database refused an operation; nothing of it was committed."""
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached in time or the connection broke.
+
+    ``in_doubt`` is True only when the connection broke while the transaction was being committed: then the
+    caller cannot know whether it was committed. Otherwise nothing of the operation was committed.
+    """
+
+    def __init__(self, message: str, *, in_doubt: bool = False) -> None:
+        super().__init__(message)
+        self.in_doubt = in_doubt
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_unavailable, (str(self), self.in_doubt))
+
+
+class SchemaError(StoreError):
+    """The schema found in the database does not match this version's migrations; nothing was changed."""
+
+
+def _unavailable(message: str, in_doubt: bool) -> StoreUnavailable:
+    return StoreUnavailable(message, in_doubt=in_doubt)
