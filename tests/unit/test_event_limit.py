@@ -66,14 +66,14 @@ def test_the_channel_runtime_gets_the_limit(tmp_path: Path) -> None:
     class Stop(Exception):
         pass
 
-    def runtime(orb: object, store: object, *, max_event_bytes: int) -> object:
+    def runtime(orb: object, db: object, store: object, *, max_event_bytes: int) -> object:
         seen["max_event_bytes"] = max_event_bytes
         raise Stop
 
     with mock.patch("router.channel.runtime.Runtime", runtime), \
             mock.patch("omniORB.CORBA.ORB_init", return_value=object()), \
-            mock.patch("router.channel.store.Store") as store, pytest.raises(Stop):
-        store.return_value.open.return_value = None
+            mock.patch("router.db.Database") as db, pytest.raises(Stop):
+        db.return_value.open.return_value = None
         node._start_channel()
     assert seen == {"max_event_bytes": 2 * MIB}
 
