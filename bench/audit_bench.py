@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from audit.synth import SynthSpec, generate, write_parquet
+from audit.synth import SynthSpec, generate, write_parquet  # noqa: E402  (after the sys.path line)
 
 
 def _ledger(rows: int, out: Path) -> tuple[int, float]:
@@ -70,7 +70,8 @@ def main() -> int:
             summary = json.loads((base / f"out-{rows}" / "summary.json").read_text())
             r = {"rows": made, "generate_s": round(gen_s, 1), "audit_s": round(audit_s, 1),
                  "rows_per_s": round(made / audit_s), "steps_s": steps,
-                 "job_s": round(sum(v for k, v in steps.items() if k != "start Spark"), 1), "exit": rc, "lost": summary["lost"],
+                 "job_s": round(sum(v for k, v in steps.items() if k != "start Spark"), 1), "exit": rc,
+                 "lost": summary["lost"],
                  "duplicated": summary["duplicated"], "master": args.master, "driver_memory": args.driver_memory,
                  "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 1)}
             results.append(r)

@@ -30,8 +30,17 @@ from omniORB import CORBA
 
 from idl.generated import CosBridgeAdmin as BA
 
-__all__ = ["bridge_factory", "channel_ep", "jms_ep", "JavaTool", "JavaConsumer", "java_tool", "JAVA_JARS",
-           "error_codes", "reconnect_client"]
+__all__ = [
+    "JAVA_JARS",
+    "JavaConsumer",
+    "JavaTool",
+    "bridge_factory",
+    "channel_ep",
+    "error_codes",
+    "java_tool",
+    "jms_ep",
+    "reconnect_client",
+]
 
 JAVA_DIR = Path(__file__).resolve().parent / "java"
 JAVA_JARS = tuple(Path("/usr/share/java") / f"{name}.jar" for name in (
@@ -166,7 +175,7 @@ class JavaTool:
         cp = ":".join([str(self.classes), *map(str, JAVA_JARS)])
         return [self.java, "-cp", cp, "JmsTool", *map(str, args)]
 
-    def with_url(self, url: str) -> "JavaTool":
+    def with_url(self, url: str) -> JavaTool:
         return JavaTool(self.java, self.classes, url)
 
     def produce(self, kind: str, name: str, count: int, kinds: str = "text", persistent: bool = True) -> None:

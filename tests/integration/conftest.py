@@ -206,3 +206,8 @@ def nsjms_server(tmp_path: Path, fresh_db: str, broker_url: str) -> Iterator[Nsj
 def factory(nsjms_server: NsjmsServer, client_orb: ClientOrb) -> Any:
     """The server's EventChannelFactory, resolved through its IOR."""
     return client_orb.factory(nsjms_server.ior())
+
+
+# The Java JMS client fixture, shared by every integration module that needs it (imported here, not in each test
+# module, so the test modules do not re-bind a fixture name).
+from bridgekit import java_tool  # noqa: E402, F401

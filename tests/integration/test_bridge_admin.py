@@ -23,14 +23,25 @@ from omniORB import CORBA
 
 import CosNotification
 
-from bridgekit import (JavaTool, bridge_factory, channel_ep, error_codes, jms_ep, java_tool,  # noqa: F401
-                       reconnect_client)
-from conftest import NsjmsServer, free_port
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
 from router.services import EmbeddedActiveMQ
-from stdclients import (Form, PushSupplierClient, StructuredPushConsumer, Style, connect_push_consumer, make_event,
-                        obtain_proxy_consumer, obtain_proxy_supplier, prop, short, wait_until)
+
+from bridgekit import JavaTool, bridge_factory, channel_ep, error_codes, jms_ep, reconnect_client
+from conftest import NsjmsServer, free_port
+from stdclients import (
+    Form,
+    PushSupplierClient,
+    StructuredPushConsumer,
+    Style,
+    connect_push_consumer,
+    make_event,
+    obtain_proxy_consumer,
+    obtain_proxy_supplier,
+    prop,
+    short,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -28,10 +28,23 @@ from omniORB import CORBA
 
 import CosNotification
 
-from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep, java_tool  # noqa: F401
 from idl.generated import CosBridgeAdmin as BA
-from stdclients import (Form, PushSupplierClient, StructuredPushConsumer, Style, connect_push_consumer, make_event,
-                        obtain_proxy_consumer, obtain_proxy_supplier, prop, short, utc_in, wait_until)
+
+from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep
+from stdclients import (
+    Form,
+    PushSupplierClient,
+    StructuredPushConsumer,
+    Style,
+    connect_push_consumer,
+    make_event,
+    obtain_proxy_consumer,
+    obtain_proxy_supplier,
+    prop,
+    short,
+    utc_in,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """Bridge lifecycle against a real node and a real ActiveMQ: broker outages of any length, node SIGKILL with a
 pull-style JMS → channel bridge, and what ``stop_bridge`` / ``destroy`` do to the JMS subscription (NJI 2.3).
 
-* **Outage longer than Retries × RetryInterval.** On an Acknowledgment channel the bridge's proxy is an Ack proxy:
+* **Outage longer than Retries * RetryInterval.** On an Acknowledgment channel the bridge's proxy is an Ack proxy:
   every TRANSIENT answer while the broker is away counts against ``Retries`` and, once they run out, the channel
   STOPS that logical connection. The bridge must resume it by itself when the broker is back (it used to stay
   stopped until an operator called ``resume_connection``, and the events queued meanwhile never left).
@@ -27,9 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import CosNotification
 import pytest
-from bridgekit import JavaTool, bridge_factory, channel_ep, java_tool, jms_ep, reconnect_client  # noqa: F401
+
+import CosNotification
+
+from idl.generated import CosBridgeAdmin as BA
+from idl.generated import CosNotifyCommAck
+from router.services import EmbeddedActiveMQ
+
+from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep, reconnect_client
 from conftest import NsjmsServer, free_port
 from stdclients import (
     Form,
@@ -46,10 +52,6 @@ from stdclients import (
     time_t,
     wait_until,
 )
-
-from idl.generated import CosBridgeAdmin as BA
-from idl.generated import CosNotifyCommAck
-from router.services import EmbeddedActiveMQ
 
 pytestmark = pytest.mark.integration
 

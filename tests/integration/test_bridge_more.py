@@ -39,14 +39,27 @@ from omniORB import CORBA
 
 import CosNotification
 
-from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep, java_tool, reconnect_client  # noqa: F401
-from conftest import NsjmsServer
 from idl.generated import BridgeTransactionMgmt as BTM
 from idl.generated import CosBridgeAdmin as BA
-from idl.generated import CosNotifyCommAck
-from idl.generated import NsjmsAdmin
-from stdclients import (Form, PushSupplierClient, StructuredPushConsumer, Style, connect_push_consumer, long_,
-                        make_event, obtain_proxy_consumer, obtain_proxy_supplier, prop, short, time_t, wait_until)
+from idl.generated import CosNotifyCommAck, NsjmsAdmin
+
+from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep, reconnect_client
+from conftest import NsjmsServer
+from stdclients import (
+    Form,
+    PushSupplierClient,
+    StructuredPushConsumer,
+    Style,
+    connect_push_consumer,
+    long_,
+    make_event,
+    obtain_proxy_consumer,
+    obtain_proxy_supplier,
+    prop,
+    short,
+    time_t,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -41,7 +41,7 @@ import CosNotification
 from idl.generated import CosBridgeAdmin as BA
 from router.services import EmbeddedActiveMQ
 
-from bridgekit import JavaTool, bridge_factory, channel_ep, java_tool, jms_ep  # noqa: F401
+from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep
 from conftest import NsjmsServer, free_port
 from stdclients import (
     Form,

@@ -26,14 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import CosNotification
 import pytest
 import stomp
 
 from router.lifecycle import stomp_probe
 from router.services import EmbeddedActiveMQ, EmbeddedPostgres, _pid_alive, free_port
 
-from bridgekit import JavaTool, java_tool  # noqa: F401  (java_tool is a fixture)
+from bridgekit import JavaTool
 from conftest import ClientOrb
 from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, persistent_qos, wait_until
 
@@ -238,7 +237,7 @@ def test_embedded_broker_refuses_connections_without_credentials(embedded_node: 
 
 
 def test_embedded_broker_refuses_openwire_without_credentials(embedded_node: EmbeddedNode,
-                                                              java_tool: JavaTool) -> None:  # noqa: F811
+                                                              java_tool: JavaTool) -> None:
     """A Java JMS client (OpenWire) needs the generated credentials too; with them it reaches STOMP consumers."""
     url = f"tcp://127.0.0.1:{embedded_node.openwire_port}"
     name = f"nsjms.lifecycle.openwire.{uuid.uuid4().hex[:8]}"

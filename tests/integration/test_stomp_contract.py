@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ def private_broker() -> Iterator[EmbeddedActiveMQ]:
     broker = EmbeddedActiveMQ(base, free_port(), free_port(), die_with_parent=True)
     try:
         broker.start()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any start failure fails the test with its reason
         shutil.rmtree(base, ignore_errors=True)
         pytest.fail(f"cannot start a private ActiveMQ: {exc}", pytrace=False)
     yield broker

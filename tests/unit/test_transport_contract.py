@@ -19,7 +19,14 @@ import pytest
 from router.jms.memory import MemoryBroker
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import (
-    AckMode, BrokerError, BrokerUnavailable, ConnectionState, Delivery, LocalProtocolError, SendFailed, Transport,
+    AckMode,
+    BrokerError,
+    BrokerUnavailable,
+    ConnectionState,
+    Delivery,
+    LocalProtocolError,
+    SendFailed,
+    Transport,
     open_transport,
 )
 
@@ -273,9 +280,11 @@ class TransportContract:
         durable = t.subscribe(topic, durable_name="d1")
         plain = t.subscribe(topic, ack="auto")
         t.send(topic, text("first"))
-        assert (d := durable.receive(10)) is not None and d.message.body == "first"
+        d = durable.receive(10)
+        assert d is not None and d.message.body == "first"
         t.ack(d)
-        assert (p := plain.receive(10)) is not None and p.message.body == "first"
+        p = plain.receive(10)
+        assert p is not None and p.message.body == "first"
         t.close()
         other = make()
         other.send(topic, text("while away"))
@@ -317,7 +326,8 @@ class TransportContract:
         d = sub.receive(10)
         assert d is not None and d.message.body == "after"
 
-    def test_send_on_a_lost_connection_fails_then_reconnect_works(self, outage: tuple[Make, Callable[[], None]]) -> None:
+    def test_send_on_a_lost_connection_fails_then_reconnect_works(
+            self, outage: tuple[Make, Callable[[], None]]) -> None:
         make, restart = outage
         t = make()
         restart()

@@ -13,8 +13,15 @@ import pytest
 from router.jms.model import BodyType, JmsMessage
 from router.jms.stomp import StompTransport
 from router.jms.transport import (
-    RetryPolicy, BrokerError, BrokerUnavailable, ConnectionState, LocalProtocolError, ReceiptTimeout, SendFailed,
-    SendRefused, open_transport,
+    BrokerError,
+    BrokerUnavailable,
+    ConnectionState,
+    LocalProtocolError,
+    ReceiptTimeout,
+    RetryPolicy,
+    SendFailed,
+    SendRefused,
+    open_transport,
 )
 
 MSG = JmsMessage(BodyType.TEXT, "x")
@@ -106,7 +113,7 @@ def in_thread(fn: object) -> tuple[threading.Thread, list[BaseException]]:
     def run() -> None:
         try:
             fn()  # type: ignore[operator]
-        except BaseException as exc:  # collected for the assertion
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
             errors.append(exc)
     thread = threading.Thread(target=run)
     thread.start()

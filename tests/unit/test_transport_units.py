@@ -12,8 +12,19 @@ from router.jms.memory import MemoryBroker, MemoryTransport, compile_selector
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.stomp import StompTransport, parse_stomp_url
 from router.jms.transport import (
-    BrokerError, BrokerUnavailable, LocalProtocolError, ReceiptTimeout, RemoteProtocolError, SendFailed,
-    SimpleCodec, Transport, TransportError, open_transport, parse_destination, redact_url, register_scheme,
+    BrokerError,
+    BrokerUnavailable,
+    LocalProtocolError,
+    ReceiptTimeout,
+    RemoteProtocolError,
+    SendFailed,
+    SimpleCodec,
+    Transport,
+    TransportError,
+    open_transport,
+    parse_destination,
+    redact_url,
+    register_scheme,
 )
 
 
