@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Static checks: `ruff check .` over the tree and `mypy --strict` over the packages (router, xa, idl;
+# Static checks: `ruff check .` over the tree and `mypy --strict` over the packages (router, xa, idl, audit;
 # idl/generated excluded). Both read their settings from pyproject.toml ([tool.ruff], [tool.mypy]).
 #
 #   bash scripts/lint.sh                      # both checks
@@ -30,8 +30,8 @@ done
 status=0
 echo "[lint] $py -m ruff check ."
 "$py" -m ruff check . || status=1
-echo "[lint] $py -m mypy --strict router xa idl"
-"$py" -m mypy --strict router xa idl || status=1
+echo "[lint] $py -m mypy --strict router xa idl audit"
+"$py" -m mypy --strict router xa idl audit || status=1
 if [ "$status" -ne 0 ]; then
     echo "[lint] FAILED" >&2
 fi
