@@ -524,9 +524,9 @@ class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
         super().__init__(admin, row)
         self._init_ack()
 
-    def _handed_out(self, entries: list[Entry]) -> None:
-        """Nothing to confirm by the next pull: acknowledgements confirm delivery, and entries are tracked in
-        flight by :meth:`_next_batch`."""
+    def _end_pull(self, handed: list[Entry]) -> None:
+        """Nothing to confirm by the next pull (``_try_take``/``_blocking_take`` begin no pull here):
+        acknowledgements confirm delivery, and entries are tracked in flight by :meth:`_next_batch`."""
 
     def _hand_out(self, entries: list[Entry]) -> Any:
         """Entries stay in flight (offered again after RetryInterval) whatever happens to this reply."""

@@ -246,6 +246,7 @@ def test_connection_closed_while_sending_counts_against_the_event_only_if_the_co
 def make_pull(monkeypatch: pytest.MonkeyPatch) -> Any:
     proxy = make_proxy(P.StructuredProxyPullSupplierImpl, Consumer(), monkeypatch)
     proxy._unconfirmed, proxy._pull_lock, proxy._pulls_active = [], threading.Lock(), 0
+    proxy.max_pull_wait = DEADLINE_S
     proxy.filters = None
     return proxy
 
@@ -410,3 +411,52 @@ def test_pulled_events_wait_while_the_channel_is_full() -> None:
 
     consumer._route_acked = full
     assert consumer._route_pulled([Event(Form.ANY, 1)]) is False
+
+
+# -- pull confirmation: only replies that were built -----------------------------------------------------------
+def test_a_concurrent_pull_never_confirms_a_reply_still_being_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = make_pull(monkeypatch)
+    for i in (1, 2, 3):
+        proxy.queue.put(record(i, db_id=10 + i))
+    building = threading.Event()
+    release = threading.Event()
+    real_convert = proxy.convert
+
+    def slow_convert(entries: list[Any]) -> Any:
+        if entries[0].record.seq == 1:          # pull A: its events are taken, its reply not yet built
+            building.set()
+            release.wait(DEADLINE_S)
+        return real_convert(entries)
+
+    monkeypatch.setattr(proxy, "convert", slow_convert)
+    answer: list[Any] = []
+    a = threading.Thread(target=lambda: answer.append(_call(proxy.try_pull_structured_event)), daemon=True)
+    a.start()
+    wait_for(building.is_set, "pull A to have taken event 1")
+    assert proxy.try_pull_structured_event() == (2, True)     # pull B, concurrent with A
+    assert proxy.rt.store.deleted == []         # before the fix B deleted event 1's row: A's reply was not sent
+    release.set()
+    a.join(DEADLINE_S)
+    assert answer == [(1, True)]
+    assert proxy.try_pull_structured_event() == (3, True)     # pull C started after A and B were built
+    assert sorted(proxy.rt.store.deleted) == [11, 12]
+
+
+def test_a_blocking_pull_answers_transient_before_the_client_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.channel.boundary import MINOR_PULL_WAIT_OVER
+
+    proxy = make_pull(monkeypatch)
+    proxy.max_pull_wait = 0.05                  # the client's call timeout would be longer
+    answer: list[Any] = []
+    t = threading.Thread(target=lambda: answer.append(_call(proxy.pull_structured_event)), daemon=True)
+    t.start()
+    wait_for(lambda: bool(answer), "the blocking pull to answer")   # before the fix it waited on, past any client
+    exc = answer[0]
+    assert isinstance(exc, CORBA.TRANSIENT), exc
+    assert exc.minor == MINOR_PULL_WAIT_OVER and exc.completed == CORBA.COMPLETED_NO
+    assert proxy._pulls_active == 0 and proxy._unconfirmed == []
+    proxy.queue.put(record(1, db_id=11))        # an event arriving after the pull answered stays for the next one
+    assert proxy.pull_structured_event() == 1
+    assert proxy.rt.store.deleted == []
+    assert proxy.try_pull_structured_event()[1] is False
+    assert proxy.rt.store.deleted == [11]
