@@ -102,8 +102,9 @@ class PullConsumerMixin(ProxyConsumerBase):
         pulled: list[Event] = []
         while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
             if pulled:
-                if self._route_pulled(pulled):
-                    pulled, backoff = [], 0.05
+                pulled = self._route_pulled(pulled)
+                if not pulled:
+                    backoff = 0.05
                 else:
                     self.stop_event.wait(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF)
@@ -131,30 +132,39 @@ class PullConsumerMixin(ProxyConsumerBase):
                 continue
             idle = _PULL_IDLE_MIN
 
-    def _route_pulled(self, events: list[Event]) -> bool:
-        """True once the events are settled: routed, or (one by one) refused for unusable QoS headers."""
+    def _route_pulled(self, events: list[Event]) -> list[Event]:
+        """Route pulled events; returns the ones still to route (none once all are settled: routed, or one by one
+        refused for unusable QoS headers or size). The whole batch is tried at once; when the channel refuses it
+        because of one event, the events are routed one at a time and routing stops at the first that must wait
+        (channel full, database failure): only it and the events behind it are returned, never an event already
+        routed."""
         try:
             self._route_acked(events)
-            return True
+            return []
         except CORBA.BAD_QOS:
-            if len(events) > 1:
-                return all(self._route_pulled([ev]) for ev in events)
-            log.error("proxy %s: the supplier delivered an event with unusable QoS headers (%s); not routed",
-                      self.oid, _event_name(events[0]))
-            return True
+            if len(events) == 1:
+                self._refused(events[0], "its QoS headers are unusable")
+                return []
         except CORBA.IMP_LIMIT as exc:
-            if exc.minor == MINOR_EVENT_TOO_LARGE:
-                if len(events) > 1:
-                    return all(self._route_pulled([ev]) for ev in events)
-                log.error("proxy %s: the supplier delivered an event above the channel's size limit of %d bytes "
-                          "(%s); not routed", self.oid, self.rt.max_event_bytes, _event_name(events[0]))
-                return True
-            log.info("proxy %s: channel full with RejectNewEvents; %d pulled event(s) wait", self.oid, len(events))
-            return False
+            if exc.minor != MINOR_EVENT_TOO_LARGE:
+                log.info("proxy %s: channel full with RejectNewEvents; %d pulled event(s) wait", self.oid,
+                         len(events))
+                return events
+            if len(events) == 1:
+                self._refused(events[0], f"it is above the channel's size limit of {self.rt.max_event_bytes} bytes")
+                return []
         except Exception:
             log.warning("proxy %s: routing %d pulled event(s) failed; retrying", self.oid, len(events),
                         exc_info=True)
-            return False
+            return events
+        for i, ev in enumerate(events):
+            if self._route_pulled([ev]):
+                return events[i:]
+        return []
+
+    def _refused(self, event: Event, why: str) -> None:
+        log.error("proxy %s: the supplier delivered an event the channel refuses (%s): %s; not routed", self.oid,
+                  why, _event_name(event))
 
     def pull_once(self, supplier: Any) -> list[Event]:
         raise NotImplementedError

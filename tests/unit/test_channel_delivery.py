@@ -396,7 +396,7 @@ def test_pulled_event_above_the_size_limit_is_refused_alone_not_retried_forever(
 
     consumer._route_acked = route
     batch = [Event(Form.ANY, i) for i in (1, 2, 3)]
-    assert consumer._route_pulled(batch) is True          # settled: it used to be "channel full, retry" forever
+    assert consumer._route_pulled(batch) == []            # settled: it used to be "channel full, retry" forever
     assert routed == [[1], [3]]
 
 
@@ -410,7 +410,8 @@ def test_pulled_events_wait_while_the_channel_is_full() -> None:
         raise CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)       # MaxQueueLength with RejectNewEvents
 
     consumer._route_acked = full
-    assert consumer._route_pulled([Event(Form.ANY, 1)]) is False
+    waiting = [Event(Form.ANY, 1)]
+    assert consumer._route_pulled(waiting) == waiting
 
 
 # -- pull confirmation: only replies that were built -----------------------------------------------------------
@@ -460,3 +461,38 @@ def test_a_blocking_pull_answers_transient_before_the_client_gives_up(monkeypatc
     assert proxy.rt.store.deleted == []
     assert proxy.try_pull_structured_event()[1] is False
     assert proxy.rt.store.deleted == [11]
+
+
+def test_pulled_events_already_routed_are_not_routed_again_when_a_later_one_waits() -> None:
+    from router.channel.boundary import MINOR_EVENT_TOO_LARGE
+    from router.channel.consumers import StructuredProxyPullConsumerImpl
+
+    consumer: Any = object.__new__(StructuredProxyPullConsumerImpl)
+    consumer.oid, consumer.rt = "ch/0/S/0/1", FakeRt()
+    consumer.rt.max_event_bytes = 10
+    consumer.channel = type("Channel", (), {"id": 0})()
+    consumer.stop_event = threading.Event()
+    consumer.suspended = False
+    routed: list[int] = []
+    full = [True]
+
+    def route(events: list[Any]) -> None:
+        values = [ev.value for ev in events]
+        if 2 in values:
+            raise CORBA.IMP_LIMIT(MINOR_EVENT_TOO_LARGE, CORBA.COMPLETED_NO)
+        if values == [3] and full[0]:
+            full[0] = False                                 # the channel is full once, then has room
+            raise CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)
+        routed.extend(values)
+        if 3 in values:
+            consumer.stop_event.set()
+
+    pulls = iter([[Event(Form.ANY, i) for i in (1, 2, 3)]])
+    consumer._route_acked = route
+    consumer._channel_full = lambda: False
+    consumer.client_ref = lambda: None
+    consumer.pull_once = lambda supplier: next(pulls, [])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(omniORB, "setClientCallTimeout", lambda obj, ms: None)
+        consumer._pull_loop()
+    assert routed == [1, 3]                 # before the fix: [1, 1, 3] (the whole pulled list was routed again)
