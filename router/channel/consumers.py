@@ -20,8 +20,9 @@ import CosNotification
 import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
-from router.channel.boundary import MINOR_EVENT_TOO_LARGE, store_boundary_all, store_faults
-from router.channel.events import Event, normalise_any, normalise_structured
+from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe, store_boundary_all, store_faults
+from router.channel.delivery import DeadLetters
+from router.channel.events import Event, describe_event, normalise_any, normalise_structured
 from router.channel.proxies import ProxyBase
 
 __all__ = ["CONSUMER_CLASSES"]
@@ -76,7 +77,7 @@ class PushConsumerMixin(ProxyConsumerBase):
     """Push style: the supplier calls us; nothing to run."""
 
 
-class PullConsumerMixin(ProxyConsumerBase):
+class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
     """Pull style: a thread per proxy pulls from the supplier."""
 
     def start(self) -> None:
@@ -141,9 +142,9 @@ class PullConsumerMixin(ProxyConsumerBase):
         try:
             self._route_acked(events)
             return []
-        except CORBA.BAD_QOS:
+        except CORBA.BAD_QOS as exc:
             if len(events) == 1:
-                self._refused(events[0], "its QoS headers are unusable")
+                self._refused(events[0], exc, "its QoS headers are unusable")
                 return []
         except CORBA.IMP_LIMIT as exc:
             if exc.minor != MINOR_EVENT_TOO_LARGE:
@@ -151,7 +152,7 @@ class PullConsumerMixin(ProxyConsumerBase):
                          len(events))
                 return events
             if len(events) == 1:
-                self._refused(events[0], f"it is above the channel's size limit of {self.rt.max_event_bytes} bytes")
+                self._refused(events[0], exc, f"above the channel's size limit of {self.rt.max_event_bytes} bytes")
                 return []
         except Exception:
             log.warning("proxy %s: routing %d pulled event(s) failed; retrying", self.oid, len(events),
@@ -162,9 +163,16 @@ class PullConsumerMixin(ProxyConsumerBase):
                 return events[i:]
         return []
 
-    def _refused(self, event: Event, why: str) -> None:
-        log.error("proxy %s: the supplier delivered an event the channel refuses (%s): %s; not routed", self.oid,
-                  why, _event_name(event))
+    def _refused(self, event: Event, exc: BaseException, why: str) -> None:
+        """A pulled event the channel refuses is dead-lettered: the supplier handed it over and considers it
+        delivered (a pull-style JMS bridge acknowledges its message at the next pull), so this is its record."""
+        reason = f"{describe(exc)}: {why}"
+        what = describe_event(event)
+        self._count_dead_letter(what, reason, f"DEAD-LETTERED pulled event {what}: the channel refuses it ({reason}); "
+                                              "not routed, the events behind it go on")
+
+    def status_extra(self) -> dict[str, Any]:
+        return self.dead_letter_status()
 
     def pull_once(self, supplier: Any) -> list[Event]:
         raise NotImplementedError
@@ -296,13 +304,6 @@ class EsProxyPullConsumerImpl(PullConsumerMixin, CosEventChannelAdmin__POA.Proxy
 
 
 ES_CONSUMER_CLASSES: dict[str, type] = {"PUSH_ANY": EsProxyPushConsumerImpl, "PULL_ANY": EsProxyPullConsumerImpl}
-
-
-def _event_name(event: Event) -> str:
-    if event.form.name == "STRUCTURED":
-        fixed = event.structured.header.fixed_header
-        return f"{fixed.event_type.domain_name}/{fixed.event_type.type_name}/{fixed.event_name}"
-    return "an untyped event"
 
 
 CONSUMER_CLASSES: dict[str, type] = {

@@ -387,6 +387,7 @@ def test_pulled_event_above_the_size_limit_is_refused_alone_not_retried_forever(
 
     consumer: Any = object.__new__(StructuredProxyPullConsumerImpl)
     consumer.oid, consumer.rt = "ch/0/S/0/1", FakeRt()
+    consumer.channel = type("Channel", (), {"id": 0})()
     routed: list[list[int]] = []
 
     def route(events: list[Any]) -> None:
@@ -496,3 +497,33 @@ def test_pulled_events_already_routed_are_not_routed_again_when_a_later_one_wait
         mp.setattr(omniORB, "setClientCallTimeout", lambda obj, ms: None)
         consumer._pull_loop()
     assert routed == [1, 3]                 # before the fix: [1, 1, 3] (the whole pulled list was routed again)
+
+
+def test_a_pulled_event_the_channel_refuses_is_dead_lettered_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    from router.channel.boundary import MINOR_EVENT_TOO_LARGE
+    from router.channel.consumers import SequenceProxyPullConsumerImpl
+
+    consumer: Any = object.__new__(SequenceProxyPullConsumerImpl)
+    consumer.oid, consumer.rt = "ch/0/S/0/1", FakeRt()
+    consumer.rt.max_event_bytes = 10
+    consumer.channel = type("Channel", (), {"id": 0})()
+    routed: list[int] = []
+
+    def route(events: list[Any]) -> None:
+        values = [ev.value for ev in events]
+        if 2 in values:
+            raise CORBA.BAD_QOS(0, CORBA.COMPLETED_NO)
+        if 4 in values:
+            raise CORBA.IMP_LIMIT(MINOR_EVENT_TOO_LARGE, CORBA.COMPLETED_NO)
+        routed.extend(values)
+
+    consumer._route_acked = route
+    with caplog.at_level("ERROR", logger="nsjms.channel"):
+        assert consumer._route_pulled([Event(Form.ANY, i) for i in (1, 2, 3, 4)]) == []
+    assert routed == [1, 3]
+    status = consumer.status_extra()                 # before the fix: only a log line, no dead-letter record
+    assert status["dead_lettered"] == 2
+    assert "IMP_LIMIT" in status["last_dead_letter"] and "size limit of 10 bytes" in status["last_dead_letter"]
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(lines) == 2 and all("DEAD-LETTERED" in line for line in lines)
+    assert "BAD_QOS" in lines[0] and "QoS headers are unusable" in lines[0]
