@@ -441,7 +441,7 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
             self._retrying(interval)(self._push_once, p)
         except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
             log.info("proxy %s: consumer gone (%s); disconnecting", self.oid, type(exc).__name__)
-            self.teardown(notify_client=False)
+            self.teardown(notify_client=False, retry=True)
             return "gone"
         except _Exhausted:
             return "stopped"

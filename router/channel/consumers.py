@@ -119,7 +119,7 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
                 pulled = self.pull_once(supplier)
             except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
                 log.info("proxy %s: supplier gone (%s); disconnecting", self.oid, type(exc).__name__)
-                self.teardown(notify_client=False)
+                self.teardown(notify_client=False, retry=True)
                 return
             except CORBA.Exception as exc:
                 log.warning("proxy %s: pull failed (%s); retrying", self.oid, exc)

@@ -64,6 +64,7 @@ class ProxyBase(QoSMixin, FilterMixin):
 
     side = "C"
     client_iface: Any = None          # typed interface of the connected client, for narrowing stored IORs
+    closing = False                   # teardown begun (stopped), stored row not yet deleted
 
     def __init__(self, admin: Any, row: ProxyRow) -> None:
         self.admin = admin
@@ -132,6 +133,8 @@ class ProxyBase(QoSMixin, FilterMixin):
         """Record the client (nil allowed unless required); AlreadyConnected if one is connected."""
         with self._lock:
             self._check_alive()
+            if self.closing:                    # a teardown that failed on the store: it must be finished first
+                raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
             if self.connected:
                 raise CosEventChannelAdmin.AlreadyConnected()
             nil = client is None or CORBA.is_nil(client)
@@ -197,23 +200,50 @@ class ProxyBase(QoSMixin, FilterMixin):
         """The client called our ``disconnect_*``: release everything, the reference dies (NS 3.3.7.2)."""
         self.teardown(notify_client=False)
 
-    def teardown(self, *, notify_client: bool) -> None:
+    def teardown(self, *, notify_client: bool, retry: bool = False) -> None:
+        """Destroy the proxy. It stops at once (not connected, worker stopped); then its stored row and queue rows
+        are deleted, and only then is it marked destroyed, released, forgotten by its admin and deactivated.
+
+        If the store cannot delete the row, the :class:`StoreError` propagates (a calling client gets ``TRANSIENT``,
+        ``COMPLETED_NO``) and the proxy stays stopped but registered, stored and retryable: the next call finishes
+        the teardown. With ``retry`` (the proxy's own worker found its client gone; nobody calls again) the delete is
+        retried with backoff until it works or the node stops."""
         with self._lock:
             if self.destroyed:
                 return
-            self.destroyed = True
+            self.closing = True
             self.connected = False
             self.stop_event.set()
+        self._wake()
+        self._delete_row(retry)
+        with self._lock:
+            if self.destroyed:                 # a concurrent teardown finished first
+                return
+            self.destroyed = True
         self._release_resources()
         if notify_client:
             self._notify_client_async()
-        self.rt.store.delete_proxy(self.channel.id, self.side, self.admin.id, self.id)
         self.admin.forget_proxy(self.id)
         self.rt.deactivate(self.oid)
         if self.filters or self.types.types():
             from router.channel.sharing import sharing_of
 
             sharing_of(self.channel).changed()      # its subscriptions/offers leave the aggregate
+
+    def _delete_row(self, retry: bool) -> None:
+        backoff = 0.05
+        while True:
+            try:
+                self.rt.store.delete_proxy(self.channel.id, self.side, self.admin.id, self.id)
+                return
+            except StoreError as exc:
+                if not retry or self.rt.shutting_down.is_set():
+                    raise
+                log.warning("proxy %s: could not delete the disconnected proxy from the store (%s); retrying",
+                            self.oid, exc)
+                if self.rt.shutting_down.wait(backoff):
+                    raise
+                backoff = min(backoff * 2, _MAX_BACKOFF)
 
     def _release_resources(self) -> None:
         self._wake()
@@ -455,7 +485,7 @@ class PushSupplierMixin(ProxySupplierBase):
         elif outcome is Outcome.GONE:
             log.info("proxy %s: consumer gone (%s); disconnecting", self.oid, type(exc).__name__)
             self.queue.requeue(entries)
-            self.teardown(notify_client=False)
+            self.teardown(notify_client=False, retry=True)
         elif outcome is Outcome.RETRY:
             # NS 2.5.5.1: keep retrying until the consumer answers or no longer exists; nothing is dropped. A
             # consumer that keeps refusing shows in `nsjms status` (failing, attempts) and in the log.

@@ -527,3 +527,60 @@ def test_a_pulled_event_the_channel_refuses_is_dead_lettered_with_its_reason(cap
     lines = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(lines) == 2 and all("DEAD-LETTERED" in line for line in lines)
     assert "BAD_QOS" in lines[0] and "QoS headers are unusable" in lines[0]
+
+
+# -- teardown survives a store outage ---------------------------------------------------------------------------
+class TeardownWorld:
+    """Admin, runtime and store twins for a proxy's teardown; the store refuses ``down`` deletes first."""
+
+    def __init__(self, proxy: Any, down: int) -> None:
+        from router.channel.store import StoreUnavailable
+        from router.channel.typesets import TypeSet
+
+        world = self
+        self.down, self.deleted, self.forgotten, self.deactivated = down, 0, False, False
+
+        class Admin:
+            id = 0
+
+            def forget_proxy(self, pid: int) -> None:
+                world.forgotten = True
+
+        def delete_proxy(cid: int, side: str, aid: int, pid: int) -> None:
+            if world.down:
+                world.down -= 1
+                raise StoreUnavailable("injected: database down")
+            world.deleted += 1
+
+        def deactivate(oid: str) -> None:
+            world.deactivated = True
+
+        proxy.admin, proxy.side, proxy.filters, proxy.types = Admin(), "C", None, TypeSet()
+        proxy._lock = threading.RLock()
+        proxy.rt.store.delete_proxy = delete_proxy
+        proxy.rt.deactivate = deactivate
+
+
+def test_a_disconnect_that_failed_on_the_store_is_finished_by_the_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, Consumer(), monkeypatch)
+    world = TeardownWorld(proxy, down=1)
+    proxy.queue.put(record(1, db_id=11))
+    with pytest.raises(CORBA.TRANSIENT) as refused:
+        proxy.disconnect_structured_push_supplier()
+    assert refused.value.completed == CORBA.COMPLETED_NO
+    assert not proxy.destroyed and not proxy.connected and not world.forgotten and not world.deactivated
+    assert proxy.wants(Event(Form.ANY, 0)) is False        # stopped: nothing more is queued or pushed to it
+    proxy.disconnect_structured_push_supplier()            # the client's retry
+    assert world.deleted == 1                               # before the fix the retry saw `destroyed` and did nothing
+    assert proxy.destroyed and world.forgotten and world.deactivated
+
+
+def test_a_consumer_found_gone_is_deleted_once_the_store_is_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer = Consumer(_raising(CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)))
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, consumer, monkeypatch)
+    world = TeardownWorld(proxy, down=2)
+    proxy.queue.put(record(1, db_id=11))
+    t = run_worker(proxy)
+    wait_for(lambda: world.deactivated, "the gone consumer's proxy to be deleted and deactivated")
+    t.join(DEADLINE_S)
+    assert world.deleted == 1 and world.forgotten and proxy.destroyed   # before the fix: row kept, proxy a zombie
