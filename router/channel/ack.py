@@ -67,6 +67,7 @@ from router.channel.proxies import (
     StructuredProxyPushSupplierImpl,
 )
 from router.channel.queue import Entry, order_key
+from router.channel.store import StoreError
 
 __all__ = [
     "SN_LIMIT",
@@ -674,7 +675,14 @@ class InboundAck:
             self._seen.append(sn)
             self._seen_set.add(sn)
             recent = list(self._seen)[-256:]
-        self.proxy.save_extra(ack_in={"seen": recent})
+        try:
+            self.proxy.save_extra(ack_in={"seen": recent})
+        except StoreError as exc:
+            # The events are routed and committed: the answer is success (TRANSIENT would tell the supplier they
+            # were not, which is false). The number is remembered in memory, and the next save stores it too;
+            # only a crash before then lets a resend of this number through (at-least-once, docs/ack.md).
+            log.warning("proxy %s: events with SequenceNumber %d are stored and routed, but the numbers seen could "
+                        "not be saved (%s); a resend after a crash may be routed again", self.proxy.oid, sn, exc)
 
     def _acknowledge(self, sns: list[int]) -> None:
         client = self._ack_ref
