@@ -584,3 +584,61 @@ def test_a_consumer_found_gone_is_deleted_once_the_store_is_back(monkeypatch: py
     wait_for(lambda: world.deactivated, "the gone consumer's proxy to be deleted and deactivated")
     t.join(DEADLINE_S)
     assert world.deleted == 1 and world.forgotten and proxy.destroyed   # before the fix: row kept, proxy a zombie
+
+
+def test_a_channel_destroy_that_failed_on_the_store_is_finished_by_the_retry() -> None:
+    from router.channel.store import StoreUnavailable
+
+    done: list[str] = []
+    down = [1]
+
+    class Admin:
+        oid = "ch/0/C/0"
+
+        def teardown(self, *, deactivate: bool = True) -> None:
+            done.append("admin teardown")
+
+    class Store:
+        def delete_channel(self, cid: int) -> None:
+            if down[0]:
+                down[0] -= 1
+                raise StoreUnavailable("injected: database down")
+            done.append("deleted")
+
+    channel: Any = object.__new__(EventChannelImpl)
+    channel.id, channel.oid, channel._lock, channel.destroyed = 0, "ch/0", threading.RLock(), False
+    channel.consumer_admins, channel.supplier_admins = {0: Admin()}, {}
+    channel.rt = type("Rt", (), {"store": Store(), "deactivate": lambda self, oid: done.append(f"deactivate {oid}")})()
+    channel.factory = type("Factory", (), {"forget": lambda self, cid: done.append("forgotten")})()
+    with pytest.raises(CORBA.TRANSIENT):
+        channel.destroy()
+    assert channel.destroyed and done == ["admin teardown"]        # stopped, still stored and active
+    channel.destroy()                                               # the client's retry
+    assert done == ["admin teardown", "admin teardown", "deleted", "deactivate ch/0/C/0", "forgotten",
+                    "deactivate ch/0"]                              # before the fix the retry returned at once
+
+
+def test_an_admin_destroy_that_failed_on_the_store_is_finished_by_the_retry() -> None:
+    from router.channel.admins import ConsumerAdminImpl
+    from router.channel.store import StoreUnavailable
+
+    done: list[str] = []
+    down = [1]
+
+    class Store:
+        def delete_admin(self, cid: int, side: str, aid: int) -> None:
+            if down[0]:
+                down[0] -= 1
+                raise StoreUnavailable("injected: database down")
+            done.append("deleted")
+
+    admin: Any = object.__new__(ConsumerAdminImpl)
+    admin.id, admin.side, admin.es_style, admin.oid = 1, "C", False, "ch/0/C/1"
+    admin._lock, admin.destroyed, admin.proxies = threading.RLock(), False, {}
+    admin.channel = type("Channel", (), {"id": 0, "consumer_admins": {1: admin}, "supplier_admins": {}})()
+    admin.rt = type("Rt", (), {"store": Store(), "deactivate": lambda self, oid: done.append(f"deactivate {oid}")})()
+    with pytest.raises(CORBA.TRANSIENT):
+        admin.destroy()
+    assert done == []                            # before the fix it was deactivated: the retry met OBJECT_NOT_EXIST
+    admin.destroy()
+    assert done == ["deleted", "deactivate ch/0/C/1"] and admin.channel.consumer_admins == {}
