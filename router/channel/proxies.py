@@ -635,6 +635,9 @@ class PullSupplierMixin(ProxySupplierBase):
         self._delivered_one_batch()
         return value
 
+    def status_extra(self) -> dict[str, Any]:
+        return self.dead_letter_status()
+
     def _limit(self, max_number: int) -> int:
         size = self.batch_size()
         return size if max_number <= 0 else min(max_number, size)

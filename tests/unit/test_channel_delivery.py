@@ -642,3 +642,21 @@ def test_an_admin_destroy_that_failed_on_the_store_is_finished_by_the_retry() ->
     assert done == []                            # before the fix it was deactivated: the retry met OBJECT_NOT_EXIST
     admin.destroy()
     assert done == ["deleted", "deactivate ch/0/C/1"] and admin.channel.consumer_admins == {}
+
+
+def test_a_pull_proxy_shows_its_dead_letters_in_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.channel.boundary import POISON_ATTEMPTS
+
+    proxy = make_pull(monkeypatch)
+    proxy.queue.put(record(1, db_id=11))
+
+    def convert(entries: list[Any]) -> Any:
+        raise ValueError("injected: cannot convert")
+
+    monkeypatch.setattr(proxy, "convert", convert)
+    for _ in range(POISON_ATTEMPTS):
+        with pytest.raises(CORBA.TRANSIENT):
+            proxy.try_pull_structured_event()
+    status = proxy.status_extra()               # before the fix a pull proxy had no status_extra at all
+    assert status["dead_lettered"] == 1 and "injected: cannot convert" in status["last_dead_letter"]
+    assert proxy.rt.store.deleted == [11]
