@@ -281,7 +281,15 @@ class Node:
                     proxies.append({"admin": aid, "id": pid, "kind": proxy.kind, "connected": proxy.connected,
                                     "suspended": proxy.suspended, "queued": len(proxy.queue),
                                     **getattr(proxy, "status_extra", dict)()})
-            channels.append({"id": cid, "events_held": ch.queued_count(), "proxy_suppliers": proxies})
+            consumers = []                  # proxy consumers with something to report (pulled events dead-lettered)
+            for aid, admin in sorted(ch.supplier_admins.items()):
+                for pid, proxy in sorted(admin.proxies.items()):
+                    extra: dict[str, Any] = getattr(proxy, "status_extra", dict)()
+                    if extra:
+                        consumers.append({"admin": aid, "id": pid, "kind": proxy.kind, "connected": proxy.connected,
+                                          "suspended": proxy.suspended, **extra})
+            channels.append({"id": cid, "events_held": ch.queued_count(), "proxy_suppliers": proxies,
+                             "proxy_consumers": consumers})
         return {"time": time.time(), "node_id": self.s.node_id, "channels": channels,
                 "bridges": self.bridges.status() if self.bridges is not None else [],
                 "store": self._store_stats(),

@@ -110,6 +110,11 @@ def render(report: dict[str, Any]) -> str:
                       if k not in {"admin", "id", "kind", "connected", "suspended", "queued"}]
             lines.append(f"  admin {p['admin']} proxy {p['id']} {p['kind']:<16} queued {p['queued']:>6}"
                          f"  {' '.join(flags)}".rstrip())
+        for p in ch.get("proxy_consumers", []):
+            flags = [] if p["connected"] else ["not connected"]
+            flags += ["suspended"] if p["suspended"] else []
+            flags += [_flag(k, v) for k, v in p.items() if k not in {"admin", "id", "kind", "connected", "suspended"}]
+            lines.append(f"  supplier admin {p['admin']} proxy {p['id']} {p['kind']:<16}  {' '.join(flags)}".rstrip())
     from router.bridgecli import bridge_state
 
     for b in snap.get("bridges", []):

@@ -67,6 +67,7 @@ from router.channel.proxies import (
     StructuredProxyPushSupplierImpl,
 )
 from router.channel.queue import Entry, order_key
+from router.channel.store import StoreError
 
 __all__ = [
     "SN_LIMIT",
@@ -445,7 +446,7 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
             self._retrying(interval)(self._push_once, p)
         except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
             log.info("proxy %s: consumer gone (%s); disconnecting", self.oid, type(exc).__name__)
-            self.teardown(notify_client=False)
+            self.teardown(notify_client=False, retry=True)
             return "gone"
         except _Exhausted:
             return "stopped"
@@ -528,9 +529,9 @@ class AckPullMixin(_AckSupplierMixin, PullSupplierMixin):
         super().__init__(admin, row)
         self._init_ack()
 
-    def _handed_out(self, entries: list[Entry]) -> None:
-        """Nothing to confirm by the next pull: acknowledgements confirm delivery, and entries are tracked in
-        flight by :meth:`_next_batch`."""
+    def _end_pull(self, handed: list[Entry]) -> None:
+        """Nothing to confirm by the next pull (``_try_take``/``_blocking_take`` begin no pull here):
+        acknowledgements confirm delivery, and entries are tracked in flight by :meth:`_next_batch`."""
 
     def _hand_out(self, entries: list[Entry]) -> Any:
         """Entries stay in flight (offered again after RetryInterval) whatever happens to this reply."""
@@ -678,7 +679,14 @@ class InboundAck:
             self._seen.append(sn)
             self._seen_set.add(sn)
             recent = list(self._seen)[-256:]
-        self.proxy.save_extra(ack_in={"seen": recent})
+        try:
+            self.proxy.save_extra(ack_in={"seen": recent})
+        except StoreError as exc:
+            # The events are routed and committed: the answer is success (TRANSIENT would tell the supplier they
+            # were not, which is false). The number is remembered in memory, and the next save stores it too;
+            # only a crash before then lets a resend of this number through (at-least-once, docs/ack.md).
+            log.warning("proxy %s: events with SequenceNumber %d are stored and routed, but the numbers seen could "
+                        "not be saved (%s); a resend after a crash may be routed again", self.proxy.oid, sn, exc)
 
     def _acknowledge(self, sns: list[int]) -> None:
         client = self._ack_ref

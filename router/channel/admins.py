@@ -87,20 +87,25 @@ class _AdminBase(QoSMixin, FilterMixin):
         if self.id == 0 and not self.es_style:
             # NS leaves destroying a default admin unspecified; the channel must always have one.
             raise CORBA.NO_PERMISSION(0, CORBA.COMPLETED_NO)
-        self.teardown()
+        # Retryable: if the store fails, the client gets TRANSIENT and the admin stays active (refusing new
+        # proxies) until a new destroy() finishes; it is deactivated only once its stored row is gone.
+        self.teardown(deactivate=False)
         with self.rt.db.unit_of_work() as conn:
             self.rt.store.delete_admin(conn, self.channel.id, self.side, self.id)
         admins = self.channel.consumer_admins if self.side == "C" else self.channel.supplier_admins
         admins.pop(self.id, None)
+        self.rt.deactivate(self.oid)
 
-    def teardown(self) -> None:
-        """Disconnect every proxy and deactivate (the channel is going, or this admin is)."""
+    def teardown(self, *, deactivate: bool = True) -> None:
+        """Disconnect every proxy (each deletes its stored row) and deactivate (the channel is going, or this admin
+        is). A proxy whose teardown fails on the store stays listed, so calling this again finishes it."""
         with self._lock:
             self.destroyed = True
             proxies = list(self.proxies.values())
         for proxy in proxies:
             proxy.teardown(notify_client=True)
-        self.rt.deactivate(self.oid)
+        if deactivate:
+            self.rt.deactivate(self.oid)
 
     # -- QoS / filters plumbing ------------------------------------------------------------------------
     def _qos_context(self) -> Q.Context:

@@ -9,6 +9,8 @@ it can act on instead of ``UNKNOWN``:
 other ``StoreError``                   ``PERSIST_STORE`` (minor ``MINOR_STORE_FAILED``), ``COMPLETED_NO``.
 event above ``max_event_bytes``        ``IMP_LIMIT`` (minor ``MINOR_EVENT_TOO_LARGE``), ``COMPLETED_NO``; do not
                                        retry the same event.
+blocking pull waited ``max_pull_wait``  ``TRANSIENT`` (minor ``MINOR_PULL_WAIT_OVER``), ``COMPLETED_NO``, nothing
+                                       taken; pull again.
 =====================================  ===========================================================================
 
 Minor codes carry the unofficial vendor id ``NSJMS_VMCID`` (``0x4E530000``, "NS"), which the OMG did not assign;
@@ -36,6 +38,7 @@ __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
     "EVENT_SPECIFIC",
     "MINOR_EVENT_TOO_LARGE",
+    "MINOR_PULL_WAIT_OVER",
     "MINOR_STORE_FAILED",
     "MINOR_STORE_UNAVAILABLE",
     "NSJMS_VMCID",
@@ -51,6 +54,7 @@ NSJMS_VMCID = 0x4E530000
 MINOR_EVENT_TOO_LARGE = NSJMS_VMCID | 1
 MINOR_STORE_UNAVAILABLE = NSJMS_VMCID | 2
 MINOR_STORE_FAILED = NSJMS_VMCID | 3
+MINOR_PULL_WAIT_OVER = NSJMS_VMCID | 4
 
 DEFAULT_MAX_EVENT_BYTES = _NODE_DEFAULT        # CDR-encoded size of one event (node.max_event_bytes)
 _GIOP_HEADROOM = 1024 * 1024                    # GIOP/request headers and a few small events around a big one

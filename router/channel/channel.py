@@ -257,16 +257,27 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
     def for_suppliers(self) -> Any:
         return self._new_admin("S", CosNotifyChannelAdmin.AND_OP, es_style=True).ref
 
+    _deleted = False                     # destroy() finished: the stored channel is gone
+
     def destroy(self) -> None:
+        """Retryable: the channel stops at once (``destroyed``: no events, no admins), but it and its admins stay
+        active until its stored rows are deleted; if the store fails, the client gets TRANSIENT and a new
+        destroy() finishes the job."""
         with self._lock:
-            if self.destroyed:
+            if self._deleted:
                 return
             self.destroyed = True
             admins = list(self.consumer_admins.values()) + list(self.supplier_admins.values())
         for admin in admins:
-            admin.teardown()
+            admin.teardown(deactivate=False)
         with self.rt.db.unit_of_work() as conn:
             self.rt.store.delete_channel(conn, self.id)
+        with self._lock:
+            if self._deleted:
+                return
+            self._deleted = True
+        for admin in admins:
+            self.rt.deactivate(admin.oid)
         self.factory.forget(self.id)
         self.rt.deactivate(self.oid)
 

@@ -20,8 +20,9 @@ import CosNotification
 import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
-from router.channel.boundary import MINOR_EVENT_TOO_LARGE, store_boundary_all, store_faults
-from router.channel.events import Event, normalise_any, normalise_structured
+from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe, store_boundary_all, store_faults
+from router.channel.delivery import DeadLetters
+from router.channel.events import Event, describe_event, normalise_any, normalise_structured
 from router.channel.proxies import ProxyBase
 
 __all__ = ["CONSUMER_CLASSES"]
@@ -76,7 +77,7 @@ class PushConsumerMixin(ProxyConsumerBase):
     """Push style: the supplier calls us; nothing to run."""
 
 
-class PullConsumerMixin(ProxyConsumerBase):
+class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
     """Pull style: a thread per proxy pulls from the supplier."""
 
     def start(self) -> None:
@@ -102,8 +103,9 @@ class PullConsumerMixin(ProxyConsumerBase):
         pulled: list[Event] = []
         while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
             if pulled:
-                if self._route_pulled(pulled):
-                    pulled, backoff = [], 0.05
+                pulled = self._route_pulled(pulled)
+                if not pulled:
+                    backoff = 0.05
                 else:
                     self.stop_event.wait(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF)
@@ -117,7 +119,7 @@ class PullConsumerMixin(ProxyConsumerBase):
                 pulled = self.pull_once(supplier)
             except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
                 log.info("proxy %s: supplier gone (%s); disconnecting", self.oid, type(exc).__name__)
-                self.teardown(notify_client=False)
+                self.teardown(notify_client=False, retry=True)
                 return
             except CORBA.Exception as exc:
                 log.warning("proxy %s: pull failed (%s); retrying", self.oid, exc)
@@ -131,30 +133,46 @@ class PullConsumerMixin(ProxyConsumerBase):
                 continue
             idle = _PULL_IDLE_MIN
 
-    def _route_pulled(self, events: list[Event]) -> bool:
-        """True once the events are settled: routed, or (one by one) refused for unusable QoS headers."""
+    def _route_pulled(self, events: list[Event]) -> list[Event]:
+        """Route pulled events; returns the ones still to route (none once all are settled: routed, or one by one
+        refused for unusable QoS headers or size). The whole batch is tried at once; when the channel refuses it
+        because of one event, the events are routed one at a time and routing stops at the first that must wait
+        (channel full, database failure): only it and the events behind it are returned, never an event already
+        routed."""
         try:
             self._route_acked(events)
-            return True
-        except CORBA.BAD_QOS:
-            if len(events) > 1:
-                return all(self._route_pulled([ev]) for ev in events)
-            log.error("proxy %s: the supplier delivered an event with unusable QoS headers (%s); not routed",
-                      self.oid, _event_name(events[0]))
-            return True
+            return []
+        except CORBA.BAD_QOS as exc:
+            if len(events) == 1:
+                self._refused(events[0], exc, "its QoS headers are unusable")
+                return []
         except CORBA.IMP_LIMIT as exc:
-            if exc.minor == MINOR_EVENT_TOO_LARGE:
-                if len(events) > 1:
-                    return all(self._route_pulled([ev]) for ev in events)
-                log.error("proxy %s: the supplier delivered an event above the channel's size limit of %d bytes "
-                          "(%s); not routed", self.oid, self.rt.max_event_bytes, _event_name(events[0]))
-                return True
-            log.info("proxy %s: channel full with RejectNewEvents; %d pulled event(s) wait", self.oid, len(events))
-            return False
+            if exc.minor != MINOR_EVENT_TOO_LARGE:
+                log.info("proxy %s: channel full with RejectNewEvents; %d pulled event(s) wait", self.oid,
+                         len(events))
+                return events
+            if len(events) == 1:
+                self._refused(events[0], exc, f"above the channel's size limit of {self.rt.max_event_bytes} bytes")
+                return []
         except Exception:
             log.warning("proxy %s: routing %d pulled event(s) failed; retrying", self.oid, len(events),
                         exc_info=True)
-            return False
+            return events
+        for i, ev in enumerate(events):
+            if self._route_pulled([ev]):
+                return events[i:]
+        return []
+
+    def _refused(self, event: Event, exc: BaseException, why: str) -> None:
+        """A pulled event the channel refuses is dead-lettered: the supplier handed it over and considers it
+        delivered (a pull-style JMS bridge acknowledges its message at the next pull), so this is its record."""
+        reason = f"{describe(exc)}: {why}"
+        what = describe_event(event)
+        self._count_dead_letter(what, reason, f"DEAD-LETTERED pulled event {what}: the channel refuses it ({reason}); "
+                                              "not routed, the events behind it go on")
+
+    def status_extra(self) -> dict[str, Any]:
+        return self.dead_letter_status()
 
     def pull_once(self, supplier: Any) -> list[Event]:
         raise NotImplementedError
@@ -286,13 +304,6 @@ class EsProxyPullConsumerImpl(PullConsumerMixin, CosEventChannelAdmin__POA.Proxy
 
 
 ES_CONSUMER_CLASSES: dict[str, type] = {"PUSH_ANY": EsProxyPushConsumerImpl, "PULL_ANY": EsProxyPullConsumerImpl}
-
-
-def _event_name(event: Event) -> str:
-    if event.form.name == "STRUCTURED":
-        fixed = event.structured.header.fixed_header
-        return f"{fixed.event_type.domain_name}/{fixed.event_type.type_name}/{fixed.event_name}"
-    return "an untyped event"
 
 
 CONSUMER_CLASSES: dict[str, type] = {

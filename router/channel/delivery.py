@@ -22,7 +22,7 @@ from router.channel.boundary import EVENT_SPECIFIC, POISON_ATTEMPTS, Outcome, de
 from router.channel.events import describe_event
 from router.channel.queue import Entry
 
-__all__ = ["DeliveryFailures"]
+__all__ = ["DeadLetters", "DeliveryFailures"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -42,11 +42,33 @@ def _dead_letter_counter() -> Any:
     return _counter
 
 
-class DeliveryFailures:
-    """Poison handling shared by push and pull proxy suppliers (needs ``queue``, ``oid``, ``channel``, ``_finish``)."""
+class DeadLetters:
+    """The dead-letter accounting of one proxy: an ERROR log line, the ``nsjms.events.dead_lettered`` counter and
+    the ``dead_lettered`` / ``last_dead_letter`` fields of ``nsjms status`` (needs ``oid`` and ``channel``)."""
 
     dead_lettered = 0
     last_dead_letter: str | None = None
+    oid: str
+    channel: Any
+
+    def _count_dead_letter(self, what: str, reason: str, message: str) -> None:
+        """Record one dead letter: ``what`` names the event, ``message`` is the log line after the proxy's id."""
+        self.dead_lettered += 1
+        self.last_dead_letter = f"{what}: {reason}"
+        log.error("proxy %s: %s", self.oid, message)
+        from router.telemetry import A
+
+        _dead_letter_counter().add(1, {A.CHANNEL: self.channel.id, A.PROXY: self.oid, A.REASON: reason.split()[0]})
+
+    def dead_letter_status(self) -> dict[str, Any]:
+        if not self.dead_lettered:
+            return {}
+        return {"dead_lettered": self.dead_lettered, "last_dead_letter": self.last_dead_letter}
+
+
+class DeliveryFailures(DeadLetters):
+    """Poison handling shared by push and pull proxy suppliers (needs ``queue``, ``oid``, ``channel``, ``_finish``)."""
+
     _isolate = 0                  # entries still to be delivered one at a time after a batch failed on content
     queue: Any
     oid: str
@@ -84,14 +106,9 @@ class DeliveryFailures:
         what = f"seq={rec.seq} {describe_event(rec.event)} ({rec.size} bytes)"
         if rec.db_id is not None:
             what += f" stored as event id {rec.db_id}"
-        self.dead_lettered += 1
-        self.last_dead_letter = f"{what}: {reason}"
         self._delivered_one_batch()
-        log.error("proxy %s: DEAD-LETTERED event %s after %d failed deliveries: %s; the events behind it go on",
-                  self.oid, what, entry.failures, reason)
-        from router.telemetry import A
-
-        _dead_letter_counter().add(1, {A.CHANNEL: self.channel.id, A.PROXY: self.oid, A.REASON: reason.split()[0]})
+        self._count_dead_letter(what, reason, f"DEAD-LETTERED event {what} after {entry.failures} failed "
+                                              f"deliveries: {reason}; the events behind it go on")
         self._finish([entry])
 
     def _finish(self, entries: list[Entry]) -> None:
@@ -146,8 +163,3 @@ class DeliveryFailures:
         except CORBA.Exception:
             return Outcome.RETRY
         return Outcome.GONE if gone else Outcome.EVENT_FAILED
-
-    def dead_letter_status(self) -> dict[str, Any]:
-        if not self.dead_lettered:
-            return {}
-        return {"dead_lettered": self.dead_lettered, "last_dead_letter": self.last_dead_letter}

@@ -28,7 +28,7 @@ import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
 from router.channel import qos as Q
-from router.channel.boundary import Outcome, store_boundary_all
+from router.channel.boundary import MINOR_PULL_WAIT_OVER, Outcome, store_boundary_all
 from router.channel.common import (
     FilterMixin,
     FilterSet,
@@ -51,6 +51,9 @@ log = logging.getLogger("nsjms.channel")
 _TIMET = 10_000_000
 _IDLE_WAIT = 0.5
 _MAX_BACKOFF = 5.0
+# A blocking pull answers TRANSIENT after this long: shorter than the client call timeouts of nsjms's own ORBs
+# (15 s and 30 s) and of typical clients, so no pull outlives the call that made it.
+_MAX_PULL_WAIT = 10.0
 # Failures after which a push is retried later: the consumer may come back.
 _TRANSIENT = (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.TIMEOUT, CORBA.NO_RESOURCES, CORBA.INTERNAL,
               CORBA.UNKNOWN, CORBA.NO_RESPONSE)
@@ -61,6 +64,7 @@ class ProxyBase(QoSMixin, FilterMixin):
 
     side = "C"
     client_iface: Any = None          # typed interface of the connected client, for narrowing stored IORs
+    closing = False                   # teardown begun (stopped), stored row not yet deleted
 
     def __init__(self, admin: Any, row: ProxyRow) -> None:
         self.admin = admin
@@ -130,6 +134,8 @@ class ProxyBase(QoSMixin, FilterMixin):
         """Record the client (nil allowed unless required); AlreadyConnected if one is connected."""
         with self._lock:
             self._check_alive()
+            if self.closing:                    # a teardown that failed on the store: it must be finished first
+                raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
             if self.connected:
                 raise CosEventChannelAdmin.AlreadyConnected()
             nil = client is None or CORBA.is_nil(client)
@@ -195,24 +201,51 @@ class ProxyBase(QoSMixin, FilterMixin):
         """The client called our ``disconnect_*``: release everything, the reference dies (NS 3.3.7.2)."""
         self.teardown(notify_client=False)
 
-    def teardown(self, *, notify_client: bool) -> None:
+    def teardown(self, *, notify_client: bool, retry: bool = False) -> None:
+        """Destroy the proxy. It stops at once (not connected, worker stopped); then its stored row and queue rows
+        are deleted, and only then is it marked destroyed, released, forgotten by its admin and deactivated.
+
+        If the store cannot delete the row, the :class:`StoreError` propagates (a calling client gets ``TRANSIENT``,
+        ``COMPLETED_NO``) and the proxy stays stopped but registered, stored and retryable: the next call finishes
+        the teardown. With ``retry`` (the proxy's own worker found its client gone; nobody calls again) the delete is
+        retried with backoff until it works or the node stops."""
         with self._lock:
             if self.destroyed:
                 return
-            self.destroyed = True
+            self.closing = True
             self.connected = False
             self.stop_event.set()
+        self._wake()
+        self._delete_row(retry)
+        with self._lock:
+            if self.destroyed:                 # a concurrent teardown finished first
+                return
+            self.destroyed = True
         self._release_resources()
         if notify_client:
             self._notify_client_async()
-        with self.rt.db.unit_of_work() as conn:
-            self.rt.store.delete_proxy(conn, self.channel.id, self.side, self.admin.id, self.id)
         self.admin.forget_proxy(self.id)
         self.rt.deactivate(self.oid)
         if self.filters or self.types.types():
             from router.channel.sharing import sharing_of
 
             sharing_of(self.channel).changed()      # its subscriptions/offers leave the aggregate
+
+    def _delete_row(self, retry: bool) -> None:
+        backoff = 0.05
+        while True:
+            try:
+                with self.rt.db.unit_of_work() as conn:
+                    self.rt.store.delete_proxy(conn, self.channel.id, self.side, self.admin.id, self.id)
+                return
+            except StoreError as exc:
+                if not retry or self.rt.shutting_down.is_set():
+                    raise
+                log.warning("proxy %s: could not delete the disconnected proxy from the store (%s); retrying",
+                            self.oid, exc)
+                if self.rt.shutting_down.wait(backoff):
+                    raise
+                backoff = min(backoff * 2, _MAX_BACKOFF)
 
     def _release_resources(self) -> None:
         self._wake()
@@ -456,7 +489,7 @@ class PushSupplierMixin(ProxySupplierBase):
         elif outcome is Outcome.GONE:
             log.info("proxy %s: consumer gone (%s); disconnecting", self.oid, type(exc).__name__)
             self.queue.requeue(entries)
-            self.teardown(notify_client=False)
+            self.teardown(notify_client=False, retry=True)
         elif outcome is Outcome.RETRY:
             # NS 2.5.5.1: keep retrying until the consumer answers or no longer exists; nothing is dropped. A
             # consumer that keeps refusing shows in `nsjms status` (failing, attempts) and in the log.
@@ -477,25 +510,30 @@ class PushSupplierMixin(ProxySupplierBase):
 class PullSupplierMixin(ProxySupplierBase):
     """Pull delivery: the consumer calls ``pull*`` (blocking) or ``try_pull*``.
 
-    A pulled event leaves the in-memory queue at once, but its stored row stays until the same consumer pulls
-    again (its next request shows it received the previous reply) or disconnects. A crash in between therefore
-    redelivers the last pulled events after the restart instead of losing them: pull delivery of persistent
-    events is at-least-once, with at most one pull's worth of duplicates per consumer and crash.
+    A pulled event leaves the in-memory queue at once, but its stored row stays until a later pull confirms it: a
+    pull confirms only the entries of pulls whose reply had been built before it started (a request that arrives
+    after a reply was built shows that reply went out). A crash in between therefore redelivers the last pulled
+    events after the restart instead of losing them: pull delivery of persistent events is at-least-once, with at
+    most one pull's worth of duplicates per consumer and crash.
+
+    A blocking pull waits at most :attr:`max_pull_wait` seconds (shorter than the ORBs' client call timeouts), then
+    answers ``TRANSIENT`` (``COMPLETED_NO``, nothing taken) and the client pulls again: a pull the client abandoned
+    never takes an event whose reply nobody reads.
     """
+
+    max_pull_wait = _MAX_PULL_WAIT
 
     def __init__(self, admin: Any, row: ProxyRow) -> None:
         super().__init__(admin, row)
-        self._unconfirmed: list[Entry] = []
+        self._unconfirmed: list[Entry] = []     # handed out by pulls whose reply was built; the next pull confirms
         self._pull_lock = threading.Lock()
         self._pulls_active = 0
 
     def _begin_pull(self) -> None:
-        """A new request proves the previous replies arrived only if no other pull is in progress: with
-        concurrent pulls on one proxy, another thread's reply may still be on its way, so nothing is confirmed."""
+        """Confirm what the pulls finished before this one handed out (their replies were built, and this request
+        comes after them); the entries of pulls still in progress are not in ``_unconfirmed`` yet."""
         with self._pull_lock:
-            done: list[Entry] = []
-            if self._pulls_active == 0:
-                done, self._unconfirmed = self._unconfirmed, []
+            done, self._unconfirmed = self._unconfirmed, []
             self._pulls_active += 1
         if not done:
             return
@@ -507,13 +545,15 @@ class PullSupplierMixin(ProxySupplierBase):
                 self._pulls_active -= 1
             raise                               # TRANSIENT at the servant boundary: the client pulls again
 
-    def _end_pull(self) -> None:
+    def _end_pull(self, handed: list[Entry]) -> None:
+        """The pull's reply is built: from now on its entries may be confirmed by the next pull."""
         with self._pull_lock:
             self._pulls_active -= 1
-
-    def _handed_out(self, entries: list[Entry]) -> None:
-        with self._pull_lock:
-            self._unconfirmed.extend(entries)
+            if not self.destroyed:
+                self._unconfirmed.extend(handed)
+                handed = []
+        for e in handed:                        # the proxy went away meanwhile: its rows are gone with it
+            e.record.release()
 
     def _release_resources(self) -> None:
         with self._pull_lock:
@@ -528,14 +568,18 @@ class PullSupplierMixin(ProxySupplierBase):
             raise CosEventComm.Disconnected()
 
     def _blocking_take(self, want: Callable[[], int]) -> list[Entry]:
+        """Begin a pull and wait for entries. The pull stays in progress (its entries cannot be confirmed) until
+        :meth:`_end_pull`, once its reply is built; on an exception it ends here, having taken nothing."""
         self._begin_pull()
         try:
             return self._blocking_wait(want)
-        finally:
-            self._end_pull()
+        except BaseException:
+            self._end_pull([])
+            raise
 
     def _blocking_wait(self, want: Callable[[], int]) -> list[Entry]:
         started = time.time()
+        give_up = time.monotonic() + self.max_pull_wait
         while True:
             self._check_pullable()
             if self.rt.shutting_down.is_set():
@@ -547,36 +591,56 @@ class PullSupplierMixin(ProxySupplierBase):
                 if count >= n or (count and pacing > 0 and time.time() - started >= pacing):
                     entries: list[Entry] = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes)
                     if entries:
-                        self._handed_out(entries)
                         return entries
-            self.queue.wait(_IDLE_WAIT)
+            left = give_up - time.monotonic()
+            if left <= 0:                       # answer before the client's call timeout abandons the pull
+                raise CORBA.TRANSIENT(MINOR_PULL_WAIT_OVER, CORBA.COMPLETED_NO)
+            self.queue.wait(min(_IDLE_WAIT, left))
 
     def _try_take(self, n: int) -> list[Entry]:
+        """Begin a pull and take what is there (see :meth:`_blocking_take`)."""
         self._begin_pull()
         try:
             self._check_pullable()
             if self.suspended:
                 return []
             taken: list[Entry] = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes)
-            self._handed_out(taken)
             return taken
+        except BaseException:
+            self._end_pull([])
+            raise
+
+    def _serve(self, entries: list[Entry]) -> tuple[Any, bool]:
+        """Build the reply to a pull begun by ``_blocking_take``/``_try_take`` and end that pull."""
+        handed: list[Entry] = []
+        try:
+            if not entries:
+                return self.empty_value(), False
+            value = self._hand_out(entries)
+            handed = entries
+            return value, True
         finally:
-            self._end_pull()
+            self._end_pull(handed)
+
+    def _pull(self, want: Callable[[], int]) -> Any:
+        return self._serve(self._blocking_take(want))[0]
+
+    def _try_pull(self, n: int) -> tuple[Any, bool]:
+        return self._serve(self._try_take(n))
 
     def _hand_out(self, entries: list[Entry]) -> Any:
-        """The reply to a pull. If converting the entries fails, they are taken back (the next pull must not
-        confirm them) and handled as a content failure; the consumer gets TRANSIENT and pulls again."""
+        """The reply to a pull. If converting the entries fails, they are handled as a content failure (never
+        counted as handed out); the consumer gets TRANSIENT and pulls again."""
         try:
             value = self.convert(entries)
         except Exception as exc:
-            with self._pull_lock:
-                taken = {id(e) for e in entries}
-                self._unconfirmed = [e for e in self._unconfirmed if id(e) not in taken]
             self._content_failed(entries, exc)
             raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO) from exc
-        if entries:
-            self._delivered_one_batch()
+        self._delivered_one_batch()
         return value
+
+    def status_extra(self) -> dict[str, Any]:
+        return self.dead_letter_status()
 
     def _limit(self, max_number: int) -> int:
         size = self.batch_size()
@@ -630,11 +694,10 @@ class ProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__POA.ProxyP
         self._connect(pull_consumer, required=False)
 
     def pull(self) -> Any:
-        return self._hand_out(self._blocking_take(lambda: 1))
+        return self._pull(lambda: 1)
 
     def try_pull(self) -> tuple[Any, bool]:
-        entries = self._try_take(1)
-        return (self._hand_out(entries), True) if entries else (self.empty_value(), False)
+        return self._try_pull(1)
 
     def disconnect_pull_supplier(self) -> None:
         self.client_disconnected()
@@ -648,11 +711,10 @@ class StructuredProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__
         self._connect(pull_consumer, required=False)
 
     def pull_structured_event(self) -> Any:
-        return self._hand_out(self._blocking_take(lambda: 1))
+        return self._pull(lambda: 1)
 
     def try_pull_structured_event(self) -> tuple[Any, bool]:
-        entries = self._try_take(1)
-        return (self._hand_out(entries), True) if entries else (self.empty_value(), False)
+        return self._try_pull(1)
 
     def disconnect_structured_pull_supplier(self) -> None:
         self.client_disconnected()
@@ -666,12 +728,12 @@ class SequenceProxyPullSupplierImpl(PullSupplierMixin, CosNotifyChannelAdmin__PO
         self._connect(pull_consumer, required=False)
 
     def pull_structured_events(self, max_number: int) -> list[Any]:
-        events: list[Any] = self._hand_out(self._blocking_take(lambda: self._limit(max_number)))
+        events: list[Any] = self._pull(lambda: self._limit(max_number))
         return events
 
     def try_pull_structured_events(self, max_number: int) -> tuple[list[Any], bool]:
-        entries = self._try_take(self._limit(max_number))
-        return (self._hand_out(entries), True) if entries else ([], False)
+        events: tuple[list[Any], bool] = self._try_pull(self._limit(max_number))
+        return events
 
     def disconnect_sequence_pull_supplier(self) -> None:
         self.client_disconnected()
@@ -731,11 +793,10 @@ class EsProxyPullSupplierImpl(PullSupplierMixin, CosEventChannelAdmin__POA.Proxy
         self._connect(pull_consumer, required=False)
 
     def pull(self) -> Any:
-        return self._hand_out(self._blocking_take(lambda: 1))
+        return self._pull(lambda: 1)
 
     def try_pull(self) -> tuple[Any, bool]:
-        entries = self._try_take(1)
-        return (self._hand_out(entries), True) if entries else (self.empty_value(), False)
+        return self._try_pull(1)
 
     def disconnect_pull_supplier(self) -> None:
         self.client_disconnected()

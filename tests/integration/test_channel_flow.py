@@ -401,3 +401,20 @@ def test_event_service_style_admins_and_proxies(factory: Any) -> None:
     assert pulled == list(range(50))
     with pytest.raises(CosEventChannelAdmin.AlreadyConnected):
         push_proxy.connect_push_consumer(AnyPushConsumer()._this())
+
+
+def test_blocking_pull_answers_transient_before_the_client_call_timeout(factory: Any) -> None:
+    """A blocking pull with nothing to pull answers TRANSIENT (COMPLETED_NO) after the channel's wait limit, within
+    the client's call timeout (30 s here): before, the client timed out and the abandoned pull kept running."""
+    from router.channel.boundary import MINOR_PULL_WAIT_OVER
+
+    channel = fifo_channel(factory)
+    proxy, _ = obtain_proxy_supplier(channel.default_consumer_admin, S, PULL)
+    PullConsumerClient(proxy, S).connect()
+    with pytest.raises(CORBA.TRANSIENT) as info:
+        proxy.pull_structured_event()
+    assert info.value.minor == MINOR_PULL_WAIT_OVER and info.value.completed == CORBA.COMPLETED_NO
+    client = PushSupplierClient(obtain_proxy_consumer(channel.default_supplier_admin, S, PUSH)[0], S)
+    client.connect()
+    client.push_all([make_event(1)])
+    assert event_id(proxy.pull_structured_event()) == 1     # nothing was taken by the pull that answered TRANSIENT

@@ -139,3 +139,59 @@ def test_database_down_gives_transient_and_accepts_only_stored_events(
         assert sorted(got) == accepted, "the queue must hold exactly the accepted persistent events, each once"
     finally:
         server.stop()
+
+
+def test_a_disconnect_refused_during_an_outage_is_finished_by_the_retry(
+        tmp_path: Path, own_pg: EmbeddedPostgres, broker_url: str, client_orb: Any) -> None:
+    """A disconnect while PostgreSQL is down answers TRANSIENT; retried after the outage it removes the proxy for
+    good, so the restarted node does not restore it (it used to: the retry answered OK without deleting the row)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    server = NsjmsServer(state_dir=state, pg_dsn=own_pg.dsn, broker_url=broker_url, port=free_port())
+    server.start()
+    try:
+        factory = client_orb.factory(server.ior())
+        qos = [prop("EventReliability", short(PERSISTENT)), prop("ConnectionReliability", short(PERSISTENT))]
+        channel, cid = factory.create_channel(qos, [])
+        admin = channel.default_consumer_admin
+        pull_proxy, pid = obtain_proxy_supplier(admin, S, Style.PULL)
+        PullConsumerClient(pull_proxy, S).connect()
+
+        own_pg.stop()
+        with pytest.raises(CORBA.TRANSIENT) as info:
+            pull_proxy.disconnect_structured_pull_supplier()
+        assert info.value.completed == CORBA.COMPLETED_NO
+        own_pg.start()
+
+        def disconnected() -> bool:
+            try:
+                pull_proxy.disconnect_structured_pull_supplier()
+            except CORBA.TRANSIENT:
+                return False                               # the pool is reconnecting
+            return True
+
+        wait_until(disconnected, "the retried disconnect to succeed after the database came back")
+        assert pid not in admin.pull_suppliers
+
+        server.stop()
+        server.restart()
+
+        def restored_ids() -> list[int] | None:
+            try:
+                return list(client_orb.factory(server.ior()).get_event_channel(cid).default_consumer_admin
+                            .pull_suppliers)
+            except (CORBA.TRANSIENT, CORBA.COMM_FAILURE):
+                return None                                # the restarted server's endpoint is coming up
+
+        answers: list[list[int]] = []
+
+        def answered() -> bool:
+            ids = restored_ids()
+            if ids is not None:
+                answers.append(ids)
+            return ids is not None
+
+        wait_until(answered, "the restarted node to answer")
+        assert pid not in answers[0], "the disconnected proxy came back after the restart"
+    finally:
+        server.stop()

@@ -9,7 +9,7 @@ checked at exact clock readings, with no waiting at all.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -162,3 +162,30 @@ def test_resume_connection_resends_in_flight_events_at_once(monkeypatch: pytest.
     tick_at(proxy, clock, t0 + (RETRIES + 2) * INTERVAL_S)        # due at once, not after another interval
     assert consumer.sns == [0] * (2 + RETRIES)
     assert not proxy.ack.stopped and proxy.status_extra()["retries_used"] == 0
+
+
+# -- inbound: the seen numbers cannot be saved after the events were committed ------------------------------------
+def test_routed_events_are_answered_as_routed_when_the_seen_numbers_cannot_be_saved(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.channel import ack as A
+    from router.channel.store import StoreUnavailable
+
+    spawned: list[str] = []
+
+    class Proxy:
+        oid = "ch/0/S/0/1"
+        extra: ClassVar[dict[str, Any]] = {}
+        rt = type("Rt", (), {"spawn": lambda self, name, fn: spawned.append(name)})()
+
+        def save_extra(self, **items: Any) -> None:
+            raise StoreUnavailable("injected: database down after the events' commit")
+
+    inbound = A.InboundAck(Proxy())
+    inbound._ack_ref = object()                 # a CosNotifyCommAck supplier
+    monkeypatch.setattr(A, "sequence_number_of", lambda value: 7)
+    routed: list[list[Any]] = []
+    events = [Event(Form.STRUCTURED, "e7")]
+    inbound.accept(events, routed.append)       # before the fix: StoreUnavailable → TRANSIENT, though committed
+    assert routed == [events] and spawned == ["ack-ch/0/S/0/1"]
+    inbound.accept(events, routed.append)       # the supplier's resend is still recognised
+    assert routed == [events] and len(spawned) == 2

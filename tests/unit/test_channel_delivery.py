@@ -248,6 +248,7 @@ def test_connection_closed_while_sending_counts_against_the_event_only_if_the_co
 def make_pull(monkeypatch: pytest.MonkeyPatch) -> Any:
     proxy = make_proxy(P.StructuredProxyPullSupplierImpl, Consumer(), monkeypatch)
     proxy._unconfirmed, proxy._pull_lock, proxy._pulls_active = [], threading.Lock(), 0
+    proxy.max_pull_wait = DEADLINE_S
     proxy.filters = None
     return proxy
 
@@ -388,6 +389,7 @@ def test_pulled_event_above_the_size_limit_is_refused_alone_not_retried_forever(
 
     consumer: Any = object.__new__(StructuredProxyPullConsumerImpl)
     consumer.oid, consumer.rt = "ch/0/S/0/1", FakeRt()
+    consumer.channel = type("Channel", (), {"id": 0})()
     routed: list[list[int]] = []
 
     def route(events: list[Any]) -> None:
@@ -397,7 +399,7 @@ def test_pulled_event_above_the_size_limit_is_refused_alone_not_retried_forever(
 
     consumer._route_acked = route
     batch = [Event(Form.ANY, i) for i in (1, 2, 3)]
-    assert consumer._route_pulled(batch) is True          # settled: it used to be "channel full, retry" forever
+    assert consumer._route_pulled(batch) == []            # settled: it used to be "channel full, retry" forever
     assert routed == [[1], [3]]
 
 
@@ -411,4 +413,254 @@ def test_pulled_events_wait_while_the_channel_is_full() -> None:
         raise CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)       # MaxQueueLength with RejectNewEvents
 
     consumer._route_acked = full
-    assert consumer._route_pulled([Event(Form.ANY, 1)]) is False
+    waiting = [Event(Form.ANY, 1)]
+    assert consumer._route_pulled(waiting) == waiting
+
+
+# -- pull confirmation: only replies that were built -----------------------------------------------------------
+def test_a_concurrent_pull_never_confirms_a_reply_still_being_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = make_pull(monkeypatch)
+    for i in (1, 2, 3):
+        proxy.queue.put(record(i, db_id=10 + i))
+    building = threading.Event()
+    release = threading.Event()
+    real_convert = proxy.convert
+
+    def slow_convert(entries: list[Any]) -> Any:
+        if entries[0].record.seq == 1:          # pull A: its events are taken, its reply not yet built
+            building.set()
+            release.wait(DEADLINE_S)
+        return real_convert(entries)
+
+    monkeypatch.setattr(proxy, "convert", slow_convert)
+    answer: list[Any] = []
+    a = threading.Thread(target=lambda: answer.append(_call(proxy.try_pull_structured_event)), daemon=True)
+    a.start()
+    wait_for(building.is_set, "pull A to have taken event 1")
+    assert proxy.try_pull_structured_event() == (2, True)     # pull B, concurrent with A
+    assert proxy.rt.store.deleted == []         # before the fix B deleted event 1's row: A's reply was not sent
+    release.set()
+    a.join(DEADLINE_S)
+    assert answer == [(1, True)]
+    assert proxy.try_pull_structured_event() == (3, True)     # pull C started after A and B were built
+    assert sorted(proxy.rt.store.deleted) == [11, 12]
+
+
+def test_a_blocking_pull_answers_transient_before_the_client_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.channel.boundary import MINOR_PULL_WAIT_OVER
+
+    proxy = make_pull(monkeypatch)
+    proxy.max_pull_wait = 0.05                  # the client's call timeout would be longer
+    answer: list[Any] = []
+    t = threading.Thread(target=lambda: answer.append(_call(proxy.pull_structured_event)), daemon=True)
+    t.start()
+    wait_for(lambda: bool(answer), "the blocking pull to answer")   # before the fix it waited on, past any client
+    exc = answer[0]
+    assert isinstance(exc, CORBA.TRANSIENT), exc
+    assert exc.minor == MINOR_PULL_WAIT_OVER and exc.completed == CORBA.COMPLETED_NO
+    assert proxy._pulls_active == 0 and proxy._unconfirmed == []
+    proxy.queue.put(record(1, db_id=11))        # an event arriving after the pull answered stays for the next one
+    assert proxy.pull_structured_event() == 1
+    assert proxy.rt.store.deleted == []
+    assert proxy.try_pull_structured_event()[1] is False
+    assert proxy.rt.store.deleted == [11]
+
+
+def test_pulled_events_already_routed_are_not_routed_again_when_a_later_one_waits() -> None:
+    from router.channel.boundary import MINOR_EVENT_TOO_LARGE
+    from router.channel.consumers import StructuredProxyPullConsumerImpl
+
+    consumer: Any = object.__new__(StructuredProxyPullConsumerImpl)
+    consumer.oid, consumer.rt = "ch/0/S/0/1", FakeRt()
+    consumer.rt.max_event_bytes = 10
+    consumer.channel = type("Channel", (), {"id": 0})()
+    consumer.stop_event = threading.Event()
+    consumer.suspended = False
+    routed: list[int] = []
+    full = [True]
+
+    def route(events: list[Any]) -> None:
+        values = [ev.value for ev in events]
+        if 2 in values:
+            raise CORBA.IMP_LIMIT(MINOR_EVENT_TOO_LARGE, CORBA.COMPLETED_NO)
+        if values == [3] and full[0]:
+            full[0] = False                                 # the channel is full once, then has room
+            raise CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)
+        routed.extend(values)
+        if 3 in values:
+            consumer.stop_event.set()
+
+    pulls = iter([[Event(Form.ANY, i) for i in (1, 2, 3)]])
+    consumer._route_acked = route
+    consumer._channel_full = lambda: False
+    consumer.client_ref = lambda: None
+    consumer.pull_once = lambda supplier: next(pulls, [])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(omniORB, "setClientCallTimeout", lambda obj, ms: None)
+        consumer._pull_loop()
+    assert routed == [1, 3]                 # before the fix: [1, 1, 3] (the whole pulled list was routed again)
+
+
+def test_a_pulled_event_the_channel_refuses_is_dead_lettered_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    from router.channel.boundary import MINOR_EVENT_TOO_LARGE
+    from router.channel.consumers import SequenceProxyPullConsumerImpl
+
+    consumer: Any = object.__new__(SequenceProxyPullConsumerImpl)
+    consumer.oid, consumer.rt = "ch/0/S/0/1", FakeRt()
+    consumer.rt.max_event_bytes = 10
+    consumer.channel = type("Channel", (), {"id": 0})()
+    routed: list[int] = []
+
+    def route(events: list[Any]) -> None:
+        values = [ev.value for ev in events]
+        if 2 in values:
+            raise CORBA.BAD_QOS(0, CORBA.COMPLETED_NO)
+        if 4 in values:
+            raise CORBA.IMP_LIMIT(MINOR_EVENT_TOO_LARGE, CORBA.COMPLETED_NO)
+        routed.extend(values)
+
+    consumer._route_acked = route
+    with caplog.at_level("ERROR", logger="nsjms.channel"):
+        assert consumer._route_pulled([Event(Form.ANY, i) for i in (1, 2, 3, 4)]) == []
+    assert routed == [1, 3]
+    status = consumer.status_extra()                 # before the fix: only a log line, no dead-letter record
+    assert status["dead_lettered"] == 2
+    assert "IMP_LIMIT" in status["last_dead_letter"] and "size limit of 10 bytes" in status["last_dead_letter"]
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(lines) == 2 and all("DEAD-LETTERED" in line for line in lines)
+    assert "BAD_QOS" in lines[0] and "QoS headers are unusable" in lines[0]
+
+
+# -- teardown survives a store outage ---------------------------------------------------------------------------
+class TeardownWorld:
+    """Admin, runtime and store twins for a proxy's teardown; the store refuses ``down`` deletes first."""
+
+    def __init__(self, proxy: Any, down: int) -> None:
+        from router.channel.store import StoreUnavailable
+        from router.channel.typesets import TypeSet
+
+        world = self
+        self.down, self.deleted, self.forgotten, self.deactivated = down, 0, False, False
+
+        class Admin:
+            id = 0
+
+            def forget_proxy(self, pid: int) -> None:
+                world.forgotten = True
+
+        def delete_proxy(conn: Any, cid: int, side: str, aid: int, pid: int) -> None:
+            if world.down:
+                world.down -= 1
+                raise StoreUnavailable("injected: database down")
+            world.deleted += 1
+
+        def deactivate(oid: str) -> None:
+            world.deactivated = True
+
+        proxy.admin, proxy.side, proxy.filters, proxy.types = Admin(), "C", None, TypeSet()
+        proxy._lock = threading.RLock()
+        proxy.rt.store.delete_proxy = delete_proxy
+        proxy.rt.deactivate = deactivate
+
+
+def test_a_disconnect_that_failed_on_the_store_is_finished_by_the_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, Consumer(), monkeypatch)
+    world = TeardownWorld(proxy, down=1)
+    proxy.queue.put(record(1, db_id=11))
+    with pytest.raises(CORBA.TRANSIENT) as refused:
+        proxy.disconnect_structured_push_supplier()
+    assert refused.value.completed == CORBA.COMPLETED_NO
+    assert not proxy.destroyed and not proxy.connected and not world.forgotten and not world.deactivated
+    assert proxy.wants(Event(Form.ANY, 0)) is False        # stopped: nothing more is queued or pushed to it
+    proxy.disconnect_structured_push_supplier()            # the client's retry
+    assert world.deleted == 1                               # before the fix the retry saw `destroyed` and did nothing
+    assert proxy.destroyed and world.forgotten and world.deactivated
+
+
+def test_a_consumer_found_gone_is_deleted_once_the_store_is_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer = Consumer(_raising(CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)))
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, consumer, monkeypatch)
+    world = TeardownWorld(proxy, down=2)
+    proxy.queue.put(record(1, db_id=11))
+    t = run_worker(proxy)
+    wait_for(lambda: world.deactivated, "the gone consumer's proxy to be deleted and deactivated")
+    t.join(DEADLINE_S)
+    assert world.deleted == 1 and world.forgotten and proxy.destroyed   # before the fix: row kept, proxy a zombie
+
+
+def test_a_channel_destroy_that_failed_on_the_store_is_finished_by_the_retry() -> None:
+    from router.channel.store import StoreUnavailable
+
+    done: list[str] = []
+    down = [1]
+
+    class Admin:
+        oid = "ch/0/C/0"
+
+        def teardown(self, *, deactivate: bool = True) -> None:
+            done.append("admin teardown")
+
+    class Store:
+        def delete_channel(self, conn: Any, cid: int) -> None:
+            if down[0]:
+                down[0] -= 1
+                raise StoreUnavailable("injected: database down")
+            done.append("deleted")
+
+    channel: Any = object.__new__(EventChannelImpl)
+    channel.id, channel.oid, channel._lock, channel.destroyed = 0, "ch/0", threading.RLock(), False
+    channel.consumer_admins, channel.supplier_admins = {0: Admin()}, {}
+    channel.rt = type("Rt", (), {"store": Store(), "db": NullDatabase(),
+                                 "deactivate": lambda self, oid: done.append(f"deactivate {oid}")})()
+    channel.factory = type("Factory", (), {"forget": lambda self, cid: done.append("forgotten")})()
+    with pytest.raises(CORBA.TRANSIENT):
+        channel.destroy()
+    assert channel.destroyed and done == ["admin teardown"]        # stopped, still stored and active
+    channel.destroy()                                               # the client's retry
+    assert done == ["admin teardown", "admin teardown", "deleted", "deactivate ch/0/C/0", "forgotten",
+                    "deactivate ch/0"]                              # before the fix the retry returned at once
+
+
+def test_an_admin_destroy_that_failed_on_the_store_is_finished_by_the_retry() -> None:
+    from router.channel.admins import ConsumerAdminImpl
+    from router.channel.store import StoreUnavailable
+
+    done: list[str] = []
+    down = [1]
+
+    class Store:
+        def delete_admin(self, conn: Any, cid: int, side: str, aid: int) -> None:
+            if down[0]:
+                down[0] -= 1
+                raise StoreUnavailable("injected: database down")
+            done.append("deleted")
+
+    admin: Any = object.__new__(ConsumerAdminImpl)
+    admin.id, admin.side, admin.es_style, admin.oid = 1, "C", False, "ch/0/C/1"
+    admin._lock, admin.destroyed, admin.proxies = threading.RLock(), False, {}
+    admin.channel = type("Channel", (), {"id": 0, "consumer_admins": {1: admin}, "supplier_admins": {}})()
+    admin.rt = type("Rt", (), {"store": Store(), "db": NullDatabase(),
+                               "deactivate": lambda self, oid: done.append(f"deactivate {oid}")})()
+    with pytest.raises(CORBA.TRANSIENT):
+        admin.destroy()
+    assert done == []                            # before the fix it was deactivated: the retry met OBJECT_NOT_EXIST
+    admin.destroy()
+    assert done == ["deleted", "deactivate ch/0/C/1"] and admin.channel.consumer_admins == {}
+
+
+def test_a_pull_proxy_shows_its_dead_letters_in_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.channel.boundary import POISON_ATTEMPTS
+
+    proxy = make_pull(monkeypatch)
+    proxy.queue.put(record(1, db_id=11))
+
+    def convert(entries: list[Any]) -> Any:
+        raise ValueError("injected: cannot convert")
+
+    monkeypatch.setattr(proxy, "convert", convert)
+    for _ in range(POISON_ATTEMPTS):
+        with pytest.raises(CORBA.TRANSIENT):
+            proxy.try_pull_structured_event()
+    status = proxy.status_extra()               # before the fix a pull proxy had no status_extra at all
+    assert status["dead_lettered"] == 1 and "injected: cannot convert" in status["last_dead_letter"]
+    assert proxy.rt.store.deleted == [11]

@@ -242,3 +242,14 @@ def test_private_node_files_are_reported_not_a_traceback(command: list[str], tmp
     monkeypatch.setattr(router.bridgecli, "run", private)
     assert cli.main([*command, "--state-dir", str(tmp_path)]) == cli.EXIT_FAILURE
     assert "run as the node's user" in capsys.readouterr().err
+
+
+def test_status_shows_the_dead_letters_of_a_pull_style_proxy_consumer() -> None:
+    consumer = {"admin": 1, "id": 4, "kind": "PULL_STRUCTURED", "connected": True, "suspended": False,
+                "dead_lettered": 1, "last_dead_letter": "d/t/n: BAD_QOS(0x0, CORBA.COMPLETED_NO): bad QoS"}
+    report: dict[str, Any] = {"endpoints": {"event_channel_factory": {"corbaloc": "corbaloc::x"}},
+                              "snapshot": {"channels": [{"id": 1, "events_held": 0, "proxy_suppliers": [],
+                                                         "proxy_consumers": [consumer]}]},
+                              "channel_ids": [1], "stale": False}
+    line = next(ln for ln in render(report).splitlines() if ln.startswith("  supplier admin 1 proxy 4"))
+    assert "dead_lettered=1" in line and "BAD_QOS" in line, line
