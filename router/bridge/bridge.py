@@ -665,7 +665,7 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
             "dead_lettered": self.dead_letter.count,
             "refused_to_broker_dlq": self.flow_in.refused if self.flow_in else 0,
             "transaction_events": self.tx_events,
-            "last_error": self.last_error,
+            "last_error": self.dead_letter.problem or self.last_error,
         }
 
 

@@ -88,6 +88,9 @@ class FakeBridge:
     def note_broker_problem(self, exc: Exception) -> None:
         self.problems.append(exc)
 
+    def acknowledge_channel(self, events: Any) -> None:
+        return None
+
 
 def _delivery(mid: str, message: JmsMessage | None = None, body: bytes = b"hello",
               headers: dict[str, str] | None = None, decode_error: str | None = None) -> Delivery:
@@ -387,3 +390,37 @@ def test_events_pulled_before_a_transport_failure_are_handed_to_the_channel() ->
     assert has and events == [("event", "hello")]
     sender.try_pull_structured_events(10)            # the next pull confirms it
     assert transport.acked == ["m-1"]
+
+
+def test_a_refused_record_the_broker_dlq_refuses_too_still_nacks_the_message(caplog: Any) -> None:
+    """refuse(): a broker that refuses writes to nsjms.DLQ must not leave the message un-NACKed (ActiveMQ would
+    never redeliver it while the connection lives); the refusal is in the status and logged at ERROR."""
+    transport = FakeTransport(refuse={F.DEFAULT_DLQ.stomp(): SendRefused("refused", "/queue/nsjms.DLQ", "denied")})
+    flow = _jms_flow(transport)
+    with caplog.at_level("ERROR", logger="nsjms.bridge"):
+        assert flow.map(_delivery("map-1", body=b"", headers={})) is None
+    assert transport.nacked == ["map-1"] and transport.acked == []
+    problem = flow.dead_letter.problem
+    assert problem.startswith("dead-letter destination refused") and "denied" in problem
+    assert any("map-1" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+
+
+def test_an_event_both_destination_and_dlq_refuse_stays_in_the_channel_and_is_reported_once(caplog: Any) -> None:
+    """Channel -> JMS: the destination and the DLQ refuse: TRANSIENT (the event stays queued, nothing lost), the
+    status says why, and the ERROR line is logged once per event, not once per retry."""
+    from omniORB import CORBA
+
+    transport = FakeTransport(refuse={QUEUE.stomp(): SendRefused("refused", QUEUE.stomp(), "not authorized"),
+                                      F.DEFAULT_DLQ.stomp(): SendRefused("refused", "/queue/nsjms.DLQ", "denied")})
+    flow = _out_flow(transport)
+    receiver = F.StructuredPushReceiver(flow)
+    with caplog.at_level("ERROR", logger="nsjms.bridge"):
+        for _ in range(3):
+            with pytest.raises(CORBA.TRANSIENT):
+                receiver._forward(["event-1"])
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and "dead letter" in r.getMessage()]
+    assert len(errors) == 1 and "not authorized" in errors[0].getMessage()
+    assert flow.dead_letter.problem.startswith("dead-letter destination refused")
+    del transport.refuse[F.DEFAULT_DLQ.stomp()]
+    receiver._forward(["event-1"])                  # the DLQ accepts again: dead-lettered, the status clears
+    assert len(transport.dead_letters()) == 1 and flow.dead_letter.problem == ""
