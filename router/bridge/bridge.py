@@ -342,6 +342,8 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         from router.jms.transport import AckMode
 
         durable = self._durable_name()
+        if durable is not None and self.row.settings.get("durable_name") != durable:
+            self._save_settings(durable_name=durable)     # destroy needs it even once the channel is gone
         profile = parse_factory(self.jms_spec.factory_name)
         return self._transport().subscribe(self.destination, selector=profile.selector,
                                            ack=AckMode.CLIENT_INDIVIDUAL, durable_name=durable,
@@ -349,11 +351,14 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
                                            transformation=profile.transformation)
 
     def _durable_name(self) -> str | None:
-        """NJI Table 2-3: a topic source of a Persistent channel is a durable subscription."""
+        """NJI Table 2-3: a topic source of a Persistent channel is a durable subscription. Its name is stored in
+        the bridge's settings when it subscribes: once the channel is gone, the stored name is the answer (so
+        destroy still removes it from the broker)."""
+        stored = self.row.settings.get("durable_name")
         try:
             durable = self.destination.kind == "topic" and self.flow_in is not None and self._connection_persistent()
-        except BA.InvalidExternalEndPoints:          # the channel is gone: nothing tells any more
-            return None
+        except BA.InvalidExternalEndPoints:          # the channel is gone: only the stored name tells
+            return str(stored) if stored else None
         return f"nsjms-bridge-{self.id}" if durable else None
 
     def _connection_persistent(self) -> bool:
@@ -537,8 +542,8 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
             self.tx_events, self.tx_timeout = 0, 0
             self._save_settings()
 
-    def _save_settings(self) -> None:
-        settings = dict(self.row.settings, tx_events=self.tx_events, tx_timeout=self.tx_timeout)
+    def _save_settings(self, **extra: Any) -> None:
+        settings = dict(self.row.settings, tx_events=self.tx_events, tx_timeout=self.tx_timeout, **extra)
         with self.factory.rt.db.unit_of_work() as conn:
             self.factory.store.set_settings(conn, self.id, settings)
         self.row = BridgeRow(self.row.id, self.row.source, self.row.sink, self.row.state, self.row.channel_id,
