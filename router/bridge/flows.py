@@ -33,6 +33,7 @@ import CosNotification
 import CosNotifyComm__POA
 
 from router import telemetry
+from router.channel.boundary import MINOR_EVENT_TOO_LARGE
 from router.config import DEFAULT_MAX_EVENT_BYTES
 from router.jms.model import BodyType, Destination, JmsMessage, Typed, JmsType
 from router.jms.transport import (BrokerError, BrokerUnavailable, Delivery, LocalProtocolError, SendRefused, Transport,
@@ -554,7 +555,9 @@ class PushSenderLoop:
                     self.proxy.push_structured_event(got[0][1])
             except CORBA.BAD_QOS:
                 return self._push_one_by_one(got)
-            except CORBA.IMP_LIMIT:
+            except CORBA.IMP_LIMIT as exc:
+                if exc.minor == MINOR_EVENT_TOO_LARGE:   # not "full": that event is refused forever; find it
+                    return self._push_one_by_one(got)
                 log.info("bridge %d: channel full; waiting", self.flow.bridge.id)
                 self.stop.wait(0.5)
                 continue
@@ -570,8 +573,9 @@ class PushSenderLoop:
         return got
 
     def _push_one_by_one(self, got: list[tuple[Delivery, Any]]) -> list[tuple[Delivery, Any]]:
-        """A batch had an event with unusable QoS: find it, dead-letter it, forward the rest (each retried like a
-        batch while the channel is full or failing). Returns what is left unsettled (stopped meanwhile)."""
+        """A batch had an event with unusable QoS (BAD_QOS) or one the channel refuses as too large (IMP_LIMIT with
+        MINOR_EVENT_TOO_LARGE, only when the channel's limit differs from the bridge's): find it, dead-letter it,
+        forward the rest (each retried like a batch while the channel is full or failing). Returns what is left unsettled (stopped meanwhile)."""
         for i, (delivery, event) in enumerate(got):
             while True:
                 if self.stop.is_set():
@@ -580,6 +584,15 @@ class PushSenderLoop:
                     self.proxy.push_structured_event(event)
                 except CORBA.BAD_QOS:
                     self.flow.reject(delivery, "the channel rejected the event's QoS (BAD_QOS)")
+                    break
+                except CORBA.IMP_LIMIT as exc:
+                    if exc.minor != MINOR_EVENT_TOO_LARGE:          # the channel is full: retry
+                        log.info("bridge %d: channel full; waiting", self.flow.bridge.id)
+                        self.stop.wait(0.5)
+                        continue
+                    self.flow.reject(delivery, "the channel refused the event as too large (IMP_LIMIT, "
+                                     "MINOR_EVENT_TOO_LARGE): its size limit is below this node's "
+                                     "node.max_event_bytes")
                     break
                 except CORBA.OBJECT_NOT_EXIST:
                     raise

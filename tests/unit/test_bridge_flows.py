@@ -424,3 +424,47 @@ def test_an_event_both_destination_and_dlq_refuse_stays_in_the_channel_and_is_re
     del transport.refuse[F.DEFAULT_DLQ.stomp()]
     receiver._forward(["event-1"])                  # the DLQ accepts again: dead-lettered, the status clears
     assert len(transport.dead_letters()) == 1 and flow.dead_letter.problem == ""
+
+
+@pytest.mark.parametrize("sequence", [False, True])
+def test_an_event_the_channel_finds_too_large_is_dead_lettered_not_retried_forever(sequence: bool) -> None:
+    """IMP_LIMIT with MINOR_EVENT_TOO_LARGE is not "channel full": the same event would be refused forever (only
+    when limits diverge). It is dead-lettered with the reason; the rest of a batch flows on."""
+    from router.channel.boundary import MINOR_EVENT_TOO_LARGE
+
+    transport = FakeTransport()
+    flow = _jms_flow(transport)
+    flow.subscription = ScriptedSubscription([_delivery("small-1"), _delivery("big", body=b"big"),
+                                              _delivery("small-2")])
+    stop = threading.Event()
+
+    class LimitProxy(FakeProxy):
+        calls = 0
+
+        def push_structured_event(self, event: Any) -> None:
+            self.calls += 1
+            if self.calls > 20:
+                self.stop.set()                            # the old code retried forever: end the test
+            if event == ("event", "big"):
+                raise F.CORBA.IMP_LIMIT(MINOR_EVENT_TOO_LARGE, F.CORBA.COMPLETED_NO)
+            self.pushed.append(event)
+
+        def push_structured_events(self, events: list[Any]) -> None:
+            self.calls += 1
+            if self.calls > 20:
+                self.stop.set()
+            if ("event", "big") in events:
+                raise F.CORBA.IMP_LIMIT(MINOR_EVENT_TOO_LARGE, F.CORBA.COMPLETED_NO)
+            self.pushed.extend(events)
+
+    flow.to_event = lambda m: ("event", "big" if m.body == "big" else m.body)
+    flow.subscription.deliveries[1] = _delivery("big", message=JmsMessage(BodyType.TEXT, "big"))
+    proxy = LimitProxy(stop)
+    loop = F.PushSenderLoop(flow, proxy, sequence, lambda: 3, lambda: 0.0, False, stop)
+    for _ in range(3 if not sequence else 1):
+        loop._round()
+    assert not stop.is_set(), "retried the too-large event"
+    assert proxy.pushed == [("event", "hello"), ("event", "hello")]
+    assert sorted(transport.acked) == ["big", "small-1", "small-2"]
+    [dead] = transport.dead_letters()
+    assert "too large" in _reason(dead) or "size limit" in _reason(dead)
