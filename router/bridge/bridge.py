@@ -40,6 +40,7 @@ from router.bridge import flows as F
 from router.bridge.endpoints import EndpointSpec, Problem, check_pair, from_idl, parse_factory, to_idl
 from router.bridge.limits import check_stomp_limits
 from router.bridge.supervisor import Supervised
+from router.channel.boundary import store_boundary
 from router.bridge.store import BridgeRow, BridgeStore
 from router.jms.model import Destination
 from router.jms.transport import ConnectionState, Transport, TransportError
@@ -179,6 +180,7 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         self.channel_ok = False
         self.broker_state = ConnectionState.DISCONNECTED
         self.last_error = ""
+        self._row_deleted = False
         self.stop_event = threading.Event()
         self.transport: Transport | None = None
         self.proxy: Any = None
@@ -342,6 +344,8 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         from router.jms.transport import AckMode
 
         durable = self._durable_name()
+        if durable is not None and self.row.settings.get("durable_name") != durable:
+            self._save_settings(durable_name=durable)     # destroy needs it even once the channel is gone
         profile = parse_factory(self.jms_spec.factory_name)
         return self._transport().subscribe(self.destination, selector=profile.selector,
                                            ack=AckMode.CLIENT_INDIVIDUAL, durable_name=durable,
@@ -349,11 +353,14 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
                                            transformation=profile.transformation)
 
     def _durable_name(self) -> str | None:
-        """NJI Table 2-3: a topic source of a Persistent channel is a durable subscription."""
+        """NJI Table 2-3: a topic source of a Persistent channel is a durable subscription. Its name is stored in
+        the bridge's settings when it subscribes: once the channel is gone, the stored name is the answer (so
+        destroy still removes it from the broker)."""
+        stored = self.row.settings.get("durable_name")
         try:
             durable = self.destination.kind == "topic" and self.flow_in is not None and self._connection_persistent()
-        except BA.InvalidExternalEndPoints:          # the channel is gone: nothing tells any more
-            return None
+        except BA.InvalidExternalEndPoints:          # the channel is gone: only the stored name tells
+            return str(stored) if stored else None
         return f"nsjms-bridge-{self.id}" if durable else None
 
     def _connection_persistent(self) -> bool:
@@ -444,9 +451,9 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
                 self.note_broker_problem(exc)
                 log.warning("bridge %d: starting while the broker is unavailable (%s); will retry", self.id, exc)
             self._connect_channel()
-            self.started = True
-            with self.factory.rt.db.unit_of_work() as conn:
+            with self.factory.rt.db.unit_of_work() as conn:     # first: a store failure leaves it not started
                 self.factory.store.set_state(conn, self.id, "started")
+            self.started = True
             self._start_workers()
             self._ensure_supervisor()
         log.info("bridge %d started", self.id)
@@ -455,9 +462,9 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         with self._lock:
             if not self.started or self.destroyed:
                 raise BA.BridgeInactive()
-            self.started = False
-            with self.factory.rt.db.unit_of_work() as conn:
+            with self.factory.rt.db.unit_of_work() as conn:     # first: a store failure leaves it started
                 self.factory.store.set_state(conn, self.id, "stopped")
+            self.started = False
             self.stop_event.set()
             self._suspend_channel()
             # The JMS subscription stays (JMS Connection.stop, NJI 2.3): a topic keeps collecting for the bridge;
@@ -527,18 +534,18 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
                 raise BTM.TransactionAlreadyActive()
             if events < 1 or not self.to_jms_direction:
                 raise BTM.UnsupportedTransaction()
+            self._save_settings(tx_events=int(events), tx_timeout=int(timeout))   # stored first, then in effect
             self.tx_events, self.tx_timeout = int(events), int(timeout)
-            self._save_settings()
 
     def disable_transaction(self) -> None:
         with self._lock:
             if self.flow_out is not None and self.flow_out._lock.locked():
                 raise BTM.TransactionActive()
+            self._save_settings(tx_events=0, tx_timeout=0)
             self.tx_events, self.tx_timeout = 0, 0
-            self._save_settings()
 
-    def _save_settings(self) -> None:
-        settings = dict(self.row.settings, tx_events=self.tx_events, tx_timeout=self.tx_timeout)
+    def _save_settings(self, **extra: Any) -> None:
+        settings = {**self.row.settings, "tx_events": self.tx_events, "tx_timeout": self.tx_timeout, **extra}
         with self.factory.rt.db.unit_of_work() as conn:
             self.factory.store.set_settings(conn, self.id, settings)
         self.row = BridgeRow(self.row.id, self.row.source, self.row.sink, self.row.state, self.row.channel_id,
@@ -588,6 +595,8 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
     def destroy(self) -> None:
         with self._lock:
             if self.destroyed:
+                if not self._row_deleted:        # a store failure ended the first destroy: finish it
+                    self._forget()
                 return
             self.destroyed = True
             self.started = False
@@ -607,8 +616,13 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
                         self.id, durable)
         if self.transport is not None:
             self.transport.close()
+        self._forget()
+
+    def _forget(self) -> None:
+        """The end of destroy: the row, then the servants (a store failure reaches the client; destroy again)."""
         with self.factory.rt.db.unit_of_work() as conn:
             self.factory.store.delete(conn, self.id)
+        self._row_deleted = True
         self.factory.forget(self.id)
         self.rt.deactivate(self._endpoint_oid())
         self.rt.deactivate(self.oid)
@@ -665,7 +679,7 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
             "dead_lettered": self.dead_letter.count,
             "refused_to_broker_dlq": self.flow_in.refused if self.flow_in else 0,
             "transaction_events": self.tx_events,
-            "last_error": self.last_error,
+            "last_error": self.dead_letter.problem or self.last_error,
         }
 
 
@@ -729,3 +743,7 @@ _CONNECT_OPS = {
     (False, "PULL", "STRUCTURED"): "connect_structured_pull_supplier",
     (False, "PULL", "SEQUENCE"): "connect_sequence_pull_supplier",
 }
+
+
+# A database failure in any IDL operation reaches the client as TRANSIENT / PERSIST_STORE, never UNKNOWN.
+store_boundary(BridgeFactoryImpl, BridgeImpl)

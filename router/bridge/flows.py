@@ -19,6 +19,7 @@ the channel rejects (``BAD_QOS``), is dead-lettered with the reason and then ack
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import threading
 import time
@@ -32,6 +33,7 @@ import CosNotification
 import CosNotifyComm__POA
 
 from router import telemetry
+from router.channel.boundary import MINOR_EVENT_TOO_LARGE
 from router.config import DEFAULT_MAX_EVENT_BYTES
 from router.jms.model import BodyType, Destination, JmsMessage, Typed, JmsType
 from router.jms.transport import (BrokerError, BrokerUnavailable, Delivery, LocalProtocolError, SendRefused, Transport,
@@ -65,6 +67,23 @@ class DeadLetter:
         self.bridge_id = bridge_id
         self.destination = destination
         self.count = 0
+        #: Set while the broker refuses writes to the dead-letter destination (the bridge's status shows it).
+        self.problem = ""
+        self._reported: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def refused(self, exc: SendRefused, what: str, key: str, reason: str) -> None:
+        """The broker refused a dead letter: record it for the status, and log it at ERROR once per ``key`` (one
+        event or message), not once per retry."""
+        self.problem = (f"dead-letter destination refused: {self.destination.stomp()}: "
+                        f"{exc.message or exc.reason}")
+        if key in self._reported:
+            return
+        self._reported[key] = None
+        while len(self._reported) > 10_000:
+            self._reported.popitem(last=False)
+        log.error("bridge %d: the broker refused the dead letter of %s (%s); %s. Reason it was dead-lettered: %s",
+                  self.bridge_id, what, self.problem, "it stays in the channel and is retried"
+                  if what.startswith("an event") else f"it is NACKed to {BROKER_DLQ}", reason)
 
     def send(self, body: bytes, reason: str, origin: str, extra: dict[str, str] | None = None) -> None:
         """Raises :class:`TransportError` if the dead letter could not be stored by the broker."""
@@ -76,6 +95,7 @@ class DeadLetter:
         msg = JmsMessage(BodyType.BYTES, body, destination=self.destination, properties=props)
         self._transport_for().send(self.destination, msg, receipt=True)
         self.count += 1
+        self.problem = ""
         telemetry.bridge_dead_letter(self.bridge_id, origin)
         log.warning("bridge %d: dead-lettered a %s to %s: %s", self.bridge_id, origin, self.destination.stomp(),
                     reason)
@@ -121,8 +141,18 @@ class ChannelToJms:
         except Exception as exc:  # any failure to map one event dead-letters that event, never stalls
             log.exception("bridge %d: mapping an event failed", self.bridge.id)
             reason = f"mapping failed: {_describe(exc)}"
-        self.dead_letter.send(self.event_bytes(event), reason, "event")
+        self._dead_letter(self.event_bytes(event), reason)
         return None
+
+    def _dead_letter(self, body: bytes, reason: str) -> None:
+        """Dead-letter one event. If the broker refuses the dead letter too, :class:`SendRefused` propagates (the
+        push answers TRANSIENT, the event stays in the channel: nothing lost) and the refusal is made visible."""
+        try:
+            self.dead_letter.send(body, reason, "event")
+        except SendRefused as exc:
+            key = hashlib.sha256(body + b"\0" + reason.encode()).hexdigest()
+            self.dead_letter.refused(exc, "an event", key, reason)
+            raise
 
     def _send(self, messages: list[JmsMessage]) -> None:
         if not messages:
@@ -150,7 +180,7 @@ class ChannelToJms:
             from router.mapping.stomp_body import message_to_stomp
 
             reason = f"broker refused the message: {exc.message or exc.reason}"
-            self.dead_letter.send(message_to_stomp(msg).body, reason, "event")
+            self._dead_letter(message_to_stomp(msg).body, reason)
 
     def _send_transaction(self, chunk: list[JmsMessage]) -> None:
         tx = self.transport.begin()
@@ -382,14 +412,19 @@ class JmsToChannel:
     def refuse(self, delivery: Delivery) -> None:
         """NACK: ActiveMQ moves the *original* message, body intact, to ``ActiveMQ.DLQ``. The broker's copy carries
         no reason, so a record naming the message id and the reason goes to the bridge's own dead-letter
-        destination first (if that fails, nothing is NACKed: the broker redelivers and this runs again)."""
+        destination first. If the broker refuses that record (:class:`SendRefused`) the message is NACKed all
+        the same (the reason is then only in the log and the status); other failures propagate un-NACKed: the
+        broker redelivers and this runs again."""
         reason = ("empty, unmarked body: a Java Map/Stream/Object message the STOMP transport cannot carry (or an "
                   f"empty text); the original was moved to the broker's dead-letter queue {BROKER_DLQ}")
         log.warning("bridge %d: message %s: %s", self.bridge.id, delivery.message_id, reason)
-        self.dead_letter.send(b"", reason, "refused",
-                              {"nsjms_dlq_message_id": delivery.message_id,
-                               "nsjms_dlq_destination": delivery.destination,
-                               "nsjms_dlq_moved_to": BROKER_DLQ})
+        try:
+            self.dead_letter.send(b"", reason, "refused",
+                                  {"nsjms_dlq_message_id": delivery.message_id,
+                                   "nsjms_dlq_destination": delivery.destination,
+                                   "nsjms_dlq_moved_to": BROKER_DLQ})
+        except SendRefused as exc:      # NACK anyway: unacknowledged, it would never be redelivered (stuck)
+            self.dead_letter.refused(exc, f"message {delivery.message_id}", delivery.message_id, reason)
         self.transport.nack(delivery, receipt=True)
         self.refused += 1
 
@@ -410,8 +445,7 @@ class JmsToChannel:
         try:
             self.dead_letter.send(delivery.body, reason, "message", extra)
         except SendRefused as exc:
-            log.error("bridge %d: the broker refused the dead letter of message %s (%s); NACKing it to %s. "
-                      "Reason it was dead-lettered: %s", self.bridge.id, delivery.message_id, exc, BROKER_DLQ, reason)
+            self.dead_letter.refused(exc, f"message {delivery.message_id}", delivery.message_id, reason)
             self.transport.nack(delivery, receipt=True)
             return
         self.transport.ack(delivery, receipt=True)
@@ -521,7 +555,9 @@ class PushSenderLoop:
                     self.proxy.push_structured_event(got[0][1])
             except CORBA.BAD_QOS:
                 return self._push_one_by_one(got)
-            except CORBA.IMP_LIMIT:
+            except CORBA.IMP_LIMIT as exc:
+                if exc.minor == MINOR_EVENT_TOO_LARGE:   # not "full": that event is refused forever; find it
+                    return self._push_one_by_one(got)
                 log.info("bridge %d: channel full; waiting", self.flow.bridge.id)
                 self.stop.wait(0.5)
                 continue
@@ -537,8 +573,9 @@ class PushSenderLoop:
         return got
 
     def _push_one_by_one(self, got: list[tuple[Delivery, Any]]) -> list[tuple[Delivery, Any]]:
-        """A batch had an event with unusable QoS: find it, dead-letter it, forward the rest (each retried like a
-        batch while the channel is full or failing). Returns what is left unsettled (stopped meanwhile)."""
+        """A batch had an event with unusable QoS (BAD_QOS) or one the channel refuses as too large (IMP_LIMIT with
+        MINOR_EVENT_TOO_LARGE, only when the channel's limit differs from the bridge's): find it, dead-letter it,
+        forward the rest (each retried like a batch while the channel is full or failing). Returns what is left unsettled (stopped meanwhile)."""
         for i, (delivery, event) in enumerate(got):
             while True:
                 if self.stop.is_set():
@@ -547,6 +584,15 @@ class PushSenderLoop:
                     self.proxy.push_structured_event(event)
                 except CORBA.BAD_QOS:
                     self.flow.reject(delivery, "the channel rejected the event's QoS (BAD_QOS)")
+                    break
+                except CORBA.IMP_LIMIT as exc:
+                    if exc.minor != MINOR_EVENT_TOO_LARGE:          # the channel is full: retry
+                        log.info("bridge %d: channel full; waiting", self.flow.bridge.id)
+                        self.stop.wait(0.5)
+                        continue
+                    self.flow.reject(delivery, "the channel refused the event as too large (IMP_LIMIT, "
+                                     "MINOR_EVENT_TOO_LARGE): its size limit is below this node's "
+                                     "node.max_event_bytes")
                     break
                 except CORBA.OBJECT_NOT_EXIST:
                     raise

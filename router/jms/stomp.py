@@ -368,14 +368,24 @@ class StompTransport:
         return tx
 
     def commit(self, transaction: str) -> None:
-        entry = self._book.end_tx(transaction)
-        if not self._book.is_live(entry):
-            raise BrokerUnavailable(f"transaction {transaction} was lost with its connection (rolled back)")
+        """The transaction stays in the book until the COMMIT's receipt: an ERROR for an earlier receipt-less frame
+        that arrives meanwhile still marks it, and the commit then raises :class:`BrokerError` (ActiveMQ refuses
+        such a COMMIT itself; a broker that accepts it has committed the transaction without that frame)."""
+        entry = self._book.get_tx(transaction)
+        try:
+            if not self._book.is_live(entry):
+                raise BrokerUnavailable(f"transaction {transaction} was lost with its connection (rolled back)")
+            if entry.rollback_only:
+                self._abort_frame(transaction)
+                raise BrokerError(f"transaction {transaction} rolled back: a frame in it failed: "
+                                  f"{entry.rollback_only}")
+            self._transmit("commit", lambda c, h: c.commit(transaction, headers=h), {}, receipt=True,
+                           loss_is_failure=False)
+        finally:
+            self._book.discard_tx(transaction)
         if entry.rollback_only:
-            self._abort_frame(transaction)
-            raise BrokerError(f"transaction {transaction} rolled back: a frame in it failed: {entry.rollback_only}")
-        self._transmit("commit", lambda c, h: c.commit(transaction, headers=h), {}, receipt=True,
-                       loss_is_failure=False)
+            raise BrokerError(f"transaction {transaction}: a frame in it failed before the COMMIT was confirmed "
+                              f"({entry.rollback_only}); the broker committed it without that frame")
 
     def abort(self, transaction: str) -> None:
         entry = self._book.end_tx(transaction)

@@ -466,6 +466,20 @@ class SessionBook:
             if entry.epoch != self.epoch or not self.connected:
                 raise BrokerUnavailable(f"transaction {tx} was lost with its connection (the broker rolled it back)")
 
+    def get_tx(self, tx: str) -> _Tx:
+        """The record of ``tx``, kept in the book. Unknown → :class:`LocalProtocolError`."""
+        with self.lock:
+            self.check_open()
+            entry = self._txs.get(tx)
+            if entry is None:
+                raise LocalProtocolError(f"unknown transaction {tx!r} (never begun, or already ended)")
+            return entry
+
+    def discard_tx(self, tx: str) -> None:
+        """Forget ``tx`` if it is still in the book."""
+        with self.lock:
+            self._txs.pop(tx, None)
+
     def end_tx(self, tx: str) -> _Tx:
         """Forget ``tx``; returns its record. Unknown → :class:`LocalProtocolError`."""
         with self.lock:

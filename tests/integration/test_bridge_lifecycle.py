@@ -287,3 +287,22 @@ def test_destroy_removes_the_durable_subscription(nsjms_server: NsjmsServer, bf:
 
 
 _ = time
+
+
+def test_destroy_removes_the_durable_subscription_after_its_channel_is_gone(nsjms_server: NsjmsServer, bf: Any,
+                                                                              factory: Any,
+                                                                              java_tool: JavaTool) -> None:
+    """The durable name is stored with the bridge when it subscribes: with the channel destroyed nothing else tells
+    that the subscription was durable, and destroy used to leave it on the broker."""
+    channel, cid = _persistent_channel(factory)
+    topic = _name("lifecycle.durable-gone")
+    consumer = _consumer(channel)
+    bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, topic, BA.TOPIC), channel_ep(BA.SINK, cid))
+    bridge.start_bridge()
+    java_tool.produce("topic", topic, 3, "text")
+    assert consumer.wait_for(3, 30), f"{consumer.count()} of 3"
+    channel.destroy()
+    bridge.destroy()
+    java_tool.produce("topic", topic, 7, "text")
+    kept = java_tool.durable_async(f"nsjms-node1-bridge-{bid}", topic, f"nsjms-bridge-{bid}", 7, 3).finish()
+    assert kept == [], f"destroy left the durable subscription: the broker kept {len(kept)} message(s) for it"

@@ -88,6 +88,9 @@ class FakeBridge:
     def note_broker_problem(self, exc: Exception) -> None:
         self.problems.append(exc)
 
+    def acknowledge_channel(self, events: Any) -> None:
+        return None
+
 
 def _delivery(mid: str, message: JmsMessage | None = None, body: bytes = b"hello",
               headers: dict[str, str] | None = None, decode_error: str | None = None) -> Delivery:
@@ -387,3 +390,81 @@ def test_events_pulled_before_a_transport_failure_are_handed_to_the_channel() ->
     assert has and events == [("event", "hello")]
     sender.try_pull_structured_events(10)            # the next pull confirms it
     assert transport.acked == ["m-1"]
+
+
+def test_a_refused_record_the_broker_dlq_refuses_too_still_nacks_the_message(caplog: Any) -> None:
+    """refuse(): a broker that refuses writes to nsjms.DLQ must not leave the message un-NACKed (ActiveMQ would
+    never redeliver it while the connection lives); the refusal is in the status and logged at ERROR."""
+    transport = FakeTransport(refuse={F.DEFAULT_DLQ.stomp(): SendRefused("refused", "/queue/nsjms.DLQ", "denied")})
+    flow = _jms_flow(transport)
+    with caplog.at_level("ERROR", logger="nsjms.bridge"):
+        assert flow.map(_delivery("map-1", body=b"", headers={})) is None
+    assert transport.nacked == ["map-1"] and transport.acked == []
+    problem = flow.dead_letter.problem
+    assert problem.startswith("dead-letter destination refused") and "denied" in problem
+    assert any("map-1" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+
+
+def test_an_event_both_destination_and_dlq_refuse_stays_in_the_channel_and_is_reported_once(caplog: Any) -> None:
+    """Channel -> JMS: the destination and the DLQ refuse: TRANSIENT (the event stays queued, nothing lost), the
+    status says why, and the ERROR line is logged once per event, not once per retry."""
+    from omniORB import CORBA
+
+    transport = FakeTransport(refuse={QUEUE.stomp(): SendRefused("refused", QUEUE.stomp(), "not authorized"),
+                                      F.DEFAULT_DLQ.stomp(): SendRefused("refused", "/queue/nsjms.DLQ", "denied")})
+    flow = _out_flow(transport)
+    receiver = F.StructuredPushReceiver(flow)
+    with caplog.at_level("ERROR", logger="nsjms.bridge"):
+        for _ in range(3):
+            with pytest.raises(CORBA.TRANSIENT):
+                receiver._forward(["event-1"])
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and "dead letter" in r.getMessage()]
+    assert len(errors) == 1 and "not authorized" in errors[0].getMessage()
+    assert flow.dead_letter.problem.startswith("dead-letter destination refused")
+    del transport.refuse[F.DEFAULT_DLQ.stomp()]
+    receiver._forward(["event-1"])                  # the DLQ accepts again: dead-lettered, the status clears
+    assert len(transport.dead_letters()) == 1 and flow.dead_letter.problem == ""
+
+
+@pytest.mark.parametrize("sequence", [False, True])
+def test_an_event_the_channel_finds_too_large_is_dead_lettered_not_retried_forever(sequence: bool) -> None:
+    """IMP_LIMIT with MINOR_EVENT_TOO_LARGE is not "channel full": the same event would be refused forever (only
+    when limits diverge). It is dead-lettered with the reason; the rest of a batch flows on."""
+    from router.channel.boundary import MINOR_EVENT_TOO_LARGE
+
+    transport = FakeTransport()
+    flow = _jms_flow(transport)
+    flow.subscription = ScriptedSubscription([_delivery("small-1"), _delivery("big", body=b"big"),
+                                              _delivery("small-2")])
+    stop = threading.Event()
+
+    class LimitProxy(FakeProxy):
+        calls = 0
+
+        def push_structured_event(self, event: Any) -> None:
+            self.calls += 1
+            if self.calls > 20:
+                self.stop.set()                            # the old code retried forever: end the test
+            if event == ("event", "big"):
+                raise F.CORBA.IMP_LIMIT(MINOR_EVENT_TOO_LARGE, F.CORBA.COMPLETED_NO)
+            self.pushed.append(event)
+
+        def push_structured_events(self, events: list[Any]) -> None:
+            self.calls += 1
+            if self.calls > 20:
+                self.stop.set()
+            if ("event", "big") in events:
+                raise F.CORBA.IMP_LIMIT(MINOR_EVENT_TOO_LARGE, F.CORBA.COMPLETED_NO)
+            self.pushed.extend(events)
+
+    flow.to_event = lambda m: ("event", "big" if m.body == "big" else m.body)
+    flow.subscription.deliveries[1] = _delivery("big", message=JmsMessage(BodyType.TEXT, "big"))
+    proxy = LimitProxy(stop)
+    loop = F.PushSenderLoop(flow, proxy, sequence, lambda: 3, lambda: 0.0, False, stop)
+    for _ in range(3 if not sequence else 1):
+        loop._round()
+    assert not stop.is_set(), "retried the too-large event"
+    assert proxy.pushed == [("event", "hello"), ("event", "hello")]
+    assert sorted(transport.acked) == ["big", "small-1", "small-2"]
+    [dead] = transport.dead_letters()
+    assert "too large" in _reason(dead) or "size limit" in _reason(dead)

@@ -242,6 +242,32 @@ def test_unreceipted_error_makes_open_transactions_roll_back(fake: FakeBroker) -
     t.close()
 
 
+def test_an_error_arriving_after_the_commit_was_sent_still_fails_the_commit(fake: FakeBroker) -> None:
+    """The ERROR for an earlier receipt-less SEND can arrive after COMMIT went out (before its RECEIPT): the
+    transaction stays in the book until the receipt, so commit() raises instead of returning normally (ActiveMQ
+    refuses such a COMMIT itself; a broker that commits it has committed a transaction missing a message)."""
+    t = connect(fake, receipt_timeout=10)
+    thread, errors = in_thread(t.begin)
+    assert fake.got_frame.wait(5)
+    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
+    thread.join(5)
+    tx = fake.frames[-1].decode().split("transaction:")[1].split("\n")[0]
+    t.send("/queue/q", MSG, transaction=tx, receipt=False)
+    thread, errors = in_thread(lambda: t.commit(tx))
+    deadline = time.monotonic() + 5
+    while not fake.frames[-1].startswith(b"COMMIT") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fake.frames[-1].startswith(b"COMMIT")
+    fake.reply(b"ERROR\nmessage:send refused late\n\n\x00"
+               + f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
+    thread.join(5)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], BrokerError) and "send refused late" in str(errors[0])
+    with pytest.raises(LocalProtocolError):
+        t.commit(tx)                                                    # the transaction has ended all the same
+    t.close()
+
+
 def test_state_callback_and_reconnect_after_drop(fake: FakeBroker) -> None:
     states: list[ConnectionState] = []
     t = connect(fake, on_state=states.append)
