@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from omniORB import CORBA
 
@@ -33,20 +34,18 @@ import CosNotifyChannelAdmin
 
 from idl.generated import BridgeTransactionMgmt as BTM
 from idl.generated import CosBridgeAdmin as BA
-from idl.generated import CosBridgeAdmin__POA
-from idl.generated import CosNotifyChannelAdminAck
-from idl.generated import NsjmsAdmin, NsjmsAdmin__POA
+from idl.generated import CosBridgeAdmin__POA, CosNotifyChannelAdminAck, NsjmsAdmin, NsjmsAdmin__POA
 from router.bridge import flows as F
 from router.bridge.endpoints import EndpointSpec, Problem, check_pair, from_idl, parse_factory, to_idl
 from router.bridge.limits import check_stomp_limits
+from router.bridge.store import BridgeRow, BridgeStore
 from router.bridge.supervisor import Supervised
 from router.channel.boundary import store_boundary
-from router.bridge.store import BridgeRow, BridgeStore
 from router.jms.model import Destination
 from router.jms.transport import ConnectionState, Transport, TransportError
 from router.mapping import ChannelTimeSupport, event_to_jms, map_message
 
-__all__ = ["BridgeFactoryImpl", "BridgeImpl", "BrokerSettings", "BRIDGE_FACTORY_KEY"]
+__all__ = ["BRIDGE_FACTORY_KEY", "BridgeFactoryImpl", "BridgeImpl", "BrokerSettings"]
 
 log = logging.getLogger("nsjms.bridge")
 
@@ -306,7 +305,7 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
             admin, aid = channel.new_for_suppliers(CosNotifyChannelAdmin.AND_OP)
             obtain = (admin.obtain_notification_push_consumer if self.channel_spec.style == "PUSH"
                       else admin.obtain_notification_pull_consumer)
-        proxy, pid = obtain(kind)
+        _proxy, pid = obtain(kind)
         with self.factory.rt.db.unit_of_work() as conn:
             self.factory.store.set_proxy(conn, self.id, aid, pid)
         self.row = BridgeRow(self.row.id, self.row.source, self.row.sink, self.row.state, self.row.channel_id,
@@ -504,7 +503,7 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         self.started = False
         try:
             self._start()
-        except Exception:  # noqa: BLE001 — a bridge that cannot resume is reported, the node keeps running
+        except Exception:
             log.exception("bridge %d could not resume after restart", self.id)
             self.last_error = "could not resume after restart"
 

@@ -31,11 +31,20 @@ JMS PUSH / PULL    channel PULL           the channel pulls from the bridge's pu
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["EndpointSpec", "Problem", "FactoryProfile", "parse_factory", "check_pair", "from_idl", "to_idl",
-           "DESTINATION_NAME"]
+__all__ = [
+    "DESTINATION_NAME",
+    "EndpointSpec",
+    "FactoryProfile",
+    "Problem",
+    "check_pair",
+    "from_idl",
+    "parse_factory",
+    "to_idl",
+]
 
 # A conservative destination-name syntax that every STOMP broker accepts and that cannot inject headers.
 DESTINATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-:$]{0,199}$")
@@ -94,7 +103,7 @@ class EndpointSpec:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "EndpointSpec":
+    def from_json(cls, data: dict[str, Any]) -> EndpointSpec:
         return cls(**data)
 
     def describe(self) -> str:

@@ -23,7 +23,8 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import omniORB
 from omniORB import CORBA
@@ -35,11 +36,18 @@ import CosNotifyComm__POA
 from router import telemetry
 from router.channel.boundary import MINOR_EVENT_TOO_LARGE
 from router.config import DEFAULT_MAX_EVENT_BYTES
-from router.jms.model import BodyType, Destination, JmsMessage, Typed, JmsType
-from router.jms.transport import (BrokerError, BrokerUnavailable, Delivery, LocalProtocolError, SendRefused, Transport,
-                                  TransportError)
+from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
+from router.jms.transport import (
+    BrokerError,
+    BrokerUnavailable,
+    Delivery,
+    LocalProtocolError,
+    SendRefused,
+    Transport,
+    TransportError,
+)
 
-__all__ = ["ChannelToJms", "JmsToChannel", "DeadLetter", "DEFAULT_DLQ"]
+__all__ = ["DEFAULT_DLQ", "ChannelToJms", "DeadLetter", "JmsToChannel"]
 
 log = logging.getLogger("nsjms.bridge")
 
@@ -485,7 +493,7 @@ class PushSenderLoop:
             except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST):
                 self.flow.bridge.channel_disconnected()
                 return
-            except Exception:  # noqa: BLE001 — the worker must survive; un-acked deliveries come back from the broker
+            except Exception:
                 log.exception("bridge %d: receive loop failed; continuing", self.flow.bridge.id)
                 self.stop.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
@@ -575,7 +583,8 @@ class PushSenderLoop:
     def _push_one_by_one(self, got: list[tuple[Delivery, Any]]) -> list[tuple[Delivery, Any]]:
         """A batch had an event with unusable QoS (BAD_QOS) or one the channel refuses as too large (IMP_LIMIT with
         MINOR_EVENT_TOO_LARGE, only when the channel's limit differs from the bridge's): find it, dead-letter it,
-        forward the rest (each retried like a batch while the channel is full or failing). Returns what is left unsettled (stopped meanwhile)."""
+        forward the rest (each retried like a batch while the channel is full or failing). Returns what is left
+        unsettled (stopped meanwhile)."""
         for i, (delivery, event) in enumerate(got):
             while True:
                 if self.stop.is_set():

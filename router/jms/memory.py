@@ -4,8 +4,9 @@ It behaves like ActiveMQ Classic over STOMP where the contract tests pin it down
 codec as on the wire (so properties arrive as String headers), queues and topics, durable subscriptions,
 transactions (sends and acks applied at COMMIT; after ABORT the acked deliveries must be acked again), auto /
 client / client-individual acks, redelivery (``redelivered: true``) of un-acked messages on unsubscribe, close and
-broker restart, NACK to a dead-letter list, JMS selectors (comparisons, AND/OR/NOT, IN, LIKE, BETWEEN, IS NULL, with ActiveMQ's
-String-to-number/boolean conversion; no arithmetic), and ERROR answers (a bad selector is a :class:`BrokerError`).
+broker restart, NACK to a dead-letter list, JMS selectors (comparisons, AND/OR/NOT, IN, LIKE, BETWEEN, IS NULL, with
+ActiveMQ's String-to-number/boolean conversion; no arithmetic), and ERROR answers (a bad selector is a
+:class:`BrokerError`).
 
 It fails loudly: misuse raises :class:`LocalProtocolError` exactly as the STOMP transport does (both use
 :class:`SessionBook`), and :meth:`MemoryBroker.inject_fault` makes the next matching operation fail with a chosen
@@ -26,9 +27,25 @@ from urllib.parse import urlsplit
 
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage
 from router.jms.transport import (
-    AckMode, BrokerError, BrokerUnavailable, ConnectionState, Delivery, LocalProtocolError, MessageCodec,
-    QueueSubscription, RetryPolicy, RECONNECT_POLICY, SendFailed, SendRefused, SessionBook, SimpleCodec,
-    StateCallback, Subscription, SubscriptionSpec, TransportError, stomp_destination,
+    RECONNECT_POLICY,
+    AckMode,
+    BrokerError,
+    BrokerUnavailable,
+    ConnectionState,
+    Delivery,
+    LocalProtocolError,
+    MessageCodec,
+    QueueSubscription,
+    RetryPolicy,
+    SendFailed,
+    SendRefused,
+    SessionBook,
+    SimpleCodec,
+    StateCallback,
+    Subscription,
+    SubscriptionSpec,
+    TransportError,
+    stomp_destination,
 )
 
 __all__ = ["MemoryBroker", "MemoryTransport", "compile_selector"]

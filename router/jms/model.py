@@ -16,10 +16,10 @@ MESSAGE    ``None`` (a message with no body)
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
-__all__ = ["BodyType", "JmsType", "Typed", "DeliveryMode", "JmsMessage", "Destination"]
+__all__ = ["BodyType", "DeliveryMode", "Destination", "JmsMessage", "JmsType", "Typed"]
 
 
 class BodyType(enum.StrEnum):

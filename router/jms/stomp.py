@@ -30,9 +30,27 @@ from stomp.utils import PREAMBLE_END_RE, Frame
 
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage
 from router.jms.transport import (
-    RECONNECT_POLICY, AckMode, BrokerError, BrokerUnavailable, ConnectionState, Delivery, LocalProtocolError,
-    MessageCodec, QueueSubscription, ReceiptTimeout, RemoteProtocolError, RetryPolicy, SendFailed, SendRefused,
-    SessionBook, SimpleCodec, StateCallback, Subscription, SubscriptionSpec, TransportError, redact_url,
+    RECONNECT_POLICY,
+    AckMode,
+    BrokerError,
+    BrokerUnavailable,
+    ConnectionState,
+    Delivery,
+    LocalProtocolError,
+    MessageCodec,
+    QueueSubscription,
+    ReceiptTimeout,
+    RemoteProtocolError,
+    RetryPolicy,
+    SendFailed,
+    SendRefused,
+    SessionBook,
+    SimpleCodec,
+    StateCallback,
+    Subscription,
+    SubscriptionSpec,
+    TransportError,
+    redact_url,
     stomp_destination,
 )
 
@@ -118,7 +136,7 @@ class _SplitFrame:
             self.headers.setdefault(key, val)
 
 
-class _Listener(stomp.ConnectionListener):  # type: ignore[misc]
+class _Listener(stomp.ConnectionListener):
     """Runs on stomp.py's receiver thread: only enqueues."""
 
     def __init__(self, inbox: queue.Queue[Any], epoch: int) -> None:
@@ -339,7 +357,7 @@ class StompTransport:
             return
         try:
             conn.transport.disconnect_socket()
-        except Exception as exc:  # stomp.py may raise anything from a half-dead socket; we are discarding it
+        except Exception as exc:  # noqa: BLE001 - stomp.py may raise anything from a half-dead socket; we discard it
             log.debug("closing a STOMP socket: %s", exc)
 
     # ------------------------------------------------------------------------------------------- sending

@@ -40,10 +40,30 @@ import tenacity
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 
 __all__ = [
-    "TransportError", "BrokerUnavailable", "SendFailed", "SendRefused", "ReceiptTimeout", "BrokerError", "ProtocolError",
-    "RemoteProtocolError", "LocalProtocolError", "ConnectionState", "AckMode", "Delivery", "Subscription",
-    "Transport", "MessageCodec", "EncodedMessage", "SimpleCodec", "RetryPolicy", "RECONNECT_POLICY",
-    "open_transport", "register_scheme", "stomp_destination", "parse_destination", "redact_url",
+    "RECONNECT_POLICY",
+    "AckMode",
+    "BrokerError",
+    "BrokerUnavailable",
+    "ConnectionState",
+    "Delivery",
+    "EncodedMessage",
+    "LocalProtocolError",
+    "MessageCodec",
+    "ProtocolError",
+    "ReceiptTimeout",
+    "RemoteProtocolError",
+    "RetryPolicy",
+    "SendFailed",
+    "SendRefused",
+    "SimpleCodec",
+    "Subscription",
+    "Transport",
+    "TransportError",
+    "open_transport",
+    "parse_destination",
+    "redact_url",
+    "register_scheme",
+    "stomp_destination",
 ]
 
 log = logging.getLogger("nsjms.transport")
@@ -622,7 +642,7 @@ class QueueSubscription:
 
     def _fresh(self, delivery: Delivery) -> bool:
         """Deliveries needing an ack are only usable on the connection that delivered them."""
-        return self.ack_mode is AckMode.AUTO or delivery.epoch == self._book.epoch and self._book.connected
+        return self.ack_mode is AckMode.AUTO or (delivery.epoch == self._book.epoch and self._book.connected)
 
 
 # --------------------------------------------------------------------------------------------------- URL table
