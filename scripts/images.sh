@@ -148,7 +148,7 @@ build_activemq() {
 
 build_app() {
     local hash ctx
-    hash="$(hash_files <(echo "$BASE") pyproject.toml README.md $(tree_files "$IMAGES/nsjms" router xa idl))"
+    hash="$(hash_files <(echo "$BASE") pyproject.toml README.md $(tree_files "$IMAGES/nsjms" router xa idl audit))"
     if have_image "nsjms-app:$hash"; then
         build_image nsjms-app "$IMAGES/nsjms" "$hash"
         return
