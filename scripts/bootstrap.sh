@@ -3,7 +3,7 @@
 #
 #   bash scripts/bootstrap.sh
 #
-# 1. apt: omniorb-idl activemq libpostgresql-jdbc-java libjettison-java libxstream-java postgresql-15 chromium
+# 1. apt: omniorb-idl activemq libpostgresql-jdbc-java libjettison-java libxstream-java postgresql-15 libomniorb4-dev libcos4-dev g++ chromium systemd
 #    (skipped when `dpkg -s` finds them all), default-jdk-headless only when `javac` is missing,
 #    python3.11-venv only when ensurepip is missing. Root runs apt directly, others through sudo.
 #    postgresql-15 is installed without creating Debian's "main" cluster: nsjms starts its own.
@@ -16,7 +16,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-APT_PACKAGES=(omniorb-idl activemq libpostgresql-jdbc-java libjettison-java libxstream-java postgresql-15 libomniorb4-dev libcos4-dev g++ chromium)
+APT_PACKAGES=(omniorb-idl activemq libpostgresql-jdbc-java libjettison-java libxstream-java postgresql-15 libomniorb4-dev libcos4-dev g++ chromium systemd)
 PYTHON="${PYTHON:-python3.11}"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.nsjms-bootstrap"
