@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -210,4 +211,51 @@ def factory(nsjms_server: NsjmsServer, client_orb: ClientOrb) -> Any:
 
 # The Java JMS client fixture, shared by every integration module that needs it (imported here, not in each test
 # module, so the test modules do not re-bind a fixture name).
-from bridgekit import java_tool  # noqa: E402, F401
+from router.services import EmbeddedActiveMQ  # noqa: E402
+
+from bridgekit import JavaTool, bridge_factory, java_tool  # noqa: E402, F401
+from stdclients import wait_until  # noqa: E402
+
+
+# --------------------------------------------------------------------- a node with a broker of its own (faults)
+@dataclass
+class Rig:
+    broker: EmbeddedActiveMQ
+    server: NsjmsServer
+    java: JavaTool
+    bf: Any
+    factory: Any
+
+    def kill_broker(self) -> None:
+        """SIGKILL: no clean shutdown, the store keeps only what the broker had confirmed."""
+        pid = int(self.broker.pid_file.read_text().strip())
+        os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 20)
+        self.broker.stop()                    # reaps the child; the next start() reuses the directory and ports
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.fixture
+def rig(tmp_path: Path, fresh_db: str, client_orb: Any, java_tool: JavaTool) -> Iterator[Rig]:  # noqa: F811
+    base = tmp_path / "amq"
+    base.mkdir()
+    openwire = free_port()
+    broker = EmbeddedActiveMQ(base, free_port(), openwire, die_with_parent=True)
+    broker.start()
+    state = tmp_path / "state"
+    state.mkdir()
+    server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker.url, port=free_port())
+    try:
+        server.start()
+        yield Rig(broker, server, java_tool.with_url(f"tcp://127.0.0.1:{openwire}"),
+                  bridge_factory(client_orb, server), client_orb.factory(server.ior()))
+    finally:
+        server.stop()
+        broker.stop()
+        shutil.rmtree(base, ignore_errors=True)

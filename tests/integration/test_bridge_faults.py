@@ -27,14 +27,10 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,10 +41,9 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
-from router.services import EmbeddedActiveMQ
 
-from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep, reconnect_client
-from conftest import NsjmsServer, free_port
+from bridgekit import channel_ep, jms_ep, reconnect_client
+from conftest import Rig
 from stdclients import (
     Form,
     PushSupplierClient,
@@ -70,49 +65,6 @@ KILL_AT = 150
 TIMEOUT_S = 90.0
 NODE_KILL_DUPS = 2        # see the module docstring
 PERSISTENT = CosNotification.Persistent
-
-
-@dataclass
-class Rig:
-    broker: EmbeddedActiveMQ
-    server: NsjmsServer
-    java: JavaTool
-    bf: Any
-    factory: Any
-
-    def kill_broker(self) -> None:
-        """SIGKILL: no clean shutdown, the store keeps only what the broker had confirmed."""
-        pid = int(self.broker.pid_file.read_text().strip())
-        os.kill(pid, signal.SIGKILL)
-        assert wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 20)
-        self.broker.stop()                    # reaps the child; the next start() reuses the directory and ports
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
-
-
-@pytest.fixture
-def rig(tmp_path: Path, fresh_db: str, client_orb: Any, java_tool: JavaTool) -> Iterator[Rig]:
-    base = tmp_path / "amq"
-    base.mkdir()
-    openwire = free_port()
-    broker = EmbeddedActiveMQ(base, free_port(), openwire, die_with_parent=True)
-    broker.start()
-    state = tmp_path / "state"
-    state.mkdir()
-    server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker.url, port=free_port())
-    try:
-        server.start()
-        yield Rig(broker, server, java_tool.with_url(f"tcp://127.0.0.1:{openwire}"),
-                  bridge_factory(client_orb, server), client_orb.factory(server.ior()))
-    finally:
-        server.stop()
-        broker.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _persistent_channel(factory: Any) -> tuple[Any, int]:

@@ -15,15 +15,11 @@ pull-style JMS → channel bridge, and what ``stop_bridge`` / ``destroy`` do to 
 from __future__ import annotations
 
 import collections
-import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +29,9 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import CosNotifyCommAck
-from router.services import EmbeddedActiveMQ
 
 from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep, reconnect_client
-from conftest import NsjmsServer, free_port
+from conftest import NsjmsServer, Rig
 from stdclients import (
     Form,
     PushSupplierClient,
@@ -95,49 +90,6 @@ def _stopped_connections(client_orb: Any, server: NsjmsServer) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ a broker of the test
-@dataclass
-class Rig:
-    broker: EmbeddedActiveMQ
-    server: NsjmsServer
-    java: JavaTool
-    bf: Any
-    factory: Any
-
-    def kill_broker(self) -> None:
-        """SIGKILL the broker process (no clean shutdown); ``broker.start()`` later reuses its directory and ports."""
-        pid = int(self.broker.pid_file.read_text().strip())
-        os.kill(pid, signal.SIGKILL)
-        assert wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 20)
-        self.broker.stop()
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
-
-
-@pytest.fixture
-def rig(tmp_path: Path, fresh_db: str, client_orb: Any, java_tool: JavaTool) -> Iterator[Rig]:
-    base = tmp_path / "amq"
-    base.mkdir()
-    openwire = free_port()
-    broker = EmbeddedActiveMQ(base, free_port(), openwire, die_with_parent=True)
-    broker.start()
-    state = tmp_path / "state"
-    state.mkdir()
-    server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker.url, port=free_port())
-    try:
-        server.start()
-        yield Rig(broker, server, java_tool.with_url(f"tcp://127.0.0.1:{openwire}"),
-                  bridge_factory(client_orb, server), client_orb.factory(server.ior()))
-    finally:
-        server.stop()
-        broker.stop()
-        shutil.rmtree(base, ignore_errors=True)
-
-
 def test_bridges_resume_by_themselves_after_an_outage_longer_than_retries(rig: Rig, client_orb: Any) -> None:
     ack = [prop("DeliveryReliability", short(CosNotifyCommAck.Acknowledgment)), prop("Retries", long_(RETRIES)),
            prop("RetryInterval", time_t(RETRY_INTERVAL_S))]
