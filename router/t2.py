@@ -28,14 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import Xid
 
+from router.crashpoints import armed, crashpoint
 from router.jms.transport import EncodedMessage, Transport, TransportError
-from xa.coordinator import Coordinator
+from xa.coordinator import Coordinator, Transaction
 from xa.log import FileLog
 from xa.pg import PgManager
 from xa.records import Participant
 from xa.recovery import InDoubt, RecoveryManager, RecoveryReport, SafeAction
-from xa.resource import Clock, SystemClock
+from xa.resource import Clock, Resource, SystemClock
 from xa.xid import NodeId
 
 __all__ = [
@@ -146,6 +148,7 @@ class OutboxResender:
                     pass
                 raise
             transport.commit(tx)
+        crashpoint("t2.recovery.after_resend")
         log.warning("T2 %s: re-sent %d message(s) whose broker commit was not confirmed (same dedupe ids)",
                     gtrid, len(rows))
 
@@ -166,6 +169,8 @@ class NodeTransactions:
         self.log = FileLog(state_dir, self.node)
         self.coordinator = Coordinator(self.node, self.log, self.clock)
         self.pg = PgManager(lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=3), key=PG_MANAGER)
+        if armed():
+            self.pg = _CrashingManager(self.pg)  # type: ignore[assignment]
         self._transport_factory = transport
         self._transport: Transport | None = None
         self._transport_lock = threading.Lock()
@@ -277,6 +282,11 @@ class NodeTransactions:
                 self._transport.connect()
             return self._transport
 
+    # -- enlisting -------------------------------------------------------------------------------------------
+    def enlist(self, txn: Transaction, resource: Resource) -> Xid:
+        """``txn.enlist(resource)``; with crash points armed (tests), the resource passes them at each step."""
+        return txn.enlist(_CrashingResource(resource) if armed() else resource)
+
     # -- in-process participants ----------------------------------------------------------------------------
     def register_local(self, ior: str, target: Any) -> None:
         """A servant of this node that takes part in T2 in-process (a bridge endpoint), by its stringified IOR:
@@ -288,3 +298,54 @@ class NodeTransactions:
 
     def local(self, ior: str | None) -> Any:
         return self._targets.get(ior) if ior else None
+
+
+# ------------------------------------------------------------------------------------------ crash points (tests)
+class _CrashingResource:
+    """Passes the T2 crash points (router.crashpoints) around a participant's protocol steps."""
+
+    def __init__(self, inner: Resource) -> None:
+        self.inner = inner
+        self.name, self.kind, self.manager = inner.name, inner.kind, inner.manager
+        self.one_phase_only = inner.one_phase_only
+
+    def sort_key(self) -> str:
+        return self.inner.sort_key()
+
+    def begin(self, xid: Xid) -> None:
+        self.inner.begin(xid)
+
+    def prepare(self) -> None:
+        if not self.one_phase_only:
+            crashpoint("t2.before_prepare")
+        self.inner.prepare()
+        if not self.one_phase_only:
+            crashpoint("t2.after_prepare")
+
+    def commit(self) -> None:
+        if not self.one_phase_only:
+            crashpoint("t2.after_decision")
+        self.inner.commit()
+        crashpoint("t2.after_broker_commit" if self.one_phase_only else "t2.after_pg_commit")
+
+    def rollback(self) -> None:
+        self.inner.rollback()
+
+
+class _CrashingManager:
+    def __init__(self, inner: PgManager) -> None:
+        self.inner = inner
+        self.key = inner.key
+
+    def recover(self) -> Sequence[Xid]:
+        return self.inner.recover()
+
+    def commit_branch(self, xid: Xid) -> None:
+        self.inner.commit_branch(xid)
+        crashpoint("t2.recovery.after_pg_commit")
+
+    def rollback_branch(self, xid: Xid) -> None:
+        self.inner.rollback_branch(xid)
+
+    def close(self) -> None:
+        self.inner.close()
