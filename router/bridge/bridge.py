@@ -241,6 +241,7 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         out.on_idle = self._t2_idle
         self._t2_ior = self.rt.ior(self.endpoint_ref)
         t2.register_local(self._t2_ior, out)
+        self.endpoint_servant.t2_participant = out
         return out
 
     def _to_jms(self, event: Any, destination: Destination) -> Any:
@@ -673,9 +674,10 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
             "channel_connected": self.channel_ok,
             "broker": self.broker_state.value,
             "forwarded": (self.flow_out.forwarded if self.flow_out else 0)
-                         + (self.flow_in.forwarded if self.flow_in else 0),
+                         + (self.flow_in.forwarded if self.flow_in else 0)
+                         + (self.t2_out.forwarded if self.t2_out else 0),
             "duplicates_suppressed": self.flow_in.duplicates if self.flow_in else 0,
-            "dead_lettered": self.dead_letter.count,
+            "dead_lettered": self.dead_letter.count + (self.t2_out.dead_lettered if self.t2_out else 0),
             "refused_to_broker_dlq": self.flow_in.refused if self.flow_in else 0,
             **self.transaction_status(),
             "last_error": self.dead_letter.problem or self.last_error,

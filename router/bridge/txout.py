@@ -87,7 +87,7 @@ class OutboundT2:
         self.rolled_back = 0
         self.last_rollback = ""
         self._lock = threading.Lock()
-        self._active: set[str] = set()
+        self._active: dict[str, Any] = {}          # gtrid -> transaction in progress
         self.on_idle: Callable[[], None] | None = None     # set by the bridge: a disable waits for this
 
     # -- state ------------------------------------------------------------------------------------------------
@@ -99,8 +99,7 @@ class OutboundT2:
     def ended(self, gtrid: str, result: Forwarded | None, committed: bool, reason: str = "") -> None:
         """Called by the transaction client once the T2 ended (committed, rolled back, or handed to recovery)."""
         with self._lock:
-            was = gtrid in self._active
-            self._active.discard(gtrid)
+            was = self._active.pop(gtrid, None) is not None
             idle = not self._active
             if committed and result is not None:
                 self.committed += 1
@@ -118,7 +117,8 @@ class OutboundT2:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            return {"t2_active": len(self._active), "t2_committed": self.committed,
+            overdue = sum(1 for t in self._active.values() if getattr(t, "timed_out", False))
+            return {"t2_active": len(self._active), "t2_overdue": overdue, "t2_committed": self.committed,
                     "t2_rolled_back": self.rolled_back, "t2_last_rollback": self.last_rollback or None}
 
     # -- the work ---------------------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class OutboundT2:
         """Carry ``events`` in ``txn`` (see the module docstring); with ``dead_letter_reason`` every event goes to
         the dead-letter destination with that reason instead (the channel isolated a poison event)."""
         with self._lock:
-            self._active.add(txn.gtrid)
+            self._active[txn.gtrid] = txn
         if not self.running():
             self._fail(txn, "the bridge is not started", content=False)
         frames, dead = self._frames(events, dead_letter_reason)

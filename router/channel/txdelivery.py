@@ -92,8 +92,7 @@ def participant(proxy: Any) -> Any:
     proxy then pushes over CORBA as usual)."""
     if not enabled(proxy):
         return None
-    t2 = getattr(proxy.rt, "t2", None)
-    target = t2.local(proxy.client_ior) if t2 is not None else None
+    target = participant_quiet(proxy)
     if target is None:
         st = state(proxy)
         if not st.unavailable_warned:
@@ -153,8 +152,21 @@ def check_honoured(proxy: Any, qos: dict[str, Any]) -> None:
 
 
 def participant_quiet(proxy: Any) -> Any:
+    """The participant registered under the client's IOR; else the servant behind the client reference when it
+    lives in this node and carries one (``t2_participant``: the same bridge, whatever its IOR's spelling)."""
     t2 = getattr(proxy.rt, "t2", None)
-    return t2.local(proxy.client_ior) if t2 is not None else None
+    if t2 is None or not proxy.client_ior:
+        return None
+    target = t2.local(proxy.client_ior)
+    if target is None and hasattr(proxy.rt, "local_servant"):
+        try:
+            servant = proxy.rt.local_servant(proxy.client_ref())
+        except Exception:  # noqa: BLE001 — not resolvable here: not a local participant
+            servant = None
+        target = getattr(servant, "t2_participant", None)
+        if target is not None:
+            t2.register_local(proxy.client_ior, target)
+    return target
 
 
 # ----------------------------------------------------------------------------------------------- delivering
