@@ -322,5 +322,5 @@ def test_broker_amq_dupl_id_is_a_boolean_off_by_default(tmp_path: Path) -> None:
     path = tmp_path / "nsjms.toml"
     path.write_text("[broker]\namq_dupl_id = false\n")
     assert load_config(path, env={}).broker.amq_dupl_id is False
-    with pytest.raises(ConfigError, match="broker.amq_dupl_id"):
+    with pytest.raises(ConfigError, match=r"broker\.amq_dupl_id"):
         load_config(env={"NSJMS_BROKER_AMQ_DUPL_ID": "maybe"})
