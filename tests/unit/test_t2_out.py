@@ -15,8 +15,14 @@ from typing import Any
 
 import pytest
 
+import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
+
+import CosNotification
+
+from idl.generated import BridgeTransactionMgmt as BTM
 from router.bridge.codec import MappingCodec
 from router.bridge.txbranch import SendBranch
+from router.bridge.txmgmt import TransactionMgmtMixin
 from router.bridge.txout import DEDUPE_PROPERTY, DUPL_ID_HEADER, OutboundT2
 from router.channel import proxies as P
 from router.channel import qos as Q
@@ -411,3 +417,103 @@ def test_enable_transaction_is_refused_where_no_t2_can_run(monkeypatch: pytest.M
     with pytest.raises(Q.QoSError):
         TX.check_honoured(proxy, {Q.ENABLE_TRANSACTION: True})      # a pull supplier: no T2 (NJI 2.7.2)
     TX.check_honoured(proxy, {Q.ENABLE_TRANSACTION: False})
+
+
+def test_the_channel_admin_properties_apply_when_the_proxy_has_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch)
+    rig.proxy.extra = {}
+    rig.proxy.channel.admin_props = {Q.TRANSACTION_EVENTS: 2, Q.TRANSACTION_TIMEOUT: 7}
+    assert TX.settings(rig.proxy) == (2, 7.0)
+    rig.put(1, 2, 3)
+    assert rig.round() is Outcome.DELIVERED and rig.bodies("out") == ["event 1", "event 2"]
+
+
+# ------------------------------------------------------------------------------- BridgeTransactionMgmt
+class FakeServant:
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.qos: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}
+
+    def validate_qos(self, props: list[Any]) -> list[Any]:
+        if self.refuse:
+            raise CosNotification.UnsupportedQoS([])
+        return []
+
+    def set_qos(self, props: list[Any]) -> None:
+        for p in props:
+            self.qos[p.name] = p.value.value()
+
+    def save_extra(self, **items: Any) -> None:
+        self.extra.update(items)
+
+
+class FakeOut:
+    def __init__(self) -> None:
+        self.busy = False
+
+    def active(self) -> bool:
+        return self.busy
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+
+class Mgmt(TransactionMgmtMixin):
+    def __init__(self, *, sequence: bool = False, out: Any = None, servant: FakeServant | None = None) -> None:
+        self.id, self.to_jms_direction = 9, True
+        self._lock = threading.RLock()
+        self.tx_events = self.tx_timeout = 0
+        self.t2_out = FakeOut() if out is None else out
+        self.servant = servant or FakeServant()
+        self.sequence = sequence
+        self.saved: list[dict[str, Any]] = []
+
+    def _save_settings(self, **extra: Any) -> None:
+        self.saved.append(extra)
+
+    def _proxy_servant(self) -> Any:
+        return self.servant
+
+    def _kind(self) -> str:
+        return "SEQUENCE" if self.sequence else "STRUCTURED"
+
+
+def test_enable_transaction_writes_the_properties_on_the_proxy() -> None:
+    m = Mgmt(sequence=True)
+    with pytest.raises(BTM.UnsupportedTransaction):
+        m.enable_transaction(0, 10)
+    m.enable_transaction(4, 30)
+    assert m.servant.qos == {Q.ENABLE_TRANSACTION: True}
+    assert m.servant.extra == {"transaction": {"sequences": 4, "timeout": 30}}
+    assert m.saved == [{"tx_events": 4, "tx_timeout": 30}], "stored with the bridge first"
+    with pytest.raises(BTM.TransactionAlreadyActive):
+        m.enable_transaction(5, 30)
+
+
+def test_enable_transaction_is_unsupported_without_a_t2_participant_or_on_a_best_effort_channel() -> None:
+    m = Mgmt()
+    m.t2_out = None                              # PULL channel endpoint, or a node without T2
+    with pytest.raises(BTM.UnsupportedTransaction):
+        m.enable_transaction(5, 0)
+    m = Mgmt(servant=FakeServant(refuse=True))
+    with pytest.raises(BTM.UnsupportedTransaction):
+        m.enable_transaction(5, 0)
+    assert m.saved == [] and m.tx_events == 0, "nothing stored"
+
+
+def test_disable_during_an_active_t2_raises_and_takes_effect_when_it_ends() -> None:
+    m = Mgmt()
+    m.disable_transaction()                      # nothing enabled: nothing to do
+    m.enable_transaction(3, 0)
+    m.t2_out.busy = True
+    with pytest.raises(BTM.TransactionActive):
+        m.disable_transaction()
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is True and m.transaction_status()["transaction_disable_pending"]
+    m.t2_out.busy = False
+    m._t2_idle()                                 # OutboundT2.on_idle: the T2 ended
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is False and m.servant.extra["transaction"] is None
+    assert m.tx_events == 0 and m.saved[-1] == {"tx_events": 0, "tx_timeout": 0}
+    m.enable_transaction(2, 5)                   # enabled again
+    m.disable_transaction()                      # idle: at once
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
