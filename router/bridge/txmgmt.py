@@ -18,7 +18,8 @@ with T2 (``runtime.t2``). ``enable_transaction(events, timeout)``:
 takes effect as soon as that T2 ends (no further T2 starts: the proxy's dispatcher applies it before taking the
 next batch); otherwise at once: ``EnableTransaction`` = FALSE on the proxy (both its reliabilities BestEffort, as
 NJI 2.7.6.1 says; the channel's reliabilities, which decide persistence, are unchanged) and the stored values
-cleared. Without transactions enabled it does nothing.
+cleared. It also clears an ``EnableTransaction`` the proxy inherited from its channel or admin. Without
+transactions enabled it does nothing.
 
 JMS → channel: :meth:`TransactionMgmtMixin._enable_inbound` / ``_disable_inbound`` / ``_inbound_active`` are the
 hooks of that direction (``UnsupportedTransaction`` until it is wired).
@@ -92,7 +93,7 @@ class TransactionMgmtMixin:
             if not self.to_jms_direction:
                 self._disable_inbound()
                 return
-            if not self.tx_events:
+            if not self.tx_events and not self._proxy_enabled():
                 return
             self._disable_pending = True
             if self.t2_out is not None and self.t2_out.active():
@@ -104,6 +105,13 @@ class TransactionMgmtMixin:
     # -- outbound -----------------------------------------------------------------------------------------------
     def transaction_enabled(self) -> bool:
         return bool(self.tx_events)
+
+    def _proxy_enabled(self) -> bool:
+        """EnableTransaction as the bridge's proxy has it (also inherited from its channel or admin)."""
+        try:
+            return bool(self._proxy_servant().qos.get(Q.ENABLE_TRANSACTION, False))
+        except CORBA.Exception:
+            return False
 
     def _check_outbound(self, events: int) -> None:
         if events < 1 or self.t2_out is None:
@@ -135,7 +143,7 @@ class TransactionMgmtMixin:
         if not self._disable_pending:
             return
         with self._lock:
-            if self._disable_pending and self.tx_events:
+            if self._disable_pending and (self.tx_events or self._proxy_enabled()):
                 try:
                     self._apply_disable()
                 except Exception:

@@ -517,3 +517,10 @@ def test_disable_during_an_active_t2_raises_and_takes_effect_when_it_ends() -> N
     m.enable_transaction(2, 5)                   # enabled again
     m.disable_transaction()                      # idle: at once
     assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
+
+
+def test_disable_clears_an_enable_transaction_the_proxy_inherited() -> None:
+    m = Mgmt()
+    m.servant.qos[Q.ENABLE_TRANSACTION] = True     # set on the channel before the bridge's proxy was made
+    m.disable_transaction()
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
