@@ -105,7 +105,14 @@ def participant(proxy: Any) -> Any:
 def unavailable_reason(proxy: Any) -> str:
     if getattr(proxy.rt, "t2", None) is None:
         return "this runtime has no routing transactions"
+    if _acknowledging(proxy):
+        return "it is an acknowledging proxy (DeliveryReliability=Acknowledgment), which has its own delivery"
     return "its consumer is not a bridge endpoint of this node"
+
+
+def _acknowledging(proxy: Any) -> bool:
+    """An Ack proxy supplier (router.channel.ack) runs its own push loop, which never calls ``_deliver``."""
+    return hasattr(proxy, "_init_ack")
 
 
 def settings(proxy: Any) -> tuple[int, float]:
@@ -143,10 +150,11 @@ def check_honoured(proxy: Any, qos: dict[str, Any]) -> None:
     (NJI 2.7.2): a PUSH proxy supplier whose connected consumer is a bridge endpoint of this node, or that has no
     consumer yet (decided at delivery: see :func:`status`). A pull proxy supplier (NJI's transaction server role:
     nsjms has no OTS to receive a client's transaction) and a push proxy supplier connected to any other consumer
-    refuse it with UnsupportedQoS (UNAVAILABLE_VALUE)."""
+    refuse it with UnsupportedQoS (UNAVAILABLE_VALUE), and so does an acknowledging proxy supplier
+    (DeliveryReliability=Acknowledgment: its own resend window delivers, outside any T2)."""
     if not qos.get(Q.ENABLE_TRANSACTION) or proxy.qos.get(Q.ENABLE_TRANSACTION):
         return
-    if proxy.style == "PULL" or getattr(proxy.rt, "t2", None) is None or (
+    if proxy.style == "PULL" or getattr(proxy.rt, "t2", None) is None or _acknowledging(proxy) or (
             proxy.connected and participant_quiet(proxy) is None):
         raise Q.QoSError([Q.PropertyProblem("UNAVAILABLE_VALUE", Q.ENABLE_TRANSACTION, False, False)])
 
@@ -155,7 +163,7 @@ def participant_quiet(proxy: Any) -> Any:
     """The participant registered under the client's IOR; else the servant behind the client reference when it
     lives in this node and carries one (``t2_participant``: the same bridge, whatever its IOR's spelling)."""
     t2 = getattr(proxy.rt, "t2", None)
-    if t2 is None or not proxy.client_ior:
+    if t2 is None or not proxy.client_ior or _acknowledging(proxy):
         return None
     target = t2.local(proxy.client_ior)
     if target is None and hasattr(proxy.rt, "local_servant"):

@@ -524,3 +524,15 @@ def test_disable_clears_an_enable_transaction_the_proxy_inherited() -> None:
     m.servant.qos[Q.ENABLE_TRANSACTION] = True     # set on the channel before the bridge's proxy was made
     m.disable_transaction()
     assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
+
+
+def test_an_acknowledging_proxy_never_claims_a_t2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Ack proxy supplier pushes from its own loop (resend window), never through ``_deliver``: it must refuse
+    EnableTransaction rather than accept it and deliver without a transaction."""
+    rig = Rig(monkeypatch)
+    rig.proxy._init_ack = lambda: None
+    assert TX.participant(rig.proxy) is None
+    assert "acknowledging" in rig.proxy.status_extra()["t2_unavailable"]
+    rig.proxy.qos[Q.ENABLE_TRANSACTION] = False
+    with pytest.raises(Q.QoSError):
+        TX.check_honoured(rig.proxy, {Q.ENABLE_TRANSACTION: True})
