@@ -198,6 +198,7 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         self.ref = self.rt.activate(self.oid, self)
         self.endpoint_servant = self._make_endpoint_servant()
         self.endpoint_ref = self.rt.activate(self._endpoint_oid(), self.endpoint_servant)
+        self._register_t2()
 
     # -- construction --------------------------------------------------------------------------------------
     def _endpoint_oid(self) -> str:
@@ -521,6 +522,20 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         log.warning("bridge %d: the channel disconnected its proxy", self.id)
 
     # -- transactions (BridgeTransactionMgmt) ----------------------------------------------------------------
+    def supports_transaction(self) -> bool:
+        """Whether this bridge's direction and styles can run in the routing transaction T2. JMS → channel: only a
+        pull sender (the channel pulls from the bridge, NJI 2.7.2); the push configuration is not transactional
+        (``router.bridge.t2in``). Channel → JMS: decided by the send side."""
+        if not self.to_jms_direction:
+            return self.channel_spec.style == "PULL"
+        return True
+
+    def _register_t2(self) -> None:
+        """JMS → channel pull sender: an in-process T2 participant of the node, found by its IOR by the channel's
+        pull proxy (router.channel.t2in)."""
+        if self.rt.t2 is not None and not self.to_jms_direction and self.channel_spec.style == "PULL":
+            self.rt.t2.register_local(self.rt.ior(self.endpoint_ref), self.endpoint_servant)
+
     def transaction_events(self) -> int:
         return self.tx_events
 
@@ -623,6 +638,8 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
             self.factory.store.delete(conn, self.id)
         self._row_deleted = True
         self.factory.forget(self.id)
+        if self.rt.t2 is not None:
+            self.rt.t2.unregister_local(self.rt.ior(self.endpoint_ref))
         self.rt.deactivate(self._endpoint_oid())
         self.rt.deactivate(self.oid)
         log.info("bridge %d destroyed", self.id)
