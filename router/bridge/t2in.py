@@ -32,7 +32,7 @@ import psycopg
 from psycopg import Xid
 
 from router.jms.model import Destination, JmsMessage
-from router.jms.transport import BrokerError, Delivery, Transport, TransportError
+from router.jms.transport import BrokerError, Delivery, SendRefused, Transport, TransportError
 from router.t2 import ACK_MANAGER, inbox_claim
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 
@@ -113,6 +113,8 @@ class StompAckBranch:
             if last is not None:
                 last(True)
         except TransportError as exc:
+            if isinstance(exc, BrokerError | SendRefused):
+                self.refused = str(exc)
             raise PrepareFailed(f"a frame of the STOMP transaction failed: {exc}", gtrid=self._gtrid,
                                 branch=self.name) from exc
         problem = self._problem()
@@ -167,7 +169,11 @@ class StompAckBranch:
         previous, self._last = self._last, write
         self.frames += 1
         if previous is not None:
-            previous(False)
+            try:
+                previous(False)
+            except (BrokerError, SendRefused) as exc:   # the broker refused it (an ERROR frame)
+                self.refused = str(exc)
+                raise
 
     def _problem(self) -> str | None:
         book = _book(self.transport)
