@@ -655,6 +655,20 @@ class _PullSenderBase:
             raise
         return self.flow.t2in.take(self.flow.bridge.rt.t2, txn, conn, max_n, timeout)
 
+    def take_local(self, conn: Any, max_n: int, timeout: float) -> Any:
+        """JMS → channel without a T2, the channel in this process (router.bridge.t2in ``take_local``): the
+        inbox claims go in the channel's local transaction on ``conn``; acks after it committed."""
+        from router.bridge.t2in import InboundT2
+
+        if self.flow.t2in is None:
+            self.flow.t2in = InboundT2(self.flow)
+        try:
+            self._confirm()
+        except TransportError as exc:
+            self.flow.bridge.note_broker_problem(exc)
+            raise
+        return self.flow.t2in.take_local(conn, max_n, timeout)
+
     def _next(self, timeout: float) -> Delivery | None:
         """A delivery a rolled-back T2 left un-acknowledged (EnableTransaction was turned off since), else the
         next one from the subscription."""

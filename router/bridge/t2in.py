@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +37,7 @@ from router.jms.transport import BrokerError, Delivery, SendRefused, Transport, 
 from router.t2 import ACK_MANAGER, inbox_claim
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 
-__all__ = ["InBatch", "InboundT2", "StompAckBranch", "inbox_release"]
+__all__ = ["InBatch", "InboundT2", "LocalAcks", "StompAckBranch", "inbox_release"]
 
 log = logging.getLogger("nsjms.bridge")
 
@@ -159,7 +160,8 @@ class StompAckBranch:
     def nack(self, delivery: Delivery) -> None:
         self._frame(lambda receipt: self.transport.nack(delivery, self.tx, receipt=receipt))
 
-    def send(self, destination: Destination, message: JmsMessage) -> None:
+    def send(self, destination: Destination, message: JmsMessage, before: Delivery | None = None) -> None:
+        """A SEND in the transaction (a dead letter); ``before`` does not matter here: the frames are atomic."""
         self._frame(lambda receipt: self.transport.send(destination, message, transaction=self.tx,
                                                         receipt=receipt))
 
@@ -189,6 +191,56 @@ class StompAckBranch:
         return reason
 
 
+class LocalAcks:
+    """The frames of a NON-transactional round (no EnableTransaction, the channel in this process): the inbox claims
+    and the events go in one local PostgreSQL transaction; these frames (ACKs, dead-letter SENDs, NACKs) are
+    written in order only after it committed (:meth:`settle`). A frame that fails then leaves its message
+    un-acknowledged: the next round reconnects first, the broker redelivers, and the inbox recognises it."""
+
+    def __init__(self, transport: Transport, deliveries: Sequence[Delivery], *,
+                 on_rollback: Callable[[LocalAcks], None], on_commit: Callable[[], None],
+                 on_failed: Callable[[BaseException, bool], None]) -> None:
+        self.transport = transport
+        self.deliveries = list(deliveries)
+        self.refused: str | None = None
+        self._frames: list[tuple[Callable[[], None], str | None]] = []   # (write, message id it acks)
+        self._on_rollback = on_rollback
+        self._on_commit = on_commit
+        self._on_failed = on_failed
+        self._ended = False
+
+    def ack(self, delivery: Delivery) -> None:
+        self._frames.append((lambda: self.transport.ack(delivery, receipt=False), delivery.message_id))
+
+    def nack(self, delivery: Delivery) -> None:
+        self._frames.append((lambda: self.transport.nack(delivery, receipt=True), delivery.message_id))
+
+    def send(self, destination: Destination, message: JmsMessage, before: Delivery | None = None) -> None:
+        """A dead letter; ``before``: written before that delivery's ack (a dead letter must be stored before its
+        original is acknowledged: these frames are not atomic)."""
+        frame = (lambda: self.transport.send(destination, message, receipt=True), None)
+        at = next((i for i, (_, mid) in enumerate(self._frames)
+                   if before is not None and mid == before.message_id), len(self._frames))
+        self._frames.insert(at, frame)
+
+    def settle(self) -> None:
+        """After the local transaction committed: write the frames. Never raises (see the class docstring)."""
+        self._ended = True
+        try:
+            for write, _ in self._frames:
+                write()
+        except TransportError as exc:
+            self._on_failed(exc, isinstance(exc, SendRefused | BrokerError))
+            return
+        self._on_commit()
+
+    def rollback(self) -> None:
+        """The local transaction did not commit: nothing was written; the deliveries go back."""
+        if not self._ended:
+            self._ended = True
+            self._on_rollback(self)
+
+
 @dataclass
 class InBatch:
     """What one T2 took from JMS: the events to store (in order) and how to refuse one of them."""
@@ -199,6 +251,17 @@ class InBatch:
     duplicates: int = 0
     dead_lettered: int = 0
     _reject: Callable[[int, str], None] | None = None
+    _local: LocalAcks | None = None
+
+    def settle(self) -> None:
+        """Non-transactional round: the caller's transaction committed; write the acks (see :class:`LocalAcks`)."""
+        if self._local is not None:
+            self._local.settle()
+
+    def abandon(self) -> None:
+        """Non-transactional round: the caller's transaction failed; the deliveries are taken again next round."""
+        if self._local is not None:
+            self._local.rollback()
 
     def reject(self, index: int, reason: str) -> None:
         """The channel refuses event ``index`` (BAD_QOS, too large): dead-letter its message in the same T2."""
@@ -224,6 +287,16 @@ class InboundT2:
         """Receive up to ``max_n`` deliveries (waiting up to ``timeout`` s for the first) inside ``txn``; ``conn``
         is the T2's PostgreSQL branch. Enlists the broker branch when something was received. Raises on a
         broker or database failure (the caller rolls the T2 back; the deliveries are kept for the next one)."""
+        return self._take(conn, max_n, timeout, txn.gtrid, lambda branch: t2.enlist(txn, branch))
+
+    def take_local(self, conn: Conn, max_n: int, timeout: float) -> InBatch:
+        """Without a T2 (EnableTransaction FALSE), for a channel in this process: like :meth:`take`, but the
+        claims and the events go in the caller's ONE local transaction on ``conn``, and the caller writes the
+        acks after it committed (``batch.settle()``) or gives the deliveries back (``batch.abandon()``)."""
+        return self._take(conn, max_n, timeout, f"local:{uuid.uuid4().hex}", None)
+
+    def _take(self, conn: Conn, max_n: int, timeout: float, gtrid: str,
+              enlist: Callable[[StompAckBranch], object] | None) -> InBatch:
         flow = self.flow
         if not flow.bridge.running():
             return InBatch()
@@ -236,21 +309,34 @@ class InboundT2:
                 return InBatch()
             stats = {"forwarded": 0, "duplicates": 0}
             letters: list[tuple[str, str, str]] = []
-            branch = StompAckBranch(flow.transport, deliveries, on_rollback=lambda b: self._hold(b, letters),
-                                    on_commit=lambda: self._committed(stats, letters),
-                                    on_unknown=self._unknown)
-            try:
-                t2.enlist(txn, branch)
-            except BaseException:
-                branch.rollback()                # nothing was begun: give the deliveries back
-                raise
+            branch: StompAckBranch | LocalAcks
+            if enlist is not None:
+                branch = StompAckBranch(flow.transport, deliveries, on_rollback=lambda b: self._hold(b, letters),
+                                        on_commit=lambda: self._committed(stats, letters),
+                                        on_unknown=self._unknown)
+                try:
+                    enlist(branch)
+                except BaseException:
+                    branch.rollback()                # nothing was begun: give the deliveries back
+                    raise
+            else:
+                branch = LocalAcks(flow.transport, deliveries, on_rollback=lambda b: self._hold(b, letters),
+                                   on_commit=lambda: self._committed(stats, letters),
+                                   on_failed=lambda exc, refused: self._settle_failed(exc, refused, letters))
             batch = InBatch(received=len(deliveries))
-            self._fill(batch, branch, conn, txn.gtrid, deliveries, letters)
+            if isinstance(branch, LocalAcks):
+                batch._local = branch
+            try:
+                self._fill(batch, branch, conn, gtrid, deliveries, letters)
+            except BaseException:
+                if isinstance(branch, LocalAcks):
+                    branch.rollback()
+                raise
             stats["forwarded"], stats["duplicates"] = len(batch.events), batch.duplicates
             return batch
 
-    def _fill(self, batch: InBatch, branch: StompAckBranch, conn: Conn, gtrid: str, deliveries: list[Delivery],
-              letters: list[tuple[str, str, str]]) -> None:
+    def _fill(self, batch: InBatch, branch: StompAckBranch | LocalAcks, conn: Conn, gtrid: str,
+              deliveries: list[Delivery], letters: list[tuple[str, str, str]]) -> None:
         flow = self.flow
         bridge_id = int(flow.bridge.id)
         new = inbox_claim(conn, bridge_id, sorted({d.message_id for d in deliveries}), gtrid)
@@ -303,7 +389,7 @@ class InboundT2:
             # its ACK is in the transaction already: add the dead letter, release the inbox claim
             extra = {"nsjms_dlq_message_id": d.message_id, "nsjms_dlq_destination": d.destination}
             dl = flow.dead_letter
-            branch.send(dl.destination, dl.message(d.body, reason, "message", extra))
+            branch.send(dl.destination, dl.message(d.body, reason, "message", extra), before=d)
             inbox_release(conn, bridge_id, [d.message_id])
             batch.dead_lettered += 1
             letters.append((reason, "message", d.message_id))
@@ -324,7 +410,7 @@ class InboundT2:
 
         telemetry.bridge_moved(flow.bridge.id, stats["forwarded"], "from_jms")
 
-    def _hold(self, branch: StompAckBranch, letters: list[tuple[str, str, str]]) -> None:
+    def _hold(self, branch: StompAckBranch | LocalAcks, letters: list[tuple[str, str, str]]) -> None:
         """A rolled-back T2: its deliveries stay un-acknowledged on the subscription; the next T2 takes them. When
         the broker refused a frame of a T2 that sent dead letters, those messages are NACKed next time (to the
         broker's own DLQ, the reason in the log): a refused dead letter must not stall the bridge."""
@@ -334,6 +420,17 @@ class InboundT2:
             self.poison_nack.update(m for _, origin, m in letters if origin == "message")
             log.error("bridge %d: the broker refused a frame of a T2 with %d dead letter(s) (%s); those messages "
                       "are NACKed to %s next time", self.flow.bridge.id, len(letters), branch.refused, _BROKER_DLQ)
+
+    def _settle_failed(self, exc: BaseException, refused: bool, letters: list[tuple[str, str, str]]) -> None:
+        """Writing the acks of a committed local round failed: reconnect before the next round so the broker
+        redelivers what was not acknowledged (the inbox recognises the events' messages); a refused dead letter is
+        NACKed next time."""
+        log.warning("bridge %d: acknowledging after the local commit failed (%s); reconnecting so the broker "
+                    "redelivers (the inbox recognises what became events)", self.flow.bridge.id, exc)
+        if refused:
+            self.poison_nack.update(m for _, origin, m in letters if origin == "message")
+        self.flow.bridge.note_broker_problem(exc)
+        self.resync = True
 
     def _unknown(self, exc: BaseException) -> None:
         log.warning("bridge %d: STOMP COMMIT of the ack branch not confirmed (%s); reconnecting so the broker "

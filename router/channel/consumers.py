@@ -114,12 +114,13 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
                 self.stop_event.wait(0.1)
                 continue
             target = self._t2_driver().target()
-            if target is not None:               # EnableTransaction with a bridge of this node: one T2 per round
+            if target is not None:               # a JMS bridge of this node: a T2 or a local unit of work per round
                 try:
-                    self._t2_driver().round(target)
+                    self._t2_driver().step(target)
                     backoff = 0.05
                 except Exception as exc:  # noqa: BLE001 — rolled back; the bridge keeps the deliveries for the next
-                    log.warning("proxy %s: routing transaction rolled back (%s); retrying", self.oid, exc)
+                    log.warning("proxy %s: pulling from its bridge failed, nothing stored (%s); retrying", self.oid,
+                                exc)
                     self.stop_event.wait(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF)
                 continue

@@ -34,6 +34,7 @@ from router.channel import qos as Q
 from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe
 from router.channel.channel import RoutePlan
 from router.channel.events import Event, normalise_structured
+from router.crashpoints import crashpoint
 from xa.coordinator import BranchOutcome, Transaction
 from xa.errors import TransactionRolledBack
 from xa.pg import PgBranch
@@ -45,6 +46,8 @@ log = logging.getLogger("nsjms.channel")
 
 #: How long one round waits for the first message (the pull loop's idle step).
 RECEIVE_WAIT_S = 0.2
+#: Deliveries per local (non-T2) round, bounded by the channel's room (MaxQueueLength).
+LOCAL_BATCH = 100
 _UNDECIDED = (State.ACTIVE, State.ROLLBACK_ONLY)
 
 
@@ -90,21 +93,54 @@ class InboundT2Driver:
 
     # -- which supplier -----------------------------------------------------------------------------------------
     def target(self) -> Any | None:
-        """The in-process T2 participant this proxy pulls from, when EnableTransaction is TRUE; else None (the
-        proxy pulls as before). EnableTransaction with a supplier that is not a bridge of this node cannot run a
+        """The JMS bridge of this node this proxy pulls from, in-process, when it runs a T2 (EnableTransaction
+        TRUE) or a local unit of work (EnableTransaction FALSE on a Persistent channel); else None (the proxy pulls
+        over the ORB as before). EnableTransaction with a supplier that is not a bridge of this node cannot run a
         T2 (no transaction context crosses the ORB here): the proxy pulls without one, and says so once."""
-        settings = t2_settings(self.proxy, sequence=self.sequence)
+        enabled = t2_settings(self.proxy, sequence=self.sequence).enabled
         t2 = getattr(self.proxy.rt, "t2", None)
-        if not settings.enabled or t2 is None:
-            return None
-        target = t2.local(self.proxy.client_ior)
+        target = t2.local(self.proxy.client_ior) if t2 is not None else None
         if target is None or not hasattr(target, "take_in_t2"):
-            if not self._warned:
+            if enabled and not self._warned:
                 self._warned = True
                 log.warning("proxy %s: EnableTransaction is TRUE but its supplier is not a JMS bridge of this node "
                             "(or this node has no T2); it pulls without a routing transaction", self.proxy.oid)
             return None
+        if not enabled and not self.proxy.channel._connections_persistent():
+            return None                  # BestEffort: nothing is stored, the pull path as before
         return target
+
+    def step(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
+        """One round with ``target``: a T2 when EnableTransaction is TRUE, else a local unit of work."""
+        if t2_settings(self.proxy, sequence=self.sequence).enabled:
+            return self.round(target, wait_s)
+        return self.round_local(target, wait_s)
+
+    def round_local(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
+        """Without a T2: the inbox claims and the events in ONE local PostgreSQL transaction, the acks written
+        after it committed, the events queued in memory after that. Exactly once for the events this channel
+        stores, without two-phase commit: a crash before the commit stores nothing and the broker redelivers; a
+        crash after it makes the broker redeliver messages whose ids the inbox holds (acked, no second event)."""
+        proxy = self.proxy
+        plan = RoutePlan()
+        batch: Any = None
+        try:
+            with proxy.rt.db.unit_of_work() as conn:
+                batch = target.take_local(conn, proxy.room(LOCAL_BATCH), wait_s)
+                if not batch.received:
+                    return 0
+                if batch.events:
+                    plan = self._plan(batch)
+                    proxy.channel.store_in(conn, plan)
+        except BaseException as exc:
+            if batch is not None:
+                batch.abandon()
+            self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+            raise
+        crashpoint("in.local.after_commit")
+        batch.settle()
+        proxy.channel.publish(plan)
+        return int(batch.received)
 
     # -- one T2 --------------------------------------------------------------------------------------------------
     def round(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:

@@ -282,3 +282,45 @@ def test_poison_message_is_dead_lettered_inside_t2(nsjms_server: NsjmsServer, fa
     bridge.destroy()
     assert _leftover(broker_url, queue) == 0
     assert _prepared(fresh_db) == 0
+
+
+# ------------------------------------------------------------------------------------------- without a T2
+def _persistent_channel(factory: Any) -> tuple[Any, int]:
+    from stdclients import short
+
+    qos = [prop("EventReliability", short(1)), prop("ConnectionReliability", short(1))]
+    return factory.create_channel(qos, [])
+
+
+def test_without_t2_a_local_unit_of_work_is_exactly_once_across_a_sigkill(
+        own_server: NsjmsServer, client_orb: Any, broker_url: str, fresh_db: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """EnableTransaction FALSE, Persistent channel, the channel pulls from a bridge of its node: the events and the
+    inbox ids are committed in one local transaction, the acks written after it. Killed between the commit and the
+    acks of the 3rd round: the broker redelivers, the inbox recognises, 0 duplicates."""
+    n = 300
+    queue = _name("t2in.local")
+    monkeypatch.setenv("NSJMS_CRASH_AT", "in.local.after_commit@3")
+    own_server.start()
+    monkeypatch.delenv("NSJMS_CRASH_AT")
+    factory = client_orb.factory(own_server.ior())
+    channel, cid = _persistent_channel(factory)
+    consumer = _consumer(channel)
+    _produce(broker_url, queue, range(n))
+    bf = bridge_factory(client_orb, own_server)
+    bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid, BA.PULL))
+    bridge.start_bridge()
+    assert own_server.proc is not None
+    own_server.proc.wait(timeout=TIMEOUT_S)
+    assert own_server.proc.returncode == -9
+    assert _inbox(fresh_db, bid) > 0
+    own_server.restart()
+    reconnect_client(bridge)
+    assert wait_until(lambda: _drained(fresh_db, bid, n, consumer), TIMEOUT_S), \
+        f"{consumer.count()} events, {_inbox(fresh_db, bid)} inbox rows of {n}"
+    _assert_once(_ids(consumer), range(n), "JMS -> channel without T2 across a SIGKILL after the local commit")
+    assert wait_until(lambda: _bridge_status(own_server).get("duplicates_suppressed", 0) > 0, 10), \
+        _bridge_status(own_server)
+    assert _t2_status(own_server).get("t2_committed", 0) == 0, "no T2 ran"
+    bridge.destroy()
+    assert _leftover(broker_url, queue) == 0

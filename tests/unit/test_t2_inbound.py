@@ -365,3 +365,79 @@ def test_a_broker_that_refuses_the_dead_letter_gets_a_nack_next_time(rig: Rig) -
     assert rig.dlq() == []
     assert [s.body for s in rig.broker.dead_letters] == [b"poison"], "NACKed to the broker's own DLQ"
     assert rig.queue_left() == []
+
+
+# ------------------------------------------------------------------------------------------------ without a T2
+class LocalConn(InboxBranch):
+    """The caller's local transaction: claims pending until :meth:`commit_local`."""
+
+    def __init__(self, inbox: Inbox) -> None:
+        super().__init__(inbox)
+
+    def open(self, gtrid: str) -> None:
+        self.gtrid = gtrid
+        self.inbox.pending[gtrid] = set()
+
+
+def _local_claim(conn: LocalConn, bridge_id: int, ids: list[str], gtrid: str) -> set[str]:
+    if gtrid not in conn.inbox.pending:
+        conn.open(gtrid)
+    return _claim(conn, bridge_id, ids, gtrid)
+
+
+def test_local_round_acks_only_after_the_commit(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(T, "inbox_claim", _local_claim)
+    rig.produce("a", "b")
+    conn = LocalConn(rig.inbox)
+    batch = rig.inbound.take_local(conn, 10, 0.0)  # type: ignore[arg-type]
+    assert [e[1] for e in batch.events] == ["a", "b"]
+    conn.commit()
+    batch.settle()
+    assert rig.flow.forwarded == 2 and len(rig.inbox.committed) == 2
+    assert rig.queue_left() == []
+
+
+def test_local_round_abandoned_is_taken_again(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(T, "inbox_claim", _local_claim)
+    rig.produce("a")
+    conn = LocalConn(rig.inbox)
+    batch = rig.inbound.take_local(conn, 10, 0.0)  # type: ignore[arg-type]
+    conn.rollback()
+    batch.abandon()
+    conn2 = LocalConn(rig.inbox)
+    again = rig.inbound.take_local(conn2, 10, 0.0)  # type: ignore[arg-type]
+    assert [e[1] for e in again.events] == ["a"]
+    conn2.commit()
+    again.settle()
+    assert rig.queue_left() == []
+
+
+def test_local_round_failed_ack_reconnects_and_the_inbox_recognises(rig: Rig,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(T, "inbox_claim", _local_claim)
+    rig.produce("a")
+    conn = LocalConn(rig.inbox)
+    batch = rig.inbound.take_local(conn, 10, 0.0)  # type: ignore[arg-type]
+    conn.commit()
+    rig.broker.inject_fault("ack", BrokerUnavailable("connection lost"))
+    batch.settle()                                  # never raises: the next round reconnects
+    assert rig.inbound.resync or not rig.transport.is_connected()
+    conn2 = LocalConn(rig.inbox)
+    again = rig.inbound.take_local(conn2, 10, 0.0)  # type: ignore[arg-type]
+    assert again.events == [] and again.duplicates == 1
+    conn2.commit()
+    again.settle()
+    assert rig.queue_left() == []
+
+
+def test_local_round_writes_a_dead_letter_before_its_ack(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(T, "inbox_claim", _local_claim)
+    rig.produce("a")
+    conn = LocalConn(rig.inbox)
+    batch = rig.inbound.take_local(conn, 10, 0.0)  # type: ignore[arg-type]
+    batch.reject(0, "BAD_QOS: refused")
+    conn.commit()
+    rig.broker.inject_fault("send", BrokerUnavailable("connection lost"))
+    batch.settle()
+    assert rig.dlq() == []
+    assert rig.queue_left() == ["a"], "the dead letter failed, so its original was not acknowledged"
