@@ -11,8 +11,11 @@ keeps the events queued and retries with backoff; a pull receiver re-sends the s
 dead-letter destination with the reason; if even that send fails, the event stays in the channel.
 
 JMS → channel: a message is acknowledged to the broker only after the channel accepted the event (for persistent
-events: committed). A crash in between makes the broker redeliver; the bridge remembers recently forwarded message
-ids and acknowledges a redelivered duplicate without forwarding it twice. An unmappable message, or one whose event
+events: committed). A crash in between makes the broker redeliver. When the channel pulls from the bridge (a
+Persistent channel of this node) the channel calls :meth:`_PullSenderBase.take_in_t2` / ``take_local`` in-process
+and the message ids go to the inbox with the events (``router.bridge.t2in``): exactly once. Otherwise (push
+configuration, BestEffort channel) the bridge remembers recently forwarded message ids and acknowledges a
+redelivered duplicate without forwarding it twice. An unmappable message, or one whose event
 the channel rejects (``BAD_QOS``), is dead-lettered with the reason and then acknowledged.
 """
 

@@ -16,6 +16,10 @@ inside the T2) runs one T2 per round (:meth:`InboundT2Driver.round`):
    (:meth:`EventChannelImpl.publish`). A rollback (failure, rollback-only, TransactionTimeout) stores nothing and
    aborts the STOMP transaction: the bridge keeps the deliveries and the next round takes them again.
 
+Without ``EnableTransaction`` the same pull from a bridge of this node on a Persistent channel is one local
+unit of work (:meth:`InboundT2Driver.round_local`): the inbox claims and the events in one PostgreSQL
+transaction, the acks written after it committed.
+
 The settings are read each round from the proxy, then its admin, then the channel (QoS and admin properties), so
 ``set_qos`` / ``set_admin`` / ``enable_transaction`` take effect at the next T2.
 """

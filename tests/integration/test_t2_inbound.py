@@ -173,6 +173,7 @@ def test_messages_arrive_exactly_once_inside_t2(nsjms_server: NsjmsServer, facto
         f"{consumer.count()} events, {_inbox(fresh_db, bid)} inbox rows of {n}"
     assert wait_until(lambda: _t2_status(nsjms_server).get("t2_committed", 0) > 0, 10), _t2_status(nsjms_server)
     _assert_once(_ids(consumer), range(n), "JMS -> channel in T2")
+    print(f"T2 counters: {_t2_status(nsjms_server)}")
     assert _inbox(fresh_db, bid) == n
     assert _prepared(fresh_db) == 0
     bridge.destroy()
