@@ -56,7 +56,8 @@ def _t2_channel(factory: Any, events: int = 10, timeout_s: int = 0) -> tuple[Any
     qos = [prop("EnableTransaction", CORBA.Any(CORBA.TC_boolean, True))]
     admin = [prop("TransactionEvents", long_(events)), prop("TransactionTimeout", CORBA.Any(CORBA.TC_ulong,
                                                                                            timeout_s))]
-    return factory.create_channel(qos, admin)
+    channel, cid = factory.create_channel(qos, admin)
+    return channel, int(cid)
 
 
 def _consumer(channel: Any) -> StructuredPushConsumer:
@@ -290,7 +291,8 @@ def _persistent_channel(factory: Any) -> tuple[Any, int]:
     from stdclients import short
 
     qos = [prop("EventReliability", short(1)), prop("ConnectionReliability", short(1))]
-    return factory.create_channel(qos, [])
+    channel, cid = factory.create_channel(qos, [])
+    return channel, int(cid)
 
 
 def test_without_t2_a_local_unit_of_work_is_exactly_once_across_a_sigkill(
@@ -325,3 +327,28 @@ def test_without_t2_a_local_unit_of_work_is_exactly_once_across_a_sigkill(
     assert _t2_status(own_server).get("t2_committed", 0) == 0, "no T2 ran"
     bridge.destroy()
     assert _leftover(broker_url, queue) == 0
+
+
+# ------------------------------------------------------------------------------------------- broker killed
+def test_broker_killed_mid_stream_in_t2_loses_nothing_and_duplicates_nothing(rig: Any, fresh_db: str) -> None:
+    """ActiveMQ SIGKILLed while T2s run: connections die at every step, also between the PostgreSQL commit and the
+    STOMP COMMIT (the broker then rolls the acks back and redelivers after its restart; the inbox recognises)."""
+    n = 600
+    queue = _name("t2in.broker")
+    channel, cid = _t2_channel(rig.factory, events=20)
+    consumer = _consumer(channel)
+    _produce(rig.broker.url, queue, range(n))
+    bridge, bid = rig.bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid, BA.PULL))
+    bridge.start_bridge()
+    assert wait_until(lambda: consumer.count() >= 150, TIMEOUT_S), f"no progress: {consumer.count()}"
+    rig.kill_broker()
+    assert consumer.count() < n, "the kill did not land mid-stream"
+    rig.broker.start()
+    assert wait_until(lambda: _bridge_status(rig.server).get("active") is True, 90), "Active after the restart"
+    assert wait_until(lambda: _drained(fresh_db, bid, n, consumer), TIMEOUT_S * 2), \
+        f"{consumer.count()} events, {_inbox(fresh_db, bid)} inbox rows of {n}"
+    _assert_once(_ids(consumer), range(n), "JMS -> channel in T2 across a broker SIGKILL")
+    assert _prepared(fresh_db) == 0
+    bridge.destroy()
+    assert _leftover(rig.broker.url, queue) == 0
+    print(f"JMS -> channel in T2, broker killed: {consumer.count()} events for {n} messages, 0 duplicates")

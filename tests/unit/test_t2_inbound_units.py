@@ -158,7 +158,7 @@ class Rig:
         with MemoryTransport(broker=self.broker, codec=MappingCodec()) as t:
             sub = t.subscribe(QUEUE)
             while (d := sub.receive(0.0)) is not None:
-                out.append(d.message.body)
+                out.append(str(d.message.body))
                 t.ack(d)
         return out
 
