@@ -658,6 +658,10 @@ class _PullSenderBase:
             raise
         return self.flow.t2in.take(self.flow.bridge.rt.t2, txn, conn, max_n, timeout)
 
+    def t2_ready(self) -> bool:
+        """Whether a round can take anything now (the bridge is started): the channel waits otherwise."""
+        return bool(self.flow.bridge.running())
+
     def take_local(self, conn: Any, max_n: int, timeout: float) -> Any:
         """JMS → channel without a T2, the channel in this process (router.bridge.t2in ``take_local``): the
         inbox claims go in the channel's local transaction on ``conn``; acks after it committed."""

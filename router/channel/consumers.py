@@ -116,7 +116,8 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
             target = self._t2_driver().target()
             if target is not None:               # a JMS bridge of this node: a T2 or a local unit of work per round
                 try:
-                    self._t2_driver().step(target)
+                    if self._t2_driver().step(target) < 0:
+                        self.stop_event.wait(0.1)         # the bridge is stopped
                     backoff = 0.05
                 except Exception as exc:  # noqa: BLE001 — rolled back; the bridge keeps the deliveries for the next
                     log.warning("proxy %s: pulling from its bridge failed, nothing stored (%s); retrying", self.oid,

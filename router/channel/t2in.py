@@ -115,7 +115,10 @@ class InboundT2Driver:
         return target
 
     def step(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
-        """One round with ``target``: a T2 when EnableTransaction is TRUE, else a local unit of work."""
+        """One round with ``target``: a T2 when EnableTransaction is TRUE, else a local unit of work. Returns -1
+        without doing anything while the bridge is stopped (the caller waits)."""
+        if not target.t2_ready():
+            return -1
         if t2_settings(self.proxy, sequence=self.sequence).enabled:
             return self.round(target, wait_s)
         return self.round_local(target, wait_s)

@@ -441,3 +441,29 @@ def test_local_round_writes_a_dead_letter_before_its_ack(rig: Rig, monkeypatch: 
     batch.settle()
     assert rig.dlq() == []
     assert rig.queue_left() == ["a"], "the dead letter failed, so its original was not acknowledged"
+
+
+# ------------------------------------------------------------------------------------------------ the channel side
+class _Holder:
+    def __init__(self, qos: dict[str, Any] | None = None, admin_props: dict[str, Any] | None = None) -> None:
+        self.qos = qos or {}
+        self.admin_props = admin_props or {}
+
+
+class _Proxy:
+    def __init__(self, qos: dict[str, Any], admin: _Holder, channel: _Holder) -> None:
+        self.qos, self.admin, self.channel = qos, admin, channel
+
+
+def test_t2_batch_follows_nji_table_2_10() -> None:
+    from router.channel.t2in import t2_settings
+
+    channel = _Holder({"EnableTransaction": True},
+                      {"TransactionEvents": 7, "TransactionEventSequences": 3, "TransactionTimeout": 5})
+    structured = t2_settings(_Proxy({}, _Holder(), channel), sequence=False)
+    assert (structured.enabled, structured.batch, structured.timeout_s) == (True, 7, 5)
+    sequence = t2_settings(_Proxy({"MaximumBatchSize": 10}, _Holder(), channel), sequence=True)
+    assert sequence.batch == 30, "TransactionEventSequences sequences of MaximumBatchSize events"
+    own = t2_settings(_Proxy({"EnableTransaction": False, "TransactionEvents": 2}, _Holder(), channel),
+                      sequence=False)
+    assert (own.enabled, own.batch) == (False, 2), "the proxy's own values come first"
