@@ -164,7 +164,7 @@ class InboundT2Driver:
                 if settings.timeout_s:
                     conn.execute("SELECT set_config('statement_timeout', %s, true)",
                                  (f"{settings.timeout_s * 1000}ms",))
-                batch = target.take_in_t2(txn, conn, settings.batch, wait_s)
+                batch = target.take_in_t2(txn, conn, proxy.room(settings.batch), wait_s)
                 if not batch.received:
                     txn.rollback("nothing received")
                     return 0
