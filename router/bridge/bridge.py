@@ -202,6 +202,7 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         self.endpoint_ref = self.rt.activate(self._endpoint_oid(), self.endpoint_servant)
         self._t2_ior: str | None = None
         self.t2_out: OutboundT2 | None = self._make_t2_out()
+        self._register_t2()
 
     # -- construction --------------------------------------------------------------------------------------
     def _endpoint_oid(self) -> str:
@@ -540,6 +541,19 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
             return
         self.last_error = "channel: proxy disconnected"
         log.warning("bridge %d: the channel disconnected its proxy", self.id)
+
+    # -- transactions: which configurations run in T2 -------------------------------------------------------
+    def supports_transaction(self) -> bool:
+        """Whether this bridge's direction and styles can run in the routing transaction T2 (NJI 2.7.2): the
+        channel PUSHES to a channel → JMS bridge, the channel PULLS from a JMS → channel bridge."""
+        return self.channel_spec.style == ("PUSH" if self.to_jms_direction else "PULL")
+
+    def _register_t2(self) -> None:
+        """JMS → channel pull sender: an in-process T2 participant of the node, found by its IOR by the channel's
+        pull proxy (router.channel.t2in)."""
+        if self.rt.t2 is not None and not self.to_jms_direction and self.channel_spec.style == "PULL":
+            self._t2_ior = self.rt.ior(self.endpoint_ref)
+            self.rt.t2.register_local(self._t2_ior, self.endpoint_servant)
 
     # -- settings -----------------------------------------------------------------------------------------
     def _save_settings(self, **extra: Any) -> None:

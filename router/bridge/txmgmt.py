@@ -21,8 +21,11 @@ NJI 2.7.6.1 says; the channel's reliabilities, which decide persistence, are unc
 cleared. It also clears an ``EnableTransaction`` the proxy inherited from its channel or admin. Without
 transactions enabled it does nothing.
 
-JMS → channel: :meth:`TransactionMgmtMixin._enable_inbound` / ``_disable_inbound`` / ``_inbound_active`` are the
-hooks of that direction (``UnsupportedTransaction`` until it is wired).
+JMS → channel: the same properties are written on the bridge's channel-side pull proxy consumer, which runs the T2s
+(router.channel.t2in; the channel must PULL from the bridge, NJI 2.7.2: a push sender gets
+``UnsupportedTransaction``). ``disable_transaction`` during a T2 of that proxy writes EnableTransaction = FALSE at
+once (the proxy reads it before its next T2, so it takes effect when the current one ends) and raises
+``TransactionActive``.
 """
 
 from __future__ import annotations
@@ -68,12 +71,9 @@ class TransactionMgmtMixin:
     # -- IDL ----------------------------------------------------------------------------------------------------
     def enable_transaction(self, events: int, timeout: int) -> None:
         with self._lock:
-            if not self.to_jms_direction:
-                self._enable_inbound(events, timeout)
-                return
             if self.tx_events:
                 raise BTM.TransactionAlreadyActive()
-            self._check_outbound(events)
+            self._check(events)
             self._save_settings(tx_events=int(events), tx_timeout=int(timeout))   # stored first, then in effect
             self.tx_events, self.tx_timeout = int(events), int(timeout)
             self._disable_pending = False
@@ -90,10 +90,17 @@ class TransactionMgmtMixin:
 
     def disable_transaction(self) -> None:
         with self._lock:
-            if not self.to_jms_direction:
-                self._disable_inbound()
-                return
             if not self.tx_events and not self._proxy_enabled():
+                return
+            if not self.to_jms_direction:
+                # The channel's pull proxy reads EnableTransaction before each T2: written now, it takes effect
+                # when the T2 in progress (if any) ends, which is then reported as TransactionActive.
+                active = self._inbound_active()
+                self._apply_disable()
+                if active:
+                    log.info("bridge %d: disable_transaction during a routing transaction: takes effect when it "
+                             "ends", self.id)
+                    raise BTM.TransactionActive()
                 return
             self._disable_pending = True
             if self.t2_out is not None and self.t2_out.active():
@@ -113,8 +120,15 @@ class TransactionMgmtMixin:
         except CORBA.Exception:
             return False
 
-    def _check_outbound(self, events: int) -> None:
-        if events < 1 or self.t2_out is None:
+    def _check(self, events: int) -> None:
+        """UnsupportedTransaction unless this bridge can run T2s: channel PUSH → JMS (``t2_out``) or JMS → channel
+        PULL (the channel's pull proxy drives them, router.channel.t2in), on a node with T2, and a proxy that
+        accepts EnableTransaction (a Persistent channel)."""
+        if self.to_jms_direction:
+            usable = self.t2_out is not None
+        else:
+            usable = getattr(self.rt, "t2", None) is not None and self.supports_transaction()
+        if events < 1 or not usable:
             raise BTM.UnsupportedTransaction()
         try:
             self._proxy_servant().validate_qos([_enable_property(True)])
@@ -149,12 +163,17 @@ class TransactionMgmtMixin:
                 except Exception:
                     log.exception("bridge %d: the pending disable_transaction failed; call it again", self.id)
 
-    # -- inbound (JMS → channel) hooks ------------------------------------------------------------------------
-    def _enable_inbound(self, events: int, timeout: int) -> None:
-        raise BTM.UnsupportedTransaction()
+    # -- inbound (JMS → channel) ------------------------------------------------------------------------------
+    def supports_transaction(self) -> bool:
+        raise NotImplementedError
 
-    def _disable_inbound(self) -> None:
-        return None
+    def _inbound_active(self) -> bool:
+        """A T2 of the channel's pull proxy with this bridge is in progress."""
+        try:
+            driver = getattr(self._proxy_servant(), "_t2", None)
+        except CORBA.Exception:
+            return False
+        return bool(getattr(driver, "active", False))
 
     def transaction_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"transaction_events": self.tx_events}

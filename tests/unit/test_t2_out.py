@@ -536,3 +536,44 @@ def test_an_acknowledging_proxy_never_claims_a_t2(monkeypatch: pytest.MonkeyPatc
     rig.proxy.qos[Q.ENABLE_TRANSACTION] = False
     with pytest.raises(Q.QoSError):
         TX.check_honoured(rig.proxy, {Q.ENABLE_TRANSACTION: True})
+
+
+class InboundMgmt(Mgmt):
+    """A JMS → channel bridge: the channel's pull proxy consumer drives the T2s."""
+
+    def __init__(self, *, pull: bool = True, t2: bool = True) -> None:
+        super().__init__(out=False)
+        self.to_jms_direction, self.t2_out = False, None
+        self.pull = pull
+        self.rt = type("Rt", (), {"t2": object() if t2 else None})()
+        self.servant._t2 = type("Driver", (), {"active": False})()
+
+    def supports_transaction(self) -> bool:
+        return self.pull
+
+
+def test_inbound_enable_writes_the_pull_proxys_properties_and_refuses_what_nji_excludes() -> None:
+    for m in (InboundMgmt(pull=False), InboundMgmt(t2=False)):
+        with pytest.raises(BTM.UnsupportedTransaction):
+            m.enable_transaction(5, 10)          # the bridge pushes into the channel (NJI 2.7.2), or no T2 here
+        assert m.saved == [] and m.servant.qos == {}
+    m = InboundMgmt()
+    m.enable_transaction(5, 10)
+    assert m.servant.qos == {Q.ENABLE_TRANSACTION: True}
+    assert m.servant.extra == {"transaction": {"events": 5, "timeout": 10}}
+    with pytest.raises(BTM.TransactionAlreadyActive):
+        m.enable_transaction(5, 10)
+
+
+def test_inbound_disable_during_a_t2_raises_and_no_further_t2_starts() -> None:
+    m = InboundMgmt()
+    m.enable_transaction(5, 10)
+    m.servant._t2.active = True
+    with pytest.raises(BTM.TransactionActive):
+        m.disable_transaction()
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is False, "the proxy reads it before its next T2"
+    assert m.tx_events == 0
+    m.servant._t2.active = False
+    m.enable_transaction(2, 0)
+    m.disable_transaction()                      # idle: at once, no exception
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
