@@ -52,7 +52,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser | None = None) -> None
                          help="the delivery ledger: init, maintain partitions, export, generate")
     lsub = led.add_subparsers(dest="ledger_command", required=True)
     init = lsub.add_parser("init", parents=parents,
-                           help="create the ledger table (schema v1) and its first partitions")
+                           help="bring the nsjms schema (with the ledger) up to date and create the first partitions")
     maint = lsub.add_parser("maintain", parents=parents,
                             help="create the coming days' partitions, drop those past retention")
     for p in (init, maint):
@@ -137,7 +137,8 @@ def _maintain(args: argparse.Namespace, cfg: Any, init: bool = False) -> int:
     try:
         with psycopg.connect(_need_dsn(args, cfg)) as conn:
             if init:
-                ledger.install_schema(conn)
+                applied = ledger.install_schema(conn)
+                print(f"schema migrations applied: {', '.join(map(str, applied)) or 'none (up to date)'}")
             created, dropped = ledger.maintain(conn, settings)
     except psycopg.OperationalError as exc:
         raise AuditError(f"cannot connect to PostgreSQL: {exc}") from exc
