@@ -335,7 +335,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if not plans:
             return
         overflow = self._admit(len(plans))  # only events some consumer will hold count against MaxQueueLength
-        self._store(plans, bodies)
+        self._store(plans, bodies, source, now)
         self._make_room(overflow)           # discard only once the new events are durably stored
         with self._records_lock:
             for rec, _ in plans:
@@ -449,16 +449,32 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             for proxy in list(admin.proxies.values()):
                 proxy.queue.take(0)
 
-    def _store(self, plans: list[tuple[Record, list[Any]]], bodies: dict[int, bytes]) -> None:
+    def _store(self, plans: list[tuple[Record, list[Any]]], bodies: dict[int, bytes], source: Any = None,
+               now: float | None = None) -> None:
         durable = [(rec, t) for rec, t in plans if rec.persistent]
         if not durable:
             return
+        origin, jms_ids = self._ledger_origin(source, [rec for rec, _ in durable])
         rows = [NewEvent(rec.seq, int(rec.event.form), bodies[rec.seq], rec.priority, rec.deadline,
-                         rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
+                         rec.start_at, [(p.admin.id, p.id) for p in targets], now, origin, jms_id)
+                for (rec, targets), jms_id in zip(durable, jms_ids, strict=True)]
         with self.rt.db.unit_of_work() as conn:
             ids = self.rt.store.insert_events(conn, self.id, rows)
         for (rec, _), eid in zip(durable, ids, strict=True):
             rec.db_id = eid
+
+    def _ledger_origin(self, source: Any, records: list[Record]) -> tuple[tuple[int, int] | None, list[str | None]]:
+        """The (supplier admin, proxy consumer) the events came from, and each event's JMS message id when that
+        proxy is a JMS → channel bridge's (the mapping puts ``JMSMessageID`` in the filterable data): the ledger's
+        inbound rows (router/ledger.py)."""
+        admin = getattr(source, "admin", None)
+        if admin is None:
+            return None, [None] * len(records)
+        origin = (int(admin.id), int(source.id))
+        route = self.rt.store.ledger.route(self.id, "S", *origin)
+        if route is None:
+            return origin, [None] * len(records)
+        return origin, [_jms_message_id(rec.event) for rec in records]
 
     def released(self, rec: Record) -> None:
         """A record left its last queue: forget it; its stored copy is deleted by the store's reaper."""
@@ -476,3 +492,13 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
 
 
 store_boundary(EventChannelFactoryImpl, EventChannelImpl)
+
+
+def _jms_message_id(event: Event) -> str | None:
+    if event.form is not Form.STRUCTURED:
+        return None
+    for prop in event.structured.filterable_data:
+        if prop.name == "JMSMessageID":
+            value = prop.value.value()
+            return value if isinstance(value, str) else None
+    return None

@@ -43,6 +43,7 @@ from router.channel.queue import Entry, ProxyQueue, Record
 from router.channel.runtime import proxy_oid
 from router.channel.store import ProxyRow, StoreError
 from router.channel.typesets import TypeSet
+from router.ledger import Outcome as LedgerOutcome
 
 __all__ = ["ProxyBase", "ProxySupplierBase", "proxy_class"]
 
@@ -51,6 +52,15 @@ log = logging.getLogger("nsjms.channel")
 _TIMET = 10_000_000
 _IDLE_WAIT = 0.5
 _MAX_BACKOFF = 5.0
+#: A queue's drop reason (router/channel/queue.py) → the ledger's outcome and failure reason.
+_DROP_OUTCOMES: dict[str, tuple[LedgerOutcome, str]] = {
+    "expired": (LedgerOutcome.EXPIRED, "expired: its deadline passed (Timeout, StopTime or a lifetime filter)"),
+    "DiscardPolicy": (LedgerOutcome.DISCARDED, "discarded by the DiscardPolicy: the channel was full "
+                                               "(MaxQueueLength)"),
+    "MaxEventsPerConsumer": (LedgerOutcome.DISCARDED, "discarded by the DiscardPolicy: the proxy's queue was full "
+                                                      "(MaxEventsPerConsumer)"),
+    "proxy closed": (LedgerOutcome.DISCARDED, "discarded: the proxy supplier was closed"),
+}
 # A blocking pull answers TRANSIENT after this long: shorter than the client call timeouts of nsjms's own ORBs
 # (15 s and 30 s) and of typical clients, so no pull outlives the call that made it.
 _MAX_PULL_WAIT = 10.0
@@ -330,10 +340,13 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
 
     def _dropped(self, entries: list[Entry], reason: str) -> None:
         log.debug("proxy %s dropped %d event(s): %s", self.oid, len(entries), reason)
-        self._finish(entries)
+        outcome, why = _DROP_OUTCOMES.get(reason, (LedgerOutcome.DISCARDED, reason))
+        self._finish(entries, outcome=outcome, reason=why)
 
-    def _finish(self, entries: list[Entry], *, wait: bool = True) -> None:
-        """These entries left the queue for good (delivered, expired or discarded).
+    def _finish(self, entries: list[Entry], *, wait: bool = True, outcome: LedgerOutcome = LedgerOutcome.DELIVERED,
+                reason: str | None = None) -> None:
+        """These entries left the queue for good: ``outcome`` says why (delivered; expired, discarded or
+        dead-lettered with a ``reason``), and is what the ledger records in the same unit of work.
 
         The stored rows are deleted first, retried while the database is unavailable (a delivered event whose row
         survived would be delivered again after a restart, never lost); then the records are released. With
@@ -342,13 +355,15 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         ids = [e.record.db_id for e in entries if e.record.db_id is not None]
         if ids and not wait and not self.destroyed:
             with self.rt.db.unit_of_work() as conn:
-                self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids)
+                self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
+                                                outcome=outcome, reason=reason)
             ids = []
         backoff = 0.05
         while ids and not self.destroyed:
             try:
                 with self.rt.db.unit_of_work() as conn:
-                    self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids)
+                    self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
+                                                    outcome=outcome, reason=reason)
                 break
             except Exception as exc:  # noqa: BLE001 — e.g. PostgreSQL restarting
                 log.warning("proxy %s: could not remove %d delivered event(s) from the store (%s); retrying",

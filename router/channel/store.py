@@ -7,6 +7,9 @@ Tables (created by migration ``router/db/migrations/0001_initial.sql``):
 * ``nsjms_proxy`` — proxies of both sides: kind, QoS, connected client reference (IOR), suspension, filters.
 * ``nsjms_event`` — persistent events (CDR encapsulation) with their delivery attributes.
 * ``nsjms_queue`` — which proxy supplier still has to deliver which persistent event.
+* ``nsjms_ledger`` — the delivery ledger (:mod:`router.ledger`): the store writes its rows for persistent events in
+  the same unit of work that stores or removes them (``accepted`` with the event, ``delivered`` / ``discarded`` /
+  ``expired`` / ``dead_letter`` with the removal of the queue row), so the ledger never disagrees with the queues.
 
 Every statement is parameterised. Every method takes ``conn``, a connection inside a transaction the caller opened
 (``with db.unit_of_work() as conn:``, :class:`router.db.Database`), so a caller can commit several changes together;
@@ -19,14 +22,24 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from router.db.errors import StoreError, StoreUnavailable
+from router.ledger import (
+    CONSUMER,
+    Direction,
+    LedgerRow,
+    LedgerWriter,
+    Outcome,
+    channel_dedupe_id,
+    inbound_dedupe_id,
+)
 
 __all__ = ["AdminRow", "ChannelRow", "Conn", "NewEvent", "ProxyRow", "QueuedRow", "Store", "StoreError",
            "StoreUnavailable"]
@@ -91,6 +104,9 @@ class NewEvent:
     deadline: float | None
     start_at: float | None
     targets: Sequence[tuple[int, int]]   # (consumer admin id, proxy supplier id)
+    accepted_at: float | None = None     # unix seconds the channel accepted it (stored as received_at); None: now()
+    source: tuple[int, int] | None = None  # (supplier admin id, proxy consumer id) it came from, for the ledger
+    jms_message_id: str | None = None    # the JMS message it was mapped from (a JMS → channel bridge's event)
 
 
 Conn = psycopg.Connection[Any]
@@ -99,11 +115,13 @@ Conn = psycopg.Connection[Any]
 class Store:
     """Parameterised access to the channel tables on the caller's connection (see the module docstring).
 
-    The only state it keeps is the list of fully delivered events waiting to be deleted in one batch."""
+    The only state it keeps is the list of fully delivered events waiting to be deleted in one batch, and the
+    ledger writer (``ledger``: its settings say whether persistent events get ledger rows)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ledger: LedgerWriter | None = None) -> None:
         self._reap_lock = threading.Lock()
         self._reap: list[int] = []
+        self.ledger = ledger if ledger is not None else LedgerWriter()
 
     # -- channels ---------------------------------------------------------------------------------------
     def next_channel_id(self, conn: Conn) -> int:
@@ -125,7 +143,7 @@ class Store:
         self._update(conn, "nsjms_channel", {"id": cid}, cols)
 
     def delete_channel(self, conn: Conn, cid: int) -> None:
-        conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s", (cid,))
+        self._drop_queue_rows(conn, "q.channel_id = %s", (cid,), cid, "the channel was destroyed")
         conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s", (cid,))
         conn.execute("DELETE FROM nsjms_channel WHERE id = %s", (cid,))
 
@@ -148,7 +166,8 @@ class Store:
 
     def delete_admin(self, conn: Conn, cid: int, side: str, aid: int) -> None:
         if side == "C":
-            conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s", (cid, aid))
+            self._drop_queue_rows(conn, "q.channel_id = %s AND q.admin_id = %s", (cid, aid), cid,
+                                  "its consumer admin was destroyed")
         conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s AND side = %s AND admin_id = %s",
                      (cid, side, aid))
         conn.execute("DELETE FROM nsjms_admin WHERE channel_id = %s AND side = %s AND id = %s",
@@ -173,8 +192,8 @@ class Store:
 
     def delete_proxy(self, conn: Conn, cid: int, side: str, aid: int, pid: int) -> None:
         if side == "C":
-            conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s",
-                         (cid, aid, pid))
+            self._drop_queue_rows(conn, "q.channel_id = %s AND q.admin_id = %s AND q.proxy_id = %s",
+                                  (cid, aid, pid), cid, "its proxy supplier was destroyed")
         conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s AND side = %s AND admin_id = %s "
                      "AND id = %s", (cid, side, aid, pid))
         self._delete_orphans(conn, cid)
@@ -188,20 +207,27 @@ class Store:
     # -- events -----------------------------------------------------------------------------------------
     _INSERT_EVENTS = """
         WITH ev AS (
-            INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at)
-            SELECT %(cid)s, * FROM unnest(%(seq)s::bigint[], %(form)s::smallint[], %(body)s::bytea[],
-                                          %(prio)s::integer[], %(deadline)s::float8[], %(start)s::float8[])
-            RETURNING id, seq
+            INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at, received_at)
+            SELECT %(cid)s, seq, form, body, prio, deadline, start_at, COALESCE(to_timestamp(acc), now())
+            FROM unnest(%(seq)s::bigint[], %(form)s::smallint[], %(body)s::bytea[], %(prio)s::integer[],
+                        %(deadline)s::float8[], %(start)s::float8[], %(acc)s::float8[])
+                 AS t(seq, form, body, prio, deadline, start_at, acc)
+            RETURNING id, seq, received_at
         ), q AS (
             INSERT INTO nsjms_queue(channel_id, admin_id, proxy_id, event_id)
             SELECT %(cid)s, t.a, t.p, ev.id
             FROM unnest(%(qseq)s::bigint[], %(qadmin)s::integer[], %(qproxy)s::integer[]) AS t(seq, a, p)
             JOIN ev ON ev.seq = t.seq
         )
-        SELECT id, seq FROM ev"""
+        SELECT id, seq, received_at FROM ev"""
 
     def insert_events(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> list[int]:
-        """Store events and their queue rows in one statement; returns the new ids in order."""
+        """Store events and their queue rows in one statement, then (when the ledger records persistent traffic)
+        their ledger rows in a second statement of the same unit of work; returns the new ids in order.
+
+        Ledger rows: ``accepted`` for each (event, target proxy) obligation; for an event a JMS → channel bridge
+        pushed (``source`` is a proxy the bridge registered), ``accepted`` and ``delivered`` for the JMS message's
+        obligation (the channel now durably holds it). All carry the event's ``received_at`` as ``accepted_at``."""
         if not events:
             return []
         params = {
@@ -209,20 +235,71 @@ class Store:
             "seq": [ev.seq for ev in events], "form": [ev.form for ev in events],
             "body": [ev.body for ev in events], "prio": [ev.priority for ev in events],
             "deadline": [ev.deadline for ev in events], "start": [ev.start_at for ev in events],
+            "acc": [ev.accepted_at for ev in events],
             "qseq": [ev.seq for ev in events for _ in ev.targets],
             "qadmin": [a for ev in events for a, _ in ev.targets],
             "qproxy": [p for ev in events for _, p in ev.targets],
         }
         rows = conn.execute(self._INSERT_EVENTS, params).fetchall()
-        by_seq = {int(seq): int(eid) for eid, seq in rows}
-        return [by_seq[ev.seq] for ev in events]
+        by_seq = {int(seq): (int(eid), received) for eid, seq, received in rows}
+        if self.ledger.records(persistent=True):
+            self.ledger.write(conn, self._accepted_rows(cid, events, by_seq))
+        return [by_seq[ev.seq][0] for ev in events]
 
-    def delete_deliveries(self, conn: Conn, cid: int, aid: int, pid: int, event_ids: Iterable[int]) -> None:
-        """The proxy no longer has to deliver these events (one statement)."""
+    def _accepted_rows(self, cid: int, events: Sequence[NewEvent],
+                       by_seq: dict[int, tuple[int, Any]]) -> list[LedgerRow]:
+        ledger, out = self.ledger, []
+        for ev in events:
+            eid, accepted_at = by_seq[ev.seq]
+            for aid, pid in ev.targets:
+                route = ledger.route(cid, "C", aid, pid) or CONSUMER
+                out.append(LedgerRow(channel_dedupe_id(eid, cid, aid, pid), cid, route.direction, accepted_at,
+                                     Outcome.ACCEPTED, event_id=eid, proxy_id=pid, bridge_id=route.bridge_id,
+                                     destination=route.destination))
+            inbound = ledger.route(cid, "S", *ev.source) if ev.source is not None else None
+            if inbound is not None and inbound.direction is Direction.JMS_TO_CHANNEL:
+                dedupe = inbound_dedupe_id(inbound.bridge_id or 0, ev.jms_message_id or f"event-{eid}")
+                row = LedgerRow(dedupe, cid, Direction.JMS_TO_CHANNEL, accepted_at, Outcome.ACCEPTED, event_id=eid,
+                                jms_message_id=ev.jms_message_id, proxy_id=ev.source[1] if ev.source else None,
+                                bridge_id=inbound.bridge_id, destination=inbound.destination)
+                out += [row, replace(row, outcome=Outcome.DELIVERED, acknowledged_at=time.time())]
+        return out
+
+    def delete_deliveries(self, conn: Conn, cid: int, aid: int, pid: int, event_ids: Iterable[int], *,
+                          outcome: Outcome = Outcome.DELIVERED, reason: str | None = None,
+                          dispatched_at: float | None = None) -> None:
+        """The proxy no longer has to deliver these events (one statement), because of ``outcome``
+        (``delivered``; ``discarded``, ``expired`` or ``dead_letter`` with a ``reason``). When the ledger records
+        persistent traffic, a second statement writes one ``outcome`` row per queue row actually deleted (a row
+        already gone, e.g. by a retried unit of work that had committed, writes nothing)."""
         ids = list(event_ids)
-        if ids:
+        if not ids:
+            return
+        if not self.ledger.records(persistent=True):
             conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s "
                          "AND event_id = ANY(%s)", (cid, aid, pid, ids))
+            return
+        self._drop_queue_rows(conn, "q.channel_id = %s AND q.admin_id = %s AND q.proxy_id = %s "
+                              "AND q.event_id = ANY(%s)", (cid, aid, pid, ids), cid, reason, outcome=outcome,
+                              dispatched_at=dispatched_at)
+
+    def _drop_queue_rows(self, conn: Conn, where: str, params: tuple[Any, ...], cid: int, reason: str | None, *,
+                         outcome: Outcome = Outcome.DISCARDED, dispatched_at: float | None = None) -> None:
+        """Delete the queue rows ``where`` selects (alias ``q``) and write their ledger rows."""
+        if not self.ledger.records(persistent=True):
+            conn.execute(f"DELETE FROM nsjms_queue q WHERE {where}", params)
+            return
+        gone = conn.execute(f"DELETE FROM nsjms_queue q USING nsjms_event e WHERE {where} AND e.id = q.event_id "
+                            "RETURNING q.admin_id, q.proxy_id, q.event_id, e.received_at", params).fetchall()
+        done = time.time() if outcome is Outcome.DELIVERED else None
+        rows = []
+        for a, p, eid, accepted_at in gone:
+            route = self.ledger.route(cid, "C", a, p) or CONSUMER
+            rows.append(LedgerRow(channel_dedupe_id(eid, cid, a, p), cid, route.direction, accepted_at, outcome,
+                                  event_id=eid, proxy_id=p, bridge_id=route.bridge_id, destination=route.destination,
+                                  dispatched_at=dispatched_at, acknowledged_at=done,
+                                  failure_reason=reason if outcome.needs_reason else None))
+        self.ledger.write(conn, rows)
 
     def delete_events(self, conn: Conn, event_ids: Iterable[int]) -> None:
         """Events no queue holds any more (the caller's reference count reached zero); one statement."""

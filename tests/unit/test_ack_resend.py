@@ -29,7 +29,7 @@ RETRIES = 2
 
 
 class FakeStore:
-    def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int]) -> None:
+    def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int], **how: Any) -> None:
         pass
 
 

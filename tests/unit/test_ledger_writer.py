@@ -29,6 +29,10 @@ class FakeConn:
         self.calls.append((query, params))
 
 
+def fake() -> Any:
+    return FakeConn()
+
+
 def row(dedupe: str = "d1", **kw: Any) -> LedgerRow:
     base: dict[str, Any] = {"dedupe_id": dedupe, "channel_id": 3, "direction": Direction.CHANNEL_TO_JMS,
                             "accepted_at": 1_700_000_000.25, "outcome": Outcome.ACCEPTED}
@@ -37,7 +41,7 @@ def row(dedupe: str = "d1", **kw: Any) -> LedgerRow:
 
 
 def test_a_batch_is_one_statement_with_one_array_per_column() -> None:
-    conn, w = FakeConn(), LedgerWriter()
+    conn, w = fake(), LedgerWriter()
     assert w.accepted(conn, [row("a", event_id=1), row("b", event_id=2, bridge_id=7, destination="queue/q")]) == 2
     assert len(conn.calls) == 1
     params = conn.calls[0][1]
@@ -51,7 +55,7 @@ def test_a_batch_is_one_statement_with_one_array_per_column() -> None:
 
 
 def test_terminal_helpers_set_outcome_and_reason() -> None:
-    conn, w = FakeConn(), LedgerWriter()
+    conn, w = fake(), LedgerWriter()
     w.delivered(conn, [row()])
     w.dead_lettered(conn, [row()], "mapping failed")
     w.discarded(conn, [row()], "DiscardPolicy")
@@ -62,7 +66,7 @@ def test_terminal_helpers_set_outcome_and_reason() -> None:
 
 
 def test_a_reason_that_does_not_match_the_outcome_writes_nothing() -> None:
-    conn, w = FakeConn(), LedgerWriter()
+    conn, w = fake(), LedgerWriter()
     with pytest.raises(ValueError, match="needs failure_reason"):
         w.write(conn, [row(), row(outcome=Outcome.DEAD_LETTER)])
     with pytest.raises(ValueError, match="takes no failure_reason"):
@@ -71,7 +75,7 @@ def test_a_reason_that_does_not_match_the_outcome_writes_nothing() -> None:
 
 
 def test_t2_writes_every_item_with_the_transaction_hops_in_one_statement() -> None:
-    conn, w = FakeConn(), LedgerWriter()
+    conn, w = fake(), LedgerWriter()
     items = [T2Item("a", 1, Direction.JMS_TO_CHANNEL, 10.0, jms_message_id="ID:1", bridge_id=4),
              T2Item("b", 1, Direction.JMS_TO_CHANNEL, 11.0, jms_message_id="ID:2", bridge_id=4)]
     w.t2(conn, gtrid="g1", outcome=Outcome.IN_DOUBT, items=items, prepared_at=12.0)
@@ -87,7 +91,7 @@ def test_t2_writes_every_item_with_the_transaction_hops_in_one_statement() -> No
 
 
 def test_disabled_or_empty_writes_nothing() -> None:
-    conn = FakeConn()
+    conn = fake()
     assert LedgerWriter(LedgerSettings(enabled=False)).accepted(conn, [row()]) == 0
     assert LedgerWriter().accepted(conn, []) == 0
     assert conn.calls == []
@@ -97,7 +101,8 @@ def test_settings_say_which_traffic_is_recorded_and_validate() -> None:
     assert LedgerSettings().records(persistent=True) and not LedgerSettings().records(persistent=False)
     assert LedgerSettings(best_effort=True).records(persistent=False)
     assert not LedgerSettings(enabled=False, best_effort=True).records(persistent=True)
-    for bad in ({"retention_days": 0}, {"ahead_days": -1}, {"maintenance_interval_s": 0}):
+    bads: list[dict[str, Any]] = [{"retention_days": 0}, {"ahead_days": -1}, {"maintenance_interval_s": 0}]
+    for bad in bads:
         with pytest.raises(ValueError, match=r"ledger\."):
             LedgerSettings(**bad)
 
