@@ -18,6 +18,7 @@ in its own short transaction, never inside a routing transaction. Nothing here r
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ __all__ = [
     "partition_name",
     "schema_sql",
     "timestamp",
+    "volatile_dedupe_id",
 ]
 
 TABLE = "nsjms_ledger"
@@ -186,6 +188,12 @@ def channel_dedupe_id(event_id: int, channel_id: int, admin_id: int, proxy_id: i
     return f"e{event_id}/c{channel_id}/a{admin_id}/p{proxy_id}"
 
 
+def volatile_dedupe_id(run_id: str, seq: int, channel_id: int, admin_id: int, proxy_id: int) -> str:
+    """The obligation of a BestEffort event (never stored) for one proxy supplier, with ``ledger.best_effort``:
+    ``b<run>/s<seq>/c<channel>/a<admin>/p<proxy>`` (``run``: :attr:`LedgerWriter.run_id`, new at every start)."""
+    return f"b{run_id}/s{seq}/c{channel_id}/a{admin_id}/p{proxy_id}"
+
+
 def inbound_dedupe_id(bridge_id: int, jms_message_id: str) -> str:
     """The obligation of a JMS message for a JMS → channel bridge: ``j<bridge>/<JMS message id>``."""
     return f"j{bridge_id}/{jms_message_id}"
@@ -219,6 +227,7 @@ class LedgerWriter:
         self._routes: dict[tuple[int, str, int, int], Route] = {}
         self._lock = threading.Lock()
         self.rows_written = 0
+        self.run_id = secrets.token_hex(6)   # names this run's BestEffort obligations (their seqs restart)
 
     # -- routes -------------------------------------------------------------------------------------------
     def set_route(self, channel_id: int, side: str, admin_id: int, proxy_id: int, route: Route) -> None:

@@ -353,17 +353,18 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         ``wait=False`` (a client's call is waiting) there is one attempt: a :class:`StoreError` propagates and
         nothing is released, so the caller can keep the entries and try again later."""
         ids = [e.record.db_id for e in entries if e.record.db_id is not None]
-        if ids and not wait and not self.destroyed:
+        volatile = self._volatile_ledger(entries)
+        if (ids or volatile) and not wait and not self.destroyed:
             with self.rt.db.unit_of_work() as conn:
                 self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
-                                                outcome=outcome, reason=reason)
-            ids = []
+                                                outcome=outcome, reason=reason, best_effort=volatile)
+            ids, volatile = [], []
         backoff = 0.05
-        while ids and not self.destroyed:
+        while (ids or volatile) and not self.destroyed:
             try:
                 with self.rt.db.unit_of_work() as conn:
                     self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
-                                                    outcome=outcome, reason=reason)
+                                                    outcome=outcome, reason=reason, best_effort=volatile)
                 break
             except Exception as exc:  # noqa: BLE001 — e.g. PostgreSQL restarting
                 log.warning("proxy %s: could not remove %d delivered event(s) from the store (%s); retrying",
@@ -373,6 +374,18 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
                 backoff = min(backoff * 2, _MAX_BACKOFF)
         for e in entries:
             e.record.release()
+
+    def _volatile_ledger(self, entries: list[Entry]) -> list[tuple[int, float]]:
+        """(seq, accepted_at) of the BestEffort entries the ledger recorded (``ledger.best_effort``)."""
+        if not self.rt.store.ledger.records(persistent=False):
+            return []
+        out = []
+        for e in entries:
+            if e.record.db_id is None:
+                accepted_at = self.channel.volatile_accepted_at(e.record.seq)
+                if accepted_at is not None:
+                    out.append((e.record.seq, accepted_at))
+        return out
 
     def _release_resources(self) -> None:
         rest = self.queue.close()

@@ -39,6 +39,7 @@ from router.ledger import (
     Outcome,
     channel_dedupe_id,
     inbound_dedupe_id,
+    volatile_dedupe_id,
 )
 
 __all__ = ["AdminRow", "ChannelRow", "Conn", "NewEvent", "ProxyRow", "QueuedRow", "Store", "StoreError",
@@ -256,23 +257,47 @@ class Store:
                 out.append(LedgerRow(channel_dedupe_id(eid, cid, aid, pid), cid, route.direction, accepted_at,
                                      Outcome.ACCEPTED, event_id=eid, proxy_id=pid, bridge_id=route.bridge_id,
                                      destination=route.destination))
-            inbound = ledger.route(cid, "S", *ev.source) if ev.source is not None else None
-            if inbound is not None and inbound.direction is Direction.JMS_TO_CHANNEL:
-                dedupe = inbound_dedupe_id(inbound.bridge_id or 0, ev.jms_message_id or f"event-{eid}")
-                row = LedgerRow(dedupe, cid, Direction.JMS_TO_CHANNEL, accepted_at, Outcome.ACCEPTED, event_id=eid,
-                                jms_message_id=ev.jms_message_id, proxy_id=ev.source[1] if ev.source else None,
-                                bridge_id=inbound.bridge_id, destination=inbound.destination)
-                out += [row, replace(row, outcome=Outcome.DELIVERED, acknowledged_at=time.time())]
+            out += self._inbound_rows(cid, ev, eid, accepted_at)
         return out
+
+    def best_effort_accepted(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> None:
+        """``ledger.best_effort``: the ledger rows of BestEffort events (not stored; one statement). Their dedupe ids
+        are :func:`router.ledger.volatile_dedupe_id` (the node's run and the event's seq); ``accepted_at`` is
+        ``NewEvent.accepted_at``, which the caller keeps for the terminal rows (:meth:`delete_deliveries`)."""
+        ledger, out = self.ledger, []
+        for ev in events:
+            accepted_at = ev.accepted_at if ev.accepted_at is not None else time.time()
+            for aid, pid in ev.targets:
+                route = ledger.route(cid, "C", aid, pid) or CONSUMER
+                out.append(LedgerRow(volatile_dedupe_id(ledger.run_id, ev.seq, cid, aid, pid), cid, route.direction,
+                                     accepted_at, Outcome.ACCEPTED, proxy_id=pid, bridge_id=route.bridge_id,
+                                     destination=route.destination))
+            out += self._inbound_rows(cid, ev, None, accepted_at)
+        ledger.write(conn, out)
+
+    def _inbound_rows(self, cid: int, ev: NewEvent, eid: int | None, accepted_at: Any) -> list[LedgerRow]:
+        inbound = self.ledger.route(cid, "S", *ev.source) if ev.source is not None else None
+        if inbound is None or inbound.direction is not Direction.JMS_TO_CHANNEL:
+            return []
+        fallback = f"event-{eid}" if eid is not None else f"{self.ledger.run_id}-s{ev.seq}"
+        row = LedgerRow(inbound_dedupe_id(inbound.bridge_id or 0, ev.jms_message_id or fallback), cid,
+                        Direction.JMS_TO_CHANNEL, accepted_at, Outcome.ACCEPTED, event_id=eid,
+                        jms_message_id=ev.jms_message_id, proxy_id=ev.source[1] if ev.source else None,
+                        bridge_id=inbound.bridge_id, destination=inbound.destination)
+        return [row, replace(row, outcome=Outcome.DELIVERED, acknowledged_at=time.time())]
 
     def delete_deliveries(self, conn: Conn, cid: int, aid: int, pid: int, event_ids: Iterable[int], *,
                           outcome: Outcome = Outcome.DELIVERED, reason: str | None = None,
-                          dispatched_at: float | None = None) -> None:
+                          dispatched_at: float | None = None,
+                          best_effort: Sequence[tuple[int, float]] = ()) -> None:
         """The proxy no longer has to deliver these events (one statement), because of ``outcome``
         (``delivered``; ``discarded``, ``expired`` or ``dead_letter`` with a ``reason``). When the ledger records
         persistent traffic, a second statement writes one ``outcome`` row per queue row actually deleted (a row
-        already gone, e.g. by a retried unit of work that had committed, writes nothing)."""
+        already gone, e.g. by a retried unit of work that had committed, writes nothing). ``best_effort``: (seq,
+        accepted_at) of BestEffort events leaving the proxy's queue, whose ledger rows go in the same statement."""
         ids = list(event_ids)
+        if best_effort and self.ledger.records(persistent=False):
+            self._best_effort_finished(conn, cid, aid, pid, best_effort, outcome, reason, dispatched_at)
         if not ids:
             return
         if not self.ledger.records(persistent=True):
@@ -282,6 +307,16 @@ class Store:
         self._drop_queue_rows(conn, "q.channel_id = %s AND q.admin_id = %s AND q.proxy_id = %s "
                               "AND q.event_id = ANY(%s)", (cid, aid, pid, ids), cid, reason, outcome=outcome,
                               dispatched_at=dispatched_at)
+
+    def _best_effort_finished(self, conn: Conn, cid: int, aid: int, pid: int, events: Sequence[tuple[int, float]],
+                              outcome: Outcome, reason: str | None, dispatched_at: float | None) -> None:
+        route = self.ledger.route(cid, "C", aid, pid) or CONSUMER
+        done = time.time() if outcome is Outcome.DELIVERED else None
+        self.ledger.write(conn, [
+            LedgerRow(volatile_dedupe_id(self.ledger.run_id, seq, cid, aid, pid), cid, route.direction, accepted_at,
+                      outcome, proxy_id=pid, bridge_id=route.bridge_id, destination=route.destination,
+                      dispatched_at=dispatched_at, acknowledged_at=done,
+                      failure_reason=reason if outcome.needs_reason else None) for seq, accepted_at in events])
 
     def _drop_queue_rows(self, conn: Conn, where: str, params: tuple[Any, ...], cid: int, reason: str | None, *,
                          outcome: Outcome = Outcome.DISCARDED, dispatched_at: float | None = None) -> None:

@@ -193,3 +193,49 @@ def test_a_failing_ledger_insert_fails_the_push_and_leaves_nothing(nsjms_server:
     supplier.push_one(make_event(2))                     # the supplier retries: now it is stored and delivered
     assert consumer.wait_for(1, FLOW_TIMEOUT_S)
     assert wait_until(lambda: _count(dsn, "outcome = 'delivered'") == 1, FLOW_TIMEOUT_S)
+
+
+def test_events_left_by_a_destroyed_proxy_are_discarded_in_the_ledger(nsjms_server: NsjmsServer,
+                                                                       factory: Any) -> None:
+    channel, _ = _persistent_channel(factory)
+    proxy, pid = obtain_proxy_supplier(channel.default_consumer_admin, Form.STRUCTURED, Style.PUSH)
+    consumer = StructuredPushConsumer()
+    connect_push_consumer(proxy, Form.STRUCTURED, consumer)
+    proxy.suspend_connection()                           # the events stay queued for it
+    _supplier(channel).push_all([make_event(i) for i in range(5)])
+    dsn = nsjms_server.pg_dsn
+    assert wait_until(lambda: _count(dsn, "outcome = 'accepted'") == 5, FLOW_TIMEOUT_S)
+    proxy.disconnect_structured_push_supplier()          # destroys the proxy and its queue
+    assert wait_until(lambda: _count(dsn, "outcome = 'discarded'") == 5, FLOW_TIMEOUT_S)
+    rows = _rows(dsn, "outcome = 'discarded'")
+    assert {(r["proxy_id"], r["failure_reason"]) for r in rows} == {(int(pid), "its proxy supplier was destroyed")}
+    assert consumer.count() == 0
+
+
+def test_best_effort_events_are_in_the_ledger_only_when_configured(
+        fresh_db: str, broker_url: str, client_orb: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import free_port
+
+    for best_effort in (False, True):
+        monkeypatch.setenv("NSJMS_LEDGER_BEST_EFFORT", str(best_effort).lower())
+        state = tmp_path / f"state-{best_effort}"
+        state.mkdir()
+        server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker_url, port=free_port())
+        server.start()
+        try:
+            channel, cid = client_orb.factory(server.ior()).create_channel([], [])   # BestEffort by default
+            consumer, pid = _consumer(channel)
+            _supplier(channel).push_all([make_event(i) for i in range(N)])
+            assert consumer.wait_for(N, FLOW_TIMEOUT_S)
+            if best_effort:
+                assert wait_until(lambda: _count(fresh_db, "outcome = 'delivered'") == N, FLOW_TIMEOUT_S)
+                obligations = _obligations(_rows(fresh_db))
+                assert len(obligations) == N
+                for dedupe, obl in obligations.items():
+                    _accepted_then_delivered(obl)
+                    assert dedupe.startswith("b") and dedupe.endswith(f"/c{cid}/a0/p{pid}")
+                    assert obl[0]["event_id"] is None and obl[0]["direction"] == "channel_to_consumer"
+            else:
+                assert _count(fresh_db, "true") == 0        # nothing written for BestEffort traffic
+        finally:
+            server.stop()

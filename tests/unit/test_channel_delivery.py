@@ -22,6 +22,7 @@ from router.channel.channel import EventChannelImpl
 from router.channel.events import Event, Form
 from router.channel.queue import FIFO_ORDER, ProxyQueue, Record
 from router.db.testing import NullDatabase
+from router.ledger import LedgerWriter
 
 DEADLINE_S = 20.0
 
@@ -36,6 +37,8 @@ def wait_for(cond: Callable[[], bool], what: str) -> None:
 
 
 class FakeStore:
+    ledger = LedgerWriter()
+
     def __init__(self) -> None:
         self.deleted: list[int] = []
         self.outcomes: dict[int, tuple[str, str | None]] = {}   # event id → (ledger outcome, reason)
