@@ -97,8 +97,8 @@ def test_synthetic_copy_then_export_parquet_by_day(fresh_db: str, tmp_path: Path
     assert not list(tmp_path.rglob("*.tmp"))
 
 
-def _nsjms(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NSJMS_POSTGRES_DSN": dsn}  # the DSN (with its password) stays off the command line
+def _nsjms(*args: str, dsn: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NSJMS_POSTGRES_DSN": dsn, **extra_env}  # the DSN (with its password) stays off the argv
     return subprocess.run([sys.executable, "-m", "router.cli", *args], env=env, check=False, capture_output=True,
                           text=True, timeout=120)
 
@@ -119,5 +119,9 @@ def test_cli_ledger_init_generate_export(fresh_db: str, tmp_path: Path) -> None:
     assert pq.read_table(tmp_path / "x" / "day=2026-03-01" / "part-0.parquet").num_rows == 99
     again = _nsjms("ledger", "init", dsn=fresh_db)   # migrations run once: a second init only maintains
     assert again.returncode == 0 and "schema migrations applied: none (up to date)" in again.stdout, again.stderr
+    # without --ahead-days, `maintain` takes the node's configuration ([ledger] ahead_days)
+    proc = _nsjms("ledger", "maintain", dsn=fresh_db, NSJMS_LEDGER_AHEAD_DAYS="5")
+    assert proc.returncode == 0, proc.stderr
+    assert f"partitions created: {', '.join(str(today + timedelta(days=n)) for n in range(4, 6))}" in proc.stdout
     assert _nsjms("ledger", "export", "--from", "2026-03-02", "--to", "2026-03-01", "--out", str(tmp_path),
                   dsn=fresh_db).returncode == 2
