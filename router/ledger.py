@@ -259,7 +259,8 @@ class LedgerWriter:
         columns = [[timestamp(getattr(r, f)) if f in _TIMES else _plain(getattr(r, f)) for r in rows]
                    for f in _FIELDS]
         conn.execute(_INSERT, columns)
-        self.rows_written += len(rows)
+        with self._lock:
+            self.rows_written += len(rows)     # written in the caller's transaction (it may still roll back)
         return len(rows)
 
     def accepted(self, conn: psycopg.Connection[Any], rows: Sequence[LedgerRow]) -> int:

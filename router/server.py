@@ -241,9 +241,7 @@ class Node:
         and routing never waits for this. Returns whether it succeeded."""
         from router.ledger import maintain
 
-        settings = self.s.ledger
-        if not settings.enabled:
-            return True
+        settings = self.s.ledger            # also when ledger.enabled is false: retention still applies
         try:
             with self.db.unit_of_work() as conn:
                 conn.execute("SET LOCAL lock_timeout = '2s'")

@@ -4,6 +4,7 @@ outcome land in their day partition, a failing write rolls the caller's transact
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -74,3 +75,25 @@ def test_a_failing_ledger_write_fails_the_whole_unit_of_work(fresh_db: str) -> N
             assert conn.execute("SELECT count(*) FROM nsjms_channel WHERE id = 100").fetchone() == (0,)
     finally:
         db.close()
+
+
+def test_node_maintenance_runs_in_its_own_transaction_and_gives_up_on_a_locked_ledger(
+        fresh_db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from router.ledger import LedgerSettings, list_partitions
+    from router.server import Node, NodeSettings
+
+    node = Node(NodeSettings(state_dir=tmp_path, pg_dsn=fresh_db, ledger=LedgerSettings(ahead_days=2)))
+    node.db = Database(fresh_db, 2)
+    node.db.open()
+    try:
+        with psycopg.connect(fresh_db) as blocker:           # a long transaction holding the ledger
+            blocker.execute("LOCK TABLE nsjms_ledger IN ACCESS EXCLUSIVE MODE")
+            assert node.maintain_ledger() is False            # lock_timeout: gives up instead of waiting
+            blocker.rollback()
+        assert "ledger partition maintenance failed" in caplog.text
+        assert node.maintain_ledger() is True
+        with node.db.unit_of_work() as conn:
+            today = datetime.now(UTC).date()
+            assert list_partitions(conn) == [today + timedelta(days=n) for n in range(3)]
+    finally:
+        node.db.close()
