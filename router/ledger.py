@@ -31,6 +31,7 @@ import psycopg
 from psycopg import sql
 
 __all__ = [
+    "CHANNEL_DEDUPE_SQL",
     "COLUMNS",
     "DEFAULT_PARTITION",
     "HOP_COLUMNS",
@@ -188,6 +189,11 @@ def channel_dedupe_id(event_id: int, channel_id: int, admin_id: int, proxy_id: i
     return f"e{event_id}/c{channel_id}/a{admin_id}/p{proxy_id}"
 
 
+#: :func:`channel_dedupe_id` as a SQL expression (``str.format`` with ``event``, ``channel``, ``admin``, ``proxy``
+#: SQL operands), for statements that write the rows of the queue rows they insert or delete.
+CHANNEL_DEDUPE_SQL = "('e' || {event} || '/c' || {channel} || '/a' || {admin} || '/p' || {proxy})"
+
+
 def volatile_dedupe_id(run_id: str, seq: int, channel_id: int, admin_id: int, proxy_id: int) -> str:
     """The obligation of a BestEffort event (never stored) for one proxy supplier, with ``ledger.best_effort``:
     ``b<run>/s<seq>/c<channel>/a<admin>/p<proxy>`` (``run``: :attr:`LedgerWriter.run_id`, new at every start)."""
@@ -259,9 +265,13 @@ class LedgerWriter:
         columns = [[timestamp(getattr(r, f)) if f in _TIMES else _plain(getattr(r, f)) for r in rows]
                    for f in _FIELDS]
         conn.execute(_INSERT, columns)
-        with self._lock:
-            self.rows_written += len(rows)     # written in the caller's transaction (it may still roll back)
+        self.count(len(rows))
         return len(rows)
+
+    def count(self, n: int) -> None:
+        """Count ``n`` rows a caller wrote in its own statement (``rows_written``; its transaction may roll back)."""
+        with self._lock:
+            self.rows_written += n
 
     def accepted(self, conn: psycopg.Connection[Any], rows: Sequence[LedgerRow]) -> int:
         """nsjms took responsibility: ``rows`` with their outcome set to ``accepted``."""

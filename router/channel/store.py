@@ -32,6 +32,7 @@ from psycopg.types.json import Jsonb
 
 from router.db.errors import StoreError, StoreUnavailable
 from router.ledger import (
+    CHANNEL_DEDUPE_SQL,
     CONSUMER,
     Direction,
     LedgerRow,
@@ -39,6 +40,7 @@ from router.ledger import (
     Outcome,
     channel_dedupe_id,
     inbound_dedupe_id,
+    timestamp,
     volatile_dedupe_id,
 )
 
@@ -214,23 +216,38 @@ class Store:
                         %(deadline)s::float8[], %(start)s::float8[], %(acc)s::float8[])
                  AS t(seq, form, body, prio, deadline, start_at, acc)
             RETURNING id, seq, received_at
+        ), t AS (
+            SELECT * FROM unnest(%(qseq)s::bigint[], %(qadmin)s::integer[], %(qproxy)s::integer[],
+                                 %(qbridge)s::integer[], %(qdest)s::text[], %(qdir)s::text[])
+                          AS t(seq, a, p, bridge, dest, dir)
         ), q AS (
             INSERT INTO nsjms_queue(channel_id, admin_id, proxy_id, event_id)
-            SELECT %(cid)s, t.a, t.p, ev.id
-            FROM unnest(%(qseq)s::bigint[], %(qadmin)s::integer[], %(qproxy)s::integer[]) AS t(seq, a, p)
-            JOIN ev ON ev.seq = t.seq
-        )
+            SELECT %(cid)s, t.a, t.p, ev.id FROM t JOIN ev ON ev.seq = t.seq
+        ){ledger}
         SELECT id, seq, received_at FROM ev"""
+    # The ``accepted`` ledger row of each (event, proxy supplier) obligation, in the same statement.
+    _LEDGER_ACCEPTED = f""", l AS (
+            INSERT INTO nsjms_ledger(event_id, dedupe_id, channel_id, proxy_id, bridge_id, destination, direction,
+                                     accepted_at, outcome)
+            SELECT ev.id, {CHANNEL_DEDUPE_SQL.format(event="ev.id", channel="%(cid)s", admin="t.a", proxy="t.p")},
+                   %(cid)s, t.p, t.bridge, t.dest, t.dir, ev.received_at, 'accepted'
+            FROM t JOIN ev ON ev.seq = t.seq
+        )"""
+    _INSERT_PLAIN = _INSERT_EVENTS.format(ledger="")
+    _INSERT_LEDGERED = _INSERT_EVENTS.format(ledger=_LEDGER_ACCEPTED)
 
     def insert_events(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> list[int]:
-        """Store events and their queue rows in one statement, then (when the ledger records persistent traffic)
-        their ledger rows in a second statement of the same unit of work; returns the new ids in order.
+        """Store events, their queue rows and (when the ledger records persistent traffic) the ``accepted`` ledger
+        row of each (event, proxy supplier) obligation in one statement; returns the new ids in order.
 
-        Ledger rows: ``accepted`` for each (event, target proxy) obligation; for an event a JMS → channel bridge
-        pushed (``source`` is a proxy the bridge registered), ``accepted`` and ``delivered`` for the JMS message's
-        obligation (the channel now durably holds it). All carry the event's ``received_at`` as ``accepted_at``."""
+        For an event a JMS → channel bridge pushed (``source`` is a proxy the bridge registered), a second
+        statement of the same unit of work writes ``accepted`` and ``delivered`` for the JMS message's obligation
+        (the channel now durably holds it). All carry the event's ``received_at`` as ``accepted_at``."""
         if not events:
             return []
+        ledgered = self.ledger.records(persistent=True)
+        routes = [(self.ledger.route(cid, "C", a, p) or CONSUMER) if ledgered else CONSUMER
+                  for ev in events for a, p in ev.targets]
         params = {
             "cid": cid,
             "seq": [ev.seq for ev in events], "form": [ev.form for ev in events],
@@ -240,25 +257,17 @@ class Store:
             "qseq": [ev.seq for ev in events for _ in ev.targets],
             "qadmin": [a for ev in events for a, _ in ev.targets],
             "qproxy": [p for ev in events for _, p in ev.targets],
+            "qbridge": [r.bridge_id for r in routes], "qdest": [r.destination for r in routes],
+            "qdir": [str(r.direction) for r in routes],
         }
-        rows = conn.execute(self._INSERT_EVENTS, params).fetchall()
+        rows = conn.execute(self._INSERT_LEDGERED if ledgered else self._INSERT_PLAIN, params).fetchall()
         by_seq = {int(seq): (int(eid), received) for eid, seq, received in rows}
-        if self.ledger.records(persistent=True):
-            self.ledger.write(conn, self._accepted_rows(cid, events, by_seq))
+        if ledgered:
+            self.ledger.count(len(routes))
+            inbound = [row for ev in events if ev.source is not None
+                       for row in self._inbound_rows(cid, ev, by_seq[ev.seq][0], by_seq[ev.seq][1])]
+            self.ledger.write(conn, inbound)
         return [by_seq[ev.seq][0] for ev in events]
-
-    def _accepted_rows(self, cid: int, events: Sequence[NewEvent],
-                       by_seq: dict[int, tuple[int, Any]]) -> list[LedgerRow]:
-        ledger, out = self.ledger, []
-        for ev in events:
-            eid, accepted_at = by_seq[ev.seq]
-            for aid, pid in ev.targets:
-                route = ledger.route(cid, "C", aid, pid) or CONSUMER
-                out.append(LedgerRow(channel_dedupe_id(eid, cid, aid, pid), cid, route.direction, accepted_at,
-                                     Outcome.ACCEPTED, event_id=eid, proxy_id=pid, bridge_id=route.bridge_id,
-                                     destination=route.destination))
-            out += self._inbound_rows(cid, ev, eid, accepted_at)
-        return out
 
     def best_effort_accepted(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> None:
         """``ledger.best_effort``: the ledger rows of BestEffort events (not stored; one statement). Their dedupe ids
@@ -304,9 +313,29 @@ class Store:
             conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s "
                          "AND event_id = ANY(%s)", (cid, aid, pid, ids))
             return
-        self._drop_queue_rows(conn, "q.channel_id = %s AND q.admin_id = %s AND q.proxy_id = %s "
-                              "AND q.event_id = ANY(%s)", (cid, aid, pid, ids), cid, reason, outcome=outcome,
-                              dispatched_at=dispatched_at)
+        route = self.ledger.route(cid, "C", aid, pid) or CONSUMER
+        cur = conn.execute(self._DELETE_LEDGERED, {
+            "cid": cid, "aid": aid, "pid": pid, "ids": ids, "bridge": route.bridge_id, "dest": route.destination,
+            "dir": str(route.direction), "disp": timestamp(dispatched_at),
+            "ack": timestamp(time.time()) if outcome is Outcome.DELIVERED else None, "outcome": str(outcome),
+            "reason": reason if outcome.needs_reason else None})
+        self.ledger.count(max(cur.rowcount, 0))
+
+    # One statement: the queue rows leave, and each one actually deleted gets its ledger row.
+    _DELETE_LEDGERED = f"""
+        WITH gone AS (
+            DELETE FROM nsjms_queue q USING nsjms_event e
+            WHERE q.channel_id = %(cid)s AND q.admin_id = %(aid)s AND q.proxy_id = %(pid)s
+              AND q.event_id = ANY(%(ids)s) AND e.id = q.event_id
+            RETURNING q.event_id, e.received_at
+        )
+        INSERT INTO nsjms_ledger(event_id, dedupe_id, channel_id, proxy_id, bridge_id, destination, direction,
+                                 accepted_at, dispatched_at, acknowledged_at, outcome, failure_reason)
+        SELECT g.event_id, {CHANNEL_DEDUPE_SQL.format(event="g.event_id", channel="%(cid)s", admin="%(aid)s",
+                                                      proxy="%(pid)s")},
+               %(cid)s, %(pid)s, %(bridge)s, %(dest)s, %(dir)s, g.received_at, %(disp)s::timestamptz,
+               %(ack)s::timestamptz, %(outcome)s, %(reason)s
+        FROM gone g"""
 
     def _best_effort_finished(self, conn: Conn, cid: int, aid: int, pid: int, events: Sequence[tuple[int, float]],
                               outcome: Outcome, reason: str | None, dispatched_at: float | None) -> None:

@@ -209,6 +209,9 @@ def test_events_left_by_a_destroyed_proxy_are_discarded_in_the_ledger(nsjms_serv
     assert wait_until(lambda: _count(dsn, "outcome = 'discarded'") == 5, FLOW_TIMEOUT_S)
     rows = _rows(dsn, "outcome = 'discarded'")
     assert {(r["proxy_id"], r["failure_reason"]) for r in rows} == {(int(pid), "its proxy supplier was destroyed")}
+    for obl in _obligations(_rows(dsn)).values():        # the same obligation: dedupe id and accepted_at
+        assert [r["outcome"] for r in obl] == ["accepted", "discarded"]
+        assert obl[0]["accepted_at"] == obl[1]["accepted_at"]
     assert consumer.count() == 0
 
 
