@@ -301,10 +301,11 @@ class Store:
                           best_effort: Sequence[tuple[int, float]] = ()) -> None:
         """The proxy no longer has to deliver these events (one statement), because of ``outcome``
         (``delivered``; ``discarded``, ``expired`` or ``dead_letter`` with a ``reason``). When the ledger records
-        persistent traffic, a second statement writes one ``outcome`` row per queue row actually deleted (a row
+        persistent traffic, the same statement writes one ``outcome`` row per queue row actually deleted (a row
         already gone, e.g. by a retried unit of work that had committed, writes nothing). ``best_effort``: (seq,
-        accepted_at) of BestEffort events leaving the proxy's queue, whose ledger rows go in the same statement."""
+        accepted_at) of BestEffort events leaving the proxy's queue, whose ledger rows a second statement writes."""
         ids = list(event_ids)
+        reason = _reason(outcome, reason)
         if best_effort and self.ledger.records(persistent=False):
             self._best_effort_finished(conn, cid, aid, pid, best_effort, outcome, reason, dispatched_at)
         if not ids:
@@ -318,7 +319,7 @@ class Store:
             "cid": cid, "aid": aid, "pid": pid, "ids": ids, "bridge": route.bridge_id, "dest": route.destination,
             "dir": str(route.direction), "disp": timestamp(dispatched_at),
             "ack": timestamp(time.time()) if outcome is Outcome.DELIVERED else None, "outcome": str(outcome),
-            "reason": reason if outcome.needs_reason else None})
+            "reason": reason})
         self.ledger.count(max(cur.rowcount, 0))
 
     # One statement: the queue rows leave, and each one actually deleted gets its ledger row.
@@ -345,11 +346,12 @@ class Store:
             LedgerRow(volatile_dedupe_id(self.ledger.run_id, seq, cid, aid, pid), cid, route.direction, accepted_at,
                       outcome, proxy_id=pid, bridge_id=route.bridge_id, destination=route.destination,
                       dispatched_at=dispatched_at, acknowledged_at=done,
-                      failure_reason=reason if outcome.needs_reason else None) for seq, accepted_at in events])
+                      failure_reason=reason) for seq, accepted_at in events])
 
     def _drop_queue_rows(self, conn: Conn, where: str, params: tuple[Any, ...], cid: int, reason: str | None, *,
                          outcome: Outcome = Outcome.DISCARDED, dispatched_at: float | None = None) -> None:
         """Delete the queue rows ``where`` selects (alias ``q``) and write their ledger rows."""
+        reason = _reason(outcome, reason)
         if not self.ledger.records(persistent=True):
             conn.execute(f"DELETE FROM nsjms_queue q WHERE {where}", params)
             return
@@ -362,7 +364,7 @@ class Store:
             rows.append(LedgerRow(channel_dedupe_id(eid, cid, a, p), cid, route.direction, accepted_at, outcome,
                                   event_id=eid, proxy_id=p, bridge_id=route.bridge_id, destination=route.destination,
                                   dispatched_at=dispatched_at, acknowledged_at=done,
-                                  failure_reason=reason if outcome.needs_reason else None))
+                                  failure_reason=reason))
         self.ledger.write(conn, rows)
 
     def delete_events(self, conn: Conn, event_ids: Iterable[int]) -> None:
@@ -427,6 +429,14 @@ class Store:
         where = " AND ".join(f"{k} = %s" for k in key)
         values = [Jsonb(v) if isinstance(v, dict) else v for v in cols.values()]
         conn.execute(f"UPDATE {table} SET {sets} WHERE {where}", (*values, *key.values()))
+
+
+def _reason(outcome: Outcome, reason: str | None) -> str | None:
+    """The failure reason the ledger's CHECK constraint wants: none for a delivery, always one otherwise (a caller
+    that gave none gets the outcome's name rather than a constraint violation that would fail its retries)."""
+    if not outcome.needs_reason:
+        return None
+    return reason or str(outcome)
 
 
 def dumps(obj: Any) -> str:
