@@ -74,11 +74,18 @@ class FakeDb:
         yield self.conn
 
 
+class NoLedger:
+    def records(self, *, persistent: bool) -> bool:
+        return False
+
+
 class FakeStore:
+    ledger = NoLedger()
+
     def __init__(self) -> None:
         self.deleted: list[int] = []
 
-    def delete_deliveries(self, conn: Any, cid: int, aid: int, pid: int, ids: list[int]) -> None:
+    def delete_deliveries(self, conn: Any, cid: int, aid: int, pid: int, ids: list[int], **ledger: Any) -> None:
         self.deleted.extend(ids)
 
 
