@@ -1,6 +1,10 @@
 """Bridge throughput: channel → bridge → ActiveMQ queue, and ActiveMQ queue → bridge → channel.
 
-    .venv/bin/python bench/bridge_bench.py [--messages 2000]
+    .venv/bin/python bench/bridge_bench.py [--messages 2000] [--transaction]
+
+``--transaction`` adds the channel → JMS rows with routing transactions (``enable_transaction``: T2 of 100 events
+per transaction, structured push with TransactionEvents = 100 and sequence push x100 with
+TransactionEventSequences = 1), measured in the same run.
 
 Baselines measured in the same run on the same broker: raw persistent STOMP sends with a receipt each, and
 BEGIN + 100 SENDs + COMMIT with a receipt. The bridge is measured end to end (events pushed by a CORBA supplier
@@ -62,12 +66,17 @@ def _count_queue(url: str, queue: str, counter: Counter) -> Any:
     return conn
 
 
-def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool) -> float:
+def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool, tx: int = 0) -> float:
+    """Events per second channel → JMS; ``tx`` > 0: the bridge's ``enable_transaction(tx, 0)`` first (T2)."""
     import CosNotifyChannelAdmin as NCA
+
+    from idl.generated import NsjmsAdmin
 
     channel, cid = _persistent_channel(factory, 100 if sequence else 1)
     queue = f"bench.out.{cid}"
     bridge, _ = bf.create_bridge(_endpoint("SOURCE", cid, None, sequence), _endpoint("SINK", None, queue, sequence))
+    if tx:
+        bridge._narrow(NsjmsAdmin.ManagedBridge).enable_transaction(tx, 0)
     bridge.start_bridge()
     counter = Counter()
     conn = _count_queue(url, queue, counter)
@@ -141,6 +150,7 @@ def from_jms_rate(factory: Any, bf: Any, url: str, n: int, *, pull: bool = False
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--messages", type=int, default=2000)
+    ap.add_argument("--transaction", action="store_true", help="also measure channel -> JMS in T2")
     ap.add_argument("--inbound", action="store_true",
                     help="only JMS -> channel: push, pull, and pull inside T2 (EnableTransaction, TransactionEvents="
                          "100), each the median of --runs runs")
@@ -164,11 +174,19 @@ def main() -> int:
             single = to_jms_rate(factory, bf, url, n, False)
             batched = to_jms_rate(factory, bf, url, n * 5, True)
             inbound = from_jms_rate(factory, bf, url, n)
-    report(f"bridge, 1 KB payloads, persistent channel and persistent JMS messages ({n} messages)", [
+            t2_single = to_jms_rate(factory, bf, url, n, False, tx=100) if args.transaction else 0.0
+            t2_batched = to_jms_rate(factory, bf, url, n * 5, True, tx=1) if args.transaction else 0.0
+    rows = [
         ("channel -> JMS, structured push (receipt per message)", single, "STOMP send+receipt", s1),
         ("channel -> JMS, sequence push x100 (one STOMP tx per batch)", batched, "STOMP tx of 100", s100),
         ("JMS -> channel, listener, ack after the channel accepted", inbound, "STOMP send+receipt", s1),
-    ])
+    ]
+    if args.transaction:
+        rows += [
+            ("channel -> JMS, structured push, T2 (TransactionEvents=100)", t2_single, "STOMP tx of 100", s100),
+            ("channel -> JMS, sequence push x100, T2 (1 sequence per T2)", t2_batched, "STOMP tx of 100", s100),
+        ]
+    report(f"bridge, 1 KB payloads, persistent channel and persistent JMS messages ({n} messages)", rows)
     return 0
 
 

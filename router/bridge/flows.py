@@ -176,18 +176,14 @@ class ChannelToJms:
     def _send(self, messages: list[JmsMessage]) -> None:
         if not messages:
             return
-        batch = self.bridge.transaction_events()
-        if len(messages) == 1 and batch <= 1:
+        if len(messages) == 1:
             self._send_one(messages[0])
             return
-        step = batch if batch > 1 else len(messages)     # TransactionEvents caps a transaction's size
-        for i in range(0, len(messages), step):
-            chunk = messages[i:i + step]
-            try:
-                self._send_transaction(chunk)
-            except (BrokerError, SendRefused):           # one message refused: find it, keep the rest
-                for msg in chunk:
-                    self._send_one(msg)
+        try:                                             # a pushed sequence: one STOMP transaction (atomic send);
+            self._send_transaction(messages)             # routing transactions (T2) are router.bridge.txout
+        except (BrokerError, SendRefused):               # one message refused: find it, keep the rest
+            for msg in messages:
+                self._send_one(msg)
 
     def _send_one(self, msg: JmsMessage) -> None:
         """A message the broker refuses with an ERROR frame (:class:`SendRefused`) would be refused again:
@@ -204,11 +200,8 @@ class ChannelToJms:
     def _send_transaction(self, chunk: list[JmsMessage]) -> None:
         tx = self.transport.begin()
         try:
-            deadline = self.bridge.transaction_deadline()
             for msg in chunk:
                 self.transport.send(self.destination, msg, transaction=tx, receipt=False)
-                if deadline and time.monotonic() > deadline:
-                    raise BrokerUnavailable("TransactionTimeout expired before the batch was sent")
         except BaseException:
             try:
                 self.transport.abort(tx)

@@ -75,13 +75,17 @@ def _lookup(proxy: Any, name: str, default: Any) -> Any:
 
 
 def t2_settings(proxy: Any, *, sequence: bool) -> T2Settings:
+    """The values ``enable_transaction`` stored on the proxy (``extra["transaction"]``, as for channel → JMS,
+    router.channel.txdelivery) win over the QoS / admin properties."""
+    own = (getattr(proxy, "extra", None) or {}).get("transaction") or {}
     enabled = bool(_lookup(proxy, Q.ENABLE_TRANSACTION, False))
     if sequence:
         per = max(1, int(_lookup(proxy, CosNotification.MaximumBatchSize, 1)))
-        batch = max(1, int(_lookup(proxy, Q.TRANSACTION_EVENT_SEQUENCES, 1))) * per
+        batch = max(1, int(own.get("sequences") or _lookup(proxy, Q.TRANSACTION_EVENT_SEQUENCES, 1))) * per
     else:
-        batch = max(1, int(_lookup(proxy, Q.TRANSACTION_EVENTS, 1)))
-    return T2Settings(enabled, batch, max(0, int(_lookup(proxy, Q.TRANSACTION_TIMEOUT, 0))))
+        batch = max(1, int(own.get("events") or _lookup(proxy, Q.TRANSACTION_EVENTS, 1)))
+    timeout = own.get("timeout", _lookup(proxy, Q.TRANSACTION_TIMEOUT, 0))
+    return T2Settings(enabled, batch, max(0, int(timeout or 0)))
 
 
 def room(proxy: Any, wanted: int) -> int:
@@ -155,6 +159,7 @@ class InboundT2Driver:
         self.rolled_back = 0
         self.timed_out = 0
         self.last_error = ""
+        self.active = False              # a T2 is in progress (BridgeTransactionMgmt's TransactionActive)
         self._warned = False
 
     # -- which supplier -----------------------------------------------------------------------------------------
@@ -200,6 +205,14 @@ class InboundT2Driver:
         proxy = self.proxy
         rt = proxy.rt
         settings = t2_settings(proxy, sequence=self.sequence)
+        self.active = True
+        try:
+            return self._round(rt, settings, target, wait_s)
+        finally:
+            self.active = False
+
+    def _round(self, rt: Any, settings: T2Settings, target: Any, wait_s: float) -> int:
+        proxy = self.proxy
         txn = rt.t2.coordinator.begin(settings.timeout_s or None)
         plan = RoutePlan()
         with rt.db.branch() as conn:
