@@ -562,6 +562,17 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         channel PUSHES to a channel → JMS bridge, the channel PULLS from a JMS → channel bridge."""
         return self.channel_spec.style == ("PUSH" if self.to_jms_direction else "PULL")
 
+    def local_push_proxy(self) -> Any:
+        """JMS → channel, push configuration: the channel's proxy consumer servant when the channel is Persistent
+        (the push loop then routes in-process with the inbox, ``PushSenderLoop._round_local``); None otherwise
+        (BestEffort: the push over the ORB as before). The channel gone: OBJECT_NOT_EXIST."""
+        try:
+            if not self._connection_persistent():
+                return None
+            return self._proxy_servant()
+        except BA.InvalidExternalEndPoints:
+            raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO) from None
+
     def _register_t2(self) -> None:
         """JMS → channel pull sender: an in-process T2 participant of the node, found by its IOR by the channel's
         pull proxy (router.channel.t2in)."""

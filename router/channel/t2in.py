@@ -27,6 +27,7 @@ The settings are read each round from the proxy, then its admin, then the channe
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ from xa.errors import TransactionRolledBack
 from xa.pg import PgBranch
 from xa.states import State
 
-__all__ = ["InboundT2Driver", "T2Settings", "t2_settings"]
+__all__ = ["InboundT2Driver", "T2Settings", "local_round", "plan_events", "room", "t2_settings"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -85,6 +86,67 @@ def t2_settings(proxy: Any, *, sequence: bool) -> T2Settings:
         batch = max(1, int(own.get("events") or _lookup(proxy, Q.TRANSACTION_EVENTS, 1)))
     timeout = own.get("timeout", _lookup(proxy, Q.TRANSACTION_TIMEOUT, 0))
     return T2Settings(enabled, batch, max(0, int(timeout or 0)))
+
+
+def room(proxy: Any, wanted: int) -> int:
+    """How many events a round may take now: the channel's free places when MaxQueueLength bounds it."""
+    limit = int(proxy.channel.admin_props.get(CosNotification.MaxQueueLength, 0))
+    if not limit:
+        return wanted
+    return max(1, min(wanted, limit - int(proxy.channel.queued_count())))
+
+
+def plan_events(proxy: Any, batch: Any) -> RoutePlan:
+    """Targets of the batch's events for ``proxy`` (the bridge's proxy consumer). An event the channel refuses
+    (BAD_QOS, above the size limit) is dead-lettered by the bridge in the same transaction/unit of work; a full
+    channel (IMP_LIMIT with RejectNewEvents) or anything else fails the round (retried)."""
+    channel = proxy.channel
+    events: list[Event] = [normalise_structured(ev) for ev in batch.events]
+    try:
+        return channel.plan_in(proxy, events)   # type: ignore[no-any-return]
+    except (CORBA.BAD_QOS, CORBA.IMP_LIMIT) as exc:
+        if isinstance(exc, CORBA.IMP_LIMIT) and exc.minor != MINOR_EVENT_TOO_LARGE:
+            raise
+    good: list[Event] = []
+    for i, ev in enumerate(events):
+        try:
+            channel.plan_in(proxy, [ev])
+        except CORBA.BAD_QOS as exc:
+            batch.reject(i, f"{describe(exc)}: the channel rejected the event's QoS headers")
+            continue
+        except CORBA.IMP_LIMIT as exc:
+            if exc.minor != MINOR_EVENT_TOO_LARGE:
+                raise
+            batch.reject(i, f"{describe(exc)}: above the channel's size limit of {proxy.rt.max_event_bytes} bytes")
+            continue
+        good.append(ev)
+    return channel.plan_in(proxy, good) if good else RoutePlan()
+
+
+def local_round(proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, wait_s: float) -> int:
+    """JMS → channel without a T2, the bridge and ``proxy``'s channel in this process: the inbox claims and the
+    events in ONE local PostgreSQL transaction, the acks written after it committed, the events queued in memory
+    after that. Exactly once for the events the channel stores, without two-phase commit: a crash before the
+    commit stores nothing and the broker redelivers; a crash after it makes the broker redeliver messages whose
+    ids the inbox holds (acknowledged, no second event). Returns how many deliveries the round took."""
+    plan = RoutePlan()
+    batch: Any = None
+    try:
+        with proxy.rt.db.unit_of_work() as conn:
+            batch = take(conn, max_n, wait_s)
+            if not batch.received:
+                return 0
+            if batch.events:
+                plan = plan_events(proxy, batch)
+                proxy.channel.store_in(conn, plan)
+    except BaseException:
+        if batch is not None:
+            batch.abandon()
+        raise
+    crashpoint("in.local.after_commit")
+    batch.settle()
+    proxy.channel.publish(plan)
+    return int(batch.received)
 
 
 class InboundT2Driver:
@@ -129,30 +191,12 @@ class InboundT2Driver:
         return self.round_local(target, wait_s)
 
     def round_local(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
-        """Without a T2: the inbox claims and the events in ONE local PostgreSQL transaction, the acks written
-        after it committed, the events queued in memory after that. Exactly once for the events this channel
-        stores, without two-phase commit: a crash before the commit stores nothing and the broker redelivers; a
-        crash after it makes the broker redeliver messages whose ids the inbox holds (acked, no second event)."""
-        proxy = self.proxy
-        plan = RoutePlan()
-        batch: Any = None
+        """Without a T2: :func:`local_round` with the bridge's pull sender."""
         try:
-            with proxy.rt.db.unit_of_work() as conn:
-                batch = target.take_local(conn, proxy.room(LOCAL_BATCH), wait_s)
-                if not batch.received:
-                    return 0
-                if batch.events:
-                    plan = self._plan(batch)
-                    proxy.channel.store_in(conn, plan)
+            return local_round(self.proxy, target.take_local, self.proxy.room(LOCAL_BATCH), wait_s)
         except BaseException as exc:
-            if batch is not None:
-                batch.abandon()
             self.last_error = f"{type(exc).__name__}: {exc}"[:500]
             raise
-        crashpoint("in.local.after_commit")
-        batch.settle()
-        proxy.channel.publish(plan)
-        return int(batch.received)
 
     # -- one T2 --------------------------------------------------------------------------------------------------
     def round(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
@@ -199,31 +243,7 @@ class InboundT2Driver:
         return int(batch.received)
 
     def _plan(self, batch: Any) -> RoutePlan:
-        """Targets of the batch's events. An event the channel refuses (BAD_QOS, above the size limit) is
-        dead-lettered by the bridge inside the T2; a full channel (IMP_LIMIT with RejectNewEvents) or anything
-        else fails the T2 (retried)."""
-        channel = self.proxy.channel
-        events: list[Event] = [normalise_structured(ev) for ev in batch.events]
-        try:
-            return channel.plan_in(self.proxy, events)   # type: ignore[no-any-return]
-        except (CORBA.BAD_QOS, CORBA.IMP_LIMIT) as exc:
-            if isinstance(exc, CORBA.IMP_LIMIT) and exc.minor != MINOR_EVENT_TOO_LARGE:
-                raise
-        good: list[Event] = []
-        for i, ev in enumerate(events):
-            try:
-                channel.plan_in(self.proxy, [ev])
-            except CORBA.BAD_QOS as exc:
-                batch.reject(i, f"{describe(exc)}: the channel rejected the event's QoS headers")
-                continue
-            except CORBA.IMP_LIMIT as exc:
-                if exc.minor != MINOR_EVENT_TOO_LARGE:
-                    raise
-                batch.reject(i, f"{describe(exc)}: above the channel's size limit of "
-                             f"{self.proxy.rt.max_event_bytes} bytes")
-                continue
-            good.append(ev)
-        return channel.plan_in(self.proxy, good) if good else RoutePlan()
+        return plan_events(self.proxy, batch)
 
     def _failed(self, txn: Transaction, exc: BaseException) -> None:
         if txn.state in _UNDECIDED:

@@ -315,14 +315,16 @@ def _persistent_channel(factory: Any) -> tuple[Any, int]:
     return channel, int(cid)
 
 
+@pytest.mark.parametrize("style", ["PULL", "PUSH"])
 def test_without_t2_a_local_unit_of_work_is_exactly_once_across_a_sigkill(
         own_server: NsjmsServer, client_orb: Any, broker_url: str, fresh_db: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """EnableTransaction FALSE, Persistent channel, the channel pulls from a bridge of its node: the events and the
-    inbox ids are committed in one local transaction, the acks written after it. Killed between the commit and the
-    acks of the 3rd round: the broker redelivers, the inbox recognises, 0 duplicates."""
+        monkeypatch: pytest.MonkeyPatch, style: str) -> None:
+    """EnableTransaction FALSE, Persistent channel, the channel pulls from a bridge of its node (or the bridge
+    pushes into it): the events and the inbox ids are committed in one local transaction, the acks written after
+    it. Killed between the commit and the acks of the 3rd round: the broker redelivers, the inbox recognises,
+    0 duplicates."""
     n = 300
-    queue = _name("t2in.local")
+    queue = _name(f"t2in.local.{style}")
     monkeypatch.setenv("NSJMS_CRASH_AT", "in.local.after_commit@3")
     own_server.start()
     monkeypatch.delenv("NSJMS_CRASH_AT")
@@ -331,7 +333,7 @@ def test_without_t2_a_local_unit_of_work_is_exactly_once_across_a_sigkill(
     consumer = _pull_consumer(channel)
     _produce(broker_url, queue, range(n))
     bf = bridge_factory(client_orb, own_server)
-    bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid, BA.PULL))
+    bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid, getattr(BA, style)))
     bridge.start_bridge()
     assert own_server.proc is not None
     own_server.proc.wait(timeout=TIMEOUT_S)
