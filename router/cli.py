@@ -210,7 +210,6 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
     from router.server import Node
     from router.telemetry import configure
 
-    flush_telemetry = configure(cfg.telemetry.exporter, cfg.telemetry.interval_s, service_name=cfg.node.node_id)
     node = Node(_settings(cfg))
     try:
         node.start()
@@ -225,6 +224,17 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
         log.error("nsjms serve failed to start: %s", redact_dsn(str(exc)))
         node.stop(start_failed=True)
         return EXIT_FAILURE
+    # After the start, so a node refused its state directory (exit 5) never touches the metrics port; instruments
+    # created during the start are the API's proxies and report through the providers installed now.
+    tel = cfg.telemetry
+    try:
+        flush_telemetry = configure(tel.exporter, tel.interval_s, service_name=cfg.node.node_id, address=tel.address,
+                                    otlp_endpoint=tel.otlp_endpoint)
+    except OSError as exc:  # the Prometheus address cannot be bound
+        print(f"nsjms serve: telemetry.address {tel.address}: cannot serve metrics there: {exc.strerror or exc}",
+              file=sys.stderr, flush=True)
+        node.stop()
+        return EXIT_CONFIG
     endpoints_path = node.s.state_dir / "endpoints.json"
     if args.json:
         print(json.dumps({"node_id": cfg.node.node_id, "endpoints": str(endpoints_path)}), flush=True)

@@ -184,8 +184,10 @@ class BrokerConfig:
 class TelemetryConfig:
     """``[telemetry]``: OpenTelemetry export. ``none`` keeps the API's no-op providers (zero cost)."""
 
-    exporter: str = "none"          # none | console
-    interval_s: int = 30            # metric export interval
+    exporter: str = "none"          # none | console | prometheus | otlp
+    interval_s: int = 30            # metric export interval (console, otlp)
+    address: str = "127.0.0.1:9464"  # prometheus: where GET /metrics is served (loopback by default)
+    otlp_endpoint: str = "http://127.0.0.1:4318"  # otlp: the collector's OTLP/HTTP base URL
 
 
 def _mask(secret: str) -> str:
@@ -336,10 +338,29 @@ def broker_addresses(url: str) -> list[tuple[str, int]]:
 _PORT = _integer(1, 65535)
 
 
+EXPORTERS = ("none", "console", "prometheus", "otlp")
+
+
 def _exporter(raw: Any, textual: bool) -> str:
     value = _string(raw, textual).strip().lower()
-    if value not in ("none", "console"):
-        raise _Invalid("expected 'none' or 'console'")
+    if value not in EXPORTERS:
+        raise _Invalid("expected one of " + ", ".join(repr(e) for e in EXPORTERS))
+    return value
+
+
+def _listen_address(raw: Any, textual: bool) -> str:
+    value = _string(raw, textual).strip()
+    host, _, port = value.rpartition(":")
+    if not _HOST.fullmatch(host.strip("[]") or "-") or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise _Invalid("expected HOST:PORT, e.g. 127.0.0.1:9464")
+    return value
+
+
+def _http_url(raw: Any, textual: bool) -> str:
+    value = _string(raw, textual).strip()
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _Invalid("expected an http:// or https:// URL, e.g. http://127.0.0.1:4318")
     return value
 
 
@@ -361,7 +382,8 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
         "embedded_openwire_port": _Key(_PORT),
         "connect_timeout_s": _Key(_integer(1, 300)),
     },
-    "telemetry": {"exporter": _Key(_exporter), "interval_s": _Key(_integer(1, 3600))},
+    "telemetry": {"exporter": _Key(_exporter), "interval_s": _Key(_integer(1, 3600)),
+                  "address": _Key(_listen_address), "otlp_endpoint": _Key(_http_url, has_credentials=True)},
 }
 _SECTION_TYPES: dict[str, type] = {
     "node": NodeConfig,
