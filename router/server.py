@@ -100,6 +100,7 @@ class Node:
         self.runtime: Any = None
         self.factory: Any = None
         self.bridges: Any = None
+        self.t2: Any = None
         self.bridge_store: Any = None
         self.pg_dsn = settings.pg_dsn
         self.broker_url = settings.broker_url
@@ -217,6 +218,8 @@ class Node:
         self.db.open()                     # one pool for the node; applies the missing schema migrations
         self.store = Store()
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
+        self.t2 = self._start_transactions()
+        self.runtime.t2 = self.t2
         self.runtime.start_reaper()
         self.factory = EventChannelFactoryImpl(self.runtime)
         self.factory.activate()
@@ -228,6 +231,24 @@ class Node:
         self.runtime.poa._get_the_POAManager().activate()
         self.runtime.ins_poa._get_the_POAManager().activate()
         self.bridges.resume()
+
+    def _start_transactions(self) -> Any:
+        """The node's T2 machinery; its first recovery pass runs BEFORE the channel restores its queues (a logged
+        COMMIT still to finish removes queue rows that restore would otherwise load and deliver again)."""
+        from router.bridge.codec import MappingCodec
+        from router.jms.transport import open_transport
+        from router.t2 import NodeTransactions
+
+        def transport() -> Any:
+            return open_transport(self.broker_url, codec=MappingCodec(), username=self.broker_login,
+                                  password=self.broker_passcode)
+
+        t2 = NodeTransactions(self.s.node_id, self.s.state_dir, self.db, self.pg_dsn, transport=transport)
+        report = t2.start()
+        if report.committed or report.rolled_back or report.resent or report.errors:
+            log.info("T2 recovery at start: committed %d, rolled back %d, re-sent %d, %d problem(s)",
+                     len(report.committed), len(report.rolled_back), len(report.resent), len(report.errors))
+        return t2
 
     def _build_bridges(self) -> None:
         from router.bridge.bridge import BridgeFactoryImpl
@@ -364,6 +385,8 @@ class Node:
             self.bridges.shutdown()
         if self.runtime is not None:
             self.runtime.stop()
+        if self.t2 is not None:
+            self.t2.close()
         if self.orb is not None:
             try:
                 self.orb.shutdown(True)

@@ -50,6 +50,7 @@ class Runtime:
         self.store = store if store is not None else Store()
         self.push_timeout_ms = push_timeout_ms
         self.max_event_bytes = max_event_bytes      # larger events are refused (IMP_LIMIT); 0 = no limit
+        self.t2: Any = None                         # router.t2.NodeTransactions of a node; None: no T2 here
         root = orb.resolve_initial_references("RootPOA")
         self.root_poa = root
         policies = [

@@ -77,9 +77,41 @@ class Database:
         except psycopg.Error as exc:
             raise StoreError(f"database error during {stage}: {_first_line(exc)}") from exc
 
+    @contextmanager
+    def branch(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection for a T2 branch (``xa.pg.PgBranch``): idle, not autocommit, no transaction begun.
+
+        The branch's own boundary (``xa.pg``) translates errors of its two-phase calls; here only the checkout is
+        translated (:class:`StoreUnavailable`). The connection goes back to the pool when the block ends; one
+        left inside a transaction is rolled back by the pool, a broken one is discarded.
+        """
+        try:
+            cm = self._pool.connection(timeout=self.checkout_timeout)
+            conn = cm.__enter__()
+        except PoolTimeout as exc:
+            raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise StoreUnavailable(f"database connection failed during checkout: {_first_line(exc)}") from exc
+        try:
+            yield conn
+        except BaseException as exc:
+            _drop_if_unfinished(conn)
+            cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        else:
+            _drop_if_unfinished(conn)
+            cm.__exit__(None, None, None)
+
     def stats(self) -> dict[str, int]:
         """The pool's counters (psycopg_pool's ``get_stats``)."""
         return {k: int(v) for k, v in self._pool.get_stats().items()}
+
+
+def _drop_if_unfinished(conn: psycopg.Connection[Any]) -> None:
+    """A connection still associated with a two-phase transaction (prepared, then neither committed nor rolled
+    back here: recovery finishes it by xid) is closed, never handed to the next user of the pool."""
+    if getattr(conn, "_tpc", None) is not None and not conn.closed:
+        conn.close()
 
 
 def _first_line(exc: BaseException) -> str:

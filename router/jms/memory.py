@@ -33,6 +33,7 @@ from router.jms.transport import (
     BrokerUnavailable,
     ConnectionState,
     Delivery,
+    EncodedMessage,
     LocalProtocolError,
     MessageCodec,
     QueueSubscription,
@@ -615,10 +616,17 @@ class MemoryTransport:
     # -- sending and transactions
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
              receipt: bool = True, headers: Mapping[str, str] | None = None) -> None:
-        dest = stomp_destination(destination)
         encoded = self._codec.encode(message)
-        frame = {**encoded.headers, **(headers or {})}
-        frame["persistent"] = "true" if message.delivery_mode is DeliveryMode.PERSISTENT else "false"
+        if headers:
+            encoded = EncodedMessage({**encoded.headers, **headers}, encoded.body)
+        self.send_encoded(destination, encoded, persistent=message.delivery_mode is DeliveryMode.PERSISTENT,
+                          transaction=transaction, receipt=receipt)
+
+    def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
+                     transaction: str | None = None, receipt: bool = True) -> None:
+        dest = stomp_destination(destination)
+        frame = dict(encoded.headers)
+        frame["persistent"] = "true" if persistent else "false"
         try:
             self._book.use_tx(transaction)
             self._run("send", lambda: self.broker.send(dest, dict(frame), encoded.body), transaction=transaction)

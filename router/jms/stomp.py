@@ -36,6 +36,7 @@ from router.jms.transport import (
     BrokerUnavailable,
     ConnectionState,
     Delivery,
+    EncodedMessage,
     LocalProtocolError,
     MessageCodec,
     QueueSubscription,
@@ -363,10 +364,17 @@ class StompTransport:
     # ------------------------------------------------------------------------------------------- sending
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
              receipt: bool = True, headers: Mapping[str, str] | None = None) -> None:
-        dest = stomp_destination(destination)
         encoded = self._codec.encode(message)
-        frame_headers = {**encoded.headers, **(headers or {})}
-        frame_headers["persistent"] = "true" if message.delivery_mode is DeliveryMode.PERSISTENT else "false"
+        if headers:
+            encoded = EncodedMessage({**encoded.headers, **headers}, encoded.body)
+        self.send_encoded(destination, encoded, persistent=message.delivery_mode is DeliveryMode.PERSISTENT,
+                          transaction=transaction, receipt=receipt)
+
+    def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
+                     transaction: str | None = None, receipt: bool = True) -> None:
+        dest = stomp_destination(destination)
+        frame_headers = dict(encoded.headers)
+        frame_headers["persistent"] = "true" if persistent else "false"
         if transaction is not None:
             frame_headers["transaction"] = transaction
         try:

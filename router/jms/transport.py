@@ -239,6 +239,12 @@ class Transport(Protocol):
         Raises :class:`SendFailed` (definitely not sent) or :class:`ReceiptTimeout` (unknown)."""
         ...
 
+    def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
+                     transaction: str | None = None, receipt: bool = True) -> None:
+        """Send a frame already encoded (headers + body, e.g. an outbox row re-sent by recovery), with the same
+        errors as :meth:`send`."""
+        ...
+
     def begin(self) -> str:
         """Start a broker transaction (receipted); returns its id."""
         ...

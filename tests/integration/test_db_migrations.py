@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from router.db import Database, SchemaError
 from router.db.migrate import LEGACY_OBJECTS, VERSION_TABLE, load, run
@@ -146,6 +147,11 @@ def test_a_node_adopts_a_pre_migration_database_and_refuses_a_tampered_one(
         server.stop()
     with psycopg.connect(fresh_db) as conn:       # what the previous version leaves: its tables, no version table
         conn.execute(f"DROP TABLE {VERSION_TABLE}")
+        later = [r[0] for r in conn.execute(          # and none of what later migrations create
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE 'nsjms%%' "
+            "AND NOT tablename = ANY(%s)", (list(LEGACY_OBJECTS),))]
+        for table in later:
+            conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(sql.Identifier(table)))
     server.start()
     try:
         assert cid in client_orb.factory(server.ior()).get_all_channels()

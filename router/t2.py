@@ -1,0 +1,351 @@
+"""The node's routing transactions (T2, NJI 2.7): coordinator, recovery log, recovery, outbox and inbox.
+
+One :class:`NodeTransactions` per node, made by the node before anything routes:
+
+* ``coordinator``: :class:`xa.Coordinator` over the node's recovery log (a file journal in the state directory,
+  ``<state>/xa-<node>.log``; docs/transactions.md says why a file and not a table);
+* ``recovery``: :class:`xa.RecoveryManager` over the node's PostgreSQL database (manager key ``postgresql``) and the
+  two one-phase STOMP participants: ``stomp-send`` (re-send the transaction's outbox rows with their dedupe ids,
+  :class:`OutboxResender`) and ``stomp-ack`` (nothing to re-send: the broker redelivers what was not acknowledged
+  and the inbox recognises it);
+* :meth:`NodeTransactions.start` runs one recovery pass before routing starts, with no in-flight guard (the node
+  holds its state-directory lock and has begun nothing, so every prepared branch of this node is from an earlier
+  run; left prepared, its row locks would block the new run's transactions on the same queue rows), then a thread
+  that marks overdue transactions (``TransactionTimeout``), runs recovery every ``period`` seconds with the guard,
+  and deletes outbox rows of ended transactions and inbox rows older than the retention.
+
+The outbox/inbox functions take the caller's connection (the T2's PostgreSQL branch) and run one statement each.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import Xid
+
+from router.crashpoints import armed, crashpoint
+from router.jms.transport import EncodedMessage, Transport, TransportError
+from xa.coordinator import Coordinator, Transaction
+from xa.log import FileLog
+from xa.pg import PgManager
+from xa.records import Participant
+from xa.recovery import InDoubt, RecoveryManager, RecoveryReport, SafeAction
+from xa.resource import Clock, Resource, SystemClock
+from xa.xid import NodeId
+
+__all__ = [
+    "ACK_MANAGER", "PG_MANAGER", "SEND_MANAGER", "NodeTransactions", "OutboxResender", "OutboxRow",
+    "inbox_claim", "outbox_delete", "outbox_insert", "outbox_rows",
+]
+
+log = logging.getLogger("nsjms.t2")
+
+PG_MANAGER = "postgresql"
+SEND_MANAGER = "stomp-send"
+ACK_MANAGER = "stomp-ack"
+DEFAULT_GUARD_S = 60.0
+DEFAULT_PERIOD_S = 5.0
+DEFAULT_INBOX_RETENTION_S = 7 * 86400.0
+
+Conn = psycopg.Connection[Any]
+
+
+# ----------------------------------------------------------------------------------------------- outbox / inbox
+@dataclass(frozen=True)
+class OutboxRow:
+    """One message of a T2 as sent to the broker: the STOMP frame (headers + body) and its dedupe id."""
+
+    gtrid: str
+    idx: int
+    dedupe_id: str
+    bridge_id: int
+    destination: str
+    headers: Mapping[str, str]
+    body: bytes
+
+    @property
+    def persistent(self) -> bool:
+        return self.headers.get("persistent", "true") == "true"
+
+
+def outbox_insert(conn: Conn, rows: Sequence[OutboxRow]) -> None:
+    """Insert ``rows`` in the caller's branch (one statement)."""
+    if not rows:
+        return
+    conn.execute(
+        "INSERT INTO nsjms_outbox(gtrid, idx, dedupe_id, bridge_id, destination, headers, body) "
+        "SELECT * FROM unnest(%s::text[], %s::int[], %s::text[], %s::int[], %s::text[], %s::jsonb[], %s::bytea[])",
+        ([r.gtrid for r in rows], [r.idx for r in rows], [r.dedupe_id for r in rows], [r.bridge_id for r in rows],
+         [r.destination for r in rows], [json.dumps(dict(r.headers)) for r in rows], [r.body for r in rows]))
+
+
+def outbox_rows(conn: Conn, gtrid: str) -> list[OutboxRow]:
+    """The committed rows of ``gtrid`` in send order."""
+    rows = conn.execute("SELECT gtrid, idx, dedupe_id, bridge_id, destination, headers, body FROM nsjms_outbox "
+                        "WHERE gtrid = %s ORDER BY idx", (gtrid,)).fetchall()
+    return [OutboxRow(g, int(i), d, int(b), dest, {str(k): str(v) for k, v in h.items()}, bytes(body))
+            for g, i, d, b, dest, h, body in rows]
+
+
+def outbox_delete(conn: Conn, gtrids: Sequence[str]) -> None:
+    """Delete the rows of transactions that ended (their broker commit is confirmed)."""
+    if gtrids:
+        conn.execute("DELETE FROM nsjms_outbox WHERE gtrid = ANY(%s)", (list(gtrids),))
+
+
+def inbox_claim(conn: Conn, bridge_id: int, message_ids: Sequence[str], gtrid: str) -> set[str]:
+    """Record ``message_ids`` as received by ``bridge_id`` in the caller's branch; returns the ids that were NEW.
+    An id already there (committed by an earlier T2) is a redelivery: the caller acknowledges it without an
+    event. An id a concurrent, undecided T2 holds makes this statement wait for that T2's outcome."""
+    if not message_ids:
+        return set()
+    rows = conn.execute(
+        "INSERT INTO nsjms_inbox(bridge_id, message_id, gtrid) SELECT %s, m, %s FROM unnest(%s::text[]) AS m "
+        "ON CONFLICT DO NOTHING RETURNING message_id", (bridge_id, gtrid, list(message_ids))).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+# ------------------------------------------------------------------------------------------------ re-sending
+class OutboxResender:
+    """Recovery's callback for one-phase branches: ``stomp-send`` re-sends the transaction's outbox rows in one
+    broker transaction with their stored headers (same dedupe ids); ``stomp-ack`` needs nothing (the broker
+    redelivers un-acknowledged messages; the inbox turns each into an ack without a second event).
+
+    Any failure raises: recovery records it and the next pass tries again (a re-send whose COMMIT receipt was lost
+    is re-sent again: a duplicate with the same dedupe id, never a loss)."""
+
+    def __init__(self, rows_of: Callable[[str], list[OutboxRow]], transport: Callable[[], Transport]) -> None:
+        self._rows_of = rows_of
+        self._transport = transport
+        self._lock = threading.Lock()
+
+    def __call__(self, gtrid: str, participant: Participant) -> None:
+        if participant.manager == ACK_MANAGER:
+            return
+        if participant.manager != SEND_MANAGER:
+            raise ValueError(f"no re-send for one-phase manager {participant.manager!r}")
+        rows = self._rows_of(gtrid)
+        if not rows:
+            return                                   # nothing was sent in it (or it was already cleaned up)
+        with self._lock:
+            transport = self._transport()
+            tx = transport.begin()
+            try:
+                for r in rows:
+                    transport.send_encoded(r.destination, EncodedMessage(dict(r.headers), r.body),
+                                           persistent=r.persistent, transaction=tx, receipt=False)
+            except BaseException:
+                try:
+                    transport.abort(tx)
+                except TransportError:
+                    pass
+                raise
+            transport.commit(tx)
+        crashpoint("t2.recovery.after_resend")
+        log.warning("T2 %s: re-sent %d message(s) whose broker commit was not confirmed (same dedupe ids)",
+                    gtrid, len(rows))
+
+
+# ------------------------------------------------------------------------------------------------- the node
+class NodeTransactions:
+    """The node's T2 machinery (see the module docstring). Thread-safe."""
+
+    def __init__(self, node_id: str, state_dir: Path, db: Any, dsn: str, *,
+                 transport: Callable[[], Transport] | None = None, clock: Clock | None = None,
+                 guard_s: float = DEFAULT_GUARD_S, period_s: float = DEFAULT_PERIOD_S,
+                 inbox_retention_s: float = DEFAULT_INBOX_RETENTION_S) -> None:
+        self.node = NodeId(node_id)
+        self.db = db
+        self.clock: Clock = clock or SystemClock()
+        self.period_s = period_s
+        self.inbox_retention_s = inbox_retention_s
+        self.log = FileLog(state_dir, self.node)
+        self.coordinator = Coordinator(self.node, self.log, self.clock)
+        self.pg = PgManager(lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=3), key=PG_MANAGER)
+        if armed():
+            self.pg = _CrashingManager(self.pg)  # type: ignore[assignment]
+        self._transport_factory = transport
+        self._transport: Transport | None = None
+        self._transport_lock = threading.Lock()
+        self.resender = OutboxResender(self._rows_of, self._resend_transport)
+        self.recovery = RecoveryManager(self.node, self.log, [self.pg], self.resender, self.clock,
+                                        in_flight_guard=guard_s, in_flight=self.coordinator.in_flight)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._targets: dict[str, Any] = {}
+        self.last_report: RecoveryReport | None = None
+        self.passes = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def start(self, *, background: bool = True) -> RecoveryReport:
+        """Recover what earlier runs left (no in-flight guard: nothing of this run has begun), then start the
+        housekeeping thread. Returns the first pass's report (errors in it are retried by later passes)."""
+        guard, self.recovery.guard = self.recovery.guard, 0.0
+        try:
+            report = self.recover_now()
+        finally:
+            self.recovery.guard = guard
+        self._purge()
+        if background:
+            self._thread = threading.Thread(target=self._loop, name="t2-housekeeping", daemon=True)
+            self._thread.start()
+        return report
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.pg.close()
+        with self._transport_lock:
+            if self._transport is not None:
+                self._transport.close()
+                self._transport = None
+        self.log.close()
+
+    def _loop(self) -> None:
+        ticks = 0
+        while not self._stop.wait(0.5):
+            ticks += 1
+            try:
+                self.coordinator.expire()
+                if ticks % max(1, int(self.period_s / 0.5)) == 0:
+                    self.recover_now()
+                    self._purge()
+            except Exception:
+                log.exception("T2 housekeeping pass failed; retrying")
+
+    # -- recovery -------------------------------------------------------------------------------------------
+    def recover_now(self) -> RecoveryReport:
+        report = self.recovery.run()
+        self.passes += 1
+        self.last_report = report
+        if report.errors:
+            log.warning("T2 recovery: %d problem(s), retried next pass: %s", len(report.errors),
+                        "; ".join(report.errors[:5]))
+        if report.committed or report.rolled_back or report.resent:
+            log.info("T2 recovery: committed %d, rolled back %d, re-sent %d branch(es)", len(report.committed),
+                     len(report.rolled_back), len(report.resent))
+        return report
+
+    def view(self) -> list[InDoubt]:
+        return self.recovery.view()
+
+    def resolve(self, gtrid: str, action: SafeAction, who: str, why: str) -> RecoveryReport:
+        return self.recovery.resolve(gtrid, action, who, why)
+
+    def forget(self, gtrid: str, who: str) -> None:
+        self.recovery.forget(gtrid, who)
+
+    def status(self) -> dict[str, Any]:
+        """In-doubt count and the oldest one's age, for ``nsjms status``."""
+        view = [v for v in self.view() if v.action is not SafeAction.WAIT]
+        ages = [v.age_s for v in view if v.age_s is not None]
+        return {"in_doubt": len(view), "oldest_in_doubt_s": max(ages) if ages else None,
+                "recovery_passes": self.passes}
+
+    # -- outbox / inbox housekeeping ------------------------------------------------------------------------
+    def _rows_of(self, gtrid: str) -> list[OutboxRow]:
+        with self.db.unit_of_work() as conn:
+            return outbox_rows(conn, gtrid)
+
+    def _purge(self) -> None:
+        """Delete the outbox rows of transactions that ended (the log no longer knows them: every branch, the
+        broker's included, finished), and inbox rows older than the retention.
+
+        The snapshot is taken FIRST, then the live set is read: a row visible in the snapshot was committed by a
+        transaction that had begun (in flight, or in the log) before the live set was read, and it leaves both
+        only once its END is written."""
+        with self.db.unit_of_work() as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            conn.execute("SELECT 1 FROM nsjms_outbox LIMIT 1")          # fixes the snapshot
+            keep = set(self.log.live()) | set(self.coordinator.in_flight())
+            conn.execute("DELETE FROM nsjms_outbox WHERE NOT (gtrid = ANY(%s))", (sorted(keep),))
+            conn.execute("DELETE FROM nsjms_inbox WHERE received_at < now() - make_interval(secs => %s)",
+                         (self.inbox_retention_s,))
+
+    # -- the resend transport -------------------------------------------------------------------------------
+    def _resend_transport(self) -> Transport:
+        with self._transport_lock:
+            if self._transport_factory is None:
+                raise TransportError("no broker is configured for re-sends")
+            if self._transport is None or not self._transport.is_connected():
+                if self._transport is not None:
+                    self._transport.close()
+                self._transport = self._transport_factory()
+                self._transport.connect()
+            return self._transport
+
+    # -- enlisting -------------------------------------------------------------------------------------------
+    def enlist(self, txn: Transaction, resource: Resource) -> Xid:
+        """``txn.enlist(resource)``; with crash points armed (tests), the resource passes them at each step."""
+        return txn.enlist(_CrashingResource(resource) if armed() else resource)
+
+    # -- in-process participants ----------------------------------------------------------------------------
+    def register_local(self, ior: str, target: Any) -> None:
+        """A servant of this node that takes part in T2 in-process (a bridge endpoint), by its stringified IOR:
+        a channel proxy whose client is that object runs the T2 with it directly (NJI 2.7.2)."""
+        self._targets[ior] = target
+
+    def unregister_local(self, ior: str) -> None:
+        self._targets.pop(ior, None)
+
+    def local(self, ior: str | None) -> Any:
+        return self._targets.get(ior) if ior else None
+
+
+# ------------------------------------------------------------------------------------------ crash points (tests)
+class _CrashingResource:
+    """Passes the T2 crash points (router.crashpoints) around a participant's protocol steps."""
+
+    def __init__(self, inner: Resource) -> None:
+        self.inner = inner
+        self.name, self.kind, self.manager = inner.name, inner.kind, inner.manager
+        self.one_phase_only = inner.one_phase_only
+
+    def sort_key(self) -> str:
+        return self.inner.sort_key()
+
+    def begin(self, xid: Xid) -> None:
+        self.inner.begin(xid)
+
+    def prepare(self) -> None:
+        if not self.one_phase_only:
+            crashpoint("t2.before_prepare")
+        self.inner.prepare()
+        if not self.one_phase_only:
+            crashpoint("t2.after_prepare")
+
+    def commit(self) -> None:
+        if not self.one_phase_only:
+            crashpoint("t2.after_decision")
+        self.inner.commit()
+        crashpoint("t2.after_broker_commit" if self.one_phase_only else "t2.after_pg_commit")
+
+    def rollback(self) -> None:
+        self.inner.rollback()
+
+
+class _CrashingManager:
+    def __init__(self, inner: PgManager) -> None:
+        self.inner = inner
+        self.key = inner.key
+
+    def recover(self) -> Sequence[Xid]:
+        return self.inner.recover()
+
+    def commit_branch(self, xid: Xid) -> None:
+        self.inner.commit_branch(xid)
+        crashpoint("t2.recovery.after_pg_commit")
+
+    def rollback_branch(self, xid: Xid) -> None:
+        self.inner.rollback_branch(xid)
+
+    def close(self) -> None:
+        self.inner.close()

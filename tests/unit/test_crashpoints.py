@@ -1,0 +1,41 @@
+"""router.crashpoints: parsing, and a real SIGKILL at the N-th passage."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from router.crashpoints import ENV, POINTS, parse
+
+
+def test_parse_counts_and_refuses_unknown_names() -> None:
+    assert parse("t2.after_prepare@3, t2.after_decision") == {"t2.after_prepare": 3, "t2.after_decision": 1}
+    assert parse("") == {}
+    with pytest.raises(ValueError, match="unknown crash point"):
+        parse("t2.after_prepar")
+    with pytest.raises(ValueError, match=">= 1"):
+        parse("t2.after_prepare@0")
+
+
+def test_an_armed_point_kills_the_process_at_its_nth_passage() -> None:
+    code = ("from router.crashpoints import crashpoint\n"
+            "for i in range(5):\n"
+            "    print(i, flush=True)\n"
+            "    crashpoint('t2.after_decision')\n")
+    env = dict(os.environ, **{ENV: "t2.after_decision@3"})
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == -signal.SIGKILL
+    assert done.stdout.split() == ["0", "1", "2"]
+
+
+def test_every_point_is_documented() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "transactions.md").read_text(encoding="utf-8")
+    missing = [p for p in POINTS if f"`{p}`" not in doc]
+    assert not missing, f"crash points not in docs/transactions.md: {missing}"
