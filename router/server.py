@@ -101,6 +101,7 @@ class Node:
         self.factory: Any = None
         self.bridges: Any = None
         self.t2: Any = None
+        self.t2_gauges: Any = None  # router.telemetry.T2Gauges of the last status snapshot
         self.bridge_store: Any = None
         self.pg_dsn = settings.pg_dsn
         self.broker_url = settings.broker_url
@@ -243,7 +244,10 @@ class Node:
             return open_transport(self.broker_url, codec=MappingCodec(), username=self.broker_login,
                                   password=self.broker_passcode)
 
-        t2 = NodeTransactions(self.s.node_id, self.s.state_dir, self.db, self.pg_dsn, transport=transport)
+        from router.telemetry import T2Telemetry
+
+        t2 = NodeTransactions(self.s.node_id, self.s.state_dir, self.db, self.pg_dsn, transport=transport,
+                              observer=T2Telemetry())
         report = t2.start()
         if report.committed or report.rolled_back or report.resent or report.errors:
             log.info("T2 recovery at start: committed %d, rolled back %d, re-sent %d, %d problem(s)",
@@ -313,8 +317,24 @@ class Node:
                              "proxy_consumers": consumers})
         return {"time": time.time(), "node_id": self.s.node_id, "channels": channels,
                 "bridges": self.bridges.status() if self.bridges is not None else [],
-                "store": self._store_stats(),
+                "store": self._store_stats(), "transactions": self._t2_status(),
                 "services": {name: health.as_dict() for name, health in self.health.items()}}
+
+    def _t2_status(self) -> dict[str, Any]:
+        """In-doubt count, oldest age, recovery passes, outbox/inbox rows; also what the T2 gauges show."""
+        from router.telemetry import T2Gauges
+
+        if self.t2 is None:
+            return {}
+        try:
+            status: dict[str, Any] = {**self.t2.status(), **self.t2.depths()}
+        except Exception as exc:  # noqa: BLE001 — PostgreSQL down: status says so instead of dropping the snapshot
+            from router.config import redact_dsn
+
+            return {"error": redact_dsn(f"{type(exc).__name__}: {exc}")}
+        self.t2_gauges = T2Gauges(status["in_doubt"], status["oldest_in_doubt_s"] or 0.0, status["outbox"],
+                                  status["inbox"])
+        return status
 
     def _store_stats(self) -> dict[str, int]:
         with self.db.unit_of_work() as conn:
@@ -334,6 +354,7 @@ class Node:
             return [(b.id, b.active()) for b in list(self.bridges.bridges.values())]
 
         telemetry.register_gauges(depths, bridges)
+        telemetry.register_t2_gauges(lambda: self.t2_gauges)  # refreshed by the status loop every 2 s
 
     def _status_loop(self) -> None:
         path = self.s.state_dir / "status.json"

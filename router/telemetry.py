@@ -14,8 +14,9 @@ Library code calls only the helpers below, which use the OpenTelemetry *API* wit
 ``nsjms.t2.transactions``          counter    routing transactions ended, by ``nsjms.t2.outcome``: committed,
                                               rolled_back, timed_out, commit_pending, in_doubt, heuristic
 ``nsjms.t2.duration``              histogram  seconds from begin to end of a T2 (``nsjms.t2.outcome``)
-``nsjms.t2.in_doubt``              gauge      transactions of this node not finished and not being driven now
-``nsjms.t2.in_doubt.oldest_age``   gauge      seconds since the oldest of them began to be in doubt (0: none)
+``nsjms.t2.in_doubt``              gauge      transactions of this node waiting for recovery or an operator (listed
+                                              by ``nsjms txn list`` with a safe action other than ``wait``)
+``nsjms.t2.in_doubt.oldest_age``   gauge      age in seconds of the oldest of them (0: none)
 ``nsjms.t2.outbox.depth``          gauge      rows in ``nsjms_outbox``
 ``nsjms.t2.inbox.depth``           gauge      rows in ``nsjms_inbox``
 ``nsjms.t2.recovery.passes``       counter    recovery passes by ``nsjms.t2.recovery.result``: clean, errors, failed
@@ -298,7 +299,7 @@ def register_t2_gauges(read: Callable[[], T2Gauges | None], *,
         return observe
 
     meter.create_observable_gauge("nsjms.t2.in_doubt", [gauge("in_doubt")], unit="{transaction}",
-                                  description="transactions of this node not finished and not being driven now")
+                                  description="transactions waiting for recovery or an operator")
     meter.create_observable_gauge("nsjms.t2.in_doubt.oldest_age", [gauge("oldest_age_s")], unit="s",
                                   description="age of the oldest in-doubt transaction (0: none)")
     meter.create_observable_gauge("nsjms.t2.outbox.depth", [gauge("outbox")], unit="{row}",

@@ -63,3 +63,10 @@ def test_node_metrics_are_scraped_over_loopback(metrics_server: tuple[NsjmsServe
     [line] = [x for x in text.splitlines() if x.startswith("nsjms_queue_depth{")]
     assert line.endswith(" 0.0") and 'nsjms_channel="' in line
     assert 'service_name="node1"' in text  # target_info: the resource names the node
+    text = scrape_until(port, "nsjms_t2_in_doubt")  # the status loop feeds the T2 gauges every 2 s
+    text = scrape_until(port, "nsjms_t2_recovery_passes_total")  # a periodic recovery pass (every 5 s)
+    values = {x.split("{")[0]: float(x.split(" ")[-1]) for x in text.splitlines() if x.startswith("nsjms_t2_")}
+    assert values["nsjms_t2_in_doubt"] == 0 and values["nsjms_t2_in_doubt_oldest_age_seconds"] == 0
+    assert values["nsjms_t2_outbox_depth"] == 0 and values["nsjms_t2_inbox_depth"] == 0
+    assert values["nsjms_t2_recovery_passes_total"] >= 1
+    assert 'nsjms_t2_recovery_passes_total{nsjms_t2_recovery_result="clean"' in text

@@ -192,6 +192,19 @@ def test_status_shows_the_resend_scheduler_of_an_ack_proxy_with_readable_times()
     assert "in_flight=1 retries_used=2 resends=5 checked_at=22:13:20.250Z next_resend_at=None" in line, line
 
 
+@pytest.mark.parametrize(("txn", "expected"), [
+    ({"in_doubt": 0, "oldest_in_doubt_s": None, "recovery_passes": 3, "outbox": 0, "inbox": 12},
+     "transactions 0 in doubt; recovery passes 3; outbox 0 rows, inbox 12 rows"),
+    ({"in_doubt": 2, "oldest_in_doubt_s": 725.4, "recovery_passes": 9, "outbox": 4, "inbox": 0},
+     "transactions 2 in doubt (oldest 12m05s): see `nsjms txn list`; recovery passes 9; outbox 4 rows, inbox 0 rows"),
+    ({"error": "OperationalError: connection refused"}, "transactions unknown: OperationalError: connection refused"),
+])
+def test_status_shows_in_doubt_transactions_and_the_oldest_age(txn: dict[str, Any], expected: str) -> None:
+    report: dict[str, Any] = {"endpoints": {"event_channel_factory": {"corbaloc": "corbaloc::x"}},
+                              "snapshot": {"transactions": txn}, "channel_ids": [], "stale": False}
+    assert expected in render(report).splitlines()
+
+
 # -- demo decisions -------------------------------------------------------------------------------------------
 def test_demo_queue_is_per_state_dir_and_slot(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
