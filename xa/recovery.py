@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -408,7 +409,8 @@ class RecoveryManager:
         age = now - at if at is not None else (max(ages) if ages else None)
         h = txn.heuristics[-1] if txn.heuristics else None
         if h is not None:
-            status, note = f"heuristic-{h.kind.value}", f"{h.who} at {h.at:.0f}: {h.why}; "
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(h.at))
+            status, note = f"heuristic-{h.kind.value}", f"{h.who} at {when}: {h.why}; "
         else:
             status = "commit-logged" if txn.commit else "rollback-logged" if txn.rollback else "undecided"
             note = ""

@@ -107,7 +107,7 @@ def test_heuristic_outcome_is_listed_until_forgotten_with_who_and_why() -> None:
     records: list[Record] = [Heuristic(G1, HeuristicKind.COMMIT, "*", "ops@host", "ticket 42", NOW - 100)]
     [t] = join(snap(records, [])).transactions
     assert (t.status, t.action) == ("heuristic-commit", "forget")
-    assert "ops@host at" in t.reason and "ticket 42" in t.reason
+    assert "ops@host at 2027-01-15T07:58:20Z: ticket 42" in t.reason  # who, when (UTC, readable), why
     assert t.heuristics == ({"kind": "commit", "branch": "*", "who": "ops@host", "why": "ticket 42",
                              "at": NOW - 100},)
 
