@@ -175,6 +175,9 @@ class NodeTransactions:
         self._transport_factory = transport
         self._transport: Transport | None = None
         self._transport_lock = threading.Lock()
+        # One recovery pass or operator action (nsjms txn) at a time: an operator's heuristic commit must not meet a
+        # concurrent presumed abort of the same branch.
+        self.recovery_lock = threading.RLock()
         self.resender = OutboxResender(self._rows_of, self._resend_transport)
         self.recovery = RecoveryManager(self.node, self.log, [self.pg], self.resender, self.clock,
                                         in_flight_guard=guard_s, in_flight=self.coordinator.in_flight,
@@ -225,7 +228,8 @@ class NodeTransactions:
 
     # -- recovery -------------------------------------------------------------------------------------------
     def recover_now(self) -> RecoveryReport:
-        report = self.recovery.run()
+        with self.recovery_lock:
+            report = self.recovery.run()
         self.passes += 1
         self.last_report = report
         if report.errors:

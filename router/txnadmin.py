@@ -31,7 +31,8 @@ def node_ops(t2: Any, state_dir: Any) -> TxnOps:
         return t2.db.unit_of_work()
 
     return TxnOps(t2.node.value, state_dir, t2.log, t2.pg, rows, t2.recovery, mode="online",
-                  guard_s=t2.recovery.guard, in_flight=t2.coordinator.in_flight)
+                  guard_s=t2.recovery.guard, in_flight=t2.coordinator.in_flight, serial=t2.recovery_lock,
+                  run=t2.recover_now)
 
 
 class TransactionAdminImpl(NsjmsAdmin__POA.TransactionAdmin):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -47,9 +48,15 @@ class TxnOps:
 
     def __init__(self, node: str, state_dir: Path, log: RecoveryLog | None, pg: PgManager, rows: Rows,
                  recovery: RecoveryManager | None, *, mode: str, guard_s: float,
-                 in_flight: Callable[[], frozenset[str]] = frozenset) -> None:
+                 in_flight: Callable[[], frozenset[str]] = frozenset,
+                 serial: AbstractContextManager[Any] | None = None,
+                 run: Callable[[], RecoveryReport] | None = None) -> None:
+        """``serial``: held around every action (online: the node's recovery lock, so an operator's action never
+        interleaves with a recovery pass); ``run``: one recovery pass (online: the node's, which counts it)."""
         self.node, self.state_dir, self.log, self.pg, self.rows = NodeId(node), state_dir, log, pg, rows
         self.recovery, self.mode, self.guard_s, self.in_flight = recovery, mode, guard_s, in_flight
+        self.serial: AbstractContextManager[Any] = serial if serial is not None else threading.RLock()
+        self._run = run
 
     # --------------------------------------------------------------------------------------------- read
     def snapshot(self) -> Snapshot:
@@ -97,15 +104,16 @@ class TxnOps:
         """Commit or roll back one transaction; refused against a logged decision (:func:`refusal`)."""
         if action not in ("commit", "rollback"):
             raise Refused(f"an operator can commit or roll back, not {action!r}")
-        view = self.show(gtrid)
-        reason = refusal(view, action)
-        if reason is not None:
-            self.audit(who, why, action, gtrid, f"refused: {reason}")
-            raise Refused(reason)
-        try:
-            report = self._recovery().resolve(gtrid, SafeAction(action), who, why)
-        except XAError as exc:
-            raise Refused(str(exc)) from exc
+        with self.serial:
+            view = self.show(gtrid)
+            reason = refusal(view, action)
+            if reason is not None:
+                self.audit(who, why, action, gtrid, f"refused: {reason}")
+                raise Refused(reason)
+            try:
+                report = self._recovery().resolve(gtrid, SafeAction(action), who, why)
+            except XAError as exc:
+                raise Refused(str(exc)) from exc
         result = _report(report)
         result.update(gtrid=gtrid, action=action, heuristic=gtrid in report.heuristic)
         self.audit(who, why, action, gtrid, result)
@@ -116,6 +124,10 @@ class TxnOps:
         operator's decision as a HEURISTIC record first (shown until ``forget``)."""
         if action not in ("commit", "rollback") or not who.strip() or not why.strip():
             raise Refused("--xid needs commit or rollback, who and why")
+        with self.serial:
+            return self._resolve_xid(gid, action, who, why)
+
+    def _resolve_xid(self, gid: str, action: str, who: str, why: str) -> dict[str, Any]:
         found = [x for x in self.pg.recover() if str(x) == gid]
         if not found:
             raise Refused(f"no prepared transaction with GID {gid!r} in this node's database")
@@ -140,7 +152,8 @@ class TxnOps:
 
     def forget(self, gtrid: str, who: str) -> dict[str, Any]:
         try:
-            self._recovery().forget(gtrid, who)
+            with self.serial:
+                self._recovery().forget(gtrid, who)
         except XAError as exc:
             self.audit(who, "", "forget", gtrid, f"refused: {exc}")
             raise Refused(str(exc)) from exc
@@ -150,7 +163,8 @@ class TxnOps:
     def recover(self) -> dict[str, Any]:
         """One recovery pass (what the router does at start and every few seconds)."""
         try:
-            report = self._recovery().run()
+            with self.serial:
+                report = self._run() if self._run is not None else self._recovery().run()
         except XAError as exc:
             raise Refused(f"recovery failed: {exc}") from exc
         return _report(report)
