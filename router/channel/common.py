@@ -20,6 +20,7 @@ import CosNotifyFilter
 
 from router.channel import qos as Q
 from router.channel.events import Event, Form
+from router.corbacall import FILTER, CallFailed, call
 
 __all__ = ["FilterMixin", "FilterSet", "QoSMixin", "group_passes", "raise_unsupported_qos"]
 
@@ -150,11 +151,10 @@ class FilterSet:
 
 
 def _ask(flt: Any, event: Event) -> bool:
+    op = "match_structured" if event.form is Form.STRUCTURED else "match"
     try:
-        if event.form is Form.STRUCTURED:
-            return bool(flt.match_structured(event.value))
-        return bool(flt.match(event.value))
-    except CORBA.Exception as exc:
+        return bool(call(flt, op, event.value, policy=FILTER, expected=(CosNotifyFilter.UnsupportedFilterableData,)))
+    except CallFailed as exc:
         log.warning("filter %s could not evaluate an event: %s", flt, exc)
         return False
     except CosNotifyFilter.UnsupportedFilterableData:
