@@ -238,6 +238,7 @@ def test_sample_deploy_config_is_valid_and_documents_the_defaults() -> None:
         config.orb == Config().orb
         and config.postgres == Config().postgres
         and config.broker == Config().broker
+        and config.telemetry == Config().telemetry
     )
 
 
