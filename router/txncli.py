@@ -1,11 +1,13 @@
 """``nsjms txn``: inspect and resolve the node's routing transactions (T2), with the router running or stopped.
 
-* Router running (``endpoints.json`` present and the node answers): every subcommand asks the router over IIOP
-  (``NsjmsAdmin::TransactionAdmin``, ``router.txnadmin``), so it never races the router's recovery.
-* Router stopped: the command takes the state directory's lock (``router.lifecycle.StateLock``, the lock the router
-  holds while it runs: the router cannot start meanwhile, and two commands cannot act at once), reads the recovery
-  log, PostgreSQL's prepared transactions and the outbox/inbox directly (``router.txnops``) and acts through the
-  same recovery manager the router uses. Nothing is deciding then, so recovery's in-flight guard is 0.
+The mode follows the state directory's lock (``router.lifecycle.StateLock``), never a file that may be stale:
+
+* Router running (the lock is held): every subcommand asks the router over IIOP (``NsjmsAdmin::TransactionAdmin``,
+  ``router.txnadmin``, found through ``endpoints.json``), so it never races the router's recovery.
+* Router stopped (the lock is free; an ``endpoints.json`` a killed node left is ignored): the command takes the
+  lock itself (the router cannot start meanwhile, and two commands cannot act at once), reads the recovery log,
+  PostgreSQL's prepared transactions and the outbox/inbox directly (``router.txnops``) and acts through the same
+  recovery manager the router uses. Nothing is deciding then, so recovery's in-flight guard is 0.
 
 ``commit``/``rollback`` show the transaction and its safe action and ask for confirmation on a terminal (``--yes``
 for scripts; without a terminal and without ``--yes`` nothing is done). A decision logged the other way is refused
@@ -162,15 +164,29 @@ class Offline:
 
 @contextmanager
 def backend(cfg: Any, *, write: bool) -> Iterator[Backend]:
-    """The online backend when a node runs on the state directory, else the offline one (lock held throughout)."""
+    """The online backend when a node holds the state directory's lock, else the offline one (with the lock taken
+    here and held throughout, so the router cannot start meanwhile)."""
+    from router.lifecycle import StateDirLocked, StateLock
+
     state_dir = Path(cfg.node.state_dir)
-    endpoints = state_dir / "endpoints.json"
-    if endpoints.exists():
+    if not state_dir.is_dir():
+        raise Unavailable(f"no state directory {state_dir.resolve()}: name the node's with --state-dir", EXIT_CONFIG)
+    lock = StateLock(state_dir)
+    try:
+        lock.acquire()
+    except StateDirLocked as exc:
+        endpoints = state_dir / "endpoints.json"
+        if not endpoints.exists():
+            raise Unavailable(f"{exc}; it publishes no endpoints.json yet (starting?): try again in a moment",
+                              EXIT_LOCKED) from None
         with _online(endpoints) as online:
             yield online
         return
-    with _offline(cfg, state_dir, write=write) as offline:
-        yield offline
+    try:
+        with _offline(cfg, state_dir, write=write) as offline:
+            yield offline
+    finally:
+        lock.release()
 
 
 @contextmanager
@@ -189,9 +205,9 @@ def _online(endpoints: Path) -> Iterator[Backend]:
         try:
             yield Online(ref, NsjmsAdmin.TransactionRefused)
         except (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.OBJECT_NOT_EXIST) as exc:
-            raise Unavailable(f"the node on {endpoints.parent} does not answer ({exc}); if it is stopped, remove "
-                              f"{endpoints} (nsjms stop-services does) and run the command again to work offline",
-                              EXIT_NOT_RUNNING) from None
+            raise Unavailable(f"the node running on {endpoints.parent} does not answer ({exc}): it holds the state "
+                              "directory's lock, so nothing can be done offline either; is it hung? "
+                              "(systemctl status nsjms)", EXIT_NOT_RUNNING) from None
     finally:
         orb.destroy()
 
@@ -200,7 +216,6 @@ def _online(endpoints: Path) -> Iterator[Backend]:
 def _offline(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[Backend]:
     import psycopg
 
-    from router.lifecycle import StateDirLocked, StateLock
     from router.txnops import TxnOps, connect_rows
     from xa.log import FileLog, log_path
     from xa.pg import PgManager
@@ -208,31 +223,20 @@ def _offline(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[Backend]:
     from xa.resource import SystemClock
     from xa.xid import NodeId
 
-    if not state_dir.is_dir():
-        raise Unavailable(f"no state directory {state_dir.resolve()}: name the node's with --state-dir", EXIT_CONFIG)
-    lock = StateLock(state_dir)
+    dsn = offline_dsn(cfg, state_dir)
+    node = NodeId(cfg.node.node_id)
+    log = FileLog(state_dir, node) if write or log_path(state_dir, node).exists() else None
+    pg = PgManager(lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=5), key="postgresql")
+    recovery = None
+    if log is not None:
+        recovery = RecoveryManager(node, log, [pg], _offline_resend(cfg, dsn), SystemClock(), in_flight_guard=0.0)
     try:
-        lock.acquire()
-    except StateDirLocked as exc:
-        raise Unavailable(f"{exc} (and it publishes no endpoints.json yet: try again in a moment)",
-                          EXIT_LOCKED) from None
-    try:
-        dsn = offline_dsn(cfg, state_dir)
-        node = NodeId(cfg.node.node_id)
-        log = FileLog(state_dir, node) if write or log_path(state_dir, node).exists() else None
-        pg = PgManager(lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=5), key="postgresql")
-        recovery = None
-        if log is not None:
-            recovery = RecoveryManager(node, log, [pg], _offline_resend(cfg, dsn), SystemClock(), in_flight_guard=0.0)
-        try:
-            yield Offline(TxnOps(node.value, state_dir, log, pg, connect_rows(dsn), recovery, mode="offline",
-                                 guard_s=0.0))
-        finally:
-            pg.close()
-            if log is not None:
-                log.close()
+        yield Offline(TxnOps(node.value, state_dir, log, pg, connect_rows(dsn), recovery, mode="offline",
+                             guard_s=0.0))
     finally:
-        lock.release()
+        pg.close()
+        if log is not None:
+            log.close()
 
 
 def offline_dsn(cfg: Any, state_dir: Path) -> str:

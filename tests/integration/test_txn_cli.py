@@ -266,3 +266,11 @@ def test_the_state_lock_is_taken_and_confirmation_required(tmp_path: Path, env: 
         assert code == 5 and "in use by a running nsjms node" in err
     finally:
         lock.release()
+
+
+def test_an_endpoints_file_left_by_a_killed_node_does_not_prevent_offline_mode(
+        tmp_path: Path, env: Database, fresh_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    gtrid = died(tmp_path, env, fresh_db, "unused", 1, decided=False)
+    (tmp_path / "endpoints.json").write_text(json.dumps({"node_id": "n1", "pid": 999999}))  # SIGKILLed node's file
+    result = listing(tmp_path, capsys)
+    assert result["mode"] == "offline" and [t["gtrid"] for t in result["transactions"]] == [gtrid]
