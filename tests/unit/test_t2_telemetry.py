@@ -235,3 +235,41 @@ def test_prometheus_text_on_loopback() -> None:
 
 def test_none_builds_nothing() -> None:
     assert telemetry.build_providers(telemetry.ExportSettings("none")) is None
+
+
+def test_otlp_pushes_metrics_and_spans_over_http_on_loopback() -> None:
+    """A stand-in OTLP/HTTP receiver on loopback gets protobuf POSTs on /v1/metrics and /v1/traces."""
+    import http.server
+    import threading
+
+    got: list[tuple[str, str, int]] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            got.append((self.path, self.headers.get("Content-Type", ""), len(body)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        settings = telemetry.ExportSettings("otlp", interval_s=3600, otlp_endpoint=f"http://127.0.0.1:"
+                                                                                   f"{server.server_address[1]}")
+        installed = telemetry.build_providers(settings)
+        assert installed is not None and installed.tracer_provider is not None
+        obs = T2Telemetry(meter_provider=installed.meter_provider, tracer_provider=installed.tracer_provider)
+        obs.begun("n1:000000000000000000000001", None)
+        obs.ended("n1:000000000000000000000001", State.COMMITTED, False, 0.1)
+        installed.shutdown()  # flushes both
+    finally:
+        server.shutdown()
+        server.server_close()
+    paths = {(p, ct) for p, ct, size in got if size > 0}
+    assert ("/v1/metrics", "application/x-protobuf") in paths and ("/v1/traces", "application/x-protobuf") in paths
