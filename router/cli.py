@@ -209,18 +209,39 @@ def _running(command: str, args: argparse.Namespace, cfg: Any) -> Path | None:
     return None
 
 
+class _TelemetryUnavailable(Exception):
+    """``[telemetry]`` cannot be set up (the Prometheus address is taken); exit 2, naming the key."""
+
+
 def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
     from router.config import redact_dsn
     from router.lifecycle import ServiceUnreachable, StateDirLocked
     from router.server import Node
     from router.telemetry import configure
 
-    node = Node(_settings(cfg))
+    tel = cfg.telemetry
+    flushes: list[Any] = []
+
+    def install_telemetry() -> None:
+        """Once the lock is held (a refused node never touches the metrics port) and before the node's first
+        recovery pass and its first instruments (nothing recorded at start is lost)."""
+        try:
+            flushes.append(configure(tel.exporter, tel.interval_s, service_name=cfg.node.node_id,
+                                     address=tel.address, otlp_endpoint=tel.otlp_endpoint))
+        except OSError as exc:  # the Prometheus address cannot be bound
+            raise _TelemetryUnavailable(f"telemetry.address {tel.address}: cannot serve metrics there: "
+                                        f"{exc.strerror or exc}") from exc
+
+    node = Node(_settings(cfg), after_lock=install_telemetry)
     try:
         node.start()
     except StateDirLocked as exc:  # another node owns everything there: touch nothing, not even via stop()
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
         return EXIT_LOCKED
+    except _TelemetryUnavailable as exc:
+        print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
+        node.stop(start_failed=True)
+        return EXIT_CONFIG
     except ServiceUnreachable as exc:  # adopted (leftover) services keep running for the next start
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
         node.stop(start_failed=True)
@@ -229,17 +250,7 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
         log.error("nsjms serve failed to start: %s", redact_dsn(str(exc)))
         node.stop(start_failed=True)
         return EXIT_FAILURE
-    # After the start, so a node refused its state directory (exit 5) never touches the metrics port; instruments
-    # created during the start are the API's proxies and report through the providers installed now.
-    tel = cfg.telemetry
-    try:
-        flush_telemetry = configure(tel.exporter, tel.interval_s, service_name=cfg.node.node_id, address=tel.address,
-                                    otlp_endpoint=tel.otlp_endpoint)
-    except OSError as exc:  # the Prometheus address cannot be bound
-        print(f"nsjms serve: telemetry.address {tel.address}: cannot serve metrics there: {exc.strerror or exc}",
-              file=sys.stderr, flush=True)
-        node.stop()
-        return EXIT_CONFIG
+    flush_telemetry = flushes[0] if flushes else (lambda: None)
     endpoints_path = node.s.state_dir / "endpoints.json"
     if args.json:
         print(json.dumps({"node_id": cfg.node.node_id, "endpoints": str(endpoints_path)}), flush=True)

@@ -91,8 +91,11 @@ def write_endpoints(path: Path, data: dict[str, Any]) -> None:
 class Node:
     """A running node. ``start()`` returns when the channel answers; ``stop()`` releases everything."""
 
-    def __init__(self, settings: NodeSettings) -> None:
+    def __init__(self, settings: NodeSettings, *, after_lock: Any = None) -> None:
+        """``after_lock``: called once the state directory's lock is held, before anything else starts (the CLI
+        installs telemetry there, so the first recovery pass is recorded and a refused node touches no port)."""
         self.s = settings
+        self.after_lock = after_lock
         self.services: list[Any] = []
         self.orb: Any = None
         self.db: Any = None
@@ -126,6 +129,8 @@ class Node:
         lock = StateLock(self.s.state_dir)
         lock.acquire()
         self._lock = lock
+        if self.after_lock is not None:
+            self.after_lock()
         self._private_state_dir()
         self._check_before_services()
         self._start_services()

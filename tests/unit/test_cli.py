@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -266,3 +266,76 @@ def test_status_shows_the_dead_letters_of_a_pull_style_proxy_consumer() -> None:
                               "channel_ids": [1], "stale": False}
     line = next(ln for ln in render(report).splitlines() if ln.startswith("  supplier admin 1 proxy 4"))
     assert "dead_lettered=1" in line and "BAD_QOS" in line, line
+
+
+# -- serve: telemetry is installed once the lock is held, before the first recovery pass ------------------------
+class _FakeNode:
+    """Stands in for router.server.Node: ``start`` takes the lock, calls ``after_lock``, then runs recovery."""
+
+    events: ClassVar[list[str]] = []
+    locked = False
+
+    def __init__(self, settings: Any, *, after_lock: Any = None) -> None:
+        self.s, self.after_lock = settings, after_lock
+        self.health: dict[str, Any] = {}
+
+    def start(self) -> None:
+        from router.lifecycle import StateDirLocked
+
+        if self.locked:
+            raise StateDirLocked(self.s.state_dir, 1234)
+        self.events.append("lock")
+        if self.after_lock is not None:
+            self.after_lock()
+        self.events.append("first recovery pass")
+
+    def wait(self) -> None:
+        self.events.append("serving")
+
+    def stop(self, *, start_failed: bool = False) -> None:
+        self.events.append("stopped after a failed start" if start_failed else "stopped")
+
+
+@pytest.fixture
+def fake_node(monkeypatch: pytest.MonkeyPatch) -> type[_FakeNode]:
+    import router.server
+    import router.telemetry
+
+    _FakeNode.events, _FakeNode.locked = [], False
+
+    def configure(exporter: str, interval_s: int, **kw: Any) -> Any:
+        if kw["address"] == "127.0.0.1:1":
+            raise OSError(98, "Address already in use")
+        _FakeNode.events.append(f"telemetry {exporter} {kw['address']}")
+        return lambda: _FakeNode.events.append("telemetry flushed")
+
+    monkeypatch.setattr(router.server, "Node", _FakeNode)
+    monkeypatch.setattr(router.telemetry, "configure", configure)
+    return _FakeNode
+
+
+def test_serve_installs_telemetry_before_the_first_recovery_pass(tmp_path: Path, fake_node: type[_FakeNode],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NSJMS_TELEMETRY_EXPORTER", "prometheus")
+    assert cli.main(["serve", "--state-dir", str(tmp_path)]) == 0
+    assert fake_node.events == ["lock", "telemetry prometheus 127.0.0.1:9464", "first recovery pass", "serving",
+                                "stopped", "telemetry flushed"]
+
+
+def test_serve_refused_its_state_directory_touches_no_metrics_port(tmp_path: Path, fake_node: type[_FakeNode],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NSJMS_TELEMETRY_EXPORTER", "prometheus")
+    fake_node.locked = True
+    assert cli.main(["serve", "--state-dir", str(tmp_path)]) == 5
+    assert fake_node.events == []
+
+
+def test_serve_with_a_taken_metrics_address_exits_2_naming_the_key(
+        tmp_path: Path, fake_node: type[_FakeNode], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("NSJMS_TELEMETRY_EXPORTER", "prometheus")
+    monkeypatch.setenv("NSJMS_TELEMETRY_ADDRESS", "127.0.0.1:1")
+    assert cli.main(["serve", "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "telemetry.address 127.0.0.1:1: cannot serve metrics there: Address already in use" in err
+    assert fake_node.events == ["lock", "stopped after a failed start"]
