@@ -433,7 +433,8 @@ def render_show(view: dict[str, Any], mode: str) -> str:
              f"  status      {view['status']}; decision {view['decision'] or 'none logged (presumed abort)'}"
              f" at {_ts(view['decided_at'])}; deadline {_ts(view['deadline'])}; age {_age(view['age_s'])}",
              f"  safe action {view['action'].upper()}: {view['reason']}",
-             f"  bridges     {', '.join(map(str, view['bridges'])) or '-'}; destinations "
+             f"  bridges     {', '.join(map(str, view['bridges'])) or '-'}; channels "
+             f"{', '.join(map(str, view.get('channels', []))) or '-'}; destinations "
              f"{', '.join(view['destinations']) or '-'}; events {view['events']}"]
     for b in view["branches"]:
         phase = "one-phase" if b["one_phase"] else "two-phase"

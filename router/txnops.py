@@ -75,14 +75,16 @@ class TxnOps:
 
     def _rows(self, gtrids: list[str]) -> tuple[list[OutboxInfo], list[InboxInfo]]:
         with self.rows() as conn:
-            out = conn.execute("SELECT gtrid, idx, dedupe_id, bridge_id, destination, "
-                               "extract(epoch FROM created_at)::float8 FROM nsjms_outbox WHERE gtrid = ANY(%s) "
-                               "ORDER BY gtrid, idx", (gtrids,)).fetchall()
-            inb = conn.execute("SELECT gtrid, bridge_id, message_id, extract(epoch FROM received_at)::float8 "
-                               "FROM nsjms_inbox WHERE gtrid = ANY(%s) ORDER BY gtrid, message_id",
-                               (gtrids,)).fetchall()
-        return ([OutboxInfo(str(g), int(i), str(d), int(b), str(dest), float(at)) for g, i, d, b, dest, at in out],
-                [InboxInfo(str(g), int(b), str(m), float(at)) for g, b, m, at in inb])
+            out = conn.execute("SELECT o.gtrid, o.idx, o.dedupe_id, o.bridge_id, o.destination, "
+                               "extract(epoch FROM o.created_at)::float8, b.channel_id FROM nsjms_outbox o "
+                               "LEFT JOIN nsjms_bridge b ON b.id = o.bridge_id WHERE o.gtrid = ANY(%s) "
+                               "ORDER BY o.gtrid, o.idx", (gtrids,)).fetchall()
+            inb = conn.execute("SELECT i.gtrid, i.bridge_id, i.message_id, extract(epoch FROM i.received_at)::float8, "
+                               "b.channel_id FROM nsjms_inbox i LEFT JOIN nsjms_bridge b ON b.id = i.bridge_id "
+                               "WHERE i.gtrid = ANY(%s) ORDER BY i.gtrid, i.message_id", (gtrids,)).fetchall()
+        return ([OutboxInfo(str(g), int(i), str(d), int(b), str(dest), float(at), _opt(ch))
+                 for g, i, d, b, dest, at, ch in out],
+                [InboxInfo(str(g), int(b), str(m), float(at), _opt(ch)) for g, b, m, at, ch in inb])
 
     def listing(self) -> Listing:
         return join(self.snapshot())
@@ -179,6 +181,10 @@ class TxnOps:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _opt(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _report(report: RecoveryReport) -> dict[str, Any]:

@@ -50,6 +50,7 @@ class OutboxInfo:
     bridge_id: int
     destination: str
     created_at: float
+    channel_id: int | None = None  # the bridge's channel (None: the bridge is gone)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class InboxInfo:
     bridge_id: int
     message_id: str
     received_at: float
+    channel_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,11 @@ class TxnView:
         return tuple(sorted({r.bridge_id for r in self.outbox} | {r.bridge_id for r in self.inbox}))
 
     @property
+    def channels(self) -> tuple[int, ...]:
+        ids = [r.channel_id for r in self.outbox] + [r.channel_id for r in self.inbox]
+        return tuple(sorted({c for c in ids if c is not None}))
+
+    @property
     def destinations(self) -> tuple[str, ...]:
         return tuple(sorted({r.destination for r in self.outbox}))
 
@@ -120,8 +127,8 @@ class TxnView:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out.update(in_doubt=self.in_doubt, bridges=list(self.bridges), destinations=list(self.destinations),
-                   events=self.events)
+        out.update(in_doubt=self.in_doubt, bridges=list(self.bridges), channels=list(self.channels),
+                   destinations=list(self.destinations), events=self.events)
         return out
 
 

@@ -135,11 +135,11 @@ def test_postgresql_unreachable_is_an_error_and_retry() -> None:
 
 
 def test_inbox_rows_count_as_events_and_bridges() -> None:
-    inbox = (InboxInfo(G1, 3, "ID:m-1", NOW - 40), InboxInfo(G1, 3, "ID:m-2", NOW - 40))
+    inbox = (InboxInfo(G1, 3, "ID:m-1", NOW - 40, 12), InboxInfo(G1, 3, "ID:m-2", NOW - 40, 12))
     [t] = join(snap([Commit(G1, (QUEUE, STOMP), None, NOW - 40)], [prepared(G1, "channel-queue", 41)],
                     inbox=inbox)).transactions
-    assert (t.events, t.bridges, t.destinations) == (2, (3,), ())
-    assert t.as_dict()["events"] == 2
+    assert (t.events, t.bridges, t.channels, t.destinations) == (2, (3,), (12,), ())
+    assert t.as_dict()["events"] == 2 and t.as_dict()["channels"] == [12]
 
 
 def test_older_than_filter_and_durations() -> None:
