@@ -223,8 +223,14 @@ def _offline(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[Backend]:
     from xa.resource import SystemClock
     from xa.xid import NodeId
 
-    dsn = offline_dsn(cfg, state_dir)
     node = NodeId(cfg.node.node_id)
+    if not log_path(state_dir, node).exists():
+        others = sorted(p.name for p in state_dir.glob("xa-*.log"))
+        if others:  # a wrong node id would show nothing and treat the real node's branches as foreign
+            raise Unavailable(f"no recovery log of node {node} in {state_dir.resolve()}, but {', '.join(others)}: "
+                              "set node.node_id (--config FILE, $NSJMS_NODE_NODE_ID) to the node that ran here",
+                              EXIT_CONFIG)
+    dsn = offline_dsn(cfg, state_dir)
     log = FileLog(state_dir, node) if write or log_path(state_dir, node).exists() else None
     pg = PgManager(lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=5), key="postgresql")
     recovery = None

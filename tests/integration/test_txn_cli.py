@@ -274,3 +274,13 @@ def test_an_endpoints_file_left_by_a_killed_node_does_not_prevent_offline_mode(
     (tmp_path / "endpoints.json").write_text(json.dumps({"node_id": "n1", "pid": 999999}))  # SIGKILLed node's file
     result = listing(tmp_path, capsys)
     assert result["mode"] == "offline" and [t["gtrid"] for t in result["transactions"]] == [gtrid]
+
+
+def test_a_wrong_node_id_is_named_instead_of_showing_nothing(
+        tmp_path: Path, env: Database, fresh_db: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    died(tmp_path, env, fresh_db, "unused", 1, decided=True)
+    monkeypatch.setenv("NSJMS_NODE_NODE_ID", "typo")
+    code, _, err = txn(tmp_path, capsys, "recover")
+    assert code == 2 and "no recovery log of node typo" in err and "xa-n1.log" in err
+    assert not (tmp_path / "xa-typo.log").exists()
