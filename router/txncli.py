@@ -357,9 +357,12 @@ def _decide(args: argparse.Namespace, b: Backend, out: Callable[[str], None], er
     if args.xid is None:
         view = b.show(args.gtrid)
         summary = render_show(view, b.mode)
-        if view["action"] not in (action, "resend" if action == "commit" else action):
-            summary += (f"\nWARNING: the safe action is {view['action']!r}, not {action!r}: this decision is recorded "
-                        "as a HEURISTIC outcome and stays listed until `nsjms txn forget`")
+        if action == "commit" and view["decision"] != "commit":
+            summary += (f"\nWARNING: no COMMIT is logged (safe action {view['action']!r}): committing is a HEURISTIC "
+                        "decision, recorded and listed until `nsjms txn forget`; what the transaction never sent to "
+                        "the broker is not re-sent")
+        elif view["action"] not in (action, "resend" if action == "commit" else action):
+            summary += f"\nNOTE: the safe action is {view['action']!r}: {view['reason']}"
     else:
         summary = f"orphaned prepared branch {args.xid}: recorded as a HEURISTIC outcome until `nsjms txn forget`"
     why = args.why

@@ -105,7 +105,16 @@ def test_why_is_asked_for_on_a_terminal(fake: Fake) -> None:
 
 def test_acting_against_the_safe_action_warns_of_a_heuristic_outcome(fake: Fake) -> None:
     code, _, err = run(["commit", VIEW["gtrid"], "--why", "x"], answers=["no"])
-    assert code == 4 and "WARNING: the safe action is 'rollback', not 'commit'" in err[0]
+    assert code == 4 and "WARNING: no COMMIT is logged (safe action 'rollback'): committing is a HEURISTIC" in err[0]
+
+
+def test_rolling_back_what_may_still_be_deciding_is_noted_not_called_heuristic(fake: Fake,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    young = dict(VIEW, action="wait", reason="no decision yet; younger than the in-flight guard (60 s)")
+    monkeypatch.setattr(fake, "show", lambda gtrid: young)
+    code, _, err = run(["rollback", VIEW["gtrid"], "--why", "x"], answers=["no"])
+    assert code == 4 and "NOTE: the safe action is 'wait': no decision yet; younger than" in err[0]
+    assert "HEURISTIC" not in err[0]
 
 
 def test_a_refusal_is_exit_4_with_the_reason(fake: Fake) -> None:
