@@ -35,7 +35,7 @@ class Crash(BaseException):
 
 
 class SendBranch:
-    """The broker send branch (one-phase); its commit is never reached in these tests."""
+    """The broker send branch (one-phase); the process dies when its commit is reached."""
 
     kind, manager, one_phase_only, name = "stomp-send", SEND_MANAGER, True, "stomp"
 
@@ -49,7 +49,7 @@ class SendBranch:
         return None
 
     def commit(self) -> None:
-        raise AssertionError("not reached")
+        raise Crash("at the broker commit, PostgreSQL committed")
 
     def rollback(self) -> None:
         return None
@@ -102,9 +102,11 @@ def prepare_raw(dsn: str, xid: Xid) -> str:
     return str(xid)
 
 
-def died(tmp_path: Path, db: Database, dsn: str, queue: str, n: int, *, decided: bool) -> str:
+def died(tmp_path: Path, db: Database, dsn: str, queue: str, n: int, *, decided: bool,
+         at_broker: bool = False) -> str:
     """A T2 with ``n`` outbox rows in its PostgreSQL branch that died after the COMMIT record was durable
-    (``decided``) or after PREPARE, before the decision."""
+    (``decided``; with ``at_broker`` once PostgreSQL committed, at the broker commit) or after PREPARE, before the
+    decision."""
     node = NodeTransactions("n1", tmp_path, db, dsn)
     t = node.coordinator.begin(30)
     with db.branch() as conn:
@@ -116,7 +118,8 @@ def died(tmp_path: Path, db: Database, dsn: str, queue: str, n: int, *, decided:
         if decided:
             def crash() -> None:
                 raise Crash("after the decision, before committing PostgreSQL")
-            branch.commit = crash  # type: ignore[method-assign]
+            if not at_broker:
+                branch.commit = crash  # type: ignore[method-assign]
             t.enlist(SendBranch())
             with pytest.raises(Crash):
                 t.commit()
@@ -176,6 +179,26 @@ def test_logged_commit_is_listed_refused_a_rollback_and_committed_with_its_resen
     assert [e["action"] for e in entries] == ["rollback", "commit"]
     assert entries[0]["result"].startswith("refused:") and entries[1]["who"] == "ops"
     assert entries[1]["why"] == "runbook step 2" and entries[1]["result"]["resent"] == [f"{gtrid}/stomp"]
+
+
+def test_broker_commit_unknown_is_listed_as_resend_and_recover_resends(
+        tmp_path: Path, env: Database, fresh_db: str, broker_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    queue = f"txn.{uuid.uuid4().hex[:8]}"
+    gtrid = died(tmp_path, env, fresh_db, queue, 3, decided=True, at_broker=True)
+    assert prepared(fresh_db) == [] and count(fresh_db, "nsjms_outbox") == 3
+    [view] = listing(tmp_path, capsys)["transactions"]
+    assert (view["status"], view["action"]) == ("commit-logged", "resend")
+    assert [(b["name"], b["state"]) for b in view["branches"]] == [("pg", "gone"), ("stomp", "not-confirmed")]
+    assert "broker outcome unknown: re-send the outbox rows with their dedupe ids" in view["reason"]
+    assert f"re-sends carry dedupe ids {gtrid}/0..{gtrid}/2" in view["reason"]
+    assert [r["dedupe_id"] for r in view["outbox"]] == [dedupe_id(gtrid, i) for i in range(3)]
+    assert view["events"] == 3 and view["bridges"] == [7] and view["destinations"] == [f"/queue/{queue}"]
+    code, out, err = txn(tmp_path, capsys, "recover")
+    assert code == 0, err
+    assert f"resent {gtrid}/stomp" in out and f"ended {gtrid}" in out
+    got = receive(broker_url, queue, 3)
+    assert [d.headers["nsjms_dedupe_id"] for d in got] == [dedupe_id(gtrid, i) for i in range(3)]
+    assert listing(tmp_path, capsys)["transactions"] == []
 
 
 def test_undecided_branch_is_presumed_abort_and_rolled_back(
