@@ -18,7 +18,7 @@ Library code calls only the helpers below, which use the OpenTelemetry *API* wit
                                               by ``nsjms txn list`` with a safe action other than ``wait``)
 ``nsjms.t2.in_doubt.oldest_age``   gauge      age in seconds of the oldest of them (0: none)
 ``nsjms.t2.outbox.depth``          gauge      rows in ``nsjms_outbox``
-``nsjms.t2.inbox.depth``           gauge      rows in ``nsjms_inbox``
+``nsjms.t2.inbox.depth``           gauge      rows in ``nsjms_inbox`` (PostgreSQL's live-row estimate)
 ``nsjms.t2.recovery.passes``       counter    recovery passes by ``nsjms.t2.recovery.result``: clean, errors, failed
 ``nsjms.t2.recovery.actions``      counter    branches recovery finished, by ``nsjms.t2.recovery.action``:
                                               committed, rolled_back, resent, ended, heuristic

@@ -307,3 +307,22 @@ def test_a_wrong_node_id_is_named_instead_of_showing_nothing(
     code, _, err = txn(tmp_path, capsys, "recover")
     assert code == 2 and "no recovery log of node typo" in err and "xa-n1.log" in err
     assert not (tmp_path / "xa-typo.log").exists()
+
+
+def test_node_depths_count_the_outbox_and_estimate_the_inbox(tmp_path: Path, env: Database, fresh_db: str) -> None:
+    import time
+
+    from router.t2 import inbox_claim
+
+    died(tmp_path, env, fresh_db, "unused", 2, decided=True, at_broker=True)  # 2 committed outbox rows
+    with env.unit_of_work() as conn:
+        inbox_claim(conn, 1, [f"ID:{i}" for i in range(5)], "g")
+    node = NodeTransactions("n1", tmp_path, env, fresh_db)
+    try:
+        deadline = time.monotonic() + 30  # the statistics reach pg_stat_user_tables asynchronously
+        while (depths := node.depths()) != {"outbox": 2, "inbox": 5} and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert depths == {"outbox": 2, "inbox": 5}
+    finally:
+        node.pg.close()
+        node.log.close()
