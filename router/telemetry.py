@@ -91,6 +91,12 @@ class A:
     RECOVERY_ACTION = "nsjms.t2.recovery.action"
 
 
+#: Histogram buckets in seconds (``nsjms.t2.duration``, ``nsjms.bridge.forward.duration``): a T2 or a forward takes
+#: milliseconds (T2 target p99 <= 20 ms) up to its timeout. The SDK's default buckets (0, 5, 10, 25 ... 10000) are
+#: meant for milliseconds and would put every sample in the first one.
+SECONDS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
 def _meter() -> metrics.Meter:
     return metrics.get_meter(NAME)
 
@@ -142,7 +148,8 @@ def forward_span(bridge: int, batch: int) -> Iterator[None]:
     import time
 
     hist = _Instruments.get("fwd", lambda m: m.create_histogram(
-        "nsjms.bridge.forward.duration", unit="s", description="time to forward one batch to the broker"))
+        "nsjms.bridge.forward.duration", unit="s", description="time to forward one batch to the broker",
+        explicit_bucket_boundaries_advisory=SECONDS_BUCKETS))
     start = time.perf_counter()
     with trace.get_tracer(NAME).start_as_current_span("nsjms.bridge.forward",
                                                       attributes={A.BRIDGE: bridge, A.BATCH: batch}):
@@ -201,7 +208,8 @@ class T2Telemetry:
         self._ended = meter.create_counter("nsjms.t2.transactions", unit="{transaction}",
                                            description="routing transactions ended, by outcome")
         self._duration = meter.create_histogram("nsjms.t2.duration", unit="s",
-                                                description="seconds from begin to end of a routing transaction")
+                                                description="seconds from begin to end of a routing transaction",
+                                                explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
         self._passes = meter.create_counter("nsjms.t2.recovery.passes", unit="{pass}",
                                             description="recovery passes, by result")
         self._actions = meter.create_counter("nsjms.t2.recovery.actions", unit="{branch}",

@@ -103,6 +103,7 @@ def test_committed_t2_is_one_span_with_a_child_per_participant_and_phase(sdk: Sd
     assert sdk.counts("nsjms.t2.transactions", A.OUTCOME) == {"committed": 1}
     [hist] = sdk.points("nsjms.t2.duration")
     assert hist.count == 1 and hist.attributes[A.OUTCOME] == "committed"
+    assert tuple(hist.explicit_bounds) == telemetry.SECONDS_BUCKETS  # seconds, not the SDK's ms-style default
 
 
 def test_rolled_back_t2_marks_the_failed_prepare(sdk: Sdk) -> None:
