@@ -334,3 +334,13 @@ def test_telemetry_exporters_off_by_default_and_loopback() -> None:
 def test_telemetry_errors_name_the_key(env: dict[str, str], expected: str) -> None:
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
         load_config(env=env)
+
+
+def test_broker_amq_dupl_id_is_a_boolean_off_by_default(tmp_path: Path) -> None:
+    assert load_config(env={}).broker.amq_dupl_id is False
+    assert load_config(env={"NSJMS_BROKER_AMQ_DUPL_ID": "true"}).broker.amq_dupl_id is True
+    path = tmp_path / "nsjms.toml"
+    path.write_text("[broker]\namq_dupl_id = false\n")
+    assert load_config(path, env={}).broker.amq_dupl_id is False
+    with pytest.raises(ConfigError, match=r"broker\.amq_dupl_id"):
+        load_config(env={"NSJMS_BROKER_AMQ_DUPL_ID": "maybe"})
