@@ -12,10 +12,24 @@ from typing import Any
 
 import pytest
 
+import CosNotification
 import CosNotifyChannelAdmin
 
+from idl.generated import CosBridgeAdmin as BA
+from idl.generated import NsjmsAdmin
+
+from bridgekit import bridge_factory, channel_ep, jms_ep
 from conftest import NsjmsServer, free_port
-from stdclients import Form, Style, obtain_proxy_supplier
+from stdclients import (
+    Form,
+    PushSupplierClient,
+    Style,
+    make_event,
+    obtain_proxy_consumer,
+    obtain_proxy_supplier,
+    prop,
+    short,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +84,26 @@ def test_node_metrics_are_scraped_over_loopback(metrics_server: tuple[NsjmsServe
     assert values["nsjms_t2_outbox_depth"] == 0 and values["nsjms_t2_inbox_depth"] == 0
     assert values["nsjms_t2_recovery_passes_total"] >= 1
     assert 'nsjms_t2_recovery_passes_total{nsjms_t2_recovery_result="clean"' in text
+
+
+def test_routing_transactions_are_counted_and_timed(metrics_server: tuple[NsjmsServer, int], client_orb: Any) -> None:
+    """Channel -> JMS in T2 (a bridge with enable_transaction): committed T2s appear in the outcome counter and the
+    duration histogram, with seconds-sized buckets."""
+    server, port = metrics_server
+    persistent = short(CosNotification.Persistent)
+    factory = client_orb.factory(server.ior())
+    channel, cid = factory.create_channel([prop("EventReliability", persistent),
+                                           prop("ConnectionReliability", persistent)], [])
+    bridge, _ = bridge_factory(client_orb, server).create_bridge(channel_ep(BA.SOURCE, cid),
+                                                                 jms_ep(BA.SINK, f"metrics.{free_port()}"))
+    bridge._narrow(NsjmsAdmin.ManagedBridge).enable_transaction(5, 30)
+    bridge.start_bridge()
+    proxy, _ = obtain_proxy_consumer(channel.default_supplier_admin, Form.STRUCTURED, Style.PUSH)
+    supplier = PushSupplierClient(proxy, Form.STRUCTURED)
+    supplier.connect()
+    for i in range(10):
+        supplier.push_one(make_event(i, reliability=CosNotification.Persistent))
+    text = scrape_until(port, 'nsjms_t2_transactions_total{nsjms_t2_outcome="committed"')
+    [line] = [x for x in text.splitlines() if x.startswith("nsjms_t2_transactions_total{") and "committed" in x]
+    assert float(line.split(" ")[-1]) >= 1
+    assert 'nsjms_t2_duration_seconds_bucket{le="0.02",nsjms_t2_outcome="committed"' in text
