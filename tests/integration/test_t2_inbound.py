@@ -26,7 +26,9 @@ import pytest
 
 from omniORB import CORBA
 
+from idl.generated import BridgeTransactionMgmt as BTM
 from idl.generated import CosBridgeAdmin as BA
+from idl.generated import NsjmsAdmin
 from router.bridge.codec import MappingCodec
 from router.jms.transport import open_transport
 
@@ -41,6 +43,7 @@ from stdclients import (
     long_,
     obtain_proxy_supplier,
     prop,
+    short,
     wait_until,
 )
 
@@ -369,3 +372,31 @@ def test_broker_killed_mid_stream_in_t2_loses_nothing_and_duplicates_nothing(rig
     bridge.destroy()
     assert _leftover(rig.broker.url, queue) == 0
     print(f"JMS -> channel in T2, broker killed: {consumer.count()} events for {n} messages, 0 duplicates")
+
+
+def test_enable_transaction_on_a_pull_bridge_switches_its_proxy_to_t2(nsjms_server: NsjmsServer, factory: Any,
+                                                                      client_orb: Any, broker_url: str,
+                                                                      fresh_db: str) -> None:
+    """BridgeTransactionMgmt for JMS -> channel: enable_transaction writes EnableTransaction and TransactionEvents
+    on the bridge's pull proxy consumer of a Persistent channel that has no transaction settings of its own; the
+    messages then arrive exactly once, each batch in a T2."""
+    persistent = short(1)
+    channel, cid = factory.create_channel([prop("EventReliability", persistent),
+                                           prop("ConnectionReliability", persistent)], [])
+    consumer = _consumer(channel)
+    queue = _name("t2in.mgmt")
+    bf = bridge_factory(client_orb, nsjms_server)
+    bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, int(cid), BA.PULL))
+    managed = bridge._narrow(NsjmsAdmin.ManagedBridge)
+    managed.enable_transaction(20, 0)
+    with pytest.raises(BTM.TransactionAlreadyActive):
+        managed.enable_transaction(20, 0)
+    n = 120
+    _produce(broker_url, queue, range(n))
+    bridge.start_bridge()
+    assert wait_until(lambda: _drained(fresh_db, bid, n, consumer), TIMEOUT_S), \
+        f"{consumer.count()} events, {_inbox(fresh_db, bid)} inbox rows of {n}"
+    assert wait_until(lambda: _t2_status(nsjms_server).get("t2_committed", 0) >= n // 20, 10), \
+        _t2_status(nsjms_server)
+    _assert_once(_ids(consumer), range(n), "JMS -> channel in T2 enabled by enable_transaction")
+    assert _prepared(fresh_db) == 0
