@@ -244,10 +244,12 @@ class NodeTransactions:
         return self.recovery.view()
 
     def resolve(self, gtrid: str, action: SafeAction, who: str, why: str) -> RecoveryReport:
-        return self.recovery.resolve(gtrid, action, who, why)
+        with self.recovery_lock:
+            return self.recovery.resolve(gtrid, action, who, why)
 
     def forget(self, gtrid: str, who: str) -> None:
-        self.recovery.forget(gtrid, who)
+        with self.recovery_lock:
+            self.recovery.forget(gtrid, who)
 
     def status(self) -> dict[str, Any]:
         """In-doubt count and the oldest one's age, for ``nsjms status``."""
