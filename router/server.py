@@ -94,8 +94,11 @@ def write_endpoints(path: Path, data: dict[str, Any]) -> None:
 class Node:
     """A running node. ``start()`` returns when the channel answers; ``stop()`` releases everything."""
 
-    def __init__(self, settings: NodeSettings) -> None:
+    def __init__(self, settings: NodeSettings, *, after_lock: Any = None) -> None:
+        """``after_lock``: called once the state directory's lock is held, before anything else starts (the CLI
+        installs telemetry there, so the first recovery pass is recorded and a refused node touches no port)."""
         self.s = settings
+        self.after_lock = after_lock
         self.services: list[Any] = []
         self.orb: Any = None
         self.db: Any = None
@@ -104,6 +107,8 @@ class Node:
         self.factory: Any = None
         self.bridges: Any = None
         self.t2: Any = None
+        self.t2_gauges: Any = None  # router.telemetry.T2Gauges of the last status snapshot
+        self.txn_admin: Any = None  # router.txnadmin.TransactionAdminImpl
         self.bridge_store: Any = None
         self.pg_dsn = settings.pg_dsn
         self.broker_url = settings.broker_url
@@ -127,6 +132,8 @@ class Node:
         lock = StateLock(self.s.state_dir)
         lock.acquire()
         self._lock = lock
+        if self.after_lock is not None:
+            self.after_lock()
         self._private_state_dir()
         self._check_before_services()
         self._start_services()
@@ -249,7 +256,10 @@ class Node:
             return open_transport(self.broker_url, codec=MappingCodec(), username=self.broker_login,
                                   password=self.broker_passcode)
 
-        t2 = NodeTransactions(self.s.node_id, self.s.state_dir, self.db, self.pg_dsn, transport=transport)
+        from router.telemetry import T2Telemetry
+
+        t2 = NodeTransactions(self.s.node_id, self.s.state_dir, self.db, self.pg_dsn, transport=transport,
+                              observer=T2Telemetry())
         report = t2.start()
         if report.committed or report.rolled_back or report.resent or report.errors:
             log.info("T2 recovery at start: committed %d, rolled back %d, re-sent %d, %d problem(s)",
@@ -318,6 +328,10 @@ class Node:
                 "corbaloc": f"corbaloc::{host}:{port}/BridgeFactory",
                 "ior": self.orb.object_to_string(self.bridges.ref),
             },
+            "transaction_admin": {
+                "corbaloc": f"corbaloc::{host}:{port}/TransactionAdmin",
+                "ior": self.orb.object_to_string(self.txn_admin.ref),
+            },
             "postgres_dsn": redact_dsn(self.pg_dsn),
             "broker_url": redact_dsn(self.broker_url) if self.broker_url else None,
             "node_id": self.s.node_id,
@@ -345,8 +359,24 @@ class Node:
                              "proxy_consumers": consumers})
         return {"time": time.time(), "node_id": self.s.node_id, "channels": channels,
                 "bridges": self.bridges.status() if self.bridges is not None else [],
-                "store": self._store_stats(),
+                "store": self._store_stats(), "transactions": self._t2_status(),
                 "services": {name: health.as_dict() for name, health in self.health.items()}}
+
+    def _t2_status(self) -> dict[str, Any]:
+        """In-doubt count, oldest age, recovery passes, outbox/inbox rows; also what the T2 gauges show."""
+        from router.telemetry import T2Gauges
+
+        if self.t2 is None:
+            return {}
+        try:
+            status: dict[str, Any] = {**self.t2.status(), **self.t2.depths()}
+        except Exception as exc:  # noqa: BLE001 — PostgreSQL down: status says so instead of dropping the snapshot
+            from router.config import redact_dsn
+
+            return {"error": redact_dsn(f"{type(exc).__name__}: {exc}")}
+        self.t2_gauges = T2Gauges(status["in_doubt"], status["oldest_in_doubt_s"] or 0.0, status["outbox"],
+                                  status["inbox"])
+        return status
 
     def _store_stats(self) -> dict[str, int]:
         with self.db.unit_of_work() as conn:
@@ -366,6 +396,7 @@ class Node:
             return [(b.id, b.active()) for b in list(self.bridges.bridges.values())]
 
         telemetry.register_gauges(depths, bridges)
+        telemetry.register_t2_gauges(lambda: self.t2_gauges)  # refreshed by the status loop every 2 s
 
     def _status_loop(self) -> None:
         path = self.s.state_dir / "status.json"
@@ -382,7 +413,10 @@ class Node:
 
     def _publish(self) -> None:
         from router.lifecycle import write_private
+        from router.txnadmin import TransactionAdminImpl, node_ops
 
+        self.txn_admin = TransactionAdminImpl(node_ops(self.t2, self.s.state_dir))
+        self.txn_admin.activate(self.runtime.ins_poa)  # nsjms txn asks the running router (online mode)
         # factory.ior first: endpoints.json is the "ready" signal, so every file it announces already exists
         write_private(self.s.state_dir / "factory.ior", self.orb.object_to_string(self.factory.ref) + "\n")
         path = self.s.state_dir / "endpoints.json"

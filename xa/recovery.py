@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -43,6 +44,7 @@ from psycopg import Xid
 
 from .errors import BranchNotFound, HeuristicKind, HeuristicOutcome, UsageError, XAError
 from .log import RecoveryLog
+from .observer import Guarded, Observer
 from .records import End, Heuristic, LiveTxn, Participant, Progress
 from .resource import Clock, RecoverableManager
 from .xid import NodeId, branch_xid, is_ours
@@ -102,10 +104,11 @@ class _Scan:
 class RecoveryManager:
     def __init__(self, node: NodeId, log: RecoveryLog, managers: Sequence[RecoverableManager], resend: Resend,
                  clock: Clock, *, in_flight_guard: float = 60.0,
-                 in_flight: Callable[[], frozenset[str]] = frozenset) -> None:
+                 in_flight: Callable[[], frozenset[str]] = frozenset, observer: Observer | None = None) -> None:
         if log.node != node:
             raise UsageError(f"the recovery log belongs to node {log.node}, not {node}")
         self.node, self.log, self.clock = node, log, clock
+        self.observer = Guarded(observer)  # telemetry (xa.observer): one recovery_pass per run()
         self.managers: Mapping[str, RecoverableManager] = {m.key: m for m in managers}
         self.resend, self.guard, self.in_flight = resend, in_flight_guard, in_flight
 
@@ -125,7 +128,18 @@ class RecoveryManager:
 
     # --------------------------------------------------------------------------------------------- run
     def run(self) -> RecoveryReport:
+        """One recovery pass (see the module docstring); the observer hears of it, also when it raises."""
         report = RecoveryReport()
+        start = self.clock.monotonic()
+        try:
+            self._run(report)
+        except Exception as exc:
+            self.observer.recovery_pass(report, self.clock.monotonic() - start, f"{type(exc).__name__}: {exc}")
+            raise
+        self.observer.recovery_pass(report, self.clock.monotonic() - start, "")
+        return report
+
+    def _run(self, report: RecoveryReport) -> None:
         # Read the log, THEN the in-flight set, THEN the log again. A gtrid of the first read that is not in
         # flight was handed off by its coordinator before the in-flight read (a coordinator writes END before
         # handing off), so it is safe to act on if it is still in the second read. A gtrid that appears only
@@ -156,7 +170,6 @@ class RecoveryManager:
         self._presume_abort(keep, set(live), scan, report)
         for txn in undecided:
             self._end_undecided(txn, scan, report)
-        return report
 
     def _finish_commit(self, txn: LiveTxn, scan: _Scan, report: RecoveryReport) -> None:
         """Every branch not done and not settled by a heuristic record is finished (heuristic or not)."""
@@ -396,7 +409,8 @@ class RecoveryManager:
         age = now - at if at is not None else (max(ages) if ages else None)
         h = txn.heuristics[-1] if txn.heuristics else None
         if h is not None:
-            status, note = f"heuristic-{h.kind.value}", f"{h.who} at {h.at:.0f}: {h.why}; "
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(h.at))
+            status, note = f"heuristic-{h.kind.value}", f"{h.who} at {when}: {h.why}; "
         else:
             status = "commit-logged" if txn.commit else "rollback-logged" if txn.rollback else "undecided"
             note = ""

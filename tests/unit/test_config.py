@@ -240,6 +240,7 @@ def test_sample_deploy_config_is_valid_and_documents_the_defaults() -> None:
         and config.postgres == Config().postgres
         and config.broker == Config().broker
         and config.ledger == Config().ledger
+        and config.telemetry == Config().telemetry
     )
 
 
@@ -337,6 +338,25 @@ def test_relative_state_dir_in_a_file_is_relative_to_that_file(tmp_path: Path, m
     monkeypatch.chdir(elsewhere)
     cfg = load_config(conf, env={})
     assert cfg.node.state_dir == conf_dir.resolve() / "state"
+
+
+def test_telemetry_exporters_off_by_default_and_loopback() -> None:
+    tel = load_config(env={}).telemetry
+    assert (tel.exporter, tel.address, tel.otlp_endpoint) == ("none", "127.0.0.1:9464", "http://127.0.0.1:4318")
+    tel = load_config(env={"NSJMS_TELEMETRY_EXPORTER": "Prometheus", "NSJMS_TELEMETRY_ADDRESS": "[::1]:9000",
+                           "NSJMS_TELEMETRY_OTLP_ENDPOINT": "https://collector:4318"}).telemetry
+    assert (tel.exporter, tel.address, tel.otlp_endpoint) == ("prometheus", "[::1]:9000", "https://collector:4318")
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"NSJMS_TELEMETRY_EXPORTER": "zipkin"}, "telemetry.exporter (from NSJMS_TELEMETRY_EXPORTER): expected one of"),
+    ({"NSJMS_TELEMETRY_ADDRESS": "9464"}, "telemetry.address (from NSJMS_TELEMETRY_ADDRESS): expected HOST:PORT"),
+    ({"NSJMS_TELEMETRY_ADDRESS": "localhost:70000"}, "expected HOST:PORT"),
+    ({"NSJMS_TELEMETRY_OTLP_ENDPOINT": "grpc://x:4317"}, "telemetry.otlp_endpoint (from NSJMS_TELEMETRY_OTLP"),
+])
+def test_telemetry_errors_name_the_key(env: dict[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        load_config(env=env)
 
 
 def test_broker_amq_dupl_id_is_a_boolean_off_by_default(tmp_path: Path) -> None:
