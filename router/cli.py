@@ -159,6 +159,7 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _settings(cfg: Any) -> Any:
+    from router.ledger import LedgerSettings
     from router.server import NodeSettings
 
     return NodeSettings(
@@ -179,6 +180,8 @@ def _settings(cfg: Any) -> Any:
         broker_connect_timeout_s=float(cfg.broker.connect_timeout_s),
         node_id=cfg.node.node_id,
         max_event_bytes=cfg.node.max_event_bytes,
+        ledger=LedgerSettings(cfg.ledger.enabled, cfg.ledger.best_effort, cfg.ledger.retention_days,
+                              cfg.ledger.ahead_days, float(cfg.ledger.maintenance_interval_s)),
     )
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "BrokerConfig",
     "Config",
     "ConfigError",
+    "LedgerConfig",
     "NodeConfig",
     "OrbConfig",
     "PostgresConfig",
@@ -189,6 +190,17 @@ class TelemetryConfig:
     interval_s: int = 30            # metric export interval
 
 
+@dataclass(frozen=True)
+class LedgerConfig:
+    """``[ledger]``: the delivery ledger the router writes (router/ledger.py, docs/audit.md)."""
+
+    enabled: bool = True            # rows for persistent (and transactional) traffic, in the routing transactions
+    best_effort: bool = False       # rows for BestEffort events too
+    retention_days: int = 30        # day partitions older than this many whole days are dropped
+    ahead_days: int = 3             # day partitions created ahead of today
+    maintenance_interval_s: int = 3600  # how often the node ensures partitions and drops expired ones
+
+
 def _mask(secret: str) -> str:
     return REDACTED if secret else ""
 
@@ -202,6 +214,7 @@ class Config:
     postgres: PostgresConfig = field(default_factory=PostgresConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
 
     def redacted(self) -> dict[str, dict[str, Any]]:
         """A plain dict safe to log or print: DSN/URL passwords and ``broker.passcode`` become ``***``."""
@@ -372,6 +385,9 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
         "amq_dupl_id": _Key(_boolean),
     },
     "telemetry": {"exporter": _Key(_exporter), "interval_s": _Key(_integer(1, 3600))},
+    "ledger": {"enabled": _Key(_boolean), "best_effort": _Key(_boolean),
+               "retention_days": _Key(_integer(1, 36500)), "ahead_days": _Key(_integer(0, 366)),
+               "maintenance_interval_s": _Key(_integer(60, 86400))},
 }
 _SECTION_TYPES: dict[str, type] = {
     "node": NodeConfig,
@@ -379,6 +395,7 @@ _SECTION_TYPES: dict[str, type] = {
     "postgres": PostgresConfig,
     "broker": BrokerConfig,
     "telemetry": TelemetryConfig,
+    "ledger": LedgerConfig,
 }
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from router.config import DEFAULT_MAX_EVENT_BYTES
+from router.ledger import LedgerSettings
 
 __all__ = ["Node", "NodeSettings", "stop_services", "write_endpoints"]
 
@@ -62,6 +63,7 @@ class NodeSettings:
     node_id: str = "node1"
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES   # node.max_event_bytes: channel, ORB, bridge, mapping
     extra_orb_args: tuple[str, ...] = field(default_factory=tuple)
+    ledger: LedgerSettings = field(default_factory=LedgerSettings)   # [ledger]: router/ledger.py
 
 
 def orb_args(s: NodeSettings) -> list[str]:
@@ -213,15 +215,18 @@ class Node:
         from router.channel.runtime import Runtime
         from router.channel.store import Store
         from router.db import Database
+        from router.ledger import LedgerWriter
 
         self.orb = CORBA.ORB_init(orb_args(self.s), CORBA.ORB_ID)
         self.db = Database(self.pg_dsn, self.s.pg_pool_size)
         self.db.open()                     # one pool for the node; applies the missing schema migrations
-        self.store = Store()
+        self.store = Store(LedgerWriter(self.s.ledger))
+        self.maintain_ledger()             # today's partitions exist before the first routed event
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
         self.t2 = self._start_transactions()
         self.runtime.t2 = self.t2
         self.runtime.start_reaper()
+        self.runtime.spawn("ledger-maintenance", self._ledger_loop)
         self.factory = EventChannelFactoryImpl(self.runtime)
         self.factory.activate()
         # Bridges' endpoint servants must be active before the channel restores: its dispatchers start at once and
@@ -250,6 +255,32 @@ class Node:
             log.info("T2 recovery at start: committed %d, rolled back %d, re-sent %d, %d problem(s)",
                      len(report.committed), len(report.rolled_back), len(report.resent), len(report.errors))
         return t2
+
+    def maintain_ledger(self) -> bool:
+        """Create the ledger's day partitions ahead and drop those past retention, in one short transaction of its
+        own (never a routing transaction) that waits at most 2 s for the ledger's locks. A failure is logged and
+        retried at the next period: until then rows of a day without a partition land in the default partition,
+        and routing never waits for this. Returns whether it succeeded."""
+        from router.ledger import maintain
+
+        settings = self.s.ledger            # also when ledger.enabled is false: retention still applies
+        try:
+            with self.db.unit_of_work() as conn:
+                conn.execute("SET LOCAL lock_timeout = '2s'")
+                created, dropped = maintain(conn, settings.retention_days, settings.ahead_days)
+        except Exception as exc:  # noqa: BLE001 — a store error or lock timeout: the next period retries
+            log.warning("ledger partition maintenance failed (retried in %g s): %s", settings.maintenance_interval_s,
+                        exc)
+            return False
+        if created or dropped:
+            log.info("ledger partitions: created %s; dropped %s (retention %d days)",
+                     ", ".join(map(str, created)) or "none", ", ".join(map(str, dropped)) or "none",
+                     settings.retention_days)
+        return True
+
+    def _ledger_loop(self) -> None:
+        while not self.runtime.shutting_down.wait(self.s.ledger.maintenance_interval_s):
+            self.maintain_ledger()
 
     def _build_bridges(self) -> None:
         from router.bridge.bridge import BridgeFactoryImpl

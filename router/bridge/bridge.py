@@ -203,8 +203,21 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         self._t2_ior: str | None = None
         self.t2_out: OutboundT2 | None = self._make_t2_out()
         self._register_t2()
+        self._register_ledger_route()
 
     # -- construction --------------------------------------------------------------------------------------
+    def _register_ledger_route(self) -> None:
+        """Tell the ledger which channel proxy is this bridge's, so the channel's ledger rows for it carry the
+        bridge, its destination and the direction (router/ledger.py)."""
+        from router.ledger import Direction, Route
+
+        if self.row.admin_id is None or self.row.proxy_id is None:
+            return
+        direction = Direction.CHANNEL_TO_JMS if self.to_jms_direction else Direction.JMS_TO_CHANNEL
+        self.rt.store.ledger.set_route(self.row.channel_id, "C" if self.to_jms_direction else "S", self.row.admin_id,
+                                       self.row.proxy_id, Route(direction, self.id,
+                                                                f"{self.destination.kind}/{self.destination.name}"))
+
     def _endpoint_oid(self) -> str:
         return f"{self.oid}/{'recv' if self.to_jms_direction else 'send'}"
 
@@ -332,6 +345,7 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
             self.factory.store.set_proxy(conn, self.id, aid, pid)
         self.row = BridgeRow(self.row.id, self.row.source, self.row.sink, self.row.state, self.row.channel_id,
                              aid, pid, self.row.settings)
+        self._register_ledger_route()
 
     def _proxy_servant(self) -> Any:
         """The channel's proxy servant for this bridge (same process)."""

@@ -146,6 +146,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         self.supplier_admins: dict[int, Any] = {}
         self.records: dict[int, Record] = {}      # live events by seq (MaxQueueLength, channel discard)
         self._records_lock = threading.Lock()
+        self._volatile_accepted: dict[int, float] = {}   # BestEffort seq → accepted_at, when the ledger has it
         self.destroyed = False
         self._next_admin = {"C": row.next_admin_c, "S": row.next_admin_s}
         self.oid = channel_oid(self.id)
@@ -346,7 +347,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if not plans:
             return
         overflow = self._admit(len(plans))  # only events some consumer will hold count against MaxQueueLength
-        self._store(plans, bodies)
+        self._store(plans, bodies, source, now)
         self._make_room(overflow)           # discard only once the new events are durably stored
         with self._records_lock:
             for rec, _ in plans:
@@ -509,16 +510,49 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             for proxy in list(admin.proxies.values()):
                 proxy.queue.take(0)
 
-    def _store(self, plans: list[tuple[Record, list[Any]]], bodies: dict[int, bytes]) -> None:
+    def _store(self, plans: list[tuple[Record, list[Any]]], bodies: dict[int, bytes], source: Any = None,
+               now: float | None = None) -> None:
+        """One unit of work: the persistent events with their queue rows and ledger rows, and (``ledger.best_effort``)
+        the ledger rows of the BestEffort ones. Any failure fails the push: nothing of it is stored."""
         durable = [(rec, t) for rec, t in plans if rec.persistent]
-        if not durable:
+        volatile = [(rec, t) for rec, t in plans if not rec.persistent]
+        if volatile and not self.rt.store.ledger.records(persistent=False):
+            volatile = []
+        if not durable and not volatile:
             return
+        accepted_at = now if now is not None else time.time()
+        origin, jms_ids = self._ledger_origin(source, [rec for rec, _ in durable + volatile])
         rows = [NewEvent(rec.seq, int(rec.event.form), bodies[rec.seq], rec.priority, rec.deadline,
-                         rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
+                         rec.start_at, [(p.admin.id, p.id) for p in targets], accepted_at, origin, jms_id)
+                for (rec, targets), jms_id in zip(durable + volatile, jms_ids, strict=True)]
         with self.rt.db.unit_of_work() as conn:
-            ids = self.rt.store.insert_events(conn, self.id, rows)
+            ids = self.rt.store.insert_events(conn, self.id, rows[:len(durable)]) if durable else []
+            if volatile:
+                self.rt.store.best_effort_accepted(conn, self.id, rows[len(durable):])
         for (rec, _), eid in zip(durable, ids, strict=True):
             rec.db_id = eid
+        if volatile:
+            with self._records_lock:
+                for rec, _ in volatile:
+                    self._volatile_accepted[rec.seq] = accepted_at
+
+    def volatile_accepted_at(self, seq: int) -> float | None:
+        """When the BestEffort event ``seq`` was accepted, if the ledger recorded it (its terminal rows need it)."""
+        with self._records_lock:
+            return self._volatile_accepted.get(seq)
+
+    def _ledger_origin(self, source: Any, records: list[Record]) -> tuple[tuple[int, int] | None, list[str | None]]:
+        """The (supplier admin, proxy consumer) the events came from, and each event's JMS message id when that
+        proxy is a JMS → channel bridge's (the mapping puts ``JMSMessageID`` in the filterable data): the ledger's
+        inbound rows (router/ledger.py)."""
+        admin = getattr(source, "admin", None)
+        if admin is None:
+            return None, [None] * len(records)
+        origin = (int(admin.id), int(source.id))
+        route = self.rt.store.ledger.route(self.id, "S", *origin)
+        if route is None:
+            return origin, [None] * len(records)
+        return origin, [_jms_message_id(rec.event) for rec in records]
 
     def released(self, rec: Record) -> None:
         """A record left its last queue: forget it; its stored copy is deleted by the store's reaper."""
@@ -529,6 +563,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
     def _forget_record(self, rec: Record) -> None:
         with self._records_lock:
             self.records.pop(rec.seq, None)
+            self._volatile_accepted.pop(rec.seq, None)
 
     def queued_count(self) -> int:
         with self._records_lock:
@@ -536,3 +571,13 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
 
 
 store_boundary(EventChannelFactoryImpl, EventChannelImpl)
+
+
+def _jms_message_id(event: Event) -> str | None:
+    if event.form is not Form.STRUCTURED:
+        return None
+    for prop in event.structured.filterable_data:
+        if prop.name == "JMSMessageID":
+            value = prop.value.value()
+            return value if isinstance(value, str) else None
+    return None

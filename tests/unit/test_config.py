@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -238,7 +239,29 @@ def test_sample_deploy_config_is_valid_and_documents_the_defaults() -> None:
         config.orb == Config().orb
         and config.postgres == Config().postgres
         and config.broker == Config().broker
+        and config.ledger == Config().ledger
     )
+
+
+def test_ledger_section_defaults_file_env_and_errors(tmp_path: Path) -> None:
+    from router.config import LedgerConfig
+
+    assert load_config(env={}).ledger == LedgerConfig(True, False, 30, 3, 3600)
+    path = write(tmp_path, "[ledger]\nenabled = false\nretention_days = 7\n")
+    config = load_config(path, env={"NSJMS_LEDGER_BEST_EFFORT": "true", "NSJMS_LEDGER_AHEAD_DAYS": "1"})
+    assert config.ledger == LedgerConfig(enabled=False, best_effort=True, retention_days=7, ahead_days=1)
+    for env, expected in [
+        ({"NSJMS_LEDGER_ENABLED": "maybe"},
+         "ledger.enabled (from NSJMS_LEDGER_ENABLED): expected a boolean (true/false)"),
+        ({"NSJMS_LEDGER_RETENTION_DAYS": "0"}, "ledger.retention_days (from NSJMS_LEDGER_RETENTION_DAYS): expected "
+                                               "an integer 1-36500"),
+        ({"NSJMS_LEDGER_MAINTENANCE_INTERVAL_S": "5"}, "ledger.maintenance_interval_s"),
+        ({"NSJMS_LEDGER_RETENTION": "3"}, "ledger.retention (from NSJMS_LEDGER_RETENTION): unknown key"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            load_config(env=env)
+    with pytest.raises(ConfigError, match=re.escape("ledger.enabled (from ")):
+        load_config(write(tmp_path, '[ledger]\nenabled = "yes"\n'), env={})   # TOML has real booleans
 
 
 # ------------------------------------------------------------------ schemes checked at configuration time (issue 7)

@@ -35,7 +35,7 @@ from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.transport import BrokerUnavailable, EncodedMessage, ReceiptTimeout, SendRefused, Transport
 from router.mapping.errors import MappingError
 from xa.coordinator import Coordinator
-from xa.errors import LogDurabilityUnknown, OutcomeUnknown, PrepareFailed
+from xa.errors import BranchUnavailable, LogDurabilityUnknown, OutcomeUnknown, PrepareFailed
 from xa.testing import FakeClock, MemoryLog, MemoryManager
 from xa.xid import NodeId, branch_xid, new_gtrid
 
@@ -74,11 +74,18 @@ class FakeDb:
         yield self.conn
 
 
+class NoLedger:
+    def records(self, *, persistent: bool) -> bool:
+        return False
+
+
 class FakeStore:
+    ledger = NoLedger()
+
     def __init__(self) -> None:
         self.deleted: list[int] = []
 
-    def delete_deliveries(self, conn: Any, cid: int, aid: int, pid: int, ids: list[int]) -> None:
+    def delete_deliveries(self, conn: Any, cid: int, aid: int, pid: int, ids: list[int], **ledger: Any) -> None:
         self.deleted.extend(ids)
 
 
@@ -577,3 +584,18 @@ def test_inbound_disable_during_a_t2_raises_and_no_further_t2_starts() -> None:
     m.enable_transaction(2, 0)
     m.disable_transaction()                      # idle: at once, no exception
     assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
+
+
+def test_send_branch_begin_failure_is_branch_unavailable_and_abort_failures_are_reported() -> None:
+    broker = MemoryBroker("t2u-begin")
+    with MemoryTransport(broker=broker) as transport:
+        broker.inject_fault("begin", BrokerUnavailable("broker down"))
+        branch = SendBranch(transport)
+        with pytest.raises(BranchUnavailable, match="BEGIN"):
+            branch.begin(branch_xid(new_gtrid(NodeId("n1")), "broker"))
+        branch.rollback()                                   # nothing begun: nothing to roll back
+    with MemoryTransport(broker=MemoryBroker("t2u-abort2")) as transport:
+        branch, _ = _branch(transport)
+        transport.broker.inject_fault("abort", ReceiptTimeout("no receipt", "abort"))
+        with pytest.raises(BranchUnavailable, match="ABORT"):
+            branch.rollback()                               # unknown: the coordinator leaves it to recovery
