@@ -45,6 +45,9 @@ class RoutePlan:
     plans: list[tuple[Record, list[Any]]] = field(default_factory=list)
     bodies: dict[int, bytes] = field(default_factory=dict)
     overflow: int = 0
+    source: Any = None                   # the proxy consumer the events came from (ledger origin)
+    now: float = 0.0                     # when the channel accepted them (the ledger's accepted_at)
+    volatile: list[int] = field(default_factory=list)   # BestEffort seqs the ledger recorded (set by store_in)
 
 
 class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
@@ -380,18 +383,29 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         plans = [(rec, self._targets(rec)) for rec in records if source.admits(rec.event)]
         plans = [(rec, targets) for rec, targets in plans if targets]
         overflow = self._admit(len(plans)) if plans else 0
-        return RoutePlan(plans, bodies, overflow)
+        return RoutePlan(plans, bodies, overflow, source, now)
 
     def store_in(self, conn: Any, plan: RoutePlan) -> None:
-        """Insert the plan's persistent events and their queue rows on ``conn`` (the T2's PostgreSQL branch)."""
+        """:meth:`_store` on ``conn`` (the T2's PostgreSQL branch, or the caller's unit of work): the plan's
+        persistent events with their queue rows and ledger rows, and (``ledger.best_effort``) the ledger rows of
+        the BestEffort ones."""
         durable = [(rec, t) for rec, t in plan.plans if rec.persistent]
-        if not durable:
+        volatile = [(rec, t) for rec, t in plan.plans if not rec.persistent]
+        if volatile and not self.rt.store.ledger.records(persistent=False):
+            volatile = []
+        if not durable and not volatile:
             return
+        accepted_at = plan.now or time.time()
+        origin, jms_ids = self._ledger_origin(plan.source, [rec for rec, _ in durable + volatile])
         rows = [NewEvent(rec.seq, int(rec.event.form), plan.bodies[rec.seq], rec.priority, rec.deadline,
-                         rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
-        ids = self.rt.store.insert_events(conn, self.id, rows)
+                         rec.start_at, [(p.admin.id, p.id) for p in targets], accepted_at, origin, jms_id)
+                for (rec, targets), jms_id in zip(durable + volatile, jms_ids, strict=True)]
+        ids = self.rt.store.insert_events(conn, self.id, rows[:len(durable)]) if durable else []
+        if volatile:
+            self.rt.store.best_effort_accepted(conn, self.id, rows[len(durable):])
         for (rec, _), eid in zip(durable, ids, strict=True):
             rec.db_id = eid
+        plan.volatile = [rec.seq for rec, _ in volatile]
 
     def publish(self, plan: RoutePlan) -> None:
         """After the T2 committed: discard for room (DiscardPolicy), then queue the events in memory."""
@@ -401,6 +415,8 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         with self._records_lock:
             for rec, _ in plan.plans:
                 self.records[rec.seq] = rec
+            for seq in plan.volatile:
+                self._volatile_accepted[seq] = plan.now
         for rec, targets in plan.plans:
             rec.hold()
             try:
