@@ -242,3 +242,30 @@ def test_best_effort_events_are_in_the_ledger_only_when_configured(
                 assert _count(fresh_db, "true") == 0        # nothing written for BestEffort traffic
         finally:
             server.stop()
+
+
+def test_events_queued_across_a_restart_keep_their_obligation_and_bridge(
+        nsjms_server: NsjmsServer, factory: Any, client_orb: Any, java_tool: JavaTool) -> None:
+    from bridgekit import reconnect_client
+
+    bf = bridge_factory(client_orb, nsjms_server)
+    queue = f"ledger.restart.{uuid.uuid4().hex[:8]}"
+    channel, cid = _persistent_channel(factory)
+    bridge, bid = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, queue))
+    bridge.start_bridge()
+    bridge.stop_bridge()                                 # events stay queued for the bridge's proxy
+    _supplier(channel).push_all([make_event(i) for i in range(10)])
+    dsn = nsjms_server.pg_dsn
+    assert wait_until(lambda: _count(dsn, "outcome = 'accepted'") == 10, FLOW_TIMEOUT_S)
+    nsjms_server.stop()
+    nsjms_server.restart()                               # the bridge registers its proxy before the queues return
+    reconnect_client(bridge)
+    bridge.start_bridge()
+    assert len(java_tool.consume("queue", queue, 10, FLOW_TIMEOUT_S)) == 10
+    assert wait_until(lambda: _count(dsn, "outcome = 'delivered'") == 10, FLOW_TIMEOUT_S)
+    obligations = _obligations(_rows(dsn))
+    assert len(obligations) == 10
+    for obl in obligations.values():
+        _accepted_then_delivered(obl)
+        assert {(r["direction"], r["bridge_id"], r["destination"]) for r in obl} == {
+            ("channel_to_jms", int(bid), f"queue/{queue}")}
