@@ -297,20 +297,22 @@ class Store:
 
     def delete_deliveries(self, conn: Conn, cid: int, aid: int, pid: int, event_ids: Iterable[int], *,
                           outcome: Outcome = Outcome.DELIVERED, reason: str | None = None,
-                          dispatched_at: float | None = None,
+                          dispatched_at: float | None = None, gtrid: str | None = None, ledger: bool = True,
                           best_effort: Sequence[tuple[int, float]] = ()) -> None:
         """The proxy no longer has to deliver these events (one statement), because of ``outcome``
         (``delivered``; ``discarded``, ``expired`` or ``dead_letter`` with a ``reason``). When the ledger records
         persistent traffic, the same statement writes one ``outcome`` row per queue row actually deleted (a row
         already gone, e.g. by a retried unit of work that had committed, writes nothing). ``best_effort``: (seq,
-        accepted_at) of BestEffort events leaving the proxy's queue, whose ledger rows a second statement writes."""
+        accepted_at) of BestEffort events leaving the proxy's queue, whose ledger rows a second statement writes.
+        For a T2 branch: ``gtrid`` fills the rows' ``gtrid``; ``ledger=False`` writes no ledger row (the caller
+        writes its own, e.g. with :meth:`router.ledger.LedgerWriter.t2`)."""
         ids = list(event_ids)
         reason = _reason(outcome, reason)
         if best_effort and self.ledger.records(persistent=False):
             self._best_effort_finished(conn, cid, aid, pid, best_effort, outcome, reason, dispatched_at)
         if not ids:
             return
-        if not self.ledger.records(persistent=True):
+        if not ledger or not self.ledger.records(persistent=True):
             conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s "
                          "AND event_id = ANY(%s)", (cid, aid, pid, ids))
             return
@@ -319,7 +321,7 @@ class Store:
             "cid": cid, "aid": aid, "pid": pid, "ids": ids, "bridge": route.bridge_id, "dest": route.destination,
             "dir": str(route.direction), "disp": timestamp(dispatched_at),
             "ack": timestamp(time.time()) if outcome is Outcome.DELIVERED else None, "outcome": str(outcome),
-            "reason": reason})
+            "reason": reason, "gtrid": gtrid})
         self.ledger.count(max(cur.rowcount, 0))
 
     # One statement: the queue rows leave, and each one actually deleted gets its ledger row.
@@ -331,10 +333,10 @@ class Store:
             RETURNING q.event_id, e.received_at
         )
         INSERT INTO nsjms_ledger(event_id, dedupe_id, channel_id, proxy_id, bridge_id, destination, direction,
-                                 accepted_at, dispatched_at, acknowledged_at, outcome, failure_reason)
+                                 gtrid, accepted_at, dispatched_at, acknowledged_at, outcome, failure_reason)
         SELECT g.event_id, {CHANNEL_DEDUPE_SQL.format(event="g.event_id", channel="%(cid)s", admin="%(aid)s",
                                                       proxy="%(pid)s")},
-               %(cid)s, %(pid)s, %(bridge)s, %(dest)s, %(dir)s, g.received_at, %(disp)s::timestamptz,
+               %(cid)s, %(pid)s, %(bridge)s, %(dest)s, %(dir)s, %(gtrid)s, g.received_at, %(disp)s::timestamptz,
                %(ack)s::timestamptz, %(outcome)s, %(reason)s
         FROM gone g"""
 

@@ -97,3 +97,30 @@ def test_node_maintenance_runs_in_its_own_transaction_and_gives_up_on_a_locked_l
             assert list_partitions(conn) == [today + timedelta(days=n) for n in range(3)]
     finally:
         node.db.close()
+
+
+def test_store_writes_a_deliverys_row_with_its_gtrid_or_leaves_it_to_the_caller(fresh_db: str) -> None:
+    from router.channel.store import NewEvent, Store
+
+    db = Database(fresh_db, 2)
+    db.open()
+    try:
+        store = Store()
+        with db.unit_of_work() as conn:
+            cid = store.next_channel_id(conn)
+            store.insert_channel(conn, cid, {}, {}, {"C": {}, "S": {}})
+            ids = store.insert_events(conn, cid, [NewEvent(n, 1, b"x", 0, None, None, [(0, 0)], 1_700_000_000.0 + n)
+                                                  for n in (1, 2)])
+        with db.unit_of_work() as conn:
+            store.delete_deliveries(conn, cid, 0, 0, ids[:1], gtrid="gt-7")
+            store.delete_deliveries(conn, cid, 0, 0, ids[1:], ledger=False)       # the caller writes its own
+            store.delete_deliveries(conn, cid, 0, 0, ids[:1], gtrid="gt-7")      # already gone: no second row
+        with psycopg.connect(fresh_db) as conn:
+            rows = conn.execute("SELECT dedupe_id, outcome, gtrid, accepted_at FROM nsjms_ledger "
+                                "ORDER BY entry_id").fetchall()
+        assert [(r[0], r[1], r[2]) for r in rows] == [
+            (f"e{ids[0]}/c{cid}/a0/p0", "accepted", None), (f"e{ids[1]}/c{cid}/a0/p0", "accepted", None),
+            (f"e{ids[0]}/c{cid}/a0/p0", "delivered", "gt-7")]
+        assert rows[0][3] == rows[2][3] == datetime.fromtimestamp(1_700_000_001.0, UTC)
+    finally:
+        db.close()
