@@ -27,6 +27,7 @@ from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
 from router.channel.events import Event, Form, encode
 from router.channel.queue import Entry, Record, choose_victim
 from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
+from router.channel.sizing import size_bound
 from router.channel.store import ChannelRow, NewEvent
 
 __all__ = ["EventChannelFactoryImpl", "EventChannelImpl"]
@@ -322,11 +323,13 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if self.destroyed:
             raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
         now = time.time()
-        encoded = self._encode_checked(events)
+        sizes = self._sizes_checked(events)
         records = [self._make_record(source, ev, now) for ev in events]
-        for rec, body in zip(records, encoded, strict=True):
-            rec.size = len(body)
-        bodies = {rec.seq: body for rec, body in zip(records, encoded, strict=True)}
+        bodies: dict[int, bytes] = {}
+        for rec, (size, body) in zip(records, sizes, strict=True):
+            rec.size = size
+            if body is not None:
+                bodies[rec.seq] = body
         accepted = [r for r in records if source.admits(r.event)]
         if not accepted:
             return
@@ -353,18 +356,30 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if len(plans) > durable:
             telemetry.accepted(self.id, len(plans) - durable, False)
 
-    def _encode_checked(self, events: Sequence[Event]) -> list[bytes]:
-        """Every event's CDR encoding; the whole push is refused (IMP_LIMIT, COMPLETED_NO) if one is larger than
-        the node's ``max_event_bytes``: the channel accepts only what it can deliver and store."""
-        encoded = [encode(ev) for ev in events]
+    def _sizes_checked(self, events: Sequence[Event]) -> list[tuple[int, bytes | None]]:
+        """Each event's size (and its CDR encoding when it had to be made); the whole push is refused (IMP_LIMIT,
+        COMPLETED_NO) if one is larger than the node's ``max_event_bytes``: the channel accepts only what it can
+        deliver and store.
+
+        Cheap and exact: an event whose :func:`size_bound` (an upper bound of its encoding) is within the limit is
+        accepted without being encoded, its size being that bound; any other event is encoded and its exact
+        length checked (the encoding is kept: a persistent event is stored with it, never encoded twice)."""
         limit = self.rt.max_event_bytes
-        too_big = [len(b) for b in encoded if limit and len(b) > limit]
+        out: list[tuple[int, bytes | None]] = []
+        for ev in events:
+            bound = size_bound(ev)
+            if bound is not None and (not limit or bound <= limit):
+                out.append((bound, None))
+            else:
+                body = encode(ev)
+                out.append((len(body), body))
+        too_big = [size for size, body in out if limit and body is not None and size > limit]
         if too_big:
             log.warning("channel %d: refused a push of %d event(s): an event of %d bytes is above the limit of %d "
                         "bytes (IMP_LIMIT)", self.id, len(events), max(too_big), limit)
             telemetry.rejected(self.id, len(events), "EVENT_TOO_LARGE")
             check_size(max(too_big), limit)
-        return encoded
+        return out
 
     @staticmethod
     def _enqueue_one(proxy: Any, rec: Record) -> None:
@@ -453,6 +468,10 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         durable = [(rec, t) for rec, t in plans if rec.persistent]
         if not durable:
             return
+        for rec, _ in durable:
+            if rec.seq not in bodies:           # accepted on its size bound: encoded once, here, to be stored
+                bodies[rec.seq] = encode(rec.event)
+                rec.size = len(bodies[rec.seq])
         rows = [NewEvent(rec.seq, int(rec.event.form), bodies[rec.seq], rec.priority, rec.deadline,
                          rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
         with self.rt.db.unit_of_work() as conn:
