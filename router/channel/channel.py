@@ -474,8 +474,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
                 rec.size = len(bodies[rec.seq])
         rows = [NewEvent(rec.seq, int(rec.event.form), bodies[rec.seq], rec.priority, rec.deadline,
                          rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
-        with self.rt.db.unit_of_work() as conn:
-            ids = self.rt.store.insert_events(conn, self.id, rows)
+        ids = self.rt.accept_commits.insert(self.id, rows)     # shares a commit with concurrent pushes
         for (rec, _), eid in zip(durable, ids, strict=True):
             rec.db_id = eid
 

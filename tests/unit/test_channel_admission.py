@@ -18,6 +18,7 @@ import CosNotification
 
 from router.channel.channel import EventChannelImpl
 from router.channel.events import Event, Form
+from router.channel.groupcommit import GroupCommit
 from router.channel.queue import FIFO_ORDER, Entry, ProxyQueue, Record
 from router.channel.store import NewEvent, StoreUnavailable
 from router.db.testing import NullDatabase
@@ -47,6 +48,7 @@ class FakeRt:
         self.db = NullDatabase()
         self.max_event_bytes = 0
         self._seq = 0
+        self.accept_commits = GroupCommit(self.db, self.store)
 
     def next_seq(self) -> int:
         self._seq += 1

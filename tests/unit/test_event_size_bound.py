@@ -24,6 +24,7 @@ from router.channel import channel as C
 from router.channel.boundary import MINOR_EVENT_TOO_LARGE
 from router.channel.channel import EventChannelImpl
 from router.channel.events import Event, Form, decode, encode
+from router.channel.groupcommit import GroupCommit
 from router.channel.queue import Record
 from router.channel.sizing import size_bound
 from router.channel.store import NewEvent
@@ -122,6 +123,7 @@ class _Store:
 class _Rt:
     def __init__(self, limit: int) -> None:
         self.store, self.db, self.max_event_bytes, self._seq = _Store(), NullDatabase(), limit, 0
+        self.accept_commits = GroupCommit(self.db, self.store)
 
     def next_seq(self) -> int:
         self._seq += 1
