@@ -28,6 +28,7 @@ from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
 from router.channel.events import Event, Form, encode
 from router.channel.queue import Entry, Record, choose_victim
 from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
+from router.channel.sizing import size_bound
 from router.channel.store import ChannelRow, NewEvent
 
 __all__ = ["EventChannelFactoryImpl", "EventChannelImpl", "RoutePlan"]
@@ -337,11 +338,13 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if self.destroyed:
             raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
         now = time.time()
-        encoded = self._encode_checked(events)
+        sizes = self._sizes_checked(events)
         records = [self._make_record(source, ev, now) for ev in events]
-        for rec, body in zip(records, encoded, strict=True):
-            rec.size = len(body)
-        bodies = {rec.seq: body for rec, body in zip(records, encoded, strict=True)}
+        bodies: dict[int, bytes] = {}
+        for rec, (size, body) in zip(records, sizes, strict=True):
+            rec.size = size
+            if body is not None:
+                bodies[rec.seq] = body
         accepted = [r for r in records if source.admits(r.event)]
         if not accepted:
             return
@@ -375,11 +378,13 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if self.destroyed:
             raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
         now = time.time()
-        encoded = self._encode_checked(events)
+        sizes = self._sizes_checked(events)
         records = [self._make_record(source, ev, now) for ev in events]
-        for rec, body in zip(records, encoded, strict=True):
-            rec.size = len(body)
-        bodies = {rec.seq: body for rec, body in zip(records, encoded, strict=True)}
+        bodies: dict[int, bytes] = {}
+        for rec, (size, body) in zip(records, sizes, strict=True):
+            rec.size = size
+            if body is not None:
+                bodies[rec.seq] = body
         plans = [(rec, self._targets(rec)) for rec in records if source.admits(rec.event)]
         plans = [(rec, targets) for rec, targets in plans if targets]
         overflow = self._admit(len(plans)) if plans else 0
@@ -396,8 +401,9 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if not durable and not volatile:
             return
         accepted_at = plan.now or time.time()
+        self._encode_missing(durable, plan.bodies)
         origin, jms_ids = self._ledger_origin(plan.source, [rec for rec, _ in durable + volatile])
-        rows = [NewEvent(rec.seq, int(rec.event.form), plan.bodies[rec.seq], rec.priority, rec.deadline,
+        rows = [NewEvent(rec.seq, int(rec.event.form), plan.bodies.get(rec.seq, b""), rec.priority, rec.deadline,
                          rec.start_at, [(p.admin.id, p.id) for p in targets], accepted_at, origin, jms_id)
                 for (rec, targets), jms_id in zip(durable + volatile, jms_ids, strict=True)]
         ids = self.rt.store.insert_events(conn, self.id, rows[:len(durable)]) if durable else []
@@ -430,18 +436,38 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if len(plan.plans) > durable:
             telemetry.accepted(self.id, len(plan.plans) - durable, False)
 
-    def _encode_checked(self, events: Sequence[Event]) -> list[bytes]:
-        """Every event's CDR encoding; the whole push is refused (IMP_LIMIT, COMPLETED_NO) if one is larger than
-        the node's ``max_event_bytes``: the channel accepts only what it can deliver and store."""
-        encoded = [encode(ev) for ev in events]
+    @staticmethod
+    def _encode_missing(durable: list[tuple[Record, list[Any]]], bodies: dict[int, bytes]) -> None:
+        """Persistent events accepted on their size bound are encoded once, here, to be stored."""
+        for rec, _ in durable:
+            if rec.seq not in bodies:
+                bodies[rec.seq] = encode(rec.event)
+                rec.size = len(bodies[rec.seq])
+
+    def _sizes_checked(self, events: Sequence[Event]) -> list[tuple[int, bytes | None]]:
+        """Each event's size (and its CDR encoding when it had to be made); the whole push is refused (IMP_LIMIT,
+        COMPLETED_NO) if one is larger than the node's ``max_event_bytes``: the channel accepts only what it can
+        deliver and store.
+
+        Cheap and exact: an event whose :func:`size_bound` (an upper bound of its encoding) is within the limit is
+        accepted without being encoded, its size being that bound; any other event is encoded and its exact
+        length checked (the encoding is kept: a persistent event is stored with it, never encoded twice)."""
         limit = self.rt.max_event_bytes
-        too_big = [len(b) for b in encoded if limit and len(b) > limit]
+        out: list[tuple[int, bytes | None]] = []
+        for ev in events:
+            bound = size_bound(ev)
+            if bound is not None and (not limit or bound <= limit):
+                out.append((bound, None))
+            else:
+                body = encode(ev)
+                out.append((len(body), body))
+        too_big = [size for size, body in out if limit and body is not None and size > limit]
         if too_big:
             log.warning("channel %d: refused a push of %d event(s): an event of %d bytes is above the limit of %d "
                         "bytes (IMP_LIMIT)", self.id, len(events), max(too_big), limit)
             telemetry.rejected(self.id, len(events), "EVENT_TOO_LARGE")
             check_size(max(too_big), limit)
-        return encoded
+        return out
 
     @staticmethod
     def _enqueue_one(proxy: Any, rec: Record) -> None:
@@ -537,14 +563,17 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if not durable and not volatile:
             return
         accepted_at = now if now is not None else time.time()
+        self._encode_missing(durable, bodies)
         origin, jms_ids = self._ledger_origin(source, [rec for rec, _ in durable + volatile])
-        rows = [NewEvent(rec.seq, int(rec.event.form), bodies[rec.seq], rec.priority, rec.deadline,
+        rows = [NewEvent(rec.seq, int(rec.event.form), bodies.get(rec.seq, b""), rec.priority, rec.deadline,
                          rec.start_at, [(p.admin.id, p.id) for p in targets], accepted_at, origin, jms_id)
                 for (rec, targets), jms_id in zip(durable + volatile, jms_ids, strict=True)]
-        with self.rt.db.unit_of_work() as conn:
-            ids = self.rt.store.insert_events(conn, self.id, rows[:len(durable)]) if durable else []
-            if volatile:
+        if volatile:                            # ledger.best_effort: their rows in the same unit of work
+            with self.rt.db.unit_of_work() as conn:
+                ids = self.rt.store.insert_events(conn, self.id, rows[:len(durable)]) if durable else []
                 self.rt.store.best_effort_accepted(conn, self.id, rows[len(durable):])
+        else:
+            ids = self.rt.accept_commits.insert(self.id, rows)     # shares a commit with concurrent pushes
         for (rec, _), eid in zip(durable, ids, strict=True):
             rec.db_id = eid
         if volatile:

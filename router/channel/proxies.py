@@ -470,8 +470,8 @@ class PushSupplierMixin(ProxySupplierBase):
         if count == 0:
             return 0, None
         pacing = self.pacing()
-        if self.form != "SEQUENCE" or pacing <= 0:
-            return (count, None) if self.form != "SEQUENCE" else (0, since)
+        if self.form != "SEQUENCE" or pacing <= 0:    # PacingInterval 0: no time spent collecting (NS 2.5.5)
+            return count, None
         started = since if since is not None else time.time()
         return (count, None) if time.time() - started >= pacing else (0, started)
 
@@ -624,7 +624,7 @@ class PullSupplierMixin(ProxySupplierBase):
                 n = want()
                 count = self.queue.peek_count()
                 pacing = self.pacing()
-                if count >= n or (count and pacing > 0 and time.time() - started >= pacing):
+                if count >= n or (count and time.time() - started >= pacing):
                     entries: list[Entry] = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes)
                     if entries:
                         return entries
