@@ -111,7 +111,14 @@ def test_a_typical_event_is_bounded_tightly_enough() -> None:
 
 
 # -- the channel's check (EventChannelImpl._sizes_checked via route) ----------------------------------------------
+class _NoLedger:
+    def records(self, *, persistent: bool) -> bool:
+        return False
+
+
 class _Store:
+    ledger = _NoLedger()
+
     def __init__(self) -> None:
         self.rows: list[NewEvent] = []
 
