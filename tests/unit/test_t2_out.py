@@ -365,7 +365,7 @@ def test_broker_outage_requeues_without_counting_against_the_events(monkeypatch:
     rig.broker.inject_fault("begin", BrokerUnavailable("broker down"))
     rig.put(1, 2)
     assert rig.round() is Outcome.RETRY
-    assert len(rig.proxy.queue) == 2 and all(e.failures == 0 for e in rig.proxy.queue._items)
+    assert len(rig.proxy.queue) == 2 and all(e.failures == 0 for e in rig.proxy.queue._all())
     assert "broker" in rig.proxy.status_extra()["failing"]
     rig.transport.connect()
     assert rig.round() is Outcome.DELIVERED
