@@ -45,6 +45,8 @@ class RoutePlan:
     plans: list[tuple[Record, list[Any]]] = field(default_factory=list)
     bodies: dict[int, bytes] = field(default_factory=dict)
     overflow: int = 0
+    source: Any = None                   # the proxy consumer the events came from (the ledger's inbound rows)
+    accepted_at: float | None = None     # when the channel accepted them (plan_in's clock)
 
 
 class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
@@ -380,15 +382,17 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         plans = [(rec, self._targets(rec)) for rec in records if source.admits(rec.event)]
         plans = [(rec, targets) for rec, targets in plans if targets]
         overflow = self._admit(len(plans)) if plans else 0
-        return RoutePlan(plans, bodies, overflow)
+        return RoutePlan(plans, bodies, overflow, source, now)
 
     def store_in(self, conn: Any, plan: RoutePlan) -> None:
         """Insert the plan's persistent events and their queue rows on ``conn`` (the T2's PostgreSQL branch)."""
         durable = [(rec, t) for rec, t in plan.plans if rec.persistent]
         if not durable:
             return
+        origin, jms_ids = self._ledger_origin(plan.source, [rec for rec, _ in durable])
         rows = [NewEvent(rec.seq, int(rec.event.form), plan.bodies[rec.seq], rec.priority, rec.deadline,
-                         rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
+                         rec.start_at, [(p.admin.id, p.id) for p in targets], plan.accepted_at, origin, jms_id)
+                for (rec, targets), jms_id in zip(durable, jms_ids, strict=True)]
         ids = self.rt.store.insert_events(conn, self.id, rows)
         for (rec, _), eid in zip(durable, ids, strict=True):
             rec.db_id = eid

@@ -39,6 +39,7 @@ from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe
 from router.channel.channel import RoutePlan
 from router.channel.events import Event, normalise_structured
 from router.crashpoints import crashpoint
+from router.ledger import t2_branch
 from xa.coordinator import BranchOutcome, Transaction
 from xa.errors import TransactionRolledBack
 from xa.pg import PgBranch
@@ -226,7 +227,8 @@ class InboundT2Driver:
         plan = RoutePlan()
         with rt.db.branch() as conn:
             try:
-                rt.t2.enlist(txn, PgBranch(conn, "pg"))
+                rt.t2.enlist(txn, t2_branch(getattr(getattr(rt, "store", None), "ledger", None), conn,
+                                            PgBranch(conn, "pg"), txn.gtrid))
                 if settings.timeout_s:
                     conn.execute("SELECT set_config('statement_timeout', %s, true)",
                                  (f"{settings.timeout_s * 1000}ms",))
