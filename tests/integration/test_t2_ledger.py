@@ -32,7 +32,7 @@ from xa.xid import parse_gtrid
 
 from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep
 from conftest import NsjmsServer
-from stdclients import make_event, wait_until
+from stdclients import make_event, prop, short, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
@@ -143,3 +143,33 @@ def test_t2_rows_carry_gtrid_dedupe_and_message_ids_and_the_audit_finds_nothing_
     assert summary["by_status"] == {"delivered": 3 * N}, summary
     print(f"T2 ledger: {len(out_gtrids)} channel -> JMS T2s, {len(set(inbox.values()))} JMS -> channel T2s; "
           f"audit {summary['by_status']}")
+
+
+def test_a_pull_without_t2_writes_the_jms_to_channel_rows_too(nsjms_server: NsjmsServer, factory: Any,
+                                                              client_orb: Any, broker_url: str,
+                                                              fresh_db: str) -> None:
+    """EnableTransaction FALSE on a Persistent channel pulling from a bridge of its node (one local unit of work per
+    round, router.channel.t2in.round_local): each message's ``accepted`` and ``delivered`` rows with the inbox's
+    JMS message id, no gtrid and no T2 hops. (Before, these pulls stored events without any ``jms_to_channel`` row.)"""
+    dsn = fresh_db
+    channel, cid = factory.create_channel([prop("EventReliability", short(PERSISTENT)),
+                                           prop("ConnectionReliability", short(PERSISTENT))], [])
+    cid = int(cid)
+    consumer = _push_consumer(channel)
+    queue = _name("t2ledger.local")
+    _produce(broker_url, queue, range(N))
+    bf = bridge_factory(client_orb, nsjms_server)
+    bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid, BA.PULL))
+    bridge.start_bridge()
+    assert wait_until(lambda: _drained(dsn, bid, N, consumer), TIMEOUT_S), f"{consumer.count()} of {N}"
+    assert wait_until(lambda: _count(dsn, "direction = 'jms_to_channel' AND outcome = 'delivered'") == N,
+                      TIMEOUT_S), _summary(dsn)
+    with psycopg.connect(dsn) as conn:
+        inbox = {r[0] for r in conn.execute("SELECT message_id FROM nsjms_inbox WHERE bridge_id = %s",
+                                            (int(bid),)).fetchall()}
+    from_jms = _by_obligation(_rows(dsn, "direction = 'jms_to_channel'"))
+    assert len(from_jms) == N
+    for obl in from_jms.values():
+        assert [r["outcome"] for r in obl] == ["accepted", "delivered"], obl
+        assert obl[0]["jms_message_id"] in inbox and {r["gtrid"] for r in obl} == {None}
+        assert obl[1]["acknowledged_at"] is not None and obl[1]["prepared_at"] is None
