@@ -136,7 +136,7 @@ def check_honoured(proxy: Any, qos: dict[str, Any]) -> None:
 def status(proxy: Any) -> dict[str, Any]:
     """``t2_unavailable`` (the reason) for a connected proxy consumer whose EnableTransaction is TRUE (its own, or
     inherited from its admin or channel) but that cannot run a routing transaction; else nothing."""
-    if not proxy.connected or not t2_settings(proxy, sequence=proxy.form == "SEQUENCE").enabled:
+    if not getattr(proxy, "connected", False) or not t2_settings(proxy, sequence=proxy.form == "SEQUENCE").enabled:
         return {}
     reason = unavailable_reason(proxy)
     return {"t2_unavailable": reason} if reason is not None else {}
