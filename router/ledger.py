@@ -21,14 +21,17 @@ import re
 import secrets
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time, timedelta
 from enum import StrEnum
 from importlib import resources
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import Xid, sql
+
+from xa.pg import translate
+from xa.xid import dedupe_id as message_dedupe_id
 
 __all__ = [
     "CHANNEL_DEDUPE_SQL",
@@ -44,6 +47,8 @@ __all__ = [
     "Outcome",
     "Route",
     "T2Item",
+    "T2LedgerBranch",
+    "T2Rows",
     "channel_dedupe_id",
     "day_bounds",
     "drop_expired_partitions",
@@ -53,6 +58,7 @@ __all__ = [
     "maintain",
     "partition_name",
     "schema_sql",
+    "t2_branch",
     "timestamp",
     "volatile_dedupe_id",
 ]
@@ -184,6 +190,18 @@ class T2Item:
     dispatched_at: Time | None = None
 
 
+@dataclass
+class T2Rows:
+    """The ledger rows of one T2's PostgreSQL branch, collected while the branch's statements run (the store's
+    calls add them instead of writing them) and written by :class:`T2LedgerBranch` in one statement, the branch's
+    last before ``PREPARE TRANSACTION``. ``messages``: event id -> the ``nsjms_dedupe_id`` of the JMS message the
+    T2 sends for it (channel → JMS)."""
+
+    gtrid: str
+    messages: dict[int, str] = field(default_factory=dict)
+    rows: list[LedgerRow] = field(default_factory=list)
+
+
 def channel_dedupe_id(event_id: int, channel_id: int, admin_id: int, proxy_id: int) -> str:
     """The obligation of a stored event for one proxy supplier: ``e<event>/c<channel>/a<admin>/p<proxy>``."""
     return f"e{event_id}/c{channel_id}/a{admin_id}/p{proxy_id}"
@@ -234,6 +252,26 @@ class LedgerWriter:
         self._lock = threading.Lock()
         self.rows_written = 0
         self.run_id = secrets.token_hex(6)   # names this run's BestEffort obligations (their seqs restart)
+        self._t2: dict[int, tuple[Any, T2Rows]] = {}     # id(conn) -> (conn, rows) of a T2 branch in progress
+
+    # -- T2 branches ----------------------------------------------------------------------------------------
+    def t2_rows(self, conn: Any) -> T2Rows | None:
+        """The rows being collected for the T2 whose PostgreSQL branch runs on ``conn``, or None (not in a T2)."""
+        with self._lock:
+            got = self._t2.get(id(conn))
+        return got[1] if got is not None and got[0] is conn else None
+
+    def _attach(self, conn: Any, rows: T2Rows) -> None:
+        with self._lock:
+            self._t2[id(conn)] = (conn, rows)
+
+    def _detach(self, conn: Any) -> T2Rows | None:
+        with self._lock:
+            got = self._t2.get(id(conn))
+            if got is None or got[0] is not conn:
+                return None
+            del self._t2[id(conn)]
+        return got[1]
 
     # -- routes -------------------------------------------------------------------------------------------
     def set_route(self, channel_id: int, side: str, admin_id: int, proxy_id: int, route: Route) -> None:
@@ -300,6 +338,58 @@ class LedgerWriter:
                           i.jms_message_id, i.proxy_id, i.bridge_id, i.destination, gtrid, i.dispatched_at,
                           prepared_at, decided_at, broker_committed_at, acknowledged_at, reason) for i in items]
         return self.write(conn, rows)
+
+
+class T2LedgerBranch:
+    """A T2's PostgreSQL branch (any :class:`xa.resource.Resource`) that writes the T2's ledger rows.
+
+    From ``begin`` on, the store's calls on ``conn`` collect their rows in :class:`T2Rows` (with the gtrid and the
+    statement's time as ``dispatched_at``) instead of writing them; ``prepare`` writes them all in ONE statement
+    with ``prepared_at`` = now, then prepares the branch: the rows are in the branch, so they commit exactly when
+    the T2 commits and vanish with a rollback. A failing insert votes no (:class:`xa.errors.PrepareFailed`)."""
+
+    def __init__(self, writer: LedgerWriter, conn: psycopg.Connection[Any], inner: Any, rows: T2Rows) -> None:
+        self.writer = writer
+        self.conn = conn
+        self.inner = inner
+        self.rows = rows
+        self.name, self.kind, self.manager = inner.name, inner.kind, inner.manager
+        self.one_phase_only = inner.one_phase_only
+
+    def sort_key(self) -> str:
+        key: str = self.inner.sort_key()
+        return key
+
+    def begin(self, xid: Xid) -> None:
+        self.inner.begin(xid)
+        self.writer._attach(self.conn, self.rows)
+
+    def prepare(self) -> None:
+        rows = self.writer._detach(self.conn)
+        if rows is not None and rows.rows:
+            now = datetime.now(UTC)
+            try:
+                self.writer.write(self.conn, [replace(r, prepared_at=now) for r in rows.rows])
+            except psycopg.Error as exc:
+                raise translate(exc, step="prepare", gtrid=rows.gtrid, branch=self.name) from exc
+        self.inner.prepare()
+
+    def commit(self) -> None:
+        self.inner.commit()
+
+    def rollback(self) -> None:
+        self.writer._detach(self.conn)
+        self.inner.rollback()
+
+
+def t2_branch(ledger: Any, conn: Any, branch: Any, gtrid: str, outbox: Sequence[int | None] = ()) -> Any:
+    """``branch`` (a T2's PostgreSQL branch on ``conn``) as a :class:`T2LedgerBranch` when ``ledger`` records
+    persistent traffic, else unchanged. ``outbox``: the event ids of the T2's messages in send order (channel →
+    JMS: message ``i`` carries ``xa.xid.dedupe_id(gtrid, i)``); the rows of those events record that id."""
+    if not isinstance(ledger, LedgerWriter) or not ledger.records(persistent=True):
+        return branch
+    messages = {eid: message_dedupe_id(gtrid, i) for i, eid in enumerate(outbox) if eid is not None}
+    return T2LedgerBranch(ledger, conn, branch, T2Rows(gtrid, messages))
 
 
 def _with(row: LedgerRow, outcome: Outcome, reason: str | None) -> LedgerRow:

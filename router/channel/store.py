@@ -38,6 +38,8 @@ from router.ledger import (
     LedgerRow,
     LedgerWriter,
     Outcome,
+    Route,
+    T2Rows,
     channel_dedupe_id,
     inbound_dedupe_id,
     timestamp,
@@ -228,9 +230,9 @@ class Store:
     # The ``accepted`` ledger row of each (event, proxy supplier) obligation, in the same statement.
     _LEDGER_ACCEPTED = f""", l AS (
             INSERT INTO nsjms_ledger(event_id, dedupe_id, channel_id, proxy_id, bridge_id, destination, direction,
-                                     accepted_at, outcome)
+                                     gtrid, accepted_at, outcome)
             SELECT ev.id, {CHANNEL_DEDUPE_SQL.format(event="ev.id", channel="%(cid)s", admin="t.a", proxy="t.p")},
-                   %(cid)s, t.p, t.bridge, t.dest, t.dir, ev.received_at, 'accepted'
+                   %(cid)s, t.p, t.bridge, t.dest, t.dir, %(gtrid)s::text, ev.received_at, 'accepted'
             FROM t JOIN ev ON ev.seq = t.seq
         )"""
     _INSERT_PLAIN = _INSERT_EVENTS.format(ledger="")
@@ -242,10 +244,15 @@ class Store:
 
         For an event a JMS → channel bridge pushed (``source`` is a proxy the bridge registered), a second
         statement of the same unit of work writes ``accepted`` and ``delivered`` for the JMS message's obligation
-        (the channel now durably holds it). All carry the event's ``received_at`` as ``accepted_at``."""
+        (the channel now durably holds it). All carry the event's ``received_at`` as ``accepted_at``.
+
+        Inside a T2 (``conn`` is its PostgreSQL branch, :func:`router.ledger.t2_branch`) the ``accepted`` rows carry
+        its gtrid, and the JMS message's rows are collected for the branch's prepare (gtrid, ``dispatched_at`` =
+        now, ``prepared_at``) instead of being written here."""
         if not events:
             return []
         ledgered = self.ledger.records(persistent=True)
+        t2 = self.ledger.t2_rows(conn) if ledgered else None
         routes = [(self.ledger.route(cid, "C", a, p) or CONSUMER) if ledgered else CONSUMER
                   for ev in events for a, p in ev.targets]
         params = {
@@ -258,7 +265,7 @@ class Store:
             "qadmin": [a for ev in events for a, _ in ev.targets],
             "qproxy": [p for ev in events for _, p in ev.targets],
             "qbridge": [r.bridge_id for r in routes], "qdest": [r.destination for r in routes],
-            "qdir": [str(r.direction) for r in routes],
+            "qdir": [str(r.direction) for r in routes], "gtrid": t2.gtrid if t2 is not None else None,
         }
         rows = conn.execute(self._INSERT_LEDGERED if ledgered else self._INSERT_PLAIN, params).fetchall()
         by_seq = {int(seq): (int(eid), received) for eid, seq, received in rows}
@@ -266,7 +273,11 @@ class Store:
             self.ledger.count(len(routes))
             inbound = [row for ev in events if ev.source is not None
                        for row in self._inbound_rows(cid, ev, by_seq[ev.seq][0], by_seq[ev.seq][1])]
-            self.ledger.write(conn, inbound)
+            if t2 is None:
+                self.ledger.write(conn, inbound)
+            else:
+                now = time.time()
+                t2.rows.extend(replace(r, gtrid=t2.gtrid, dispatched_at=now, acknowledged_at=None) for r in inbound)
         return [by_seq[ev.seq][0] for ev in events]
 
     def best_effort_accepted(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> None:
@@ -317,12 +328,33 @@ class Store:
                          "AND event_id = ANY(%s)", (cid, aid, pid, ids))
             return
         route = self.ledger.route(cid, "C", aid, pid) or CONSUMER
+        t2 = self.ledger.t2_rows(conn)
+        if t2 is not None:
+            self._t2_delete(conn, t2, cid, aid, pid, ids, route, outcome, reason, dispatched_at)
+            return
         cur = conn.execute(self._DELETE_LEDGERED, {
             "cid": cid, "aid": aid, "pid": pid, "ids": ids, "bridge": route.bridge_id, "dest": route.destination,
             "dir": str(route.direction), "disp": timestamp(dispatched_at),
             "ack": timestamp(time.time()) if outcome is Outcome.DELIVERED else None, "outcome": str(outcome),
             "reason": reason, "gtrid": gtrid})
         self.ledger.count(max(cur.rowcount, 0))
+
+    def _t2_delete(self, conn: Conn, t2: T2Rows, cid: int, aid: int, pid: int, ids: list[int], route: Route,
+                   outcome: Outcome, reason: str | None, dispatched_at: float | None) -> None:
+        """Inside a T2: the queue rows leave now; the row of each one actually deleted is collected for the
+        branch's prepare (gtrid, ``dispatched_at`` = now unless given, the message's dedupe id as
+        ``jms_message_id``), without ``acknowledged_at`` (the broker commit follows the decision)."""
+        gone = conn.execute(
+            "DELETE FROM nsjms_queue q USING nsjms_event e WHERE q.channel_id = %s AND q.admin_id = %s "
+            "AND q.proxy_id = %s AND q.event_id = ANY(%s) AND e.id = q.event_id "
+            "RETURNING q.event_id, e.received_at", (cid, aid, pid, ids)).fetchall()
+        when = dispatched_at if dispatched_at is not None else time.time()
+        order = {eid: i for i, eid in enumerate(ids)}
+        t2.rows.extend(
+            LedgerRow(channel_dedupe_id(eid, cid, aid, pid), cid, route.direction, accepted_at, outcome,
+                      event_id=eid, jms_message_id=t2.messages.get(eid), proxy_id=pid, bridge_id=route.bridge_id,
+                      destination=route.destination, gtrid=t2.gtrid, dispatched_at=when, failure_reason=reason)
+            for eid, accepted_at in sorted(gone, key=lambda g: order.get(g[0], 0)))
 
     # One statement: the queue rows leave, and each one actually deleted gets its ledger row.
     _DELETE_LEDGERED = f"""

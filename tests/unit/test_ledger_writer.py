@@ -116,3 +116,95 @@ def test_routes_and_dedupe_ids() -> None:
     assert w.route(1, "C", 2, 3) is None
     assert channel_dedupe_id(9, 1, 2, 3) == "e9/c1/a2/p3"
     assert inbound_dedupe_id(5, "ID:x-1") == "j5/ID:x-1"
+
+
+# -------------------------------------------------------------------------------------- a T2's PostgreSQL branch
+class Branch:
+    """A two-phase participant twin: records the order of its steps."""
+
+    name, kind, manager, one_phase_only = "queue", "postgresql", "postgresql", False
+
+    def __init__(self, steps: list[str]) -> None:
+        self.steps = steps
+
+    def sort_key(self) -> str:
+        return self.name
+
+    def begin(self, xid: Any) -> None:
+        self.steps.append("begin")
+
+    def prepare(self) -> None:
+        self.steps.append("prepare")
+
+    def commit(self) -> None:
+        self.steps.append("commit")
+
+    def rollback(self) -> None:
+        self.steps.append("rollback")
+
+
+class StepConn(FakeConn):
+    def __init__(self, steps: list[str], fail: Exception | None = None) -> None:
+        super().__init__()
+        self.steps, self.fail = steps, fail
+
+    def execute(self, query: Any, params: Any = None) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.steps.append("insert")
+        super().execute(query, params)
+
+
+GTRID = "n1:0123456789abcdef01234567"
+
+
+def test_a_t2_branch_writes_its_collected_rows_in_one_statement_just_before_prepare() -> None:
+    from router.ledger import t2_branch
+
+    steps: list[str] = []
+    conn, w = StepConn(steps), LedgerWriter()
+    branch = t2_branch(w, conn, Branch(steps), GTRID, [11, None, 12])
+    assert w.t2_rows(conn) is None, "nothing collects before the branch begins"
+    branch.begin(None)
+    rows = w.t2_rows(conn)
+    assert rows is not None and rows.gtrid == GTRID
+    assert rows.messages == {11: f"{GTRID}/0", 12: f"{GTRID}/2"}, "message i of the T2 is event i of the batch"
+    rows.rows += [row("a", gtrid=GTRID, outcome=Outcome.DELIVERED), row("b", gtrid=GTRID, outcome=Outcome.DELIVERED)]
+    assert conn.calls == []
+    branch.prepare()
+    assert steps == ["begin", "insert", "prepare"] and len(conn.calls) == 1
+    prepared = conn.calls[0][1][11]
+    assert prepared[0] is not None and prepared[0] == prepared[1], "one prepared_at for the T2's rows"
+    assert w.t2_rows(conn) is None
+    branch.commit()
+    assert steps[-1] == "commit"
+
+
+def test_a_rolled_back_t2_branch_writes_nothing_and_a_failing_insert_votes_no() -> None:
+    import psycopg
+
+    from router.ledger import t2_branch
+    from xa.errors import PrepareFailed
+
+    steps: list[str] = []
+    conn, w = StepConn(steps), LedgerWriter()
+    branch = t2_branch(w, conn, Branch(steps), GTRID)
+    branch.begin(None)
+    w.t2_rows(conn).rows.append(row("a", outcome=Outcome.DELIVERED))  # type: ignore[union-attr]
+    branch.rollback()
+    assert steps == ["begin", "rollback"] and conn.calls == [] and w.t2_rows(conn) is None
+    failing = StepConn(steps := [], psycopg.errors.CheckViolation("no"))
+    branch = t2_branch(w, failing, Branch(steps), GTRID)
+    branch.begin(None)
+    w.t2_rows(failing).rows.append(row("a", outcome=Outcome.DELIVERED))  # type: ignore[union-attr]
+    with pytest.raises(PrepareFailed, match=r"prepare"):
+        branch.prepare()
+    assert "prepare" not in steps, "the branch never prepares without its rows"
+
+
+def test_without_the_ledger_the_branch_is_unchanged() -> None:
+    from router.ledger import t2_branch
+
+    inner = Branch([])
+    assert t2_branch(LedgerWriter(LedgerSettings(enabled=False)), fake(), inner, GTRID) is inner
+    assert t2_branch(None, fake(), inner, GTRID) is inner
