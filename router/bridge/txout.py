@@ -16,6 +16,11 @@ a transactional object that never decides (NJI 2.7.4), then in the SAME PostgreS
 4. enlists the broker SEND branch (:class:`router.bridge.txbranch.SendBranch`) and sends the frames in its STOMP
    transaction, the last one receipted.
 
+Steps 3 and 4 overlap: the outbox INSERT goes out in psycopg's pipeline mode and its result is read only after the
+last frame's receipt, so PostgreSQL stores the rows while the broker takes the frames (one round trip less per T2;
+both are uncommitted work of the same T2 until its decision, so their order does not matter). A failed INSERT
+raises when the pipeline ends, before ``forward_in_t2`` returns: the T2 then rolls back as for any other failure.
+
 Any failure marks the T2 rollback-only with the reason and raises :class:`ForwardFailed` (``content`` True when
 the broker refused a frame: the batch, not the broker, is the problem; the channel then narrows it down). The
 commit and every decision stay with the channel.
@@ -134,7 +139,12 @@ class OutboundT2:
         rows = [OutboxRow(txn.gtrid, i, self._dedupe(f, txn.gtrid, i), self.bridge_id, f.destination,
                           {**f.encoded.headers, "persistent": "true" if f.persistent else "false"}, f.encoded.body)
                 for i, f in enumerate(frames)]
-        outbox_insert(conn, rows)
+        with conn.pipeline():                    # the INSERT's result is read when the block ends (see above)
+            outbox_insert(conn, rows)
+            self._send(txn, frames, rows)
+        return Forwarded(txn.gtrid, len(frames) - dead, dead)
+
+    def _send(self, txn: Any, frames: list[_Frame], rows: list[OutboxRow]) -> None:
         try:
             branch = SendBranch(self.transport())
             self.enlist(txn, branch)
@@ -153,7 +163,6 @@ class OutboundT2:
             except Exception as exc:  # noqa: BLE001 — SendFailed, ReceiptTimeout, BrokerUnavailable, ...
                 self._noted(exc)
                 self._fail(txn, f"sending to the broker failed: {type(exc).__name__}: {exc}", content=False)
-        return Forwarded(txn.gtrid, len(frames) - dead, dead)
 
     def _noted(self, exc: Exception) -> None:
         if self.note_problem is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import pytest
@@ -59,6 +59,9 @@ class FakeConn:
 
     def outbox(self) -> list[Any]:
         return [p for s, p in self.statements if "nsjms_outbox" in s]
+
+    def pipeline(self) -> Any:
+        return nullcontext()
 
 
 class FakeDb:
