@@ -37,7 +37,7 @@ from typing import Any
 from router import telemetry
 from router.bridge.txbranch import SendBranch
 from router.channel.txdelivery import ForwardFailed
-from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
+from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import EncodedMessage, MessageCodec, SendRefused, Transport, stomp_destination
 from router.t2 import OutboxRow, outbox_insert
 from xa.errors import TransactionRolledBack
@@ -74,7 +74,8 @@ class OutboundT2:
                  codec: MessageCodec, to_jms: Callable[[Any, Destination], JmsMessage],
                  event_bytes: Callable[[Any], bytes], dead_letter: Destination, enlist: Callable[[Any, Any], Any],
                  running: Callable[[], bool], note_problem: Callable[[Exception], None] | None = None, *,
-                 amq_dupl_id: bool = False) -> None:
+                 amq_dupl_id: bool = False,
+                 to_frame: Callable[[Any, Destination], tuple[JmsMessage, EncodedMessage]] | None = None) -> None:
         self.bridge_id = bridge_id
         self.destination = destination
         self.transport = transport
@@ -86,6 +87,9 @@ class OutboundT2:
         self.running = running
         self.note_problem = note_problem     # wakes the bridge's supervisor after a broker failure
         self.amq_dupl_id = amq_dupl_id
+        # map AND encode in one step (the bridge encodes to check the broker's limits: encoding once saves that
+        # work per event); its encoding must be ``codec``'s. None: ``to_jms`` then ``codec.encode``
+        self.to_frame = to_frame
         self.forwarded = 0
         self.dead_lettered = 0
         self.committed = 0
@@ -188,8 +192,11 @@ class OutboundT2:
             reason = dead_letter_reason
             if reason is None:
                 try:
-                    msg = self.to_jms(event, self.destination)
-                    frames.append(self._frame(self.destination, msg))
+                    if self.to_frame is not None:
+                        msg, encoded = self.to_frame(event, self.destination)
+                        frames.append(self._encoded(self.destination, msg, encoded))
+                    else:
+                        frames.append(self._frame(self.destination, self.to_jms(event, self.destination)))
                     continue
                 except MappingError as exc:
                     reason = str(exc)
@@ -203,9 +210,10 @@ class OutboundT2:
         return frames, dead
 
     def _frame(self, destination: Destination, msg: JmsMessage) -> _Frame:
-        from router.jms.model import DeliveryMode
+        return self._encoded(destination, msg, self.codec.encode(msg))
 
-        encoded = self.codec.encode(msg)
+    @staticmethod
+    def _encoded(destination: Destination, msg: JmsMessage, encoded: EncodedMessage) -> _Frame:
         return _Frame(stomp_destination(destination), EncodedMessage(dict(encoded.headers), encoded.body),
                       msg.delivery_mode is DeliveryMode.PERSISTENT)
 
