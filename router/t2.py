@@ -77,12 +77,15 @@ class OutboxRow:
 
 
 def outbox_insert(conn: Conn, rows: Sequence[OutboxRow]) -> None:
-    """Insert ``rows`` in the caller's branch (one statement)."""
+    """Insert ``rows`` in the caller's branch (one statement). The arrays go in binary format (``%b``): the text
+    format quotes and escapes every element of a text array in Python (a regular expression per element), which
+    cost more than the round trip for a batch of 100 1 KB frames."""
     if not rows:
         return
     conn.execute(
         "INSERT INTO nsjms_outbox(gtrid, idx, dedupe_id, bridge_id, destination, headers, body) "
-        "SELECT * FROM unnest(%s::text[], %s::int[], %s::text[], %s::int[], %s::text[], %s::jsonb[], %s::bytea[])",
+        "SELECT * FROM unnest(%b::text[], %b::int[], %b::text[], %b::int[], %b::text[], %b::text[]::jsonb[], "
+        "%b::bytea[])",
         ([r.gtrid for r in rows], [r.idx for r in rows], [r.dedupe_id for r in rows], [r.bridge_id for r in rows],
          [r.destination for r in rows], [json.dumps(dict(r.headers)) for r in rows], [r.body for r in rows]))
 

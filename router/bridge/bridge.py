@@ -251,7 +251,7 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
 
         out = OutboundT2(self.id, self.destination, self._transport, MappingCodec(), self._to_jms, _event_bytes,
                          self.factory.broker.dead_letter, t2.enlist, self.running, self.note_broker_problem,
-                         amq_dupl_id=self.factory.broker.amq_dupl_id)
+                         amq_dupl_id=self.factory.broker.amq_dupl_id, to_frame=self._to_jms_frame)
         out.on_idle = self._t2_idle
         self._t2_ior = self.rt.ior(self.endpoint_ref)
         t2.register_local(self._t2_ior, out)
@@ -265,6 +265,17 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
         check_stomp_limits(message_to_stomp(msg).headers)
         return msg
+
+    def _to_jms_frame(self, event: Any, destination: Destination) -> tuple[Any, Any]:
+        """:meth:`_to_jms` and the frame it checked, encoded once (``MappingCodec.encode``'s encoding): the T2
+        path sends that frame instead of encoding the message a second time."""
+        from router.jms.transport import EncodedMessage
+        from router.mapping.stomp_body import message_to_stomp
+
+        msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
+        frame = message_to_stomp(msg)
+        check_stomp_limits(frame.headers)
+        return msg, EncodedMessage(dict(frame.headers), bytes(frame.body))
 
     def _to_event(self, msg: Any) -> Any:
         """NJI 2.4.1 mapping; into a BestEffort channel the EventReliability header is left out, because the

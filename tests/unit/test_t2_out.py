@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import pytest
@@ -59,6 +59,9 @@ class FakeConn:
 
     def outbox(self) -> list[Any]:
         return [p for s, p in self.statements if "nsjms_outbox" in s]
+
+    def pipeline(self) -> Any:
+        return nullcontext()
 
 
 class FakeDb:
@@ -283,6 +286,34 @@ def test_a_batch_is_delivered_in_one_t2_with_dedupe_ids(monkeypatch: pytest.Monk
     assert len(rig.proxy.queue) == 1 and rig.records[4].holders == 1
     assert rig.out.status()["t2_committed"] == 1 and not rig.out.active()
     assert [k for k in rig.t2.log.kinds()] == ["Commit", "End"]
+
+
+def test_a_participant_that_maps_and_encodes_in_one_step_sends_that_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``to_frame`` (the bridge's map + encode + limits check in one step): the frame it returns is sent as is,
+    with the dedupe id added; ``to_jms`` and the codec are not called again; a mapping failure still dead-letters."""
+    rig = Rig(monkeypatch, events=3)
+    calls: list[Any] = []
+
+    def to_frame(event: Any, destination: Destination) -> tuple[JmsMessage, EncodedMessage]:
+        calls.append(event)
+        msg = to_jms(event, destination)
+        encoded = MappingCodec().encode(msg)
+        return msg, EncodedMessage({**encoded.headers, "encoded_once": str(event)}, encoded.body)
+
+    def no_to_jms(event: Any, destination: Destination) -> JmsMessage:
+        raise AssertionError("to_jms must not be called when to_frame is given")
+
+    rig.out.to_frame, rig.out.to_jms = to_frame, no_to_jms
+    rig.put(1, 13, 3)
+    assert rig.round() is Outcome.DELIVERED
+    sent = rig.on("out")
+    assert [m.body.decode() for m in sent] == ["event 1", "event 3"]
+    assert [m.headers["encoded_once"] for m in sent] == ["1", "3"], "the frame to_frame encoded is the one sent"
+    gtrid = sent[0].headers[DEDUPE_PROPERTY].rsplit("/", 1)[0]
+    dead = rig.on("nsjms.DLQ")
+    assert sorted(m.headers[DEDUPE_PROPERTY] for m in sent + dead) == [f"{gtrid}/{i}" for i in range(3)]
+    assert [m.body for m in dead] == [b"13"], "the unmappable event is dead-lettered in the T2"
+    assert sorted(calls) == [1, 3, 13], "each event mapped once"
 
 
 def test_a_sequence_proxy_takes_transaction_event_sequences_times_batch_size(monkeypatch: pytest.MonkeyPatch
