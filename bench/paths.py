@@ -39,10 +39,9 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bridge_bench import _count_queue, _endpoint, _persistent_channel, from_jms_rate, to_jms_rate
-
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
+from bridge_bench import _count_queue, _endpoint, _persistent_channel, from_jms_rate, to_jms_rate
 from channel_bench import Counter, _consumer, _event
 from common import (
     NodeProcess,
