@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -288,18 +289,144 @@ def print_recovery(n: int, rows: int, res: dict[str, list[float]]) -> None:
 
 
 # ----------------------------------------------------------------------------------------- data paths
-def require_paths() -> None:
-    """Fail clearly until both T2 data paths exist."""
-    missing = []
-    try:
-        from router.bridge import flows
-    except ImportError:
-        flows = None  # type: ignore[assignment]
-    src = Path(flows.__file__).read_text() if flows else ""
-    if "t2" not in src and "NodeTransactions" not in src and "runtime.t2" not in src:
-        missing.append("channel → JMS and JMS → channel (router/bridge does not run a T2 yet: h/t2out, h/t2in)")
-    if missing:
-        raise SystemExit("t2_bench: the T2 data path is missing: " + "; ".join(missing))
+def missing_paths() -> list[str]:
+    """The T2 data paths this tree lacks (empty when both are there)."""
+    import importlib.util
+
+    wanted = {"channel → JMS under T2 (router.bridge.txout, branch h/t2out)": "router.bridge.txout",
+              "JMS → channel under T2 (router.bridge.t2in, branch h/t2in)": "router.bridge.t2in"}
+    return [what for what, module in wanted.items() if importlib.util.find_spec(module) is None]
+
+
+def _t2_out_route(factory: Any, bf: Any, tx_events: int) -> tuple[Any, Any, str]:
+    """A Persistent channel and a bridge to a fresh queue with ``enable_transaction(tx_events, 60)``."""
+    from bridge_bench import _endpoint, _persistent_channel
+
+    from idl.generated import NsjmsAdmin
+
+    channel, cid = _persistent_channel(factory)
+    queue = f"bench.t2out.{cid}"
+    bridge, _ = bf.create_bridge(_endpoint("SOURCE", cid, None, False), _endpoint("SINK", None, queue, False))
+    bridge._narrow(NsjmsAdmin.ManagedBridge).enable_transaction(tx_events, 60)
+    bridge.start_bridge()
+    return channel, bridge, queue
+
+
+def to_jms_t2_rate(factory: Any, bf: Any, url: str, n: int, tx_events: int = 100) -> float:
+    """Channel → JMS under T2: events pushed 100 per call (a sequence supplier, so the supplier is not the limit),
+    timed until the last one is received by a STOMP consumer."""
+    from bridge_bench import _count_queue
+
+    import CosNotifyChannelAdmin as NCA
+
+    from channel_bench import Counter, _event
+
+    channel, bridge, queue = _t2_out_route(factory, bf, tx_events)
+    counter = Counter()
+    conn = _count_queue(url, queue, counter)
+    pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(NCA.SEQUENCE_EVENT)
+    pc = pc._narrow(NCA.SequenceProxyPushConsumer)
+    pc.connect_sequence_push_supplier(None)
+    events = [_event(i) for i in range(n)]
+    t0 = time.perf_counter()
+    for i in range(0, n, 100):
+        pc.push_structured_events(events[i:i + 100])
+    counter.wait(n)
+    elapsed = time.perf_counter() - t0
+    conn.disconnect()
+    bridge.destroy()
+    channel.destroy()
+    return n / elapsed
+
+
+def t2_latency(factory: Any, bf: Any, url: str, n: int, per_s: float, tx_events: int = 100) -> list[float]:
+    """Channel → JMS under T2: ``n`` events offered at ``per_s`` (one structured push each, paced on the clock);
+    returns each event's milliseconds from the push call to its arrival at a STOMP consumer."""
+    from urllib.parse import urlsplit
+
+    import stomp
+
+    from omniORB import CORBA
+
+    import CosNotification
+    import CosNotifyChannelAdmin as NCA
+
+    channel, bridge, queue = _t2_out_route(factory, bf, tx_events)
+    lat: list[float] = []
+    done = threading.Event()
+
+    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
+        def on_message(self, frame: Any) -> None:
+            lat.append((time.time_ns() - int(frame.headers["$fd_sent"])) / 1e6)
+            if len(lat) >= n:
+                done.set()
+
+    parts = urlsplit(url)
+    conn = stomp.Connection12([(parts.hostname, parts.port)])
+    conn.set_listener("l", Listener())
+    conn.connect(wait=True)
+    conn.subscribe(f"/queue/{queue}", id="1", ack="auto", headers={"activemq.prefetchSize": "1000"})
+    pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(NCA.STRUCTURED_EVENT)
+    pc = pc._narrow(NCA.StructuredProxyPushConsumer)
+    pc.connect_structured_push_supplier(None)
+    head = CosNotification.EventHeader(CosNotification.FixedEventHeader(
+        CosNotification.EventType("Bench", "Latency"), "lat"), [])
+    t0 = time.perf_counter()
+    for i in range(n):
+        delay = t0 + i / per_s - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        fd = [CosNotification.Property("sent", CORBA.Any(CORBA.TC_string, str(time.time_ns())))]
+        pc.push_structured_event(CosNotification.StructuredEvent(head, fd, CORBA.Any(CORBA.TC_string, PAYLOAD)))
+    offered = n / (time.perf_counter() - t0)
+    if not done.wait(120):
+        raise RuntimeError(f"only {len(lat)}/{n} latency events arrived")
+    conn.disconnect()
+    bridge.destroy()
+    channel.destroy()
+    print(f"  latency run: offered {offered:,.0f} events/s")
+    return lat
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def data_paths(dsn: str, url: str, n: int, repeats: int) -> None:
+    from bridge_bench import from_jms_rate, stomp_consume_rate
+
+    from common import node, stomp_send_rate
+
+    rates: dict[str, list[float]] = {k: [] for k in ("raw tx", "t2 out", "raw consume", "t2 in")}
+    p50: list[float] = []
+    p99: list[float] = []
+    with node(dsn, url) as ep:
+        import CosNotifyChannelAdmin as NCA
+
+        from idl.generated import CosBridgeAdmin as BA
+
+        orb = client_orb()
+        factory = orb.string_to_object(ep["event_channel_factory"]["corbaloc"])._narrow(NCA.EventChannelFactory)
+        bf = orb.string_to_object(ep["bridge_factory"]["corbaloc"])._narrow(BA.BridgeFactory)
+        to_jms_t2_rate(factory, bf, url, 500)                                   # warm-up
+        from_jms_rate(factory, bf, url, 200, pull=True, t2_events=100)
+        for _ in range(repeats):
+            rates["raw tx"].append(stomp_send_rate(url, n, per_tx=100))
+            rates["t2 out"].append(to_jms_t2_rate(factory, bf, url, n))
+            rates["raw consume"].append(stomp_consume_rate(url, n))
+            rates["t2 in"].append(from_jms_rate(factory, bf, url, n, pull=True, t2_events=100))
+            lat = t2_latency(factory, bf, url, 5000, 1000.0)
+            p50.append(pct(lat, 0.50))
+            p99.append(pct(lat, 0.99))
+    print(f"\n== T2 data paths, 1 KB payloads, {n} events per run, {repeats} runs (median, min..max)")
+    for label, r, base in (("channel -> JMS under T2, TransactionEvents=100", "t2 out", "raw tx"),
+                           ("JMS -> channel under T2 (pull), TransactionEvents=100", "t2 in", "raw consume")):
+        ratios = [a / b for a, b in zip(rates[r], rates[base], strict=True)]
+        print(f"{label:<56} {statistics.median(rates[r]):>8,.0f}/s  baseline {statistics.median(rates[base]):>8,.0f}/s"
+              f"  ratio {statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f})")
+    print(f"{'  baselines: raw stomp.py BEGIN+100 SENDs+COMMIT; raw consume + client-individual ack'}")
+    print(f"{'T2 latency at 1,000 events/s offered (channel -> JMS), ms':<56} p50 {spread(p50)}; p99 {spread(p99)}")
 
 
 def main() -> int:
@@ -309,10 +436,16 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=1, help="outbox rows per committed in-doubt T2")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", type=Path, default=None, help="write cProfile dumps of start() here")
+    ap.add_argument("--events", type=int, default=5000, help="events per throughput run")
     args = ap.parse_args()
-    if not args.recovery:
-        require_paths()
+    missing = [] if args.recovery else missing_paths()
+    if missing:
+        print("t2_bench: the T2 data path is missing in this tree: " + "; ".join(missing)
+              + " (run with --recovery for the recovery measurement alone)", file=sys.stderr)
+        return 2
     with t2_services() as (dsn, url):
+        if not args.recovery:
+            data_paths(dsn, url, args.events, args.repeats)
         res = recovery(dsn, url, args.in_doubt, args.rows, args.repeats, args.profile)
         print_recovery(args.in_doubt, args.rows, res)
     return 0
