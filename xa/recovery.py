@@ -28,6 +28,12 @@ Then, in order:
    refused while any of its branches is prepared, a manager does not answer, or a branch of its logged COMMIT
    is not finished.
 
+Batches: the two-phase work of a run (the commits of 2 and the presumed-abort rollbacks of 4) goes to each
+manager in ONE call when it is a :class:`~xa.resource.BatchManager` (results per branch, exactly as the single
+calls); the re-sends of 2 go to the callback's ``many(items)`` in one call when it has one. Order guarantees are
+unchanged (a re-send still follows every two-phase commit of its transaction). ``run(resend=False)`` does the
+two-phase work only and lists the ready re-sends in ``report.deferred`` (they stay in the log for the next run).
+
 :meth:`RecoveryManager.view` lists the in-doubt transactions with every pending branch, the safe action and its
 reason: the data of ``nsjms txn list``.
 """

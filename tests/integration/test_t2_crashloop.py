@@ -118,12 +118,24 @@ class CrashServer(NsjmsServer):
 
     def start(self, timeout: float = START_TIMEOUT_S) -> dict[str, Any]:
         self.launch()
-        self.endpoints = self._wait_ready(timeout)
+        if not self.start_or_die(timeout, launch=False):
+            self._fail(f"nsjms serve exited with code {self.proc.returncode if self.proc else '?'} before it "
+                       "was ready")
+        assert self.endpoints is not None
         return self.endpoints
 
-    def start_or_die(self, timeout: float = START_TIMEOUT_S) -> bool:
+    def _fail(self, why: str) -> None:
+        """With the Python stacks of a node that hangs (py-spy, when installed), to show where."""
+        if self.proc is not None and self.proc.poll() is None and shutil.which("py-spy"):
+            dump = subprocess.run(["py-spy", "dump", "--pid", str(self.proc.pid)], capture_output=True, text=True,
+                                  timeout=60, check=False)
+            why += "\n--- py-spy dump of the node ---\n" + (dump.stdout or dump.stderr)[-12000:]
+        super()._fail(why)
+
+    def start_or_die(self, timeout: float = START_TIMEOUT_S, *, launch: bool = True) -> bool:
         """Start; True once ready, False if it died first (a crash point armed inside recovery at start)."""
-        self.launch()
+        if launch:
+            self.launch()
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -395,7 +407,7 @@ def _zombie(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def t2rig(client_orb: ClientOrb, java_tool: JavaTool) -> Iterator[T2Rig]:
+def t2rig(client_orb: ClientOrb, java_tool: JavaTool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[T2Rig]:
     base = Path(tempfile.mkdtemp(prefix="nsjms-t2loop-"))
     base.chmod(0o755)                      # the postgres OS user must reach the cluster directory
     pg = EmbeddedPostgres(base, free_port())
@@ -417,6 +429,9 @@ def t2rig(client_orb: ClientOrb, java_tool: JavaTool) -> Iterator[T2Rig]:
     finally:
         if server is not None:
             server.stop()
+            keep = tmp_path_factory.mktemp("t2loop-logs")
+            for log in state.glob("server.*.log"):
+                shutil.copy(log, keep / log.name)          # the node's logs outlive the rig (pytest's tmp dir)
         broker.stop()
         pg.stop()
         shutil.rmtree(base, ignore_errors=True)
