@@ -1,6 +1,10 @@
 """Bridge throughput: channel → bridge → ActiveMQ queue, and ActiveMQ queue → bridge → channel.
 
-    .venv/bin/python bench/bridge_bench.py [--messages 2000]
+    .venv/bin/python bench/bridge_bench.py [--messages 2000] [--transaction]
+
+``--transaction`` adds the channel → JMS rows with routing transactions (``enable_transaction``: T2 of 100 events
+per transaction, structured push with TransactionEvents = 100 and sequence push x100 with
+TransactionEventSequences = 1), measured in the same run.
 
 Baselines measured in the same run on the same broker: raw persistent STOMP sends with a receipt each, and
 BEGIN + 100 SENDs + COMMIT with a receipt. The bridge is measured end to end (events pushed by a CORBA supplier
@@ -62,12 +66,17 @@ def _count_queue(url: str, queue: str, counter: Counter) -> Any:
     return conn
 
 
-def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool) -> float:
+def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool, tx: int = 0) -> float:
+    """Events per second channel → JMS; ``tx`` > 0: the bridge's ``enable_transaction(tx, 0)`` first (T2)."""
     import CosNotifyChannelAdmin as NCA
+
+    from idl.generated import NsjmsAdmin
 
     channel, cid = _persistent_channel(factory, 100 if sequence else 1)
     queue = f"bench.out.{cid}"
     bridge, _ = bf.create_bridge(_endpoint("SOURCE", cid, None, sequence), _endpoint("SINK", None, queue, sequence))
+    if tx:
+        bridge._narrow(NsjmsAdmin.ManagedBridge).enable_transaction(tx, 0)
     bridge.start_bridge()
     counter = Counter()
     conn = _count_queue(url, queue, counter)
@@ -93,12 +102,27 @@ def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool) -> floa
     return n / elapsed
 
 
-def from_jms_rate(factory: Any, bf: Any, url: str, n: int) -> float:
+def _t2_channel(factory: Any, tx_events: int) -> tuple[Any, int]:
+    """A channel with EnableTransaction TRUE (both reliabilities Persistent) and TransactionEvents."""
+    from omniORB import CORBA
+
+    import CosNotification
+
+    qos = [CosNotification.Property("EnableTransaction", CORBA.Any(CORBA.TC_boolean, True))]
+    admin = [CosNotification.Property("TransactionEvents", CORBA.Any(CORBA.TC_long, tx_events))]
+    return factory.create_channel(qos, admin)
+
+
+def from_jms_rate(factory: Any, bf: Any, url: str, n: int, *, pull: bool = False, t2_events: int = 0) -> float:
+    """JMS → channel; ``pull``: the channel pulls from the bridge (NJI 2.7.2); ``t2_events`` > 0: with
+    EnableTransaction, TransactionEvents = ``t2_events`` (the routing transaction T2, pull only)."""
     import stomp
 
     import CosNotifyChannelAdmin as NCA
 
-    channel, cid = _persistent_channel(factory)
+    from idl.generated import CosBridgeAdmin as BA
+
+    channel, cid = _t2_channel(factory, t2_events) if t2_events else _persistent_channel(factory)
     queue = f"bench.in.{cid}"
     parts = urlsplit(url)
     conn = stomp.Connection12([(parts.hostname, parts.port)], auto_content_length=False)
@@ -110,7 +134,10 @@ def from_jms_rate(factory: Any, bf: Any, url: str, n: int) -> float:
     consumer = _consumer(counter, False)
     ps, _ = channel._get_default_consumer_admin().obtain_notification_push_supplier(NCA.STRUCTURED_EVENT)
     ps._narrow(NCA.StructuredProxyPushSupplier).connect_structured_push_consumer(consumer._this())
-    bridge, _ = bf.create_bridge(_endpoint("SOURCE", None, queue, False), _endpoint("SINK", cid, None, False))
+    sink = _endpoint("SINK", cid, None, False)
+    if pull:
+        sink = BA.ExternalEndpoint(BA.SINK, sink.connector, BA.PULL, sink.type)
+    bridge, _ = bf.create_bridge(_endpoint("SOURCE", None, queue, False), sink)
     t0 = time.perf_counter()
     bridge.start_bridge()
     counter.wait(n)
@@ -123,8 +150,15 @@ def from_jms_rate(factory: Any, bf: Any, url: str, n: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--messages", type=int, default=2000)
+    ap.add_argument("--transaction", action="store_true", help="also measure channel -> JMS in T2")
+    ap.add_argument("--inbound", action="store_true",
+                    help="only JMS -> channel: push, pull, and pull inside T2 (EnableTransaction, TransactionEvents="
+                         "100), each the median of --runs runs")
+    ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     n = args.messages
+    if args.inbound:
+        return inbound_bench(n, args.runs)
     with services() as (dsn, url):
         s1 = stomp_send_rate(url, 1000)
         s100 = stomp_send_rate(url, 5000, per_tx=100)
@@ -140,12 +174,81 @@ def main() -> int:
             single = to_jms_rate(factory, bf, url, n, False)
             batched = to_jms_rate(factory, bf, url, n * 5, True)
             inbound = from_jms_rate(factory, bf, url, n)
-    report(f"bridge, 1 KB payloads, persistent channel and persistent JMS messages ({n} messages)", [
+            t2_single = to_jms_rate(factory, bf, url, n, False, tx=100) if args.transaction else 0.0
+            t2_batched = to_jms_rate(factory, bf, url, n * 5, True, tx=1) if args.transaction else 0.0
+    rows = [
         ("channel -> JMS, structured push (receipt per message)", single, "STOMP send+receipt", s1),
         ("channel -> JMS, sequence push x100 (one STOMP tx per batch)", batched, "STOMP tx of 100", s100),
         ("JMS -> channel, listener, ack after the channel accepted", inbound, "STOMP send+receipt", s1),
+    ]
+    if args.transaction:
+        rows += [
+            ("channel -> JMS, structured push, T2 (TransactionEvents=100)", t2_single, "STOMP tx of 100", s100),
+            ("channel -> JMS, sequence push x100, T2 (1 sequence per T2)", t2_batched, "STOMP tx of 100", s100),
+        ]
+    report(f"bridge, 1 KB payloads, persistent channel and persistent JMS messages ({n} messages)", rows)
+    return 0
+
+
+def inbound_bench(n: int, runs: int) -> int:
+    import statistics
+
+    with services() as (dsn, url):
+        raw = stomp_consume_rate(url, n)
+        with node(dsn, url) as ep:
+            import CosNotifyChannelAdmin as NCA
+
+            from idl.generated import CosBridgeAdmin as BA
+
+            orb = client_orb()
+            factory = orb.string_to_object(ep["event_channel_factory"]["corbaloc"])._narrow(NCA.EventChannelFactory)
+            bf = orb.string_to_object(ep["bridge_factory"]["corbaloc"])._narrow(BA.BridgeFactory)
+            from_jms_rate(factory, bf, url, 200)                                   # warm-up
+            rates: dict[str, list[float]] = {"push": [], "pull": [], "t2": []}
+            for _ in range(runs):
+                rates["push"].append(from_jms_rate(factory, bf, url, n))
+                rates["pull"].append(from_jms_rate(factory, bf, url, n, pull=True))
+                rates["t2"].append(from_jms_rate(factory, bf, url, n, pull=True, t2_events=100))
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    for k, v in rates.items():
+        print(f"  {k}: runs {', '.join(f'{r:.0f}' for r in v)} /s")
+    report(f"JMS -> channel, 1 KB payloads, persistent ({n} messages, median of {runs})", [
+        ("push (listener), ack after the channel accepted", med["push"], "raw STOMP consume+ack", raw),
+        ("pull (the channel pulls from the bridge)", med["pull"], "raw STOMP consume+ack", raw),
+        ("pull inside T2, TransactionEvents=100 (2PC, inbox)", med["t2"], "raw STOMP consume+ack", raw),
     ])
     return 0
+
+
+def stomp_consume_rate(url: str, n: int) -> float:
+    """Raw stomp.py: preload ``n`` persistent messages, then consume them with client-individual acks."""
+    import threading
+
+    import stomp
+
+    parts = urlsplit(url)
+    queue = f"bench.raw.{time.monotonic_ns()}"
+    conn = stomp.Connection12([(parts.hostname, parts.port)], auto_content_length=False)
+    conn.connect(wait=True)
+    for i in range(n):
+        conn.send(f"/queue/{queue}", PAYLOAD, headers={"persistent": "true", "n": str(i)})
+    done = threading.Event()
+    got = [0]
+
+    class L(stomp.ConnectionListener):
+        def on_message(self, frame: Any) -> None:
+            conn.ack(frame.headers["ack"])
+            got[0] += 1
+            if got[0] >= n:
+                done.set()
+
+    conn.set_listener("c", L())
+    t0 = time.perf_counter()
+    conn.subscribe(f"/queue/{queue}", id="1", ack="client-individual", headers={"activemq.prefetchSize": "1000"})
+    done.wait(300)
+    elapsed = time.perf_counter() - t0
+    conn.disconnect()
+    return n / elapsed
 
 
 if __name__ == "__main__":

@@ -174,6 +174,7 @@ def _settings(cfg: Any) -> Any:
         broker_passcode=cfg.broker.passcode,
         broker_stomp_port=cfg.broker.embedded_stomp_port,
         broker_openwire_port=cfg.broker.embedded_openwire_port,
+        broker_amq_dupl_id=cfg.broker.amq_dupl_id,
         pg_connect_timeout_s=float(cfg.postgres.connect_timeout_s),
         broker_connect_timeout_s=float(cfg.broker.connect_timeout_s),
         node_id=cfg.node.node_id,

@@ -166,6 +166,7 @@ class BrokerConfig:
     embedded_stomp_port: int = 61613
     embedded_openwire_port: int = 61616
     connect_timeout_s: int = 10  # bound of the start-up reachability check (and of each probe)
+    amq_dupl_id: bool = False    # routing-transaction sends carry the dedupe id as _AMQ_DUPL_ID too (Artemis)
 
     @property
     def embedded(self) -> bool:
@@ -176,7 +177,7 @@ class BrokerConfig:
             f"BrokerConfig(url={redact_dsn(self.url)!r}, login={self.login!r}, "
             f"passcode={_mask(self.passcode)!r}, embedded_stomp_port={self.embedded_stomp_port!r}, "
             f"embedded_openwire_port={self.embedded_openwire_port!r}, "
-            f"connect_timeout_s={self.connect_timeout_s!r})"
+            f"connect_timeout_s={self.connect_timeout_s!r}, amq_dupl_id={self.amq_dupl_id!r})"
         )
 
 
@@ -250,6 +251,14 @@ def _integer(low: int, high: int) -> Parser:
         return value
 
     return parse
+
+
+def _boolean(raw: Any, textual: bool) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if textual and isinstance(raw, str) and raw.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+        return raw.strip().lower() in ("true", "1", "yes")
+    raise _Invalid("expected a boolean (true/false)")
 
 
 def _string(raw: Any, textual: bool) -> str:
@@ -360,6 +369,7 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
         "embedded_stomp_port": _Key(_PORT),
         "embedded_openwire_port": _Key(_PORT),
         "connect_timeout_s": _Key(_integer(1, 300)),
+        "amq_dupl_id": _Key(_boolean),
     },
     "telemetry": {"exporter": _Key(_exporter), "interval_s": _Key(_integer(1, 3600))},
 }

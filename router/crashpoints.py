@@ -27,6 +27,8 @@ POINTS: dict[str, str] = {
     "t2.after_decision": "the COMMIT record of a T2 is durable, no branch committed",
     "t2.after_pg_commit": "the PostgreSQL branch of a T2 committed, the broker branch not yet",
     "t2.after_broker_commit": "the broker branch of a T2 committed, the END record not written",
+    "in.local.after_commit": "JMS -> channel without T2: the local transaction (events + inbox) committed, the "
+                             "acks not written",
     "t2.recovery.after_pg_commit": "recovery committed a prepared branch, the re-send not done",
     "t2.recovery.after_resend": "recovery re-sent outbox rows, the END record not written",
 }

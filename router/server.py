@@ -55,6 +55,7 @@ class NodeSettings:
     broker_passcode: str = field(default="", repr=False)
     broker_stomp_port: int = 61613
     broker_openwire_port: int = 61616
+    broker_amq_dupl_id: bool = False     # broker.amq_dupl_id: T2 sends carry _AMQ_DUPL_ID (docs/bridge.md)
     pg_connect_timeout_s: float = 10.0
     broker_connect_timeout_s: float = 10.0
     watch_interval_s: float = 2.0
@@ -271,7 +272,7 @@ class Node:
         from router.bridge.bridge import BrokerSettings
 
         return BrokerSettings(self.broker_url, self.broker_login, self.broker_passcode,
-                              max_event_bytes=self.s.max_event_bytes)
+                              max_event_bytes=self.s.max_event_bytes, amq_dupl_id=self.s.broker_amq_dupl_id)
 
     def endpoints(self) -> dict[str, Any]:
         from router.config import redact_dsn

@@ -32,7 +32,6 @@ from omniORB import CORBA
 import CosNotification
 import CosNotifyChannelAdmin
 
-from idl.generated import BridgeTransactionMgmt as BTM
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import CosBridgeAdmin__POA, CosNotifyChannelAdminAck, NsjmsAdmin, NsjmsAdmin__POA
 from router.bridge import flows as F
@@ -40,6 +39,8 @@ from router.bridge.endpoints import EndpointSpec, Problem, check_pair, from_idl,
 from router.bridge.limits import check_stomp_limits
 from router.bridge.store import BridgeRow, BridgeStore
 from router.bridge.supervisor import Supervised
+from router.bridge.txmgmt import TransactionMgmtMixin
+from router.bridge.txout import OutboundT2
 from router.channel.boundary import store_boundary
 from router.jms.model import Destination
 from router.jms.transport import ConnectionState, Transport, TransportError
@@ -61,6 +62,8 @@ class BrokerSettings:
     dead_letter: Destination = F.DEFAULT_DLQ
     max_event_bytes: int = F.MAX_EVENT_BYTES      # node.max_event_bytes: larger JMS → channel events (and bodies)
                                                   # are dead-lettered (flows.py)
+    amq_dupl_id: bool = False                     # T2 sends carry the dedupe id as _AMQ_DUPL_ID too (Artemis drops
+                                                  # duplicates by it; ActiveMQ Classic ignores it: off)
 
 
 def _invalid(problems: list[Problem]) -> BA.InvalidExternalEndPoints:
@@ -158,7 +161,7 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
         return [b.status() for b in sorted(self.bridges.values(), key=lambda b: b.id)]
 
 
-class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
+class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge):
     """One bridge: endpoints, connections, the data path thread(s), state."""
 
     def __init__(self, factory: BridgeFactoryImpl, row: BridgeRow) -> None:
@@ -193,11 +196,13 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         self.times = ChannelTimeSupport()      # what the proxy consumer accepts per event (_time_support)
         self.tx_events = int(row.settings.get("tx_events", 0))
         self.tx_timeout = int(row.settings.get("tx_timeout", 0))
-        self._tx_started = 0.0
         self.oid = f"br/{self.id}"
         self.ref = self.rt.activate(self.oid, self)
         self.endpoint_servant = self._make_endpoint_servant()
         self.endpoint_ref = self.rt.activate(self._endpoint_oid(), self.endpoint_servant)
+        self._t2_ior: str | None = None
+        self.t2_out: OutboundT2 | None = self._make_t2_out()
+        self._register_t2()
 
     # -- construction --------------------------------------------------------------------------------------
     def _endpoint_oid(self) -> str:
@@ -222,6 +227,23 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
             cls2 = F.SequencePushSenderServant if seq else F.PushSenderServant
             return cls2(self.channel_disconnected)
         return (F.SequencePullSender if seq else F.StructuredPullSender)(self.flow_in)
+
+    def _make_t2_out(self) -> OutboundT2 | None:
+        """The bridge as an in-process T2 participant of its proxy (channel PUSH → JMS on a node with T2, NJI
+        2.7.2), registered by its endpoint receiver's IOR; None for the other combinations."""
+        t2 = getattr(self.rt, "t2", None)
+        if t2 is None or not self.to_jms_direction or self.channel_spec.style != "PUSH":
+            return None
+        from router.bridge.codec import MappingCodec
+
+        out = OutboundT2(self.id, self.destination, self._transport, MappingCodec(), self._to_jms, _event_bytes,
+                         self.factory.broker.dead_letter, t2.enlist, self.running, self.note_broker_problem,
+                         amq_dupl_id=self.factory.broker.amq_dupl_id)
+        out.on_idle = self._t2_idle
+        self._t2_ior = self.rt.ior(self.endpoint_ref)
+        t2.register_local(self._t2_ior, out)
+        self.endpoint_servant.t2_participant = out
+        return out
 
     def _to_jms(self, event: Any, destination: Destination) -> Any:
         """Map, and check the message can be encoded for STOMP (an encoding failure is a mapping failure)."""
@@ -520,29 +542,20 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
         self.last_error = "channel: proxy disconnected"
         log.warning("bridge %d: the channel disconnected its proxy", self.id)
 
-    # -- transactions (BridgeTransactionMgmt) ----------------------------------------------------------------
-    def transaction_events(self) -> int:
-        return self.tx_events
+    # -- transactions: which configurations run in T2 -------------------------------------------------------
+    def supports_transaction(self) -> bool:
+        """Whether this bridge's direction and styles can run in the routing transaction T2 (NJI 2.7.2): the
+        channel PUSHES to a channel → JMS bridge, the channel PULLS from a JMS → channel bridge."""
+        return self.channel_spec.style == ("PUSH" if self.to_jms_direction else "PULL")
 
-    def transaction_deadline(self) -> float:
-        return time.monotonic() + self.tx_timeout if self.tx_timeout else 0.0
+    def _register_t2(self) -> None:
+        """JMS → channel pull sender: an in-process T2 participant of the node, found by its IOR by the channel's
+        pull proxy (router.channel.t2in)."""
+        if self.rt.t2 is not None and not self.to_jms_direction and self.channel_spec.style == "PULL":
+            self._t2_ior = self.rt.ior(self.endpoint_ref)
+            self.rt.t2.register_local(self._t2_ior, self.endpoint_servant)
 
-    def enable_transaction(self, events: int, timeout: int) -> None:
-        with self._lock:
-            if self.tx_events:
-                raise BTM.TransactionAlreadyActive()
-            if events < 1 or not self.to_jms_direction:
-                raise BTM.UnsupportedTransaction()
-            self._save_settings(tx_events=int(events), tx_timeout=int(timeout))   # stored first, then in effect
-            self.tx_events, self.tx_timeout = int(events), int(timeout)
-
-    def disable_transaction(self) -> None:
-        with self._lock:
-            if self.flow_out is not None and self.flow_out._lock.locked():
-                raise BTM.TransactionActive()
-            self._save_settings(tx_events=0, tx_timeout=0)
-            self.tx_events, self.tx_timeout = 0, 0
-
+    # -- settings -----------------------------------------------------------------------------------------
     def _save_settings(self, **extra: Any) -> None:
         settings = {**self.row.settings, "tx_events": self.tx_events, "tx_timeout": self.tx_timeout, **extra}
         with self.factory.rt.db.unit_of_work() as conn:
@@ -623,6 +636,8 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
             self.factory.store.delete(conn, self.id)
         self._row_deleted = True
         self.factory.forget(self.id)
+        if self._t2_ior is not None and getattr(self.rt, "t2", None) is not None:
+            self.rt.t2.unregister_local(self._t2_ior)
         self.rt.deactivate(self._endpoint_oid())
         self.rt.deactivate(self.oid)
         log.info("bridge %d destroyed", self.id)
@@ -673,11 +688,12 @@ class BridgeImpl(Supervised, NsjmsAdmin__POA.ManagedBridge):
             "channel_connected": self.channel_ok,
             "broker": self.broker_state.value,
             "forwarded": (self.flow_out.forwarded if self.flow_out else 0)
-                         + (self.flow_in.forwarded if self.flow_in else 0),
+                         + (self.flow_in.forwarded if self.flow_in else 0)
+                         + (self.t2_out.forwarded if self.t2_out else 0),
             "duplicates_suppressed": self.flow_in.duplicates if self.flow_in else 0,
-            "dead_lettered": self.dead_letter.count,
+            "dead_lettered": self.dead_letter.count + (self.t2_out.dead_lettered if self.t2_out else 0),
             "refused_to_broker_dlq": self.flow_in.refused if self.flow_in else 0,
-            "transaction_events": self.tx_events,
+            **self.transaction_status(),
             "last_error": self.dead_letter.problem or self.last_error,
         }
 

@@ -11,8 +11,11 @@ keeps the events queued and retries with backoff; a pull receiver re-sends the s
 dead-letter destination with the reason; if even that send fails, the event stays in the channel.
 
 JMS → channel: a message is acknowledged to the broker only after the channel accepted the event (for persistent
-events: committed). A crash in between makes the broker redeliver; the bridge remembers recently forwarded message
-ids and acknowledges a redelivered duplicate without forwarding it twice. An unmappable message, or one whose event
+events: committed). A crash in between makes the broker redeliver. When the channel pulls from the bridge (a
+Persistent channel of this node) the channel calls :meth:`_PullSenderBase.take_in_t2` / ``take_local`` in-process
+and the message ids go to the inbox with the events (``router.bridge.t2in``): exactly once. Otherwise (push
+configuration, BestEffort channel) the bridge remembers recently forwarded message ids and acknowledges a
+redelivered duplicate without forwarding it twice. An unmappable message, or one whose event
 the channel rejects (``BAD_QOS``), is dead-lettered with the reason and then acknowledged.
 """
 
@@ -93,15 +96,23 @@ class DeadLetter:
                   self.bridge_id, what, self.problem, "it stays in the channel and is retried"
                   if what.startswith("an event") else f"it is NACKed to {BROKER_DLQ}", reason)
 
-    def send(self, body: bytes, reason: str, origin: str, extra: dict[str, str] | None = None) -> None:
-        """Raises :class:`TransportError` if the dead letter could not be stored by the broker."""
+    def message(self, body: bytes, reason: str, origin: str, extra: dict[str, str] | None = None) -> JmsMessage:
+        """The dead letter for ``body``: the original bytes, the reason and where it came from in its properties."""
         props = {"nsjms_dlq_reason": Typed(JmsType.STRING, reason[:1000]),
                  "nsjms_dlq_bridge": Typed(JmsType.INT, self.bridge_id),
                  "nsjms_dlq_origin": Typed(JmsType.STRING, origin)}
         for k, v in (extra or {}).items():
             props[k] = Typed(JmsType.STRING, v)
-        msg = JmsMessage(BodyType.BYTES, body, destination=self.destination, properties=props)
+        return JmsMessage(BodyType.BYTES, body, destination=self.destination, properties=props)
+
+    def send(self, body: bytes, reason: str, origin: str, extra: dict[str, str] | None = None) -> None:
+        """Raises :class:`TransportError` if the dead letter could not be stored by the broker."""
+        msg = self.message(body, reason, origin, extra)
         self._transport_for().send(self.destination, msg, receipt=True)
+        self.sent(reason, origin)
+
+    def sent(self, reason: str, origin: str) -> None:
+        """Count and log one dead letter the broker stored (directly, or in a committed transaction)."""
         self.count += 1
         self.problem = ""
         telemetry.bridge_dead_letter(self.bridge_id, origin)
@@ -165,18 +176,14 @@ class ChannelToJms:
     def _send(self, messages: list[JmsMessage]) -> None:
         if not messages:
             return
-        batch = self.bridge.transaction_events()
-        if len(messages) == 1 and batch <= 1:
+        if len(messages) == 1:
             self._send_one(messages[0])
             return
-        step = batch if batch > 1 else len(messages)     # TransactionEvents caps a transaction's size
-        for i in range(0, len(messages), step):
-            chunk = messages[i:i + step]
-            try:
-                self._send_transaction(chunk)
-            except (BrokerError, SendRefused):           # one message refused: find it, keep the rest
-                for msg in chunk:
-                    self._send_one(msg)
+        try:                                             # a pushed sequence: one STOMP transaction (atomic send);
+            self._send_transaction(messages)             # routing transactions (T2) are router.bridge.txout
+        except (BrokerError, SendRefused):               # one message refused: find it, keep the rest
+            for msg in messages:
+                self._send_one(msg)
 
     def _send_one(self, msg: JmsMessage) -> None:
         """A message the broker refuses with an ERROR frame (:class:`SendRefused`) would be refused again:
@@ -193,11 +200,8 @@ class ChannelToJms:
     def _send_transaction(self, chunk: list[JmsMessage]) -> None:
         tx = self.transport.begin()
         try:
-            deadline = self.bridge.transaction_deadline()
             for msg in chunk:
                 self.transport.send(self.destination, msg, transaction=tx, receipt=False)
-                if deadline and time.monotonic() > deadline:
-                    raise BrokerUnavailable("TransactionTimeout expired before the batch was sent")
         except BaseException:
             try:
                 self.transport.abort(tx)
@@ -343,6 +347,7 @@ class JmsToChannel:
         self.duplicates = 0
         self.refused = 0
         self.held: list[tuple[Delivery, Any]] = []       # received, not yet pushed when the push loop stopped
+        self.t2in: Any = None                             # router.bridge.t2in.InboundT2, once a T2 ran
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def ensure_subscribed(self) -> Any:
@@ -631,6 +636,47 @@ class _PullSenderBase:
             self.flow.ack(done)
             self.flow.forwarded += len(done)
 
+    def take_in_t2(self, txn: Any, conn: Any, max_n: int, timeout: float) -> Any:
+        """JMS → channel inside the channel's T2 (router.bridge.t2in): called in-process by the channel's pull
+        proxy with the transaction and its PostgreSQL branch. Events handed over by earlier non-transactional pulls
+        are acknowledged first (the channel routed them before pulling again)."""
+        from router.bridge.t2in import InboundT2
+
+        if self.flow.t2in is None:
+            self.flow.t2in = InboundT2(self.flow)
+        try:
+            self._confirm()
+        except TransportError as exc:
+            self.flow.bridge.note_broker_problem(exc)
+            raise
+        return self.flow.t2in.take(self.flow.bridge.rt.t2, txn, conn, max_n, timeout)
+
+    def t2_ready(self) -> bool:
+        """Whether a round can take anything now (the bridge is started): the channel waits otherwise."""
+        return bool(self.flow.bridge.running())
+
+    def take_local(self, conn: Any, max_n: int, timeout: float) -> Any:
+        """JMS → channel without a T2, the channel in this process (router.bridge.t2in ``take_local``): the
+        inbox claims go in the channel's local transaction on ``conn``; acks after it committed."""
+        from router.bridge.t2in import InboundT2
+
+        if self.flow.t2in is None:
+            self.flow.t2in = InboundT2(self.flow)
+        try:
+            self._confirm()
+        except TransportError as exc:
+            self.flow.bridge.note_broker_problem(exc)
+            raise
+        return self.flow.t2in.take_local(conn, max_n, timeout)
+
+    def _next(self, timeout: float) -> Delivery | None:
+        """A delivery a rolled-back T2 left un-acknowledged (EnableTransaction was turned off since), else the
+        next one from the subscription."""
+        t2in = self.flow.t2in
+        if t2in is not None and t2in.held:
+            return t2in.held.pop(0)  # type: ignore[no-any-return]
+        return self.flow.receive(timeout)
+
     def _take(self, n: int, timeout: float) -> list[Any]:
         if not self.flow.bridge.running():
             return []
@@ -638,7 +684,7 @@ class _PullSenderBase:
         try:
             self._confirm()
             while len(events) < n:
-                delivery = self.flow.receive(timeout if not events else 0.0)
+                delivery = self._next(timeout if not events else 0.0)
                 if delivery is None:
                     break
                 if self.flow.seen(delivery):

@@ -17,6 +17,9 @@ from typing import Any
 
 from omniORB import CORBA
 
+import CosNotifyChannelAdmin
+
+from router.corbacall import ADMIN, CallFailed, call
 from router.jms.transport import ConnectionState, Transport, TransportError
 
 __all__ = ["SUPERVISE_INTERVAL_S", "Supervised"]
@@ -132,8 +135,10 @@ class Supervised:
         log.warning("bridge %d: its proxy is %s; resuming it", self.id,
                     f"stopped ({stopped})" if stopped else "suspended")
         try:
-            self._proxy_ref().resume_connection()
-        except CORBA.Exception as exc:
+            call(self._proxy_ref(), "resume_connection", policy=ADMIN, stop=self.stop_event,
+                 expected=(CosNotifyChannelAdmin.ConnectionAlreadyActive, CosNotifyChannelAdmin.NotConnected))
+        except (CallFailed, CORBA.Exception, CosNotifyChannelAdmin.ConnectionAlreadyActive,
+                CosNotifyChannelAdmin.NotConnected) as exc:
             log.warning("bridge %d: resuming its proxy failed: %s", self.id, exc)
 
     def reconnect_source(self) -> None:

@@ -68,6 +68,7 @@ from router.channel.proxies import (
 )
 from router.channel.queue import Entry, order_key
 from router.channel.store import StoreError
+from router.corbacall import NOTIFY, PROBE, CallFailed, best_effort, call
 
 __all__ = [
     "SN_LIMIT",
@@ -650,10 +651,10 @@ class InboundAck:
         iface = _ACK_SUPPLIER_IFACES.get(self.proxy.kind)
         try:
             client = self.proxy.client_ref()
-            if iface is None or client is None or not client._is_a(iface._NP_RepositoryId):
+            if iface is None or client is None or not call(client, "_is_a", iface._NP_RepositoryId, policy=PROBE):
                 return None
             return client._unchecked_narrow(iface)
-        except CORBA.Exception as exc:
+        except CallFailed as exc:
             log.info("proxy %s: cannot tell whether the supplier acknowledges (%s)", self.proxy.oid, exc)
             return None
 
@@ -691,14 +692,11 @@ class InboundAck:
     def _acknowledge(self, sns: list[int]) -> None:
         client = self._ack_ref
 
-        def call() -> None:
-            try:
-                omniORB.setClientCallTimeout(client, 5000)
-                client.acknowledge(sns)
-            except CORBA.Exception as exc:
-                log.info("proxy %s: acknowledge %s to the supplier failed: %s", self.proxy.oid, sns, exc)
+        def acknowledge() -> None:
+            best_effort(client, "acknowledge", sns, policy=NOTIFY, logger=log,
+                        what=f"proxy {self.proxy.oid}: acknowledge {sns} to the supplier")
 
-        self.proxy.rt.spawn(f"ack-{self.proxy.oid}", call)
+        self.proxy.rt.spawn(f"ack-{self.proxy.oid}", acknowledge)
 
 
 store_boundary_all([ACK_SUPPLIER_CLASSES])

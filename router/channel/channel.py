@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from omniORB import CORBA
@@ -29,11 +30,21 @@ from router.channel.queue import Entry, Record, choose_victim
 from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
 from router.channel.store import ChannelRow, NewEvent
 
-__all__ = ["EventChannelFactoryImpl", "EventChannelImpl"]
+__all__ = ["EventChannelFactoryImpl", "EventChannelImpl", "RoutePlan"]
 
 log = logging.getLogger("nsjms.channel")
 
 _TIMET_PER_SECOND = 10_000_000
+
+
+@dataclass
+class RoutePlan:
+    """What :meth:`EventChannelImpl.plan_in` decided: events with their target proxies, CDR bodies, and how many
+    queued events the DiscardPolicy must discard to make room."""
+
+    plans: list[tuple[Record, list[Any]]] = field(default_factory=list)
+    bodies: dict[int, bytes] = field(default_factory=dict)
+    overflow: int = 0
 
 
 class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
@@ -352,6 +363,55 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             telemetry.accepted(self.id, durable, True)
         if len(plans) > durable:
             telemetry.accepted(self.id, len(plans) - durable, False)
+
+    # -- routing inside a T2 (router.channel.t2in): decide, store in the caller's branch, publish after commit ----
+    def plan_in(self, source: Any, events: Sequence[Event]) -> RoutePlan:
+        """:meth:`route` up to the store, without I/O: QoS (BAD_QOS), size (IMP_LIMIT), filters, targets and
+        admission (IMP_LIMIT with RejectNewEvents). Nothing changes until :meth:`store_in` and :meth:`publish`."""
+        if self.destroyed:
+            raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
+        now = time.time()
+        encoded = self._encode_checked(events)
+        records = [self._make_record(source, ev, now) for ev in events]
+        for rec, body in zip(records, encoded, strict=True):
+            rec.size = len(body)
+        bodies = {rec.seq: body for rec, body in zip(records, encoded, strict=True)}
+        plans = [(rec, self._targets(rec)) for rec in records if source.admits(rec.event)]
+        plans = [(rec, targets) for rec, targets in plans if targets]
+        overflow = self._admit(len(plans)) if plans else 0
+        return RoutePlan(plans, bodies, overflow)
+
+    def store_in(self, conn: Any, plan: RoutePlan) -> None:
+        """Insert the plan's persistent events and their queue rows on ``conn`` (the T2's PostgreSQL branch)."""
+        durable = [(rec, t) for rec, t in plan.plans if rec.persistent]
+        if not durable:
+            return
+        rows = [NewEvent(rec.seq, int(rec.event.form), plan.bodies[rec.seq], rec.priority, rec.deadline,
+                         rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
+        ids = self.rt.store.insert_events(conn, self.id, rows)
+        for (rec, _), eid in zip(durable, ids, strict=True):
+            rec.db_id = eid
+
+    def publish(self, plan: RoutePlan) -> None:
+        """After the T2 committed: discard for room (DiscardPolicy), then queue the events in memory."""
+        if not plan.plans:
+            return
+        self._make_room(plan.overflow)
+        with self._records_lock:
+            for rec, _ in plan.plans:
+                self.records[rec.seq] = rec
+        for rec, targets in plan.plans:
+            rec.hold()
+            try:
+                for proxy in targets:
+                    self._enqueue_one(proxy, rec)
+            finally:
+                rec.release()
+        durable = sum(1 for rec, _ in plan.plans if rec.persistent)
+        if durable:
+            telemetry.accepted(self.id, durable, True)
+        if len(plan.plans) > durable:
+            telemetry.accepted(self.id, len(plan.plans) - durable, False)
 
     def _encode_checked(self, events: Sequence[Event]) -> list[bytes]:
         """Every event's CDR encoding; the whole push is refused (IMP_LIMIT, COMPLETED_NO) if one is larger than

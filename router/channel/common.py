@@ -20,6 +20,7 @@ import CosNotifyFilter
 
 from router.channel import qos as Q
 from router.channel.events import Event, Form
+from router.corbacall import FILTER, CallFailed, call
 
 __all__ = ["FilterMixin", "FilterSet", "QoSMixin", "group_passes", "raise_unsupported_qos"]
 
@@ -51,6 +52,7 @@ class QoSMixin:
         with self._lock:
             try:
                 new = Q.apply_qos(self.qos, [(p.name, p.value) for p in qos], self.qos_target, self._qos_context())
+                self._check_honoured(new)
             except Q.QoSError as exc:
                 raise_unsupported_qos(exc)
             self._persist_qos(new)
@@ -60,10 +62,16 @@ class QoSMixin:
     def _qos_changed(self) -> None:
         """Hook: the effective QoS changed (queues re-read their policies)."""
 
+    def _check_honoured(self, qos: dict[str, Any]) -> None:
+        """Hook: raise :class:`~router.channel.qos.QoSError` if this object cannot honour ``qos`` (a valid
+        combination it has no means to deliver, e.g. EnableTransaction where no routing transaction can run)."""
+
     def validate_qos(self, required_qos: list[CosNotification.Property]) -> list[Any]:
         try:
             available = Q.validate_qos(self.qos, [(p.name, p.value) for p in required_qos], self.qos_target,
                                        self._qos_context())
+            self._check_honoured({**self.qos, **Q.apply_qos(self.qos, [(p.name, p.value) for p in required_qos],
+                                                            self.qos_target, self._qos_context())})
         except Q.QoSError as exc:
             raise_unsupported_qos(exc)
         return Q.to_named_ranges(available)
@@ -150,11 +158,10 @@ class FilterSet:
 
 
 def _ask(flt: Any, event: Event) -> bool:
+    op = "match_structured" if event.form is Form.STRUCTURED else "match"
     try:
-        if event.form is Form.STRUCTURED:
-            return bool(flt.match_structured(event.value))
-        return bool(flt.match(event.value))
-    except CORBA.Exception as exc:
+        return bool(call(flt, op, event.value, policy=FILTER, expected=(CosNotifyFilter.UnsupportedFilterableData,)))
+    except CallFailed as exc:
         log.warning("filter %s could not evaluate an event: %s", flt, exc)
         return False
     except CosNotifyFilter.UnsupportedFilterableData:

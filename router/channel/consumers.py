@@ -113,6 +113,18 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
             if self.suspended or self._channel_full():
                 self.stop_event.wait(0.1)
                 continue
+            target = self._t2_driver().target()
+            if target is not None:               # a JMS bridge of this node: a T2 or a local unit of work per round
+                try:
+                    if self._t2_driver().step(target) < 0:
+                        self.stop_event.wait(0.1)         # the bridge is stopped
+                    backoff = 0.05
+                except Exception as exc:  # noqa: BLE001 — rolled back; the bridge keeps the deliveries for the next
+                    log.warning("proxy %s: pulling from its bridge failed, nothing stored (%s); retrying", self.oid,
+                                exc)
+                    self.stop_event.wait(backoff)
+                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                continue
             try:
                 supplier = self.client_ref()
                 omniORB.setClientCallTimeout(supplier, self.rt.push_timeout_ms)
@@ -132,6 +144,17 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
                 idle = min(idle * 2, _PULL_IDLE_MAX)
                 continue
             idle = _PULL_IDLE_MIN
+
+    _t2: Any = None
+    _T2_SEQUENCE = False
+
+    def _t2_driver(self) -> Any:
+        """The JMS → channel T2 driver of this proxy (router.channel.t2in), made on first use."""
+        if self._t2 is None:
+            from router.channel.t2in import InboundT2Driver
+
+            self._t2 = InboundT2Driver(self, sequence=self._T2_SEQUENCE)
+        return self._t2
 
     def _route_pulled(self, events: list[Event]) -> list[Event]:
         """Route pulled events; returns the ones still to route (none once all are settled: routed, or one by one
@@ -172,7 +195,10 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
                                               "not routed, the events behind it go on")
 
     def status_extra(self) -> dict[str, Any]:
-        return self.dead_letter_status()
+        extra = self.dead_letter_status()
+        if self._t2 is not None:
+            extra.update(self._t2.status())
+        return extra
 
     def pull_once(self, supplier: Any) -> list[Event]:
         raise NotImplementedError
@@ -253,6 +279,7 @@ class StructuredProxyPullConsumerImpl(PullConsumerMixin, CosNotifyChannelAdmin__
 
 
 class SequenceProxyPullConsumerImpl(PullConsumerMixin, CosNotifyChannelAdmin__POA.SequenceProxyPullConsumer):
+    _T2_SEQUENCE = True
     client_iface = CosNotifyComm.SequencePullSupplier
     client_disconnect_op = "disconnect_sequence_pull_supplier"
 

@@ -21,6 +21,7 @@ import CosEventComm
 from router.channel.boundary import EVENT_SPECIFIC, POISON_ATTEMPTS, Outcome, describe
 from router.channel.events import describe_event
 from router.channel.queue import Entry
+from router.corbacall import PROBE, CallFailed, call
 
 __all__ = ["DeadLetters", "DeliveryFailures"]
 
@@ -159,7 +160,7 @@ class DeliveryFailures(DeadLetters):
         if exc.minor != omniORB.COMM_FAILURE_MarshalArguments:
             return Outcome.RETRY
         try:
-            gone = bool(client._non_existent())
-        except CORBA.Exception:
+            gone = bool(call(client, "_non_existent", policy=PROBE))
+        except CallFailed:
             return Outcome.RETRY
         return Outcome.GONE if gone else Outcome.EVENT_FAILED

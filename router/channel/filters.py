@@ -35,6 +35,7 @@ import CosNotifyFilter__POA
 
 from router.channel.boundary import store_boundary
 from router.channel.queue import Record
+from router.corbacall import FILTER, NOTIFY, CallFailed, call
 from router.etcl import Constraint, EtclSyntaxError, compile_constraint, event_type_matches
 
 __all__ = ["GRAMMAR", "FilterFactoryImpl", "FilterImpl", "MappingFilterImpl", "filter_oid"]
@@ -306,14 +307,11 @@ class _FilterBase:
 
 
 def _call_subscription_change(rt: Any, ref: Any, added: list[Any], removed: list[Any]) -> None:
-    servant = rt.local_servant(ref)
+    target = rt.local_servant(ref) or ref
     try:
-        if servant is not None:
-            servant.subscription_change(added, removed)
-        else:
-            omniORB.setClientCallTimeout(ref, 5000)
-            ref.subscription_change(added, removed)
-    except (CORBA.Exception, CosNotifyComm.InvalidEventType) as exc:
+        call(target, "subscription_change", added, removed, policy=NOTIFY,
+             expected=(CosNotifyComm.InvalidEventType,))
+    except (CallFailed, CosNotifyComm.InvalidEventType) as exc:
         log.info("filter callback subscription_change failed: %s", exc)
 
 
@@ -554,12 +552,10 @@ def ask_mapping(rt: Any, mf: Any, event: Any) -> tuple[bool, Any]:
 
     target = rt.local_servant(mf) or mf
     try:
-        if event.form is Form.STRUCTURED:
-            ok, value = target.match_structured(event.value)
-        else:
-            ok, value = target.match(event.value)
+        op = "match_structured" if event.form is Form.STRUCTURED else "match"
+        ok, value = call(target, op, event.value, policy=FILTER, expected=(CosNotifyFilter.UnsupportedFilterableData,))
         return bool(ok), value
-    except (CORBA.Exception, CosNotifyFilter.UnsupportedFilterableData) as exc:
+    except (CallFailed, CosNotifyFilter.UnsupportedFilterableData) as exc:
         log.warning("mapping filter could not evaluate an event: %s", exc)
         return False, None
 

@@ -28,6 +28,7 @@ import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
 from router.channel import qos as Q
+from router.channel import txdelivery
 from router.channel.boundary import MINOR_PULL_WAIT_OVER, Outcome, store_boundary_all
 from router.channel.common import (
     FilterMixin,
@@ -291,6 +292,9 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
                 int(q.get(CosNotification.DiscardPolicy, CosNotification.AnyOrder)),
                 int(q.get(CosNotification.MaxEventsPerConsumer, 0)))
 
+    def _check_honoured(self, qos: dict[str, Any]) -> None:
+        txdelivery.check_honoured(self, qos)
+
     def _qos_changed(self) -> None:
         order, discard, max_events = self._queue_policies()
         self.queue.discard_policy, self.queue.max_events = discard, max_events
@@ -476,7 +480,11 @@ class PushSupplierMixin(ProxySupplierBase):
         """One attempt to push ``entries``; whatever happens, each entry is delivered, put back or dead-lettered.
 
         An unexpected (non-CORBA) error puts the entries back before it propagates to :meth:`supervised`, which
-        restarts the loop: a failing worker never drops what it took."""
+        restarts the loop: a failing worker never drops what it took. With EnableTransaction and a bridge of this
+        node as the consumer, the batch runs in a routing transaction instead (router.channel.txdelivery)."""
+        target = txdelivery.participant(self)
+        if target is not None:
+            return txdelivery.deliver(self, target, entries)
         try:
             outcome, exc = self._attempt(entries)
         except BaseException:
@@ -504,7 +512,7 @@ class PushSupplierMixin(ProxySupplierBase):
 
     def status_extra(self) -> dict[str, Any]:
         failing = {"failing": self.failing, "attempts": self.failed_attempts} if self.failing else {}
-        return {**failing, **self.dead_letter_status()}
+        return {**failing, **self.dead_letter_status(), **txdelivery.status(self)}
 
 
 class PullSupplierMixin(ProxySupplierBase):

@@ -24,11 +24,12 @@ import queue
 import threading
 from typing import Any
 
-import omniORB
 from omniORB import CORBA
 
 import CosNotification
 import CosNotifyChannelAdmin
+
+from router.corbacall import NOTIFY, PROBE, CallFailed, call
 
 __all__ = ["Sharing", "sharing_of"]
 
@@ -149,14 +150,14 @@ class Sharing:
         client = self._client(proxy, _SUBSCRIBE_ID if which == "sub" else _PUBLISH_ID)
         if client is None:
             return
+        operation = "subscription_change" if which == "sub" else "offer_change"
         try:
-            omniORB.setClientCallTimeout(client, 5000)
-            (client.subscription_change if which == "sub" else client.offer_change)(add, rem)
-        except CORBA.NO_IMPLEMENT:
-            pass
-        except Exception as exc:  # noqa: BLE001 — a client's failure must not stop the notifier
-            log.info("proxy %s: %s_change to the client failed: %s", proxy.oid,
-                     "subscription" if which == "sub" else "offer", exc)
+            call(client, operation, add, rem, policy=NOTIFY)
+        except CallFailed as exc:
+            if not isinstance(exc.cause, CORBA.NO_IMPLEMENT):
+                log.info("proxy %s: %s to the client failed: %s", proxy.oid, operation, exc)
+        except Exception as exc:  # noqa: BLE001 — a client's failure (a user exception) must not stop the notifier
+            log.info("proxy %s: %s to the client failed: %s", proxy.oid, operation, exc)
 
     def _client(self, proxy: Any, repo_id: str) -> Any:
         if proxy.oid in self._capable:
@@ -167,9 +168,9 @@ class Sharing:
         narrowed = None
         try:
             client = proxy.client_ref()
-            if client is not None and client._is_a(repo_id):
+            if client is not None and call(client, "_is_a", repo_id, policy=PROBE):
                 narrowed = client._unchecked_narrow(iface)
-        except CORBA.Exception as exc:
+        except CallFailed as exc:
             log.info("proxy %s: client type not known (%s)", proxy.oid, exc)
             return None
         self._capable[proxy.oid] = narrowed

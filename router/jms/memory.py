@@ -642,6 +642,9 @@ class MemoryTransport:
         self._txs[tx] = _TxOps()
         return tx
 
+    def transaction_problem(self, transaction: str) -> str | None:
+        return self._book.tx_problem(transaction)
+
     def commit(self, transaction: str) -> None:
         entry = self._book.end_tx(transaction)
         ops = self._txs.pop(transaction, _TxOps())

@@ -393,6 +393,9 @@ class StompTransport:
         self._book.add_tx(tx, epoch)
         return tx
 
+    def transaction_problem(self, transaction: str) -> str | None:
+        return self._book.tx_problem(transaction)
+
     def commit(self, transaction: str) -> None:
         """The transaction stays in the book until the COMMIT's receipt: an ERROR for an earlier receipt-less frame
         that arrives meanwhile still marks it, and the commit then raises :class:`BrokerError` (ActiveMQ refuses

@@ -249,6 +249,11 @@ class Transport(Protocol):
         """Start a broker transaction (receipted); returns its id."""
         ...
 
+    def transaction_problem(self, transaction: str) -> str | None:
+        """Why ``transaction`` could not commit every frame sent in it (an ERROR frame for one of them, a lost
+        connection, not open), or None. Call it after a receipted frame: every earlier answer has arrived then."""
+        ...
+
     def commit(self, transaction: str) -> None:
         """Commit (receipted). :class:`ReceiptTimeout` means the commit may or may not have happened."""
         ...
@@ -518,6 +523,17 @@ class SessionBook:
     def is_live(self, entry: _Tx) -> bool:
         with self.lock:
             return entry.epoch == self.epoch and self.connected
+
+    def tx_problem(self, tx: str) -> str | None:
+        """Why ``tx`` cannot commit everything sent in it: a frame in it got an ERROR, its connection was lost, or
+        it is not open; None when every frame so far is fine (as far as the answers received tell)."""
+        with self.lock:
+            entry = self._txs.get(tx)
+            if entry is None:
+                return f"transaction {tx} is not open"
+            if entry.epoch != self.epoch or not self.connected:
+                return f"transaction {tx} was lost with its connection (the broker rolled it back)"
+            return entry.rollback_only
 
     def mark_rollback_only(self, reason: str) -> None:
         """An ERROR frame with no receipt id: any open transaction may be missing a frame."""

@@ -211,7 +211,7 @@ def test_transaction_management(nsjms_server: NsjmsServer, bf: Any, factory: Any
 
     inbound, _ = bf.create_bridge(jms_ep(BA.SOURCE, _name("more.tx.in")), channel_ep(BA.SINK, cid))
     with pytest.raises(BTM.UnsupportedTransaction):
-        _managed(inbound).enable_transaction(10, 10)               # JMS → channel
+        _managed(inbound).enable_transaction(10, 10)               # JMS → channel, the bridge pushing (NJI 2.7.2)
 
     managed.disable_transaction()
     managed.disable_transaction()                                  # nothing enabled: still fine

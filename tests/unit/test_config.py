@@ -314,3 +314,13 @@ def test_relative_state_dir_in_a_file_is_relative_to_that_file(tmp_path: Path, m
     monkeypatch.chdir(elsewhere)
     cfg = load_config(conf, env={})
     assert cfg.node.state_dir == conf_dir.resolve() / "state"
+
+
+def test_broker_amq_dupl_id_is_a_boolean_off_by_default(tmp_path: Path) -> None:
+    assert load_config(env={}).broker.amq_dupl_id is False
+    assert load_config(env={"NSJMS_BROKER_AMQ_DUPL_ID": "true"}).broker.amq_dupl_id is True
+    path = tmp_path / "nsjms.toml"
+    path.write_text("[broker]\namq_dupl_id = false\n")
+    assert load_config(path, env={}).broker.amq_dupl_id is False
+    with pytest.raises(ConfigError, match=r"broker\.amq_dupl_id"):
+        load_config(env={"NSJMS_BROKER_AMQ_DUPL_ID": "maybe"})

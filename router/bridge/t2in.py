@@ -1,0 +1,470 @@
+"""JMS → channel inside the routing transaction T2 (NJI 2.7.2, 2.7.3.2, 2.7.4, 2.7.5.2): the bridge's part.
+
+The channel's pull-style proxy consumer is the transaction client (``router.channel.t2in``): it begins the T2,
+enlists its PostgreSQL branch and calls the bridge's pull sender in-process with the transaction
+(:meth:`InboundT2.take`). The bridge receives up to a batch of deliveries from JMS synchronously and, in the T2:
+
+* claims the message ids in the inbox (``router.t2.inbox_claim``, the caller's PostgreSQL branch): an id already
+  there was turned into an event by an earlier, committed T2 (a redelivery after a lost ack or a crash before the
+  broker commit): it is acknowledged in the T2 and produces no event;
+* maps the others; a message that cannot become an event (undecodable, expired, unmappable, too large, or one the
+  channel refuses) is dead-lettered with the reason by a SEND in the same STOMP transaction as its ACK, and its
+  inbox claim is released (so a redelivery after an unknown broker outcome is dead-lettered again, never dropped);
+* enlists :class:`StompAckBranch`, the broker branch: every delivery of the batch (new, duplicate, dead-lettered)
+  is acknowledged inside one STOMP transaction, committed only after the PostgreSQL branch committed.
+
+A rolled-back T2 leaves the deliveries un-acknowledged on the live subscription (ActiveMQ restores the acks of an
+aborted STOMP transaction but does NOT redeliver those messages while the consumer lives): they are kept here and
+taken first by the next T2, so they are retried, never stranded. Deliveries of a lost connection are dropped (the
+broker redelivers them to the new one). A broker commit with an unknown outcome on a live connection makes the next
+T2 reconnect first, so the broker redelivers whatever it did not take, and the inbox recognises it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import Xid
+
+from router.jms.model import Destination, JmsMessage
+from router.jms.transport import BrokerError, Delivery, SendRefused, Transport, TransportError
+from router.t2 import ACK_MANAGER, inbox_claim
+from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
+
+__all__ = ["InBatch", "InboundT2", "LocalAcks", "StompAckBranch", "inbox_release"]
+
+log = logging.getLogger("nsjms.bridge")
+
+Conn = psycopg.Connection[Any]
+_BROKER_DLQ = "ActiveMQ.DLQ"
+
+
+def inbox_release(conn: Conn, bridge_id: int, message_ids: Sequence[str]) -> None:
+    """Undo this T2's claim of ``message_ids`` (messages it dead-letters instead of turning into events)."""
+    if message_ids:
+        conn.execute("DELETE FROM nsjms_inbox WHERE bridge_id = %s AND message_id = ANY(%s)",
+                     (bridge_id, list(message_ids)))
+
+
+def _book(transport: Any) -> Any:
+    """The transport's session book (both implementations keep one), or None for a stand-in without one."""
+    try:
+        return getattr(transport, "_book", None)
+    except TransportError:
+        return None
+
+
+class StompAckBranch:
+    """The broker branch of a JMS → channel T2: one STOMP transaction holding the batch's ACKs (and NACKs and
+    dead-letter SENDs). One-phase (STOMP has no prepare):
+
+    * ``begin`` = STOMP BEGIN (receipted);
+    * :meth:`ack` / :meth:`nack` / :meth:`send` put frames in it; each frame is written when the next one is
+      added, the last one is held back for ``prepare``;
+    * ``prepare`` = write the last frame WITH a receipt (the broker answers frames in order, so an ERROR for an
+      earlier receipt-less frame has arrived by then) and check no frame of the transaction got an ERROR;
+    * ``commit`` = STOMP COMMIT, after the decision is durable and the PostgreSQL branch committed. A lost receipt
+      or connection is :class:`OutcomeUnknown`: the messages the broker did not take are redelivered and the
+      inbox recognises them; ``on_unknown`` is told (a live connection must be renewed for that redelivery);
+    * ``rollback`` = ABORT (a lost connection already rolled it back); ``on_rollback`` gets the branch (and so
+      its deliveries) back.
+    """
+
+    kind = ACK_MANAGER
+    manager = ACK_MANAGER
+    one_phase_only = True
+
+    def __init__(self, transport: Transport, deliveries: Sequence[Delivery] = (), *, name: str = "stomp-ack",
+                 on_rollback: Callable[[StompAckBranch], None] | None = None,
+                 on_commit: Callable[[], None] | None = None,
+                 on_unknown: Callable[[BaseException], None] | None = None) -> None:
+        self.transport = transport
+        self.name = name
+        self.deliveries = list(deliveries)     # given back to on_rollback: the T2 took them from the subscription
+        self.tx: str | None = None
+        self.frames = 0
+        self._gtrid: str | None = None
+        self._last: Callable[[bool], None] | None = None
+        self._on_rollback = on_rollback
+        self._on_commit = on_commit
+        self._on_unknown = on_unknown
+        self._ended = False
+        self.refused: str | None = None        # set when prepare found a frame the broker answered with ERROR
+
+    def sort_key(self) -> str:
+        return "~stomp-ack"
+
+    # -- protocol -----------------------------------------------------------------------------------------
+    def begin(self, xid: Xid) -> None:
+        self._gtrid = xid.gtrid
+        try:
+            self.tx = self.transport.begin()
+        except TransportError as exc:
+            raise BranchUnavailable(f"STOMP BEGIN failed: {exc}", gtrid=xid.gtrid, branch=self.name) from exc
+
+    def prepare(self) -> None:
+        last, self._last = self._last, None
+        try:
+            if last is not None:
+                last(True)
+        except TransportError as exc:
+            if isinstance(exc, BrokerError | SendRefused):
+                self.refused = str(exc)
+            raise PrepareFailed(f"a frame of the STOMP transaction failed: {exc}", gtrid=self._gtrid,
+                                branch=self.name) from exc
+        problem = self._problem()
+        if problem:
+            self.refused = problem
+            raise PrepareFailed(f"a frame of the STOMP transaction got an ERROR: {problem}", gtrid=self._gtrid,
+                                branch=self.name)
+
+    def commit(self) -> None:
+        if self.tx is None:
+            raise UsageError("commit of a STOMP ack branch that was never begun", gtrid=self._gtrid)
+        self._ended = True
+        try:
+            self.transport.commit(self.tx)
+        except TransportError as exc:
+            if self._on_unknown is not None:
+                self._on_unknown(exc)
+            raise OutcomeUnknown(f"STOMP COMMIT not confirmed ({type(exc).__name__}: {exc}); the broker "
+                                 "redelivers what it did not take and the inbox recognises it",
+                                 gtrid=self._gtrid, branch=self.name) from exc
+        if self._on_commit is not None:
+            self._on_commit()
+
+    def rollback(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._last = None
+        if self.tx is not None:
+            try:
+                self.transport.abort(self.tx)
+            except TransportError as exc:        # a lost connection rolled it back already
+                log.info("ABORT of %s not confirmed (%s): the broker rolls it back with the connection", self.tx,
+                         exc)
+        if self._on_rollback is not None:
+            self._on_rollback(self)
+
+    # -- frames ---------------------------------------------------------------------------------------------
+    def ack(self, delivery: Delivery) -> None:
+        self._frame(lambda receipt: self.transport.ack(delivery, self.tx, receipt=receipt))
+
+    def nack(self, delivery: Delivery) -> None:
+        self._frame(lambda receipt: self.transport.nack(delivery, self.tx, receipt=receipt))
+
+    def send(self, destination: Destination, message: JmsMessage, before: Delivery | None = None) -> None:
+        """A SEND in the transaction (a dead letter); ``before`` does not matter here: the frames are atomic."""
+        self._frame(lambda receipt: self.transport.send(destination, message, transaction=self.tx,
+                                                        receipt=receipt))
+
+    def _frame(self, write: Callable[[bool], None]) -> None:
+        if self.tx is None or self._ended:
+            raise UsageError("a frame for a STOMP ack branch that is not active", gtrid=self._gtrid)
+        previous, self._last = self._last, write
+        self.frames += 1
+        if previous is not None:
+            try:
+                previous(False)
+            except (BrokerError, SendRefused) as exc:   # the broker refused it (an ERROR frame)
+                self.refused = str(exc)
+                raise
+
+    def _problem(self) -> str | None:
+        book = _book(self.transport)
+        if book is None or self.tx is None:
+            return None
+        try:
+            entry = book.get_tx(self.tx)
+        except TransportError:
+            return "the transaction is no longer known to the transport"
+        if not book.is_live(entry):
+            return "the connection that holds the transaction was lost"
+        reason: str | None = entry.rollback_only
+        return reason
+
+
+class LocalAcks:
+    """The frames of a NON-transactional round (no EnableTransaction, the channel in this process): the inbox claims
+    and the events go in one local PostgreSQL transaction; these frames (ACKs, dead-letter SENDs, NACKs) are
+    written in order only after it committed (:meth:`settle`). A frame that fails then leaves its message
+    un-acknowledged: the next round reconnects first, the broker redelivers, and the inbox recognises it."""
+
+    def __init__(self, transport: Transport, deliveries: Sequence[Delivery], *,
+                 on_rollback: Callable[[LocalAcks], None], on_commit: Callable[[], None],
+                 on_failed: Callable[[BaseException, bool], None]) -> None:
+        self.transport = transport
+        self.deliveries = list(deliveries)
+        self.refused: str | None = None
+        self._frames: list[tuple[Callable[[], None], str | None]] = []   # (write, message id it acks)
+        self._on_rollback = on_rollback
+        self._on_commit = on_commit
+        self._on_failed = on_failed
+        self._ended = False
+
+    def ack(self, delivery: Delivery) -> None:
+        self._frames.append((lambda: self.transport.ack(delivery, receipt=False), delivery.message_id))
+
+    def nack(self, delivery: Delivery) -> None:
+        self._frames.append((lambda: self.transport.nack(delivery, receipt=True), delivery.message_id))
+
+    def send(self, destination: Destination, message: JmsMessage, before: Delivery | None = None) -> None:
+        """A dead letter; ``before``: written before that delivery's ack (a dead letter must be stored before its
+        original is acknowledged: these frames are not atomic)."""
+        frame = (lambda: self.transport.send(destination, message, receipt=True), None)
+        at = next((i for i, (_, mid) in enumerate(self._frames)
+                   if before is not None and mid == before.message_id), len(self._frames))
+        self._frames.insert(at, frame)
+
+    def settle(self) -> None:
+        """After the local transaction committed: write the frames. Never raises (see the class docstring)."""
+        self._ended = True
+        try:
+            for write, _ in self._frames:
+                write()
+        except TransportError as exc:
+            self._on_failed(exc, isinstance(exc, SendRefused | BrokerError))
+            return
+        self._on_commit()
+
+    def rollback(self) -> None:
+        """The local transaction did not commit: nothing was written; the deliveries go back."""
+        if not self._ended:
+            self._ended = True
+            self._on_rollback(self)
+
+
+@dataclass
+class InBatch:
+    """What one T2 took from JMS: the events to store (in order) and how to refuse one of them."""
+
+    events: list[Any] = field(default_factory=list)
+    deliveries: list[Delivery] = field(default_factory=list)
+    received: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    _reject: Callable[[int, str], None] | None = None
+    _local: LocalAcks | None = None
+
+    def settle(self) -> None:
+        """Non-transactional round: the caller's transaction committed; write the acks (see :class:`LocalAcks`)."""
+        if self._local is not None:
+            self._local.settle()
+
+    def abandon(self) -> None:
+        """Non-transactional round: the caller's transaction failed; the deliveries are taken again next round."""
+        if self._local is not None:
+            self._local.rollback()
+
+    def reject(self, index: int, reason: str) -> None:
+        """The channel refuses event ``index`` (BAD_QOS, too large): dead-letter its message in the same T2."""
+        if self._reject is None:
+            raise UsageError("reject on an empty batch")
+        self._reject(index, reason)
+
+
+class InboundT2:
+    """The bridge side of JMS → channel T2s for one bridge (one subscription, one pulling proxy)."""
+
+    def __init__(self, flow: Any) -> None:
+        self.flow = flow
+        self.held: list[Delivery] = []
+        self.resync = False
+        self.poison_nack: set[str] = set()     # dead letters the broker refused: NACK these to its DLQ
+        self.committed = 0
+        self.rolled_back = 0
+        self._lock = threading.Lock()          # one T2 at a time per bridge: deliveries keep their order
+
+    # -- the T2 call ------------------------------------------------------------------------------------------
+    def take(self, t2: Any, txn: Any, conn: Conn, max_n: int, timeout: float) -> InBatch:
+        """Receive up to ``max_n`` deliveries (waiting up to ``timeout`` s for the first) inside ``txn``; ``conn``
+        is the T2's PostgreSQL branch. Enlists the broker branch when something was received. Raises on a
+        broker or database failure (the caller rolls the T2 back; the deliveries are kept for the next one)."""
+        return self._take(conn, max_n, timeout, txn.gtrid, lambda branch: t2.enlist(txn, branch))
+
+    def take_local(self, conn: Conn, max_n: int, timeout: float) -> InBatch:
+        """Without a T2 (EnableTransaction FALSE), for a channel in this process: like :meth:`take`, but the
+        claims and the events go in the caller's ONE local transaction on ``conn``, and the caller writes the
+        acks after it committed (``batch.settle()``) or gives the deliveries back (``batch.abandon()``)."""
+        return self._take(conn, max_n, timeout, f"local:{uuid.uuid4().hex}", None)
+
+    def _take(self, conn: Conn, max_n: int, timeout: float, gtrid: str,
+              enlist: Callable[[StompAckBranch], object] | None) -> InBatch:
+        flow = self.flow
+        if not flow.bridge.running():
+            return InBatch()
+        with self._lock:
+            if self.resync:
+                self.resync = False
+                self._reconnect()
+            deliveries = self._collect(max(1, max_n), timeout)
+            if not deliveries:
+                return InBatch()
+            stats = {"forwarded": 0, "duplicates": 0}
+            letters: list[tuple[str, str, str]] = []
+            branch: StompAckBranch | LocalAcks
+            if enlist is not None:
+                branch = StompAckBranch(flow.transport, deliveries, on_rollback=lambda b: self._hold(b, letters),
+                                        on_commit=lambda: self._committed(stats, letters),
+                                        on_unknown=self._unknown)
+                try:
+                    enlist(branch)
+                except BaseException:
+                    branch.rollback()                # nothing was begun: give the deliveries back
+                    raise
+            else:
+                branch = LocalAcks(flow.transport, deliveries, on_rollback=lambda b: self._hold(b, letters),
+                                   on_commit=lambda: self._committed(stats, letters),
+                                   on_failed=lambda exc, refused: self._settle_failed(exc, refused, letters))
+            batch = InBatch(received=len(deliveries))
+            if isinstance(branch, LocalAcks):
+                batch._local = branch
+            try:
+                self._fill(batch, branch, conn, gtrid, deliveries, letters)
+            except BaseException:
+                if isinstance(branch, LocalAcks):
+                    branch.rollback()
+                raise
+            stats["forwarded"], stats["duplicates"] = len(batch.events), batch.duplicates
+            return batch
+
+    def _fill(self, batch: InBatch, branch: StompAckBranch | LocalAcks, conn: Conn, gtrid: str,
+              deliveries: list[Delivery], letters: list[tuple[str, str, str]]) -> None:
+        flow = self.flow
+        bridge_id = int(flow.bridge.id)
+        new = inbox_claim(conn, bridge_id, sorted({d.message_id for d in deliveries}), gtrid)
+        released: list[str] = []
+
+        def dead_letter(d: Delivery, reason: str) -> None:
+            released.append(d.message_id)
+            batch.dead_lettered += 1
+            letters.append((reason, "message", d.message_id))
+            if d.message_id in self.poison_nack:
+                log.error("bridge %d: message %s: %s; the dead-letter destination refused it before, so it is "
+                          "NACKed to %s", bridge_id, d.message_id, reason, _BROKER_DLQ)
+                branch.nack(d)
+                return
+            extra = {"nsjms_dlq_message_id": d.message_id, "nsjms_dlq_destination": d.destination}
+            dl = flow.dead_letter
+            branch.send(dl.destination, dl.message(d.body, reason, "message", extra))
+            branch.ack(d)
+
+        for d in deliveries:
+            if d.message_id not in new:              # an earlier T2 made its event (or an earlier copy here)
+                batch.duplicates += 1
+                branch.ack(d)
+                continue
+            new.discard(d.message_id)
+            problem = flow._problem(d)
+            if problem == "refuse":
+                reason = ("empty, unmarked body: a Java Map/Stream/Object message the STOMP transport cannot carry "
+                          f"(or an empty text); the original was moved to the broker's dead-letter queue {_BROKER_DLQ}")
+                released.append(d.message_id)
+                batch.dead_lettered += 1
+                letters.append((reason, "refused", d.message_id))
+                dl = flow.dead_letter
+                branch.send(dl.destination, dl.message(b"", reason, "refused", {
+                    "nsjms_dlq_message_id": d.message_id, "nsjms_dlq_destination": d.destination,
+                    "nsjms_dlq_moved_to": _BROKER_DLQ}))
+                branch.nack(d)
+                continue
+            if problem is None:
+                event, problem = flow._event(d)
+            if problem is not None:
+                dead_letter(d, problem)
+                continue
+            branch.ack(d)
+            batch.events.append(event)
+            batch.deliveries.append(d)
+
+        def reject(index: int, reason: str) -> None:
+            d = batch.deliveries[index]
+            # its ACK is in the transaction already: add the dead letter, release the inbox claim
+            extra = {"nsjms_dlq_message_id": d.message_id, "nsjms_dlq_destination": d.destination}
+            dl = flow.dead_letter
+            branch.send(dl.destination, dl.message(d.body, reason, "message", extra), before=d)
+            inbox_release(conn, bridge_id, [d.message_id])
+            batch.dead_lettered += 1
+            letters.append((reason, "message", d.message_id))
+
+        batch._reject = reject
+        inbox_release(conn, bridge_id, released)
+
+    # -- outcomes ---------------------------------------------------------------------------------------------
+    def _committed(self, stats: dict[str, int], letters: list[tuple[str, str, str]]) -> None:
+        flow = self.flow
+        self.committed += 1
+        flow.forwarded += stats["forwarded"]
+        flow.duplicates += stats["duplicates"]
+        for reason, origin, message_id in letters:
+            self.poison_nack.discard(message_id)
+            flow.dead_letter.sent(reason, origin)
+        from router import telemetry
+
+        telemetry.bridge_moved(flow.bridge.id, stats["forwarded"], "from_jms")
+
+    def _hold(self, branch: StompAckBranch | LocalAcks, letters: list[tuple[str, str, str]]) -> None:
+        """A rolled-back T2: its deliveries stay un-acknowledged on the subscription; the next T2 takes them. When
+        the broker refused a frame of a T2 that sent dead letters, those messages are NACKed next time (to the
+        broker's own DLQ, the reason in the log): a refused dead letter must not stall the bridge."""
+        self.rolled_back += 1
+        self.held = list(branch.deliveries) + self.held
+        if branch.refused and letters:
+            self.poison_nack.update(m for _, origin, m in letters if origin == "message")
+            log.error("bridge %d: the broker refused a frame of a T2 with %d dead letter(s) (%s); those messages "
+                      "are NACKed to %s next time", self.flow.bridge.id, len(letters), branch.refused, _BROKER_DLQ)
+
+    def _settle_failed(self, exc: BaseException, refused: bool, letters: list[tuple[str, str, str]]) -> None:
+        """Writing the acks of a committed local round failed: reconnect before the next round so the broker
+        redelivers what was not acknowledged (the inbox recognises the events' messages); a refused dead letter is
+        NACKed next time."""
+        log.warning("bridge %d: acknowledging after the local commit failed (%s); reconnecting so the broker "
+                    "redelivers (the inbox recognises what became events)", self.flow.bridge.id, exc)
+        if refused:
+            self.poison_nack.update(m for _, origin, m in letters if origin == "message")
+        self.flow.bridge.note_broker_problem(exc)
+        self.resync = True
+
+    def _unknown(self, exc: BaseException) -> None:
+        log.warning("bridge %d: STOMP COMMIT of the ack branch not confirmed (%s); reconnecting so the broker "
+                    "redelivers what it did not take (the inbox recognises those)", self.flow.bridge.id, exc)
+        if isinstance(exc, BrokerError):
+            self.flow.bridge.note_broker_problem(exc)
+        self.resync = True
+
+    # -- receiving --------------------------------------------------------------------------------------------
+    def _collect(self, max_n: int, timeout: float) -> list[Delivery]:
+        """Held deliveries of the live connection first, then new ones (waiting ``timeout`` for the first)."""
+        book = _book(self.flow.transport)
+        epoch = getattr(book, "epoch", None) if book is not None and getattr(book, "connected", False) else None
+        held, self.held = self.held, []
+        out = [d for d in held if epoch is None or d.epoch == epoch]
+        if len(out) > max_n:
+            self.held = out[max_n:]
+            out = out[:max_n]
+        try:
+            while len(out) < max_n:
+                delivery = self.flow.receive(timeout if not out else 0.0)
+                if delivery is None:
+                    break
+                out.append(delivery)
+        except BaseException:
+            self.held = out + self.held
+            raise
+        return out
+
+    def _reconnect(self) -> None:
+        try:
+            self.flow.transport.reconnect()
+        except TransportError as exc:
+            self.flow.bridge.note_broker_problem(exc)
+            self.resync = True
+            raise
+        self.held = []

@@ -1,0 +1,207 @@
+"""The bridge's part in a channel → JMS routing transaction (T2, NJI 2.7.2 / 2.7.4 / 2.7.5.1), free of the ORB.
+
+The channel's push proxy supplier is the transaction client: it begins the T2, enlists its PostgreSQL branch
+(the batch's queue rows are deleted in it) and hands the batch in-process to :meth:`OutboundT2.forward_in_t2`
+(found through ``NodeTransactions.local`` by the stringified IOR of the bridge's endpoint receiver). The bridge,
+a transactional object that never decides (NJI 2.7.4), then in the SAME PostgreSQL branch and T2:
+
+1. maps every event (NJI 2.4); an event the mapping cannot express becomes a dead letter for the bridge's
+   dead-letter destination (reason in its properties), a message of this T2 like the others: atomic with the
+   rest of the batch;
+2. gives message ``i`` (0-based, dead letters included) the dedupe id ``xa.xid.dedupe_id(gtrid, i)``, carried as
+   the JMS property ``nsjms_dedupe_id`` and, when the bridge's broker settings ask for it
+   (``BrokerSettings.amq_dupl_id``; off by default: ActiveMQ Classic ignores it, Artemis drops a duplicate
+   itself), as ``_AMQ_DUPL_ID``;
+3. inserts one outbox row per message (the STOMP frame exactly as sent: recovery re-sends the same bytes);
+4. enlists the broker SEND branch (:class:`router.bridge.txbranch.SendBranch`) and sends the frames in its STOMP
+   transaction, the last one receipted.
+
+Any failure marks the T2 rollback-only with the reason and raises :class:`ForwardFailed` (``content`` True when
+the broker refused a frame: the batch, not the broker, is the problem; the channel then narrows it down). The
+commit and every decision stay with the channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from router import telemetry
+from router.bridge.txbranch import SendBranch
+from router.channel.txdelivery import ForwardFailed
+from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
+from router.jms.transport import EncodedMessage, MessageCodec, SendRefused, Transport, stomp_destination
+from router.t2 import OutboxRow, outbox_insert
+from xa.errors import TransactionRolledBack
+from xa.xid import dedupe_id
+
+__all__ = ["DEDUPE_PROPERTY", "DUPL_ID_HEADER", "ForwardFailed", "Forwarded", "OutboundT2"]
+
+log = logging.getLogger("nsjms.bridge")
+
+DEDUPE_PROPERTY = "nsjms_dedupe_id"
+DUPL_ID_HEADER = "_AMQ_DUPL_ID"
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """What one T2 carried: messages for the destination, dead letters, and the gtrid."""
+
+    gtrid: str
+    sent: int
+    dead_lettered: int
+
+
+@dataclass(frozen=True)
+class _Frame:
+    destination: str
+    encoded: EncodedMessage
+    persistent: bool
+
+
+class OutboundT2:
+    """One channel → JMS bridge as a T2 participant (see the module docstring). Thread-safe."""
+
+    def __init__(self, bridge_id: int, destination: Destination, transport: Callable[[], Transport],
+                 codec: MessageCodec, to_jms: Callable[[Any, Destination], JmsMessage],
+                 event_bytes: Callable[[Any], bytes], dead_letter: Destination, enlist: Callable[[Any, Any], Any],
+                 running: Callable[[], bool], note_problem: Callable[[Exception], None] | None = None, *,
+                 amq_dupl_id: bool = False) -> None:
+        self.bridge_id = bridge_id
+        self.destination = destination
+        self.transport = transport
+        self.codec = codec
+        self.to_jms = to_jms
+        self.event_bytes = event_bytes
+        self.dead_letter = dead_letter
+        self.enlist = enlist                 # NodeTransactions.enlist (passes the crash points)
+        self.running = running
+        self.note_problem = note_problem     # wakes the bridge's supervisor after a broker failure
+        self.amq_dupl_id = amq_dupl_id
+        self.forwarded = 0
+        self.dead_lettered = 0
+        self.committed = 0
+        self.rolled_back = 0
+        self.last_rollback = ""
+        self._lock = threading.Lock()
+        self._active: dict[str, Any] = {}          # gtrid -> transaction in progress
+        self.on_idle: Callable[[], None] | None = None     # set by the bridge: a disable waits for this
+
+    # -- state ------------------------------------------------------------------------------------------------
+    def active(self) -> bool:
+        """True while a T2 of this bridge is in progress (from forward to its end)."""
+        with self._lock:
+            return bool(self._active)
+
+    def ended(self, gtrid: str, result: Forwarded | None, committed: bool, reason: str = "") -> None:
+        """Called by the transaction client once the T2 ended (committed, rolled back, or handed to recovery)."""
+        with self._lock:
+            was = self._active.pop(gtrid, None) is not None
+            idle = not self._active
+            if committed and result is not None:
+                self.committed += 1
+                self.forwarded += result.sent
+                self.dead_lettered += result.dead_lettered
+            elif not committed and was:
+                self.rolled_back += 1
+                self.last_rollback = reason
+        if committed and result is not None:
+            telemetry.bridge_moved(self.bridge_id, result.sent, "to_jms")
+            for _ in range(result.dead_lettered):
+                telemetry.bridge_dead_letter(self.bridge_id, "event")
+        if idle and self.on_idle is not None:
+            self.on_idle()
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            overdue = sum(1 for t in self._active.values() if getattr(t, "timed_out", False))
+            return {"t2_active": len(self._active), "t2_overdue": overdue, "t2_committed": self.committed,
+                    "t2_rolled_back": self.rolled_back, "t2_last_rollback": self.last_rollback or None}
+
+    # -- the work ---------------------------------------------------------------------------------------------
+    def forward_in_t2(self, txn: Any, conn: Any, events: Sequence[Any], *,
+                      dead_letter_reason: str | None = None) -> Forwarded:
+        """Carry ``events`` in ``txn`` (see the module docstring); with ``dead_letter_reason`` every event goes to
+        the dead-letter destination with that reason instead (the channel isolated a poison event)."""
+        with self._lock:
+            self._active[txn.gtrid] = txn
+        if not self.running():
+            self._fail(txn, "the bridge is not started", content=False)
+        frames, dead = self._frames(events, dead_letter_reason)
+        rows = [OutboxRow(txn.gtrid, i, self._dedupe(f, txn.gtrid, i), self.bridge_id, f.destination,
+                          {**f.encoded.headers, "persistent": "true" if f.persistent else "false"}, f.encoded.body)
+                for i, f in enumerate(frames)]
+        outbox_insert(conn, rows)
+        try:
+            branch = SendBranch(self.transport())
+            self.enlist(txn, branch)
+        except TransactionRolledBack:            # past its deadline: the coordinator rolled it back already
+            raise
+        except Exception as exc:  # noqa: BLE001 — BranchUnavailable, BrokerUnavailable: the broker is out of reach
+            self._noted(exc)
+            self._fail(txn, f"broker unavailable: {type(exc).__name__}: {exc}", content=False)
+        for i, (frame, row) in enumerate(zip(frames, rows, strict=True)):
+            encoded = EncodedMessage(dict(row.headers), row.body)
+            try:
+                branch.send(frame.destination, encoded, persistent=frame.persistent, last=i == len(frames) - 1)
+            except SendRefused as exc:
+                self._fail(txn, f"broker refused message {i} of the batch: {exc.message or exc.reason}",
+                           content=True)
+            except Exception as exc:  # noqa: BLE001 — SendFailed, ReceiptTimeout, BrokerUnavailable, ...
+                self._noted(exc)
+                self._fail(txn, f"sending to the broker failed: {type(exc).__name__}: {exc}", content=False)
+        return Forwarded(txn.gtrid, len(frames) - dead, dead)
+
+    def _noted(self, exc: Exception) -> None:
+        if self.note_problem is not None:
+            self.note_problem(exc)
+
+    def _fail(self, txn: Any, reason: str, *, content: bool) -> None:
+        txn.set_rollback_only(f"bridge {self.bridge_id}: {reason}")
+        raise ForwardFailed(reason, content=content)
+
+    def _dedupe(self, frame: _Frame, gtrid: str, idx: int) -> str:
+        did = dedupe_id(gtrid, idx)
+        frame.encoded.headers[DEDUPE_PROPERTY] = did
+        if self.amq_dupl_id:
+            frame.encoded.headers[DUPL_ID_HEADER] = did
+        return did
+
+    def _frames(self, events: Sequence[Any], dead_letter_reason: str | None) -> tuple[list[_Frame], int]:
+        from router.mapping.errors import MappingError
+
+        frames: list[_Frame] = []
+        dead = 0
+        for event in events:
+            reason = dead_letter_reason
+            if reason is None:
+                try:
+                    msg = self.to_jms(event, self.destination)
+                    frames.append(self._frame(self.destination, msg))
+                    continue
+                except MappingError as exc:
+                    reason = str(exc)
+                except Exception as exc:
+                    log.exception("bridge %d: mapping an event failed", self.bridge_id)
+                    reason = f"mapping failed: {type(exc).__name__}: {exc}"
+            frames.append(self._frame(self.dead_letter, self._dead_letter(self.event_bytes(event), reason)))
+            dead += 1
+            log.warning("bridge %d: dead-lettering an event to %s in its routing transaction: %s", self.bridge_id,
+                        self.dead_letter.stomp(), reason)
+        return frames, dead
+
+    def _frame(self, destination: Destination, msg: JmsMessage) -> _Frame:
+        from router.jms.model import DeliveryMode
+
+        encoded = self.codec.encode(msg)
+        return _Frame(stomp_destination(destination), EncodedMessage(dict(encoded.headers), encoded.body),
+                      msg.delivery_mode is DeliveryMode.PERSISTENT)
+
+    def _dead_letter(self, body: bytes, reason: str) -> JmsMessage:
+        props = {"nsjms_dlq_reason": Typed(JmsType.STRING, reason[:1000]),
+                 "nsjms_dlq_bridge": Typed(JmsType.INT, self.bridge_id),
+                 "nsjms_dlq_origin": Typed(JmsType.STRING, "event")}
+        return JmsMessage(BodyType.BYTES, body, destination=self.dead_letter, properties=props)

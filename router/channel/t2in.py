@@ -1,0 +1,242 @@
+"""JMS → channel inside the routing transaction T2 (NJI 2.7.2, 2.7.3.2): the channel as the transaction client.
+
+A pull-style proxy consumer with ``EnableTransaction`` TRUE whose supplier is a bridge pull sender of this node
+(``rt.t2.local(client IOR)``, NJI 2.7.2: the channel pulls from the bridge, which receives from JMS synchronously
+inside the T2) runs one T2 per round (:meth:`InboundT2Driver.round`):
+
+1. begin a T2 with the proxy's ``TransactionTimeout`` (0: no deadline); enlist a PostgreSQL branch (``pg``); with a
+   deadline, the branch's statements are bounded by it (``statement_timeout``);
+2. the bridge receives up to a batch (``TransactionEvents`` events for a structured proxy,
+   ``TransactionEventSequences`` * ``MaximumBatchSize`` for a sequence proxy, NJI Table 2-10), claims the message ids
+   in the inbox in the same branch, dead-letters what cannot become an event, and enlists the broker ack branch;
+3. the channel decides the events' targets (:meth:`EventChannelImpl.plan_in`, no I/O; an event the channel refuses
+   for its QoS or size is dead-lettered by the bridge in the same T2) and stores them in the SAME branch
+   (:meth:`EventChannelImpl.store_in`);
+4. ``commit``: PostgreSQL first, then the STOMP COMMIT of the acks; only then the events are queued in memory
+   (:meth:`EventChannelImpl.publish`). A rollback (failure, rollback-only, TransactionTimeout) stores nothing and
+   aborts the STOMP transaction: the bridge keeps the deliveries and the next round takes them again.
+
+Without ``EnableTransaction`` the same pull from a bridge of this node on a Persistent channel is one local
+unit of work (:meth:`InboundT2Driver.round_local`): the inbox claims and the events in one PostgreSQL
+transaction, the acks written after it committed.
+
+The settings are read each round from the proxy, then its admin, then the channel (QoS and admin properties), so
+``set_qos`` / ``set_admin`` / ``enable_transaction`` take effect at the next T2.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from omniORB import CORBA
+
+import CosNotification
+
+from router.channel import qos as Q
+from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe
+from router.channel.channel import RoutePlan
+from router.channel.events import Event, normalise_structured
+from router.crashpoints import crashpoint
+from xa.coordinator import BranchOutcome, Transaction
+from xa.errors import TransactionRolledBack
+from xa.pg import PgBranch
+from xa.states import State
+
+__all__ = ["InboundT2Driver", "T2Settings", "t2_settings"]
+
+log = logging.getLogger("nsjms.channel")
+
+#: How long one round waits for the first message (the pull loop's idle step).
+RECEIVE_WAIT_S = 0.2
+#: Deliveries per local (non-T2) round, bounded by the channel's room (MaxQueueLength).
+LOCAL_BATCH = 100
+_UNDECIDED = (State.ACTIVE, State.ROLLBACK_ONLY)
+
+
+@dataclass(frozen=True)
+class T2Settings:
+    enabled: bool
+    batch: int          # deliveries per T2
+    timeout_s: int      # TransactionTimeout; 0 = none
+
+
+def _lookup(proxy: Any, name: str, default: Any) -> Any:
+    """``name`` as ``proxy`` sees it: its own QoS, its admin's, the channel's admin properties, the channel's QoS."""
+    admin = getattr(proxy, "admin", None)
+    channel = getattr(proxy, "channel", None)
+    for holder in (getattr(proxy, "qos", None), getattr(admin, "qos", None), getattr(admin, "admin_props", None),
+                   getattr(channel, "admin_props", None), getattr(channel, "qos", None)):
+        if isinstance(holder, dict) and name in holder:
+            return holder[name]
+    return default
+
+
+def t2_settings(proxy: Any, *, sequence: bool) -> T2Settings:
+    """The values ``enable_transaction`` stored on the proxy (``extra["transaction"]``, as for channel → JMS,
+    router.channel.txdelivery) win over the QoS / admin properties."""
+    own = (getattr(proxy, "extra", None) or {}).get("transaction") or {}
+    enabled = bool(_lookup(proxy, Q.ENABLE_TRANSACTION, False))
+    if sequence:
+        per = max(1, int(_lookup(proxy, CosNotification.MaximumBatchSize, 1)))
+        batch = max(1, int(own.get("sequences") or _lookup(proxy, Q.TRANSACTION_EVENT_SEQUENCES, 1))) * per
+    else:
+        batch = max(1, int(own.get("events") or _lookup(proxy, Q.TRANSACTION_EVENTS, 1)))
+    timeout = own.get("timeout", _lookup(proxy, Q.TRANSACTION_TIMEOUT, 0))
+    return T2Settings(enabled, batch, max(0, int(timeout or 0)))
+
+
+class InboundT2Driver:
+    """Runs the T2 rounds of one pull-style proxy consumer (its pull thread only)."""
+
+    def __init__(self, proxy: Any, *, sequence: bool) -> None:
+        self.proxy = proxy
+        self.sequence = sequence
+        self.committed = 0
+        self.rolled_back = 0
+        self.timed_out = 0
+        self.last_error = ""
+        self.active = False              # a T2 is in progress (BridgeTransactionMgmt's TransactionActive)
+        self._warned = False
+
+    # -- which supplier -----------------------------------------------------------------------------------------
+    def target(self) -> Any | None:
+        """The JMS bridge of this node this proxy pulls from, in-process, when it runs a T2 (EnableTransaction
+        TRUE) or a local unit of work (EnableTransaction FALSE on a Persistent channel); else None (the proxy pulls
+        over the ORB as before). EnableTransaction with a supplier that is not a bridge of this node cannot run a
+        T2 (no transaction context crosses the ORB here): the proxy pulls without one, and says so once."""
+        enabled = t2_settings(self.proxy, sequence=self.sequence).enabled
+        t2 = getattr(self.proxy.rt, "t2", None)
+        target = t2.local(self.proxy.client_ior) if t2 is not None else None
+        if target is None or not hasattr(target, "take_in_t2"):
+            if enabled and not self._warned:
+                self._warned = True
+                log.warning("proxy %s: EnableTransaction is TRUE but its supplier is not a JMS bridge of this node "
+                            "(or this node has no T2); it pulls without a routing transaction", self.proxy.oid)
+            return None
+        if not enabled and not self.proxy.channel._connections_persistent():
+            return None                  # BestEffort: nothing is stored, the pull path as before
+        return target
+
+    def step(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
+        """One round with ``target``: a T2 when EnableTransaction is TRUE, else a local unit of work. Returns -1
+        without doing anything while the bridge is stopped (the caller waits)."""
+        if not target.t2_ready():
+            return -1
+        if t2_settings(self.proxy, sequence=self.sequence).enabled:
+            return self.round(target, wait_s)
+        return self.round_local(target, wait_s)
+
+    def round_local(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
+        """Without a T2: the inbox claims and the events in ONE local PostgreSQL transaction, the acks written
+        after it committed, the events queued in memory after that. Exactly once for the events this channel
+        stores, without two-phase commit: a crash before the commit stores nothing and the broker redelivers; a
+        crash after it makes the broker redeliver messages whose ids the inbox holds (acked, no second event)."""
+        proxy = self.proxy
+        plan = RoutePlan()
+        batch: Any = None
+        try:
+            with proxy.rt.db.unit_of_work() as conn:
+                batch = target.take_local(conn, proxy.room(LOCAL_BATCH), wait_s)
+                if not batch.received:
+                    return 0
+                if batch.events:
+                    plan = self._plan(batch)
+                    proxy.channel.store_in(conn, plan)
+        except BaseException as exc:
+            if batch is not None:
+                batch.abandon()
+            self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+            raise
+        crashpoint("in.local.after_commit")
+        batch.settle()
+        proxy.channel.publish(plan)
+        return int(batch.received)
+
+    # -- one T2 --------------------------------------------------------------------------------------------------
+    def round(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
+        """One T2: returns how many deliveries it took (0: nothing arrived, nothing done). Raises after a rollback
+        (the deliveries stay with the bridge for the next round)."""
+        proxy = self.proxy
+        rt = proxy.rt
+        settings = t2_settings(proxy, sequence=self.sequence)
+        self.active = True
+        try:
+            return self._round(rt, settings, target, wait_s)
+        finally:
+            self.active = False
+
+    def _round(self, rt: Any, settings: T2Settings, target: Any, wait_s: float) -> int:
+        proxy = self.proxy
+        txn = rt.t2.coordinator.begin(settings.timeout_s or None)
+        plan = RoutePlan()
+        with rt.db.branch() as conn:
+            try:
+                rt.t2.enlist(txn, PgBranch(conn, "pg"))
+                if settings.timeout_s:
+                    conn.execute("SELECT set_config('statement_timeout', %s, true)",
+                                 (f"{settings.timeout_s * 1000}ms",))
+                batch = target.take_in_t2(txn, conn, proxy.room(settings.batch), wait_s)
+                if not batch.received:
+                    txn.rollback("nothing received")
+                    return 0
+                if batch.events:
+                    plan = self._plan(batch)
+                    proxy.channel.store_in(conn, plan)
+                outcome = txn.commit()
+            except BaseException as exc:
+                self._failed(txn, exc)
+                raise
+        self.committed += 1
+        self.last_error = ""
+        if any(b.name == "pg" and b.outcome is not BranchOutcome.COMMITTED for b in outcome.branches):
+            log.error("proxy %s: T2 %s decided COMMIT but its PostgreSQL branch is not confirmed; recovery commits "
+                      "it and its %d event(s) are delivered after the node restarts", proxy.oid, txn.gtrid,
+                      len(plan.plans))
+            return int(batch.received)
+        proxy.channel.publish(plan)
+        return int(batch.received)
+
+    def _plan(self, batch: Any) -> RoutePlan:
+        """Targets of the batch's events. An event the channel refuses (BAD_QOS, above the size limit) is
+        dead-lettered by the bridge inside the T2; a full channel (IMP_LIMIT with RejectNewEvents) or anything
+        else fails the T2 (retried)."""
+        channel = self.proxy.channel
+        events: list[Event] = [normalise_structured(ev) for ev in batch.events]
+        try:
+            return channel.plan_in(self.proxy, events)   # type: ignore[no-any-return]
+        except (CORBA.BAD_QOS, CORBA.IMP_LIMIT) as exc:
+            if isinstance(exc, CORBA.IMP_LIMIT) and exc.minor != MINOR_EVENT_TOO_LARGE:
+                raise
+        good: list[Event] = []
+        for i, ev in enumerate(events):
+            try:
+                channel.plan_in(self.proxy, [ev])
+            except CORBA.BAD_QOS as exc:
+                batch.reject(i, f"{describe(exc)}: the channel rejected the event's QoS headers")
+                continue
+            except CORBA.IMP_LIMIT as exc:
+                if exc.minor != MINOR_EVENT_TOO_LARGE:
+                    raise
+                batch.reject(i, f"{describe(exc)}: above the channel's size limit of "
+                             f"{self.proxy.rt.max_event_bytes} bytes")
+                continue
+            good.append(ev)
+        return channel.plan_in(self.proxy, good) if good else RoutePlan()
+
+    def _failed(self, txn: Transaction, exc: BaseException) -> None:
+        if txn.state in _UNDECIDED:
+            try:
+                txn.rollback(f"{type(exc).__name__}: {exc}")
+            except Exception:                     # left to recovery's presumed abort
+                log.exception("proxy %s: rolling back T2 %s failed", self.proxy.oid, txn.gtrid)
+        if isinstance(exc, TransactionRolledBack) or txn.state in (State.ROLLED_BACK, State.ROLLING_BACK):
+            self.rolled_back += 1
+            if txn.timed_out:
+                self.timed_out += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+
+    def status(self) -> dict[str, Any]:
+        return {"t2_committed": self.committed, "t2_rolled_back": self.rolled_back, "t2_timed_out": self.timed_out,
+                "t2_last_error": self.last_error}

@@ -1,0 +1,357 @@
+"""Delivery of a push proxy supplier in a routing transaction (T2, NJI 2.7.2, 2.7.3.1, 2.7.6.1).
+
+A push proxy supplier (structured or sequence) whose ``EnableTransaction`` QoS is TRUE and whose connected client
+is a T2 participant of this node (a bridge endpoint receiver, found through ``NodeTransactions.local`` by its
+stringified IOR) is the transaction client of NJI 2.7.3.1: instead of the CORBA push it runs each batch in a T2:
+
+* the batch: the entries the dispatcher took plus what else is queued, up to ``TransactionEvents`` events
+  (structured proxies) or ``TransactionEventSequences`` sequences of ``MaximumBatchSize`` events (sequence
+  proxies), NJI Table 2-10; the values the bridge's ``enable_transaction`` stored on the proxy
+  (``extra["transaction"]``), else the channel's admin properties, else 1;
+* ``coordinator.begin(TransactionTimeout)`` (seconds; 0 = no deadline);
+* the PostgreSQL branch: the batch's queue rows are deleted in it (``Store.delete_deliveries``);
+* the participant's ``forward_in_t2(txn, conn, events)`` (the bridge: outbox rows, broker SEND branch);
+* ``txn.commit()``; then the records are released (their rows went with the PostgreSQL branch).
+
+A rollback (rollback-only set by the bridge, a branch that could not prepare, ``TransactionTimeout``) puts the
+entries back in their places and the dispatcher retries with backoff, like a failed push: nothing is lost and the
+order is kept. A rollback caused by the batch's content (the broker refused a frame) makes the proxy deliver the
+batch's entries one per T2 (``_isolate``, as the non-T2 path does for a failing batch); an entry that fails alone
+is then dead-lettered by the bridge INSIDE its next T2 (the bridge's dead-letter destination, with the reason);
+if even that fails :data:`~router.channel.boundary.POISON_ATTEMPTS` times, the channel dead-letters it as the
+non-T2 path does (ERROR log, ``dead_lettered`` in the proxy's status). Outages (broker or database unavailable,
+deadline passed) never count against an event.
+
+``DecisionUnknown`` (the COMMIT record may or may not be durable): logged at ERROR, the entries are kept out of
+the queue (recovery decides; the next batches go on) and the proxy's status shows ``t2_in_doubt``. Once the
+transaction is no longer live in the recovery log, the entries whose queue rows still exist are put back, the
+others released.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.channel import qos as Q
+from router.channel.boundary import POISON_ATTEMPTS, Outcome
+from router.channel.events import as_structured
+from router.channel.queue import Entry
+from xa.errors import DecisionUnknown, TransactionTimeout, XAError
+from xa.pg import PgBranch
+
+__all__ = ["ForwardFailed", "T2State", "check_honoured", "deliver", "participant", "settings", "status"]
+
+log = logging.getLogger("nsjms.channel")
+
+PG_BRANCH = "queue"
+_ISOLATE_AFTER_TIMEOUTS = 3      # consecutive timeouts of a multi-event batch before it is delivered one by one
+
+
+class ForwardFailed(Exception):
+    """Raised by a participant's ``forward_in_t2`` that could not carry the batch, after it marked the T2
+    rollback-only. ``content``: the batch itself is the problem (the broker refused a frame: the same batch fails
+    the same way), else an outage (retry later)."""
+
+    def __init__(self, reason: str, *, content: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.content = content
+
+
+@dataclass
+class T2State:
+    """The T2 bookkeeping of one proxy supplier."""
+
+    committed: int = 0
+    rolled_back: int = 0
+    timeouts: int = 0
+    in_doubt: dict[str, list[Entry]] = field(default_factory=dict)
+    reasons: dict[int, str] = field(default_factory=dict)       # record seq -> why it failed alone (content)
+    consecutive_timeouts: int = 0
+    last_rollback: str = ""
+    active: str | None = None                                   # gtrid of the T2 in progress
+    unavailable_warned: bool = False
+
+
+def state(proxy: Any) -> T2State:
+    st: T2State | None = getattr(proxy, "_t2_state", None)
+    if st is None:
+        st = T2State()
+        proxy._t2_state = st
+    return st
+
+
+def enabled(proxy: Any) -> bool:
+    return bool(proxy.qos.get(Q.ENABLE_TRANSACTION, False))
+
+
+def participant(proxy: Any) -> Any:
+    """The in-process T2 participant the proxy's client is, when this proxy delivers in T2; None otherwise (the
+    proxy then pushes over CORBA as usual)."""
+    if not enabled(proxy):
+        return None
+    target = participant_quiet(proxy)
+    if target is None:
+        st = state(proxy)
+        if not st.unavailable_warned:
+            st.unavailable_warned = True
+            log.warning("proxy %s: EnableTransaction is TRUE but %s; delivering without a routing transaction",
+                        proxy.oid, unavailable_reason(proxy))
+    return target
+
+
+def unavailable_reason(proxy: Any) -> str:
+    if getattr(proxy.rt, "t2", None) is None:
+        return "this runtime has no routing transactions"
+    if _acknowledging(proxy):
+        return "it is an acknowledging proxy (DeliveryReliability=Acknowledgment), which has its own delivery"
+    return "its consumer is not a bridge endpoint of this node"
+
+
+def _acknowledging(proxy: Any) -> bool:
+    """An Ack proxy supplier (router.channel.ack) runs its own push loop, which never calls ``_deliver``."""
+    return hasattr(proxy, "_init_ack")
+
+
+def settings(proxy: Any) -> tuple[int, float]:
+    """(events per T2, TransactionTimeout seconds) for ``proxy`` (see the module docstring)."""
+    own = proxy.extra.get("transaction") or {}
+    admin = getattr(proxy.channel, "admin_props", {}) or {}
+    timeout = float(own.get("timeout", admin.get(Q.TRANSACTION_TIMEOUT, 0)) or 0)
+    if proxy.form == "SEQUENCE":
+        sequences = int(own.get("sequences") or admin.get(Q.TRANSACTION_EVENT_SEQUENCES, 1) or 1)
+        return max(1, sequences) * proxy.batch_size(), timeout
+    return max(1, int(own.get("events") or admin.get(Q.TRANSACTION_EVENTS, 1) or 1)), timeout
+
+
+def status(proxy: Any) -> dict[str, Any]:
+    """The proxy's T2 fields for ``nsjms status`` (empty when it never ran one and is not enabled)."""
+    st: T2State | None = getattr(proxy, "_t2_state", None)
+    if st is None and not enabled(proxy):
+        return {}
+    st = st or T2State()
+    out: dict[str, Any] = {"t2_committed": st.committed, "t2_rolled_back": st.rolled_back,
+                           "t2_timeouts": st.timeouts}
+    if st.active:
+        out["t2_active"] = st.active
+    if st.in_doubt:
+        out["t2_in_doubt"] = {g: len(e) for g, e in st.in_doubt.items()}
+    if st.last_rollback:
+        out["t2_last_rollback"] = st.last_rollback
+    if enabled(proxy) and proxy.connected and participant_quiet(proxy) is None:
+        out["t2_unavailable"] = unavailable_reason(proxy)
+    return out
+
+
+def check_honoured(proxy: Any, qos: dict[str, Any]) -> None:
+    """``EnableTransaction`` = TRUE on a proxy supplier is accepted only where a routing transaction can run
+    (NJI 2.7.2): a PUSH proxy supplier whose connected consumer is a bridge endpoint of this node, or that has no
+    consumer yet (decided at delivery: see :func:`status`). A pull proxy supplier (NJI's transaction server role:
+    nsjms has no OTS to receive a client's transaction) and a push proxy supplier connected to any other consumer
+    refuse it with UnsupportedQoS (UNAVAILABLE_VALUE), and so does an acknowledging proxy supplier
+    (DeliveryReliability=Acknowledgment: its own resend window delivers, outside any T2)."""
+    if not qos.get(Q.ENABLE_TRANSACTION) or proxy.qos.get(Q.ENABLE_TRANSACTION):
+        return
+    if proxy.style == "PULL" or getattr(proxy.rt, "t2", None) is None or _acknowledging(proxy) or (
+            proxy.connected and participant_quiet(proxy) is None):
+        raise Q.QoSError([Q.PropertyProblem("UNAVAILABLE_VALUE", Q.ENABLE_TRANSACTION, False, False)])
+
+
+def participant_quiet(proxy: Any) -> Any:
+    """The participant registered under the client's IOR; else the servant behind the client reference when it
+    lives in this node and carries one (``t2_participant``: the same bridge, whatever its IOR's spelling)."""
+    t2 = getattr(proxy.rt, "t2", None)
+    if t2 is None or not proxy.client_ior or _acknowledging(proxy):
+        return None
+    target = t2.local(proxy.client_ior)
+    if target is None and hasattr(proxy.rt, "local_servant"):
+        try:
+            servant = proxy.rt.local_servant(proxy.client_ref())
+        except Exception:  # noqa: BLE001 — not resolvable here: not a local participant
+            servant = None
+        target = getattr(servant, "t2_participant", None)
+        if target is not None:
+            t2.register_local(proxy.client_ior, target)
+    return target
+
+
+# ----------------------------------------------------------------------------------------------- delivering
+def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
+    """One T2 for ``entries`` (plus what else is queued, up to the batch size). Every entry ends delivered, put
+    back, held for recovery (decision unknown) or dead-lettered."""
+    st = state(proxy)
+    limit, timeout = settings(proxy)
+    if proxy._isolate:
+        limit = 1
+    if _resolve_in_doubt(proxy, st):          # entries were put back ahead of these: take again, in order
+        proxy.queue.requeue(entries)
+        entries = proxy.queue.take(limit)
+    elif len(entries) < limit:
+        entries = entries + proxy.queue.take(limit - len(entries))
+    if not entries:
+        return Outcome.DELIVERED
+    try:
+        events = [as_structured(e.record.event) for e in entries]
+    except Exception as exc:  # noqa: BLE001 — the channel cannot convert this content: event-specific
+        proxy._content_failed(entries, exc)
+        return Outcome.EVENT_FAILED
+    dead_reason = st.reasons.get(entries[0].record.seq) if len(entries) == 1 else None
+    t2 = proxy.rt.t2
+    result = None
+    txn = None
+    reason = ""
+    try:
+        txn = t2.coordinator.begin(timeout or None)
+        st.active = txn.gtrid
+        try:
+            with proxy.rt.db.branch() as conn:
+                try:
+                    t2.enlist(txn, PgBranch(conn, PG_BRANCH))
+                    ids = [e.record.db_id for e in entries if e.record.db_id is not None]
+                    proxy.rt.store.delete_deliveries(conn, proxy.channel.id, proxy.admin.id, proxy.id, ids)
+                    result = target.forward_in_t2(txn, conn, events, dead_letter_reason=dead_reason)
+                    txn.commit()
+                except DecisionUnknown:
+                    raise
+                except BaseException as exc:        # roll back while the branch's session is still ours
+                    reason = _rollback(txn, exc)
+                    raise
+        except DecisionUnknown:
+            raise
+        except BaseException as exc:
+            reason = reason or _rollback(txn, exc)   # the session could not even be checked out
+            raise
+    except DecisionUnknown as exc:
+        st.in_doubt[exc.gtrid or (txn.gtrid if txn else "?")] = entries
+        proxy.failing = f"T2 decision unknown: {exc}"
+        log.error("proxy %s: T2 %s: %s; %d event(s) held out of the queue until recovery decides", proxy.oid,
+                  exc.gtrid, exc, len(entries))
+        _ended(target, txn, None, False, str(exc))
+        return Outcome.RETRY
+    except BaseException as exc:
+        reason = reason or _rollback(txn, exc)
+        _ended(target, txn, None, False, reason)
+        if not isinstance(exc, Exception):
+            proxy.queue.requeue(entries)
+            raise
+        return _rolled_back(proxy, st, entries, exc, reason)
+    finally:
+        st.active = None
+    _ended(target, txn, result, True)
+    st.committed += 1
+    st.consecutive_timeouts = 0
+    for e in entries:
+        st.reasons.pop(e.record.seq, None)
+    proxy.failing, proxy.failed_attempts = None, 0
+    proxy._delivered_one_batch()
+    for e in entries:
+        e.record.release()
+    return Outcome.DELIVERED
+
+
+def _ended(target: Any, txn: Any, result: Any, committed: bool, reason: str = "") -> None:
+    if txn is None:
+        return
+    try:
+        target.ended(txn.gtrid, result, committed, reason)
+    except Exception:
+        log.exception("T2 %s: the participant's end callback failed", txn.gtrid)
+
+
+def _rollback(txn: Any, exc: BaseException) -> str:
+    """Roll ``txn`` back if the failure left it undecided; returns the reason to report."""
+    reason = getattr(exc, "reason", "") or f"{type(exc).__name__}: {exc}"
+    if txn is None:
+        return reason
+    from xa.states import State
+
+    if txn.state in (State.ACTIVE, State.ROLLBACK_ONLY):
+        try:
+            txn.rollback(reason)
+        except XAError as again:
+            log.warning("T2 %s: rollback after %s failed (%s); recovery rolls it back", txn.gtrid, reason, again)
+    return txn.rollback_reason or reason
+
+
+def _rolled_back(proxy: Any, st: T2State, entries: list[Entry], exc: Exception, reason: str) -> Outcome:
+    st.rolled_back += 1
+    st.last_rollback = reason
+    content = getattr(exc, "content", False) is True     # ForwardFailed / a refused frame found at prepare
+    timed_out = isinstance(exc, TransactionTimeout)
+    if timed_out:
+        st.timeouts += 1
+        st.consecutive_timeouts += 1
+    if content:
+        return _content_failure(proxy, st, entries, reason)
+    if timed_out and len(entries) > 1 and st.consecutive_timeouts >= _ISOLATE_AFTER_TIMEOUTS:
+        proxy._isolate = max(proxy._isolate, len(entries))
+        log.warning("proxy %s: %d routing transactions in a row passed their TransactionTimeout; delivering the "
+                    "next %d event(s) one per transaction", proxy.oid, st.consecutive_timeouts, len(entries))
+    proxy.failing, proxy.failed_attempts = f"T2 rolled back: {reason}", proxy.failed_attempts + 1
+    log.warning("proxy %s: routing transaction rolled back (%s, attempt %d); %d event(s) stay queued", proxy.oid,
+                reason, proxy.failed_attempts, len(entries))
+    proxy.queue.requeue(entries)
+    return Outcome.RETRY
+
+
+def _content_failure(proxy: Any, st: T2State, entries: list[Entry], reason: str) -> Outcome:
+    """The batch's content made the T2 roll back: isolate, then dead-letter through the bridge, then here."""
+    if len(entries) > 1:
+        proxy._isolate = max(proxy._isolate, len(entries))
+        log.warning("proxy %s: a routing transaction of %d event(s) rolled back because of its content (%s); "
+                    "delivering them one per transaction", proxy.oid, len(entries), reason)
+        proxy.queue.requeue(entries)
+        return Outcome.EVENT_FAILED
+    entry = entries[0]
+    entry.failures += 1
+    if entry.failures >= POISON_ATTEMPTS:
+        st.reasons.pop(entry.record.seq, None)
+        proxy._dead_letter(entry, f"{reason} (its dead letter could not be sent either, in "
+                                  f"{entry.failures - 1} routing transaction(s))")
+        return Outcome.EVENT_FAILED
+    st.reasons.setdefault(entry.record.seq, reason)
+    log.warning("proxy %s: event seq=%d alone failed its routing transaction (%s, attempt %d of %d); the bridge "
+                "dead-letters it in the next one", proxy.oid, entry.record.seq, reason, entry.failures,
+                POISON_ATTEMPTS)
+    proxy.queue.requeue(entries)
+    return Outcome.EVENT_FAILED
+
+
+# ------------------------------------------------------------------------------------------ decision unknown
+def _resolve_in_doubt(proxy: Any, st: T2State) -> bool:
+    """Entries of a T2 whose decision was unknown: once recovery finished it, put back what is still queued in
+    the store (rolled back) and release the rest (committed). True when entries were put back."""
+    if not st.in_doubt:
+        return False
+    t2 = proxy.rt.t2
+    put_back = False
+    try:
+        live = set(t2.log.live()) | set(t2.coordinator.in_flight())
+    except Exception as exc:  # noqa: BLE001 — the log refuses reads after a durability failure: wait for a restart
+        log.debug("proxy %s: in-doubt T2s wait: %s", proxy.oid, exc)
+        return False
+    for gtrid in [g for g in st.in_doubt if g not in live]:
+        entries = st.in_doubt[gtrid]
+        ids = [e.record.db_id for e in entries if e.record.db_id is not None]
+        try:
+            with proxy.rt.db.unit_of_work() as conn:
+                rows = conn.execute(
+                    "SELECT event_id FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s "
+                    "AND event_id = ANY(%s)", (proxy.channel.id, proxy.admin.id, proxy.id, ids)).fetchall()
+        except Exception as exc:  # noqa: BLE001 — the database is unavailable: try again at the next batch
+            log.warning("proxy %s: cannot settle in-doubt T2 %s yet: %s", proxy.oid, gtrid, exc)
+            continue
+        still = {int(r[0]) for r in rows}
+        back = [e for e in entries if e.record.db_id in still]
+        done = [e for e in entries if e.record.db_id not in still]
+        del st.in_doubt[gtrid]
+        log.warning("proxy %s: in-doubt T2 %s settled by recovery: %d event(s) delivered, %d put back", proxy.oid,
+                    gtrid, len(done), len(back))
+        if back:
+            proxy.queue.requeue(back)
+            put_back = True
+        for e in done:
+            e.record.release()
+    return put_back

@@ -1,0 +1,579 @@
+"""Channel → JMS routing transactions over twins (no ORB, no services): the broker SEND branch
+(router.bridge.txbranch) on the memory transport, the bridge's participant (router.bridge.txout) and the proxy's
+T2 delivery (router.channel.txdelivery) with the xa coordinator over an in-memory log and resource manager.
+
+A proxy supplier here is the same fake as in test_channel_delivery (events are ints); its consumer IOR is
+registered as the bridge's in-process participant, whose transport is a memory broker.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
+
+import CosNotification
+
+from idl.generated import BridgeTransactionMgmt as BTM
+from router.bridge.codec import MappingCodec
+from router.bridge.txbranch import SendBranch
+from router.bridge.txmgmt import TransactionMgmtMixin
+from router.bridge.txout import DEDUPE_PROPERTY, DUPL_ID_HEADER, OutboundT2
+from router.channel import proxies as P
+from router.channel import qos as Q
+from router.channel import txdelivery as TX
+from router.channel.boundary import POISON_ATTEMPTS, Outcome
+from router.channel.events import Event, Form
+from router.channel.queue import FIFO_ORDER, ProxyQueue, Record
+from router.jms.memory import MemoryBroker, MemoryTransport
+from router.jms.model import BodyType, Destination, JmsMessage
+from router.jms.transport import BrokerUnavailable, EncodedMessage, ReceiptTimeout, SendRefused, Transport
+from router.mapping.errors import MappingError
+from xa.coordinator import Coordinator
+from xa.errors import LogDurabilityUnknown, OutcomeUnknown, PrepareFailed
+from xa.testing import FakeClock, MemoryLog, MemoryManager
+from xa.xid import NodeId, branch_xid, new_gtrid
+
+OUT = Destination("queue", "out")
+DLQ = Destination("queue", "nsjms.DLQ")
+IOR = "IOR:bridge-endpoint"
+
+
+# ------------------------------------------------------------------------------------------------ twins
+class FakeConn:
+    """The PostgreSQL branch's connection as the store and outbox functions use it."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[str, Any]] = []
+        self.queued: list[int] = []             # what a SELECT of nsjms_queue answers
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        self.statements.append((sql, params))
+        rows = [(i,) for i in self.queued] if sql.startswith("SELECT event_id FROM nsjms_queue") else []
+        return type("Cursor", (), {"fetchall": lambda self: rows})()
+
+    def outbox(self) -> list[Any]:
+        return [p for s, p in self.statements if "nsjms_outbox" in s]
+
+
+class FakeDb:
+    def __init__(self) -> None:
+        self.conn = FakeConn()
+
+    @contextmanager
+    def branch(self) -> Iterator[FakeConn]:
+        yield self.conn
+
+    @contextmanager
+    def unit_of_work(self) -> Iterator[FakeConn]:
+        yield self.conn
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.deleted: list[int] = []
+
+    def delete_deliveries(self, conn: Any, cid: int, aid: int, pid: int, ids: list[int]) -> None:
+        self.deleted.extend(ids)
+
+
+class FakeT2:
+    """NodeTransactions as the proxy and the bridge use it."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.node = NodeId("n1")
+        self.log = MemoryLog(self.node)
+        self.coordinator = Coordinator(self.node, self.log, clock)
+        self._targets: dict[str, Any] = {}
+
+    def enlist(self, txn: Any, resource: Any) -> Any:
+        return txn.enlist(resource)
+
+    def register_local(self, ior: str, target: Any) -> None:
+        self._targets[ior] = target
+
+    def local(self, ior: str | None) -> Any:
+        return self._targets.get(ior) if ior else None
+
+
+class RefusingTransport:
+    """A memory transport whose broker refuses (ERROR frame) every message whose body contains ``poison``
+    to the destination (not to the dead-letter queue)."""
+
+    def __init__(self, inner: MemoryTransport) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def send_encoded(self, destination: Any, encoded: EncodedMessage, **kw: Any) -> None:
+        if b"poison" in encoded.body and "DLQ" not in str(destination):
+            raise SendRefused("ERROR frame", str(destination), "User anonymous is not authorized to write")
+        self.inner.send_encoded(destination, encoded, **kw)
+
+
+def to_jms(event: Any, destination: Destination) -> JmsMessage:
+    if event == 13:
+        raise MappingError("event 13 cannot be mapped (injected)", "remainder_of_body")
+    body = "poison" if event == 7 else f"event {event}"
+    return JmsMessage(BodyType.TEXT, body, destination=destination)
+
+
+class Rig:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, sequence: bool = False, batch: int = 1,
+                 events: int = 10, timeout: int = 0, dupl: bool = False) -> None:
+        self.clock = FakeClock()
+        self.t2 = FakeT2(self.clock)
+        self.pg = MemoryManager("postgresql", self.clock)
+        monkeypatch.setattr(TX, "PgBranch", lambda conn, name: self.pg.branch(name))
+        self.broker = MemoryBroker(f"t2u-{id(self)}")
+        self.transport = MemoryTransport(broker=self.broker, codec=MappingCodec())
+        self.transport.connect()
+        self.wire: Transport = RefusingTransport(self.transport)
+        self.running = True
+        self.out = OutboundT2(3, OUT, lambda: self.wire, MappingCodec(), to_jms, lambda ev: str(ev).encode(), DLQ,
+                              self.t2.enlist, lambda: self.running, amq_dupl_id=dupl)
+        self.t2.register_local(IOR, self.out)
+        cls = P.SequenceProxyPushSupplierImpl if sequence else P.StructuredProxyPushSupplierImpl
+        proxy: Any = object.__new__(cls)
+        proxy.rt = type("Rt", (), {})()
+        proxy.rt.t2, proxy.rt.db, proxy.rt.store = self.t2, FakeDb(), FakeStore()
+        proxy.oid, proxy.id, proxy.style = "ch/0/C/0/1", 1, "PUSH"
+        proxy.admin = type("Admin", (), {"id": 0})()
+        proxy.channel = type("Channel", (), {"id": 0, "admin_props": {}})()
+        proxy.form = "SEQUENCE" if sequence else "STRUCTURED"
+        proxy.qos = {"MaximumBatchSize": batch, "PacingInterval": 0, Q.ENABLE_TRANSACTION: True}
+        key = "sequences" if sequence else "events"
+        proxy.extra = {"transaction": {key: events, "timeout": timeout}}
+        proxy.connected, proxy.suspended, proxy.destroyed = True, False, False
+        proxy.stop_event = threading.Event()
+        proxy.client, proxy.client_ior = None, IOR
+        proxy.queue = ProxyQueue(FIFO_ORDER, 0, 0, proxy._dropped)
+        proxy.dead_lettered, proxy.last_dead_letter, proxy._isolate = 0, None, 0
+        self.proxy = proxy
+        self.records: dict[int, Record] = {}
+
+    def put(self, *seqs: int) -> None:
+        for s in seqs:
+            rec = Record(s, Event(Form.STRUCTURED, s), 0, None, None, True, 100 + s)
+            self.records[s] = rec
+            self.proxy.queue.put(rec)
+
+    def round(self) -> Outcome:
+        """What one turn of the dispatcher does: take a batch, deliver it."""
+        entries = self.proxy.queue.take(self.proxy._batch_limit(self.proxy.batch_size()))
+        assert entries, "nothing queued"
+        outcome: Outcome = self.proxy._deliver(entries)
+        return outcome
+
+    def on(self, name: str) -> list[Any]:
+        return list(self.broker.queues.get(f"/queue/{name}", []))
+
+    def bodies(self, name: str) -> list[str]:
+        return [m.body.decode() for m in self.on(name)]
+
+
+# -------------------------------------------------------------------------------------------- the send branch
+def _branch(transport: MemoryTransport) -> tuple[SendBranch, Any]:
+    branch = SendBranch(transport)
+    xid = branch_xid(new_gtrid(NodeId("n1")), "broker")
+    branch.begin(xid)
+    return branch, xid
+
+
+def _frame(body: str) -> EncodedMessage:
+    return EncodedMessage({"content-type": "text/plain"}, body.encode())
+
+
+def test_send_branch_sends_in_one_stomp_transaction_and_commits_last() -> None:
+    broker = MemoryBroker("t2u-branch")
+    with MemoryTransport(broker=broker) as transport:
+        branch, _ = _branch(transport)
+        branch.send("/queue/b", _frame("one"), persistent=True, last=False)
+        branch.send("/queue/b", _frame("two"), persistent=True, last=True)
+        assert list(broker.queues.get("/queue/b", [])) == [], "nothing visible before COMMIT"
+        branch.prepare()
+        assert list(broker.queues.get("/queue/b", [])) == [], "prepare never commits"
+        branch.commit()
+        assert [m.body for m in broker.queues["/queue/b"]] == [b"one", b"two"]
+        assert all(m.persistent for m in broker.queues["/queue/b"])
+
+
+def test_send_branch_rollback_aborts() -> None:
+    broker = MemoryBroker("t2u-abort")
+    with MemoryTransport(broker=broker) as transport:
+        branch, _ = _branch(transport)
+        branch.send("/queue/b", _frame("one"), persistent=True, last=True)
+        branch.rollback()
+        branch.rollback()                                   # nothing left to roll back: no error
+        assert list(broker.queues.get("/queue/b", [])) == []
+
+
+def test_send_branch_votes_no_without_a_receipt_on_the_last_frame() -> None:
+    with MemoryTransport(broker=MemoryBroker("t2u-norcpt")) as transport:
+        branch, _ = _branch(transport)
+        branch.send("/queue/b", _frame("one"), persistent=True, last=False)
+        with pytest.raises(PrepareFailed, match="not receipted"):
+            branch.prepare()
+
+
+def test_send_branch_votes_no_when_a_frame_got_an_error() -> None:
+    """An ERROR frame for a receipt-less SEND marks the transaction in the transport's book: prepare refuses, and
+    marks the refusal as the batch's content (the connection is alive)."""
+    with MemoryTransport(broker=MemoryBroker("t2u-err")) as transport:
+        branch, _ = _branch(transport)
+        branch.send("/queue/b", _frame("one"), persistent=True, last=True)
+        transport._book.mark_rollback_only("not authorized")
+        with pytest.raises(PrepareFailed, match="not authorized") as err:
+            branch.prepare()
+        assert getattr(err.value, "content", False) is True
+
+
+def test_send_branch_votes_no_after_the_connection_was_lost() -> None:
+    broker = MemoryBroker("t2u-lost")
+    with MemoryTransport(broker=broker) as transport:
+        branch, _ = _branch(transport)
+        branch.send("/queue/b", _frame("one"), persistent=True, last=True)
+        broker.restart()
+        with pytest.raises(PrepareFailed) as err:
+            branch.prepare()
+        assert getattr(err.value, "content", True) is False, "an outage is not the batch's fault"
+
+
+@pytest.mark.parametrize("fault", [ReceiptTimeout("no receipt", "commit"), BrokerUnavailable("connection lost")])
+def test_a_commit_without_its_receipt_is_outcome_unknown(fault: Exception) -> None:
+    broker = MemoryBroker(f"t2u-unknown-{type(fault).__name__}")
+    with MemoryTransport(broker=broker) as transport:
+        branch, xid = _branch(transport)
+        branch.send("/queue/b", _frame("one"), persistent=True, last=True)
+        branch.prepare()
+        broker.inject_fault("commit", fault, applied=True)  # type: ignore[arg-type]
+        with pytest.raises(OutcomeUnknown) as err:
+            branch.commit()
+        assert err.value.gtrid == xid.gtrid and err.value.branch == "broker"
+
+
+# ------------------------------------------------------------------------------------------------ T2 delivery
+def test_a_batch_is_delivered_in_one_t2_with_dedupe_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch, events=3, dupl=True)
+    rig.put(1, 2, 3, 4)
+    assert rig.round() is Outcome.DELIVERED
+    sent = rig.on("out")
+    assert [m.body.decode() for m in sent] == ["event 1", "event 2", "event 3"], "TransactionEvents = 3"
+    gtrid = sent[0].headers[DEDUPE_PROPERTY].rsplit("/", 1)[0]
+    assert [m.headers[DEDUPE_PROPERTY] for m in sent] == [f"{gtrid}/{i}" for i in range(3)]
+    assert [m.headers[DUPL_ID_HEADER] for m in sent] == [f"{gtrid}/{i}" for i in range(3)]
+    assert rig.proxy.rt.store.deleted == [101, 102, 103], "deleted in the PostgreSQL branch"
+    assert sorted(rig.pg.committed) == [] and rig.pg.prepared == {}, "the PostgreSQL branch committed"
+    outbox = rig.proxy.rt.db.conn.outbox()
+    assert len(outbox) == 1 and outbox[0][2] == [f"{gtrid}/{i}" for i in range(3)], "one outbox row per message"
+    assert [r.holders for r in (rig.records[1], rig.records[2], rig.records[3])] == [0, 0, 0], "released"
+    assert len(rig.proxy.queue) == 1 and rig.records[4].holders == 1
+    assert rig.out.status()["t2_committed"] == 1 and not rig.out.active()
+    assert [k for k in rig.t2.log.kinds()] == ["Commit", "End"]
+
+
+def test_a_sequence_proxy_takes_transaction_event_sequences_times_batch_size(monkeypatch: pytest.MonkeyPatch
+                                                                             ) -> None:
+    rig = Rig(monkeypatch, sequence=True, batch=2, events=2)
+    rig.put(*range(1, 8))
+    assert rig.round() is Outcome.DELIVERED
+    assert rig.bodies("out") == [f"event {i}" for i in (1, 2, 3, 4)], "2 sequences of 2 events"
+    assert len(rig.proxy.queue) == 3
+
+
+def test_an_unmappable_event_is_dead_lettered_inside_the_same_t2(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch, events=3)
+    rig.put(12, 13, 14)
+    assert rig.round() is Outcome.DELIVERED
+    assert rig.bodies("out") == ["event 12", "event 14"]
+    dead = rig.on("nsjms.DLQ")
+    assert len(dead) == 1 and dead[0].body == b"13"
+    assert "cannot be mapped" in dead[0].headers["nsjms_dlq_reason"]
+    gtrid = rig.on("out")[0].headers[DEDUPE_PROPERTY].rsplit("/", 1)[0]
+    assert dead[0].headers[DEDUPE_PROPERTY] == f"{gtrid}/1", "the dead letter is message 1 of the same T2"
+    assert rig.out.status()["t2_committed"] == 1 and rig.out.dead_lettered == 1
+
+
+def test_a_timeout_rolls_back_and_the_events_are_delivered_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch, events=3, timeout=5)
+    real = rig.out.to_jms
+    slow = iter([True])
+
+    def late(event: Any, destination: Destination) -> JmsMessage:
+        if next(slow, False):
+            rig.clock.advance(6)                        # the first T2 passes its TransactionTimeout
+        return real(event, destination)
+
+    rig.out.to_jms = late
+    rig.put(1, 2, 3)
+    assert rig.round() is Outcome.RETRY
+    assert rig.on("out") == [] and rig.pg.prepared == {}, "rolled back: nothing sent, nothing prepared"
+    assert len(rig.proxy.queue) == 3 and rig.proxy.rt.store.deleted == [101, 102, 103]
+    status = rig.proxy.status_extra()
+    assert status["t2_timeouts"] == 1 and "deadline" in status["t2_last_rollback"], status
+    assert rig.round() is Outcome.DELIVERED
+    assert rig.bodies("out") == ["event 1", "event 2", "event 3"], "delivered later, in order, once"
+
+
+def test_a_refused_send_rolls_back_then_the_poison_event_is_dead_lettered_in_a_t2(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker refuses event 7's message: the T2 is rollback-only (NJI 2.7.4) and rolls back; the batch goes
+    one per T2; 7 fails alone once, then the bridge dead-letters it inside its next T2. Nothing is lost."""
+    rig = Rig(monkeypatch, events=10)
+    rig.put(5, 6, 7, 8)
+    assert rig.round() is Outcome.EVENT_FAILED and rig.on("out") == [], "the whole batch rolled back"
+    outcomes = [rig.round() for _ in range(5)]
+    assert rig.bodies("out") == ["event 5", "event 6", "event 8"], outcomes
+    dead = rig.on("nsjms.DLQ")
+    assert len(dead) == 1 and "not authorized" in dead[0].headers["nsjms_dlq_reason"]
+    assert len(rig.proxy.queue) == 0 and rig.proxy._isolate == 0
+    assert rig.proxy.rt.store.deleted.count(107) == 3, "each attempt deleted it in its own branch"
+    assert all(r.holders == 0 for r in rig.records.values())
+
+
+def test_a_dead_letter_that_fails_too_ends_in_the_channel_dead_letter(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch, events=1)
+    real = rig.wire.send_encoded
+
+    def refuse_all(destination: Any, encoded: EncodedMessage, **kw: Any) -> None:
+        raise SendRefused("ERROR frame", str(destination), "not authorized")
+
+    rig.wire.send_encoded = refuse_all  # type: ignore[method-assign]
+    rig.put(1)
+    for _ in range(POISON_ATTEMPTS):
+        assert rig.round() is Outcome.EVENT_FAILED
+    assert len(rig.proxy.queue) == 0 and rig.proxy.dead_lettered == 1
+    assert "not authorized" in rig.proxy.last_dead_letter
+    rig.wire.send_encoded = real  # type: ignore[method-assign]
+
+
+def test_broker_outage_requeues_without_counting_against_the_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch, events=5)
+    rig.broker.inject_fault("begin", BrokerUnavailable("broker down"))
+    rig.put(1, 2)
+    assert rig.round() is Outcome.RETRY
+    assert len(rig.proxy.queue) == 2 and all(e.failures == 0 for e in rig.proxy.queue._items)
+    assert "broker" in rig.proxy.status_extra()["failing"]
+    rig.transport.connect()
+    assert rig.round() is Outcome.DELIVERED
+    assert rig.bodies("out") == ["event 1", "event 2"]
+
+
+def test_a_stopped_bridge_rolls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch, events=5)
+    rig.running = False
+    rig.put(1)
+    assert rig.round() is Outcome.RETRY and len(rig.proxy.queue) == 1
+    assert rig.out.status()["t2_rolled_back"] == 1
+
+
+def test_decision_unknown_holds_the_entries_for_recovery(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch, events=5)
+    rig.t2.log.fail["Commit"] = LogDurabilityUnknown("fsync failed")
+    rig.put(1, 2)
+    assert rig.round() is Outcome.RETRY
+    assert len(rig.proxy.queue) == 0, "kept out of the queue: recovery decides"
+    status = rig.proxy.status_extra()
+    assert list(status["t2_in_doubt"].values()) == [2] and "decision unknown" in status["failing"]
+    assert rig.on("out") == [] and len(rig.pg.prepared) == 1, "left prepared for recovery"
+    assert not rig.out.active(), "a disable_transaction is not blocked by it"
+    # Recovery rolled it back (the queue rows are still there): the next batch puts them back first.
+    rig.pg.prepared.clear()
+    rig.proxy.rt.db.conn.queued = [101, 102]
+    rig.put(3)
+    assert rig.round() is Outcome.DELIVERED
+    assert "t2_in_doubt" not in rig.proxy.status_extra()
+    assert rig.bodies("out") == ["event 1", "event 2", "event 3"], "put back in their places"
+
+
+def test_without_enable_transaction_the_proxy_pushes_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch)
+    rig.proxy.qos[Q.ENABLE_TRANSACTION] = False
+    assert TX.participant(rig.proxy) is None
+    rig.proxy.qos[Q.ENABLE_TRANSACTION] = True
+    rig.proxy.client_ior = "IOR:someone-else"
+    assert TX.participant(rig.proxy) is None
+    assert "not a bridge endpoint" in rig.proxy.status_extra()["t2_unavailable"]
+
+
+def test_enable_transaction_is_refused_where_no_t2_can_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch)
+    proxy = rig.proxy
+    proxy.qos[Q.ENABLE_TRANSACTION] = False
+    TX.check_honoured(proxy, {Q.ENABLE_TRANSACTION: True})          # its consumer is the bridge: accepted
+    proxy.client_ior = "IOR:someone-else"
+    with pytest.raises(Q.QoSError) as err:
+        TX.check_honoured(proxy, {Q.ENABLE_TRANSACTION: True})
+    assert [(p.code, p.name) for p in err.value.problems] == [("UNAVAILABLE_VALUE", Q.ENABLE_TRANSACTION)]
+    proxy.connected = False
+    TX.check_honoured(proxy, {Q.ENABLE_TRANSACTION: True})          # not connected yet: decided at delivery
+    proxy.style = "PULL"
+    with pytest.raises(Q.QoSError):
+        TX.check_honoured(proxy, {Q.ENABLE_TRANSACTION: True})      # a pull supplier: no T2 (NJI 2.7.2)
+    TX.check_honoured(proxy, {Q.ENABLE_TRANSACTION: False})
+
+
+def test_the_channel_admin_properties_apply_when_the_proxy_has_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch)
+    rig.proxy.extra = {}
+    rig.proxy.channel.admin_props = {Q.TRANSACTION_EVENTS: 2, Q.TRANSACTION_TIMEOUT: 7}
+    assert TX.settings(rig.proxy) == (2, 7.0)
+    rig.put(1, 2, 3)
+    assert rig.round() is Outcome.DELIVERED and rig.bodies("out") == ["event 1", "event 2"]
+
+
+# ------------------------------------------------------------------------------- BridgeTransactionMgmt
+class FakeServant:
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.qos: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}
+
+    def validate_qos(self, props: list[Any]) -> list[Any]:
+        if self.refuse:
+            raise CosNotification.UnsupportedQoS([])
+        return []
+
+    def set_qos(self, props: list[Any]) -> None:
+        for p in props:
+            self.qos[p.name] = p.value.value()
+
+    def save_extra(self, **items: Any) -> None:
+        self.extra.update(items)
+
+
+class FakeOut:
+    def __init__(self) -> None:
+        self.busy = False
+
+    def active(self) -> bool:
+        return self.busy
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+
+class Mgmt(TransactionMgmtMixin):
+    def __init__(self, *, sequence: bool = False, out: Any = None, servant: FakeServant | None = None) -> None:
+        self.id, self.to_jms_direction = 9, True
+        self._lock = threading.RLock()
+        self.tx_events = self.tx_timeout = 0
+        self.t2_out = FakeOut() if out is None else out
+        self.servant = servant or FakeServant()
+        self.sequence = sequence
+        self.saved: list[dict[str, Any]] = []
+
+    def _save_settings(self, **extra: Any) -> None:
+        self.saved.append(extra)
+
+    def _proxy_servant(self) -> Any:
+        return self.servant
+
+    def _kind(self) -> str:
+        return "SEQUENCE" if self.sequence else "STRUCTURED"
+
+
+def test_enable_transaction_writes_the_properties_on_the_proxy() -> None:
+    m = Mgmt(sequence=True)
+    with pytest.raises(BTM.UnsupportedTransaction):
+        m.enable_transaction(0, 10)
+    m.enable_transaction(4, 30)
+    assert m.servant.qos == {Q.ENABLE_TRANSACTION: True}
+    assert m.servant.extra == {"transaction": {"sequences": 4, "timeout": 30}}
+    assert m.saved == [{"tx_events": 4, "tx_timeout": 30}], "stored with the bridge first"
+    with pytest.raises(BTM.TransactionAlreadyActive):
+        m.enable_transaction(5, 30)
+
+
+def test_enable_transaction_is_unsupported_without_a_t2_participant_or_on_a_best_effort_channel() -> None:
+    m = Mgmt()
+    m.t2_out = None                              # PULL channel endpoint, or a node without T2
+    with pytest.raises(BTM.UnsupportedTransaction):
+        m.enable_transaction(5, 0)
+    m = Mgmt(servant=FakeServant(refuse=True))
+    with pytest.raises(BTM.UnsupportedTransaction):
+        m.enable_transaction(5, 0)
+    assert m.saved == [] and m.tx_events == 0, "nothing stored"
+
+
+def test_disable_during_an_active_t2_raises_and_takes_effect_when_it_ends() -> None:
+    m = Mgmt()
+    m.disable_transaction()                      # nothing enabled: nothing to do
+    m.enable_transaction(3, 0)
+    m.t2_out.busy = True
+    with pytest.raises(BTM.TransactionActive):
+        m.disable_transaction()
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is True and m.transaction_status()["transaction_disable_pending"]
+    m.t2_out.busy = False
+    m._t2_idle()                                 # OutboundT2.on_idle: the T2 ended
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is False and m.servant.extra["transaction"] is None
+    assert m.tx_events == 0 and m.saved[-1] == {"tx_events": 0, "tx_timeout": 0}
+    m.enable_transaction(2, 5)                   # enabled again
+    m.disable_transaction()                      # idle: at once
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
+
+
+def test_disable_clears_an_enable_transaction_the_proxy_inherited() -> None:
+    m = Mgmt()
+    m.servant.qos[Q.ENABLE_TRANSACTION] = True     # set on the channel before the bridge's proxy was made
+    m.disable_transaction()
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
+
+
+def test_an_acknowledging_proxy_never_claims_a_t2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Ack proxy supplier pushes from its own loop (resend window), never through ``_deliver``: it must refuse
+    EnableTransaction rather than accept it and deliver without a transaction."""
+    rig = Rig(monkeypatch)
+    rig.proxy._init_ack = lambda: None
+    assert TX.participant(rig.proxy) is None
+    assert "acknowledging" in rig.proxy.status_extra()["t2_unavailable"]
+    rig.proxy.qos[Q.ENABLE_TRANSACTION] = False
+    with pytest.raises(Q.QoSError):
+        TX.check_honoured(rig.proxy, {Q.ENABLE_TRANSACTION: True})
+
+
+class InboundMgmt(Mgmt):
+    """A JMS → channel bridge: the channel's pull proxy consumer drives the T2s."""
+
+    def __init__(self, *, pull: bool = True, t2: bool = True) -> None:
+        super().__init__(out=False)
+        self.to_jms_direction, self.t2_out = False, None
+        self.pull = pull
+        self.rt = type("Rt", (), {"t2": object() if t2 else None})()
+        self.servant._t2 = type("Driver", (), {"active": False})()
+
+    def supports_transaction(self) -> bool:
+        return self.pull
+
+
+def test_inbound_enable_writes_the_pull_proxys_properties_and_refuses_what_nji_excludes() -> None:
+    for m in (InboundMgmt(pull=False), InboundMgmt(t2=False)):
+        with pytest.raises(BTM.UnsupportedTransaction):
+            m.enable_transaction(5, 10)          # the bridge pushes into the channel (NJI 2.7.2), or no T2 here
+        assert m.saved == [] and m.servant.qos == {}
+    m = InboundMgmt()
+    m.enable_transaction(5, 10)
+    assert m.servant.qos == {Q.ENABLE_TRANSACTION: True}
+    assert m.servant.extra == {"transaction": {"events": 5, "timeout": 10}}
+    with pytest.raises(BTM.TransactionAlreadyActive):
+        m.enable_transaction(5, 10)
+
+
+def test_inbound_disable_during_a_t2_raises_and_no_further_t2_starts() -> None:
+    m = InboundMgmt()
+    m.enable_transaction(5, 10)
+    m.servant._t2.active = True
+    with pytest.raises(BTM.TransactionActive):
+        m.disable_transaction()
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is False, "the proxy reads it before its next T2"
+    assert m.tx_events == 0
+    m.servant._t2.active = False
+    m.enable_transaction(2, 0)
+    m.disable_transaction()                      # idle: at once, no exception
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
