@@ -339,9 +339,12 @@ def to_jms_t2_rate(factory: Any, bf: Any, url: str, n: int, tx_events: int = 100
     return n / elapsed
 
 
-def t2_latency(factory: Any, bf: Any, url: str, n: int, per_s: float, tx_events: int = 100) -> list[float]:
-    """Channel → JMS under T2: ``n`` events offered at ``per_s`` (one structured push each, paced on the clock);
-    returns each event's milliseconds from the push call to its arrival at a STOMP consumer."""
+def t2_latency(factory: Any, bf: Any, url: str, n: int, per_s: float, tx_events: int = 100,
+               suppliers: int = 10) -> tuple[list[float], float]:
+    """Channel → JMS under T2: ``n`` events offered at ``per_s`` by ``suppliers`` threads (each its own structured
+    push proxy: one push is a PostgreSQL commit into the channel, so one thread alone cannot offer 1,000/s), each
+    paced on the clock; returns each event's milliseconds from the push call to its arrival at a STOMP consumer,
+    and the rate actually offered."""
     from urllib.parse import urlsplit
 
     import stomp
@@ -366,26 +369,37 @@ def t2_latency(factory: Any, bf: Any, url: str, n: int, per_s: float, tx_events:
     conn.set_listener("l", Listener())
     conn.connect(wait=True)
     conn.subscribe(f"/queue/{queue}", id="1", ack="auto", headers={"activemq.prefetchSize": "1000"})
-    pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(NCA.STRUCTURED_EVENT)
-    pc = pc._narrow(NCA.StructuredProxyPushConsumer)
-    pc.connect_structured_push_supplier(None)
     head = CosNotification.EventHeader(CosNotification.FixedEventHeader(
         CosNotification.EventType("Bench", "Latency"), "lat"), [])
-    t0 = time.perf_counter()
-    for i in range(n):
-        delay = t0 + i / per_s - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        fd = [CosNotification.Property("sent", CORBA.Any(CORBA.TC_string, str(time.time_ns())))]
-        pc.push_structured_event(CosNotification.StructuredEvent(head, fd, CORBA.Any(CORBA.TC_string, PAYLOAD)))
+    proxies = []
+    for _ in range(suppliers):
+        pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(NCA.STRUCTURED_EVENT)
+        pc = pc._narrow(NCA.StructuredProxyPushConsumer)
+        pc.connect_structured_push_supplier(None)
+        proxies.append(pc)
+    t0 = time.perf_counter() + 0.1
+
+    def supply(k: int) -> None:
+        for i in range(k, n, suppliers):
+            delay = t0 + i / per_s - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            fd = [CosNotification.Property("sent", CORBA.Any(CORBA.TC_string, str(time.time_ns())))]
+            proxies[k].push_structured_event(CosNotification.StructuredEvent(head, fd,
+                                                                             CORBA.Any(CORBA.TC_string, PAYLOAD)))
+
+    threads = [threading.Thread(target=supply, args=(k,)) for k in range(suppliers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     offered = n / (time.perf_counter() - t0)
     if not done.wait(120):
         raise RuntimeError(f"only {len(lat)}/{n} latency events arrived")
     conn.disconnect()
     bridge.destroy()
     channel.destroy()
-    print(f"  latency run: offered {offered:,.0f} events/s")
-    return lat
+    return lat, offered
 
 
 def pct(values: list[float], q: float) -> float:
@@ -401,6 +415,7 @@ def data_paths(dsn: str, url: str, n: int, repeats: int) -> None:
     rates: dict[str, list[float]] = {k: [] for k in ("raw tx", "t2 out", "raw consume", "t2 in")}
     p50: list[float] = []
     p99: list[float] = []
+    offered: list[float] = []
     with node(dsn, url) as ep:
         import CosNotifyChannelAdmin as NCA
 
@@ -416,7 +431,8 @@ def data_paths(dsn: str, url: str, n: int, repeats: int) -> None:
             rates["t2 out"].append(to_jms_t2_rate(factory, bf, url, n))
             rates["raw consume"].append(stomp_consume_rate(url, n))
             rates["t2 in"].append(from_jms_rate(factory, bf, url, n, pull=True, t2_events=100))
-            lat = t2_latency(factory, bf, url, 5000, 1000.0)
+            lat, rate_offered = t2_latency(factory, bf, url, 5000, 1000.0)
+            offered.append(rate_offered)
             p50.append(pct(lat, 0.50))
             p99.append(pct(lat, 0.99))
     print(f"\n== T2 data paths, 1 KB payloads, {n} events per run, {repeats} runs (median, min..max)")
@@ -426,7 +442,10 @@ def data_paths(dsn: str, url: str, n: int, repeats: int) -> None:
         print(f"{label:<56} {statistics.median(rates[r]):>8,.0f}/s  baseline {statistics.median(rates[base]):>8,.0f}/s"
               f"  ratio {statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f})")
     print(f"{'  baselines: raw stomp.py BEGIN+100 SENDs+COMMIT; raw consume + client-individual ack'}")
-    print(f"{'T2 latency at 1,000 events/s offered (channel -> JMS), ms':<56} p50 {spread(p50)}; p99 {spread(p99)}")
+    print(f"{'T2 latency, 1,000 events/s asked (channel -> JMS), ms':<56} p50 {spread(p50)}; p99 {spread(p99)}; "
+          f"offered {spread(offered)} events/s")
+    for what, values in rates.items():
+        print(f"  {what}: runs {', '.join(f'{v:,.0f}' for v in values)} /s")
 
 
 def main() -> int:
