@@ -456,6 +456,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", type=Path, default=None, help="write cProfile dumps of start() here")
     ap.add_argument("--events", type=int, default=5000, help="events per throughput run")
+    ap.add_argument("--no-recovery", action="store_true", help="only the data paths")
     args = ap.parse_args()
     missing = [] if args.recovery else missing_paths()
     if missing:
@@ -465,8 +466,9 @@ def main() -> int:
     with t2_services() as (dsn, url):
         if not args.recovery:
             data_paths(dsn, url, args.events, args.repeats)
-        res = recovery(dsn, url, args.in_doubt, args.rows, args.repeats, args.profile)
-        print_recovery(args.in_doubt, args.rows, res)
+        if not args.no_recovery:
+            res = recovery(dsn, url, args.in_doubt, args.rows, args.repeats, args.profile)
+            print_recovery(args.in_doubt, args.rows, res)
     return 0
 
 
