@@ -52,13 +52,14 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser | None = None) -> None
                          help="the delivery ledger: init, maintain partitions, export, generate")
     lsub = led.add_subparsers(dest="ledger_command", required=True)
     init = lsub.add_parser("init", parents=parents,
-                           help="create the ledger table (schema v1) and its first partitions")
+                           help="bring the nsjms schema (with the ledger) up to date and create the first partitions")
     maint = lsub.add_parser("maintain", parents=parents,
                             help="create the coming days' partitions, drop those past retention")
     for p in (init, maint):
         _db_flags(p, not parents)
-        p.add_argument("--retention-days", type=int, default=30)
-        p.add_argument("--ahead-days", type=int, default=3)
+        p.add_argument("--retention-days", type=int, default=None,
+                       help="default: ledger.retention_days of the configuration (30)")
+        p.add_argument("--ahead-days", type=int, default=None, help="default: ledger.ahead_days (3)")
     exp = lsub.add_parser("export", parents=parents, help="write ledger rows as Parquet, one directory per UTC day")
     _db_flags(exp, not parents)
     exp.add_argument("--from", dest="start", type=parse_time, required=True)
@@ -133,11 +134,16 @@ def _maintain(args: argparse.Namespace, cfg: Any, init: bool = False) -> int:
 
     from audit import ledger
 
-    settings = ledger.RetentionSettings(retention_days=args.retention_days, ahead_days=args.ahead_days)
+    configured = getattr(cfg, "ledger", None)
+    retention = args.retention_days if args.retention_days is not None else (
+        configured.retention_days if configured is not None else 30)
+    ahead = args.ahead_days if args.ahead_days is not None else (configured.ahead_days if configured is not None else 3)
+    settings = ledger.RetentionSettings(retention_days=retention, ahead_days=ahead)
     try:
         with psycopg.connect(_need_dsn(args, cfg)) as conn:
             if init:
-                ledger.install_schema(conn)
+                applied = ledger.install_schema(conn)
+                print(f"schema migrations applied: {', '.join(map(str, applied)) or 'none (up to date)'}")
             created, dropped = ledger.maintain(conn, settings)
     except psycopg.OperationalError as exc:
         raise AuditError(f"cannot connect to PostgreSQL: {exc}") from exc

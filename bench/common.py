@@ -52,40 +52,76 @@ def _start(svc: Any, started: list[Any]) -> str:
     return str(url)
 
 
+class NodeProcess:
+    """A ``nsjms serve`` subprocess on its own fresh database, which can be stopped and started again (same state
+    directory, database and port: persistent references stay valid across the restart)."""
+
+    def __init__(self, dsn: str, broker_url: str) -> None:
+        import psycopg
+
+        self.db = f"bench_{os.getpid()}_{int(time.time() * 1000)}"
+        self.admin_dsn = dsn
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{self.db}"')
+        self.dsn = psycopg.conninfo.make_conninfo(dsn, dbname=self.db)
+        self.broker_url = broker_url
+        self.state = Path(tempfile.mkdtemp(prefix="nsjms-bench-node-"))
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> dict[str, Any]:
+        """Start the node and wait until it is ready; returns its endpoints (plus ``bench_dsn``, its database)."""
+        (self.state / "endpoints.json").unlink(missing_ok=True)
+        env = dict(os.environ, NSJMS_POSTGRES_DSN=self.dsn, PYTHONUNBUFFERED="1")
+        cmd = [sys.executable, "-m", "router.cli", "serve", "--state-dir", str(self.state), "--orb-port",
+               str(self.port), "--broker-url", self.broker_url, "--log-level", "WARNING"]
+        with open(self.state / "serve.log", "ab") as log:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while not (self.state / "endpoints.json").exists():
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("node did not start: " + (self.state / "serve.log").read_text()[-2000:])
+            time.sleep(0.1)
+        endpoints: dict[str, Any] = json.loads((self.state / "endpoints.json").read_text())
+        endpoints["bench_dsn"] = self.dsn
+        return endpoints
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def close(self) -> None:
+        import psycopg
+
+        self.stop()
+        shutil.rmtree(self.state, ignore_errors=True)
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
+
+
+@contextmanager
+def node_process(dsn: str, broker_url: str) -> Iterator[NodeProcess]:
+    """A started :class:`NodeProcess` (``.start()`` already called), closed afterwards."""
+    proc = NodeProcess(dsn, broker_url)
+    try:
+        proc.start()
+        yield proc
+    finally:
+        proc.close()
+
+
 @contextmanager
 def node(dsn: str, broker_url: str) -> Iterator[dict[str, Any]]:
     """A ``nsjms serve`` subprocess on a fresh database; yields its endpoints."""
-    import psycopg
-
-    db = f"bench_{os.getpid()}_{int(time.time())}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db}"')
-    node_dsn = psycopg.conninfo.make_conninfo(dsn, dbname=db)
-    state = Path(tempfile.mkdtemp(prefix="nsjms-bench-node-"))
-    port = free_port()
-    env = dict(os.environ, NSJMS_POSTGRES_DSN=node_dsn, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "router.cli", "serve", "--state-dir", str(state), "--orb-port", str(port),
-           "--broker-url", broker_url, "--log-level", "WARNING"]
-    try:
-        with open(state / "serve.log", "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                deadline = time.time() + 60
-                while not (state / "endpoints.json").exists():
-                    if proc.poll() is not None or time.time() > deadline:
-                        raise RuntimeError("node did not start: " + (state / "serve.log").read_text()[-2000:])
-                    time.sleep(0.1)
-                yield json.loads((state / "endpoints.json").read_text())
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    with node_process(dsn, broker_url) as proc:
+        yield json.loads((proc.state / "endpoints.json").read_text()) | {"bench_dsn": proc.dsn}
 
 
 def client_orb() -> Any:
@@ -125,14 +161,13 @@ def pg_commit_rate(dsn: str, n: int = 1000, per_tx: int = 1) -> float:
         return rate(n, run)
 
 
-def stomp_send_rate(url: str, n: int = 1000, per_tx: int = 0) -> float:
-    """Persistent 1 KB STOMP sends/s with a receipt each (per_tx = 0) or BEGIN + per_tx SENDs + COMMIT(receipt)."""
+def _receipts() -> Any:
+    """A stomp.py listener that records RECEIPT frames; ``wait(receipt_id)`` blocks until that one came."""
     import threading
-    from urllib.parse import urlsplit
 
     import stomp
 
-    class Receipts(stomp.ConnectionListener):
+    class Receipts(stomp.ConnectionListener):  # type: ignore[misc]
         def __init__(self) -> None:
             self.cond = threading.Condition()
             self.seen: set[str] = set()
@@ -142,19 +177,29 @@ def stomp_send_rate(url: str, n: int = 1000, per_tx: int = 0) -> float:
                 self.seen.add(frame.headers["receipt-id"])
                 self.cond.notify_all()
 
+        def wait(self, receipt: str) -> None:
+            with self.cond:
+                if not self.cond.wait_for(lambda: receipt in self.seen, timeout=30):
+                    raise RuntimeError("no STOMP receipt within 30 s")
+                self.seen.discard(receipt)
+
+    return Receipts()
+
+
+def stomp_send_rate(url: str, n: int = 1000, per_tx: int = 0) -> float:
+    """Persistent 1 KB STOMP sends/s with a receipt each (per_tx = 0) or BEGIN + per_tx SENDs + COMMIT(receipt)."""
+    from urllib.parse import urlsplit
+
+    import stomp
+
     parts = urlsplit(url)
     conn = stomp.Connection12([(parts.hostname, parts.port)], auto_content_length=False)
-    listener = Receipts()
+    listener = _receipts()
     conn.set_listener("r", listener)
     conn.connect(wait=True)
     dest = f"/queue/bench.baseline.{os.getpid()}"
     counter = iter(range(10**9))
-
-    def wait_receipt(receipt: str) -> None:
-        with listener.cond:
-            if not listener.cond.wait_for(lambda: receipt in listener.seen, timeout=30):
-                raise RuntimeError("no STOMP receipt within 30 s")
-            listener.seen.discard(receipt)
+    wait_receipt = listener.wait
 
     def run() -> None:
         if per_tx:
@@ -175,6 +220,81 @@ def stomp_send_rate(url: str, n: int = 1000, per_tx: int = 0) -> float:
         return rate(n, run)
     finally:
         conn.disconnect()
+
+
+def stomp_consume_rate(url: str, n: int = 1000) -> float:
+    """Raw persistent 1 KB messages/s consumed with ``client-individual`` acks (queue preloaded with ``n``)."""
+    import threading
+    from urllib.parse import urlsplit
+
+    import stomp
+
+    parts = urlsplit(url)
+    dest = f"/queue/bench.consume.{os.getpid()}.{time.time_ns()}"
+    producer = stomp.Connection12([(parts.hostname, parts.port)], auto_content_length=False)
+    receipts = _receipts()
+    producer.set_listener("r", receipts)
+    producer.connect(wait=True)
+
+    class Acker(stomp.ConnectionListener):  # type: ignore[misc]
+        def __init__(self, conn: Any) -> None:
+            self.conn, self.n, self.done = conn, 0, threading.Event()
+
+        def on_message(self, frame: Any) -> None:
+            self.conn.ack(frame.headers["ack"])
+            self.n += 1
+            if self.n >= n:
+                self.done.set()
+
+    rates = []
+    for rep in range(3):
+        for _ in range(n):
+            producer.send(dest, PAYLOAD, headers={"persistent": "true"})
+        producer.send(dest, "", headers={"persistent": "true", "receipt": f"loaded{rep}"})
+        receipts.wait(f"loaded{rep}")                    # the broker has every message of the preload
+        conn = stomp.Connection12([(parts.hostname, parts.port)], auto_content_length=False)
+        acker = Acker(conn)
+        acker.n = -1                                      # the marker message from the preload
+        conn.set_listener("a", acker)
+        conn.connect(wait=True)
+        t0 = time.perf_counter()
+        conn.subscribe(dest, id="1", ack="client-individual", headers={"activemq.prefetchSize": "1000"})
+        if not acker.done.wait(120):
+            raise RuntimeError(f"raw consume: only {acker.n}/{n}")
+        rates.append(n / (time.perf_counter() - t0))
+        conn.disconnect()
+    producer.disconnect()
+    return statistics.median(rates)
+
+
+def pg_counters(dsn: str) -> tuple[int, int]:
+    """(transactions committed in this database, WAL syncs of the cluster) from pg_stat_database / pg_stat_wal."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        commits = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+                               ).fetchone()
+        syncs = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+    return int(commits[0]) if commits else 0, int(syncs[0]) if syncs else 0
+
+
+def settled_pg_counters(dsn: str, deadline_s: float = 30.0) -> tuple[int, int]:
+    """:func:`pg_counters` once PostgreSQL's statistics have caught up (backends flush them about once a second):
+    two reads 1.2 s apart whose commit counts differ by at most 3 (an idle node's background transactions)."""
+    end = time.monotonic() + deadline_s
+    last = pg_counters(dsn)
+    while time.monotonic() < end:
+        time.sleep(1.2)
+        now = pg_counters(dsn)
+        if now[0] - last[0] <= 3:
+            return now
+        last = now
+    return last
+
+
+def median_spread(values: list[float]) -> tuple[float, float, float]:
+    """(median, min, max)."""
+    return statistics.median(values), min(values), max(values)
 
 
 def report(title: str, rows: list[tuple[str, float, str, float]]) -> None:

@@ -300,9 +300,9 @@ def missing_paths() -> list[str]:
 
 def _t2_out_route(factory: Any, bf: Any, tx_events: int) -> tuple[Any, Any, str]:
     """A Persistent channel and a bridge to a fresh queue with ``enable_transaction(tx_events, 60)``."""
-    from bridge_bench import _endpoint, _persistent_channel
-
     from idl.generated import NsjmsAdmin
+
+    from bridge_bench import _endpoint, _persistent_channel
 
     channel, cid = _persistent_channel(factory)
     queue = f"bench.t2out.{cid}"
@@ -315,10 +315,9 @@ def _t2_out_route(factory: Any, bf: Any, tx_events: int) -> tuple[Any, Any, str]
 def to_jms_t2_rate(factory: Any, bf: Any, url: str, n: int, tx_events: int = 100) -> float:
     """Channel → JMS under T2: events pushed 100 per call (a sequence supplier, so the supplier is not the limit),
     timed until the last one is received by a STOMP consumer."""
-    from bridge_bench import _count_queue
-
     import CosNotifyChannelAdmin as NCA
 
+    from bridge_bench import _count_queue
     from channel_bench import Counter, _event
 
     channel, bridge, queue = _t2_out_route(factory, bf, tx_events)
@@ -409,7 +408,6 @@ def pct(values: list[float], q: float) -> float:
 
 def data_paths(dsn: str, url: str, n: int, repeats: int) -> None:
     from bridge_bench import from_jms_rate, stomp_consume_rate
-
     from common import node, stomp_send_rate
 
     rates: dict[str, list[float]] = {k: [] for k in ("raw tx", "t2 out", "raw consume", "t2 in")}

@@ -1,4 +1,4 @@
-"""The ``nsjms`` command line: ``serve``, ``status``, ``channel``, ``bridge``, ``demo``, ``stop-services``.
+"""The ``nsjms`` command line: ``serve``, ``status``, ``channel``, ``bridge``, ``txn``, ``demo``, ``stop-services``.
 
 ``--state-dir``, ``--config`` and ``--json`` are accepted before or after the subcommand. The state directory is
 ``--state-dir``, else ``$NSJMS_STATE_DIR``, else ``node.state_dir`` of the configuration (``--config``/
@@ -34,8 +34,10 @@ EXIT_CODES: dict[int, str] = {
     EXIT_CONFIG: "usage or configuration error, or a QoS/admin value the channel refuses (the message names the key, "
                  "option or property and why)",
     EXIT_NOT_RUNNING: "no running node (the message says where it looked) or the node does not answer",
-    EXIT_REFUSED: "the node refused the request, or the channel/bridge id does not exist (the message says why)",
-    EXIT_LOCKED: "`serve`, `stop-services`: the state directory is in use by a running node (nothing was touched)",
+    EXIT_REFUSED: "the node refused the request, or the channel/bridge id does not exist (the message says why); "
+                  "`txn`: refused (a decision logged the other way, no such transaction) or not confirmed",
+    EXIT_LOCKED: "`serve`, `stop-services`, `txn`: the state directory is in use by a running node (nothing was "
+                 "touched)",
     EXIT_UNREACHABLE: "`serve`: PostgreSQL did not answer at start (the message names `postgres.dsn` and the address, "
                       "password redacted)",
     EXIT_AUDIT_VIOLATION: "`audit`: more lost or duplicated deliveries than `--max-lost` / `--max-duplicates` allow",
@@ -65,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsjms", parents=[common],
                                 description="CORBA Notification Service ⇄ JMS routing engine")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{serve,status,channel,bridge,demo,stop-services,ledger,audit}")
+                           metavar="{serve,status,channel,bridge,txn,demo,stop-services,ledger,audit}")
 
     serve = sub.add_parser("serve", parents=[common],
                            help="run a node (embedded PostgreSQL and ActiveMQ unless given)")
@@ -83,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_channel_parser(sub, common)
     add_bridge_parser(sub, common)
+    from router.txncli import add_parser as add_txn_parser
+
+    add_txn_parser(sub, common)
     from audit.cli import add_parsers as add_audit_parsers  # ledger + audit (heavy imports stay inside)
 
     add_audit_parsers(sub, common)
@@ -159,6 +164,7 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _settings(cfg: Any) -> Any:
+    from router.ledger import LedgerSettings
     from router.server import NodeSettings
 
     return NodeSettings(
@@ -179,6 +185,8 @@ def _settings(cfg: Any) -> Any:
         broker_connect_timeout_s=float(cfg.broker.connect_timeout_s),
         node_id=cfg.node.node_id,
         max_event_bytes=cfg.node.max_event_bytes,
+        ledger=LedgerSettings(cfg.ledger.enabled, cfg.ledger.best_effort, cfg.ledger.retention_days,
+                              cfg.ledger.ahead_days, float(cfg.ledger.maintenance_interval_s)),
     )
 
 
@@ -205,19 +213,39 @@ def _running(command: str, args: argparse.Namespace, cfg: Any) -> Path | None:
     return None
 
 
+class _TelemetryUnavailable(Exception):
+    """``[telemetry]`` cannot be set up (the Prometheus address is taken); exit 2, naming the key."""
+
+
 def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
     from router.config import redact_dsn
     from router.lifecycle import ServiceUnreachable, StateDirLocked
     from router.server import Node
     from router.telemetry import configure
 
-    flush_telemetry = configure(cfg.telemetry.exporter, cfg.telemetry.interval_s, service_name=cfg.node.node_id)
-    node = Node(_settings(cfg))
+    tel = cfg.telemetry
+    flushes: list[Any] = []
+
+    def install_telemetry() -> None:
+        """Once the lock is held (a refused node never touches the metrics port) and before the node's first
+        recovery pass and its first instruments (nothing recorded at start is lost)."""
+        try:
+            flushes.append(configure(tel.exporter, tel.interval_s, service_name=cfg.node.node_id,
+                                     address=tel.address, otlp_endpoint=tel.otlp_endpoint))
+        except OSError as exc:  # the Prometheus address cannot be bound
+            raise _TelemetryUnavailable(f"telemetry.address {tel.address}: cannot serve metrics there: "
+                                        f"{exc.strerror or exc}") from exc
+
+    node = Node(_settings(cfg), after_lock=install_telemetry)
     try:
         node.start()
     except StateDirLocked as exc:  # another node owns everything there: touch nothing, not even via stop()
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
         return EXIT_LOCKED
+    except _TelemetryUnavailable as exc:
+        print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
+        node.stop(start_failed=True)
+        return EXIT_CONFIG
     except ServiceUnreachable as exc:  # adopted (leftover) services keep running for the next start
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
         node.stop(start_failed=True)
@@ -226,6 +254,7 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
         log.error("nsjms serve failed to start: %s", redact_dsn(str(exc)))
         node.stop(start_failed=True)
         return EXIT_FAILURE
+    flush_telemetry = flushes[0] if flushes else (lambda: None)
     endpoints_path = node.s.state_dir / "endpoints.json"
     if args.json:
         print(json.dumps({"node_id": cfg.node.node_id, "endpoints": str(endpoints_path)}), flush=True)
@@ -365,6 +394,15 @@ def cmd_channel(args: argparse.Namespace, cfg: Any) -> int:
         return _private("channel", state_dir)
 
 
+def cmd_txn(args: argparse.Namespace, cfg: Any) -> int:
+    from router.txncli import run
+
+    try:
+        return run(args, cfg)
+    except PermissionError:
+        return _private("txn", Path(cfg.node.state_dir))
+
+
 def cmd_audit(args: argparse.Namespace, cfg: Any) -> int:
     from audit.cli import run
 
@@ -386,7 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, cfg.node.log_level, logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge,
-                "channel": cmd_channel, "stop-services": cmd_stop_services, "ledger": cmd_audit, "audit": cmd_audit}
+                "channel": cmd_channel, "txn": cmd_txn, "stop-services": cmd_stop_services, "ledger": cmd_audit,
+                "audit": cmd_audit}
     return handlers[args.command](args, cfg)
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "BrokerConfig",
     "Config",
     "ConfigError",
+    "LedgerConfig",
     "NodeConfig",
     "OrbConfig",
     "PostgresConfig",
@@ -185,8 +186,21 @@ class BrokerConfig:
 class TelemetryConfig:
     """``[telemetry]``: OpenTelemetry export. ``none`` keeps the API's no-op providers (zero cost)."""
 
-    exporter: str = "none"          # none | console
-    interval_s: int = 30            # metric export interval
+    exporter: str = "none"          # none | console | prometheus | otlp
+    interval_s: int = 30            # metric export interval (console, otlp)
+    address: str = "127.0.0.1:9464"  # prometheus: where GET /metrics is served (loopback by default)
+    otlp_endpoint: str = "http://127.0.0.1:4318"  # otlp: the collector's OTLP/HTTP base URL
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    """``[ledger]``: the delivery ledger the router writes (router/ledger.py, docs/audit.md)."""
+
+    enabled: bool = True            # rows for persistent (and transactional) traffic, in the routing transactions
+    best_effort: bool = False       # rows for BestEffort events too
+    retention_days: int = 30        # day partitions older than this many whole days are dropped
+    ahead_days: int = 3             # day partitions created ahead of today
+    maintenance_interval_s: int = 3600  # how often the node ensures partitions and drops expired ones
 
 
 def _mask(secret: str) -> str:
@@ -202,6 +216,7 @@ class Config:
     postgres: PostgresConfig = field(default_factory=PostgresConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
 
     def redacted(self) -> dict[str, dict[str, Any]]:
         """A plain dict safe to log or print: DSN/URL passwords and ``broker.passcode`` become ``***``."""
@@ -345,10 +360,29 @@ def broker_addresses(url: str) -> list[tuple[str, int]]:
 _PORT = _integer(1, 65535)
 
 
+EXPORTERS = ("none", "console", "prometheus", "otlp")
+
+
 def _exporter(raw: Any, textual: bool) -> str:
     value = _string(raw, textual).strip().lower()
-    if value not in ("none", "console"):
-        raise _Invalid("expected 'none' or 'console'")
+    if value not in EXPORTERS:
+        raise _Invalid("expected one of " + ", ".join(repr(e) for e in EXPORTERS))
+    return value
+
+
+def _listen_address(raw: Any, textual: bool) -> str:
+    value = _string(raw, textual).strip()
+    host, _, port = value.rpartition(":")
+    if not _HOST.fullmatch(host.strip("[]") or "-") or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise _Invalid("expected HOST:PORT, e.g. 127.0.0.1:9464")
+    return value
+
+
+def _http_url(raw: Any, textual: bool) -> str:
+    value = _string(raw, textual).strip()
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _Invalid("expected an http:// or https:// URL, e.g. http://127.0.0.1:4318")
     return value
 
 
@@ -371,7 +405,11 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
         "connect_timeout_s": _Key(_integer(1, 300)),
         "amq_dupl_id": _Key(_boolean),
     },
-    "telemetry": {"exporter": _Key(_exporter), "interval_s": _Key(_integer(1, 3600))},
+    "telemetry": {"exporter": _Key(_exporter), "interval_s": _Key(_integer(1, 3600)),
+                  "address": _Key(_listen_address), "otlp_endpoint": _Key(_http_url, has_credentials=True)},
+    "ledger": {"enabled": _Key(_boolean), "best_effort": _Key(_boolean),
+               "retention_days": _Key(_integer(1, 36500)), "ahead_days": _Key(_integer(0, 366)),
+               "maintenance_interval_s": _Key(_integer(60, 86400))},
 }
 _SECTION_TYPES: dict[str, type] = {
     "node": NodeConfig,
@@ -379,6 +417,7 @@ _SECTION_TYPES: dict[str, type] = {
     "postgres": PostgresConfig,
     "broker": BrokerConfig,
     "telemetry": TelemetryConfig,
+    "ledger": LedgerConfig,
 }
 
 

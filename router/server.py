@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from router.config import DEFAULT_MAX_EVENT_BYTES
+from router.ledger import LedgerSettings
 
 __all__ = ["Node", "NodeSettings", "stop_services", "write_endpoints"]
 
@@ -62,6 +63,7 @@ class NodeSettings:
     node_id: str = "node1"
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES   # node.max_event_bytes: channel, ORB, bridge, mapping
     extra_orb_args: tuple[str, ...] = field(default_factory=tuple)
+    ledger: LedgerSettings = field(default_factory=LedgerSettings)   # [ledger]: router/ledger.py
 
 
 def orb_args(s: NodeSettings) -> list[str]:
@@ -92,8 +94,11 @@ def write_endpoints(path: Path, data: dict[str, Any]) -> None:
 class Node:
     """A running node. ``start()`` returns when the channel answers; ``stop()`` releases everything."""
 
-    def __init__(self, settings: NodeSettings) -> None:
+    def __init__(self, settings: NodeSettings, *, after_lock: Any = None) -> None:
+        """``after_lock``: called once the state directory's lock is held, before anything else starts (the CLI
+        installs telemetry there, so the first recovery pass is recorded and a refused node touches no port)."""
         self.s = settings
+        self.after_lock = after_lock
         self.services: list[Any] = []
         self.orb: Any = None
         self.db: Any = None
@@ -102,6 +107,8 @@ class Node:
         self.factory: Any = None
         self.bridges: Any = None
         self.t2: Any = None
+        self.t2_gauges: Any = None  # router.telemetry.T2Gauges of the last status snapshot
+        self.txn_admin: Any = None  # router.txnadmin.TransactionAdminImpl
         self.bridge_store: Any = None
         self.pg_dsn = settings.pg_dsn
         self.broker_url = settings.broker_url
@@ -125,6 +132,8 @@ class Node:
         lock = StateLock(self.s.state_dir)
         lock.acquire()
         self._lock = lock
+        if self.after_lock is not None:
+            self.after_lock()
         self._private_state_dir()
         self._check_before_services()
         self._start_services()
@@ -213,15 +222,18 @@ class Node:
         from router.channel.runtime import Runtime
         from router.channel.store import Store
         from router.db import Database
+        from router.ledger import LedgerWriter
 
         self.orb = CORBA.ORB_init(orb_args(self.s), CORBA.ORB_ID)
         self.db = Database(self.pg_dsn, self.s.pg_pool_size)
         self.db.open()                     # one pool for the node; applies the missing schema migrations
-        self.store = Store()
+        self.store = Store(LedgerWriter(self.s.ledger))
+        self.maintain_ledger()             # today's partitions exist before the first routed event
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
         self.t2 = self._start_transactions()
         self.runtime.t2 = self.t2
         self.runtime.start_reaper()
+        self.runtime.spawn("ledger-maintenance", self._ledger_loop)
         self.factory = EventChannelFactoryImpl(self.runtime)
         self.factory.activate()
         # Bridges' endpoint servants must be active before the channel restores: its dispatchers start at once and
@@ -244,12 +256,41 @@ class Node:
             return open_transport(self.broker_url, codec=MappingCodec(), username=self.broker_login,
                                   password=self.broker_passcode)
 
-        t2 = NodeTransactions(self.s.node_id, self.s.state_dir, self.db, self.pg_dsn, transport=transport)
+        from router.telemetry import T2Telemetry
+
+        t2 = NodeTransactions(self.s.node_id, self.s.state_dir, self.db, self.pg_dsn, transport=transport,
+                              observer=T2Telemetry())
         report = t2.start()
         if report.committed or report.rolled_back or report.resent or report.errors:
             log.info("T2 recovery at start: committed %d, rolled back %d, re-sent %d, %d problem(s)",
                      len(report.committed), len(report.rolled_back), len(report.resent), len(report.errors))
         return t2
+
+    def maintain_ledger(self) -> bool:
+        """Create the ledger's day partitions ahead and drop those past retention, in one short transaction of its
+        own (never a routing transaction) that waits at most 2 s for the ledger's locks. A failure is logged and
+        retried at the next period: until then rows of a day without a partition land in the default partition,
+        and routing never waits for this. Returns whether it succeeded."""
+        from router.ledger import maintain
+
+        settings = self.s.ledger            # also when ledger.enabled is false: retention still applies
+        try:
+            with self.db.unit_of_work() as conn:
+                conn.execute("SET LOCAL lock_timeout = '2s'")
+                created, dropped = maintain(conn, settings.retention_days, settings.ahead_days)
+        except Exception as exc:  # noqa: BLE001 — a store error or lock timeout: the next period retries
+            log.warning("ledger partition maintenance failed (retried in %g s): %s", settings.maintenance_interval_s,
+                        exc)
+            return False
+        if created or dropped:
+            log.info("ledger partitions: created %s; dropped %s (retention %d days)",
+                     ", ".join(map(str, created)) or "none", ", ".join(map(str, dropped)) or "none",
+                     settings.retention_days)
+        return True
+
+    def _ledger_loop(self) -> None:
+        while not self.runtime.shutting_down.wait(self.s.ledger.maintenance_interval_s):
+            self.maintain_ledger()
 
     def _build_bridges(self) -> None:
         from router.bridge.bridge import BridgeFactoryImpl
@@ -287,6 +328,10 @@ class Node:
                 "corbaloc": f"corbaloc::{host}:{port}/BridgeFactory",
                 "ior": self.orb.object_to_string(self.bridges.ref),
             },
+            "transaction_admin": {
+                "corbaloc": f"corbaloc::{host}:{port}/TransactionAdmin",
+                "ior": self.orb.object_to_string(self.txn_admin.ref),
+            },
             "postgres_dsn": redact_dsn(self.pg_dsn),
             "broker_url": redact_dsn(self.broker_url) if self.broker_url else None,
             "node_id": self.s.node_id,
@@ -314,8 +359,24 @@ class Node:
                              "proxy_consumers": consumers})
         return {"time": time.time(), "node_id": self.s.node_id, "channels": channels,
                 "bridges": self.bridges.status() if self.bridges is not None else [],
-                "store": self._store_stats(),
+                "store": self._store_stats(), "transactions": self._t2_status(),
                 "services": {name: health.as_dict() for name, health in self.health.items()}}
+
+    def _t2_status(self) -> dict[str, Any]:
+        """In-doubt count, oldest age, recovery passes, outbox/inbox rows; also what the T2 gauges show."""
+        from router.telemetry import T2Gauges
+
+        if self.t2 is None:
+            return {}
+        try:
+            status: dict[str, Any] = {**self.t2.status(), **self.t2.depths()}
+        except Exception as exc:  # noqa: BLE001 — PostgreSQL down: status says so instead of dropping the snapshot
+            from router.config import redact_dsn
+
+            return {"error": redact_dsn(f"{type(exc).__name__}: {exc}")}
+        self.t2_gauges = T2Gauges(status["in_doubt"], status["oldest_in_doubt_s"] or 0.0, status["outbox"],
+                                  status["inbox"])
+        return status
 
     def _store_stats(self) -> dict[str, int]:
         with self.db.unit_of_work() as conn:
@@ -335,6 +396,7 @@ class Node:
             return [(b.id, b.active()) for b in list(self.bridges.bridges.values())]
 
         telemetry.register_gauges(depths, bridges)
+        telemetry.register_t2_gauges(lambda: self.t2_gauges)  # refreshed by the status loop every 2 s
 
     def _status_loop(self) -> None:
         path = self.s.state_dir / "status.json"
@@ -351,7 +413,10 @@ class Node:
 
     def _publish(self) -> None:
         from router.lifecycle import write_private
+        from router.txnadmin import TransactionAdminImpl, node_ops
 
+        self.txn_admin = TransactionAdminImpl(node_ops(self.t2, self.s.state_dir))
+        self.txn_admin.activate(self.runtime.ins_poa)  # nsjms txn asks the running router (online mode)
         # factory.ior first: endpoints.json is the "ready" signal, so every file it announces already exists
         write_private(self.s.state_dir / "factory.ior", self.orb.object_to_string(self.factory.ref) + "\n")
         path = self.s.state_dir / "endpoints.json"

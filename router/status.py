@@ -3,7 +3,9 @@
 The node rewrites ``<state-dir>/status.json`` every 2 s with what the IDL does not expose (queue depths, proxy
 states, bridge connections and counters, stored rows); this command checks the node answers over IIOP and shows
 both. A snapshot older than 10 s is flagged as stale. The snapshot's ``services`` part says whether PostgreSQL and the
-broker were reachable at the node's last probe (every 2 s), and for embedded ones their pid and restart count.
+broker were reachable at the node's last probe (every 2 s), and for embedded ones their pid and restart count. Its
+``transactions`` part is the routing transactions' state: how many are in doubt (``nsjms txn list`` shows them) and
+the oldest one's age, recovery passes, outbox/inbox rows.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["collect", "render", "render_service"]
+__all__ = ["collect", "render", "render_service", "render_transactions"]
 
 STALE_AFTER_S = 10.0
 
@@ -62,6 +64,32 @@ def render_service(name: str, svc: dict[str, Any]) -> str:
     return line
 
 
+def _age(seconds: float) -> str:
+    """``42s``, ``12m05s``, ``3h02m``, ``2d04h``."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def render_transactions(txn: dict[str, Any]) -> str:
+    """``transactions 2 in doubt (oldest 12m05s): see `nsjms txn list`; recovery passes 31; outbox 0 rows, ...``"""
+    if txn.get("error"):
+        return f"transactions unknown: {txn['error']}"
+    n = int(txn.get("in_doubt", 0))
+    head = f"transactions {n} in doubt"
+    if n:
+        oldest = txn.get("oldest_in_doubt_s")
+        head += f" (oldest {_age(oldest)})" if oldest is not None else ""
+        head += ": see `nsjms txn list`"
+    return (f"{head}; recovery passes {txn.get('recovery_passes', 0)}; outbox {txn.get('outbox', 0)} rows, "
+            f"inbox {txn.get('inbox', 0)} rows")
+
+
 def _missing_channel(bridge: dict[str, Any], channel_ids: list[int]) -> int | None:
     """The bridge's channel (``channel_id``, else from an endpoint ``"PUSH structured_event channel 3"``) when it no
     longer exists."""
@@ -98,6 +126,9 @@ def render(report: dict[str, Any]) -> str:
     for name in ("postgres", "broker"):
         if name in services:
             lines.append(render_service(name, services[name]))
+    txn = snap.get("transactions")
+    if txn:
+        lines.append(render_transactions(txn))
     store = snap.get("store") or {}
     if store:
         lines.append(f"stored      {store.get('events', 0)} persistent events, {store.get('queued', 0)} queue rows")

@@ -51,6 +51,7 @@ from .errors import (
     XAError,
 )
 from .log import RecoveryLog
+from .observer import Guarded, Observer, Phase
 from .records import Commit, End, Heuristic, Participant, Progress, Record, Rollback
 from .resource import Clock, Resource, ordered
 from .states import TERMINAL, Event, State, apply
@@ -98,10 +99,11 @@ class Coordinator:
     """Creates transactions for one node and knows which are in flight (recovery leaves those alone)."""
 
     def __init__(self, node: NodeId, log: RecoveryLog, clock: Clock,
-                 gtrids: Callable[[NodeId], str] = new_gtrid) -> None:
+                 gtrids: Callable[[NodeId], str] = new_gtrid, *, observer: Observer | None = None) -> None:
         if log.node != node:
             raise UsageError(f"the recovery log belongs to node {log.node}, not {node}")
         self.node, self.log, self.clock = node, log, clock
+        self.observer = Guarded(observer)  # telemetry (xa.observer); never changes an outcome
         self._gtrids = gtrids
         self._lock = threading.Lock()
         self._active: dict[str, Transaction] = {}
@@ -113,6 +115,7 @@ class Coordinator:
         txn = Transaction(self, self._gtrids(self.node), timeout or None)
         with self._lock:
             self._active[txn.gtrid] = txn
+        self.observer.begun(txn.gtrid, timeout or None)
         return txn
 
     def in_flight(self) -> frozenset[str]:
@@ -138,7 +141,7 @@ class Transaction:
     def __init__(self, coordinator: Coordinator, gtrid: str, timeout: float | None) -> None:
         self._c = coordinator
         self.gtrid = gtrid
-        now = coordinator.clock.monotonic()
+        now = self._began = coordinator.clock.monotonic()
         self.deadline = None if timeout is None else now + timeout
         self.wall_deadline = None if timeout is None else coordinator.clock.wall() + timeout
         self._state = State.ACTIVE
@@ -164,10 +167,32 @@ class Transaction:
 
     def _move(self, event: Event) -> State:
         with self._lock:
-            self._state = apply(self._state, event, gtrid=self.gtrid)
-            if self._state in _HANDED_OFF:
+            state = self._state = apply(self._state, event, gtrid=self.gtrid)
+            if state in _HANDED_OFF:
                 self._c._finished(self)
-            return self._state
+        if state in _HANDED_OFF:
+            elapsed = self._c.clock.monotonic() - self._began
+            self._c.observer.ended(self.gtrid, state, self._timed_out, elapsed)
+        return state
+
+    def _observe(self, phase: Phase, resource: Resource, call: Callable[[], None]) -> None:
+        """Run one participant call between ``phase_started`` and ``phase_ended`` (the error is re-raised)."""
+        observer = self._c.observer
+        observer.phase_started(self.gtrid, phase, resource.name, resource.kind)
+        try:
+            call()
+        except BaseException as exc:
+            observer.phase_ended(self.gtrid, phase, resource.name, "failed", f"{type(exc).__name__}: {exc}")
+            raise
+        observer.phase_ended(self.gtrid, phase, resource.name, "ok", "")
+
+    def _observed(self, phase: Phase, resource: Resource, call: Callable[[Resource], BranchResult]) -> BranchResult:
+        """A phase-two call that reports its outcome instead of raising."""
+        observer = self._c.observer
+        observer.phase_started(self.gtrid, phase, resource.name, resource.kind)
+        result = call(resource)
+        observer.phase_ended(self.gtrid, phase, resource.name, result.outcome.value, result.error)
+        return result
 
     def _overdue(self) -> bool:
         return self.deadline is not None and self._c.clock.monotonic() >= self.deadline
@@ -200,7 +225,7 @@ class Transaction:
             self._fail_timeout()
         self._resources.append(resource)
         try:
-            resource.begin(xid)
+            self._observe(Phase.BEGIN, resource, lambda: resource.begin(xid))
         except Exception as exc:
             if isinstance(exc, XAError) and exc.gtrid is None:
                 exc.gtrid = self.gtrid
@@ -250,7 +275,7 @@ class Transaction:
             if self._overdue():
                 self._fail_timeout()
             try:
-                resource.prepare()
+                self._observe(Phase.PREPARE, resource, resource.prepare)
             except Exception as exc:
                 if isinstance(exc, XAError) and exc.gtrid is None:
                     exc.gtrid = self.gtrid  # every xa error names its transaction
@@ -270,9 +295,10 @@ class Transaction:
             raise DecisionUnknown(f"the COMMIT record may or may not be durable ({exc}); branches left prepared "
                                   "for recovery", gtrid=self.gtrid) from exc
         self._move(Event.DECISION_LOGGED)
+        self._c.observer.decided(self.gtrid, "commit", "")
 
     def _phase_two(self, participants: Sequence[Resource]) -> Outcome:
-        results = tuple(_commit_one(r) for r in participants)
+        results = tuple(self._observed(Phase.COMMIT, r, _commit_one) for r in participants)
         heuristics = [b for b in results if b.outcome is BranchOutcome.HEURISTIC]
         if heuristics:
             committed = any(b.outcome is BranchOutcome.COMMITTED for b in results)
@@ -313,7 +339,9 @@ class Transaction:
         prepared = self._state in (State.PREPARING, State.PREPARED)
         self._move(event)
         self._reason = self._reason or reason
-        results = tuple(_rollback_one(r, cause) for r in reversed(ordered(self._resources)))
+        self._c.observer.decided(self.gtrid, "rollback", self._reason)
+        results = tuple(self._observed(Phase.ROLLBACK, r, lambda res: _rollback_one(res, cause))
+                        for r in reversed(ordered(self._resources)))
         heuristics = [b for b in results if b.outcome is BranchOutcome.HEURISTIC]
         if heuristics:
             only_commit = all(b.heuristic is HeuristicKind.COMMIT for b in heuristics)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -49,6 +50,7 @@ from psycopg import Xid
 
 from .errors import BranchNotFound, HeuristicKind, HeuristicOutcome, UsageError, XAError
 from .log import RecoveryLog
+from .observer import Guarded, Observer
 from .records import End, Heuristic, LiveTxn, Participant, Progress
 from .resource import BatchManager, Clock, RecoverableManager
 from .xid import NodeId, branch_xid, is_ours
@@ -118,10 +120,11 @@ class _Scan:
 class RecoveryManager:
     def __init__(self, node: NodeId, log: RecoveryLog, managers: Sequence[RecoverableManager], resend: Resend,
                  clock: Clock, *, in_flight_guard: float = 60.0,
-                 in_flight: Callable[[], frozenset[str]] = frozenset) -> None:
+                 in_flight: Callable[[], frozenset[str]] = frozenset, observer: Observer | None = None) -> None:
         if log.node != node:
             raise UsageError(f"the recovery log belongs to node {log.node}, not {node}")
         self.node, self.log, self.clock = node, log, clock
+        self.observer = Guarded(observer)  # telemetry (xa.observer): one recovery_pass per run()
         self.managers: Mapping[str, RecoverableManager] = {m.key: m for m in managers}
         self.resend, self.guard, self.in_flight = resend, in_flight_guard, in_flight
 
@@ -141,9 +144,20 @@ class RecoveryManager:
 
     # --------------------------------------------------------------------------------------------- run
     def run(self, *, resend: bool = True) -> RecoveryReport:
-        """One recovery pass (see the module docstring). ``resend=False``: the two-phase work only; one-phase
-        branches ready for their re-send are listed in ``report.deferred`` and left to the next pass."""
+        """One recovery pass (see the module docstring); the observer hears of it, also when it raises.
+        ``resend=False``: the two-phase work only; one-phase branches ready for their re-send are listed in
+        ``report.deferred`` and left to the next pass."""
         report = RecoveryReport()
+        start = self.clock.monotonic()
+        try:
+            self._run(report, resend)
+        except Exception as exc:
+            self.observer.recovery_pass(report, self.clock.monotonic() - start, f"{type(exc).__name__}: {exc}")
+            raise
+        self.observer.recovery_pass(report, self.clock.monotonic() - start, "")
+        return report
+
+    def _run(self, report: RecoveryReport, resend: bool) -> None:
         # Read the log, THEN the in-flight set, THEN the log again. A gtrid of the first read that is not in
         # flight was handed off by its coordinator before the in-flight read (a coordinator writes END before
         # handing off), so it is safe to act on if it is still in the second read. A gtrid that appears only
@@ -176,7 +190,6 @@ class RecoveryManager:
         self._finish_commits(commits, scan, report, doomed, resend=resend)
         for txn in undecided:
             self._end_undecided(txn, scan, report)
-        return report
 
     def _finish_commit(self, txn: LiveTxn, scan: _Scan, report: RecoveryReport) -> None:
         self._finish_commits([txn], scan, report)
@@ -474,7 +487,8 @@ class RecoveryManager:
         age = now - at if at is not None else (max(ages) if ages else None)
         h = txn.heuristics[-1] if txn.heuristics else None
         if h is not None:
-            status, note = f"heuristic-{h.kind.value}", f"{h.who} at {h.at:.0f}: {h.why}; "
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(h.at))
+            status, note = f"heuristic-{h.kind.value}", f"{h.who} at {when}: {h.why}; "
         else:
             status = "commit-logged" if txn.commit else "rollback-logged" if txn.rollback else "undecided"
             note = ""

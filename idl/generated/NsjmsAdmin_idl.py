@@ -206,6 +206,89 @@ omniORB.registerSkeleton(ManagedBridge._NP_RepositoryId, ManagedBridge)
 del ManagedBridge
 __name__ = "idl.generated.NsjmsAdmin"
 
+# exception TransactionRefused
+_0_NsjmsAdmin.TransactionRefused = omniORB.newEmptyClass()
+class TransactionRefused (CORBA.UserException):
+    _NP_RepositoryId = "IDL:nsjms.org/NsjmsAdmin/TransactionRefused:1.0"
+
+    def __init__(self, reason):
+        CORBA.UserException.__init__(self, reason)
+        self.reason = reason
+
+_0_NsjmsAdmin.TransactionRefused = TransactionRefused
+_0_NsjmsAdmin._d_TransactionRefused  = (omniORB.tcInternal.tv_except, TransactionRefused, TransactionRefused._NP_RepositoryId, "TransactionRefused", "reason", (omniORB.tcInternal.tv_string,0))
+_0_NsjmsAdmin._tc_TransactionRefused = omniORB.tcInternal.createTypeCode(_0_NsjmsAdmin._d_TransactionRefused)
+omniORB.registerType(TransactionRefused._NP_RepositoryId, _0_NsjmsAdmin._d_TransactionRefused, _0_NsjmsAdmin._tc_TransactionRefused)
+del TransactionRefused
+
+# interface TransactionAdmin
+_0_NsjmsAdmin._d_TransactionAdmin = (omniORB.tcInternal.tv_objref, "IDL:nsjms.org/NsjmsAdmin/TransactionAdmin:1.0", "TransactionAdmin")
+omniORB.typeMapping["IDL:nsjms.org/NsjmsAdmin/TransactionAdmin:1.0"] = _0_NsjmsAdmin._d_TransactionAdmin
+_0_NsjmsAdmin.TransactionAdmin = omniORB.newEmptyClass()
+class TransactionAdmin :
+    _NP_RepositoryId = _0_NsjmsAdmin._d_TransactionAdmin[1]
+
+    def __init__(self, *args, **kw):
+        raise RuntimeError("Cannot construct objects of this type.")
+
+    _nil = CORBA.Object._nil
+
+
+_0_NsjmsAdmin.TransactionAdmin = TransactionAdmin
+_0_NsjmsAdmin._tc_TransactionAdmin = omniORB.tcInternal.createTypeCode(_0_NsjmsAdmin._d_TransactionAdmin)
+omniORB.registerType(TransactionAdmin._NP_RepositoryId, _0_NsjmsAdmin._d_TransactionAdmin, _0_NsjmsAdmin._tc_TransactionAdmin)
+
+# TransactionAdmin operations and attributes
+TransactionAdmin._d_list_json = ((), ((omniORB.tcInternal.tv_string,0), ), None)
+TransactionAdmin._d_show_json = (((omniORB.tcInternal.tv_string,0), ), ((omniORB.tcInternal.tv_string,0), ), {_0_NsjmsAdmin.TransactionRefused._NP_RepositoryId: _0_NsjmsAdmin._d_TransactionRefused})
+TransactionAdmin._d_resolve = (((omniORB.tcInternal.tv_string,0), (omniORB.tcInternal.tv_string,0), (omniORB.tcInternal.tv_string,0), (omniORB.tcInternal.tv_string,0)), ((omniORB.tcInternal.tv_string,0), ), {_0_NsjmsAdmin.TransactionRefused._NP_RepositoryId: _0_NsjmsAdmin._d_TransactionRefused})
+TransactionAdmin._d_resolve_xid = (((omniORB.tcInternal.tv_string,0), (omniORB.tcInternal.tv_string,0), (omniORB.tcInternal.tv_string,0), (omniORB.tcInternal.tv_string,0)), ((omniORB.tcInternal.tv_string,0), ), {_0_NsjmsAdmin.TransactionRefused._NP_RepositoryId: _0_NsjmsAdmin._d_TransactionRefused})
+TransactionAdmin._d_forget = (((omniORB.tcInternal.tv_string,0), (omniORB.tcInternal.tv_string,0)), ((omniORB.tcInternal.tv_string,0), ), {_0_NsjmsAdmin.TransactionRefused._NP_RepositoryId: _0_NsjmsAdmin._d_TransactionRefused})
+TransactionAdmin._d_recover = ((), ((omniORB.tcInternal.tv_string,0), ), {_0_NsjmsAdmin.TransactionRefused._NP_RepositoryId: _0_NsjmsAdmin._d_TransactionRefused})
+
+# TransactionAdmin object reference
+class _objref_TransactionAdmin (CORBA.Object):
+    _NP_RepositoryId = TransactionAdmin._NP_RepositoryId
+
+    def __init__(self, obj):
+        CORBA.Object.__init__(self, obj)
+
+    def list_json(self, *args):
+        return self._obj.invoke("list_json", _0_NsjmsAdmin.TransactionAdmin._d_list_json, args)
+
+    def show_json(self, *args):
+        return self._obj.invoke("show_json", _0_NsjmsAdmin.TransactionAdmin._d_show_json, args)
+
+    def resolve(self, *args):
+        return self._obj.invoke("resolve", _0_NsjmsAdmin.TransactionAdmin._d_resolve, args)
+
+    def resolve_xid(self, *args):
+        return self._obj.invoke("resolve_xid", _0_NsjmsAdmin.TransactionAdmin._d_resolve_xid, args)
+
+    def forget(self, *args):
+        return self._obj.invoke("forget", _0_NsjmsAdmin.TransactionAdmin._d_forget, args)
+
+    def recover(self, *args):
+        return self._obj.invoke("recover", _0_NsjmsAdmin.TransactionAdmin._d_recover, args)
+
+omniORB.registerObjref(TransactionAdmin._NP_RepositoryId, _objref_TransactionAdmin)
+_0_NsjmsAdmin._objref_TransactionAdmin = _objref_TransactionAdmin
+del TransactionAdmin, _objref_TransactionAdmin
+
+# TransactionAdmin skeleton
+__name__ = "idl.generated.NsjmsAdmin__POA"
+class TransactionAdmin (PortableServer.Servant):
+    _NP_RepositoryId = _0_NsjmsAdmin.TransactionAdmin._NP_RepositoryId
+
+
+    _omni_op_d = {"list_json": _0_NsjmsAdmin.TransactionAdmin._d_list_json, "show_json": _0_NsjmsAdmin.TransactionAdmin._d_show_json, "resolve": _0_NsjmsAdmin.TransactionAdmin._d_resolve, "resolve_xid": _0_NsjmsAdmin.TransactionAdmin._d_resolve_xid, "forget": _0_NsjmsAdmin.TransactionAdmin._d_forget, "recover": _0_NsjmsAdmin.TransactionAdmin._d_recover}
+
+TransactionAdmin._omni_skeleton = TransactionAdmin
+_0_NsjmsAdmin__POA.TransactionAdmin = TransactionAdmin
+omniORB.registerSkeleton(TransactionAdmin._NP_RepositoryId, TransactionAdmin)
+del TransactionAdmin
+__name__ = "idl.generated.NsjmsAdmin"
+
 #
 # End of module "NsjmsAdmin"
 #

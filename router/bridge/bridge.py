@@ -203,8 +203,21 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         self._t2_ior: str | None = None
         self.t2_out: OutboundT2 | None = self._make_t2_out()
         self._register_t2()
+        self._register_ledger_route()
 
     # -- construction --------------------------------------------------------------------------------------
+    def _register_ledger_route(self) -> None:
+        """Tell the ledger which channel proxy is this bridge's, so the channel's ledger rows for it carry the
+        bridge, its destination and the direction (router/ledger.py)."""
+        from router.ledger import Direction, Route
+
+        if self.row.admin_id is None or self.row.proxy_id is None:
+            return
+        direction = Direction.CHANNEL_TO_JMS if self.to_jms_direction else Direction.JMS_TO_CHANNEL
+        self.rt.store.ledger.set_route(self.row.channel_id, "C" if self.to_jms_direction else "S", self.row.admin_id,
+                                       self.row.proxy_id, Route(direction, self.id,
+                                                                f"{self.destination.kind}/{self.destination.name}"))
+
     def _endpoint_oid(self) -> str:
         return f"{self.oid}/{'recv' if self.to_jms_direction else 'send'}"
 
@@ -238,7 +251,7 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
 
         out = OutboundT2(self.id, self.destination, self._transport, MappingCodec(), self._to_jms, _event_bytes,
                          self.factory.broker.dead_letter, t2.enlist, self.running, self.note_broker_problem,
-                         amq_dupl_id=self.factory.broker.amq_dupl_id)
+                         amq_dupl_id=self.factory.broker.amq_dupl_id, to_frame=self._to_jms_frame)
         out.on_idle = self._t2_idle
         self._t2_ior = self.rt.ior(self.endpoint_ref)
         t2.register_local(self._t2_ior, out)
@@ -252,6 +265,17 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
         check_stomp_limits(message_to_stomp(msg).headers)
         return msg
+
+    def _to_jms_frame(self, event: Any, destination: Destination) -> tuple[Any, Any]:
+        """:meth:`_to_jms` and the frame it checked, encoded once (``MappingCodec.encode``'s encoding): the T2
+        path sends that frame instead of encoding the message a second time."""
+        from router.jms.transport import EncodedMessage
+        from router.mapping.stomp_body import message_to_stomp
+
+        msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
+        frame = message_to_stomp(msg)
+        check_stomp_limits(frame.headers)
+        return msg, EncodedMessage(dict(frame.headers), bytes(frame.body))
 
     def _to_event(self, msg: Any) -> Any:
         """NJI 2.4.1 mapping; into a BestEffort channel the EventReliability header is left out, because the
@@ -332,6 +356,7 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
             self.factory.store.set_proxy(conn, self.id, aid, pid)
         self.row = BridgeRow(self.row.id, self.row.source, self.row.sink, self.row.state, self.row.channel_id,
                              aid, pid, self.row.settings)
+        self._register_ledger_route()
 
     def _proxy_servant(self) -> Any:
         """The channel's proxy servant for this bridge (same process)."""
@@ -547,6 +572,17 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         """Whether this bridge's direction and styles can run in the routing transaction T2 (NJI 2.7.2): the
         channel PUSHES to a channel → JMS bridge, the channel PULLS from a JMS → channel bridge."""
         return self.channel_spec.style == ("PUSH" if self.to_jms_direction else "PULL")
+
+    def local_push_proxy(self) -> Any:
+        """JMS → channel, push configuration: the channel's proxy consumer servant when the channel is Persistent
+        (the push loop then routes in-process with the inbox, ``PushSenderLoop._round_local``); None otherwise
+        (BestEffort: the push over the ORB as before). The channel gone: OBJECT_NOT_EXIST."""
+        try:
+            if not self._connection_persistent():
+                return None
+            return self._proxy_servant()
+        except BA.InvalidExternalEndPoints:
+            raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO) from None
 
     def _register_t2(self) -> None:
         """JMS → channel pull sender: an in-process T2 participant of the node, found by its IOR by the channel's

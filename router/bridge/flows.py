@@ -350,6 +350,14 @@ class JmsToChannel:
         self.t2in: Any = None                             # router.bridge.t2in.InboundT2, once a T2 ran
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
 
+    def inbound(self) -> Any:
+        """The inbox-backed receiver of this flow (router.bridge.t2in.InboundT2), made on first use."""
+        if self.t2in is None:
+            from router.bridge.t2in import InboundT2
+
+            self.t2in = InboundT2(self)
+        return self.t2in
+
     def ensure_subscribed(self) -> Any:
         """The bridge's one subscription, made on first use. Serialised: after a node restart the channel's pull
         proxy pulls (``receive``) while ``start`` subscribes; two SUBSCRIBEs would leave a second subscription
@@ -528,6 +536,11 @@ class PushSenderLoop:
             return
         self.batch = max(1, self._batch()) if self.sequence else 1
         self.pacing_s = self._pacing()
+        local = getattr(self.flow.bridge, "local_push_proxy", None)
+        servant = local() if local is not None else None
+        if servant is not None and not self.flow.held:
+            self._round_local(servant)
+            return
         got = self._take_held()
         try:
             if not got:
@@ -538,6 +551,27 @@ class PushSenderLoop:
                 got = self._push(got)
         finally:
             self._hold(got)              # whatever was received and not settled: the next round pushes it
+
+    def _round_local(self, servant: Any) -> None:
+        """The channel is in this process and Persistent: instead of a push over the ORB, one local unit of work
+        (router.channel.t2in.local_round): the events with their inbox ids in one PostgreSQL transaction, the acks
+        after it committed, so a redelivered message never becomes a second event, across crashes too. The
+        proxy's own checks come first (destroyed: OBJECT_NOT_EXIST; disconnected: Disconnected)."""
+        from router.channel.t2in import LOCAL_BATCH, local_round, room
+
+        if servant.destroyed:
+            raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
+        if not servant.connected:
+            raise CosEventComm.Disconnected()
+        if self.paced_receive and self.pacing_s > 0:
+            self.stop.wait(self.pacing_s)
+        try:
+            local_round(servant, self.flow.inbound().take_local, room(servant, max(self.batch, LOCAL_BATCH)), 0.5)
+        except CORBA.IMP_LIMIT as exc:
+            if exc.minor == MINOR_EVENT_TOO_LARGE:
+                raise
+            log.info("bridge %d: channel full; waiting", self.flow.bridge.id)
+            self.stop.wait(0.5)
 
     def _take_held(self) -> list[tuple[Delivery, Any]]:
         """Held deliveries not yet forwarded (a held one that was forwarded but whose ack failed is acked again)."""
@@ -640,16 +674,12 @@ class _PullSenderBase:
         """JMS → channel inside the channel's T2 (router.bridge.t2in): called in-process by the channel's pull
         proxy with the transaction and its PostgreSQL branch. Events handed over by earlier non-transactional pulls
         are acknowledged first (the channel routed them before pulling again)."""
-        from router.bridge.t2in import InboundT2
-
-        if self.flow.t2in is None:
-            self.flow.t2in = InboundT2(self.flow)
         try:
             self._confirm()
         except TransportError as exc:
             self.flow.bridge.note_broker_problem(exc)
             raise
-        return self.flow.t2in.take(self.flow.bridge.rt.t2, txn, conn, max_n, timeout)
+        return self.flow.inbound().take(self.flow.bridge.rt.t2, txn, conn, max_n, timeout)
 
     def t2_ready(self) -> bool:
         """Whether a round can take anything now (the bridge is started): the channel waits otherwise."""
@@ -658,16 +688,12 @@ class _PullSenderBase:
     def take_local(self, conn: Any, max_n: int, timeout: float) -> Any:
         """JMS → channel without a T2, the channel in this process (router.bridge.t2in ``take_local``): the
         inbox claims go in the channel's local transaction on ``conn``; acks after it committed."""
-        from router.bridge.t2in import InboundT2
-
-        if self.flow.t2in is None:
-            self.flow.t2in = InboundT2(self.flow)
         try:
             self._confirm()
         except TransportError as exc:
             self.flow.bridge.note_broker_problem(exc)
             raise
-        return self.flow.t2in.take_local(conn, max_n, timeout)
+        return self.flow.inbound().take_local(conn, max_n, timeout)
 
     def _next(self, timeout: float) -> Delivery | None:
         """A delivery a rolled-back T2 left un-acknowledged (EnableTransaction was turned off since), else the

@@ -34,6 +34,8 @@ def check_stomp_limits(headers: dict[str, str]) -> None:
         if name in STOMP_INTEGER_HEADERS and not _is_java_integer(value, 32 if name == "JMSXGroupSeq" else 64):
             raise MappingError(f"ActiveMQ closes the connection on a non-integer {name} header ({value[:40]!r})",
                                f"property:{name}")
+        if 4 * (len(name) + len(value)) + 1 <= STOMP_MAX_HEADER_LINE:
+            continue              # cannot exceed it: a character takes at most 4 bytes, escaped or in UTF-8
         size = _escaped_len(name) + 1 + _escaped_len(value)
         if size > STOMP_MAX_HEADER_LINE:
             raise MappingError(f"the STOMP header line is {size} bytes; the broker accepts at most "

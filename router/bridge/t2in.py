@@ -370,9 +370,10 @@ class InboundT2:
                 batch.dead_lettered += 1
                 letters.append((reason, "refused", d.message_id))
                 dl = flow.dead_letter
-                branch.send(dl.destination, dl.message(b"", reason, "refused", {
-                    "nsjms_dlq_message_id": d.message_id, "nsjms_dlq_destination": d.destination,
-                    "nsjms_dlq_moved_to": _BROKER_DLQ}))
+                if d.message_id not in self.poison_nack:     # its record was refused before: NACK alone
+                    branch.send(dl.destination, dl.message(b"", reason, "refused", {
+                        "nsjms_dlq_message_id": d.message_id, "nsjms_dlq_destination": d.destination,
+                        "nsjms_dlq_moved_to": _BROKER_DLQ}))
                 branch.nack(d)
                 continue
             if problem is None:
@@ -406,6 +407,8 @@ class InboundT2:
         for reason, origin, message_id in letters:
             self.poison_nack.discard(message_id)
             flow.dead_letter.sent(reason, origin)
+            if origin == "refused":
+                flow.refused += 1
         from router import telemetry
 
         telemetry.bridge_moved(flow.bridge.id, stats["forwarded"], "from_jms")
@@ -417,7 +420,7 @@ class InboundT2:
         self.rolled_back += 1
         self.held = list(branch.deliveries) + self.held
         if branch.refused and letters:
-            self.poison_nack.update(m for _, origin, m in letters if origin == "message")
+            self.poison_nack.update(m for _, _, m in letters)
             log.error("bridge %d: the broker refused a frame of a T2 with %d dead letter(s) (%s); those messages "
                       "are NACKed to %s next time", self.flow.bridge.id, len(letters), branch.refused, _BROKER_DLQ)
 
@@ -428,7 +431,7 @@ class InboundT2:
         log.warning("bridge %d: acknowledging after the local commit failed (%s); reconnecting so the broker "
                     "redelivers (the inbox recognises what became events)", self.flow.bridge.id, exc)
         if refused:
-            self.poison_nack.update(m for _, origin, m in letters if origin == "message")
+            self.poison_nack.update(m for _, _, m in letters)
         self.flow.bridge.note_broker_problem(exc)
         self.resync = True
 

@@ -16,6 +16,11 @@ a transactional object that never decides (NJI 2.7.4), then in the SAME PostgreS
 4. enlists the broker SEND branch (:class:`router.bridge.txbranch.SendBranch`) and sends the frames in its STOMP
    transaction, the last one receipted.
 
+Steps 3 and 4 overlap: the outbox INSERT goes out in psycopg's pipeline mode and its result is read only after the
+last frame's receipt, so PostgreSQL stores the rows while the broker takes the frames (one round trip less per T2;
+both are uncommitted work of the same T2 until its decision, so their order does not matter). A failed INSERT
+raises when the pipeline ends, before ``forward_in_t2`` returns: the T2 then rolls back as for any other failure.
+
 Any failure marks the T2 rollback-only with the reason and raises :class:`ForwardFailed` (``content`` True when
 the broker refused a frame: the batch, not the broker, is the problem; the channel then narrows it down). The
 commit and every decision stay with the channel.
@@ -32,7 +37,7 @@ from typing import Any
 from router import telemetry
 from router.bridge.txbranch import SendBranch
 from router.channel.txdelivery import ForwardFailed
-from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
+from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import EncodedMessage, MessageCodec, SendRefused, Transport, stomp_destination
 from router.t2 import OutboxRow, outbox_insert
 from xa.errors import TransactionRolledBack
@@ -69,7 +74,8 @@ class OutboundT2:
                  codec: MessageCodec, to_jms: Callable[[Any, Destination], JmsMessage],
                  event_bytes: Callable[[Any], bytes], dead_letter: Destination, enlist: Callable[[Any, Any], Any],
                  running: Callable[[], bool], note_problem: Callable[[Exception], None] | None = None, *,
-                 amq_dupl_id: bool = False) -> None:
+                 amq_dupl_id: bool = False,
+                 to_frame: Callable[[Any, Destination], tuple[JmsMessage, EncodedMessage]] | None = None) -> None:
         self.bridge_id = bridge_id
         self.destination = destination
         self.transport = transport
@@ -81,6 +87,9 @@ class OutboundT2:
         self.running = running
         self.note_problem = note_problem     # wakes the bridge's supervisor after a broker failure
         self.amq_dupl_id = amq_dupl_id
+        # map AND encode in one step (the bridge encodes to check the broker's limits: encoding once saves that
+        # work per event); its encoding must be ``codec``'s. None: ``to_jms`` then ``codec.encode``
+        self.to_frame = to_frame
         self.forwarded = 0
         self.dead_lettered = 0
         self.committed = 0
@@ -134,7 +143,12 @@ class OutboundT2:
         rows = [OutboxRow(txn.gtrid, i, self._dedupe(f, txn.gtrid, i), self.bridge_id, f.destination,
                           {**f.encoded.headers, "persistent": "true" if f.persistent else "false"}, f.encoded.body)
                 for i, f in enumerate(frames)]
-        outbox_insert(conn, rows)
+        with conn.pipeline():                    # the INSERT's result is read when the block ends (see above)
+            outbox_insert(conn, rows)
+            self._send(txn, frames, rows)
+        return Forwarded(txn.gtrid, len(frames) - dead, dead)
+
+    def _send(self, txn: Any, frames: list[_Frame], rows: list[OutboxRow]) -> None:
         try:
             branch = SendBranch(self.transport())
             self.enlist(txn, branch)
@@ -153,7 +167,6 @@ class OutboundT2:
             except Exception as exc:  # noqa: BLE001 — SendFailed, ReceiptTimeout, BrokerUnavailable, ...
                 self._noted(exc)
                 self._fail(txn, f"sending to the broker failed: {type(exc).__name__}: {exc}", content=False)
-        return Forwarded(txn.gtrid, len(frames) - dead, dead)
 
     def _noted(self, exc: Exception) -> None:
         if self.note_problem is not None:
@@ -179,8 +192,11 @@ class OutboundT2:
             reason = dead_letter_reason
             if reason is None:
                 try:
-                    msg = self.to_jms(event, self.destination)
-                    frames.append(self._frame(self.destination, msg))
+                    if self.to_frame is not None:
+                        msg, encoded = self.to_frame(event, self.destination)
+                        frames.append(self._encoded(self.destination, msg, encoded))
+                    else:
+                        frames.append(self._frame(self.destination, self.to_jms(event, self.destination)))
                     continue
                 except MappingError as exc:
                     reason = str(exc)
@@ -194,9 +210,10 @@ class OutboundT2:
         return frames, dead
 
     def _frame(self, destination: Destination, msg: JmsMessage) -> _Frame:
-        from router.jms.model import DeliveryMode
+        return self._encoded(destination, msg, self.codec.encode(msg))
 
-        encoded = self.codec.encode(msg)
+    @staticmethod
+    def _encoded(destination: Destination, msg: JmsMessage, encoded: EncodedMessage) -> _Frame:
         return _Frame(stomp_destination(destination), EncodedMessage(dict(encoded.headers), encoded.body),
                       msg.delivery_mode is DeliveryMode.PERSISTENT)
 

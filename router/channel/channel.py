@@ -28,6 +28,7 @@ from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
 from router.channel.events import Event, Form, encode
 from router.channel.queue import Entry, Record, choose_victim
 from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
+from router.channel.sizing import size_bound
 from router.channel.store import ChannelRow, NewEvent
 
 __all__ = ["EventChannelFactoryImpl", "EventChannelImpl", "RoutePlan"]
@@ -45,6 +46,9 @@ class RoutePlan:
     plans: list[tuple[Record, list[Any]]] = field(default_factory=list)
     bodies: dict[int, bytes] = field(default_factory=dict)
     overflow: int = 0
+    source: Any = None                   # the proxy consumer the events came from (ledger origin)
+    now: float = 0.0                     # when the channel accepted them (the ledger's accepted_at)
+    volatile: list[int] = field(default_factory=list)   # BestEffort seqs the ledger recorded (set by store_in)
 
 
 class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
@@ -146,6 +150,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         self.supplier_admins: dict[int, Any] = {}
         self.records: dict[int, Record] = {}      # live events by seq (MaxQueueLength, channel discard)
         self._records_lock = threading.Lock()
+        self._volatile_accepted: dict[int, float] = {}   # BestEffort seq → accepted_at, when the ledger has it
         self.destroyed = False
         self._next_admin = {"C": row.next_admin_c, "S": row.next_admin_s}
         self.oid = channel_oid(self.id)
@@ -333,11 +338,13 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if self.destroyed:
             raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
         now = time.time()
-        encoded = self._encode_checked(events)
+        sizes = self._sizes_checked(events)
         records = [self._make_record(source, ev, now) for ev in events]
-        for rec, body in zip(records, encoded, strict=True):
-            rec.size = len(body)
-        bodies = {rec.seq: body for rec, body in zip(records, encoded, strict=True)}
+        bodies: dict[int, bytes] = {}
+        for rec, (size, body) in zip(records, sizes, strict=True):
+            rec.size = size
+            if body is not None:
+                bodies[rec.seq] = body
         accepted = [r for r in records if source.admits(r.event)]
         if not accepted:
             return
@@ -346,7 +353,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if not plans:
             return
         overflow = self._admit(len(plans))  # only events some consumer will hold count against MaxQueueLength
-        self._store(plans, bodies)
+        self._store(plans, bodies, source, now)
         self._make_room(overflow)           # discard only once the new events are durably stored
         with self._records_lock:
             for rec, _ in plans:
@@ -371,26 +378,40 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if self.destroyed:
             raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
         now = time.time()
-        encoded = self._encode_checked(events)
+        sizes = self._sizes_checked(events)
         records = [self._make_record(source, ev, now) for ev in events]
-        for rec, body in zip(records, encoded, strict=True):
-            rec.size = len(body)
-        bodies = {rec.seq: body for rec, body in zip(records, encoded, strict=True)}
+        bodies: dict[int, bytes] = {}
+        for rec, (size, body) in zip(records, sizes, strict=True):
+            rec.size = size
+            if body is not None:
+                bodies[rec.seq] = body
         plans = [(rec, self._targets(rec)) for rec in records if source.admits(rec.event)]
         plans = [(rec, targets) for rec, targets in plans if targets]
         overflow = self._admit(len(plans)) if plans else 0
-        return RoutePlan(plans, bodies, overflow)
+        return RoutePlan(plans, bodies, overflow, source, now)
 
     def store_in(self, conn: Any, plan: RoutePlan) -> None:
-        """Insert the plan's persistent events and their queue rows on ``conn`` (the T2's PostgreSQL branch)."""
+        """:meth:`_store` on ``conn`` (the T2's PostgreSQL branch, or the caller's unit of work): the plan's
+        persistent events with their queue rows and ledger rows, and (``ledger.best_effort``) the ledger rows of
+        the BestEffort ones."""
         durable = [(rec, t) for rec, t in plan.plans if rec.persistent]
-        if not durable:
+        volatile = [(rec, t) for rec, t in plan.plans if not rec.persistent]
+        if volatile and not self.rt.store.ledger.records(persistent=False):
+            volatile = []
+        if not durable and not volatile:
             return
-        rows = [NewEvent(rec.seq, int(rec.event.form), plan.bodies[rec.seq], rec.priority, rec.deadline,
-                         rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
-        ids = self.rt.store.insert_events(conn, self.id, rows)
+        accepted_at = plan.now or time.time()
+        self._encode_missing(durable, plan.bodies)
+        origin, jms_ids = self._ledger_origin(plan.source, [rec for rec, _ in durable + volatile])
+        rows = [NewEvent(rec.seq, int(rec.event.form), plan.bodies.get(rec.seq, b""), rec.priority, rec.deadline,
+                         rec.start_at, [(p.admin.id, p.id) for p in targets], accepted_at, origin, jms_id)
+                for (rec, targets), jms_id in zip(durable + volatile, jms_ids, strict=True)]
+        ids = self.rt.store.insert_events(conn, self.id, rows[:len(durable)]) if durable else []
+        if volatile:
+            self.rt.store.best_effort_accepted(conn, self.id, rows[len(durable):])
         for (rec, _), eid in zip(durable, ids, strict=True):
             rec.db_id = eid
+        plan.volatile = [rec.seq for rec, _ in volatile]
 
     def publish(self, plan: RoutePlan) -> None:
         """After the T2 committed: discard for room (DiscardPolicy), then queue the events in memory."""
@@ -400,6 +421,8 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         with self._records_lock:
             for rec, _ in plan.plans:
                 self.records[rec.seq] = rec
+            for seq in plan.volatile:
+                self._volatile_accepted[seq] = plan.now
         for rec, targets in plan.plans:
             rec.hold()
             try:
@@ -413,18 +436,38 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         if len(plan.plans) > durable:
             telemetry.accepted(self.id, len(plan.plans) - durable, False)
 
-    def _encode_checked(self, events: Sequence[Event]) -> list[bytes]:
-        """Every event's CDR encoding; the whole push is refused (IMP_LIMIT, COMPLETED_NO) if one is larger than
-        the node's ``max_event_bytes``: the channel accepts only what it can deliver and store."""
-        encoded = [encode(ev) for ev in events]
+    @staticmethod
+    def _encode_missing(durable: list[tuple[Record, list[Any]]], bodies: dict[int, bytes]) -> None:
+        """Persistent events accepted on their size bound are encoded once, here, to be stored."""
+        for rec, _ in durable:
+            if rec.seq not in bodies:
+                bodies[rec.seq] = encode(rec.event)
+                rec.size = len(bodies[rec.seq])
+
+    def _sizes_checked(self, events: Sequence[Event]) -> list[tuple[int, bytes | None]]:
+        """Each event's size (and its CDR encoding when it had to be made); the whole push is refused (IMP_LIMIT,
+        COMPLETED_NO) if one is larger than the node's ``max_event_bytes``: the channel accepts only what it can
+        deliver and store.
+
+        Cheap and exact: an event whose :func:`size_bound` (an upper bound of its encoding) is within the limit is
+        accepted without being encoded, its size being that bound; any other event is encoded and its exact
+        length checked (the encoding is kept: a persistent event is stored with it, never encoded twice)."""
         limit = self.rt.max_event_bytes
-        too_big = [len(b) for b in encoded if limit and len(b) > limit]
+        out: list[tuple[int, bytes | None]] = []
+        for ev in events:
+            bound = size_bound(ev)
+            if bound is not None and (not limit or bound <= limit):
+                out.append((bound, None))
+            else:
+                body = encode(ev)
+                out.append((len(body), body))
+        too_big = [size for size, body in out if limit and body is not None and size > limit]
         if too_big:
             log.warning("channel %d: refused a push of %d event(s): an event of %d bytes is above the limit of %d "
                         "bytes (IMP_LIMIT)", self.id, len(events), max(too_big), limit)
             telemetry.rejected(self.id, len(events), "EVENT_TOO_LARGE")
             check_size(max(too_big), limit)
-        return encoded
+        return out
 
     @staticmethod
     def _enqueue_one(proxy: Any, rec: Record) -> None:
@@ -509,16 +552,52 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             for proxy in list(admin.proxies.values()):
                 proxy.queue.take(0)
 
-    def _store(self, plans: list[tuple[Record, list[Any]]], bodies: dict[int, bytes]) -> None:
+    def _store(self, plans: list[tuple[Record, list[Any]]], bodies: dict[int, bytes], source: Any = None,
+               now: float | None = None) -> None:
+        """One unit of work: the persistent events with their queue rows and ledger rows, and (``ledger.best_effort``)
+        the ledger rows of the BestEffort ones. Any failure fails the push: nothing of it is stored."""
         durable = [(rec, t) for rec, t in plans if rec.persistent]
-        if not durable:
+        volatile = [(rec, t) for rec, t in plans if not rec.persistent]
+        if volatile and not self.rt.store.ledger.records(persistent=False):
+            volatile = []
+        if not durable and not volatile:
             return
-        rows = [NewEvent(rec.seq, int(rec.event.form), bodies[rec.seq], rec.priority, rec.deadline,
-                         rec.start_at, [(p.admin.id, p.id) for p in targets]) for rec, targets in durable]
-        with self.rt.db.unit_of_work() as conn:
-            ids = self.rt.store.insert_events(conn, self.id, rows)
+        accepted_at = now if now is not None else time.time()
+        self._encode_missing(durable, bodies)
+        origin, jms_ids = self._ledger_origin(source, [rec for rec, _ in durable + volatile])
+        rows = [NewEvent(rec.seq, int(rec.event.form), bodies.get(rec.seq, b""), rec.priority, rec.deadline,
+                         rec.start_at, [(p.admin.id, p.id) for p in targets], accepted_at, origin, jms_id)
+                for (rec, targets), jms_id in zip(durable + volatile, jms_ids, strict=True)]
+        if volatile:                            # ledger.best_effort: their rows in the same unit of work
+            with self.rt.db.unit_of_work() as conn:
+                ids = self.rt.store.insert_events(conn, self.id, rows[:len(durable)]) if durable else []
+                self.rt.store.best_effort_accepted(conn, self.id, rows[len(durable):])
+        else:
+            ids = self.rt.accept_commits.insert(self.id, rows)     # shares a commit with concurrent pushes
         for (rec, _), eid in zip(durable, ids, strict=True):
             rec.db_id = eid
+        if volatile:
+            with self._records_lock:
+                for rec, _ in volatile:
+                    self._volatile_accepted[rec.seq] = accepted_at
+
+    def volatile_accepted_at(self, seq: int) -> float | None:
+        """When the BestEffort event ``seq`` was accepted, if the ledger recorded it (its terminal rows need it)."""
+        with self._records_lock:
+            return self._volatile_accepted.get(seq)
+
+    def _ledger_origin(self, source: Any, records: list[Record]) -> tuple[tuple[int, int] | None, list[str | None]]:
+        """The (supplier admin, proxy consumer) the events came from, and each event's JMS message id when that
+        proxy is a JMS → channel bridge's (the mapping puts ``JMSMessageID`` in the filterable data): the ledger's
+        inbound rows (router/ledger.py)."""
+        admin = getattr(source, "admin", None)
+        if admin is None:
+            return None, [None] * len(records)
+        origin = (int(admin.id), int(source.id))
+        route = self.rt.store.ledger.route(self.id, "S", *origin)
+        if route is None:
+            return origin, [None] * len(records)
+        return origin, [_jms_message_id(rec.event) for rec in records]
 
     def released(self, rec: Record) -> None:
         """A record left its last queue: forget it; its stored copy is deleted by the store's reaper."""
@@ -529,6 +608,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
     def _forget_record(self, rec: Record) -> None:
         with self._records_lock:
             self.records.pop(rec.seq, None)
+            self._volatile_accepted.pop(rec.seq, None)
 
     def queued_count(self) -> int:
         with self._records_lock:
@@ -536,3 +616,13 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
 
 
 store_boundary(EventChannelFactoryImpl, EventChannelImpl)
+
+
+def _jms_message_id(event: Event) -> str | None:
+    if event.form is not Form.STRUCTURED:
+        return None
+    for prop in event.structured.filterable_data:
+        if prop.name == "JMSMessageID":
+            value = prop.value.value()
+            return value if isinstance(value, str) else None
+    return None

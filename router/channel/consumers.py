@@ -42,6 +42,16 @@ class ProxyConsumerBase(ProxyBase):
 
     _inbound_ack: Any = None
 
+    def _check_honoured(self, qos: dict[str, Any]) -> None:
+        from router.channel import t2in
+
+        t2in.check_honoured(self, qos)
+
+    def _t2_unavailable(self) -> dict[str, Any]:
+        from router.channel import t2in
+
+        return t2in.status(self)
+
     def _accept(self, events: list[Event]) -> None:
         if self.destroyed:
             raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
@@ -75,6 +85,9 @@ class ProxyConsumerBase(ProxyBase):
 
 class PushConsumerMixin(ProxyConsumerBase):
     """Push style: the supplier calls us; nothing to run."""
+
+    def status_extra(self) -> dict[str, Any]:
+        return self._t2_unavailable()
 
 
 class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
@@ -198,6 +211,7 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
         extra = self.dead_letter_status()
         if self._t2 is not None:
             extra.update(self._t2.status())
+        extra.update(self._t2_unavailable())
         return extra
 
     def pull_once(self, supplier: Any) -> list[Event]:

@@ -3,9 +3,9 @@
 A batch whose *content* failed (see :data:`router.channel.boundary.EVENT_SPECIFIC`; also a conversion error inside
 the channel) is put back and its entries are then delivered one at a time, so the failing event is found and the
 others go through. One event that fails alone :data:`~router.channel.boundary.POISON_ATTEMPTS` times is
-dead-lettered: it leaves the queue (and the store) with an ERROR log line naming the event and the reason, the
-``nsjms.events.dead_lettered`` counter, and the proxy's ``dead_lettered`` / ``last_dead_letter`` fields in
-``nsjms status``. The events behind it are delivered as usual.
+dead-lettered: it leaves the queue (and the store, with a ``dead_letter`` ledger row giving the reason) with an
+ERROR log line naming the event and the reason, the ``nsjms.events.dead_lettered`` counter, and the proxy's
+``dead_lettered`` / ``last_dead_letter`` fields in ``nsjms status``. The events behind it are delivered as usual.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from router.channel.boundary import EVENT_SPECIFIC, POISON_ATTEMPTS, Outcome, de
 from router.channel.events import describe_event
 from router.channel.queue import Entry
 from router.corbacall import PROBE, CallFailed, call
+from router.ledger import Outcome as LedgerOutcome
 
 __all__ = ["DeadLetters", "DeliveryFailures"]
 
@@ -110,9 +111,11 @@ class DeliveryFailures(DeadLetters):
         self._delivered_one_batch()
         self._count_dead_letter(what, reason, f"DEAD-LETTERED event {what} after {entry.failures} failed "
                                               f"deliveries: {reason}; the events behind it go on")
-        self._finish([entry])
+        self._finish([entry], outcome=LedgerOutcome.DEAD_LETTER, reason=f"dead-lettered after {entry.failures} "
+                                                                           f"failed deliveries: {reason}")
 
-    def _finish(self, entries: list[Entry]) -> None:
+    def _finish(self, entries: list[Entry], *, wait: bool = True, outcome: LedgerOutcome = LedgerOutcome.DELIVERED,
+                reason: str | None = None) -> None:
         raise NotImplementedError
 
     # -- one push attempt (push proxy suppliers) ---------------------------------------------------------------

@@ -44,6 +44,7 @@ from router.channel.queue import Entry, ProxyQueue, Record
 from router.channel.runtime import proxy_oid
 from router.channel.store import ProxyRow, StoreError
 from router.channel.typesets import TypeSet
+from router.ledger import Outcome as LedgerOutcome
 
 __all__ = ["ProxyBase", "ProxySupplierBase", "proxy_class"]
 
@@ -52,6 +53,15 @@ log = logging.getLogger("nsjms.channel")
 _TIMET = 10_000_000
 _IDLE_WAIT = 0.5
 _MAX_BACKOFF = 5.0
+#: A queue's drop reason (router/channel/queue.py) → the ledger's outcome and failure reason.
+_DROP_OUTCOMES: dict[str, tuple[LedgerOutcome, str]] = {
+    "expired": (LedgerOutcome.EXPIRED, "expired: its deadline passed (Timeout, StopTime or a lifetime filter)"),
+    "DiscardPolicy": (LedgerOutcome.DISCARDED, "discarded by the DiscardPolicy: the channel was full "
+                                               "(MaxQueueLength)"),
+    "MaxEventsPerConsumer": (LedgerOutcome.DISCARDED, "discarded by the DiscardPolicy: the proxy's queue was full "
+                                                      "(MaxEventsPerConsumer)"),
+    "proxy closed": (LedgerOutcome.DISCARDED, "discarded: the proxy supplier was closed"),
+}
 # A blocking pull answers TRANSIENT after this long: shorter than the client call timeouts of nsjms's own ORBs
 # (15 s and 30 s) and of typical clients, so no pull outlives the call that made it.
 _MAX_PULL_WAIT = 10.0
@@ -334,25 +344,31 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
 
     def _dropped(self, entries: list[Entry], reason: str) -> None:
         log.debug("proxy %s dropped %d event(s): %s", self.oid, len(entries), reason)
-        self._finish(entries)
+        outcome, why = _DROP_OUTCOMES.get(reason, (LedgerOutcome.DISCARDED, reason))
+        self._finish(entries, outcome=outcome, reason=why)
 
-    def _finish(self, entries: list[Entry], *, wait: bool = True) -> None:
-        """These entries left the queue for good (delivered, expired or discarded).
+    def _finish(self, entries: list[Entry], *, wait: bool = True, outcome: LedgerOutcome = LedgerOutcome.DELIVERED,
+                reason: str | None = None) -> None:
+        """These entries left the queue for good: ``outcome`` says why (delivered; expired, discarded or
+        dead-lettered with a ``reason``), and is what the ledger records in the same unit of work.
 
         The stored rows are deleted first, retried while the database is unavailable (a delivered event whose row
         survived would be delivered again after a restart, never lost); then the records are released. With
         ``wait=False`` (a client's call is waiting) there is one attempt: a :class:`StoreError` propagates and
         nothing is released, so the caller can keep the entries and try again later."""
         ids = [e.record.db_id for e in entries if e.record.db_id is not None]
-        if ids and not wait and not self.destroyed:
+        volatile = self._volatile_ledger(entries)
+        if (ids or volatile) and not wait and not self.destroyed:
             with self.rt.db.unit_of_work() as conn:
-                self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids)
-            ids = []
+                self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
+                                                outcome=outcome, reason=reason, best_effort=volatile)
+            ids, volatile = [], []
         backoff = 0.05
-        while ids and not self.destroyed:
+        while (ids or volatile) and not self.destroyed:
             try:
                 with self.rt.db.unit_of_work() as conn:
-                    self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids)
+                    self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
+                                                    outcome=outcome, reason=reason, best_effort=volatile)
                 break
             except Exception as exc:  # noqa: BLE001 — e.g. PostgreSQL restarting
                 log.warning("proxy %s: could not remove %d delivered event(s) from the store (%s); retrying",
@@ -362,6 +378,18 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
                 backoff = min(backoff * 2, _MAX_BACKOFF)
         for e in entries:
             e.record.release()
+
+    def _volatile_ledger(self, entries: list[Entry]) -> list[tuple[int, float]]:
+        """(seq, accepted_at) of the BestEffort entries the ledger recorded (``ledger.best_effort``)."""
+        if not self.rt.store.ledger.records(persistent=False):
+            return []
+        out = []
+        for e in entries:
+            if e.record.db_id is None:
+                accepted_at = self.channel.volatile_accepted_at(e.record.seq)
+                if accepted_at is not None:
+                    out.append((e.record.seq, accepted_at))
+        return out
 
     def _release_resources(self) -> None:
         rest = self.queue.close()
@@ -442,8 +470,8 @@ class PushSupplierMixin(ProxySupplierBase):
         if count == 0:
             return 0, None
         pacing = self.pacing()
-        if self.form != "SEQUENCE" or pacing <= 0:
-            return (count, None) if self.form != "SEQUENCE" else (0, since)
+        if self.form != "SEQUENCE" or pacing <= 0:    # PacingInterval 0: no time spent collecting (NS 2.5.5)
+            return count, None
         started = since if since is not None else time.time()
         return (count, None) if time.time() - started >= pacing else (0, started)
 
@@ -596,7 +624,7 @@ class PullSupplierMixin(ProxySupplierBase):
                 n = want()
                 count = self.queue.peek_count()
                 pacing = self.pacing()
-                if count >= n or (count and pacing > 0 and time.time() - started >= pacing):
+                if count >= n or (count and time.time() - started >= pacing):
                     entries: list[Entry] = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes)
                     if entries:
                         return entries

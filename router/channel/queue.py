@@ -5,13 +5,13 @@ A :class:`Record` is one event held by the channel; every proxy supplier that mu
 when an event is fully delivered (and can delete its stored copy) and how many events it holds (MaxQueueLength).
 
 Queues are ordered by OrderPolicy, FIFO within equal keys. Entries with a future StartTime wait in a side heap
-until due. Expired entries (Timeout / StopTime) are dropped when they reach the head. All methods are
-thread-safe; ``cond`` is signalled when something may have become deliverable.
+until due. Expired entries (Timeout / StopTime) leave the queue when their deadline comes (a deadline heap: only due
+entries are touched) and are handed over as dropped by the next take. Time is read from an injected clock. All
+methods are thread-safe; ``cond`` is signalled when something may have become deliverable.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import threading
 import time
@@ -89,8 +89,21 @@ def order_key(policy: int, record: Record) -> tuple[float, ...]:
     return (-record.priority, record.seq)
 
 
+_READY, _DELAYED = 1, 2          # where a live entry is (ProxyQueue._where)
+_COMPACT_SLACK = 64              # stale heap items tolerated beyond the live ones before a heap is rebuilt
+
+
 class ProxyQueue:
-    """The ordered queue of one proxy supplier."""
+    """The ordered queue of one proxy supplier.
+
+    Dispatch costs O(k log n) for k entries taken, due or expired, never a scan of the queue: deliverable entries
+    sit in a heap by order key, entries with a future StartTime in a heap by start time, and every queued entry
+    with a deadline in a heap by deadline. Counts are kept, not recomputed. Removals (taken, expired, discarded)
+    are lazy: ``_where`` says which entries are live and where, and heap items of entries no longer there are
+    skipped when they surface; a heap holding more than twice its live items (plus a slack) is rebuilt, which is
+    amortised O(1) per removal. Only the discard paths (``MaxEventsPerConsumer`` victim, channel-level
+    ``remove_record``) and :meth:`close` look at every entry.
+    """
 
     def __init__(self, order_policy: int, discard_policy: int, max_events: int,
                  on_drop: Callable[[list[Entry], str], None], *, clock: Callable[[], float] = time.time) -> None:
@@ -99,8 +112,12 @@ class ProxyQueue:
         self.discard_policy = discard_policy
         self.max_events = max_events          # MaxEventsPerConsumer, 0 = unlimited
         self._on_drop = on_drop               # called (outside the lock) with dropped entries and the reason
-        self._items: list[Entry] = []         # sorted by key
-        self._delayed: list[tuple[float, int, Entry]] = []   # (start_at, seq, entry) heap
+        self._ready: list[Entry] = []         # heap by key (lazy: may hold entries no longer ready)
+        self._delayed: list[tuple[float, int, Entry]] = []     # heap by start time (lazy)
+        self._deadlines: list[tuple[float, int, Entry]] = []   # heap by deadline of queued entries (lazy)
+        self._where: dict[Entry, int] = {}    # every live entry: _READY or _DELAYED
+        self._n_ready = 0                     # live entries in _ready
+        self._expired: list[Entry] = []       # found expired (e.g. by peek_count), handed over by the next take
         self.cond = threading.Condition()
         self.closed = False
 
@@ -114,8 +131,11 @@ class ProxyQueue:
             if not closed:
                 if record.start_at is not None and record.start_at > self._clock():
                     heapq.heappush(self._delayed, (record.start_at, record.seq, entry))
+                    self._where[entry] = _DELAYED
                 else:
-                    bisect.insort(self._items, entry)
+                    self._add_ready(entry)
+                if record.deadline is not None:
+                    heapq.heappush(self._deadlines, (record.deadline, record.seq, entry))
                 dropped = self._enforce_limit()
                 self.cond.notify_all()
         if closed:
@@ -123,38 +143,51 @@ class ProxyQueue:
         elif dropped:
             self._on_drop(dropped, "MaxEventsPerConsumer")
 
+    def _add_ready(self, entry: Entry) -> None:
+        heapq.heappush(self._ready, entry)
+        self._where[entry] = _READY
+        self._n_ready += 1
+
     def _enforce_limit(self) -> list[Entry]:
         dropped: list[Entry] = []
-        while self.max_events and len(self) > self.max_events:
+        while self.max_events and len(self._where) > self.max_events:
             dropped.append(self._remove_victim())
         return dropped
 
     def _all(self) -> list[Entry]:
-        return self._items + [e for _, _, e in self._delayed]
+        return sorted(self._where, key=lambda e: e.key)
 
     def _remove_victim(self) -> Entry:
-        victim = choose_victim(self.discard_policy, self._all())
+        victim = choose_victim(self.discard_policy, list(self._where))
         self._remove(victim)
         return victim
 
     def _remove(self, entry: Entry) -> None:
-        i = bisect.bisect_left(self._items, entry)
-        while i < len(self._items):
-            if self._items[i] is entry:
-                del self._items[i]
-                return
-            i += 1
-        for j, (_, _, e) in enumerate(self._delayed):
-            if e is entry:
-                self._delayed.pop(j)
-                heapq.heapify(self._delayed)
-                return
-        raise KeyError("entry not queued")
+        """Make a live entry not live (its heap items become stale)."""
+        where = self._where.pop(entry, None)
+        if where is None:
+            raise KeyError("entry not queued")
+        if where == _READY:
+            self._n_ready -= 1
+        self._compact()
+
+    def _compact(self) -> None:
+        live_delayed = len(self._where) - self._n_ready
+        if len(self._ready) > 2 * self._n_ready + _COMPACT_SLACK:
+            self._ready = _unique([e for e in self._ready if self._where.get(e) == _READY])
+            heapq.heapify(self._ready)
+        if len(self._delayed) > 2 * live_delayed + _COMPACT_SLACK:
+            self._delayed = [t for t in self._delayed if self._where.get(t[2]) == _DELAYED]
+            heapq.heapify(self._delayed)
+        if len(self._deadlines) > 2 * len(self._where) + _COMPACT_SLACK:
+            self._deadlines = [(e.record.deadline, e.record.seq, e) for e in self._where
+                               if e.record.deadline is not None]
+            heapq.heapify(self._deadlines)
 
     def remove_record(self, record: Record) -> bool:
         """Drop this proxy's entry for a record (channel-level discard). True if one was queued."""
         with self.cond:
-            for entry in self._all():
+            for entry in self._where:
                 if entry.record.seq == record.seq:     # also a mapping-filter view of the record
                     self._remove(entry)
                     break
@@ -165,29 +198,63 @@ class ProxyQueue:
 
     # -- taking -----------------------------------------------------------------------------------------
     def _promote_due(self, now: float) -> None:
-        while self._delayed and self._delayed[0][0] <= now:
-            _, _, entry = heapq.heappop(self._delayed)
-            bisect.insort(self._items, entry)
+        delayed = self._delayed
+        while delayed and delayed[0][0] <= now:
+            _, _, entry = heapq.heappop(delayed)
+            if self._where.get(entry) == _DELAYED:
+                self._n_ready += 1
+                self._where[entry] = _READY
+                heapq.heappush(self._ready, entry)
 
-    def _drop_expired(self, now: float) -> list[Entry]:
-        expired = [e for e in self._items if e.record.expired(now)]
-        expired += [e for _, _, e in self._delayed if e.record.expired(now)]
-        for e in expired:
-            self._remove(e)
-        return expired
+    def _expire_due(self, now: float) -> None:
+        """Move the entries whose deadline has come out of the queue, into ``_expired``."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, _, entry = heapq.heappop(deadlines)
+            where = self._where.pop(entry, None)
+            if where is not None:
+                if where == _READY:
+                    self._n_ready -= 1
+                self._expired.append(entry)
+        if self._expired:
+            self._compact()
+
+    def _pop_ready(self, max_n: int, max_bytes: int) -> list[Entry]:
+        """Up to ``max_n`` head entries, stopping before the one that would take the batch above ``max_bytes``
+        (the first is always taken)."""
+        batch: list[Entry] = []
+        total = 0
+        ready = self._ready
+        while len(batch) < max_n and ready:
+            head = ready[0]
+            if self._where.get(head) != _READY:
+                heapq.heappop(ready)                     # stale: taken, expired or discarded meanwhile
+                continue
+            size = head.record.size
+            if batch and max_bytes and total + size > max_bytes:
+                break
+            heapq.heappop(ready)
+            del self._where[head]
+            self._n_ready -= 1
+            batch.append(head)
+            total += size
+        if batch:
+            self._compact()                              # the deadline items of taken entries are now stale
+        return batch
 
     def take(self, max_n: int, max_bytes: int = 0) -> list[Entry]:
         """Remove and return up to ``max_n`` deliverable entries (head first). Never blocks.
 
         With ``max_bytes``, the batch stops before the entry that would take its total size above it (the head
-        entry is always taken, whatever its size). If handing expired entries over fails, the batch is put back
-        before the error propagates: nothing taken is lost."""
+        entry is always taken, whatever its size). Expired entries are handed over (``on_drop``, "expired"); if
+        that fails, the batch is put back before the error propagates: nothing taken is lost (the expired entries
+        have left the queue; the records they hold stay held, so their stored rows are not deleted)."""
         now = self._clock()
         with self.cond:
             self._promote_due(now)
-            expired = self._drop_expired(now)
-            n = _fitting(self._items, max_n, max_bytes)
-            batch, self._items = self._items[:n], self._items[n:]
+            self._expire_due(now)
+            expired, self._expired = self._expired, []
+            batch = self._pop_ready(max_n, max_bytes)
         if expired:
             try:
                 self._on_drop(expired, "expired")
@@ -197,16 +264,21 @@ class ProxyQueue:
         return batch
 
     def peek_count(self) -> int:
-        """Number of entries deliverable now (due and not expired)."""
+        """Number of entries deliverable now (due and not expired). Entries found expired leave the count at once
+        and are handed over by the next :meth:`take`."""
         now = self._clock()
         with self.cond:
             self._promote_due(now)
-            return sum(1 for e in self._items if not e.record.expired(now))
+            self._expire_due(now)
+            return self._n_ready
 
     def next_due(self) -> float | None:
         """Unix time at which a delayed entry becomes due, if any."""
         with self.cond:
-            return self._delayed[0][0] if self._delayed else None
+            delayed = self._delayed
+            while delayed and self._where.get(delayed[0][2]) != _DELAYED:
+                heapq.heappop(delayed)
+            return delayed[0][0] if delayed else None
 
     def requeue(self, entries: list[Entry]) -> None:
         """Put back entries whose delivery failed (they keep their place in the order). A closed queue (its
@@ -215,7 +287,12 @@ class ProxyQueue:
             closed = self.closed
             if not closed:
                 for entry in entries:
-                    bisect.insort(self._items, entry)
+                    if entry in self._where:
+                        continue                        # already queued: never twice
+                    self._add_ready(entry)
+                    deadline = entry.record.deadline
+                    if deadline is not None:
+                        heapq.heappush(self._deadlines, (deadline, entry.record.seq, entry))
                 self.cond.notify_all()
         if closed and entries:
             self._on_drop(entries, "proxy closed")
@@ -233,26 +310,26 @@ class ProxyQueue:
         """Close the queue and return everything still in it (the caller releases the records)."""
         with self.cond:
             self.closed = True
-            rest = self._all()
-            self._items, self._delayed = [], []
+            rest = self._all() + self._expired
+            self._ready, self._delayed, self._deadlines, self._expired = [], [], [], []
+            self._where.clear()
+            self._n_ready = 0
             self.cond.notify_all()
         return rest
 
     def __len__(self) -> int:
-        return len(self._items) + len(self._delayed)
+        """Entries held: queued (due or not) and expired ones not handed over yet."""
+        return len(self._where) + len(self._expired)
 
 
-def _fitting(items: list[Entry], max_n: int, max_bytes: int) -> int:
-    """How many head entries make a batch of at most ``max_n`` entries and ``max_bytes`` bytes (at least one)."""
-    n = min(max_n, len(items))
-    if not max_bytes or n <= 1:
-        return n
-    total = 0
-    for i in range(n):
-        total += items[i].record.size
-        if i and total > max_bytes:
-            return i
-    return n
+def _unique(entries: list[Entry]) -> list[Entry]:
+    seen: set[int] = set()
+    out: list[Entry] = []
+    for e in entries:
+        if id(e) not in seen:
+            seen.add(id(e))
+            out.append(e)
+    return out
 
 
 def choose_victim(policy: int, entries: list[Entry]) -> Entry:

@@ -18,6 +18,7 @@ from typing import Any
 from omniORB import CORBA, PortableServer
 
 from router.channel.boundary import DEFAULT_MAX_EVENT_BYTES
+from router.channel.groupcommit import GroupCommit
 from router.channel.store import Store
 from router.db import Database, StoreError
 
@@ -51,6 +52,7 @@ class Runtime:
         self.push_timeout_ms = push_timeout_ms
         self.max_event_bytes = max_event_bytes      # larger events are refused (IMP_LIMIT); 0 = no limit
         self.t2: Any = None                         # router.t2.NodeTransactions of a node; None: no T2 here
+        self.accept_commits = GroupCommit(db, self.store)   # accepted persistent events: group commit
         root = orb.resolve_initial_references("RootPOA")
         self.root_poa = root
         policies = [

@@ -7,6 +7,9 @@ Tables (created by migration ``router/db/migrations/0001_initial.sql``):
 * ``nsjms_proxy`` — proxies of both sides: kind, QoS, connected client reference (IOR), suspension, filters.
 * ``nsjms_event`` — persistent events (CDR encapsulation) with their delivery attributes.
 * ``nsjms_queue`` — which proxy supplier still has to deliver which persistent event.
+* ``nsjms_ledger`` — the delivery ledger (:mod:`router.ledger`): the store writes its rows for persistent events in
+  the same unit of work that stores or removes them (``accepted`` with the event, ``delivered`` / ``discarded`` /
+  ``expired`` / ``dead_letter`` with the removal of the queue row), so the ledger never disagrees with the queues.
 
 Every statement is parameterised. Every method takes ``conn``, a connection inside a transaction the caller opened
 (``with db.unit_of_work() as conn:``, :class:`router.db.Database`), so a caller can commit several changes together;
@@ -19,14 +22,29 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from router.db.errors import StoreError, StoreUnavailable
+from router.ledger import (
+    CHANNEL_DEDUPE_SQL,
+    CONSUMER,
+    Direction,
+    LedgerRow,
+    LedgerWriter,
+    Outcome,
+    Route,
+    T2Rows,
+    channel_dedupe_id,
+    inbound_dedupe_id,
+    timestamp,
+    volatile_dedupe_id,
+)
 
 __all__ = ["AdminRow", "ChannelRow", "Conn", "NewEvent", "ProxyRow", "QueuedRow", "Store", "StoreError",
            "StoreUnavailable"]
@@ -91,6 +109,9 @@ class NewEvent:
     deadline: float | None
     start_at: float | None
     targets: Sequence[tuple[int, int]]   # (consumer admin id, proxy supplier id)
+    accepted_at: float | None = None     # unix seconds the channel accepted it (stored as received_at); None: now()
+    source: tuple[int, int] | None = None  # (supplier admin id, proxy consumer id) it came from, for the ledger
+    jms_message_id: str | None = None    # the JMS message it was mapped from (a JMS → channel bridge's event)
 
 
 Conn = psycopg.Connection[Any]
@@ -99,11 +120,13 @@ Conn = psycopg.Connection[Any]
 class Store:
     """Parameterised access to the channel tables on the caller's connection (see the module docstring).
 
-    The only state it keeps is the list of fully delivered events waiting to be deleted in one batch."""
+    The only state it keeps is the list of fully delivered events waiting to be deleted in one batch, and the
+    ledger writer (``ledger``: its settings say whether persistent events get ledger rows)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ledger: LedgerWriter | None = None) -> None:
         self._reap_lock = threading.Lock()
         self._reap: list[int] = []
+        self.ledger = ledger if ledger is not None else LedgerWriter()
 
     # -- channels ---------------------------------------------------------------------------------------
     def next_channel_id(self, conn: Conn) -> int:
@@ -125,7 +148,7 @@ class Store:
         self._update(conn, "nsjms_channel", {"id": cid}, cols)
 
     def delete_channel(self, conn: Conn, cid: int) -> None:
-        conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s", (cid,))
+        self._drop_queue_rows(conn, "q.channel_id = %s", (cid,), cid, "the channel was destroyed")
         conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s", (cid,))
         conn.execute("DELETE FROM nsjms_channel WHERE id = %s", (cid,))
 
@@ -148,7 +171,8 @@ class Store:
 
     def delete_admin(self, conn: Conn, cid: int, side: str, aid: int) -> None:
         if side == "C":
-            conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s", (cid, aid))
+            self._drop_queue_rows(conn, "q.channel_id = %s AND q.admin_id = %s", (cid, aid), cid,
+                                  "its consumer admin was destroyed")
         conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s AND side = %s AND admin_id = %s",
                      (cid, side, aid))
         conn.execute("DELETE FROM nsjms_admin WHERE channel_id = %s AND side = %s AND id = %s",
@@ -173,8 +197,8 @@ class Store:
 
     def delete_proxy(self, conn: Conn, cid: int, side: str, aid: int, pid: int) -> None:
         if side == "C":
-            conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s",
-                         (cid, aid, pid))
+            self._drop_queue_rows(conn, "q.channel_id = %s AND q.admin_id = %s AND q.proxy_id = %s",
+                                  (cid, aid, pid), cid, "its proxy supplier was destroyed")
         conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s AND side = %s AND admin_id = %s "
                      "AND id = %s", (cid, side, aid, pid))
         self._delete_orphans(conn, cid)
@@ -188,41 +212,194 @@ class Store:
     # -- events -----------------------------------------------------------------------------------------
     _INSERT_EVENTS = """
         WITH ev AS (
-            INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at)
-            SELECT %(cid)s, * FROM unnest(%(seq)s::bigint[], %(form)s::smallint[], %(body)s::bytea[],
-                                          %(prio)s::integer[], %(deadline)s::float8[], %(start)s::float8[])
-            RETURNING id, seq
+            INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at, received_at)
+            SELECT %(cid)s, seq, form, body, prio, deadline, start_at, COALESCE(to_timestamp(acc), now())
+            FROM unnest(%(seq)s::bigint[], %(form)s::smallint[], %(body)s::bytea[], %(prio)s::integer[],
+                        %(deadline)s::float8[], %(start)s::float8[], %(acc)s::float8[])
+                 AS t(seq, form, body, prio, deadline, start_at, acc)
+            RETURNING id, seq, received_at
+        ), t AS (
+            SELECT * FROM unnest(%(qseq)s::bigint[], %(qadmin)s::integer[], %(qproxy)s::integer[],
+                                 %(qbridge)s::integer[], %(qdest)s::text[], %(qdir)s::text[])
+                          AS t(seq, a, p, bridge, dest, dir)
         ), q AS (
             INSERT INTO nsjms_queue(channel_id, admin_id, proxy_id, event_id)
-            SELECT %(cid)s, t.a, t.p, ev.id
-            FROM unnest(%(qseq)s::bigint[], %(qadmin)s::integer[], %(qproxy)s::integer[]) AS t(seq, a, p)
-            JOIN ev ON ev.seq = t.seq
-        )
-        SELECT id, seq FROM ev"""
+            SELECT %(cid)s, t.a, t.p, ev.id FROM t JOIN ev ON ev.seq = t.seq
+        ){ledger}
+        SELECT id, seq, received_at FROM ev"""
+    # The ``accepted`` ledger row of each (event, proxy supplier) obligation, in the same statement.
+    _LEDGER_ACCEPTED = f""", l AS (
+            INSERT INTO nsjms_ledger(event_id, dedupe_id, channel_id, proxy_id, bridge_id, destination, direction,
+                                     gtrid, accepted_at, outcome)
+            SELECT ev.id, {CHANNEL_DEDUPE_SQL.format(event="ev.id", channel="%(cid)s", admin="t.a", proxy="t.p")},
+                   %(cid)s, t.p, t.bridge, t.dest, t.dir, %(gtrid)s::text, ev.received_at, 'accepted'
+            FROM t JOIN ev ON ev.seq = t.seq
+        )"""
+    _INSERT_PLAIN = _INSERT_EVENTS.format(ledger="")
+    _INSERT_LEDGERED = _INSERT_EVENTS.format(ledger=_LEDGER_ACCEPTED)
 
     def insert_events(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> list[int]:
-        """Store events and their queue rows in one statement; returns the new ids in order."""
+        """Store events, their queue rows and (when the ledger records persistent traffic) the ``accepted`` ledger
+        row of each (event, proxy supplier) obligation in one statement; returns the new ids in order.
+
+        For an event a JMS → channel bridge pushed (``source`` is a proxy the bridge registered), a second
+        statement of the same unit of work writes ``accepted`` and ``delivered`` for the JMS message's obligation
+        (the channel now durably holds it). All carry the event's ``received_at`` as ``accepted_at``.
+
+        Inside a T2 (``conn`` is its PostgreSQL branch, :func:`router.ledger.t2_branch`) the ``accepted`` rows carry
+        its gtrid, and the JMS message's rows are collected for the branch's prepare (gtrid, ``dispatched_at`` =
+        now, ``prepared_at``) instead of being written here."""
         if not events:
             return []
+        ledgered = self.ledger.records(persistent=True)
+        t2 = self.ledger.t2_rows(conn) if ledgered else None
+        routes = [(self.ledger.route(cid, "C", a, p) or CONSUMER) if ledgered else CONSUMER
+                  for ev in events for a, p in ev.targets]
         params = {
             "cid": cid,
             "seq": [ev.seq for ev in events], "form": [ev.form for ev in events],
             "body": [ev.body for ev in events], "prio": [ev.priority for ev in events],
             "deadline": [ev.deadline for ev in events], "start": [ev.start_at for ev in events],
+            "acc": [ev.accepted_at for ev in events],
             "qseq": [ev.seq for ev in events for _ in ev.targets],
             "qadmin": [a for ev in events for a, _ in ev.targets],
             "qproxy": [p for ev in events for _, p in ev.targets],
+            "qbridge": [r.bridge_id for r in routes], "qdest": [r.destination for r in routes],
+            "qdir": [str(r.direction) for r in routes], "gtrid": t2.gtrid if t2 is not None else None,
         }
-        rows = conn.execute(self._INSERT_EVENTS, params).fetchall()
-        by_seq = {int(seq): int(eid) for eid, seq in rows}
-        return [by_seq[ev.seq] for ev in events]
+        rows = conn.execute(self._INSERT_LEDGERED if ledgered else self._INSERT_PLAIN, params).fetchall()
+        by_seq = {int(seq): (int(eid), received) for eid, seq, received in rows}
+        if ledgered:
+            self.ledger.count(len(routes))
+            inbound = [row for ev in events if ev.source is not None
+                       for row in self._inbound_rows(cid, ev, by_seq[ev.seq][0], by_seq[ev.seq][1])]
+            if t2 is None:
+                self.ledger.write(conn, inbound)
+            else:
+                now = time.time()
+                t2.rows.extend(replace(r, gtrid=t2.gtrid, dispatched_at=now, acknowledged_at=None) for r in inbound)
+        return [by_seq[ev.seq][0] for ev in events]
 
-    def delete_deliveries(self, conn: Conn, cid: int, aid: int, pid: int, event_ids: Iterable[int]) -> None:
-        """The proxy no longer has to deliver these events (one statement)."""
+    def best_effort_accepted(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> None:
+        """``ledger.best_effort``: the ledger rows of BestEffort events (not stored; one statement). Their dedupe ids
+        are :func:`router.ledger.volatile_dedupe_id` (the node's run and the event's seq); ``accepted_at`` is
+        ``NewEvent.accepted_at``, which the caller keeps for the terminal rows (:meth:`delete_deliveries`)."""
+        ledger, out = self.ledger, []
+        for ev in events:
+            accepted_at = ev.accepted_at if ev.accepted_at is not None else time.time()
+            for aid, pid in ev.targets:
+                route = ledger.route(cid, "C", aid, pid) or CONSUMER
+                out.append(LedgerRow(volatile_dedupe_id(ledger.run_id, ev.seq, cid, aid, pid), cid, route.direction,
+                                     accepted_at, Outcome.ACCEPTED, proxy_id=pid, bridge_id=route.bridge_id,
+                                     destination=route.destination))
+            out += self._inbound_rows(cid, ev, None, accepted_at)
+        ledger.write(conn, out)
+
+    def _inbound_rows(self, cid: int, ev: NewEvent, eid: int | None, accepted_at: Any) -> list[LedgerRow]:
+        inbound = self.ledger.route(cid, "S", *ev.source) if ev.source is not None else None
+        if inbound is None or inbound.direction is not Direction.JMS_TO_CHANNEL:
+            return []
+        fallback = f"event-{eid}" if eid is not None else f"{self.ledger.run_id}-s{ev.seq}"
+        row = LedgerRow(inbound_dedupe_id(inbound.bridge_id or 0, ev.jms_message_id or fallback), cid,
+                        Direction.JMS_TO_CHANNEL, accepted_at, Outcome.ACCEPTED, event_id=eid,
+                        jms_message_id=ev.jms_message_id, proxy_id=ev.source[1] if ev.source else None,
+                        bridge_id=inbound.bridge_id, destination=inbound.destination)
+        return [row, replace(row, outcome=Outcome.DELIVERED, acknowledged_at=time.time())]
+
+    def delete_deliveries(self, conn: Conn, cid: int, aid: int, pid: int, event_ids: Iterable[int], *,
+                          outcome: Outcome = Outcome.DELIVERED, reason: str | None = None,
+                          dispatched_at: float | None = None, gtrid: str | None = None, ledger: bool = True,
+                          best_effort: Sequence[tuple[int, float]] = ()) -> None:
+        """The proxy no longer has to deliver these events (one statement), because of ``outcome``
+        (``delivered``; ``discarded``, ``expired`` or ``dead_letter`` with a ``reason``). When the ledger records
+        persistent traffic, the same statement writes one ``outcome`` row per queue row actually deleted (a row
+        already gone, e.g. by a retried unit of work that had committed, writes nothing). ``best_effort``: (seq,
+        accepted_at) of BestEffort events leaving the proxy's queue, whose ledger rows a second statement writes.
+        For a T2 branch: ``gtrid`` fills the rows' ``gtrid``; ``ledger=False`` writes no ledger row (the caller
+        writes its own, e.g. with :meth:`router.ledger.LedgerWriter.t2`)."""
         ids = list(event_ids)
-        if ids:
+        reason = _reason(outcome, reason)
+        if best_effort and self.ledger.records(persistent=False):
+            self._best_effort_finished(conn, cid, aid, pid, best_effort, outcome, reason, dispatched_at)
+        if not ids:
+            return
+        if not ledger or not self.ledger.records(persistent=True):
             conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s "
                          "AND event_id = ANY(%s)", (cid, aid, pid, ids))
+            return
+        route = self.ledger.route(cid, "C", aid, pid) or CONSUMER
+        t2 = self.ledger.t2_rows(conn)
+        if t2 is not None:
+            self._t2_delete(conn, t2, cid, aid, pid, ids, route, outcome, reason, dispatched_at)
+            return
+        cur = conn.execute(self._DELETE_LEDGERED, {
+            "cid": cid, "aid": aid, "pid": pid, "ids": ids, "bridge": route.bridge_id, "dest": route.destination,
+            "dir": str(route.direction), "disp": timestamp(dispatched_at),
+            "ack": timestamp(time.time()) if outcome is Outcome.DELIVERED else None, "outcome": str(outcome),
+            "reason": reason, "gtrid": gtrid})
+        self.ledger.count(max(cur.rowcount, 0))
+
+    def _t2_delete(self, conn: Conn, t2: T2Rows, cid: int, aid: int, pid: int, ids: list[int], route: Route,
+                   outcome: Outcome, reason: str | None, dispatched_at: float | None) -> None:
+        """Inside a T2: the queue rows leave now; the row of each one actually deleted is collected for the
+        branch's prepare (gtrid, ``dispatched_at`` = now unless given, the message's dedupe id as
+        ``jms_message_id``), without ``acknowledged_at`` (the broker commit follows the decision)."""
+        gone = conn.execute(
+            "DELETE FROM nsjms_queue q USING nsjms_event e WHERE q.channel_id = %s AND q.admin_id = %s "
+            "AND q.proxy_id = %s AND q.event_id = ANY(%s) AND e.id = q.event_id "
+            "RETURNING q.event_id, e.received_at", (cid, aid, pid, ids)).fetchall()
+        when = dispatched_at if dispatched_at is not None else time.time()
+        order = {eid: i for i, eid in enumerate(ids)}
+        t2.rows.extend(
+            LedgerRow(channel_dedupe_id(eid, cid, aid, pid), cid, route.direction, accepted_at, outcome,
+                      event_id=eid, jms_message_id=t2.messages.get(eid), proxy_id=pid, bridge_id=route.bridge_id,
+                      destination=route.destination, gtrid=t2.gtrid, dispatched_at=when, failure_reason=reason)
+            for eid, accepted_at in sorted(gone, key=lambda g: order.get(g[0], 0)))
+
+    # One statement: the queue rows leave, and each one actually deleted gets its ledger row.
+    _DELETE_LEDGERED = f"""
+        WITH gone AS (
+            DELETE FROM nsjms_queue q USING nsjms_event e
+            WHERE q.channel_id = %(cid)s AND q.admin_id = %(aid)s AND q.proxy_id = %(pid)s
+              AND q.event_id = ANY(%(ids)s) AND e.id = q.event_id
+            RETURNING q.event_id, e.received_at
+        )
+        INSERT INTO nsjms_ledger(event_id, dedupe_id, channel_id, proxy_id, bridge_id, destination, direction,
+                                 gtrid, accepted_at, dispatched_at, acknowledged_at, outcome, failure_reason)
+        SELECT g.event_id, {CHANNEL_DEDUPE_SQL.format(event="g.event_id", channel="%(cid)s", admin="%(aid)s",
+                                                      proxy="%(pid)s")},
+               %(cid)s, %(pid)s, %(bridge)s, %(dest)s, %(dir)s, %(gtrid)s, g.received_at, %(disp)s::timestamptz,
+               %(ack)s::timestamptz, %(outcome)s, %(reason)s
+        FROM gone g"""
+
+    def _best_effort_finished(self, conn: Conn, cid: int, aid: int, pid: int, events: Sequence[tuple[int, float]],
+                              outcome: Outcome, reason: str | None, dispatched_at: float | None) -> None:
+        route = self.ledger.route(cid, "C", aid, pid) or CONSUMER
+        done = time.time() if outcome is Outcome.DELIVERED else None
+        self.ledger.write(conn, [
+            LedgerRow(volatile_dedupe_id(self.ledger.run_id, seq, cid, aid, pid), cid, route.direction, accepted_at,
+                      outcome, proxy_id=pid, bridge_id=route.bridge_id, destination=route.destination,
+                      dispatched_at=dispatched_at, acknowledged_at=done,
+                      failure_reason=reason) for seq, accepted_at in events])
+
+    def _drop_queue_rows(self, conn: Conn, where: str, params: tuple[Any, ...], cid: int, reason: str | None, *,
+                         outcome: Outcome = Outcome.DISCARDED, dispatched_at: float | None = None) -> None:
+        """Delete the queue rows ``where`` selects (alias ``q``) and write their ledger rows."""
+        reason = _reason(outcome, reason)
+        if not self.ledger.records(persistent=True):
+            conn.execute(f"DELETE FROM nsjms_queue q WHERE {where}", params)
+            return
+        gone = conn.execute(f"DELETE FROM nsjms_queue q USING nsjms_event e WHERE {where} AND e.id = q.event_id "
+                            "RETURNING q.admin_id, q.proxy_id, q.event_id, e.received_at", params).fetchall()
+        done = time.time() if outcome is Outcome.DELIVERED else None
+        rows = []
+        for a, p, eid, accepted_at in gone:
+            route = self.ledger.route(cid, "C", a, p) or CONSUMER
+            rows.append(LedgerRow(channel_dedupe_id(eid, cid, a, p), cid, route.direction, accepted_at, outcome,
+                                  event_id=eid, proxy_id=p, bridge_id=route.bridge_id, destination=route.destination,
+                                  dispatched_at=dispatched_at, acknowledged_at=done,
+                                  failure_reason=reason))
+        self.ledger.write(conn, rows)
 
     def delete_events(self, conn: Conn, event_ids: Iterable[int]) -> None:
         """Events no queue holds any more (the caller's reference count reached zero); one statement."""
@@ -286,6 +463,14 @@ class Store:
         where = " AND ".join(f"{k} = %s" for k in key)
         values = [Jsonb(v) if isinstance(v, dict) else v for v in cols.values()]
         conn.execute(f"UPDATE {table} SET {sets} WHERE {where}", (*values, *key.values()))
+
+
+def _reason(outcome: Outcome, reason: str | None) -> str | None:
+    """The failure reason the ledger's CHECK constraint wants: none for a delivery, always one otherwise (a caller
+    that gave none gets the outcome's name rather than a constraint violation that would fail its retries)."""
+    if not outcome.needs_reason:
+        return None
+    return reason or str(outcome)
 
 
 def dumps(obj: Any) -> str:

@@ -27,6 +27,7 @@ The settings are read each round from the proxy, then its admin, then the channe
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,12 +40,14 @@ from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe
 from router.channel.channel import RoutePlan
 from router.channel.events import Event, normalise_structured
 from router.crashpoints import crashpoint
+from router.ledger import t2_branch
 from xa.coordinator import BranchOutcome, Transaction
 from xa.errors import TransactionRolledBack
 from xa.pg import PgBranch
 from xa.states import State
 
-__all__ = ["InboundT2Driver", "T2Settings", "t2_settings"]
+__all__ = ["InboundT2Driver", "T2Settings", "check_honoured", "local_round", "local_target", "plan_events", "room",
+           "status", "t2_settings", "unavailable_reason"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -87,6 +90,120 @@ def t2_settings(proxy: Any, *, sequence: bool) -> T2Settings:
     return T2Settings(enabled, batch, max(0, int(timeout or 0)))
 
 
+def room(proxy: Any, wanted: int) -> int:
+    """How many events a round may take now: the channel's free places when MaxQueueLength bounds it."""
+    limit = int(proxy.channel.admin_props.get(CosNotification.MaxQueueLength, 0))
+    if not limit:
+        return wanted
+    return max(1, min(wanted, limit - int(proxy.channel.queued_count())))
+
+
+def plan_events(proxy: Any, batch: Any) -> RoutePlan:
+    """Targets of the batch's events for ``proxy`` (the bridge's proxy consumer). An event the channel refuses
+    (BAD_QOS, above the size limit) is dead-lettered by the bridge in the same transaction/unit of work; a full
+    channel (IMP_LIMIT with RejectNewEvents) or anything else fails the round (retried)."""
+    channel = proxy.channel
+    events: list[Event] = [normalise_structured(ev) for ev in batch.events]
+    try:
+        return channel.plan_in(proxy, events)   # type: ignore[no-any-return]
+    except (CORBA.BAD_QOS, CORBA.IMP_LIMIT) as exc:
+        if isinstance(exc, CORBA.IMP_LIMIT) and exc.minor != MINOR_EVENT_TOO_LARGE:
+            raise
+    good: list[Event] = []
+    for i, ev in enumerate(events):
+        try:
+            channel.plan_in(proxy, [ev])
+        except CORBA.BAD_QOS as exc:
+            batch.reject(i, f"{describe(exc)}: the channel rejected the event's QoS headers")
+            continue
+        except CORBA.IMP_LIMIT as exc:
+            if exc.minor != MINOR_EVENT_TOO_LARGE:
+                raise
+            batch.reject(i, f"{describe(exc)}: above the channel's size limit of {proxy.rt.max_event_bytes} bytes")
+            continue
+        good.append(ev)
+    return channel.plan_in(proxy, good) if good else RoutePlan()
+
+
+def local_round(proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, wait_s: float) -> int:
+    """JMS → channel without a T2, the bridge and ``proxy``'s channel in this process: the inbox claims and the
+    events in ONE local PostgreSQL transaction, the acks written after it committed, the events queued in memory
+    after that. Exactly once for the events the channel stores, without two-phase commit: a crash before the
+    commit stores nothing and the broker redelivers; a crash after it makes the broker redeliver messages whose
+    ids the inbox holds (acknowledged, no second event). Returns how many deliveries the round took."""
+    plan = RoutePlan()
+    batch: Any = None
+    try:
+        with proxy.rt.db.unit_of_work() as conn:
+            batch = take(conn, max_n, wait_s)
+            if not batch.received:
+                return 0
+            if batch.events:
+                plan = plan_events(proxy, batch)
+                proxy.channel.store_in(conn, plan)
+    except BaseException:
+        if batch is not None:
+            batch.abandon()
+        raise
+    crashpoint("in.local.after_commit")
+    batch.settle()
+    proxy.channel.publish(plan)
+    return int(batch.received)
+
+
+def local_target(proxy: Any) -> Any | None:
+    """The JMS bridge pull sender of this node that ``proxy`` (a proxy consumer) pulls from, in-process: the one
+    registered under its supplier's IOR, else the servant behind the supplier's reference when it lives in this node
+    and is one (the same bridge, whatever its IOR's spelling); None otherwise."""
+    t2 = getattr(proxy.rt, "t2", None)
+    if t2 is None or not proxy.client_ior:
+        return None
+    target = t2.local(proxy.client_ior)
+    if target is None and hasattr(proxy.rt, "local_servant"):
+        try:
+            target = proxy.rt.local_servant(proxy.client_ref())
+        except Exception:  # noqa: BLE001 — not resolvable here: not a local participant
+            target = None
+        if target is not None and hasattr(target, "take_in_t2"):
+            t2.register_local(proxy.client_ior, target)
+    return target if target is not None and hasattr(target, "take_in_t2") else None
+
+
+def unavailable_reason(proxy: Any) -> str | None:
+    """Why a proxy consumer cannot run its routing transactions (NJI 2.7.2), or None when it can, or when it has no
+    supplier yet (decided when one connects, see :func:`status`)."""
+    if getattr(proxy.rt, "t2", None) is None:
+        return "this runtime has no routing transactions"
+    if proxy.style != "PULL":
+        return ("it is a push-style proxy consumer: its supplier pushes outside any routing transaction (nsjms has "
+                "no OTS to receive a client's transaction; a JMS -> channel bridge runs T2s through a PULL proxy)")
+    if proxy.connected and local_target(proxy) is None:
+        return "its supplier is not a JMS bridge pull sender of this node"
+    return None
+
+
+def check_honoured(proxy: Any, qos: dict[str, Any]) -> None:
+    """``EnableTransaction`` = TRUE on a proxy consumer is accepted only where a routing transaction can run: a
+    PULL proxy consumer, on a node with T2, whose supplier is a JMS bridge pull sender of this node, or that has no
+    supplier yet. Anything else (a push-style proxy consumer, a pull proxy consumer connected to any other supplier,
+    a node without T2) refuses it with UnsupportedQoS (UNAVAILABLE_VALUE [FALSE, FALSE]); the reason is logged."""
+    if not qos.get(Q.ENABLE_TRANSACTION) or proxy.qos.get(Q.ENABLE_TRANSACTION):
+        return
+    reason = unavailable_reason(proxy)
+    if reason is not None:
+        log.info("proxy %s: EnableTransaction=TRUE refused: %s", proxy.oid, reason)
+        raise Q.QoSError([Q.PropertyProblem("UNAVAILABLE_VALUE", Q.ENABLE_TRANSACTION, False, False)])
+
+
+def status(proxy: Any) -> dict[str, Any]:
+    """``t2_unavailable`` (the reason) for a connected proxy consumer whose EnableTransaction is TRUE (its own, or
+    inherited from its admin or channel) but that cannot run a routing transaction; else nothing."""
+    if not getattr(proxy, "connected", False) or not t2_settings(proxy, sequence=proxy.form == "SEQUENCE").enabled:
+        return {}
+    reason = unavailable_reason(proxy)
+    return {"t2_unavailable": reason} if reason is not None else {}
+
+
 class InboundT2Driver:
     """Runs the T2 rounds of one pull-style proxy consumer (its pull thread only)."""
 
@@ -107,13 +224,12 @@ class InboundT2Driver:
         over the ORB as before). EnableTransaction with a supplier that is not a bridge of this node cannot run a
         T2 (no transaction context crosses the ORB here): the proxy pulls without one, and says so once."""
         enabled = t2_settings(self.proxy, sequence=self.sequence).enabled
-        t2 = getattr(self.proxy.rt, "t2", None)
-        target = t2.local(self.proxy.client_ior) if t2 is not None else None
-        if target is None or not hasattr(target, "take_in_t2"):
+        target = local_target(self.proxy)
+        if target is None:
             if enabled and not self._warned:
                 self._warned = True
-                log.warning("proxy %s: EnableTransaction is TRUE but its supplier is not a JMS bridge of this node "
-                            "(or this node has no T2); it pulls without a routing transaction", self.proxy.oid)
+                log.warning("proxy %s: EnableTransaction is TRUE but %s; it pulls without a routing transaction "
+                            "(nsjms status shows t2_unavailable)", self.proxy.oid, unavailable_reason(self.proxy))
             return None
         if not enabled and not self.proxy.channel._connections_persistent():
             return None                  # BestEffort: nothing is stored, the pull path as before
@@ -129,30 +245,12 @@ class InboundT2Driver:
         return self.round_local(target, wait_s)
 
     def round_local(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
-        """Without a T2: the inbox claims and the events in ONE local PostgreSQL transaction, the acks written
-        after it committed, the events queued in memory after that. Exactly once for the events this channel
-        stores, without two-phase commit: a crash before the commit stores nothing and the broker redelivers; a
-        crash after it makes the broker redeliver messages whose ids the inbox holds (acked, no second event)."""
-        proxy = self.proxy
-        plan = RoutePlan()
-        batch: Any = None
+        """Without a T2: :func:`local_round` with the bridge's pull sender."""
         try:
-            with proxy.rt.db.unit_of_work() as conn:
-                batch = target.take_local(conn, proxy.room(LOCAL_BATCH), wait_s)
-                if not batch.received:
-                    return 0
-                if batch.events:
-                    plan = self._plan(batch)
-                    proxy.channel.store_in(conn, plan)
+            return local_round(self.proxy, target.take_local, self.proxy.room(LOCAL_BATCH), wait_s)
         except BaseException as exc:
-            if batch is not None:
-                batch.abandon()
             self.last_error = f"{type(exc).__name__}: {exc}"[:500]
             raise
-        crashpoint("in.local.after_commit")
-        batch.settle()
-        proxy.channel.publish(plan)
-        return int(batch.received)
 
     # -- one T2 --------------------------------------------------------------------------------------------------
     def round(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
@@ -173,7 +271,8 @@ class InboundT2Driver:
         plan = RoutePlan()
         with rt.db.branch() as conn:
             try:
-                rt.t2.enlist(txn, PgBranch(conn, "pg"))
+                rt.t2.enlist(txn, t2_branch(getattr(getattr(rt, "store", None), "ledger", None), conn,
+                                            PgBranch(conn, "pg"), txn.gtrid))
                 if settings.timeout_s:
                     conn.execute("SELECT set_config('statement_timeout', %s, true)",
                                  (f"{settings.timeout_s * 1000}ms",))
@@ -199,31 +298,7 @@ class InboundT2Driver:
         return int(batch.received)
 
     def _plan(self, batch: Any) -> RoutePlan:
-        """Targets of the batch's events. An event the channel refuses (BAD_QOS, above the size limit) is
-        dead-lettered by the bridge inside the T2; a full channel (IMP_LIMIT with RejectNewEvents) or anything
-        else fails the T2 (retried)."""
-        channel = self.proxy.channel
-        events: list[Event] = [normalise_structured(ev) for ev in batch.events]
-        try:
-            return channel.plan_in(self.proxy, events)   # type: ignore[no-any-return]
-        except (CORBA.BAD_QOS, CORBA.IMP_LIMIT) as exc:
-            if isinstance(exc, CORBA.IMP_LIMIT) and exc.minor != MINOR_EVENT_TOO_LARGE:
-                raise
-        good: list[Event] = []
-        for i, ev in enumerate(events):
-            try:
-                channel.plan_in(self.proxy, [ev])
-            except CORBA.BAD_QOS as exc:
-                batch.reject(i, f"{describe(exc)}: the channel rejected the event's QoS headers")
-                continue
-            except CORBA.IMP_LIMIT as exc:
-                if exc.minor != MINOR_EVENT_TOO_LARGE:
-                    raise
-                batch.reject(i, f"{describe(exc)}: above the channel's size limit of "
-                             f"{self.proxy.rt.max_event_bytes} bytes")
-                continue
-            good.append(ev)
-        return channel.plan_in(self.proxy, good) if good else RoutePlan()
+        return plan_events(self.proxy, batch)
 
     def _failed(self, txn: Transaction, exc: BaseException) -> None:
         if txn.state in _UNDECIDED:

@@ -38,6 +38,8 @@ from router.channel import qos as Q
 from router.channel.boundary import POISON_ATTEMPTS, Outcome
 from router.channel.events import as_structured
 from router.channel.queue import Entry
+from router.ledger import Outcome as Ledgered
+from router.ledger import t2_branch
 from xa.errors import DecisionUnknown, TransactionTimeout, XAError
 from xa.pg import PgBranch
 
@@ -208,9 +210,12 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
         try:
             with proxy.rt.db.branch() as conn:
                 try:
-                    t2.enlist(txn, PgBranch(conn, PG_BRANCH))
+                    t2.enlist(txn, t2_branch(proxy.rt.store.ledger, conn, PgBranch(conn, PG_BRANCH), txn.gtrid,
+                                             [e.record.db_id for e in entries]))
                     ids = [e.record.db_id for e in entries if e.record.db_id is not None]
-                    proxy.rt.store.delete_deliveries(conn, proxy.channel.id, proxy.admin.id, proxy.id, ids)
+                    proxy.rt.store.delete_deliveries(
+                        conn, proxy.channel.id, proxy.admin.id, proxy.id, ids,
+                        **({"outcome": Ledgered.DEAD_LETTER, "reason": dead_reason} if dead_reason else {}))
                     result = target.forward_in_t2(txn, conn, events, dead_letter_reason=dead_reason)
                     txn.commit()
                 except DecisionUnknown:

@@ -26,6 +26,7 @@ from audit.ledger import (
     maintain,
 )
 from audit.synth import SynthSpec, copy_to_postgres, generate
+from router.db.migrate import load
 
 pytestmark = pytest.mark.integration
 
@@ -61,13 +62,15 @@ def test_partitions_created_ahead_dropped_after_retention_and_stray_rows_moved(f
         assert _count(conn, TABLE) == 0
 
 
-def test_schema_rejects_a_failure_without_reason_and_is_a_one_time_migration(fresh_db: str) -> None:
+def test_schema_rejects_a_failure_without_reason_and_is_the_node_migration(fresh_db: str) -> None:
     with psycopg.connect(fresh_db, autocommit=True) as conn:
-        install_schema(conn)
+        assert install_schema(conn) == [m.version for m in load()]   # the node's runner: ledger included
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute(f"INSERT INTO {TABLE} (dedupe_id, channel_id, direction, accepted_at, outcome) "
                          "VALUES ('d-1', 0, 'channel_to_jms', now(), 'dead_letter')")
-        with pytest.raises(LedgerError, match="install ledger schema"):
+        assert install_schema(conn) == []                            # up to date: nothing to do
+        conn.execute("UPDATE nsjms_schema_version SET checksum = 'x' WHERE version = 3")
+        with pytest.raises(LedgerError, match=r"install ledger schema: .*0003_ledger\.sql differs"):
             install_schema(conn)
 
 
@@ -94,8 +97,8 @@ def test_synthetic_copy_then_export_parquet_by_day(fresh_db: str, tmp_path: Path
     assert not list(tmp_path.rglob("*.tmp"))
 
 
-def _nsjms(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NSJMS_POSTGRES_DSN": dsn}  # the DSN (with its password) stays off the command line
+def _nsjms(*args: str, dsn: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NSJMS_POSTGRES_DSN": dsn, **extra_env}  # the DSN (with its password) stays off the argv
     return subprocess.run([sys.executable, "-m", "router.cli", *args], env=env, check=False, capture_output=True,
                           text=True, timeout=120)
 
@@ -114,6 +117,11 @@ def test_cli_ledger_init_generate_export(fresh_db: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "exported 99 rows into 1 day file(s)" in proc.stdout
     assert pq.read_table(tmp_path / "x" / "day=2026-03-01" / "part-0.parquet").num_rows == 99
-    assert _nsjms("ledger", "init", dsn=fresh_db).returncode == 1  # a migration runs once
+    again = _nsjms("ledger", "init", dsn=fresh_db)   # migrations run once: a second init only maintains
+    assert again.returncode == 0 and "schema migrations applied: none (up to date)" in again.stdout, again.stderr
+    # without --ahead-days, `maintain` takes the node's configuration ([ledger] ahead_days)
+    proc = _nsjms("ledger", "maintain", dsn=fresh_db, NSJMS_LEDGER_AHEAD_DAYS="5")
+    assert proc.returncode == 0, proc.stderr
+    assert f"partitions created: {', '.join(str(today + timedelta(days=n)) for n in range(4, 6))}" in proc.stdout
     assert _nsjms("ledger", "export", "--from", "2026-03-02", "--to", "2026-03-01", "--out", str(tmp_path),
                   dsn=fresh_db).returncode == 2

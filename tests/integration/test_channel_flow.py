@@ -343,13 +343,19 @@ def test_sequence_push_batch_size_and_pacing(nsjms_server: Any, factory: Any) ->
     client = PushSupplierClient(obtain_proxy_consumer(channel.default_supplier_admin, S, PUSH)[0], S)
     client.connect()
     client.push_all([make_event(i) for i in range(5)])
-    # Condition, not a sleep: the node's status snapshot (taken by its own thread) shows the five still queued.
-    assert wait_until(lambda: queued(nsjms_server, end.pid) == 5, 30), "PacingInterval=0: a partial batch was sent"
-    assert end.servant.count() == 0, "PacingInterval=0 must deliver only full batches"
-    client.push_all([make_event(i) for i in range(5, 1000)])
-    assert end.servant.wait_for(1000, FLOW_TIMEOUT_S)
+    # PacingInterval 0: no time spent collecting (NS 2.5.5), so the five are delivered although the batch is short
+    # (before the fix they stayed queued for ever).
     servant: SequencePushConsumer = end.servant
-    assert [size for _, size in servant.batches] == [10] * 100
+    assert servant.wait_for(5, FLOW_TIMEOUT_S), "PacingInterval=0: a partial batch was never sent"
+    # What is queued when the proxy dispatches goes out in batches of at most MaximumBatchSize: queue 995 while
+    # suspended, then resume.
+    end.proxy.suspend_connection()
+    client.push_all([make_event(i) for i in range(5, 1000)])
+    assert wait_until(lambda: queued(nsjms_server, end.pid) == 995, 30), "the node's status shows all 995 queued"
+    first = len(servant.batches)
+    end.proxy.resume_connection()
+    assert servant.wait_for(1000, FLOW_TIMEOUT_S)
+    assert [size for _, size in servant.batches[first:]] == [10] * 99 + [5]
     end.proxy.set_qos([prop("PacingInterval", time_t(0.5))])
     client.push_all([make_event(i) for i in range(1000, 1003)])
     assert servant.wait_for(1003, 10), "a partial batch was not sent after PacingInterval"

@@ -151,7 +151,7 @@ def test_a_node_adopts_a_pre_migration_database_and_refuses_a_tampered_one(
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE 'nsjms%%' "
             "AND NOT tablename = ANY(%s)", (list(LEGACY_OBJECTS),))]
         for table in later:
-            conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(sql.Identifier(table)))
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(table)))
     server.start()
     try:
         assert cid in client_orb.factory(server.ior()).get_all_channels()

@@ -26,7 +26,9 @@ import pytest
 
 from omniORB import CORBA
 
+from idl.generated import BridgeTransactionMgmt as BTM
 from idl.generated import CosBridgeAdmin as BA
+from idl.generated import NsjmsAdmin
 from router.bridge.codec import MappingCodec
 from router.jms.transport import open_transport
 
@@ -41,6 +43,7 @@ from stdclients import (
     long_,
     obtain_proxy_supplier,
     prop,
+    short,
     wait_until,
 )
 
@@ -312,14 +315,16 @@ def _persistent_channel(factory: Any) -> tuple[Any, int]:
     return channel, int(cid)
 
 
+@pytest.mark.parametrize("style", ["PULL", "PUSH"])
 def test_without_t2_a_local_unit_of_work_is_exactly_once_across_a_sigkill(
         own_server: NsjmsServer, client_orb: Any, broker_url: str, fresh_db: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """EnableTransaction FALSE, Persistent channel, the channel pulls from a bridge of its node: the events and the
-    inbox ids are committed in one local transaction, the acks written after it. Killed between the commit and the
-    acks of the 3rd round: the broker redelivers, the inbox recognises, 0 duplicates."""
+        monkeypatch: pytest.MonkeyPatch, style: str) -> None:
+    """EnableTransaction FALSE, Persistent channel, the channel pulls from a bridge of its node (or the bridge
+    pushes into it): the events and the inbox ids are committed in one local transaction, the acks written after
+    it. Killed between the commit and the acks of the 3rd round: the broker redelivers, the inbox recognises,
+    0 duplicates."""
     n = 300
-    queue = _name("t2in.local")
+    queue = _name(f"t2in.local.{style}")
     monkeypatch.setenv("NSJMS_CRASH_AT", "in.local.after_commit@3")
     own_server.start()
     monkeypatch.delenv("NSJMS_CRASH_AT")
@@ -328,7 +333,7 @@ def test_without_t2_a_local_unit_of_work_is_exactly_once_across_a_sigkill(
     consumer = _pull_consumer(channel)
     _produce(broker_url, queue, range(n))
     bf = bridge_factory(client_orb, own_server)
-    bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid, BA.PULL))
+    bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid, getattr(BA, style)))
     bridge.start_bridge()
     assert own_server.proc is not None
     own_server.proc.wait(timeout=TIMEOUT_S)
@@ -369,3 +374,31 @@ def test_broker_killed_mid_stream_in_t2_loses_nothing_and_duplicates_nothing(rig
     bridge.destroy()
     assert _leftover(rig.broker.url, queue) == 0
     print(f"JMS -> channel in T2, broker killed: {consumer.count()} events for {n} messages, 0 duplicates")
+
+
+def test_enable_transaction_on_a_pull_bridge_switches_its_proxy_to_t2(nsjms_server: NsjmsServer, factory: Any,
+                                                                      client_orb: Any, broker_url: str,
+                                                                      fresh_db: str) -> None:
+    """BridgeTransactionMgmt for JMS -> channel: enable_transaction writes EnableTransaction and TransactionEvents
+    on the bridge's pull proxy consumer of a Persistent channel that has no transaction settings of its own; the
+    messages then arrive exactly once, each batch in a T2."""
+    persistent = short(1)
+    channel, cid = factory.create_channel([prop("EventReliability", persistent),
+                                           prop("ConnectionReliability", persistent)], [])
+    consumer = _consumer(channel)
+    queue = _name("t2in.mgmt")
+    bf = bridge_factory(client_orb, nsjms_server)
+    bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, int(cid), BA.PULL))
+    managed = bridge._narrow(NsjmsAdmin.ManagedBridge)
+    managed.enable_transaction(20, 0)
+    with pytest.raises(BTM.TransactionAlreadyActive):
+        managed.enable_transaction(20, 0)
+    n = 120
+    _produce(broker_url, queue, range(n))
+    bridge.start_bridge()
+    assert wait_until(lambda: _drained(fresh_db, bid, n, consumer), TIMEOUT_S), \
+        f"{consumer.count()} events, {_inbox(fresh_db, bid)} inbox rows of {n}"
+    assert wait_until(lambda: _t2_status(nsjms_server).get("t2_committed", 0) >= n // 20, 10), \
+        _t2_status(nsjms_server)
+    _assert_once(_ids(consumer), range(n), "JMS -> channel in T2 enabled by enable_transaction")
+    assert _prepared(fresh_db) == 0

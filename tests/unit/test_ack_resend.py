@@ -23,13 +23,16 @@ from router.channel.ack import AckState, StructuredProxyPushSupplierAckImpl, seq
 from router.channel.events import Event, Form
 from router.channel.queue import FIFO_ORDER, ProxyQueue, Record
 from router.db.testing import NullDatabase
+from router.ledger import LedgerWriter
 
 INTERVAL_S = 10.0
 RETRIES = 2
 
 
 class FakeStore:
-    def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int]) -> None:
+    ledger = LedgerWriter()
+
+    def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int], **how: Any) -> None:
         pass
 
 

@@ -344,6 +344,28 @@ def test_headers_activemq_parses_as_numbers_are_checked_before_sending(name: str
             check_stomp_limits({name: value})
 
 
+@pytest.mark.parametrize(("value", "ok"), [
+    ("a" * 10_000, True),                       # 10,002 bytes with the name "x" and the colon
+    ("a" * 10_238, True),                       # exactly 10 KiB: accepted
+    ("a" * 10_239, False),
+    ("\U0001d11e" * 2_559, True),               # 4 UTF-8 bytes each: 10,236 + 2
+    ("\U0001d11e" * 2_560, False),              # 10,240 + 2
+    (":" * 5_119, True),                        # escaped to two bytes each: 10,238 + 2
+    (":" * 5_120, False),
+    ("\u20ac" * 2_558, True)])                  # 3 bytes each: well under the limit, counted exactly
+def test_a_header_line_over_10_kib_is_a_mapping_failure(value: str, ok: bool) -> None:
+    """The header-line check counts UTF-8 bytes after STOMP escaping; its shortcut (a line that cannot reach the
+    limit even at 4 bytes a character is not counted) never lets a longer line through."""
+    from router.bridge.limits import check_stomp_limits
+    from router.mapping.errors import MappingError
+
+    if ok:
+        check_stomp_limits({"x": value})
+    else:
+        with pytest.raises(MappingError, match="header line"):
+            check_stomp_limits({"x": value})
+
+
 def test_pacing_and_batch_size_come_from_the_bridges_proxy() -> None:
     """PacingInterval used to be always 0 (read from a setting nothing set) and MaximumBatchSize came from the
     channel: both are now the bridge's proxy's QoS (its own, else its admin's, else the channel's)."""

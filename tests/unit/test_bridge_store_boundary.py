@@ -36,7 +36,7 @@ def _bridge(exc: Exception) -> BridgeImpl:
     bridge.tx_events, bridge.tx_timeout = 0, 0
     bridge.to_jms_direction = True
     bridge.t2_out = None                 # enable_transaction checks the routing transaction support first:
-    bridge._check_outbound = lambda events: None    # supported here, so that the store write is what fails
+    bridge._check = lambda events: None             # supported here, so that the store write is what fails
     rt = type("Rt", (), {"db": FailingDb(exc)})()
     bridge.factory = type("Factory", (), {"rt": rt})()
     bridge.row = type("Row", (), {"settings": {}})()

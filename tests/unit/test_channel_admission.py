@@ -18,6 +18,7 @@ import CosNotification
 
 from router.channel.channel import EventChannelImpl
 from router.channel.events import Event, Form
+from router.channel.groupcommit import GroupCommit
 from router.channel.queue import FIFO_ORDER, Entry, ProxyQueue, Record
 from router.channel.store import NewEvent, StoreUnavailable
 from router.db.testing import NullDatabase
@@ -47,6 +48,7 @@ class FakeRt:
         self.db = NullDatabase()
         self.max_event_bytes = 0
         self._seq = 0
+        self.accept_commits = GroupCommit(self.db, self.store)
 
     def next_seq(self) -> int:
         self._seq += 1
@@ -93,13 +95,13 @@ def make_channel(limit: int, proxy: FakeProxy) -> Any:
     ch.records, ch._records_lock = {}, threading.Lock()
     ch.consumer_admins = {0: type("Admin", (), {"proxies": {1: proxy}, "targets_for": lambda self, ev: [proxy]})()}
 
-    def encode_checked(events: Sequence[Event]) -> list[bytes]:
-        return [b"cdr" for _ in events]
+    def sizes_checked(events: Sequence[Event]) -> list[tuple[int, bytes | None]]:
+        return [(3, b"cdr") for _ in events]
 
     def make_record(source: Any, ev: Event, now: float) -> Record:
         return Record(ch.rt.next_seq(), ev, 0, None, None, True, on_released=ch.released)
 
-    ch._encode_checked, ch._make_record = encode_checked, make_record
+    ch._sizes_checked, ch._make_record = sizes_checked, make_record
     return ch
 
 

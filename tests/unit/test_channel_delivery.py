@@ -22,6 +22,7 @@ from router.channel.channel import EventChannelImpl
 from router.channel.events import Event, Form
 from router.channel.queue import FIFO_ORDER, ProxyQueue, Record
 from router.db.testing import NullDatabase
+from router.ledger import LedgerWriter
 
 DEADLINE_S = 20.0
 
@@ -36,11 +37,16 @@ def wait_for(cond: Callable[[], bool], what: str) -> None:
 
 
 class FakeStore:
+    ledger = LedgerWriter()
+
     def __init__(self) -> None:
         self.deleted: list[int] = []
+        self.outcomes: dict[int, tuple[str, str | None]] = {}   # event id → (ledger outcome, reason)
 
-    def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int]) -> None:
+    def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int], **how: Any) -> None:
         self.deleted.extend(ids)
+        for i in ids:
+            self.outcomes[i] = (str(how.get("outcome", "delivered")), how.get("reason"))
 
 
 class FakeRt:
@@ -160,6 +166,25 @@ def test_non_corba_failure_in_conversion_is_retried_then_dead_lettered(monkeypat
     assert proxy.dead_lettered == 1
     assert "seq=2" in proxy.last_dead_letter and "ValueError" in proxy.last_dead_letter
     assert sorted(proxy.rt.store.deleted) == [101, 102, 103]   # the dead letter left the store with a log line
+    outcomes = proxy.rt.store.outcomes                         # and the ledger learns why each left
+    assert outcomes[101] == outcomes[103] == ("delivered", None)
+    assert outcomes[102][0] == "dead_letter" and "injected: event 2 cannot be converted" in str(outcomes[102][1])
+
+
+def test_expired_and_discarded_entries_leave_the_store_with_their_ledger_outcome(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, Consumer(), monkeypatch)
+    gone = Record(1, Event(Form.STRUCTURED, 1), 0, time.time() - 1, None, True, 201)   # its deadline passed
+    proxy.queue.put(gone)
+    proxy.queue.put(record(2, db_id=202))
+    assert [e.record.seq for e in proxy.queue.take(5)] == [2]
+    proxy.queue.max_events = 1
+    proxy.queue.put(record(3, db_id=203))
+    proxy.queue.put(record(4, db_id=204))                      # the queue is full: the DiscardPolicy drops one
+    outcomes = proxy.rt.store.outcomes
+    assert outcomes[201][0] == "expired" and "deadline passed" in str(outcomes[201][1])
+    assert [o for o, _ in outcomes.values()].count("discarded") == 1
+    assert "MaxEventsPerConsumer" in str(next(r for o, r in outcomes.values() if o == "discarded"))
 
 
 # -- poison events ------------------------------------------------------------------------------------------------
@@ -355,7 +380,7 @@ def test_pull_during_a_database_outage_answers_transient_and_confirms_later(monk
     down = threading.Event()
     real_delete = store.delete_deliveries
 
-    def delete(conn: object, cid: int, aid: int, pid: int, ids: list[int]) -> None:
+    def delete(conn: object, cid: int, aid: int, pid: int, ids: list[int], **how: Any) -> None:
         if down.is_set():
             raise StoreUnavailable("injected: database down")
         real_delete(conn, cid, aid, pid, ids)

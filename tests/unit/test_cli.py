@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -192,6 +192,19 @@ def test_status_shows_the_resend_scheduler_of_an_ack_proxy_with_readable_times()
     assert "in_flight=1 retries_used=2 resends=5 checked_at=22:13:20.250Z next_resend_at=None" in line, line
 
 
+@pytest.mark.parametrize(("txn", "expected"), [
+    ({"in_doubt": 0, "oldest_in_doubt_s": None, "recovery_passes": 3, "outbox": 0, "inbox": 12},
+     "transactions 0 in doubt; recovery passes 3; outbox 0 rows, inbox 12 rows"),
+    ({"in_doubt": 2, "oldest_in_doubt_s": 725.4, "recovery_passes": 9, "outbox": 4, "inbox": 0},
+     "transactions 2 in doubt (oldest 12m05s): see `nsjms txn list`; recovery passes 9; outbox 4 rows, inbox 0 rows"),
+    ({"error": "OperationalError: connection refused"}, "transactions unknown: OperationalError: connection refused"),
+])
+def test_status_shows_in_doubt_transactions_and_the_oldest_age(txn: dict[str, Any], expected: str) -> None:
+    report: dict[str, Any] = {"endpoints": {"event_channel_factory": {"corbaloc": "corbaloc::x"}},
+                              "snapshot": {"transactions": txn}, "channel_ids": [], "stale": False}
+    assert expected in render(report).splitlines()
+
+
 # -- demo decisions -------------------------------------------------------------------------------------------
 def test_demo_queue_is_per_state_dir_and_slot(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
@@ -253,3 +266,76 @@ def test_status_shows_the_dead_letters_of_a_pull_style_proxy_consumer() -> None:
                               "channel_ids": [1], "stale": False}
     line = next(ln for ln in render(report).splitlines() if ln.startswith("  supplier admin 1 proxy 4"))
     assert "dead_lettered=1" in line and "BAD_QOS" in line, line
+
+
+# -- serve: telemetry is installed once the lock is held, before the first recovery pass ------------------------
+class _FakeNode:
+    """Stands in for router.server.Node: ``start`` takes the lock, calls ``after_lock``, then runs recovery."""
+
+    events: ClassVar[list[str]] = []
+    locked = False
+
+    def __init__(self, settings: Any, *, after_lock: Any = None) -> None:
+        self.s, self.after_lock = settings, after_lock
+        self.health: dict[str, Any] = {}
+
+    def start(self) -> None:
+        from router.lifecycle import StateDirLocked
+
+        if self.locked:
+            raise StateDirLocked(self.s.state_dir, 1234)
+        self.events.append("lock")
+        if self.after_lock is not None:
+            self.after_lock()
+        self.events.append("first recovery pass")
+
+    def wait(self) -> None:
+        self.events.append("serving")
+
+    def stop(self, *, start_failed: bool = False) -> None:
+        self.events.append("stopped after a failed start" if start_failed else "stopped")
+
+
+@pytest.fixture
+def fake_node(monkeypatch: pytest.MonkeyPatch) -> type[_FakeNode]:
+    import router.server
+    import router.telemetry
+
+    _FakeNode.events, _FakeNode.locked = [], False
+
+    def configure(exporter: str, interval_s: int, **kw: Any) -> Any:
+        if kw["address"] == "127.0.0.1:1":
+            raise OSError(98, "Address already in use")
+        _FakeNode.events.append(f"telemetry {exporter} {kw['address']}")
+        return lambda: _FakeNode.events.append("telemetry flushed")
+
+    monkeypatch.setattr(router.server, "Node", _FakeNode)
+    monkeypatch.setattr(router.telemetry, "configure", configure)
+    return _FakeNode
+
+
+def test_serve_installs_telemetry_before_the_first_recovery_pass(tmp_path: Path, fake_node: type[_FakeNode],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NSJMS_TELEMETRY_EXPORTER", "prometheus")
+    assert cli.main(["serve", "--state-dir", str(tmp_path)]) == 0
+    assert fake_node.events == ["lock", "telemetry prometheus 127.0.0.1:9464", "first recovery pass", "serving",
+                                "stopped", "telemetry flushed"]
+
+
+def test_serve_refused_its_state_directory_touches_no_metrics_port(tmp_path: Path, fake_node: type[_FakeNode],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NSJMS_TELEMETRY_EXPORTER", "prometheus")
+    fake_node.locked = True
+    assert cli.main(["serve", "--state-dir", str(tmp_path)]) == 5
+    assert fake_node.events == []
+
+
+def test_serve_with_a_taken_metrics_address_exits_2_naming_the_key(
+        tmp_path: Path, fake_node: type[_FakeNode], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("NSJMS_TELEMETRY_EXPORTER", "prometheus")
+    monkeypatch.setenv("NSJMS_TELEMETRY_ADDRESS", "127.0.0.1:1")
+    assert cli.main(["serve", "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "telemetry.address 127.0.0.1:1: cannot serve metrics there: Address already in use" in err
+    assert fake_node.events == ["lock", "stopped after a failed start"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -238,7 +239,30 @@ def test_sample_deploy_config_is_valid_and_documents_the_defaults() -> None:
         config.orb == Config().orb
         and config.postgres == Config().postgres
         and config.broker == Config().broker
+        and config.ledger == Config().ledger
+        and config.telemetry == Config().telemetry
     )
+
+
+def test_ledger_section_defaults_file_env_and_errors(tmp_path: Path) -> None:
+    from router.config import LedgerConfig
+
+    assert load_config(env={}).ledger == LedgerConfig(True, False, 30, 3, 3600)
+    path = write(tmp_path, "[ledger]\nenabled = false\nretention_days = 7\n")
+    config = load_config(path, env={"NSJMS_LEDGER_BEST_EFFORT": "true", "NSJMS_LEDGER_AHEAD_DAYS": "1"})
+    assert config.ledger == LedgerConfig(enabled=False, best_effort=True, retention_days=7, ahead_days=1)
+    for env, expected in [
+        ({"NSJMS_LEDGER_ENABLED": "maybe"},
+         "ledger.enabled (from NSJMS_LEDGER_ENABLED): expected a boolean (true/false)"),
+        ({"NSJMS_LEDGER_RETENTION_DAYS": "0"}, "ledger.retention_days (from NSJMS_LEDGER_RETENTION_DAYS): expected "
+                                               "an integer 1-36500"),
+        ({"NSJMS_LEDGER_MAINTENANCE_INTERVAL_S": "5"}, "ledger.maintenance_interval_s"),
+        ({"NSJMS_LEDGER_RETENTION": "3"}, "ledger.retention (from NSJMS_LEDGER_RETENTION): unknown key"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            load_config(env=env)
+    with pytest.raises(ConfigError, match=re.escape("ledger.enabled (from ")):
+        load_config(write(tmp_path, '[ledger]\nenabled = "yes"\n'), env={})   # TOML has real booleans
 
 
 # ------------------------------------------------------------------ schemes checked at configuration time (issue 7)
@@ -314,6 +338,25 @@ def test_relative_state_dir_in_a_file_is_relative_to_that_file(tmp_path: Path, m
     monkeypatch.chdir(elsewhere)
     cfg = load_config(conf, env={})
     assert cfg.node.state_dir == conf_dir.resolve() / "state"
+
+
+def test_telemetry_exporters_off_by_default_and_loopback() -> None:
+    tel = load_config(env={}).telemetry
+    assert (tel.exporter, tel.address, tel.otlp_endpoint) == ("none", "127.0.0.1:9464", "http://127.0.0.1:4318")
+    tel = load_config(env={"NSJMS_TELEMETRY_EXPORTER": "Prometheus", "NSJMS_TELEMETRY_ADDRESS": "[::1]:9000",
+                           "NSJMS_TELEMETRY_OTLP_ENDPOINT": "https://collector:4318"}).telemetry
+    assert (tel.exporter, tel.address, tel.otlp_endpoint) == ("prometheus", "[::1]:9000", "https://collector:4318")
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"NSJMS_TELEMETRY_EXPORTER": "zipkin"}, "telemetry.exporter (from NSJMS_TELEMETRY_EXPORTER): expected one of"),
+    ({"NSJMS_TELEMETRY_ADDRESS": "9464"}, "telemetry.address (from NSJMS_TELEMETRY_ADDRESS): expected HOST:PORT"),
+    ({"NSJMS_TELEMETRY_ADDRESS": "localhost:70000"}, "expected HOST:PORT"),
+    ({"NSJMS_TELEMETRY_OTLP_ENDPOINT": "grpc://x:4317"}, "telemetry.otlp_endpoint (from NSJMS_TELEMETRY_OTLP"),
+])
+def test_telemetry_errors_name_the_key(env: dict[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        load_config(env=env)
 
 
 def test_broker_amq_dupl_id_is_a_boolean_off_by_default(tmp_path: Path) -> None:

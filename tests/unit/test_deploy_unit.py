@@ -45,6 +45,20 @@ def test_a_crash_leaves_the_embedded_services_to_the_restarted_node() -> None:
     assert kept_for_restart("signal", "killed", "SEGV") and not kept_for_restart("success", "exited", "0")
 
 
+def test_stop_timeout_covers_a_clean_stop_and_restarts_never_give_up() -> None:
+    """A clean stop takes at most: channel threads 5 s + T2 housekeeping join 10 s + the embedded broker's
+    SIGTERM-to-SIGKILL 30 s + PostgreSQL's fast shutdown (a few s); systemd must not SIGKILL the node before."""
+    import inspect
+
+    from router.services import EmbeddedActiveMQ
+
+    broker_stop = inspect.signature(EmbeddedActiveMQ.__init__).parameters["stop_timeout"].default
+    units = directives()
+    assert int(units["TimeoutStopSec"][0]) >= 5 + 10 + broker_stop + 15
+    assert units["StartLimitIntervalSec"] == ["0"], "recovery at start heals; the unit must keep restarting"
+    assert int(units["RestartSec"][0]) >= 1
+
+
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:

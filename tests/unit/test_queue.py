@@ -202,3 +202,96 @@ def test_requeue_into_a_closed_queue_releases_the_records() -> None:
     assert q.close() == []
     q.requeue(in_flight)                 # the push failed after the proxy went away
     assert drops.items == [(1, "proxy closed")] and released == [r]
+
+
+# -- dispatch cost does not grow with the queue (issue 12) ----------------------------------------------------------
+class CountingRecord(Record):
+    """A record that counts reads of the fields dispatch may look at (deadline, start time, size, priority)."""
+
+    reads = 0
+    _COUNTED = frozenset({"deadline", "start_at", "size", "priority"})
+
+    def __getattribute__(self, name: str) -> object:
+        if name in CountingRecord._COUNTED:
+            CountingRecord.reads += 1
+        return super().__getattribute__(name)
+
+
+def counting(seq: int, deadline: float | None = None, start_at: float | None = None) -> Record:
+    return CountingRecord(seq, Event(Form.ANY, seq), 0, deadline, start_at, False)
+
+
+def test_take_and_peek_count_do_not_scan_a_big_queue() -> None:
+    """10,000 queued entries, a third with a (future) deadline and a third not due yet: each dispatch step reads a
+    few records, not the queue. Before, peek_count and take read every record's deadline on every call."""
+    clock = Clock()
+    q = ProxyQueue(FIFO_ORDER, ANY_ORDER, 0, Drops(), clock=clock)
+    n = 10_000
+    for i in range(n):
+        kind = i % 3
+        q.put(counting(i, deadline=clock.now + 3600 if kind == 1 else None,
+                       start_at=clock.now + 3600 if kind == 2 else None))
+    CountingRecord.reads = 0
+    taken: list[Entry] = []
+    for _ in range(100):
+        assert q.peek_count() == 2 * n // 3 + 1 - len(taken)
+        taken += q.take(1)
+    assert len(taken) == 100
+    assert CountingRecord.reads <= 100 * 4, CountingRecord.reads       # before: about 100 * 2 * 10,000
+
+
+def test_only_due_entries_are_touched_when_some_expire() -> None:
+    clock = Clock()
+    drops = Drops()
+    q = ProxyQueue(FIFO_ORDER, ANY_ORDER, 0, drops, clock=clock)
+    for i in range(5_000):
+        q.put(counting(i, deadline=clock.now + (1 if i % 500 == 0 else 3600)))
+    CountingRecord.reads = 0
+    clock.now += 1
+    assert q.peek_count() == 5_000 - 10          # the ten due ones left the count at once
+    assert q.take(0) == []                       # ... and are handed over by the next take
+    assert sorted(seq for seq, why in drops.items if why == "expired") == list(range(0, 5_000, 500))
+    assert CountingRecord.reads <= 50, CountingRecord.reads
+    assert len(q) == 4_990
+
+
+def test_counts_follow_start_times_expiry_take_and_requeue_with_the_injected_clock() -> None:
+    clock = Clock()
+    drops = Drops()
+    q = ProxyQueue(PRIORITY_ORDER, ANY_ORDER, 0, drops, clock=clock)
+    q.put(rec(1, priority=1))
+    q.put(rec(2, priority=5, start_at=clock.now + 10))
+    q.put(rec(3, priority=3, deadline=clock.now + 5, start_at=clock.now + 2))
+    q.put(rec(4, priority=0, deadline=clock.now + 20))
+    assert (q.peek_count(), len(q), q.next_due()) == (2, 4, clock.now + 2)
+    clock.now += 2
+    assert q.peek_count() == 3
+    batch = q.take(2)
+    assert seqs(batch) == [3, 1] and q.peek_count() == 1
+    q.requeue(batch)
+    q.requeue(batch)                             # twice: still queued once
+    assert q.peek_count() == 3 and len(q) == 4
+    clock.now += 3                               # 3's deadline
+    assert q.peek_count() == 2 and drops.items == []
+    clock.now += 5                               # 2 becomes due
+    assert seqs(q.take(10)) == [2, 1, 4]
+    assert drops.items == [(3, "expired")]
+    assert (q.peek_count(), len(q), q.next_due()) == (0, 0, None)
+
+
+def test_heaps_stay_bounded_when_entries_are_delivered_and_discarded() -> None:
+    """Lazy removal must not keep stale heap items for ever (a leak proportional to traffic)."""
+    clock = Clock()
+    q = ProxyQueue(FIFO_ORDER, ANY_ORDER, 0, Drops(), clock=clock)
+    for i in range(20_000):
+        q.put(rec(i, deadline=clock.now + 3600))
+        for e in q.take(1):
+            e.record.release()
+    assert len(q) == 0
+    assert len(q._deadlines) <= 2 * 0 + 64 + 1 and len(q._ready) <= 64 + 1
+    for i in range(1_000):
+        q.put(rec(i))
+    for i in range(0, 1_000, 2):
+        assert q.remove_record(rec(i))
+    assert len(q._ready) <= 2 * 500 + 64 + 1
+    assert seqs(q.take(1_000)) == list(range(1, 1_000, 2))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import pytest
@@ -35,7 +35,7 @@ from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.transport import BrokerUnavailable, EncodedMessage, ReceiptTimeout, SendRefused, Transport
 from router.mapping.errors import MappingError
 from xa.coordinator import Coordinator
-from xa.errors import LogDurabilityUnknown, OutcomeUnknown, PrepareFailed
+from xa.errors import BranchUnavailable, LogDurabilityUnknown, OutcomeUnknown, PrepareFailed
 from xa.testing import FakeClock, MemoryLog, MemoryManager
 from xa.xid import NodeId, branch_xid, new_gtrid
 
@@ -70,6 +70,9 @@ class FakeConn:
     def outbox(self) -> list[Any]:
         return [p for s, p in self.statements if "nsjms_outbox" in s]
 
+    def pipeline(self) -> Any:
+        return nullcontext()
+
 
 class FakeDb:
     def __init__(self) -> None:
@@ -84,11 +87,18 @@ class FakeDb:
         yield self.conn
 
 
+class NoLedger:
+    def records(self, *, persistent: bool) -> bool:
+        return False
+
+
 class FakeStore:
+    ledger = NoLedger()
+
     def __init__(self) -> None:
         self.deleted: list[int] = []
 
-    def delete_deliveries(self, conn: Any, cid: int, aid: int, pid: int, ids: list[int]) -> None:
+    def delete_deliveries(self, conn: Any, cid: int, aid: int, pid: int, ids: list[int], **ledger: Any) -> None:
         self.deleted.extend(ids)
 
 
@@ -288,6 +298,34 @@ def test_a_batch_is_delivered_in_one_t2_with_dedupe_ids(monkeypatch: pytest.Monk
     assert [k for k in rig.t2.log.kinds()] == ["Commit", "End"]
 
 
+def test_a_participant_that_maps_and_encodes_in_one_step_sends_that_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``to_frame`` (the bridge's map + encode + limits check in one step): the frame it returns is sent as is,
+    with the dedupe id added; ``to_jms`` and the codec are not called again; a mapping failure still dead-letters."""
+    rig = Rig(monkeypatch, events=3)
+    calls: list[Any] = []
+
+    def to_frame(event: Any, destination: Destination) -> tuple[JmsMessage, EncodedMessage]:
+        calls.append(event)
+        msg = to_jms(event, destination)
+        encoded = MappingCodec().encode(msg)
+        return msg, EncodedMessage({**encoded.headers, "encoded_once": str(event)}, encoded.body)
+
+    def no_to_jms(event: Any, destination: Destination) -> JmsMessage:
+        raise AssertionError("to_jms must not be called when to_frame is given")
+
+    rig.out.to_frame, rig.out.to_jms = to_frame, no_to_jms
+    rig.put(1, 13, 3)
+    assert rig.round() is Outcome.DELIVERED
+    sent = rig.on("out")
+    assert [m.body.decode() for m in sent] == ["event 1", "event 3"]
+    assert [m.headers["encoded_once"] for m in sent] == ["1", "3"], "the frame to_frame encoded is the one sent"
+    gtrid = sent[0].headers[DEDUPE_PROPERTY].rsplit("/", 1)[0]
+    dead = rig.on("nsjms.DLQ")
+    assert sorted(m.headers[DEDUPE_PROPERTY] for m in sent + dead) == [f"{gtrid}/{i}" for i in range(3)]
+    assert [m.body for m in dead] == [b"13"], "the unmappable event is dead-lettered in the T2"
+    assert sorted(calls) == [1, 3, 13], "each event mapped once"
+
+
 def test_a_sequence_proxy_takes_transaction_event_sequences_times_batch_size(monkeypatch: pytest.MonkeyPatch
                                                                              ) -> None:
     rig = Rig(monkeypatch, sequence=True, batch=2, events=2)
@@ -368,7 +406,7 @@ def test_broker_outage_requeues_without_counting_against_the_events(monkeypatch:
     rig.broker.inject_fault("begin", BrokerUnavailable("broker down"))
     rig.put(1, 2)
     assert rig.round() is Outcome.RETRY
-    assert len(rig.proxy.queue) == 2 and all(e.failures == 0 for e in rig.proxy.queue._items)
+    assert len(rig.proxy.queue) == 2 and all(e.failures == 0 for e in rig.proxy.queue._all())
     assert "broker" in rig.proxy.status_extra()["failing"]
     rig.transport.connect()
     assert rig.round() is Outcome.DELIVERED
@@ -587,3 +625,18 @@ def test_inbound_disable_during_a_t2_raises_and_no_further_t2_starts() -> None:
     m.enable_transaction(2, 0)
     m.disable_transaction()                      # idle: at once, no exception
     assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
+
+
+def test_send_branch_begin_failure_is_branch_unavailable_and_abort_failures_are_reported() -> None:
+    broker = MemoryBroker("t2u-begin")
+    with MemoryTransport(broker=broker) as transport:
+        broker.inject_fault("begin", BrokerUnavailable("broker down"))
+        branch = SendBranch(transport)
+        with pytest.raises(BranchUnavailable, match="BEGIN"):
+            branch.begin(branch_xid(new_gtrid(NodeId("n1")), "broker"))
+        branch.rollback()                                   # nothing begun: nothing to roll back
+    with MemoryTransport(broker=MemoryBroker("t2u-abort2")) as transport:
+        branch, _ = _branch(transport)
+        transport.broker.inject_fault("abort", ReceiptTimeout("no receipt", "abort"))
+        with pytest.raises(BranchUnavailable, match="ABORT"):
+            branch.rollback()                               # unknown: the coordinator leaves it to recovery

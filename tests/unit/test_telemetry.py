@@ -64,6 +64,7 @@ def test_forward_span_and_duration(sdk: Any) -> None:
     assert span.attributes[telemetry.A.BATCH] == 100 and span.attributes[telemetry.A.BRIDGE] == 9
     [hist] = points(reader, "nsjms.bridge.forward.duration")
     assert hist.count == 1 and hist.sum >= 0
+    assert tuple(hist.explicit_bounds) == telemetry.SECONDS_BUCKETS  # seconds, not the SDK's ms-style default
 
 
 def test_span_records_a_failed_forward(sdk: Any) -> None:

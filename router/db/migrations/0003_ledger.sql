@@ -1,8 +1,4 @@
--- nsjms delivery ledger, schema version 1.
---
--- One migration step: a numbered-migration runner applies this file once, inside one transaction, and
--- records it in its version table (no IF NOT EXISTS: a second application fails loudly instead of drifting).
--- Until that runner exists, audit.ledger.install_schema() applies it (tests, `nsjms ledger generate`).
+-- 0002: the delivery ledger (router/ledger.py writes it, audit/ reads it; docs/audit.md).
 --
 -- Append-only. One delivery obligation (one event for one consumer proxy, or one JMS message for one
 -- bridge) is identified by dedupe_id; every row of it carries the same dedupe_id and the same accepted_at,
@@ -20,7 +16,7 @@ CREATE TABLE nsjms_ledger (
     bridge_id           integer,
     destination         text,
     direction           text        NOT NULL
-        CHECK (direction IN ('channel_to_jms', 'jms_to_channel')),
+        CHECK (direction IN ('channel_to_jms', 'jms_to_channel', 'channel_to_consumer')),
     gtrid               text,
     accepted_at         timestamptz NOT NULL,
     dispatched_at       timestamptz,
@@ -41,5 +37,5 @@ CREATE INDEX nsjms_ledger_dedupe ON nsjms_ledger (dedupe_id);
 CREATE INDEX nsjms_ledger_gtrid ON nsjms_ledger (gtrid) WHERE gtrid IS NOT NULL;
 
 -- Rows whose day has no partition yet land here instead of failing the routing transaction;
--- audit.ledger.ensure_partitions() moves them into their day partition when it creates it.
+-- router.ledger.ensure_partitions() moves them into their day partition when it creates it.
 CREATE TABLE nsjms_ledger_default PARTITION OF nsjms_ledger DEFAULT;

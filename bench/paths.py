@@ -1,0 +1,379 @@
+"""The data paths of issue 12, each against its raw baseline measured in the same run; prints a markdown table.
+
+    .venv/bin/python bench/paths.py                 # everything, 5,000 x 1 KB persistent events, 3 repetitions
+    .venv/bin/python bench/paths.py --quick         # small sizes, for a smoke run
+    .venv/bin/python bench/paths.py --only accept1,accept4 --events 2000
+
+Paths (``--only`` names):
+
+* ``to_jms``: channel -> JMS, structured push (a bridge from a Persistent channel to a queue), and ``to_jms_seq``:
+  the same with sequence pushes of 100; baseline: raw stomp.py BEGIN + 100 SEND + COMMIT (receipt).
+* ``from_jms``: JMS -> channel (bridge from a preloaded queue into a Persistent channel, one push consumer);
+  baseline: raw stomp.py consume with ``client-individual`` acks.
+* ``accept1`` / ``accept4``: persistent structured pushes accepted (the call returned: stored) with 1 and 4
+  suppliers, the channel's only consumer suspended (so nothing is delivered meanwhile); baseline: PostgreSQL
+  one-row commits.
+* ``latency``: channel -> JMS at a fixed offered rate (4 suppliers, ``--rate`` events/s for ``--seconds``):
+  latency from each event's scheduled send time to its arrival on the JMS queue, percentiles.
+* ``backlog``: 10,000 events queued for a suspended bridge, node restarted, bridge resumed: drain rate against the
+  steady-state ``to_jms`` rate of the same run.
+
+Every throughput path also reports PostgreSQL transactions and WAL syncs per event (``pg_stat_database``
+``xact_commit`` of the node's database, ``pg_stat_wal`` ``wal_sync``), read once the statistics settled.
+Nothing here is a test: there are no thresholds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
+
+from bridge_bench import _count_queue, _endpoint, _persistent_channel, from_jms_rate, to_jms_rate
+from channel_bench import Counter, _consumer, _event
+from common import (
+    NodeProcess,
+    client_orb,
+    median_spread,
+    pg_commit_rate,
+    services,
+    settled_pg_counters,
+    stomp_consume_rate,
+    stomp_send_rate,
+)
+
+ALL = ["to_jms", "to_jms_seq", "from_jms", "accept1", "accept4", "latency", "backlog"]
+
+
+@dataclass
+class Row:
+    path: str
+    rates: list[float] = field(default_factory=list)
+    baseline_name: str = ""
+    baseline: list[float] = field(default_factory=list)
+    target: str = ""
+    tx_per_event: float | None = None
+    wal_per_event: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Env:
+    orb: Any
+    factory: Any
+    bridges: Any
+    url: str
+    dsn: str
+    node: NodeProcess
+
+
+def _measured(env: Env, n: int, fn: Callable[[], float]) -> tuple[float, float, float]:
+    """(rate, transactions per event, WAL syncs per event) of one run of ``fn`` handling ``n`` events."""
+    c0, w0 = settled_pg_counters(env.dsn)
+    r = fn()
+    c1, w1 = settled_pg_counters(env.dsn)
+    return r, (c1 - c0) / n, (w1 - w0) / n
+
+
+def _repeat(env: Env, row: Row, reps: int, n: int, fn: Callable[[], float]) -> Row:
+    txs, wals = [], []
+    for _ in range(reps):
+        r, tx, wal = _measured(env, n, fn)
+        row.rates.append(r)
+        txs.append(tx)
+        wals.append(wal)
+    row.tx_per_event, row.wal_per_event = statistics.median(txs), statistics.median(wals)
+    return row
+
+
+# -- accept: persistent structured pushes with k suppliers, consumer suspended ----------------------------------
+def accept_rate(factory: Any, n: int, suppliers: int) -> float:
+    import CosNotifyChannelAdmin as NCA
+
+    channel, _ = _persistent_channel(factory)
+    consumer = _consumer(Counter(), False)
+    ps, _ = channel._get_default_consumer_admin().obtain_notification_push_supplier(NCA.STRUCTURED_EVENT)
+    ps = ps._narrow(NCA.StructuredProxyPushSupplier)
+    ps.connect_structured_push_consumer(consumer._this())
+    ps.suspend_connection()                      # events are stored and queued, not delivered
+    pcs = []
+    for _ in range(suppliers):
+        pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(NCA.STRUCTURED_EVENT)
+        pc = pc._narrow(NCA.StructuredProxyPushConsumer)
+        pc.connect_structured_push_supplier(None)
+        pcs.append(pc)
+    per = n // suppliers
+    events = [[_event(k * per + i) for i in range(per)] for k in range(suppliers)]
+    barrier = threading.Barrier(suppliers + 1)
+
+    def supply(k: int) -> None:
+        barrier.wait()
+        for ev in events[k]:
+            pcs[k].push_structured_event(ev)
+
+    threads = [threading.Thread(target=supply, args=(k,), daemon=True) for k in range(suppliers)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    channel.destroy()
+    return per * suppliers / elapsed
+
+
+# -- latency: channel -> JMS at a fixed offered rate -------------------------------------------------------------
+def latency(env: Env, rate: float, seconds: float, suppliers: int = 4) -> tuple[dict[str, float], str]:
+    import stomp
+
+    import CosNotifyChannelAdmin as NCA
+
+    channel, cid = _persistent_channel(env.factory)
+    queue = f"bench.lat.{cid}"
+    bridge, _ = env.bridges.create_bridge(_endpoint("SOURCE", cid, None, False), _endpoint("SINK", None, queue,
+                                                                                          False))
+    bridge.start_bridge()
+    n = int(rate * seconds)
+    scheduled: dict[int, float] = {}
+    arrived: dict[int, float] = {}
+    done = threading.Event()
+
+    class L(stomp.ConnectionListener):  # type: ignore[misc]
+        def on_message(self, frame: Any) -> None:
+            name = frame.headers.get("$event_name", "")
+            if name.startswith("e"):
+                arrived[int(name[1:])] = time.time()
+                if len(arrived) >= n:
+                    done.set()
+
+    parts = urlsplit(env.url)
+    conn = stomp.Connection12([(parts.hostname, parts.port)])
+    conn.set_listener("l", L())
+    conn.connect(wait=True)
+    conn.subscribe(f"/queue/{queue}", id="1", ack="auto", headers={"activemq.prefetchSize": "1000"})
+    pcs = []
+    for _ in range(suppliers):
+        pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(NCA.STRUCTURED_EVENT)
+        pc = pc._narrow(NCA.StructuredProxyPushConsumer)
+        pc.connect_structured_push_supplier(None)
+        pcs.append(pc)
+    start = time.time() + 0.5
+    for i in range(n):
+        scheduled[i] = start + i / rate
+    events = {i: _event(i) for i in range(n)}
+
+    def supply(k: int) -> None:
+        for i in range(k, n, suppliers):
+            delay = scheduled[i] - time.time()
+            if delay > 0:
+                time.sleep(delay)            # offered load: the schedule, not the channel, sets the pace
+            pcs[k].push_structured_event(events[i])
+
+    threads = [threading.Thread(target=supply, args=(k,), daemon=True) for k in range(suppliers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    pushed_by = time.time()
+    done.wait(max(60.0, seconds * 10))
+    conn.disconnect()
+    bridge.destroy()
+    channel.destroy()
+    lat = sorted((arrived[i] - scheduled[i]) * 1000 for i in arrived)
+    if not lat:
+        return {}, f"nothing arrived of {n}"
+    pct = {f"p{p}": lat[min(len(lat) - 1, int(len(lat) * p / 100))] for p in (50, 95, 99)}
+    pct["max"] = lat[-1]
+    accepted = n / max(1e-9, pushed_by - start)
+    return pct, (f"offered {rate:,.0f}/s for {seconds:g} s: accepted {accepted:,.0f}/s, arrived {len(lat)}/{n}")
+
+
+# -- backlog after a restart ----------------------------------------------------------------------------------
+def backlog_rate(env: Env, n: int) -> tuple[Env, float]:
+    """Queue ``n`` events for a bridge whose proxy is suspended, restart the node, resume: drain rate."""
+    import CosNotifyChannelAdmin as NCA
+
+    channel, cid = _persistent_channel(env.factory)
+    queue = f"bench.backlog.{cid}"
+    bridge, _ = env.bridges.create_bridge(_endpoint("SOURCE", cid, None, False), _endpoint("SINK", None, queue,
+                                                                                          False))
+    bridge.start_bridge()
+    aid, pid = _bridge_proxy(channel)                    # the bridge's own consumer admin and proxy supplier
+    channel.get_consumeradmin(aid).get_proxy_supplier(pid)._narrow(
+        NCA.StructuredProxyPushSupplier).suspend_connection()
+    pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(NCA.STRUCTURED_EVENT)
+    pc = pc._narrow(NCA.StructuredProxyPushConsumer)
+    pc.connect_structured_push_supplier(None)
+    for i in range(n):
+        pc.push_structured_event(_event(i))
+    env.node.stop()
+    env = _connect(env.node.start(), env.url, env.node, env.orb)
+    channel = _retry(lambda: env.factory.get_event_channel(cid))
+    proxy = _retry(lambda: channel.get_consumeradmin(aid).get_proxy_supplier(pid)._narrow(
+        NCA.StructuredProxyPushSupplier))
+    counter = Counter()
+    firsts: list[float] = []
+
+    class Stamp(Counter):
+        def add(self, k: int) -> None:
+            if not firsts:
+                firsts.append(time.perf_counter())
+            counter.add(k)
+
+    conn = _count_queue(env.url, queue, Stamp())
+    try:
+        _retry(proxy.resume_connection)
+    except NCA.ConnectionAlreadyActive:
+        pass
+    counter.wait(n - 1, timeout=600)
+    elapsed = time.perf_counter() - firsts[0]
+    conn.disconnect()
+    try:
+        _retry(bridge.destroy)               # a persistent reference: still valid after the restart
+    except Exception as exc:  # noqa: BLE001 — a benchmark's cleanup; say so and go on
+        print(f"(backlog: could not destroy the bridge after the restart: {exc!r})", file=sys.stderr)
+    _retry(channel.destroy)
+    return env, (n - 1) / elapsed
+
+
+def _retry(call: Callable[[], Any]) -> Any:
+    """After a restart the client ORB's cached connections fail once each (COMM_FAILURE): try again."""
+    from omniORB import CORBA
+
+    for attempt in range(10):
+        try:
+            return call()
+        except (CORBA.COMM_FAILURE, CORBA.TRANSIENT):
+            if attempt == 9:
+                raise
+            time.sleep(0.2)
+    return None
+
+
+def _bridge_proxy(channel: Any) -> tuple[int, int]:
+    for aid in channel.get_all_consumeradmins():
+        pids = list(channel.get_consumeradmin(aid)._get_push_suppliers())
+        if aid != 0 and pids:
+            return aid, pids[0]
+    raise RuntimeError("the bridge's proxy supplier was not found")
+
+
+# -- plumbing -------------------------------------------------------------------------------------------------
+def _connect(ep: dict[str, Any], url: str, node: NodeProcess, orb: Any) -> Env:
+    import CosNotifyChannelAdmin as NCA
+
+    from idl.generated import CosBridgeAdmin as BA
+
+    factory = _retry(lambda: orb.string_to_object(ep["event_channel_factory"]["corbaloc"])._narrow(
+        NCA.EventChannelFactory))
+    bridges = _retry(lambda: orb.string_to_object(ep["bridge_factory"]["corbaloc"])._narrow(BA.BridgeFactory))
+    return Env(orb, factory, bridges, url, ep["bench_dsn"], node)
+
+
+def _fmt(values: list[float]) -> str:
+    if not values:
+        return "-"
+    med, lo, hi = median_spread(values)
+    return f"{med:,.0f} ({lo:,.0f}-{hi:,.0f})" if len(values) > 1 else f"{med:,.0f}"
+
+
+def table(rows: list[Row], lat: tuple[dict[str, float], str] | None) -> str:
+    out = ["| path | rate/s median (min-max) | baseline in the same run | ratio | target | PG tx/event | "
+           "WAL syncs/event |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = (f"{statistics.median(r.rates) / statistics.median(r.baseline):.2f}"
+                 if r.rates and r.baseline else "-")
+        tx = f"{r.tx_per_event:.2f}" if r.tx_per_event is not None else "-"
+        wal = f"{r.wal_per_event:.2f}" if r.wal_per_event is not None else "-"
+        out.append(f"| {r.path} | {_fmt(r.rates)} | {r.baseline_name}: {_fmt(r.baseline)} | {ratio} | {r.target} "
+                   f"| {tx} | {wal} |")
+    if lat is not None:
+        pct, note = lat
+        shown = ", ".join(f"{k} {v:,.1f} ms" for k, v in pct.items()) or "-"
+        out.append(f"| latency channel → JMS | {shown} | {note} | — | keeps up, p99 ≤ 20 ms | - | - |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=5000, help="events per throughput run (default 5000)")
+    ap.add_argument("--backlog", type=int, default=10_000, help="backlog size (default 10000)")
+    ap.add_argument("--rate", type=float, default=1000.0, help="offered rate of the latency path (events/s)")
+    ap.add_argument("--seconds", type=float, default=10.0, help="duration of the latency path")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of each throughput path (default 3)")
+    ap.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
+    ap.add_argument("--quick", action="store_true", help="small sizes: 500 events, backlog 1000, latency 3 s")
+    args = ap.parse_args(argv)
+    only = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = set(only) - set(ALL)
+    if unknown:
+        ap.error(f"unknown path(s): {', '.join(sorted(unknown))}")
+    if args.quick:
+        args.events, args.backlog, args.seconds = 500, 1000, 3.0
+    n, reps = args.events, args.reps
+    rows: list[Row] = []
+    lat = None
+    load = os.getloadavg()
+    with services() as (admin_dsn, url):
+        node = NodeProcess(admin_dsn, url)
+        try:
+            env = _connect(node.start(), url, node, client_orb())
+            tx_base = pg1 = consume = None
+            if {"to_jms", "to_jms_seq", "backlog"} & set(only):
+                tx_base = [stomp_send_rate(url, 1000, per_tx=100) for _ in range(reps)]
+            if {"accept1", "accept4"} & set(only):
+                pg1 = [pg_commit_rate(admin_dsn, 500, 1) for _ in range(reps)]
+            if "from_jms" in only:
+                consume = [stomp_consume_rate(url, 1000) for _ in range(reps)]
+            to_jms_rate(env.factory, env.bridges, url, 100, False)      # warm-up
+            if "to_jms" in only or "backlog" in only:
+                rows.append(_repeat(env, Row("channel → JMS, structured push", baseline_name="raw BEGIN+100 SEND+"
+                                             "COMMIT", baseline=tx_base or [], target="≥ 0.9"), reps, n,
+                                    lambda: to_jms_rate(env.factory, env.bridges, url, n, False)))
+            if "to_jms_seq" in only:
+                rows.append(_repeat(env, Row("channel → JMS, sequence push x100", baseline_name="raw BEGIN+100 "
+                                             "SEND+COMMIT", baseline=tx_base or [], target="≥ 0.9"), reps, n,
+                                    lambda: to_jms_rate(env.factory, env.bridges, url, n, True)))
+            if "from_jms" in only:
+                rows.append(_repeat(env, Row("JMS → channel", baseline_name="raw consume + client-individual ack",
+                                             baseline=consume or [], target="≥ 0.9"), reps, n,
+                                    lambda: from_jms_rate(env.factory, env.bridges, url, n)))
+            for k in (1, 4):
+                if f"accept{k}" in only:
+                    rows.append(_repeat(env, Row(f"persistent structured push accepted ({k} supplier"
+                                                 f"{'s' if k > 1 else ''})", baseline_name="PG one-row commit",
+                                                 baseline=pg1 or [], target="≥ 0.8"), reps, n,
+                                        lambda k=k: accept_rate(env.factory, n, k)))  # type: ignore[misc]
+            if "latency" in only:
+                lat = latency(env, args.rate, args.seconds)
+            if "backlog" in only:
+                steady = next(r.rates for r in rows if r.path.startswith("channel → JMS, structured"))
+                drains = []
+                for _ in range(reps):
+                    env, r = backlog_rate(env, args.backlog)
+                    drains.append(r)
+                rows.append(Row(f"backlog of {args.backlog:,} after a restart (drain)", drains,
+                                "steady-state channel → JMS structured", steady, "≥ 1"))
+        finally:
+            node.close()
+    print(f"\n{n} x 1 KB persistent events per run, {reps} repetition(s); load average before the run "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, after {os.getloadavg()[0]:.2f}\n")
+    print(table(rows, lat))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,489 @@
+"""The delivery ledger: the router's writes, in the caller's database transaction (docs/audit.md).
+
+Table ``nsjms_ledger`` (migration ``router/db/migrations/0003_ledger.sql``), append-only, partitioned by UTC day on
+``accepted_at``. One *obligation* (one event for one consumer proxy, or one JMS message for one bridge) is named
+by its ``dedupe_id``; all its rows carry the same ``dedupe_id`` and ``accepted_at``: one ``accepted`` row, then a
+row per later step (``in_doubt``, ``rolled_back``) and one terminal row (``delivered``, ``dead_letter``,
+``discarded``, ``expired``).
+
+Every write takes ``conn``, a connection inside the caller's transaction, and plain data, and is ONE statement
+(``INSERT … SELECT … FROM unnest(arrays)``) however many rows: the rows commit or roll back with whatever the
+caller moved in that transaction, and a failing ledger insert fails the caller's unit of work (there is no second
+write path that could disagree). psycopg's errors propagate to the caller's boundary (:mod:`router.db`).
+
+Partition maintenance (:func:`ensure_partitions`, :func:`drop_expired_partitions`, :func:`maintain`) is DDL: run it
+in its own short transaction, never inside a routing transaction. Nothing here runs at import.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, time, timedelta
+from enum import StrEnum
+from importlib import resources
+from typing import Any
+
+import psycopg
+from psycopg import Xid, sql
+
+from xa.pg import translate
+from xa.xid import dedupe_id as message_dedupe_id
+
+__all__ = [
+    "CHANNEL_DEDUPE_SQL",
+    "COLUMNS",
+    "DEFAULT_PARTITION",
+    "HOP_COLUMNS",
+    "MIGRATION",
+    "TABLE",
+    "Direction",
+    "LedgerRow",
+    "LedgerSettings",
+    "LedgerWriter",
+    "Outcome",
+    "Route",
+    "T2Item",
+    "T2LedgerBranch",
+    "T2Rows",
+    "channel_dedupe_id",
+    "day_bounds",
+    "drop_expired_partitions",
+    "ensure_partitions",
+    "inbound_dedupe_id",
+    "list_partitions",
+    "maintain",
+    "partition_name",
+    "schema_sql",
+    "t2_branch",
+    "timestamp",
+    "volatile_dedupe_id",
+]
+
+TABLE = "nsjms_ledger"
+DEFAULT_PARTITION = "nsjms_ledger_default"
+MIGRATION = "0003_ledger.sql"
+_PARTITION_RE = re.compile(r"^nsjms_ledger_p(\d{8})$")
+
+#: The hop timestamps, in the order a delivery passes them.
+HOP_COLUMNS: tuple[str, ...] = (
+    "accepted_at", "dispatched_at", "prepared_at", "decided_at", "broker_committed_at", "acknowledged_at",
+)
+#: Every column, in table order (``entry_id`` and ``recorded_at`` are filled by PostgreSQL on insert).
+COLUMNS: tuple[str, ...] = (
+    "entry_id", "event_id", "jms_message_id", "dedupe_id", "channel_id", "proxy_id", "bridge_id", "destination",
+    "direction", "gtrid", *HOP_COLUMNS, "outcome", "failure_reason", "recorded_at",
+)
+
+
+class Outcome(StrEnum):
+    """What a ledger row records (``outcome`` column)."""
+
+    ACCEPTED = "accepted"        # nsjms took responsibility for the item
+    IN_DOUBT = "in_doubt"        # T2 prepared, decision not yet known
+    ROLLED_BACK = "rolled_back"  # T2 rolled back; the item stays queued and is retried
+    DELIVERED = "delivered"      # terminal: handed over and acknowledged
+    DEAD_LETTER = "dead_letter"  # terminal: dead-lettered, failure_reason says why
+    DISCARDED = "discarded"      # terminal: discarded by a QoS policy, failure_reason says which
+    EXPIRED = "expired"          # terminal: its deadline passed, failure_reason says which
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Outcome.DELIVERED, Outcome.DEAD_LETTER, Outcome.DISCARDED, Outcome.EXPIRED)
+
+    @property
+    def needs_reason(self) -> bool:
+        """The schema requires ``failure_reason`` exactly for these outcomes (a CHECK constraint)."""
+        return self in (Outcome.ROLLED_BACK, Outcome.DEAD_LETTER, Outcome.DISCARDED, Outcome.EXPIRED)
+
+
+class Direction(StrEnum):
+    CHANNEL_TO_JMS = "channel_to_jms"            # an event for a bridge's proxy supplier, towards JMS
+    JMS_TO_CHANNEL = "jms_to_channel"            # a JMS message a bridge hands to the channel
+    CHANNEL_TO_CONSUMER = "channel_to_consumer"  # an event for a CORBA consumer of the channel (no JMS)
+
+
+Time = float | datetime   # unix seconds (time.time()) or an aware datetime
+
+
+def timestamp(t: Time | None) -> datetime | None:
+    """``t`` as an aware UTC datetime (unix seconds are read as UTC)."""
+    if t is None or isinstance(t, datetime):
+        return t
+    return datetime.fromtimestamp(t, UTC)
+
+
+@dataclass(frozen=True)
+class LedgerSettings:
+    """The ``ledger:`` section of the node's configuration (router/config.py, docs/configuration.md)."""
+
+    enabled: bool = True              # rows for persistent and transactional traffic
+    best_effort: bool = False         # rows for BestEffort events too (their own short transaction)
+    retention_days: int = 30          # whole UTC days kept before today
+    ahead_days: int = 3               # day partitions created ahead of today
+    maintenance_interval_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.retention_days < 1:
+            raise ValueError(f"ledger.retention_days must be >= 1, got {self.retention_days}")
+        if not 0 <= self.ahead_days <= 366:
+            raise ValueError(f"ledger.ahead_days must be in 0..366, got {self.ahead_days}")
+        if self.maintenance_interval_s <= 0:
+            raise ValueError(f"ledger.maintenance_interval_s must be > 0, got {self.maintenance_interval_s}")
+
+    def records(self, persistent: bool) -> bool:
+        """Whether traffic of this kind gets ledger rows."""
+        return self.enabled and (persistent or self.best_effort)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where the obligations of one channel proxy flow: a bridge's proxy says which bridge and destination."""
+
+    direction: Direction
+    bridge_id: int | None = None
+    destination: str | None = None    # ``queue/NAME`` or ``topic/NAME``
+
+
+CONSUMER = Route(Direction.CHANNEL_TO_CONSUMER)
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """One ledger row (every column but ``entry_id`` and ``recorded_at``). Times: unix seconds or aware datetimes."""
+
+    dedupe_id: str
+    channel_id: int
+    direction: Direction
+    accepted_at: Time
+    outcome: Outcome
+    event_id: int | None = None
+    jms_message_id: str | None = None
+    proxy_id: int | None = None
+    bridge_id: int | None = None
+    destination: str | None = None
+    gtrid: str | None = None
+    dispatched_at: Time | None = None
+    prepared_at: Time | None = None
+    decided_at: Time | None = None
+    broker_committed_at: Time | None = None
+    acknowledged_at: Time | None = None
+    failure_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class T2Item:
+    """One obligation moved by a T2 transaction (see :meth:`LedgerWriter.t2`)."""
+
+    dedupe_id: str
+    channel_id: int
+    direction: Direction
+    accepted_at: Time
+    event_id: int | None = None
+    jms_message_id: str | None = None
+    proxy_id: int | None = None
+    bridge_id: int | None = None
+    destination: str | None = None
+    dispatched_at: Time | None = None
+
+
+@dataclass
+class T2Rows:
+    """The ledger rows of one T2's PostgreSQL branch, collected while the branch's statements run (the store's
+    calls add them instead of writing them) and written by :class:`T2LedgerBranch` in one statement, the branch's
+    last before ``PREPARE TRANSACTION``. ``messages``: event id -> the ``nsjms_dedupe_id`` of the JMS message the
+    T2 sends for it (channel → JMS)."""
+
+    gtrid: str
+    messages: dict[int, str] = field(default_factory=dict)
+    rows: list[LedgerRow] = field(default_factory=list)
+
+
+def channel_dedupe_id(event_id: int, channel_id: int, admin_id: int, proxy_id: int) -> str:
+    """The obligation of a stored event for one proxy supplier: ``e<event>/c<channel>/a<admin>/p<proxy>``."""
+    return f"e{event_id}/c{channel_id}/a{admin_id}/p{proxy_id}"
+
+
+#: :func:`channel_dedupe_id` as a SQL expression (``str.format`` with ``event``, ``channel``, ``admin``, ``proxy``
+#: SQL operands), for statements that write the rows of the queue rows they insert or delete.
+CHANNEL_DEDUPE_SQL = "('e' || {event} || '/c' || {channel} || '/a' || {admin} || '/p' || {proxy})"
+
+
+def volatile_dedupe_id(run_id: str, seq: int, channel_id: int, admin_id: int, proxy_id: int) -> str:
+    """The obligation of a BestEffort event (never stored) for one proxy supplier, with ``ledger.best_effort``:
+    ``b<run>/s<seq>/c<channel>/a<admin>/p<proxy>`` (``run``: :attr:`LedgerWriter.run_id`, new at every start)."""
+    return f"b{run_id}/s{seq}/c{channel_id}/a{admin_id}/p{proxy_id}"
+
+
+def inbound_dedupe_id(bridge_id: int, jms_message_id: str) -> str:
+    """The obligation of a JMS message for a JMS → channel bridge: ``j<bridge>/<JMS message id>``."""
+    return f"j{bridge_id}/{jms_message_id}"
+
+
+_INSERT = sql.SQL("""
+    INSERT INTO nsjms_ledger (event_id, jms_message_id, dedupe_id, channel_id, proxy_id, bridge_id, destination,
+                              direction, gtrid, accepted_at, dispatched_at, prepared_at, decided_at,
+                              broker_committed_at, acknowledged_at, outcome, failure_reason)
+    SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::integer[], %s::integer[], %s::integer[],
+                         %s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[],
+                         %s::timestamptz[], %s::timestamptz[], %s::timestamptz[], %s::timestamptz[], %s::text[],
+                         %s::text[])""")
+
+_FIELDS = ("event_id", "jms_message_id", "dedupe_id", "channel_id", "proxy_id", "bridge_id", "destination",
+           "direction", "gtrid", "accepted_at", "dispatched_at", "prepared_at", "decided_at", "broker_committed_at",
+           "acknowledged_at", "outcome", "failure_reason")
+_TIMES = frozenset(HOP_COLUMNS)
+
+
+class LedgerWriter:
+    """Writes ledger rows on the caller's connection, and knows which channel proxies belong to bridges.
+
+    Thread-safe; holds no connection. ``settings.enabled`` False makes every write a no-op (the callers need not
+    check). Route registry: a bridge registers the channel proxy it uses (:meth:`set_route`) so the channel's rows
+    for that proxy carry the bridge, its destination and the direction; any other proxy is a CORBA consumer.
+    """
+
+    def __init__(self, settings: LedgerSettings | None = None) -> None:
+        self.settings = settings or LedgerSettings()
+        self._routes: dict[tuple[int, str, int, int], Route] = {}
+        self._lock = threading.Lock()
+        self.rows_written = 0
+        self.run_id = secrets.token_hex(6)   # names this run's BestEffort obligations (their seqs restart)
+        self._t2: dict[int, tuple[Any, T2Rows]] = {}     # id(conn) -> (conn, rows) of a T2 branch in progress
+
+    # -- T2 branches ----------------------------------------------------------------------------------------
+    def t2_rows(self, conn: Any) -> T2Rows | None:
+        """The rows being collected for the T2 whose PostgreSQL branch runs on ``conn``, or None (not in a T2)."""
+        with self._lock:
+            got = self._t2.get(id(conn))
+        return got[1] if got is not None and got[0] is conn else None
+
+    def _attach(self, conn: Any, rows: T2Rows) -> None:
+        with self._lock:
+            self._t2[id(conn)] = (conn, rows)
+
+    def _detach(self, conn: Any) -> T2Rows | None:
+        with self._lock:
+            got = self._t2.get(id(conn))
+            if got is None or got[0] is not conn:
+                return None
+            del self._t2[id(conn)]
+        return got[1]
+
+    # -- routes -------------------------------------------------------------------------------------------
+    def set_route(self, channel_id: int, side: str, admin_id: int, proxy_id: int, route: Route) -> None:
+        """``side``: ``"C"`` for a proxy supplier (channel → consumer), ``"S"`` for a proxy consumer."""
+        with self._lock:
+            self._routes[(channel_id, side, admin_id, proxy_id)] = route
+
+    def forget_route(self, channel_id: int, side: str, admin_id: int, proxy_id: int) -> None:
+        with self._lock:
+            self._routes.pop((channel_id, side, admin_id, proxy_id), None)
+
+    def route(self, channel_id: int, side: str, admin_id: int, proxy_id: int) -> Route | None:
+        """The registered route, or None (for a proxy supplier: a plain CORBA consumer, :data:`CONSUMER`)."""
+        return self._routes.get((channel_id, side, admin_id, proxy_id))
+
+    def records(self, persistent: bool) -> bool:
+        return self.settings.records(persistent)
+
+    # -- writes -------------------------------------------------------------------------------------------
+    def write(self, conn: psycopg.Connection[Any], rows: Sequence[LedgerRow]) -> int:
+        """Insert ``rows`` in one statement; returns how many. Raises ValueError (nothing written) for a row whose
+        ``failure_reason`` does not match its outcome; psycopg's errors propagate (the caller's transaction fails)."""
+        if not rows or not self.settings.enabled:
+            return 0
+        for r in rows:
+            if Outcome(r.outcome).needs_reason != (r.failure_reason is not None):
+                raise ValueError(f"ledger row {r.dedupe_id!r}: outcome {r.outcome} "
+                                 f"{'needs' if Outcome(r.outcome).needs_reason else 'takes no'} failure_reason")
+        columns = [[timestamp(getattr(r, f)) if f in _TIMES else _plain(getattr(r, f)) for r in rows]
+                   for f in _FIELDS]
+        conn.execute(_INSERT, columns)
+        self.count(len(rows))
+        return len(rows)
+
+    def count(self, n: int) -> None:
+        """Count ``n`` rows a caller wrote in its own statement (``rows_written``; its transaction may roll back)."""
+        with self._lock:
+            self.rows_written += n
+
+    def accepted(self, conn: psycopg.Connection[Any], rows: Sequence[LedgerRow]) -> int:
+        """nsjms took responsibility: ``rows`` with their outcome set to ``accepted``."""
+        return self.write(conn, [_with(r, Outcome.ACCEPTED, None) for r in rows])
+
+    def delivered(self, conn: psycopg.Connection[Any], rows: Sequence[LedgerRow]) -> int:
+        return self.write(conn, [_with(r, Outcome.DELIVERED, None) for r in rows])
+
+    def dead_lettered(self, conn: psycopg.Connection[Any], rows: Sequence[LedgerRow], reason: str) -> int:
+        return self.write(conn, [_with(r, Outcome.DEAD_LETTER, reason) for r in rows])
+
+    def discarded(self, conn: psycopg.Connection[Any], rows: Sequence[LedgerRow], reason: str) -> int:
+        return self.write(conn, [_with(r, Outcome.DISCARDED, reason) for r in rows])
+
+    def expired(self, conn: psycopg.Connection[Any], rows: Sequence[LedgerRow], reason: str) -> int:
+        return self.write(conn, [_with(r, Outcome.EXPIRED, reason) for r in rows])
+
+    def t2(self, conn: psycopg.Connection[Any], *, gtrid: str, outcome: Outcome, items: Sequence[T2Item],
+           prepared_at: Time | None = None, decided_at: Time | None = None,
+           broker_committed_at: Time | None = None, acknowledged_at: Time | None = None,
+           reason: str | None = None) -> int:
+        """One step of a T2 transaction for all its ``items`` in one statement: ``in_doubt`` (in the prepared
+        PostgreSQL branch), ``delivered`` / ``dead_letter`` (committed), ``rolled_back`` (``reason`` required for
+        rolled_back, dead_letter, discarded, expired). The hop times are the transaction's, common to its items."""
+        rows = [LedgerRow(i.dedupe_id, i.channel_id, i.direction, i.accepted_at, outcome, i.event_id,
+                          i.jms_message_id, i.proxy_id, i.bridge_id, i.destination, gtrid, i.dispatched_at,
+                          prepared_at, decided_at, broker_committed_at, acknowledged_at, reason) for i in items]
+        return self.write(conn, rows)
+
+
+class T2LedgerBranch:
+    """A T2's PostgreSQL branch (any :class:`xa.resource.Resource`) that writes the T2's ledger rows.
+
+    From ``begin`` on, the store's calls on ``conn`` collect their rows in :class:`T2Rows` (with the gtrid and the
+    statement's time as ``dispatched_at``) instead of writing them; ``prepare`` writes them all in ONE statement
+    with ``prepared_at`` = now, then prepares the branch: the rows are in the branch, so they commit exactly when
+    the T2 commits and vanish with a rollback. A failing insert votes no (:class:`xa.errors.PrepareFailed`)."""
+
+    def __init__(self, writer: LedgerWriter, conn: psycopg.Connection[Any], inner: Any, rows: T2Rows) -> None:
+        self.writer = writer
+        self.conn = conn
+        self.inner = inner
+        self.rows = rows
+        self.name, self.kind, self.manager = inner.name, inner.kind, inner.manager
+        self.one_phase_only = inner.one_phase_only
+
+    def sort_key(self) -> str:
+        key: str = self.inner.sort_key()
+        return key
+
+    def begin(self, xid: Xid) -> None:
+        self.inner.begin(xid)
+        self.writer._attach(self.conn, self.rows)
+
+    def prepare(self) -> None:
+        rows = self.writer._detach(self.conn)
+        if rows is not None and rows.rows:
+            now = datetime.now(UTC)
+            try:
+                self.writer.write(self.conn, [replace(r, prepared_at=now) for r in rows.rows])
+            except psycopg.Error as exc:
+                raise translate(exc, step="prepare", gtrid=rows.gtrid, branch=self.name) from exc
+        self.inner.prepare()
+
+    def commit(self) -> None:
+        self.inner.commit()
+
+    def rollback(self) -> None:
+        self.writer._detach(self.conn)
+        self.inner.rollback()
+
+
+def t2_branch(ledger: Any, conn: Any, branch: Any, gtrid: str, outbox: Sequence[int | None] = ()) -> Any:
+    """``branch`` (a T2's PostgreSQL branch on ``conn``) as a :class:`T2LedgerBranch` when ``ledger`` records
+    persistent traffic, else unchanged. ``outbox``: the event ids of the T2's messages in send order (channel →
+    JMS: message ``i`` carries ``xa.xid.dedupe_id(gtrid, i)``); the rows of those events record that id."""
+    if not isinstance(ledger, LedgerWriter) or not ledger.records(persistent=True):
+        return branch
+    messages = {eid: message_dedupe_id(gtrid, i) for i, eid in enumerate(outbox) if eid is not None}
+    return T2LedgerBranch(ledger, conn, branch, T2Rows(gtrid, messages))
+
+
+def _with(row: LedgerRow, outcome: Outcome, reason: str | None) -> LedgerRow:
+    if row.outcome is outcome and row.failure_reason == reason:
+        return row
+    return LedgerRow(row.dedupe_id, row.channel_id, row.direction, row.accepted_at, outcome, row.event_id,
+                     row.jms_message_id, row.proxy_id, row.bridge_id, row.destination, row.gtrid, row.dispatched_at,
+                     row.prepared_at, row.decided_at, row.broker_committed_at, row.acknowledged_at, reason)
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, StrEnum) else value
+
+
+# -- schema and partitions -------------------------------------------------------------------------------------
+def schema_sql() -> str:
+    """The text of the ledger's migration (``router/db/migrations/0003_ledger.sql``)."""
+    return (resources.files("router.db") / "migrations" / MIGRATION).read_text(encoding="utf-8")
+
+
+def partition_name(day: date) -> str:
+    return f"{TABLE}_p{day:%Y%m%d}"
+
+
+def day_bounds(day: date) -> tuple[datetime, datetime]:
+    """``[day 00:00 UTC, next day 00:00 UTC)``."""
+    start = datetime.combine(day, time(0), tzinfo=UTC)
+    return start, start + timedelta(days=1)
+
+
+def list_partitions(conn: psycopg.Connection[Any]) -> list[date]:
+    """The days that have a partition, ascending (the default partition is not a day)."""
+    rows = conn.execute("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                        "WHERE i.inhparent = %s::regclass", (TABLE,)).fetchall()
+    days = []
+    for (name,) in rows:
+        m = _PARTITION_RE.match(str(name))
+        if m:
+            days.append(datetime.strptime(m.group(1), "%Y%m%d").date())
+    return sorted(days)
+
+
+def ensure_partitions(conn: psycopg.Connection[Any], first: date, days: int) -> list[date]:
+    """Create the partitions of ``first`` and the ``days - 1`` following days that are missing; return them.
+
+    Rows the default partition already holds for such a day are moved into it in the same transaction."""
+    have = set(list_partitions(conn))
+    created = []
+    for n in range(days):
+        day = first + timedelta(days=n)
+        if day not in have:
+            _create(conn, day)
+            created.append(day)
+    return created
+
+
+def _create(conn: psycopg.Connection[Any], day: date) -> None:
+    lo, hi = day_bounds(day)
+    name, parent, default = (sql.Identifier(partition_name(day)), sql.Identifier(TABLE),
+                             sql.Identifier(DEFAULT_PARTITION))
+    bounds = sql.SQL("FOR VALUES FROM ({}) TO ({})").format(sql.Literal(lo), sql.Literal(hi))
+    stray = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE accepted_at >= %s AND accepted_at < %s)")
+                         .format(default), (lo, hi)).fetchone()
+    if not (stray and stray[0]):
+        conn.execute(sql.SQL("CREATE TABLE {} PARTITION OF {} {}").format(name, parent, bounds))
+        return
+    # Rows already arrived for this day: move them out of the default partition, then attach.
+    conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)").format(name, parent))
+    conn.execute(sql.SQL("WITH moved AS (DELETE FROM {} WHERE accepted_at >= %s AND accepted_at < %s RETURNING *) "
+                         "INSERT INTO {} SELECT * FROM moved").format(default, name), (lo, hi))
+    conn.execute(sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(parent, name, bounds))
+
+
+def drop_expired_partitions(conn: psycopg.Connection[Any], retention_days: int, today: date) -> list[date]:
+    """Drop the day partitions whose day ended more than ``retention_days`` whole days before ``today``.
+
+    A day ``d`` is dropped when ``d < today - retention_days``; with ``retention_days=1`` yesterday is kept.
+    Rows in the default partition are never dropped here."""
+    if retention_days < 1:
+        raise ValueError(f"retention_days must be >= 1, got {retention_days}")
+    cutoff = today - timedelta(days=retention_days)
+    dropped = []
+    for day in list_partitions(conn):
+        if day < cutoff:
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(partition_name(day))))
+            dropped.append(day)
+    return dropped
+
+
+def maintain(conn: psycopg.Connection[Any], retention_days: int, ahead_days: int,
+             today: date | None = None) -> tuple[list[date], list[date]]:
+    """Create today's and ``ahead_days`` next partitions, drop expired ones; return (created, dropped)."""
+    today = today or datetime.now(UTC).date()
+    created = ensure_partitions(conn, today, ahead_days + 1)
+    dropped = drop_expired_partitions(conn, retention_days, today)
+    return created, dropped
+

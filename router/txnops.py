@@ -1,0 +1,203 @@
+"""The I/O layer of ``nsjms txn``: read a :class:`router.txnview.Snapshot`, act through recovery, keep an audit trail.
+
+:class:`TxnOps` is used in both modes: offline by ``nsjms txn`` itself (holding the state directory's lock, on the
+node's recovery log and a :class:`xa.pg.PgManager` of its own, in-flight guard 0 since nothing can be deciding), and
+online by the router's ``TransactionAdmin`` servant (on the running node's log, recovery manager and in-flight set,
+with recovery's guard). Every operator action is appended to ``<state_dir>/txn-operator.log`` (one JSON object a
+line: time, who, why, what, result); decisions against the log are also HEURISTIC records in the recovery log
+itself (``xa.recovery.RecoveryManager.resolve``), shown as heuristic outcomes until ``forget``.
+
+Exceptions: :class:`Refused` (the request cannot be done; the message says why and what is safe instead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import Xid
+
+from router.txnview import InboxInfo, Listing, OutboxInfo, Snapshot, TxnView, join, refusal
+from xa.errors import HeuristicKind, XAError
+from xa.log import RecoveryLog
+from xa.pg import PgManager
+from xa.records import Heuristic, LiveTxn
+from xa.recovery import RecoveryManager, RecoveryReport, SafeAction
+from xa.xid import FORMAT_ID, NodeId, is_ours, parse_gtrid
+
+__all__ = ["AUDIT_FILE", "Refused", "TxnOps"]
+
+AUDIT_FILE = "txn-operator.log"
+Rows = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
+
+
+class Refused(Exception):
+    """The operator's request is refused; the message says why (and what is safe instead)."""
+
+
+class TxnOps:
+    """List, show, resolve, forget and recover the routing transactions of one node (see the module docstring)."""
+
+    def __init__(self, node: str, state_dir: Path, log: RecoveryLog | None, pg: PgManager, rows: Rows,
+                 recovery: RecoveryManager | None, *, mode: str, guard_s: float,
+                 in_flight: Callable[[], frozenset[str]] = frozenset,
+                 serial: AbstractContextManager[Any] | None = None,
+                 run: Callable[[], RecoveryReport] | None = None) -> None:
+        """``serial``: held around every action (online: the node's recovery lock, so an operator's action never
+        interleaves with a recovery pass); ``run``: one recovery pass (online: the node's, which counts it)."""
+        self.node, self.state_dir, self.log, self.pg, self.rows = NodeId(node), state_dir, log, pg, rows
+        self.recovery, self.mode, self.guard_s, self.in_flight = recovery, mode, guard_s, in_flight
+        self.serial: AbstractContextManager[Any] = serial if serial is not None else threading.RLock()
+        self._run = run
+
+    # --------------------------------------------------------------------------------------------- read
+    def snapshot(self) -> Snapshot:
+        live: Mapping[str, LiveTxn] = self.log.live() if self.log is not None else {}
+        busy = self.in_flight()
+        prepared: list[Xid] | None
+        error = ""
+        try:
+            prepared = list(self.pg.recover())
+        except XAError as exc:
+            prepared, error = None, str(exc)
+        gtrids = sorted(set(live) | {x.gtrid for x in prepared or () if is_ours(x, self.node)})
+        outbox, inbox = self._rows(gtrids) if gtrids and prepared is not None else ((), ())
+        return Snapshot(self.node.value, time.time(), self.guard_s, live, prepared, error, outbox, inbox, busy,
+                        self.mode)
+
+    def _rows(self, gtrids: list[str]) -> tuple[list[OutboxInfo], list[InboxInfo]]:
+        with self.rows() as conn:
+            out = conn.execute("SELECT o.gtrid, o.idx, o.dedupe_id, o.bridge_id, o.destination, "
+                               "extract(epoch FROM o.created_at)::float8, b.channel_id FROM nsjms_outbox o "
+                               "LEFT JOIN nsjms_bridge b ON b.id = o.bridge_id WHERE o.gtrid = ANY(%s) "
+                               "ORDER BY o.gtrid, o.idx", (gtrids,)).fetchall()
+            inb = conn.execute("SELECT i.gtrid, i.bridge_id, i.message_id, extract(epoch FROM i.received_at)::float8, "
+                               "b.channel_id FROM nsjms_inbox i LEFT JOIN nsjms_bridge b ON b.id = i.bridge_id "
+                               "WHERE i.gtrid = ANY(%s) ORDER BY i.gtrid, i.message_id", (gtrids,)).fetchall()
+        return ([OutboxInfo(str(g), int(i), str(d), int(b), str(dest), float(at), _opt(ch))
+                 for g, i, d, b, dest, at, ch in out],
+                [InboxInfo(str(g), int(b), str(m), float(at), _opt(ch)) for g, b, m, at, ch in inb])
+
+    def listing(self) -> Listing:
+        return join(self.snapshot())
+
+    def show(self, gtrid: str) -> TxnView:
+        for view in self.listing().transactions:
+            if view.gtrid == gtrid:
+                return view
+        raise Refused(f"no transaction {gtrid} of node {self.node} is pending (finished, or never existed); "
+                      "`nsjms txn list` shows the pending ones, orphaned prepared branches need --xid GID")
+
+    # -------------------------------------------------------------------------------------------- act
+    def _recovery(self) -> RecoveryManager:
+        if self.recovery is None:
+            raise Refused("the recovery log could not be opened for writing")
+        return self.recovery
+
+    def resolve(self, gtrid: str, action: str, who: str, why: str) -> dict[str, Any]:
+        """Commit or roll back one transaction; refused against a logged decision (:func:`refusal`)."""
+        if action not in ("commit", "rollback"):
+            raise Refused(f"an operator can commit or roll back, not {action!r}")
+        with self.serial:
+            view = self.show(gtrid)
+            reason = refusal(view, action)
+            if reason is not None:
+                self.audit(who, why, action, gtrid, f"refused: {reason}")
+                raise Refused(reason)
+            try:
+                report = self._recovery().resolve(gtrid, SafeAction(action), who, why)
+            except XAError as exc:
+                raise Refused(str(exc)) from exc
+        result = _report(report)
+        result.update(gtrid=gtrid, action=action, heuristic=gtrid in report.heuristic)
+        self.audit(who, why, action, gtrid, result)
+        return result
+
+    def resolve_xid(self, gid: str, action: str, who: str, why: str) -> dict[str, Any]:
+        """Commit or roll back ONE orphaned prepared branch by its GID (``pg_prepared_xacts.gid``), recording the
+        operator's decision as a HEURISTIC record first (shown until ``forget``)."""
+        if action not in ("commit", "rollback") or not who.strip() or not why.strip():
+            raise Refused("--xid needs commit or rollback, who and why")
+        with self.serial:
+            return self._resolve_xid(gid, action, who, why)
+
+    def _resolve_xid(self, gid: str, action: str, who: str, why: str) -> dict[str, Any]:
+        found = [x for x in self.pg.recover() if str(x) == gid]
+        if not found:
+            raise Refused(f"no prepared transaction with GID {gid!r} in this node's database")
+        xid = found[0]
+        if is_ours(xid, self.node):
+            raise Refused(f"{gid} is branch {xid.bqual} of transaction {xid.gtrid} of this node: use "
+                          f"`nsjms txn {action} {xid.gtrid}`")
+        if xid.format_id != FORMAT_ID or parse_gtrid(xid.gtrid) is not None:
+            raise Refused(f"{gid} belongs to another node or application: nsjms never touches it")
+        if self.log is None:
+            raise Refused("the recovery log could not be opened for writing")
+        kind = HeuristicKind.COMMIT if action == "commit" else HeuristicKind.ROLLBACK
+        self.log.append(Heuristic(xid.gtrid, kind, xid.bqual or "*", who, why, time.time()), durable=True)
+        try:
+            (self.pg.commit_branch if action == "commit" else self.pg.rollback_branch)(xid)
+        except XAError as exc:
+            self.audit(who, why, f"{action} --xid", gid, f"failed: {exc}")
+            raise Refused(f"{gid}: {exc} (the decision is recorded; run the command again)") from exc
+        result = {"gid": gid, "gtrid": xid.gtrid, "action": action, "heuristic": True}
+        self.audit(who, why, f"{action} --xid", gid, result)
+        return result
+
+    def forget(self, gtrid: str, who: str) -> dict[str, Any]:
+        try:
+            with self.serial:
+                self._recovery().forget(gtrid, who)
+        except XAError as exc:
+            self.audit(who, "", "forget", gtrid, f"refused: {exc}")
+            raise Refused(str(exc)) from exc
+        self.audit(who, "", "forget", gtrid, "forgotten")
+        return {"gtrid": gtrid, "forgotten": True}
+
+    def recover(self) -> dict[str, Any]:
+        """One recovery pass (what the router does at start and every few seconds)."""
+        try:
+            with self.serial:
+                report = self._run() if self._run is not None else self._recovery().run()
+        except XAError as exc:
+            raise Refused(f"recovery failed: {exc}") from exc
+        return _report(report)
+
+    # ------------------------------------------------------------------------------------------ audit
+    def audit(self, who: str, why: str, action: str, target: str, result: Any) -> None:
+        line = json.dumps({"at": time.time(), "node": self.node.value, "mode": self.mode, "who": who, "why": why,
+                           "action": action, "target": target, "result": result}, sort_keys=True)
+        fd = os.open(self.state_dir / AUDIT_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (line + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _opt(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _report(report: RecoveryReport) -> dict[str, Any]:
+    return dataclasses.asdict(report)
+
+
+def connect_rows(dsn: str) -> Rows:
+    """Read-only row access on a connection of its own (offline mode)."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def rows() -> Iterator[psycopg.Connection[Any]]:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            yield conn
+
+    return rows

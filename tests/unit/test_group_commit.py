@@ -1,0 +1,155 @@
+"""GroupCommit (accepted persistent events): leader/follower, one unit of work per group, errors shared.
+
+Twins for the database and the store; concurrency is arranged with a gate (the first commit blocks until the
+followers have queued), so no test depends on timing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from router.channel.groupcommit import GroupCommit
+from router.channel.store import NewEvent
+from router.db.errors import StoreUnavailable
+
+DEADLINE_S = 20.0
+
+
+def wait_for(cond: Callable[[], bool], what: str) -> None:
+    end = time.monotonic() + DEADLINE_S
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Db:
+    def __init__(self) -> None:
+        self.units = 0
+        self.fail_commit: list[BaseException | None] = []     # per unit of work, in order
+
+    @contextmanager
+    def unit_of_work(self) -> Iterator[object]:
+        self.units += 1
+        failure = self.fail_commit.pop(0) if self.fail_commit else None
+        yield object()
+        if failure is not None:
+            raise failure
+
+
+class Store:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, list[int]]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def insert_events(self, conn: object, cid: int, rows: Any) -> list[int]:
+        self.entered.set()
+        assert self.gate.wait(DEADLINE_S)
+        self.calls.append((cid, [r.seq for r in rows]))
+        return [cid * 1000 + r.seq for r in rows]
+
+
+def rows(*seqs: int) -> list[NewEvent]:
+    return [NewEvent(s, 1, b"x", 0, None, None, [(0, 1)]) for s in seqs]
+
+
+def test_a_lone_push_commits_at_once_in_its_own_unit_of_work() -> None:
+    db, store = Db(), Store()
+    gc = GroupCommit(db, store)
+    assert gc.insert(1, rows(1, 2)) == [1001, 1002]
+    assert db.units == 1 and store.calls == [(1, [1, 2])] and gc.commits == 1
+
+
+class Pusher(threading.Thread):
+    def __init__(self, gc: GroupCommit, cid: int, seqs: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.gc, self.cid, self.seqs = gc, cid, seqs
+        self.ids: list[int] | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.ids = self.gc.insert(self.cid, rows(*self.seqs))
+        except BaseException as exc:  # noqa: BLE001 — the test inspects it
+            self.error = exc
+
+
+def _leader_blocked(gc: GroupCommit, store: Store) -> Pusher:
+    store.gate.clear()
+    leader = Pusher(gc, 1, [1])
+    leader.start()
+    assert store.entered.wait(DEADLINE_S)
+    return leader
+
+
+def test_pushes_arriving_during_a_commit_share_the_next_one() -> None:
+    db, store = Db(), Store()
+    gc = GroupCommit(db, store)
+    leader = _leader_blocked(gc, store)
+    followers = [Pusher(gc, 1 + i % 2, [10 + i]) for i in range(6)]     # two channels
+    for f in followers:
+        f.start()
+    wait_for(lambda: len(gc._pending) == 6, "six pushes queued behind the commit in progress")
+    store.gate.set()
+    for t in [leader, *followers]:
+        t.join(DEADLINE_S)
+        assert not t.is_alive() and t.error is None
+    assert db.units == 2, "seven pushes, two commits"                  # before: one commit per push
+    assert sorted(cid for cid, _ in store.calls[1:]) == [1, 2], "one statement per channel in the group"
+    for f in followers:
+        assert f.ids == [f.cid * 1000 + f.seqs[0]]
+    assert leader.ids == [1001]
+
+
+def test_every_push_of_a_failed_group_gets_the_same_store_error() -> None:
+    db, store = Db(), Store()
+    gc = GroupCommit(db, store)
+    leader = _leader_blocked(gc, store)
+    followers = [Pusher(gc, 1, [10 + i]) for i in range(4)]
+    for f in followers:
+        f.start()
+    wait_for(lambda: len(gc._pending) == 4, "four pushes queued")
+    broken = StoreUnavailable("injected: connection lost during COMMIT", in_doubt=True)
+    db.fail_commit = [broken]                     # the leader's unit of work is already open: the group's fails
+    store.gate.set()
+    for t in [leader, *followers]:
+        t.join(DEADLINE_S)
+    assert leader.error is None and leader.ids == [1001]
+    assert all(f.error is broken for f in followers), [f.error for f in followers]
+    assert all(f.ids is None for f in followers)
+    assert gc.insert(1, rows(99)) == [1099], "the committer works on after a failed group"
+
+
+def test_a_group_is_bounded_and_every_push_is_committed() -> None:
+    db, store = Db(), Store()
+    gc = GroupCommit(db, store, max_events=3)
+    leader = _leader_blocked(gc, store)
+    followers = [Pusher(gc, 1, [10 + 2 * i, 11 + 2 * i]) for i in range(4)]   # 8 events, 2 per push
+    for f in followers:
+        f.start()
+    wait_for(lambda: len(gc._pending) == 4, "four pushes queued")
+    store.gate.set()
+    for t in [leader, *followers]:
+        t.join(DEADLINE_S)
+        assert not t.is_alive() and t.error is None
+    assert all(len(seqs) <= 3 for _, seqs in store.calls), store.calls
+    assert sorted(s for _, seqs in store.calls for s in seqs) == [1, *range(10, 18)]
+    assert db.units == 1 + 4                      # groups of one 2-event push each (a second would exceed 3)
+
+
+def test_an_error_that_is_not_a_store_error_reaches_every_member_too() -> None:
+    db, store = Db(), Store()
+    gc = GroupCommit(db, store)
+    db.fail_commit = [RuntimeError("injected bug")]
+    with pytest.raises(RuntimeError):
+        gc.insert(1, rows(1))
+    assert gc.insert(1, rows(2)) == [1002]

@@ -1,0 +1,150 @@
+"""EnableTransaction on a proxy CONSUMER (JMS → channel) is accepted only where a routing transaction can run.
+
+Before: ``set_qos``/``validate_qos`` of EnableTransaction = TRUE succeeded on a push-style proxy consumer, on a pull
+proxy consumer whose supplier is not a JMS bridge pull sender of this node and on a node without T2, and the proxy
+then pulled (or was pushed to) without a transaction, saying so only in a log line. Now they raise UnsupportedQoS
+(UNAVAILABLE_VALUE), exactly as a proxy supplier does (router.channel.txdelivery.check_honoured); a pull proxy
+consumer without a supplier yet accepts it, and its ``nsjms status`` shows ``t2_unavailable`` if the supplier it
+later gets is not such a bridge.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from omniORB import CORBA
+
+import CosNotification
+
+from router.channel import consumers as C
+from router.channel import qos as Q
+from router.channel import t2in
+
+BRIDGE_IOR = "IOR:the-bridge-pull-sender"
+
+
+class PullSender:
+    """A JMS bridge pull sender as the channel finds it in-process (router.bridge.t2in)."""
+
+    def take_in_t2(self, *args: Any) -> Any:
+        raise AssertionError("not called here")
+
+
+class FakeT2:
+    def __init__(self) -> None:
+        self.registry: dict[str, Any] = {BRIDGE_IOR: PullSender()}
+
+    def local(self, ior: str) -> Any:
+        return self.registry.get(ior)
+
+    def register_local(self, ior: str, target: Any) -> None:
+        self.registry[ior] = target
+
+
+class Rt:
+    def __init__(self, t2: Any) -> None:
+        self.t2 = t2
+        self.persisted: list[dict[str, Any]] = []
+
+    def local_servant(self, ref: Any) -> Any:
+        return None
+
+
+def _proxy(cls: type, *, t2: bool = True, ior: str | None = BRIDGE_IOR) -> Any:
+    proxy: Any = object.__new__(cls)
+    proxy.rt = Rt(FakeT2() if t2 else None)
+    proxy.oid, proxy.id = "ch/0/S/0/1", 1
+    proxy.style, proxy.form = ("PULL" if "Pull" in cls.__name__ else "PUSH"), (
+        "SEQUENCE" if "Sequence" in cls.__name__ else "STRUCTURED")
+    proxy.qos = {}
+    proxy.qos_target = Q.Target(Q.Level.PROXY_CONSUMER, sequence=proxy.form == "SEQUENCE")
+    proxy.admin = type("Admin", (), {"id": 0, "qos": {}})()
+    persistent = {CosNotification.EventReliability: CosNotification.Persistent,
+                  CosNotification.ConnectionReliability: CosNotification.Persistent}
+    proxy.channel = type("Channel", (), {"id": 0, "qos": persistent, "admin_props": {}})()
+    proxy.extra = {}
+    proxy.connected = ior is not None
+    proxy.client, proxy.client_ior = None, ior
+    proxy.client_ref = lambda: None
+    proxy._lock = threading.RLock()
+    proxy._persist_qos = lambda qos: proxy.rt.persisted.append(qos)
+    proxy._qos_changed = lambda: None
+    proxy.dead_lettered, proxy.last_dead_letter, proxy._t2 = 0, None, None
+    return proxy
+
+
+def _enable(value: bool = True) -> list[Any]:
+    return [CosNotification.Property(Q.ENABLE_TRANSACTION, CORBA.Any(CORBA.TC_boolean, value))]
+
+
+def _refused(proxy: Any) -> None:
+    for call in (proxy.validate_qos, proxy.set_qos):
+        with pytest.raises(CosNotification.UnsupportedQoS) as err:
+            call(_enable())
+        assert [(e.name, e.code) for e in err.value.qos_err] == [
+            (Q.ENABLE_TRANSACTION, CosNotification.UNAVAILABLE_VALUE)]
+    assert proxy.qos.get(Q.ENABLE_TRANSACTION) is None and proxy.rt.persisted == [], "nothing stored"
+
+
+@pytest.mark.parametrize("cls", [C.StructuredProxyPushConsumerImpl, C.SequenceProxyPushConsumerImpl,
+                                 C.ProxyPushConsumerImpl])
+def test_a_push_style_proxy_consumer_refuses_enable_transaction(cls: type) -> None:
+    proxy = _proxy(cls)
+    _refused(proxy)
+    proxy.connected, proxy.client_ior = False, None
+    _refused(proxy)                               # no supplier yet: still push-style, never a T2
+    assert "push-style" in (t2in.unavailable_reason(proxy) or "")
+
+
+@pytest.mark.parametrize("cls", [C.StructuredProxyPullConsumerImpl, C.SequenceProxyPullConsumerImpl])
+def test_a_pull_proxy_consumer_of_another_supplier_refuses_enable_transaction(cls: type) -> None:
+    proxy = _proxy(cls, ior="IOR:some-other-pull-supplier")
+    _refused(proxy)
+    assert t2in.unavailable_reason(proxy) == "its supplier is not a JMS bridge pull sender of this node"
+
+
+@pytest.mark.parametrize("cls", [C.StructuredProxyPullConsumerImpl, C.SequenceProxyPullConsumerImpl])
+def test_a_node_without_t2_refuses_enable_transaction(cls: type) -> None:
+    _refused(_proxy(cls, t2=False))
+    _refused(_proxy(cls, t2=False, ior=None))
+
+
+@pytest.mark.parametrize("cls", [C.StructuredProxyPullConsumerImpl, C.SequenceProxyPullConsumerImpl])
+def test_the_pull_proxy_of_a_bridge_of_this_node_accepts_enable_transaction(cls: type) -> None:
+    proxy = _proxy(cls)
+    proxy.validate_qos(_enable())
+    proxy.set_qos(_enable())
+    assert proxy.qos[Q.ENABLE_TRANSACTION] is True and proxy.rt.persisted
+    assert "t2_unavailable" not in proxy.status_extra()
+    proxy.set_qos(_enable(False))                 # turning it off is always accepted
+
+
+def test_a_pull_proxy_without_a_supplier_accepts_it_and_the_status_shows_a_wrong_supplier_later() -> None:
+    proxy = _proxy(C.StructuredProxyPullConsumerImpl, ior=None)
+    proxy.set_qos(_enable())                      # not connected yet: decided when a supplier connects
+    assert proxy.qos[Q.ENABLE_TRANSACTION] is True
+    assert "t2_unavailable" not in proxy.status_extra()
+    proxy.connected, proxy.client_ior = True, "IOR:some-other-pull-supplier"
+    assert proxy.status_extra()["t2_unavailable"] == "its supplier is not a JMS bridge pull sender of this node"
+    proxy.client_ior = BRIDGE_IOR
+    assert "t2_unavailable" not in proxy.status_extra()
+
+
+def test_inherited_enable_transaction_on_a_push_proxy_consumer_shows_in_its_status() -> None:
+    proxy = _proxy(C.StructuredProxyPushConsumerImpl)
+    proxy.admin.qos = {Q.ENABLE_TRANSACTION: True}       # set on its admin: the proxy cannot run a T2
+    assert "push-style" in proxy.status_extra()["t2_unavailable"]
+    proxy.admin.qos = {}
+    assert proxy.status_extra() == {}
+
+
+def test_the_servant_behind_the_suppliers_reference_is_found_and_registered() -> None:
+    proxy = _proxy(C.StructuredProxyPullConsumerImpl, ior="IOR:another-spelling")
+    sender = PullSender()
+    proxy.rt.local_servant = lambda ref: sender
+    assert t2in.local_target(proxy) is sender
+    assert proxy.rt.t2.local("IOR:another-spelling") is sender
+    proxy.set_qos(_enable())
