@@ -33,6 +33,7 @@ from psycopg import Xid
 from router.crashpoints import armed, crashpoint
 from router.jms.transport import EncodedMessage, Transport, TransportError
 from xa.coordinator import Coordinator, Transaction
+from xa.errors import ResourceError
 from xa.log import FileLog
 from xa.observer import Observer
 from xa.pg import PgManager
@@ -43,7 +44,7 @@ from xa.xid import NodeId
 
 __all__ = [
     "ACK_MANAGER", "PG_MANAGER", "SEND_MANAGER", "NodeTransactions", "OutboxResender", "OutboxRow",
-    "inbox_claim", "outbox_delete", "outbox_insert", "outbox_rows",
+    "inbox_claim", "outbox_delete", "outbox_insert", "outbox_rows", "outbox_rows_many",
 ]
 
 log = logging.getLogger("nsjms.t2")
@@ -54,6 +55,7 @@ ACK_MANAGER = "stomp-ack"
 DEFAULT_GUARD_S = 60.0
 DEFAULT_PERIOD_S = 5.0
 DEFAULT_INBOX_RETENTION_S = 7 * 86400.0
+DEFAULT_RESEND_BATCH = 2000      # messages per broker transaction when recovery re-sends many T2s
 
 Conn = psycopg.Connection[Any]
 
@@ -98,6 +100,19 @@ def outbox_rows(conn: Conn, gtrid: str) -> list[OutboxRow]:
             for g, i, d, b, dest, h, body in rows]
 
 
+def outbox_rows_many(conn: Conn, gtrids: Sequence[str]) -> dict[str, list[OutboxRow]]:
+    """The committed rows of each of ``gtrids`` in send order (one statement); a gtrid without rows is absent."""
+    out: dict[str, list[OutboxRow]] = {}
+    if not gtrids:
+        return out
+    rows = conn.execute("SELECT gtrid, idx, dedupe_id, bridge_id, destination, headers, body FROM nsjms_outbox "
+                        "WHERE gtrid = ANY(%s) ORDER BY gtrid, idx", (list(gtrids),)).fetchall()
+    for g, i, d, b, dest, h, body in rows:
+        out.setdefault(g, []).append(OutboxRow(g, int(i), d, int(b), dest, {str(k): str(v) for k, v in h.items()},
+                                               bytes(body)))
+    return out
+
+
 def outbox_delete(conn: Conn, gtrids: Sequence[str]) -> None:
     """Delete the rows of transactions that ended (their broker commit is confirmed)."""
     if gtrids:
@@ -125,10 +140,14 @@ class OutboxResender:
     Any failure raises: recovery records it and the next pass tries again (a re-send whose COMMIT receipt was lost
     is re-sent again: a duplicate with the same dedupe id, never a loss)."""
 
-    def __init__(self, rows_of: Callable[[str], list[OutboxRow]], transport: Callable[[], Transport]) -> None:
+    def __init__(self, rows_of: Callable[[str], list[OutboxRow]], transport: Callable[[], Transport], *,
+                 rows_of_many: Callable[[Sequence[str]], dict[str, list[OutboxRow]]] | None = None,
+                 batch_messages: int = DEFAULT_RESEND_BATCH) -> None:
         self._rows_of = rows_of
+        self._rows_of_many = rows_of_many
         self._transport = transport
         self._lock = threading.Lock()
+        self.batch_messages = max(1, batch_messages)
 
     def __call__(self, gtrid: str, participant: Participant) -> None:
         if participant.manager == ACK_MANAGER:
@@ -156,6 +175,77 @@ class OutboxResender:
         log.warning("T2 %s: re-sent %d message(s) whose broker commit was not confirmed (same dedupe ids)",
                     gtrid, len(rows))
 
+    def many(self, items: Sequence[tuple[str, Participant]]) -> list[Exception | None]:
+        """The re-sends of many transactions: their outbox rows read with one SELECT, sent in broker
+        transactions of up to ``batch_messages`` messages (whole T2s: a T2's rows never straddle two), each
+        committed with one receipt. A failed broker transaction fails exactly the T2s it held (the next pass
+        re-sends them; any already delivered then arrive twice with the same dedupe ids, never lost)."""
+        out: list[Exception | None] = [None] * len(items)
+        sends: list[int] = []
+        for i, (_, participant) in enumerate(items):
+            if participant.manager == SEND_MANAGER:
+                sends.append(i)
+            elif participant.manager != ACK_MANAGER:
+                out[i] = ValueError(f"no re-send for one-phase manager {participant.manager!r}")
+        if not sends:
+            return out
+        if self._rows_of_many is None:
+            for i in sends:
+                try:
+                    self(*items[i])
+                except Exception as exc:  # noqa: BLE001 - reported per transaction
+                    out[i] = exc
+            return out
+        try:
+            rows = self._rows_of_many(sorted({items[i][0] for i in sends}))
+        except Exception as exc:  # noqa: BLE001 - every re-send of this pass failed; the next pass retries
+            for i in sends:
+                out[i] = exc
+            return out
+        batch: list[int] = []
+        size = 0
+        sent = 0
+        for i in sends:
+            n = len(rows.get(items[i][0], ()))
+            if batch and size + n > self.batch_messages:
+                sent += self._send_batch(items, batch, rows, out)
+                batch, size = [], 0
+            batch.append(i)
+            size += n
+        if batch:
+            sent += self._send_batch(items, batch, rows, out)
+        if sent:
+            log.warning("T2 recovery: re-sent %d message(s) of %d transaction(s) whose broker commit was not "
+                        "confirmed (same dedupe ids)", sent, sum(1 for i in sends if out[i] is None))
+        return out
+
+    def _send_batch(self, items: Sequence[tuple[str, Participant]], batch: list[int],
+                    rows: Mapping[str, list[OutboxRow]], out: list[Exception | None]) -> int:
+        frames = [r for i in batch for r in rows.get(items[i][0], ())]
+        if not frames:
+            return 0                                 # nothing was sent in them (or they were cleaned up)
+        try:
+            with self._lock:
+                transport = self._transport()
+                tx = transport.begin()
+                try:
+                    for r in frames:
+                        transport.send_encoded(r.destination, EncodedMessage(dict(r.headers), r.body),
+                                               persistent=r.persistent, transaction=tx, receipt=False)
+                except BaseException:
+                    try:
+                        transport.abort(tx)
+                    except TransportError:
+                        pass
+                    raise
+                transport.commit(tx)
+        except Exception as exc:  # noqa: BLE001 - these T2s are re-sent by the next pass
+            for i in batch:
+                out[i] = exc
+            return 0
+        crashpoint("t2.recovery.after_resend")
+        return len(frames)
+
 
 # ------------------------------------------------------------------------------------------------- the node
 class NodeTransactions:
@@ -181,7 +271,7 @@ class NodeTransactions:
         # One recovery pass or operator action (nsjms txn) at a time: an operator's heuristic commit must not meet a
         # concurrent presumed abort of the same branch.
         self.recovery_lock = threading.RLock()
-        self.resender = OutboxResender(self._rows_of, self._resend_transport)
+        self.resender = OutboxResender(self._rows_of, self._resend_transport, rows_of_many=self._rows_of_many)
         self.recovery = RecoveryManager(self.node, self.log, [self.pg], self.resender, self.clock,
                                         in_flight_guard=guard_s, in_flight=self.coordinator.in_flight,
                                         observer=observer)
@@ -194,15 +284,22 @@ class NodeTransactions:
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self, *, background: bool = True) -> RecoveryReport:
         """Recover what earlier runs left (no in-flight guard: nothing of this run has begun), then start the
-        housekeeping thread. Returns the first pass's report (errors in it are retried by later passes)."""
+        housekeeping thread. Returns the first pass's report (errors in it are retried by later passes).
+
+        With ``background`` the first pass does only the PostgreSQL work (commit the branches of logged COMMITs,
+        roll back the undecided ones: the channel must not restore rows a logged COMMIT removes, nor meet rows a
+        dead run's prepared branch still locks) and the re-sends of outbox rows it made ready (``deferred`` in
+        the report) are the housekeeping thread's first job, at once: the node routes meanwhile (a re-send does
+        not touch what the channel restores). Without ``background`` the pass does everything before returning."""
         guard, self.recovery.guard = self.recovery.guard, 0.0
         try:
-            report = self.recover_now()
+            report = self.recover_now(resend=not background)
         finally:
             self.recovery.guard = guard
         self._purge()
         if background:
-            self._thread = threading.Thread(target=self._loop, name="t2-housekeeping", daemon=True)
+            self._thread = threading.Thread(target=self._loop, args=(bool(report.deferred),),
+                                            name="t2-housekeeping", daemon=True)
             self._thread.start()
         return report
 
@@ -217,7 +314,12 @@ class NodeTransactions:
                 self._transport = None
         self.log.close()
 
-    def _loop(self) -> None:
+    def _loop(self, resend_now: bool = False) -> None:
+        if resend_now:
+            try:
+                self.recover_now()
+            except Exception:
+                log.exception("T2 recovery pass failed; retrying")
         ticks = 0
         while not self._stop.wait(0.5):
             ticks += 1
@@ -230,9 +332,9 @@ class NodeTransactions:
                 log.exception("T2 housekeeping pass failed; retrying")
 
     # -- recovery -------------------------------------------------------------------------------------------
-    def recover_now(self) -> RecoveryReport:
+    def recover_now(self, *, resend: bool = True) -> RecoveryReport:
         with self.recovery_lock:
-            report = self.recovery.run()
+            report = self.recovery.run(resend=resend)
         self.passes += 1
         self.last_report = report
         if report.errors:
@@ -274,6 +376,10 @@ class NodeTransactions:
     def _rows_of(self, gtrid: str) -> list[OutboxRow]:
         with self.db.unit_of_work() as conn:
             return outbox_rows(conn, gtrid)
+
+    def _rows_of_many(self, gtrids: Sequence[str]) -> dict[str, list[OutboxRow]]:
+        with self.db.unit_of_work() as conn:
+            return outbox_rows_many(conn, gtrids)
 
     def _purge(self) -> None:
         """Delete the outbox rows of transactions that ended (the log no longer knows them: every branch, the
@@ -366,6 +472,13 @@ class _CrashingManager:
 
     def rollback_branch(self, xid: Xid) -> None:
         self.inner.rollback_branch(xid)
+
+    def finish_branches(self, ops: Sequence[tuple[str, Xid]]) -> list[ResourceError | None]:
+        results = self.inner.finish_branches(ops)
+        for (step, _), err in zip(ops, results, strict=True):
+            if step == "commit" and err is None:
+                crashpoint("t2.recovery.after_pg_commit")
+        return results
 
     def close(self) -> None:
         self.inner.close()

@@ -28,6 +28,12 @@ Then, in order:
    refused while any of its branches is prepared, a manager does not answer, or a branch of its logged COMMIT
    is not finished.
 
+Batches: the two-phase work of a run (the commits of 2 and the presumed-abort rollbacks of 4) goes to each
+manager in ONE call when it is a :class:`~xa.resource.BatchManager` (results per branch, exactly as the single
+calls); the re-sends of 2 go to the callback's ``many(items)`` in one call when it has one. Order guarantees are
+unchanged (a re-send still follows every two-phase commit of its transaction). ``run(resend=False)`` does the
+two-phase work only and lists the ready re-sends in ``report.deferred`` (they stay in the log for the next run).
+
 :meth:`RecoveryManager.view` lists the in-doubt transactions with every pending branch, the safe action and its
 reason: the data of ``nsjms txn list``.
 """
@@ -46,7 +52,7 @@ from .errors import BranchNotFound, HeuristicKind, HeuristicOutcome, UsageError,
 from .log import RecoveryLog
 from .observer import Guarded, Observer
 from .records import End, Heuristic, LiveTxn, Participant, Progress
-from .resource import Clock, RecoverableManager
+from .resource import BatchManager, Clock, RecoverableManager
 from .xid import NodeId, branch_xid, is_ours
 
 __all__ = ["InDoubt", "RecoveryManager", "RecoveryReport", "SafeAction", "render"]
@@ -79,11 +85,21 @@ class RecoveryReport:
     committed: list[str] = field(default_factory=list)  # "gtrid/branch"
     rolled_back: list[str] = field(default_factory=list)
     resent: list[str] = field(default_factory=list)
+    deferred: list[str] = field(default_factory=list)  # ready for their re-send, left to the next pass
     ended: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)
     heuristic: list[str] = field(default_factory=list)
     foreign: int = 0
     errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Plan:
+    """One logged COMMIT being finished: the branches to do and those done so far."""
+
+    txn: LiveTxn
+    todo: list[Participant]
+    done: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -127,19 +143,21 @@ class RecoveryManager:
         return scan
 
     # --------------------------------------------------------------------------------------------- run
-    def run(self) -> RecoveryReport:
-        """One recovery pass (see the module docstring); the observer hears of it, also when it raises."""
+    def run(self, *, resend: bool = True) -> RecoveryReport:
+        """One recovery pass (see the module docstring); the observer hears of it, also when it raises.
+        ``resend=False``: the two-phase work only; one-phase branches ready for their re-send are listed in
+        ``report.deferred`` and left to the next pass."""
         report = RecoveryReport()
         start = self.clock.monotonic()
         try:
-            self._run(report)
+            self._run(report, resend)
         except Exception as exc:
             self.observer.recovery_pass(report, self.clock.monotonic() - start, f"{type(exc).__name__}: {exc}")
             raise
         self.observer.recovery_pass(report, self.clock.monotonic() - start, "")
         return report
 
-    def _run(self, report: RecoveryReport) -> None:
+    def _run(self, report: RecoveryReport, resend: bool) -> None:
         # Read the log, THEN the in-flight set, THEN the log again. A gtrid of the first read that is not in
         # flight was handed off by its coordinator before the in-flight read (a coordinator writes END before
         # handing off), so it is safe to act on if it is still in the second read. A gtrid that appears only
@@ -153,6 +171,7 @@ class RecoveryManager:
         keep = set(busy) | {g for g, t in [*first.items(), *live.items()] if _decided(t) or t.done}
         keep |= set(live) - set(first)
         undecided: list[LiveTxn] = []
+        commits: list[LiveTxn] = []
         for txn in live.values():
             if txn.gtrid in busy or txn.gtrid not in first:
                 report.waiting.append(txn.gtrid)
@@ -160,56 +179,111 @@ class RecoveryManager:
             if txn.heuristics:
                 report.heuristic.append(txn.gtrid)
             if txn.commit is not None:
-                self._finish_commit(txn, scan, report)
+                commits.append(txn)
             elif txn.rollback is not None:
                 self._finish_rollback(txn, txn.rollback.participants, scan, report)
             elif txn.done:  # branches committed, decision record lost: only an operator can decide
                 report.waiting.append(txn.gtrid)
             else:  # no decision logged (e.g. a heuristic during a rollback): presumed abort below
                 undecided.append(txn)
-        self._presume_abort(keep, set(live), scan, report)
+        doomed = self._presume_abort(keep, set(live), scan, report)
+        self._finish_commits(commits, scan, report, doomed, resend=resend)
         for txn in undecided:
             self._end_undecided(txn, scan, report)
 
     def _finish_commit(self, txn: LiveTxn, scan: _Scan, report: RecoveryReport) -> None:
-        """Every branch not done and not settled by a heuristic record is finished (heuristic or not)."""
-        assert txn.commit is not None
-        settled = _settled(txn)
-        todo = [p for p in txn.commit.participants if p.name not in txn.done and p.name not in settled]
-        done = [p.name for p in todo if not p.one_phase and self._commit_branch(txn.gtrid, p, scan, report)]
-        if len(done) == sum(not p.one_phase for p in todo):  # every two-phase branch done: outbox visible
-            done += [p.name for p in todo if p.one_phase and self._resend(txn.gtrid, p, report)]
-        self._progress(txn, todo, done, report)
+        self._finish_commits([txn], scan, report)
 
-    def _commit_branch(self, gtrid: str, p: Participant, scan: _Scan, report: RecoveryReport) -> bool:
-        xid = branch_xid(gtrid, p.name)
-        found = scan.state(p.manager, xid)
-        if isinstance(found, str):
-            report.errors.append(f"{gtrid}/{p.name}: {found}")
-            return False
-        if found is None:
-            return True  # already gone: committed before the crash (or by an earlier recovery)
-        try:
-            self.managers[p.manager].commit_branch(found)
-        except BranchNotFound:
-            return True
-        except HeuristicOutcome as exc:
-            self._heuristic(gtrid, p.name, exc, report)
-            return False
-        except XAError as exc:
-            report.errors.append(f"{gtrid}/{p.name}: commit failed: {exc}")
-            return False
-        report.committed.append(f"{gtrid}/{p.name}")
-        return True
+    def _finish_commits(self, txns: Sequence[LiveTxn], scan: _Scan, report: RecoveryReport,
+                        rollbacks: Mapping[str, Sequence[Xid]] | None = None, *, resend: bool = True) -> None:
+        """Every branch not done and not settled by a heuristic record is finished (heuristic or not). The
+        two-phase branches of all ``txns`` are committed together, in one batch per manager with the presumed-abort
+        ``rollbacks`` of that manager; then the one-phase branches of every transaction whose two-phase branches
+        are all done are re-sent together (unless ``resend`` is False: they stay for the next pass)."""
+        plans: list[_Plan] = []
+        pending: dict[str, list[tuple[_Plan, str, Xid]]] = {}
+        for txn in txns:
+            assert txn.commit is not None
+            settled = _settled(txn)
+            plan = _Plan(txn, [p for p in txn.commit.participants if p.name not in txn.done and p.name not in settled])
+            plans.append(plan)
+            for p in plan.todo:
+                if p.one_phase:
+                    continue
+                found = scan.state(p.manager, branch_xid(txn.gtrid, p.name))
+                if isinstance(found, str):
+                    report.errors.append(f"{txn.gtrid}/{p.name}: {found}")
+                elif found is None:
+                    plan.done.add(p.name)  # already gone: committed before the crash (or by an earlier recovery)
+                else:
+                    pending.setdefault(p.manager, []).append((plan, p.name, found))
+        rollbacks = rollbacks or {}
+        for key in [*pending, *(k for k in rollbacks if k not in pending)]:
+            items, doomed = pending.get(key, []), list(rollbacks.get(key, ()))
+            results = self._each(key, [("commit", x) for _, _, x in items] + [("rollback", x) for x in doomed])
+            for xid, err in zip(doomed, results[len(items):], strict=True):
+                self._rolled_back(xid, err, report)
+            for (plan, name, _xid), err in zip(items, results[:len(items)], strict=True):
+                if err is None:
+                    report.committed.append(f"{plan.txn.gtrid}/{name}")
+                    plan.done.add(name)
+                elif isinstance(err, BranchNotFound):
+                    plan.done.add(name)
+                elif isinstance(err, HeuristicOutcome):
+                    self._heuristic(plan.txn.gtrid, name, err, report)
+                else:
+                    report.errors.append(f"{plan.txn.gtrid}/{name}: commit failed: {err}")
+        # Every two-phase branch done: the outbox rows are committed and visible, the re-send may run.
+        ready = [(plan, p) for plan in plans if all(p.one_phase or p.name in plan.done for p in plan.todo)
+                 for p in plan.todo if p.one_phase]
+        if not resend:
+            report.deferred += [f"{plan.txn.gtrid}/{p.name}" for plan, p in ready]
+            ready = []
+        for (plan, p), exc in zip(ready, self._resend_all([(plan.txn.gtrid, p) for plan, p in ready]),
+                                  strict=True):
+            if exc is None:
+                report.resent.append(f"{plan.txn.gtrid}/{p.name}")
+                plan.done.add(p.name)
+            else:
+                report.errors.append(f"{plan.txn.gtrid}/{p.name}: re-send failed: {type(exc).__name__}: {exc}")
+        for plan in plans:
+            self._progress(plan.txn, plan.todo, [p.name for p in plan.todo if p.name in plan.done], report)
 
-    def _resend(self, gtrid: str, p: Participant, report: RecoveryReport) -> bool:
-        try:
-            self.resend(gtrid, p)
-        except Exception as exc:  # noqa: BLE001 - the callback's failure is reported; the next run retries
-            report.errors.append(f"{gtrid}/{p.name}: re-send failed: {type(exc).__name__}: {exc}")
-            return False
-        report.resent.append(f"{gtrid}/{p.name}")
-        return True
+    def _each(self, key: str, ops: Sequence[tuple[str, Xid]]) -> list[XAError | None]:
+        """``("commit"|"rollback", xid)`` operations at manager ``key``: one batch call when the manager can
+        (:class:`~xa.resource.BatchManager`), else one call each. The error of each, or None."""
+        manager = self.managers[key]
+        if len(ops) > 1 and isinstance(manager, BatchManager):
+            return manager.finish_branches(ops)
+        out: list[XAError | None] = []
+        for step, xid in ops:
+            try:
+                manager.commit_branch(xid) if step == "commit" else manager.rollback_branch(xid)
+            except XAError as exc:
+                out.append(exc)
+            else:
+                out.append(None)
+        return out
+
+    def _resend_all(self, items: Sequence[tuple[str, Participant]]) -> list[Exception | None]:
+        """The re-send callback for each (gtrid, participant): its ``many`` in one call when it has one."""
+        if not items:
+            return []
+        many = getattr(self.resend, "many", None)
+        if many is not None and len(items) > 1:
+            try:
+                return list(many(items))
+            except Exception as exc:  # noqa: BLE001 - every item failed; the next run retries
+                return [exc] * len(items)
+        out: list[Exception | None] = []
+        for gtrid, p in items:
+            try:
+                self.resend(gtrid, p)
+            except Exception as exc:  # noqa: BLE001 - the callback's failure is reported; the next run retries
+                out.append(exc)
+            else:
+                out.append(None)
+        return out
 
     def _finish_rollback(self, txn: LiveTxn, parts: Sequence[Participant], scan: _Scan,
                          report: RecoveryReport) -> None:
@@ -227,18 +301,19 @@ class RecoveryManager:
         return found is None or self._rollback_xid(p.manager, found, report)
 
     def _rollback_xid(self, manager: str, xid: Xid, report: RecoveryReport) -> bool:
-        try:
-            self.managers[manager].rollback_branch(xid)
-        except BranchNotFound:
+        return self._rolled_back(xid, self._each(manager, [("rollback", xid)])[0], report)
+
+    def _rolled_back(self, xid: Xid, err: XAError | None, report: RecoveryReport) -> bool:
+        if err is None:
+            report.rolled_back.append(f"{xid.gtrid}/{xid.bqual}")
             return True
-        except HeuristicOutcome as exc:
-            self._heuristic(xid.gtrid, xid.bqual or "", exc, report)
-            return False
-        except XAError as exc:
-            report.errors.append(f"{xid.gtrid}/{xid.bqual}: rollback failed: {exc}")
-            return False
-        report.rolled_back.append(f"{xid.gtrid}/{xid.bqual}")
-        return True
+        if isinstance(err, BranchNotFound):
+            return True
+        if isinstance(err, HeuristicOutcome):
+            self._heuristic(xid.gtrid, xid.bqual or "", err, report)
+        else:
+            report.errors.append(f"{xid.gtrid}/{xid.bqual}: rollback failed: {err}")
+        return False
 
     def _progress(self, txn: LiveTxn, todo: Sequence[Participant], done: Sequence[str],
                   report: RecoveryReport) -> None:
@@ -264,9 +339,10 @@ class RecoveryManager:
         self.log.append(record, durable=True)
         report.heuristic.append(gtrid)
 
-    def _presume_abort(self, known: set[str], seen: set[str], scan: _Scan, report: RecoveryReport) -> None:
-        """Roll back this node's old prepared branches whose gtrid is not in ``known`` (in flight, decided, or
-        new in the log); ``seen``: the gtrids of the log read before the scan."""
+    def _presume_abort(self, known: set[str], seen: set[str], scan: _Scan,
+                       report: RecoveryReport) -> dict[str, list[Xid]]:
+        """This node's old prepared branches whose gtrid is not in ``known`` (in flight, decided, or new in the
+        log), by manager: the caller rolls them back; ``seen``: the gtrids of the log read before the scan."""
         candidates: list[tuple[str, Xid]] = []
         for key, xids in scan.prepared.items():
             for xid in xids.values():
@@ -278,18 +354,20 @@ class RecoveryManager:
                 else:
                     candidates.append((key, xid))
         if not candidates:
-            return
+            return {}
         # Re-check AFTER the scan, in-flight set first, then the log: a transaction that decided while we
         # scanned is either still in flight here or has its COMMIT record in the log (it stays until END, and
         # END is written only when every branch is done, in which case the rollback below finds nothing).
         busy = self.in_flight()
         again = self.log.live()
+        doomed: dict[str, list[Xid]] = {}
         for key, xid in candidates:
             txn = again.get(xid.gtrid)
             if xid.gtrid in busy or (txn is not None and (_decided(txn) or txn.done or xid.gtrid not in seen)):
                 report.waiting.append(f"{xid.gtrid}/{xid.bqual}")
             else:
-                self._rollback_xid(key, xid, report)
+                doomed.setdefault(key, []).append(xid)
+        return doomed
 
     def _age(self, xid: Xid) -> float | None:
         return None if xid.prepared is None else self.clock.wall() - xid.prepared.timestamp()

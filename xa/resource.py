@@ -24,7 +24,9 @@ from typing import Protocol, runtime_checkable
 
 from psycopg import Xid
 
-__all__ = ["Clock", "RecoverableManager", "Resource", "SystemClock"]
+from .errors import XAError
+
+__all__ = ["BatchManager", "Clock", "RecoverableManager", "Resource", "SystemClock"]
 
 
 @runtime_checkable
@@ -94,6 +96,21 @@ class RecoverableManager(Protocol):
 
     def rollback_branch(self, xid: Xid) -> None:
         """Roll back a prepared branch. Raise :class:`~xa.errors.BranchNotFound` if it no longer exists."""
+
+
+@runtime_checkable
+class BatchManager(Protocol):
+    """Optional extension of :class:`RecoverableManager`: finish many prepared branches in one call (recovery
+    uses it when a manager has it, e.g. to finish 1,000 branches over several sessions at once).
+
+    ``finish_branches(ops)`` must have exactly the effect of calling ``commit_branch`` / ``rollback_branch``
+    once per ``("commit"|"rollback", xid)``, in any order or concurrently (recovery never puts two operations on
+    one xid in a batch); it returns, for each operation in order, None (done) or the
+    :class:`~xa.errors.XAError` that call would have raised (:class:`~xa.errors.BranchNotFound`,
+    :class:`~xa.errors.HeuristicOutcome`, ...). It never raises for one branch's failure."""
+
+    def finish_branches(self, ops: Sequence[tuple[str, Xid]]) -> list[XAError | None]:
+        """Commit or roll back every xid as its operation says."""
 
 
 class Clock(Protocol):

@@ -7,6 +7,7 @@ node does at start.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,3 +205,60 @@ def test_inbox_claim_returns_only_new_ids(db: Database) -> None:
     with db.unit_of_work() as conn:
         assert inbox_claim(conn, 1, ["b", "c"], "g2") == {"c"}
         assert inbox_claim(conn, 2, ["b"], "g2") == {"b"}, "the inbox is per bridge"
+
+
+def test_pg_manager_finishes_many_branches_over_several_sessions(fresh_db: str) -> None:
+    from psycopg import sql
+
+    from xa.errors import BranchNotFound
+    from xa.pg import PgManager
+    from xa.xid import NodeId, branch_xid, new_gtrid
+
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE batch_rows (g text)")
+        gtrids = [new_gtrid(NodeId("n1")) for _ in range(30)]
+        for g in gtrids:
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO batch_rows VALUES (%s)", (g,))
+            conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(branch_xid(g, "pg")))))
+    manager = PgManager(lambda: psycopg.connect(fresh_db, autocommit=True), sessions=4, per_session=4)
+    missing = branch_xid(new_gtrid(NodeId("n1")), "pg")
+    ops = [("commit" if i % 2 == 0 else "rollback", branch_xid(g, "pg")) for i, g in enumerate(gtrids)]
+    try:
+        results = manager.finish_branches([*ops, ("commit", missing)])
+    finally:
+        manager.close()
+    assert results[:-1] == [None] * len(ops)
+    assert isinstance(results[-1], BranchNotFound)
+    assert _prepared(fresh_db) == []
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        rows = {r[0] for r in conn.execute("SELECT g FROM batch_rows")}
+    assert rows == {g for i, g in enumerate(gtrids) if i % 2 == 0}
+
+
+def test_start_in_background_resends_after_returning_in_broker_batches(tmp_path: Path, db: Database, fresh_db: str,
+                                                                         broker_url: str) -> None:
+    """The start pass commits the PostgreSQL branches and returns; the re-sends follow at once in the
+    housekeeping thread, several T2s per broker transaction, every dedupe id once."""
+    queue = f"t2.{uuid.uuid4().hex[:8]}"
+    node = _node(tmp_path, db, fresh_db, broker_url)
+    gtrids = [_crash_after_decision(node, db, queue, 2) for _ in range(3)]
+    node.log.close()
+
+    restarted = _node(tmp_path, db, fresh_db, broker_url)
+    restarted.resender.batch_messages = 4            # 3 T2s of 2 messages: two broker transactions
+    try:
+        report = restarted.start(background=True)
+        assert report.errors == [] and report.resent == []
+        assert sorted(report.deferred) == sorted(f"{g}/stomp" for g in gtrids)
+        assert sorted(c.split("/")[0] for c in report.committed) == sorted(gtrids)
+        assert _prepared(fresh_db) == []
+        got = _receive_all(broker_url, queue, 6)
+        assert sorted(d.headers["nsjms_dedupe_id"] for d in got) == sorted(dedupe_id(g, i) for g in gtrids
+                                                                           for i in range(2))
+        deadline = time.monotonic() + 30
+        while restarted.log.live():
+            assert time.monotonic() < deadline, "the deferred re-sends did not end their transactions"
+            time.sleep(0.05)
+    finally:
+        restarted.close()

@@ -57,6 +57,16 @@ class FakeConn:
         rows = [(i,) for i in self.queued] if sql.startswith("SELECT event_id FROM nsjms_queue") else []
         return type("Cursor", (), {"fetchall": lambda self: rows})()
 
+    def cursor(self) -> FakeConn:
+        return self
+
+    @contextmanager
+    def copy(self, sql: str) -> Iterator[Any]:
+        """``COPY ... FROM STDIN``: recorded as one statement whose params are the columns (as the rows went)."""
+        rows: list[tuple[Any, ...]] = []
+        yield type("Copy", (), {"write_row": lambda self, row: rows.append(tuple(row))})()
+        self.statements.append((sql, tuple(list(col) for col in zip(*rows, strict=True))))
+
     def outbox(self) -> list[Any]:
         return [p for s, p in self.statements if "nsjms_outbox" in s]
 
