@@ -381,6 +381,9 @@ class Node:
     def _store_stats(self) -> dict[str, int]:
         with self.db.unit_of_work() as conn:
             stats: dict[str, int] = self.store.stats(conn)
+        accept = getattr(self.runtime, "accept_commits", None)
+        if accept is not None:           # group commit of accepted persistent events: commits shared by pushes
+            stats["accept_commits"], stats["accept_events"] = int(accept.commits), int(accept.events)
         return stats
 
     def _register_gauges(self) -> None:

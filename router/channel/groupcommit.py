@@ -56,7 +56,8 @@ class GroupCommit:
         self._cond = threading.Condition()
         self._pending: list[_Job] = []
         self._committing = False
-        self.commits = 0                 # groups committed (for tests and benchmarks)
+        self.commits = 0                 # groups committed (``nsjms status``, tests and benchmarks)
+        self.events = 0                  # events those groups stored
 
     def insert(self, cid: int, rows: Sequence[NewEvent]) -> list[int]:
         """Store ``rows`` of channel ``cid`` durably; returns their ids in order. Raises the group's error."""
@@ -104,6 +105,7 @@ class GroupCommit:
             return
         with self._cond:
             self.commits += 1
+            self.events += sum(len(job.rows) for job in group)
             for cid, jobs in by_channel.items():
                 ids = results[cid]
                 at = 0
