@@ -305,6 +305,11 @@ class InboundT2:
                 self.resync = False
                 self._reconnect()
             deliveries = self._collect(max(1, max_n), timeout)
+            if deliveries and not flow.bridge.running():
+                # stop_bridge while this round waited for messages: a stopped bridge forwards nothing. They stay
+                # un-acked on the kept subscription and are taken first when the bridge starts again.
+                self.held = deliveries + self.held
+                return InBatch()
             if not deliveries:
                 return InBatch()
             stats = {"forwarded": 0, "duplicates": 0}
@@ -453,7 +458,7 @@ class InboundT2:
             self.held = out[max_n:]
             out = out[:max_n]
         try:
-            while len(out) < max_n:
+            while len(out) < max_n and self.flow.bridge.running():
                 delivery = self.flow.receive(timeout if not out else 0.0)
                 if delivery is None:
                     break

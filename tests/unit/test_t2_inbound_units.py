@@ -467,3 +467,21 @@ def test_t2_batch_follows_nji_table_2_10() -> None:
     own = t2_settings(_Proxy({"EnableTransaction": False, "TransactionEvents": 2}, _Holder(), channel),
                       sequence=False)
     assert (own.enabled, own.batch) == (False, 2), "the proxy's own values come first"
+
+
+def test_a_bridge_stopped_while_a_round_waits_forwards_nothing_and_keeps_the_messages(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stop_bridge during a round's wait for messages: what it received is held (un-acked on the kept
+    subscription), not forwarded; the next round after start takes it first (regression: a stopped bridge forwarded
+    messages published after stop_bridge, test_bridge_more's durable topic test under load)."""
+    monkeypatch.setattr(T, "inbox_claim", _local_claim)
+    rig.produce("a", "b")
+    running = iter([True, True, False])                  # _take's check, _collect's first check, then stopped
+    monkeypatch.setattr(rig.bridge, "running", lambda: next(running, False))
+    conn = LocalConn(rig.inbox)
+    batch = rig.inbound.take_local(conn, 10, 0.0)  # type: ignore[arg-type]
+    assert batch.received == 0 and batch.events == [] and rig.flow.forwarded == 0
+    assert [str(d.message.body) for d in rig.inbound.held] == ["a"]
+    monkeypatch.setattr(rig.bridge, "running", lambda: True)
+    batch = rig.inbound.take_local(LocalConn(rig.inbox), 10, 0.0)  # type: ignore[arg-type]
+    assert [e[1] for e in batch.events] == ["a", "b"], "held first, in order"
