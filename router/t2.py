@@ -157,11 +157,18 @@ class OutboxResender:
         rows = self._rows_of(gtrid)
         if not rows:
             return                                   # nothing was sent in it (or it was already cleaned up)
+        self._send_frames(rows)
+        log.warning("T2 %s: re-sent %d message(s) whose broker commit was not confirmed (same dedupe ids)",
+                    gtrid, len(rows))
+
+    def _send_frames(self, frames: Sequence[OutboxRow]) -> None:
+        """``frames`` in ONE broker transaction, committed with a receipt; ABORT (best effort) and re-raise on any
+        failure before the COMMIT."""
         with self._lock:
             transport = self._transport()
             tx = transport.begin()
             try:
-                for r in rows:
+                for r in frames:
                     transport.send_encoded(r.destination, EncodedMessage(dict(r.headers), r.body),
                                            persistent=r.persistent, transaction=tx, receipt=False)
             except BaseException:
@@ -172,8 +179,6 @@ class OutboxResender:
                 raise
             transport.commit(tx)
         crashpoint("t2.recovery.after_resend")
-        log.warning("T2 %s: re-sent %d message(s) whose broker commit was not confirmed (same dedupe ids)",
-                    gtrid, len(rows))
 
     def many(self, items: Sequence[tuple[str, Participant]]) -> list[Exception | None]:
         """The re-sends of many transactions: their outbox rows read with one SELECT, sent in broker
@@ -225,20 +230,7 @@ class OutboxResender:
         if not frames:
             return 0                                 # nothing was sent in them (or they were cleaned up)
         try:
-            with self._lock:
-                transport = self._transport()
-                tx = transport.begin()
-                try:
-                    for r in frames:
-                        transport.send_encoded(r.destination, EncodedMessage(dict(r.headers), r.body),
-                                               persistent=r.persistent, transaction=tx, receipt=False)
-                except BaseException:
-                    try:
-                        transport.abort(tx)
-                    except TransportError:
-                        pass
-                    raise
-                transport.commit(tx)
+            self._send_frames(frames)
         except Exception as exc:  # noqa: BLE001 - these T2s are re-sent by the next pass
             for i in batch:
                 out[i] = exc
