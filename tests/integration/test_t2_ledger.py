@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from test_t2_inbound import _consumer as _push_consumer
 from test_t2_inbound import _drained, _produce, _t2_channel
-from test_t2_out import _dedupe, _ids, _name, _supplier, _t2_bridge
+from test_t2_out_node import _dedupe, _ids, _name, _supplier, _t2_bridge
 
 from idl.generated import CosBridgeAdmin as BA
 from xa.xid import parse_gtrid
