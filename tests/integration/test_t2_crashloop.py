@@ -58,7 +58,7 @@ from router.crashpoints import ENV as CRASH_ENV
 from router.crashpoints import POINTS
 from router.services import EmbeddedActiveMQ, EmbeddedPostgres
 
-from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep
+from bridgekit import JavaConsumer, JavaTool, bridge_factory, channel_ep, jms_ep
 from conftest import ENDPOINTS_FILE, START_TIMEOUT_S, ClientOrb, NsjmsServer, free_port
 from stdclients import (
     Form,
@@ -85,6 +85,7 @@ TX_TIMEOUT_S = 30
 PER_POINT = 60                      # events each way for one crash point
 PROGRESS_TIMEOUT_S = 120.0
 SETTLE_TIMEOUT_S = 300.0
+READER_LIFETIME_S = 3600            # the Java consumer's own deadline (it is stopped at the end of the module)
 PERSISTENT = CosNotification.Persistent
 
 
@@ -306,6 +307,8 @@ class T2Rig:
     down_since: float | None = None     # the node died (or hung) at this time and is not ready again yet
     faults: list[tuple[float, float]] = field(default_factory=list)  # broker SIGKILL / PostgreSQL stop windows
     jms_seen: list[dict[str, Any]] = field(default_factory=list)      # every outbound message read so far
+    reader: JavaConsumer | None = None   # the Java JMS consumer of the outbound queue (one JVM for the module)
+    read_upto: int = 0                   # reader.messages already in jms_seen
     bf: Any = None
 
     @property
@@ -441,8 +444,16 @@ class T2Rig:
 
     def jms_messages(self) -> list[dict[str, Any]]:
         """Every message the outbound queue ever held: those read before, and those on it now (the Java client
-        reads until a sentinel sent after settling)."""
+        reads until a sentinel sent after settling). The client is started on first use and kept for the next
+        tests (one JVM start instead of one per test); it acknowledges each message after printing it, and it is
+        only ever ended after the sentinel it printed (a message it printed is not delivered to it again)."""
         assert self.out is not None
+        if self.reader is None or self.reader.proc.poll() is not None:
+            if self.reader is not None:                     # ended (its deadline): keep what it read
+                self.reader.stop()
+            self.reader = self.java.consume_async("queue", self.out.queue, 10**7, READER_LIFETIME_S)
+            self.read_upto = 0
+        reader = self.reader
         sentinel = f"end-{uuid.uuid4().hex[:8]}"
         parts = urlsplit(self.broker.url)
         conn = stomp.Connection12([(parts.hostname, parts.port)], auto_content_length=False)
@@ -450,15 +461,14 @@ class T2Rig:
         conn.send(f"/queue/{self.out.queue}", "sentinel", headers={"persistent": "true", "sentinel": sentinel,
                                                                    "receipt": "s"})
         conn.disconnect(receipt="d")
-        reader = self.java.consume_async("queue", self.out.queue, 10**7, 600)
-        try:
-            def seen() -> bool:
-                return any(bool(m["properties"].get("sentinel", {}).get("value") == sentinel)
-                           for m in list(reader.messages))
-            assert wait_until(seen, 300, 0.2), f"the sentinel did not arrive ({reader.count()} messages read)"
-        finally:
-            reader.stop()
-        self.jms_seen += [m for m in reader.messages if "sentinel" not in m["properties"]]
+
+        def seen() -> bool:
+            return any(bool(m["properties"].get("sentinel", {}).get("value") == sentinel)
+                       for m in reader.messages[self.read_upto:])
+        assert wait_until(seen, 300, 0.1), f"the sentinel did not arrive ({reader.count()} messages read)"
+        with reader._cond:
+            new, self.read_upto = reader.messages[self.read_upto:], len(reader.messages)
+        self.jms_seen += [m for m in new if "sentinel" not in m["properties"]]
         return list(self.jms_seen)
 
 
@@ -479,6 +489,7 @@ def t2rig(client_orb: ClientOrb, java_tool: JavaTool, tmp_path_factory: pytest.T
     state = base / "state"
     state.mkdir()
     server: CrashServer | None = None
+    rig: T2Rig | None = None
     try:
         dsn = pg.start()
         broker.start()
@@ -490,6 +501,8 @@ def t2rig(client_orb: ClientOrb, java_tool: JavaTool, tmp_path_factory: pytest.T
         if rig.feeder is not None:
             rig.feeder.stop()
     finally:
+        if rig is not None and rig.reader is not None:
+            rig.reader.stop()
         if server is not None:
             server.stop()
             keep = tmp_path_factory.mktemp("t2loop-logs")
