@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import os
 import random
 import shutil
@@ -146,11 +147,9 @@ class CrashServer(NsjmsServer):
 
     def wait_death(self, timeout: float) -> bool:
         assert self.proc is not None
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self.proc.wait(timeout) is not None
+        return False
 
 
 # ------------------------------------------------------------------------------------------------- the clients
@@ -450,9 +449,8 @@ class T2Rig:
 
     def jms_messages(self) -> list[dict[str, Any]]:
         """Every message the outbound queue ever held: those read before, and those on it now (the Java client
-        reads until a sentinel sent after settling). The client is started on first use and kept for the next
-        tests (one JVM start instead of one per test); it acknowledges each message after printing it, and it is
-        only ever ended after the sentinel it printed (a message it printed is not delivered to it again)."""
+        reads until a sentinel sent after settling). One client for the module (one JVM start, not one per
+        test), ended only after a sentinel it printed: it acknowledges each message after printing it."""
         assert self.out is not None
         if self.reader is None or self.reader.proc.poll() is not None:
             if self.reader is not None:                     # ended (its deadline): keep what it read
@@ -586,10 +584,6 @@ def count_in(received: list[tuple[int, float]], ids: range, faults: list[tuple[f
 
 
 # ------------------------------------------------------------------------------------------------ the tests
-def _progressed(rig: T2Rig, span: Span, want_in: int, want_out: int) -> bool:
-    return span.got_in(rig) >= want_in and rig.feeder is not None and rig.feeder.accepted() >= want_out
-
-
 def test_crash_loop(t2rig: T2Rig) -> None:
     rig, rnd = t2rig, random.Random(SEED)
     assert rig.feeder is not None and rig.inb is not None and rig.out is not None
@@ -607,8 +601,8 @@ def test_crash_loop(t2rig: T2Rig) -> None:
         before_out = rig.feeder.accepted()
         want_in = min(upto, before_in + rnd.randint(1, chunk))
         want_out = min(out_base + upto, before_out + rnd.randint(1, chunk))
-        assert wait_until(lambda w_in=want_in, w_out=want_out: _progressed(rig, span, w_in, w_out),  # type: ignore[misc]
-                          PROGRESS_TIMEOUT_S, 0.02), \
+        assert wait_until(lambda w_in=want_in, w_out=want_out, f=rig.feeder:  # type: ignore[misc]
+                          span.got_in(rig) >= w_in and f.accepted() >= w_out, PROGRESS_TIMEOUT_S, 0.02), \
             f"kill {k}: no progress (in {span.got_in(rig)}/{want_in}, out " \
             f"{rig.feeder.accepted()}/{want_out})\n{rig.server.stderr_path.read_text()[-3000:]}"
         t_fault = time.monotonic()
