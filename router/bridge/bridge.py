@@ -177,6 +177,11 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         self.destination = Destination((self.jms_spec.destination_type or "QUEUE").lower(),
                                        self.jms_spec.destination_name or "")
         self._lock = threading.RLock()
+        # Opening the broker connection has a lock of its own, never ``_lock``: a channel's pull thread opens it
+        # from inside the flow's subscribe lock (``JmsToChannel.ensure_subscribed``), while ``_start`` takes the
+        # subscribe lock with ``_lock`` held; both orders on ``_lock`` deadlocked a node's start (issue 8 crash loop).
+        # Order: ``_lock`` -> the flow's subscribe lock -> ``_transport_lock``; nothing waits while holding the last.
+        self._transport_lock = threading.Lock()
         self.started = row.state == "started"
         self.destroyed = False
         self.channel_ok = False
@@ -375,7 +380,7 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
 
     # -- transport -------------------------------------------------------------------------------------------
     def _transport(self) -> Transport:
-        with self._lock:
+        with self._transport_lock:
             if self.transport is None:
                 b = self.factory.broker
                 self.transport = self.factory.open_transport(
