@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -241,21 +242,44 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-@pytest.fixture
-def rig(tmp_path: Path, fresh_db: str, client_orb: Any, java_tool: JavaTool) -> Iterator[Rig]:  # noqa: F811
-    base = tmp_path / "amq"
-    base.mkdir()
-    openwire = free_port()
-    broker = EmbeddedActiveMQ(base, free_port(), openwire, die_with_parent=True)
-    broker.start()
+@contextlib.contextmanager
+def running_node(tmp_path: Path, fresh_db: str, client_orb: ClientOrb, java: JavaTool,
+                 broker: EmbeddedActiveMQ) -> Iterator[Rig]:
+    """A node (in ``tmp_path/state``, database ``fresh_db``) using ``broker``; stopped after (the broker is not)."""
     state = tmp_path / "state"
     state.mkdir()
     server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker.url, port=free_port())
     try:
         server.start()
-        yield Rig(broker, server, java_tool.with_url(f"tcp://127.0.0.1:{openwire}"),
+        yield Rig(broker, server, java.with_url(f"tcp://127.0.0.1:{broker.openwire_port}"),
                   bridge_factory(client_orb, server), client_orb.factory(server.ior()))
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def own_broker(base: Path, broker_type: type[EmbeddedActiveMQ] = EmbeddedActiveMQ) -> Iterator[EmbeddedActiveMQ]:
+    """A started broker of ``broker_type`` in ``base``; stopped and removed after."""
+    base.mkdir(parents=True, exist_ok=True)
+    broker = broker_type(base, free_port(), free_port(), die_with_parent=True)
+    try:
+        broker.start()
+        yield broker
+    finally:
         broker.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_rig(tmp_path: Path, fresh_db: str, client_orb: ClientOrb, java: JavaTool,
+                broker_type: type[EmbeddedActiveMQ] = EmbeddedActiveMQ) -> Iterator[Rig]:
+    """A broker of the node's own (``broker_type``, in ``tmp_path/amq``) and a node using it; both stopped after."""
+    with own_broker(tmp_path / "amq", broker_type) as broker, \
+            running_node(tmp_path, fresh_db, client_orb, java, broker) as rig:
+        yield rig
+
+
+@pytest.fixture
+def rig(tmp_path: Path, fresh_db: str, client_orb: ClientOrb, java_tool: JavaTool) -> Iterator[Rig]:  # noqa: F811
+    with running_rig(tmp_path, fresh_db, client_orb, java_tool) as started:
+        yield started
