@@ -8,6 +8,8 @@
 * ``client_orb`` (session): one omniORB ORB for the test process, listening on 127.0.0.1 only, RootPOA active,
   with a client call timeout so a dead or hung server never blocks a test forever.
 * ``nsjms_server`` (function): a started server, stopped afterwards. ``factory`` narrows its factory reference.
+* ``module_server`` (module) and ``shared_factory``: one node for the tests of a module that only use channels of
+  their own (no node restart, no assertion over the node's whole state): saves a node start per test.
 """
 
 from __future__ import annotations
@@ -208,6 +210,35 @@ def nsjms_server(tmp_path: Path, fresh_db: str, broker_url: str) -> Iterator[Nsj
 def factory(nsjms_server: NsjmsServer, client_orb: ClientOrb) -> Any:
     """The server's EventChannelFactory, resolved through its IOR."""
     return client_orb.factory(nsjms_server.ior())
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory: pytest.TempPathFactory, module_db: str, broker_url: str
+                  ) -> Iterator[NsjmsServer]:
+    """One running node for the tests of a module that need no fresh node: each makes channels of its own and
+    asserts only about those (never about the node's whole state, and never stops, kills or restarts it)."""
+    state = tmp_path_factory.mktemp("module-node") / "state"
+    state.mkdir()
+    server = NsjmsServer(state_dir=state, pg_dsn=module_db, broker_url=broker_url, port=free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def shared_factory(module_server: NsjmsServer, client_orb: ClientOrb) -> Any:
+    """The module node's EventChannelFactory; the test fails if that node died (an earlier test crashed it)."""
+    assert module_server.proc is not None and module_server.proc.poll() is None, \
+        f"the module's node exited with code {module_server.proc and module_server.proc.returncode}:\n" \
+        f"{tail(module_server.stderr_path)}"
+    return client_orb.factory(module_server.ior())
+
+
+@pytest.fixture
+def shared_bf(shared_factory: Any, module_server: NsjmsServer, client_orb: ClientOrb) -> Any:
+    """The module node's BridgeFactory (for tests that make bridges, channels and destinations of their own)."""
+    return bridge_factory(client_orb, module_server)
 
 
 # The Java JMS client fixture, shared by every integration module that needs it (imported here, not in each test
