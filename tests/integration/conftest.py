@@ -211,6 +211,7 @@ def factory(nsjms_server: NsjmsServer, client_orb: ClientOrb) -> Any:
     """The server's EventChannelFactory, resolved through its IOR."""
     return client_orb.factory(nsjms_server.ior())
 
+
 @pytest.fixture(scope="module")
 def module_server(tmp_path_factory: pytest.TempPathFactory, module_db: str, broker_url: str
                   ) -> Iterator[NsjmsServer]:
@@ -310,7 +311,24 @@ def running_rig(tmp_path: Path, fresh_db: str, client_orb: ClientOrb, java: Java
         yield rig
 
 
+@pytest.fixture(scope="module")
+def rig_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedActiveMQ]:
+    """The broker of a module's ``rig`` tests: one start per module instead of one per test (each test has a node
+    and a database of its own, and names its destinations uniquely)."""
+    with own_broker(tmp_path_factory.mktemp("rig-amq")) as broker:
+        yield broker
+
+
 @pytest.fixture
-def rig(tmp_path: Path, fresh_db: str, client_orb: ClientOrb, java_tool: JavaTool) -> Iterator[Rig]:  # noqa: F811
-    with running_rig(tmp_path, fresh_db, client_orb, java_tool) as started:
+def rig(tmp_path: Path, fresh_db: str, client_orb: ClientOrb, java_tool: JavaTool,  # noqa: F811
+        rig_broker: EmbeddedActiveMQ) -> Iterator[Rig]:
+    """A node of its own on the module's broker, which a test may SIGSTOP, SIGKILL and restart: each test finds it
+    running (an earlier test that failed before it thawed or restarted the broker does not leave it down)."""
+    pid = rig_broker.pid
+    if pid is not None:
+        os.kill(pid, signal.SIGCONT)
+    if not rig_broker.alive():
+        rig_broker.stop()
+        rig_broker.start()
+    with running_node(tmp_path, fresh_db, client_orb, java_tool, rig_broker) as started:
         yield started
