@@ -80,6 +80,7 @@ __all__ = [
     "node_status",
     "persistent_channel",
     "pg_scalar",
+    "prepare_foreign",
     "prepared_count",
     "prepared_gids",
     "reconnect_client",
@@ -231,6 +232,16 @@ def prepared_gids(dsn: str) -> list[str]:
     """The GIDs of the prepared transactions in ``dsn``'s database."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         return [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
+
+
+def prepare_foreign(dsn: str, xid: Any) -> str:
+    """A prepared transaction with ``xid`` left in ``dsn``'s database by "someone else" (a closed session); its GID."""
+    conn = psycopg.connect(dsn)
+    conn.tpc_begin(xid)
+    conn.execute("SELECT 1")
+    conn.tpc_prepare()
+    conn.close()
+    return str(xid)
 
 
 def prepared_count(dsn: str) -> int:

@@ -193,17 +193,24 @@ def client_orb() -> Iterator[ClientOrb]:
     orb.destroy()
 
 
-@pytest.fixture
-def nsjms_server(tmp_path: Path, fresh_db: str, broker_url: str) -> Iterator[NsjmsServer]:
-    """A running ``nsjms serve`` on a free port with its own state directory and a brand-new database."""
-    state = tmp_path / "state"
-    state.mkdir()
-    server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker_url, port=free_port())
+@contextlib.contextmanager
+def started_node(state: Path, dsn: str, broker_url: str) -> Iterator[NsjmsServer]:
+    """A running ``nsjms serve`` on a free port with state directory ``state`` (created), database ``dsn`` and
+    broker ``broker_url``; stopped after."""
+    state.mkdir(parents=True)
+    server = NsjmsServer(state_dir=state, pg_dsn=dsn, broker_url=broker_url, port=free_port())
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def nsjms_server(tmp_path: Path, fresh_db: str, broker_url: str) -> Iterator[NsjmsServer]:
+    """A running ``nsjms serve`` on a free port with its own state directory and a brand-new database."""
+    with started_node(tmp_path / "state", fresh_db, broker_url) as server:
+        yield server
 
 
 @pytest.fixture
@@ -217,14 +224,8 @@ def module_server(tmp_path_factory: pytest.TempPathFactory, module_db: str, brok
                   ) -> Iterator[NsjmsServer]:
     """One running node for the tests of a module that need no fresh node: each makes channels of its own and
     asserts only about those (never about the node's whole state, and never stops, kills or restarts it)."""
-    state = tmp_path_factory.mktemp("module-node") / "state"
-    state.mkdir()
-    server = NsjmsServer(state_dir=state, pg_dsn=module_db, broker_url=broker_url, port=free_port())
-    server.start()
-    try:
+    with started_node(tmp_path_factory.mktemp("module-node") / "state", module_db, broker_url) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

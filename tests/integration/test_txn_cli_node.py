@@ -27,7 +27,7 @@ from router.txnops import AUDIT_FILE
 from xa.pg import PgBranch
 from xa.xid import FORMAT_ID, NodeId, branch_xid, dedupe_id, new_gtrid
 
-from bridgekit import prepared_gids, row_count
+from bridgekit import prepare_foreign, prepared_gids, row_count
 
 pytestmark = pytest.mark.integration
 
@@ -80,16 +80,6 @@ def listing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any
     assert code == 0, err
     result: dict[str, Any] = json.loads(out)
     return result
-
-
-def prepare_raw(dsn: str, xid: Xid) -> str:
-    """A prepared transaction with ``xid`` left by someone else; returns its GID."""
-    conn = psycopg.connect(dsn)
-    conn.tpc_begin(xid)
-    conn.execute("SELECT 1")
-    conn.tpc_prepare()
-    conn.close()
-    return str(xid)
 
 
 def died(tmp_path: Path, db: Database, dsn: str, queue: str, n: int, *, decided: bool,
@@ -236,10 +226,10 @@ def other_db(pg_dsn: str) -> Iterator[str]:
 
 def test_orphans_other_nodes_and_other_databases(tmp_path: Path, env: Database, fresh_db: str, other_db: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    orphan = prepare_raw(fresh_db, Xid.from_parts(FORMAT_ID, "hand-made", "outbox"))
+    orphan = prepare_foreign(fresh_db, Xid.from_parts(FORMAT_ID, "hand-made", "outbox"))
     other_gtrid = new_gtrid(NodeId("n2"))
-    other_node = prepare_raw(fresh_db, branch_xid(other_gtrid, "pg"))
-    elsewhere = prepare_raw(other_db, branch_xid(new_gtrid(NodeId("n1")), "pg"))
+    other_node = prepare_foreign(fresh_db, branch_xid(other_gtrid, "pg"))
+    elsewhere = prepare_foreign(other_db, branch_xid(new_gtrid(NodeId("n1")), "pg"))
 
     code, _, err = txn(tmp_path, capsys, "recover")
     assert code == 0, err
