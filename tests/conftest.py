@@ -293,8 +293,8 @@ def _pg_embedded() -> Generator[str, None, None]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture
-def fresh_db(pg_dsn: str) -> Iterator[str]:
+@contextlib.contextmanager
+def new_database(pg_dsn: str) -> Iterator[str]:
     """A new, empty database on the ``pg_dsn`` server; dropped afterwards with its prepared transactions."""
     name = f"nsjms_t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
@@ -304,6 +304,20 @@ def fresh_db(pg_dsn: str) -> Iterator[str]:
         yield dsn
     finally:
         _drop_database(pg_dsn, dsn, name)
+
+
+@pytest.fixture
+def fresh_db(pg_dsn: str) -> Iterator[str]:
+    """A new, empty database on the ``pg_dsn`` server for one test; dropped afterwards."""
+    with new_database(pg_dsn) as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="module")
+def module_db(pg_dsn: str) -> Iterator[str]:
+    """A new, empty database shared by the tests of one module (a module-scoped node's); dropped afterwards."""
+    with new_database(pg_dsn) as dsn:
+        yield dsn
 
 
 def _drop_database(admin_dsn: str, dsn: str, name: str) -> None:

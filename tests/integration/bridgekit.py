@@ -6,7 +6,12 @@
 * :class:`JavaTool` compiles ``java/JmsTool.java`` with ``javac`` against Debian's ActiveMQ client jars (a missing
   ``javac`` or jar is a test *failure* naming what to install) and runs it: ``produce``, ``consume`` (JSON lines
   parsed into dicts) and a background ``durable``/``consume`` process (:class:`JavaConsumer`);
-* :func:`java_tool` is the session fixture; test modules import it so pytest finds it.
+* :func:`java_tool` is the session fixture; test modules import it so pytest finds it;
+* small helpers the T2, transaction and ledger modules share: :func:`unique_name`, :func:`persistent_channel`,
+  :func:`structured_supplier`, :func:`stomp_produce` (persistent SENDs with receipts, header ``n`` = the id),
+  :func:`event_numbers` / :func:`dedupe_ids` of JmsTool messages, the node's ``status.json`` lines
+  (:func:`bridge_status`, :func:`t2_proxy_status`) and PostgreSQL counts (:func:`pg_scalar`, :func:`prepared_gids`,
+  :func:`prepared_count`, :func:`row_count`, :func:`ledger_rows`, :func:`ledger_count`, :func:`by_dedupe_id`).
 
 The Java client speaks OpenWire to the broker; the node speaks STOMP. Nothing here imports ``router``.
 """
@@ -14,32 +19,79 @@ The Java client speaks OpenWire to the broker; the node speaks STOMP. Nothing he
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
 import subprocess
+import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 from omniORB import CORBA
 
+import CosNotification
+
 from idl.generated import CosBridgeAdmin as BA
+from idl.generated import NsjmsAdmin
+
+from stdclients import (
+    Form,
+    PushSupplierClient,
+    StructuredPushConsumer,
+    Style,
+    connect_push_consumer,
+    long_,
+    obtain_proxy_consumer,
+    obtain_proxy_supplier,
+    prop,
+    short,
+)
 
 __all__ = [
     "JAVA_JARS",
     "JavaConsumer",
     "JavaTool",
+    "audit_ledger",
     "bridge_factory",
+    "bridge_status",
+    "by_dedupe_id",
     "channel_ep",
+    "dedupe_ids",
     "error_codes",
+    "event_numbers",
+    "inbox_count",
+    "inbox_drained",
     "java_tool",
     "jms_ep",
+    "ledger_count",
+    "ledger_rows",
+    "managed_bridge",
+    "node_status",
+    "persistent_channel",
+    "pg_scalar",
+    "prepare_foreign",
+    "prepared_count",
+    "prepared_gids",
     "reconnect_client",
+    "row_count",
+    "stomp_produce",
+    "structured_consumer",
+    "structured_supplier",
+    "t2_bridge",
+    "t2_channel",
+    "t2_proxy_status",
+    "unique_name",
 ]
 
 JAVA_DIR = Path(__file__).resolve().parent / "java"
@@ -89,7 +141,203 @@ def error_codes(exc: Any) -> list[tuple[str, str]]:
     return [(str(e.role), str(e.code)) for e in exc.error]
 
 
+def unique_name(prefix: str) -> str:
+    """``prefix`` plus a random suffix: a destination no other test (or earlier run on the same broker) uses."""
+    return f"{prefix}.{uuid.uuid4().hex[:8]}"
+
+
+def persistent_channel(factory: Any) -> tuple[Any, int]:
+    """A new channel with EventReliability and ConnectionReliability Persistent; returns (channel, id)."""
+    persistent = short(CosNotification.Persistent)
+    channel, cid = factory.create_channel([prop("EventReliability", persistent),
+                                           prop("ConnectionReliability", persistent)], [])
+    return channel, int(cid)
+
+
+def structured_supplier(channel: Any) -> PushSupplierClient:
+    """A connected structured push supplier on the channel's default supplier admin."""
+    proxy, _ = obtain_proxy_consumer(channel.default_supplier_admin, Form.STRUCTURED, Style.PUSH)
+    client = PushSupplierClient(proxy, Form.STRUCTURED)
+    client.connect()
+    return client
+
+
+def structured_consumer(channel: Any) -> StructuredPushConsumer:
+    """A structured push consumer connected to a proxy of the channel's default consumer admin."""
+    proxy, _ = obtain_proxy_supplier(channel.default_consumer_admin, Form.STRUCTURED, Style.PUSH)
+    consumer = StructuredPushConsumer()
+    connect_push_consumer(proxy, Form.STRUCTURED, consumer)
+    return consumer
+
+
+def managed_bridge(bridge: Any) -> Any:
+    """The bridge narrowed to ``NsjmsAdmin::ManagedBridge`` (BridgeTransactionMgmt)."""
+    managed = bridge._narrow(NsjmsAdmin.ManagedBridge)
+    assert managed is not None
+    return managed
+
+
+def t2_channel(factory: Any, events: int = 10, timeout_s: int = 0) -> tuple[Any, int]:
+    """A channel with EnableTransaction TRUE: its pull proxies pull in T2s of ``events``, ``timeout_s`` each."""
+    qos = [prop("EnableTransaction", CORBA.Any(CORBA.TC_boolean, True))]
+    admin = [prop("TransactionEvents", long_(events)),
+             prop("TransactionTimeout", CORBA.Any(CORBA.TC_ulong, timeout_s))]
+    channel, cid = factory.create_channel(qos, admin)
+    return channel, int(cid)
+
+
+def t2_bridge(bf: Any, factory: Any, queue: str, events: int, timeout: int) -> tuple[Any, int, Any]:
+    """A started channel -> JMS ``queue`` bridge from a new Persistent channel, transactions enabled
+    (``events`` per T2, ``timeout`` s); returns (bridge, bridge id, channel)."""
+    channel, cid = persistent_channel(factory)
+    bridge, bid = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, queue))
+    managed_bridge(bridge).enable_transaction(events, timeout)
+    bridge.start_bridge()
+    return bridge, bid, channel
+
+
+# ------------------------------------------------------------------------------------ the node's status.json
+def node_status(server: Any) -> dict[str, Any]:
+    """The node's ``status.json`` (rewritten every 2 s); empty until it was written."""
+    try:
+        return dict(json.loads((Path(server.state_dir) / "status.json").read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def bridge_status(server: Any, bid: int | None = None) -> dict[str, Any]:
+    """Bridge ``bid``'s line of ``status.json`` (the first bridge's when ``bid`` is None); empty if none."""
+    bridges = node_status(server).get("bridges", [])
+    return dict(next((b for b in bridges if bid is None or b["id"] == bid), {}))
+
+
+def t2_proxy_status(server: Any) -> dict[str, Any]:
+    """The T2 counters of the first proxy consumer that has them (a channel's T2 pull proxy); empty until a T2 ran."""
+    for ch in node_status(server).get("channels", []):
+        for pc in ch.get("proxy_consumers", []):
+            if "t2_committed" in pc:
+                return dict(pc)
+    return {}
+
+
+# ------------------------------------------------------------------------------------------ PostgreSQL
+def pg_scalar(dsn: str, query: str, *params: Any) -> Any:
+    """The first column of the first row of ``query`` (None when there is no row), in autocommit."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(query, params or None).fetchone()
+        return None if row is None else row[0]
+
+
+def prepared_gids(dsn: str) -> list[str]:
+    """The GIDs of the prepared transactions in ``dsn``'s database."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
+
+
+def prepare_foreign(dsn: str, xid: Any) -> str:
+    """A prepared transaction with ``xid`` left in ``dsn``'s database by "someone else" (a closed session); its GID."""
+    conn = psycopg.connect(dsn)
+    conn.tpc_begin(xid)
+    conn.execute("SELECT 1")
+    conn.tpc_prepare()
+    conn.close()
+    return str(xid)
+
+
+def prepared_count(dsn: str) -> int:
+    return len(prepared_gids(dsn))
+
+
+def row_count(dsn: str, table: str) -> int:
+    """``count(*)`` of ``table``."""
+    return int(pg_scalar(dsn, sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))))  # type: ignore[arg-type]
+
+
+def ledger_rows(dsn: str, where: str = "true", params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    """The ``nsjms_ledger`` rows matching ``where`` (test-written SQL, values in ``params``), by entry id."""
+    with psycopg.connect(dsn) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return list(cur.execute(f"SELECT * FROM nsjms_ledger WHERE {where} ORDER BY entry_id", params))
+
+
+def ledger_count(dsn: str, where: str, params: tuple[Any, ...] = ()) -> int:
+    return int(pg_scalar(dsn, f"SELECT count(*) FROM nsjms_ledger WHERE {where}", *params))
+
+
+def inbox_count(dsn: str, bid: int) -> int:
+    """The ``nsjms_inbox`` rows of bridge ``bid`` (one per JMS message it stored)."""
+    return int(pg_scalar(dsn, "SELECT count(*) FROM nsjms_inbox WHERE bridge_id = %s", bid))
+
+
+def inbox_drained(dsn: str, bid: int, n: int, consumer: StructuredPushConsumer) -> bool:
+    """JMS -> channel bridge ``bid`` stored ``n`` inbox rows and ``consumer`` got ``n`` events (or more)."""
+    return consumer.count() >= n and inbox_count(dsn, bid) >= n
+
+
+def by_dedupe_id(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Ledger rows grouped by obligation (dedupe id), each group in entry order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(r["dedupe_id"], []).append(r)
+    return out
+
+
+AUDIT_TIMEOUT_S = 900
+
+
+def audit_ledger(dsn: str, out: Path) -> dict[str, Any]:
+    """Run ``nsjms audit`` (JDBC source, Spark ``local[2]``) over ``dsn``'s ledger as of an hour from now (anything
+    undelivered by then counts as lost); assert it exits 0 and return its ``summary.json``."""
+    as_of = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "NSJMS_POSTGRES_DSN": dsn}  # the DSN stays off the argv
+    proc = subprocess.run([sys.executable, "-m", "router.cli", "audit", "--out", str(out), "--source", "jdbc",
+                           "--master", "local[2]", "--as-of", as_of, "--jdbc-partitions", "2",
+                           "--shuffle-partitions", "2"], check=False, capture_output=True, text=True,
+                          timeout=AUDIT_TIMEOUT_S, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    return dict(json.loads((out / "summary.json").read_text()))
+
+
+# ------------------------------------------------------------------------------------- raw STOMP producer
+def _host_port(broker_url: str) -> tuple[str, int]:
+    host, port = broker_url.removeprefix("stomp://").split(":")
+    return host, int(port)
+
+
+def _read_until(sock: socket.socket, marker: bytes) -> None:
+    got = b""
+    while marker not in got:
+        chunk = sock.recv(65536)
+        assert chunk, f"the broker closed the connection before {marker!r}"
+        assert not got.startswith(b"ERROR"), got[:500]
+        got += chunk
+
+
+def stomp_produce(broker_url: str, queue: str, ids: range, extra: dict[int, bytes] | None = None) -> None:
+    """SEND one persistent message per id (body ``m<id>``, header ``n`` = the id, plus ``extra[id]`` header lines),
+    each with a receipt: when this returns, the broker holds them all."""
+    with socket.create_connection(_host_port(broker_url), timeout=10) as sock:
+        sock.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
+        _read_until(sock, b"CONNECTED")
+        for i in ids:
+            body = f"m{i}".encode()
+            head = (f"SEND\ndestination:/queue/{queue}\npersistent:true\nn:{i}\nreceipt:r{i}\n".encode()
+                    + (extra or {}).get(i, b"") + f"content-length:{len(body)}\n\n".encode())
+            sock.sendall(head + body + b"\x00")
+            _read_until(sock, f"receipt-id:r{i}".encode())
+        sock.sendall(b"DISCONNECT\n\n\x00")
+
+
 # -------------------------------------------------------------------------------------------- Java side
+def event_numbers(messages: list[dict[str, Any]]) -> list[int]:
+    """The event number of each JmsTool message (``$event_name`` = ``e<i>`` as ``stdclients.make_event`` names)."""
+    return [int(m["properties"]["$event_name"]["value"][1:]) for m in messages]
+
+
+def dedupe_ids(messages: list[dict[str, Any]]) -> list[str]:
+    """The ``nsjms_dedupe_id`` property of each JmsTool message."""
+    return [m["properties"]["nsjms_dedupe_id"]["value"] for m in messages]
+
+
 def _require_java() -> tuple[str, str]:
     javac, java = shutil.which("javac"), shutil.which("java")
     if javac is None or java is None:

@@ -8,10 +8,13 @@
 * ``client_orb`` (session): one omniORB ORB for the test process, listening on 127.0.0.1 only, RootPOA active,
   with a client call timeout so a dead or hung server never blocks a test forever.
 * ``nsjms_server`` (function): a started server, stopped afterwards. ``factory`` narrows its factory reference.
+* ``module_server`` (module) and ``shared_factory``: one node for the tests of a module that only use channels of
+  their own (no node restart, no assertion over the node's whole state): saves a node start per test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -190,12 +193,12 @@ def client_orb() -> Iterator[ClientOrb]:
     orb.destroy()
 
 
-@pytest.fixture
-def nsjms_server(tmp_path: Path, fresh_db: str, broker_url: str) -> Iterator[NsjmsServer]:
-    """A running ``nsjms serve`` on a free port with its own state directory and a brand-new database."""
-    state = tmp_path / "state"
-    state.mkdir()
-    server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker_url, port=free_port())
+@contextlib.contextmanager
+def started_node(state: Path, dsn: str, broker_url: str) -> Iterator[NsjmsServer]:
+    """A running ``nsjms serve`` on a free port with state directory ``state`` (created), database ``dsn`` and
+    broker ``broker_url``; stopped after."""
+    state.mkdir(parents=True)
+    server = NsjmsServer(state_dir=state, pg_dsn=dsn, broker_url=broker_url, port=free_port())
     server.start()
     try:
         yield server
@@ -204,9 +207,40 @@ def nsjms_server(tmp_path: Path, fresh_db: str, broker_url: str) -> Iterator[Nsj
 
 
 @pytest.fixture
+def nsjms_server(tmp_path: Path, fresh_db: str, broker_url: str) -> Iterator[NsjmsServer]:
+    """A running ``nsjms serve`` on a free port with its own state directory and a brand-new database."""
+    with started_node(tmp_path / "state", fresh_db, broker_url) as server:
+        yield server
+
+
+@pytest.fixture
 def factory(nsjms_server: NsjmsServer, client_orb: ClientOrb) -> Any:
     """The server's EventChannelFactory, resolved through its IOR."""
     return client_orb.factory(nsjms_server.ior())
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory: pytest.TempPathFactory, module_db: str, broker_url: str
+                  ) -> Iterator[NsjmsServer]:
+    """One running node for the tests of a module that need no fresh node: each makes channels of its own and
+    asserts only about those (never about the node's whole state, and never stops, kills or restarts it)."""
+    with started_node(tmp_path_factory.mktemp("module-node") / "state", module_db, broker_url) as server:
+        yield server
+
+
+@pytest.fixture
+def shared_factory(module_server: NsjmsServer, client_orb: ClientOrb) -> Any:
+    """The module node's EventChannelFactory; the test fails if that node died (an earlier test crashed it)."""
+    assert module_server.proc is not None and module_server.proc.poll() is None, \
+        f"the module's node exited with code {module_server.proc and module_server.proc.returncode}:\n" \
+        f"{tail(module_server.stderr_path)}"
+    return client_orb.factory(module_server.ior())
+
+
+@pytest.fixture
+def shared_bf(shared_factory: Any, module_server: NsjmsServer, client_orb: ClientOrb) -> Any:
+    """The module node's BridgeFactory (for tests that make bridges, channels and destinations of their own)."""
+    return bridge_factory(client_orb, module_server)
 
 
 # The Java JMS client fixture, shared by every integration module that needs it (imported here, not in each test
@@ -241,21 +275,61 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-@pytest.fixture
-def rig(tmp_path: Path, fresh_db: str, client_orb: Any, java_tool: JavaTool) -> Iterator[Rig]:  # noqa: F811
-    base = tmp_path / "amq"
-    base.mkdir()
-    openwire = free_port()
-    broker = EmbeddedActiveMQ(base, free_port(), openwire, die_with_parent=True)
-    broker.start()
+@contextlib.contextmanager
+def running_node(tmp_path: Path, fresh_db: str, client_orb: ClientOrb, java: JavaTool,
+                 broker: EmbeddedActiveMQ) -> Iterator[Rig]:
+    """A node (in ``tmp_path/state``, database ``fresh_db``) using ``broker``; stopped after (the broker is not)."""
     state = tmp_path / "state"
     state.mkdir()
     server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker.url, port=free_port())
     try:
         server.start()
-        yield Rig(broker, server, java_tool.with_url(f"tcp://127.0.0.1:{openwire}"),
+        yield Rig(broker, server, java.with_url(f"tcp://127.0.0.1:{broker.openwire_port}"),
                   bridge_factory(client_orb, server), client_orb.factory(server.ior()))
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def own_broker(base: Path, broker_type: type[EmbeddedActiveMQ] = EmbeddedActiveMQ) -> Iterator[EmbeddedActiveMQ]:
+    """A started broker of ``broker_type`` in ``base``; stopped and removed after."""
+    base.mkdir(parents=True, exist_ok=True)
+    broker = broker_type(base, free_port(), free_port(), die_with_parent=True)
+    try:
+        broker.start()
+        yield broker
+    finally:
         broker.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_rig(tmp_path: Path, fresh_db: str, client_orb: ClientOrb, java: JavaTool,
+                broker_type: type[EmbeddedActiveMQ] = EmbeddedActiveMQ) -> Iterator[Rig]:
+    """A broker of the node's own (``broker_type``, in ``tmp_path/amq``) and a node using it; both stopped after."""
+    with own_broker(tmp_path / "amq", broker_type) as broker, \
+            running_node(tmp_path, fresh_db, client_orb, java, broker) as rig:
+        yield rig
+
+
+@pytest.fixture(scope="module")
+def rig_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedActiveMQ]:
+    """The broker of a module's ``rig`` tests: one start per module instead of one per test (each test has a node
+    and a database of its own, and names its destinations uniquely)."""
+    with own_broker(tmp_path_factory.mktemp("rig-amq")) as broker:
+        yield broker
+
+
+@pytest.fixture
+def rig(tmp_path: Path, fresh_db: str, client_orb: ClientOrb, java_tool: JavaTool,  # noqa: F811
+        rig_broker: EmbeddedActiveMQ) -> Iterator[Rig]:
+    """A node of its own on the module's broker, which a test may SIGSTOP, SIGKILL and restart: each test finds it
+    running (an earlier test that failed before it thawed or restarted the broker does not leave it down)."""
+    pid = rig_broker.pid
+    if pid is not None:
+        os.kill(pid, signal.SIGCONT)
+    if not rig_broker.alive():
+        rig_broker.stop()
+        rig_broker.start()
+    with running_node(tmp_path, fresh_db, client_orb, java_tool, rig_broker) as started:
+        yield started

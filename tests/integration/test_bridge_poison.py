@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import socket
 import time
 import uuid
@@ -42,7 +41,7 @@ from idl.generated import CosBridgeAdmin as BA
 from router.services import EmbeddedActiveMQ
 
 from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep
-from conftest import NsjmsServer, free_port
+from conftest import NsjmsServer, running_rig
 from stdclients import (
     Form,
     PushSupplierClient,
@@ -239,21 +238,8 @@ class RefusingBroker(EmbeddedActiveMQ):
 @pytest.fixture
 def refusing_node(tmp_path: Path, fresh_db: str, client_orb: Any, java_tool: JavaTool
                   ) -> Iterator[tuple[NsjmsServer, JavaTool]]:
-    base = tmp_path / "amq"
-    base.mkdir()
-    openwire = free_port()
-    broker = RefusingBroker(base, free_port(), openwire, die_with_parent=True)
-    broker.start()
-    state = tmp_path / "state"
-    state.mkdir()
-    server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker.url, port=free_port())
-    try:
-        server.start()
-        yield server, java_tool.with_url(f"tcp://127.0.0.1:{openwire}")
-    finally:
-        server.stop()
-        broker.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    with running_rig(tmp_path, fresh_db, client_orb, java_tool, RefusingBroker) as rig:
+        yield rig.server, rig.java
 
 
 def test_events_the_broker_refuses_are_dead_lettered_not_retried_forever(

@@ -173,8 +173,9 @@ def assert_delivered_form(received: list[Any], supplier_form: Form, consumer_for
 
 @pytest.mark.parametrize(("supplier", "consumer"), FLOWS,
                          ids=[f"{s[0].value}-{s[1].value}->{c[0].value}-{c[1].value}" for s, c in FLOWS])
-def test_flow_exactly_once_fifo(factory: Any, supplier: tuple[Form, Style], consumer: tuple[Form, Style]) -> None:
-    channel = fifo_channel(factory)
+def test_flow_exactly_once_fifo(shared_factory: Any, supplier: tuple[Form, Style],
+                                consumer: tuple[Form, Style]) -> None:
+    channel = fifo_channel(shared_factory)
     end = ConsumerEnd(channel, *consumer)
     if consumer == (Q, PUSH):
         end.proxy.set_qos([prop("MaximumBatchSize", long_(25)), prop("PacingInterval", time_t(0.2))])
@@ -204,10 +205,10 @@ def test_sigterm_stops_cleanly(nsjms_server: Any) -> None:
     assert nsjms_server.stop() == 0
 
 
-def test_navigation_ids_and_back_references(factory: Any) -> None:
-    channel, cid = factory.create_channel([], [])
-    _, cid2 = factory.create_channel([], [])
-    assert cid != cid2 and {cid, cid2} <= set(factory.get_all_channels())
+def test_navigation_ids_and_back_references(shared_factory: Any) -> None:
+    channel, cid = shared_factory.create_channel([], [])
+    _, cid2 = shared_factory.create_channel([], [])
+    assert cid != cid2 and {cid, cid2} <= set(shared_factory.get_all_channels())
     assert cid in channel.MyFactory.get_all_channels()
     cadmin0, sadmin0 = channel.default_consumer_admin, channel.default_supplier_admin
     assert (cadmin0.MyID, sadmin0.MyID) == (0, 0)
@@ -233,10 +234,10 @@ def test_navigation_ids_and_back_references(factory: Any) -> None:
     assert sadmin.get_proxy_consumer(cpid).MyType == CosNotifyChannelAdmin.PUSH_ANY
 
 
-def test_not_found_exceptions(factory: Any) -> None:
-    channel, cid = factory.create_channel([], [])
+def test_not_found_exceptions(shared_factory: Any) -> None:
+    channel, cid = shared_factory.create_channel([], [])
     with pytest.raises(CosNotifyChannelAdmin.ChannelNotFound):
-        factory.get_event_channel(cid + 100_000)
+        shared_factory.get_event_channel(cid + 100_000)
     with pytest.raises(CosNotifyChannelAdmin.AdminNotFound):
         channel.get_consumeradmin(99_999)
     with pytest.raises(CosNotifyChannelAdmin.AdminNotFound):
@@ -247,8 +248,8 @@ def test_not_found_exceptions(factory: Any) -> None:
         channel.default_supplier_admin.get_proxy_consumer(99_999)
 
 
-def test_connection_state_exceptions(factory: Any) -> None:
-    channel, _ = factory.create_channel([], [])
+def test_connection_state_exceptions(shared_factory: Any) -> None:
+    channel, _ = shared_factory.create_channel([], [])
     proxy, _ = obtain_proxy_supplier(channel.default_consumer_admin, S, PUSH)
     with pytest.raises(CosNotifyChannelAdmin.NotConnected):
         proxy.suspend_connection()
@@ -276,8 +277,8 @@ def _assert_gone(call: Any) -> None:
         call()
 
 
-def test_destroy_proxy_admin_and_channel(factory: Any) -> None:
-    channel, cid = factory.create_channel([], [])
+def test_destroy_proxy_admin_and_channel(shared_factory: Any) -> None:
+    channel, cid = shared_factory.create_channel([], [])
     cadmin, caid = channel.new_for_consumers(CosNotifyChannelAdmin.OR_OP)
     proxy, pid = obtain_proxy_supplier(cadmin, S, PUSH)
     connect_push_consumer(proxy, S, StructuredPushConsumer())
@@ -293,14 +294,14 @@ def test_destroy_proxy_admin_and_channel(factory: Any) -> None:
     _assert_gone(lambda: proxy2.MyType)
     _assert_gone(lambda: cadmin.MyID)
     channel.destroy()
-    assert cid not in factory.get_all_channels()
+    assert cid not in shared_factory.get_all_channels()
     with pytest.raises(CosNotifyChannelAdmin.ChannelNotFound):
-        factory.get_event_channel(cid)
+        shared_factory.get_event_channel(cid)
     _assert_gone(lambda: channel.default_consumer_admin)
 
 
-def test_consumer_raising_disconnected_destroys_its_proxy(factory: Any) -> None:
-    channel = fifo_channel(factory)
+def test_consumer_raising_disconnected_destroys_its_proxy(shared_factory: Any) -> None:
+    channel = fifo_channel(shared_factory)
     admin = channel.default_consumer_admin
     bad_proxy, bad_pid = obtain_proxy_supplier(admin, S, PUSH)
     bad = StructuredPushConsumer()
@@ -363,8 +364,8 @@ def test_sequence_push_batch_size_and_pacing(nsjms_server: Any, factory: Any) ->
     assert servant.ids() == list(range(1003))
 
 
-def test_sequence_pull_obeys_max_batch_size(factory: Any) -> None:
-    channel = fifo_channel(factory)
+def test_sequence_pull_obeys_max_batch_size(shared_factory: Any) -> None:
+    channel = fifo_channel(shared_factory)
     proxy, _ = obtain_proxy_supplier(channel.default_consumer_admin, Q, PULL)
     proxy.set_qos([prop("MaximumBatchSize", long_(10))])
     puller = PullConsumerClient(proxy, Q, max_number=100)
@@ -382,8 +383,8 @@ def test_sequence_pull_obeys_max_batch_size(factory: Any) -> None:
     assert [event_id(x) for x in got] == list(range(25))
 
 
-def test_event_service_style_admins_and_proxies(factory: Any) -> None:
-    channel = fifo_channel(factory)
+def test_event_service_style_admins_and_proxies(shared_factory: Any) -> None:
+    channel = fifo_channel(shared_factory)
     cadmin = channel.for_consumers()
     push_proxy = cadmin.obtain_push_supplier()
     consumer = AnyPushConsumer()
@@ -409,12 +410,12 @@ def test_event_service_style_admins_and_proxies(factory: Any) -> None:
         push_proxy.connect_push_consumer(AnyPushConsumer()._this())
 
 
-def test_blocking_pull_answers_transient_before_the_client_call_timeout(factory: Any) -> None:
+def test_blocking_pull_answers_transient_before_the_client_call_timeout(shared_factory: Any) -> None:
     """A blocking pull with nothing to pull answers TRANSIENT (COMPLETED_NO) after the channel's wait limit, within
     the client's call timeout (30 s here): before, the client timed out and the abandoned pull kept running."""
     from router.channel.boundary import MINOR_PULL_WAIT_OVER
 
-    channel = fifo_channel(factory)
+    channel = fifo_channel(shared_factory)
     proxy, _ = obtain_proxy_supplier(channel.default_consumer_admin, S, PULL)
     PullConsumerClient(proxy, S).connect()
     with pytest.raises(CORBA.TRANSIENT) as info:

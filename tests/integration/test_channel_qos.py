@@ -113,22 +113,22 @@ BAD_CHANNEL_QOS = [
 
 
 @pytest.mark.parametrize(("name", "value", "code"), BAD_CHANNEL_QOS, ids=[c[0] for c in BAD_CHANNEL_QOS])
-def test_create_channel_rejects_bad_qos(factory: Any, name: str, value: Any, code: Any) -> None:
-    before = set(factory.get_all_channels())
-    assert_unsupported(lambda: factory.create_channel([prop(name, value)], []), name, code)
-    assert set(factory.get_all_channels()) == before, "a channel was created despite UnsupportedQoS"
-    channel, _ = factory.create_channel([], [])
+def test_create_channel_rejects_bad_qos(shared_factory: Any, name: str, value: Any, code: Any) -> None:
+    before = set(shared_factory.get_all_channels())
+    assert_unsupported(lambda: shared_factory.create_channel([prop(name, value)], []), name, code)
+    assert set(shared_factory.get_all_channels()) == before, "a channel was created despite UnsupportedQoS"
+    channel, _ = shared_factory.create_channel([], [])
     assert_serves(channel)
 
 
-def test_create_channel_rejects_bad_admin_properties(factory: Any) -> None:
+def test_create_channel_rejects_bad_admin_properties(shared_factory: Any) -> None:
     with pytest.raises(CosNotification.UnsupportedAdmin) as info:
-        factory.create_channel([], [prop("MaxQueueLength", string_any("lots"))])
+        shared_factory.create_channel([], [prop("MaxQueueLength", string_any("lots"))])
     assert "MaxQueueLength" in qos_errors(info.value)
 
 
-def test_set_qos_errors_on_channel_admin_and_proxy(factory: Any) -> None:
-    channel, _ = factory.create_channel([], [])
+def test_set_qos_errors_on_channel_admin_and_proxy(shared_factory: Any) -> None:
+    channel, _ = shared_factory.create_channel([], [])
     before = qos_of(channel).get("Priority")
     assert_unsupported(lambda: channel.set_qos([prop("Priority", short(5)), prop("OrderPolicy", short(42))]),
                        "OrderPolicy", CosNotification.BAD_VALUE)
@@ -175,8 +175,8 @@ BAD_HEADERS = [
 
 
 @pytest.mark.parametrize(("name", "value"), BAD_HEADERS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BAD_HEADERS)])
-def test_bad_header_qos_raises_bad_qos(factory: Any, name: str, value: Any) -> None:
-    channel, _ = factory.create_channel([], [])
+def test_bad_header_qos_raises_bad_qos(shared_factory: Any, name: str, value: Any) -> None:
+    channel, _ = shared_factory.create_channel([], [])
     _, consumer = connect_consumer(channel.default_consumer_admin)
     supplier = connect_supplier(channel.default_supplier_admin)
     with pytest.raises(CORBA.BAD_QOS):
@@ -186,8 +186,8 @@ def test_bad_header_qos_raises_bad_qos(factory: Any, name: str, value: Any) -> N
     assert_serves(channel)
 
 
-def test_random_garbage_header_anys_raise_bad_qos(factory: Any) -> None:
-    channel, _ = factory.create_channel([], [])
+def test_random_garbage_header_anys_raise_bad_qos(shared_factory: Any) -> None:
+    channel, _ = shared_factory.create_channel([], [])
     _, consumer = connect_consumer(channel.default_consumer_admin)
     supplier = connect_supplier(channel.default_supplier_admin)
     seq_proxy, _ = obtain_proxy_consumer(channel.default_supplier_admin, Q, PUSH)
@@ -202,8 +202,8 @@ def test_random_garbage_header_anys_raise_bad_qos(factory: Any) -> None:
     assert receive_exactly(consumer, 1) == [4242]
 
 
-def test_validate_qos_and_validate_event_qos(factory: Any) -> None:
-    channel, _ = factory.create_channel([], [])
+def test_validate_qos_and_validate_event_qos(shared_factory: Any) -> None:
+    channel, _ = shared_factory.create_channel([], [])
     before = qos_of(channel)
     available = channel.validate_qos([prop("OrderPolicy", short(CosNotification.FifoOrder))])
     assert all(r.name != "OrderPolicy" for r in available), "validate_qos must not return requested properties"
@@ -219,8 +219,8 @@ def test_validate_qos_and_validate_event_qos(factory: Any) -> None:
     assert_serves(channel)
 
 
-def test_max_consumers_and_max_suppliers(factory: Any) -> None:
-    channel, _ = factory.create_channel([], [prop("MaxConsumers", long_(2)), prop("MaxSuppliers", long_(1))])
+def test_max_consumers_and_max_suppliers(shared_factory: Any) -> None:
+    channel, _ = shared_factory.create_channel([], [prop("MaxConsumers", long_(2)), prop("MaxSuppliers", long_(1))])
     admin_props = {p.name: p.value.value() for p in channel.get_admin()}
     assert admin_props["MaxConsumers"] == 2 and admin_props["MaxSuppliers"] == 1
     cadmin = channel.default_consumer_admin
@@ -243,8 +243,9 @@ def test_max_consumers_and_max_suppliers(factory: Any) -> None:
     assert receive_exactly(c3, 1) == [10]
 
 
-def test_max_queue_length_with_reject_new_events(factory: Any) -> None:
-    channel, _ = factory.create_channel([], [prop("MaxQueueLength", long_(5)), prop("RejectNewEvents", boolean(True))])
+def test_max_queue_length_with_reject_new_events(shared_factory: Any) -> None:
+    channel, _ = shared_factory.create_channel([], [prop("MaxQueueLength", long_(5)),
+                                                    prop("RejectNewEvents", boolean(True))])
     proxy, consumer = connect_consumer(channel.default_consumer_admin)
     proxy.suspend_connection()
     supplier = connect_supplier(channel.default_supplier_admin)
@@ -261,8 +262,8 @@ def test_max_queue_length_with_reject_new_events(factory: Any) -> None:
     (CosNotification.FifoOrder, list(range(5, 10))),  # Fifo discards the oldest
     (CosNotification.LifoOrder, list(range(0, 5))),  # Lifo discards the newest (the one that overflowed)
 ], ids=["fifo-drops-oldest", "lifo-drops-newest"])
-def test_max_events_per_consumer_discard_policy(factory: Any, policy: int, kept: list[int]) -> None:
-    channel, _ = factory.create_channel([prop("OrderPolicy", short(CosNotification.FifoOrder))], [])
+def test_max_events_per_consumer_discard_policy(shared_factory: Any, policy: int, kept: list[int]) -> None:
+    channel, _ = shared_factory.create_channel([prop("OrderPolicy", short(CosNotification.FifoOrder))], [])
     limited, limited_consumer = connect_consumer(channel.default_consumer_admin)
     limited.set_qos([prop("MaxEventsPerConsumer", long_(5)), prop("DiscardPolicy", short(policy))])
     _, free_consumer = connect_consumer(channel.default_consumer_admin)
@@ -274,8 +275,8 @@ def test_max_events_per_consumer_discard_policy(factory: Any, policy: int, kept:
     assert receive_exactly(limited_consumer, 5) == kept
 
 
-def test_timeout_expires_while_suspended(factory: Any) -> None:
-    channel, _ = factory.create_channel([prop("OrderPolicy", short(CosNotification.FifoOrder))], [])
+def test_timeout_expires_while_suspended(shared_factory: Any) -> None:
+    channel, _ = shared_factory.create_channel([prop("OrderPolicy", short(CosNotification.FifoOrder))], [])
     proxy, consumer = connect_consumer(channel.default_consumer_admin)
     proxy.suspend_connection()
     supplier = connect_supplier(channel.default_supplier_admin)
@@ -286,8 +287,8 @@ def test_timeout_expires_while_suspended(factory: Any) -> None:
     assert_serves(channel)
 
 
-def test_start_time_in_the_future_delays_delivery(factory: Any) -> None:
-    channel, _ = factory.create_channel([prop("StartTimeSupported", boolean(True))], [])
+def test_start_time_in_the_future_delays_delivery(shared_factory: Any) -> None:
+    channel, _ = shared_factory.create_channel([prop("StartTimeSupported", boolean(True))], [])
     _, consumer = connect_consumer(channel.default_consumer_admin)
     supplier = connect_supplier(channel.default_supplier_admin)
     t0 = time.monotonic()

@@ -172,8 +172,8 @@ def received_keys(consumer: StructuredPushConsumer) -> set[str]:
 
 
 # -- tests --------------------------------------------------------------------------------------------------
-def test_ns_2_4_7_examples_through_filter_objects(factory: Any) -> None:
-    channel = make_channel(factory)
+def test_ns_2_4_7_examples_through_filter_objects(shared_factory: Any) -> None:
+    channel = make_channel(shared_factory)
     admin, _ = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
     cases = examples()
     consumers = []
@@ -199,8 +199,8 @@ def test_ns_2_4_7_examples_through_filter_objects(factory: Any) -> None:
         assert len(consumer.snapshot()) == len(received_keys(consumer)), f"{name}: duplicates"
 
 
-def test_event_type_list_is_checked_before_the_expression_with_wildcards(factory: Any) -> None:
-    channel = make_channel(factory)
+def test_event_type_list_is_checked_before_the_expression_with_wildcards(shared_factory: Any) -> None:
+    channel = make_channel(shared_factory)
     proxy, consumer = connect_consumer(channel._get_default_consumer_admin())
     proxy.add_filter(new_filter(channel, ([("Tele*", "Comm*Alarm"), ("Transport", "RoadImpassable")],
                                           "$severity != 4")))
@@ -221,8 +221,9 @@ def test_event_type_list_is_checked_before_the_expression_with_wildcards(factory
 
 @pytest.mark.parametrize("op, expected", [(CosNotifyChannelAdmin.AND_OP, {"both"}),
                                           (CosNotifyChannelAdmin.OR_OP, {"both", "admin-only", "proxy-only"})])
-def test_admin_and_proxy_filters_combine_with_the_admin_operator(factory: Any, op: Any, expected: set[str]) -> None:
-    channel = make_channel(factory)
+def test_admin_and_proxy_filters_combine_with_the_admin_operator(shared_factory: Any, op: Any,
+                                                                 expected: set[str]) -> None:
+    channel = make_channel(shared_factory)
     admin, _ = channel.new_for_consumers(op)
     admin.add_filter(new_filter(channel, ([], "$a == 1")))
     proxy, consumer = connect_consumer(admin)
@@ -237,8 +238,8 @@ def test_admin_and_proxy_filters_combine_with_the_admin_operator(factory: Any, o
     assert received_keys(consumer) == expected
 
 
-def test_or_over_filters_and_over_constraints_and_supplier_side_filtering(factory: Any) -> None:
-    channel = make_channel(factory)
+def test_or_over_filters_and_over_constraints_and_supplier_side_filtering(shared_factory: Any) -> None:
+    channel = make_channel(shared_factory)
     proxy, consumer = connect_consumer(channel._get_default_consumer_admin())
     proxy.add_filter(new_filter(channel, ([], "$n == 1"), ([], "$n == 2")))
     proxy.add_filter(new_filter(channel, ([], "$n == 3")))
@@ -252,8 +253,8 @@ def test_or_over_filters_and_over_constraints_and_supplier_side_filtering(factor
     assert received_keys(consumer) == {"n1", "n3"}
 
 
-def test_constraint_operations_are_atomic_and_report_the_bad_expression(factory: Any) -> None:
-    channel = make_channel(factory)
+def test_constraint_operations_are_atomic_and_report_the_bad_expression(shared_factory: Any) -> None:
+    channel = make_channel(shared_factory)
     flt = new_filter(channel, ([], "$a == 1"))
     bad = CosNotifyFilter.ConstraintExp([], "$a == == 2")
     with pytest.raises(CosNotifyFilter.InvalidConstraint) as info:
@@ -289,8 +290,8 @@ class SubscribeRecorder(CosNotifyComm__POA.NotifySubscribe):
                                [(t.domain_name, t.type_name) for t in removed]))
 
 
-def test_callbacks_hear_constraint_changes(factory: Any) -> None:
-    channel = make_channel(factory)
+def test_callbacks_hear_constraint_changes(shared_factory: Any) -> None:
+    channel = make_channel(shared_factory)
     flt = new_filter(channel)
     rec = SubscribeRecorder()
     cb = flt.attach_callback(rec._this())
@@ -339,8 +340,8 @@ def test_filters_survive_sigkill_and_restart(nsjms_server: Any, client_orb: Any)
     assert received_keys(consumer) == want
 
 
-def test_a_destroyed_filter_no_longer_exists(factory: Any) -> None:
-    channel = make_channel(factory)
+def test_a_destroyed_filter_no_longer_exists(shared_factory: Any) -> None:
+    channel = make_channel(shared_factory)
     flt = new_filter(channel, ([], "TRUE"))
     flt.destroy()
     with pytest.raises(CORBA.OBJECT_NOT_EXIST):
@@ -368,8 +369,8 @@ def names_in_order(consumer: StructuredPushConsumer) -> list[str]:
     return [key_of(ev) for ev in consumer.snapshot()]
 
 
-def test_priority_mapping_proxy_filter_overrides_admin_filter_and_never_changes_the_event(factory: Any) -> None:
-    channel = make_channel(factory)
+def test_priority_mapping_proxy_filter_overrides_admin_filter_and_never_changes_the_event(shared_factory: Any) -> None:
+    channel = make_channel(shared_factory)
     admin, _ = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
     def short(v: int) -> Any:
         return CORBA.Any(CORBA.TC_short, v)
@@ -400,8 +401,8 @@ def test_priority_mapping_proxy_filter_overrides_admin_filter_and_never_changes_
     assert mf._get_default_value().value() == 0
 
 
-def test_lifetime_mapping_expires_only_that_proxys_copy(factory: Any) -> None:
-    channel = make_channel(factory)
+def test_lifetime_mapping_expires_only_that_proxys_copy(shared_factory: Any) -> None:
+    channel = make_channel(shared_factory)
     admin = channel._get_default_consumer_admin()
     _, keeps = connect_consumer(admin)
     short_lived, loses = connect_consumer(admin)

@@ -11,12 +11,8 @@ Real node, PostgreSQL, ActiveMQ (STOMP for the node, OpenWire for the Java clien
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +21,19 @@ import pytest
 
 from omniORB import CORBA
 
-import CosNotification
-
 from idl.generated import CosBridgeAdmin as BA
 
-from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep
+from bridgekit import (
+    JavaTool,
+    audit_ledger,
+    bridge_factory,
+    by_dedupe_id,
+    channel_ep,
+    jms_ep,
+    ledger_count,
+    ledger_rows,
+    persistent_channel,
+)
 from conftest import NsjmsServer
 from stdclients import (
     Form,
@@ -40,8 +44,6 @@ from stdclients import (
     make_event,
     obtain_proxy_consumer,
     obtain_proxy_supplier,
-    prop,
-    short,
     wait_until,
 )
 
@@ -49,14 +51,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 N = 40
 FLOW_TIMEOUT_S = 30.0
-AUDIT_TIMEOUT_S = 900
-
-
-def _persistent_channel(factory: Any) -> tuple[Any, int]:
-    qos = [prop("EventReliability", short(CosNotification.Persistent)),
-           prop("ConnectionReliability", short(CosNotification.Persistent))]
-    channel, cid = factory.create_channel(qos, [])
-    return channel, int(cid)
 
 
 def _consumer(channel: Any) -> tuple[StructuredPushConsumer, int]:
@@ -73,25 +67,6 @@ def _supplier(channel: Any) -> PushSupplierClient:
     return client
 
 
-def _rows(dsn: str, where: str = "true", params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    with psycopg.connect(dsn) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        return list(cur.execute(f"SELECT * FROM nsjms_ledger WHERE {where} ORDER BY entry_id", params))
-
-
-def _obligations(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        out.setdefault(r["dedupe_id"], []).append(r)
-    return out
-
-
-def _count(dsn: str, where: str, params: tuple[Any, ...] = ()) -> int:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(f"SELECT count(*) FROM nsjms_ledger WHERE {where}", params).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def _accepted_then_delivered(obl: list[dict[str, Any]]) -> None:
     assert [r["outcome"] for r in obl] == ["accepted", "delivered"], obl
     assert obl[0]["accepted_at"] == obl[1]["accepted_at"]
@@ -99,13 +74,13 @@ def _accepted_then_delivered(obl: list[dict[str, Any]]) -> None:
 
 
 def test_persistent_channel_traffic_is_in_the_ledger(nsjms_server: NsjmsServer, factory: Any) -> None:
-    channel, cid = _persistent_channel(factory)
+    channel, cid = persistent_channel(factory)
     consumer, pid = _consumer(channel)
     _supplier(channel).push_all([make_event(i) for i in range(N)])
     assert consumer.wait_for(N, FLOW_TIMEOUT_S), f"{consumer.count()} of {N} arrived"
     dsn = nsjms_server.pg_dsn
-    assert wait_until(lambda: _count(dsn, "outcome = 'delivered'") == N, FLOW_TIMEOUT_S)
-    obligations = _obligations(_rows(dsn))
+    assert wait_until(lambda: ledger_count(dsn, "outcome = 'delivered'") == N, FLOW_TIMEOUT_S)
+    obligations = by_dedupe_id(ledger_rows(dsn))
     assert len(obligations) == N
     for dedupe, obl in obligations.items():
         _accepted_then_delivered(obl)
@@ -123,14 +98,14 @@ def test_bridge_traffic_both_ways_is_in_the_ledger_and_the_audit_finds_nothing_w
     bf = bridge_factory(client_orb, nsjms_server)
     out_queue, in_queue = (f"ledger.{d}.{uuid.uuid4().hex[:8]}" for d in ("out", "in"))
     # channel → JMS
-    out_channel, out_cid = _persistent_channel(factory)
+    out_channel, out_cid = persistent_channel(factory)
     out_bridge, out_bid = bf.create_bridge(channel_ep(BA.SOURCE, out_cid), jms_ep(BA.SINK, out_queue))
     out_bridge.start_bridge()
     _supplier(out_channel).push_all([make_event(i) for i in range(N)])
     got = java_tool.consume("queue", out_queue, N, FLOW_TIMEOUT_S)
     assert len(got) == N
     # JMS → channel (and on to a CORBA consumer of that channel)
-    in_channel, in_cid = _persistent_channel(factory)
+    in_channel, in_cid = persistent_channel(factory)
     consumer, _ = _consumer(in_channel)
     in_bridge, in_bid = bf.create_bridge(jms_ep(BA.SOURCE, in_queue), channel_ep(BA.SINK, in_cid))
     in_bridge.start_bridge()
@@ -138,15 +113,15 @@ def test_bridge_traffic_both_ways_is_in_the_ledger_and_the_audit_finds_nothing_w
     assert consumer.wait_for(N, FLOW_TIMEOUT_S), f"{consumer.count()} of {N} arrived"
 
     dsn = nsjms_server.pg_dsn
-    assert wait_until(lambda: _count(dsn, "outcome = 'delivered'") == 3 * N, FLOW_TIMEOUT_S), \
-        _count(dsn, "outcome = 'delivered'")
-    to_jms = _obligations(_rows(dsn, "direction = 'channel_to_jms'"))
+    assert wait_until(lambda: ledger_count(dsn, "outcome = 'delivered'") == 3 * N, FLOW_TIMEOUT_S), \
+        ledger_count(dsn, "outcome = 'delivered'")
+    to_jms = by_dedupe_id(ledger_rows(dsn, "direction = 'channel_to_jms'"))
     assert len(to_jms) == N
     for obl in to_jms.values():
         _accepted_then_delivered(obl)
         assert {(r["channel_id"], r["bridge_id"], r["destination"]) for r in obl} == {
             (out_cid, int(out_bid), f"queue/{out_queue}")}
-    from_jms = _obligations(_rows(dsn, "direction = 'jms_to_channel'"))
+    from_jms = by_dedupe_id(ledger_rows(dsn, "direction = 'jms_to_channel'"))
     assert len(from_jms) == N
     for dedupe, obl in from_jms.items():
         _accepted_then_delivered(obl)
@@ -154,25 +129,17 @@ def test_bridge_traffic_both_ways_is_in_the_ledger_and_the_audit_finds_nothing_w
         assert (r["channel_id"], r["bridge_id"], r["destination"]) == (in_cid, int(in_bid), f"queue/{in_queue}")
         assert r["jms_message_id"].startswith("ID:") and dedupe == f"j{in_bid}/{r['jms_message_id']}"
         assert obl[1]["jms_message_id"] == r["jms_message_id"] and r["event_id"] is not None
-    onward = _obligations(_rows(dsn, "direction = 'channel_to_consumer'"))
+    onward = by_dedupe_id(ledger_rows(dsn, "direction = 'channel_to_consumer'"))
     assert len(onward) == N and {o[0]["channel_id"] for o in onward.values()} == {in_cid}
     assert {o[0]["event_id"] for o in onward.values()} == {o[0]["event_id"] for o in from_jms.values()}
 
-    out = tmp_path / "audit"
-    as_of = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")  # anything undelivered = lost
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "NSJMS_POSTGRES_DSN": dsn}
-    proc = subprocess.run([sys.executable, "-m", "router.cli", "audit", "--out", str(out), "--source", "jdbc",
-                           "--master", "local[2]", "--as-of", as_of, "--jdbc-partitions", "2",
-                           "--shuffle-partitions", "2"], check=False, capture_output=True, text=True,
-                          timeout=AUDIT_TIMEOUT_S, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = audit_ledger(dsn, tmp_path / "audit")
     assert summary["lost"] == 0 and summary["duplicated"] == 0, summary
     assert summary["by_status"] == {"delivered": 3 * N}, summary
 
 
 def test_a_failing_ledger_insert_fails_the_push_and_leaves_nothing(nsjms_server: NsjmsServer, factory: Any) -> None:
-    channel, _ = _persistent_channel(factory)
+    channel, _ = persistent_channel(factory)
     consumer, _ = _consumer(channel)
     supplier = _supplier(channel)
     dsn = nsjms_server.pg_dsn
@@ -192,24 +159,24 @@ def test_a_failing_ledger_insert_fails_the_push_and_leaves_nothing(nsjms_server:
         admin.execute("DROP TRIGGER ledger_refuses ON nsjms_ledger")
     supplier.push_one(make_event(2))                     # the supplier retries: now it is stored and delivered
     assert consumer.wait_for(1, FLOW_TIMEOUT_S)
-    assert wait_until(lambda: _count(dsn, "outcome = 'delivered'") == 1, FLOW_TIMEOUT_S)
+    assert wait_until(lambda: ledger_count(dsn, "outcome = 'delivered'") == 1, FLOW_TIMEOUT_S)
 
 
 def test_events_left_by_a_destroyed_proxy_are_discarded_in_the_ledger(nsjms_server: NsjmsServer,
                                                                        factory: Any) -> None:
-    channel, _ = _persistent_channel(factory)
+    channel, _ = persistent_channel(factory)
     proxy, pid = obtain_proxy_supplier(channel.default_consumer_admin, Form.STRUCTURED, Style.PUSH)
     consumer = StructuredPushConsumer()
     connect_push_consumer(proxy, Form.STRUCTURED, consumer)
     proxy.suspend_connection()                           # the events stay queued for it
     _supplier(channel).push_all([make_event(i) for i in range(5)])
     dsn = nsjms_server.pg_dsn
-    assert wait_until(lambda: _count(dsn, "outcome = 'accepted'") == 5, FLOW_TIMEOUT_S)
+    assert wait_until(lambda: ledger_count(dsn, "outcome = 'accepted'") == 5, FLOW_TIMEOUT_S)
     proxy.disconnect_structured_push_supplier()          # destroys the proxy and its queue
-    assert wait_until(lambda: _count(dsn, "outcome = 'discarded'") == 5, FLOW_TIMEOUT_S)
-    rows = _rows(dsn, "outcome = 'discarded'")
+    assert wait_until(lambda: ledger_count(dsn, "outcome = 'discarded'") == 5, FLOW_TIMEOUT_S)
+    rows = ledger_rows(dsn, "outcome = 'discarded'")
     assert {(r["proxy_id"], r["failure_reason"]) for r in rows} == {(int(pid), "its proxy supplier was destroyed")}
-    for obl in _obligations(_rows(dsn)).values():        # the same obligation: dedupe id and accepted_at
+    for obl in by_dedupe_id(ledger_rows(dsn)).values():        # the same obligation: dedupe id and accepted_at
         assert [r["outcome"] for r in obl] == ["accepted", "discarded"]
         assert obl[0]["accepted_at"] == obl[1]["accepted_at"]
     assert consumer.count() == 0
@@ -231,15 +198,15 @@ def test_best_effort_events_are_in_the_ledger_only_when_configured(
             _supplier(channel).push_all([make_event(i) for i in range(N)])
             assert consumer.wait_for(N, FLOW_TIMEOUT_S)
             if best_effort:
-                assert wait_until(lambda: _count(fresh_db, "outcome = 'delivered'") == N, FLOW_TIMEOUT_S)
-                obligations = _obligations(_rows(fresh_db))
+                assert wait_until(lambda: ledger_count(fresh_db, "outcome = 'delivered'") == N, FLOW_TIMEOUT_S)
+                obligations = by_dedupe_id(ledger_rows(fresh_db))
                 assert len(obligations) == N
                 for dedupe, obl in obligations.items():
                     _accepted_then_delivered(obl)
                     assert dedupe.startswith("b") and dedupe.endswith(f"/c{cid}/a0/p{pid}")
                     assert obl[0]["event_id"] is None and obl[0]["direction"] == "channel_to_consumer"
             else:
-                assert _count(fresh_db, "true") == 0        # nothing written for BestEffort traffic
+                assert ledger_count(fresh_db, "true") == 0        # nothing written for BestEffort traffic
         finally:
             server.stop()
 
@@ -250,20 +217,20 @@ def test_events_queued_across_a_restart_keep_their_obligation_and_bridge(
 
     bf = bridge_factory(client_orb, nsjms_server)
     queue = f"ledger.restart.{uuid.uuid4().hex[:8]}"
-    channel, cid = _persistent_channel(factory)
+    channel, cid = persistent_channel(factory)
     bridge, bid = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, queue))
     bridge.start_bridge()
     bridge.stop_bridge()                                 # events stay queued for the bridge's proxy
     _supplier(channel).push_all([make_event(i) for i in range(10)])
     dsn = nsjms_server.pg_dsn
-    assert wait_until(lambda: _count(dsn, "outcome = 'accepted'") == 10, FLOW_TIMEOUT_S)
+    assert wait_until(lambda: ledger_count(dsn, "outcome = 'accepted'") == 10, FLOW_TIMEOUT_S)
     nsjms_server.stop()
     nsjms_server.restart()                               # the bridge registers its proxy before the queues return
     reconnect_client(bridge)
     bridge.start_bridge()
     assert len(java_tool.consume("queue", queue, 10, FLOW_TIMEOUT_S)) == 10
-    assert wait_until(lambda: _count(dsn, "outcome = 'delivered'") == 10, FLOW_TIMEOUT_S)
-    obligations = _obligations(_rows(dsn))
+    assert wait_until(lambda: ledger_count(dsn, "outcome = 'delivered'") == 10, FLOW_TIMEOUT_S)
+    obligations = by_dedupe_id(ledger_rows(dsn))
     assert len(obligations) == 10
     for obl in obligations.values():
         _accepted_then_delivered(obl)

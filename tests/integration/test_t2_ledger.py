@@ -13,55 +13,49 @@ IIOP. Channel → JMS through a T2 bridge and JMS → channel through a T2 pull 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from test_t2_inbound import _consumer as _push_consumer
-from test_t2_inbound import _drained, _produce, _t2_channel
-from test_t2_out_node import _dedupe, _ids, _name, _supplier, _t2_bridge
 
 from idl.generated import CosBridgeAdmin as BA
 from xa.xid import parse_gtrid
 
-from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep
+from bridgekit import (
+    JavaTool,
+    audit_ledger,
+    bridge_factory,
+    by_dedupe_id,
+    channel_ep,
+    dedupe_ids,
+    event_numbers,
+    inbox_drained,
+    jms_ep,
+    ledger_count,
+    ledger_rows,
+    persistent_channel,
+    stomp_produce,
+    structured_consumer,
+    structured_supplier,
+    t2_bridge,
+    t2_channel,
+    unique_name,
+)
 from conftest import NsjmsServer
-from stdclients import make_event, prop, short, wait_until
+from stdclients import make_event, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 N = 30
 TIMEOUT_S = 60.0
-AUDIT_TIMEOUT_S = 900
 PERSISTENT = 1
-
-
-def _rows(dsn: str, where: str) -> list[dict[str, Any]]:
-    with psycopg.connect(dsn) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        return list(cur.execute(f"SELECT * FROM nsjms_ledger WHERE {where} ORDER BY entry_id"))
-
-
-def _count(dsn: str, where: str) -> int:
-    return len(_rows(dsn, where))
 
 
 def _summary(dsn: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn) as conn:
         return conn.execute("SELECT direction, outcome, gtrid IS NOT NULL, count(*) FROM nsjms_ledger "
                             "GROUP BY 1, 2, 3 ORDER BY 1, 2, 3").fetchall()
-
-
-def _by_obligation(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        out.setdefault(r["dedupe_id"], []).append(r)
-    return out
 
 
 def _hops_in_order(r: dict[str, Any]) -> None:
@@ -75,26 +69,26 @@ def test_t2_rows_carry_gtrid_dedupe_and_message_ids_and_the_audit_finds_nothing_
     dsn = fresh_db
     bf = bridge_factory(client_orb, nsjms_server)
     # channel → JMS in T2s of at most 10 events
-    out_queue = _name("t2ledger.out")
-    _out_bridge, out_bid, out_channel = _t2_bridge(bf, factory, out_queue, 10, 30)
-    supplier = _supplier(out_channel)
+    out_queue = unique_name("t2ledger.out")
+    _out_bridge, out_bid, out_channel = t2_bridge(bf, factory, out_queue, 10, 30)
+    supplier = structured_supplier(out_channel)
     for i in range(N):
         supplier.push_one(make_event(i, reliability=PERSISTENT))
     got = java_tool.consume("queue", out_queue, N, TIMEOUT_S)
-    assert _ids(got) == list(range(N))
-    dedupe = _dedupe(got)                       # the messages' nsjms_dedupe_id at the broker, in event order
+    assert event_numbers(got) == list(range(N))
+    dedupe = dedupe_ids(got)                       # the messages' nsjms_dedupe_id at the broker, in event order
     # JMS → channel in T2s of at most 10 messages, on to a CORBA consumer
-    in_queue = _name("t2ledger.in")
-    in_channel, in_cid = _t2_channel(factory, events=10)
-    consumer = _push_consumer(in_channel)
-    _produce(broker_url, in_queue, range(N))
+    in_queue = unique_name("t2ledger.in")
+    in_channel, in_cid = t2_channel(factory, events=10)
+    consumer = structured_consumer(in_channel)
+    stomp_produce(broker_url, in_queue, range(N))
     in_bridge, in_bid = bf.create_bridge(jms_ep(BA.SOURCE, in_queue), channel_ep(BA.SINK, in_cid, BA.PULL))
     in_bridge.start_bridge()
-    assert wait_until(lambda: _drained(dsn, in_bid, N, consumer), TIMEOUT_S), f"{consumer.count()} of {N}"
-    assert wait_until(lambda: _count(dsn, "outcome = 'delivered'") == 3 * N, TIMEOUT_S), _summary(dsn)
+    assert wait_until(lambda: inbox_drained(dsn, in_bid, N, consumer), TIMEOUT_S), f"{consumer.count()} of {N}"
+    assert wait_until(lambda: ledger_count(dsn, "outcome = 'delivered'") == 3 * N, TIMEOUT_S), _summary(dsn)
 
     # channel → JMS: accepted, then delivered in the T2 that sent the message
-    to_jms = _by_obligation(_rows(dsn, "direction = 'channel_to_jms'"))
+    to_jms = by_dedupe_id(ledger_rows(dsn, "direction = 'channel_to_jms'"))
     assert len(to_jms) == N
     delivered = sorted((o[1] for o in to_jms.values()), key=lambda r: r["event_id"])
     for obl in to_jms.values():
@@ -110,10 +104,10 @@ def test_t2_rows_carry_gtrid_dedupe_and_message_ids_and_the_audit_finds_nothing_
 
     # JMS → channel: the inbox's message ids and gtrids
     with psycopg.connect(dsn) as conn:
-        inbox = dict(conn.execute("SELECT message_id, gtrid FROM nsjms_inbox WHERE bridge_id = %s",
+        inbox: dict[str, str] = dict(conn.execute("SELECT message_id, gtrid FROM nsjms_inbox WHERE bridge_id = %s",
                                   (int(in_bid),)).fetchall())
     assert len(inbox) == N
-    from_jms = _by_obligation(_rows(dsn, "direction = 'jms_to_channel'"))
+    from_jms = by_dedupe_id(ledger_rows(dsn, "direction = 'jms_to_channel'"))
     assert len(from_jms) == N
     for dedupe_id, obl in from_jms.items():
         assert [r["outcome"] for r in obl] == ["accepted", "delivered"], obl
@@ -122,7 +116,8 @@ def test_t2_rows_carry_gtrid_dedupe_and_message_ids_and_the_audit_finds_nothing_
         assert {r["gtrid"] for r in obl} == {inbox[mid]}, "the gtrid of the T2 that claimed it in the inbox"
         assert obl[0]["prepared_at"] == obl[1]["prepared_at"] is not None
         _hops_in_order(obl[1])
-    onward = _rows(dsn, f"direction = 'channel_to_consumer' AND channel_id = {int(in_cid)} AND outcome = 'accepted'")
+    onward = ledger_rows(dsn, "direction = 'channel_to_consumer' AND channel_id = %s AND outcome = 'accepted'",
+                         (int(in_cid),))
     assert len(onward) == N
     by_event = {o[0]["event_id"]: o[0]["gtrid"] for o in from_jms.values()}
     assert all(r["gtrid"] == by_event[r["event_id"]] for r in onward), "stored by the same T2"
@@ -130,15 +125,7 @@ def test_t2_rows_carry_gtrid_dedupe_and_message_ids_and_the_audit_finds_nothing_
     assert len(nodes) == 1, nodes
 
     # the audit over that ledger
-    out = tmp_path / "audit"
-    as_of = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")  # anything undelivered = lost
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "NSJMS_POSTGRES_DSN": dsn}
-    proc = subprocess.run([sys.executable, "-m", "router.cli", "audit", "--out", str(out), "--source", "jdbc",
-                           "--master", "local[2]", "--as-of", as_of, "--jdbc-partitions", "2",
-                           "--shuffle-partitions", "2"], check=False, capture_output=True, text=True,
-                          timeout=AUDIT_TIMEOUT_S, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = audit_ledger(dsn, tmp_path / "audit")
     assert summary["lost"] == 0 and summary["duplicated"] == 0, summary
     assert summary["by_status"] == {"delivered": 3 * N}, summary
     print(f"T2 ledger: {len(out_gtrids)} channel -> JMS T2s, {len(set(inbox.values()))} JMS -> channel T2s; "
@@ -152,22 +139,20 @@ def test_a_pull_without_t2_writes_the_jms_to_channel_rows_too(nsjms_server: Nsjm
     round, router.channel.t2in.round_local): each message's ``accepted`` and ``delivered`` rows with the inbox's
     JMS message id, no gtrid and no T2 hops. (Before, these pulls stored events without any ``jms_to_channel`` row.)"""
     dsn = fresh_db
-    channel, cid = factory.create_channel([prop("EventReliability", short(PERSISTENT)),
-                                           prop("ConnectionReliability", short(PERSISTENT))], [])
-    cid = int(cid)
-    consumer = _push_consumer(channel)
-    queue = _name("t2ledger.local")
-    _produce(broker_url, queue, range(N))
+    channel, cid = persistent_channel(factory)
+    consumer = structured_consumer(channel)
+    queue = unique_name("t2ledger.local")
+    stomp_produce(broker_url, queue, range(N))
     bf = bridge_factory(client_orb, nsjms_server)
     bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid, BA.PULL))
     bridge.start_bridge()
-    assert wait_until(lambda: _drained(dsn, bid, N, consumer), TIMEOUT_S), f"{consumer.count()} of {N}"
-    assert wait_until(lambda: _count(dsn, "direction = 'jms_to_channel' AND outcome = 'delivered'") == N,
+    assert wait_until(lambda: inbox_drained(dsn, bid, N, consumer), TIMEOUT_S), f"{consumer.count()} of {N}"
+    assert wait_until(lambda: ledger_count(dsn, "direction = 'jms_to_channel' AND outcome = 'delivered'") == N,
                       TIMEOUT_S), _summary(dsn)
     with psycopg.connect(dsn) as conn:
         inbox = {r[0] for r in conn.execute("SELECT message_id FROM nsjms_inbox WHERE bridge_id = %s",
                                             (int(bid),)).fetchall()}
-    from_jms = _by_obligation(_rows(dsn, "direction = 'jms_to_channel'"))
+    from_jms = by_dedupe_id(ledger_rows(dsn, "direction = 'jms_to_channel'"))
     assert len(from_jms) == N
     for obl in from_jms.values():
         assert [r["outcome"] for r in obl] == ["accepted", "delivered"], obl

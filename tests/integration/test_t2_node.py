@@ -24,6 +24,8 @@ from router.t2 import SEND_MANAGER, NodeTransactions, OutboxRow, inbox_claim, ou
 from xa.pg import PgBranch
 from xa.xid import dedupe_id
 
+from bridgekit import prepared_gids, row_count
+
 pytestmark = pytest.mark.integration
 
 
@@ -72,24 +74,12 @@ def _node(tmp_path: Path, db: Database, dsn: str, broker_url: str) -> NodeTransa
     return NodeTransactions("n1", tmp_path, db, dsn, transport=lambda: _transport(broker_url))
 
 
-def _prepared(dsn: str) -> list[str]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
-
-
-def _count(dsn: str, table: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
-        assert row is not None
-        return int(row[0])
-
-
 def _receive_all(broker_url: str, queue: str, want: int) -> list[Any]:
     t = _transport(broker_url)
     t.connect()
     try:
         sub = t.subscribe(f"/queue/{queue}")
-        got = []
+        got: list[Any] = []
         while len(got) < want:
             d = sub.receive(10.0)
             assert d is not None, f"only {len(got)} of {want} messages arrived"
@@ -128,7 +118,7 @@ def test_start_finishes_a_logged_commit_and_resends_the_outbox(tmp_path: Path, d
     queue = f"t2.{uuid.uuid4().hex[:8]}"
     node = _node(tmp_path, db, fresh_db, broker_url)
     gtrid = _crash_after_decision(node, db, queue, 3)
-    assert len(_prepared(fresh_db)) == 1
+    assert len(prepared_gids(fresh_db)) == 1
     node.log.close()
 
     restarted = _node(tmp_path, db, fresh_db, broker_url)
@@ -137,14 +127,14 @@ def test_start_finishes_a_logged_commit_and_resends_the_outbox(tmp_path: Path, d
         assert report.errors == []
         assert [c.split("/")[0] for c in report.committed] == [gtrid]
         assert report.resent == [f"{gtrid}/stomp"]
-        assert _prepared(fresh_db) == []
+        assert prepared_gids(fresh_db) == []
         got = _receive_all(broker_url, queue, 3)
         assert [d.headers["nsjms_dedupe_id"] for d in got] == [dedupe_id(gtrid, i) for i in range(3)]
         assert [d.body for d in got] == [b"m0", b"m1", b"m2"]
         assert gtrid not in restarted.log.live()
         restarted.recover_now()
         restarted._purge()
-        assert _count(fresh_db, "nsjms_outbox") == 0
+        assert row_count(fresh_db, "nsjms_outbox") == 0
     finally:
         restarted.close()
 
@@ -158,7 +148,7 @@ def test_start_rolls_back_an_undecided_prepared_branch_without_waiting_for_the_g
         txn.enlist(branch)
         outbox_insert(conn, [OutboxRow(txn.gtrid, 0, dedupe_id(txn.gtrid, 0), 7, "/queue/x", {}, b"")])
         branch.prepare()                 # the process dies after PREPARE, before the decision
-    assert len(_prepared(fresh_db)) == 1
+    assert len(prepared_gids(fresh_db)) == 1
     node.log.close()
 
     restarted = _node(tmp_path, db, fresh_db, broker_url)
@@ -166,8 +156,8 @@ def test_start_rolls_back_an_undecided_prepared_branch_without_waiting_for_the_g
         assert restarted.recovery.guard > 0
         report = restarted.start(background=False)
         assert report.rolled_back == [f"{txn.gtrid}/pg"]
-        assert _prepared(fresh_db) == []
-        assert _count(fresh_db, "nsjms_outbox") == 0
+        assert prepared_gids(fresh_db) == []
+        assert row_count(fresh_db, "nsjms_outbox") == 0
         assert restarted.recovery.guard > 0, "the guard is back for the periodic passes"
     finally:
         restarted.close()
@@ -186,7 +176,7 @@ def test_a_broker_commit_crash_resends_with_the_same_dedupe_ids(tmp_path: Path, 
         txn.enlist(SendBranch(crash=True))
         with pytest.raises(Crash):
             txn.commit()
-    assert _prepared(fresh_db) == []
+    assert prepared_gids(fresh_db) == []
     node.log.close()
 
     restarted = _node(tmp_path, db, fresh_db, broker_url)
@@ -230,7 +220,7 @@ def test_pg_manager_finishes_many_branches_over_several_sessions(fresh_db: str) 
         manager.close()
     assert results[:-1] == [None] * len(ops)
     assert isinstance(results[-1], BranchNotFound)
-    assert _prepared(fresh_db) == []
+    assert prepared_gids(fresh_db) == []
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         rows = {r[0] for r in conn.execute("SELECT g FROM batch_rows")}
     assert rows == {g for i, g in enumerate(gtrids) if i % 2 == 0}
@@ -252,7 +242,7 @@ def test_start_in_background_resends_after_returning_in_broker_batches(tmp_path:
         assert report.errors == [] and report.resent == []
         assert sorted(report.deferred) == sorted(f"{g}/stomp" for g in gtrids)
         assert sorted(c.split("/")[0] for c in report.committed) == sorted(gtrids)
-        assert _prepared(fresh_db) == []
+        assert prepared_gids(fresh_db) == []
         got = _receive_all(broker_url, queue, 6)
         assert sorted(d.headers["nsjms_dedupe_id"] for d in got) == sorted(dedupe_id(g, i) for g in gtrids
                                                                            for i in range(2))

@@ -14,16 +14,12 @@ destination (rollback-only); ``disable_transaction`` during an active T2; a SIGK
 from __future__ import annotations
 
 import collections
-import json
 import os
-import shutil
 import signal
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from test_bridge_poison import RefusingBroker
 
@@ -33,20 +29,23 @@ import CosNotification
 
 from idl.generated import BridgeTransactionMgmt as BTM
 from idl.generated import CosBridgeAdmin as BA
-from idl.generated import NsjmsAdmin
 
-from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep, reconnect_client
-from conftest import NsjmsServer, Rig, free_port
-from stdclients import (
-    Form,
-    PushSupplierClient,
-    Style,
-    make_event,
-    obtain_proxy_consumer,
-    prop,
-    short,
-    wait_until,
+from bridgekit import (
+    JavaTool,
+    bridge_factory,
+    bridge_status,
+    dedupe_ids,
+    event_numbers,
+    managed_bridge,
+    prepared_count,
+    reconnect_client,
+    row_count,
+    structured_supplier,
+    t2_bridge,
+    unique_name,
 )
+from conftest import NsjmsServer, Rig, running_rig
+from stdclients import make_event, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -54,146 +53,74 @@ PERSISTENT = CosNotification.Persistent
 TIMEOUT_S = 60.0
 
 
-def _name(prefix: str) -> str:
-    return f"{prefix}.{uuid.uuid4().hex[:8]}"
-
-
-def _persistent_channel(factory: Any) -> tuple[Any, int]:
-    qos = [prop("EventReliability", short(PERSISTENT)), prop("ConnectionReliability", short(PERSISTENT))]
-    return factory.create_channel(qos, [])
-
-
-def _supplier(channel: Any) -> PushSupplierClient:
-    proxy, _ = obtain_proxy_consumer(channel.default_supplier_admin, Form.STRUCTURED, Style.PUSH)
-    client = PushSupplierClient(proxy, Form.STRUCTURED)
-    client.connect()
-    return client
-
-
-def _managed(bridge: Any) -> Any:
-    managed = bridge._narrow(NsjmsAdmin.ManagedBridge)
-    assert managed is not None
-    return managed
-
-
-def _status(server: NsjmsServer, bid: int) -> dict[str, Any]:
-    """The bridge's line of the node's ``status.json`` (rewritten every 2 s)."""
-    try:
-        data = json.loads((Path(server.state_dir) / "status.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-    return dict(next((b for b in data.get("bridges", []) if b["id"] == bid), {}))
-
-
-def _ids(messages: list[dict[str, Any]]) -> list[int]:
-    return [int(m["properties"]["$event_name"]["value"][1:]) for m in messages]
-
-
-def _dedupe(messages: list[dict[str, Any]]) -> list[str]:
-    return [m["properties"]["nsjms_dedupe_id"]["value"] for m in messages]
-
-
-def _scalar(dsn: str, sql: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(sql).fetchone()
-        assert row is not None
-        return int(row[0])
-
-
-def _prepared(dsn: str) -> int:
-    return _scalar(dsn, "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()")
-
-
 def _outbox(dsn: str) -> int:
-    return _scalar(dsn, "SELECT count(*) FROM nsjms_outbox")
+    return row_count(dsn, "nsjms_outbox")
 
 
 def _broker_pid(rig: Rig) -> int:
     return int(rig.broker.pid_file.read_text().strip())
 
 
-def _t2_bridge(bf: Any, factory: Any, queue: str, events: int, timeout: int) -> tuple[Any, int, Any]:
-    channel, cid = _persistent_channel(factory)
-    bridge, bid = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, queue))
-    _managed(bridge).enable_transaction(events, timeout)
-    bridge.start_bridge()
-    return bridge, bid, channel
-
-
 # ------------------------------------------------------------------------------------------------ exactly once
 def test_events_arrive_exactly_once_with_their_dedupe_ids(nsjms_server: NsjmsServer, client_orb: Any,
                                                          factory: Any, java_tool: JavaTool, fresh_db: str) -> None:
     bf = bridge_factory(client_orb, nsjms_server)
-    queue = _name("t2.out")
-    _bridge, bid, channel = _t2_bridge(bf, factory, queue, 10, 30)
-    supplier = _supplier(channel)
+    queue = unique_name("t2.out")
+    _bridge, bid, channel = t2_bridge(bf, factory, queue, 10, 30)
+    supplier = structured_supplier(channel)
     for i in range(60):
         supplier.push_one(make_event(i, reliability=PERSISTENT))
     got = java_tool.consume("queue", queue, 60, TIMEOUT_S)
-    assert _ids(got) == list(range(60)), "each event once, in order"
-    dedupe = _dedupe(got)
+    assert event_numbers(got) == list(range(60)), "each event once, in order"
+    dedupe = dedupe_ids(got)
     assert len(set(dedupe)) == 60, "one dedupe id per message"
     by_txn = collections.Counter(d.rsplit("/", 1)[0] for d in dedupe)
     assert all(n <= 10 for n in by_txn.values()), f"TransactionEvents = 10 caps a T2: {by_txn}"
     for gtrid, n in by_txn.items():
         assert sorted(int(d.rsplit("/", 1)[1]) for d in dedupe if d.startswith(gtrid + "/")) == list(range(n))
-    assert wait_until(lambda: _status(nsjms_server, bid).get("t2_committed", 0) == len(by_txn), 20), \
-        _status(nsjms_server, bid)
-    assert _status(nsjms_server, bid).get("forwarded") == 60
+    assert wait_until(lambda: bridge_status(nsjms_server, bid).get("t2_committed", 0) == len(by_txn), 20), \
+        bridge_status(nsjms_server, bid)
+    assert bridge_status(nsjms_server, bid).get("forwarded") == 60
     assert wait_until(lambda: _outbox(fresh_db) == 0, 30), "the outbox rows of ended T2s are purged"
-    assert _prepared(fresh_db) == 0
+    assert prepared_count(fresh_db) == 0
     assert java_tool.consume("queue", queue, 1, 2.0) == [], "nothing more"
 
 
 # ------------------------------------------------------------------------------------------------ timeout
 def test_a_transaction_timeout_rolls_back_and_the_events_are_delivered_later(rig: Rig, fresh_db: str) -> None:
-    queue = _name("t2.timeout")
-    _bridge, bid, channel = _t2_bridge(rig.bf, rig.factory, queue, 10, 2)
-    supplier = _supplier(channel)
-    assert wait_until(lambda: _status(rig.server, bid).get("active") is True, 30)
+    queue = unique_name("t2.timeout")
+    _bridge, bid, channel = t2_bridge(rig.bf, rig.factory, queue, 10, 2)
+    supplier = structured_supplier(channel)
+    assert wait_until(lambda: bridge_status(rig.server, bid).get("active") is True, 30)
     pid = _broker_pid(rig)
     os.kill(pid, signal.SIGSTOP)                 # the T2's STOMP frames wait for a frozen broker
     try:
         for i in range(3):
             supplier.push_one(make_event(i, reliability=PERSISTENT))
-        assert wait_until(lambda: _status(rig.server, bid).get("t2_overdue", 0) >= 1, 30), \
-            _status(rig.server, bid)
+        assert wait_until(lambda: bridge_status(rig.server, bid).get("t2_overdue", 0) >= 1, 30), \
+            bridge_status(rig.server, bid)
     finally:
         os.kill(pid, signal.SIGCONT)
     got = rig.java.consume("queue", queue, 3, TIMEOUT_S)
-    assert sorted(_ids(got)) == [0, 1, 2] and len(got) == 3, "delivered later, each once"
-    status = _status(rig.server, bid)
-    assert wait_until(lambda: "deadline" in (_status(rig.server, bid).get("t2_last_rollback") or ""), 20), status
-    assert _prepared(fresh_db) == 0
+    assert sorted(event_numbers(got)) == [0, 1, 2] and len(got) == 3, "delivered later, each once"
+    status = bridge_status(rig.server, bid)
+    assert wait_until(lambda: "deadline" in (bridge_status(rig.server, bid).get("t2_last_rollback") or ""), 20), status
+    assert prepared_count(fresh_db) == 0
     assert rig.java.consume("queue", queue, 1, 2.0) == [], "the rolled-back T2's messages never arrive"
 
 
 # ------------------------------------------------------------------------------------------------ rollback-only
 @pytest.fixture
 def refusing(tmp_path: Path, fresh_db: str, client_orb: Any, java_tool: JavaTool) -> Iterator[Rig]:
-    base = tmp_path / "amq"
-    base.mkdir()
-    openwire = free_port()
-    broker = RefusingBroker(base, free_port(), openwire, die_with_parent=True)
-    broker.start()
-    state = tmp_path / "state"
-    state.mkdir()
-    server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker.url, port=free_port())
-    try:
-        server.start()
-        yield Rig(broker, server, java_tool.with_url(f"tcp://127.0.0.1:{openwire}"),
-                  bridge_factory(client_orb, server), client_orb.factory(server.ior()))
-    finally:
-        server.stop()
-        broker.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    with running_rig(tmp_path, fresh_db, client_orb, java_tool, RefusingBroker) as rig:
+        yield rig
 
 
 def test_a_refused_send_rolls_back_and_nothing_is_lost(refusing: Rig, fresh_db: str) -> None:
     """The broker refuses every SEND to ``refused.*``: the bridge marks the T2 rollback-only (NJI 2.7.4), it rolls
     back, the events go one per T2, and each is dead-lettered by the bridge inside its own T2, with the reason."""
-    _bridge, bid, channel = _t2_bridge(refusing.bf, refusing.factory, "refused.t2", 10, 30)
-    supplier = _supplier(channel)
+    _bridge, bid, channel = t2_bridge(refusing.bf, refusing.factory, "refused.t2", 10, 30)
+    supplier = structured_supplier(channel)
     for i in range(3):
         supplier.push_one(make_event(i, reliability=PERSISTENT))
     dead = refusing.java.consume("queue", "nsjms.DLQ", 3, TIMEOUT_S, f"nsjms_dlq_bridge = '{bid}'")
@@ -201,34 +128,35 @@ def test_a_refused_send_rolls_back_and_nothing_is_lost(refusing: Rig, fresh_db: 
     for m in dead:
         assert "not authorized" in m["properties"]["nsjms_dlq_reason"]["value"], m["properties"]
         assert "nsjms_dedupe_id" in m["properties"], "the dead letter is a message of a T2"
-    assert wait_until(lambda: _status(refusing.server, bid).get("t2_rolled_back", 0) >= 1, 20)
-    assert "refused" in (_status(refusing.server, bid).get("t2_last_rollback") or "")
-    assert _prepared(fresh_db) == 0
+    assert wait_until(lambda: bridge_status(refusing.server, bid).get("t2_rolled_back", 0) >= 1, 20)
+    assert "refused" in (bridge_status(refusing.server, bid).get("t2_last_rollback") or "")
+    assert prepared_count(fresh_db) == 0
 
 
 # ------------------------------------------------------------------------------------------------ disable
 def test_disable_during_an_active_t2_raises_transaction_active_and_takes_effect_after(rig: Rig) -> None:
-    queue = _name("t2.disable")
-    bridge, bid, channel = _t2_bridge(rig.bf, rig.factory, queue, 10, 0)
-    managed = _managed(bridge)
-    supplier = _supplier(channel)
-    assert wait_until(lambda: _status(rig.server, bid).get("active") is True, 30)
+    queue = unique_name("t2.disable")
+    bridge, bid, channel = t2_bridge(rig.bf, rig.factory, queue, 10, 0)
+    managed = managed_bridge(bridge)
+    supplier = structured_supplier(channel)
+    assert wait_until(lambda: bridge_status(rig.server, bid).get("active") is True, 30)
     pid = _broker_pid(rig)
     os.kill(pid, signal.SIGSTOP)
     try:
         supplier.push_one(make_event(0, reliability=PERSISTENT))
-        assert wait_until(lambda: _status(rig.server, bid).get("t2_active", 0) == 1, 30), _status(rig.server, bid)
+        assert wait_until(lambda: bridge_status(rig.server, bid).get("t2_active", 0) == 1, 30), \
+            bridge_status(rig.server, bid)
         with pytest.raises(BTM.TransactionActive):
             managed.disable_transaction()
     finally:
         os.kill(pid, signal.SIGCONT)
     got = rig.java.consume("queue", queue, 1, TIMEOUT_S)
-    assert _ids(got) == [0] and "nsjms_dedupe_id" in got[0]["properties"], "the active T2 finished"
-    assert wait_until(lambda: _status(rig.server, bid).get("transaction_events") == 0, 20), \
-        _status(rig.server, bid)
+    assert event_numbers(got) == [0] and "nsjms_dedupe_id" in got[0]["properties"], "the active T2 finished"
+    assert wait_until(lambda: bridge_status(rig.server, bid).get("transaction_events") == 0, 20), \
+        bridge_status(rig.server, bid)
     supplier.push_one(make_event(1, reliability=PERSISTENT))
     got = rig.java.consume("queue", queue, 1, TIMEOUT_S)
-    assert _ids(got) == [1] and "nsjms_dedupe_id" not in got[0]["properties"], "no T2 after the disable"
+    assert event_numbers(got) == [1] and "nsjms_dedupe_id" not in got[0]["properties"], "no T2 after the disable"
     managed.enable_transaction(5, 10)                     # enabled again
     with pytest.raises(BTM.TransactionAlreadyActive):
         managed.enable_transaction(5, 10)
@@ -242,10 +170,10 @@ def test_sigkill_at_a_t2_crash_point_loses_nothing(rig: Rig, fresh_db: str, monk
     PostgreSQL branch committed, the outbox rows re-sent: same dedupe ids). 0 lost; duplicates only for
     ``t2.after_broker_commit`` (the broker had committed), each with its original's dedupe id."""
     n = 30
-    queue = _name("t2.kill")
-    bridge, _bid, channel = _t2_bridge(rig.bf, rig.factory, queue, 10, 30)
-    managed = _managed(bridge)
-    supplier = _supplier(channel)
+    queue = unique_name("t2.kill")
+    bridge, _bid, channel = t2_bridge(rig.bf, rig.factory, queue, 10, 30)
+    managed = managed_bridge(bridge)
+    supplier = structured_supplier(channel)
     bridge.stop_bridge()                         # the events wait in the bridge's (suspended) proxy queue
     for i in range(n):
         supplier.push_one(make_event(i, reliability=PERSISTENT))
@@ -266,7 +194,7 @@ def test_sigkill_at_a_t2_crash_point_loses_nothing(rig: Rig, fresh_db: str, monk
     except BA.BridgeAlreadyStarted:
         pass
     got = rig.java.consume("queue", queue, n + 10, 20.0)
-    ids = _ids(got)
+    ids = event_numbers(got)
     assert sorted(set(ids)) == list(range(n)), f"lost: {sorted(set(range(n)) - set(ids))}"
     dups = [i for i, c in collections.Counter(ids).items() if c > 1]
     if point == "t2.after_decision":
@@ -274,8 +202,8 @@ def test_sigkill_at_a_t2_crash_point_loses_nothing(rig: Rig, fresh_db: str, monk
     else:
         assert 1 <= len(dups) <= 10, "the broker-commit window: at most one T2 (TransactionEvents = 10)"
         for i in dups:
-            copies = [m for m in got if _ids([m]) == [i]]
+            copies = [m for m in got if event_numbers([m]) == [i]]
             assert len({m["properties"]["nsjms_dedupe_id"]["value"] for m in copies}) == 1, \
                 "a duplicate carries its original's dedupe id"
-    assert wait_until(lambda: _prepared(fresh_db) == 0, 20), "no prepared transaction left"
+    assert wait_until(lambda: prepared_count(fresh_db) == 0, 20), "no prepared transaction left"
     assert wait_until(lambda: _outbox(fresh_db) == 0, 30)

@@ -27,6 +27,8 @@ from router.txnops import AUDIT_FILE
 from xa.pg import PgBranch
 from xa.xid import FORMAT_ID, NodeId, branch_xid, dedupe_id, new_gtrid
 
+from bridgekit import prepare_foreign, prepared_gids, row_count
+
 pytestmark = pytest.mark.integration
 
 
@@ -78,28 +80,6 @@ def listing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any
     assert code == 0, err
     result: dict[str, Any] = json.loads(out)
     return result
-
-
-def prepared(dsn: str) -> list[str]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
-
-
-def count(dsn: str, table: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()
-        assert row is not None
-        return int(row[0])
-
-
-def prepare_raw(dsn: str, xid: Xid) -> str:
-    """A prepared transaction with ``xid`` left by someone else; returns its GID."""
-    conn = psycopg.connect(dsn)
-    conn.tpc_begin(xid)
-    conn.execute("SELECT 1")
-    conn.tpc_prepare()
-    conn.close()
-    return str(xid)
 
 
 def died(tmp_path: Path, db: Database, dsn: str, queue: str, n: int, *, decided: bool,
@@ -155,7 +135,7 @@ def test_logged_commit_is_listed_refused_a_rollback_and_committed_with_its_resen
         tmp_path: Path, env: Database, fresh_db: str, broker_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     queue = f"txn.{uuid.uuid4().hex[:8]}"
     gtrid = died(tmp_path, env, fresh_db, queue, 2, decided=True)
-    assert len(prepared(fresh_db)) == 1
+    assert len(prepared_gids(fresh_db)) == 1
 
     [view] = listing(tmp_path, capsys)["transactions"]
     assert (view["gtrid"], view["status"], view["decision"], view["action"]) == (gtrid, "commit-logged", "commit",
@@ -167,11 +147,11 @@ def test_logged_commit_is_listed_refused_a_rollback_and_committed_with_its_resen
 
     code, _, err = txn(tmp_path, capsys, "rollback", gtrid, "--yes", "--why", "try")
     assert code == 4 and "the decision COMMIT is logged" in err and "Safe action: commit" in err
-    assert len(prepared(fresh_db)) == 1, "a refused rollback touches nothing"
+    assert len(prepared_gids(fresh_db)) == 1, "a refused rollback touches nothing"
 
     code, out, err = txn(tmp_path, capsys, "commit", gtrid, "--yes", "--why", "runbook step 2", "--who", "ops")
     assert code == 0, err
-    assert prepared(fresh_db) == []
+    assert prepared_gids(fresh_db) == []
     got = receive(broker_url, queue, 2)
     assert [d.headers["nsjms_dedupe_id"] for d in got] == [dedupe_id(gtrid, 0), dedupe_id(gtrid, 1)]
     assert listing(tmp_path, capsys)["transactions"] == []
@@ -185,7 +165,7 @@ def test_broker_commit_unknown_is_listed_as_resend_and_recover_resends(
         tmp_path: Path, env: Database, fresh_db: str, broker_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     queue = f"txn.{uuid.uuid4().hex[:8]}"
     gtrid = died(tmp_path, env, fresh_db, queue, 3, decided=True, at_broker=True)
-    assert prepared(fresh_db) == [] and count(fresh_db, "nsjms_outbox") == 3
+    assert prepared_gids(fresh_db) == [] and row_count(fresh_db, "nsjms_outbox") == 3
     [view] = listing(tmp_path, capsys)["transactions"]
     assert (view["status"], view["action"]) == ("commit-logged", "resend")
     assert [(b["name"], b["state"]) for b in view["branches"]] == [("pg", "gone"), ("stomp", "not-confirmed")]
@@ -209,7 +189,7 @@ def test_undecided_branch_is_presumed_abort_and_rolled_back(
     assert view["reason"] == ("no COMMIT logged: presumed abort (the node is stopped: nothing can be deciding it)")
     code, _, err = txn(tmp_path, capsys, "rollback", gtrid, "--yes", "--why", "presumed abort")
     assert code == 0, err
-    assert prepared(fresh_db) == [] and count(fresh_db, "nsjms_outbox") == 0
+    assert prepared_gids(fresh_db) == [] and row_count(fresh_db, "nsjms_outbox") == 0
 
 
 def test_operator_commit_without_a_decision_is_a_heuristic_until_forgotten(
@@ -218,7 +198,7 @@ def test_operator_commit_without_a_decision_is_a_heuristic_until_forgotten(
     code, out, err = txn(tmp_path, capsys, "commit", gtrid, "--yes", "--why", "the data is needed")
     assert code == 0, err
     assert "HEURISTIC" in out
-    assert prepared(fresh_db) == [] and count(fresh_db, "nsjms_outbox") == 1
+    assert prepared_gids(fresh_db) == [] and row_count(fresh_db, "nsjms_outbox") == 1
     [view] = listing(tmp_path, capsys)["transactions"]
     assert (view["status"], view["action"]) == ("heuristic-commit", "forget")
     assert view["heuristics"][0]["why"] == "the data is needed"
@@ -238,7 +218,7 @@ def other_db(pg_dsn: str) -> Iterator[str]:
     dsn = make_conninfo(pg_dsn, dbname=name)
     yield dsn
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for gid in prepared(dsn):
+        for gid in prepared_gids(dsn):
             conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
@@ -246,14 +226,14 @@ def other_db(pg_dsn: str) -> Iterator[str]:
 
 def test_orphans_other_nodes_and_other_databases(tmp_path: Path, env: Database, fresh_db: str, other_db: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    orphan = prepare_raw(fresh_db, Xid.from_parts(FORMAT_ID, "hand-made", "outbox"))
+    orphan = prepare_foreign(fresh_db, Xid.from_parts(FORMAT_ID, "hand-made", "outbox"))
     other_gtrid = new_gtrid(NodeId("n2"))
-    other_node = prepare_raw(fresh_db, branch_xid(other_gtrid, "pg"))
-    elsewhere = prepare_raw(other_db, branch_xid(new_gtrid(NodeId("n1")), "pg"))
+    other_node = prepare_foreign(fresh_db, branch_xid(other_gtrid, "pg"))
+    elsewhere = prepare_foreign(other_db, branch_xid(new_gtrid(NodeId("n1")), "pg"))
 
     code, _, err = txn(tmp_path, capsys, "recover")
     assert code == 0, err
-    assert sorted(prepared(fresh_db)) == sorted([orphan, other_node]) and prepared(other_db) == [elsewhere]
+    assert sorted(prepared_gids(fresh_db)) == sorted([orphan, other_node]) and prepared_gids(other_db) == [elsewhere]
 
     result = listing(tmp_path, capsys)
     assert result["transactions"] == [] and result["foreign"] == 1
@@ -268,7 +248,7 @@ def test_orphans_other_nodes_and_other_databases(tmp_path: Path, env: Database, 
     assert code == 4 and "another node or application" in err
     code, _, err = txn(tmp_path, capsys, "rollback", "--xid", orphan, "--yes", "--why", "checked: empty")
     assert code == 0, err
-    assert prepared(fresh_db) == [other_node] and prepared(other_db) == [elsewhere]
+    assert prepared_gids(fresh_db) == [other_node] and prepared_gids(other_db) == [elsewhere]
     [view] = listing(tmp_path, capsys)["transactions"]
     assert (view["gtrid"], view["status"], view["action"]) == ("hand-made", "heuristic-rollback", "forget")
     code, _, err = txn(tmp_path, capsys, "forget", "hand-made", "--yes")
@@ -281,7 +261,7 @@ def test_the_state_lock_is_taken_and_confirmation_required(tmp_path: Path, env: 
     gtrid = died(tmp_path, env, fresh_db, "unused", 1, decided=False)
     code, _, err = txn(tmp_path, capsys, "rollback", gtrid, "--why", "x")
     assert code == 2 and "add --yes" in err
-    assert len(prepared(fresh_db)) == 1
+    assert len(prepared_gids(fresh_db)) == 1
     lock = StateLock(tmp_path)
     lock.acquire()
     try:

@@ -10,9 +10,7 @@ import collections
 import json
 import signal
 import uuid
-from typing import Any
 
-import psycopg
 import pytest
 
 from omniORB import CORBA
@@ -23,21 +21,12 @@ from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
 from router.cli import main
 
-from bridgekit import channel_ep, jms_ep, reconnect_client
+from bridgekit import channel_ep, event_numbers, jms_ep, prepared_gids, reconnect_client
 from conftest import Rig
 from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, prop, short, wait_until
 
 pytestmark = pytest.mark.integration
 PERSISTENT = CosNotification.Persistent
-
-
-def _prepared(dsn: str) -> list[str]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
-
-
-def _ids(messages: list[dict[str, Any]]) -> list[int]:
-    return [int(m["properties"]["$event_name"]["value"][1:]) for m in messages]
 
 
 def test_offline_commit_of_a_t2_killed_after_its_decision(rig: Rig, fresh_db: str, monkeypatch: pytest.MonkeyPatch,
@@ -66,7 +55,7 @@ def test_offline_commit_of_a_t2_killed_after_its_decision(rig: Rig, fresh_db: st
         pass
     assert rig.server.proc is not None and rig.server.proc.wait(60) == -signal.SIGKILL
     monkeypatch.delenv("NSJMS_CRASH_AT")
-    assert len(_prepared(fresh_db)) == 1
+    assert len(prepared_gids(fresh_db)) == 1
 
     # the node is stopped (its endpoints.json is still there): nsjms txn works offline under the state lock
     monkeypatch.setenv("NSJMS_POSTGRES_DSN", fresh_db)
@@ -88,7 +77,7 @@ def test_offline_commit_of_a_t2_killed_after_its_decision(rig: Rig, fresh_db: st
     assert main(["txn", "commit", gtrid, "--yes", "--why", "runbook: finish the logged commit", *state]) == 0
     out = capsys.readouterr().out
     assert "resent" in out and gtrid in out
-    assert _prepared(fresh_db) == []
+    assert prepared_gids(fresh_db) == []
 
     rig.server.restart()
     reconnect_client(managed)
@@ -97,9 +86,9 @@ def test_offline_commit_of_a_t2_killed_after_its_decision(rig: Rig, fresh_db: st
     except BA.BridgeAlreadyStarted:
         pass
     got = rig.java.consume("queue", queue, n + batch, 20.0)
-    ids = _ids(got)
+    ids = event_numbers(got)
     assert sorted(ids) == list(range(n)), f"lost {sorted(set(range(n)) - set(ids))}, duplicated " \
                                           f"{[i for i, c in collections.Counter(ids).items() if c > 1]}"
     first = [m for m in got if m["properties"]["nsjms_dedupe_id"]["value"].startswith(gtrid + "/")]
     assert len(first) == batch, "the T2 committed by the operator: its batch, each with its dedupe id"
-    assert wait_until(lambda: _prepared(fresh_db) == [], 20)
+    assert wait_until(lambda: prepared_gids(fresh_db) == [], 20)

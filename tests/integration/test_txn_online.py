@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import Xid
 
 from xa.xid import FORMAT_ID, NodeId, branch_xid, new_gtrid
 
-from conftest import NsjmsServer, free_port
+from bridgekit import prepare_foreign, prepared_gids
+from conftest import NsjmsServer, started_node
 
 pytestmark = pytest.mark.integration
 NODE = NodeId("node1")
@@ -27,14 +27,8 @@ NODE = NodeId("node1")
 
 @pytest.fixture
 def server(tmp_path: Path, fresh_db: str, broker_url: str) -> Iterator[NsjmsServer]:
-    state = tmp_path / "state"
-    state.mkdir()
-    s = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=broker_url, port=free_port())
-    s.start()
-    try:
+    with started_node(tmp_path / "state", fresh_db, broker_url) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def cli(server: NsjmsServer, *args: str) -> tuple[int, str, str]:
@@ -49,20 +43,6 @@ def listing(server: NsjmsServer) -> dict[str, Any]:
     assert code == 0, err
     result: dict[str, Any] = json.loads(out)
     return result
-
-
-def prepare_raw(dsn: str, xid: Xid) -> str:
-    conn = psycopg.connect(dsn)
-    conn.tpc_begin(xid)
-    conn.execute("SELECT 1")
-    conn.tpc_prepare()
-    conn.close()
-    return str(xid)
-
-
-def prepared(dsn: str) -> list[str]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
 
 
 def status_line(server: NsjmsServer, wanted: str, timeout: float = 30.0) -> str:
@@ -82,11 +62,11 @@ def status_line(server: NsjmsServer, wanted: str, timeout: float = 30.0) -> str:
 def test_online_list_resolve_forget_and_status(server: NsjmsServer) -> None:
     dsn = server.pg_dsn
     young = new_gtrid(NODE)
-    prepare_raw(dsn, branch_xid(young, "pg"))
+    prepare_foreign(dsn, branch_xid(young, "pg"))
     decide = new_gtrid(NODE)
-    prepare_raw(dsn, branch_xid(decide, "pg"))
-    orphan = prepare_raw(dsn, Xid.from_parts(FORMAT_ID, "hand-made", "outbox"))
-    other = prepare_raw(dsn, branch_xid(new_gtrid(NodeId("other")), "pg"))
+    prepare_foreign(dsn, branch_xid(decide, "pg"))
+    orphan = prepare_foreign(dsn, Xid.from_parts(FORMAT_ID, "hand-made", "outbox"))
+    other = prepare_foreign(dsn, branch_xid(new_gtrid(NodeId("other")), "pg"))
 
     result = listing(server)
     assert result["mode"] == "online"
@@ -97,7 +77,7 @@ def test_online_list_resolve_forget_and_status(server: NsjmsServer) -> None:
 
     code, out, err = cli(server, "txn", "rollback", young, "--yes", "--why", "operator test")
     assert code == 0, err
-    assert branch_xid(young, "pg").gtrid not in {Xid.from_string(g).gtrid for g in prepared(dsn)}
+    assert branch_xid(young, "pg").gtrid not in {Xid.from_string(g).gtrid for g in prepared_gids(dsn)}
 
     code, out, err = cli(server, "txn", "commit", decide, "--yes", "--why", "keep it")
     assert code == 0, err
@@ -108,7 +88,7 @@ def test_online_list_resolve_forget_and_status(server: NsjmsServer) -> None:
 
     code, out, err = cli(server, "txn", "recover")
     assert code == 0, err
-    assert sorted(prepared(dsn)) == sorted([orphan, other]), "recovery leaves orphans and other nodes alone"
+    assert sorted(prepared_gids(dsn)) == sorted([orphan, other]), "recovery leaves orphans and other nodes alone"
 
     code, _, err = cli(server, "txn", "forget", decide, "--yes")
     assert code == 0, err
