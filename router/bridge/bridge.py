@@ -468,8 +468,7 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         self.stop_event = threading.Event()
         if self.to_jms_direction:
             if self.channel_spec.style == "PULL":
-                self.endpoint_servant.proxy = self.proxy
-                self.endpoint_servant.stop = self.stop_event
+                self.endpoint_servant.attach(self.proxy, self.stop_event)
                 self.rt.spawn(f"bridge-{self.id}-pull", self.endpoint_servant.run)
             return
         if self.channel_spec.style == "PUSH":
