@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from router import telemetry
-from router.bridge.ports import BatchSource, BridgeHost, ChannelError, ChannelGone, ForwardDeferred
+from router.bridge.ports import BatchSource, BridgeHost, ChannelError, ChannelGone, ForwardDeferred, Inbox
 from router.config import DEFAULT_MAX_EVENT_BYTES
 from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import (
@@ -274,8 +274,9 @@ class JmsToChannel:
     def __init__(self, bridge: BridgeHost, transport: Transport, to_event: Callable[[JmsMessage], Any],
                  dead_letter: DeadLetter, subscribe: Callable[[], Any],
                  event_size: Callable[[Any], int] | None = None, max_event_bytes: int = MAX_EVENT_BYTES,
-                 clock_ms: Callable[[], int] | None = None) -> None:
+                 clock_ms: Callable[[], int] | None = None, inbox: Inbox | None = None) -> None:
         self.bridge = bridge
+        self.inbox = inbox                                # None: the node's (router.bridge.t2in.PG_INBOX)
         self.event_size = event_size
         self.max_event_bytes = max_event_bytes
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
@@ -297,7 +298,7 @@ class JmsToChannel:
         if self.t2in is None:
             from router.bridge.t2in import InboundT2
 
-            self.t2in = InboundT2(self)
+            self.t2in = InboundT2(self) if self.inbox is None else InboundT2(self, self.inbox)
         return self.t2in
 
     def ensure_subscribed(self) -> Any:
