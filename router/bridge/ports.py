@@ -5,16 +5,17 @@ dead-lettered with a reason, retried, held for the next start). It does so only 
 below, so it runs the same against the CORBA adapters of ``router.bridge.flows`` (the node) and against the
 in-memory twins of the unit tests (tests/unit/test_bridge_core*.py). Nothing here imports the ORB.
 
-===================  =====================================================  ===========================================
-port                 what it is                                             adapter in the node
-===================  =====================================================  ===========================================
-:class:`BridgeHost`  the bridge itself: started?, broker problems, the      ``router.bridge.bridge.BridgeImpl``
-                     channel gone, acknowledgements to an Ack proxy
-:class:`BatchSource` channel → JMS, pull style: the next batch of events    ``flows.ProxyBatchSource`` (a pull proxy)
-:class:`ChannelSink` JMS → channel, push style: hand events to the channel  ``flows.ProxyChannelSink`` (a push proxy)
-``Transport``        the broker connection (``router.jms.transport``)       ``router.jms.stomp`` (STOMP)
-:class:`Inbox`       JMS → channel: the received message ids, unique        ``router.t2.inbox_claim`` (PostgreSQL)
-===================  =====================================================  ===========================================
+=====================  ====================================================  =======================================
+port                   what it is                                            adapter in the node
+=====================  ====================================================  =======================================
+:class:`BridgeHost`    the bridge: started?, broker problems, channel gone,  ``bridge.BridgeImpl``
+                       acknowledgements to an Ack proxy
+:class:`BatchSource`   channel → JMS, pull style: the next events            ``flows.ProxyBatchSource`` (pull proxy)
+:class:`ChannelSink`   JMS → channel, push style: hand events over           ``flows.ProxyChannelSink`` (push proxy)
+:class:`LocalChannel`  JMS → channel, a Persistent channel in process        the proxy servant + ``local_round``
+``Transport``          the broker connection (``router.jms.transport``)      ``router.jms.stomp`` (STOMP)
+:class:`Inbox`         JMS → channel: received message ids, unique           ``t2in.PgInbox`` (``nsjms_inbox``)
+=====================  ====================================================  =======================================
 
 The channel → JMS routing transaction writes its outbox rows through ``router.bridge.txout`` (``router.t2
 .outbox_insert``); that module is not yet behind a port.
