@@ -34,7 +34,7 @@ from omniORB import CORBA
 
 import CosEventComm
 
-__all__ = ["ADMIN", "FILTER", "NOTIFY", "PROBE", "CallFailed", "CallPolicy", "Kind", "best_effort", "call",
+__all__ = ["ADMIN", "CHANNEL", "FILTER", "NOTIFY", "PROBE", "CallFailed", "CallPolicy", "Kind", "best_effort", "call",
            "classify"]
 
 log = logging.getLogger("nsjms.corba")
@@ -59,6 +59,10 @@ PROBE = CallPolicy("probe", 0)
 FILTER = CallPolicy("filter", 5000)
 #: A bridge's administrative calls on its own channel objects (``resume_connection``, ...).
 ADMIN = CallPolicy("admin", 10000, retries=2, backoff_s=0.2)
+#: A bridge's data-path calls on its own channel's proxy and admin, in this process (``acknowledge`` to an Ack
+#: proxy, ``suspend_connection`` at stop_bridge, the admin's ``destroy``): no timeout of their own, no retries (a
+#: failed acknowledge only makes the channel resend).
+CHANNEL = CallPolicy("channel", 0)
 
 
 class Kind(enum.StrEnum):

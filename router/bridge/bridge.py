@@ -30,12 +30,14 @@ from typing import Any
 from omniORB import CORBA
 
 import CosNotification
-import CosNotifyChannelAdmin
 
 from idl.generated import CosBridgeAdmin as BA
-from idl.generated import CosBridgeAdmin__POA, CosNotifyChannelAdminAck, NsjmsAdmin, NsjmsAdmin__POA
+from idl.generated import CosBridgeAdmin__POA, NsjmsAdmin, NsjmsAdmin__POA
 from router.bridge import flows as F
-from router.bridge.endpoints import EndpointSpec, Problem, check_pair, from_idl, parse_factory, to_idl
+from router.bridge.channellink import ChannelLink
+from router.bridge.channellink import invalid as _invalid
+from router.bridge.channellink import persistent as _persistent
+from router.bridge.endpoints import EndpointSpec, check_pair, from_idl, parse_factory, to_idl
 from router.bridge.limits import check_stomp_limits
 from router.bridge.store import BridgeRow, BridgeStore
 from router.bridge.supervisor import Supervised
@@ -64,13 +66,6 @@ class BrokerSettings:
                                                   # are dead-lettered (flows.py)
     amq_dupl_id: bool = False                     # T2 sends carry the dedupe id as _AMQ_DUPL_ID too (Artemis drops
                                                   # duplicates by it; ActiveMQ Classic ignores it: off)
-
-
-def _invalid(problems: list[Problem]) -> BA.InvalidExternalEndPoints:
-    for p in problems:
-        log.info("invalid bridge endpoint (%s): %s", p.code, p.reason)
-    return BA.InvalidExternalEndPoints([BA.ExternalEndpointError(getattr(BA, p.role), getattr(BA, p.code))
-                                        for p in problems])
 
 
 class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
@@ -161,7 +156,7 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
         return [b.status() for b in sorted(self.bridges.values(), key=lambda b: b.id)]
 
 
-class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge):
+class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge):
     """One bridge: endpoints, connections, the data path thread(s), state."""
 
     def __init__(self, factory: BridgeFactoryImpl, row: BridgeRow) -> None:
@@ -303,81 +298,6 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
             event.header.variable_header = kept
         return event
 
-    def _time_support(self) -> ChannelTimeSupport:
-        """StopTimeSupported/StartTimeSupported of the bridge's proxy consumer, read for each message from the QoS
-        the channel checks the event against (its ``get_qos``), so a ``set_qos`` takes effect at once; the last
-        value read when the proxy cannot be reached (the channel refuses the event then anyway)."""
-        try:
-            qos = self._proxy_servant().qos
-        except CORBA.Exception:
-            return self.times
-        flags = (CosNotification.StopTimeSupported, CosNotification.StartTimeSupported)
-        self.times = ChannelTimeSupport.from_qos({name: qos.get(name) for name in flags})
-        return self.times
-
-    def _proxy_qos(self, name: str, default: int) -> int:
-        """QoS ``name`` as the bridge's proxy sees it: the proxy's own, else its admin's, else the channel's (the
-        bridge's admin and proxy inherit from the channel; sequence-only properties live on admins/channels)."""
-        try:
-            servant = self._proxy_servant()
-        except CORBA.Exception:
-            return default
-        channel = self.factory.channels.channels.get(self.channel_spec.channel_id)
-        for holder in (servant, getattr(servant, "admin", None), channel):
-            qos = getattr(holder, "qos", None)
-            if isinstance(qos, dict) and name in qos:
-                return int(qos[name])
-        return default
-
-    def _pacing_s(self) -> float:
-        """PacingInterval (TimeT) of the bridge's proxy in seconds; 0 = no pacing."""
-        return self._proxy_qos(CosNotification.PacingInterval, 0) / _TIMET
-
-    def _batch_size(self) -> int:
-        """MaximumBatchSize of the bridge's proxy (sequence endpoints)."""
-        return max(1, self._proxy_qos(CosNotification.MaximumBatchSize, 1))
-
-    def _channel(self) -> Any:
-        channel = self.factory.channels.channels.get(self.channel_spec.channel_id)
-        if channel is None:
-            raise _invalid([Problem(self.channel_spec.role, "INVALID_CHANNELID",
-                                    f"channel {self.channel_spec.channel_id} no longer exists")])
-        return channel
-
-    def attach_channel(self) -> None:
-        """Obtain the proxy on a new admin of the channel (NJI 2.3 steps 1-2); not connected until start."""
-        channel = self._channel()
-        kind = getattr(CosNotifyChannelAdmin, f"{self._kind()}_EVENT")
-        if self.to_jms_direction:
-            admin, aid = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
-            obtain = (admin.obtain_notification_push_supplier if self.channel_spec.style == "PUSH"
-                      else admin.obtain_notification_pull_supplier)
-        else:
-            admin, aid = channel.new_for_suppliers(CosNotifyChannelAdmin.AND_OP)
-            obtain = (admin.obtain_notification_push_consumer if self.channel_spec.style == "PUSH"
-                      else admin.obtain_notification_pull_consumer)
-        _proxy, pid = obtain(kind)
-        with self.factory.rt.db.unit_of_work() as conn:
-            self.factory.store.set_proxy(conn, self.id, aid, pid)
-        self.row = BridgeRow(self.row.id, self.row.source, self.row.sink, self.row.state, self.row.channel_id,
-                             aid, pid, self.row.settings)
-        self._register_ledger_route()
-
-    def _proxy_servant(self) -> Any:
-        """The channel's proxy servant for this bridge (same process)."""
-        channel = self._channel()
-        admins = channel.consumer_admins if self.to_jms_direction else channel.supplier_admins
-        admin = admins.get(self.row.admin_id)
-        proxy = admin.proxies.get(self.row.proxy_id) if admin is not None else None
-        if proxy is None:
-            raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
-        return proxy
-
-    def _proxy_ref(self) -> Any:
-        servant = self._proxy_servant()
-        iface = _PROXY_IFACES[(self.to_jms_direction, self.channel_spec.style, self._kind())]
-        return servant.ref._narrow(iface)
-
     # -- transport -------------------------------------------------------------------------------------------
     def _transport(self) -> Transport:
         with self._transport_lock:
@@ -414,58 +334,9 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
             return str(stored) if stored else None
         return f"nsjms-bridge-{self.id}" if durable else None
 
-    def _connection_persistent(self) -> bool:
-        return _persistent(self._channel())
-
     # -- running -------------------------------------------------------------------------------------------
     def running(self) -> bool:
         return self.started and not self.destroyed
-
-    def _connect_channel(self) -> None:
-        servant = self._proxy_servant()
-        proxy = self._proxy_ref()
-        self.proxy = proxy
-        if self.to_jms_direction:        # before connecting: the channel may push at once
-            self.channel_ack = self._ack_proxy(proxy)
-        if servant.connected:
-            self._resume_proxy_now(servant, proxy)
-        else:
-            connect = _CONNECT_OPS[(self.to_jms_direction, self.channel_spec.style, self._kind())]
-            getattr(proxy, connect)(self.endpoint_ref)
-        self.channel_ok = True
-
-    def _resume_proxy_now(self, servant: Any, proxy: Any) -> None:
-        """At start: resume a suspended (stopped bridge) or Ack-stopped proxy (one ``resume_connection`` clears
-        both)."""
-        stopped = getattr(getattr(servant, "ack", None), "stopped", "")
-        if stopped or getattr(servant, "suspended", False):
-            proxy.resume_connection()
-
-    def _ack_proxy(self, proxy: Any) -> Any:
-        """``proxy`` as its ``CosNotifyChannelAdminAck`` interface when the channel made it an Ack proxy (its
-        DeliveryReliability was Acknowledgment when it was created, docs/ack.md); None otherwise."""
-        iface = _ACK_IFACES[(self.channel_spec.style, self._kind())]
-        try:
-            return proxy._narrow(iface) if proxy._is_a(iface._NP_RepositoryId) else None
-        except CORBA.Exception as exc:
-            log.warning("bridge %d: cannot tell whether its proxy acknowledges (%s)", self.id, exc)
-            return None
-
-    def acknowledge_channel(self, events: list[Any]) -> None:
-        """NJI 2.6.2: as the channel's consumer, acknowledge events (by their SequenceNumber) once the broker
-        confirmed them (or they were dead-lettered). A failed acknowledge only makes the channel resend the events:
-        at-least-once, like a lost receipt."""
-        ack = self.channel_ack
-        if ack is None:
-            return
-        sns = [sn for sn in (_sequence_number(ev) for ev in events) if sn is not None]
-        if not sns:
-            return
-        try:
-            ack.acknowledge(sns)
-        except CORBA.Exception as exc:
-            log.warning("bridge %d: acknowledging %d event(s) to the channel failed (%s); they will be resent",
-                        self.id, len(sns), exc)
 
     def _start_workers(self) -> None:
         # A fresh event per start: a worker of the previous start that is still finishing a call keeps its own
@@ -473,8 +344,7 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         self.stop_event = threading.Event()
         if self.to_jms_direction:
             if self.channel_spec.style == "PULL":
-                self.endpoint_servant.proxy = self.proxy
-                self.endpoint_servant.stop = self.stop_event
+                self.endpoint_servant.attach(self.proxy, self.stop_event)
                 self.rt.spawn(f"bridge-{self.id}-pull", self.endpoint_servant.run)
             return
         if self.channel_spec.style == "PUSH":
@@ -522,16 +392,6 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
             # nothing is dispatched or acknowledged until start_bridge.
         log.info("bridge %d stopped", self.id)
 
-    def _suspend_channel(self) -> None:
-        try:
-            servant = self._proxy_servant()
-            if servant.connected and not servant.suspended and hasattr(self.proxy, "suspend_connection"):
-                self.proxy.suspend_connection()
-        except CORBA.UserException:
-            pass
-        except CORBA.Exception as exc:
-            log.warning("bridge %d: could not suspend its proxy: %s", self.id, exc)
-
     def _release_subscription(self) -> None:
         """destroy: end the JMS subscription; a durable one (topic source on a Persistent channel) is removed from
         the broker (STOMP UNSUBSCRIBE with ``activemq.subscriptionName``), so the broker stops keeping messages for
@@ -577,17 +437,6 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         """Whether this bridge's direction and styles can run in the routing transaction T2 (NJI 2.7.2): the
         channel PUSHES to a channel → JMS bridge, the channel PULLS from a JMS → channel bridge."""
         return self.channel_spec.style == ("PUSH" if self.to_jms_direction else "PULL")
-
-    def local_push_proxy(self) -> Any:
-        """JMS → channel, push configuration: the channel's proxy consumer servant when the channel is Persistent
-        (the push loop then routes in-process with the inbox, ``PushSenderLoop._round_local``); None otherwise
-        (BestEffort: the push over the ORB as before). The channel gone: OBJECT_NOT_EXIST."""
-        try:
-            if not self._connection_persistent():
-                return None
-            return self._proxy_servant()
-        except BA.InvalidExternalEndPoints:
-            raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO) from None
 
     def _register_t2(self) -> None:
         """JMS → channel pull sender: an in-process T2 participant of the node, found by its IOR by the channel's
@@ -683,20 +532,6 @@ class BridgeImpl(TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge
         self.rt.deactivate(self.oid)
         log.info("bridge %d destroyed", self.id)
 
-    def _release_channel(self) -> None:
-        """Disconnect and destroy the proxy and the admin the bridge made (NJI 2.3 destroy)."""
-        try:
-            channel = self._channel()
-        except BA.InvalidExternalEndPoints:
-            return
-        admins = channel.consumer_admins if self.to_jms_direction else channel.supplier_admins
-        admin = admins.get(self.row.admin_id) if self.row.admin_id is not None else None
-        if admin is not None:
-            try:
-                admin.destroy()
-            except CORBA.Exception as exc:
-                log.warning("bridge %d: releasing its admin: %s", self.id, exc)
-
     def inactive_reason(self) -> str | None:
         """Why the bridge is not Active (NJI 2.3), first cause first; None when it is Active. One of
         ``channel gone`` (its channel was destroyed: it cannot work again), ``stopped`` (administratively),
@@ -749,56 +584,10 @@ class _LazyTransport:
         return getattr(self._bridge._transport(), name)
 
 
-def _persistent(channel: Any) -> bool:
-    return bool(int(channel.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent)
-
-
-def _sequence_number(event: Any) -> int | None:
-    """The ``SequenceNumber`` an Ack proxy put in an event's variable header (per event, or on a batch's first)."""
-    for p in event.header.variable_header:
-        if p.name == "SequenceNumber":
-            try:
-                value = p.value.value()
-            except CORBA.Exception:
-                return None
-            return value if isinstance(value, int) else None
-    return None
-
-
 def _event_bytes(event: Any) -> bytes:
     import omniORB
 
     return bytes(omniORB.cdrMarshal(CosNotification._tc_StructuredEvent, event))
-
-
-_PROXY_IFACES = {
-    (True, "PUSH", "STRUCTURED"): CosNotifyChannelAdmin.StructuredProxyPushSupplier,
-    (True, "PUSH", "SEQUENCE"): CosNotifyChannelAdmin.SequenceProxyPushSupplier,
-    (True, "PULL", "STRUCTURED"): CosNotifyChannelAdmin.StructuredProxyPullSupplier,
-    (True, "PULL", "SEQUENCE"): CosNotifyChannelAdmin.SequenceProxyPullSupplier,
-    (False, "PUSH", "STRUCTURED"): CosNotifyChannelAdmin.StructuredProxyPushConsumer,
-    (False, "PUSH", "SEQUENCE"): CosNotifyChannelAdmin.SequenceProxyPushConsumer,
-    (False, "PULL", "STRUCTURED"): CosNotifyChannelAdmin.StructuredProxyPullConsumer,
-    (False, "PULL", "SEQUENCE"): CosNotifyChannelAdmin.SequenceProxyPullConsumer,
-}
-
-_ACK_IFACES = {
-    ("PUSH", "STRUCTURED"): CosNotifyChannelAdminAck.StructuredProxyPushSupplierAck,
-    ("PUSH", "SEQUENCE"): CosNotifyChannelAdminAck.SequenceProxyPushSupplierAck,
-    ("PULL", "STRUCTURED"): CosNotifyChannelAdminAck.StructuredProxyPullSupplierAck,
-    ("PULL", "SEQUENCE"): CosNotifyChannelAdminAck.SequenceProxyPullSupplierAck,
-}
-
-_CONNECT_OPS = {
-    (True, "PUSH", "STRUCTURED"): "connect_structured_push_consumer",
-    (True, "PUSH", "SEQUENCE"): "connect_sequence_push_consumer",
-    (True, "PULL", "STRUCTURED"): "connect_structured_pull_consumer",
-    (True, "PULL", "SEQUENCE"): "connect_sequence_pull_consumer",
-    (False, "PUSH", "STRUCTURED"): "connect_structured_push_supplier",
-    (False, "PUSH", "SEQUENCE"): "connect_sequence_push_supplier",
-    (False, "PULL", "STRUCTURED"): "connect_structured_pull_supplier",
-    (False, "PULL", "SEQUENCE"): "connect_sequence_pull_supplier",
-}
 
 
 # A database failure in any IDL operation reaches the client as TRANSIENT / PERSIST_STORE, never UNKNOWN.

@@ -51,7 +51,7 @@ class Supervised:
     def _transport(self) -> Transport:
         raise NotImplementedError
 
-    def _proxy_servant(self) -> Any:
+    def _find_proxy(self) -> Any | None:
         raise NotImplementedError
 
     def _proxy_ref(self) -> Any:
@@ -125,9 +125,8 @@ class Supervised:
         """The broker is up and the bridge started: a proxy the channel stopped (an Ack proxy whose Retries ran
         out on TRANSIENT answers while the broker was away) or left suspended is resumed (one
         ``resume_connection`` clears both)."""
-        try:
-            servant = self._proxy_servant()
-        except CORBA.Exception:
+        servant = self._find_proxy()
+        if servant is None:
             return
         stopped = getattr(getattr(servant, "ack", None), "stopped", "")
         if not servant.connected or not (stopped or servant.suspended) or not self.running():

@@ -32,12 +32,13 @@ from typing import Any
 import psycopg
 from psycopg import Xid
 
+from router.bridge.ports import Inbox
 from router.jms.model import Destination, JmsMessage
 from router.jms.transport import BrokerError, Delivery, SendRefused, Transport, TransportError
 from router.t2 import ACK_MANAGER, inbox_claim
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 
-__all__ = ["InBatch", "InboundT2", "LocalAcks", "StompAckBranch", "inbox_release"]
+__all__ = ["PG_INBOX", "InBatch", "InboundT2", "LocalAcks", "PgInbox", "StompAckBranch", "inbox_release"]
 
 log = logging.getLogger("nsjms.bridge")
 
@@ -50,6 +51,19 @@ def inbox_release(conn: Conn, bridge_id: int, message_ids: Sequence[str]) -> Non
     if message_ids:
         conn.execute("DELETE FROM nsjms_inbox WHERE bridge_id = %s AND message_id = ANY(%s)",
                      (bridge_id, list(message_ids)))
+
+
+class PgInbox:
+    """The :class:`~router.bridge.ports.Inbox` in PostgreSQL (table ``nsjms_inbox``), in the caller's unit of work."""
+
+    def claim(self, conn: Conn, bridge_id: int, message_ids: Sequence[str], gtrid: str) -> set[str]:
+        return inbox_claim(conn, bridge_id, message_ids, gtrid)
+
+    def release(self, conn: Conn, bridge_id: int, message_ids: Sequence[str]) -> None:
+        inbox_release(conn, bridge_id, message_ids)
+
+
+PG_INBOX = PgInbox()
 
 
 def _book(transport: Any) -> Any:
@@ -273,8 +287,9 @@ class InBatch:
 class InboundT2:
     """The bridge side of JMS → channel T2s for one bridge (one subscription, one pulling proxy)."""
 
-    def __init__(self, flow: Any) -> None:
+    def __init__(self, flow: Any, inbox: Inbox = PG_INBOX) -> None:
         self.flow = flow
+        self.inbox = inbox
         self.held: list[Delivery] = []
         self.resync = False
         self.poison_nack: set[str] = set()     # dead letters the broker refused: NACK these to its DLQ
@@ -344,7 +359,7 @@ class InboundT2:
               deliveries: list[Delivery], letters: list[tuple[str, str, str]]) -> None:
         flow = self.flow
         bridge_id = int(flow.bridge.id)
-        new = inbox_claim(conn, bridge_id, sorted({d.message_id for d in deliveries}), gtrid)
+        new = self.inbox.claim(conn, bridge_id, sorted({d.message_id for d in deliveries}), gtrid)
         released: list[str] = []
 
         def dead_letter(d: Delivery, reason: str) -> None:
@@ -396,12 +411,12 @@ class InboundT2:
             extra = {"nsjms_dlq_message_id": d.message_id, "nsjms_dlq_destination": d.destination}
             dl = flow.dead_letter
             branch.send(dl.destination, dl.message(d.body, reason, "message", extra), before=d)
-            inbox_release(conn, bridge_id, [d.message_id])
+            self.inbox.release(conn, bridge_id, [d.message_id])
             batch.dead_lettered += 1
             letters.append((reason, "message", d.message_id))
 
         batch._reject = reject
-        inbox_release(conn, bridge_id, released)
+        self.inbox.release(conn, bridge_id, released)
 
     # -- outcomes ---------------------------------------------------------------------------------------------
     def _committed(self, stats: dict[str, int], letters: list[tuple[str, str, str]]) -> None:

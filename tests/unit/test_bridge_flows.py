@@ -384,7 +384,7 @@ def test_pacing_and_batch_size_come_from_the_bridges_proxy() -> None:
     bridge = BridgeImpl.__new__(BridgeImpl)
     bridge.channel_spec = EndpointSpec("SINK", "SEQUENCE_EVENT", "PUSH", channel_id=4)
     bridge.factory = type("Factory", (), {"channels": type("Channels", (), {"channels": {4: channel}})()})()
-    bridge._proxy_servant = lambda: servant  # type: ignore[method-assign]
+    bridge._find_proxy = lambda: servant  # type: ignore[method-assign]
     assert bridge._batch_size() == 25 and bridge._pacing_s() == 0.2
     servant.qos[CosNotification.PacingInterval] = 5_000_000                 # changed while running: read each time
     assert bridge._pacing_s() == 0.5

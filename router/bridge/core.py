@@ -1,0 +1,423 @@
+"""The bridge core: the data paths of a bridge, channel → JMS and JMS → channel (NJI 2.3, 2.4, 2.6), free of the ORB.
+
+The core decides what happens to every event and message; it reaches the channel, the broker and the bridge only
+through the ports of ``router.bridge.ports``. The CORBA servants that connect it to a channel are thin adapters in
+``router.bridge.flows``; the JMS → channel rounds (push loop, pull supply) are in ``router.bridge.jmsin``.
+
+Channel → JMS: events leave the channel only once the broker confirmed them (receipt of the SEND, or of the COMMIT
+of a STOMP transaction for a batch). A push that cannot be forwarded raises :class:`ForwardDeferred` (the adapter
+answers ``TRANSIENT`` to the channel, which keeps the events queued and retries with backoff); a pull receiver
+re-sends the same batch until it is confirmed (the channel keeps a pulled event stored until the next pull). An
+event the mapping cannot express goes to the dead-letter destination with the reason; if even that send fails, the
+event stays in the channel.
+
+JMS → channel: a message is acknowledged to the broker only after the channel accepted the event (for persistent
+events: committed). A crash in between makes the broker redeliver. When the channel pulls from the bridge (a
+Persistent channel of this node) the channel calls ``PullSupply.take_in_t2`` / ``take_local`` in-process and the
+message ids go to the inbox with the events (``router.bridge.t2in``): exactly once. Otherwise (push configuration,
+BestEffort channel) the bridge remembers recently forwarded message ids and acknowledges a redelivered duplicate
+without forwarding it twice. An unmappable message, or one whose event the channel refuses
+(:class:`~router.bridge.ports.EventRefused`), is dead-lettered with the reason and then acknowledged.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from router import telemetry
+from router.bridge.ports import BatchSource, BridgeHost, ChannelError, ChannelGone, ForwardDeferred, Inbox
+from router.config import DEFAULT_MAX_EVENT_BYTES
+from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
+from router.jms.transport import (
+    BrokerError,
+    Delivery,
+    SendRefused,
+    Transport,
+    TransportError,
+)
+
+__all__ = ["BROKER_DLQ", "DEFAULT_DLQ", "MAX_EVENT_BYTES", "ChannelPuller", "ChannelToJms", "DeadLetter",
+           "JmsToChannel", "untransportable"]
+
+log = logging.getLogger("nsjms.bridge")
+
+DEFAULT_DLQ = Destination("queue", "nsjms.DLQ")
+BROKER_DLQ = "ActiveMQ.DLQ"
+#: Largest event (CDR-encoded StructuredEvent) a JMS → channel bridge hands to the channel: the node's one limit
+#: (``node.max_event_bytes``, passed as ``BrokerSettings.max_event_bytes``), the same the channel refuses above
+#: with IMP_LIMIT and the ORB's giopMaxMsgSize is derived from. Larger messages are dead-lettered with the reason.
+MAX_EVENT_BYTES = DEFAULT_MAX_EVENT_BYTES
+MAX_BACKOFF = 5.0
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text[:500]}" if text else type(exc).__name__
+
+
+class DeadLetter:
+    """Sends what cannot be routed to the dead-letter destination, with the reason in its properties."""
+
+    def __init__(self, transport_for: Callable[[], Transport], bridge_id: int,
+                 destination: Destination = DEFAULT_DLQ) -> None:
+        self._transport_for = transport_for
+        self.bridge_id = bridge_id
+        self.destination = destination
+        self.count = 0
+        #: Set while the broker refuses writes to the dead-letter destination (the bridge's status shows it).
+        self.problem = ""
+        self._reported: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def refused(self, exc: SendRefused, what: str, key: str, reason: str) -> None:
+        """The broker refused a dead letter: record it for the status, and log it at ERROR once per ``key`` (one
+        event or message), not once per retry."""
+        self.problem = (f"dead-letter destination refused: {self.destination.stomp()}: "
+                        f"{exc.message or exc.reason}")
+        if key in self._reported:
+            return
+        self._reported[key] = None
+        while len(self._reported) > 10_000:
+            self._reported.popitem(last=False)
+        log.error("bridge %d: the broker refused the dead letter of %s (%s); %s. Reason it was dead-lettered: %s",
+                  self.bridge_id, what, self.problem, "it stays in the channel and is retried"
+                  if what.startswith("an event") else f"it is NACKed to {BROKER_DLQ}", reason)
+
+    def message(self, body: bytes, reason: str, origin: str, extra: dict[str, str] | None = None) -> JmsMessage:
+        """The dead letter for ``body``: the original bytes, the reason and where it came from in its properties."""
+        props = {"nsjms_dlq_reason": Typed(JmsType.STRING, reason[:1000]),
+                 "nsjms_dlq_bridge": Typed(JmsType.INT, self.bridge_id),
+                 "nsjms_dlq_origin": Typed(JmsType.STRING, origin)}
+        for k, v in (extra or {}).items():
+            props[k] = Typed(JmsType.STRING, v)
+        return JmsMessage(BodyType.BYTES, body, destination=self.destination, properties=props)
+
+    def send(self, body: bytes, reason: str, origin: str, extra: dict[str, str] | None = None) -> None:
+        """Raises :class:`TransportError` if the dead letter could not be stored by the broker."""
+        msg = self.message(body, reason, origin, extra)
+        self._transport_for().send(self.destination, msg, receipt=True)
+        self.sent(reason, origin)
+
+    def sent(self, reason: str, origin: str) -> None:
+        """Count and log one dead letter the broker stored (directly, or in a committed transaction)."""
+        self.count += 1
+        self.problem = ""
+        telemetry.bridge_dead_letter(self.bridge_id, origin)
+        log.warning("bridge %d: dead-lettered a %s to %s: %s", self.bridge_id, origin, self.destination.stomp(),
+                    reason)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Channel → JMS
+# ----------------------------------------------------------------------------------------------------------
+class ChannelToJms:
+    """Forwards structured events to one JMS destination; used by the receiver servants below."""
+
+    def __init__(self, bridge: BridgeHost, destination: Destination, transport: Transport,
+                 to_jms: Callable[[Any, Destination], JmsMessage], dead_letter: DeadLetter,
+                 event_bytes: Callable[[Any], bytes]) -> None:
+        self.bridge = bridge
+        self.destination = destination
+        self.transport = transport
+        self.to_jms = to_jms
+        self.dead_letter = dead_letter
+        self.event_bytes = event_bytes
+        self.forwarded = 0
+        self._lock = threading.Lock()     # one batch at a time: order is kept
+
+    def forward(self, events: Sequence[Any]) -> None:
+        """Map and send; returns once the broker confirmed every message. Raises TransportError otherwise."""
+        messages: list[JmsMessage] = []
+        for ev in events:
+            msg = self._map(ev)
+            if msg is not None:
+                messages.append(msg)
+        with self._lock, telemetry.forward_span(self.bridge.id, len(messages)):
+            self._send(messages)
+        self.forwarded += len(messages)
+        telemetry.bridge_moved(self.bridge.id, len(messages), "to_jms")
+
+    def _map(self, event: Any) -> JmsMessage | None:
+        from router.mapping.errors import MappingError
+
+        try:
+            return self.to_jms(event, self.destination)
+        except MappingError as exc:
+            reason = str(exc)
+        except Exception as exc:  # any failure to map one event dead-letters that event, never stalls
+            log.exception("bridge %d: mapping an event failed", self.bridge.id)
+            reason = f"mapping failed: {describe(exc)}"
+        self._dead_letter(self.event_bytes(event), reason)
+        return None
+
+    def _dead_letter(self, body: bytes, reason: str) -> None:
+        """Dead-letter one event. If the broker refuses the dead letter too, :class:`SendRefused` propagates (the
+        push answers TRANSIENT, the event stays in the channel: nothing lost) and the refusal is made visible."""
+        try:
+            self.dead_letter.send(body, reason, "event")
+        except SendRefused as exc:
+            key = hashlib.sha256(body + b"\0" + reason.encode()).hexdigest()
+            self.dead_letter.refused(exc, "an event", key, reason)
+            raise
+
+    def _send(self, messages: list[JmsMessage]) -> None:
+        if not messages:
+            return
+        if len(messages) == 1:
+            self._send_one(messages[0])
+            return
+        try:                                             # a pushed sequence: one STOMP transaction (atomic send);
+            self._send_transaction(messages)             # routing transactions (T2) are router.bridge.txout
+        except (BrokerError, SendRefused):               # one message refused: find it, keep the rest
+            for msg in messages:
+                self._send_one(msg)
+
+    def _send_one(self, msg: JmsMessage) -> None:
+        """A message the broker refuses with an ERROR frame (:class:`SendRefused`) would be refused again:
+        dead-letter it (the bridge must not stall on it). Connection problems (:class:`SendFailed`,
+        :class:`BrokerUnavailable`, :class:`ReceiptTimeout`) propagate: the event stays in the channel."""
+        try:
+            self.transport.send(self.destination, msg, receipt=True)
+        except SendRefused as exc:
+            from router.mapping.stomp_body import message_to_stomp
+
+            reason = f"broker refused the message: {exc.message or exc.reason}"
+            self._dead_letter(message_to_stomp(msg).body, reason)
+
+    def _send_transaction(self, chunk: list[JmsMessage]) -> None:
+        tx = self.transport.begin()
+        try:
+            for msg in chunk:
+                self.transport.send(self.destination, msg, transaction=tx, receipt=False)
+        except BaseException:
+            try:
+                self.transport.abort(tx)
+            except TransportError:
+                pass
+            raise
+        self.transport.commit(tx)
+
+    def deliver(self, events: list[Any]) -> None:
+        """A push from the channel: forward ``events``, then acknowledge them to an Ack proxy (NJI 2.6.2). Raises
+        :class:`ForwardDeferred` when they could not be forwarded (stopped bridge, broker problem): they stay in
+        the channel."""
+        if not self.bridge.running():
+            raise ForwardDeferred("the bridge is stopped")
+        try:
+            self.forward(events)
+        except TransportError as exc:
+            self.bridge.note_broker_problem(exc)
+            log.warning("bridge: forwarding failed, events stay in the channel: %s", exc)
+            raise ForwardDeferred(str(exc)) from None
+        self.bridge.acknowledge_channel(events)
+
+
+class ChannelPuller:
+    """Channel → JMS, pull style: pulls batches from a :class:`~router.bridge.ports.BatchSource`, paced by the
+    endpoint's PacingInterval, and forwards them.
+
+    A batch that could not be sent is kept on this object (not in the worker), so after a stop/start it is sent
+    before anything new is pulled: the channel confirms a pulled batch when the next pull arrives."""
+
+    def __init__(self, flow: ChannelToJms, source: BatchSource | None, pacing_s: Callable[[], float],
+                 stop: threading.Event) -> None:
+        self.flow = flow
+        self.source = source
+        self.pacing_s = pacing_s          # read every round: PacingInterval can change while the bridge runs
+        self.stop = stop
+        self.pending: list[Any] = []
+
+    def run(self) -> None:
+        stop = self.stop                 # this worker's generation; a restart gets a new event
+        source = self.source
+        assert source is not None, "ChannelPuller.run before a source was attached"
+        backoff = 0.05
+        while not stop.is_set():
+            if not self.pending:
+                try:
+                    self.pending = source.pull()
+                except ChannelGone:
+                    self.flow.bridge.channel_disconnected()
+                    return
+                except ChannelError as exc:
+                    log.warning("bridge: pull from the channel failed: %s", exc)
+                    stop.wait(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF)
+                    continue
+                if not self.pending:
+                    stop.wait(self.pacing_s() or 0.05)
+                    continue
+            try:
+                self.flow.forward(self.pending)
+            except Exception as exc:  # noqa: BLE001 — keep the batch and send it again, pull nothing meanwhile
+                self.flow.bridge.note_broker_problem(exc)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+                continue
+            self.flow.bridge.acknowledge_channel(self.pending)
+            self.pending, backoff = [], 0.05
+
+
+# ----------------------------------------------------------------------------------------------------------
+# JMS → channel
+# ----------------------------------------------------------------------------------------------------------
+class JmsToChannel:
+    """Receives from one JMS destination and hands events to the channel; acks only what the channel accepted."""
+
+    RECENT = 10_000
+
+    def __init__(self, bridge: BridgeHost, transport: Transport, to_event: Callable[[JmsMessage], Any],
+                 dead_letter: DeadLetter, subscribe: Callable[[], Any],
+                 event_size: Callable[[Any], int] | None = None, max_event_bytes: int = MAX_EVENT_BYTES,
+                 clock_ms: Callable[[], int] | None = None, inbox: Inbox | None = None) -> None:
+        self.bridge = bridge
+        self.inbox = inbox                                # None: the node's (router.bridge.t2in.PG_INBOX)
+        self.event_size = event_size
+        self.max_event_bytes = max_event_bytes
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.transport = transport
+        self.to_event = to_event
+        self.dead_letter = dead_letter
+        self._subscribe = subscribe
+        self._subscribe_lock = threading.Lock()
+        self.subscription: Any = None
+        self.forwarded = 0
+        self.duplicates = 0
+        self.refused = 0
+        self.held: list[tuple[Delivery, Any]] = []       # received, not yet pushed when the push loop stopped
+        self.t2in: Any = None                             # router.bridge.t2in.InboundT2, once a T2 ran
+        self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def inbound(self) -> Any:
+        """The inbox-backed receiver of this flow (router.bridge.t2in.InboundT2), made on first use."""
+        if self.t2in is None:
+            from router.bridge.t2in import InboundT2
+
+            self.t2in = InboundT2(self) if self.inbox is None else InboundT2(self, self.inbox)
+        return self.t2in
+
+    def ensure_subscribed(self) -> Any:
+        """The bridge's one subscription, made on first use. Serialised: after a node restart the channel's pull
+        proxy pulls (``receive``) while ``start`` subscribes; two SUBSCRIBEs would leave a second subscription
+        whose prefetched messages nobody reads (they stayed un-acked until the next restart)."""
+        with self._subscribe_lock:
+            if self.subscription is None:
+                self.subscription = self._subscribe()
+            return self.subscription
+
+    def receive(self, timeout: float) -> Delivery | None:
+        delivery: Delivery | None = self.ensure_subscribed().receive(timeout)
+        return delivery
+
+    def seen(self, delivery: Delivery) -> bool:
+        """Already forwarded (a redelivery after a lost ack). Keyed on the broker's message id alone: ActiveMQ
+        does not set ``redelivered`` on redeliveries after a broker restart."""
+        return delivery.message_id in self._recent
+
+    def remember(self, delivery: Delivery) -> None:
+        self._recent[delivery.message_id] = None
+        while len(self._recent) > self.RECENT:
+            self._recent.popitem(last=False)
+
+    def map(self, delivery: Delivery) -> Any | None:
+        """The event for a delivery; or None once the delivery was settled otherwise (dead-lettered and acked,
+        or refused to the broker's own DLQ). Whatever goes wrong with one message settles that message: it never
+        escapes to the receive loop (which would leave the message unacknowledged and stall the prefetch)."""
+        problem = self._problem(delivery)
+        if problem == "refuse":
+            self.refuse(delivery)
+            return None
+        if problem is not None:
+            self.reject(delivery, problem)
+            return None
+        event, problem = self._event(delivery)
+        if problem is not None:
+            self.reject(delivery, problem)
+            return None
+        return event
+
+    def _problem(self, delivery: Delivery) -> str | None:
+        """Why ``delivery`` cannot become an event before mapping it ("refuse": NACK to the broker's DLQ)."""
+        if delivery.decode_error is not None:
+            return f"undecodable STOMP frame: {delivery.decode_error}"
+        if untransportable(delivery):
+            return "refuse"
+        expiration = delivery.message.expiration
+        if expiration and expiration <= self.clock_ms():
+            return (f"expired: JMSExpiration {expiration} is in the past (0 means never); JMS lets an expired "
+                    "message be dropped, nsjms keeps it here instead")
+        return None
+
+    def _event(self, delivery: Delivery) -> tuple[Any, str | None]:
+        from router.mapping.errors import MappingError
+
+        try:
+            event = self.to_event(delivery.message)
+        except MappingError as exc:
+            return None, f"unmappable JMS message: {exc}"
+        except Exception as exc:  # RecursionError, a codec bug, ...: dead-letter this message only
+            log.exception("bridge %d: mapping message %s failed", self.bridge.id, delivery.message_id)
+            return None, f"unmappable JMS message: {describe(exc)}"
+        if self.event_size is not None:
+            try:
+                size = self.event_size(event)
+            except Exception as exc:  # noqa: BLE001 — an event the ORB cannot marshal can never be delivered
+                return None, f"the event cannot be encoded for CORBA: {describe(exc)}"
+            if size > self.max_event_bytes:
+                return None, (f"the event is {size} bytes; the node's event size limit is {self.max_event_bytes} "
+                              "bytes (node.max_event_bytes): the channel would refuse it")
+        return event, None
+
+    def refuse(self, delivery: Delivery) -> None:
+        """NACK: ActiveMQ moves the *original* message, body intact, to ``ActiveMQ.DLQ``. The broker's copy carries
+        no reason, so a record naming the message id and the reason goes to the bridge's own dead-letter
+        destination first. If the broker refuses that record (:class:`SendRefused`) the message is NACKed all
+        the same (the reason is then only in the log and the status); other failures propagate un-NACKed: the
+        broker redelivers and this runs again."""
+        reason = ("empty, unmarked body: a Java Map/Stream/Object message the STOMP transport cannot carry (or an "
+                  f"empty text); the original was moved to the broker's dead-letter queue {BROKER_DLQ}")
+        log.warning("bridge %d: message %s: %s", self.bridge.id, delivery.message_id, reason)
+        try:
+            self.dead_letter.send(b"", reason, "refused",
+                                  {"nsjms_dlq_message_id": delivery.message_id,
+                                   "nsjms_dlq_destination": delivery.destination,
+                                   "nsjms_dlq_moved_to": BROKER_DLQ})
+        except SendRefused as exc:      # NACK anyway: unacknowledged, it would never be redelivered (stuck)
+            self.dead_letter.refused(exc, f"message {delivery.message_id}", delivery.message_id, reason)
+        self.transport.nack(delivery, receipt=True)
+        self.refused += 1
+
+    def ack(self, deliveries: Sequence[Delivery]) -> None:
+        """Acks go without a receipt (ActiveMQ answers an ACK receipt only after ~10 ms; without one: ~6,000/s).
+        A lost ack is harmless: the broker redelivers and :meth:`seen` recognises the message."""
+        for d in deliveries:            # all remembered first: a failed ack must not leave later ones unknown
+            self.remember(d)
+        for d in deliveries:
+            self.transport.ack(d, receipt=False)
+        telemetry.bridge_moved(self.bridge.id, len(deliveries), "from_jms")
+
+    def reject(self, delivery: Delivery, reason: str) -> None:
+        """The message can never become an event the channel takes: dead-letter the original, then ack it. If the
+        broker refuses the dead letter itself (:class:`SendRefused`), the original is NACKed to the broker's DLQ
+        instead (the reason is then only in the log): it must not stay unacknowledged."""
+        extra = {"nsjms_dlq_message_id": delivery.message_id, "nsjms_dlq_destination": delivery.destination}
+        try:
+            self.dead_letter.send(delivery.body, reason, "message", extra)
+        except SendRefused as exc:
+            self.dead_letter.refused(exc, f"message {delivery.message_id}", delivery.message_id, reason)
+            self.transport.nack(delivery, receipt=True)
+            return
+        self.transport.ack(delivery, receipt=True)
+
+
+def untransportable(delivery: Delivery) -> bool:
+    """An empty body that nothing marks: over STOMP a Java Map/Stream/Object message arrives exactly like this
+    (ENVIRONMENT.md, docs/bridge.md), so it cannot be told from an empty TextMessage and is not forwarded."""
+    h = delivery.headers
+    return (not delivery.body and "content-length" not in h and "nsjms_body" not in h
+            and h.get("transformation") != "jms-map-json" and "$nsjms_idl" not in h)
