@@ -45,7 +45,7 @@ def _ledger(rows: int, out: Path) -> tuple[int, float]:
 
 def _steps(stderr: str) -> dict[str, float]:
     """The audit's own step durations from its log lines (``audit: reconcile done in 12.3 s``)."""
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"audit: (.+?) done in ([0-9.]+) s", stderr)}
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"audit: ([^:\n]+?) done in ([0-9.]+) s", stderr)}
 
 
 def _audit(ledger: Path, out: Path, master: str, driver_memory: str) -> tuple[float, int, dict[str, float]]:
