@@ -47,7 +47,7 @@ from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep
 from conftest import NsjmsServer
 from stdclients import make_event, prop, short, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2700)]  # two Spark audits: minutes each when shared
 
 N = 30
 TIMEOUT_S = 60.0
