@@ -58,7 +58,9 @@ LEDGER_SCHEMA = StructType(
     + [StructField(c, StringType()) for c in ("outcome", "failure_reason")]
     + [StructField("recorded_at", TimestampType())]
 )
-#: (hop name, from column, to column); ``end_to_end`` ends at the last hop the row has.
+#: (hop name, previous column, to column): a hop runs from the latest EARLIER timestamp the row has (usually the
+#: previous column; e.g. a delivery outside a T2 has no prepare/decide/broker hops, so its ``acknowledge`` runs
+#: from ``dispatched_at``); ``end_to_end`` ends at the last hop the row has.
 HOPS: tuple[tuple[str, str, str], ...] = (
     ("dispatch", "accepted_at", "dispatched_at"),
     ("prepare", "dispatched_at", "prepared_at"),
@@ -171,13 +173,17 @@ def _ms(a: str | Column, b: str | Column) -> Column:
 
 
 def hop_latencies(ledger_df: DataFrame) -> DataFrame:
-    """From ``delivered`` rows, one column per hop in ms (null when the row lacks the hop):
-    dedupe_id, direction, dispatch_ms, prepare_ms, decide_ms, broker_commit_ms, acknowledge_ms, end_to_end_ms
-    (``end_to_end``: accepted to the last hop the row has)."""
+    """From ``delivered`` rows, one column per hop in ms (null when the row lacks the hop's timestamp):
+    dedupe_id, direction, dispatch_ms, prepare_ms, decide_ms, broker_commit_ms, acknowledge_ms, end_to_end_ms.
+    Each hop ends at its column and starts at the latest earlier timestamp the row has (:data:`HOPS`), so the hops
+    a row has add up to its ``end_to_end`` (accepted to the last hop the row has)."""
     rows = ledger_df.select("dedupe_id", "direction", *_TS, "outcome").where(F.col("outcome") == "delivered")
     last = F.coalesce(*[F.col(c) for c in reversed(_TS[1:])])
-    return rows.select("dedupe_id", "direction", *[_ms(a, b).alias(f"{name}_ms") for name, a, b in HOPS],
-                       _ms("accepted_at", last).alias("end_to_end_ms"))
+    hops = []
+    for name, _, to in HOPS:
+        earlier = _TS[:_TS.index(to)]
+        hops.append(_ms(F.coalesce(*[F.col(c) for c in reversed(earlier)]), to).alias(f"{name}_ms"))
+    return rows.select("dedupe_id", "direction", *hops, _ms("accepted_at", last).alias("end_to_end_ms"))
 
 
 def latency_percentiles(lat: DataFrame, accuracy: int = 10_000) -> DataFrame:

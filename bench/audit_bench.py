@@ -25,12 +25,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from audit.synth import SynthSpec, generate, write_parquet  # noqa: E402  (after the sys.path line)
+from audit.cli import EXIT_OK, EXIT_VIOLATION  # noqa: E402  (after the sys.path line)
+from audit.synth import SynthSpec, generate, write_parquet  # noqa: E402
+
+
+def _faults(rows: int) -> int:
+    return max(max(rows // 2, 10) // 10_000, 1)
 
 
 def _ledger(rows: int, out: Path) -> tuple[int, float]:
     n = max(rows // 2, 10)
-    faults = max(n // 10_000, 1)
+    faults = _faults(rows)
     t = time.perf_counter()
     table, _ = generate(SynthSpec(deliveries=n, seed=11, rate_per_s=2_000.0, lost=faults, duplicates=faults,
                                   in_doubt=faults, dead_letters=faults))
@@ -40,7 +45,7 @@ def _ledger(rows: int, out: Path) -> tuple[int, float]:
 
 def _steps(stderr: str) -> dict[str, float]:
     """The audit's own step durations from its log lines (``audit: reconcile done in 12.3 s``)."""
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"audit: (.+?) done in ([0-9.]+) s", stderr)}
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"audit: ([^:\n]+?) done in ([0-9.]+) s", stderr)}
 
 
 def _audit(ledger: Path, out: Path, master: str, driver_memory: str) -> tuple[float, int, dict[str, float]]:
@@ -50,7 +55,7 @@ def _audit(ledger: Path, out: Path, master: str, driver_memory: str) -> tuple[fl
                            "--master", master, "--driver-memory", driver_memory],
                           check=False, capture_output=True, text=True, env=env)
     elapsed = time.perf_counter() - t
-    if proc.returncode not in (0, 5):
+    if proc.returncode not in (EXIT_OK, EXIT_VIOLATION):     # the injected losses and duplicates make it 7
         raise SystemExit(f"audit failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return elapsed, proc.returncode, _steps(proc.stderr)
 
@@ -74,6 +79,8 @@ def main() -> int:
                  "lost": summary["lost"],
                  "duplicated": summary["duplicated"], "master": args.master, "driver_memory": args.driver_memory,
                  "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 1)}
+            if (summary["lost"], summary["duplicated"]) != (_faults(rows), _faults(rows)):
+                raise SystemExit(f"the audit did not find exactly the injected faults: {r}")
             results.append(r)
             print(json.dumps(r), flush=True)
             shutil.rmtree(base / f"ledger-{rows}", ignore_errors=True)

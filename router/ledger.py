@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 import secrets
 import threading
-from collections.abc import Sequence
+import time as _time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time, timedelta
 from enum import StrEnum
@@ -30,7 +31,10 @@ from typing import Any
 import psycopg
 from psycopg import Xid, sql
 
+from xa.observer import Guarded, Observer, Phase
 from xa.pg import translate
+from xa.records import LiveTxn
+from xa.states import State
 from xa.xid import dedupe_id as message_dedupe_id
 
 __all__ = [
@@ -46,6 +50,8 @@ __all__ = [
     "LedgerWriter",
     "Outcome",
     "Route",
+    "T2HopRecorder",
+    "T2Hops",
     "T2Item",
     "T2LedgerBranch",
     "T2Rows",
@@ -390,6 +396,157 @@ def t2_branch(ledger: Any, conn: Any, branch: Any, gtrid: str, outbox: Sequence[
         return branch
     messages = {eid: message_dedupe_id(gtrid, i) for i, eid in enumerate(outbox) if eid is not None}
     return T2LedgerBranch(ledger, conn, branch, T2Rows(gtrid, messages))
+
+
+# -- the hops after a T2's PostgreSQL branch ---------------------------------------------------------------------
+#: The one-phase broker participants of a T2, by ``kind``: True when what the broker commits is the ACKs of the
+#: messages the T2 took (JMS → channel), so that commit is also their acknowledgement.
+BROKER_KINDS: Mapping[str, bool] = {"stomp-send": False, "stomp-ack": True}
+
+
+@dataclass
+class T2Hops:
+    """The times of one T2 after its PostgreSQL branch was prepared (unix seconds, the node's clock)."""
+
+    decided_at: float | None = None            # the COMMIT record was durable in the recovery log
+    broker_committed_at: float | None = None   # the STOMP COMMIT of its broker transaction was receipted
+    acks: bool = False                         # that broker transaction held ACKs (JMS → channel)
+    committing: dict[str, str] = field(default_factory=dict)   # broker branch -> kind, while its commit runs
+
+    def merge(self, other: T2Hops) -> None:
+        """Fill what this one lacks from ``other`` (the first time recorded wins)."""
+        if self.decided_at is None:
+            self.decided_at = other.decided_at
+        if self.broker_committed_at is None and other.broker_committed_at is not None:
+            self.broker_committed_at, self.acks = other.broker_committed_at, other.acks
+
+
+_HOPS_UPDATE = sql.SQL("""
+    UPDATE nsjms_ledger l
+    SET decided_at = h.decided, broker_committed_at = h.committed,
+        acknowledged_at = CASE WHEN h.acks AND l.direction = 'jms_to_channel' THEN h.committed
+                               ELSE l.acknowledged_at END
+    FROM unnest(%s::text[], %s::timestamptz[], %s::timestamptz[], %s::boolean[]) AS h(gtrid, decided, committed, acks)
+    WHERE l.gtrid IS NOT NULL AND l.gtrid = h.gtrid AND l.outcome IN ('delivered', 'dead_letter')
+      AND l.decided_at IS NULL AND l.broker_committed_at IS NULL""")
+
+
+class T2HopRecorder:
+    """Records, per T2, when its COMMIT decision was durable and when its broker transaction committed, and fills
+    those hops into the T2's terminal ledger rows in the transaction that ends the T2's durable state
+    (:meth:`write`, called by ``router.t2.NodeTransactions`` in the outbox purge, docs/audit.md).
+
+    It is the coordinator's :class:`xa.observer.Observer` (every call is forwarded to ``inner``, the node's
+    telemetry): ``decided("commit")`` stamps ``decided_at``; a one-phase broker branch (:data:`BROKER_KINDS`)
+    whose COMMIT phase ends ``COMMITTED`` stamps ``broker_committed_at``; ``ended`` in COMMITTED or
+    COMMIT_PENDING makes the times ready. Recovery adds what it finishes (:meth:`recovered`). Thread-safe; the
+    times live in memory until written (a crash before the next purge loses them: the hops stay NULL)."""
+
+    def __init__(self, inner: Observer | None = None, clock: Callable[[], float] = _time.time) -> None:
+        self.inner = Guarded(inner)
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._running: dict[str, T2Hops] = {}    # decided COMMIT, the coordinator still drives it
+        self._ready: dict[str, T2Hops] = {}      # the coordinator or recovery is done with it
+        self.rows_updated = 0
+
+    # -- the observer protocol (xa.observer.Observer) -------------------------------------------------------
+    def begun(self, gtrid: str, timeout: float | None) -> None:
+        self.inner.begun(gtrid, timeout)
+
+    def phase_started(self, gtrid: str, phase: Phase, branch: str, kind: str) -> None:
+        if phase is Phase.COMMIT and kind in BROKER_KINDS:
+            with self._lock:
+                hops = self._running.get(gtrid)
+                if hops is not None:
+                    hops.committing[branch] = kind
+        self.inner.phase_started(gtrid, phase, branch, kind)
+
+    def phase_ended(self, gtrid: str, phase: Phase, branch: str, result: str, error: str) -> None:
+        if phase is Phase.COMMIT:
+            now = self.clock()
+            with self._lock:
+                hops = self._running.get(gtrid)
+                kind = hops.committing.pop(branch, None) if hops is not None else None
+                if hops is not None and kind is not None and result == "COMMITTED":
+                    hops.broker_committed_at, hops.acks = now, BROKER_KINDS[kind]
+        self.inner.phase_ended(gtrid, phase, branch, result, error)
+
+    def decided(self, gtrid: str, decision: str, reason: str) -> None:
+        if decision == "commit":
+            now = self.clock()
+            with self._lock:
+                self._running[gtrid] = T2Hops(decided_at=now)
+        self.inner.decided(gtrid, decision, reason)
+
+    def ended(self, gtrid: str, state: State, timed_out: bool, duration_s: float) -> None:
+        with self._lock:
+            hops = self._running.pop(gtrid, None)
+            if hops is not None and state in (State.COMMITTED, State.COMMIT_PENDING):
+                hops.committing.clear()
+                self._merge(gtrid, hops)
+        self.inner.ended(gtrid, state, timed_out, duration_s)
+
+    def recovery_pass(self, report: Any, duration_s: float, failed: str) -> None:
+        self.inner.recovery_pass(report, duration_s, failed)
+
+    # -- recovery ---------------------------------------------------------------------------------------------
+    def recovered(self, before: Mapping[str, LiveTxn], ended: Collection[str], resent_at: Mapping[str, float]) -> None:
+        """Recovery ended the transactions ``ended``; ``before``: the log's live entries read before that pass;
+        ``resent_at``: gtrid -> when the re-send of its outbox rows was committed at the broker. A COMMIT finished
+        by recovery gets ``decided_at`` = its COMMIT record's time and, when recovery re-sent its messages,
+        ``broker_committed_at`` = that re-send's commit. A broker ACK transaction is never re-sent (the broker
+        redelivers and the inbox acknowledges): its hops stay unknown."""
+        with self._lock:
+            for gtrid in ended:
+                txn = before.get(gtrid)
+                if txn is None or txn.commit is None:
+                    continue
+                hops = T2Hops(decided_at=txn.commit.at)
+                sends = [p for p in txn.commit.participants if p.one_phase and BROKER_KINDS.get(p.kind) is False]
+                if sends and gtrid in resent_at:
+                    hops.broker_committed_at = resent_at[gtrid]
+                self._merge(gtrid, hops)
+
+    def _merge(self, gtrid: str, hops: T2Hops) -> None:
+        have = self._ready.get(gtrid)
+        if have is None:
+            self._ready[gtrid] = hops
+        else:
+            have.merge(hops)
+
+    # -- writing ----------------------------------------------------------------------------------------------
+    def take(self, keep: Collection[str] = ()) -> dict[str, T2Hops]:
+        """The ready times of every T2 not in ``keep`` (removed; :meth:`give_back` if their write fails)."""
+        with self._lock:
+            out = {g: h for g, h in self._ready.items() if g not in keep}
+            for g in out:
+                del self._ready[g]
+        return out
+
+    def give_back(self, hops: Mapping[str, T2Hops]) -> None:
+        with self._lock:
+            for g, h in hops.items():
+                self._merge(g, h)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._ready)
+
+    def write(self, conn: psycopg.Connection[Any], hops: Mapping[str, T2Hops]) -> int:
+        """Fill the hops of ``hops``' T2s into their terminal rows (``delivered``, ``dead_letter``) in ONE statement
+        on the caller's transaction: ``decided_at``, ``broker_committed_at``, and for ``jms_to_channel`` rows of a
+        T2 whose broker transaction held the ACKs, ``acknowledged_at`` = that commit. Rows that already have them
+        are left alone. Returns the rows updated."""
+        items = [(g, h) for g, h in hops.items() if h.decided_at is not None or h.broker_committed_at is not None]
+        if not items:
+            return 0
+        cur = conn.execute(_HOPS_UPDATE, ([g for g, _ in items], [timestamp(h.decided_at) for _, h in items],
+                                          [timestamp(h.broker_committed_at) for _, h in items],
+                                          [h.acks for _, h in items]))
+        n = max(cur.rowcount, 0)
+        self.rows_updated += n
+        return n
 
 
 def _with(row: LedgerRow, outcome: Outcome, reason: str | None) -> LedgerRow:

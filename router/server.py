@@ -259,7 +259,7 @@ class Node:
         from router.telemetry import T2Telemetry
 
         t2 = NodeTransactions(self.s.node_id, self.s.state_dir, self.db, self.pg_dsn, transport=transport,
-                              observer=T2Telemetry())
+                              observer=T2Telemetry(), ledger_hops=self.s.ledger.enabled)
         report = t2.start()
         if report.committed or report.rolled_back or report.resent or report.errors:
             log.info("T2 recovery at start: committed %d, rolled back %d, re-sent %d, %d problem(s)",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from psycopg import Xid
 
 from router.crashpoints import armed, crashpoint
 from router.jms.transport import EncodedMessage, Transport, TransportError
+from router.ledger import T2HopRecorder
 from xa.coordinator import Coordinator, Transaction
 from xa.errors import ResourceError
 from xa.log import FileLog
@@ -148,6 +150,7 @@ class OutboxResender:
         self._transport = transport
         self._lock = threading.Lock()
         self.batch_messages = max(1, batch_messages)
+        self.committed_at: dict[str, float] = {}   # gtrid -> when a re-send of its rows was committed (ledger)
 
     def __call__(self, gtrid: str, participant: Participant) -> None:
         if participant.manager == ACK_MANAGER:
@@ -178,6 +181,7 @@ class OutboxResender:
                     pass
                 raise
             transport.commit(tx)
+            self.committed_at.update(dict.fromkeys({r.gtrid for r in frames}, time.time()))
         crashpoint("t2.recovery.after_resend")
 
     def many(self, items: Sequence[tuple[str, Participant]]) -> list[Exception | None]:
@@ -246,14 +250,17 @@ class NodeTransactions:
     def __init__(self, node_id: str, state_dir: Path, db: Any, dsn: str, *,
                  transport: Callable[[], Transport] | None = None, clock: Clock | None = None,
                  guard_s: float = DEFAULT_GUARD_S, period_s: float = DEFAULT_PERIOD_S,
-                 inbox_retention_s: float = DEFAULT_INBOX_RETENTION_S, observer: Observer | None = None) -> None:
+                 inbox_retention_s: float = DEFAULT_INBOX_RETENTION_S, observer: Observer | None = None,
+                 ledger_hops: bool = False) -> None:
         self.node = NodeId(node_id)
         self.db = db
         self.clock: Clock = clock or SystemClock()
         self.period_s = period_s
         self.inbox_retention_s = inbox_retention_s
         self.log = FileLog(state_dir, self.node)
-        self.coordinator = Coordinator(self.node, self.log, self.clock, observer=observer)
+        # ledger_hops: the decision and broker-commit times go into the T2s' ledger rows at the purge (docs/audit.md)
+        self.hops = T2HopRecorder(observer) if ledger_hops else None
+        self.coordinator = Coordinator(self.node, self.log, self.clock, observer=self.hops or observer)
         self.pg = PgManager(lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=3), key=PG_MANAGER)
         if armed():
             self.pg = _CrashingManager(self.pg)  # type: ignore[assignment]
@@ -326,7 +333,11 @@ class NodeTransactions:
     # -- recovery -------------------------------------------------------------------------------------------
     def recover_now(self, *, resend: bool = True) -> RecoveryReport:
         with self.recovery_lock:
+            before = self._live_for_hops()
             report = self.recovery.run(resend=resend)
+            resent_at, self.resender.committed_at = self.resender.committed_at, {}
+        if self.hops is not None:
+            self.hops.recovered(before, report.ended, resent_at)
         self.passes += 1
         self.last_report = report
         if report.errors:
@@ -336,6 +347,14 @@ class NodeTransactions:
             log.info("T2 recovery: committed %d, rolled back %d, re-sent %d branch(es)", len(report.committed),
                      len(report.rolled_back), len(report.resent))
         return report
+
+    def _live_for_hops(self) -> Mapping[str, Any]:
+        if self.hops is None:
+            return {}
+        try:
+            return self.log.live()
+        except Exception:  # noqa: BLE001 - the recovery pass reports the log's failure itself
+            return {}
 
     def view(self) -> list[InDoubt]:
         return self.recovery.view()
@@ -379,14 +398,27 @@ class NodeTransactions:
 
         The snapshot is taken FIRST, then the live set is read: a row visible in the snapshot was committed by a
         transaction that had begun (in flight, or in the log) before the live set was read, and it leaves both
-        only once its END is written."""
-        with self.db.unit_of_work() as conn:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            conn.execute("SELECT 1 FROM nsjms_outbox LIMIT 1")          # fixes the snapshot
-            keep = set(self.log.live()) | set(self.coordinator.in_flight())
-            conn.execute("DELETE FROM nsjms_outbox WHERE NOT (gtrid = ANY(%s))", (sorted(keep),))
-            conn.execute("DELETE FROM nsjms_inbox WHERE received_at < now() - make_interval(secs => %s)",
-                         (self.inbox_retention_s,))
+        only once its END is written. The hop times of the T2s that ended (:class:`router.ledger.T2HopRecorder`)
+        are taken BEFORE the snapshot (a T2 is ready once its PostgreSQL branch committed, so its ledger rows are in
+        the snapshot) and filled into their ledger rows in this same transaction."""
+        hops = self.hops.take() if self.hops is not None else {}
+        keep: set[str] = set()
+        try:
+            with self.db.unit_of_work() as conn:
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                conn.execute("SELECT 1 FROM nsjms_outbox LIMIT 1")          # fixes the snapshot
+                keep = set(self.log.live()) | set(self.coordinator.in_flight())
+                conn.execute("DELETE FROM nsjms_outbox WHERE NOT (gtrid = ANY(%s))", (sorted(keep),))
+                if self.hops is not None and hops:
+                    self.hops.write(conn, {g: h for g, h in hops.items() if g not in keep})
+                conn.execute("DELETE FROM nsjms_inbox WHERE received_at < now() - make_interval(secs => %s)",
+                             (self.inbox_retention_s,))
+        except BaseException:
+            keep = set(hops)                                            # not written: the next purge retries
+            raise
+        finally:
+            if self.hops is not None and hops:
+                self.hops.give_back({g: h for g, h in hops.items() if g in keep})
 
     # -- the resend transport -------------------------------------------------------------------------------
     def _resend_transport(self) -> Transport:

@@ -142,6 +142,20 @@ def test_latency_per_hop_and_end_to_end(spark: SparkSession) -> None:
     assert [(round(r["lo_ms"]), round(r["hi_ms"]), r["samples"]) for r in hist] == [(1, 10, 5), (10, 100, 1)]
 
 
+def test_a_hop_starts_at_the_latest_earlier_timestamp_the_row_has(spark: SparkSession) -> None:
+    """A delivery outside a T2 has dispatched and acknowledged times only: its acknowledge hop runs from dispatch
+    (before, it was null because broker_committed_at is); the hops a row has add up to its end to end."""
+    plain = row("plain", "delivered", direction="channel_to_consumer")
+    plain.update(dispatched_at=T0 + ms(2), acknowledged_at=T0 + ms(7))
+    t2_in = row("t2in", "delivered", hops=(1, 2, 3, 4), gtrid="g", direction="jms_to_channel")
+    t2_in["acknowledged_at"] = t2_in["broker_committed_at"]      # JMS → channel: the ACK commit is both
+    lat = {r["dedupe_id"]: r for r in collect(T.hop_latencies(T.ledger(frame(spark, [plain, t2_in]))), "dedupe_id")}
+    assert (lat["plain"]["dispatch_ms"], lat["plain"]["acknowledge_ms"], lat["plain"]["end_to_end_ms"]) == (2, 5, 7)
+    assert lat["plain"]["prepare_ms"] is None and lat["plain"]["broker_commit_ms"] is None
+    got = [lat["t2in"][f"{h}_ms"] for h in T.HOP_NAMES]
+    assert got == [1, 2, 3, 4, 0, 10]
+
+
 def test_throughput_per_minute_by_destination(spark: SparkSession) -> None:
     rows = [row(f"a{i}", "delivered", T0 + timedelta(seconds=20 * i), hops=(1, 1, 1, 1, 1)) for i in range(4)]
     rows += [row("b", "delivered", T0, hops=(1, 1, 1, 1, 1), destination="queue/b"),

@@ -102,3 +102,31 @@ def test_router_cli_does_not_import_the_audit_stack() -> None:
             "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))\n")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+HEAVY = ("pyspark", "pyarrow", "matplotlib", "tqdm", "numpy", "py4j")
+
+
+def test_no_router_module_loads_the_audit_stack() -> None:
+    """Every module of the running node (router.*, xa.*) imported in a fresh interpreter: none of pyspark, pyarrow,
+    matplotlib, tqdm (or their numpy, py4j) is loaded, nor the audit package; pyspark is an optional extra."""
+    code = ("import sys, pkgutil, importlib, router, xa\n"
+            "for pkg in (router, xa):\n"
+            "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+            "        importlib.import_module(m.name)\n"
+            f"heavy = set({HEAVY!r}) | {{'audit'}}\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_router_imports_the_audit_package_only_in_its_audit_commands() -> None:
+    """Source check for imports inside functions (which importing the modules does not run): the router names the
+    audit package only in ``router/cli.py`` (the ``ledger``/``audit`` subcommands) and no Spark stack anywhere."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    pattern = re.compile(r"^\s*(?:import|from)\s+(" + "|".join((*HEAVY, "audit")) + r")\b", re.M)
+    found = {(str(p.relative_to(root)), m.group(1)) for d in ("router", "xa") for p in (root / d).rglob("*.py")
+             for m in pattern.finditer(p.read_text(encoding="utf-8"))}
+    assert found == {("router/cli.py", "audit")}, found
