@@ -423,12 +423,13 @@ class T2Hops:
 
 _HOPS_UPDATE = sql.SQL("""
     UPDATE nsjms_ledger l
-    SET decided_at = h.decided, broker_committed_at = h.committed,
-        acknowledged_at = CASE WHEN h.acks AND l.direction = 'jms_to_channel' THEN h.committed
-                               ELSE l.acknowledged_at END
+    SET decided_at = COALESCE(l.decided_at, h.decided),
+        broker_committed_at = COALESCE(l.broker_committed_at, h.committed),
+        acknowledged_at = CASE WHEN l.acknowledged_at IS NULL AND h.acks AND l.direction = 'jms_to_channel'
+                               THEN COALESCE(l.broker_committed_at, h.committed) ELSE l.acknowledged_at END
     FROM unnest(%s::text[], %s::timestamptz[], %s::timestamptz[], %s::boolean[]) AS h(gtrid, decided, committed, acks)
     WHERE l.gtrid IS NOT NULL AND l.gtrid = h.gtrid AND l.outcome IN ('delivered', 'dead_letter')
-      AND l.decided_at IS NULL AND l.broker_committed_at IS NULL""")
+      AND (l.decided_at IS NULL OR l.broker_committed_at IS NULL)""")
 
 
 class T2HopRecorder:

@@ -124,3 +124,37 @@ def test_store_writes_a_deliverys_row_with_its_gtrid_or_leaves_it_to_the_caller(
         assert rows[0][3] == rows[2][3] == datetime.fromtimestamp(1_700_000_001.0, UTC)
     finally:
         db.close()
+
+
+def test_a_t2s_broker_commit_time_written_after_its_decision_time_still_lands(fresh_db: str) -> None:
+    """A purge that took a T2's hops while only its decision was known writes ``decided_at`` alone; the broker
+    commit time recorded later (e.g. by an operator-triggered recovery racing the purge) fills the row at the next
+    purge, and what was written first is kept (regression: the update required both columns NULL, so the broker
+    commit time stayed NULL for good)."""
+    from router.channel.store import NewEvent, Store
+    from router.ledger import T2HopRecorder, T2Hops
+
+    db = Database(fresh_db, 2)
+    db.open()
+    try:
+        store = Store()
+        with db.unit_of_work() as conn:
+            cid = store.next_channel_id(conn)
+            store.insert_channel(conn, cid, {}, {}, {"C": {}, "S": {}})
+            ids = store.insert_events(conn, cid, [NewEvent(1, 1, b"x", 0, None, None, [(0, 0)], 1_700_000_000.0)])
+        with db.unit_of_work() as conn:
+            store.delete_deliveries(conn, cid, 0, 0, ids, gtrid="gt-9")
+        hops = T2HopRecorder()
+        with db.unit_of_work() as conn:
+            assert hops.write(conn, {"gt-9": T2Hops(decided_at=1_700_000_010.0)}) == 1
+        with db.unit_of_work() as conn:
+            assert hops.write(conn, {"gt-9": T2Hops(decided_at=1_700_000_099.0,
+                                                    broker_committed_at=1_700_000_011.0)}) == 1
+        with db.unit_of_work() as conn:                       # nothing left to fill: the row is not touched again
+            assert hops.write(conn, {"gt-9": T2Hops(decided_at=1.0, broker_committed_at=2.0)}) == 0
+        with psycopg.connect(fresh_db) as conn:
+            row = conn.execute("SELECT decided_at, broker_committed_at FROM nsjms_ledger "
+                               "WHERE gtrid = 'gt-9' AND outcome = 'delivered'").fetchone()
+        assert row == (datetime.fromtimestamp(1_700_000_010.0, UTC), datetime.fromtimestamp(1_700_000_011.0, UTC))
+    finally:
+        db.close()
