@@ -7,14 +7,20 @@ that block commits (or rolls back) together::
         store.insert_events(conn, cid, rows)
 
 A connection is checked out within ``checkout_timeout`` seconds (default 5) and each new connection is made within
-``connect_timeout`` seconds, so a caller never waits long on a database that is down; pooled connections are
-checked before use, so the first operation after the database came back succeeds. Errors (see
+``connect_timeout`` seconds, so a caller never waits long on a database that is down. A pooled connection is
+checked (one round trip) before use only when it sat idle in the pool for ``idle_check`` seconds (default 5) or
+was never used: a connection in steady use costs no check, so a unit of work is one transaction, not two. A
+connection that broke while in use (the database restarted) fails the operation with :class:`StoreUnavailable`
+(nothing committed; the caller retries as for any outage), and that failure makes the pool check every idle
+connection at once, so stale connections are discarded together and the next unit of work gets a working one.
+Errors (see
 :mod:`router.db.errors`): no connection in time or a broken connection is :class:`StoreUnavailable` (``in_doubt``
 when it broke during COMMIT), any other psycopg error is :class:`StoreError`; nothing else is translated.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,21 +30,24 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from router.db.errors import StoreError, StoreUnavailable
 
-__all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "Database"]
+__all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_CHECK", "Database"]
 
 DEFAULT_CHECKOUT_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 3
+DEFAULT_IDLE_CHECK = 5.0
+_IDLE_SINCE = "_nsjms_idle_since"        # attribute stamped on a connection when it goes back to the pool
 
 
 class Database:
     """One pool of at most ``max(2, pool_size)`` connections shared by every store of the node."""
 
     def __init__(self, dsn: str, pool_size: int = 8, *, checkout_timeout: float = DEFAULT_CHECKOUT_TIMEOUT,
-                 connect_timeout: int = DEFAULT_CONNECT_TIMEOUT) -> None:
+                 connect_timeout: int = DEFAULT_CONNECT_TIMEOUT, idle_check: float = DEFAULT_IDLE_CHECK) -> None:
         self.checkout_timeout = checkout_timeout
+        self.idle_check = idle_check
         self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), open=False,
                                     kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
-                                    timeout=checkout_timeout, check=ConnectionPool.check_connection,
+                                    timeout=checkout_timeout, check=self._check_if_idle, reset=_mark_idle,
                                     name="nsjms")
 
     def open(self, timeout: float = 30.0, *, migrate: bool = True) -> None:
@@ -72,6 +81,7 @@ class Database:
         except PoolTimeout as exc:
             raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            self._purge_broken()
             raise StoreUnavailable(f"database connection failed during {stage}: {_first_line(exc)}",
                                    in_doubt=stage == "commit") from exc
         except psycopg.Error as exc:
@@ -95,6 +105,8 @@ class Database:
         try:
             yield conn
         except BaseException as exc:
+            if conn.broken:
+                self._purge_broken()
             _drop_if_unfinished(conn)
             cm.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -102,9 +114,28 @@ class Database:
             _drop_if_unfinished(conn)
             cm.__exit__(None, None, None)
 
+    def _check_if_idle(self, conn: psycopg.Connection[Any]) -> None:
+        """The pool's check on checkout: a round trip only for a connection idle ``idle_check`` s or never used."""
+        since = getattr(conn, _IDLE_SINCE, None)
+        if since is None or time.monotonic() - since >= self.idle_check:
+            ConnectionPool.check_connection(conn)
+
+    def _purge_broken(self) -> None:
+        """A connection broke in use: check the idle ones now (each broken one is discarded and replaced in the
+        background), so the callers after this one do not each meet a stale connection. Never raises."""
+        try:
+            self._pool.check()
+        except Exception:  # noqa: BLE001 — best effort; the checkout's own check still applies
+            pass
+
     def stats(self) -> dict[str, int]:
         """The pool's counters (psycopg_pool's ``get_stats``)."""
         return {k: int(v) for k, v in self._pool.get_stats().items()}
+
+
+def _mark_idle(conn: psycopg.Connection[Any]) -> None:
+    """The pool's reset callback: the connection went back to the pool (idle) now."""
+    setattr(conn, _IDLE_SINCE, time.monotonic())
 
 
 def _drop_if_unfinished(conn: psycopg.Connection[Any]) -> None:
