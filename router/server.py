@@ -219,6 +219,7 @@ class Node:
         from omniORB import CORBA
 
         from router.channel.channel import EventChannelFactoryImpl
+        from router.channel.delivered import DeliveredJournals
         from router.channel.runtime import Runtime
         from router.channel.store import Store
         from router.db import Database
@@ -230,6 +231,7 @@ class Node:
         self.store = Store(LedgerWriter(self.s.ledger))
         self.maintain_ledger()             # today's partitions exist before the first routed event
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
+        self.runtime.delivered = DeliveredJournals(self.s.state_dir / "delivered")   # push proxies' journals
         self.t2 = self._start_transactions()
         self.runtime.t2 = self.t2
         self.runtime.start_reaper()

@@ -38,6 +38,7 @@ from router.channel.common import (
     mapping_filter_from_ior,
     raise_unsupported_qos,
 )
+from router.channel.delivered import FLUSH_AGE, FLUSH_EVENTS
 from router.channel.delivery import DeliveryFailures
 from router.channel.events import Event, Form, as_any, as_structured
 from router.channel.queue import Entry, ProxyQueue, Record
@@ -348,14 +349,15 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         self._finish(entries, outcome=outcome, reason=why)
 
     def _finish(self, entries: list[Entry], *, wait: bool = True, outcome: LedgerOutcome = LedgerOutcome.DELIVERED,
-                reason: str | None = None) -> None:
+                reason: str | None = None) -> bool:
         """These entries left the queue for good: ``outcome`` says why (delivered; expired, discarded or
         dead-lettered with a ``reason``), and is what the ledger records in the same unit of work.
 
         The stored rows are deleted first, retried while the database is unavailable (a delivered event whose row
         survived would be delivered again after a restart, never lost); then the records are released. With
         ``wait=False`` (a client's call is waiting) there is one attempt: a :class:`StoreError` propagates and
-        nothing is released, so the caller can keep the entries and try again later."""
+        nothing is released, so the caller can keep the entries and try again later. Returns False when the rows
+        may still be there (the proxy stopped before the database came back)."""
         ids = [e.record.db_id for e in entries if e.record.db_id is not None]
         volatile = self._volatile_ledger(entries)
         if (ids or volatile) and not wait and not self.destroyed:
@@ -363,7 +365,7 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
                 self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
                                                 outcome=outcome, reason=reason, best_effort=volatile)
             ids, volatile = [], []
-        backoff = 0.05
+        backoff, done = 0.05, True
         while (ids or volatile) and not self.destroyed:
             try:
                 with self.rt.db.unit_of_work() as conn:
@@ -374,10 +376,12 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
                 log.warning("proxy %s: could not remove %d delivered event(s) from the store (%s); retrying",
                             self.oid, len(ids), exc)
                 if self.stop_event.wait(backoff) or self.rt.shutting_down.is_set():
-                    break                      # stopping: the rows stay and are delivered again after a restart
+                    done = False               # stopping: the rows stay and are delivered again after a restart
+                    break
                 backoff = min(backoff * 2, _MAX_BACKOFF)
         for e in entries:
             e.record.release()
+        return done
 
     def _volatile_ledger(self, entries: list[Entry]) -> list[tuple[int, float]]:
         """(seq, accepted_at) of the BestEffort entries the ledger recorded (``ledger.best_effort``)."""
@@ -451,11 +455,18 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
 
 
 class PushSupplierMixin(ProxySupplierBase):
-    """Push delivery: one dispatcher thread per proxy."""
+    """Push delivery: one dispatcher thread per proxy.
+
+    Delivered events leave the store in batches: their ids go to the proxy's journal at once and their queue
+    rows are deleted by one commit for many deliveries (:mod:`router.channel.delivered`; without a journal, e.g.
+    in unit tests without a state directory, each delivery is deleted at once)."""
 
     push_op = ""
     failing: str | None = None
     failed_attempts = 0
+    _journal: Any = None                  # router.channel.delivered.ProxyJournal of the delivery thread
+    _pending: list[Entry] | None = None   # delivered and journaled, queue rows not deleted yet
+    _pending_since = 0.0
 
     def start(self) -> None:
         if self.connected and not self.destroyed:
@@ -476,14 +487,22 @@ class PushSupplierMixin(ProxySupplierBase):
         return (count, None) if time.time() - started >= pacing else (0, started)
 
     def _push_loop(self) -> None:
+        try:
+            self._push_until_stopped()
+        finally:
+            self._flush_delivered(closing=True)
+
+    def _push_until_stopped(self) -> None:
         backoff, since = 0.05, None
         while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
             if self.suspended or not self.connected:
+                self._flush_delivered()
                 self.queue.wait(_IDLE_WAIT)
                 continue
             n, since = self._ready(since)
             entries = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes) if n else []
             if not entries:
+                self._flush_delivered()
                 self.queue.wait(self._idle_wait(since))
                 continue
             outcome = self._deliver(entries)
@@ -512,6 +531,7 @@ class PushSupplierMixin(ProxySupplierBase):
         node as the consumer, the batch runs in a routing transaction instead (router.channel.txdelivery)."""
         target = txdelivery.participant(self)
         if target is not None:
+            self._flush_delivered()
             return txdelivery.deliver(self, target, entries)
         try:
             outcome, exc = self._attempt(entries)
@@ -521,8 +541,10 @@ class PushSupplierMixin(ProxySupplierBase):
         if outcome is Outcome.DELIVERED:
             self.failing, self.failed_attempts = None, 0
             self._delivered_one_batch()
-            self._finish(entries)
-        elif outcome is Outcome.GONE:
+            self._delivered(entries)
+            return outcome
+        self._flush_delivered()            # the store is exact before a put-back, a teardown or a dead letter
+        if outcome is Outcome.GONE:
             log.info("proxy %s: consumer gone (%s); disconnecting", self.oid, type(exc).__name__)
             self.queue.requeue(entries)
             self.teardown(notify_client=False, retry=True)
@@ -537,6 +559,51 @@ class PushSupplierMixin(ProxySupplierBase):
             assert exc is not None
             self._content_failed(entries, exc)
         return outcome
+
+    def _delivered(self, entries: list[Entry]) -> None:
+        """The consumer's call returned: journal the events and delete their rows with later deliveries', or (no
+        journal, or it cannot be written) delete them now."""
+        journal = self._journal_of_thread()
+        if journal is None:
+            self._finish(entries)
+            return
+        try:
+            journal.record(e.record.db_id for e in entries if e.record.db_id is not None)
+        except OSError as exc:
+            log.warning("proxy %s: could not write its delivered-events journal (%s); deleting at once", self.oid,
+                        exc)
+            self._flush_delivered()
+            self._finish(entries)
+            return
+        if not self._pending:
+            self._pending, self._pending_since = [], time.monotonic()
+        self._pending.extend(entries)
+        if len(self._pending) >= FLUSH_EVENTS or time.monotonic() - self._pending_since >= FLUSH_AGE:
+            self._flush_delivered()
+
+    def _journal_of_thread(self) -> Any:
+        if self._journal is None:
+            journals = getattr(self.rt, "delivered", None)
+            if journals is None:
+                return None
+            try:
+                self._journal = journals.open(self.channel.id, self.admin.id, self.id)
+            except OSError as exc:
+                log.warning("proxy %s: no delivered-events journal (%s); each delivery commits", self.oid, exc)
+                return None
+        return self._journal
+
+    def _flush_delivered(self, *, closing: bool = False) -> None:
+        """Delete the pending delivered events' rows in one commit, then empty the journal. ``closing`` (the
+        delivery thread ends): the journal is closed too, and removed if the proxy is gone."""
+        pending, self._pending = self._pending, None
+        done = self._finish(pending) if pending else True
+        journal = self._journal
+        if journal is not None and done:
+            journal.clear()
+        if closing and journal is not None:
+            self._journal = None
+            journal.close(remove=self.destroyed and done)
 
     def status_extra(self) -> dict[str, Any]:
         failing = {"failing": self.failing, "attempts": self.failed_attempts} if self.failing else {}

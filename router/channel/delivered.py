@@ -1,0 +1,110 @@
+"""The delivered-events journal: push delivery without one PostgreSQL commit per delivered event (issue 12).
+
+A push proxy supplier used to delete each delivered event's queue row in its own commit. Now, once the consumer's
+call returned, the proxy appends the events' ids to its own journal file (one ``write``, no ``fsync``) and deletes
+the queue rows of many deliveries in one commit later (when :data:`FLUSH_EVENTS` are pending, after
+:data:`FLUSH_AGE` seconds, when its queue has nothing more to deliver now, or when it stops); after that commit
+the journal is emptied. A write to a file survives the death of the process (SIGKILL included, the data is in the
+kernel's page cache), so after a crash of the node :meth:`DeliveredJournals.replay` deletes, before the channels
+load their queues, the rows of every event the journals name: a process crash delivers again at most the call
+that was in flight, as before. Losing the journal's unsynced tail to a power failure only delivers those events
+again (at-least-once; their rows were never deleted). Nothing is ever lost: an id is journaled only after its
+delivery, a row is deleted only after its id was journaled or in the same step, and a journal that cannot be
+written makes the proxy delete that delivery's rows at once, as before.
+
+One file per push proxy, ``<dir>/<channel>-<admin>-<proxy>.ids``: one decimal event id per line, appended by the
+proxy's single delivery thread; a last line without its newline (a torn write) is ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FLUSH_AGE", "FLUSH_EVENTS", "DeliveredJournals", "ProxyJournal", "read_ids"]
+
+log = logging.getLogger("nsjms.channel")
+
+FLUSH_EVENTS = 256     # delivered events whose rows are deleted together, at most
+FLUSH_AGE = 1.0        # seconds a delivered event's row waits at most for its delete
+
+
+class ProxyJournal:
+    """The journal of one push proxy supplier; used by its delivery thread only."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def record(self, ids: Iterable[int]) -> None:
+        """Append delivered event ids (raises ``OSError``: the caller then deletes their rows at once)."""
+        data = b"".join(b"%d\n" % i for i in ids)
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+
+    def clear(self) -> None:
+        """Every journaled id's row is deleted: empty the file (a failure only leaves ids replay finds gone)."""
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError as exc:
+            log.warning("could not empty the delivered-events journal %s: %s", self.path, exc)
+
+    def close(self, *, remove: bool = False) -> None:
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+        if remove:
+            self.path.unlink(missing_ok=True)
+
+
+def read_ids(path: Path) -> list[int]:
+    """The ids a journal file names, in order; a torn last line and garbage lines are skipped."""
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    ids = []
+    for line in lines[:-1]:            # the part after the last newline is empty or a torn write
+        try:
+            ids.append(int(line))
+        except ValueError:
+            continue
+    return ids
+
+
+class DeliveredJournals:
+    """The journals of one node, in ``directory`` (created on first use, private)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def open(self, cid: int, aid: int, pid: int) -> ProxyJournal:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return ProxyJournal(self.directory / f"{cid}-{aid}-{pid}.ids")
+
+    def replay(self, db: Any, store: Any) -> int:
+        """At start, before the queues are loaded: delete the queue rows (ledger outcome ``delivered``) of every
+        journaled event and remove the journals. Returns how many ids were named. A database error propagates
+        (the start fails; the journals stay for the next one)."""
+        if not self.directory.is_dir():
+            return 0
+        named = 0
+        for path in sorted(self.directory.glob("*.ids")):
+            try:
+                cid, aid, pid = (int(p) for p in path.stem.split("-"))
+            except ValueError:
+                log.warning("ignoring %s: not a delivered-events journal name", path)
+                continue
+            ids = read_ids(path)
+            if ids:
+                with db.unit_of_work() as conn:
+                    store.delete_deliveries(conn, cid, aid, pid, ids)
+                named += len(ids)
+            path.unlink()
+        if named:
+            log.info("delivered-events journals: %d delivered event(s) left the store after the restart", named)
+        return named

@@ -1,0 +1,132 @@
+"""Push delivery without one commit per delivered event (issue 12): the delivered-events journal.
+
+The proxies are built as in ``test_channel_delivery`` (fake runtime, fake consumer, ``NullDatabase`` counting the
+units of work). Waiting is on conditions with a deadline, never a sleep; nothing here is timed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_channel_delivery import Consumer, FakeStore, make_proxy, record, run_worker, stop, wait_for
+
+from router.channel import proxies as P
+from router.channel.delivered import FLUSH_EVENTS, DeliveredJournals, ProxyJournal, read_ids
+from router.db.testing import NullDatabase
+
+
+def _proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, consumer: Consumer) -> Any:
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, consumer, monkeypatch)
+    proxy.rt.delivered = DeliveredJournals(tmp_path / "delivered")
+    return proxy
+
+
+def test_delivered_events_leave_the_store_in_batches_not_one_commit_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer = Consumer()
+    proxy = _proxy(tmp_path, monkeypatch, consumer)
+    n = 2 * FLUSH_EVENTS + 10
+    for i in range(1, n + 1):
+        proxy.queue.put(record(i, db_id=1000 + i))
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: len(consumer.got) == n, "every event delivered")
+        wait_for(lambda: len(proxy.rt.store.deleted) == n, "every delivered row deleted")
+    finally:
+        stop(proxy, t)
+    assert consumer.got == list(range(1, n + 1))
+    assert sorted(proxy.rt.store.deleted) == [1000 + i for i in range(1, n + 1)]
+    # One commit per delivered event before (n commits); now one per batch of delivered events.
+    assert proxy.rt.db.committed < n // 10, f"{proxy.rt.db.committed} commits for {n} delivered events"
+    journal = tmp_path / "delivered" / "0-0-1.ids"
+    assert read_ids(journal) == []                   # every journaled id's row is deleted
+
+
+def test_without_a_journal_each_delivery_commits_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer = Consumer()
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, consumer, monkeypatch)
+    for i in range(1, 6):
+        proxy.queue.put(record(i, db_id=100 + i))
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: len(proxy.rt.store.deleted) == 5, "every delivered row deleted")
+    finally:
+        stop(proxy, t)
+    assert proxy.rt.db.committed == 5
+
+
+def test_a_journal_that_cannot_be_written_deletes_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: ProxyJournal, ids: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ProxyJournal, "record", refuse)
+    consumer = Consumer()
+    proxy = _proxy(tmp_path, monkeypatch, consumer)
+    for i in range(1, 6):
+        proxy.queue.put(record(i, db_id=100 + i))
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: len(proxy.rt.store.deleted) == 5, "every delivered row deleted")
+    finally:
+        stop(proxy, t)
+    assert consumer.got == [1, 2, 3, 4, 5]
+    assert proxy.rt.db.committed == 5
+
+
+def test_a_failed_push_deletes_the_pending_delivered_rows_first(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from omniORB import CORBA
+
+    consumer = Consumer(lambda seqs: CORBA.TRANSIENT(0, CORBA.COMPLETED_NO) if seqs == [3] and consumer.calls == 3
+                        else None)
+    proxy = _proxy(tmp_path, monkeypatch, consumer)
+    for i in range(1, 5):
+        proxy.queue.put(record(i, db_id=100 + i))
+    deleted_at_failure: list[list[int]] = []
+    real = proxy._deliver
+
+    def deliver(entries: list[Any]) -> Any:
+        outcome = real(entries)
+        if outcome is not P.Outcome.DELIVERED:
+            deleted_at_failure.append(sorted(proxy.rt.store.deleted))
+        return outcome
+
+    monkeypatch.setattr(proxy, "_deliver", deliver)
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: len(proxy.rt.store.deleted) == 4, "every delivered row deleted")
+    finally:
+        stop(proxy, t)
+    assert consumer.got == [1, 2, 3, 4]
+    assert deleted_at_failure == [[101, 102]]
+
+
+def test_replay_deletes_the_rows_of_journaled_events_and_removes_the_journals(tmp_path: Path) -> None:
+    journals = DeliveredJournals(tmp_path / "delivered")
+    j = journals.open(3, 1, 7)
+    j.record([11, 12, 13])
+    j.close()
+    with open(tmp_path / "delivered" / "3-1-7.ids", "ab") as f:
+        f.write(b"14")                               # a torn last write: not a complete id
+    store, db = _RecordingStore(), NullDatabase()
+    assert journals.replay(db, store) == 3
+    assert store.calls == [(3, 1, 7, [11, 12, 13])]
+    assert db.committed == 1
+    assert not list((tmp_path / "delivered").iterdir())
+    assert journals.replay(db, store) == 0
+
+
+def test_replay_with_no_journal_directory_does_nothing(tmp_path: Path) -> None:
+    assert DeliveredJournals(tmp_path / "none").replay(NullDatabase(), _RecordingStore()) == 0
+
+
+class _RecordingStore(FakeStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int, int, int, list[int]]] = []
+
+    def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int], **how: Any) -> None:
+        self.calls.append((cid, aid, pid, list(ids)))
+        super().delete_deliveries(conn, cid, aid, pid, ids, **how)
