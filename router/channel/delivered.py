@@ -86,6 +86,13 @@ class DeliveredJournals:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         return ProxyJournal(self.directory / f"{cid}-{aid}-{pid}.ids")
 
+    def remove(self, cid: int, aid: int, pid: int) -> None:
+        """The proxy is destroyed (its delivered rows deleted): its journal goes (never raises)."""
+        try:
+            (self.directory / f"{cid}-{aid}-{pid}.ids").unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("could not remove the delivered-events journal of proxy %d/%d/%d: %s", cid, aid, pid, exc)
+
     def replay(self, db: Any, store: Any) -> int:
         """At start, before the queues are loaded: delete the queue rows (ledger outcome ``delivered``) of every
         journaled event and remove the journals. Returns how many ids were named. A database error propagates

@@ -248,6 +248,7 @@ class ProxyBase(QoSMixin, FilterMixin):
         while True:
             try:
                 with self.rt.db.unit_of_work() as conn:
+                    self._deliveries_before_delete(conn)
                     self.rt.store.delete_proxy(conn, self.channel.id, self.side, self.admin.id, self.id)
                 return
             except StoreError as exc:
@@ -258,6 +259,10 @@ class ProxyBase(QoSMixin, FilterMixin):
                 if self.rt.shutting_down.wait(backoff):
                     raise
                 backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _deliveries_before_delete(self, conn: Any) -> None:
+        """In the unit of work that deletes the proxy, before its queue rows go as ``discarded``: a push proxy
+        records its delivered events whose rows were not deleted yet as ``delivered``."""
 
     def _release_resources(self) -> None:
         self._wake()
@@ -467,6 +472,12 @@ class PushSupplierMixin(ProxySupplierBase):
     _journal: Any = None                  # router.channel.delivered.ProxyJournal of the delivery thread
     _pending: list[Entry] | None = None   # delivered and journaled, queue rows not deleted yet
     _pending_since = 0.0
+    _undeleted: tuple[int, ...] = ()      # delivered, records released, a flush could not delete their rows
+    _pending_lock = threading.RLock()     # per proxy (__init__); this default serves proxies built bare in tests
+
+    def __init__(self, admin: Any, row: ProxyRow) -> None:
+        super().__init__(admin, row)
+        self._pending_lock = threading.RLock()   # _pending/_undeleted: the delivery thread vs a teardown
 
     def start(self) -> None:
         if self.connected and not self.destroyed:
@@ -575,10 +586,12 @@ class PushSupplierMixin(ProxySupplierBase):
             self._flush_delivered()
             self._finish(entries)
             return
-        if not self._pending:
-            self._pending, self._pending_since = [], time.monotonic()
-        self._pending.extend(entries)
-        if len(self._pending) >= FLUSH_EVENTS or time.monotonic() - self._pending_since >= FLUSH_AGE:
+        with self._pending_lock:
+            if not self._pending:
+                self._pending, self._pending_since = [], time.monotonic()
+            self._pending.extend(entries)
+            full = len(self._pending) >= FLUSH_EVENTS or time.monotonic() - self._pending_since >= FLUSH_AGE
+        if full:
             self._flush_delivered()
 
     def _journal_of_thread(self) -> Any:
@@ -595,15 +608,42 @@ class PushSupplierMixin(ProxySupplierBase):
 
     def _flush_delivered(self, *, closing: bool = False) -> None:
         """Delete the pending delivered events' rows in one commit, then empty the journal. ``closing`` (the
-        delivery thread ends): the journal is closed too, and removed if the proxy is gone."""
-        pending, self._pending = self._pending, None
-        done = self._finish(pending) if pending else True
+        delivery thread ends): the journal is closed too, and removed if the proxy is gone.
+
+        Under ``_pending_lock``, so a teardown sees either the pending events or their rows deleted; ids whose
+        delete did not happen (the proxy stopped while the database was down) stay in ``_undeleted`` for the
+        teardown, which deletes them as ``delivered`` before the proxy's other rows go as ``discarded``."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+            done = self._finish(pending) if pending else True
+            if not done and pending:
+                self._undeleted += tuple(e.record.db_id for e in pending if e.record.db_id is not None)
         journal = self._journal
         if journal is not None and done:
             journal.clear()
         if closing and journal is not None:
             self._journal = None
             journal.close(remove=self.destroyed and done)
+
+    def _delete_row(self, retry: bool) -> None:
+        """The teardown's delete, with the delivered events not yet deleted recorded as ``delivered`` in the same
+        unit of work (not ``discarded`` with the proxy's other rows), and the proxy's journal removed."""
+        with self._pending_lock:
+            super()._delete_row(retry)
+            pending, self._pending, self._undeleted = self._pending, None, ()
+        for e in pending or ():
+            e.record.release()
+        journals = getattr(self.rt, "delivered", None)
+        if journals is not None:
+            journals.remove(self.channel.id, self.admin.id, self.id)
+
+    def _deliveries_before_delete(self, conn: Any) -> None:
+        pending = self._pending or []
+        ids = [e.record.db_id for e in pending if e.record.db_id is not None] + list(self._undeleted)
+        volatile = self._volatile_ledger(pending)
+        if ids or volatile:
+            self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
+                                            best_effort=volatile)
 
     def status_extra(self) -> dict[str, Any]:
         failing = {"failing": self.failing, "attempts": self.failed_attempts} if self.failing else {}

@@ -130,3 +130,51 @@ class _RecordingStore(FakeStore):
     def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int], **how: Any) -> None:
         self.calls.append((cid, aid, pid, list(ids)))
         super().delete_deliveries(conn, cid, aid, pid, ids, **how)
+
+
+class _ProxyStore(FakeStore):
+    """delete_proxy drops the proxy's remaining queue rows as ``discarded`` (as router.channel.store does)."""
+
+    def __init__(self, queued: list[int]) -> None:
+        super().__init__()
+        self.queued = set(queued)
+
+    def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int], **how: Any) -> None:
+        gone = [i for i in ids if i in self.queued]
+        self.queued -= set(gone)
+        super().delete_deliveries(conn, cid, aid, pid, gone, **how)
+
+    def delete_proxy(self, conn: object, cid: int, side: str, aid: int, pid: int) -> None:
+        for i in sorted(self.queued):
+            self.outcomes[i] = ("discarded", "its proxy supplier was destroyed")
+        self.queued.clear()
+
+
+def test_a_destroyed_proxy_records_its_pending_delivered_events_as_delivered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review defect: teardown deleted the proxy's queue rows as ``discarded`` while up to FLUSH_EVENTS
+    delivered events waited for their batch delete; and the destroyed proxy's journal file stayed."""
+    consumer = Consumer()
+    proxy = _proxy(tmp_path, monkeypatch, consumer)
+    proxy.side = "C"
+    proxy.rt.store = _ProxyStore([101, 102, 103, 104])
+    proxy.rt.deactivate = lambda oid: None
+    proxy.admin.forget_proxy = lambda pid: None
+    proxy.filters, proxy.types = [], P.TypeSet()
+    proxy._lock = __import__("threading").RLock()
+    proxy.closing = False
+    for i in range(1, 4):
+        proxy.queue.put(record(i, db_id=100 + i))
+    monkeypatch.setattr(P, "FLUSH_EVENTS", 10**6)
+    monkeypatch.setattr(P, "FLUSH_AGE", 10**6)
+    proxy._flush_delivered = lambda **kw: None        # only the teardown may delete: the thread keeps them pending
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: len(proxy._pending or []) == 3, "three deliveries pending their batch delete")
+        proxy.teardown(notify_client=False)
+    finally:
+        stop(proxy, t)
+    assert consumer.got == [1, 2, 3]
+    assert {i: o for i, (o, _) in proxy.rt.store.outcomes.items()} == {
+        101: "delivered", 102: "delivered", 103: "delivered", 104: "discarded"}
+    assert not (tmp_path / "delivered" / "0-0-1.ids").exists()
