@@ -11,15 +11,19 @@ A connection is checked out within ``checkout_timeout`` seconds (default 5) and 
 checked (one round trip) before use only when it sat idle in the pool for ``idle_check`` seconds (default 5) or
 was never used: a connection in steady use costs no check, so a unit of work is one transaction, not two. A
 connection that broke while in use (the database restarted) fails the operation with :class:`StoreUnavailable`
-(nothing committed; the caller retries as for any outage), and that failure makes the pool check every idle
-connection at once, so stale connections are discarded together and the next unit of work gets a working one.
-Errors (see
+(nothing committed; the caller retries as for any outage). That failure (a broken connection only, not e.g. a
+serialization failure or deadlock) starts a new "broken generation": the pool checks its idle connections at once,
+and every connection last checked out before it (in use or being returned then) is checked at its next checkout.
+So after a restart, the units of work that fail are the first one to meet a stale connection plus those that were
+already holding a connection while the server went away (each of those fails once, as it would have with a check
+on every checkout); a unit of work that starts after the first failure is never given a stale connection. Errors (see
 :mod:`router.db.errors`): no connection in time or a broken connection is :class:`StoreUnavailable` (``in_doubt``
 when it broke during COMMIT), any other psycopg error is :class:`StoreError`; nothing else is translated.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +40,7 @@ DEFAULT_CHECKOUT_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 3
 DEFAULT_IDLE_CHECK = 5.0
 _IDLE_SINCE = "_nsjms_idle_since"        # attribute stamped on a connection when it goes back to the pool
+_GENERATION = "_nsjms_generation"        # the pool's broken generation when the connection was last checked out
 
 
 class Database:
@@ -45,6 +50,8 @@ class Database:
                  connect_timeout: int = DEFAULT_CONNECT_TIMEOUT, idle_check: float = DEFAULT_IDLE_CHECK) -> None:
         self.checkout_timeout = checkout_timeout
         self.idle_check = idle_check
+        self._generation = 0                 # +1 each time a connection is found broken (the server restarted?)
+        self._generation_lock = threading.Lock()
         self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), open=False,
                                     kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
                                     timeout=checkout_timeout, check=self._check_if_idle, reset=_mark_idle,
@@ -73,15 +80,17 @@ class Database:
         Do not open a second unit of work inside one: it would take a second connection and a second transaction.
         """
         stage = "checkout"
+        used: psycopg.Connection[Any] | None = None
         try:
             with self._pool.connection(timeout=self.checkout_timeout) as conn:
-                stage = "work"
+                used, stage = conn, "work"
                 yield conn
                 stage = "commit"
         except PoolTimeout as exc:
             raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            self._purge_broken()
+            if used is None or used.broken:      # not a serialization failure, deadlock, lock timeout, cancel
+                self._purge_broken()
             raise StoreUnavailable(f"database connection failed during {stage}: {_first_line(exc)}",
                                    in_doubt=stage == "commit") from exc
         except psycopg.Error as exc:
@@ -115,14 +124,22 @@ class Database:
             cm.__exit__(None, None, None)
 
     def _check_if_idle(self, conn: psycopg.Connection[Any]) -> None:
-        """The pool's check on checkout: a round trip only for a connection idle ``idle_check`` s or never used."""
+        """The pool's check on checkout: a round trip only for a connection idle ``idle_check`` s, never used, or
+        last checked out before a connection was last found broken (it was in use or on its way back to the pool
+        when the server went away, so :meth:`_purge_broken` could not check it)."""
+        generation = self._generation
         since = getattr(conn, _IDLE_SINCE, None)
-        if since is None or time.monotonic() - since >= self.idle_check:
+        stamp = getattr(conn, _GENERATION, None)
+        if since is None or stamp is None or stamp < generation or time.monotonic() - since >= self.idle_check:
             ConnectionPool.check_connection(conn)
+        setattr(conn, _GENERATION, generation)
 
     def _purge_broken(self) -> None:
         """A connection broke in use: check the idle ones now (each broken one is discarded and replaced in the
-        background), so the callers after this one do not each meet a stale connection. Never raises."""
+        background), so the callers after this one do not each meet a stale connection; the connections out of
+        the pool now are checked at their next checkout (a new broken generation). Never raises."""
+        with self._generation_lock:
+            self._generation += 1
         try:
             self._pool.check()
         except Exception:  # noqa: BLE001 — best effort; the checkout's own check still applies

@@ -1,5 +1,5 @@
 """The node's connection pool against a real PostgreSQL (issue 12): no check round trip on the hot path, and a
-restart of PostgreSQL costs at most one failed unit of work.
+restart of PostgreSQL fails the first unit of work to meet a stale connection, plus those holding one then.
 
 The pool used to check every connection on checkout (an empty query: one more round trip and one more committed
 transaction per unit of work). Now only a connection idle for ``idle_check`` seconds (or never used) is checked;
@@ -107,3 +107,64 @@ def test_after_a_postgres_restart_at_most_one_unit_of_work_fails(own_pg: Embedde
         assert not any(f.in_doubt for f in failures)
     finally:
         db.close()
+
+
+def test_connections_out_during_a_postgres_restart_are_checked_when_taken_again(own_pg: EmbeddedPostgres) -> None:
+    """Review defect: only the connections idle in the pool at the first failure were checked; the ones out of the
+    pool then (held, or being returned by the pool's worker) came back unchecked and each failed a unit of work."""
+    db = Database(own_pg.dsn, pool_size=4, idle_check=60.0)
+    db.open(migrate=False)
+    try:
+        with ExitStack() as held:
+            for _ in range(4):                     # the pool grows to four connections, all recently used
+                held.enter_context(db.unit_of_work()).execute("SELECT 1")
+        with ExitStack() as held:
+            for _ in range(3):                     # three connections out of the pool across the restart
+                held.enter_context(db.branch())
+            own_pg.stop()
+            own_pg.start()
+            failures: list[StoreUnavailable] = []
+            deadline = time.monotonic() + 60
+            while not failures and time.monotonic() < deadline:    # the fourth one meets the restart
+                try:
+                    with db.unit_of_work() as conn:
+                        conn.execute("SELECT 1")
+                except StoreUnavailable as exc:
+                    failures.append(exc)
+        # The three come back to the pool after the first failure (through the pool's worker).
+        results: list[int] = []
+        while len(results) < 8 and time.monotonic() < deadline:
+            try:
+                with ExitStack() as busy:          # take up to four at once so every pooled connection is used
+                    for _ in range(4):
+                        row = busy.enter_context(db.unit_of_work()).execute("SELECT 42").fetchone()
+                        assert row is not None
+                        results.append(int(row[0]))
+            except StoreUnavailable as exc:
+                failures.append(exc)
+        assert results[:8] == [42] * 8
+        assert len(failures) == 1, [str(f) for f in failures]
+        assert not any(f.in_doubt for f in failures)
+    finally:
+        db.close()
+
+
+def test_an_operational_error_on_a_working_connection_checks_no_connection(fresh_db: str,
+                                                                             counted_checks: list[int]) -> None:
+    """Review defect: any OperationalError (query canceled, deadlock, serialization failure, lock timeout) made
+    the pool check all its idle connections, as if the server had restarted."""
+    db = Database(fresh_db, pool_size=2, idle_check=60.0)
+    db.open(migrate=False)
+    try:
+        with ExitStack() as held:                     # two connections in the pool, both recently used
+            for _ in range(2):
+                held.enter_context(db.unit_of_work()).execute("SELECT 1")
+        before = len(counted_checks)
+        with pytest.raises(StoreUnavailable), db.unit_of_work() as conn:
+            conn.execute("SET LOCAL statement_timeout = 1")
+            conn.execute("SELECT pg_sleep(5)")        # QueryCanceled: an OperationalError, connection fine
+        with db.unit_of_work() as conn:
+            assert conn.execute("SELECT 7").fetchone() == (7,)
+    finally:
+        db.close()
+    assert len(counted_checks) == before, f"{len(counted_checks) - before} connection check(s) after a cancel"
