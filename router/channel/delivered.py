@@ -12,14 +12,19 @@ again (at-least-once; their rows were never deleted). Nothing is ever lost: an i
 delivery, a row is deleted only after its id was journaled or in the same step, and a journal that cannot be
 written makes the proxy delete that delivery's rows at once, as before.
 
-One file per push proxy, ``<dir>/<channel>-<admin>-<proxy>.ids``: one decimal event id per line, appended by the
-proxy's single delivery thread; a last line without its newline (a torn write) is ignored.
+One file per push proxy, ``<dir>/<channel>-<admin>-<proxy>.ids``, appended by the proxy's single delivery thread:
+one line per event, ``<decimal id> <crc32 of the id, 8 hex digits>``. Replay deletes only the rows of well-formed
+lines whose checksum matches: a torn write (a last line without its newline, or a torn tail a later append ran
+into) never names an event, so an undelivered event is never deleted (at worst a delivered one is pushed again).
+A write that fails is cut back to the file's size before it; if even that fails, the journal is closed and marked
+``unusable`` and its proxy deletes each delivery's rows at once from then on.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -37,42 +42,88 @@ class ProxyJournal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.unusable = False          # a failed write could not be cut back: the proxy stops journaling
 
     def record(self, ids: Iterable[int]) -> None:
-        """Append delivered event ids (raises ``OSError``: the caller then deletes their rows at once)."""
-        data = b"".join(b"%d\n" % i for i in ids)
+        """Append delivered event ids (raises ``OSError``: the caller then deletes their rows at once). A failed
+        write is cut back to the size before it (a torn line must not prefix the next append); if that fails too,
+        the journal becomes ``unusable`` (closed)."""
+        if self._fd is None:
+            raise OSError(f"the delivered-events journal {self.path} is closed")
+        data = b"".join(_line(i) for i in ids)
+        size = os.lseek(self._fd, 0, os.SEEK_END)
         view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError:
+            try:
+                os.ftruncate(self._fd, size)
+            except OSError as exc:
+                log.warning("could not cut back the delivered-events journal %s after a failed write (%s); the "
+                            "proxy no longer uses it", self.path, exc)
+                self.unusable = True
+                self._close_fd()
+            raise
 
     def clear(self) -> None:
         """Every journaled id's row is deleted: empty the file (a failure only leaves ids replay finds gone)."""
+        if self._fd is None:
+            return
         try:
             os.ftruncate(self._fd, 0)
         except OSError as exc:
             log.warning("could not empty the delivered-events journal %s: %s", self.path, exc)
 
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
     def close(self, *, remove: bool = False) -> None:
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
+        self._close_fd()
         if remove:
             self.path.unlink(missing_ok=True)
 
 
+def _line(event_id: int) -> bytes:
+    text = b"%d" % event_id
+    return b"%s %08x\n" % (text, zlib.crc32(text))
+
+
+def _parse(line: bytes) -> int | None:
+    """The id of one well-formed journal line, or None (torn, garbage, checksum mismatch)."""
+    parts = line.split(b" ")
+    if len(parts) != 2 or not parts[0].isdigit() or len(parts[1]) != 8:
+        return None
+    try:
+        crc = int(parts[1], 16)
+    except ValueError:
+        return None
+    return int(parts[0]) if zlib.crc32(parts[0]) == crc else None
+
+
 def read_ids(path: Path) -> list[int]:
-    """The ids a journal file names, in order; a torn last line and garbage lines are skipped."""
+    """The ids a journal file names, in order; a torn last line and malformed lines (a torn write that a later
+    append completed, garbage, a checksum that does not match) are skipped, never read as another id."""
     data = path.read_bytes()
     lines = data.split(b"\n")
     ids = []
+    bad = 0
     for line in lines[:-1]:            # the part after the last newline is empty or a torn write
-        try:
-            ids.append(int(line))
-        except ValueError:
-            continue
+        event_id = _parse(line)
+        if event_id is None:
+            bad += 1
+        else:
+            ids.append(event_id)
+    if bad:
+        log.warning("delivered-events journal %s: %d malformed line(s) ignored (their events stay queued)", path,
+                    bad)
     return ids
 
 

@@ -472,6 +472,7 @@ class PushSupplierMixin(ProxySupplierBase):
     _journal: Any = None                  # router.channel.delivered.ProxyJournal of the delivery thread
     _pending: list[Entry] | None = None   # delivered and journaled, queue rows not deleted yet
     _pending_since = 0.0
+    _journal_off = False                  # the journal failed beyond repair: each delivery commits at once
     _undeleted: tuple[int, ...] = ()      # delivered, records released, a flush could not delete their rows
     _pending_lock = threading.RLock()     # per proxy (__init__); this default serves proxies built bare in tests
 
@@ -583,6 +584,8 @@ class PushSupplierMixin(ProxySupplierBase):
         except OSError as exc:
             log.warning("proxy %s: could not write its delivered-events journal (%s); deleting at once", self.oid,
                         exc)
+            if journal.unusable:
+                self._journal_off = True       # it could not be cut back: each delivery commits from now on
             self._flush_delivered()
             self._finish(entries)
             return
@@ -595,6 +598,8 @@ class PushSupplierMixin(ProxySupplierBase):
             self._flush_delivered()
 
     def _journal_of_thread(self) -> Any:
+        if self._journal_off:
+            return None
         if self._journal is None:
             journals = getattr(self.rt, "delivered", None)
             if journals is None:
