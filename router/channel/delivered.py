@@ -13,9 +13,11 @@ delivery, a row is deleted only after its id was journaled or in the same step, 
 written makes the proxy delete that delivery's rows at once, as before.
 
 One file per push proxy, ``<dir>/<channel>-<admin>-<proxy>.ids``, appended by the proxy's single delivery thread:
-one line per event, ``<decimal id> <crc32 of the id, 8 hex digits>``. Replay deletes only the rows of well-formed
-lines whose checksum matches: a torn write (a last line without its newline, or a torn tail a later append ran
-into) never names an event, so an undelivered event is never deleted (at worst a delivered one is pushed again).
+one line per event, ``<decimal id> <delivery time, unix ms> <crc32 of the two, 8 hex digits>``. The delivery
+time (when the consumer's call returned) is the ledger's ``acknowledged_at`` of the event, whenever its row is
+deleted. Replay deletes only the rows of well-formed lines whose checksum matches: a torn write (a last line
+without its newline, or a torn tail a later append ran into) never names an event, so an undelivered event is
+never deleted (at worst a delivered one is pushed again).
 A write that fails is cut back to the file's size before it; if even that fails, the journal is closed and marked
 ``unusable`` and its proxy deletes each delivery's rows at once from then on.
 """
@@ -29,7 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FLUSH_AGE", "FLUSH_EVENTS", "DeliveredJournals", "ProxyJournal", "read_ids"]
+__all__ = ["FLUSH_AGE", "FLUSH_EVENTS", "DeliveredJournals", "ProxyJournal", "read_entries", "read_ids"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -45,13 +47,13 @@ class ProxyJournal:
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.unusable = False          # a failed write could not be cut back: the proxy stops journaling
 
-    def record(self, ids: Iterable[int]) -> None:
+    def record(self, ids: Iterable[int], delivered_at: float) -> None:
         """Append delivered event ids (raises ``OSError``: the caller then deletes their rows at once). A failed
         write is cut back to the size before it (a torn line must not prefix the next append); if that fails too,
         the journal becomes ``unusable`` (closed)."""
         if self._fd is None:
             raise OSError(f"the delivered-events journal {self.path} is closed")
-        data = b"".join(_line(i) for i in ids)
+        data = b"".join(_line(i, delivered_at) for i in ids)
         size = os.lseek(self._fd, 0, os.SEEK_END)
         view = memoryview(data)
         try:
@@ -91,40 +93,48 @@ class ProxyJournal:
             self.path.unlink(missing_ok=True)
 
 
-def _line(event_id: int) -> bytes:
-    text = b"%d" % event_id
+def _line(event_id: int, delivered_at: float) -> bytes:
+    text = b"%d %d" % (event_id, int(delivered_at * 1000))
     return b"%s %08x\n" % (text, zlib.crc32(text))
 
 
-def _parse(line: bytes) -> int | None:
-    """The id of one well-formed journal line, or None (torn, garbage, checksum mismatch)."""
+def _parse(line: bytes) -> tuple[int, float] | None:
+    """(id, delivery time) of one well-formed journal line, or None (torn, garbage, checksum mismatch)."""
     parts = line.split(b" ")
-    if len(parts) != 2 or not parts[0].isdigit() or len(parts[1]) != 8:
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or len(parts[2]) != 8:
         return None
     try:
-        crc = int(parts[1], 16)
+        crc = int(parts[2], 16)
     except ValueError:
         return None
-    return int(parts[0]) if zlib.crc32(parts[0]) == crc else None
+    if zlib.crc32(parts[0] + b" " + parts[1]) != crc:
+        return None
+    return int(parts[0]), int(parts[1]) / 1000.0
 
 
-def read_ids(path: Path) -> list[int]:
-    """The ids a journal file names, in order; a torn last line and malformed lines (a torn write that a later
-    append completed, garbage, a checksum that does not match) are skipped, never read as another id."""
+def read_entries(path: Path) -> list[tuple[int, float]]:
+    """(id, delivery time) of each event a journal file names, in order; a torn last line and malformed lines (a
+    torn write that a later append completed, garbage, a checksum that does not match) are skipped, never read
+    as another id."""
     data = path.read_bytes()
     lines = data.split(b"\n")
-    ids = []
+    entries = []
     bad = 0
     for line in lines[:-1]:            # the part after the last newline is empty or a torn write
-        event_id = _parse(line)
-        if event_id is None:
+        entry = _parse(line)
+        if entry is None:
             bad += 1
         else:
-            ids.append(event_id)
+            entries.append(entry)
     if bad:
         log.warning("delivered-events journal %s: %d malformed line(s) ignored (their events stay queued)", path,
                     bad)
-    return ids
+    return entries
+
+
+def read_ids(path: Path) -> list[int]:
+    """The ids a journal file names, in order (see :func:`read_entries`)."""
+    return [i for i, _ in read_entries(path)]
 
 
 class DeliveredJournals:
@@ -157,10 +167,11 @@ class DeliveredJournals:
             except ValueError:
                 log.warning("ignoring %s: not a delivered-events journal name", path)
                 continue
-            ids = read_ids(path)
+            entries = read_entries(path)
+            ids = [i for i, _ in entries]
             if ids:
                 with db.unit_of_work() as conn:
-                    store.delete_deliveries(conn, cid, aid, pid, ids)
+                    store.delete_deliveries(conn, cid, aid, pid, ids, acknowledged_at=dict(entries))
                 named += len(ids)
             path.unlink()
         if named:

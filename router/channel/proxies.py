@@ -365,17 +365,20 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         may still be there (the proxy stopped before the database came back)."""
         ids = [e.record.db_id for e in entries if e.record.db_id is not None]
         volatile = self._volatile_ledger(entries)
+        acked, be_acked = _delivery_times(entries)
         if (ids or volatile) and not wait and not self.destroyed:
             with self.rt.db.unit_of_work() as conn:
                 self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
-                                                outcome=outcome, reason=reason, best_effort=volatile)
+                                                outcome=outcome, reason=reason, best_effort=volatile,
+                                                acknowledged_at=acked, best_effort_acknowledged_at=be_acked)
             ids, volatile = [], []
         backoff, done = 0.05, True
         while (ids or volatile) and not self.destroyed:
             try:
                 with self.rt.db.unit_of_work() as conn:
                     self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
-                                                    outcome=outcome, reason=reason, best_effort=volatile)
+                                                    outcome=outcome, reason=reason, best_effort=volatile,
+                                                    acknowledged_at=acked, best_effort_acknowledged_at=be_acked)
                 break
             except Exception as exc:  # noqa: BLE001 — e.g. PostgreSQL restarting
                 log.warning("proxy %s: could not remove %d delivered event(s) from the store (%s); retrying",
@@ -457,6 +460,15 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
 
         self.types.change(added, removed)
         sharing_of(self.channel).changed()
+
+
+def _delivery_times(entries: list[Entry]) -> tuple[dict[int, float], dict[int, float]]:
+    """delete_deliveries' ``acknowledged_at`` (by event id) and ``best_effort_acknowledged_at`` (by seq): when
+    each delivered entry's call returned."""
+    persistent = {e.record.db_id: e.delivered_at for e in entries
+                  if e.delivered_at is not None and e.record.db_id is not None}
+    volatile = {e.record.seq: e.delivered_at for e in entries if e.delivered_at is not None and e.record.db_id is None}
+    return persistent, volatile
 
 
 class PushSupplierMixin(ProxySupplierBase):
@@ -575,12 +587,15 @@ class PushSupplierMixin(ProxySupplierBase):
     def _delivered(self, entries: list[Entry]) -> None:
         """The consumer's call returned: journal the events and delete their rows with later deliveries', or (no
         journal, or it cannot be written) delete them now."""
+        now = time.time()
+        for e in entries:
+            e.delivered_at = now                # the ledger's acknowledged_at, whenever the row is deleted
         journal = self._journal_of_thread()
         if journal is None:
             self._finish(entries)
             return
         try:
-            journal.record(e.record.db_id for e in entries if e.record.db_id is not None)
+            journal.record((e.record.db_id for e in entries if e.record.db_id is not None), now)
         except OSError as exc:
             log.warning("proxy %s: could not write its delivered-events journal (%s); deleting at once", self.oid,
                         exc)
@@ -594,7 +609,9 @@ class PushSupplierMixin(ProxySupplierBase):
                 self._pending, self._pending_since = [], time.monotonic()
             self._pending.extend(entries)
             full = len(self._pending) >= FLUSH_EVENTS or time.monotonic() - self._pending_since >= FLUSH_AGE
-        if full:
+        # A BestEffort event the ledger records has no row to journal: its delivered row is written now (with
+        # the pending ones), so a crash cannot leave a delivered event looking lost to the audit.
+        if full or (any(e.record.db_id is None for e in entries) and self._volatile_ledger(entries)):
             self._flush_delivered()
 
     def _journal_of_thread(self) -> Any:
@@ -646,9 +663,11 @@ class PushSupplierMixin(ProxySupplierBase):
         pending = self._pending or []
         ids = [e.record.db_id for e in pending if e.record.db_id is not None] + list(self._undeleted)
         volatile = self._volatile_ledger(pending)
+        acked, be_acked = _delivery_times(pending)
         if ids or volatile:
             self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
-                                            best_effort=volatile)
+                                            best_effort=volatile, acknowledged_at=acked,
+                                            best_effort_acknowledged_at=be_acked)
 
     def status_extra(self) -> dict[str, Any]:
         failing = {"failing": self.failing, "attempts": self.failed_attempts} if self.failing else {}

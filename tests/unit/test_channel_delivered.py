@@ -15,6 +15,7 @@ from test_channel_delivery import Consumer, FakeStore, make_proxy, record, run_w
 from router.channel import proxies as P
 from router.channel.delivered import FLUSH_EVENTS, DeliveredJournals, ProxyJournal, read_ids
 from router.db.testing import NullDatabase
+from router.ledger import LedgerSettings, LedgerWriter
 
 
 def _proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, consumer: Consumer) -> Any:
@@ -58,7 +59,7 @@ def test_without_a_journal_each_delivery_commits_at_once(monkeypatch: pytest.Mon
 
 
 def test_a_journal_that_cannot_be_written_deletes_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(self: ProxyJournal, ids: Any) -> None:
+    def refuse(self: ProxyJournal, ids: Any, delivered_at: float) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(ProxyJournal, "record", refuse)
@@ -106,7 +107,7 @@ def test_a_failed_push_deletes_the_pending_delivered_rows_first(tmp_path: Path,
 def test_replay_deletes_the_rows_of_journaled_events_and_removes_the_journals(tmp_path: Path) -> None:
     journals = DeliveredJournals(tmp_path / "delivered")
     j = journals.open(3, 1, 7)
-    j.record([11, 12, 13])
+    j.record([11, 12, 13], 1000.0)
     j.close()
     with open(tmp_path / "delivered" / "3-1-7.ids", "ab") as f:
         f.write(b"14")                               # a torn last write: not a complete id
@@ -211,13 +212,13 @@ def test_a_torn_journal_write_never_names_an_undelivered_event(tmp_path: Path, m
     row of event 125678, never delivered."""
     journals = DeliveredJournals(tmp_path / "delivered")
     j = journals.open(1, 0, 1)
-    j.record([7])
+    j.record([7], 1000.0)
     _short_write_then(fail_truncate, monkeypatch)
     with pytest.raises(OSError):
-        j.record([1234])
+        j.record([1234], 1000.0)
     assert j.unusable is fail_truncate
     try:
-        j.record([5678])
+        j.record([5678], 1000.0)
     except OSError:
         assert fail_truncate                           # unusable: the proxy commits each delivery instead
     j.close()
@@ -231,8 +232,8 @@ def test_a_torn_journal_write_never_names_an_undelivered_event(tmp_path: Path, m
 def test_replay_skips_malformed_lines(tmp_path: Path) -> None:
     directory = tmp_path / "delivered"
     directory.mkdir()
-    good = b"%d %08x\n" % (42, __import__("zlib").crc32(b"42"))
-    (directory / "1-0-2.ids").write_bytes(b"125678 " + good[3:] + good + b"99\n" + b"43 00000000\n")
+    good = b"42 1000 %08x\n" % __import__("zlib").crc32(b"42 1000")
+    (directory / "1-0-2.ids").write_bytes(b"125678 " + good[3:] + good + b"99\n" + b"43 1000 00000000\n")
     store = _RecordingStore()
     DeliveredJournals(directory).replay(NullDatabase(), store)
     assert store.calls == [(1, 0, 2, [42])]
@@ -255,3 +256,91 @@ def test_a_journal_that_cannot_be_cut_back_is_no_longer_used(tmp_path: Path,
         stop(proxy, t)
     assert proxy._journal_off
     assert consumer.got == [1, 2, 3, 4]
+
+
+class _HowStore(FakeStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hows: list[dict[str, Any]] = []
+
+    def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int], **how: Any) -> None:
+        self.hows.append({"ids": list(ids), **how})
+        super().delete_deliveries(conn, cid, aid, pid, ids, **how)
+
+
+def test_each_delivered_event_keeps_its_own_delivery_time_for_the_ledger(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review defect: acknowledged_at was the batch delete's time (up to FLUSH_AGE late), not the delivery's."""
+    import time
+
+    calls: list[tuple[float, float]] = []
+    consumer = Consumer()
+    real = consumer._receive
+
+    def receive(seqs: list[int]) -> None:
+        before = time.time()
+        real(seqs)
+        calls.append((before, time.time()))
+
+    consumer._receive = receive  # type: ignore[method-assign]
+    proxy = _proxy(tmp_path, monkeypatch, consumer)
+    proxy.rt.store = _HowStore()
+    for i in range(1, 4):
+        proxy.queue.put(record(i, db_id=100 + i))
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: len(proxy.rt.store.deleted) == 3, "every delivered row deleted")
+    finally:
+        stop(proxy, t)
+    acked = {i: at for how in proxy.rt.store.hows for i, at in (how.get("acknowledged_at") or {}).items()}
+    assert sorted(acked) == [101, 102, 103]
+    for n in (1, 2):                                    # delivered after its call returned, before the next call
+        assert calls[n - 1][1] <= acked[100 + n] <= calls[n][0]
+    entries = read_entries_of(tmp_path)
+    assert entries == []                                 # deleted: the journal is empty
+
+
+def read_entries_of(tmp_path: Path) -> list[Any]:
+    from router.channel.delivered import read_entries
+
+    return read_entries(tmp_path / "delivered" / "0-0-1.ids")
+
+
+def test_replay_gives_the_journaled_delivery_times(tmp_path: Path) -> None:
+    journals = DeliveredJournals(tmp_path / "delivered")
+    j = journals.open(3, 1, 7)
+    j.record([11], 1000.5)
+    j.record([12], 2000.25)
+    j.close()
+    store = _HowStore()
+    journals.replay(NullDatabase(), store)
+    assert store.hows[0]["acknowledged_at"] == {11: 1000.5, 12: 2000.25}
+
+
+def test_a_delivered_best_effort_event_the_ledger_records_gets_its_row_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review defect: BestEffort events have no queue row to journal; their ledger rows waited for the batch
+    delete, so a crash lost them and the audit (``ledger.best_effort``) counted delivered events as lost."""
+    import threading
+
+    release = threading.Event()
+    consumer = Consumer(lambda seqs: None if seqs != [2] or release.wait(10) else None)
+    proxy = _proxy(tmp_path, monkeypatch, consumer)
+    proxy.rt.store = _HowStore()
+    proxy.rt.store.ledger = LedgerWriter(LedgerSettings(best_effort=True))
+    proxy.channel.volatile_accepted_at = lambda seq: 500.0 if seq == 1 else None
+    monkeypatch.setattr(P, "FLUSH_AGE", 10**6)
+    proxy.queue.put(record(1))                           # BestEffort, recorded by the ledger
+    proxy.queue.put(record(2, db_id=102))                # its push blocks until released
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: any(how.get("best_effort") for how in proxy.rt.store.hows),
+                 "the BestEffort event's delivered row written while the next push is in flight")
+        release.set()
+        wait_for(lambda: len(proxy.rt.store.deleted) == 1, "the persistent row deleted")
+    finally:
+        release.set()
+        stop(proxy, t)
+    how = next(h for h in proxy.rt.store.hows if h.get("best_effort"))
+    assert how["best_effort"] == [(1, 500.0)]
+    assert set(how["best_effort_acknowledged_at"]) == {1}
