@@ -241,6 +241,9 @@ class Node:
         # Bridges' endpoint servants must be active before the channel restores: its dispatchers start at once and
         # push to them; a call to an object id that is not active yet fails with OBJECT_NOT_EXIST (measured), which
         # a proxy takes as "consumer gone". Bridge restore only activates servants; it does not touch channels.
+        # It also registers each bridge's ledger route (BridgeImpl._register_ledger_route), which the
+        # delivered-events journal replay inside factory.restore() needs: replayed rows carry the bridge id,
+        # destination and direction (keep this order).
         self._build_bridges()
         self.factory.restore()
         self.runtime.poa._get_the_POAManager().activate()
