@@ -324,7 +324,12 @@ def test_a_delivered_best_effort_event_the_ledger_records_gets_its_row_at_once(
     import threading
 
     release = threading.Event()
-    consumer = Consumer(lambda seqs: None if seqs != [2] or release.wait(10) else None)
+
+    def hold_event_2(seqs: list[int]) -> None:
+        if seqs == [2]:
+            release.wait(10)                             # its push is in flight until released
+
+    consumer = Consumer(hold_event_2)
     proxy = _proxy(tmp_path, monkeypatch, consumer)
     proxy.rt.store = _HowStore()
     proxy.rt.store.ledger = LedgerWriter(LedgerSettings(best_effort=True))
