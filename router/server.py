@@ -219,6 +219,7 @@ class Node:
         from omniORB import CORBA
 
         from router.channel.channel import EventChannelFactoryImpl
+        from router.channel.delivered import DeliveredJournals
         from router.channel.runtime import Runtime
         from router.channel.store import Store
         from router.db import Database
@@ -230,6 +231,7 @@ class Node:
         self.store = Store(LedgerWriter(self.s.ledger))
         self.maintain_ledger()             # today's partitions exist before the first routed event
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
+        self.runtime.delivered = DeliveredJournals(self.s.state_dir / "delivered")   # push proxies' journals
         self.t2 = self._start_transactions()
         self.runtime.t2 = self.t2
         self.runtime.start_reaper()
@@ -239,6 +241,9 @@ class Node:
         # Bridges' endpoint servants must be active before the channel restores: its dispatchers start at once and
         # push to them; a call to an object id that is not active yet fails with OBJECT_NOT_EXIST (measured), which
         # a proxy takes as "consumer gone". Bridge restore only activates servants; it does not touch channels.
+        # It also registers each bridge's ledger route (BridgeImpl._register_ledger_route), which the
+        # delivered-events journal replay inside factory.restore() needs: replayed rows carry the bridge id,
+        # destination and direction (keep this order).
         self._build_bridges()
         self.factory.restore()
         self.runtime.poa._get_the_POAManager().activate()

@@ -35,6 +35,7 @@ stopped connection (name = proxy object id, value = the reason, a string).
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import threading
@@ -384,6 +385,15 @@ class _AckSupplierMixin:
         super()._release_resources()  # type: ignore[misc]
 
 
+class Step(enum.Enum):
+    """What one pass of an acknowledging push proxy's scheduler came to."""
+
+    OK = "ok"                # batches sent (or their failure handled); go on
+    IDLE = "idle"            # nothing to send now: it waited
+    STOPPED = "stopped"      # Retries ran out: the connection is stopped
+    GONE = "gone"            # the consumer no longer exists: the proxy disconnected
+
+
 class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
     """Push with acknowledgements: a window of in-flight batches, resent after RetryInterval without an ack."""
 
@@ -395,27 +405,27 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
         since: float | None = None
         while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
             outcome, since = self._tick(since)
-            if outcome == "gone":
+            if outcome is Step.GONE:
                 return
 
-    def _tick(self, since: float | None) -> tuple[str, float | None]:
+    def _tick(self, since: float | None) -> tuple[Step, float | None]:
         """One pass of the resend scheduler at the clock's current reading."""
         now = self._clock()
         if self.ack.stopped or self.suspended or not self.connected:
             self.ack.passed(now)                     # decided at `now`: nothing is sent
             self.queue.wait(_IDLE)
-            return "idle", since
+            return Step.IDLE, since
         outcome, since = self._step(since, now)
         self.ack.passed(now)
         return outcome, since
 
-    def _step(self, since: float | None, now: float) -> tuple[str, float | None]:
+    def _step(self, since: float | None, now: float) -> tuple[Step, float | None]:
         _, interval = self._policy()
         overdue = self.ack.overdue(now, interval)
         if overdue:
             fresh = [p for p in overdue if p.sent_at == 0.0]
             if len(fresh) < len(overdue) and not self._count_retry():
-                return "stopped", since
+                return Step.STOPPED, since
             return self._send_all(overdue), since
         if self.ack.room():
             n, since = self._ready(since)
@@ -426,21 +436,21 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
                     self._save_ack()                 # the number is on disk before the consumer can see it
                 return self._send_all([p]), since
         self.queue.wait(self._ack_wait(interval, since, now))
-        return "idle", since
+        return Step.IDLE, since
 
     def _ack_wait(self, interval: float, since: float | None, now: float) -> float:
         wait = self._idle_wait(since) if self.ack.room() else _IDLE
         due = self.ack.next_due(interval)
         return max(0.001, min(wait, due - now)) if due is not None else wait
 
-    def _send_all(self, pendings: list[Pending]) -> str:
+    def _send_all(self, pendings: list[Pending]) -> Step:
         for p in pendings:
             outcome = self._send(p)
-            if outcome != "ok":
+            if outcome is not Step.OK:
                 return outcome
-        return "ok"
+        return Step.OK
 
-    def _send(self, p: Pending) -> str:
+    def _send(self, p: Pending) -> Step:
         """Push one batch under its number; transient failures are retried every RetryInterval (tenacity)."""
         _, interval = self._policy()
         try:
@@ -448,9 +458,9 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
         except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
             log.info("proxy %s: consumer gone (%s); disconnecting", self.oid, type(exc).__name__)
             self.teardown(notify_client=False, retry=True)
-            return "gone"
+            return Step.GONE
         except _Exhausted:
-            return "stopped"
+            return Step.STOPPED
         except _ContentFailed as failed:
             return self._content_failed_in_flight(p, failed.exc)
         except CORBA.Exception as exc:
@@ -458,9 +468,9 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
         else:
             self._delivered_one_batch()
         p.sent_at = self._clock()
-        return "ok"
+        return Step.OK
 
-    def _content_failed_in_flight(self, p: Pending, exc: BaseException) -> str:
+    def _content_failed_in_flight(self, p: Pending, exc: BaseException) -> Step:
         """A batch the consumer's ORB cannot take (size, content) is not retried under its SequenceNumber until
         Retries stop the connection: its number is withdrawn (the consumer never received it) and its entries go
         through the channel's poison handling (isolated, retried alone, dead-lettered after the limit)."""
@@ -469,7 +479,7 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
         self._content_failed(p.entries, exc)
         if any(e.record.db_id is not None for e in p.entries):
             self._save_ack()
-        return "ok"
+        return Step.OK
 
     def _retrying(self, interval: float) -> tenacity.Retrying:
         stop_event = self.stop_event

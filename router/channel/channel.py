@@ -78,6 +78,11 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         """Re-create every stored channel with its admins, proxies and queued persistent events."""
         with self.rt.db.unit_of_work() as conn:
             self.rt.set_seq_floor(self.rt.store.max_seq(conn))
+        journals = getattr(self.rt, "delivered", None)
+        if journals is not None:
+            # delivered before a crash: not queued again. A node restores its bridges first (server.py), so the
+            # ledger rows of a bridge's proxy carry the bridge's route.
+            journals.replay(self.rt.db, self.rt.store)
         if self.filter_factory is not None:
             self.filter_factory.restore()          # before the channels: their filter references name these
         with self.rt.db.unit_of_work() as conn:

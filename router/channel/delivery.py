@@ -115,7 +115,7 @@ class DeliveryFailures(DeadLetters):
                                                                            f"failed deliveries: {reason}")
 
     def _finish(self, entries: list[Entry], *, wait: bool = True, outcome: LedgerOutcome = LedgerOutcome.DELIVERED,
-                reason: str | None = None) -> None:
+                reason: str | None = None) -> bool:
         raise NotImplementedError
 
     # -- one push attempt (push proxy suppliers) ---------------------------------------------------------------

@@ -38,6 +38,7 @@ from router.channel.common import (
     mapping_filter_from_ior,
     raise_unsupported_qos,
 )
+from router.channel.delivered import FLUSH_AGE, FLUSH_EVENTS
 from router.channel.delivery import DeliveryFailures
 from router.channel.events import Event, Form, as_any, as_structured
 from router.channel.queue import Entry, ProxyQueue, Record
@@ -247,6 +248,7 @@ class ProxyBase(QoSMixin, FilterMixin):
         while True:
             try:
                 with self.rt.db.unit_of_work() as conn:
+                    self._deliveries_before_delete(conn)
                     self.rt.store.delete_proxy(conn, self.channel.id, self.side, self.admin.id, self.id)
                 return
             except StoreError as exc:
@@ -257,6 +259,10 @@ class ProxyBase(QoSMixin, FilterMixin):
                 if self.rt.shutting_down.wait(backoff):
                     raise
                 backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _deliveries_before_delete(self, conn: Any) -> None:
+        """In the unit of work that deletes the proxy, before its queue rows go as ``discarded``: a push proxy
+        records its delivered events whose rows were not deleted yet as ``delivered``."""
 
     def _release_resources(self) -> None:
         self._wake()
@@ -348,36 +354,42 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         self._finish(entries, outcome=outcome, reason=why)
 
     def _finish(self, entries: list[Entry], *, wait: bool = True, outcome: LedgerOutcome = LedgerOutcome.DELIVERED,
-                reason: str | None = None) -> None:
+                reason: str | None = None) -> bool:
         """These entries left the queue for good: ``outcome`` says why (delivered; expired, discarded or
         dead-lettered with a ``reason``), and is what the ledger records in the same unit of work.
 
         The stored rows are deleted first, retried while the database is unavailable (a delivered event whose row
         survived would be delivered again after a restart, never lost); then the records are released. With
         ``wait=False`` (a client's call is waiting) there is one attempt: a :class:`StoreError` propagates and
-        nothing is released, so the caller can keep the entries and try again later."""
+        nothing is released, so the caller can keep the entries and try again later. Returns False when the rows
+        may still be there (the proxy stopped before the database came back)."""
         ids = [e.record.db_id for e in entries if e.record.db_id is not None]
         volatile = self._volatile_ledger(entries)
+        acked, be_acked = _delivery_times(entries)
         if (ids or volatile) and not wait and not self.destroyed:
             with self.rt.db.unit_of_work() as conn:
                 self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
-                                                outcome=outcome, reason=reason, best_effort=volatile)
+                                                outcome=outcome, reason=reason, best_effort=volatile,
+                                                acknowledged_at=acked, best_effort_acknowledged_at=be_acked)
             ids, volatile = [], []
-        backoff = 0.05
+        backoff, done = 0.05, True
         while (ids or volatile) and not self.destroyed:
             try:
                 with self.rt.db.unit_of_work() as conn:
                     self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
-                                                    outcome=outcome, reason=reason, best_effort=volatile)
+                                                    outcome=outcome, reason=reason, best_effort=volatile,
+                                                    acknowledged_at=acked, best_effort_acknowledged_at=be_acked)
                 break
             except Exception as exc:  # noqa: BLE001 — e.g. PostgreSQL restarting
                 log.warning("proxy %s: could not remove %d delivered event(s) from the store (%s); retrying",
                             self.oid, len(ids), exc)
                 if self.stop_event.wait(backoff) or self.rt.shutting_down.is_set():
-                    break                      # stopping: the rows stay and are delivered again after a restart
+                    done = False               # stopping: the rows stay and are delivered again after a restart
+                    break
                 backoff = min(backoff * 2, _MAX_BACKOFF)
         for e in entries:
             e.record.release()
+        return done
 
     def _volatile_ledger(self, entries: list[Entry]) -> list[tuple[int, float]]:
         """(seq, accepted_at) of the BestEffort entries the ledger recorded (``ledger.best_effort``)."""
@@ -450,12 +462,35 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         sharing_of(self.channel).changed()
 
 
+def _delivery_times(entries: list[Entry]) -> tuple[dict[int, float], dict[int, float]]:
+    """delete_deliveries' ``acknowledged_at`` (by event id) and ``best_effort_acknowledged_at`` (by seq): when
+    each delivered entry's call returned."""
+    persistent = {e.record.db_id: e.delivered_at for e in entries
+                  if e.delivered_at is not None and e.record.db_id is not None}
+    volatile = {e.record.seq: e.delivered_at for e in entries if e.delivered_at is not None and e.record.db_id is None}
+    return persistent, volatile
+
+
 class PushSupplierMixin(ProxySupplierBase):
-    """Push delivery: one dispatcher thread per proxy."""
+    """Push delivery: one dispatcher thread per proxy.
+
+    Delivered events leave the store in batches: their ids go to the proxy's journal at once and their queue
+    rows are deleted by one commit for many deliveries (:mod:`router.channel.delivered`; without a journal, e.g.
+    in unit tests without a state directory, each delivery is deleted at once)."""
 
     push_op = ""
     failing: str | None = None
     failed_attempts = 0
+    _journal: Any = None                  # router.channel.delivered.ProxyJournal of the delivery thread
+    _pending: list[Entry] | None = None   # delivered and journaled, queue rows not deleted yet
+    _pending_since = 0.0
+    _journal_off = False                  # the journal failed beyond repair: each delivery commits at once
+    _undeleted: tuple[int, ...] = ()      # delivered, records released, a flush could not delete their rows
+    _pending_lock = threading.RLock()     # per proxy (__init__); this default serves proxies built bare in tests
+
+    def __init__(self, admin: Any, row: ProxyRow) -> None:
+        super().__init__(admin, row)
+        self._pending_lock = threading.RLock()   # _pending/_undeleted: the delivery thread vs a teardown
 
     def start(self) -> None:
         if self.connected and not self.destroyed:
@@ -476,14 +511,22 @@ class PushSupplierMixin(ProxySupplierBase):
         return (count, None) if time.time() - started >= pacing else (0, started)
 
     def _push_loop(self) -> None:
+        try:
+            self._push_until_stopped()
+        finally:
+            self._flush_delivered(closing=True)
+
+    def _push_until_stopped(self) -> None:
         backoff, since = 0.05, None
         while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
             if self.suspended or not self.connected:
+                self._flush_delivered()
                 self.queue.wait(_IDLE_WAIT)
                 continue
             n, since = self._ready(since)
             entries = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes) if n else []
             if not entries:
+                self._flush_delivered()
                 self.queue.wait(self._idle_wait(since))
                 continue
             outcome = self._deliver(entries)
@@ -512,6 +555,7 @@ class PushSupplierMixin(ProxySupplierBase):
         node as the consumer, the batch runs in a routing transaction instead (router.channel.txdelivery)."""
         target = txdelivery.participant(self)
         if target is not None:
+            self._flush_delivered()
             return txdelivery.deliver(self, target, entries)
         try:
             outcome, exc = self._attempt(entries)
@@ -521,8 +565,10 @@ class PushSupplierMixin(ProxySupplierBase):
         if outcome is Outcome.DELIVERED:
             self.failing, self.failed_attempts = None, 0
             self._delivered_one_batch()
-            self._finish(entries)
-        elif outcome is Outcome.GONE:
+            self._delivered(entries)
+            return outcome
+        self._flush_delivered()            # the store is exact before a put-back, a teardown or a dead letter
+        if outcome is Outcome.GONE:
             log.info("proxy %s: consumer gone (%s); disconnecting", self.oid, type(exc).__name__)
             self.queue.requeue(entries)
             self.teardown(notify_client=False, retry=True)
@@ -537,6 +583,91 @@ class PushSupplierMixin(ProxySupplierBase):
             assert exc is not None
             self._content_failed(entries, exc)
         return outcome
+
+    def _delivered(self, entries: list[Entry]) -> None:
+        """The consumer's call returned: journal the events and delete their rows with later deliveries', or (no
+        journal, or it cannot be written) delete them now."""
+        now = time.time()
+        for e in entries:
+            e.delivered_at = now                # the ledger's acknowledged_at, whenever the row is deleted
+        journal = self._journal_of_thread()
+        if journal is None:
+            self._finish(entries)
+            return
+        try:
+            journal.record((e.record.db_id for e in entries if e.record.db_id is not None), now)
+        except OSError as exc:
+            log.warning("proxy %s: could not write its delivered-events journal (%s); deleting at once", self.oid,
+                        exc)
+            if journal.unusable:
+                self._journal_off = True       # it could not be cut back: each delivery commits from now on
+            self._flush_delivered()
+            self._finish(entries)
+            return
+        with self._pending_lock:
+            if not self._pending:
+                self._pending, self._pending_since = [], time.monotonic()
+            self._pending.extend(entries)
+            full = len(self._pending) >= FLUSH_EVENTS or time.monotonic() - self._pending_since >= FLUSH_AGE
+        # A BestEffort event the ledger records has no row to journal: its delivered row is written now (with
+        # the pending ones), so a crash cannot leave a delivered event looking lost to the audit.
+        if full or (any(e.record.db_id is None for e in entries) and self._volatile_ledger(entries)):
+            self._flush_delivered()
+
+    def _journal_of_thread(self) -> Any:
+        if self._journal_off:
+            return None
+        if self._journal is None:
+            journals = getattr(self.rt, "delivered", None)
+            if journals is None:
+                return None
+            try:
+                self._journal = journals.open(self.channel.id, self.admin.id, self.id)
+            except OSError as exc:
+                log.warning("proxy %s: no delivered-events journal (%s); each delivery commits", self.oid, exc)
+                return None
+        return self._journal
+
+    def _flush_delivered(self, *, closing: bool = False) -> None:
+        """Delete the pending delivered events' rows in one commit, then empty the journal. ``closing`` (the
+        delivery thread ends): the journal is closed too, and removed if the proxy is gone.
+
+        Under ``_pending_lock``, so a teardown sees either the pending events or their rows deleted; ids whose
+        delete did not happen (the proxy stopped while the database was down) stay in ``_undeleted`` for the
+        teardown, which deletes them as ``delivered`` before the proxy's other rows go as ``discarded``."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+            done = self._finish(pending) if pending else True
+            if not done and pending:
+                self._undeleted += tuple(e.record.db_id for e in pending if e.record.db_id is not None)
+        journal = self._journal
+        if journal is not None and done:
+            journal.clear()
+        if closing and journal is not None:
+            self._journal = None
+            journal.close(remove=self.destroyed and done)
+
+    def _delete_row(self, retry: bool) -> None:
+        """The teardown's delete, with the delivered events not yet deleted recorded as ``delivered`` in the same
+        unit of work (not ``discarded`` with the proxy's other rows), and the proxy's journal removed."""
+        with self._pending_lock:
+            super()._delete_row(retry)
+            pending, self._pending, self._undeleted = self._pending, None, ()
+        for e in pending or ():
+            e.record.release()
+        journals = getattr(self.rt, "delivered", None)
+        if journals is not None:
+            journals.remove(self.channel.id, self.admin.id, self.id)
+
+    def _deliveries_before_delete(self, conn: Any) -> None:
+        pending = self._pending or []
+        ids = [e.record.db_id for e in pending if e.record.db_id is not None] + list(self._undeleted)
+        volatile = self._volatile_ledger(pending)
+        acked, be_acked = _delivery_times(pending)
+        if ids or volatile:
+            self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
+                                            best_effort=volatile, acknowledged_at=acked,
+                                            best_effort_acknowledged_at=be_acked)
 
     def status_extra(self) -> dict[str, Any]:
         failing = {"failing": self.failing, "attempts": self.failed_attempts} if self.failing else {}

@@ -74,6 +74,7 @@ class Entry:
     record: Record
     key: tuple[float, ...]
     failures: int = 0             # event-specific delivery failures of this entry (poison detection)
+    delivered_at: float | None = None   # unix time the consumer's call returned (its ledger acknowledged_at)
 
     def __lt__(self, other: Entry) -> bool:
         return self.key < other.key

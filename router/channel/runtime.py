@@ -18,6 +18,7 @@ from typing import Any
 from omniORB import CORBA, PortableServer
 
 from router.channel.boundary import DEFAULT_MAX_EVENT_BYTES
+from router.channel.delivered import DeliveredJournals
 from router.channel.groupcommit import GroupCommit
 from router.channel.store import Store
 from router.db import Database, StoreError
@@ -45,13 +46,14 @@ class Runtime:
     """Shared services for every servant of one node."""
 
     def __init__(self, orb: CORBA.ORB, db: Database, store: Store | None = None, *, push_timeout_ms: int = 10_000,
-                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, delivered: DeliveredJournals | None = None) -> None:
         self.orb = orb
         self.db = db                                # the node's pool: callers open units of work on it
         self.store = store if store is not None else Store()
         self.push_timeout_ms = push_timeout_ms
         self.max_event_bytes = max_event_bytes      # larger events are refused (IMP_LIMIT); 0 = no limit
         self.t2: Any = None                         # router.t2.NodeTransactions of a node; None: no T2 here
+        self.delivered = delivered                  # push proxies' delivered-events journals; None: commit each
         self.accept_commits = GroupCommit(db, self.store)   # accepted persistent events: group commit
         root = orb.resolve_initial_references("RootPOA")
         self.root_poa = root

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -309,18 +309,23 @@ class Store:
     def delete_deliveries(self, conn: Conn, cid: int, aid: int, pid: int, event_ids: Iterable[int], *,
                           outcome: Outcome = Outcome.DELIVERED, reason: str | None = None,
                           dispatched_at: float | None = None, gtrid: str | None = None, ledger: bool = True,
-                          best_effort: Sequence[tuple[int, float]] = ()) -> None:
+                          best_effort: Sequence[tuple[int, float]] = (),
+                          acknowledged_at: Mapping[int, float] | None = None,
+                          best_effort_acknowledged_at: Mapping[int, float] | None = None) -> None:
         """The proxy no longer has to deliver these events (one statement), because of ``outcome``
         (``delivered``; ``discarded``, ``expired`` or ``dead_letter`` with a ``reason``). When the ledger records
         persistent traffic, the same statement writes one ``outcome`` row per queue row actually deleted (a row
         already gone, e.g. by a retried unit of work that had committed, writes nothing). ``best_effort``: (seq,
         accepted_at) of BestEffort events leaving the proxy's queue, whose ledger rows a second statement writes.
         For a T2 branch: ``gtrid`` fills the rows' ``gtrid``; ``ledger=False`` writes no ledger row (the caller
-        writes its own, e.g. with :meth:`router.ledger.LedgerWriter.t2`)."""
+        writes its own, e.g. with :meth:`router.ledger.LedgerWriter.t2`). ``acknowledged_at`` (event id → unix
+        time) and ``best_effort_acknowledged_at`` (seq → unix time): when each ``delivered`` event was delivered
+        (the consumer's call returned), for the rows' ``acknowledged_at``; an event not in them gets now."""
         ids = list(event_ids)
         reason = _reason(outcome, reason)
         if best_effort and self.ledger.records(persistent=False):
-            self._best_effort_finished(conn, cid, aid, pid, best_effort, outcome, reason, dispatched_at)
+            self._best_effort_finished(conn, cid, aid, pid, best_effort, outcome, reason, dispatched_at,
+                                       best_effort_acknowledged_at or {})
         if not ids:
             return
         if not ledger or not self.ledger.records(persistent=True):
@@ -332,10 +337,13 @@ class Store:
         if t2 is not None:
             self._t2_delete(conn, t2, cid, aid, pid, ids, route, outcome, reason, dispatched_at)
             return
+        acks = None
+        if outcome is Outcome.DELIVERED:
+            now, given = time.time(), acknowledged_at or {}
+            acks = [given.get(i, now) for i in ids]
         cur = conn.execute(self._DELETE_LEDGERED, {
             "cid": cid, "aid": aid, "pid": pid, "ids": ids, "bridge": route.bridge_id, "dest": route.destination,
-            "dir": str(route.direction), "disp": timestamp(dispatched_at),
-            "ack": timestamp(time.time()) if outcome is Outcome.DELIVERED else None, "outcome": str(outcome),
+            "dir": str(route.direction), "disp": timestamp(dispatched_at), "acks": acks, "outcome": str(outcome),
             "reason": reason, "gtrid": gtrid})
         self.ledger.count(max(cur.rowcount, 0))
 
@@ -369,17 +377,19 @@ class Store:
         SELECT g.event_id, {CHANNEL_DEDUPE_SQL.format(event="g.event_id", channel="%(cid)s", admin="%(aid)s",
                                                       proxy="%(pid)s")},
                %(cid)s, %(pid)s, %(bridge)s, %(dest)s, %(dir)s, %(gtrid)s, g.received_at, %(disp)s::timestamptz,
-               %(ack)s::timestamptz, %(outcome)s, %(reason)s
+               to_timestamp((%(acks)s::float8[])[array_position(%(ids)s::bigint[], g.event_id)]), %(outcome)s,
+               %(reason)s
         FROM gone g"""
 
     def _best_effort_finished(self, conn: Conn, cid: int, aid: int, pid: int, events: Sequence[tuple[int, float]],
-                              outcome: Outcome, reason: str | None, dispatched_at: float | None) -> None:
+                              outcome: Outcome, reason: str | None, dispatched_at: float | None,
+                              acknowledged_at: Mapping[int, float]) -> None:
         route = self.ledger.route(cid, "C", aid, pid) or CONSUMER
-        done = time.time() if outcome is Outcome.DELIVERED else None
+        now = time.time() if outcome is Outcome.DELIVERED else None
         self.ledger.write(conn, [
             LedgerRow(volatile_dedupe_id(self.ledger.run_id, seq, cid, aid, pid), cid, route.direction, accepted_at,
                       outcome, proxy_id=pid, bridge_id=route.bridge_id, destination=route.destination,
-                      dispatched_at=dispatched_at, acknowledged_at=done,
+                      dispatched_at=dispatched_at, acknowledged_at=acknowledged_at.get(seq, now) if now else None,
                       failure_reason=reason) for seq, accepted_at in events])
 
     def _drop_queue_rows(self, conn: Conn, where: str, params: tuple[Any, ...], cid: int, reason: str | None, *,

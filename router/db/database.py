@@ -7,14 +7,24 @@ that block commits (or rolls back) together::
         store.insert_events(conn, cid, rows)
 
 A connection is checked out within ``checkout_timeout`` seconds (default 5) and each new connection is made within
-``connect_timeout`` seconds, so a caller never waits long on a database that is down; pooled connections are
-checked before use, so the first operation after the database came back succeeds. Errors (see
+``connect_timeout`` seconds, so a caller never waits long on a database that is down. A pooled connection is
+checked (one round trip) before use only when it sat idle in the pool for ``idle_check`` seconds (default 5) or
+was never used: a connection in steady use costs no check, so a unit of work is one transaction, not two. A
+connection that broke while in use (the database restarted) fails the operation with :class:`StoreUnavailable`
+(nothing committed; the caller retries as for any outage). That failure (a broken connection only, not e.g. a
+serialization failure or deadlock) starts a new "broken generation": the pool checks its idle connections at once,
+and every connection last checked out before it (in use or being returned then) is checked at its next checkout.
+So after a restart, the units of work that fail are the first one to meet a stale connection plus those that were
+already holding a connection while the server went away (each of those fails once, as it would have with a check
+on every checkout); a unit of work that starts after the first failure is never given a stale connection. Errors (see
 :mod:`router.db.errors`): no connection in time or a broken connection is :class:`StoreUnavailable` (``in_doubt``
 when it broke during COMMIT), any other psycopg error is :class:`StoreError`; nothing else is translated.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,21 +34,27 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from router.db.errors import StoreError, StoreUnavailable
 
-__all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "Database"]
+__all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_CHECK", "Database"]
 
 DEFAULT_CHECKOUT_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 3
+DEFAULT_IDLE_CHECK = 5.0
+_IDLE_SINCE = "_nsjms_idle_since"        # attribute stamped on a connection when it goes back to the pool
+_GENERATION = "_nsjms_generation"        # the pool's broken generation when the connection was last checked out
 
 
 class Database:
     """One pool of at most ``max(2, pool_size)`` connections shared by every store of the node."""
 
     def __init__(self, dsn: str, pool_size: int = 8, *, checkout_timeout: float = DEFAULT_CHECKOUT_TIMEOUT,
-                 connect_timeout: int = DEFAULT_CONNECT_TIMEOUT) -> None:
+                 connect_timeout: int = DEFAULT_CONNECT_TIMEOUT, idle_check: float = DEFAULT_IDLE_CHECK) -> None:
         self.checkout_timeout = checkout_timeout
+        self.idle_check = idle_check
+        self._generation = 0                 # +1 each time a connection is found broken (the server restarted?)
+        self._generation_lock = threading.Lock()
         self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), open=False,
                                     kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
-                                    timeout=checkout_timeout, check=ConnectionPool.check_connection,
+                                    timeout=checkout_timeout, check=self._check_if_idle, reset=_mark_idle,
                                     name="nsjms")
 
     def open(self, timeout: float = 30.0, *, migrate: bool = True) -> None:
@@ -64,14 +80,17 @@ class Database:
         Do not open a second unit of work inside one: it would take a second connection and a second transaction.
         """
         stage = "checkout"
+        used: psycopg.Connection[Any] | None = None
         try:
             with self._pool.connection(timeout=self.checkout_timeout) as conn:
-                stage = "work"
+                used, stage = conn, "work"
                 yield conn
                 stage = "commit"
         except PoolTimeout as exc:
             raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if used is None or used.broken:      # not a serialization failure, deadlock, lock timeout, cancel
+                self._purge_broken()
             raise StoreUnavailable(f"database connection failed during {stage}: {_first_line(exc)}",
                                    in_doubt=stage == "commit") from exc
         except psycopg.Error as exc:
@@ -95,6 +114,8 @@ class Database:
         try:
             yield conn
         except BaseException as exc:
+            if conn.broken:
+                self._purge_broken()
             _drop_if_unfinished(conn)
             cm.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -102,9 +123,36 @@ class Database:
             _drop_if_unfinished(conn)
             cm.__exit__(None, None, None)
 
+    def _check_if_idle(self, conn: psycopg.Connection[Any]) -> None:
+        """The pool's check on checkout: a round trip only for a connection idle ``idle_check`` s, never used, or
+        last checked out before a connection was last found broken (it was in use or on its way back to the pool
+        when the server went away, so :meth:`_purge_broken` could not check it)."""
+        generation = self._generation
+        since = getattr(conn, _IDLE_SINCE, None)
+        stamp = getattr(conn, _GENERATION, None)
+        if since is None or stamp is None or stamp < generation or time.monotonic() - since >= self.idle_check:
+            ConnectionPool.check_connection(conn)
+        setattr(conn, _GENERATION, generation)
+
+    def _purge_broken(self) -> None:
+        """A connection broke in use: check the idle ones now (each broken one is discarded and replaced in the
+        background), so the callers after this one do not each meet a stale connection; the connections out of
+        the pool now are checked at their next checkout (a new broken generation). Never raises."""
+        with self._generation_lock:
+            self._generation += 1
+        try:
+            self._pool.check()
+        except Exception:  # noqa: BLE001 — best effort; the checkout's own check still applies
+            pass
+
     def stats(self) -> dict[str, int]:
         """The pool's counters (psycopg_pool's ``get_stats``)."""
         return {k: int(v) for k, v in self._pool.get_stats().items()}
+
+
+def _mark_idle(conn: psycopg.Connection[Any]) -> None:
+    """The pool's reset callback: the connection went back to the pool (idle) now."""
+    setattr(conn, _IDLE_SINCE, time.monotonic())
 
 
 def _drop_if_unfinished(conn: psycopg.Connection[Any]) -> None:

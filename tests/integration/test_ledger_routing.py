@@ -236,3 +236,49 @@ def test_events_queued_across_a_restart_keep_their_obligation_and_bridge(
         _accepted_then_delivered(obl)
         assert {(r["direction"], r["bridge_id"], r["destination"]) for r in obl} == {
             ("channel_to_jms", int(bid), f"queue/{queue}")}
+
+
+def test_journal_replay_records_a_bridge_proxys_deliveries_with_its_route_and_delivery_time(
+        nsjms_server: NsjmsServer, factory: Any, client_orb: Any, java_tool: JavaTool) -> None:
+    """The delivered-events journal replay at start (router/channel/delivered.py) runs inside the channel restore:
+    the bridges (and their ledger routes) must be restored first, so a replayed bridge delivery's ledger row carries
+    the bridge and destination, and its acknowledged_at is the journaled delivery time, not the restart's."""
+    import zlib
+
+    from bridgekit import reconnect_client
+
+    bf = bridge_factory(client_orb, nsjms_server)
+    queue = f"ledger.replay.{uuid.uuid4().hex[:8]}"
+    channel, cid = _persistent_channel(factory)
+    bridge, bid = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, queue))
+    bridge.start_bridge()
+    bridge.stop_bridge()                                 # events stay queued for the bridge's proxy
+    _supplier(channel).push_all([make_event(i) for i in range(10)])
+    dsn = nsjms_server.pg_dsn
+    assert wait_until(lambda: _count(dsn, "outcome = 'accepted'") == 10, FLOW_TIMEOUT_S)
+    nsjms_server.stop()
+    with psycopg.connect(dsn) as conn:
+        queued = conn.execute("SELECT admin_id, proxy_id, event_id FROM nsjms_queue WHERE channel_id = %s "
+                              "ORDER BY event_id", (cid,)).fetchall()
+    assert len(queued) == 10
+    aid, pid = queued[0][0], queued[0][1]
+    delivered_ms = 1_700_000_000_123                     # a delivery time the restart cannot be confused with
+    lines = b""
+    for _, _, eid in queued[:3]:                         # as if delivered just before a crash
+        text = b"%d %d" % (eid, delivered_ms)
+        lines += b"%s %08x\n" % (text, zlib.crc32(text))
+    journal_dir = nsjms_server.state_dir / "delivered"
+    journal_dir.mkdir(mode=0o700, exist_ok=True)
+    (journal_dir / f"{cid}-{aid}-{pid}.ids").write_bytes(lines)
+    nsjms_server.restart()
+    replayed = [r for r in _rows(dsn, "outcome = 'delivered' AND event_id = ANY(%s)",
+                                 ([eid for _, _, eid in queued[:3]],))]
+    assert len(replayed) == 3
+    for r in replayed:
+        assert (r["direction"], r["bridge_id"], r["destination"]) == ("channel_to_jms", int(bid), f"queue/{queue}")
+        assert r["acknowledged_at"] == datetime.fromtimestamp(delivered_ms / 1000, UTC)
+    assert not list(journal_dir.glob("*.ids"))
+    reconnect_client(bridge)
+    bridge.start_bridge()
+    assert len(java_tool.consume("queue", queue, 7, FLOW_TIMEOUT_S)) == 7
+    assert wait_until(lambda: _count(dsn, "outcome = 'delivered'") == 10, FLOW_TIMEOUT_S)
