@@ -249,13 +249,13 @@ def test_journal_replay_records_a_bridge_proxys_deliveries_with_its_route_and_de
 
     bf = bridge_factory(client_orb, nsjms_server)
     queue = f"ledger.replay.{uuid.uuid4().hex[:8]}"
-    channel, cid = _persistent_channel(factory)
+    channel, cid = persistent_channel(factory)
     bridge, bid = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, queue))
     bridge.start_bridge()
     bridge.stop_bridge()                                 # events stay queued for the bridge's proxy
     _supplier(channel).push_all([make_event(i) for i in range(10)])
     dsn = nsjms_server.pg_dsn
-    assert wait_until(lambda: _count(dsn, "outcome = 'accepted'") == 10, FLOW_TIMEOUT_S)
+    assert wait_until(lambda: ledger_count(dsn, "outcome = 'accepted'") == 10, FLOW_TIMEOUT_S)
     nsjms_server.stop()
     with psycopg.connect(dsn) as conn:
         queued = conn.execute("SELECT admin_id, proxy_id, event_id FROM nsjms_queue WHERE channel_id = %s "
@@ -271,7 +271,7 @@ def test_journal_replay_records_a_bridge_proxys_deliveries_with_its_route_and_de
     journal_dir.mkdir(mode=0o700, exist_ok=True)
     (journal_dir / f"{cid}-{aid}-{pid}.ids").write_bytes(lines)
     nsjms_server.restart()
-    replayed = [r for r in _rows(dsn, "outcome = 'delivered' AND event_id = ANY(%s)",
+    replayed = [r for r in ledger_rows(dsn, "outcome = 'delivered' AND event_id = ANY(%s)",
                                  ([eid for _, _, eid in queued[:3]],))]
     assert len(replayed) == 3
     for r in replayed:
@@ -281,4 +281,4 @@ def test_journal_replay_records_a_bridge_proxys_deliveries_with_its_route_and_de
     reconnect_client(bridge)
     bridge.start_bridge()
     assert len(java_tool.consume("queue", queue, 7, FLOW_TIMEOUT_S)) == 7
-    assert wait_until(lambda: _count(dsn, "outcome = 'delivered'") == 10, FLOW_TIMEOUT_S)
+    assert wait_until(lambda: ledger_count(dsn, "outcome = 'delivered'") == 10, FLOW_TIMEOUT_S)
