@@ -15,10 +15,9 @@ port                   what it is                                            ada
 :class:`LocalChannel`  JMS → channel, a Persistent channel in process        the proxy servant + ``local_round``
 ``Transport``          the broker connection (``router.jms.transport``)      ``router.jms.stomp`` (STOMP)
 :class:`Inbox`         JMS → channel: received message ids, unique           ``t2in.PgInbox`` (``nsjms_inbox``)
+:class:`Outbox`        channel → JMS in T2: one row per message sent, the    ``txout.PgOutbox`` (``nsjms_outbox``)
+                       frame as sent (recovery re-sends it)
 =====================  ====================================================  =======================================
-
-The channel → JMS routing transaction writes its outbox rows through ``router.bridge.txout`` (``router.t2
-.outbox_insert``); that module is not yet behind a port.
 
 Failures of the channel side reach the core as the :class:`ChannelError` tree below; an adapter translates its
 foreign exceptions (CORBA system and user exceptions) into it in one place, and nothing else crosses.
@@ -32,7 +31,7 @@ from typing import Any, Protocol
 from router.jms.transport import Transport
 
 __all__ = ["BatchSource", "BridgeHost", "ChannelError", "ChannelFull", "ChannelGone", "ChannelSink",
-           "ChannelUnavailable", "EventRefused", "ForwardDeferred", "Inbox", "LocalChannel", "Transport"]
+           "ChannelUnavailable", "EventRefused", "ForwardDeferred", "Inbox", "LocalChannel", "Outbox", "Transport"]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -141,4 +140,14 @@ class Inbox(Protocol):
 
     def release(self, conn: Any, bridge_id: int, message_ids: Sequence[str]) -> None:
         """Forget ``message_ids`` (their events were dead-lettered instead) in the unit of work ``conn``."""
+        ...
+
+
+class Outbox(Protocol):
+    """Channel → JMS in T2: the messages a transaction sends, kept until it ended so recovery can re-send them."""
+
+    def insert(self, conn: Any, rows: Sequence[Any]) -> None:
+        """Record ``rows`` (``router.t2.OutboxRow``: the STOMP frame exactly as sent, with its dedupe id) in the
+        unit of work ``conn``, the T2's PostgreSQL branch. Must not commit; may be pipelined with the sends (its
+        error surfaces when the caller's pipeline ends, before PREPARE)."""
         ...

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router import telemetry
+from router.bridge.ports import Outbox
 from router.bridge.txbranch import SendBranch
 from router.channel.txdelivery import ForwardFailed
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
@@ -43,7 +44,7 @@ from router.t2 import OutboxRow, outbox_insert
 from xa.errors import TransactionRolledBack
 from xa.xid import dedupe_id
 
-__all__ = ["DEDUPE_PROPERTY", "DUPL_ID_HEADER", "ForwardFailed", "Forwarded", "OutboundT2"]
+__all__ = ["DEDUPE_PROPERTY", "DUPL_ID_HEADER", "PG_OUTBOX", "ForwardFailed", "Forwarded", "OutboundT2", "PgOutbox"]
 
 log = logging.getLogger("nsjms.bridge")
 
@@ -58,6 +59,16 @@ class Forwarded:
     gtrid: str
     sent: int
     dead_lettered: int
+
+
+class PgOutbox:
+    """The :class:`~router.bridge.ports.Outbox` in PostgreSQL (table ``nsjms_outbox``), in the caller's branch."""
+
+    def insert(self, conn: Any, rows: Sequence[OutboxRow]) -> None:
+        outbox_insert(conn, rows)
+
+
+PG_OUTBOX = PgOutbox()
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,8 @@ class OutboundT2:
                  event_bytes: Callable[[Any], bytes], dead_letter: Destination, enlist: Callable[[Any, Any], Any],
                  running: Callable[[], bool], note_problem: Callable[[Exception], None] | None = None, *,
                  amq_dupl_id: bool = False,
-                 to_frame: Callable[[Any, Destination], tuple[JmsMessage, EncodedMessage]] | None = None) -> None:
+                 to_frame: Callable[[Any, Destination], tuple[JmsMessage, EncodedMessage]] | None = None,
+                 outbox: Outbox = PG_OUTBOX) -> None:
         self.bridge_id = bridge_id
         self.destination = destination
         self.transport = transport
@@ -90,6 +102,7 @@ class OutboundT2:
         # map AND encode in one step (the bridge encodes to check the broker's limits: encoding once saves that
         # work per event); its encoding must be ``codec``'s. None: ``to_jms`` then ``codec.encode``
         self.to_frame = to_frame
+        self.outbox = outbox                 # where the T2's messages are kept for recovery (ports.Outbox)
         self.forwarded = 0
         self.dead_lettered = 0
         self.committed = 0
@@ -144,7 +157,7 @@ class OutboundT2:
                           {**f.encoded.headers, "persistent": "true" if f.persistent else "false"}, f.encoded.body)
                 for i, f in enumerate(frames)]
         with conn.pipeline():                    # the INSERT's result is read when the block ends (see above)
-            outbox_insert(conn, rows)
+            self.outbox.insert(conn, rows)
             self._send(txn, frames, rows)
         return Forwarded(txn.gtrid, len(frames) - dead, dead)
 

@@ -146,7 +146,7 @@ def to_jms(event: Any, destination: Destination) -> JmsMessage:
 
 class Rig:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, *, sequence: bool = False, batch: int = 1,
-                 events: int = 10, timeout: int = 0, dupl: bool = False) -> None:
+                 events: int = 10, timeout: int = 0, dupl: bool = False, outbox: Any = None) -> None:
         self.clock = FakeClock()
         self.t2 = FakeT2(self.clock)
         self.pg = MemoryManager("postgresql", self.clock)
@@ -157,7 +157,8 @@ class Rig:
         self.wire: Transport = RefusingTransport(self.transport)
         self.running = True
         self.out = OutboundT2(3, OUT, lambda: self.wire, MappingCodec(), to_jms, lambda ev: str(ev).encode(), DLQ,
-                              self.t2.enlist, lambda: self.running, amq_dupl_id=dupl)
+                              self.t2.enlist, lambda: self.running, amq_dupl_id=dupl,
+                              **({} if outbox is None else {"outbox": outbox}))
         self.t2.register_local(IOR, self.out)
         cls = P.SequenceProxyPushSupplierImpl if sequence else P.StructuredProxyPushSupplierImpl
         proxy: Any = object.__new__(cls)
@@ -279,6 +280,45 @@ def test_a_commit_without_its_receipt_is_outcome_unknown(fault: Exception) -> No
 
 
 # ------------------------------------------------------------------------------------------------ T2 delivery
+class TwinOutbox:
+    """An in-memory :class:`router.bridge.ports.Outbox`: keeps the rows per unit of work; ``fail`` makes insert
+    raise (as a PostgreSQL error would, surfacing before PREPARE)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.rows: list[Any] = []
+
+    def insert(self, conn: Any, rows: Any) -> None:
+        assert conn is not None, "the T2's PostgreSQL branch is handed in"
+        if self.fail:
+            raise RuntimeError("outbox write failed (injected)")
+        self.rows.extend(rows)
+
+
+def test_the_outbox_port_gets_one_row_per_message_with_the_frame_as_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    outbox = TwinOutbox()
+    rig = Rig(monkeypatch, events=3, outbox=outbox)
+    rig.put(1, 2, 3)
+    assert rig.round() is Outcome.DELIVERED
+    sent = rig.on("out")
+    assert [(r.idx, r.dedupe_id, r.body) for r in outbox.rows] == [
+        (i, m.headers[DEDUPE_PROPERTY], m.body) for i, m in enumerate(sent)], "the frames exactly as sent"
+    assert all(r.bridge_id == 3 and r.headers["persistent"] in ("true", "false") for r in outbox.rows)
+    assert rig.proxy.rt.db.conn.outbox() == [], "nothing went to PostgreSQL behind the port's back"
+
+
+def test_a_failing_outbox_write_rolls_the_t2_back_and_keeps_the_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch, events=3, outbox=TwinOutbox(fail=True))
+    rig.put(1, 2, 3)
+    assert rig.round() is Outcome.RETRY
+    assert rig.on("out") == [], "nothing reached the destination"
+    assert rig.pg.prepared == {} and rig.pg.committed == [], "the PostgreSQL branch (queue deletes) rolled back"
+    assert not rig.out.active() and rig.out.status()["t2_rolled_back"] == 1
+    assert len(rig.proxy.queue) == 3, "the events stay queued and are offered again"
+    rig.out.outbox = TwinOutbox()                        # the outbox works again: the same events go out once
+    assert rig.round() is Outcome.DELIVERED and rig.bodies("out") == ["event 1", "event 2", "event 3"]
+
+
 def test_a_batch_is_delivered_in_one_t2_with_dedupe_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     rig = Rig(monkeypatch, events=3, dupl=True)
     rig.put(1, 2, 3, 4)
