@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -50,6 +51,27 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def restart_port() -> int:
+    """A free TCP port on 127.0.0.1 BELOW the kernel's ephemeral range, for a server that is killed and restarted
+    on the same port many times while other processes run (CI runs two phases at once): a port from the ephemeral
+    range (``free_port``) can be taken, while its server is down, as the local port of any outgoing connection or by
+    a container's published port, and the restart then fails with "address in use"."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, max(low, 20001))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
 
 
 def tail(path: Path, limit: int = 4000) -> str:

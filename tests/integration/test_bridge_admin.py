@@ -337,10 +337,12 @@ IN_KINDS = [(jms_style, style, kind) for style in (BA.PUSH, BA.PULL) for kind in
 
 
 @pytest.mark.parametrize(("style", "kind"), OUT_KINDS, ids=lambda v: str(v))
-def test_channel_to_jms_flow(shared_bf: Any, shared_factory: Any, java_tool: JavaTool, style: Any, kind: Any) -> None:
+def test_channel_to_jms_flow(shared_bf: Any, shared_factory: Any, java_tool: JavaTool, style: Any, kind: Any,
+                             request: pytest.FixtureRequest) -> None:
     channel, cid = _persistent_channel(shared_factory)
     queue = _name(f"adm.out.{style}.{kind}")
     bridge, _ = shared_bf.create_bridge(channel_ep(BA.SOURCE, cid, style, kind), jms_ep(BA.SINK, queue))
+    request.addfinalizer(bridge.destroy)                   # the module's node is shared: leave no bridge running
     bridge.start_bridge()
     _push_events(channel, range(FLOW_N))
     got = java_tool.consume("queue", queue, FLOW_N, FLOW_TIMEOUT_S)
@@ -355,12 +357,13 @@ def test_channel_to_jms_flow(shared_bf: Any, shared_factory: Any, java_tool: Jav
 
 @pytest.mark.parametrize(("jms_style", "style", "kind"), IN_KINDS, ids=lambda v: str(v))
 def test_jms_to_channel_flow(shared_bf: Any, shared_factory: Any, java_tool: JavaTool, jms_style: Any, style: Any,
-                             kind: Any) -> None:
+                             kind: Any, request: pytest.FixtureRequest) -> None:
     channel, cid = _persistent_channel(shared_factory)
     queue = _name(f"adm.in.{style}.{kind}")
     consumer = _channel_consumer(channel)
     bridge, _ = shared_bf.create_bridge(jms_ep(BA.SOURCE, queue, style=jms_style),
                                         channel_ep(BA.SINK, cid, style, kind))
+    request.addfinalizer(bridge.destroy)                   # the module's node is shared: leave no bridge running
     bridge.start_bridge()
     java_tool.produce("queue", queue, FLOW_N, "text")
     assert consumer.wait_for(FLOW_N, FLOW_TIMEOUT_S), f"{consumer.count()} of {FLOW_N} arrived"

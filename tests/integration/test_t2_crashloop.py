@@ -61,7 +61,7 @@ from router.crashpoints import POINTS
 from router.services import EmbeddedActiveMQ, EmbeddedPostgres
 
 from bridgekit import JavaConsumer, JavaTool, bridge_factory, channel_ep, jms_ep
-from conftest import ENDPOINTS_FILE, START_TIMEOUT_S, ClientOrb, NsjmsServer, free_port
+from conftest import ENDPOINTS_FILE, START_TIMEOUT_S, ClientOrb, NsjmsServer, restart_port
 from stdclients import (
     Form,
     PushSupplierClient,
@@ -487,9 +487,9 @@ def _zombie(pid: int) -> bool:
 def t2rig(client_orb: ClientOrb, java_tool: JavaTool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[T2Rig]:
     base = Path(tempfile.mkdtemp(prefix="nsjms-t2loop-"))
     base.chmod(0o755)                      # the postgres OS user must reach the cluster directory
-    pg = EmbeddedPostgres(base, free_port())
-    openwire = free_port()
-    broker = EmbeddedActiveMQ(base, free_port(), openwire, die_with_parent=True)
+    pg = EmbeddedPostgres(base, restart_port())
+    openwire = restart_port()
+    broker = EmbeddedActiveMQ(base, restart_port(), openwire, die_with_parent=True)
     state = base / "state"
     state.mkdir()
     server: CrashServer | None = None
@@ -500,7 +500,7 @@ def t2rig(client_orb: ClientOrb, java_tool: JavaTool, tmp_path_factory: pytest.T
             started_pg = pool.submit(pg.start)
             broker.start()
             dsn = started_pg.result()
-        server = CrashServer(state_dir=state, pg_dsn=dsn, broker_url=broker.url, port=free_port())
+        server = CrashServer(state_dir=state, pg_dsn=dsn, broker_url=broker.url, port=restart_port())
         server.start()
         rig = T2Rig(base, pg, broker, server, java_tool.with_url(f"tcp://127.0.0.1:{openwire}"), client_orb)
         rig.setup_routes()
