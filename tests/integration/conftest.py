@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -267,7 +268,7 @@ def shared_bf(shared_factory: Any, module_server: NsjmsServer, client_orb: Clien
 
 # The Java JMS client fixture, shared by every integration module that needs it (imported here, not in each test
 # module, so the test modules do not re-bind a fixture name).
-from router.services import EmbeddedActiveMQ  # noqa: E402
+from router.services import EmbeddedActiveMQ, EmbeddedPostgres  # noqa: E402
 
 from bridgekit import JavaTool, bridge_factory, java_tool  # noqa: E402, F401
 from stdclients import wait_until  # noqa: E402
@@ -355,3 +356,18 @@ def rig(tmp_path: Path, fresh_db: str, client_orb: ClientOrb, java_tool: JavaToo
         rig_broker.start()
     with running_node(tmp_path, fresh_db, client_orb, java_tool, rig_broker) as started:
         yield started
+
+
+@pytest.fixture
+def own_pg() -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL cluster of the test's own (local processes), for tests that stop and restart the server; on a
+    port below the ephemeral range (:func:`restart_port`), so nothing else takes it while the server is down."""
+    base = Path(tempfile.mkdtemp(prefix="nsjms-test-ownpg-"))
+    base.chmod(0o755)                      # the postgres OS user must reach the cluster directory
+    pg = EmbeddedPostgres(base, restart_port())
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)

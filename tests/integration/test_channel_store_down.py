@@ -9,10 +9,8 @@ of the node the queue holds exactly the events whose push returned normally.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,19 +51,6 @@ def wait_until(cond: Callable[[], bool], what: str, deadline_s: float = DEADLINE
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def own_pg() -> Iterator[EmbeddedPostgres]:
-    base = Path(tempfile.mkdtemp(prefix="nsjms-test-pgdown-"))
-    base.chmod(0o755)                      # the postgres OS user must reach the cluster directory
-    pg = EmbeddedPostgres(base, free_port())
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_database_down_gives_transient_and_accepts_only_stored_events(

@@ -9,12 +9,8 @@ and makes the pool check its idle connections, so the next unit of work succeeds
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +18,6 @@ from psycopg_pool import ConnectionPool
 
 from router.db import Database, StoreUnavailable
 from router.services import EmbeddedPostgres
-
-from conftest import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -66,19 +60,6 @@ def test_a_connection_idle_longer_than_idle_check_is_checked(fresh_db: str, coun
     finally:
         db.close()
     assert len(counted_checks) == 5
-
-
-@pytest.fixture
-def own_pg() -> Iterator[EmbeddedPostgres]:
-    base = Path(tempfile.mkdtemp(prefix="nsjms-test-pool-"))
-    base.chmod(0o755)                      # the postgres OS user must reach the cluster directory
-    pg = EmbeddedPostgres(base, free_port())
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_after_a_postgres_restart_at_most_one_unit_of_work_fails(own_pg: EmbeddedPostgres) -> None:
