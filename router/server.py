@@ -386,6 +386,10 @@ class Node:
     def _store_stats(self) -> dict[str, int]:
         with self.db.unit_of_work() as conn:
             stats: dict[str, int] = self.store.stats(conn)
+        pool = self.db.stats()           # psycopg_pool's counters: a starved pool shows here (waits, timeouts)
+        stats.update(pool_size=pool.get("pool_size", 0), pool_available=pool.get("pool_available", 0),
+                     pool_waiting=pool.get("requests_waiting", 0), pool_checkouts=pool.get("requests_num", 0),
+                     pool_queued=pool.get("requests_queued", 0), pool_timeouts=pool.get("requests_errors", 0))
         accept = getattr(self.runtime, "accept_commits", None)
         if accept is not None:           # group commit of accepted persistent events: commits shared by pushes
             stats["accept_commits"], stats["accept_events"] = int(accept.commits), int(accept.events)

@@ -113,7 +113,8 @@ class _LocalProxy:
     def __init__(self, servant: Any) -> None:
         self.servant = servant
 
-    def round(self, take: Callable[[Any, int, float], Any], max_n: int, timeout: float) -> None:
+    def round(self, take: Callable[[Any, int, float], Any], max_n: int, timeout: float, *,
+              ready: Callable[[float], bool] | None = None) -> None:
         from router.channel.t2in import LOCAL_BATCH, local_round, room
 
         servant = self.servant
@@ -121,7 +122,8 @@ class _LocalProxy:
             raise ChannelGone("the proxy was destroyed")
         if not servant.connected:
             raise ChannelGone("the proxy is disconnected")
-        channel_call(local_round, servant, take, room(servant, max(max_n, LOCAL_BATCH)), timeout)
+        n = room(servant, max(max_n, LOCAL_BATCH))
+        channel_call(lambda: local_round(servant, take, n, timeout, ready=ready))
 
 
 class ProxyChannelSink:

@@ -117,7 +117,8 @@ class PushSenderLoop:
         if self.paced_receive and self.pacing_s > 0:
             self.stop.wait(self.pacing_s)
         try:
-            local.round(self.flow.inbound().take_local, self.batch, 0.5)
+            inbound = self.flow.inbound()
+            local.round(inbound.take_local, self.batch, 0.5, ready=inbound.wait)
         except ChannelFull:
             log.info("bridge %d: channel full; waiting", self.flow.bridge.id)
             self.stop.wait(0.5)
@@ -220,6 +221,17 @@ class PullSupply:
     def t2_ready(self) -> bool:
         """Whether a round can take anything now (the bridge is started): the channel waits otherwise."""
         return bool(self.flow.bridge.running())
+
+    def wait_first(self, timeout: float) -> bool:
+        """Whether a round has something to take, waiting up to ``timeout`` s for the first delivery WITHOUT a
+        database connection (router.bridge.t2in ``InboundT2.wait``); the round then takes with no wait. Events
+        handed over by earlier non-transactional pulls are acknowledged first, as :meth:`take_local` does."""
+        try:
+            self._confirm()
+        except TransportError as exc:
+            self.flow.bridge.note_broker_problem(exc)
+            raise
+        return bool(self.flow.inbound().wait(timeout))
 
     def take_local(self, conn: Any, max_n: int, timeout: float) -> Any:
         """JMS → channel without a T2, the channel in this process (router.bridge.t2in ``take_local``): the

@@ -109,10 +109,12 @@ class BatchSource(Protocol):
 class LocalChannel(Protocol):
     """JMS → channel into a Persistent channel of this process: one local unit of work per round."""
 
-    def round(self, take: Callable[[Any, int, float], Any], max_n: int, timeout: float) -> None:
-        """Run one round: the channel takes events from ``take(conn, n, timeout)`` in its own PostgreSQL
-        transaction (``n``: at least ``max_n``, at most what it has room for). Raises :class:`ChannelGone`,
-        :class:`ChannelFull` or :class:`EventRefused`."""
+    def round(self, take: Callable[[Any, int, float], Any], max_n: int, timeout: float, *,
+              ready: Callable[[float], bool] | None = None) -> None:
+        """Run one round: ``ready(timeout)`` first, without a database connection (nothing to take: the round
+        ends); then the channel takes events from ``take(conn, n, 0)`` in its own PostgreSQL transaction (``n``:
+        at least ``max_n``, at most what it has room for). Without ``ready``, ``take`` waits up to ``timeout``.
+        Raises :class:`ChannelGone`, :class:`ChannelFull` or :class:`EventRefused`."""
         ...
 
 

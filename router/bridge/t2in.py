@@ -304,6 +304,29 @@ class InboundT2:
         broker or database failure (the caller rolls the T2 back; the deliveries are kept for the next one)."""
         return self._take(conn, max_n, timeout, txn.gtrid, lambda branch: t2.enlist(txn, branch))
 
+    def wait(self, timeout: float) -> bool:
+        """Whether a round has something to take: a delivery an earlier round left on the live connection, or the
+        first new one (received here, waiting up to ``timeout`` s, and kept for the round, which takes it first).
+        The channel calls this BEFORE it opens its PostgreSQL connection (a pooled one) and its T2, and then
+        :meth:`take` / :meth:`take_local` with no wait: an idle bridge holds no pooled connection while it waits
+        for JMS, whatever the number of bridges. False while the bridge is stopped."""
+        flow = self.flow
+        if not flow.bridge.running():
+            return False
+        with self._lock:
+            if self.resync:
+                self.resync = False
+                self._reconnect()
+            epoch = self._epoch()
+            self.held = [d for d in self.held if epoch is None or d.epoch == epoch]
+            if self.held:
+                return True
+            delivery = flow.receive(timeout)
+            if delivery is None:
+                return False
+            self.held.append(delivery)
+            return True
+
     def take_local(self, conn: Conn, max_n: int, timeout: float) -> InBatch:
         """Without a T2 (EnableTransaction FALSE), for a channel in this process: like :meth:`take`, but the
         claims and the events go in the caller's ONE local transaction on ``conn``, and the caller writes the
@@ -465,8 +488,7 @@ class InboundT2:
     # -- receiving --------------------------------------------------------------------------------------------
     def _collect(self, max_n: int, timeout: float) -> list[Delivery]:
         """Held deliveries of the live connection first, then new ones (waiting ``timeout`` for the first)."""
-        book = _book(self.flow.transport)
-        epoch = getattr(book, "epoch", None) if book is not None and getattr(book, "connected", False) else None
+        epoch = self._epoch()
         held, self.held = self.held, []
         out = [d for d in held if epoch is None or d.epoch == epoch]
         if len(out) > max_n:
@@ -482,6 +504,12 @@ class InboundT2:
             self.held = out + self.held
             raise
         return out
+
+    def _epoch(self) -> Any:
+        """The live connection's epoch (deliveries of an earlier one are gone: the broker redelivers them), or
+        None when the transport keeps no book."""
+        book = _book(self.flow.transport)
+        return getattr(book, "epoch", None) if book is not None and getattr(book, "connected", False) else None
 
     def _reconnect(self) -> None:
         try:

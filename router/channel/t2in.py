@@ -4,6 +4,8 @@ A pull-style proxy consumer with ``EnableTransaction`` TRUE whose supplier is a 
 (``rt.t2.local(client IOR)``, NJI 2.7.2: the channel pulls from the bridge, which receives from JMS synchronously
 inside the T2) runs one T2 per round (:meth:`InboundT2Driver.round`):
 
+0. wait (up to ``RECEIVE_WAIT_S``) for the first message WITHOUT a T2 or a database connection (the bridge's
+   ``wait_first``): an idle bridge holds no pooled connection, however many there are;
 1. begin a T2 with the proxy's ``TransactionTimeout`` (0: no deadline); enlist a PostgreSQL branch (``pg``); with a
    deadline, the branch's statements are bounded by it (``statement_timeout``);
 2. the bridge receives up to a batch (``TransactionEvents`` events for a structured proxy,
@@ -18,7 +20,7 @@ inside the T2) runs one T2 per round (:meth:`InboundT2Driver.round`):
 
 Without ``EnableTransaction`` the same pull from a bridge of this node on a Persistent channel is one local
 unit of work (:meth:`InboundT2Driver.round_local`): the inbox claims and the events in one PostgreSQL
-transaction, the acks written after it committed.
+transaction, the acks written after it committed; it too opens its connection only once a message arrived.
 
 The settings are read each round from the proxy, then its admin, then the channel (QoS and admin properties), so
 ``set_qos`` / ``set_admin`` / ``enable_transaction`` take effect at the next T2.
@@ -125,12 +127,21 @@ def plan_events(proxy: Any, batch: Any) -> RoutePlan:
     return channel.plan_in(proxy, good) if good else RoutePlan()
 
 
-def local_round(proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, wait_s: float) -> int:
+def local_round(proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, wait_s: float, *,
+                ready: Callable[[float], bool] | None = None) -> int:
     """JMS → channel without a T2, the bridge and ``proxy``'s channel in this process: the inbox claims and the
     events in ONE local PostgreSQL transaction, the acks written after it committed, the events queued in memory
     after that. Exactly once for the events the channel stores, without two-phase commit: a crash before the
     commit stores nothing and the broker redelivers; a crash after it makes the broker redeliver messages whose
-    ids the inbox holds (acknowledged, no second event). Returns how many deliveries the round took."""
+    ids the inbox holds (acknowledged, no second event). Returns how many deliveries the round took.
+
+    ``ready(wait_s)`` waits for the first message WITHOUT a database connection; the unit of work (a pooled
+    connection) is opened only when it says there is something to take, and ``take`` then does not wait. Without
+    ``ready``, ``take`` waits inside the unit of work (callers that have no such wait)."""
+    if ready is not None:
+        if not ready(wait_s):
+            return 0
+        wait_s = 0.0
     plan = RoutePlan()
     batch: Any = None
     try:
@@ -247,7 +258,8 @@ class InboundT2Driver:
     def round_local(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
         """Without a T2: :func:`local_round` with the bridge's pull sender."""
         try:
-            return local_round(self.proxy, target.take_local, self.proxy.room(LOCAL_BATCH), wait_s)
+            return local_round(self.proxy, target.take_local, self.proxy.room(LOCAL_BATCH), wait_s,
+                               ready=target.wait_first)
         except BaseException as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"[:500]
             raise
@@ -259,6 +271,9 @@ class InboundT2Driver:
         proxy = self.proxy
         rt = proxy.rt
         settings = t2_settings(proxy, sequence=self.sequence)
+        if not target.wait_first(wait_s):    # no T2, no pooled connection while JMS has nothing for us
+            return 0
+        wait_s = 0.0
         self.active = True
         try:
             return self._round(rt, settings, target, wait_s)

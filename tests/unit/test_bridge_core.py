@@ -446,8 +446,10 @@ def test_a_local_channel_runs_the_round_in_process_with_the_inbox() -> None:
     taken: list[Any] = []
 
     class Local:
-        def round(self, take: Callable[[Any, int, float], Any], max_n: int, timeout: float) -> None:
-            batch = take("conn", max_n, timeout)
+        def round(self, take: Callable[[Any, int, float], Any], max_n: int, timeout: float, *,
+                  ready: Callable[[float], bool] | None = None) -> None:
+            assert ready is not None and ready(timeout)
+            batch = take("conn", max_n, 0.0)
             taken.extend(batch.events)
             batch.settle()
 
