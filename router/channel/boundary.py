@@ -6,6 +6,9 @@ it can act on instead of ``UNKNOWN``:
 =====================================  ===========================================================================
 ``StoreUnavailable``                   ``TRANSIENT`` (minor ``MINOR_STORE_UNAVAILABLE``), ``COMPLETED_NO``; retry.
                                        ``COMPLETED_MAYBE`` only when the connection broke during COMMIT.
+``StoreTimeout``                       ``TRANSIENT`` (minor ``MINOR_STORE_TIMEOUT``), ``COMPLETED_NO``: the database
+                                       cancelled a statement (statement or lock timeout); nothing stored; a retry
+                                       may succeed. Told apart from an outage by its minor code.
 other ``StoreError``                   ``PERSIST_STORE`` (minor ``MINOR_STORE_FAILED``), ``COMPLETED_NO``.
 event above ``max_event_bytes``        ``IMP_LIMIT`` (minor ``MINOR_EVENT_TOO_LARGE``), ``COMPLETED_NO``; do not
                                        retry the same event.
@@ -32,7 +35,7 @@ from typing import Any
 from omniORB import CORBA
 
 from router.config import DEFAULT_MAX_EVENT_BYTES as _NODE_DEFAULT
-from router.db.errors import StoreError, StoreUnavailable
+from router.db.errors import StoreError, StoreTimeout, StoreUnavailable
 
 __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
@@ -40,6 +43,7 @@ __all__ = [
     "MINOR_EVENT_TOO_LARGE",
     "MINOR_PULL_WAIT_OVER",
     "MINOR_STORE_FAILED",
+    "MINOR_STORE_TIMEOUT",
     "MINOR_STORE_UNAVAILABLE",
     "NSJMS_VMCID",
     "POISON_ATTEMPTS",
@@ -55,6 +59,7 @@ MINOR_EVENT_TOO_LARGE = NSJMS_VMCID | 1
 MINOR_STORE_UNAVAILABLE = NSJMS_VMCID | 2
 MINOR_STORE_FAILED = NSJMS_VMCID | 3
 MINOR_PULL_WAIT_OVER = NSJMS_VMCID | 4
+MINOR_STORE_TIMEOUT = NSJMS_VMCID | 5
 
 DEFAULT_MAX_EVENT_BYTES = _NODE_DEFAULT        # CDR-encoded size of one event (node.max_event_bytes)
 _GIOP_HEADROOM = 1024 * 1024                    # GIOP/request headers and a few small events around a big one
@@ -98,6 +103,8 @@ def store_faults() -> Iterator[None]:
     except StoreUnavailable as exc:
         completion = CORBA.COMPLETED_MAYBE if exc.in_doubt else CORBA.COMPLETED_NO
         raise CORBA.TRANSIENT(MINOR_STORE_UNAVAILABLE, completion) from exc
+    except StoreTimeout as exc:
+        raise CORBA.TRANSIENT(MINOR_STORE_TIMEOUT, CORBA.COMPLETED_NO) from exc
     except StoreError as exc:
         raise CORBA.PERSIST_STORE(MINOR_STORE_FAILED, CORBA.COMPLETED_NO) from exc
 

@@ -6,6 +6,6 @@ their caller opened; :mod:`router.db.migrate` brings the schema up to date at st
 """
 
 from router.db.database import Database
-from router.db.errors import SchemaError, StoreError, StoreUnavailable
+from router.db.errors import SchemaError, StoreError, StoreTimeout, StoreUnavailable
 
-__all__ = ["Database", "SchemaError", "StoreError", "StoreUnavailable"]
+__all__ = ["Database", "SchemaError", "StoreError", "StoreTimeout", "StoreUnavailable"]

@@ -18,7 +18,9 @@ So after a restart, the units of work that fail are the first one to meet a stal
 already holding a connection while the server went away (each of those fails once, as it would have with a check
 on every checkout); a unit of work that starts after the first failure is never given a stale connection. Errors (see
 :mod:`router.db.errors`): no connection in time or a broken connection is :class:`StoreUnavailable` (``in_doubt``
-when it broke during COMMIT), any other psycopg error is :class:`StoreError`; nothing else is translated.
+when it broke during COMMIT); a statement the database cancelled on a working connection (statement or lock
+timeout, an operator's cancel) is :class:`StoreTimeout` (the database is up: not an outage, and no connection is
+checked); any other psycopg error is :class:`StoreError`; nothing else is translated.
 """
 
 from __future__ import annotations
@@ -32,13 +34,15 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from router.db.errors import StoreError, StoreUnavailable
+from router.db.errors import StoreError, StoreTimeout, StoreUnavailable
 
 __all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_CHECK", "Database"]
 
 DEFAULT_CHECKOUT_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 3
 DEFAULT_IDLE_CHECK = 5.0
+#: A statement the database cancelled on a working connection (statement_timeout, pg_cancel_backend; lock_timeout)
+_CANCELLED = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
 _IDLE_SINCE = "_nsjms_idle_since"        # attribute stamped on a connection when it goes back to the pool
 _GENERATION = "_nsjms_generation"        # the pool's broken generation when the connection was last checked out
 
@@ -88,6 +92,13 @@ class Database:
                 stage = "commit"
         except PoolTimeout as exc:
             raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
+        except _CANCELLED as exc:
+            if stage == "commit" or used is None or used.broken:   # never seen; treated as a lost connection
+                self._purge_broken()
+                raise StoreUnavailable(f"database connection failed during {stage}: {_first_line(exc)}",
+                                       in_doubt=stage == "commit") from exc
+            raise StoreTimeout(f"the database cancelled a statement during {stage} (statement or lock timeout, or "
+                               f"an operator's cancel; the database is reachable): {_first_line(exc)}") from exc
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             if used is None or used.broken:      # not a serialization failure, deadlock, lock timeout, cancel
                 self._purge_broken()

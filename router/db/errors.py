@@ -3,6 +3,11 @@
     StoreError                  the database refused the operation (a bug or a schema problem)
     ├── StoreUnavailable        the database could not be reached in time (no connection within the checkout
     │                           timeout, connection lost); ``in_doubt`` when the connection broke during COMMIT
+    ├── StoreTimeout            the database is reachable but cancelled a statement: ``statement_timeout``,
+    │                           ``lock_timeout`` or an operator's ``pg_cancel_backend`` (QueryCanceled,
+    │                           LockNotAvailable); nothing committed, the connection is fine. Not an outage: a
+    │                           retry may succeed (load, a lock held a while) or meet the same limit (a statement
+    │                           too slow for it), so it is reported apart
     └── SchemaError             the database's schema cannot be used by this version (tampered or unknown
                                 migration, a half-created schema); the node refuses to start
 """
@@ -11,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SchemaError", "StoreError", "StoreUnavailable"]
+__all__ = ["SchemaError", "StoreError", "StoreTimeout", "StoreUnavailable"]
 
 
 class StoreError(RuntimeError):
@@ -31,6 +36,11 @@ class StoreUnavailable(StoreError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_unavailable, (str(self), self.in_doubt))
+
+
+class StoreTimeout(StoreError):
+    """The database cancelled a statement (a statement or lock timeout, or an operator's cancel) on a working
+    connection; nothing of the operation was committed. Not :class:`StoreUnavailable`: the database is up."""
 
 
 class SchemaError(StoreError):

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from psycopg_pool import ConnectionPool
 
-from router.db import Database, StoreUnavailable
+from router.db import Database, StoreTimeout, StoreUnavailable
 from router.services import EmbeddedPostgres
 
 pytestmark = pytest.mark.integration
@@ -141,7 +141,7 @@ def test_an_operational_error_on_a_working_connection_checks_no_connection(fresh
             for _ in range(2):
                 held.enter_context(db.unit_of_work()).execute("SELECT 1")
         before = len(counted_checks)
-        with pytest.raises(StoreUnavailable), db.unit_of_work() as conn:
+        with pytest.raises(StoreTimeout), db.unit_of_work() as conn:
             conn.execute("SET LOCAL statement_timeout = 1")
             conn.execute("SELECT pg_sleep(5)")        # QueryCanceled: an OperationalError, connection fine
         with db.unit_of_work() as conn:
@@ -149,3 +149,34 @@ def test_an_operational_error_on_a_working_connection_checks_no_connection(fresh
     finally:
         db.close()
     assert len(counted_checks) == before, f"{len(counted_checks) - before} connection check(s) after a cancel"
+
+
+@pytest.mark.parametrize("setting,statement", [
+    ("statement_timeout", "SELECT pg_sleep(5)"),                       # QueryCanceled
+    ("lock_timeout", "LOCK TABLE nsjms_timeout_probe IN ACCESS EXCLUSIVE MODE"),   # LockNotAvailable
+])
+def test_a_cancelled_statement_is_a_store_timeout_not_an_outage(fresh_db: str, setting: str,
+                                                                 statement: str) -> None:
+    """Review finding: a statement or lock timeout surfaced as StoreUnavailable ("database connection failed"), the
+    outage class (TRANSIENT / STORE_UNAVAILABLE to a client). The database is up and the connection works: it is
+    StoreTimeout, nothing committed, the same connection serves the next unit of work."""
+    db = Database(fresh_db, pool_size=2, idle_check=60.0)
+    db.open(migrate=False)
+    try:
+        with db.unit_of_work() as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS nsjms_timeout_probe (n int)")
+        with ExitStack() as held:
+            if setting == "lock_timeout":             # another session holds the lock
+                locker = held.enter_context(db.unit_of_work())
+                locker.execute("LOCK TABLE nsjms_timeout_probe IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(StoreTimeout) as info, db.unit_of_work() as conn:
+                if setting == "statement_timeout":
+                    conn.execute("INSERT INTO nsjms_timeout_probe VALUES (1)")
+                conn.execute(f"SET LOCAL {setting} = 1")
+                conn.execute(statement)
+        assert not isinstance(info.value, StoreUnavailable), info.value
+        assert "cancelled a statement" in str(info.value)
+        with db.unit_of_work() as conn:
+            assert conn.execute("SELECT count(*) FROM nsjms_timeout_probe").fetchone() == (0,)   # nothing committed
+    finally:
+        db.close()

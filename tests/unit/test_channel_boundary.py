@@ -13,6 +13,7 @@ from omniORB import CORBA
 from router.channel.boundary import (
     MINOR_EVENT_TOO_LARGE,
     MINOR_STORE_FAILED,
+    MINOR_STORE_TIMEOUT,
     MINOR_STORE_UNAVAILABLE,
     check_size,
     giop_max_msg_size,
@@ -20,7 +21,7 @@ from router.channel.boundary import (
     store_faults,
 )
 from router.channel.store import Store, StoreError, StoreUnavailable
-from router.db import Database
+from router.db import Database, StoreTimeout
 
 
 @pytest.mark.parametrize("exc,expected,completed,minor", [
@@ -28,6 +29,7 @@ from router.db import Database
     (StoreUnavailable("broke in commit", in_doubt=True), CORBA.TRANSIENT, CORBA.COMPLETED_MAYBE,
      MINOR_STORE_UNAVAILABLE),
     (StoreError("refused"), CORBA.PERSIST_STORE, CORBA.COMPLETED_NO, MINOR_STORE_FAILED),
+    (StoreTimeout("statement timeout"), CORBA.TRANSIENT, CORBA.COMPLETED_NO, MINOR_STORE_TIMEOUT),
 ])
 def test_store_faults_become_corba_system_exceptions(exc: Exception, expected: type, completed: Any,
                                                      minor: int) -> None:
