@@ -33,7 +33,7 @@ from psycopg import Xid
 
 from router.crashpoints import armed, crashpoint
 from router.jms.transport import EncodedMessage, Transport, TransportError
-from router.ledger import T2HopRecorder
+from router.ledger import T2HopRecorder, T2Hops
 from xa.coordinator import Coordinator, Transaction
 from xa.errors import ResourceError
 from xa.log import FileLog
@@ -336,8 +336,8 @@ class NodeTransactions:
             before = self._live_for_hops()
             report = self.recovery.run(resend=resend)
             resent_at, self.resender.committed_at = self.resender.committed_at, {}
-        if self.hops is not None:
-            self.hops.recovered(before, report.ended, resent_at)
+            if self.hops is not None:
+                self.hops.recovered(before, report.ended, resent_at)
         self.passes += 1
         self.last_report = report
         if report.errors:
@@ -360,8 +360,34 @@ class NodeTransactions:
         return self.recovery.view()
 
     def resolve(self, gtrid: str, action: SafeAction, who: str, why: str) -> RecoveryReport:
+        """An operator's decision (``nsjms txn commit|rollback``, router.txnadmin). The ledger hops of what it
+        ends are filled as for recovery: acting as the log says (a logged COMMIT finished) gives ``decided_at`` =
+        the COMMIT record's time and, for a re-send, ``broker_committed_at``; a heuristic COMMIT (against the log)
+        gives ``decided_at`` = the operator's HEURISTIC record, written at once (the T2 stays listed until it is
+        forgotten, so the purge would not reach it); what nsjms cannot know stays NULL (docs/audit.md)."""
         with self.recovery_lock:
-            return self.recovery.resolve(gtrid, action, who, why)
+            before = self._live_for_hops()
+            report = self.recovery.resolve(gtrid, action, who, why)
+            resent_at, self.resender.committed_at = self.resender.committed_at, {}
+            if self.hops is not None:
+                self.hops.recovered(before, report.ended, resent_at)
+                if action is SafeAction.COMMIT and gtrid in report.heuristic and report.committed:
+                    self._operator_committed(gtrid)
+            return report
+
+    def _operator_committed(self, gtrid: str) -> None:
+        """Fill ``decided_at`` of a T2 an operator committed heuristically: its HEURISTIC record's time (the
+        decision), into the rows its committed PostgreSQL branch holds. Best effort: a failure is logged."""
+        assert self.hops is not None
+        try:
+            txn = self.log.live().get(gtrid)
+            marks = [h.at for h in txn.heuristics] if txn is not None else []
+            if not marks:
+                return
+            with self.db.unit_of_work() as conn:
+                self.hops.write(conn, {gtrid: T2Hops(decided_at=max(marks))})
+        except Exception as exc:  # noqa: BLE001 - the ledger hop is an observation, never blocks the operator
+            log.warning("T2 %s: the operator's commit time could not be written to the ledger: %s", gtrid, exc)
 
     def forget(self, gtrid: str, who: str) -> None:
         with self.recovery_lock:
@@ -400,7 +426,16 @@ class NodeTransactions:
         transaction that had begun (in flight, or in the log) before the live set was read, and it leaves both
         only once its END is written. The hop times of the T2s that ended (:class:`router.ledger.T2HopRecorder`)
         are taken BEFORE the snapshot (a T2 is ready once its PostgreSQL branch committed, so its ledger rows are in
-        the snapshot) and filled into their ledger rows in this same transaction."""
+        the snapshot) and filled into their ledger rows in this same transaction.
+
+        The whole purge holds :attr:`recovery_lock`: an operator's recovery pass or resolution (``nsjms txn``, on an
+        ORB thread) that ended a T2 between the snapshot and the reading of the live set would make the T2 look
+        ended while its rows, committed after the snapshot, are not in it: the UPDATE would match nothing and the
+        hop times taken for it would be lost (review finding)."""
+        with self.recovery_lock:
+            self._purge_locked()
+
+    def _purge_locked(self) -> None:
         hops = self.hops.take() if self.hops is not None else {}
         keep: set[str] = set()
         try:
