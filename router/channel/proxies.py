@@ -41,6 +41,7 @@ from router.channel.common import (
 from router.channel.delivered import FLUSH_AGE, FLUSH_EVENTS
 from router.channel.delivery import DeliveryFailures
 from router.channel.events import Event, Form, as_any, as_structured
+from router.channel.inflight import STUCK_REASON, Flight
 from router.channel.queue import Entry, ProxyQueue, Record
 from router.channel.runtime import proxy_oid
 from router.channel.store import ProxyRow, StoreError
@@ -488,9 +489,13 @@ class PushSupplierMixin(ProxySupplierBase):
     _undeleted: tuple[int, ...] = ()      # delivered, records released, a flush could not delete their rows
     _pending_lock = threading.RLock()     # per proxy (__init__); this default serves proxies built bare in tests
 
+    _flight: Flight[Entry] | None = None          # the push in flight (router.channel.inflight), vs a teardown
+    _stuck: tuple[Entry, ...] = ()         # in flight when the teardown stopped waiting for the push
+
     def __init__(self, admin: Any, row: ProxyRow) -> None:
         super().__init__(admin, row)
         self._pending_lock = threading.RLock()   # _pending/_undeleted: the delivery thread vs a teardown
+        self._flight = Flight[Entry]()
 
     def start(self) -> None:
         if self.connected and not self.destroyed:
@@ -548,6 +553,20 @@ class PushSupplierMixin(ProxySupplierBase):
         return wait
 
     def _deliver(self, entries: list[Entry]) -> Outcome:
+        """:meth:`_deliver_now`, marked in flight so a teardown waits for its end (router.channel.inflight); once a
+        teardown began nothing is pushed (the entries go back; the teardown records them with the queue)."""
+        flight = self._flight
+        if flight is None:                       # a proxy built bare (tests)
+            return self._deliver_now(entries)
+        if not flight.begin(list(entries), lambda: bool(self.closing or self.destroyed)):
+            self.queue.requeue(entries)
+            return Outcome.GONE
+        try:
+            return self._deliver_now(entries)
+        finally:
+            flight.end()
+
+    def _deliver_now(self, entries: list[Entry]) -> Outcome:
         """One attempt to push ``entries``; whatever happens, each entry is delivered, put back or dead-lettered.
 
         An unexpected (non-CORBA) error puts the entries back before it propagates to :meth:`supervised`, which
@@ -649,7 +668,15 @@ class PushSupplierMixin(ProxySupplierBase):
 
     def _delete_row(self, retry: bool) -> None:
         """The teardown's delete, with the delivered events not yet deleted recorded as ``delivered`` in the same
-        unit of work (not ``discarded`` with the proxy's other rows), and the proxy's journal removed."""
+        unit of work (not ``discarded`` with the proxy's other rows), and the proxy's journal removed. A push in
+        flight is waited for first (bounded by the push's call timeout): what it delivered is then among them."""
+        if self._flight is not None:
+            wait_s = getattr(self.rt, "push_timeout_ms", 10_000) / 1000.0 + 2.0
+            self._stuck = tuple(self._flight.wait_ended(wait_s))
+            if self._stuck:
+                log.warning("proxy %s: destroyed while a push of %d event(s) did not end within %g s; recorded as "
+                            "discarded with that reason (the consumer may have received them)", self.oid,
+                            len(self._stuck), wait_s)
         with self._pending_lock:
             super()._delete_row(retry)
             pending, self._pending, self._undeleted = self._pending, None, ()
@@ -660,6 +687,10 @@ class PushSupplierMixin(ProxySupplierBase):
             journals.remove(self.channel.id, self.admin.id, self.id)
 
     def _deliveries_before_delete(self, conn: Any) -> None:
+        stuck = [e.record.db_id for e in self._stuck if e.record.db_id is not None]
+        if stuck:
+            self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, stuck,
+                                            outcome=LedgerOutcome.DISCARDED, reason=STUCK_REASON)
         pending = self._pending or []
         ids = [e.record.db_id for e in pending if e.record.db_id is not None] + list(self._undeleted)
         volatile = self._volatile_ledger(pending)

@@ -1,0 +1,83 @@
+"""A proxy supplier, its admin or its channel destroyed while a push to the consumer is in flight (review finding):
+the ledger recorded the event ``discarded`` although the consumer received it. Now the teardown waits for the push
+(bounded by the push's call timeout) and the event the consumer got is ``delivered``.
+
+A real node; the consumer is a CORBA servant in this process whose push blocks until the test lets it return. The
+test destroys while the push is blocked, then lets it return, and waits for the event's terminal ledger row.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+import CosNotifyChannelAdmin
+
+from bridgekit import ledger_rows, persistent_channel, structured_supplier
+from conftest import NsjmsServer
+from stdclients import (
+    Form,
+    StructuredPushConsumer,
+    Style,
+    connect_push_consumer,
+    make_event,
+    obtain_proxy_supplier,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+DESTROY_WINDOW_S = 3.0    # how long the destroy may run alone while the push is blocked (shorter than the push's
+                          # call timeout, 10 s); no assertion is made on it
+WAIT_S = 60.0
+
+
+class BlockingConsumer(StructuredPushConsumer):
+    """Its push returns only once ``gate`` is set; ``entered`` is set when a push arrived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def push_structured_event(self, notification: Any) -> None:
+        self.entered.set()
+        self.gate.wait(30)
+        super().push_structured_event(notification)
+
+
+@pytest.mark.parametrize("what", ["proxy", "admin", "channel"])
+def test_an_event_pushed_during_destroy_is_recorded_delivered(nsjms_server: NsjmsServer, factory: Any,
+                                                              what: str) -> None:
+    channel, cid = persistent_channel(factory)
+    admin, _ = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
+    proxy, pid = obtain_proxy_supplier(admin, Form.STRUCTURED, Style.PUSH)
+    consumer = BlockingConsumer()
+    connect_push_consumer(proxy, Form.STRUCTURED, consumer)
+    structured_supplier(channel).push_all([make_event(0)])
+    assert consumer.entered.wait(WAIT_S), "the push never reached the consumer"
+
+    destroy_it = {"proxy": proxy.disconnect_structured_push_supplier, "admin": admin.destroy,
+                  "channel": channel.destroy}[what]
+    errors: list[BaseException] = []
+
+    def destroy() -> None:
+        try:
+            destroy_it()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    destroyer = threading.Thread(target=destroy)
+    destroyer.start()
+    destroyer.join(DESTROY_WINDOW_S)         # the destroy runs while the push is in flight
+    consumer.gate.set()                      # the consumer takes the event: the push returns OK
+    destroyer.join(WAIT_S)
+    assert not destroyer.is_alive() and not errors, errors
+    assert wait_until(lambda: consumer.count() == 1, WAIT_S)    # the consumer got the event
+
+    where = "channel_id = %s AND proxy_id = %s AND outcome <> 'accepted'"
+    assert wait_until(lambda: bool(ledger_rows(nsjms_server.pg_dsn, where, (cid, pid))), WAIT_S)
+    rows = ledger_rows(nsjms_server.pg_dsn, where, (cid, pid))
+    assert [(r["outcome"], r["failure_reason"]) for r in rows] == [("delivered", None)], rows
