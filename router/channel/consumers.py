@@ -14,6 +14,7 @@ from typing import Any
 import omniORB
 from omniORB import CORBA
 
+import CosEventChannelAdmin
 import CosEventChannelAdmin__POA
 import CosEventComm
 import CosNotification
@@ -46,6 +47,14 @@ class ProxyConsumerBase(ProxyBase):
         from router.channel import t2in
 
         t2in.check_honoured(self, qos)
+
+    def _check_transactional_client(self, client: Any) -> None:
+        from router.channel import t2in
+
+        reason = t2in.supplier_refused(self, client)
+        if reason is not None:
+            log.info("proxy %s: connect refused: EnableTransaction is TRUE on this proxy but %s", self.oid, reason)
+            raise CosEventChannelAdmin.TypeError()
 
     def _t2_unavailable(self) -> dict[str, Any]:
         from router.channel import t2in

@@ -64,6 +64,8 @@ _DROP_OUTCOMES: dict[str, tuple[LedgerOutcome, str]] = {
                                                       "(MaxEventsPerConsumer)"),
     "proxy closed": (LedgerOutcome.DISCARDED, "discarded: the proxy supplier was closed"),
 }
+#: ``extra`` key: EnableTransaction was set TRUE on the proxy itself (not inherited from its admin or channel)
+OWN_ENABLE_TRANSACTION = "own_enable_transaction"
 # A blocking pull answers TRANSIENT after this long: shorter than the client call timeouts of nsjms's own ORBs
 # (15 s and 30 s) and of typical clients, so no pull outlives the call that made it.
 _MAX_PULL_WAIT = 10.0
@@ -154,11 +156,25 @@ class ProxyBase(QoSMixin, FilterMixin):
             nil = client is None or CORBA.is_nil(client)
             if required and nil:
                 raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
+            if not nil and self.extra.get(OWN_ENABLE_TRANSACTION) and self.qos.get(Q.ENABLE_TRANSACTION):
+                self._check_transactional_client(client)
             self.client = None if nil else client
             self.client_ior = None if nil else self.rt.ior(client)
             self._update(client_ior=self.client_ior, connected=True, suspended=False)
             self.connected, self.suspended = True, False
         self.start()
+
+    def _check_transactional_client(self, client: Any) -> None:
+        """Hook: this proxy's own QoS has EnableTransaction TRUE (set on it with ``set_qos`` before a client was
+        connected); raise ``CosEventChannelAdmin::TypeError`` if ``client`` cannot take part in its routing
+        transactions (the value is never accepted and then ignored)."""
+
+    def set_qos(self, qos: list[Any]) -> None:
+        """``set_qos``; an EnableTransaction set on the proxy itself is remembered (``extra``), so a client that
+        cannot take part in a routing transaction is refused when it connects (:meth:`_connect`)."""
+        super().set_qos(qos)
+        if any(p.name == Q.ENABLE_TRANSACTION for p in qos):
+            self.save_extra(**{OWN_ENABLE_TRANSACTION: bool(self.qos.get(Q.ENABLE_TRANSACTION))})
 
     def client_ref(self) -> Any:
         """The connected client's reference (restored lazily from its IOR after a restart)."""
@@ -551,6 +567,12 @@ class PushSupplierMixin(ProxySupplierBase):
         if since is not None:
             wait = min(wait, max(0.001, since + self.pacing() - time.time()))
         return wait
+
+    def _check_transactional_client(self, client: Any) -> None:
+        reason = txdelivery.client_refused(self, client)
+        if reason is not None:
+            log.info("proxy %s: connect refused: EnableTransaction is TRUE on this proxy but %s", self.oid, reason)
+            raise CosEventChannelAdmin.TypeError()
 
     def _deliver(self, entries: list[Entry]) -> Outcome:
         """:meth:`_deliver_now`, marked in flight so a teardown waits for its end (router.channel.inflight); once a

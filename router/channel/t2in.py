@@ -49,7 +49,7 @@ from xa.pg import PgBranch
 from xa.states import State
 
 __all__ = ["InboundT2Driver", "T2Settings", "check_honoured", "local_round", "local_target", "plan_events", "room",
-           "status", "t2_settings", "unavailable_reason"]
+           "status", "supplier_refused", "t2_settings", "unavailable_reason"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -178,6 +178,21 @@ def local_target(proxy: Any) -> Any | None:
         if target is not None and hasattr(target, "take_in_t2"):
             t2.register_local(proxy.client_ior, target)
     return target if target is not None and hasattr(target, "take_in_t2") else None
+
+
+def supplier_refused(proxy: Any, client: Any) -> str | None:
+    """Why ``client`` (a supplier about to connect) cannot take part in this proxy consumer's routing transactions,
+    or None when it can: a JMS bridge pull sender of this node, pulled by a PULL proxy consumer."""
+    t2 = getattr(proxy.rt, "t2", None)
+    if t2 is None or proxy.style != "PULL":
+        return unavailable_reason(proxy)
+    target = t2.local(proxy.rt.ior(client))
+    if target is None and hasattr(proxy.rt, "local_servant"):
+        try:
+            target = proxy.rt.local_servant(client)
+        except Exception:  # noqa: BLE001 — not resolvable here: not a local participant
+            target = None
+    return None if hasattr(target, "take_in_t2") else "its supplier is not a JMS bridge pull sender of this node"
 
 
 def unavailable_reason(proxy: Any) -> str | None:

@@ -43,7 +43,8 @@ from router.ledger import t2_branch
 from xa.errors import DecisionUnknown, TransactionTimeout, XAError
 from xa.pg import PgBranch
 
-__all__ = ["ForwardFailed", "T2State", "check_honoured", "deliver", "participant", "settings", "status"]
+__all__ = ["ForwardFailed", "T2State", "check_honoured", "client_refused", "deliver", "participant", "settings",
+           "status"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -159,6 +160,23 @@ def check_honoured(proxy: Any, qos: dict[str, Any]) -> None:
     if proxy.style == "PULL" or getattr(proxy.rt, "t2", None) is None or _acknowledging(proxy) or (
             proxy.connected and participant_quiet(proxy) is None):
         raise Q.QoSError([Q.PropertyProblem("UNAVAILABLE_VALUE", Q.ENABLE_TRANSACTION, False, False)])
+
+
+def client_refused(proxy: Any, client: Any) -> str | None:
+    """Why ``client`` (a consumer about to connect) cannot take part in this push proxy supplier's routing
+    transactions, or None when it can: it is a bridge endpoint of this node (a T2 participant)."""
+    t2 = getattr(proxy.rt, "t2", None)
+    if t2 is None or _acknowledging(proxy):
+        return unavailable_reason(proxy)
+    if t2.local(proxy.rt.ior(client)) is not None:
+        return None
+    try:
+        servant = proxy.rt.local_servant(client) if hasattr(proxy.rt, "local_servant") else None
+    except Exception:  # noqa: BLE001 — not resolvable here: not a local participant
+        servant = None
+    if getattr(servant, "t2_participant", None) is not None:
+        return None
+    return "its consumer is not a bridge endpoint of this node"
 
 
 def participant_quiet(proxy: Any) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
 from router.services import EmbeddedActiveMQ
 
-from bridgekit import JavaTool, bridge_factory, channel_ep, error_codes, jms_ep, reconnect_client
+from bridgekit import JavaTool, bridge_factory, channel_ep, error_codes, jms_ep, reconnect_client, stomp_produce
 from conftest import NsjmsServer, free_port
 from stdclients import (
     Form,
@@ -338,15 +337,22 @@ IN_KINDS = [(jms_style, style, kind) for style in (BA.PUSH, BA.PULL) for kind in
 
 @pytest.mark.parametrize(("style", "kind"), OUT_KINDS, ids=lambda v: str(v))
 def test_channel_to_jms_flow(shared_bf: Any, shared_factory: Any, java_tool: JavaTool, style: Any, kind: Any,
-                             request: pytest.FixtureRequest) -> None:
+                             request: pytest.FixtureRequest, module_server: NsjmsServer, broker_url: str) -> None:
     channel, cid = _persistent_channel(shared_factory)
     queue = _name(f"adm.out.{style}.{kind}")
-    bridge, _ = shared_bf.create_bridge(channel_ep(BA.SOURCE, cid, style, kind), jms_ep(BA.SINK, queue))
+    bridge, bid = shared_bf.create_bridge(channel_ep(BA.SOURCE, cid, style, kind), jms_ep(BA.SINK, queue))
     request.addfinalizer(bridge.destroy)                   # the module's node is shared: leave no bridge running
     bridge.start_bridge()
     _push_events(channel, range(FLOW_N))
-    got = java_tool.consume("queue", queue, FLOW_N, FLOW_TIMEOUT_S)
-    got += java_tool.consume("queue", queue, 1, 1.5)      # nothing more: no duplicates
+    # every message of the flow is at the broker once the bridge counts FLOW_N forwarded (a re-send would count
+    # again); a marker sent to the queue after that is behind all of them (one queue, FIFO, same priority), so
+    # the messages before it are exactly what the bridge sent: a duplicate would be among them
+    assert wait_until(lambda: _bridge_status(module_server, bid).get("forwarded") == FLOW_N, FLOW_TIMEOUT_S), \
+        _bridge_status(module_server, bid)
+    stomp_produce(broker_url, queue, range(1))
+    got = java_tool.consume("queue", queue, FLOW_N + 1, FLOW_TIMEOUT_S)
+    assert got and "$event_name" not in got[-1]["properties"], "the marker is not the last message"
+    got = got[:-1]
     names = [m["properties"]["$event_name"]["value"] for m in got]
     assert sorted(names) == sorted(f"e{i}" for i in range(FLOW_N)), f"{len(got)} of {FLOW_N} arrived"
     for m in got:
@@ -357,17 +363,20 @@ def test_channel_to_jms_flow(shared_bf: Any, shared_factory: Any, java_tool: Jav
 
 @pytest.mark.parametrize(("jms_style", "style", "kind"), IN_KINDS, ids=lambda v: str(v))
 def test_jms_to_channel_flow(shared_bf: Any, shared_factory: Any, java_tool: JavaTool, jms_style: Any, style: Any,
-                             kind: Any, request: pytest.FixtureRequest) -> None:
+                             kind: Any, request: pytest.FixtureRequest, module_server: NsjmsServer) -> None:
     channel, cid = _persistent_channel(shared_factory)
     queue = _name(f"adm.in.{style}.{kind}")
     consumer = _channel_consumer(channel)
-    bridge, _ = shared_bf.create_bridge(jms_ep(BA.SOURCE, queue, style=jms_style),
-                                        channel_ep(BA.SINK, cid, style, kind))
+    bridge, bid = shared_bf.create_bridge(jms_ep(BA.SOURCE, queue, style=jms_style),
+                                          channel_ep(BA.SINK, cid, style, kind))
     request.addfinalizer(bridge.destroy)                   # the module's node is shared: leave no bridge running
     bridge.start_bridge()
     java_tool.produce("queue", queue, FLOW_N, "text")
-    assert consumer.wait_for(FLOW_N, FLOW_TIMEOUT_S), f"{consumer.count()} of {FLOW_N} arrived"
-    time.sleep(0.5)
+    # no more can come once the bridge's status says it forwarded (and so acknowledged) exactly FLOW_N messages: an
+    # acknowledged message is not redelivered, and a message forwarded twice would count twice
+    assert wait_until(lambda: consumer.count() >= FLOW_N
+                      and _bridge_status(module_server, bid).get("forwarded") == FLOW_N, FLOW_TIMEOUT_S), \
+        f"{consumer.count()} of {FLOW_N} arrived; bridge {_bridge_status(module_server, bid)}"
     events = consumer.snapshot()
     assert len(events) == FLOW_N, "duplicates"
     seen = []

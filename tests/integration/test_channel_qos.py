@@ -292,9 +292,11 @@ def test_start_time_in_the_future_delays_delivery(shared_factory: Any) -> None:
     _, consumer = connect_consumer(channel.default_consumer_admin)
     supplier = connect_supplier(channel.default_supplier_admin)
     t0 = time.monotonic()
-    supplier.push_all([make_event(0, start_in_s=2.0), make_event(1)])
-    assert consumer.wait_for(1, 10) and event_id(consumer.snapshot()[0]) == 1, "a later event was held back"
-    assert consumer.times[0] - t0 < 1.5
+    supplier.push_all([make_event(0, start_in_s=3.0), make_event(1)])
+    # not held back: the later event, without a StartTime, is delivered first, alone (no upper bound on when: a
+    # loaded machine may be slow, the order is what the spec asks)
+    assert consumer.wait_for(1, 10) and [event_id(e) for e in consumer.snapshot()[:1]] == [1], \
+        "a later event was held back behind the StartTime event"
     assert consumer.wait_for(2, 15), "the StartTime event never arrived"
-    assert event_id(consumer.snapshot()[1]) == 0
-    assert consumer.times[1] - t0 >= 1.9, "delivered before its StartTime"
+    assert [event_id(e) for e in consumer.snapshot()] == [1, 0]
+    assert consumer.times[1] - t0 >= 2.9, "delivered before its StartTime"

@@ -17,9 +17,11 @@ import pytest
 
 from omniORB import CORBA
 
+import CosEventChannelAdmin
 import CosNotification
 
 from router.channel import consumers as C
+from router.channel import proxies as P
 from router.channel import qos as Q
 from router.channel import t2in
 
@@ -71,6 +73,9 @@ def _proxy(cls: type, *, t2: bool = True, ior: str | None = BRIDGE_IOR) -> Any:
     proxy.client_ref = lambda: None
     proxy._lock = threading.RLock()
     proxy._persist_qos = lambda qos: proxy.rt.persisted.append(qos)
+    proxy.destroyed, proxy.closing, proxy.suspended = False, False, False
+    proxy._update = lambda **cols: None
+    proxy.start = lambda: None
     proxy._qos_changed = lambda: None
     proxy.dead_lettered, proxy.last_dead_letter, proxy._t2 = 0, None, None
     return proxy
@@ -148,3 +153,61 @@ def test_the_servant_behind_the_suppliers_reference_is_found_and_registered() ->
     assert t2in.local_target(proxy) is sender
     assert proxy.rt.t2.local("IOR:another-spelling") is sender
     proxy.set_qos(_enable())
+
+
+# ---------------------------------------------------------------------------- set on the proxy, then a client connects
+class Ref(CORBA.Object):
+    """A client reference as the proxy's ``_connect`` sees it; ``rt.ior`` gives its IOR."""
+
+    def __init__(self, ior: str) -> None:
+        self.ior = ior
+
+
+def _unconnected(cls: type) -> Any:
+    proxy = _proxy(cls, ior=None)
+    proxy.rt.ior = lambda ref: ref.ior
+    return proxy
+
+
+@pytest.mark.parametrize("cls", [C.StructuredProxyPullConsumerImpl, C.SequenceProxyPullConsumerImpl])
+def test_enable_transaction_set_on_a_pull_proxy_refuses_a_supplier_that_cannot_take_part(cls: type) -> None:
+    """Review finding (the product rule: never accepted and then ignored): EnableTransaction = TRUE set on a pull
+    proxy consumer before it had a supplier was accepted, and a supplier that is not a JMS bridge of this node then
+    connected and was pulled without a transaction. Now that connect raises CosEventChannelAdmin::TypeError (the
+    proxy cannot work with that supplier) and nothing is connected."""
+    proxy = _unconnected(cls)
+    proxy.set_qos(_enable())
+    with pytest.raises(CosEventChannelAdmin.TypeError):
+        proxy._connect(Ref("IOR:some-other-pull-supplier"), required=True)
+    assert not proxy.connected and proxy.client_ior is None
+    proxy._connect(Ref(BRIDGE_IOR), required=True)       # the bridge of this node can
+    assert proxy.connected and proxy.client_ior == BRIDGE_IOR
+
+
+def test_enable_transaction_turned_off_again_accepts_any_supplier() -> None:
+    proxy = _unconnected(C.StructuredProxyPullConsumerImpl)
+    proxy.set_qos(_enable())
+    proxy.set_qos(_enable(False))
+    proxy._connect(Ref("IOR:some-other-pull-supplier"), required=True)
+    assert proxy.connected
+
+
+def test_inherited_enable_transaction_does_not_refuse_a_supplier() -> None:
+    """Set on the admin or channel (the spec's default for its proxies, NJI Table 2-10 scope P, A, C): accepted; a
+    proxy that cannot run a T2 shows ``t2_unavailable`` in its status instead (test above)."""
+    proxy = _unconnected(C.StructuredProxyPullConsumerImpl)
+    proxy.qos = {Q.ENABLE_TRANSACTION: True}               # inherited when the proxy was created
+    proxy._connect(Ref("IOR:some-other-pull-supplier"), required=True)
+    assert proxy.connected
+
+
+def test_enable_transaction_set_on_a_push_proxy_supplier_refuses_a_consumer_that_is_no_bridge() -> None:
+    proxy = _unconnected(P.StructuredProxyPushSupplierImpl)
+    proxy.qos_target = Q.Target(Q.Level.PROXY_SUPPLIER, sequence=False)
+    proxy.rt.t2.registry["IOR:bridge-endpoint"] = object()
+    proxy.set_qos(_enable())
+    with pytest.raises(CosEventChannelAdmin.TypeError):
+        proxy._connect(Ref("IOR:an-ordinary-consumer"), required=True)
+    assert not proxy.connected
+    proxy._connect(Ref("IOR:bridge-endpoint"), required=True)
+    assert proxy.connected
