@@ -40,6 +40,7 @@ import CosNotification
 
 from idl.generated import BridgeTransactionMgmt as BTM
 from router.channel import qos as Q
+from router.corbacall import CHANNEL, CallFailed, call
 
 __all__ = ["TransactionMgmtMixin"]
 
@@ -116,9 +117,14 @@ class TransactionMgmtMixin:
     def _proxy_enabled(self) -> bool:
         """EnableTransaction as the bridge's proxy has it (also inherited from its channel or admin)."""
         try:
-            return bool(self._proxy_servant().qos.get(Q.ENABLE_TRANSACTION, False))
-        except CORBA.Exception:
+            return bool(self._checked_servant().qos.get(Q.ENABLE_TRANSACTION, False))
+        except CallFailed:
             return False
+
+    def _checked_servant(self) -> Any:
+        """:meth:`_proxy_servant` through the node's boundary for outgoing CORBA calls (router.corbacall): its
+        CORBA exceptions (the proxy or the channel gone) come back as :class:`~router.corbacall.CallFailed`."""
+        return call(self, "_proxy_servant", policy=CHANNEL)
 
     def _check(self, events: int) -> None:
         """UnsupportedTransaction unless this bridge can run T2s: channel PUSH → JMS (``t2_out``) or JMS → channel
@@ -147,8 +153,8 @@ class TransactionMgmtMixin:
         self.tx_events, self.tx_timeout = 0, 0
         self._disable_pending = False
         try:
-            self._write_proxy(False)
-        except CORBA.Exception as exc:         # the proxy is gone (channel destroyed): nothing delivers in T2
+            call(self, "_write_proxy", False, policy=CHANNEL)
+        except CallFailed as exc:              # the proxy is gone (channel destroyed): nothing delivers in T2
             log.warning("bridge %d: could not clear EnableTransaction on its proxy: %s", self.id, exc)
         log.info("bridge %d: routing transactions disabled", self.id)
 
@@ -170,8 +176,8 @@ class TransactionMgmtMixin:
     def _inbound_active(self) -> bool:
         """A T2 of the channel's pull proxy with this bridge is in progress."""
         try:
-            driver = getattr(self._proxy_servant(), "_t2", None)
-        except CORBA.Exception:
+            driver = getattr(self._checked_servant(), "_t2", None)
+        except CallFailed:
             return False
         return bool(getattr(driver, "active", False))
 

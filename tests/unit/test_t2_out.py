@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
+from omniORB import CORBA
 
 import CosNotification
 
@@ -680,3 +681,22 @@ def test_send_branch_begin_failure_is_branch_unavailable_and_abort_failures_are_
         transport.broker.inject_fault("abort", ReceiptTimeout("no receipt", "abort"))
         with pytest.raises(BranchUnavailable, match="ABORT"):
             branch.rollback()                               # unknown: the coordinator leaves it to recovery
+
+
+class GoneMgmt(Mgmt):
+    """The bridge's proxy is gone (its channel destroyed): ``_proxy_servant`` raises as the node's does."""
+
+    def _proxy_servant(self) -> Any:
+        raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
+
+
+def test_a_gone_proxy_is_handled_through_the_corba_call_boundary(caplog: pytest.LogCaptureFixture) -> None:
+    """txmgmt's three CORBA clauses went behind router.corbacall: a gone proxy still reads as not enabled and not
+    active, and a disable still clears the bridge's own settings (logged, not raised)."""
+    m = GoneMgmt()
+    assert m._proxy_enabled() is False and m._inbound_active() is False
+    m.tx_events = 3
+    with caplog.at_level("WARNING", logger="nsjms.bridge"):
+        m._apply_disable()
+    assert m.tx_events == 0 and m.saved[-1] == {"tx_events": 0, "tx_timeout": 0}
+    assert "gone" in caplog.text and "could not clear EnableTransaction" in caplog.text
