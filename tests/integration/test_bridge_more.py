@@ -43,7 +43,7 @@ from idl.generated import BridgeTransactionMgmt as BTM
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import CosNotifyCommAck, NsjmsAdmin
 
-from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep, reconnect_client
+from bridgekit import JavaTool, bridge_factory, channel_ep, inbox_count, jms_ep, pg_scalar, reconnect_client
 from conftest import NsjmsServer
 from stdclients import (
     Form,
@@ -130,7 +130,7 @@ def test_node_sigkill_jms_to_channel(nsjms_server: NsjmsServer, bf: Any, factory
     queue = _name("more.kill.in")
     consumer = _consumer(channel)
     java_tool.produce("queue", queue, KILL_N, "text")              # persistent messages, queued before the bridge
-    bridge, _ = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid))
+    bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid))
     bridge.start_bridge()
     assert wait_until(lambda: consumer.count() >= KILL_AT, TIMEOUT_S), f"no progress: {consumer.count()}"
     nsjms_server.kill(signal.SIGKILL)
@@ -144,7 +144,12 @@ def test_node_sigkill_jms_to_channel(nsjms_server: NsjmsServer, bf: Any, factory
         return len({_fd_n(ev) for ev in consumer.snapshot()})
 
     assert wait_until(lambda: distinct() >= KILL_N, TIMEOUT_S), f"{distinct()} of {KILL_N} distinct events"
-    time.sleep(2.0)                                                # late redeliveries would show up now
+    # no more can come: every message is in the inbox (a redelivery is acknowledged without an event) and the
+    # channel holds nothing more for the consumer
+    dsn = nsjms_server.pg_dsn
+    assert wait_until(lambda: inbox_count(dsn, bid) >= KILL_N
+                      and pg_scalar(dsn, "SELECT count(*) FROM nsjms_queue WHERE channel_id = %s", cid) == 0,
+                      TIMEOUT_S), (inbox_count(dsn, bid), consumer.count())
     counts = collections.Counter(_fd_n(ev) for ev in consumer.snapshot())
     lost = sorted(set(range(KILL_N)) - set(counts))
     assert not lost, f"lost {len(lost)}, e.g. {lost[:10]}"
