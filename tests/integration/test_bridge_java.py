@@ -207,7 +207,9 @@ def test_java_producer_all_five_types(nsjms_server: Any, client_orb: Any, factor
     java_tool.produce("queue", queue, 10, "text,bytes,map,stream,object")
     assert consumer.wait_for(4, TIMEOUT_S), f"{consumer.count()} events"
     assert _wait_counter(nsjms_server, bid, "refused_to_broker_dlq", 6) == 6
-    time.sleep(1.0)
+    # every message is settled and acknowledged (4 forwarded + 6 refused = 10 produced): no more events can come,
+    # and a duplicate would have counted as a fifth forward
+    assert _wait_counter(nsjms_server, bid, "forwarded", 4) == 4
     events = consumer.snapshot()
     assert len(events) == 4, [e.header.fixed_header.event_type.type_name for e in events]
     for ev in events:
@@ -264,10 +266,10 @@ def test_jms_json_profile_maps_map_messages_typed(nsjms_server: Any, client_orb:
 def test_selector_in_factory_name_filters_at_the_broker(nsjms_server: Any, client_orb: Any, factory: Any,
                                                         java_tool: JavaTool) -> None:
     queue = _name("java.in.sel")
-    consumer, _ = _start_inbound(nsjms_server, client_orb, factory, queue, "default;selector=n >= 5")
+    consumer, bid = _start_inbound(nsjms_server, client_orb, factory, queue, "default;selector=n >= 5")
     java_tool.produce("queue", queue, 10, "text")
     assert consumer.wait_for(5, TIMEOUT_S)
-    time.sleep(1.0)
+    assert _wait_counter(nsjms_server, bid, "forwarded", 5) == 5   # the 5 selected ones forwarded and acknowledged
     assert sorted(_check_incoming(ev, queue) for ev in consumer.snapshot()) == [5, 6, 7, 8, 9]
     left = java_tool.consume("queue", queue, 10, 3)
     assert sorted(m["JMSType"] for m in left) == [f"t{i}" for i in range(5)], "unselected messages stay queued"
@@ -291,7 +293,9 @@ def test_unmappable_message_goes_to_the_dead_letter_queue(nsjms_server: Any, cli
     bad = {"type": "Structured Event", "$nsjms_idl": "{not a manifest", "mark": "bad-1"}
     _stomp_send(broker_url, queue, [({"mark": "ok-1"}, b"first"), (bad, b"payload"), ({"mark": "ok-2"}, b"second")])
     assert consumer.wait_for(2, TIMEOUT_S), f"{consumer.count()} events"
-    time.sleep(1.0)
+    # all three settled and acknowledged: nothing more can come
+    assert _wait_counter(nsjms_server, bid, "forwarded", 2) == 2
+    assert _wait_counter(nsjms_server, bid, "dead_lettered", 1) == 1
     events = consumer.snapshot()
     assert [(e.remainder_of_body.value(), _fd(e)["mark"]) for e in events] == [("first", "ok-1"), ("second", "ok-2")]
     dead = java_tool.consume("queue", "nsjms.DLQ", 10, 5, f"nsjms_dlq_destination = '/queue/{queue}'")
