@@ -42,7 +42,7 @@ import CosNotification
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
 
-from bridgekit import channel_ep, jms_ep, reconnect_client
+from bridgekit import channel_ep, inbox_count, jms_ep, pg_scalar, reconnect_client
 from conftest import Rig
 from stdclients import (
     Form,
@@ -168,11 +168,16 @@ def test_broker_restart_jms_to_channel(rig: Rig) -> None:
     consumer = StructuredPushConsumer()
     connect_push_consumer(proxy, Form.STRUCTURED, consumer)
     rig.java.produce("queue", queue, N, "text")
-    bridge, _ = rig.bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid))
+    bridge, bid = rig.bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid))
     bridge.start_bridge()
     _broker_outage(rig, bridge, consumer.count)
     assert consumer.wait_for(N, TIMEOUT_S), f"{consumer.count()} of {N}"
-    time.sleep(2.0)
+    # no more can come: every message is in the inbox (a redelivery is acknowledged without an event) and the
+    # channel holds nothing more for the consumer
+    dsn = rig.server.pg_dsn
+    assert wait_until(lambda: inbox_count(dsn, bid) >= N
+                      and pg_scalar(dsn, "SELECT count(*) FROM nsjms_queue WHERE channel_id = %s", cid) == 0,
+                      TIMEOUT_S), (inbox_count(dsn, bid), consumer.count())
     counts = collections.Counter(int({p.name: p.value.value() for p in ev.filterable_data}["n"])
                                  for ev in consumer.snapshot())
     dups = _assert_counts(counts, 0, "JMS -> channel across a broker restart")
