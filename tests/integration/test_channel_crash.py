@@ -30,6 +30,7 @@ from omniORB import CORBA
 import CosNotification
 import CosNotifyChannelAdmin
 
+from bridgekit import pg_scalar
 from stdclients import (
     Form,
     PullConsumerClient,
@@ -178,7 +179,10 @@ def test_persistent_events_survive_sigkill(nsjms_server: Any, client_orb: Any) -
         supplier.resend(sorted(set(range(N_EVENTS)) - accepted))  # same proxy reference as before the kill
         _wait(lambda: len(set(consumer.ids())) >= N_EVENTS and len(puller.ids()) >= N_EVENTS,
               DELIVERY_TIMEOUT_S, 0.5)
-        time.sleep(1.0)  # late duplicates would show up now
+        # no more can come: the supplier stopped and the channel holds no event for either consumer (a pull
+        # proxy's rows go at the next pull, which the puller keeps making)
+        assert _wait(lambda: pg_scalar(nsjms_server.pg_dsn, "SELECT count(*) FROM nsjms_queue WHERE channel_id = %s",
+                                       cid) == 0, DELIVERY_TIMEOUT_S, 0.5), "events stay queued"
     finally:
         puller.stop.set()
         pulling.join(30)
