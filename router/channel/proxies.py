@@ -747,6 +747,7 @@ class PullSupplierMixin(ProxySupplierBase):
         super().__init__(admin, row)
         self._unconfirmed: list[Entry] = []     # handed out by pulls whose reply was built; the next pull confirms
         self._pull_lock = threading.Lock()
+        self._pulls_ended = threading.Condition(self._pull_lock)   # a teardown waits for the pulls in progress
         self._pulls_active = 0
 
     def _begin_pull(self) -> None:
@@ -763,17 +764,36 @@ class PullSupplierMixin(ProxySupplierBase):
             with self._pull_lock:               # still unconfirmed: the next pull tries again
                 self._unconfirmed = done + self._unconfirmed
                 self._pulls_active -= 1
+                self._pulls_ended.notify_all()
             raise                               # TRANSIENT at the servant boundary: the client pulls again
 
     def _end_pull(self, handed: list[Entry]) -> None:
         """The pull's reply is built: from now on its entries may be confirmed by the next pull."""
         with self._pull_lock:
             self._pulls_active -= 1
+            self._pulls_ended.notify_all()
             if not self.destroyed:
                 self._unconfirmed.extend(handed)
                 handed = []
         for e in handed:                        # the proxy went away meanwhile: its rows are gone with it
             e.record.release()
+
+    def _delete_row(self, retry: bool) -> None:
+        """The teardown's delete: the pulls in progress end first (a blocking one sees the proxy disconnected at
+        once; bounded by the pull's own limit), so what they hand out is among the entries handed out."""
+        with self._pull_lock:
+            self._pulls_ended.wait_for(lambda: self._pulls_active == 0, self.max_pull_wait + 2.0)
+        super()._delete_row(retry)
+
+    def _deliveries_before_delete(self, conn: Any) -> None:
+        """Entries handed out by pulls whose reply was built are recorded ``delivered``, not ``discarded`` with the
+        proxy's queued events: the teardown comes after those replies went out, which is what a next pull would
+        have taken as their confirmation (the class docstring)."""
+        with self._pull_lock:
+            handed = list(self._unconfirmed)
+        ids = [e.record.db_id for e in handed if e.record.db_id is not None]
+        if ids:
+            self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids)
 
     def _release_resources(self) -> None:
         with self._pull_lock:

@@ -19,6 +19,7 @@ from bridgekit import ledger_rows, persistent_channel, structured_supplier
 from conftest import NsjmsServer
 from stdclients import (
     Form,
+    PullConsumerClient,
     StructuredPushConsumer,
     Style,
     connect_push_consumer,
@@ -76,6 +77,27 @@ def test_an_event_pushed_during_destroy_is_recorded_delivered(nsjms_server: Nsjm
     destroyer.join(WAIT_S)
     assert not destroyer.is_alive() and not errors, errors
     assert wait_until(lambda: consumer.count() == 1, WAIT_S)    # the consumer got the event
+
+    where = "channel_id = %s AND proxy_id = %s AND outcome <> 'accepted'"
+    assert wait_until(lambda: bool(ledger_rows(nsjms_server.pg_dsn, where, (cid, pid))), WAIT_S)
+    rows = ledger_rows(nsjms_server.pg_dsn, where, (cid, pid))
+    assert [(r["outcome"], r["failure_reason"]) for r in rows] == [("delivered", None)], rows
+
+
+@pytest.mark.parametrize("what", ["proxy", "admin", "channel"])
+def test_an_event_pulled_before_the_destroy_is_recorded_delivered(nsjms_server: NsjmsServer, factory: Any,
+                                                                   what: str) -> None:
+    """The same for a pull proxy supplier: an event handed out by a pull whose reply went out is confirmed by the
+    next pull; a disconnect or destroy after that pull recorded it ``discarded`` although the consumer had it."""
+    channel, cid = persistent_channel(factory)
+    admin, _ = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
+    proxy, pid = obtain_proxy_supplier(admin, Form.STRUCTURED, Style.PULL)
+    client = PullConsumerClient(proxy, Form.STRUCTURED)
+    client.connect()
+    structured_supplier(channel).push_all([make_event(0)])
+    got: list[Any] = []
+    assert wait_until(lambda: bool(got.extend(client.try_pull()) or got), WAIT_S), "nothing to pull"
+    {"proxy": proxy.disconnect_structured_pull_supplier, "admin": admin.destroy, "channel": channel.destroy}[what]()
 
     where = "channel_id = %s AND proxy_id = %s AND outcome <> 'accepted'"
     assert wait_until(lambda: bool(ledger_rows(nsjms_server.pg_dsn, where, (cid, pid))), WAIT_S)
