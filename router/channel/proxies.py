@@ -764,25 +764,33 @@ class PullSupplierMixin(ProxySupplierBase):
             with self._pull_lock:               # still unconfirmed: the next pull tries again
                 self._unconfirmed = done + self._unconfirmed
                 self._pulls_active -= 1
-                self._pulls_ended.notify_all()
+                self._pull_ended()
             raise                               # TRANSIENT at the servant boundary: the client pulls again
 
     def _end_pull(self, handed: list[Entry]) -> None:
         """The pull's reply is built: from now on its entries may be confirmed by the next pull."""
         with self._pull_lock:
             self._pulls_active -= 1
-            self._pulls_ended.notify_all()
+            self._pull_ended()
             if not self.destroyed:
                 self._unconfirmed.extend(handed)
                 handed = []
         for e in handed:                        # the proxy went away meanwhile: its rows are gone with it
             e.record.release()
 
+    _pulls_ended: threading.Condition | None = None    # per proxy (__init__); None for proxies built bare in tests
+
+    def _pull_ended(self) -> None:
+        """Under ``_pull_lock``: wake a teardown waiting for the pulls in progress."""
+        if self._pulls_ended is not None:
+            self._pulls_ended.notify_all()
+
     def _delete_row(self, retry: bool) -> None:
         """The teardown's delete: the pulls in progress end first (a blocking one sees the proxy disconnected at
         once; bounded by the pull's own limit), so what they hand out is among the entries handed out."""
-        with self._pull_lock:
-            self._pulls_ended.wait_for(lambda: self._pulls_active == 0, self.max_pull_wait + 2.0)
+        if self._pulls_ended is not None:
+            with self._pull_lock:
+                self._pulls_ended.wait_for(lambda: self._pulls_active == 0, self.max_pull_wait + 2.0)
         super()._delete_row(retry)
 
     def _deliveries_before_delete(self, conn: Any) -> None:
