@@ -7,7 +7,12 @@ STOMP has no prepare, so the broker is T2's single one-phase participant (docs/t
   for a receipt (:meth:`SendBranch.send` with ``last=True``): STOMP answers in order, so once that receipt is in,
   every ERROR frame for an earlier frame has arrived and is in the transport's transaction book;
 * ``prepare()``: votes no (:class:`~xa.errors.PrepareFailed`) unless the last frame was receipted and the book has
-  no problem for the transaction (an ERROR for one of its frames, its connection lost). It never commits;
+  no problem for the transaction (an ERROR for one of its frames, its connection lost). It never commits. With
+  ``background=True`` the last frame is sent and its receipt awaited on a thread of its own and ``prepare()``
+  waits for it: the coordinator prepares the PostgreSQL branches first, so their ``PREPARE TRANSACTION`` runs
+  while the broker works through the batch (a refused last frame then fails ``prepare()`` with ``content``
+  set, as any ERROR for a frame of the batch does); ``rollback()`` too waits for it before its ABORT, so the
+  ABORT never overtakes the last SEND on the wire;
 * ``commit()``: STOMP ``COMMIT`` (receipted), called only after the decision is durable. A missing receipt, a lost
   connection or an ERROR there is :class:`~xa.errors.OutcomeUnknown`, never "aborted": recovery re-sends the
   transaction's outbox rows with the same dedupe ids (``router.t2.OutboxResender``);
@@ -20,6 +25,8 @@ Transport errors are translated into ``xa`` errors here (the adapter's one bound
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 
 from psycopg import Xid
 
@@ -27,6 +34,7 @@ from router.jms.transport import (
     BrokerUnavailable,
     EncodedMessage,
     ReceiptTimeout,
+    SendRefused,
     Transport,
     TransportError,
 )
@@ -45,13 +53,16 @@ class SendBranch:
     manager = SEND_MANAGER
     one_phase_only = True
 
-    def __init__(self, transport: Transport, name: str = "broker") -> None:
+    def __init__(self, transport: Transport, name: str = "broker", *,
+                 on_problem: Callable[[Exception], None] | None = None) -> None:
         self.transport = transport
         self.name = name
+        self.on_problem = on_problem     # told of a broker failure met by the background last frame (outage)
         self.tx: str | None = None
         self.xid: Xid | None = None
         self.sent = 0
         self.confirmed = True            # nothing sent yet: nothing to confirm
+        self._last: _LastFrame | None = None
 
     def sort_key(self) -> str:
         return self.name
@@ -67,19 +78,53 @@ class SendBranch:
         except TransportError as exc:
             raise BranchUnavailable(f"STOMP BEGIN failed: {exc}", gtrid=xid.gtrid, branch=self.name) from exc
 
-    def send(self, destination: str, encoded: EncodedMessage, *, persistent: bool, last: bool) -> None:
+    def send(self, destination: str, encoded: EncodedMessage, *, persistent: bool, last: bool,
+             background: bool = False) -> None:
         """Send one frame in the transaction; ``last`` asks for the receipt that :meth:`prepare` needs. Transport
-        errors propagate unchanged (:class:`~router.jms.transport.SendRefused`: the broker refused this frame)."""
+        errors propagate unchanged (:class:`~router.jms.transport.SendRefused`: the broker refused this frame).
+        ``background`` (with ``last``): send it and wait for its receipt on a thread; :meth:`prepare` reports."""
         if self.tx is None:
             raise UsageError(f"branch {self.name}: send before begin", gtrid=self._gtrid())
+        if self._last is not None:
+            raise UsageError(f"branch {self.name}: send after the last frame", gtrid=self._gtrid())
         self.confirmed = False
-        self.transport.send_encoded(destination, encoded, persistent=persistent, transaction=self.tx, receipt=last)
+        tx = self.tx
+        if last and background:
+            self._last = _LastFrame(lambda: self.transport.send_encoded(destination, encoded, persistent=persistent,
+                                                                         transaction=tx, receipt=True),
+                                    self.sent)
+            self.sent += 1
+            return
+        self.transport.send_encoded(destination, encoded, persistent=persistent, transaction=tx, receipt=last)
         self.sent += 1
         self.confirmed = last
+
+    def _settle_last(self) -> None:
+        """Wait for the background last frame; a failure becomes this branch's vote (see the module docstring)."""
+        last, self._last = self._last, None
+        if last is None:
+            return
+        error = last.wait()
+        if error is None:
+            self.confirmed = True
+            return
+        if isinstance(error, SendRefused):
+            failed = PrepareFailed(f"branch {self.name}: broker refused message {last.index} of the batch: "
+                                   f"{error.message or error.reason}", gtrid=self._gtrid(), branch=self.name)
+            failed.content = True  # type: ignore[attr-defined]
+            raise failed from error
+        if isinstance(error, Exception) and self.on_problem is not None:
+            try:
+                self.on_problem(error)
+            except Exception:
+                log.exception("branch %s: the broker-problem callback failed", self.name)
+        raise PrepareFailed(f"branch {self.name}: sending the last message of the batch failed: "
+                            f"{type(error).__name__}: {error}", gtrid=self._gtrid(), branch=self.name) from error
 
     def prepare(self) -> None:
         if self.tx is None:
             raise PrepareFailed(f"branch {self.name}: no STOMP transaction", gtrid=self._gtrid(), branch=self.name)
+        self._settle_last()
         if not self.confirmed:
             raise PrepareFailed(f"branch {self.name}: the last frame of the batch was not receipted",
                                 gtrid=self._gtrid(), branch=self.name)
@@ -103,6 +148,9 @@ class SendBranch:
                                  branch=self.name) from exc
 
     def rollback(self) -> None:
+        if self._last is not None:               # the ABORT must not overtake the last SEND on the wire
+            self._last.wait()
+            self._last = None
         if self.tx is None:
             return
         tx, self.tx = self.tx, None
@@ -114,3 +162,24 @@ class SendBranch:
             raise BranchUnavailable(f"STOMP ABORT of {tx}: {exc}", gtrid=self._gtrid(), branch=self.name) from exc
         except TransportError as exc:
             log.info("STOMP ABORT of %s: %s (the transaction is not committed)", tx, exc)
+
+
+class _LastFrame:
+    """The batch's last frame, sent and its receipt awaited on a thread of its own (``SendBranch.send``)."""
+
+    def __init__(self, call: Callable[[], None], index: int) -> None:
+        self.index = index
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(call,), name="t2-last-frame", daemon=True)
+        self._thread.start()
+
+    def _run(self, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 — handed to the T2's thread at prepare / rollback
+            self.error = exc
+
+    def wait(self) -> BaseException | None:
+        """The frame's failure, None once receipted (bounded by the transport's receipt timeout)."""
+        self._thread.join()
+        return self.error

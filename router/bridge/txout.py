@@ -163,7 +163,7 @@ class OutboundT2:
 
     def _send(self, txn: Any, frames: list[_Frame], rows: list[OutboxRow]) -> None:
         try:
-            branch = SendBranch(self.transport())
+            branch = SendBranch(self.transport(), on_problem=self._noted)
             self.enlist(txn, branch)
         except TransactionRolledBack:            # past its deadline: the coordinator rolled it back already
             raise
@@ -173,7 +173,8 @@ class OutboundT2:
         for i, (frame, row) in enumerate(zip(frames, rows, strict=True)):
             encoded = EncodedMessage(dict(row.headers), row.body)
             try:
-                branch.send(frame.destination, encoded, persistent=frame.persistent, last=i == len(frames) - 1)
+                branch.send(frame.destination, encoded, persistent=frame.persistent, last=i == len(frames) - 1,
+                            background=True)
             except SendRefused as exc:
                 self._fail(txn, f"broker refused message {i} of the batch: {exc.message or exc.reason}",
                            content=True)
