@@ -2,7 +2,11 @@
 
 STOMP has no prepare, so the broker is T2's single one-phase participant (docs/transactions.md):
 
-* ``begin(xid)``: STOMP ``BEGIN`` on the bridge's transport (receipted);
+* ``begin(xid)``: STOMP ``BEGIN`` on the bridge's transport (receipted). With ``background_begin=True`` the
+  BEGIN is sent and its receipt awaited on a thread of its own: the caller does its PostgreSQL work meanwhile (the
+  BEGIN queues at the broker behind the previous T2's COMMIT on the same connection), and the first
+  :meth:`SendBranch.send` (or ``prepare`` / ``rollback``) waits for it; a failed BEGIN then raises there
+  (:class:`~xa.errors.BranchUnavailable`, as from ``begin``);
 * the caller's work: :meth:`SendBranch.send` each frame with ``transaction``; only the LAST frame of the batch asks
   for a receipt (:meth:`SendBranch.send` with ``last=True``): STOMP answers in order, so once that receipt is in,
   every ERROR frame for an earlier frame has arrived and is in the transport's transaction book;
@@ -54,7 +58,7 @@ class SendBranch:
     one_phase_only = True
 
     def __init__(self, transport: Transport, name: str = "broker", *,
-                 on_problem: Callable[[Exception], None] | None = None) -> None:
+                 on_problem: Callable[[Exception], None] | None = None, background_begin: bool = False) -> None:
         self.transport = transport
         self.name = name
         self.on_problem = on_problem     # told of a broker failure met by the background last frame (outage)
@@ -62,7 +66,9 @@ class SendBranch:
         self.xid: Xid | None = None
         self.sent = 0
         self.confirmed = True            # nothing sent yet: nothing to confirm
-        self._last: _LastFrame | None = None
+        self._last: _Background | None = None
+        self._background_begin = background_begin
+        self._begin: _Background | None = None
 
     def sort_key(self) -> str:
         return self.name
@@ -73,16 +79,29 @@ class SendBranch:
     # -- protocol ---------------------------------------------------------------------------------------------
     def begin(self, xid: Xid) -> None:
         self.xid = xid
+        if self._background_begin:
+            self._begin = _Background(self._begin_now)
+            return
+        self._begin_now()
+
+    def _begin_now(self) -> None:
         try:
             self.tx = self.transport.begin()
         except TransportError as exc:
-            raise BranchUnavailable(f"STOMP BEGIN failed: {exc}", gtrid=xid.gtrid, branch=self.name) from exc
+            raise BranchUnavailable(f"STOMP BEGIN failed: {exc}", gtrid=self._gtrid(), branch=self.name) from exc
+
+    def _settle_begin(self) -> None:
+        """Wait for a background BEGIN; its failure is raised here (BranchUnavailable)."""
+        pending, self._begin = self._begin, None
+        if pending is not None and (error := pending.wait()) is not None:
+            raise error
 
     def send(self, destination: str, encoded: EncodedMessage, *, persistent: bool, last: bool,
              background: bool = False) -> None:
         """Send one frame in the transaction; ``last`` asks for the receipt that :meth:`prepare` needs. Transport
         errors propagate unchanged (:class:`~router.jms.transport.SendRefused`: the broker refused this frame).
         ``background`` (with ``last``): send it and wait for its receipt on a thread; :meth:`prepare` reports."""
+        self._settle_begin()
         if self.tx is None:
             raise UsageError(f"branch {self.name}: send before begin", gtrid=self._gtrid())
         if self._last is not None:
@@ -90,9 +109,9 @@ class SendBranch:
         self.confirmed = False
         tx = self.tx
         if last and background:
-            self._last = _LastFrame(lambda: self.transport.send_encoded(destination, encoded, persistent=persistent,
-                                                                         transaction=tx, receipt=True),
-                                    self.sent)
+            self._last = _Background(lambda: self.transport.send_encoded(destination, encoded, persistent=persistent,
+                                                                          transaction=tx, receipt=True),
+                                     self.sent)
             self.sent += 1
             return
         self.transport.send_encoded(destination, encoded, persistent=persistent, transaction=tx, receipt=last)
@@ -122,6 +141,10 @@ class SendBranch:
                             f"{type(error).__name__}: {error}", gtrid=self._gtrid(), branch=self.name) from error
 
     def prepare(self) -> None:
+        try:
+            self._settle_begin()
+        except BranchUnavailable as exc:
+            raise PrepareFailed(f"branch {self.name}: {exc}", gtrid=self._gtrid(), branch=self.name) from exc
         if self.tx is None:
             raise PrepareFailed(f"branch {self.name}: no STOMP transaction", gtrid=self._gtrid(), branch=self.name)
         self._settle_last()
@@ -148,6 +171,9 @@ class SendBranch:
                                  branch=self.name) from exc
 
     def rollback(self) -> None:
+        if self._begin is not None:              # nor the BEGIN (a failed BEGIN leaves nothing to abort)
+            self._begin.wait()
+            self._begin = None
         if self._last is not None:               # the ABORT must not overtake the last SEND on the wire
             self._last.wait()
             self._last = None
@@ -164,13 +190,14 @@ class SendBranch:
             log.info("STOMP ABORT of %s: %s (the transaction is not committed)", tx, exc)
 
 
-class _LastFrame:
-    """The batch's last frame, sent and its receipt awaited on a thread of its own (``SendBranch.send``)."""
+class _Background:
+    """A receipted frame (the BEGIN, or the batch's last SEND) sent and its receipt awaited on a thread of its own;
+    ``index``: the frame's place in the batch."""
 
-    def __init__(self, call: Callable[[], None], index: int) -> None:
+    def __init__(self, call: Callable[[], None], index: int = -1) -> None:
         self.index = index
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(call,), name="t2-last-frame", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(call,), name="t2-receipt", daemon=True)
         self._thread.start()
 
     def _run(self, call: Callable[[], None]) -> None:

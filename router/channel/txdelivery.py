@@ -218,6 +218,9 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
         try:
             conn = session.enter_context(proxy.rt.db.branch())
             try:
+                early = getattr(target, "begin_in_t2", None)
+                if early is not None:              # the broker's BEGIN goes out now, its receipt overlaps our SQL
+                    early(txn)
                 t2.enlist(txn, t2_branch(proxy.rt.store.ledger, conn, PgBranch(conn, PG_BRANCH), txn.gtrid,
                                          [e.record.db_id for e in entries]))
                 ids = [e.record.db_id for e in entries if e.record.db_id is not None]

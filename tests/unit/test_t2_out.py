@@ -839,3 +839,78 @@ def test_a_refused_last_frame_is_a_content_failure(monkeypatch: pytest.MonkeyPat
     assert rig.round() is Outcome.EVENT_FAILED
     assert rig.proxy._isolate == 3 and rig.bodies("out") == []
     assert [e.record.seq for e in rig.proxy.queue.take(5)] == [5, 6, 7]
+
+
+# ------------------------------------------------------------------------------------- the BEGIN's receipt
+class GatedBegin:
+    """The broker's STOMP BEGIN held until ``release`` is set; the wire's calls recorded in order."""
+
+    def __init__(self, rig: Rig, error: Exception | None = None) -> None:
+        self.release = threading.Event()
+        self.calls: list[str] = []
+        self.error = error
+        self.inner_begin, self.inner_abort = rig.transport.begin, rig.transport.abort
+        rig.wire.begin = self.begin  # type: ignore[method-assign]
+        rig.wire.abort = self.abort  # type: ignore[method-assign]
+
+    def begin(self) -> str:
+        assert self.release.wait(10), "the BEGIN was never released"
+        if self.error is not None:
+            self.calls.append("begin failed")
+            raise self.error
+        self.calls.append("begun")
+        return str(self.inner_begin())
+
+    def abort(self, tx: str) -> None:
+        self.calls.append("abort")
+        self.inner_abort(tx)
+
+
+class ReleasingStore(FakeStore):
+    """Records what the BEGIN had done when the channel deleted the batch's queue rows, then releases it."""
+
+    def __init__(self, gated: GatedBegin, fail: bool = False) -> None:
+        super().__init__()
+        self.gated, self.fail = gated, fail
+        self.seen: list[list[str]] = []
+
+    def delete_deliveries(self, conn: Any, cid: int, aid: int, pid: int, ids: list[int], **ledger: Any) -> None:
+        self.seen.append(list(self.gated.calls))
+        if self.fail:
+            threading.Timer(0.05, self.gated.release.set).start()
+            raise RuntimeError("the database went away (injected)")
+        self.gated.release.set()
+        super().delete_deliveries(conn, cid, aid, pid, ids)
+
+
+def test_the_broker_begin_overlaps_the_channels_sql(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker branch is enlisted first and its BEGIN's receipt is awaited in the background: the channel
+    deletes the queue rows while the BEGIN is outstanding; the SENDs wait for it."""
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedBegin(rig)
+    store = rig.proxy.rt.store = ReleasingStore(gated)
+    rig.put(1, 2)
+    assert rig.round() is Outcome.DELIVERED
+    assert store.seen == [[]], "the queue rows were deleted while the BEGIN was outstanding"
+    assert rig.bodies("out") == ["event 1", "event 2"]
+
+
+def test_a_failed_background_begin_is_an_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedBegin(rig, BrokerUnavailable("connection refused (injected)"))
+    gated.release.set()
+    rig.put(1, 2)
+    assert rig.round() is Outcome.RETRY
+    assert rig.proxy._isolate == 0, "an outage never isolates the batch"
+    assert rig.bodies("out") == [] and [e.record.seq for e in rig.proxy.queue.take(5)] == [1, 2]
+    assert rig.pg.prepared == {} and rig.t2.coordinator.in_flight() == frozenset()
+
+
+def test_a_rollback_waits_for_the_background_begin_before_its_abort(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedBegin(rig)
+    rig.proxy.rt.store = ReleasingStore(gated, fail=True)
+    rig.put(1, 2)
+    assert rig.round() is Outcome.RETRY
+    assert gated.calls == ["begun", "abort"]
+    assert [e.record.seq for e in rig.proxy.queue.take(5)] == [1, 2]
