@@ -29,6 +29,7 @@ Transport errors are translated into ``xa`` errors here (the adapter's one bound
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable
 
@@ -190,23 +191,63 @@ class SendBranch:
             log.info("STOMP ABORT of %s: %s (the transaction is not committed)", tx, exc)
 
 
+class _Workers:
+    """Daemon threads that wait for receipts on behalf of T2 branches: started on demand, reused while busy, and
+    each ends after ``IDLE_S`` without work (a thread start per T2 costs a GIL handoff on a loaded node)."""
+
+    IDLE_S = 5.0
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0                   # workers waiting for a job and not yet promised one
+
+    def run(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1          # promised to this job
+        self._jobs.put(job)
+        if spawn:
+            threading.Thread(target=self._loop, name="t2-receipt", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:   # not promised to a job: end
+                        self._idle -= 1
+                        return
+                continue                 # promised: the job is on its way
+            job()                        # never raises (_Background._run)
+            with self._lock:
+                self._idle += 1
+
+
+_WORKERS = _Workers()
+
+
 class _Background:
-    """A receipted frame (the BEGIN, or the batch's last SEND) sent and its receipt awaited on a thread of its own;
+    """A receipted frame (the BEGIN, or the batch's last SEND) sent and its receipt awaited on a worker thread;
     ``index``: the frame's place in the batch."""
 
     def __init__(self, call: Callable[[], None], index: int = -1) -> None:
         self.index = index
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(call,), name="t2-receipt", daemon=True)
-        self._thread.start()
+        self._done = threading.Event()
+        _WORKERS.run(lambda: self._run(call))
 
     def _run(self, call: Callable[[], None]) -> None:
         try:
             call()
         except BaseException as exc:  # noqa: BLE001 — handed to the T2's thread at prepare / rollback
             self.error = exc
+        finally:
+            self._done.set()
 
     def wait(self) -> BaseException | None:
         """The frame's failure, None once receipted (bounded by the transport's receipt timeout)."""
-        self._thread.join()
+        self._done.wait()
         return self.error
