@@ -3,7 +3,7 @@
 STOMP has no prepare, so the broker is T2's single one-phase participant (docs/transactions.md):
 
 * ``begin(xid)``: STOMP ``BEGIN`` on the bridge's transport (receipted). With ``background_begin=True`` the
-  BEGIN is sent and its receipt awaited on a thread of its own: the caller does its PostgreSQL work meanwhile (the
+  BEGIN is sent and its receipt awaited on a worker thread: the caller does its PostgreSQL work meanwhile (the
   BEGIN queues at the broker behind the previous T2's COMMIT on the same connection), and the first
   :meth:`SendBranch.send` (or ``prepare`` / ``rollback``) waits for it; a failed BEGIN then raises there
   (:class:`~xa.errors.BranchUnavailable`, as from ``begin``);
@@ -12,7 +12,7 @@ STOMP has no prepare, so the broker is T2's single one-phase participant (docs/t
   every ERROR frame for an earlier frame has arrived and is in the transport's transaction book;
 * ``prepare()``: votes no (:class:`~xa.errors.PrepareFailed`) unless the last frame was receipted and the book has
   no problem for the transaction (an ERROR for one of its frames, its connection lost). It never commits. With
-  ``background=True`` the last frame is sent and its receipt awaited on a thread of its own and ``prepare()``
+  ``background=True`` the last frame is sent and its receipt awaited on a worker thread and ``prepare()``
   waits for it: the coordinator prepares the PostgreSQL branches first, so their ``PREPARE TRANSACTION`` runs
   while the broker works through the batch (a refused last frame then fails ``prepare()`` with ``content``
   set, as any ERROR for a frame of the batch does); ``rollback()`` too waits for it before its ABORT, so the

@@ -9,9 +9,14 @@ stringified IOR) is the transaction client of NJI 2.7.3.1: instead of the CORBA 
   proxies), NJI Table 2-10; the values the bridge's ``enable_transaction`` stored on the proxy
   (``extra["transaction"]``), else the channel's admin properties, else 1;
 * ``coordinator.begin(TransactionTimeout)`` (seconds; 0 = no deadline);
+* the participant's ``begin_in_t2(txn)`` when it has one (the bridge enlists its broker branch, BEGIN's receipt
+  awaited in the background);
 * the PostgreSQL branch: the batch's queue rows are deleted in it (``Store.delete_deliveries``);
 * the participant's ``forward_in_t2(txn, conn, events)`` (the bridge: outbox rows, broker SEND branch);
-* ``txn.commit()``; then the records are released (their rows went with the PostgreSQL branch).
+* ``txn.decide()`` (phase one and the durable COMMIT record); phase two (``txn.complete()``), the return of the
+  branch's session and the release of the records (their rows went with the PostgreSQL branch) run on the proxy's
+  :class:`Completer`, while the proxy goes on with its next batch (pipelining: phase two of T2 *n* overlaps
+  phase one of T2 *n+1*; the completer keeps the broker's commits in the order of the decisions).
 
 A rollback (rollback-only set by the bridge, a branch that could not prepare, ``TransactionTimeout``) puts the
 entries back in their places and the dispatcher retries with backoff, like a failed push: nothing is lost and the
