@@ -337,7 +337,7 @@ class Completer:
                 continue
             try:
                 job()
-            except Exception:
+            except BaseException:  # the thread must outlive any job, or drain() would never end
                 log.exception("%s: a phase-two job failed", self.name)
             finally:
                 with self._cond:

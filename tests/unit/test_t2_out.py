@@ -914,3 +914,16 @@ def test_a_rollback_waits_for_the_background_begin_before_its_abort(monkeypatch:
     assert rig.round() is Outcome.RETRY
     assert gated.calls == ["begun", "abort"]
     assert [e.record.seq for e in rig.proxy.queue.take(5)] == [1, 2]
+
+
+def test_a_failing_phase_two_job_does_not_stop_the_completer() -> None:
+    """A job that raises (a bug) is logged; the completer runs the next ones and drain() still ends."""
+    completer = TX.Completer("t2-complete-test")
+    ran: list[int] = []
+
+    def bad() -> None:
+        raise KeyboardInterrupt("injected")
+
+    completer.submit(bad)
+    completer.submit(lambda: ran.append(1))
+    assert completer.drain(10) and ran == [1] and completer.pending() == 0
