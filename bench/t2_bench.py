@@ -406,14 +406,15 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def data_paths(dsn: str, url: str, n: int, repeats: int) -> None:
+def data_paths(dsn: str, url: str, n: int, repeats: int, latency_rates: tuple[float, ...] = (1000.0,),
+               latency_events: int = 5000) -> None:
     from bridge_bench import from_jms_rate, stomp_consume_rate
     from common import node, stomp_send_rate
 
     rates: dict[str, list[float]] = {k: [] for k in ("raw tx", "t2 out", "raw consume", "t2 in")}
-    p50: list[float] = []
-    p99: list[float] = []
-    offered: list[float] = []
+    p50: dict[float, list[float]] = {r: [] for r in latency_rates}
+    p99: dict[float, list[float]] = {r: [] for r in latency_rates}
+    offered: dict[float, list[float]] = {r: [] for r in latency_rates}
     with node(dsn, url) as ep:
         import CosNotifyChannelAdmin as NCA
 
@@ -429,10 +430,12 @@ def data_paths(dsn: str, url: str, n: int, repeats: int) -> None:
             rates["t2 out"].append(to_jms_t2_rate(factory, bf, url, n))
             rates["raw consume"].append(stomp_consume_rate(url, n))
             rates["t2 in"].append(from_jms_rate(factory, bf, url, n, pull=True, t2_events=100))
-            lat, rate_offered = t2_latency(factory, bf, url, 5000, 1000.0)
-            offered.append(rate_offered)
-            p50.append(pct(lat, 0.50))
-            p99.append(pct(lat, 0.99))
+            for per_s in latency_rates:
+                events = max(200, min(latency_events, int(per_s * latency_events / 1000.0)))
+                lat, rate_offered = t2_latency(factory, bf, url, events, per_s)
+                offered[per_s].append(rate_offered)
+                p50[per_s].append(pct(lat, 0.50))
+                p99[per_s].append(pct(lat, 0.99))
     print(f"\n== T2 data paths, 1 KB payloads, {n} events per run, {repeats} runs (median, min..max)")
     for label, r, base in (("channel -> JMS under T2, TransactionEvents=100", "t2 out", "raw tx"),
                            ("JMS -> channel under T2 (pull), TransactionEvents=100", "t2 in", "raw consume")):
@@ -440,8 +443,10 @@ def data_paths(dsn: str, url: str, n: int, repeats: int) -> None:
         print(f"{label:<56} {statistics.median(rates[r]):>8,.0f}/s  baseline {statistics.median(rates[base]):>8,.0f}/s"
               f"  ratio {statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f})")
     print(f"{'  baselines: raw stomp.py BEGIN+100 SENDs+COMMIT; raw consume + client-individual ack'}")
-    print(f"{'T2 latency, 1,000 events/s asked (channel -> JMS), ms':<56} p50 {spread(p50)}; p99 {spread(p99)}; "
-          f"offered {spread(offered)} events/s")
+    for per_s in latency_rates:
+        label = f"T2 latency, {per_s:,.0f} events/s asked (channel -> JMS), ms"
+        print(f"{label:<56} p50 {spread(p50[per_s])}; p99 {spread(p99[per_s])}; "
+              f"offered {spread(offered[per_s])} events/s")
     for what, values in rates.items():
         print(f"  {what}: runs {', '.join(f'{v:,.0f}' for v in values)} /s")
 
@@ -455,6 +460,10 @@ def main() -> int:
     ap.add_argument("--profile", type=Path, default=None, help="write cProfile dumps of start() here")
     ap.add_argument("--events", type=int, default=5000, help="events per throughput run")
     ap.add_argument("--no-recovery", action="store_true", help="only the data paths")
+    ap.add_argument("--latency-rates", default="1000",
+                    help="offered rates (events/s, comma-separated) of the T2 latency measurement, e.g. 200,500,1000")
+    ap.add_argument("--latency-events", type=int, default=5000,
+                    help="events per latency run at 1,000/s (scaled to the rate: the same duration, >= 200)")
     args = ap.parse_args()
     missing = [] if args.recovery else missing_paths()
     if missing:
@@ -463,7 +472,8 @@ def main() -> int:
         return 2
     with t2_services() as (dsn, url):
         if not args.recovery:
-            data_paths(dsn, url, args.events, args.repeats)
+            rates = tuple(float(r) for r in args.latency_rates.split(",") if r.strip())
+            data_paths(dsn, url, args.events, args.repeats, rates, args.latency_events)
         if not args.no_recovery:
             res = recovery(dsn, url, args.in_doubt, args.rows, args.repeats, args.profile)
             print_recovery(args.in_doubt, args.rows, res)

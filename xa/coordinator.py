@@ -240,6 +240,15 @@ class Transaction:
     # --------------------------------------------------------------------------------------- commit
     def commit(self) -> Outcome:
         """Two-phase commit (see the module docstring). Returns once the decision is COMMIT."""
+        self.decide()
+        return self.complete()
+
+    def decide(self) -> None:
+        """Phase one and the durable decision: :meth:`commit` up to and including the COMMIT record's fsync, with
+        the same failures (rolled back and re-raised; :class:`DecisionUnknown`). Once it returns the transaction
+        WILL commit (state COMMITTING, nothing committed yet): the caller must then run :meth:`complete`, from
+        this or one other thread (a pipelining caller hands phase two to a thread of its own and starts its next
+        transaction meanwhile). A crash in between is a crash after the decision: recovery commits."""
         if self._overdue():
             self._fail_timeout()
         try:
@@ -256,7 +265,14 @@ class Transaction:
         if self._overdue():
             self._fail_timeout()
         self._decide(participants)
-        return self._phase_two(participants)
+
+    def complete(self) -> Outcome:
+        """Phase two of a transaction :meth:`decide` decided (see the module docstring): every branch committed,
+        END or PROGRESS. Never raises for a participant's failure (its outcome is UNKNOWN, for recovery)."""
+        if self._state is not State.COMMITTING:
+            raise IllegalTransition(f"complete() needs a decided transaction, state is {self._state}",
+                                    gtrid=self.gtrid)
+        return self._phase_two(ordered(self._resources))
 
     def _refuse_rollback_only(self) -> None:
         if self._timed_out:

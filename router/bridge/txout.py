@@ -110,6 +110,7 @@ class OutboundT2:
         self.last_rollback = ""
         self._lock = threading.Lock()
         self._active: dict[str, Any] = {}          # gtrid -> transaction in progress
+        self._early: dict[str, SendBranch] = {}    # gtrid -> broker branch enlisted by begin_in_t2
         self.on_idle: Callable[[], None] | None = None     # set by the bridge: a disable waits for this
 
     # -- state ------------------------------------------------------------------------------------------------
@@ -122,6 +123,7 @@ class OutboundT2:
         """Called by the transaction client once the T2 ended (committed, rolled back, or handed to recovery)."""
         with self._lock:
             was = self._active.pop(gtrid, None) is not None
+            self._early.pop(gtrid, None)
             idle = not self._active
             if committed and result is not None:
                 self.committed += 1
@@ -144,6 +146,19 @@ class OutboundT2:
                     "t2_rolled_back": self.rolled_back, "t2_last_rollback": self.last_rollback or None}
 
     # -- the work ---------------------------------------------------------------------------------------------
+    def begin_in_t2(self, txn: Any) -> None:
+        """Enlist the broker branch of ``txn`` now, its STOMP BEGIN's receipt awaited in the background
+        (``SendBranch(background_begin=True)``): the channel calls this before its own work on the T2's PostgreSQL
+        branch, which then overlaps the BEGIN (queued at the broker behind the previous T2's COMMIT on the same
+        connection). :meth:`forward_in_t2` sends in that branch. Failures as in :meth:`forward_in_t2`."""
+        with self._lock:
+            self._active[txn.gtrid] = txn
+        if not self.running():
+            self._fail(txn, "the bridge is not started", content=False)
+        branch = self._enlist(txn, background=True)
+        with self._lock:
+            self._early[txn.gtrid] = branch
+
     def forward_in_t2(self, txn: Any, conn: Any, events: Sequence[Any], *,
                       dead_letter_reason: str | None = None) -> Forwarded:
         """Carry ``events`` in ``txn`` (see the module docstring); with ``dead_letter_reason`` every event goes to
@@ -161,19 +176,26 @@ class OutboundT2:
             self._send(txn, frames, rows)
         return Forwarded(txn.gtrid, len(frames) - dead, dead)
 
-    def _send(self, txn: Any, frames: list[_Frame], rows: list[OutboxRow]) -> None:
+    def _enlist(self, txn: Any, *, background: bool) -> SendBranch:
         try:
-            branch = SendBranch(self.transport())
+            branch = SendBranch(self.transport(), on_problem=self._noted, background_begin=background)
             self.enlist(txn, branch)
         except TransactionRolledBack:            # past its deadline: the coordinator rolled it back already
             raise
         except Exception as exc:  # noqa: BLE001 — BranchUnavailable, BrokerUnavailable: the broker is out of reach
             self._noted(exc)
             self._fail(txn, f"broker unavailable: {type(exc).__name__}: {exc}", content=False)
+        return branch
+
+    def _send(self, txn: Any, frames: list[_Frame], rows: list[OutboxRow]) -> None:
+        with self._lock:
+            early = self._early.pop(txn.gtrid, None)
+        branch = early if early is not None else self._enlist(txn, background=False)
         for i, (frame, row) in enumerate(zip(frames, rows, strict=True)):
             encoded = EncodedMessage(dict(row.headers), row.body)
             try:
-                branch.send(frame.destination, encoded, persistent=frame.persistent, last=i == len(frames) - 1)
+                branch.send(frame.destination, encoded, persistent=frame.persistent, last=i == len(frames) - 1,
+                            background=True)
             except SendRefused as exc:
                 self._fail(txn, f"broker refused message {i} of the batch: {exc.message or exc.reason}",
                            content=True)

@@ -535,6 +535,7 @@ class PushSupplierMixin(ProxySupplierBase):
         try:
             self._push_until_stopped()
         finally:
+            txdelivery.drain(self)         # the phase two of T2s this loop decided (txdelivery.Completer)
             self._flush_delivered(closing=True)
 
     def _push_until_stopped(self) -> None:

@@ -9,9 +9,14 @@ stringified IOR) is the transaction client of NJI 2.7.3.1: instead of the CORBA 
   proxies), NJI Table 2-10; the values the bridge's ``enable_transaction`` stored on the proxy
   (``extra["transaction"]``), else the channel's admin properties, else 1;
 * ``coordinator.begin(TransactionTimeout)`` (seconds; 0 = no deadline);
+* the participant's ``begin_in_t2(txn)`` when it has one (the bridge enlists its broker branch, BEGIN's receipt
+  awaited in the background);
 * the PostgreSQL branch: the batch's queue rows are deleted in it (``Store.delete_deliveries``);
 * the participant's ``forward_in_t2(txn, conn, events)`` (the bridge: outbox rows, broker SEND branch);
-* ``txn.commit()``; then the records are released (their rows went with the PostgreSQL branch).
+* ``txn.decide()`` (phase one and the durable COMMIT record); phase two (``txn.complete()``), the return of the
+  branch's session and the release of the records (their rows went with the PostgreSQL branch) run on the proxy's
+  :class:`Completer`, while the proxy goes on with its next batch (pipelining: phase two of T2 *n* overlaps
+  phase one of T2 *n+1*; the completer keeps the broker's commits in the order of the decisions).
 
 A rollback (rollback-only set by the bridge, a branch that could not prepare, ``TransactionTimeout``) puts the
 entries back in their places and the dispatcher retries with backoff, like a failed push: nothing is lost and the
@@ -31,6 +36,10 @@ others released.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +52,8 @@ from router.ledger import t2_branch
 from xa.errors import DecisionUnknown, TransactionTimeout, XAError
 from xa.pg import PgBranch
 
-__all__ = ["ForwardFailed", "T2State", "check_honoured", "client_refused", "deliver", "participant", "settings",
-           "status"]
+__all__ = ["Completer", "ForwardFailed", "T2State", "check_honoured", "client_refused", "deliver", "drain",
+           "participant", "settings", "status"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -94,9 +103,11 @@ def participant(proxy: Any) -> Any:
     """The in-process T2 participant the proxy's client is, when this proxy delivers in T2; None otherwise (the
     proxy then pushes over CORBA as usual)."""
     if not enabled(proxy):
+        drain(proxy)                # a batch delivered outside T2 goes after the T2s already decided
         return None
     target = participant_quiet(proxy)
     if target is None:
+        drain(proxy)
         st = state(proxy)
         if not st.unavailable_warned:
             st.unavailable_warned = True
@@ -222,28 +233,34 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
     result = None
     txn = None
     reason = ""
+    session = ExitStack()                           # the branch's pooled session: kept until phase two is done
     try:
         txn = t2.coordinator.begin(timeout or None)
         st.active = txn.gtrid
         try:
-            with proxy.rt.db.branch() as conn:
-                try:
-                    t2.enlist(txn, t2_branch(proxy.rt.store.ledger, conn, PgBranch(conn, PG_BRANCH), txn.gtrid,
-                                             [e.record.db_id for e in entries]))
-                    ids = [e.record.db_id for e in entries if e.record.db_id is not None]
-                    proxy.rt.store.delete_deliveries(
-                        conn, proxy.channel.id, proxy.admin.id, proxy.id, ids,
-                        **({"outcome": Ledgered.DEAD_LETTER, "reason": dead_reason} if dead_reason else {}))
-                    result = target.forward_in_t2(txn, conn, events, dead_letter_reason=dead_reason)
-                    txn.commit()
-                except DecisionUnknown:
-                    raise
-                except BaseException as exc:        # roll back while the branch's session is still ours
-                    reason = _rollback(txn, exc)
-                    raise
-        except DecisionUnknown:
+            conn = session.enter_context(proxy.rt.db.branch())
+            try:
+                early = getattr(target, "begin_in_t2", None)
+                if early is not None:              # the broker's BEGIN goes out now, its receipt overlaps our SQL
+                    early(txn)
+                t2.enlist(txn, t2_branch(proxy.rt.store.ledger, conn, PgBranch(conn, PG_BRANCH), txn.gtrid,
+                                         [e.record.db_id for e in entries]))
+                ids = [e.record.db_id for e in entries if e.record.db_id is not None]
+                proxy.rt.store.delete_deliveries(
+                    conn, proxy.channel.id, proxy.admin.id, proxy.id, ids,
+                    **({"outcome": Ledgered.DEAD_LETTER, "reason": dead_reason} if dead_reason else {}))
+                result = target.forward_in_t2(txn, conn, events, dead_letter_reason=dead_reason)
+                txn.decide()                        # phase one + the durable COMMIT record; phase two below
+            except DecisionUnknown:
+                raise
+            except BaseException as exc:            # roll back while the branch's session is still ours
+                reason = _rollback(txn, exc)
+                raise
+        except DecisionUnknown as exc:
+            session.__exit__(type(exc), exc, exc.__traceback__)
             raise
         except BaseException as exc:
+            session.__exit__(type(exc), exc, exc.__traceback__)
             reason = reason or _rollback(txn, exc)   # the session could not even be checked out
             raise
     except DecisionUnknown as exc:
@@ -262,16 +279,101 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
         return _rolled_back(proxy, st, entries, exc, reason)
     finally:
         st.active = None
-    _ended(target, txn, result, True)
-    st.committed += 1
+    # Decided: the T2 commits whatever happens now (recovery finishes it after a crash), so the proxy goes on with
+    # its next batch while this one's phase two runs on the proxy's completer (docs/transactions.md#performance).
     st.consecutive_timeouts = 0
     for e in entries:
         st.reasons.pop(e.record.seq, None)
     proxy.failing, proxy.failed_attempts = None, 0
     proxy._delivered_one_batch()
+    completer(proxy).submit(lambda: _complete(st, target, txn, result, entries, session))
+    return Outcome.DELIVERED
+
+
+def _complete(st: T2State, target: Any, txn: Any, result: Any, entries: list[Entry], session: ExitStack) -> None:
+    """Phase two of a decided T2 (on the proxy's completer): COMMIT PREPARED, the broker's COMMIT, END; then the
+    session goes back to the pool, the participant hears of the end and the records are released."""
+    try:
+        txn.complete()
+    except Exception:
+        log.exception("T2 %s: phase two failed; recovery finishes it", txn.gtrid)
+    finally:
+        try:
+            session.close()
+        except Exception:
+            log.exception("T2 %s: returning the branch's session failed", txn.gtrid)
+    _ended(target, txn, result, True)
+    st.committed += 1
     for e in entries:
         e.record.release()
-    return Outcome.DELIVERED
+
+
+class Completer:
+    """Phase two of one proxy's decided T2s, in the order they were decided, on one thread of its own.
+
+    :meth:`submit` blocks while one T2 waits for the thread besides the one it runs (at most two decided T2s
+    behind the proxy's delivery thread: a bounded pipeline). The thread is started on demand and ends when idle.
+    Phase two of T2 *n* therefore always ends (its broker COMMIT receipted or given up) before phase two of T2
+    *n+1* starts: the broker commits the proxy's batches in the order it took them."""
+
+    IDLE_S = 2.0
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=1)
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._cond:
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+        self._jobs.put(job)
+
+    def pending(self) -> int:
+        with self._cond:
+            return self._pending
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted T2 finished its phase two; False if ``timeout`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending == 0, timeout)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._cond:
+                    if self._pending == 0:
+                        self._thread = None
+                        return
+                continue
+            try:
+                job()
+            except BaseException:  # the thread must outlive any job, or drain() would never end
+                log.exception("%s: a phase-two job failed", self.name)
+            finally:
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+
+
+def completer(proxy: Any) -> Completer:
+    """The proxy's :class:`Completer` (created on first use)."""
+    c: Completer | None = getattr(proxy, "_t2_completer", None)
+    if c is None:
+        c = proxy._t2_completer = Completer(f"t2-complete-{proxy.oid}")
+    return c
+
+
+def drain(proxy: Any, timeout: float | None = None) -> bool:
+    """Wait for the phase two of the proxy's decided T2s (its delivery ends, or it stops delivering in T2)."""
+    c: Completer | None = getattr(proxy, "_t2_completer", None)
+    return True if c is None else c.drain(timeout)
 
 
 def _ended(target: Any, txn: Any, result: Any, committed: bool, reason: str = "") -> None:

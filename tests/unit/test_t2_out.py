@@ -191,6 +191,7 @@ class Rig:
         entries = self.proxy.queue.take(self.proxy._batch_limit(self.proxy.batch_size()))
         assert entries, "nothing queued"
         outcome: Outcome = self.proxy._deliver(entries)
+        TX.drain(self.proxy)             # the phase two the proxy's completer runs meanwhile (pipelined T2s)
         return outcome
 
     def on(self, name: str) -> list[Any]:
@@ -700,3 +701,249 @@ def test_a_gone_proxy_is_handled_through_the_corba_call_boundary(caplog: pytest.
         m._apply_disable()
     assert m.tx_events == 0 and m.saved[-1] == {"tx_events": 0, "tx_timeout": 0}
     assert "gone" in caplog.text and "could not clear EnableTransaction" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------------ pipelining
+class GatedCommit:
+    """The broker's STOMP COMMIT held until ``gate`` opens (the first ``held`` commits), recording the order."""
+
+    def __init__(self, rig: Rig, held: int = 1) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.held = held
+        self.order: list[str] = []
+        self.inner = rig.transport.commit
+        rig.wire.commit = self.commit  # type: ignore[method-assign]
+
+    def commit(self, tx: str) -> None:
+        self.order.append(tx)
+        if len(self.order) <= self.held:
+            self.entered.set()
+            assert self.gate.wait(10), "the test never opened the gate"
+        self.inner(tx)
+
+
+def test_the_next_batch_runs_while_the_previous_t2_commits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pipelining: once a T2's decision is durable its phase two runs on the proxy's completer and the proxy's
+    next T2 goes ahead (taken, sent, decided); the broker commits the batches in the order they were taken."""
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedCommit(rig)
+    rig.put(1, 2, 3, 4)
+    first = rig.proxy.queue.take(2)
+    assert rig.proxy._deliver(first) is Outcome.DELIVERED       # decided; its broker COMMIT is held
+    assert gated.entered.wait(10)
+    assert rig.bodies("out") == [] and rig.out.active(), "T2 1 is in phase two, nothing committed at the broker"
+    assert TX.completer(rig.proxy).pending() == 1
+    second = rig.proxy.queue.take(2)
+    assert rig.proxy._deliver(second) is Outcome.DELIVERED      # T2 2 decided while T2 1 still commits
+    decided = [g for g, t in rig.t2.log.live().items() if t.commit is not None]
+    assert len(decided) == 2, "both COMMIT records are durable, neither T2 ended"
+    assert len(gated.order) == 1, "T2 2's broker COMMIT waits for T2 1's phase two"
+    gated.gate.set()
+    assert TX.drain(rig.proxy, 10)
+    assert rig.bodies("out") == ["event 1", "event 2", "event 3", "event 4"]
+    assert rig.t2.log.live() == {} and rig.t2.coordinator.in_flight() == frozenset()
+    assert TX.state(rig.proxy).committed == 2 and not rig.out.active()
+
+
+def test_a_rollback_behind_a_committing_t2_puts_its_entries_back_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """T2 2 rolls back while T2 1 (decided) is still in phase two: T2 2's entries go back to the head of the
+    queue (T2 1's are no longer there: they commit), and the next round delivers them in order."""
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedCommit(rig)
+    rig.put(1, 2, 3, 4, 5)
+    assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.DELIVERED
+    assert gated.entered.wait(10)
+    rig.running = False                                        # the bridge stops: T2 2 rolls back (an outage)
+    assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.RETRY
+    assert [e.record.seq for e in rig.proxy.queue.take(5)] == [3, 4, 5]
+    rig.put(3, 4, 5)
+    rig.running = True
+    gated.gate.set()
+    assert TX.drain(rig.proxy, 10)
+    assert rig.round() is Outcome.DELIVERED and rig.round() is Outcome.DELIVERED
+    assert rig.bodies("out") == ["event 1", "event 2", "event 3", "event 4", "event 5"]
+
+
+def test_stopping_the_push_loop_waits_for_phase_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy's push loop drains its completer before it returns (a teardown or a shutdown never leaves a
+    decided T2's phase two behind it in the process)."""
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedCommit(rig)
+    rig.put(1, 2)
+    assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.DELIVERED
+    assert gated.entered.wait(10)
+    assert not TX.drain(rig.proxy, 0.01)
+    threading.Timer(0.05, gated.gate.set).start()
+    assert TX.drain(rig.proxy)                                 # what _push_loop's finally does
+    assert rig.bodies("out") == ["event 1", "event 2"]
+
+
+# ------------------------------------------------------------------------------ the last frame's receipt
+class GatedLastFrame:
+    """The batch's last (receipted) frame held until ``release`` is set, the wire's calls recorded in order."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.release = threading.Event()
+        self.calls: list[str] = []
+        self.rig = rig
+        self.inner_send, self.inner_abort = rig.wire.send_encoded, rig.transport.abort
+        rig.wire.send_encoded = self.send_encoded  # type: ignore[method-assign]
+        rig.wire.abort = self.abort  # type: ignore[method-assign]
+
+    def send_encoded(self, destination: Any, encoded: EncodedMessage, **kw: Any) -> None:
+        if kw.get("receipt"):
+            assert self.release.wait(10), "the last frame was never released"
+            self.calls.append("last frame receipted")
+        self.inner_send(destination, encoded, **kw)
+
+    def abort(self, tx: str) -> None:
+        self.calls.append("abort")
+        self.inner_abort(tx)
+
+
+def test_postgresql_prepares_while_the_broker_takes_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PostgreSQL branch's PREPARE runs while the last frame's receipt is outstanding; the broker branch
+    votes only once that receipt is in (nothing is decided before it)."""
+    rig = Rig(monkeypatch, events=3)
+    gated = GatedLastFrame(rig)
+    seen: list[list[str]] = []
+    original = TX.PgBranch
+
+    def branch(conn: Any, name: str) -> Any:
+        b = original(conn, name)
+        prepare = b.prepare
+
+        def prepared() -> None:
+            prepare()
+            seen.append(list(gated.calls))               # what the wire had done when PostgreSQL was prepared
+            gated.release.set()
+        b.prepare = prepared
+        return b
+
+    monkeypatch.setattr(TX, "PgBranch", branch)
+    rig.put(1, 2, 3)
+    assert rig.round() is Outcome.DELIVERED
+    assert seen == [[]], "PostgreSQL prepared before the last frame's receipt came back"
+    assert gated.calls == ["last frame receipted"] and rig.bodies("out") == ["event 1", "event 2", "event 3"]
+
+
+def test_a_rollback_waits_for_the_last_frame_before_its_abort(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL votes no while the last frame is in flight: the broker branch's ABORT goes out only after that
+    frame (an ABORT overtaking it would leave a SEND for a transaction the broker no longer knows)."""
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedLastFrame(rig)
+    original = TX.PgBranch
+
+    def branch(conn: Any, name: str) -> Any:
+        b = original(conn, name)
+
+        def refuse() -> None:
+            threading.Timer(0.05, gated.release.set).start()
+            raise PrepareFailed("max_prepared_transactions reached (injected)")
+        b.prepare = refuse
+        return b
+
+    monkeypatch.setattr(TX, "PgBranch", branch)
+    rig.put(1, 2)
+    assert rig.round() is Outcome.RETRY
+    assert gated.calls == ["last frame receipted", "abort"]
+    assert rig.bodies("out") == [] and [e.record.seq for e in rig.proxy.queue.take(5)] == [1, 2]
+
+
+def test_a_refused_last_frame_is_a_content_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker refuses the batch's last message (its receipt is awaited in the background): the broker branch
+    votes no with ``content``, so the proxy isolates the batch as for any refused frame."""
+    rig = Rig(monkeypatch, events=3)
+    rig.put(5, 6, 7)                                    # event 7 is refused, and it is the last of the batch
+    assert rig.round() is Outcome.EVENT_FAILED
+    assert rig.proxy._isolate == 3 and rig.bodies("out") == []
+    assert [e.record.seq for e in rig.proxy.queue.take(5)] == [5, 6, 7]
+
+
+# ------------------------------------------------------------------------------------- the BEGIN's receipt
+class GatedBegin:
+    """The broker's STOMP BEGIN held until ``release`` is set; the wire's calls recorded in order."""
+
+    def __init__(self, rig: Rig, error: Exception | None = None) -> None:
+        self.release = threading.Event()
+        self.calls: list[str] = []
+        self.error = error
+        self.inner_begin, self.inner_abort = rig.transport.begin, rig.transport.abort
+        rig.wire.begin = self.begin  # type: ignore[method-assign]
+        rig.wire.abort = self.abort  # type: ignore[method-assign]
+
+    def begin(self) -> str:
+        assert self.release.wait(10), "the BEGIN was never released"
+        if self.error is not None:
+            self.calls.append("begin failed")
+            raise self.error
+        self.calls.append("begun")
+        return str(self.inner_begin())
+
+    def abort(self, tx: str) -> None:
+        self.calls.append("abort")
+        self.inner_abort(tx)
+
+
+class ReleasingStore(FakeStore):
+    """Records what the BEGIN had done when the channel deleted the batch's queue rows, then releases it."""
+
+    def __init__(self, gated: GatedBegin, fail: bool = False) -> None:
+        super().__init__()
+        self.gated, self.fail = gated, fail
+        self.seen: list[list[str]] = []
+
+    def delete_deliveries(self, conn: Any, cid: int, aid: int, pid: int, ids: list[int], **ledger: Any) -> None:
+        self.seen.append(list(self.gated.calls))
+        if self.fail:
+            threading.Timer(0.05, self.gated.release.set).start()
+            raise RuntimeError("the database went away (injected)")
+        self.gated.release.set()
+        super().delete_deliveries(conn, cid, aid, pid, ids)
+
+
+def test_the_broker_begin_overlaps_the_channels_sql(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker branch is enlisted first and its BEGIN's receipt is awaited in the background: the channel
+    deletes the queue rows while the BEGIN is outstanding; the SENDs wait for it."""
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedBegin(rig)
+    store = rig.proxy.rt.store = ReleasingStore(gated)
+    rig.put(1, 2)
+    assert rig.round() is Outcome.DELIVERED
+    assert store.seen == [[]], "the queue rows were deleted while the BEGIN was outstanding"
+    assert rig.bodies("out") == ["event 1", "event 2"]
+
+
+def test_a_failed_background_begin_is_an_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedBegin(rig, BrokerUnavailable("connection refused (injected)"))
+    gated.release.set()
+    rig.put(1, 2)
+    assert rig.round() is Outcome.RETRY
+    assert rig.proxy._isolate == 0, "an outage never isolates the batch"
+    assert rig.bodies("out") == [] and [e.record.seq for e in rig.proxy.queue.take(5)] == [1, 2]
+    assert rig.pg.prepared == {} and rig.t2.coordinator.in_flight() == frozenset()
+
+
+def test_a_rollback_waits_for_the_background_begin_before_its_abort(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedBegin(rig)
+    rig.proxy.rt.store = ReleasingStore(gated, fail=True)
+    rig.put(1, 2)
+    assert rig.round() is Outcome.RETRY
+    assert gated.calls == ["begun", "abort"]
+    assert [e.record.seq for e in rig.proxy.queue.take(5)] == [1, 2]
+
+
+def test_a_failing_phase_two_job_does_not_stop_the_completer() -> None:
+    """A job that raises (a bug) is logged; the completer runs the next ones and drain() still ends."""
+    completer = TX.Completer("t2-complete-test")
+    ran: list[int] = []
+
+    def bad() -> None:
+        raise KeyboardInterrupt("injected")
+
+    completer.submit(bad)
+    completer.submit(lambda: ran.append(1))
+    assert completer.drain(10) and ran == [1] and completer.pending() == 0

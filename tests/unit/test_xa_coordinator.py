@@ -405,3 +405,48 @@ def test_with_the_file_log_the_decision_is_synced_before_phase_two(tmp_path: Pat
         assert log.live() == {}
     finally:
         log.close()
+
+
+# ------------------------------------------------------------------------------- decide / complete (pipelining)
+def test_decide_then_complete_from_another_thread(w: World) -> None:
+    """decide() ends with the decision durable and nothing committed; complete() (here from another thread, as
+    the channel's pipelined T2 delivery does) runs phase two exactly as commit() would."""
+    import threading
+
+    t, _branches = w.txn(timeout=30)
+    t.decide()
+    assert t.state is State.COMMITTING
+    assert w.db.committed == [] and w.broker.committed == []
+    assert t.gtrid in w.coord.in_flight(), "recovery leaves a decided, uncompleted transaction alone"
+    assert [c for c in w.db.calls if not c.startswith(("begin", "write"))][-1] == "log Commit durable"
+    w.clock.advance(100)                              # the deadline no longer applies after the decision
+    outcomes = []
+    worker = threading.Thread(target=lambda: outcomes.append(t.complete()))
+    worker.start()
+    worker.join()
+    assert outcomes[0].state is State.COMMITTED
+    steps = [c for c in w.db.calls if not c.startswith(("begin", "write"))]
+    assert steps == ["prepare channel-queue", "prepare outbox", "prepare stomp", "log Commit durable",
+                     "commit channel-queue", "commit outbox", "commit stomp", "log End"]
+    assert w.coord.in_flight() == frozenset()
+
+
+def test_complete_needs_a_decided_transaction(w: World) -> None:
+    t, _branches = w.txn()
+    with pytest.raises(IllegalTransition):
+        t.complete()                                  # not decided: nothing is committed
+    assert w.db.committed == [] and t.state is State.ACTIVE
+    t.decide()
+    t.complete()
+    with pytest.raises(IllegalTransition):
+        t.complete()                                  # twice: refused, phase two ran once
+    assert sorted(w.db.committed) == ["channel-queue-data", "outbox-data"]
+
+
+def test_decide_failure_rolls_back_like_commit(w: World) -> None:
+    t, _branches = w.txn(fail={"outbox": {"prepare": PrepareFailed("no")}})
+    with pytest.raises(PrepareFailed):
+        t.decide()
+    assert t.state is State.ROLLED_BACK and w.prepared() == set()
+    with pytest.raises(IllegalTransition):
+        t.complete()
