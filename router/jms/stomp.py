@@ -55,7 +55,7 @@ from router.jms.transport import (
     stomp_destination,
 )
 
-__all__ = ["StompTransport", "parse_stomp_url"]
+__all__ = ["PendingCommit", "StompTransport", "parse_stomp_url"]
 
 log = logging.getLogger("nsjms.transport.stomp")
 
@@ -208,6 +208,29 @@ class _EitherEvent:
             self._events[0].wait(step)
             remaining = None if remaining is None else remaining - step
         return self.is_set()
+
+
+class PendingCommit:
+    """A COMMIT written by :meth:`StompTransport.commit_nowait`, its receipt not awaited yet."""
+
+    def __init__(self, transport: StompTransport, transaction: str, entry: Any, rid: str | None) -> None:
+        self._transport = transport
+        self.transaction = transaction
+        self._entry = entry
+        self._rid = rid
+
+    def wait(self) -> None:
+        """Wait for the COMMIT's receipt (:class:`ReceiptTimeout`: the outcome is unknown; :class:`BrokerError`:
+        refused, or a frame in the transaction failed)."""
+        t = self._transport
+        try:
+            if self._rid is not None:
+                t._wait(self._rid, t._receipt_timeout)
+        finally:
+            t._book.discard_tx(self.transaction)
+        if self._entry.rollback_only:
+            raise BrokerError(f"transaction {self.transaction}: a frame in it failed before the COMMIT was "
+                              f"confirmed ({self._entry.rollback_only}); the broker committed it without that frame")
 
 
 class StompTransport:
@@ -387,10 +410,16 @@ class StompTransport:
             raise SendFailed(str(exc), dest) from exc
 
     def begin(self) -> str:
+        """BEGIN without a receipt (issue 12: no round trip per transaction). The transaction is in the book before
+        its frame is written, so an ERROR answering the BEGIN (it has no receipt id) marks it rollback-only: a
+        failed BEGIN shows up at the COMMIT (or :meth:`transaction_problem`), which then raises."""
         tx = f"tx-{uuid.uuid4().hex}"
-        epoch = self._transmit("begin", lambda c, h: c.begin(tx, headers=h), {}, receipt=True,
-                               loss_is_failure=True)
-        self._book.add_tx(tx, epoch)
+        self._book.add_tx(tx, self._book.check_connected())
+        try:
+            self._transmit("begin", lambda c, h: c.begin(tx, headers=h), {}, receipt=False, loss_is_failure=True)
+        except BaseException:
+            self._book.discard_tx(tx)
+            raise
         return tx
 
     def transaction_problem(self, transaction: str) -> str | None:
@@ -400,6 +429,12 @@ class StompTransport:
         """The transaction stays in the book until the COMMIT's receipt: an ERROR for an earlier receipt-less frame
         that arrives meanwhile still marks it, and the commit then raises :class:`BrokerError` (ActiveMQ refuses
         such a COMMIT itself; a broker that accepts it has committed the transaction without that frame)."""
+        self.commit_nowait(transaction).wait()
+
+    def commit_nowait(self, transaction: str) -> PendingCommit:
+        """Write the COMMIT (receipted) and return without waiting: :meth:`PendingCommit.wait` waits for its
+        receipt and raises what :meth:`commit` raises. The caller may write other frames meanwhile (pipelining);
+        it must call ``wait`` once. A transaction already known to be lost or rollback-only raises here."""
         entry = self._book.get_tx(transaction)
         try:
             if not self._book.is_live(entry):
@@ -408,13 +443,12 @@ class StompTransport:
                 self._abort_frame(transaction)
                 raise BrokerError(f"transaction {transaction} rolled back: a frame in it failed: "
                                   f"{entry.rollback_only}")
-            self._transmit("commit", lambda c, h: c.commit(transaction, headers=h), {}, receipt=True,
-                           loss_is_failure=False)
-        finally:
+            _, rid = self._write("commit", lambda c, h: c.commit(transaction, headers=h), {}, receipt=True,
+                                 loss_is_failure=False)
+        except BaseException:
             self._book.discard_tx(transaction)
-        if entry.rollback_only:
-            raise BrokerError(f"transaction {transaction}: a frame in it failed before the COMMIT was confirmed "
-                              f"({entry.rollback_only}); the broker committed it without that frame")
+            raise
+        return PendingCommit(self, transaction, entry, rid)
 
     def abort(self, transaction: str) -> None:
         entry = self._book.end_tx(transaction)
@@ -523,6 +557,15 @@ class StompTransport:
                   headers: dict[str, str], *, receipt: bool, loss_is_failure: bool,
                   timeout: float | None = None) -> int:
         """Write one frame; with ``receipt`` wait for its answer. Returns the epoch it went out on."""
+        epoch, rid = self._write(operation, action, headers, receipt=receipt, loss_is_failure=loss_is_failure)
+        if rid is not None:
+            self._wait(rid, timeout or self._receipt_timeout)
+        return epoch
+
+    def _write(self, operation: str, action: Callable[[stomp.Connection12, dict[str, str]], object],
+               headers: dict[str, str], *, receipt: bool, loss_is_failure: bool) -> tuple[int, str | None]:
+        """Write one frame, registering a waiter for its receipt first (the dispatcher matches receipts by id,
+        in any order); returns the epoch it went out on and the receipt id to :meth:`_wait` for."""
         rid = f"{operation}-{uuid.uuid4().hex}" if receipt else None
         with self._book.lock:
             epoch = self._book.check_connected()
@@ -536,9 +579,7 @@ class StompTransport:
         except _LINK_ERRORS as exc:
             self._waiters.pop(rid or "", None)
             raise BrokerUnavailable(f"{operation}: the frame could not be written: {exc}") from exc
-        if rid is not None:
-            self._wait(rid, timeout or self._receipt_timeout)
-        return epoch
+        return epoch, rid
 
     def _wait(self, rid: str, timeout: float) -> None:
         waiter = self._waiters[rid]

@@ -143,15 +143,67 @@ def test_lost_connection_while_waiting(fake: FakeBroker) -> None:
     t.close()
 
 
-def test_lost_connection_while_waiting_for_a_commit(fake: FakeBroker) -> None:
+def last_frame(fake: FakeBroker, command: bytes) -> bytes:
+    """The fake's last frame once it is a ``command`` frame (polled with a deadline)."""
+    deadline = time.monotonic() + 5
+    while not (fake.frames and fake.frames[-1].startswith(command)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fake.frames[-1].startswith(command)
+    return fake.frames[-1]
+
+
+def begun(fake: FakeBroker, t: StompTransport) -> str:
+    """BEGIN goes without a receipt (issue 12): begin() returns at once; the transaction id of the frame."""
+    tx = t.begin()
+    frame = last_frame(fake, b"BEGIN").decode()
+    assert frame.startswith("BEGIN") and "receipt:" not in frame
+    assert frame.split("transaction:")[1].split("\n")[0] == tx
+    return tx
+
+
+def test_an_error_answering_a_begin_fails_the_commit(fake: FakeBroker) -> None:
+    """A BEGIN without a receipt that the broker refuses (an ERROR with no receipt id) shows up at the COMMIT."""
     t = connect(fake, receipt_timeout=10)
-    thread, errors = in_thread(t.begin)
+    tx = begun(fake, t)
+    fake.reply(b"ERROR\nmessage:begin refused\n\n\x00")
+    deadline = time.monotonic() + 5
+    while t.last_error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fake.got_frame.clear()
+    thread, errors = in_thread(lambda: t.commit(tx))
     assert fake.got_frame.wait(5)
+    assert fake.frames[-1].startswith(b"ABORT")                         # the COMMIT is not even written
     fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
     thread.join(5)
-    assert not errors
+    assert len(errors) == 1 and isinstance(errors[0], BrokerError) and "begin refused" in str(errors[0])
+    t.close()
+
+
+def test_commit_receipts_are_matched_asynchronously_in_any_order(fake: FakeBroker) -> None:
+    """commit_nowait writes the COMMIT and returns; two COMMITs in flight, their receipts answered in reverse
+    order, each wait() gets its own answer (the refused one raises, the other returns)."""
+    t = connect(fake, receipt_timeout=10)
+    tx1 = begun(fake, t)
+    first = t.commit_nowait(tx1)
+    last_frame(fake, b"COMMIT")
+    rid1 = fake.receipt_header()
+    tx2 = begun(fake, t)
+    second = t.commit_nowait(tx2)
+    last_frame(fake, b"COMMIT")
+    rid2 = fake.receipt_header()
+    assert rid1 != rid2
+    fake.reply(f"ERROR\nreceipt-id:{rid2}\nmessage:commit refused\n\n\x00".encode()
+               + f"RECEIPT\nreceipt-id:{rid1}\n\n\x00".encode())
+    first.wait()
+    with pytest.raises(BrokerError, match="commit refused"):
+        second.wait()
+    t.close()
+
+
+def test_lost_connection_while_waiting_for_a_commit(fake: FakeBroker) -> None:
+    t = connect(fake, receipt_timeout=10)
+    tx = begun(fake, t)
     fake.got_frame.clear()
-    tx = fake.frames[-1].decode().split("transaction:")[1].split("\n")[0]
     thread, errors = in_thread(lambda: t.commit(tx))
     assert fake.got_frame.wait(5)
     fake.drop()
@@ -222,11 +274,7 @@ def test_a_nul_byte_in_a_header_is_reassembled_and_handed_over_as_undecodable(fa
 
 def test_unreceipted_error_makes_open_transactions_roll_back(fake: FakeBroker) -> None:
     t = connect(fake, receipt_timeout=10)
-    thread, errors = in_thread(t.begin)
-    assert fake.got_frame.wait(5)
-    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
-    thread.join(5)
-    tx = fake.frames[-1].decode().split("transaction:")[1].split("\n")[0]
+    tx = begun(fake, t)
     t.send("/queue/q", MSG, transaction=tx, receipt=False)
     fake.reply(b"ERROR\nmessage:send refused\n\n\x00")
     deadline = time.monotonic() + 5
@@ -247,11 +295,7 @@ def test_an_error_arriving_after_the_commit_was_sent_still_fails_the_commit(fake
     transaction stays in the book until the receipt, so commit() raises instead of returning normally (ActiveMQ
     refuses such a COMMIT itself; a broker that commits it has committed a transaction missing a message)."""
     t = connect(fake, receipt_timeout=10)
-    thread, errors = in_thread(t.begin)
-    assert fake.got_frame.wait(5)
-    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
-    thread.join(5)
-    tx = fake.frames[-1].decode().split("transaction:")[1].split("\n")[0]
+    tx = begun(fake, t)
     t.send("/queue/q", MSG, transaction=tx, receipt=False)
     thread, errors = in_thread(lambda: t.commit(tx))
     deadline = time.monotonic() + 5
