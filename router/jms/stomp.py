@@ -171,6 +171,7 @@ class _Waiter:
     epoch: int
     loss_is_failure: bool          # True: a lost connection means "not done"; False: the outcome is unknown
     answers: queue.Queue[tuple[str, Frame | None]] = field(default_factory=lambda: queue.Queue(maxsize=1))
+    on_answer: Callable[[], None] | None = None     # run on the dispatcher thread when the answer arrives
 
     def wait(self, timeout: float) -> Frame:
         try:
@@ -213,24 +214,32 @@ class _EitherEvent:
 class PendingCommit:
     """A COMMIT written by :meth:`StompTransport.commit_nowait`, its receipt not awaited yet."""
 
-    def __init__(self, transport: StompTransport, transaction: str, entry: Any, rid: str | None) -> None:
+    def __init__(self, transport: StompTransport, transaction: str, entry: Any) -> None:
         self._transport = transport
         self.transaction = transaction
         self._entry = entry
-        self._rid = rid
+        self.rid: str | None = None
+        self._problem: tuple[str | None] | None = None     # the transaction's problem when the answer arrived
+
+    def answered(self) -> None:
+        """On the dispatcher thread, as the COMMIT's answer arrives: the transaction leaves the book then, so an
+        ERROR for a frame written after the COMMIT (another transaction's, pipelined) cannot mark it."""
+        self._problem = (self._entry.rollback_only,)
+        self._transport._book.discard_tx(self.transaction)
 
     def wait(self) -> None:
         """Wait for the COMMIT's receipt (:class:`ReceiptTimeout`: the outcome is unknown; :class:`BrokerError`:
         refused, or a frame in the transaction failed)."""
         t = self._transport
         try:
-            if self._rid is not None:
-                t._wait(self._rid, t._receipt_timeout)
+            if self.rid is not None:
+                t._wait(self.rid, t._receipt_timeout)
         finally:
             t._book.discard_tx(self.transaction)
-        if self._entry.rollback_only:
+        problem = self._problem[0] if self._problem is not None else self._entry.rollback_only
+        if problem:
             raise BrokerError(f"transaction {self.transaction}: a frame in it failed before the COMMIT was "
-                              f"confirmed ({self._entry.rollback_only}); the broker committed it without that frame")
+                              f"confirmed ({problem}); the broker committed it without that frame")
 
 
 class StompTransport:
@@ -443,12 +452,13 @@ class StompTransport:
                 self._abort_frame(transaction)
                 raise BrokerError(f"transaction {transaction} rolled back: a frame in it failed: "
                                   f"{entry.rollback_only}")
-            _, rid = self._write("commit", lambda c, h: c.commit(transaction, headers=h), {}, receipt=True,
-                                 loss_is_failure=False)
+            pending = PendingCommit(self, transaction, entry)
+            _, pending.rid = self._write("commit", lambda c, h: c.commit(transaction, headers=h), {}, receipt=True,
+                                         loss_is_failure=False, on_answer=pending.answered)
         except BaseException:
             self._book.discard_tx(transaction)
             raise
-        return PendingCommit(self, transaction, entry, rid)
+        return pending
 
     def abort(self, transaction: str) -> None:
         entry = self._book.end_tx(transaction)
@@ -563,7 +573,8 @@ class StompTransport:
         return epoch
 
     def _write(self, operation: str, action: Callable[[stomp.Connection12, dict[str, str]], object],
-               headers: dict[str, str], *, receipt: bool, loss_is_failure: bool) -> tuple[int, str | None]:
+               headers: dict[str, str], *, receipt: bool, loss_is_failure: bool,
+               on_answer: Callable[[], None] | None = None) -> tuple[int, str | None]:
         """Write one frame, registering a waiter for its receipt first (the dispatcher matches receipts by id,
         in any order); returns the epoch it went out on and the receipt id to :meth:`_wait` for."""
         rid = f"{operation}-{uuid.uuid4().hex}" if receipt else None
@@ -572,7 +583,7 @@ class StompTransport:
             conn = self._conn
             if rid is not None:
                 headers["receipt"] = rid
-                self._waiters[rid] = _Waiter(operation, epoch, loss_is_failure)
+                self._waiters[rid] = _Waiter(operation, epoch, loss_is_failure, on_answer=on_answer)
         assert conn is not None
         try:
             action(conn, headers)
@@ -690,6 +701,9 @@ class StompTransport:
     def _answer(self, rid: str, kind: str, frame: Frame | None) -> None:
         waiter = self._waiters.get(rid)
         if waiter is not None:
+            if waiter.on_answer is not None:
+                waiter.on_answer()
+                waiter.on_answer = None
             try:
                 waiter.answers.put_nowait((kind, frame))
             except queue.Full:

@@ -200,6 +200,29 @@ def test_commit_receipts_are_matched_asynchronously_in_any_order(fake: FakeBroke
     t.close()
 
 
+def test_an_error_after_a_commit_receipt_does_not_fail_that_commit(fake: FakeBroker) -> None:
+    """Pipelined: tx2's SEND is written after tx1's COMMIT; the broker answers tx1's receipt, then an ERROR without a
+    receipt id (tx2's SEND refused). tx1 was committed whole: its wait() returns, tx2's commit fails. (Before, tx1
+    stayed in the book until wait() and the later ERROR marked it too: a false failure and a resent batch.)"""
+    t = connect(fake, receipt_timeout=10)
+    tx1 = begun(fake, t)
+    t.send("/queue/q", MSG, transaction=tx1, receipt=False)
+    first = t.commit_nowait(tx1)
+    last_frame(fake, b"COMMIT")
+    rid1 = fake.receipt_header()
+    tx2 = begun(fake, t)
+    t.send("/queue/q", MSG, transaction=tx2, receipt=False)
+    last_frame(fake, b"SEND")
+    fake.reply(f"RECEIPT\nreceipt-id:{rid1}\n\n\x00".encode() + b"ERROR\nmessage:tx2 send refused\n\n\x00")
+    deadline = time.monotonic() + 5
+    while t.last_error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert t.last_error is not None
+    first.wait()                                                        # tx1 committed: no error
+    assert t.transaction_problem(tx2) == "tx2 send refused"
+    t.close()
+
+
 def test_lost_connection_while_waiting_for_a_commit(fake: FakeBroker) -> None:
     t = connect(fake, receipt_timeout=10)
     tx = begun(fake, t)
