@@ -177,8 +177,10 @@ class Proxy:
         return None
 
     def _content_failed(self, entries: list[Entry], exc: BaseException) -> None:
+        """The proxy's poison handling, shortened: the event that cannot be converted is dead-lettered at once,
+        the others of its batch go back to the queue."""
         self.content_failed.append([e.record.event.value for e in entries])
-        self.queue.requeue(entries)
+        self.queue.requeue([e for e in entries if e.record.event.value != "unconvertible"])
 
     def run(self) -> list[Outcome]:
         """The dispatcher loop, until the queue is empty (what ``_push_until_stopped`` does)."""
@@ -367,3 +369,24 @@ def test_a_bridge_stopped_between_batches_keeps_the_rest_queued() -> None:
     assert proxy.delivered == events(200)                   # the batch whose COMMIT was out is settled, not resent
     assert [e.record.event.value for e in proxy.queue.take(1000)] == events(250)[200:]
     assert broker.open == {} and broker.in_flight == []
+
+
+def test_an_event_the_channel_cannot_convert_goes_to_poison_handling_after_the_batches_in_flight(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    broker, _, proxy = make()
+    from router.channel.events import as_structured as real
+
+    def convert(event: Event) -> Any:
+        if event.value == "unconvertible":
+            raise ValueError("cannot convert")
+        return real(event)
+
+    monkeypatch.setattr(localpush, "as_structured", convert)
+    values = events(250)
+    values[150] = "unconvertible"
+    proxy.put(*values)
+    outcomes = proxy.run()
+    assert Outcome.EVENT_FAILED in outcomes
+    assert proxy.content_failed[0] == values[100:200]        # the batch that held it, not sent
+    expected = [v for v in values if v != "unconvertible"]
+    assert broker.bodies() == expected and proxy.delivered == expected       # in order, nothing else lost
