@@ -83,7 +83,7 @@ class LocalBatches:
             return batch
         try:
             transport = flow.transport
-            batch.tx = transport.begin()
+            batch.tx = transport.begin_nowait()
             for msg, encoded in batch.messages:
                 if encoded is None:
                     transport.send(flow.destination, msg, transaction=batch.tx, receipt=False)

@@ -653,6 +653,10 @@ class MemoryTransport:
         self._txs[tx] = _TxOps()
         return tx
 
+    def begin_nowait(self) -> str:
+        """The twin's BEGIN has no round trip either way: as :meth:`begin` (an injected fault raises here)."""
+        return self.begin()
+
     def transaction_problem(self, transaction: str) -> str | None:
         return self._book.tx_problem(transaction)
 

@@ -419,9 +419,19 @@ class StompTransport:
             raise SendFailed(str(exc), dest) from exc
 
     def begin(self) -> str:
-        """BEGIN without a receipt (issue 12: no round trip per transaction). The transaction is in the book before
+        """BEGIN, receipted: a BEGIN the broker refuses raises here (:class:`BrokerError`), at the transaction's
+        start, so a routing transaction (T2) branch tells a refused BEGIN (an outage) from a refused message."""
+        tx = f"tx-{uuid.uuid4().hex}"
+        epoch = self._transmit("begin", lambda c, h: c.begin(tx, headers=h), {}, receipt=True,
+                               loss_is_failure=True)
+        self._book.add_tx(tx, epoch)
+        return tx
+
+    def begin_nowait(self) -> str:
+        """BEGIN without a receipt (issue 12: no round trip per batch). The transaction is in the book before
         its frame is written, so an ERROR answering the BEGIN (it has no receipt id) marks it rollback-only: a
-        failed BEGIN shows up at the COMMIT (or :meth:`transaction_problem`), which then raises."""
+        failed BEGIN shows up at the COMMIT (or :meth:`transaction_problem`), which then raises, not telling it
+        from a refused SEND. Only for callers that resend a refused transaction one message at a time."""
         tx = f"tx-{uuid.uuid4().hex}"
         self._book.add_tx(tx, self._book.check_connected())
         try:

@@ -255,8 +255,13 @@ class Transport(Protocol):
         ...
 
     def begin(self) -> str:
-        """Start a broker transaction; returns its id. STOMP writes the BEGIN without a receipt: a BEGIN the
-        broker refused shows up at the COMMIT (or in :meth:`transaction_problem` after a receipted frame)."""
+        """Start a broker transaction (receipted: a BEGIN the broker refuses raises here); returns its id."""
+        ...
+
+    def begin_nowait(self) -> str:
+        """Start a broker transaction without awaiting the BEGIN's receipt (STOMP: no receipt asked); returns its
+        id. A BEGIN the broker refused shows up at the COMMIT (or in :meth:`transaction_problem` after a receipted
+        frame) as a failed frame of the transaction: only for callers that then resend its messages one by one."""
         ...
 
     def transaction_problem(self, transaction: str) -> str | None:

@@ -68,6 +68,9 @@ class PipeBroker:
         self._n = 0
 
     def begin(self) -> str:
+        raise AssertionError("a batch's BEGIN goes without a receipt (begin_nowait)")
+
+    def begin_nowait(self) -> str:
         self._n += 1
         tx = f"tx{self._n}"
         self.frames.append(("BEGIN", tx))

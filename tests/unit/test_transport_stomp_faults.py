@@ -153,15 +153,42 @@ def last_frame(fake: FakeBroker, command: bytes) -> bytes:
 
 
 def begun(fake: FakeBroker, t: StompTransport) -> str:
-    """BEGIN goes without a receipt (issue 12): begin() returns at once; the transaction id of the frame."""
-    tx = t.begin()
+    """begin_nowait() writes the BEGIN without a receipt (issue 12) and returns at once; the transaction id."""
+    tx = t.begin_nowait()
     frame = last_frame(fake, b"BEGIN").decode()
     assert frame.startswith("BEGIN") and "receipt:" not in frame
     assert frame.split("transaction:")[1].split("\n")[0] == tx
     return tx
 
 
-def test_an_error_answering_a_begin_fails_the_commit(fake: FakeBroker) -> None:
+def began(fake: FakeBroker, t: StompTransport) -> str:
+    """begin() writes the BEGIN receipted and returns once the fake answered its receipt."""
+    holder: list[str] = []
+    thread, errors = in_thread(lambda: holder.append(t.begin()))
+    assert fake.got_frame.wait(5)
+    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
+    thread.join(5)
+    assert not errors and holder
+    tx = fake.frames[-1].decode().split("transaction:")[1].split("\n")[0]
+    assert holder[0] == tx
+    return tx
+
+
+def test_an_error_answering_a_receipted_begin_raises_at_the_begin(fake: FakeBroker) -> None:
+    """begin() (a T2 branch's) stays receipted: a BEGIN the broker refuses raises BrokerError from begin() itself,
+    so the branch sees an outage at its start, not a refused message at the COMMIT (which would make the T2
+    dead-letter a good event). Before: begin() returned without waiting and no receipt was asked."""
+    t = connect(fake, receipt_timeout=10)
+    thread, errors = in_thread(t.begin)
+    assert fake.got_frame.wait(5)
+    assert fake.frames[-1].startswith(b"BEGIN")
+    fake.reply(f"ERROR\nreceipt-id:{fake.receipt_header()}\nmessage:begin refused\n\n\x00".encode())
+    thread.join(5)
+    assert len(errors) == 1 and isinstance(errors[0], BrokerError) and "begin refused" in str(errors[0])
+    t.close()
+
+
+def test_an_error_answering_a_begin_nowait_fails_the_commit(fake: FakeBroker) -> None:
     """A BEGIN without a receipt that the broker refuses (an ERROR with no receipt id) shows up at the COMMIT."""
     t = connect(fake, receipt_timeout=10)
     tx = begun(fake, t)
@@ -225,7 +252,7 @@ def test_an_error_after_a_commit_receipt_does_not_fail_that_commit(fake: FakeBro
 
 def test_lost_connection_while_waiting_for_a_commit(fake: FakeBroker) -> None:
     t = connect(fake, receipt_timeout=10)
-    tx = begun(fake, t)
+    tx = began(fake, t)
     fake.got_frame.clear()
     thread, errors = in_thread(lambda: t.commit(tx))
     assert fake.got_frame.wait(5)
@@ -297,7 +324,7 @@ def test_a_nul_byte_in_a_header_is_reassembled_and_handed_over_as_undecodable(fa
 
 def test_unreceipted_error_makes_open_transactions_roll_back(fake: FakeBroker) -> None:
     t = connect(fake, receipt_timeout=10)
-    tx = begun(fake, t)
+    tx = began(fake, t)
     t.send("/queue/q", MSG, transaction=tx, receipt=False)
     fake.reply(b"ERROR\nmessage:send refused\n\n\x00")
     deadline = time.monotonic() + 5
@@ -318,7 +345,7 @@ def test_an_error_arriving_after_the_commit_was_sent_still_fails_the_commit(fake
     transaction stays in the book until the receipt, so commit() raises instead of returning normally (ActiveMQ
     refuses such a COMMIT itself; a broker that commits it has committed a transaction missing a message)."""
     t = connect(fake, receipt_timeout=10)
-    tx = begun(fake, t)
+    tx = began(fake, t)
     t.send("/queue/q", MSG, transaction=tx, receipt=False)
     thread, errors = in_thread(lambda: t.commit(tx))
     deadline = time.monotonic() + 5
