@@ -13,7 +13,9 @@ only once the broker confirmed its COMMIT. A batch the broker refuses (an ERROR 
 for the COMMIT) is sent again one message at a time, receipted, and the refused message is dead-lettered with the
 reason while the others are delivered (:meth:`ChannelToJms._send_one`); the batch written behind it is aborted and
 goes back to the channel's queue, in order. A connection problem raises :class:`ForwardDeferred`: every batch in
-flight goes back to the queue (a COMMIT whose receipt was lost may have happened: at most duplicates). An event the
+flight goes back to the queue (a COMMIT whose receipt was lost may have happened: at most duplicates), except the
+events already delivered (:attr:`Batch.handled`): the messages the one-by-one resend had confirmed before it
+stopped (a dead letter refused too, a lost connection) and the events dead-lettered by the mapping. An event the
 mapping cannot express is dead-lettered before its batch is sent, as on the push path.
 """
 
@@ -49,6 +51,11 @@ class Batch:
 
     events: list[Any]
     messages: list[tuple[JmsMessage, EncodedMessage | None]] = field(default_factory=list)
+    origin: list[int] = field(default_factory=list)          # the index in ``events`` of each message
+    #: Indices in ``events`` of the events already delivered when the batch as a whole was not: dead-lettered by
+    #: the mapping, or sent (or dead-lettered) one by one before a failure. They count as delivered: a batch put
+    #: back must not send (or dead-letter) them again.
+    handled: set[int] = field(default_factory=set)
     tx: str | None = None
     pending: PendingReceipt | None = None
     committed: bool = False                      # its COMMIT was written: never ABORTed, its outcome is the broker's
@@ -68,19 +75,30 @@ class LocalBatches:
     def running(self) -> bool:
         return self.flow.bridge.running()
 
-    # -- the steps, in order: start, commit, settle (or abort) ------------------------------------------------
-    def start(self, events: Sequence[Any]) -> Batch:
-        """Map ``events`` and write BEGIN and the SENDs, no receipt awaited."""
+    # -- the steps, in order: batch, start, commit, settle (or abort) -----------------------------------------
+    @staticmethod
+    def batch(events: Sequence[Any]) -> Batch:
+        """A new batch of ``events`` (the caller holds it before :meth:`start`: a failure there may have
+        dead-lettered some of its events already, see :attr:`Batch.handled`)."""
+        return Batch(list(events))
+
+    def start(self, batch: Batch) -> None:
+        """Map the batch's events and write BEGIN and the SENDs, no receipt awaited."""
         flow = self.flow
         if not flow.bridge.running():
             raise ForwardDeferred("the bridge is stopped")
-        batch = Batch(list(events))
-        try:                  # a dead letter the broker refuses (SendRefused) keeps the whole batch in the channel
-            batch.messages = [m for m in (self._map(ev) for ev in batch.events) if m is not None]
+        try:                  # a dead letter the broker refuses (SendRefused) keeps the rest of the batch queued
+            for i, ev in enumerate(batch.events):
+                mapped = self._map(ev)
+                if mapped is None:
+                    batch.handled.add(i)               # dead-lettered: that is its delivery
+                else:
+                    batch.messages.append(mapped)
+                    batch.origin.append(i)
         except TransportError as exc:
             raise self._deferred(exc) from None
         if not batch.messages:
-            return batch
+            return
         try:
             transport = flow.transport
             batch.tx = transport.begin_nowait()
@@ -96,7 +114,6 @@ class LocalBatches:
         except TransportError as exc:
             self.abort(batch)
             raise self._deferred(exc) from None
-        return batch
 
     def commit(self, batch: Batch) -> None:
         """Write the batch's COMMIT; its receipt is awaited by :meth:`settle`."""
@@ -114,7 +131,8 @@ class LocalBatches:
         """Wait for the batch's COMMIT receipt; True when the transaction carried it all. False when the broker
         refused part of it: it was then sent again message by message (a refused one dead-lettered), and the
         caller must abort what it wrote behind it. Raises :class:`ForwardDeferred` when the outcome is not a
-        confirmation (the batch stays in the channel and is offered again)."""
+        confirmation (the batch stays in the channel and is offered again); the messages confirmed one by one
+        before that are then in :attr:`Batch.handled` (the caller must not put their events back)."""
         flow = self.flow
         clean = True
         try:
@@ -129,8 +147,10 @@ class LocalBatches:
                 log.warning("bridge %d: the broker refused a transaction of %d message(s) (%s); sending them one "
                             "at a time", flow.bridge.id, len(batch.messages), batch.refused)
                 with telemetry.forward_span(flow.bridge.id, len(batch.messages)):
-                    for msg, _ in batch.messages:
-                        flow._send_one(msg)
+                    for k, (msg, _) in enumerate(batch.messages):
+                        if batch.origin[k] not in batch.handled:
+                            flow._send_one(msg)
+                            batch.handled.add(batch.origin[k])
         except TransportError as exc:
             raise self._deferred(exc) from None
         flow.forwarded += len(batch.messages)

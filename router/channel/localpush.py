@@ -13,7 +13,7 @@ Exactly as for a CORBA push: a batch's events leave the queue (journaled as deli
 only once the broker confirmed its COMMIT. A batch the broker refused in part is sent again message by message by
 the bridge (a refused message dead-lettered there, the others delivered), and every batch written behind it is
 aborted and put back in the queue in its place. A broker problem (``ForwardDeferred``) puts back every batch not
-confirmed, the proxy retries with backoff and shows ``failing`` in ``nsjms status``; a COMMIT whose receipt was
+confirmed (less its events the bridge delivered already: ``Batch.handled``), the proxy retries with backoff and shows ``failing`` in ``nsjms status``; a COMMIT whose receipt was
 lost may have happened, so those events may reach the broker twice (never lost). An event the channel cannot
 convert is isolated and dead-lettered by the proxy's poison handling (``router.channel.delivery``). A consumer in
 another process is pushed over CORBA one event (or sequence) per call, as before.
@@ -114,8 +114,10 @@ def deliver(proxy: Any, batches: Any, entries: list[Entry]) -> Outcome:
                 except Exception as exc:  # noqa: BLE001 — the channel cannot convert this content: event-specific
                     failed, held = (held, exc), []
                 else:
-                    inflight.append((held, batches.start(events)))
+                    batch = batches.batch(events)
+                    inflight.append((held, batch))     # in flight before start: a failure there puts it back
                     held = []
+                    batches.start(batch)
                     sent += 1
                     if len(inflight) == 1:
                         batches.commit(inflight[0][1])
@@ -169,7 +171,10 @@ def _put_back(proxy: Any, batches: Any, inflight: deque[tuple[list[Entry], Any]]
                 _done(proxy, entries)
                 continue
         batches.abort(batch)
-        back += entries
+        handled = batch.handled             # dead-lettered, or confirmed one by one before the failure
+        if handled:
+            proxy._delivered([e for k, e in enumerate(entries) if k in handled])
+        back += [e for k, e in enumerate(entries) if k not in handled]
     inflight.clear()
     back += held
     if back:

@@ -65,6 +65,7 @@ class PipeBroker:
         self.max_in_flight = 0
         self.commit_outcomes: list[tuple[Exception | None, bool]] = []
         self.refuse: set[Any] = set()
+        self.refuse_dest: set[str] = set()      # destinations that refuse every message sent alone (a DLQ)
         self._n = 0
 
     def begin(self) -> str:
@@ -86,7 +87,7 @@ class PipeBroker:
         if transaction is not None:
             self.open[transaction].append((dest, message))
             return
-        if message.body in self.refuse:
+        if message.body in self.refuse or dest in self.refuse_dest:
             raise SendRefused("ERROR", dest, "refused by policy")
         self.stored.append((dest, message))
 
@@ -393,3 +394,68 @@ def test_an_event_the_channel_cannot_convert_goes_to_poison_handling_after_the_b
     assert proxy.content_failed[0] == values[100:200]        # the batch that held it, not sent
     expected = [v for v in values if v != "unconvertible"]
     assert broker.bodies() == expected and proxy.delivered == expected       # in order, nothing else lost
+
+
+def sent_alone(broker: PipeBroker) -> list[Any]:
+    return [f[2] for f in broker.frames if f[0] == "SEND" and f[1] is None]
+
+
+def test_a_refused_batch_whose_dead_letter_is_refused_too_keeps_only_the_rest_queued() -> None:
+    """e50 is refused in a batch of 100 and its dead letter is refused too: e0..e49 went to the broker one by one
+    before that. They are delivered (journaled) and only e50.. go back; the retries do not send e0..e49 again.
+    (Before: the whole batch went back and every retry re-sent e0..e49: unbounded duplicates.)"""
+    broker, _, proxy = make()
+    broker.refuse.add("e50")
+    broker.refuse_dest.add(DEFAULT_DLQ.stomp())
+    proxy.put(*events(150))
+    for _ in range(3):
+        assert localpush.deliver(proxy, localpush.target(proxy), proxy.queue.take(1)) is Outcome.RETRY
+    assert proxy.delivered == events(50)
+    assert broker.bodies() == events(50)                              # each once
+    assert sent_alone(broker).count("e0") == 1 and sent_alone(broker).count("e49") == 1
+    assert proxy.failed_attempts == 3                                  # no progress after the first: backoff grows
+    broker.refuse_dest.clear()                                         # the DLQ takes it now
+    assert proxy.run()[-1] is Outcome.DELIVERED
+    assert broker.bodies() == [e for e in events(150) if e != "e50"]  # in order, each once
+    dead = [m for d, m in broker.stored if d == DEFAULT_DLQ.stomp()]
+    assert len(dead) == 1 and "refused" in str(dead[0].properties["nsjms_dlq_reason"].value)
+    assert proxy.delivered == events(150)
+
+
+def test_an_event_dead_lettered_by_the_mapping_is_not_dead_lettered_again_when_its_batch_is_put_back() -> None:
+    """The second batch is mapped (its unmappable event dead-lettered) while the first COMMIT is in flight; that
+    COMMIT fails, both batches go back. The dead letter was the event's delivery: the retry does not send another.
+    (Before: the event went back with its batch and was dead-lettered on every retry.)"""
+    broker, _, proxy = make()
+    broker.commit_outcomes = [(ReceiptTimeout("no receipt within 30 s", "commit"), False)]
+    values = events(250)
+    values[150] = "unmappable"
+    proxy.put(*values)
+    outcomes = proxy.run()
+    assert outcomes[0] is Outcome.RETRY and outcomes[-1] is Outcome.DELIVERED
+    assert len([1 for d, _ in broker.stored if d == DEFAULT_DLQ.stomp()]) == 1
+    assert broker.bodies() == [v for v in values if v != "unmappable"]
+    assert sorted(proxy.delivered) == sorted(values)                  # every event left the queue once
+
+
+def test_a_dead_letter_refused_while_mapping_keeps_the_events_dead_lettered_before_it_delivered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two unmappable events in one batch, the second's dead letter refused: the first one's dead letter stands
+    (it is not sent again on the retry), the batch's other events stay queued."""
+    broker, bridge, proxy = make()
+    real = ChannelToJms._dead_letter
+    calls: list[bytes] = []
+
+    def dead_letter(self: ChannelToJms, body: bytes, reason: str) -> None:
+        calls.append(body)
+        if len(calls) == 2:
+            raise SendRefused("ERROR", DEFAULT_DLQ.stomp(), "dlq refused")
+        real(self, body, reason)
+
+    monkeypatch.setattr(ChannelToJms, "_dead_letter", dead_letter)
+    proxy.put("a", "unmappable", "b", "unmappable", "c")
+    assert localpush.deliver(proxy, localpush.target(proxy), proxy.queue.take(1)) is Outcome.RETRY
+    assert proxy.delivered == ["unmappable"]
+    assert len([1 for d, _ in broker.stored if d == DEFAULT_DLQ.stomp()]) == 1      # the first one's
+    assert [e.record.event.value for e in proxy.queue.take(1000)] == ["a", "b", "unmappable", "c"]
+    assert bridge.problems
