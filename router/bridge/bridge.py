@@ -230,7 +230,11 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
             self.flow_out = F.ChannelToJms(self, self.destination, _LazyTransport(self), self._to_jms,
                                            self.dead_letter, _event_bytes)
             if self.channel_spec.style == "PUSH":
-                return (F.SequencePushReceiver if seq else F.StructuredPushReceiver)(self.flow_out)
+                from router.bridge.batchout import LocalBatches
+
+                receiver = (F.SequencePushReceiver if seq else F.StructuredPushReceiver)(self.flow_out)
+                receiver.local_batches = LocalBatches(self.flow_out, self._to_jms_frame)   # a proxy of this node
+                return receiver
             cls = F.SequencePullReceiver if seq else F.StructuredPullReceiver
             return cls(self.flow_out, None, self._pacing_s, self.stop_event)
         self.flow_in = F.JmsToChannel(self, _LazyTransport(self), self._to_event, self.dead_letter, self._subscribe,

@@ -190,7 +190,7 @@ class ChannelToJms:
             self._dead_letter(message_to_stomp(msg).body, reason)
 
     def _send_transaction(self, chunk: list[JmsMessage]) -> None:
-        tx = self.transport.begin()
+        tx = self.transport.begin_nowait()
         try:
             for msg in chunk:
                 self.transport.send(self.destination, msg, transaction=tx, receipt=False)

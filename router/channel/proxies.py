@@ -27,8 +27,8 @@ import CosNotifyChannelAdmin
 import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
+from router.channel import localpush, txdelivery
 from router.channel import qos as Q
-from router.channel import txdelivery
 from router.channel.boundary import MINOR_PULL_WAIT_OVER, Outcome, store_boundary_all
 from router.channel.common import (
     FilterMixin,
@@ -594,11 +594,15 @@ class PushSupplierMixin(ProxySupplierBase):
 
         An unexpected (non-CORBA) error puts the entries back before it propagates to :meth:`supervised`, which
         restarts the loop: a failing worker never drops what it took. With EnableTransaction and a bridge of this
-        node as the consumer, the batch runs in a routing transaction instead (router.channel.txdelivery)."""
+        node as the consumer, the batch runs in a routing transaction instead (router.channel.txdelivery); with such
+        a bridge and no routing transaction, batches go to it in-process (router.channel.localpush)."""
         target = txdelivery.participant(self)
         if target is not None:
             self._flush_delivered()
             return txdelivery.deliver(self, target, entries)
+        batches = localpush.target(self)
+        if batches is not None:            # a bridge of this node: batched, pipelined, in-process
+            return localpush.deliver(self, batches, entries)
         try:
             outcome, exc = self._attempt(entries)
         except BaseException:

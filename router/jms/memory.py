@@ -506,6 +506,17 @@ class _TxOps:
     ops: list[Callable[[], None]] = field(default_factory=list)
 
 
+class _Done:
+    """:class:`~router.jms.transport.PendingReceipt` of the twin: the outcome is known when it is made."""
+
+    def __init__(self, error: TransportError | None) -> None:
+        self._error = error
+
+    def wait(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+
 class MemoryTransport:
     """:class:`~router.jms.transport.Transport` on a :class:`MemoryBroker` (``memory://NAME`` or ``broker=``)."""
 
@@ -642,6 +653,10 @@ class MemoryTransport:
         self._txs[tx] = _TxOps()
         return tx
 
+    def begin_nowait(self) -> str:
+        """The twin's BEGIN has no round trip either way: as :meth:`begin` (an injected fault raises here)."""
+        return self.begin()
+
     def transaction_problem(self, transaction: str) -> str | None:
         return self._book.tx_problem(transaction)
 
@@ -651,6 +666,14 @@ class MemoryTransport:
         if not self._book.is_live(entry):
             raise BrokerUnavailable(f"transaction {transaction} was lost with its connection (rolled back)")
         self._run("commit", lambda: self._apply(ops))
+
+    def commit_nowait(self, transaction: str) -> _Done:
+        """The twin commits at once; the outcome (an injected fault included) is raised by ``wait``."""
+        try:
+            self.commit(transaction)
+        except TransportError as exc:
+            return _Done(exc)
+        return _Done(None)
 
     def _apply(self, ops: _TxOps) -> None:
         with self.broker.lock:

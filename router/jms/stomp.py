@@ -55,7 +55,7 @@ from router.jms.transport import (
     stomp_destination,
 )
 
-__all__ = ["StompTransport", "parse_stomp_url"]
+__all__ = ["PendingCommit", "StompTransport", "parse_stomp_url"]
 
 log = logging.getLogger("nsjms.transport.stomp")
 
@@ -171,6 +171,7 @@ class _Waiter:
     epoch: int
     loss_is_failure: bool          # True: a lost connection means "not done"; False: the outcome is unknown
     answers: queue.Queue[tuple[str, Frame | None]] = field(default_factory=lambda: queue.Queue(maxsize=1))
+    on_answer: Callable[[], None] | None = None     # run on the dispatcher thread when the answer arrives
 
     def wait(self, timeout: float) -> Frame:
         try:
@@ -208,6 +209,37 @@ class _EitherEvent:
             self._events[0].wait(step)
             remaining = None if remaining is None else remaining - step
         return self.is_set()
+
+
+class PendingCommit:
+    """A COMMIT written by :meth:`StompTransport.commit_nowait`, its receipt not awaited yet."""
+
+    def __init__(self, transport: StompTransport, transaction: str, entry: Any) -> None:
+        self._transport = transport
+        self.transaction = transaction
+        self._entry = entry
+        self.rid: str | None = None
+        self._problem: tuple[str | None] | None = None     # the transaction's problem when the answer arrived
+
+    def answered(self) -> None:
+        """On the dispatcher thread, as the COMMIT's answer arrives: the transaction leaves the book then, so an
+        ERROR for a frame written after the COMMIT (another transaction's, pipelined) cannot mark it."""
+        self._problem = (self._entry.rollback_only,)
+        self._transport._book.discard_tx(self.transaction)
+
+    def wait(self) -> None:
+        """Wait for the COMMIT's receipt (:class:`ReceiptTimeout`: the outcome is unknown; :class:`BrokerError`:
+        refused, or a frame in the transaction failed)."""
+        t = self._transport
+        try:
+            if self.rid is not None:
+                t._wait(self.rid, t._receipt_timeout)
+        finally:
+            t._book.discard_tx(self.transaction)
+        problem = self._problem[0] if self._problem is not None else self._entry.rollback_only
+        if problem:
+            raise BrokerError(f"transaction {self.transaction}: a frame in it failed before the COMMIT was "
+                              f"confirmed ({problem}); the broker committed it without that frame")
 
 
 class StompTransport:
@@ -387,10 +419,26 @@ class StompTransport:
             raise SendFailed(str(exc), dest) from exc
 
     def begin(self) -> str:
+        """BEGIN, receipted: a BEGIN the broker refuses raises here (:class:`BrokerError`), at the transaction's
+        start, so a routing transaction (T2) branch tells a refused BEGIN (an outage) from a refused message."""
         tx = f"tx-{uuid.uuid4().hex}"
         epoch = self._transmit("begin", lambda c, h: c.begin(tx, headers=h), {}, receipt=True,
                                loss_is_failure=True)
         self._book.add_tx(tx, epoch)
+        return tx
+
+    def begin_nowait(self) -> str:
+        """BEGIN without a receipt (issue 12: no round trip per batch). The transaction is in the book before
+        its frame is written, so an ERROR answering the BEGIN (it has no receipt id) marks it rollback-only: a
+        failed BEGIN shows up at the COMMIT (or :meth:`transaction_problem`), which then raises, not telling it
+        from a refused SEND. Only for callers that resend a refused transaction one message at a time."""
+        tx = f"tx-{uuid.uuid4().hex}"
+        self._book.add_tx(tx, self._book.check_connected())
+        try:
+            self._transmit("begin", lambda c, h: c.begin(tx, headers=h), {}, receipt=False, loss_is_failure=True)
+        except BaseException:
+            self._book.discard_tx(tx)
+            raise
         return tx
 
     def transaction_problem(self, transaction: str) -> str | None:
@@ -400,6 +448,12 @@ class StompTransport:
         """The transaction stays in the book until the COMMIT's receipt: an ERROR for an earlier receipt-less frame
         that arrives meanwhile still marks it, and the commit then raises :class:`BrokerError` (ActiveMQ refuses
         such a COMMIT itself; a broker that accepts it has committed the transaction without that frame)."""
+        self.commit_nowait(transaction).wait()
+
+    def commit_nowait(self, transaction: str) -> PendingCommit:
+        """Write the COMMIT (receipted) and return without waiting: :meth:`PendingCommit.wait` waits for its
+        receipt and raises what :meth:`commit` raises. The caller may write other frames meanwhile (pipelining);
+        it must call ``wait`` once. A transaction already known to be lost or rollback-only raises here."""
         entry = self._book.get_tx(transaction)
         try:
             if not self._book.is_live(entry):
@@ -408,13 +462,13 @@ class StompTransport:
                 self._abort_frame(transaction)
                 raise BrokerError(f"transaction {transaction} rolled back: a frame in it failed: "
                                   f"{entry.rollback_only}")
-            self._transmit("commit", lambda c, h: c.commit(transaction, headers=h), {}, receipt=True,
-                           loss_is_failure=False)
-        finally:
+            pending = PendingCommit(self, transaction, entry)
+            _, pending.rid = self._write("commit", lambda c, h: c.commit(transaction, headers=h), {}, receipt=True,
+                                         loss_is_failure=False, on_answer=pending.answered)
+        except BaseException:
             self._book.discard_tx(transaction)
-        if entry.rollback_only:
-            raise BrokerError(f"transaction {transaction}: a frame in it failed before the COMMIT was confirmed "
-                              f"({entry.rollback_only}); the broker committed it without that frame")
+            raise
+        return pending
 
     def abort(self, transaction: str) -> None:
         entry = self._book.end_tx(transaction)
@@ -523,22 +577,30 @@ class StompTransport:
                   headers: dict[str, str], *, receipt: bool, loss_is_failure: bool,
                   timeout: float | None = None) -> int:
         """Write one frame; with ``receipt`` wait for its answer. Returns the epoch it went out on."""
+        epoch, rid = self._write(operation, action, headers, receipt=receipt, loss_is_failure=loss_is_failure)
+        if rid is not None:
+            self._wait(rid, timeout or self._receipt_timeout)
+        return epoch
+
+    def _write(self, operation: str, action: Callable[[stomp.Connection12, dict[str, str]], object],
+               headers: dict[str, str], *, receipt: bool, loss_is_failure: bool,
+               on_answer: Callable[[], None] | None = None) -> tuple[int, str | None]:
+        """Write one frame, registering a waiter for its receipt first (the dispatcher matches receipts by id,
+        in any order); returns the epoch it went out on and the receipt id to :meth:`_wait` for."""
         rid = f"{operation}-{uuid.uuid4().hex}" if receipt else None
         with self._book.lock:
             epoch = self._book.check_connected()
             conn = self._conn
             if rid is not None:
                 headers["receipt"] = rid
-                self._waiters[rid] = _Waiter(operation, epoch, loss_is_failure)
+                self._waiters[rid] = _Waiter(operation, epoch, loss_is_failure, on_answer=on_answer)
         assert conn is not None
         try:
             action(conn, headers)
         except _LINK_ERRORS as exc:
             self._waiters.pop(rid or "", None)
             raise BrokerUnavailable(f"{operation}: the frame could not be written: {exc}") from exc
-        if rid is not None:
-            self._wait(rid, timeout or self._receipt_timeout)
-        return epoch
+        return epoch, rid
 
     def _wait(self, rid: str, timeout: float) -> None:
         waiter = self._waiters[rid]
@@ -649,6 +711,9 @@ class StompTransport:
     def _answer(self, rid: str, kind: str, frame: Frame | None) -> None:
         waiter = self._waiters.get(rid)
         if waiter is not None:
+            if waiter.on_answer is not None:
+                waiter.on_answer()
+                waiter.on_answer = None
             try:
                 waiter.answers.put_nowait((kind, frame))
             except queue.Full:

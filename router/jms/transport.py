@@ -49,6 +49,7 @@ __all__ = [
     "EncodedMessage",
     "LocalProtocolError",
     "MessageCodec",
+    "PendingReceipt",
     "ProtocolError",
     "ReceiptTimeout",
     "RemoteProtocolError",
@@ -212,6 +213,14 @@ class Subscription(Protocol):
         ...
 
 
+class PendingReceipt(Protocol):
+    """A receipted frame written without waiting (:meth:`Transport.commit_nowait`)."""
+
+    def wait(self) -> None:
+        """Wait for the answer; raises as the waiting operation would have."""
+        ...
+
+
 @runtime_checkable
 class Transport(Protocol):
     """A connection to a JMS broker. Thread-safe: sends, acks and receives may run on different threads."""
@@ -246,7 +255,13 @@ class Transport(Protocol):
         ...
 
     def begin(self) -> str:
-        """Start a broker transaction (receipted); returns its id."""
+        """Start a broker transaction (receipted: a BEGIN the broker refuses raises here); returns its id."""
+        ...
+
+    def begin_nowait(self) -> str:
+        """Start a broker transaction without awaiting the BEGIN's receipt (STOMP: no receipt asked); returns its
+        id. A BEGIN the broker refused shows up at the COMMIT (or in :meth:`transaction_problem` after a receipted
+        frame) as a failed frame of the transaction: only for callers that then resend its messages one by one."""
         ...
 
     def transaction_problem(self, transaction: str) -> str | None:
@@ -256,6 +271,11 @@ class Transport(Protocol):
 
     def commit(self, transaction: str) -> None:
         """Commit (receipted). :class:`ReceiptTimeout` means the commit may or may not have happened."""
+        ...
+
+    def commit_nowait(self, transaction: str) -> PendingReceipt:
+        """Write the COMMIT and return without waiting for its receipt; the result's ``wait`` does (and raises
+        what :meth:`commit` raises). Other frames may be written meanwhile; call ``wait`` once."""
         ...
 
     def abort(self, transaction: str) -> None:

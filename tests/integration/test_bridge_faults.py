@@ -8,19 +8,21 @@ directory and ports, so what it had confirmed is still in its store.
 The rules asserted, and why duplicates can happen at all (the *unknown-outcome window*):
 
 * **0 lost**: every id reaches the far end.
-* **Channel → JMS, broker killed**: an event leaves the channel only after the broker's RECEIPT for its SEND. The
-  one SEND in flight when the broker dies has an unknown outcome (it may have been stored without its receipt
-  coming back); the bridge answers TRANSIENT and the channel pushes that event again. The channel pushes one
-  structured event at a time to the bridge, so at most **1** duplicate per outage.
+* **Channel → JMS, broker killed**: an event leaves the channel only after the broker's RECEIPT for the COMMIT of
+  the STOMP transaction carrying it. The channel hands its queue to the bridge of the same node in batches of at
+  most :data:`~router.channel.localpush.STRUCTURED_BATCH` events, one transaction each, and writes a batch's
+  COMMIT only after the previous one's receipt (issue 12): the one COMMIT in flight when the broker dies has an
+  unknown outcome (it may have been stored without its receipt coming back), and that batch goes back to the
+  queue and is sent again, so at most **one batch** of duplicates per outage.
 * **JMS → channel, broker killed**: the bridge acks a message after the channel accepted its event and remembers
   the message ids it forwarded. Acks lost with the broker make the broker deliver those messages again after its
   restart (without a reliable ``redelivered`` flag); the bridge recognises them by message id, so **0**
   duplicates reach the channel.
-* **Node SIGKILLed, channel → JMS**: an event the bridge had sent (receipt received) whose queue row the killed
-  channel had not yet deleted is sent again after the restart; the channel pushes one event at a time to the
-  bridge and deletes the row when the push returns, so that is at most 1. Add the supplier's own in-flight push
-  (it may have been stored before the kill; it is pushed again after the restart, as in the channel crash
-  test): at most **2** duplicates.
+* **Node SIGKILLed, channel → JMS**: a batch the broker committed whose events the killed channel had not yet
+  journaled as delivered (the receipt of its COMMIT in flight, or just arrived) is sent again after the restart;
+  the next batch's COMMIT is written only after that journal write, so that is at most one batch. Add the
+  supplier's own in-flight push (it may have been stored before the kill; it is pushed again after the restart,
+  as in the channel crash test): at most **one batch + 1** duplicates.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
+from router.channel.localpush import STRUCTURED_BATCH
 
 from bridgekit import channel_ep, inbox_count, jms_ep, pg_scalar, reconnect_client
 from conftest import Rig
@@ -63,7 +66,8 @@ pytestmark = pytest.mark.integration
 N = 600
 KILL_AT = 150
 TIMEOUT_S = 90.0
-NODE_KILL_DUPS = 2        # see the module docstring
+BATCH = STRUCTURED_BATCH  # events per STOMP transaction from the channel to its bridge, at most
+NODE_KILL_DUPS = BATCH + 1  # see the module docstring
 PERSISTENT = CosNotification.Persistent
 
 
@@ -157,7 +161,7 @@ def test_broker_restart_channel_to_jms(rig: Rig) -> None:
     pushing.join(TIMEOUT_S)
     assert supplier.in_flight is None and supplier.count() == N, "the channel accepts events while the broker is away"
     got = rig.java.consume("queue", queue, 2 * N, 20)
-    dups = _assert_counts(_ids_from_java(got), 1, "channel -> JMS across a broker restart")
+    dups = _assert_counts(_ids_from_java(got), BATCH, "channel -> JMS across a broker restart")
     print(f"channel -> JMS, broker killed: {len(got)} messages for {N} events, {dups} duplicate(s)")
 
 

@@ -96,6 +96,9 @@ class TwinTransport(Strict):
         self.open_tx[tx] = []
         return tx
 
+    def begin_nowait(self) -> str:
+        return self.begin()
+
     def commit(self, transaction: str) -> None:
         self.stored += self.open_tx.pop(transaction)
         self.committed_tx += 1

@@ -53,6 +53,9 @@ class FakeTransport:
     def begin(self) -> str:
         return "tx-1"
 
+    def begin_nowait(self) -> str:
+        return "tx-1"
+
     def commit(self, transaction: str) -> None:
         self.sent += self.pending
         self.pending = []

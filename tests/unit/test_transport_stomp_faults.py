@@ -143,15 +143,117 @@ def test_lost_connection_while_waiting(fake: FakeBroker) -> None:
     t.close()
 
 
-def test_lost_connection_while_waiting_for_a_commit(fake: FakeBroker) -> None:
-    t = connect(fake, receipt_timeout=10)
-    thread, errors = in_thread(t.begin)
+def last_frame(fake: FakeBroker, command: bytes) -> bytes:
+    """The fake's last frame once it is a ``command`` frame (polled with a deadline)."""
+    deadline = time.monotonic() + 5
+    while not (fake.frames and fake.frames[-1].startswith(command)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fake.frames[-1].startswith(command)
+    return fake.frames[-1]
+
+
+def begun(fake: FakeBroker, t: StompTransport) -> str:
+    """begin_nowait() writes the BEGIN without a receipt (issue 12) and returns at once; the transaction id."""
+    tx = t.begin_nowait()
+    frame = last_frame(fake, b"BEGIN").decode()
+    assert frame.startswith("BEGIN") and "receipt:" not in frame
+    assert frame.split("transaction:")[1].split("\n")[0] == tx
+    return tx
+
+
+def began(fake: FakeBroker, t: StompTransport) -> str:
+    """begin() writes the BEGIN receipted and returns once the fake answered its receipt."""
+    holder: list[str] = []
+    thread, errors = in_thread(lambda: holder.append(t.begin()))
     assert fake.got_frame.wait(5)
     fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
     thread.join(5)
-    assert not errors
-    fake.got_frame.clear()
+    assert not errors and holder
     tx = fake.frames[-1].decode().split("transaction:")[1].split("\n")[0]
+    assert holder[0] == tx
+    return tx
+
+
+def test_an_error_answering_a_receipted_begin_raises_at_the_begin(fake: FakeBroker) -> None:
+    """begin() (a T2 branch's) stays receipted: a BEGIN the broker refuses raises BrokerError from begin() itself,
+    so the branch sees an outage at its start, not a refused message at the COMMIT (which would make the T2
+    dead-letter a good event). Before: begin() returned without waiting and no receipt was asked."""
+    t = connect(fake, receipt_timeout=10)
+    thread, errors = in_thread(t.begin)
+    assert fake.got_frame.wait(5)
+    assert fake.frames[-1].startswith(b"BEGIN")
+    fake.reply(f"ERROR\nreceipt-id:{fake.receipt_header()}\nmessage:begin refused\n\n\x00".encode())
+    thread.join(5)
+    assert len(errors) == 1 and isinstance(errors[0], BrokerError) and "begin refused" in str(errors[0])
+    t.close()
+
+
+def test_an_error_answering_a_begin_nowait_fails_the_commit(fake: FakeBroker) -> None:
+    """A BEGIN without a receipt that the broker refuses (an ERROR with no receipt id) shows up at the COMMIT."""
+    t = connect(fake, receipt_timeout=10)
+    tx = begun(fake, t)
+    fake.reply(b"ERROR\nmessage:begin refused\n\n\x00")
+    deadline = time.monotonic() + 5
+    while t.last_error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fake.got_frame.clear()
+    thread, errors = in_thread(lambda: t.commit(tx))
+    assert fake.got_frame.wait(5)
+    assert fake.frames[-1].startswith(b"ABORT")                         # the COMMIT is not even written
+    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
+    thread.join(5)
+    assert len(errors) == 1 and isinstance(errors[0], BrokerError) and "begin refused" in str(errors[0])
+    t.close()
+
+
+def test_commit_receipts_are_matched_asynchronously_in_any_order(fake: FakeBroker) -> None:
+    """commit_nowait writes the COMMIT and returns; two COMMITs in flight, their receipts answered in reverse
+    order, each wait() gets its own answer (the refused one raises, the other returns)."""
+    t = connect(fake, receipt_timeout=10)
+    tx1 = begun(fake, t)
+    first = t.commit_nowait(tx1)
+    last_frame(fake, b"COMMIT")
+    rid1 = fake.receipt_header()
+    tx2 = begun(fake, t)
+    second = t.commit_nowait(tx2)
+    last_frame(fake, b"COMMIT")
+    rid2 = fake.receipt_header()
+    assert rid1 != rid2
+    fake.reply(f"ERROR\nreceipt-id:{rid2}\nmessage:commit refused\n\n\x00".encode()
+               + f"RECEIPT\nreceipt-id:{rid1}\n\n\x00".encode())
+    first.wait()
+    with pytest.raises(BrokerError, match="commit refused"):
+        second.wait()
+    t.close()
+
+
+def test_an_error_after_a_commit_receipt_does_not_fail_that_commit(fake: FakeBroker) -> None:
+    """Pipelined: tx2's SEND is written after tx1's COMMIT; the broker answers tx1's receipt, then an ERROR without a
+    receipt id (tx2's SEND refused). tx1 was committed whole: its wait() returns, tx2's commit fails. (Before, tx1
+    stayed in the book until wait() and the later ERROR marked it too: a false failure and a resent batch.)"""
+    t = connect(fake, receipt_timeout=10)
+    tx1 = begun(fake, t)
+    t.send("/queue/q", MSG, transaction=tx1, receipt=False)
+    first = t.commit_nowait(tx1)
+    last_frame(fake, b"COMMIT")
+    rid1 = fake.receipt_header()
+    tx2 = begun(fake, t)
+    t.send("/queue/q", MSG, transaction=tx2, receipt=False)
+    last_frame(fake, b"SEND")
+    fake.reply(f"RECEIPT\nreceipt-id:{rid1}\n\n\x00".encode() + b"ERROR\nmessage:tx2 send refused\n\n\x00")
+    deadline = time.monotonic() + 5
+    while t.last_error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert t.last_error is not None
+    first.wait()                                                        # tx1 committed: no error
+    assert t.transaction_problem(tx2) == "tx2 send refused"
+    t.close()
+
+
+def test_lost_connection_while_waiting_for_a_commit(fake: FakeBroker) -> None:
+    t = connect(fake, receipt_timeout=10)
+    tx = began(fake, t)
+    fake.got_frame.clear()
     thread, errors = in_thread(lambda: t.commit(tx))
     assert fake.got_frame.wait(5)
     fake.drop()
@@ -222,11 +324,7 @@ def test_a_nul_byte_in_a_header_is_reassembled_and_handed_over_as_undecodable(fa
 
 def test_unreceipted_error_makes_open_transactions_roll_back(fake: FakeBroker) -> None:
     t = connect(fake, receipt_timeout=10)
-    thread, errors = in_thread(t.begin)
-    assert fake.got_frame.wait(5)
-    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
-    thread.join(5)
-    tx = fake.frames[-1].decode().split("transaction:")[1].split("\n")[0]
+    tx = began(fake, t)
     t.send("/queue/q", MSG, transaction=tx, receipt=False)
     fake.reply(b"ERROR\nmessage:send refused\n\n\x00")
     deadline = time.monotonic() + 5
@@ -247,11 +345,7 @@ def test_an_error_arriving_after_the_commit_was_sent_still_fails_the_commit(fake
     transaction stays in the book until the receipt, so commit() raises instead of returning normally (ActiveMQ
     refuses such a COMMIT itself; a broker that commits it has committed a transaction missing a message)."""
     t = connect(fake, receipt_timeout=10)
-    thread, errors = in_thread(t.begin)
-    assert fake.got_frame.wait(5)
-    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
-    thread.join(5)
-    tx = fake.frames[-1].decode().split("transaction:")[1].split("\n")[0]
+    tx = began(fake, t)
     t.send("/queue/q", MSG, transaction=tx, receipt=False)
     thread, errors = in_thread(lambda: t.commit(tx))
     deadline = time.monotonic() + 5
