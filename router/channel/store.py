@@ -280,6 +280,20 @@ class Store:
                 t2.rows.extend(replace(r, gtrid=t2.gtrid, dispatched_at=now, acknowledged_at=None) for r in inbound)
         return [by_seq[ev.seq][0] for ev in events]
 
+    def one_statement(self, cid: int, events: Sequence[NewEvent]) -> bool:
+        """Whether :meth:`insert_events` (outside a T2) writes ``events`` of channel ``cid`` in ONE statement: yes,
+        unless the ledger records persistent traffic and an event came from a JMS -> channel bridge's proxy (its
+        inbound rows are a second statement). Such a unit of work may run on an autocommit connection."""
+        if not events or not self.ledger.records(persistent=True):
+            return True
+        return not any(ev.source is not None and self._inbound_route(cid, ev) is not None for ev in events)
+
+    def _inbound_route(self, cid: int, ev: NewEvent) -> Any:
+        inbound = self.ledger.route(cid, "S", *ev.source) if ev.source is not None else None
+        if inbound is None or inbound.direction is not Direction.JMS_TO_CHANNEL:
+            return None
+        return inbound
+
     def best_effort_accepted(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> None:
         """``ledger.best_effort``: the ledger rows of BestEffort events (not stored; one statement). Their dedupe ids
         are :func:`router.ledger.volatile_dedupe_id` (the node's run and the event's seq); ``accepted_at`` is
@@ -296,8 +310,8 @@ class Store:
         ledger.write(conn, out)
 
     def _inbound_rows(self, cid: int, ev: NewEvent, eid: int | None, accepted_at: Any) -> list[LedgerRow]:
-        inbound = self.ledger.route(cid, "S", *ev.source) if ev.source is not None else None
-        if inbound is None or inbound.direction is not Direction.JMS_TO_CHANNEL:
+        inbound = self._inbound_route(cid, ev)
+        if inbound is None:
             return []
         fallback = f"event-{eid}" if eid is not None else f"{self.ledger.run_id}-s{ev.seq}"
         row = LedgerRow(inbound_dedupe_id(inbound.bridge_id or 0, ev.jms_message_id or fallback), cid,
