@@ -8,9 +8,8 @@ push waits for the commit in progress plus its own group's commit, and returns o
 durable (or with the error that prevented it). Pushes are grouped in arrival order; with more than a group's worth
 queued, a push also waits for the groups queued before it.
 
-A group of one channel's events that the store writes in one statement (``Store.one_statement``: always, except
-for the JMS -> channel bridge's events, whose inbound ledger rows are a second statement) is written on an autocommit
-connection (``Database.statement``): the statement is its own transaction, one round trip instead of three (BEGIN,
+A group of one channel's events that the store writes in one statement (``Store.one_statement``: always, outside a
+T2, which never comes here) is written on an autocommit connection (``Database.statement``): the statement is its own transaction, one round trip instead of three (BEGIN,
 INSERT, COMMIT), equally atomic and durable when it returns. Other groups use a unit of work.
 
 Errors: if the group's unit of work fails, every push of the group gets the same exception (a ``StoreError`` is
