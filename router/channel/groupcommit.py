@@ -9,8 +9,10 @@ durable (or with the error that prevented it). Pushes are grouped in arrival ord
 queued, a push also waits for the groups queued before it.
 
 A group of one channel's events that the store writes in one statement (``Store.one_statement``: always, outside a
-T2, which never comes here) is written on an autocommit connection (``Database.statement``): the statement is its own transaction, one round trip instead of three (BEGIN,
-INSERT, COMMIT), equally atomic and durable when it returns. Other groups use a unit of work.
+T2, which never comes here) is written on an autocommit connection (``Database.statement``): the statement is its
+own transaction, one round trip instead of three (BEGIN, INSERT, COMMIT), equally atomic and durable when it
+returns; a connection that breaks while it runs makes the error ``in_doubt`` (``COMPLETED_MAYBE``). Other groups
+use a unit of work.
 
 Errors: if the group's unit of work fails, every push of the group gets the same exception (a ``StoreError`` is
 translated as before at the servant boundary, ``router/channel/boundary.py``: ``TRANSIENT`` or
