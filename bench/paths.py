@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             for k in (1, 4):
                 if f"accept{k}" in only:
                     rows.append(_repeat(env, Row(f"persistent structured push accepted ({k} supplier"
-                                                 f"{'s' if k > 1 else ''})", baseline_name="PG one-row commit",
+                                                 f"{'s' if k > 1 else ''})", baseline_name="PG durable one-row commit",
                                                  baseline=pg1 or [], target="≥ 0.8"), reps, n,
                                         lambda k=k: accept_rate(env.factory, n, k)))  # type: ignore[misc]
             if "latency" in only:

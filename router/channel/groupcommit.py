@@ -8,6 +8,12 @@ push waits for the commit in progress plus its own group's commit, and returns o
 durable (or with the error that prevented it). Pushes are grouped in arrival order; with more than a group's worth
 queued, a push also waits for the groups queued before it.
 
+A group of one channel's events that the store writes in one statement (``Store.one_statement``: always, outside a
+T2, which never comes here) is written on an autocommit connection (``Database.statement``): the statement is its
+own transaction, one round trip instead of three (BEGIN, INSERT, COMMIT), equally atomic and durable when it
+returns; a connection that breaks while it runs makes the error ``in_doubt`` (``COMPLETED_MAYBE``). Other groups
+use a unit of work.
+
 Errors: if the group's unit of work fails, every push of the group gets the same exception (a ``StoreError`` is
 translated as before at the servant boundary, ``router/channel/boundary.py``: ``TRANSIENT`` or
 ``PERSIST_STORE``; ``COMPLETED_MAYBE`` when the connection broke during COMMIT, for every member). Nothing of a
@@ -19,7 +25,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from router.channel.store import NewEvent
 
@@ -37,6 +43,14 @@ class _Database(Protocol):
     def unit_of_work(self) -> Any: ...
 
 
+class _OneStatementStore(_Store, Protocol):
+    def one_statement(self, cid: int, events: Sequence[NewEvent]) -> bool: ...
+
+
+class _OneStatementDatabase(_Database, Protocol):
+    def statement(self) -> Any: ...
+
+
 @dataclass(eq=False)
 class _Job:
     cid: int
@@ -49,15 +63,20 @@ class _Job:
 class GroupCommit:
     """Stores the events of concurrent pushes in shared transactions (see the module docstring)."""
 
-    def __init__(self, db: _Database, store: _Store, *, max_events: int = MAX_GROUP_EVENTS) -> None:
+    def __init__(self, db: _Database, store: _Store, *, max_events: int = MAX_GROUP_EVENTS,
+                 one_statement: bool = False) -> None:
+        """``one_statement``: ``db`` has ``statement()`` and ``store`` has ``one_statement()`` (see the module
+        docstring); without it every group is a unit of work."""
         self._db = db
         self._store = store
         self._max_events = max_events
+        self._one_statement = one_statement
         self._cond = threading.Condition()
         self._pending: list[_Job] = []
         self._committing = False
         self.commits = 0                 # groups committed (``nsjms status``, tests and benchmarks)
         self.events = 0                  # events those groups stored
+        self.statements = 0              # of those groups, the ones written as one autocommit statement
 
     def insert(self, cid: int, rows: Sequence[NewEvent]) -> list[int]:
         """Store ``rows`` of channel ``cid`` durably; returns their ids in order. Raises the group's error."""
@@ -92,10 +111,11 @@ class GroupCommit:
         by_channel: dict[int, list[_Job]] = {}
         for job in group:
             by_channel.setdefault(job.cid, []).append(job)
+        rows = {cid: [r for j in jobs for r in j.rows] for cid, jobs in by_channel.items()}
+        single = self._single(rows)
         try:
-            with self._db.unit_of_work() as conn:
-                results = {cid: self._store.insert_events(conn, cid, [r for j in jobs for r in j.rows])
-                           for cid, jobs in by_channel.items()}
+            with (cast(_OneStatementDatabase, self._db).statement() if single else self._db.unit_of_work()) as conn:
+                results = {cid: self._store.insert_events(conn, cid, events) for cid, events in rows.items()}
         except BaseException as exc:
             with self._cond:
                 for job in group:
@@ -105,6 +125,7 @@ class GroupCommit:
             return
         with self._cond:
             self.commits += 1
+            self.statements += int(single)
             self.events += sum(len(job.rows) for job in group)
             for cid, jobs in by_channel.items():
                 ids = results[cid]
@@ -112,6 +133,14 @@ class GroupCommit:
                 for job in jobs:
                     job.ids, job.done = ids[at:at + len(job.rows)], True
                     at += len(job.rows)
+
+
+    def _single(self, rows: dict[int, list[NewEvent]]) -> bool:
+        """Whether the group is one statement: one channel, and the store writes its events in one."""
+        if not self._one_statement or len(rows) != 1:
+            return False
+        ((cid, events),) = rows.items()
+        return cast(_OneStatementStore, self._store).one_statement(cid, events)
 
 
 def _result(job: _Job) -> list[int]:

@@ -54,7 +54,7 @@ class Runtime:
         self.max_event_bytes = max_event_bytes      # larger events are refused (IMP_LIMIT); 0 = no limit
         self.t2: Any = None                         # router.t2.NodeTransactions of a node; None: no T2 here
         self.delivered = delivered                  # push proxies' delivered-events journals; None: commit each
-        self.accept_commits = GroupCommit(db, self.store)   # accepted persistent events: group commit
+        self.accept_commits = GroupCommit(db, self.store, one_statement=True)   # accepted persistent events
         root = orb.resolve_initial_references("RootPOA")
         self.root_poa = root
         policies = [

@@ -235,16 +235,31 @@ class Store:
                    %(cid)s, t.p, t.bridge, t.dest, t.dir, %(gtrid)s::text, ev.received_at, 'accepted'
             FROM t JOIN ev ON ev.seq = t.seq
         )"""
+    # The ``accepted`` and ``delivered`` rows of the JMS message of each event a JMS -> channel bridge pushed (the
+    # channel now durably holds it), in the same statement (outside a T2): ``j<bridge>/<JMS message id>``, or
+    # ``event-<id>`` for a message without an id (router.ledger.inbound_dedupe_id).
+    _LEDGER_INBOUND = """, i AS (
+            INSERT INTO nsjms_ledger(event_id, jms_message_id, dedupe_id, channel_id, proxy_id, bridge_id, destination,
+                                     direction, accepted_at, acknowledged_at, outcome)
+            SELECT ev.id, s.jms, 'j' || COALESCE(s.bridge, 0) || '/' || COALESCE(NULLIF(s.jms, ''), 'event-' || ev.id),
+                   %(cid)s, s.p, s.bridge, s.dest, 'jms_to_channel', ev.received_at,
+                   CASE WHEN o.n = 2 THEN clock_timestamp() END, o.outcome
+            FROM unnest(%(iseq)s::bigint[], %(ijms)s::text[], %(iproxy)s::integer[], %(ibridge)s::integer[],
+                        %(idest)s::text[]) AS s(seq, jms, p, bridge, dest)
+            JOIN ev ON ev.seq = s.seq CROSS JOIN (VALUES (1, 'accepted'), (2, 'delivered')) AS o(n, outcome)
+            ORDER BY ev.id, o.n
+        )"""
     _INSERT_PLAIN = _INSERT_EVENTS.format(ledger="")
     _INSERT_LEDGERED = _INSERT_EVENTS.format(ledger=_LEDGER_ACCEPTED)
+    _INSERT_LEDGERED_INBOUND = _INSERT_EVENTS.format(ledger=_LEDGER_ACCEPTED + _LEDGER_INBOUND)
 
     def insert_events(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> list[int]:
         """Store events, their queue rows and (when the ledger records persistent traffic) the ``accepted`` ledger
         row of each (event, proxy supplier) obligation in one statement; returns the new ids in order.
 
-        For an event a JMS → channel bridge pushed (``source`` is a proxy the bridge registered), a second
-        statement of the same unit of work writes ``accepted`` and ``delivered`` for the JMS message's obligation
-        (the channel now durably holds it). All carry the event's ``received_at`` as ``accepted_at``.
+        For an event a JMS → channel bridge pushed (``source`` is a proxy the bridge registered), the same statement
+        writes ``accepted`` and ``delivered`` for the JMS message's obligation (the channel now durably holds it).
+        All carry the event's ``received_at`` as ``accepted_at``. So outside a T2 this is always ONE statement.
 
         Inside a T2 (``conn`` is its PostgreSQL branch, :func:`router.ledger.t2_branch`) the ``accepted`` rows carry
         its gtrid, and the JMS message's rows are collected for the branch's prepare (gtrid, ``dispatched_at`` =
@@ -267,18 +282,37 @@ class Store:
             "qbridge": [r.bridge_id for r in routes], "qdest": [r.destination for r in routes],
             "qdir": [str(r.direction) for r in routes], "gtrid": t2.gtrid if t2 is not None else None,
         }
-        rows = conn.execute(self._INSERT_LEDGERED if ledgered else self._INSERT_PLAIN, params).fetchall()
+        inbound = [(ev, route) for ev in events if (route := self._inbound_route(cid, ev)) is not None] \
+            if ledgered else []
+        statement = self._INSERT_PLAIN
+        if ledgered:
+            statement = self._INSERT_LEDGERED_INBOUND if inbound and t2 is None else self._INSERT_LEDGERED
+        if inbound and t2 is None:
+            params.update({
+                "iseq": [ev.seq for ev, _ in inbound], "ijms": [ev.jms_message_id for ev, _ in inbound],
+                "iproxy": [ev.source[1] if ev.source else None for ev, _ in inbound],
+                "ibridge": [r.bridge_id for _, r in inbound], "idest": [r.destination for _, r in inbound]})
+        rows = conn.execute(statement, params).fetchall()
         by_seq = {int(seq): (int(eid), received) for eid, seq, received in rows}
         if ledgered:
-            self.ledger.count(len(routes))
-            inbound = [row for ev in events if ev.source is not None
-                       for row in self._inbound_rows(cid, ev, by_seq[ev.seq][0], by_seq[ev.seq][1])]
-            if t2 is None:
-                self.ledger.write(conn, inbound)
-            else:
+            self.ledger.count(len(routes) + (2 * len(inbound) if t2 is None else 0))
+            if t2 is not None:
                 now = time.time()
-                t2.rows.extend(replace(r, gtrid=t2.gtrid, dispatched_at=now, acknowledged_at=None) for r in inbound)
+                t2.rows.extend(replace(r, gtrid=t2.gtrid, dispatched_at=now, acknowledged_at=None)
+                               for ev, _ in inbound
+                               for r in self._inbound_rows(cid, ev, by_seq[ev.seq][0], by_seq[ev.seq][1]))
         return [by_seq[ev.seq][0] for ev in events]
+
+    def one_statement(self, cid: int, events: Sequence[NewEvent]) -> bool:
+        """Whether :meth:`insert_events` writes ``events`` of channel ``cid`` in ONE statement, so that its unit of
+        work may run on an autocommit connection: always, outside a T2 (a T2's inbound rows go to its prepare)."""
+        return True
+
+    def _inbound_route(self, cid: int, ev: NewEvent) -> Any:
+        inbound = self.ledger.route(cid, "S", *ev.source) if ev.source is not None else None
+        if inbound is None or inbound.direction is not Direction.JMS_TO_CHANNEL:
+            return None
+        return inbound
 
     def best_effort_accepted(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> None:
         """``ledger.best_effort``: the ledger rows of BestEffort events (not stored; one statement). Their dedupe ids
@@ -296,8 +330,8 @@ class Store:
         ledger.write(conn, out)
 
     def _inbound_rows(self, cid: int, ev: NewEvent, eid: int | None, accepted_at: Any) -> list[LedgerRow]:
-        inbound = self.ledger.route(cid, "S", *ev.source) if ev.source is not None else None
-        if inbound is None or inbound.direction is not Direction.JMS_TO_CHANNEL:
+        inbound = self._inbound_route(cid, ev)
+        if inbound is None:
             return []
         fallback = f"event-{eid}" if eid is not None else f"{self.ledger.run_id}-s{ev.seq}"
         row = LedgerRow(inbound_dedupe_id(inbound.bridge_id or 0, ev.jms_message_id or fallback), cid,

@@ -25,6 +25,7 @@ checked); any other psycopg error is :class:`StoreError`; nothing else is transl
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from collections.abc import Iterator
@@ -108,6 +109,40 @@ class Database:
             raise StoreError(f"database error during {stage}: {_first_line(exc)}") from exc
 
     @contextmanager
+    def statement(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection in autocommit mode for a unit of work of exactly ONE statement: that statement is
+        its own transaction (atomic; durable when it returns, ``synchronous_commit`` permitting, as a COMMIT is),
+        so the unit of work is one round trip instead of three (BEGIN, the statement, COMMIT). The caller must
+        not run a second statement on it: each would commit on its own.
+
+        Errors as :meth:`unit_of_work`, except that a connection that broke during the statement is
+        ``in_doubt`` (its implicit commit may have happened); a statement that failed otherwise committed
+        nothing. A connection the server closed while it sat in the pool (a restart: the server's goodbye is
+        waiting on the socket) is found before the statement is sent (no round trip: a poll of the socket), so
+        that failure is not in doubt."""
+        used: psycopg.Connection[Any] | None = None
+        try:
+            with self._pool.connection(timeout=self.checkout_timeout) as conn:
+                if _readable(conn):              # nothing is due on an idle connection: the server went away?
+                    ConnectionPool.check_connection(conn)
+                used = conn
+                conn.autocommit = True
+                try:
+                    yield conn
+                finally:
+                    if not conn.closed:
+                        conn.autocommit = False
+        except PoolTimeout as exc:
+            raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if used is None or used.broken:
+                self._purge_broken()
+            raise StoreUnavailable(f"database connection failed during {'statement' if used else 'checkout'}: "
+                                   f"{_first_line(exc)}", in_doubt=used is not None and used.broken) from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"database error during statement: {_first_line(exc)}") from exc
+
+    @contextmanager
     def branch(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection for a T2 branch (``xa.pg.PgBranch``): idle, not autocommit, no transaction begun.
 
@@ -164,6 +199,14 @@ class Database:
 def _mark_idle(conn: psycopg.Connection[Any]) -> None:
     """The pool's reset callback: the connection went back to the pool (idle) now."""
     setattr(conn, _IDLE_SINCE, time.monotonic())
+
+
+def _readable(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the idle connection's socket has something to read (a closed or erroring socket counts)."""
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg.Error):
+        return True
 
 
 def _drop_if_unfinished(conn: psycopg.Connection[Any]) -> None:

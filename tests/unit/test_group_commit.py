@@ -153,3 +153,70 @@ def test_an_error_that_is_not_a_store_error_reaches_every_member_too() -> None:
     with pytest.raises(RuntimeError):
         gc.insert(1, rows(1))
     assert gc.insert(1, rows(2)) == [1002]
+
+
+class StatementDb(Db):
+    """A database twin that also has ``statement()`` (an autocommit connection for one statement)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statements = 0
+
+    @contextmanager
+    def statement(self) -> Iterator[object]:
+        self.statements += 1
+        failure = self.fail_commit.pop(0) if self.fail_commit else None
+        yield object()
+        if failure is not None:
+            raise failure
+
+
+class OneStatementStore(Store):
+    def __init__(self, multi: set[int] | None = None) -> None:
+        super().__init__()
+        self.multi = multi or set()                   # channels whose events need more than one statement
+
+    def one_statement(self, cid: int, events: Any) -> bool:
+        return cid not in self.multi
+
+
+def test_a_one_channel_one_statement_group_is_written_without_begin_and_commit() -> None:
+    db, store = StatementDb(), OneStatementStore()
+    gc = GroupCommit(db, store, one_statement=True)
+    assert gc.insert(1, rows(1, 2)) == [1001, 1002]
+    assert (db.statements, db.units, gc.statements, gc.commits) == (1, 0, 1, 1)
+
+
+def test_a_group_of_two_channels_or_of_several_statements_is_a_unit_of_work() -> None:
+    db, store = StatementDb(), OneStatementStore(multi={3})
+    gc = GroupCommit(db, store, one_statement=True)
+    assert gc.insert(3, rows(1)) == [3001]                     # the store needs two statements for channel 3
+    assert (db.statements, db.units) == (0, 1)
+    leader = _leader_blocked(gc, store)                        # channel 1: one statement
+    followers = [Pusher(gc, 1 + i % 2, [10 + i]) for i in range(2)]     # channels 1 and 2 in one group
+    for f in followers:
+        f.start()
+    wait_for(lambda: len(gc._pending) == 2, "two pushes queued")
+    store.gate.set()
+    for t in [leader, *followers]:
+        t.join(DEADLINE_S)
+        assert not t.is_alive() and t.error is None
+    assert (db.statements, db.units) == (1, 2), "the lone leader's group: a statement; the two-channel group: not"
+
+
+def test_without_one_statement_every_group_is_a_unit_of_work() -> None:
+    db, store = StatementDb(), OneStatementStore()
+    gc = GroupCommit(db, store)
+    gc.insert(1, rows(1))
+    assert (db.statements, db.units) == (0, 1)
+
+
+def test_a_failed_statement_fails_its_push_and_the_committer_goes_on() -> None:
+    db, store = StatementDb(), OneStatementStore()
+    gc = GroupCommit(db, store, one_statement=True)
+    broken = StoreUnavailable("injected: connection lost during the statement", in_doubt=True)
+    db.fail_commit = [broken]
+    with pytest.raises(StoreUnavailable) as info:
+        gc.insert(1, rows(1))
+    assert info.value is broken
+    assert gc.insert(1, rows(2)) == [1002]
