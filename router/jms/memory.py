@@ -516,6 +516,9 @@ class _Done:
         if self._error is not None:
             raise self._error
 
+    def discard(self) -> None:
+        return None
+
 
 class MemoryTransport:
     """:class:`~router.jms.transport.Transport` on a :class:`MemoryBroker` (``memory://NAME`` or ``broker=``)."""
