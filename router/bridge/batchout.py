@@ -159,8 +159,12 @@ class LocalBatches:
         return clean
 
     def abort(self, batch: Batch) -> None:
-        """The batch is not sent: roll its transaction back (a lost connection rolled it back already)."""
+        """The batch is not sent: roll its transaction back (a lost connection rolled it back already). A COMMIT
+        already written is not rolled back (its outcome is the broker's); its receipt is no longer waited for."""
         tx, batch.tx = batch.tx, None
+        pending, batch.pending = batch.pending, None
+        if pending is not None:
+            pending.discard()
         if tx is None or batch.committed:
             return
         try:

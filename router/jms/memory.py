@@ -516,6 +516,9 @@ class _Done:
         if self._error is not None:
             raise self._error
 
+    def discard(self) -> None:
+        return None
+
 
 class MemoryTransport:
     """:class:`~router.jms.transport.Transport` on a :class:`MemoryBroker` (``memory://NAME`` or ``broker=``)."""
@@ -661,16 +664,19 @@ class MemoryTransport:
         return self._book.tx_problem(transaction)
 
     def commit(self, transaction: str) -> None:
+        self.commit_nowait(transaction).wait()
+
+    def commit_nowait(self, transaction: str) -> _Done:
+        """As on STOMP, the checks before the COMMIT raise at once (a transaction lost with its connection, no
+        connection); the twin then commits at once and ``wait`` raises the COMMIT's own outcome (an injected
+        fault)."""
         entry = self._book.end_tx(transaction)
         ops = self._txs.pop(transaction, _TxOps())
         if not self._book.is_live(entry):
             raise BrokerUnavailable(f"transaction {transaction} was lost with its connection (rolled back)")
-        self._run("commit", lambda: self._apply(ops))
-
-    def commit_nowait(self, transaction: str) -> _Done:
-        """The twin commits at once; the outcome (an injected fault included) is raised by ``wait``."""
+        self._book.check_connected()
         try:
-            self.commit(transaction)
+            self._run("commit", lambda: self._apply(ops))
         except TransportError as exc:
             return _Done(exc)
         return _Done(None)

@@ -227,6 +227,14 @@ class PendingCommit:
         self._problem = (self._entry.rollback_only,)
         self._transport._book.discard_tx(self.transaction)
 
+    def discard(self) -> None:
+        """Never wait (the caller is unwinding): the receipt's waiter and the transaction leave the books at once;
+        the COMMIT's outcome stays unknown, and its answer, when it comes, is dropped."""
+        t = self._transport
+        if self.rid is not None:
+            t._waiters.pop(self.rid, None)
+        t._book.discard_tx(self.transaction)
+
     def wait(self) -> None:
         """Wait for the COMMIT's receipt (:class:`ReceiptTimeout`: the outcome is unknown; :class:`BrokerError`:
         refused, or a frame in the transaction failed)."""

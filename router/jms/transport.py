@@ -220,6 +220,10 @@ class PendingReceipt(Protocol):
         """Wait for the answer; raises as the waiting operation would have."""
         ...
 
+    def discard(self) -> None:
+        """Instead of ``wait``: never wait for the answer (its outcome stays unknown); frees what waiting holds."""
+        ...
+
 
 @runtime_checkable
 class Transport(Protocol):

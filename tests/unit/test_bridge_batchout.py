@@ -38,6 +38,12 @@ class Pending:
         self.broker, self.tx, self.messages, self.outcome, self.applied = broker, tx, messages, outcome, applied
         self.waited = False
 
+    def discard(self) -> None:
+        assert not self.waited, "a receipt discarded after it was waited for"
+        self.waited = True
+        self.broker.frames.append(("DISCARD", self.tx))
+        self.broker.in_flight.remove(self.tx)
+
     def wait(self) -> None:
         assert not self.waited, "a receipt waited for twice"
         self.waited = True
@@ -459,3 +465,24 @@ def test_a_dead_letter_refused_while_mapping_keeps_the_events_dead_lettered_befo
     assert len([1 for d, _ in broker.stored if d == DEFAULT_DLQ.stomp()]) == 1      # the first one's
     assert [e.record.event.value for e in proxy.queue.take(1000)] == ["a", "b", "unmappable", "c"]
     assert bridge.problems
+
+
+def test_unwinding_with_a_commit_in_flight_drops_its_receipt_waiter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BaseException (shutdown) while the first batch's COMMIT receipt is in flight: nothing more is waited for,
+    but that receipt's waiter is released (before: it stayed in the transport's waiters forever) and every event
+    goes back to the queue."""
+    broker, _, proxy = make()
+    from router.channel.events import as_structured as real
+
+    def convert(event: Event) -> Any:
+        if event.value == "e100":
+            raise KeyboardInterrupt
+        return real(event)
+
+    monkeypatch.setattr(localpush, "as_structured", convert)
+    proxy.put(*events(150))
+    with pytest.raises(KeyboardInterrupt):
+        localpush.deliver(proxy, localpush.target(proxy), proxy.queue.take(1))
+    assert ("COMMIT", "tx1") in broker.frames and ("DISCARD", "tx1") in broker.frames
+    assert broker.in_flight == []
+    assert [e.record.event.value for e in proxy.queue.take(1000)] == events(150)

@@ -326,6 +326,23 @@ class TransportContract:
         d = sub.receive(10)
         assert d is not None and d.message.body == "after"
 
+    def test_commit_nowait_of_a_transaction_lost_with_its_connection_raises_at_once(
+            self, outage: tuple[Make, Callable[[], None]]) -> None:
+        """commit_nowait's checks before the COMMIT raise at once, not at wait() (the twin used to defer them)."""
+        make, restart = outage
+        t = make()
+        q = queue_name()
+        sub = t.subscribe(q)
+        tx = t.begin()
+        t.send(q, text("tx-lost"), transaction=tx)
+        restart()
+        with pytest.raises(BrokerUnavailable):
+            _wait_unavailable(sub)
+        with pytest.raises(BrokerUnavailable):
+            t.commit_nowait(tx)                       # raised here: there is nothing to wait() for
+        t.reconnect()
+        assert sub.receive(self.quiet) is None         # and "tx-lost" never arrives
+
     def test_send_on_a_lost_connection_fails_then_reconnect_works(
             self, outage: tuple[Make, Callable[[], None]]) -> None:
         make, restart = outage

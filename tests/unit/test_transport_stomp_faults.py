@@ -250,6 +250,22 @@ def test_an_error_after_a_commit_receipt_does_not_fail_that_commit(fake: FakeBro
     t.close()
 
 
+def test_a_discarded_pending_commit_leaves_no_waiter_behind(fake: FakeBroker) -> None:
+    """discard() instead of wait() (the caller unwinds): the COMMIT's receipt waiter and the transaction leave the
+    books at once; a late receipt is dropped."""
+    t = connect(fake, receipt_timeout=10)
+    tx = begun(fake, t)
+    pending = t.commit_nowait(tx)
+    last_frame(fake, b"COMMIT")
+    rid = fake.receipt_header()
+    assert rid in t._waiters
+    pending.discard()
+    assert rid not in t._waiters and t.transaction_problem(tx) is not None     # unknown to the book now
+    fake.reply(f"RECEIPT\nreceipt-id:{rid}\n\n\x00".encode())
+    assert t.is_connected()
+    t.close()
+
+
 def test_lost_connection_while_waiting_for_a_commit(fake: FakeBroker) -> None:
     t = connect(fake, receipt_timeout=10)
     tx = began(fake, t)
