@@ -203,8 +203,10 @@ def _mark_idle(conn: psycopg.Connection[Any]) -> None:
 
 def _readable(conn: psycopg.Connection[Any]) -> bool:
     """Whether the idle connection's socket has something to read (a closed or erroring socket counts)."""
-    try:
-        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    try:       # poll, not select: select() refuses a descriptor >= 1024 (FD_SETSIZE), common in a busy node
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN | select.POLLPRI)   # POLLERR, POLLHUP, POLLNVAL: always
+        return bool(poller.poll(0))
     except (OSError, ValueError, psycopg.Error):
         return True
 
