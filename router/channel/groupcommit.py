@@ -112,8 +112,9 @@ class GroupCommit:
         for job in group:
             by_channel.setdefault(job.cid, []).append(job)
         rows = {cid: [r for j in jobs for r in j.rows] for cid, jobs in by_channel.items()}
-        single = self._single(rows)
-        try:
+        single = False
+        try:                                  # whatever fails here fails every member: none is left undone
+            single = self._single(rows)
             with (cast(_OneStatementDatabase, self._db).statement() if single else self._db.unit_of_work()) as conn:
                 results = {cid: self._store.insert_events(conn, cid, events) for cid, events in rows.items()}
         except BaseException as exc:

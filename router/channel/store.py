@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -109,7 +109,7 @@ class NewEvent:
     deadline: float | None
     start_at: float | None
     targets: Sequence[tuple[int, int]]   # (consumer admin id, proxy supplier id)
-    accepted_at: float | None = None     # unix seconds the channel accepted it (stored as received_at); None: now()
+    accepted_at: float | None = None     # unix seconds the channel accepted it (stored as received_at); None: now
     source: tuple[int, int] | None = None  # (supplier admin id, proxy consumer id) it came from, for the ledger
     jms_message_id: str | None = None    # the JMS message it was mapped from (a JMS → channel bridge's event)
 
@@ -121,9 +121,12 @@ class Store:
     """Parameterised access to the channel tables on the caller's connection (see the module docstring).
 
     The only state it keeps is the list of fully delivered events waiting to be deleted in one batch, and the
-    ledger writer (``ledger``: its settings say whether persistent events get ledger rows)."""
+    ledger writer (``ledger``: its settings say whether persistent events get ledger rows). Every ledger time it
+    writes is the node's (``clock``, unix seconds; injectable for tests), as the times the callers pass are, never
+    the database's: with the two clocks apart a row could otherwise be acknowledged before it was accepted."""
 
-    def __init__(self, ledger: LedgerWriter | None = None) -> None:
+    def __init__(self, ledger: LedgerWriter | None = None, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
         self._reap_lock = threading.Lock()
         self._reap: list[int] = []
         self.ledger = ledger if ledger is not None else LedgerWriter()
@@ -213,7 +216,7 @@ class Store:
     _INSERT_EVENTS = """
         WITH ev AS (
             INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at, received_at)
-            SELECT %(cid)s, seq, form, body, prio, deadline, start_at, COALESCE(to_timestamp(acc), now())
+            SELECT %(cid)s, seq, form, body, prio, deadline, start_at, to_timestamp(acc)
             FROM unnest(%(seq)s::bigint[], %(form)s::smallint[], %(body)s::bytea[], %(prio)s::integer[],
                         %(deadline)s::float8[], %(start)s::float8[], %(acc)s::float8[])
                  AS t(seq, form, body, prio, deadline, start_at, acc)
@@ -237,13 +240,14 @@ class Store:
         )"""
     # The ``accepted`` and ``delivered`` rows of the JMS message of each event a JMS -> channel bridge pushed (the
     # channel now durably holds it), in the same statement (outside a T2): ``j<bridge>/<JMS message id>``, or
-    # ``event-<id>`` for a message without an id (router.ledger.inbound_dedupe_id).
+    # ``event-<id>`` for a message without an id (router.ledger.inbound_dedupe_id). ``delivered``'s acknowledged_at
+    # is the node's time (``iack``), like accepted_at (the event's received_at, the node's time of the push).
     _LEDGER_INBOUND = """, i AS (
             INSERT INTO nsjms_ledger(event_id, jms_message_id, dedupe_id, channel_id, proxy_id, bridge_id, destination,
                                      direction, accepted_at, acknowledged_at, outcome)
             SELECT ev.id, s.jms, 'j' || COALESCE(s.bridge, 0) || '/' || COALESCE(NULLIF(s.jms, ''), 'event-' || ev.id),
                    %(cid)s, s.p, s.bridge, s.dest, 'jms_to_channel', ev.received_at,
-                   CASE WHEN o.n = 2 THEN clock_timestamp() END, o.outcome
+                   CASE WHEN o.n = 2 THEN to_timestamp(%(iack)s::float8) END, o.outcome
             FROM unnest(%(iseq)s::bigint[], %(ijms)s::text[], %(iproxy)s::integer[], %(ibridge)s::integer[],
                         %(idest)s::text[]) AS s(seq, jms, p, bridge, dest)
             JOIN ev ON ev.seq = s.seq CROSS JOIN (VALUES (1, 'accepted'), (2, 'delivered')) AS o(n, outcome)
@@ -266,6 +270,7 @@ class Store:
         now, ``prepared_at``) instead of being written here."""
         if not events:
             return []
+        now = self._clock()
         ledgered = self.ledger.records(persistent=True)
         t2 = self.ledger.t2_rows(conn) if ledgered else None
         routes = [(self.ledger.route(cid, "C", a, p) or CONSUMER) if ledgered else CONSUMER
@@ -275,7 +280,7 @@ class Store:
             "seq": [ev.seq for ev in events], "form": [ev.form for ev in events],
             "body": [ev.body for ev in events], "prio": [ev.priority for ev in events],
             "deadline": [ev.deadline for ev in events], "start": [ev.start_at for ev in events],
-            "acc": [ev.accepted_at for ev in events],
+            "acc": [ev.accepted_at if ev.accepted_at is not None else now for ev in events],
             "qseq": [ev.seq for ev in events for _ in ev.targets],
             "qadmin": [a for ev in events for a, _ in ev.targets],
             "qproxy": [p for ev in events for _, p in ev.targets],
@@ -291,13 +296,13 @@ class Store:
             params.update({
                 "iseq": [ev.seq for ev, _ in inbound], "ijms": [ev.jms_message_id for ev, _ in inbound],
                 "iproxy": [ev.source[1] if ev.source else None for ev, _ in inbound],
-                "ibridge": [r.bridge_id for _, r in inbound], "idest": [r.destination for _, r in inbound]})
+                "ibridge": [r.bridge_id for _, r in inbound], "idest": [r.destination for _, r in inbound],
+                "iack": now})
         rows = conn.execute(statement, params).fetchall()
         by_seq = {int(seq): (int(eid), received) for eid, seq, received in rows}
         if ledgered:
             self.ledger.count(len(routes) + (2 * len(inbound) if t2 is None else 0))
             if t2 is not None:
-                now = time.time()
                 t2.rows.extend(replace(r, gtrid=t2.gtrid, dispatched_at=now, acknowledged_at=None)
                                for ev, _ in inbound
                                for r in self._inbound_rows(cid, ev, by_seq[ev.seq][0], by_seq[ev.seq][1]))
@@ -320,7 +325,7 @@ class Store:
         ``NewEvent.accepted_at``, which the caller keeps for the terminal rows (:meth:`delete_deliveries`)."""
         ledger, out = self.ledger, []
         for ev in events:
-            accepted_at = ev.accepted_at if ev.accepted_at is not None else time.time()
+            accepted_at = ev.accepted_at if ev.accepted_at is not None else self._clock()
             for aid, pid in ev.targets:
                 route = ledger.route(cid, "C", aid, pid) or CONSUMER
                 out.append(LedgerRow(volatile_dedupe_id(ledger.run_id, ev.seq, cid, aid, pid), cid, route.direction,
@@ -338,7 +343,7 @@ class Store:
                         Direction.JMS_TO_CHANNEL, accepted_at, Outcome.ACCEPTED, event_id=eid,
                         jms_message_id=ev.jms_message_id, proxy_id=ev.source[1] if ev.source else None,
                         bridge_id=inbound.bridge_id, destination=inbound.destination)
-        return [row, replace(row, outcome=Outcome.DELIVERED, acknowledged_at=time.time())]
+        return [row, replace(row, outcome=Outcome.DELIVERED, acknowledged_at=self._clock())]
 
     def delete_deliveries(self, conn: Conn, cid: int, aid: int, pid: int, event_ids: Iterable[int], *,
                           outcome: Outcome = Outcome.DELIVERED, reason: str | None = None,
@@ -373,7 +378,7 @@ class Store:
             return
         acks = None
         if outcome is Outcome.DELIVERED:
-            now, given = time.time(), acknowledged_at or {}
+            now, given = self._clock(), acknowledged_at or {}
             acks = [given.get(i, now) for i in ids]
         cur = conn.execute(self._DELETE_LEDGERED, {
             "cid": cid, "aid": aid, "pid": pid, "ids": ids, "bridge": route.bridge_id, "dest": route.destination,
@@ -390,7 +395,7 @@ class Store:
             "DELETE FROM nsjms_queue q USING nsjms_event e WHERE q.channel_id = %s AND q.admin_id = %s "
             "AND q.proxy_id = %s AND q.event_id = ANY(%s) AND e.id = q.event_id "
             "RETURNING q.event_id, e.received_at", (cid, aid, pid, ids)).fetchall()
-        when = dispatched_at if dispatched_at is not None else time.time()
+        when = dispatched_at if dispatched_at is not None else self._clock()
         order = {eid: i for i, eid in enumerate(ids)}
         t2.rows.extend(
             LedgerRow(channel_dedupe_id(eid, cid, aid, pid), cid, route.direction, accepted_at, outcome,
@@ -419,7 +424,7 @@ class Store:
                               outcome: Outcome, reason: str | None, dispatched_at: float | None,
                               acknowledged_at: Mapping[int, float]) -> None:
         route = self.ledger.route(cid, "C", aid, pid) or CONSUMER
-        now = time.time() if outcome is Outcome.DELIVERED else None
+        now = self._clock() if outcome is Outcome.DELIVERED else None
         self.ledger.write(conn, [
             LedgerRow(volatile_dedupe_id(self.ledger.run_id, seq, cid, aid, pid), cid, route.direction, accepted_at,
                       outcome, proxy_id=pid, bridge_id=route.bridge_id, destination=route.destination,
@@ -435,7 +440,7 @@ class Store:
             return
         gone = conn.execute(f"DELETE FROM nsjms_queue q USING nsjms_event e WHERE {where} AND e.id = q.event_id "
                             "RETURNING q.admin_id, q.proxy_id, q.event_id, e.received_at", params).fetchall()
-        done = time.time() if outcome is Outcome.DELIVERED else None
+        done = self._clock() if outcome is Outcome.DELIVERED else None
         rows = []
         for a, p, eid, accepted_at in gone:
             route = self.ledger.route(cid, "C", a, p) or CONSUMER

@@ -29,7 +29,7 @@ import select
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import psycopg
@@ -117,14 +117,17 @@ class Database:
 
         Errors as :meth:`unit_of_work`, except that a connection that broke during the statement is
         ``in_doubt`` (its implicit commit may have happened); a statement that failed otherwise committed
-        nothing. A connection the server closed while it sat in the pool (a restart: the server's goodbye is
-        waiting on the socket) is found before the statement is sent (no round trip: a poll of the socket), so
-        that failure is not in doubt."""
+        nothing. A connection the server closed while it sat in the pool (a restart) whose goodbye (the server's
+        FATAL message or its FIN) is already waiting on the socket is found before the statement is sent (no round
+        trip: a poll of the socket), discarded, and the statement gets ONE other connection (nothing was sent, so
+        this is safe); if that one is broken too, the failure is certain (nothing committed), not in doubt. A
+        connection whose server vanished without a goodbye (a crash or a network cut: nothing on the socket)
+        cannot be told from a working one without a round trip, so the statement is sent and the failure is in
+        doubt (``COMPLETED_MAYBE``), conservatively."""
         used: psycopg.Connection[Any] | None = None
         try:
-            with self._pool.connection(timeout=self.checkout_timeout) as conn:
-                if _readable(conn):              # nothing is due on an idle connection: the server went away?
-                    ConnectionPool.check_connection(conn)
+            with ExitStack() as held:
+                conn = self._idle_working(held)
                 used = conn
                 conn.autocommit = True
                 try:
@@ -141,6 +144,26 @@ class Database:
                                    f"{_first_line(exc)}", in_doubt=used is not None and used.broken) from exc
         except psycopg.Error as exc:
             raise StoreError(f"database error during statement: {_first_line(exc)}") from exc
+
+    def _idle_working(self, held: ExitStack) -> psycopg.Connection[Any]:
+        """A pooled connection for :meth:`statement`, held until ``held`` closes. One with something to read while
+        idle (the server closed it) is checked; a failed check discards it (the pool replaces it), checks the
+        other idle ones (:meth:`_purge_broken`) and takes ONE other connection, whose failed check raises."""
+        for attempt in (1, 2):
+            with ExitStack() as this:
+                conn = this.enter_context(self._pool.connection(timeout=self.checkout_timeout))
+                if _readable(conn):              # nothing is due on an idle connection: the server went away?
+                    try:
+                        ConnectionPool.check_connection(conn)
+                    except (psycopg.OperationalError, psycopg.InterfaceError):
+                        if attempt == 2:
+                            raise
+                        conn.close()             # back to the pool closed: discarded and replaced
+                        self._purge_broken()
+                        continue
+                held.enter_context(this.pop_all())
+                return conn
+        raise AssertionError("unreachable")      # pragma: no cover
 
     @contextmanager
     def branch(self) -> Iterator[psycopg.Connection[Any]]:
@@ -203,8 +226,10 @@ def _mark_idle(conn: psycopg.Connection[Any]) -> None:
 
 def _readable(conn: psycopg.Connection[Any]) -> bool:
     """Whether the idle connection's socket has something to read (a closed or erroring socket counts)."""
-    try:
-        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    try:       # poll, not select: select() refuses a descriptor >= 1024 (FD_SETSIZE), common in a busy node
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN | select.POLLPRI)   # POLLERR, POLLHUP, POLLNVAL: always
+        return bool(poller.poll(0))
     except (OSError, ValueError, psycopg.Error):
         return True
 

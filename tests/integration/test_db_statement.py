@@ -3,6 +3,9 @@ autocommit connection is one round trip, and it is committed when the call retur
 
 from __future__ import annotations
 
+import threading
+import time
+
 import psycopg
 import pytest
 
@@ -10,6 +13,8 @@ from router.db import Database, StoreError, StoreUnavailable
 from router.services import EmbeddedPostgres
 
 pytestmark = pytest.mark.integration
+
+DEADLINE_S = 30.0
 
 
 def _db(dsn: str) -> Database:
@@ -67,18 +72,60 @@ def test_a_failed_statement_commits_nothing_and_raises_store_error(fresh_db: str
         db.close()
 
 
-def test_a_connection_closed_by_a_restart_fails_the_statement_not_in_doubt(own_pg: EmbeddedPostgres) -> None:
-    """The server restarted while the connection sat in the pool: found before anything is sent, so the failure
-    is certain (nothing committed), not in doubt; the next statement gets a working connection."""
+def test_a_connection_closed_by_a_restart_is_replaced_and_the_statement_succeeds(own_pg: EmbeddedPostgres) -> None:
+    """The server restarted while the connections sat in the pool: the stale one is found before anything is sent
+    (the server's goodbye waits on its socket), discarded, and the statement runs on another connection (once:
+    nothing was sent, so it is safe). Before: the statement failed (StoreUnavailable, not in doubt)."""
     db = _db(own_pg.dsn)
     try:
+        with db.statement() as a, db.statement() as b:     # two connections in the pool, both to go stale
+            assert a is not b
         own_pg.stop()
         own_pg.start()
-        with pytest.raises(StoreUnavailable) as info, db.statement() as conn:
+        with db.statement() as conn:
             conn.execute("INSERT INTO t_stmt VALUES (5)")
-        assert not info.value.in_doubt
         with db.statement() as conn:
             conn.execute("INSERT INTO t_stmt VALUES (6)")
-        assert _committed(own_pg.dsn) == [6]
+        assert _committed(own_pg.dsn) == [5, 6]
+    finally:
+        db.close()
+
+
+def test_a_backend_killed_during_the_statement_is_in_doubt(fresh_db: str) -> None:
+    """The connection breaks while the statement runs (its backend terminated: the server may or may not have
+    committed it): ``StoreUnavailable`` in doubt, which the channel's boundary answers ``TRANSIENT`` with
+    ``COMPLETED_MAYBE``; the next statement gets a working connection."""
+    from omniORB import CORBA
+
+    from router.channel.boundary import store_faults
+
+    db = _db(fresh_db)
+    killed: list[bool] = []
+
+    def kill(pid: int) -> None:
+        with psycopg.connect(fresh_db, autocommit=True) as other:
+            end = time.monotonic() + DEADLINE_S
+            while time.monotonic() < end:                # wait until the statement runs (sleeps) on the server
+                row = other.execute("SELECT query FROM pg_stat_activity WHERE pid = %s AND state = 'active'",
+                                    (pid,)).fetchone()
+                if row is not None and "pg_sleep" in row[0]:
+                    done = other.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()
+                    killed.append(done is not None and bool(done[0]))
+                    return
+                time.sleep(0.01)
+
+    try:
+        with pytest.raises(CORBA.TRANSIENT) as info, store_faults(), db.statement() as conn:
+            killer = threading.Thread(target=kill, args=(conn.info.backend_pid,), daemon=True)
+            killer.start()
+            conn.execute("INSERT INTO t_stmt SELECT 7 FROM pg_sleep(%s)", (DEADLINE_S,))
+        killer.join(DEADLINE_S)
+        assert killed == [True], "the backend was terminated while the statement ran"
+        assert info.value.completed == CORBA.COMPLETED_MAYBE
+        cause = info.value.__cause__
+        assert isinstance(cause, StoreUnavailable) and cause.in_doubt
+        with db.statement() as conn:
+            conn.execute("INSERT INTO t_stmt VALUES (8)")
+        assert _committed(fresh_db) == [8]
     finally:
         db.close()

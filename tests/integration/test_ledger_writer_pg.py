@@ -158,3 +158,35 @@ def test_a_t2s_broker_commit_time_written_after_its_decision_time_still_lands(fr
         assert row == (datetime.fromtimestamp(1_700_000_010.0, UTC), datetime.fromtimestamp(1_700_000_011.0, UTC))
     finally:
         db.close()
+
+
+def test_the_inbound_rows_folded_into_the_events_statement_carry_the_node_s_times(fresh_db: str) -> None:
+    """A JMS -> channel bridge's event: the one autocommit statement that stores it also writes its JMS message's
+    ``accepted`` and ``delivered`` rows. Every time on them is the node's (the push's accepted_at, the store's
+    clock for acknowledged_at), never the database's: with the node's clock an hour ahead of the database's,
+    the message is still acknowledged after it was accepted (before: acknowledged_at was clock_timestamp())."""
+    from router.channel.store import NewEvent, Store
+    from router.ledger import Route
+
+    ahead = datetime.now(UTC).timestamp() + 3600.0       # the node's clock, an hour ahead of the database's
+    db = Database(fresh_db, 2)
+    db.open()
+    try:
+        store = Store(clock=lambda: ahead + 0.5)
+        with db.unit_of_work() as conn:
+            cid = store.next_channel_id(conn)
+            store.insert_channel(conn, cid, {}, {}, {"C": {}, "S": {}})
+        store.ledger.set_route(cid, "S", 3, 4, Route(Direction.JMS_TO_CHANNEL, 7, "queue/in"))
+        with db.statement() as conn:                 # the accept path's one statement (router/channel/groupcommit)
+            (eid,) = store.insert_events(conn, cid, [NewEvent(1, 1, b"x", 0, None, None, [(0, 0)], ahead, (3, 4),
+                                                              "ID:m1")])
+        with psycopg.connect(fresh_db) as conn:
+            rows = conn.execute("SELECT outcome, accepted_at, acknowledged_at FROM nsjms_ledger "
+                                "WHERE direction = 'jms_to_channel' AND event_id = %s ORDER BY entry_id",
+                                (eid,)).fetchall()
+        assert [r[0] for r in rows] == ["accepted", "delivered"]
+        assert rows[0][1] == rows[1][1] == datetime.fromtimestamp(ahead, UTC)
+        assert rows[1][2] is not None and rows[1][2] >= rows[1][1], "acknowledged before it was accepted"
+        assert rows[1][2] == datetime.fromtimestamp(ahead + 0.5, UTC)
+    finally:
+        db.close()

@@ -220,3 +220,36 @@ def test_a_failed_statement_fails_its_push_and_the_committer_goes_on() -> None:
         gc.insert(1, rows(1))
     assert info.value is broken
     assert gc.insert(1, rows(2)) == [1002]
+
+
+class RaisingStore(OneStatementStore):
+    """``one_statement`` fails once, for the group after the first (a bug or an error of the store's check)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checks = 0
+        self.failure = RuntimeError("injected: one_statement failed")
+
+    def one_statement(self, cid: int, events: Any) -> bool:
+        self.checks += 1
+        if self.checks == 2:
+            raise self.failure
+        return True
+
+
+def test_a_failure_deciding_the_group_s_kind_reaches_every_member_and_nobody_hangs_or_spins() -> None:
+    db, store = StatementDb(), RaisingStore()
+    gc = GroupCommit(db, store, one_statement=True)
+    leader = _leader_blocked(gc, store)
+    followers = [Pusher(gc, 1, [10 + i]) for i in range(3)]
+    for f in followers:
+        f.start()
+    wait_for(lambda: len(gc._pending) == 3, "three pushes queued")
+    store.gate.set()
+    for t in [leader, *followers]:
+        t.join(DEADLINE_S)
+        assert not t.is_alive(), "a follower of the failed group hangs or spins as a leader of empty groups"
+    assert leader.error is None and leader.ids == [1001]
+    assert all(f.error is store.failure for f in followers), [f.error for f in followers]
+    assert (db.statements, db.units, gc.commits) == (1, 0, 1), "no empty group was committed"
+    assert gc.insert(1, rows(99)) == [1099], "the committer works on"
