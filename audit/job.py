@@ -141,6 +141,8 @@ def _session(req: AuditRequest) -> Iterator[Any]:
     conf = {"spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false", "spark.driver.memory": req.driver_memory,
             "spark.sql.shuffle.partitions": str(req.shuffle_partitions),
+            # the kept small result frames may be coalesced by adaptive execution like any other (fewer tasks)
+            "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
             "spark.driver.host": os.environ["SPARK_LOCAL_IP"], "spark.driver.bindAddress": os.environ["SPARK_LOCAL_IP"]}
     if req.source == "jdbc":
         conf["spark.jars"] = req.jdbc_jar

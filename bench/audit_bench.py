@@ -17,6 +17,7 @@ import json
 import os
 import re
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -102,12 +103,13 @@ def _spark_work(event_dir: Path) -> dict[str, float]:
     return work
 
 
-def _audit(ledger: Path, out: Path, master: str, driver_memory: str,
-           event_dir: Path) -> tuple[float, float, int, dict[str, float]]:
+def _audit(ledger: Path, out: Path, master: str, driver_memory: str, event_dir: Path,
+           java_options: str = "") -> tuple[float, float, int, dict[str, float]]:
     event_dir.mkdir(parents=True, exist_ok=True)
+    java = f"--driver-java-options {shlex.quote(java_options)} " if java_options else ""
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1",   # the event log gives the load-independent work
            "PYSPARK_SUBMIT_ARGS": f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={event_dir} "
-                                  "--conf spark.eventLog.compress=false pyspark-shell"}
+                                  f"--conf spark.eventLog.compress=false {java}pyspark-shell"}
     t, cpu = time.perf_counter(), _children_cpu()
     proc = subprocess.run([sys.executable, "-m", "router.cli", "audit", "--parquet", str(ledger), "--out", str(out),
                            "--master", master, "--driver-memory", driver_memory],
@@ -125,6 +127,7 @@ def main() -> int:
     p.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="2g")
+    p.add_argument("--java-options", default="", help="extra JVM options of the audit's driver (to compare)")
     p.add_argument("--keep-ledgers", type=Path, default=None,
                    help="keep the generated ledgers in this directory and reuse them in later runs")
     args = p.parse_args()
@@ -137,7 +140,7 @@ def main() -> int:
             made, gen_s = _ledger(rows, ledgers / f"ledger-{rows}")
             load_before = round(os.getloadavg()[0], 1)
             audit_s, cpu_s, rc, steps = _audit(ledgers / f"ledger-{rows}", base / f"out-{rows}", args.master,
-                                               args.driver_memory, base / f"events-{rows}")
+                                               args.driver_memory, base / f"events-{rows}", args.java_options)
             work = _spark_work(base / f"events-{rows}")
             summary = json.loads((base / f"out-{rows}" / "summary.json").read_text())
             r = {"rows": made, "generate_s": round(gen_s, 1), "audit_s": round(audit_s, 1),
