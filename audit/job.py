@@ -36,6 +36,9 @@ log = logging.getLogger("nsjms.audit")
 #: At most this many rows of a list table (lost, duplicates, ...) go into the summary and the report; the
 #: Parquet tables hold them all.
 LIST_LIMIT = 1000
+#: Up to this many in-doubt rows or duplicated obligations, their ids are sent to every task (a broadcast join)
+#: instead of shuffling the ledger's rows to meet them.
+BROADCAST_LIMIT = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,8 @@ def _session(req: AuditRequest) -> Iterator[Any]:
     conf = {"spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false", "spark.driver.memory": req.driver_memory,
             "spark.sql.shuffle.partitions": str(req.shuffle_partitions),
+            # the kept small result frames may be coalesced by adaptive execution like any other (fewer tasks)
+            "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
             "spark.driver.host": os.environ["SPARK_LOCAL_IP"], "spark.driver.bindAddress": os.environ["SPARK_LOCAL_IP"]}
     if req.source == "jdbc":
         conf["spark.jars"] = req.jdbc_jar
@@ -209,8 +214,13 @@ def _read(spark: Any, req: AuditRequest) -> Any:
 
 
 def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
-    """Run the transforms, write every table, return the small ones collected (lists of dicts)."""
+    """Run the transforms, write every table once, return the small ones collected (lists of dicts).
+
+    Passes over the ledger: :func:`~audit.transforms.facets` (dictionary, dead letters, whether anything is in
+    doubt), the per-obligation aggregation, the delivered rows' latencies and throughput; and only when there is
+    something to find, the open doubts (two narrow scans) and the duplicated obligations' rows."""
     from pyspark import StorageLevel
+    from pyspark.sql import functions as F
 
     from audit import transforms as T
 
@@ -220,32 +230,49 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
         ledger = ledger.persist(StorageLevel.MEMORY_AND_DISK)
         ledger.count()
     step("reconcile")
-    obl = T.obligations(ledger, req.as_of, req.grace).persist(StorageLevel.MEMORY_AND_DISK)
-    tables = {
-        "status_counts": T.status_counts(obl), "lost": T.lost(obl), "duplicates": T.duplicates(ledger, obl),
-        "stuck_in_doubt": T.stuck_in_doubt(ledger, req.as_of, req.grace),
-        "dead_letters": T.dead_letters_by_reason(ledger),
-    }
-    out: dict[str, Any] = {name: _write_collect(spark, df, req.out / "tables" / name) for name, df in tables.items()}
+    tables = req.out / "tables"
+    facets = [r.asDict() for r in T.facets(ledger).collect()]
+    doubt_rows = sum(r["rows"] for r in facets if r["outcome"] == "in_doubt")
+    few_doubts = doubt_rows <= BROADCAST_LIMIT
+    none = ledger.where(F.lit(False))  # an empty ledger: its results are empty without reading anything
+    doubts = T.open_doubts(ledger if doubt_rows else none, broadcast=few_doubts).persist(StorageLevel.MEMORY_AND_DISK)
+    obl = T.obligations(ledger, req.as_of, req.grace, doubts=doubts, codes=T.dictionary(facets),
+                        broadcast=few_doubts).persist(StorageLevel.MEMORY_AND_DISK)
+    out: dict[str, Any] = {"status_counts": _write_collect(T.status_counts(obl), tables / "status_counts")}
+    duplicated = sum(r["obligations"] for r in out["status_counts"] if r["status"] == "duplicated")
+    facets_df = spark.createDataFrame(facets, schema=T.facets(ledger).schema) if facets else T.facets(none)
+    for name, df in (("lost", T.lost(obl)),
+                     ("duplicates", T.duplicates(ledger if duplicated else none, obl,
+                                                 broadcast=duplicated <= BROADCAST_LIMIT)),
+                     ("stuck_in_doubt", T.stuck_in_doubt(none, req.as_of, req.grace, doubts=doubts)),
+                     ("dead_letters", T.dead_letters_by_reason(facets_df))):
+        out[name] = _write_collect(df, tables / name)
     obl.unpersist()
+    doubts.unpersist()
     step("latency")
-    lat = T.hop_latencies(ledger)
-    for name, df in (("latency_percentiles", T.latency_percentiles(lat)),
-                     ("latency_histogram", T.latency_histogram(lat))):
-        out[name] = _write_collect(spark, df, req.out / "tables" / name)
+    counts = T.latency_counts(T.hop_latencies(ledger)).persist(StorageLevel.MEMORY_AND_DISK)
+    for name, df in (("latency_percentiles", T.latency_percentiles(counts)),
+                     ("latency_histogram", T.latency_histogram(counts))):
+        out[name] = _write_collect(df, tables / name)
+    counts.unpersist()
     step("throughput")
-    path = req.out / "tables" / "throughput_per_minute"
-    T.throughput_per_minute(ledger).write.mode("overwrite").parquet(str(path))
-    totals = T.throughput_totals(spark.read.parquet(str(path))).orderBy("minute")
-    out["throughput_totals"] = [r.asDict() for r in totals.collect()]
+    per_minute = T.throughput_per_minute(ledger).persist(StorageLevel.MEMORY_AND_DISK)
+    per_minute.write.mode("overwrite").parquet(str(tables / "throughput_per_minute"))
+    out["throughput_totals"] = [r.asDict() for r in T.throughput_totals(per_minute).orderBy("minute").collect()]
+    per_minute.unpersist()
     if req.source == "jdbc":
         ledger.unpersist()
     return out
 
 
-def _write_collect(spark: Any, df: Any, path: Path) -> list[dict[str, Any]]:
-    """Write a result table (one Parquet file set), then read back its first :data:`LIST_LIMIT` rows (by the
-    first column): computing once and re-reading the small written table is cheaper than computing twice."""
-    df.coalesce(1).write.mode("overwrite").parquet(str(path))
-    back = spark.read.parquet(str(path))
-    return [r.asDict(recursive=True) for r in back.orderBy(back.columns[0]).limit(LIST_LIMIT).collect()]
+def _write_collect(df: Any, path: Path) -> list[dict[str, Any]]:
+    """Write a result table once (one Parquet file set) and return its first :data:`LIST_LIMIT` rows (by the
+    first column), computed once: the frame is kept while it is written and its rows are taken."""
+    from pyspark import StorageLevel
+
+    df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        df.coalesce(1).write.mode("overwrite").parquet(str(path))
+        return [r.asDict(recursive=True) for r in df.orderBy(df.columns[0]).limit(LIST_LIMIT).collect()]
+    finally:
+        df.unpersist()

@@ -15,9 +15,12 @@ Definitions (the contract the router's ledger writes follow):
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     DoubleType,
@@ -30,18 +33,24 @@ from pyspark.sql.types import (
 )
 
 __all__ = [
+    "DICTIONARY_LIMIT",
     "HOPS",
     "HOP_NAMES",
     "LEDGER_SCHEMA",
     "PERCENTILES",
+    "Codes",
     "dead_letters_by_reason",
+    "dictionary",
     "duplicates",
+    "facets",
     "hop_latencies",
+    "latency_counts",
     "latency_histogram",
     "latency_percentiles",
     "ledger",
     "lost",
     "obligations",
+    "open_doubts",
     "status_counts",
     "stuck_in_doubt",
     "throughput_per_minute",
@@ -80,40 +89,113 @@ def ledger(raw: DataFrame) -> DataFrame:
     return raw.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in LEDGER_SCHEMA.fields])
 
 
+def _total(col: str) -> Column:
+    """``sum`` of a count column, never null (as the ``count`` it adds up)."""
+    return F.coalesce(F.sum(col), F.lit(0)).cast(LongType())
+
+
 def _count_if(cond: Column) -> Column:
     return F.sum(F.when(cond, 1).otherwise(0)).cast(LongType())
 
 
-def _open_doubts(rows: DataFrame) -> DataFrame:
+@dataclass(frozen=True)
+class Codes:
+    """The distinct non-null ``direction`` and ``destination`` values, sorted as Spark orders strings (by their
+    UTF-8 bytes, which is Python's order of code points): ``min`` over their 1-based positions is ``min`` over the
+    strings, and an integer ``min`` runs as a HashAggregate (a string ``min`` needs a SortAggregate)."""
+
+    direction: tuple[str, ...]
+    destination: tuple[str, ...]
+
+
+#: :func:`dictionary` gives no :class:`Codes` when a column has more distinct values than this (the code of a
+#: value is found by a linear search of a literal array); :func:`obligations` then takes the string ``min``.
+DICTIONARY_LIMIT = 256
+
+
+def dictionary(facet_rows: Iterable[Mapping[str, Any]]) -> Codes | None:
+    """The :class:`Codes` of collected :func:`facets` rows, or None beyond :data:`DICTIONARY_LIMIT` values."""
+    rows = list(facet_rows)
+    values = [sorted({r[c] for r in rows if r[c] is not None}) for c in ("direction", "destination")]
+    if max(len(v) for v in values) > DICTIONARY_LIMIT:
+        return None
+    return Codes(tuple(values[0]), tuple(values[1]))
+
+
+def _encode(col: str, values: tuple[str, ...]) -> Column:
+    if not values:
+        return F.lit(None).cast(LongType())
+    return F.array_position(F.array(*[F.lit(v) for v in values]), F.col(col))
+
+
+def _decode(code: Column, values: tuple[str, ...]) -> Column:
+    if not values:
+        return F.lit(None).cast(StringType())
+    return F.when(code.isNotNull(), F.element_at(F.array(*[F.lit(v) for v in values]), code.cast(IntegerType())))
+
+
+def facets(ledger_df: DataFrame) -> DataFrame:
+    """The ledger in one small aggregation: direction, destination, outcome, failure_reason and bridge_id (of
+    ``dead_letter`` rows; null on the others), rows. Gives the :func:`dictionary`, the dead letters
+    (:func:`dead_letters_by_reason`) and whether any row is ``in_doubt``, in one pass over the ledger."""
+    dl = F.col("outcome") == "dead_letter"
+    return (ledger_df.select("direction", "destination", "outcome", "failure_reason", "bridge_id")
+            .groupBy("direction", "destination", "outcome", F.when(dl, F.col("failure_reason")).alias("reason"),
+                     F.when(dl, F.col("bridge_id")).alias("bridge"))
+            .agg(F.count(F.lit(1)).alias("n"))
+            .select("direction", "destination", "outcome", F.col("reason").alias("failure_reason"),
+                    F.col("bridge").alias("bridge_id"), F.col("n").cast(LongType()).alias("rows")))
+
+
+def open_doubts(ledger_df: DataFrame, broadcast: bool = True) -> DataFrame:
     """In-doubt rows whose gtrid has no resolving row: dedupe_id, gtrid, prepared_at.
 
     The resolving rows are first narrowed to the (few) in-doubt gtrids by a semi join, so the ledger's
-    millions of gtrids are never de-duplicated.
+    millions of gtrids are never de-duplicated or shuffled (``broadcast``: the in-doubt gtrids are sent to every
+    task; give False when there are millions of in-doubt rows).
     """
+    rows = ledger_df.select("dedupe_id", "gtrid", "prepared_at", "outcome")
     doubts = rows.where(F.col("outcome") == "in_doubt").select("dedupe_id", "gtrid", "prepared_at")
+    ids = doubts.select("gtrid")
     resolved = (rows.where(F.col("outcome").isin(*_RESOLVING) & F.col("gtrid").isNotNull()).select("gtrid")
-                .join(doubts.select("gtrid"), on="gtrid", how="left_semi"))
-    return doubts.join(resolved, on="gtrid", how="left_anti").select("dedupe_id", "gtrid", "prepared_at")
+                .join(F.broadcast(ids) if broadcast else ids, on="gtrid", how="left_semi"))
+    return (doubts.join(F.broadcast(resolved) if broadcast else resolved, on="gtrid", how="left_anti")
+            .select("dedupe_id", "gtrid", "prepared_at"))
 
 
-def obligations(ledger_df: DataFrame, as_of: datetime, grace: timedelta) -> DataFrame:
+def obligations(ledger_df: DataFrame, as_of: datetime, grace: timedelta, *, doubts: DataFrame | None = None,
+                codes: Codes | None = None, broadcast: bool = True) -> DataFrame:
     """One row per dedupe_id with its counts and ``status`` (delivered, duplicated, dead_letter, discarded,
-    expired, in_doubt, lost, in_flight)."""
+    expired, in_doubt, lost, in_flight).
+
+    ``doubts``: :func:`open_doubts` of the same ledger, when the caller has it already. ``codes``: the ledger's
+    :func:`dictionary`; with it the aggregation takes ``min`` of integer codes of the string dims (a
+    HashAggregate), without it ``min`` of the strings (a SortAggregate); the results are the same.
+    ``broadcast``: the open doubts are few (see :func:`open_doubts`)."""
     rows = ledger_df.select("dedupe_id", *_DIMS, "gtrid", "accepted_at", "prepared_at", "outcome")
+    if codes is None:
+        dims = [F.min(c).alias(c) for c in _DIMS]
+        decoded = [F.col(c) for c in _DIMS]
+    else:
+        coded = {"direction": codes.direction, "destination": codes.destination}
+        dims = [F.min(_encode(c, coded[c]) if c in coded else F.col(c)).alias(c) for c in _DIMS]
+        decoded = [_decode(F.col(c), coded[c]).alias(c) if c in coded else F.col(c) for c in _DIMS]
     per = rows.groupBy("dedupe_id").agg(
-        *[F.min(c).alias(c) for c in _DIMS],
+        *dims,
         F.min("accepted_at").alias("accepted_at"),
         _count_if(F.col("outcome") == "accepted").alias("accepted_rows"),
         _count_if(F.col("outcome") == "delivered").alias("deliveries"),
         *[_count_if(F.col("outcome") == o).alias(o) for o in ("dead_letter", "discarded", "expired")],
-    )
-    doubt = _open_doubts(rows).groupBy("dedupe_id").agg(F.count(F.lit(1)).alias("open_doubts"))
+    ).select("dedupe_id", *decoded, "accepted_at", "accepted_rows", "deliveries", "dead_letter", "discarded",
+             "expired")
+    open_ = doubts if doubts is not None else open_doubts(rows, broadcast)
+    doubt = open_.groupBy("dedupe_id").agg(F.count(F.lit(1)).alias("open_doubts"))
     cutoff = F.lit(as_of - grace).cast(TimestampType())
     status = (F.when(F.col("deliveries") > 1, "duplicated").when(F.col("deliveries") == 1, "delivered")
               .when(F.col("dead_letter") > 0, "dead_letter").when(F.col("discarded") > 0, "discarded")
               .when(F.col("expired") > 0, "expired").when(F.col("open_doubts") > 0, "in_doubt")
               .when(F.col("accepted_at") <= cutoff, "lost").otherwise("in_flight"))
-    return (per.join(doubt, on="dedupe_id", how="left_outer")
+    return (per.join(F.broadcast(doubt) if broadcast else doubt, on="dedupe_id", how="left_outer")
             .select("dedupe_id", *_DIMS, "accepted_at", "accepted_rows", "deliveries",
                     F.coalesce(F.col("open_doubts"), F.lit(0)).cast(LongType()).alias("open_doubts"),
                     status.alias("status")))
@@ -131,13 +213,14 @@ def lost(obl: DataFrame) -> DataFrame:
             .select("dedupe_id", *_DIMS, "accepted_at"))
 
 
-def duplicates(ledger_df: DataFrame, obl: DataFrame) -> DataFrame:
+def duplicates(ledger_df: DataFrame, obl: DataFrame, broadcast: bool = True) -> DataFrame:
     """dedupe_ids delivered more than once (``obl``: :func:`obligations`): deliveries, distinct_gtrids,
-    first/last delivery time (of the last hop)."""
+    first/last delivery time (of the last hop). ``broadcast``: the duplicated ids are few (sent to every task,
+    so the ledger's delivered rows are not shuffled)."""
     done = F.coalesce(*[F.col(c) for c in reversed(_TS)])
     dup_ids = obl.select("dedupe_id", "status").where(F.col("status") == "duplicated").select("dedupe_id")
     rows = (ledger_df.select("dedupe_id", *_DIMS, "gtrid", *_TS, "outcome").where(F.col("outcome") == "delivered")
-            .join(dup_ids, on="dedupe_id", how="left_semi"))
+            .join(F.broadcast(dup_ids) if broadcast else dup_ids, on="dedupe_id", how="left_semi"))
     return (rows.groupBy("dedupe_id").agg(
                 *[F.min(c).alias(c) for c in _DIMS], F.count(F.lit(1)).alias("deliveries"),
                 F.countDistinct("gtrid").alias("distinct_gtrids"),
@@ -147,22 +230,24 @@ def duplicates(ledger_df: DataFrame, obl: DataFrame) -> DataFrame:
                     "first_delivered_at", "last_delivered_at"))
 
 
-def stuck_in_doubt(ledger_df: DataFrame, as_of: datetime, grace: timedelta) -> DataFrame:
-    """gtrids prepared before ``as_of - grace`` with no decision recorded: gtrid, items, prepared_at, age_s."""
-    rows = ledger_df.select("dedupe_id", "gtrid", "prepared_at", "outcome")
+def stuck_in_doubt(ledger_df: DataFrame, as_of: datetime, grace: timedelta, *,
+                   doubts: DataFrame | None = None) -> DataFrame:
+    """gtrids prepared before ``as_of - grace`` with no decision recorded: gtrid, items, prepared_at, age_s.
+    ``doubts``: :func:`open_doubts` of the same ledger, when the caller has it already."""
+    open_ = doubts if doubts is not None else open_doubts(ledger_df)
     cutoff = F.lit(as_of - grace).cast(TimestampType())
-    return (_open_doubts(rows).where(F.col("prepared_at") <= cutoff)
+    return (open_.where(F.col("prepared_at") <= cutoff)
             .groupBy("gtrid").agg(F.countDistinct("dedupe_id").alias("items"), F.min("prepared_at").alias("p"))
             .select("gtrid", F.col("items").cast(LongType()).alias("items"), F.col("p").alias("prepared_at"),
                     ((F.unix_micros(F.lit(as_of).cast(TimestampType())) - F.unix_micros(F.col("p")))
                      .cast(DoubleType()) / 1e6).alias("age_s")))
 
 
-def dead_letters_by_reason(ledger_df: DataFrame) -> DataFrame:
-    """failure_reason, direction, bridge_id, destination, dead_letters."""
-    return (ledger_df.select("failure_reason", "direction", "bridge_id", "destination", "outcome")
+def dead_letters_by_reason(facets_df: DataFrame) -> DataFrame:
+    """failure_reason, direction, bridge_id, destination, dead_letters (rows), from the ledger's :func:`facets`."""
+    return (facets_df.select("failure_reason", "direction", "bridge_id", "destination", "outcome", "rows")
             .where(F.col("outcome") == "dead_letter")
-            .groupBy("failure_reason", "direction", "bridge_id", "destination").agg(F.count(F.lit(1)).alias("n"))
+            .groupBy("failure_reason", "direction", "bridge_id", "destination").agg(_total("rows").alias("n"))
             .select("failure_reason", "direction", "bridge_id", "destination",
                     F.col("n").cast(LongType()).alias("dead_letters")))
 
@@ -186,37 +271,48 @@ def hop_latencies(ledger_df: DataFrame) -> DataFrame:
     return rows.select("dedupe_id", "direction", *hops, _ms("accepted_at", last).alias("end_to_end_ms"))
 
 
-def latency_percentiles(lat: DataFrame, accuracy: int = 10_000) -> DataFrame:
+def latency_counts(lat: DataFrame) -> DataFrame:
+    """hop, direction, v_ms, n: how many delivered rows of :func:`hop_latencies` had each exact latency, per hop
+    and direction (rows without the hop omitted). Latencies are whole microseconds, so this is far smaller than
+    the ledger, and every percentile and histogram bin is exact from it."""
+    stack = F.explode(F.array(*[F.struct(F.lit(i + 1).alias("h"), F.col(f"{h}_ms").alias("v"))
+                                for i, h in enumerate(HOP_NAMES)]))  # the hop's position: cheaper to hash
+    return (lat.select("direction", stack.alias("x"))
+            .select(F.col("x.h").alias("h"), "direction", F.col("x.v").alias("v_ms"))
+            .where(F.col("v_ms").isNotNull())
+            .groupBy("h", "direction", "v_ms").agg(F.count(F.lit(1)).alias("n"))
+            .select(F.element_at(F.array(*[F.lit(h) for h in HOP_NAMES]), F.col("h")).alias("hop"), "direction",
+                    "v_ms", F.col("n").cast(LongType()).alias("n")))
+
+
+def latency_percentiles(counts: DataFrame) -> DataFrame:
     """hop, direction (each, and ``all``), samples, p50_ms, p90_ms, p99_ms, p999_ms, max_ms, from
-    :func:`hop_latencies` with percentile_approx (one pass; ``accuracy`` as Spark defines it)."""
-    cols = [*HOP_NAMES]
-    rows = lat.select("direction", *[f"{h}_ms" for h in cols])
-    probs = F.array(*[F.lit(p) for p in PERCENTILES])
-    aggs = []
-    for h in cols:
-        c = F.col(f"{h}_ms")
-        aggs += [F.count(c).alias(f"{h}_n"), F.percentile_approx(c, probs, accuracy).alias(f"{h}_p"),
-                 F.max(c).alias(f"{h}_max")]
-    wide = rows.rollup("direction").agg(F.grouping("direction").alias("g"), *aggs)
-    per_hop = F.array(*[F.struct(F.lit(h).alias("hop"), F.col(f"{h}_n").alias("n"), F.col(f"{h}_p").alias("p"),
-                                 F.col(f"{h}_max").alias("mx")) for h in cols])
-    long = wide.select(F.when(F.col("g") == 1, "all").otherwise(F.col("direction")).alias("direction"),
-                       F.explode(per_hop).alias("x")).where(F.col("x.n") > 0)
-    return long.select(F.col("x.hop").alias("hop"), "direction", F.col("x.n").cast(LongType()).alias("samples"),
-                       *[F.col("x.p")[i].alias(_pname(p)) for i, p in enumerate(PERCENTILES)],
-                       F.col("x.mx").alias("max_ms"))
+    :func:`latency_counts`. Exact nearest-rank percentiles: the p-th is the smallest latency whose cumulative
+    count reaches ``ceil(p * samples)`` (what ``percentile_approx`` approximates)."""
+    rows = counts.select("hop", "direction", "v_ms", "n")
+    every = (rows.groupBy("hop", "v_ms").agg(F.sum("n").alias("n"))
+             .select("hop", F.lit("all").alias("direction"), "v_ms", "n"))
+    both = rows.unionByName(every)
+    group = Window.partitionBy("hop", "direction")
+    ranked = both.select("hop", "direction", "v_ms", "n",
+                         F.sum("n").over(group.orderBy("v_ms")).alias("cum"), F.sum("n").over(group).alias("total"))
+    reach = [F.min(F.when(F.col("cum") >= F.ceil(F.lit(p) * F.col("total")), F.col("v_ms"))).alias(_pname(p))
+             for p in PERCENTILES]
+    return (ranked.groupBy("hop", "direction").agg(_total("n").alias("samples"), *reach, F.max("v_ms").alias("mx"))
+            .select("hop", "direction", F.col("samples").cast(LongType()).alias("samples"),
+                    *[_pname(p) for p in PERCENTILES], F.col("mx").alias("max_ms")))
 
 
 def _pname(p: float) -> str:
     return f"p{str(p).split('.')[1]:0<2}_ms"
 
 
-def latency_histogram(lat: DataFrame, hop: str = "end_to_end", bins_per_decade: int = 10) -> DataFrame:
-    """hop, lo_ms, hi_ms, samples for one hop of :func:`hop_latencies`: log-spaced bins
+def latency_histogram(counts: DataFrame, hop: str = "end_to_end", bins_per_decade: int = 10) -> DataFrame:
+    """hop, lo_ms, hi_ms, samples for one hop, from :func:`latency_counts`: log-spaced bins
     (``bins_per_decade`` per factor of 10; latencies below 1 µs share the lowest bin), empty bins omitted."""
-    k = F.floor(F.log10(F.greatest(F.col("v"), F.lit(1e-3))) * bins_per_decade)
-    return (lat.select(F.col(f"{hop}_ms").alias("v")).where(F.col("v").isNotNull())
-            .groupBy(k.alias("k")).agg(F.count(F.lit(1)).alias("n"))
+    k = F.floor(F.log10(F.greatest(F.col("v_ms"), F.lit(1e-3))) * bins_per_decade)
+    return (counts.select("hop", "v_ms", "n").where(F.col("hop") == hop)
+            .groupBy(k.alias("k")).agg(_total("n").alias("n"))
             .select(F.lit(hop).alias("hop"), F.pow(F.lit(10.0), F.col("k") / bins_per_decade).alias("lo_ms"),
                     F.pow(F.lit(10.0), (F.col("k") + 1) / bins_per_decade).alias("hi_ms"),
                     F.col("n").cast(LongType()).alias("samples")))

@@ -12,9 +12,12 @@ job's fixed stages), so the per-row cost can be read off. Numbers are machine-sp
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import re
+import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -34,12 +37,15 @@ def _faults(rows: int) -> int:
 
 
 def _ledger(rows: int, out: Path) -> tuple[int, float]:
+    if (out / "rows").is_file():  # kept from an earlier run (--keep-ledgers)
+        return int((out / "rows").read_text()), 0.0
     n = max(rows // 2, 10)
     faults = _faults(rows)
     t = time.perf_counter()
     table, _ = generate(SynthSpec(deliveries=n, seed=11, rate_per_s=2_000.0, lost=faults, duplicates=faults,
                                   in_doubt=faults, dead_letters=faults))
     write_parquet(table, out)
+    (out / "rows").write_text(str(table.num_rows))
     return int(table.num_rows), time.perf_counter() - t
 
 
@@ -48,16 +54,72 @@ def _steps(stderr: str) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"audit: ([^:\n]+?) done in ([0-9.]+) s", stderr)}
 
 
-def _audit(ledger: Path, out: Path, master: str, driver_memory: str) -> tuple[float, int, dict[str, float]]:
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    t = time.perf_counter()
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes (the audit command and its JVM: this process is
+    their subreaper, :func:`_reap`)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _subreaper() -> None:
+    """Adopt orphaned descendants (the JVM PySpark starts outlives the audit's Python process for a moment), so
+    their CPU time counts in this process's RUSAGE_CHILDREN once :func:`_reap` waited for them (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap() -> None:
+    """Wait for every adopted descendant (the audit's JVM) to end."""
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _spark_work(event_dir: Path) -> dict[str, float]:
+    """Load-independent work of one audit from its Spark event log: jobs, stages and tasks run (skipped stages
+    not counted), and the shuffle bytes written and records read, over the whole application."""
+    work: dict[str, float] = {"jobs": 0, "stages": 0, "tasks": 0, "shuffle_write_bytes": 0, "input_records": 0,
+                              "task_cpu_s": 0.0}
+    for log in sorted(f for f in event_dir.rglob("*") if f.is_file() and not f.name.startswith(("appstatus", "."))):
+        for line in log.read_text().splitlines():
+            ev = json.loads(line)
+            kind = ev.get("Event")
+            if kind == "SparkListenerJobStart":
+                work["jobs"] += 1
+            elif kind == "SparkListenerStageCompleted":
+                info = ev["Stage Info"]
+                work["stages"] += 1
+                work["tasks"] += int(info.get("Number of Tasks", 0))
+                acc = {a.get("Name"): a.get("Value") for a in info.get("Accumulables", [])}
+                work["shuffle_write_bytes"] += int(acc.get("internal.metrics.shuffle.write.bytesWritten") or 0)
+                work["input_records"] += int(acc.get("internal.metrics.input.recordsRead") or 0)
+                work["task_cpu_s"] += int(acc.get("internal.metrics.executorCpuTime") or 0) / 1e9
+    work["task_cpu_s"] = round(work["task_cpu_s"], 1)
+    return work
+
+
+def _audit(ledger: Path, out: Path, master: str, driver_memory: str, event_dir: Path,
+           java_options: str = "") -> tuple[float, float, int, dict[str, float]]:
+    event_dir.mkdir(parents=True, exist_ok=True)
+    java = f"--driver-java-options {shlex.quote(java_options)} " if java_options else ""
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1",   # the event log gives the load-independent work
+           "PYSPARK_SUBMIT_ARGS": f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={event_dir} "
+                                  f"--conf spark.eventLog.compress=false {java}pyspark-shell"}
+    t, cpu = time.perf_counter(), _children_cpu()
     proc = subprocess.run([sys.executable, "-m", "router.cli", "audit", "--parquet", str(ledger), "--out", str(out),
                            "--master", master, "--driver-memory", driver_memory],
                           check=False, capture_output=True, text=True, env=env)
     elapsed = time.perf_counter() - t
+    _reap()
+    cpu = _children_cpu() - cpu
     if proc.returncode not in (EXIT_OK, EXIT_VIOLATION):     # the injected losses and duplicates make it 7
         raise SystemExit(f"audit failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return elapsed, proc.returncode, _steps(proc.stderr)
+    return elapsed, cpu, proc.returncode, _steps(proc.stderr)
 
 
 def main() -> int:
@@ -65,33 +127,48 @@ def main() -> int:
     p.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="2g")
+    p.add_argument("--java-options", default="", help="extra JVM options of the audit's driver (to compare)")
+    p.add_argument("--keep-ledgers", type=Path, default=None,
+                   help="keep the generated ledgers in this directory and reuse them in later runs")
     args = p.parse_args()
+    _subreaper()
     base = Path(tempfile.mkdtemp(prefix="nsjms-audit-bench-"))
+    ledgers = args.keep_ledgers or base
     results = []
     try:
         for rows in [2_000, *args.rows]:
-            made, gen_s = _ledger(rows, base / f"ledger-{rows}")
-            audit_s, rc, steps = _audit(base / f"ledger-{rows}", base / f"out-{rows}", args.master, args.driver_memory)
+            made, gen_s = _ledger(rows, ledgers / f"ledger-{rows}")
+            load_before = round(os.getloadavg()[0], 1)
+            audit_s, cpu_s, rc, steps = _audit(ledgers / f"ledger-{rows}", base / f"out-{rows}", args.master,
+                                               args.driver_memory, base / f"events-{rows}", args.java_options)
+            work = _spark_work(base / f"events-{rows}")
             summary = json.loads((base / f"out-{rows}" / "summary.json").read_text())
             r = {"rows": made, "generate_s": round(gen_s, 1), "audit_s": round(audit_s, 1),
                  "rows_per_s": round(made / audit_s), "steps_s": steps,
-                 "job_s": round(sum(v for k, v in steps.items() if k != "start Spark"), 1), "exit": rc,
+                 "job_s": round(sum(v for k, v in steps.items() if k != "start Spark"), 1),
+                 "process_cpu_s": round(cpu_s, 1), "exit": rc,
                  "lost": summary["lost"],
                  "duplicated": summary["duplicated"], "master": args.master, "driver_memory": args.driver_memory,
-                 "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 1)}
+                 "cpus": os.cpu_count(), "load_avg_1m_before": load_before,
+                 "load_avg_1m": round(os.getloadavg()[0], 1), **work}
             if (summary["lost"], summary["duplicated"]) != (_faults(rows), _faults(rows)):
                 raise SystemExit(f"the audit did not find exactly the injected faults: {r}")
             results.append(r)
             print(json.dumps(r), flush=True)
-            shutil.rmtree(base / f"ledger-{rows}", ignore_errors=True)
+            if args.keep_ledgers is None:
+                shutil.rmtree(base / f"ledger-{rows}", ignore_errors=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     fixed = results[0]["audit_s"]
-    print("\n| rows | audit command (s) | minus the 2,000-row run (s) | job without Spark start (s) | rows/s |\n"
-          "| ---: | ---: | ---: | ---: | ---: |")
+    print("\n| rows | audit command (s) | minus the 2,000-row run (s) | job without Spark start (s) | rows/s "
+          "| CPU s (process / tasks) | jobs | stages | tasks | shuffle written (MB) "
+          "| load avg 1 min (before / after) |\n"
+          "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         print(f"| {r['rows']:,} | {r['audit_s']} | {max(r['audit_s'] - fixed, 0):.1f} | {r['job_s']} "
-              f"| {r['rows_per_s']:,} |")
+              f"| {r['rows_per_s']:,} | {r['process_cpu_s']} / {r['task_cpu_s']} | {r['jobs']} | {r['stages']} "
+              f"| {r['tasks']} "
+              f"| {r['shuffle_write_bytes'] / 1e6:.1f} | {r['load_avg_1m_before']} / {r['load_avg_1m']} |")
     return 0
 
 

@@ -94,6 +94,7 @@ def collect(df: DataFrame, *order: str) -> list[dict[str, Any]]:
 def test_reconciliation_classifies_every_obligation(ledger: DataFrame) -> None:
     obl = T.obligations(T.ledger(ledger), AS_OF, GRACE)
     status = {r["dedupe_id"]: r["status"] for r in collect(obl)}
+    assert "SortAggregate" in obl._jdf.queryExecution().executedPlan().toString()  # min over strings
     assert status == {
         "ok": "delivered", "dup": "duplicated", "lost": "lost", "flight": "in_flight", "doubt": "in_doubt",
         "rb": "lost", "fresh-doubt": "in_doubt", "retry": "delivered", "dl1": "dead_letter",
@@ -120,7 +121,7 @@ def test_stuck_in_doubt_only_old_unresolved_transactions(ledger: DataFrame) -> N
 
 def test_dead_letters_by_reason(ledger: DataFrame) -> None:
     got = {(r["failure_reason"], r["direction"]): r["dead_letters"]
-           for r in collect(T.dead_letters_by_reason(T.ledger(ledger)))}
+           for r in collect(T.dead_letters_by_reason(T.facets(T.ledger(ledger))))}
     assert got == {("mapping failed", "channel_to_jms"): 1, ("mapping failed", "jms_to_channel"): 1,
                    ("header too large", "channel_to_jms"): 1}
 
@@ -129,7 +130,7 @@ def test_latency_per_hop_and_end_to_end(spark: SparkSession) -> None:
     # five deliveries whose dispatch hop takes 1..5 ms and everything else 1 ms; one with no broker hops
     rows = [row(f"d{i}", "delivered", hops=(i, 1, 1, 1, 1), gtrid=f"g{i}") for i in range(1, 6)]
     rows.append(row("short", "delivered", hops=(10, 1), gtrid="gs", direction="jms_to_channel"))
-    lat = T.hop_latencies(T.ledger(frame(spark, rows)))
+    lat = T.latency_counts(T.hop_latencies(T.ledger(frame(spark, rows))))
     pct = {(r["hop"], r["direction"]): r for r in collect(T.latency_percentiles(lat))}
     assert pct[("dispatch", "channel_to_jms")]["samples"] == 5
     assert pct[("dispatch", "channel_to_jms")]["p50_ms"] == 3.0
@@ -172,11 +173,15 @@ def test_every_transform_states_its_schema_and_runs_no_python(ledger: DataFrame)
     assert led.schema == T.LEDGER_SCHEMA
     obl = T.obligations(led, AS_OF, GRACE)
     lat = T.hop_latencies(led)
+    counts = T.latency_counts(lat)
+    facets = T.facets(led)
     outputs = {
         "obligations": obl, "status_counts": T.status_counts(obl), "lost": T.lost(obl),
+        "obligations_coded": T.obligations(led, AS_OF, GRACE, codes=T.dictionary(r.asDict() for r in facets.collect())),
         "duplicates": T.duplicates(led, obl), "stuck": T.stuck_in_doubt(led, AS_OF, GRACE),
-        "dead": T.dead_letters_by_reason(led), "lat": lat, "pct": T.latency_percentiles(lat),
-        "hist": T.latency_histogram(lat), "tpm": T.throughput_per_minute(led),
+        "open_doubts": T.open_doubts(led), "facets": facets,
+        "dead": T.dead_letters_by_reason(facets), "lat": lat, "counts": counts, "pct": T.latency_percentiles(counts),
+        "hist": T.latency_histogram(counts), "tpm": T.throughput_per_minute(led),
     }
     assert outputs["pct"].columns == ["hop", "direction", "samples", "p50_ms", "p90_ms", "p99_ms", "p999_ms",
                                       "max_ms"]
@@ -185,3 +190,61 @@ def test_every_transform_states_its_schema_and_runs_no_python(ledger: DataFrame)
     for name, df in outputs.items():
         plan = df._jdf.queryExecution().executedPlan().toString()
         assert "Python" not in plan, f"{name} runs Python on executors:\n{plan}"
+
+
+def test_coded_obligations_equal_the_string_aggregation(ledger: DataFrame) -> None:
+    """The dictionary path (min over integer codes, a HashAggregate) gives exactly the rows of the string path,
+    also when an obligation's rows disagree on a dim and when a dim is null on some rows."""
+    led = T.ledger(ledger)
+    odd = T.ledger(frame(ledger.sparkSession, [
+        row("mixed", "accepted", T0 - timedelta(hours=1), destination="queue/z", direction="jms_to_channel"),
+        row("mixed", "delivered", T0 - timedelta(hours=1), destination="queue/b", hops=(1, 1, 1, 1, 1)),
+        {**row("nulls", "accepted", T0 - timedelta(hours=1)), "destination": None},
+        row("nulls", "expired", T0 - timedelta(hours=1), destination="queue/é", reason="stop time"),
+    ]))
+    both = led.unionByName(odd)
+    codes = T.dictionary(r.asDict() for r in T.facets(both).collect())
+    assert codes is not None and codes.destination == ("queue/a", "queue/b", "queue/z", "queue/é")
+    coded = T.obligations(both, AS_OF, GRACE, codes=codes)
+    plan = coded._jdf.queryExecution().executedPlan().toString()
+    assert "SortAggregate" not in plan and "HashAggregate" in plan
+    assert collect(coded, "dedupe_id") == collect(T.obligations(both, AS_OF, GRACE), "dedupe_id")
+    mixed = next(r for r in collect(coded) if r["dedupe_id"] == "mixed")
+    assert (mixed["destination"], mixed["direction"]) == ("queue/b", "channel_to_jms")
+
+
+def test_dictionary_gives_up_beyond_its_limit() -> None:
+    many = [{"direction": "channel_to_jms", "destination": f"queue/{i}"} for i in range(T.DICTIONARY_LIMIT + 1)]
+    assert T.dictionary(many) is None
+    assert T.dictionary(many[:-1]) == T.Codes(("channel_to_jms",), tuple(sorted(r["destination"] for r in many[:-1])))
+
+
+def test_facets_give_the_dead_letters_and_the_in_doubt_rows(ledger: DataFrame) -> None:
+    rows = collect(T.facets(T.ledger(ledger)))
+    assert sum(r["rows"] for r in rows) == ledger.count()
+    assert sum(r["rows"] for r in rows if r["outcome"] == "in_doubt") == 3
+    assert all(r["failure_reason"] is None and r["bridge_id"] is None for r in rows if r["outcome"] != "dead_letter")
+
+
+def test_percentiles_are_exact_nearest_rank(spark: SparkSession) -> None:
+    """p-th percentile = the smallest latency whose cumulative count reaches ceil(p * n), per direction and
+    for all; ties and a large sample (where percentile_approx would be approximate) included."""
+    import math
+    import random
+
+    rnd = random.Random(7)
+    rows, values = [], {"channel_to_jms": [], "jms_to_channel": []}  # type: ignore[var-annotated]
+    for i in range(3000):
+        direction = "channel_to_jms" if i % 3 else "jms_to_channel"
+        d = float(rnd.choice([1, 2, 2, 3, 5, 8, 13, 21, 34, 55, 89]) + rnd.randint(0, 50) / 1000)
+        rows.append(row(f"x{i}", "delivered", hops=(d,), direction=direction))
+        values[direction].append(d)
+    values["all"] = values["channel_to_jms"] + values["jms_to_channel"]
+    pct = {r["direction"]: r for r in collect(T.latency_percentiles(T.latency_counts(
+        T.hop_latencies(T.ledger(frame(spark, rows)))))) if r["hop"] == "dispatch"}
+    for direction, vs in values.items():
+        vs.sort()
+        for p in T.PERCENTILES:
+            want = vs[math.ceil(p * len(vs)) - 1]
+            assert pct[direction][T._pname(p)] == pytest.approx(want, abs=1e-9), (direction, p)
+        assert (pct[direction]["samples"], pct[direction]["max_ms"]) == (len(vs), pytest.approx(vs[-1]))
