@@ -52,6 +52,7 @@ from router.jms.transport import (
 __all__ = ["MemoryBroker", "MemoryTransport", "compile_selector"]
 
 Selector = Callable[[Mapping[str, str]], bool | None]
+_RIDS = itertools.count(1)      # receipt ids of the twin's answered frames (SessionBook.frame_answered)
 
 
 # --------------------------------------------------------------------------------------------------- selectors
@@ -641,10 +642,19 @@ class MemoryTransport:
         try:
             self._book.use_tx(transaction)
             self._run("send", lambda: self.broker.send(dest, dict(frame), encoded.body), transaction=transaction)
+            self._answered_in_order(transaction, receipt)
         except BrokerError as exc:
             raise SendRefused.from_error(exc, dest) from exc
         except BrokerUnavailable as exc:
             raise SendFailed(str(exc), dest) from exc
+
+    def _answered_in_order(self, transaction: str | None, receipt: bool) -> None:
+        """The twin answers a receipted frame at once; a receipt-less one stays unanswered in the book until a
+        later receipted frame of its transaction (as STOMP's in-order answers, ``SessionBook.frame_refused``)."""
+        rid = f"r-{next(_RIDS)}" if receipt else None
+        self._book.frame_written(transaction, rid)
+        if rid is not None:
+            self._book.frame_answered(rid)
 
     def begin(self) -> str:
         tx = f"tx-{next(self._epochs)}-{id(self):x}"
@@ -665,6 +675,8 @@ class MemoryTransport:
         ops = self._txs.pop(transaction, _TxOps())
         if not self._book.is_live(entry):
             raise BrokerUnavailable(f"transaction {transaction} was lost with its connection (rolled back)")
+        if entry.rollback_only:          # as the STOMP transport: ABORT instead of a COMMIT missing a frame
+            raise BrokerError(f"transaction {transaction} rolled back: a frame in it failed: {entry.rollback_only}")
         self._run("commit", lambda: self._apply(ops))
 
     def commit_nowait(self, transaction: str) -> _Done:

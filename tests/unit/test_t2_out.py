@@ -779,6 +779,34 @@ def test_stopping_the_push_loop_waits_for_phase_two(monkeypatch: pytest.MonkeyPa
     assert rig.bodies("out") == ["event 1", "event 2"]
 
 
+def test_a_refused_message_in_the_next_t2_leaves_the_decided_one_committed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """T2 1 is decided, its broker COMMIT not written yet (held); T2 2 on the same connection sends a receipt-less
+    frame the broker refuses with an ERROR that has no receipt id (what the STOMP dispatcher books with
+    ``frame_refused``). Only T2 2 is marked: it rolls back for its content, and T2 1 still commits at the broker
+    (before: every open transaction was marked, T2 1's COMMIT became an ABORT after its decision was durable)."""
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedCommit(rig)
+    book = rig.transport._book
+
+    def send_encoded(destination: Any, encoded: EncodedMessage, **kw: Any) -> None:
+        if b"poison" in encoded.body and not kw.get("receipt"):
+            book.frame_written(kw.get("transaction"), None)            # written; the broker answers with ERROR
+            book.frame_refused("User anonymous is not authorized to write", None)
+            return
+        rig.transport.send_encoded(destination, encoded, **kw)
+    rig.wire.send_encoded = send_encoded  # type: ignore[method-assign]
+    rig.put(1, 2, 7, 8)
+    assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.DELIVERED       # T2 1 decided, COMMIT held
+    assert gated.entered.wait(10)
+    assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.EVENT_FAILED    # T2 2: event 7 refused
+    assert rig.proxy._isolate == 2
+    gated.gate.set()
+    assert TX.drain(rig.proxy, 10)
+    assert rig.bodies("out") == ["event 1", "event 2"]
+    assert TX.state(rig.proxy).committed == 1 and rig.t2.log.live() == {}
+    assert [e.record.seq for e in rig.proxy.queue.take(5)] == [7, 8]
+
+
 # ------------------------------------------------------------------------------ the last frame's receipt
 class GatedLastFrame:
     """The batch's last (receipted) frame held until ``release`` is set, the wire's calls recorded in order."""
