@@ -79,6 +79,7 @@ class T2State:
     committed: int = 0
     rolled_back: int = 0
     timeouts: int = 0
+    phase_two_failed: int = 0                                   # decided T2s whose phase two recovery finishes
     in_doubt: dict[str, list[Entry]] = field(default_factory=dict)
     reasons: dict[int, str] = field(default_factory=dict)       # record seq -> why it failed alone (content)
     consecutive_timeouts: int = 0
@@ -150,6 +151,8 @@ def status(proxy: Any) -> dict[str, Any]:
                            "t2_timeouts": st.timeouts}
     if st.active:
         out["t2_active"] = st.active
+    if st.phase_two_failed:
+        out["t2_phase_two_failed"] = st.phase_two_failed
     if st.in_doubt:
         out["t2_in_doubt"] = {g: len(e) for g, e in st.in_doubt.items()}
     if st.last_rollback:
@@ -293,17 +296,25 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
 def _complete(st: T2State, target: Any, txn: Any, result: Any, entries: list[Entry], session: ExitStack) -> None:
     """Phase two of a decided T2 (on the proxy's completer): COMMIT PREPARED, the broker's COMMIT, END; then the
     session goes back to the pool, the participant hears of the end and the records are released."""
+    done = False
     try:
         txn.complete()
-    except Exception:
-        log.exception("T2 %s: phase two failed; recovery finishes it", txn.gtrid)
+        done = True
+    except Exception:    # the coordinator handed it to recovery (COMMIT_PENDING, out of in_flight)
+        log.exception("T2 %s: phase two failed; handed to recovery, which commits it from its COMMIT record",
+                      txn.gtrid)
     finally:
         try:
             session.close()
         except Exception:
             log.exception("T2 %s: returning the branch's session failed", txn.gtrid)
-    _ended(target, txn, result, True)
-    st.committed += 1
+    # the decision is COMMIT either way: the entries' queue rows go with the PostgreSQL branch when it commits
+    # (here or in recovery), so the records are released; only a finished phase two counts as committed
+    _ended(target, txn, result if done else None, True)
+    if done:
+        st.committed += 1
+    else:
+        st.phase_two_failed += 1
     for e in entries:
         e.record.release()
 

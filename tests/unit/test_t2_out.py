@@ -964,6 +964,24 @@ def test_a_rollback_waits_for_the_background_begin_before_its_abort(monkeypatch:
     assert [e.record.seq for e in rig.proxy.queue.take(5)] == [1, 2]
 
 
+def test_a_phase_two_that_raises_is_handed_to_recovery_and_not_counted_committed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """txn.complete() raises on the completer (the log breaks at END): the T2 leaves the coordinator's in-flight
+    set at once (recovery finishes it from its COMMIT record, its prepared PostgreSQL branch does not wait for a
+    restart), the bridge no longer counts it active, and the proxy does not count it committed."""
+    rig = Rig(monkeypatch, events=2)
+    rig.t2.log.fail["End"] = RuntimeError("the log broke (injected)")
+    rig.put(1, 2)
+    assert rig.round() is Outcome.DELIVERED
+    live = rig.t2.log.live()
+    assert len(live) == 1 and next(iter(live.values())).commit is not None     # decided, no END: recovery's
+    assert rig.t2.coordinator.in_flight() == frozenset()
+    st = TX.state(rig.proxy)
+    assert st.committed == 0 and st.phase_two_failed == 1 and not rig.out.active()
+    assert TX.status(rig.proxy)["t2_phase_two_failed"] == 1
+    assert rig.out.committed == 0 and rig.out.rolled_back == 0
+
+
 def test_a_failing_phase_two_job_does_not_stop_the_completer() -> None:
     """A job that raises (a bug) is logged; the completer runs the next ones and drain() still ends."""
     completer = TX.Completer("t2-complete-test")
