@@ -807,6 +807,34 @@ def test_a_refused_message_in_the_next_t2_leaves_the_decided_one_committed(monke
     assert [e.record.seq for e in rig.proxy.queue.take(5)] == [7, 8]
 
 
+def test_a_pending_disable_refuses_new_t2s_so_it_applies_under_steady_traffic(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disable_transaction arrives while T2 1 is in phase two and events keep coming: the bridge refuses the next
+    T2 as an outage (its events go back, nothing counts against them), so T2 1's end leaves the bridge idle and the
+    disable applies (before: T2 2 joined the bridge's T2s before T2 1 ended, the bridge was never idle under a
+    backlog and the disable never took effect)."""
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedCommit(rig)
+    pending = [False]
+    idle: list[bool] = []
+    rig.out.draining = lambda: pending[0]
+    rig.out.on_idle = lambda: idle.append(pending[0])
+    rig.put(1, 2, 3, 4)
+    assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.DELIVERED       # T2 1 in phase two
+    assert gated.entered.wait(10)
+    pending[0] = True                                                             # disable_transaction: pending
+    assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.RETRY           # no T2 2
+    assert rig.proxy._isolate == 0
+    assert "disable_transaction is pending" in TX.state(rig.proxy).last_rollback
+    gated.gate.set()
+    assert TX.drain(rig.proxy, 10)
+    assert idle == [True], "T2 1's end left the bridge idle: the pending disable applies"
+    assert not rig.out.active() and rig.out.rolled_back == 0
+    assert rig.bodies("out") == ["event 1", "event 2"]
+    back = rig.proxy.queue.take(5)
+    assert [e.record.seq for e in back] == [3, 4] and [e.failures for e in back] == [0, 0]
+
+
 # ------------------------------------------------------------------------------ the last frame's receipt
 class GatedLastFrame:
     """The batch's last (receipted) frame held until ``release`` is set, the wire's calls recorded in order."""
