@@ -232,6 +232,7 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
         proxy._content_failed(entries, exc)
         return Outcome.EVENT_FAILED
     dead_reason = st.reasons.get(entries[0].record.seq) if len(entries) == 1 else None
+    completer(proxy).wait_for_room()     # at most two T2s of the proxy hold a session and a prepared transaction
     t2 = proxy.rt.t2
     result = None
     txn = None
@@ -322,11 +323,15 @@ def _complete(st: T2State, target: Any, txn: Any, result: Any, entries: list[Ent
 class Completer:
     """Phase two of one proxy's decided T2s, in the order they were decided, on one thread of its own.
 
-    :meth:`submit` blocks while one T2 waits for the thread besides the one it runs (at most two decided T2s
-    behind the proxy's delivery thread: a bounded pipeline). The thread is started on demand and ends when idle.
-    Phase two of T2 *n* therefore always ends (its broker COMMIT receipted or given up) before phase two of T2
-    *n+1* starts: the broker commits the proxy's batches in the order it took them."""
+    The depth is bounded by :meth:`wait_for_room`, which the proxy calls before it begins a T2: it waits until at
+    most one T2 is still in the completer, so a proxy holds at most TWO T2s at any moment (one in phase two and
+    one in phase one, or one in phase two and one decided waiting for it): two pooled sessions and two prepared
+    PostgreSQL transactions per T2 proxy (docs/transactions.md "Depth"). :meth:`submit` therefore never waits
+    behind more than the one T2 the thread runs. The thread is started on demand and ends when idle. Phase two of
+    T2 *n* always ends (its broker COMMIT receipted or given up) before phase two of T2 *n+1* starts: the broker
+    commits the proxy's batches in the order it took them."""
 
+    DEPTH = 1            # T2s in the completer (phase two, or decided and waiting for it) when a new one may begin
     IDLE_S = 2.0
 
     def __init__(self, name: str) -> None:
@@ -343,6 +348,12 @@ class Completer:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
         self._jobs.put(job)
+
+    def wait_for_room(self) -> None:
+        """Wait until at most :attr:`DEPTH` T2s are in the completer (see the class docstring); bounded by the
+        phase two of the oldest one (its broker COMMIT's receipt timeout)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending <= self.DEPTH)
 
     def pending(self) -> int:
         with self._cond:

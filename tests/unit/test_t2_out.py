@@ -1010,6 +1010,40 @@ def test_a_phase_two_that_raises_is_handed_to_recovery_and_not_counted_committed
     assert rig.out.committed == 0 and rig.out.rolled_back == 0
 
 
+def test_a_proxy_holds_at_most_two_t2s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """T2 1 in phase two (its COMMIT held), T2 2 decided and queued behind it: T2 3 does not begin (no session, no
+    prepared transaction) until T2 1 has ended. Two T2s per proxy at most (before: T2 3 ran its phase one and was
+    decided too, blocking in submit: three sessions and three prepared transactions per proxy)."""
+    rig = Rig(monkeypatch, events=1)
+    gated = GatedCommit(rig)
+    waiting = threading.Event()
+    room = getattr(TX.Completer, "wait_for_room", None)
+
+    def wait_for_room(self: TX.Completer) -> None:
+        if self.pending() > 1:
+            waiting.set()
+        if room is not None:
+            room(self)
+    monkeypatch.setattr(TX.Completer, "wait_for_room", wait_for_room, raising=False)
+    rig.put(1, 2, 3)
+    assert rig.proxy._deliver(rig.proxy.queue.take(1)) is Outcome.DELIVERED        # T2 1: phase two held
+    assert gated.entered.wait(10)
+    assert rig.proxy._deliver(rig.proxy.queue.take(1)) is Outcome.DELIVERED        # T2 2: decided, queued
+    third = threading.Thread(target=lambda: rig.proxy._deliver(rig.proxy.queue.take(1)))
+    third.start()
+    coordinator = rig.t2.coordinator
+    pause = threading.Event()
+    for _ in range(1000):                          # until T2 3 waits for room, or (before) it ran its phase one
+        if waiting.is_set() or len(coordinator.in_flight()) > 2:
+            break
+        pause.wait(0.01)
+    assert len(coordinator.in_flight()) == 2 and waiting.is_set(), "a third T2 began behind two"
+    gated.gate.set()
+    third.join(10)
+    assert TX.drain(rig.proxy, 10)
+    assert rig.bodies("out") == ["event 1", "event 2", "event 3"]
+
+
 def test_a_failing_phase_two_job_does_not_stop_the_completer() -> None:
     """A job that raises (a bug) is logged; the completer runs the next ones and drain() still ends."""
     completer = TX.Completer("t2-complete-test")
