@@ -21,6 +21,7 @@ from omniORB import CORBA
 import CosNotification
 
 from idl.generated import BridgeTransactionMgmt as BTM
+from router.bridge import txbranch
 from router.bridge.codec import MappingCodec
 from router.bridge.txbranch import SendBranch
 from router.bridge.txmgmt import TransactionMgmtMixin
@@ -773,8 +774,9 @@ def test_stopping_the_push_loop_waits_for_phase_two(monkeypatch: pytest.MonkeyPa
     rig.put(1, 2)
     assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.DELIVERED
     assert gated.entered.wait(10)
-    assert not TX.drain(rig.proxy, 0.01)
-    threading.Timer(0.05, gated.gate.set).start()
+    assert not TX.drain(rig.proxy, 0.01), "drain returned while phase two was held"   # no timer decides this
+    assert rig.bodies("out") == []
+    gated.gate.set()
     assert TX.drain(rig.proxy)                                 # what _push_loop's finally does
     assert rig.bodies("out") == ["event 1", "event 2"]
 
@@ -854,8 +856,22 @@ class GatedLastFrame:
         self.inner_send(destination, encoded, **kw)
 
     def abort(self, tx: str) -> None:
-        self.calls.append("abort")
+        self.calls.append("abort" if self.release.is_set() else "abort while the last frame is held")
+        self.release.set()                     # (an ABORT that did not wait: let the held frame go, the test fails)
         self.inner_abort(tx)
+
+
+def release_when_awaited(monkeypatch: pytest.MonkeyPatch, release: threading.Event, *, last: bool) -> None:
+    """Open ``release`` at the moment the T2's thread starts waiting for the broker branch's background frame
+    (the last SEND with ``last``, else the BEGIN): a gate no timer opens, so an ABORT that does not wait for that
+    frame runs while it is still held, whatever the machine's load."""
+    wait = txbranch._Background.wait
+
+    def waited(self: Any) -> BaseException | None:
+        if (self.index >= 0) == last:
+            release.set()
+        return wait(self)
+    monkeypatch.setattr(txbranch._Background, "wait", waited)
 
 
 def test_postgresql_prepares_while_the_broker_takes_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -895,12 +911,12 @@ def test_a_rollback_waits_for_the_last_frame_before_its_abort(monkeypatch: pytes
         b = original(conn, name)
 
         def refuse() -> None:
-            threading.Timer(0.05, gated.release.set).start()
             raise PrepareFailed("max_prepared_transactions reached (injected)")
         b.prepare = refuse
         return b
 
     monkeypatch.setattr(TX, "PgBranch", branch)
+    release_when_awaited(monkeypatch, gated.release, last=True)   # released only once the rollback waits for it
     rig.put(1, 2)
     assert rig.round() is Outcome.RETRY
     assert gated.calls == ["last frame receipted", "abort"]
@@ -938,7 +954,7 @@ class GatedBegin:
         return str(self.inner_begin())
 
     def abort(self, tx: str) -> None:
-        self.calls.append("abort")
+        self.calls.append("abort" if self.release.is_set() else "abort while the BEGIN is held")
         self.inner_abort(tx)
 
 
@@ -952,8 +968,7 @@ class ReleasingStore(FakeStore):
 
     def delete_deliveries(self, conn: Any, cid: int, aid: int, pid: int, ids: list[int], **ledger: Any) -> None:
         self.seen.append(list(self.gated.calls))
-        if self.fail:
-            threading.Timer(0.05, self.gated.release.set).start()
+        if self.fail:                 # the BEGIN stays held until the rollback waits for it (release_when_awaited)
             raise RuntimeError("the database went away (injected)")
         self.gated.release.set()
         super().delete_deliveries(conn, cid, aid, pid, ids)
@@ -986,9 +1001,13 @@ def test_a_rollback_waits_for_the_background_begin_before_its_abort(monkeypatch:
     rig = Rig(monkeypatch, events=2)
     gated = GatedBegin(rig)
     rig.proxy.rt.store = ReleasingStore(gated, fail=True)
+    release_when_awaited(monkeypatch, gated.release, last=False)  # released only once the rollback waits for it
     rig.put(1, 2)
-    assert rig.round() is Outcome.RETRY
-    assert gated.calls == ["begun", "abort"]
+    try:
+        assert rig.round() is Outcome.RETRY
+        assert gated.calls == ["begun", "abort"]
+    finally:
+        gated.release.set()               # (a rollback that did not wait: let the held BEGIN end)
     assert [e.record.seq for e in rig.proxy.queue.take(5)] == [1, 2]
 
 
