@@ -168,7 +168,11 @@ class TransactionMgmtMixin:
                 try:
                     self._apply_disable()
                 except Exception:
-                    log.exception("bridge %d: the pending disable_transaction failed; call it again", self.id)
+                    # no longer pending: the bridge's T2s start again (a pending disable refuses them) until the
+                    # operator's next disable_transaction
+                    self._disable_pending = False
+                    log.exception("bridge %d: the pending disable_transaction failed; routing transactions stay "
+                                  "enabled, call it again", self.id)
 
     # -- inbound (JMS → channel) ------------------------------------------------------------------------------
     def supports_transaction(self) -> bool:

@@ -610,6 +610,26 @@ def test_disable_during_an_active_t2_raises_and_takes_effect_when_it_ends() -> N
     assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
 
 
+def test_a_pending_disable_that_fails_when_applied_lets_t2s_start_again(caplog: pytest.LogCaptureFixture) -> None:
+    """While a disable is pending the bridge refuses new T2s (OutboundT2.draining); if applying it fails when the
+    bridge becomes idle (the store is down), it is no longer pending, so the bridge's T2s are not refused for ever."""
+    m = Mgmt()
+    m.enable_transaction(3, 0)
+    m.t2_out.busy = True
+    with pytest.raises(BTM.TransactionActive):
+        m.disable_transaction()
+    assert m._disable_pending
+
+    def broken(**extra: Any) -> None:
+        raise RuntimeError("the store is down (injected)")
+    m._save_settings = broken  # type: ignore[method-assign]
+    m.t2_out.busy = False
+    with caplog.at_level("ERROR", logger="nsjms.bridge"):
+        m._t2_idle()
+    assert not m._disable_pending and m.tx_events == 3
+    assert "call it again" in caplog.text
+
+
 def test_disable_clears_an_enable_transaction_the_proxy_inherited() -> None:
     m = Mgmt()
     m.servant.qos[Q.ENABLE_TRANSACTION] = True     # set on the channel before the bridge's proxy was made
