@@ -505,6 +505,7 @@ def _copy(stored: _Stored) -> _Stored:
 @dataclass
 class _TxOps:
     ops: list[Callable[[], None]] = field(default_factory=list)
+    entry: Any = None            # the transaction's SessionBook record (its rollback_only refuses the COMMIT)
 
 
 class _Done:
@@ -660,7 +661,7 @@ class MemoryTransport:
         tx = f"tx-{next(self._epochs)}-{id(self):x}"
         self._run("begin", lambda: None)
         self._book.add_tx(tx, self._book.epoch)
-        self._txs[tx] = _TxOps()
+        self._txs[tx] = _TxOps(entry=self._book.get_tx(tx))
         return tx
 
     def begin_nowait(self) -> str:
@@ -675,8 +676,6 @@ class MemoryTransport:
         ops = self._txs.pop(transaction, _TxOps())
         if not self._book.is_live(entry):
             raise BrokerUnavailable(f"transaction {transaction} was lost with its connection (rolled back)")
-        if entry.rollback_only:          # as the STOMP transport: ABORT instead of a COMMIT missing a frame
-            raise BrokerError(f"transaction {transaction} rolled back: a frame in it failed: {entry.rollback_only}")
         self._run("commit", lambda: self._apply(ops))
 
     def commit_nowait(self, transaction: str) -> _Done:
@@ -688,6 +687,9 @@ class MemoryTransport:
         return _Done(None)
 
     def _apply(self, ops: _TxOps) -> None:
+        problem = ops.entry.rollback_only if ops.entry is not None else None
+        if problem:                      # as the STOMP transport: no COMMIT of a transaction missing a frame
+            raise BrokerError(f"a frame in the transaction failed: {problem}; rolled back")
         with self.broker.lock:
             for op in ops.ops:
                 op()
