@@ -268,11 +268,27 @@ class Transaction:
 
     def complete(self) -> Outcome:
         """Phase two of a transaction :meth:`decide` decided (see the module docstring): every branch committed,
-        END or PROGRESS. Never raises for a participant's failure (its outcome is UNKNOWN, for recovery)."""
+        END or PROGRESS. Never raises for a participant's failure (its outcome is UNKNOWN, for recovery). Anything
+        else that escapes (a bug, a log that fails outside its contract) hands the transaction to recovery before
+        it propagates: COMMIT_PENDING, no longer in :meth:`Coordinator.in_flight`, so recovery finishes its
+        phase two from the COMMIT record now, not after a restart."""
         if self._state is not State.COMMITTING:
             raise IllegalTransition(f"complete() needs a decided transaction, state is {self._state}",
                                     gtrid=self.gtrid)
-        return self._phase_two(ordered(self._resources))
+        try:
+            return self._phase_two(ordered(self._resources))
+        except BaseException as exc:
+            self._hand_to_recovery(exc)
+            raise
+
+    def _hand_to_recovery(self, exc: BaseException) -> None:
+        """Phase two failed outside a participant's outcome: leave the rest to recovery (see :meth:`complete`)."""
+        _log.error("T2 %s: phase two failed (%s: %s); handed to recovery", self.gtrid, type(exc).__name__, exc)
+        try:
+            if self._state is State.COMMITTING:
+                self._move(Event.PHASE_TWO_INCOMPLETE)
+        finally:
+            self._c._finished(self)     # whatever state it reached: this coordinator no longer drives it
 
     def _refuse_rollback_only(self) -> None:
         if self._timed_out:

@@ -262,6 +262,7 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
                          self.factory.broker.dead_letter, t2.enlist, self.running, self.note_broker_problem,
                          amq_dupl_id=self.factory.broker.amq_dupl_id, to_frame=self._to_jms_frame)
         out.on_idle = self._t2_idle
+        out.draining = lambda: self._disable_pending
         self._t2_ior = self.rt.ior(self.endpoint_ref)
         t2.register_local(self._t2_ior, out)
         self.endpoint_servant.t2_participant = out

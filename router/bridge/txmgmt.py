@@ -15,8 +15,9 @@ with T2 (``runtime.t2``). ``enable_transaction(events, timeout)``:
   stored with the proxy). From then on the proxy delivers every batch in a T2 (router.channel.txdelivery).
 
 ``disable_transaction()``: while a T2 of the bridge is in progress it raises ``TransactionActive`` and the disable
-takes effect as soon as that T2 ends (no further T2 starts: the proxy's dispatcher applies it before taking the
-next batch); otherwise at once: ``EnableTransaction`` = FALSE on the proxy (both its reliabilities BestEffort, as
+takes effect as soon as the T2s in progress end (no further T2 starts: while the disable is pending the bridge's
+``OutboundT2`` refuses a new T2 as an outage, so a backlog cannot keep the bridge busy for ever); otherwise at
+once: ``EnableTransaction`` = FALSE on the proxy (both its reliabilities BestEffort, as
 NJI 2.7.6.1 says; the channel's reliabilities, which decide persistence, are unchanged) and the stored values
 cleared. It also clears an ``EnableTransaction`` the proxy inherited from its channel or admin. Without
 transactions enabled it does nothing.
@@ -167,7 +168,11 @@ class TransactionMgmtMixin:
                 try:
                     self._apply_disable()
                 except Exception:
-                    log.exception("bridge %d: the pending disable_transaction failed; call it again", self.id)
+                    # no longer pending: the bridge's T2s start again (a pending disable refuses them) until the
+                    # operator's next disable_transaction
+                    self._disable_pending = False
+                    log.exception("bridge %d: the pending disable_transaction failed; routing transactions stay "
+                                  "enabled, call it again", self.id)
 
     # -- inbound (JMS → channel) ------------------------------------------------------------------------------
     def supports_transaction(self) -> bool:

@@ -112,6 +112,8 @@ class OutboundT2:
         self._active: dict[str, Any] = {}          # gtrid -> transaction in progress
         self._early: dict[str, SendBranch] = {}    # gtrid -> broker branch enlisted by begin_in_t2
         self.on_idle: Callable[[], None] | None = None     # set by the bridge: a disable waits for this
+        # set by the bridge: True while a disable_transaction waits for the T2s in progress; no new T2 starts then
+        self.draining: Callable[[], bool] | None = None
 
     # -- state ------------------------------------------------------------------------------------------------
     def active(self) -> bool:
@@ -151,8 +153,7 @@ class OutboundT2:
         (``SendBranch(background_begin=True)``): the channel calls this before its own work on the T2's PostgreSQL
         branch, which then overlaps the BEGIN (queued at the broker behind the previous T2's COMMIT on the same
         connection). :meth:`forward_in_t2` sends in that branch. Failures as in :meth:`forward_in_t2`."""
-        with self._lock:
-            self._active[txn.gtrid] = txn
+        self._admit(txn)
         if not self.running():
             self._fail(txn, "the bridge is not started", content=False)
         branch = self._enlist(txn, background=True)
@@ -163,8 +164,7 @@ class OutboundT2:
                       dead_letter_reason: str | None = None) -> Forwarded:
         """Carry ``events`` in ``txn`` (see the module docstring); with ``dead_letter_reason`` every event goes to
         the dead-letter destination with that reason instead (the channel isolated a poison event)."""
-        with self._lock:
-            self._active[txn.gtrid] = txn
+        self._admit(txn)
         if not self.running():
             self._fail(txn, "the bridge is not started", content=False)
         frames, dead = self._frames(events, dead_letter_reason)
@@ -175,6 +175,20 @@ class OutboundT2:
             self.outbox.insert(conn, rows)
             self._send(txn, frames, rows)
         return Forwarded(txn.gtrid, len(frames) - dead, dead)
+
+    def _admit(self, txn: Any) -> None:
+        """``txn`` becomes one of the bridge's T2s in progress, unless a disable_transaction is pending
+        (:attr:`draining`): then the new T2 is refused as an outage (rollback-only, ``ForwardFailed`` without
+        ``content``: its events go back to the queue, nothing counts against them) so that the T2s in progress end,
+        the bridge becomes idle and the disable takes effect (under steady traffic the next T2 would otherwise
+        always start before the previous one ended, and the disable would never apply)."""
+        with self._lock:
+            if txn.gtrid in self._active:            # begin_in_t2 admitted it already
+                return
+            if self.draining is None or not self.draining():
+                self._active[txn.gtrid] = txn
+                return
+        self._fail(txn, "disable_transaction is pending: no new routing transaction starts", content=False)
 
     def _enlist(self, txn: Any, *, background: bool) -> SendBranch:
         try:

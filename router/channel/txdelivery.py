@@ -79,6 +79,7 @@ class T2State:
     committed: int = 0
     rolled_back: int = 0
     timeouts: int = 0
+    phase_two_failed: int = 0                                   # decided T2s whose phase two recovery finishes
     in_doubt: dict[str, list[Entry]] = field(default_factory=dict)
     reasons: dict[int, str] = field(default_factory=dict)       # record seq -> why it failed alone (content)
     consecutive_timeouts: int = 0
@@ -150,6 +151,8 @@ def status(proxy: Any) -> dict[str, Any]:
                            "t2_timeouts": st.timeouts}
     if st.active:
         out["t2_active"] = st.active
+    if st.phase_two_failed:
+        out["t2_phase_two_failed"] = st.phase_two_failed
     if st.in_doubt:
         out["t2_in_doubt"] = {g: len(e) for g, e in st.in_doubt.items()}
     if st.last_rollback:
@@ -229,6 +232,7 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
         proxy._content_failed(entries, exc)
         return Outcome.EVENT_FAILED
     dead_reason = st.reasons.get(entries[0].record.seq) if len(entries) == 1 else None
+    completer(proxy).wait_for_room()     # at most two T2s of the proxy hold a session and a prepared transaction
     t2 = proxy.rt.t2
     result = None
     txn = None
@@ -293,17 +297,25 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
 def _complete(st: T2State, target: Any, txn: Any, result: Any, entries: list[Entry], session: ExitStack) -> None:
     """Phase two of a decided T2 (on the proxy's completer): COMMIT PREPARED, the broker's COMMIT, END; then the
     session goes back to the pool, the participant hears of the end and the records are released."""
+    done = False
     try:
         txn.complete()
-    except Exception:
-        log.exception("T2 %s: phase two failed; recovery finishes it", txn.gtrid)
+        done = True
+    except Exception:    # the coordinator handed it to recovery (COMMIT_PENDING, out of in_flight)
+        log.exception("T2 %s: phase two failed; handed to recovery, which commits it from its COMMIT record",
+                      txn.gtrid)
     finally:
         try:
             session.close()
         except Exception:
             log.exception("T2 %s: returning the branch's session failed", txn.gtrid)
-    _ended(target, txn, result, True)
-    st.committed += 1
+    # the decision is COMMIT either way: the entries' queue rows go with the PostgreSQL branch when it commits
+    # (here or in recovery), so the records are released; only a finished phase two counts as committed
+    _ended(target, txn, result if done else None, True)
+    if done:
+        st.committed += 1
+    else:
+        st.phase_two_failed += 1
     for e in entries:
         e.record.release()
 
@@ -311,11 +323,15 @@ def _complete(st: T2State, target: Any, txn: Any, result: Any, entries: list[Ent
 class Completer:
     """Phase two of one proxy's decided T2s, in the order they were decided, on one thread of its own.
 
-    :meth:`submit` blocks while one T2 waits for the thread besides the one it runs (at most two decided T2s
-    behind the proxy's delivery thread: a bounded pipeline). The thread is started on demand and ends when idle.
-    Phase two of T2 *n* therefore always ends (its broker COMMIT receipted or given up) before phase two of T2
-    *n+1* starts: the broker commits the proxy's batches in the order it took them."""
+    The depth is bounded by :meth:`wait_for_room`, which the proxy calls before it begins a T2: it waits until at
+    most one T2 is still in the completer, so a proxy holds at most TWO T2s at any moment (one in phase two and
+    one in phase one, or one in phase two and one decided waiting for it): two pooled sessions and two prepared
+    PostgreSQL transactions per T2 proxy (docs/transactions.md "Depth"). :meth:`submit` therefore never waits
+    behind more than the one T2 the thread runs. The thread is started on demand and ends when idle. Phase two of
+    T2 *n* always ends (its broker COMMIT receipted or given up) before phase two of T2 *n+1* starts: the broker
+    commits the proxy's batches in the order it took them."""
 
+    DEPTH = 1            # T2s in the completer (phase two, or decided and waiting for it) when a new one may begin
     IDLE_S = 2.0
 
     def __init__(self, name: str) -> None:
@@ -332,6 +348,12 @@ class Completer:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
         self._jobs.put(job)
+
+    def wait_for_room(self) -> None:
+        """Wait until at most :attr:`DEPTH` T2s are in the completer (see the class docstring); bounded by the
+        phase two of the oldest one (its broker COMMIT's receipt timeout)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending <= self.DEPTH)
 
     def pending(self) -> int:
         with self._cond:

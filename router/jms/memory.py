@@ -52,6 +52,7 @@ from router.jms.transport import (
 __all__ = ["MemoryBroker", "MemoryTransport", "compile_selector"]
 
 Selector = Callable[[Mapping[str, str]], bool | None]
+_RIDS = itertools.count(1)      # receipt ids of the twin's answered frames (SessionBook.frame_answered)
 
 
 # --------------------------------------------------------------------------------------------------- selectors
@@ -504,6 +505,7 @@ def _copy(stored: _Stored) -> _Stored:
 @dataclass
 class _TxOps:
     ops: list[Callable[[], None]] = field(default_factory=list)
+    entry: Any = None            # the transaction's SessionBook record (its rollback_only refuses the COMMIT)
 
 
 class _Done:
@@ -644,16 +646,25 @@ class MemoryTransport:
         try:
             self._book.use_tx(transaction)
             self._run("send", lambda: self.broker.send(dest, dict(frame), encoded.body), transaction=transaction)
+            self._answered_in_order(transaction, receipt)
         except BrokerError as exc:
             raise SendRefused.from_error(exc, dest) from exc
         except BrokerUnavailable as exc:
             raise SendFailed(str(exc), dest) from exc
 
+    def _answered_in_order(self, transaction: str | None, receipt: bool) -> None:
+        """The twin answers a receipted frame at once; a receipt-less one stays unanswered in the book until a
+        later receipted frame of its transaction (as STOMP's in-order answers, ``SessionBook.frame_refused``)."""
+        rid = f"r-{next(_RIDS)}" if receipt else None
+        self._book.frame_written(transaction, rid)
+        if rid is not None:
+            self._book.frame_answered(rid)
+
     def begin(self) -> str:
         tx = f"tx-{next(self._epochs)}-{id(self):x}"
         self._run("begin", lambda: None)
         self._book.add_tx(tx, self._book.epoch)
-        self._txs[tx] = _TxOps()
+        self._txs[tx] = _TxOps(entry=self._book.get_tx(tx))
         return tx
 
     def begin_nowait(self) -> str:
@@ -682,6 +693,9 @@ class MemoryTransport:
         return _Done(None)
 
     def _apply(self, ops: _TxOps) -> None:
+        problem = ops.entry.rollback_only if ops.entry is not None else None
+        if problem:                      # as the STOMP transport: no COMMIT of a transaction missing a frame
+            raise BrokerError(f"a frame in the transaction failed: {problem}; rolled back")
         with self.broker.lock:
             for op in ops.ops:
                 op()

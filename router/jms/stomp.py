@@ -420,7 +420,7 @@ class StompTransport:
         try:
             self._book.use_tx(transaction)
             self._transmit("send", lambda c, h: c.send(dest, encoded.body, headers=h), frame_headers,
-                           receipt=receipt, loss_is_failure=transaction is not None)
+                           receipt=receipt, loss_is_failure=transaction is not None, tx=transaction)
         except BrokerError as exc:
             raise SendRefused.from_error(exc, dest) from exc
         except BrokerUnavailable as exc:
@@ -443,7 +443,8 @@ class StompTransport:
         tx = f"tx-{uuid.uuid4().hex}"
         self._book.add_tx(tx, self._book.check_connected())
         try:
-            self._transmit("begin", lambda c, h: c.begin(tx, headers=h), {}, receipt=False, loss_is_failure=True)
+            self._transmit("begin", lambda c, h: c.begin(tx, headers=h), {}, receipt=False, loss_is_failure=True,
+                           tx=tx)
         except BaseException:
             self._book.discard_tx(tx)
             raise
@@ -472,7 +473,7 @@ class StompTransport:
                                   f"{entry.rollback_only}")
             pending = PendingCommit(self, transaction, entry)
             _, pending.rid = self._write("commit", lambda c, h: c.commit(transaction, headers=h), {}, receipt=True,
-                                         loss_is_failure=False, on_answer=pending.answered)
+                                         loss_is_failure=False, on_answer=pending.answered, tx=transaction)
         except BaseException:
             self._book.discard_tx(transaction)
             raise
@@ -487,7 +488,7 @@ class StompTransport:
         """True when the broker confirmed the ABORT; a lost connection has rolled back anyway."""
         try:
             self._transmit("abort", lambda c, h: c.abort(transaction, headers=h), {}, receipt=True,
-                           loss_is_failure=True)
+                           loss_is_failure=True, tx=transaction)
             return True
         except BrokerUnavailable as exc:
             log.info("ABORT of %s not sent (%s): the broker rolls it back with the connection", transaction, exc)
@@ -578,23 +579,24 @@ class StompTransport:
         self._book.take_for_ack(delivery, transaction)
         self._transmit("nack", lambda c, h: c.nack(delivery.ack_id, transaction=transaction,
                                                    receipt=h.get("receipt")), {}, receipt=receipt,
-                       loss_is_failure=transaction is not None)
+                       loss_is_failure=transaction is not None, tx=transaction)
 
     # ------------------------------------------------------------------------------------------- frames out
     def _transmit(self, operation: str, action: Callable[[stomp.Connection12, dict[str, str]], object],
                   headers: dict[str, str], *, receipt: bool, loss_is_failure: bool,
-                  timeout: float | None = None) -> int:
+                  timeout: float | None = None, tx: str | None = None) -> int:
         """Write one frame; with ``receipt`` wait for its answer. Returns the epoch it went out on."""
-        epoch, rid = self._write(operation, action, headers, receipt=receipt, loss_is_failure=loss_is_failure)
+        epoch, rid = self._write(operation, action, headers, receipt=receipt, loss_is_failure=loss_is_failure, tx=tx)
         if rid is not None:
             self._wait(rid, timeout or self._receipt_timeout)
         return epoch
 
     def _write(self, operation: str, action: Callable[[stomp.Connection12, dict[str, str]], object],
                headers: dict[str, str], *, receipt: bool, loss_is_failure: bool,
-               on_answer: Callable[[], None] | None = None) -> tuple[int, str | None]:
+               on_answer: Callable[[], None] | None = None, tx: str | None = None) -> tuple[int, str | None]:
         """Write one frame, registering a waiter for its receipt first (the dispatcher matches receipts by id,
-        in any order); returns the epoch it went out on and the receipt id to :meth:`_wait` for."""
+        in any order); returns the epoch it went out on and the receipt id to :meth:`_wait` for. ``tx``: the
+        transaction the frame belongs to (the book attributes an ERROR without a receipt id by it)."""
         rid = f"{operation}-{uuid.uuid4().hex}" if receipt else None
         with self._book.lock:
             epoch = self._book.check_connected()
@@ -602,6 +604,7 @@ class StompTransport:
             if rid is not None:
                 headers["receipt"] = rid
                 self._waiters[rid] = _Waiter(operation, epoch, loss_is_failure, on_answer=on_answer)
+            self._book.frame_written(tx, rid)
         assert conn is not None
         try:
             action(conn, headers)
@@ -696,7 +699,9 @@ class StompTransport:
                         redelivered=headers.get("redelivered") == "true", epoch=epoch, decode_error=problem)
 
     def _on_receipt(self, epoch: int, frame: Frame) -> None:
-        self._answer(frame.headers.get("receipt-id", ""), "receipt", frame)
+        rid = frame.headers.get("receipt-id", "")
+        self._book.frame_answered(rid)
+        self._answer(rid, "receipt", frame)
 
     def _on_error(self, epoch: int, frame: Frame) -> None:
         error = _broker_error(frame)
@@ -704,9 +709,10 @@ class StompTransport:
         self.last_error = error
         rid = error.receipt_id or ""
         if rid in self._waiters or f"connect-{epoch}" in self._waiters:
+            self._book.frame_answered(rid)
             self._answer(rid if rid in self._waiters else f"connect-{epoch}", "error", frame)
-        elif epoch == self._book.epoch:
-            self._book.mark_rollback_only(error.message)
+        elif epoch == self._book.epoch:           # for a receipt-less frame (or one whose caller gave up waiting)
+            self._book.frame_refused(error.message, rid or None)
 
     def _on_disconnected(self, epoch: int, _: None) -> None:
         self._answer(f"connect-{epoch}", "lost", None)

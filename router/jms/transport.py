@@ -460,6 +460,8 @@ class _Tx:
     epoch: int
     acks: list[Delivery] = field(default_factory=list)
     rollback_only: str | None = None
+    unreceipted: int = 0        # receipt-less frames written in it (the BEGIN of ``begin_nowait`` included)
+    answered: int = 0           # how many of them STOMP has answered (a later receipted frame of it was answered)
 
 
 class SessionBook:
@@ -476,6 +478,7 @@ class SessionBook:
         self.epoch = 0
         self.connected = False
         self._txs: dict[str, _Tx] = {}
+        self._receipted: dict[str, tuple[str, int]] = {}     # receipt id -> (transaction, its unreceipted count)
         self._pending: dict[str, Delivery] = {}
         self._modes: dict[str, AckMode] = {}
 
@@ -502,6 +505,7 @@ class SessionBook:
                 return False
             self.connected = False
             self._pending.clear()
+            self._receipted.clear()
             return True
 
     # -- transactions
@@ -560,9 +564,47 @@ class SessionBook:
             return entry.rollback_only
 
     def mark_rollback_only(self, reason: str) -> None:
-        """An ERROR frame with no receipt id: any open transaction may be missing a frame."""
+        """Mark every open transaction rollback-only (a transport that cannot tell which one lost a frame)."""
         with self.lock:
             for entry in self._txs.values():
+                entry.rollback_only = entry.rollback_only or reason
+
+    def frame_written(self, tx: str | None, receipt: str | None) -> None:
+        """A frame of ``tx`` goes out (None: not in a transaction): receipt-less, it is unanswered until a later
+        receipted frame of ``tx`` is answered (STOMP answers a connection's frames in order)."""
+        if tx is None:
+            return
+        with self.lock:
+            entry = self._txs.get(tx)
+            if entry is None:
+                return
+            if receipt is None:
+                entry.unreceipted += 1
+            else:
+                self._receipted[receipt] = (tx, entry.unreceipted)
+
+    def frame_answered(self, receipt: str) -> None:
+        """The broker answered the receipted frame ``receipt`` (RECEIPT or ERROR): every receipt-less frame its
+        transaction wrote before it has been processed too."""
+        with self.lock:
+            known = self._receipted.pop(receipt, None)
+            entry = self._txs.get(known[0]) if known is not None else None
+            if entry is not None and known is not None:
+                entry.answered = max(entry.answered, known[1])
+
+    def frame_refused(self, reason: str, receipt: str | None) -> None:
+        """An ERROR frame that no caller waits for. With the receipt id of a transaction's frame (its caller gave
+        up waiting) it marks that transaction; without one it marks only the transactions that have receipt-less
+        frames the broker has not answered yet: the ERROR is about one of those (or about a frame outside any
+        transaction). A transaction whose frames are all answered (a decided T2 whose COMMIT is not written yet,
+        or written) is never marked by another transaction's refused frame."""
+        with self.lock:
+            known = self._receipted.pop(receipt, None) if receipt else None
+            if known is not None:
+                entries = [e for e in [self._txs.get(known[0])] if e is not None]
+            else:
+                entries = [e for e in self._txs.values() if e.unreceipted > e.answered]
+            for entry in entries:
                 entry.rollback_only = entry.rollback_only or reason
 
     # -- deliveries

@@ -21,6 +21,7 @@ from omniORB import CORBA
 import CosNotification
 
 from idl.generated import BridgeTransactionMgmt as BTM
+from router.bridge import txbranch
 from router.bridge.codec import MappingCodec
 from router.bridge.txbranch import SendBranch
 from router.bridge.txmgmt import TransactionMgmtMixin
@@ -609,6 +610,26 @@ def test_disable_during_an_active_t2_raises_and_takes_effect_when_it_ends() -> N
     assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
 
 
+def test_a_pending_disable_that_fails_when_applied_lets_t2s_start_again(caplog: pytest.LogCaptureFixture) -> None:
+    """While a disable is pending the bridge refuses new T2s (OutboundT2.draining); if applying it fails when the
+    bridge becomes idle (the store is down), it is no longer pending, so the bridge's T2s are not refused for ever."""
+    m = Mgmt()
+    m.enable_transaction(3, 0)
+    m.t2_out.busy = True
+    with pytest.raises(BTM.TransactionActive):
+        m.disable_transaction()
+    assert m._disable_pending
+
+    def broken(**extra: Any) -> None:
+        raise RuntimeError("the store is down (injected)")
+    m._save_settings = broken  # type: ignore[method-assign]
+    m.t2_out.busy = False
+    with caplog.at_level("ERROR", logger="nsjms.bridge"):
+        m._t2_idle()
+    assert not m._disable_pending and m.tx_events == 3
+    assert "call it again" in caplog.text
+
+
 def test_disable_clears_an_enable_transaction_the_proxy_inherited() -> None:
     m = Mgmt()
     m.servant.qos[Q.ENABLE_TRANSACTION] = True     # set on the channel before the bridge's proxy was made
@@ -773,10 +794,67 @@ def test_stopping_the_push_loop_waits_for_phase_two(monkeypatch: pytest.MonkeyPa
     rig.put(1, 2)
     assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.DELIVERED
     assert gated.entered.wait(10)
-    assert not TX.drain(rig.proxy, 0.01)
-    threading.Timer(0.05, gated.gate.set).start()
+    assert not TX.drain(rig.proxy, 0.01), "drain returned while phase two was held"   # no timer decides this
+    assert rig.bodies("out") == []
+    gated.gate.set()
     assert TX.drain(rig.proxy)                                 # what _push_loop's finally does
     assert rig.bodies("out") == ["event 1", "event 2"]
+
+
+def test_a_refused_message_in_the_next_t2_leaves_the_decided_one_committed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """T2 1 is decided, its broker COMMIT not written yet (held); T2 2 on the same connection sends a receipt-less
+    frame the broker refuses with an ERROR that has no receipt id (what the STOMP dispatcher books with
+    ``frame_refused``). Only T2 2 is marked: it rolls back for its content, and T2 1 still commits at the broker
+    (before: every open transaction was marked, T2 1's COMMIT became an ABORT after its decision was durable)."""
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedCommit(rig)
+    book = rig.transport._book
+
+    def send_encoded(destination: Any, encoded: EncodedMessage, **kw: Any) -> None:
+        if b"poison" in encoded.body and not kw.get("receipt"):
+            book.frame_written(kw.get("transaction"), None)            # written; the broker answers with ERROR
+            book.frame_refused("User anonymous is not authorized to write", None)
+            return
+        rig.transport.send_encoded(destination, encoded, **kw)
+    rig.wire.send_encoded = send_encoded  # type: ignore[method-assign]
+    rig.put(1, 2, 7, 8)
+    assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.DELIVERED       # T2 1 decided, COMMIT held
+    assert gated.entered.wait(10)
+    assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.EVENT_FAILED    # T2 2: event 7 refused
+    assert rig.proxy._isolate == 2
+    gated.gate.set()
+    assert TX.drain(rig.proxy, 10)
+    assert rig.bodies("out") == ["event 1", "event 2"]
+    assert TX.state(rig.proxy).committed == 1 and rig.t2.log.live() == {}
+    assert [e.record.seq for e in rig.proxy.queue.take(5)] == [7, 8]
+
+
+def test_a_pending_disable_refuses_new_t2s_so_it_applies_under_steady_traffic(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disable_transaction arrives while T2 1 is in phase two and events keep coming: the bridge refuses the next
+    T2 as an outage (its events go back, nothing counts against them), so T2 1's end leaves the bridge idle and the
+    disable applies (before: T2 2 joined the bridge's T2s before T2 1 ended, the bridge was never idle under a
+    backlog and the disable never took effect)."""
+    rig = Rig(monkeypatch, events=2)
+    gated = GatedCommit(rig)
+    pending = [False]
+    idle: list[bool] = []
+    rig.out.draining = lambda: pending[0]
+    rig.out.on_idle = lambda: idle.append(pending[0])
+    rig.put(1, 2, 3, 4)
+    assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.DELIVERED       # T2 1 in phase two
+    assert gated.entered.wait(10)
+    pending[0] = True                                                             # disable_transaction: pending
+    assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.RETRY           # no T2 2
+    assert rig.proxy._isolate == 0
+    assert "disable_transaction is pending" in TX.state(rig.proxy).last_rollback
+    gated.gate.set()
+    assert TX.drain(rig.proxy, 10)
+    assert idle == [True], "T2 1's end left the bridge idle: the pending disable applies"
+    assert not rig.out.active() and rig.out.rolled_back == 0
+    assert rig.bodies("out") == ["event 1", "event 2"]
+    back = rig.proxy.queue.take(5)
+    assert [e.record.seq for e in back] == [3, 4] and [e.failures for e in back] == [0, 0]
 
 
 # ------------------------------------------------------------------------------ the last frame's receipt
@@ -798,8 +876,22 @@ class GatedLastFrame:
         self.inner_send(destination, encoded, **kw)
 
     def abort(self, tx: str) -> None:
-        self.calls.append("abort")
+        self.calls.append("abort" if self.release.is_set() else "abort while the last frame is held")
+        self.release.set()                     # (an ABORT that did not wait: let the held frame go, the test fails)
         self.inner_abort(tx)
+
+
+def release_when_awaited(monkeypatch: pytest.MonkeyPatch, release: threading.Event, *, last: bool) -> None:
+    """Open ``release`` at the moment the T2's thread starts waiting for the broker branch's background frame
+    (the last SEND with ``last``, else the BEGIN): a gate no timer opens, so an ABORT that does not wait for that
+    frame runs while it is still held, whatever the machine's load."""
+    wait = txbranch._Background.wait
+
+    def waited(self: Any) -> BaseException | None:
+        if (self.index >= 0) == last:
+            release.set()
+        return wait(self)
+    monkeypatch.setattr(txbranch._Background, "wait", waited)
 
 
 def test_postgresql_prepares_while_the_broker_takes_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -839,12 +931,12 @@ def test_a_rollback_waits_for_the_last_frame_before_its_abort(monkeypatch: pytes
         b = original(conn, name)
 
         def refuse() -> None:
-            threading.Timer(0.05, gated.release.set).start()
             raise PrepareFailed("max_prepared_transactions reached (injected)")
         b.prepare = refuse
         return b
 
     monkeypatch.setattr(TX, "PgBranch", branch)
+    release_when_awaited(monkeypatch, gated.release, last=True)   # released only once the rollback waits for it
     rig.put(1, 2)
     assert rig.round() is Outcome.RETRY
     assert gated.calls == ["last frame receipted", "abort"]
@@ -882,7 +974,7 @@ class GatedBegin:
         return str(self.inner_begin())
 
     def abort(self, tx: str) -> None:
-        self.calls.append("abort")
+        self.calls.append("abort" if self.release.is_set() else "abort while the BEGIN is held")
         self.inner_abort(tx)
 
 
@@ -896,8 +988,7 @@ class ReleasingStore(FakeStore):
 
     def delete_deliveries(self, conn: Any, cid: int, aid: int, pid: int, ids: list[int], **ledger: Any) -> None:
         self.seen.append(list(self.gated.calls))
-        if self.fail:
-            threading.Timer(0.05, self.gated.release.set).start()
+        if self.fail:                 # the BEGIN stays held until the rollback waits for it (release_when_awaited)
             raise RuntimeError("the database went away (injected)")
         self.gated.release.set()
         super().delete_deliveries(conn, cid, aid, pid, ids)
@@ -930,10 +1021,66 @@ def test_a_rollback_waits_for_the_background_begin_before_its_abort(monkeypatch:
     rig = Rig(monkeypatch, events=2)
     gated = GatedBegin(rig)
     rig.proxy.rt.store = ReleasingStore(gated, fail=True)
+    release_when_awaited(monkeypatch, gated.release, last=False)  # released only once the rollback waits for it
     rig.put(1, 2)
-    assert rig.round() is Outcome.RETRY
-    assert gated.calls == ["begun", "abort"]
+    try:
+        assert rig.round() is Outcome.RETRY
+        assert gated.calls == ["begun", "abort"]
+    finally:
+        gated.release.set()               # (a rollback that did not wait: let the held BEGIN end)
     assert [e.record.seq for e in rig.proxy.queue.take(5)] == [1, 2]
+
+
+def test_a_phase_two_that_raises_is_handed_to_recovery_and_not_counted_committed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """txn.complete() raises on the completer (the log breaks at END): the T2 leaves the coordinator's in-flight
+    set at once (recovery finishes it from its COMMIT record, its prepared PostgreSQL branch does not wait for a
+    restart), the bridge no longer counts it active, and the proxy does not count it committed."""
+    rig = Rig(monkeypatch, events=2)
+    rig.t2.log.fail["End"] = RuntimeError("the log broke (injected)")
+    rig.put(1, 2)
+    assert rig.round() is Outcome.DELIVERED
+    live = rig.t2.log.live()
+    assert len(live) == 1 and next(iter(live.values())).commit is not None     # decided, no END: recovery's
+    assert rig.t2.coordinator.in_flight() == frozenset()
+    st = TX.state(rig.proxy)
+    assert st.committed == 0 and st.phase_two_failed == 1 and not rig.out.active()
+    assert TX.status(rig.proxy)["t2_phase_two_failed"] == 1
+    assert rig.out.committed == 0 and rig.out.rolled_back == 0
+
+
+def test_a_proxy_holds_at_most_two_t2s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """T2 1 in phase two (its COMMIT held), T2 2 decided and queued behind it: T2 3 does not begin (no session, no
+    prepared transaction) until T2 1 has ended. Two T2s per proxy at most (before: T2 3 ran its phase one and was
+    decided too, blocking in submit: three sessions and three prepared transactions per proxy)."""
+    rig = Rig(monkeypatch, events=1)
+    gated = GatedCommit(rig)
+    waiting = threading.Event()
+    room = getattr(TX.Completer, "wait_for_room", None)
+
+    def wait_for_room(self: TX.Completer) -> None:
+        if self.pending() > 1:
+            waiting.set()
+        if room is not None:
+            room(self)
+    monkeypatch.setattr(TX.Completer, "wait_for_room", wait_for_room, raising=False)
+    rig.put(1, 2, 3)
+    assert rig.proxy._deliver(rig.proxy.queue.take(1)) is Outcome.DELIVERED        # T2 1: phase two held
+    assert gated.entered.wait(10)
+    assert rig.proxy._deliver(rig.proxy.queue.take(1)) is Outcome.DELIVERED        # T2 2: decided, queued
+    third = threading.Thread(target=lambda: rig.proxy._deliver(rig.proxy.queue.take(1)))
+    third.start()
+    coordinator = rig.t2.coordinator
+    pause = threading.Event()
+    for _ in range(1000):                          # until T2 3 waits for room, or (before) it ran its phase one
+        if waiting.is_set() or len(coordinator.in_flight()) > 2:
+            break
+        pause.wait(0.01)
+    assert len(coordinator.in_flight()) == 2 and waiting.is_set(), "a third T2 began behind two"
+    gated.gate.set()
+    third.join(10)
+    assert TX.drain(rig.proxy, 10)
+    assert rig.bodies("out") == ["event 1", "event 2", "event 3"]
 
 
 def test_a_failing_phase_two_job_does_not_stop_the_completer() -> None:

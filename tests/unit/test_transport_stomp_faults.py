@@ -356,6 +356,96 @@ def test_unreceipted_error_makes_open_transactions_roll_back(fake: FakeBroker) -
     t.close()
 
 
+def receipted_send(fake: FakeBroker, t: StompTransport, tx: str) -> None:
+    """A SEND in ``tx`` with a receipt, answered by the fake (the last frame of a T2's batch)."""
+    thread, errors = in_thread(lambda: t.send("/queue/q", MSG, transaction=tx, receipt=True))
+    deadline = time.monotonic() + 5
+    while not (fake.frames and b"receipt:" in fake.frames[-1]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    frame = last_frame(fake, b"SEND").decode()
+    assert f"transaction:{tx}" in frame and "receipt:" in frame
+    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
+    thread.join(5)
+    assert not errors and not thread.is_alive()
+
+
+def wait_for_error(t: StompTransport) -> None:
+    deadline = time.monotonic() + 5
+    while t.last_error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert t.last_error is not None
+
+
+def test_an_error_for_the_next_transaction_does_not_mark_one_whose_frames_were_all_answered(
+        fake: FakeBroker) -> None:
+    """Pipelined T2s on one connection: tx1 is decided (its last SEND was receipted and answered), its COMMIT not
+    written yet; tx2's receipt-less SEND is refused by an ERROR without a receipt id. Only tx2 is marked: tx1's
+    COMMIT goes out as a COMMIT (before: the ERROR marked every open transaction, so tx1 was ABORTed although its
+    decision was durable — branch unknown, resent later, out of order)."""
+    t = connect(fake, receipt_timeout=10)
+    fake.got_frame.clear()
+    tx1 = began(fake, t)
+    t.send("/queue/q", MSG, transaction=tx1, receipt=False)
+    receipted_send(fake, t, tx1)
+    fake.got_frame.clear()
+    tx2 = began(fake, t)
+    t.send("/queue/q", MSG, transaction=tx2, receipt=False)
+    last_frame(fake, b"SEND")
+    fake.reply(b"ERROR\nmessage:tx2 send refused\n\n\x00")
+    wait_for_error(t)
+    assert t.transaction_problem(tx2) == "tx2 send refused"
+    assert t.transaction_problem(tx1) is None
+    fake.got_frame.clear()
+    thread, errors = in_thread(lambda: t.commit(tx1))
+    frame = last_frame(fake, b"COMMIT")                                 # not ABORT
+    assert f"transaction:{tx1}".encode() in frame
+    fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
+    thread.join(5)
+    assert not errors and not thread.is_alive()
+    t.close()
+
+
+def test_an_error_for_the_next_transaction_after_a_commit_was_written_does_not_fail_that_commit(
+        fake: FakeBroker) -> None:
+    """tx2's receipt-less SEND goes out before tx1's COMMIT, and its ERROR (no receipt id) arrives between tx1's
+    COMMIT and the COMMIT's RECEIPT: tx1 had no unanswered frame, so its commit returns (before: it raised "the
+    broker committed it without that frame" and recovery sent tx1's messages a second time)."""
+    t = connect(fake, receipt_timeout=10)
+    fake.got_frame.clear()
+    tx1 = began(fake, t)
+    receipted_send(fake, t, tx1)
+    fake.got_frame.clear()
+    tx2 = began(fake, t)
+    t.send("/queue/q", MSG, transaction=tx2, receipt=False)
+    last_frame(fake, b"SEND")
+    thread, errors = in_thread(lambda: t.commit(tx1))
+    assert f"transaction:{tx1}".encode() in last_frame(fake, b"COMMIT")
+    fake.reply(b"ERROR\nmessage:tx2 send refused\n\n\x00"
+               + f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
+    thread.join(5)
+    assert not errors and not thread.is_alive()
+    assert t.transaction_problem(tx2) == "tx2 send refused"
+    t.close()
+
+
+def test_a_late_error_for_a_receipted_frame_marks_only_its_transaction(fake: FakeBroker) -> None:
+    """An ERROR carrying the receipt id of a frame whose caller gave up waiting (ReceiptTimeout) marks that frame's
+    transaction, not the others."""
+    t = connect(fake, receipt_timeout=0.2)
+    fake.got_frame.clear()
+    tx1 = began(fake, t)
+    fake.got_frame.clear()
+    tx2 = began(fake, t)
+    t.send("/queue/q", MSG, transaction=tx2, receipt=False)
+    with pytest.raises(ReceiptTimeout):
+        t.send("/queue/q", MSG, transaction=tx1, receipt=True)
+    assert f"transaction:{tx1}".encode() in last_frame(fake, b"SEND")
+    fake.reply(f"ERROR\nreceipt-id:{fake.receipt_header()}\nmessage:late refusal\n\n\x00".encode())
+    wait_for_error(t)
+    assert t.transaction_problem(tx1) == "late refusal" and t.transaction_problem(tx2) is None
+    t.close()
+
+
 def test_an_error_arriving_after_the_commit_was_sent_still_fails_the_commit(fake: FakeBroker) -> None:
     """The ERROR for an earlier receipt-less SEND can arrive after COMMIT went out (before its RECEIPT): the
     transaction stays in the book until the receipt, so commit() raises instead of returning normally (ActiveMQ

@@ -158,6 +158,20 @@ def test_commit_fails_after_the_decision(w: World) -> None:
     assert outcome.resend == ()
 
 
+def test_a_phase_two_that_raises_hands_the_transaction_to_recovery(w: World) -> None:
+    """complete() raising past its contract (here a log that fails with a non-LogError at END) leaves the
+    transaction COMMIT_PENDING and out of in_flight(): recovery finishes it from its COMMIT record now (before: it
+    stayed COMMITTING in the coordinator, so recovery kept away from it until a restart)."""
+    t, _ = w.txn()
+    t.decide()
+    w.log.fail["End"] = RuntimeError("the log broke (injected)")
+    with pytest.raises(RuntimeError, match="injected"):
+        t.complete()
+    assert t.state is State.COMMIT_PENDING
+    assert t.gtrid not in w.coord.in_flight()
+    assert t.gtrid in w.log.live()                      # COMMIT record, no END: recovery's to finish
+
+
 @pytest.mark.parametrize("applies", [True, False], ids=["receipt-lost", "commit-lost"])
 def test_one_phase_outcome_unknown(w: World, applies: bool) -> None:
     t, _ = w.txn(fail={"stomp": {"commit": OutcomeUnknown("no receipt", branch="stomp")}}, applies=applies)
