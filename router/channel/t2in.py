@@ -41,6 +41,7 @@ from router.channel import qos as Q
 from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe
 from router.channel.channel import RoutePlan
 from router.channel.events import Event, normalise_structured
+from router.channel.txdelivery import enable_needs_check
 from router.crashpoints import crashpoint
 from router.ledger import t2_branch
 from xa.coordinator import BranchOutcome, Transaction
@@ -208,12 +209,14 @@ def unavailable_reason(proxy: Any) -> str | None:
     return None
 
 
-def check_honoured(proxy: Any, qos: dict[str, Any]) -> None:
+def check_honoured(proxy: Any, qos: dict[str, Any], requested: frozenset[str] | None = None) -> None:
     """``EnableTransaction`` = TRUE on a proxy consumer is accepted only where a routing transaction can run: a
     PULL proxy consumer, on a node with T2, whose supplier is a JMS bridge pull sender of this node, or that has no
     supplier yet. Anything else (a push-style proxy consumer, a pull proxy consumer connected to any other supplier,
-    a node without T2) refuses it with UnsupportedQoS (UNAVAILABLE_VALUE [FALSE, FALSE]); the reason is logged."""
-    if not qos.get(Q.ENABLE_TRANSACTION) or proxy.qos.get(Q.ENABLE_TRANSACTION):
+    a node without T2) refuses it with UnsupportedQoS (UNAVAILABLE_VALUE [FALSE, FALSE]); the reason is logged.
+    Checked when the request sets TRUE on the proxy itself, also when the proxy already inherited TRUE
+    (:func:`router.channel.txdelivery.enable_needs_check`)."""
+    if not enable_needs_check(proxy, qos, requested):
         return
     reason = unavailable_reason(proxy)
     if reason is not None:
