@@ -285,15 +285,23 @@ class InboundT2Driver:
     # -- one T2 --------------------------------------------------------------------------------------------------
     def round(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
         """One T2: returns how many deliveries it took (0: nothing arrived, nothing done). Raises after a rollback
-        (the deliveries stay with the bridge for the next round)."""
+        (the deliveries stay with the bridge for the next round).
+
+        The settings are read once a message is there, AFTER :attr:`active` is set: a ``disable_transaction``
+        applied while this round waited for JMS is seen (the round is then a local one, which takes the held
+        delivery), and one applied after that read finds the round active (``TransactionActive``: it takes effect
+        when this T2 ends; router.bridge.txmgmt reads ``active`` after it applied the disable)."""
         proxy = self.proxy
         rt = proxy.rt
-        settings = t2_settings(proxy, sequence=self.sequence)
         if not target.wait_first(wait_s):    # no T2, no pooled connection while JMS has nothing for us
             return 0
         wait_s = 0.0
         self.active = True
         try:
+            settings = t2_settings(proxy, sequence=self.sequence)
+            if not settings.enabled:         # disabled while this round waited: no T2 with stale settings
+                self.active = False
+                return self.round_local(target, wait_s)
             return self._round(rt, settings, target, wait_s)
         finally:
             self.active = False
