@@ -371,7 +371,8 @@ class NodeTransactions:
             resent_at, self.resender.committed_at = self.resender.committed_at, {}
             if self.hops is not None:
                 self.hops.recovered(before, report.ended, resent_at)
-                if action is SafeAction.COMMIT and gtrid in report.heuristic and report.committed:
+                if action is SafeAction.COMMIT and gtrid in report.heuristic and any(
+                        done.startswith(f"{gtrid}/") for done in report.committed):   # "gtrid/branch" entries
                     self._operator_committed(gtrid)
             return report
 

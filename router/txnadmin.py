@@ -25,14 +25,15 @@ TRANSACTION_ADMIN_KEY = "TransactionAdmin"
 
 
 def node_ops(t2: Any, state_dir: Any) -> TxnOps:
-    """:class:`TxnOps` over a running node's :class:`router.t2.NodeTransactions`."""
+    """:class:`TxnOps` over a running node's :class:`router.t2.NodeTransactions`: a recovery pass and an operator's
+    decision go through the node (``recover_now``, ``resolve``), which count them and fill the ledger hops."""
 
     def rows() -> Any:
         return t2.db.unit_of_work()
 
     return TxnOps(t2.node.value, state_dir, t2.log, t2.pg, rows, t2.recovery, mode="online",
                   guard_s=t2.recovery.guard, in_flight=t2.coordinator.in_flight, serial=t2.recovery_lock,
-                  run=t2.recover_now)
+                  run=t2.recover_now, resolve=t2.resolve)
 
 
 class TransactionAdminImpl(NsjmsAdmin__POA.TransactionAdmin):

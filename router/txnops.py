@@ -50,13 +50,17 @@ class TxnOps:
                  recovery: RecoveryManager | None, *, mode: str, guard_s: float,
                  in_flight: Callable[[], frozenset[str]] = frozenset,
                  serial: AbstractContextManager[Any] | None = None,
-                 run: Callable[[], RecoveryReport] | None = None) -> None:
+                 run: Callable[[], RecoveryReport] | None = None,
+                 resolve: Callable[[str, SafeAction, str, str], RecoveryReport] | None = None) -> None:
         """``serial``: held around every action (online: the node's recovery lock, so an operator's action never
-        interleaves with a recovery pass); ``run``: one recovery pass (online: the node's, which counts it)."""
+        interleaves with a recovery pass); ``run``: one recovery pass (online: the node's, which counts it);
+        ``resolve``: an operator's decision (online: the node's ``NodeTransactions.resolve``, which also fills the
+        ledger hops of what it ends; offline: the recovery manager's)."""
         self.node, self.state_dir, self.log, self.pg, self.rows = NodeId(node), state_dir, log, pg, rows
         self.recovery, self.mode, self.guard_s, self.in_flight = recovery, mode, guard_s, in_flight
         self.serial: AbstractContextManager[Any] = serial if serial is not None else threading.RLock()
         self._run = run
+        self._resolve = resolve
 
     # --------------------------------------------------------------------------------------------- read
     def snapshot(self) -> Snapshot:
@@ -113,7 +117,8 @@ class TxnOps:
                 self.audit(who, why, action, gtrid, f"refused: {reason}")
                 raise Refused(reason)
             try:
-                report = self._recovery().resolve(gtrid, SafeAction(action), who, why)
+                act = self._resolve if self._resolve is not None else self._recovery().resolve
+                report = act(gtrid, SafeAction(action), who, why)
             except XAError as exc:
                 raise Refused(str(exc)) from exc
         result = _report(report)

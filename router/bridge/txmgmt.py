@@ -95,10 +95,12 @@ class TransactionMgmtMixin:
             if not self.tx_events and not self._proxy_enabled():
                 return
             if not self.to_jms_direction:
-                # The channel's pull proxy reads EnableTransaction before each T2: written now, it takes effect
-                # when the T2 in progress (if any) ends, which is then reported as TransactionActive.
-                active = self._inbound_active()
+                # The channel's pull proxy reads EnableTransaction before each T2 (once a message is there, after
+                # it marked itself active): written now, it takes effect when the T2 in progress (if any) ends,
+                # which is then reported as TransactionActive. Read AFTER the write: a round that read the old
+                # value is active by then (router.channel.t2in.InboundT2Driver.round).
                 self._apply_disable()
+                active = self._inbound_active()
                 if active:
                     log.info("bridge %d: disable_transaction during a routing transaction: takes effect when it "
                              "ends", self.id)

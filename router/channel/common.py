@@ -52,7 +52,7 @@ class QoSMixin:
         with self._lock:
             try:
                 new = Q.apply_qos(self.qos, [(p.name, p.value) for p in qos], self.qos_target, self._qos_context())
-                self._check_honoured(new)
+                self._check_honoured(new, frozenset(p.name for p in qos))
             except Q.QoSError as exc:
                 raise_unsupported_qos(exc)
             self._persist_qos(new)
@@ -62,16 +62,18 @@ class QoSMixin:
     def _qos_changed(self) -> None:
         """Hook: the effective QoS changed (queues re-read their policies)."""
 
-    def _check_honoured(self, qos: dict[str, Any]) -> None:
+    def _check_honoured(self, qos: dict[str, Any], requested: frozenset[str] | None = None) -> None:
         """Hook: raise :class:`~router.channel.qos.QoSError` if this object cannot honour ``qos`` (a valid
-        combination it has no means to deliver, e.g. EnableTransaction where no routing transaction can run)."""
+        combination it has no means to deliver, e.g. EnableTransaction where no routing transaction can run).
+        ``requested``: the names the request sets on this object (None: all of ``qos``)."""
 
     def validate_qos(self, required_qos: list[CosNotification.Property]) -> list[Any]:
         try:
             available = Q.validate_qos(self.qos, [(p.name, p.value) for p in required_qos], self.qos_target,
                                        self._qos_context())
             self._check_honoured({**self.qos, **Q.apply_qos(self.qos, [(p.name, p.value) for p in required_qos],
-                                                            self.qos_target, self._qos_context())})
+                                                            self.qos_target, self._qos_context())},
+                                 frozenset(p.name for p in required_qos))
         except Q.QoSError as exc:
             raise_unsupported_qos(exc)
         return Q.to_named_ranges(available)

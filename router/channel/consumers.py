@@ -43,10 +43,10 @@ class ProxyConsumerBase(ProxyBase):
 
     _inbound_ack: Any = None
 
-    def _check_honoured(self, qos: dict[str, Any]) -> None:
+    def _check_honoured(self, qos: dict[str, Any], requested: frozenset[str] | None = None) -> None:
         from router.channel import t2in
 
-        t2in.check_honoured(self, qos)
+        t2in.check_honoured(self, qos, requested)
 
     def _check_transactional_client(self, client: Any) -> None:
         from router.channel import t2in
@@ -101,6 +101,8 @@ class PushConsumerMixin(ProxyConsumerBase):
 
 class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
     """Pull style: a thread per proxy pulls from the supplier."""
+
+    connect_declares_type_error = True          # connect_*_pull_supplier declares TypeError (NS 3.4)
 
     def start(self) -> None:
         if self.connected and not self.destroyed:

@@ -65,7 +65,7 @@ _DROP_OUTCOMES: dict[str, tuple[LedgerOutcome, str]] = {
     "proxy closed": (LedgerOutcome.DISCARDED, "discarded: the proxy supplier was closed"),
 }
 #: ``extra`` key: EnableTransaction was set TRUE on the proxy itself (not inherited from its admin or channel)
-OWN_ENABLE_TRANSACTION = "own_enable_transaction"
+OWN_ENABLE_TRANSACTION = txdelivery.OWN_ENABLE_TRANSACTION
 # A blocking pull answers TRANSIENT after this long: shorter than the client call timeouts of nsjms's own ORBs
 # (15 s and 30 s) and of typical clients, so no pull outlives the call that made it.
 _MAX_PULL_WAIT = 10.0
@@ -80,6 +80,10 @@ class ProxyBase(QoSMixin, FilterMixin):
     side = "C"
     client_iface: Any = None          # typed interface of the connected client, for narrowing stored IORs
     closing = False                   # teardown begun (stopped), stored row not yet deleted
+    #: the connect operation declares CosEventChannelAdmin::TypeError (NS 3.4: pull proxy consumers and
+    #: push proxy suppliers; not push proxy consumers nor pull proxy suppliers, where omniORB would turn it into
+    #: UNKNOWN at the client)
+    connect_declares_type_error = False
 
     def __init__(self, admin: Any, row: ProxyRow) -> None:
         self.admin = admin
@@ -156,7 +160,8 @@ class ProxyBase(QoSMixin, FilterMixin):
             nil = client is None or CORBA.is_nil(client)
             if required and nil:
                 raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
-            if not nil and self.extra.get(OWN_ENABLE_TRANSACTION) and self.qos.get(Q.ENABLE_TRANSACTION):
+            if (not nil and self.connect_declares_type_error and self.extra.get(OWN_ENABLE_TRANSACTION)
+                    and self.qos.get(Q.ENABLE_TRANSACTION)):
                 self._check_transactional_client(client)
             self.client = None if nil else client
             self.client_ior = None if nil else self.rt.ior(client)
@@ -167,7 +172,8 @@ class ProxyBase(QoSMixin, FilterMixin):
     def _check_transactional_client(self, client: Any) -> None:
         """Hook: this proxy's own QoS has EnableTransaction TRUE (set on it with ``set_qos`` before a client was
         connected); raise ``CosEventChannelAdmin::TypeError`` if ``client`` cannot take part in its routing
-        transactions (the value is never accepted and then ignored)."""
+        transactions (the value is never accepted and then ignored). Called only where the connect operation
+        declares TypeError (:attr:`connect_declares_type_error`); the other proxies refuse TRUE at ``set_qos``."""
 
     def set_qos(self, qos: list[Any]) -> None:
         """``set_qos``; an EnableTransaction set on the proxy itself is remembered (``extra``), so a client that
@@ -325,8 +331,8 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
                 int(q.get(CosNotification.DiscardPolicy, CosNotification.AnyOrder)),
                 int(q.get(CosNotification.MaxEventsPerConsumer, 0)))
 
-    def _check_honoured(self, qos: dict[str, Any]) -> None:
-        txdelivery.check_honoured(self, qos)
+    def _check_honoured(self, qos: dict[str, Any], requested: frozenset[str] | None = None) -> None:
+        txdelivery.check_honoured(self, qos, requested)
 
     def _qos_changed(self) -> None:
         order, discard, max_events = self._queue_policies()
@@ -494,6 +500,8 @@ class PushSupplierMixin(ProxySupplierBase):
     Delivered events leave the store in batches: their ids go to the proxy's journal at once and their queue
     rows are deleted by one commit for many deliveries (:mod:`router.channel.delivered`; without a journal, e.g.
     in unit tests without a state directory, each delivery is deleted at once)."""
+
+    connect_declares_type_error = True          # connect_*_push_consumer declares TypeError (NS 3.4)
 
     push_op = ""
     failing: str | None = None

@@ -41,6 +41,7 @@ from router.channel import qos as Q
 from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe
 from router.channel.channel import RoutePlan
 from router.channel.events import Event, normalise_structured
+from router.channel.txdelivery import enable_needs_check
 from router.crashpoints import crashpoint
 from router.ledger import t2_branch
 from xa.coordinator import BranchOutcome, Transaction
@@ -208,12 +209,14 @@ def unavailable_reason(proxy: Any) -> str | None:
     return None
 
 
-def check_honoured(proxy: Any, qos: dict[str, Any]) -> None:
+def check_honoured(proxy: Any, qos: dict[str, Any], requested: frozenset[str] | None = None) -> None:
     """``EnableTransaction`` = TRUE on a proxy consumer is accepted only where a routing transaction can run: a
     PULL proxy consumer, on a node with T2, whose supplier is a JMS bridge pull sender of this node, or that has no
     supplier yet. Anything else (a push-style proxy consumer, a pull proxy consumer connected to any other supplier,
-    a node without T2) refuses it with UnsupportedQoS (UNAVAILABLE_VALUE [FALSE, FALSE]); the reason is logged."""
-    if not qos.get(Q.ENABLE_TRANSACTION) or proxy.qos.get(Q.ENABLE_TRANSACTION):
+    a node without T2) refuses it with UnsupportedQoS (UNAVAILABLE_VALUE [FALSE, FALSE]); the reason is logged.
+    Checked when the request sets TRUE on the proxy itself, also when the proxy already inherited TRUE
+    (:func:`router.channel.txdelivery.enable_needs_check`)."""
+    if not enable_needs_check(proxy, qos, requested):
         return
     reason = unavailable_reason(proxy)
     if reason is not None:
@@ -282,15 +285,23 @@ class InboundT2Driver:
     # -- one T2 --------------------------------------------------------------------------------------------------
     def round(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
         """One T2: returns how many deliveries it took (0: nothing arrived, nothing done). Raises after a rollback
-        (the deliveries stay with the bridge for the next round)."""
+        (the deliveries stay with the bridge for the next round).
+
+        The settings are read once a message is there, AFTER :attr:`active` is set: a ``disable_transaction``
+        applied while this round waited for JMS is seen (the round is then a local one, which takes the held
+        delivery), and one applied after that read finds the round active (``TransactionActive``: it takes effect
+        when this T2 ends; router.bridge.txmgmt reads ``active`` after it applied the disable)."""
         proxy = self.proxy
         rt = proxy.rt
-        settings = t2_settings(proxy, sequence=self.sequence)
         if not target.wait_first(wait_s):    # no T2, no pooled connection while JMS has nothing for us
             return 0
         wait_s = 0.0
         self.active = True
         try:
+            settings = t2_settings(proxy, sequence=self.sequence)
+            if not settings.enabled:         # disabled while this round waited: no T2 with stale settings
+                self.active = False
+                return self.round_local(target, wait_s)
             return self._round(rt, settings, target, wait_s)
         finally:
             self.active = False

@@ -162,14 +162,34 @@ def status(proxy: Any) -> dict[str, Any]:
     return out
 
 
-def check_honoured(proxy: Any, qos: dict[str, Any]) -> None:
+#: ``extra`` key of a proxy: EnableTransaction was set TRUE on the proxy itself (not inherited from its admin or
+#: channel); router.channel.proxies.OWN_ENABLE_TRANSACTION
+OWN_ENABLE_TRANSACTION = "own_enable_transaction"
+
+
+def enable_needs_check(proxy: Any, qos: dict[str, Any], requested: frozenset[str] | None) -> bool:
+    """Whether the request (``requested``: the names it sets on the proxy, None: all of ``qos``) makes the proxy's
+    EnableTransaction TRUE where it was not checked yet: it asks for TRUE, and the proxy holds no TRUE yet, or holds
+    one only by inheritance (a value its admin or channel had, copied in when the proxy was made) and the request
+    sets it on the proxy itself. A request that leaves EnableTransaction alone keeps an inherited TRUE (shown as
+    ``t2_unavailable`` where it cannot run); TRUE already set on the proxy itself was checked when it was set."""
+    if not qos.get(Q.ENABLE_TRANSACTION):
+        return False
+    if not proxy.qos.get(Q.ENABLE_TRANSACTION):
+        return True
+    named = requested is None or Q.ENABLE_TRANSACTION in requested
+    return named and not getattr(proxy, "extra", {}).get(OWN_ENABLE_TRANSACTION)
+
+
+def check_honoured(proxy: Any, qos: dict[str, Any], requested: frozenset[str] | None = None) -> None:
     """``EnableTransaction`` = TRUE on a proxy supplier is accepted only where a routing transaction can run
     (NJI 2.7.2): a PUSH proxy supplier whose connected consumer is a bridge endpoint of this node, or that has no
     consumer yet (decided at delivery: see :func:`status`). A pull proxy supplier (NJI's transaction server role:
     nsjms has no OTS to receive a client's transaction) and a push proxy supplier connected to any other consumer
     refuse it with UnsupportedQoS (UNAVAILABLE_VALUE), and so does an acknowledging proxy supplier
-    (DeliveryReliability=Acknowledgment: its own resend window delivers, outside any T2)."""
-    if not qos.get(Q.ENABLE_TRANSACTION) or proxy.qos.get(Q.ENABLE_TRANSACTION):
+    (DeliveryReliability=Acknowledgment: its own resend window delivers, outside any T2). Checked when the request
+    sets TRUE on the proxy itself, also when the proxy already inherited TRUE (:func:`enable_needs_check`)."""
+    if not enable_needs_check(proxy, qos, requested):
         return
     if proxy.style == "PULL" or getattr(proxy.rt, "t2", None) is None or _acknowledging(proxy) or (
             proxy.connected and participant_quiet(proxy) is None):

@@ -117,7 +117,9 @@ class Database:
 
         Errors as :meth:`unit_of_work`, except that a connection that broke during the statement is
         ``in_doubt`` (its implicit commit may have happened); a statement that failed otherwise committed
-        nothing. A connection the server closed while it sat in the pool (a restart) whose goodbye (the server's
+        nothing. A statement the database cancelled (``statement_timeout``, ``lock_timeout``, an operator's
+        ``pg_cancel_backend``) raises :class:`StoreTimeout`, never in doubt (it was its own transaction).
+        A connection the server closed while it sat in the pool (a restart) whose goodbye (the server's
         FATAL message or its FIN) is already waiting on the socket is found before the statement is sent (no round
         trip: a poll of the socket), discarded, and the statement gets ONE other connection (nothing was sent, so
         this is safe); if that one is broken too, the failure is certain (nothing committed), not in doubt. A
@@ -137,6 +139,14 @@ class Database:
                         conn.autocommit = False
         except PoolTimeout as exc:
             raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
+        except _CANCELLED as exc:
+            if used is None or used.broken:      # never seen; treated as a lost connection (as unit_of_work)
+                self._purge_broken()
+                raise StoreUnavailable(f"database connection failed during {'statement' if used else 'checkout'}: "
+                                       f"{_first_line(exc)}", in_doubt=used is not None) from exc
+            # autocommit: the cancelled statement was its own transaction and committed nothing (not in doubt)
+            raise StoreTimeout(f"the database cancelled the statement (statement or lock timeout, or an "
+                               f"operator's cancel; the database is reachable): {_first_line(exc)}") from exc
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             if used is None or used.broken:
                 self._purge_broken()

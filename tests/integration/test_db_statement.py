@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from router.db import Database, StoreError, StoreUnavailable
+from router.db import Database, StoreError, StoreTimeout, StoreUnavailable
 from router.services import EmbeddedPostgres
 
 pytestmark = pytest.mark.integration
@@ -127,5 +127,28 @@ def test_a_backend_killed_during_the_statement_is_in_doubt(fresh_db: str) -> Non
         with db.statement() as conn:
             conn.execute("INSERT INTO t_stmt VALUES (8)")
         assert _committed(fresh_db) == [8]
+    finally:
+        db.close()
+
+
+def test_a_statement_the_database_cancels_is_a_store_timeout_not_in_doubt(fresh_db: str) -> None:
+    """A statement cancelled by the database (here ``lock_timeout``: another transaction holds the table's lock)
+    committed nothing (autocommit: it was its own transaction): ``StoreTimeout``, not in doubt, and the connection
+    stays usable. Before: ``StoreUnavailable("connection failed")`` (an outage) for a reachable database."""
+    from psycopg.conninfo import make_conninfo
+
+    db = _db(make_conninfo(fresh_db, options="-c lock_timeout=100"))
+    try:
+        with psycopg.connect(fresh_db) as holder:
+            holder.execute("LOCK TABLE t_stmt IN ACCESS EXCLUSIVE MODE")      # held until the block ends
+            with pytest.raises(StoreError) as info, db.statement() as conn:
+                conn.execute("INSERT INTO t_stmt VALUES (9)")
+            holder.rollback()
+        assert type(info.value) is StoreTimeout
+        assert not getattr(info.value, "in_doubt", False)
+        assert _committed(fresh_db) == []
+        with db.statement() as conn:      # the same pool works: the connection was not discarded as broken
+            conn.execute("INSERT INTO t_stmt VALUES (10)")
+        assert _committed(fresh_db) == [10]
     finally:
         db.close()

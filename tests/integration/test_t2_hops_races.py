@@ -22,6 +22,7 @@ from psycopg import Xid
 
 from router.db import Database
 from router.t2 import SEND_MANAGER, NodeTransactions
+from router.txnadmin import node_ops
 from xa.pg import PgBranch
 from xa.recovery import SafeAction
 
@@ -150,6 +151,47 @@ def test_a_heuristic_commit_records_the_operators_decision_time(tmp_path: Path, 
     try:
         report = node.resolve(t.gtrid, SafeAction.COMMIT, "ops", "the broker has the messages")
         assert t.gtrid in report.heuristic and report.committed, report
+        decided, committed = _hops(fresh_db, t.gtrid)
+        [mark] = node.log.live()[t.gtrid].heuristics
+        assert decided is not None and decided.timestamp() == pytest.approx(mark.at, abs=1e-3)
+        assert committed is None
+    finally:
+        node.close()
+
+
+def test_an_operator_commit_through_the_admin_fills_the_hops(tmp_path: Path, db: Database, fresh_db: str) -> None:
+    """The same through the operator's path (``node_ops``, behind the CORBA TransactionAdmin and ``nsjms txn``):
+    before, it called the recovery manager directly and the ledger row kept decided_at NULL."""
+    node = NodeTransactions("n1", tmp_path, db, fresh_db, ledger_hops=True)
+    try:
+        gtrid = _pending_t2(node, db)
+        assert node.hops is not None
+        node.hops.take()                            # the live times were lost (say, a restart): the log is left
+        result = node_ops(node, tmp_path).resolve(gtrid, "commit", "ops", "ticket 42")
+        assert result["gtrid"] == gtrid and not result["heuristic"], result
+        node._purge()
+        decided, _ = _hops(fresh_db, gtrid)
+        assert decided is not None
+    finally:
+        node.close()
+
+
+def test_a_heuristic_commit_through_the_admin_records_the_decision_time(tmp_path: Path, db: Database,
+                                                                        fresh_db: str) -> None:
+    """A heuristic commit through ``node_ops``: decided_at = the HEURISTIC record's time (before: NULL)."""
+    dead = NodeTransactions("n1", tmp_path, db, fresh_db)
+    t = dead.coordinator.begin(30)
+    with db.branch() as conn:
+        branch = PgBranch(conn, "pg")
+        dead.enlist(t, branch)
+        _ledger_row(conn, t.gtrid)
+        branch.prepare()                            # the process died here: no decision
+    dead.pg.close()
+    dead.log.close()
+    node = NodeTransactions("n1", tmp_path, db, fresh_db, ledger_hops=True)   # the node after its restart
+    try:
+        result = node_ops(node, tmp_path).resolve(t.gtrid, "commit", "ops", "the broker has the messages")
+        assert result["heuristic"], result
         decided, committed = _hops(fresh_db, t.gtrid)
         [mark] = node.log.live()[t.gtrid].heuristics
         assert decided is not None and decided.timestamp() == pytest.approx(mark.at, abs=1e-3)

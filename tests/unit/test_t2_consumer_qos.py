@@ -211,3 +211,71 @@ def test_enable_transaction_set_on_a_push_proxy_supplier_refuses_a_consumer_that
     assert not proxy.connected
     proxy._connect(Ref("IOR:bridge-endpoint"), required=True)
     assert proxy.connected
+
+
+# ------------------------------------------------ TRUE set on a proxy that already inherited TRUE (review finding)
+def _refused_over_inherited(proxy: Any) -> None:
+    """EnableTransaction TRUE inherited (copied in from the admin or channel when the proxy was made); setting it
+    on the proxy itself is checked like any other TRUE: refused, and the proxy's own flag stays unset."""
+    proxy.qos = {Q.ENABLE_TRANSACTION: True}
+    for call in (proxy.validate_qos, proxy.set_qos):
+        with pytest.raises(CosNotification.UnsupportedQoS) as err:
+            call(_enable())
+        assert [(e.name, e.code) for e in err.value.qos_err] == [
+            (Q.ENABLE_TRANSACTION, CosNotification.UNAVAILABLE_VALUE)]
+    assert not proxy.extra.get(P.OWN_ENABLE_TRANSACTION) and proxy.rt.persisted == [], "nothing stored"
+
+
+@pytest.mark.parametrize("cls", [C.StructuredProxyPushConsumerImpl, C.SequenceProxyPushConsumerImpl,
+                                 C.ProxyPushConsumerImpl])
+def test_true_set_over_an_inherited_true_on_a_push_proxy_consumer_is_refused_at_set_qos(cls: type) -> None:
+    """Before: accepted (the check returned early on the inherited TRUE), the own flag set, and the supplier's
+    ``connect_*_push_supplier`` then raised CosEventChannelAdmin::TypeError, which that operation does not declare
+    (UNKNOWN at an omniORB client). Now set_qos refuses it (UnsupportedQoS, UNAVAILABLE_VALUE) and a supplier
+    connects."""
+    proxy = _unconnected(cls)
+    _refused_over_inherited(proxy)
+    proxy._connect(Ref("IOR:some-push-supplier"), required=False)
+    assert proxy.connected
+
+
+@pytest.mark.parametrize("cls", [P.StructuredProxyPullSupplierImpl, P.SequenceProxyPullSupplierImpl,
+                                 P.ProxyPullSupplierImpl])
+def test_true_set_over_an_inherited_true_on_a_pull_proxy_supplier_is_refused(cls: type) -> None:
+    """Before: accepted, and the pull proxy supplier then served its consumer without a T2 (accept and ignore)."""
+    proxy = _unconnected(cls)
+    proxy.qos_target = Q.Target(Q.Level.PROXY_SUPPLIER, sequence=proxy.form == "SEQUENCE")
+    _refused_over_inherited(proxy)
+
+
+def test_true_set_over_an_inherited_true_on_a_pull_proxy_consumer_of_another_supplier_is_refused() -> None:
+    proxy = _proxy(C.StructuredProxyPullConsumerImpl, ior="IOR:some-other-pull-supplier")
+    _refused_over_inherited(proxy)
+
+
+def test_true_set_over_an_inherited_true_where_a_t2_can_run_becomes_the_proxys_own() -> None:
+    proxy = _unconnected(C.StructuredProxyPullConsumerImpl)
+    proxy.qos = {Q.ENABLE_TRANSACTION: True}
+    proxy.set_qos(_enable())
+    assert proxy.extra[P.OWN_ENABLE_TRANSACTION] is True
+    proxy.set_qos(_enable())                       # already its own: nothing more to check
+    with pytest.raises(CosEventChannelAdmin.TypeError):
+        proxy._connect(Ref("IOR:some-other-pull-supplier"), required=True)
+
+
+def test_other_qos_on_a_proxy_that_inherited_true_it_cannot_run_is_accepted() -> None:
+    """A request that leaves EnableTransaction alone keeps the inherited TRUE (``t2_unavailable`` in the status)."""
+    proxy = _proxy(C.StructuredProxyPushConsumerImpl)
+    proxy.qos = {Q.ENABLE_TRANSACTION: True}
+    proxy.set_qos([CosNotification.Property(CosNotification.Priority, CORBA.Any(CORBA.TC_short, 3))])
+    assert proxy.qos[CosNotification.Priority] == 3 and proxy.qos[Q.ENABLE_TRANSACTION] is True
+
+
+@pytest.mark.parametrize("cls", [C.StructuredProxyPushConsumerImpl, P.StructuredProxyPullSupplierImpl])
+def test_a_connect_that_does_not_declare_type_error_never_raises_it(cls: type) -> None:
+    """An own TRUE stored before this check existed: the connect of a push proxy consumer or a pull proxy
+    supplier (no TypeError in its signature) does not raise CosEventChannelAdmin::TypeError."""
+    proxy = _unconnected(cls)
+    proxy.qos, proxy.extra = {Q.ENABLE_TRANSACTION: True}, {P.OWN_ENABLE_TRANSACTION: True}
+    proxy._connect(Ref("IOR:some-client"), required=False)
+    assert proxy.connected

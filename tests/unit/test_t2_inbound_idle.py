@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from router.bridge.jmsin import PushSenderLoop
 from router.channel import t2in as C
 from tests.unit.test_bridge_core import TwinInbox, TwinSink, TwinTransport, delivery, in_flow
@@ -141,3 +143,49 @@ def test_the_push_loops_local_round_asks_ready_before_it_takes() -> None:
     flow.subscription.deliveries.append(delivery("m1", "a"))     # type: ignore[union-attr]
     loop._round()
     assert calls == ["ready", "ready", "take"] and transport.acked == ["m1"]
+
+
+# ----------------------------------------------- disable_transaction while the round waits for JMS (review finding)
+class DisabledWhileWaiting(Target):
+    """The bridge's ``disable_transaction`` is applied (the proxy's own EnableTransaction written FALSE) while the
+    driver waits for the first message; the message then arrives."""
+
+    def __init__(self, db: Db, p: Any) -> None:
+        super().__init__(db, pending=1)
+        self.p = p
+
+    def wait_first(self, timeout: float) -> bool:
+        self.p.qos[C.Q.ENABLE_TRANSACTION] = False
+        return super().wait_first(timeout)
+
+
+def test_a_disable_applied_while_the_t2_round_waits_makes_it_a_local_round() -> None:
+    """Before: the round read EnableTransaction before it waited, so a disable applied then (the driver not yet
+    active: the disable returned success) was followed by a T2 with the old settings. Now the settings are read once
+    the message is there: no T2 begins, and the held delivery is taken by a local unit of work."""
+    db = Db()
+    p = proxy(db, t2=True)
+    target = DisabledWhileWaiting(db, p)
+    driver = C.InboundT2Driver(p, sequence=False)
+    assert driver.round(target, 0.2) == 1
+    assert p.begun == [], "no T2 with the stale settings"
+    assert db.opened == 1 and target.pending == 0 and not driver.active
+
+
+def test_the_round_is_active_when_it_reads_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disable applied after the round read its settings finds it active (txmgmt reads ``active`` after its
+    write, and reports TransactionActive: the disable takes effect when the T2 ends)."""
+    db = Db()
+    p = proxy(db, t2=True)
+    seen: list[bool] = []
+    driver = C.InboundT2Driver(p, sequence=False)
+    real = C.t2_settings
+
+    def settings(proxy: Any, *, sequence: bool) -> Any:
+        seen.append(driver.active)
+        return real(proxy, sequence=sequence)
+
+    monkeypatch.setattr(C, "t2_settings", settings)
+    monkeypatch.setattr(driver, "_round", lambda rt, settings, target, wait_s: 1)   # the T2 itself: not here
+    assert driver.round(Target(db, pending=1), 0.2) == 1
+    assert seen == [True] and not driver.active

@@ -690,6 +690,24 @@ def test_inbound_disable_during_a_t2_raises_and_no_further_t2_starts() -> None:
     assert m.servant.qos[Q.ENABLE_TRANSACTION] is False
 
 
+def test_inbound_disable_reads_active_after_it_wrote_the_proxy() -> None:
+    """Review finding: the driver read EnableTransaction (still TRUE) and became active while the disable was
+    being written; the disable had read ``active`` before its write and returned success, and that T2 then ran.
+    Now ``active`` is read after the write: the round that read the old value is reported (TransactionActive)."""
+    m = InboundMgmt()
+    m.enable_transaction(5, 10)
+    written = m.servant.set_qos
+
+    def set_qos(props: list[Any]) -> None:
+        m.servant._t2.active = True              # the driver's round: active, read the old settings
+        written(props)
+
+    m.servant.set_qos = set_qos
+    with pytest.raises(BTM.TransactionActive):
+        m.disable_transaction()
+    assert m.servant.qos[Q.ENABLE_TRANSACTION] is False and m.tx_events == 0
+
+
 def test_send_branch_begin_failure_is_branch_unavailable_and_abort_failures_are_reported() -> None:
     broker = MemoryBroker("t2u-begin")
     with MemoryTransport(broker=broker) as transport:

@@ -165,6 +165,10 @@ def test_online_operations_share_the_nodes_recovery_lock(tmp_path: Path) -> None
         def recover_now(self) -> Any:
             return None
 
+        def resolve(self, gtrid: str, action: Any, who: str, why: str) -> Any:
+            return None
+
     t2 = T2()
     ops = node_ops(t2, tmp_path)
     assert ops.serial is t2.recovery_lock and ops.guard_s == 60.0 and ops.mode == "online"
+    assert ops._resolve == t2.resolve       # an operator's decision goes through the node (ledger hops)
