@@ -74,7 +74,7 @@ class PushSenderLoop:
         deadline = time.monotonic() + (self.pacing_s if self.pacing_s > 0 else 0.2)
         while len(got) < self.batch and not self.stop.is_set():
             wait = max(0.0, deadline - time.monotonic()) if got else 0.5
-            delivery = self.flow.receive(wait)
+            delivery = self._next(wait)
             if delivery is None:
                 if got or self.paced_receive:
                     break
@@ -87,6 +87,16 @@ class PushSenderLoop:
             if event is not None:
                 got.append((delivery, event))
         return got
+
+    def _next(self, wait: float) -> Delivery | None:
+        """A delivery an earlier local round received and left un-acknowledged (``t2in.held``: its unit of work
+        failed, and the channel is no longer a local one), else the next one from the subscription."""
+        t2in = self.flow.t2in
+        if t2in is not None:
+            delivery = t2in.pop_held()
+            if delivery is not None:
+                return delivery  # type: ignore[no-any-return]
+        return self.flow.receive(wait)
 
     def _round(self) -> None:
         if not self.flow.bridge.running():
@@ -247,8 +257,10 @@ class PullSupply:
         """A delivery a rolled-back T2 left un-acknowledged (EnableTransaction was turned off since), else the
         next one from the subscription."""
         t2in = self.flow.t2in
-        if t2in is not None and t2in.held:
-            return t2in.held.pop(0)  # type: ignore[no-any-return]
+        if t2in is not None:
+            delivery = t2in.pop_held()
+            if delivery is not None:
+                return delivery  # type: ignore[no-any-return]
         return self.flow.receive(timeout)
 
     def take(self, n: int, timeout: float) -> list[Any]:

@@ -327,6 +327,16 @@ class InboundT2:
             self.held.append(delivery)
             return True
 
+    def pop_held(self) -> Delivery | None:
+        """The first delivery an earlier round left here on the live connection (a round that received it with
+        :meth:`wait` and then failed: pool timeout, database outage), taken off, else None. A caller that stops
+        using T2 rounds (the push loop, its channel now BestEffort or in another process) forwards these first,
+        or they would stay un-acknowledged on the live subscription, which the broker never redelivers."""
+        with self._lock:
+            epoch = self._epoch()
+            self.held = [d for d in self.held if epoch is None or d.epoch == epoch]
+            return self.held.pop(0) if self.held else None
+
     def take_local(self, conn: Conn, max_n: int, timeout: float) -> InBatch:
         """Without a T2 (EnableTransaction FALSE), for a channel in this process: like :meth:`take`, but the
         claims and the events go in the caller's ONE local transaction on ``conn``, and the caller writes the

@@ -10,6 +10,12 @@ waits for it to end (:meth:`Flight.wait_ended`, bounded by the push's own call t
 has put its entries with the delivered ones, which the teardown records ``delivered``; a failed one has put them
 back in the queue, recorded ``discarded`` with the proxy's other rows (the consumer did not take them). A push still
 running after the bound is recorded with :data:`STUCK_REASON`, never silently.
+
+A delivery path that takes more entries from the queue during its push (the in-process batches of
+``router.channel.localpush``, a T2's fill-up in ``router.channel.txdelivery``) marks them too (:meth:`Flight.add`),
+drops the ones it settled (:meth:`Flight.drop`: delivered or put back) and raises the wait's bound to what its
+path may take (:meth:`Flight.allow`): a teardown that stops waiting records every entry still in flight with
+:data:`STUCK_REASON`, not only the ones the dispatcher handed over.
 """
 
 from __future__ import annotations
@@ -35,6 +41,28 @@ class Flight(Generic[T]):
         self._cond = threading.Condition()
         self._entries: list[T] = []
         self._thread: int | None = None
+        self._bound = 0.0
+
+    def add(self, entries: list[T]) -> None:
+        """Mark more ``entries`` in flight (taken from the queue by the push in flight, on its thread)."""
+        if entries:
+            with self._cond:
+                if self._thread == threading.get_ident():
+                    self._entries.extend(entries)
+
+    def drop(self, entries: list[T]) -> None:
+        """``entries`` are settled (delivered, or back in the queue): no longer in flight."""
+        if entries:
+            with self._cond:
+                gone = {id(e) for e in entries}
+                self._entries = [e for e in self._entries if id(e) not in gone]
+
+    def allow(self, seconds: float) -> None:
+        """A teardown waits up to ``seconds`` (at least) for the push in flight to end: its path may take longer
+        than one CORBA call (several batches awaiting their COMMIT receipts)."""
+        with self._cond:
+            if self._thread == threading.get_ident():
+                self._bound = max(self._bound, seconds)
 
     def begin(self, entries: list[T], closing: Callable[[], bool]) -> bool:
         """Mark ``entries``' push in flight; False (nothing marked) when ``closing()`` is already true."""
@@ -46,16 +74,17 @@ class Flight(Generic[T]):
 
     def end(self) -> None:
         with self._cond:
-            self._entries, self._thread = [], None
+            self._entries, self._thread, self._bound = [], None, 0.0
             self._cond.notify_all()
 
     def wait_ended(self, timeout_s: float) -> list[T]:
         """Wait up to ``timeout_s`` for the push in flight to end (at once when there is none, or when the caller
-        is the delivery thread itself); returns the entries of a push still in flight after that."""
-        deadline = time.monotonic() + timeout_s
+        is the delivery thread itself), or longer when the push's path asked for more (:meth:`allow`); returns the
+        entries still in flight after that."""
+        start = time.monotonic()
         with self._cond:
             while self._entries and self._thread != threading.get_ident():
-                left = deadline - time.monotonic()
+                left = start + max(timeout_s, self._bound) - time.monotonic()
                 if left <= 0:
                     return list(self._entries)
                 self._cond.wait(left)

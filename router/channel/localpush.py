@@ -70,9 +70,33 @@ def _cap(proxy: Any) -> int:
     return int(proxy.batch_size()) if proxy.form == "SEQUENCE" else STRUCTURED_BATCH
 
 
+#: The STOMP transport's default wait for a receipt (router.jms.stomp ``receipt_timeout``), when the bridge's
+#: batches do not tell theirs.
+RECEIPT_TIMEOUT_S = 30.0
+
+
 def _may_go_on(proxy: Any) -> bool:
     return not (proxy.stop_event.is_set() or proxy.rt.shutting_down.is_set() or proxy.suspended
-                or not proxy.connected or proxy.destroyed)
+                or not proxy.connected or proxy.destroyed or getattr(proxy, "closing", False))
+
+
+def _flight(proxy: Any) -> Any:
+    """The proxy's push in flight (router.channel.inflight), None for a proxy built bare (tests)."""
+    return getattr(proxy, "_flight", None)
+
+
+def _track(proxy: Any, entries: list[Entry]) -> list[Entry]:
+    """Mark ``entries`` (just taken from the queue) in flight, so a teardown waits for them and records them."""
+    flight = _flight(proxy)
+    if flight is not None:
+        flight.add(entries)
+    return entries
+
+
+def _settled(proxy: Any, entries: list[Entry]) -> None:
+    flight = _flight(proxy)
+    if flight is not None:
+        flight.drop(entries)
 
 
 def _take_more(proxy: Any) -> list[Entry]:
@@ -86,13 +110,14 @@ def _take_more(proxy: Any) -> list[Entry]:
     if not n:
         return []
     taken: list[Entry] = proxy.queue.take(proxy._batch_limit(n), proxy.rt.max_event_bytes)
-    return taken
+    return _track(proxy, taken)
 
 
 def _done(proxy: Any, entries: list[Entry]) -> None:
     proxy.failing, proxy.failed_attempts = None, 0
     proxy._delivered_one_batch()
     proxy._delivered(entries)
+    _settled(proxy, entries)
 
 
 def deliver(proxy: Any, batches: Any, entries: list[Entry]) -> Outcome:
@@ -100,9 +125,12 @@ def deliver(proxy: Any, batches: Any, entries: list[Entry]) -> Outcome:
     Whatever happens, each entry ends delivered, put back or (content) handled by the proxy's poison handling."""
     from router.bridge.ports import ForwardDeferred
 
+    flight = _flight(proxy)
+    if flight is not None:     # a teardown waits for every batch in flight to have its COMMIT receipt
+        flight.allow(IN_FLIGHT * float(getattr(batches, "receipt_timeout", RECEIPT_TIMEOUT_S)) + 2.0)
     limit = proxy._batch_limit(_cap(proxy))
     if len(entries) < limit:
-        entries = entries + proxy.queue.take(limit - len(entries), proxy.rt.max_event_bytes)
+        entries = entries + _track(proxy, proxy.queue.take(limit - len(entries), proxy.rt.max_event_bytes))
     inflight: deque[tuple[list[Entry], Any]] = deque()     # [0]: COMMIT written; [1]: BEGIN + SENDs written
     held = entries                                          # taken, not started yet
     failed: tuple[list[Entry], Exception] | None = None     # a batch the channel could not convert
@@ -175,9 +203,11 @@ def _put_back(proxy: Any, batches: Any, inflight: deque[tuple[list[Entry], Any]]
         handled = batch.handled             # dead-lettered, or confirmed one by one before the failure
         if handled:
             proxy._delivered([e for k, e in enumerate(entries) if k in handled])
+            _settled(proxy, [e for k, e in enumerate(entries) if k in handled])
         back += [e for k, e in enumerate(entries) if k not in handled]
     inflight.clear()
     back += held
     if back:
         proxy._flush_delivered()
         proxy.queue.requeue(back)
+        _settled(proxy, back)

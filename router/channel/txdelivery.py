@@ -239,11 +239,21 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
     limit, timeout = settings(proxy)
     if proxy._isolate:
         limit = 1
+    flight = getattr(proxy, "_flight", None)   # the push in flight (router.channel.inflight), vs a teardown
     if _resolve_in_doubt(proxy, st):          # entries were put back ahead of these: take again, in order
         proxy.queue.requeue(entries)
+        if flight is not None:
+            flight.drop(entries)
         entries = proxy.queue.take(limit)
+        taken = entries
     elif len(entries) < limit:
-        entries = entries + proxy.queue.take(limit - len(entries))
+        taken = proxy.queue.take(limit - len(entries))
+        entries = entries + taken
+    else:
+        taken = []
+    if flight is not None:                    # a teardown waits for the whole T2 and records what it took
+        flight.add(taken)
+        flight.allow((timeout or 0.0) + 2.0)
     if not entries:
         return Outcome.DELIVERED
     try:

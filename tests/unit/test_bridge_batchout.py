@@ -486,3 +486,56 @@ def test_unwinding_with_a_commit_in_flight_drops_its_receipt_waiter(monkeypatch:
     assert ("COMMIT", "tx1") in broker.frames and ("DISCARD", "tx1") in broker.frames
     assert broker.in_flight == []
     assert [e.record.event.value for e in proxy.queue.take(1000)] == events(150)
+
+
+def test_a_teardown_that_stops_waiting_records_every_entry_of_the_batches_in_flight(monkeypatch: Any) -> None:
+    """The dispatcher marks in flight only the entries it hands over; localpush takes more (the rest of a batch,
+    the batch written behind). A teardown that stops waiting must get all of them (recorded with STUCK_REASON:
+    the broker may still commit them), and waits as long as the batches in flight may take their receipts."""
+    from router.channel.inflight import Flight
+
+    entered, gate = threading.Event(), threading.Event()
+
+    class SlowPending(Pending):
+        def wait(self) -> None:
+            entered.set()
+            gate.wait(30)
+            super().wait()
+
+    class SlowBroker(PipeBroker):
+        def commit_nowait(self, transaction: str) -> Pending:
+            p = super().commit_nowait(transaction)
+            return SlowPending(self, p.tx, p.messages, p.outcome, p.applied)
+
+    broker = SlowBroker()
+    bridge = Bridge()
+    transport: Any = broker
+    flow = ChannelToJms(bridge, QUEUE, transport, to_jms, DeadLetter(lambda: transport, bridge.id),
+                        lambda ev: str(ev).encode())
+    proxy: Any = Proxy(SimpleNamespace(local_batches=LocalBatches(flow)))
+    proxy.closing = False
+    proxy._flight = flight = Flight[Entry]()
+    proxy.put(*events(250))
+    monkeypatch.setattr(localpush, "RECEIPT_TIMEOUT_S", 0.01, raising=False)
+
+    def dispatch() -> None:
+        entries = proxy.queue.take(1)
+        assert flight.begin(entries, lambda: proxy.closing)
+        try:
+            localpush.deliver(proxy, localpush.target(proxy), entries)
+        finally:
+            flight.end()
+
+    worker = threading.Thread(target=dispatch)
+    worker.start()
+    try:
+        assert entered.wait(30)                              # batch 1's COMMIT awaited, batch 2 written behind it
+        proxy.closing = True
+        stuck = [e.record.event.value for e in flight.wait_ended(0.0)]
+        assert stuck == events(200)                          # both batches, not only the one the dispatcher passed
+        assert proxy.delivered == []
+    finally:
+        gate.set()
+        worker.join(30)
+    assert proxy.delivered == events(200)                    # the broker committed both; nothing more taken
+    assert [e.record.event.value for e in proxy.queue.take(1000)] == events(250)[200:]

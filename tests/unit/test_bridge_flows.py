@@ -493,3 +493,21 @@ def test_an_event_the_channel_finds_too_large_is_dead_lettered_not_retried_forev
     assert sorted(transport.acked) == ["big", "small-1", "small-2"]
     [dead] = transport.dead_letters()
     assert "too large" in _reason(dead) or "size limit" in _reason(dead)
+
+
+def test_a_delivery_a_failed_local_round_kept_is_pushed_when_the_channel_is_no_longer_local() -> None:
+    """A local round receives its first message before its unit of work (``InboundT2.wait``) and keeps it in
+    ``t2in.held`` when that unit fails (pool timeout, database outage). If the bridge then pushes to a channel
+    that is not local (BestEffort, another process), the push loop forwards and acks that delivery first: the
+    broker never redelivers it while the consumer lives."""
+    transport = FakeTransport()
+    flow = _jms_flow(transport)
+    flow.subscription = ScriptedSubscription([_delivery("m-2")])
+    flow.inbound().held.append(_delivery("m-1"))          # what the failed local round left behind
+    stop = threading.Event()
+    proxy = FakeProxy(stop)
+    loop = F.PushSenderLoop(flow, proxy, False, lambda: 1, lambda: 0.0, False, stop)
+    loop._round()
+    loop._round()
+    assert transport.acked == ["m-1", "m-2"] and len(proxy.pushed) == 2
+    assert flow.inbound().held == [] and flow.held == []
