@@ -81,8 +81,10 @@ def test_unreachable_broker_at_start_is_reported_and_shown_by_status(server_with
     server = server_with_dead_broker
     url = server.broker_url
     port = url.rpartition(":")[2]
-    out = (server.state_dir / "server.stdout.log").read_text()
-    assert f"nsjms: WARNING broker.url {url} is unreachable (cannot connect to 127.0.0.1:{port}" in out, out
+    stdout = server.state_dir / "server.stdout.log"
+    warning = f"nsjms: WARNING broker.url {url} is unreachable (cannot connect to 127.0.0.1:{port}"
+    # the node prints it just after writing endpoints.json, which is what the fixture waits for
+    assert wait_until(lambda: warning in stdout.read_text(), 30), stdout.read_text()
     err = server.stderr_path.read_text()
     assert f"broker.url {url} is unreachable at start" in err, err
     status = subprocess.run([sys.executable, "-m", "router.cli", "status", "--state-dir", str(server.state_dir),
