@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
-from channel_bench import Counter, _consumer, _event
+from channel_bench import Counter, _consumer, _event, push_all
 from common import PAYLOAD, client_orb, node, report, services, stomp_send_rate
 
 
@@ -84,16 +84,7 @@ def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool, tx: int
     pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(kind)
     events = [_event(i) for i in range(n)]
     t0 = time.perf_counter()
-    if sequence:
-        pc = pc._narrow(NCA.SequenceProxyPushConsumer)
-        pc.connect_sequence_push_supplier(None)
-        for i in range(0, n, 100):
-            pc.push_structured_events(events[i:i + 100])
-    else:
-        pc = pc._narrow(NCA.StructuredProxyPushConsumer)
-        pc.connect_structured_push_supplier(None)
-        for ev in events:
-            pc.push_structured_event(ev)
+    push_all(pc, events, sequence)
     counter.wait(n)
     elapsed = time.perf_counter() - t0
     conn.disconnect()

@@ -51,6 +51,23 @@ class Counter:
                 raise RuntimeError(f"only {self.n}/{target} events arrived")
 
 
+
+def push_all(pc: Any, events: list[Any], sequence: bool) -> None:
+    """Connect the proxy push consumer ``pc`` and push ``events``: in sequences of 100, or one structured event per
+    call."""
+    import CosNotifyChannelAdmin as NCA
+
+    if sequence:
+        pc = pc._narrow(NCA.SequenceProxyPushConsumer)
+        pc.connect_sequence_push_supplier(None)
+        for i in range(0, len(events), 100):
+            pc.push_structured_events(events[i:i + 100])
+    else:
+        pc = pc._narrow(NCA.StructuredProxyPushConsumer)
+        pc.connect_structured_push_supplier(None)
+        for ev in events:
+            pc.push_structured_event(ev)
+
 def _consumer(counter: Counter, sequence: bool) -> Any:
     import CosNotifyComm__POA
 
@@ -93,16 +110,7 @@ def channel_rate(orb: Any, factory: Any, persistent: bool, sequence: bool, n: in
     pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(kind)
     events = [_event(i) for i in range(n)]
     t0 = time.perf_counter()
-    if sequence:
-        pc = pc._narrow(NCA.SequenceProxyPushConsumer)
-        pc.connect_sequence_push_supplier(None)
-        for i in range(0, n, 100):
-            pc.push_structured_events(events[i:i + 100])
-    else:
-        pc = pc._narrow(NCA.StructuredProxyPushConsumer)
-        pc.connect_structured_push_supplier(None)
-        for ev in events:
-            pc.push_structured_event(ev)
+    push_all(pc, events, sequence)
     counter.wait(n)
     elapsed = time.perf_counter() - t0
     channel.destroy()

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
 from bridge_bench import _count_queue, _endpoint, _persistent_channel
-from channel_bench import Counter, _event
+from channel_bench import Counter, _event, push_all
 from common import NodeProcess, client_orb, median_spread, services, settled_pg_counters, stomp_send_rate
 
 
@@ -44,16 +44,7 @@ def drain(env: dict[str, Any], n: int, sequence: bool) -> tuple[float, float, fl
     kind = NCA.SEQUENCE_EVENT if sequence else NCA.STRUCTURED_EVENT
     pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(kind)
     events = [_event(i) for i in range(n)]
-    if sequence:
-        pc = pc._narrow(NCA.SequenceProxyPushConsumer)
-        pc.connect_sequence_push_supplier(None)
-        for i in range(0, n, 100):
-            pc.push_structured_events(events[i:i + 100])
-    else:
-        pc = pc._narrow(NCA.StructuredProxyPushConsumer)
-        pc.connect_structured_push_supplier(None)
-        for ev in events:
-            pc.push_structured_event(ev)
+    push_all(pc, events, sequence)
     counter = Counter()
     conn = _count_queue(url, queue, counter)
     c0, w0 = settled_pg_counters(dsn)
