@@ -92,6 +92,20 @@ def _pending_t2(node: NodeTransactions, db: Database) -> str:
     return t.gtrid
 
 
+def _undecided_t2(tmp_path: Path, db: Database, fresh_db: str) -> str:
+    """A T2 whose PostgreSQL branch (with its ledger row) is prepared and whose node died before any decision."""
+    dead = NodeTransactions("n1", tmp_path, db, fresh_db)
+    t = dead.coordinator.begin(30)
+    with db.branch() as conn:
+        branch = PgBranch(conn, "pg")
+        dead.enlist(t, branch)
+        _ledger_row(conn, t.gtrid)
+        branch.prepare()                            # the process died here: no decision
+    dead.pg.close()
+    dead.log.close()
+    return t.gtrid
+
+
 def test_an_operator_recovery_inside_the_purge_loses_no_hop(tmp_path: Path, db: Database, fresh_db: str) -> None:
     node = NodeTransactions("n1", tmp_path, db, fresh_db, ledger_hops=True, guard_s=0.0)
     try:
@@ -138,21 +152,13 @@ def test_a_heuristic_commit_records_the_operators_decision_time(tmp_path: Path, 
                                                                  fresh_db: str) -> None:
     """A prepared branch with no COMMIT record, committed by the operator against the log: decided_at = the
     HEURISTIC record's time; broker_committed_at stays NULL (nsjms does not know the broker's outcome)."""
-    dead = NodeTransactions("n1", tmp_path, db, fresh_db)
-    t = dead.coordinator.begin(30)
-    with db.branch() as conn:
-        branch = PgBranch(conn, "pg")
-        dead.enlist(t, branch)
-        _ledger_row(conn, t.gtrid)
-        branch.prepare()                            # the process died here: no decision
-    dead.pg.close()
-    dead.log.close()
+    gtrid = _undecided_t2(tmp_path, db, fresh_db)
     node = NodeTransactions("n1", tmp_path, db, fresh_db, ledger_hops=True)   # the node after its restart
     try:
-        report = node.resolve(t.gtrid, SafeAction.COMMIT, "ops", "the broker has the messages")
-        assert t.gtrid in report.heuristic and report.committed, report
-        decided, committed = _hops(fresh_db, t.gtrid)
-        [mark] = node.log.live()[t.gtrid].heuristics
+        report = node.resolve(gtrid, SafeAction.COMMIT, "ops", "the broker has the messages")
+        assert gtrid in report.heuristic and report.committed, report
+        decided, committed = _hops(fresh_db, gtrid)
+        [mark] = node.log.live()[gtrid].heuristics
         assert decided is not None and decided.timestamp() == pytest.approx(mark.at, abs=1e-3)
         assert committed is None
     finally:
@@ -179,21 +185,13 @@ def test_an_operator_commit_through_the_admin_fills_the_hops(tmp_path: Path, db:
 def test_a_heuristic_commit_through_the_admin_records_the_decision_time(tmp_path: Path, db: Database,
                                                                         fresh_db: str) -> None:
     """A heuristic commit through ``node_ops``: decided_at = the HEURISTIC record's time (before: NULL)."""
-    dead = NodeTransactions("n1", tmp_path, db, fresh_db)
-    t = dead.coordinator.begin(30)
-    with db.branch() as conn:
-        branch = PgBranch(conn, "pg")
-        dead.enlist(t, branch)
-        _ledger_row(conn, t.gtrid)
-        branch.prepare()                            # the process died here: no decision
-    dead.pg.close()
-    dead.log.close()
+    gtrid = _undecided_t2(tmp_path, db, fresh_db)
     node = NodeTransactions("n1", tmp_path, db, fresh_db, ledger_hops=True)   # the node after its restart
     try:
-        result = node_ops(node, tmp_path).resolve(t.gtrid, "commit", "ops", "the broker has the messages")
+        result = node_ops(node, tmp_path).resolve(gtrid, "commit", "ops", "the broker has the messages")
         assert result["heuristic"], result
-        decided, committed = _hops(fresh_db, t.gtrid)
-        [mark] = node.log.live()[t.gtrid].heuristics
+        decided, committed = _hops(fresh_db, gtrid)
+        [mark] = node.log.live()[gtrid].heuristics
         assert decided is not None and decided.timestamp() == pytest.approx(mark.at, abs=1e-3)
         assert committed is None
     finally:
