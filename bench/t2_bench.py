@@ -3,6 +3,9 @@
     .venv/bin/python bench/t2_bench.py                 # everything
     .venv/bin/python bench/t2_bench.py --recovery      # only the restart-with-1,000-in-doubt measurement
     .venv/bin/python bench/t2_bench.py --profile DIR   # also write cProfile dumps of the recovery pass to DIR
+    .venv/bin/python bench/t2_bench.py --no-recovery --only out --events 1000 --repeats 3   # channel -> JMS alone
+    .venv/bin/python bench/t2_bench.py --no-recovery --only latency --latency-rates 1000
+    .venv/bin/python bench/t2_bench.py --no-recovery --only out --py-spy /tmp/spy   # + py-spy of the node
 
 Measurements (3 repetitions each, median and spread):
 
@@ -406,30 +409,66 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@contextmanager
+def _py_spy(pid: int, out: Path | None) -> Iterator[None]:
+    """``py-spy record --idle --format raw`` of the node while the block runs (``out`` None: nothing)."""
+    if out is None:
+        yield
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    spy = subprocess.Popen([exe, "record", "--idle", "--threads", "--format", "raw", "-r", "50", "-o", str(out),
+                            "--pid", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)                      # attached before the measured work starts
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        try:
+            spy.wait(30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            spy.wait()
+
+
 def data_paths(dsn: str, url: str, n: int, repeats: int, latency_rates: tuple[float, ...] = (1000.0,),
-               latency_events: int = 5000) -> None:
+               latency_events: int = 5000, only: frozenset[str] = frozenset(("out", "in", "latency")),
+               spy_dir: Path | None = None) -> None:
     from bridge_bench import from_jms_rate, stomp_consume_rate
-    from common import node, stomp_send_rate
+    from common import node_process, settled_pg_counters, stomp_send_rate
 
     rates: dict[str, list[float]] = {k: [] for k in ("raw tx", "t2 out", "raw consume", "t2 in")}
     p50: dict[float, list[float]] = {r: [] for r in latency_rates}
     p99: dict[float, list[float]] = {r: [] for r in latency_rates}
     offered: dict[float, list[float]] = {r: [] for r in latency_rates}
-    with node(dsn, url) as ep:
+    per_event: list[tuple[float, float]] = []      # (PostgreSQL commits, WAL syncs) per event of a channel -> JMS run
+    if "latency" not in only:
+        latency_rates = ()
+    with node_process(dsn, url) as proc:
         import CosNotifyChannelAdmin as NCA
 
         from idl.generated import CosBridgeAdmin as BA
 
+        ep = json.loads((proc.state / "endpoints.json").read_text())
+        assert proc.proc is not None
         orb = client_orb()
         factory = orb.string_to_object(ep["event_channel_factory"]["corbaloc"])._narrow(NCA.EventChannelFactory)
         bf = orb.string_to_object(ep["bridge_factory"]["corbaloc"])._narrow(BA.BridgeFactory)
-        to_jms_t2_rate(factory, bf, url, 500)                                   # warm-up
-        from_jms_rate(factory, bf, url, 200, pull=True, t2_events=100)
-        for _ in range(repeats):
-            rates["raw tx"].append(stomp_send_rate(url, n, per_tx=100))
-            rates["t2 out"].append(to_jms_t2_rate(factory, bf, url, n))
-            rates["raw consume"].append(stomp_consume_rate(url, n))
-            rates["t2 in"].append(from_jms_rate(factory, bf, url, n, pull=True, t2_events=100))
+        if "out" in only or latency_rates:
+            to_jms_t2_rate(factory, bf, url, 500)                               # warm-up
+        if "in" in only:
+            from_jms_rate(factory, bf, url, 200, pull=True, t2_events=100)
+        for rep in range(repeats):
+            if "out" in only:
+                rates["raw tx"].append(stomp_send_rate(url, n, per_tx=100))
+                c0, w0 = settled_pg_counters(proc.dsn)
+                with _py_spy(proc.proc.pid, spy_dir / f"t2out-{rep}.txt" if spy_dir else None):
+                    rates["t2 out"].append(to_jms_t2_rate(factory, bf, url, n))
+                c1, w1 = settled_pg_counters(proc.dsn)
+                per_event.append(((c1 - c0) / n, (w1 - w0) / n))
+            if "in" in only:
+                rates["raw consume"].append(stomp_consume_rate(url, n))
+                rates["t2 in"].append(from_jms_rate(factory, bf, url, n, pull=True, t2_events=100))
             for per_s in latency_rates:
                 events = max(200, min(latency_events, int(per_s * latency_events / 1000.0)))
                 lat, rate_offered = t2_latency(factory, bf, url, events, per_s)
@@ -439,6 +478,8 @@ def data_paths(dsn: str, url: str, n: int, repeats: int, latency_rates: tuple[fl
     print(f"\n== T2 data paths, 1 KB payloads, {n} events per run, {repeats} runs (median, min..max)")
     for label, r, base in (("channel -> JMS under T2, TransactionEvents=100", "t2 out", "raw tx"),
                            ("JMS -> channel under T2 (pull), TransactionEvents=100", "t2 in", "raw consume")):
+        if not rates[r]:
+            continue
         ratios = [a / b for a, b in zip(rates[r], rates[base], strict=True)]
         print(f"{label:<56} {statistics.median(rates[r]):>8,.0f}/s  baseline {statistics.median(rates[base]):>8,.0f}/s"
               f"  ratio {statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f})")
@@ -448,7 +489,11 @@ def data_paths(dsn: str, url: str, n: int, repeats: int, latency_rates: tuple[fl
         print(f"{label:<56} p50 {spread(p50[per_s])}; p99 {spread(p99[per_s])}; "
               f"offered {spread(offered[per_s])} events/s")
     for what, values in rates.items():
-        print(f"  {what}: runs {', '.join(f'{v:,.0f}' for v in values)} /s")
+        if values:
+            print(f"  {what}: runs {', '.join(f'{v:,.0f}' for v in values)} /s")
+    if per_event:
+        print("  channel -> JMS: PostgreSQL commits / WAL syncs per event (node's database / cluster, settled): "
+              + ", ".join(f"{c:.3f} / {w:.3f}" for c, w in per_event))
 
 
 def main() -> int:
@@ -464,7 +509,13 @@ def main() -> int:
                     help="offered rates (events/s, comma-separated) of the T2 latency measurement, e.g. 200,500,1000")
     ap.add_argument("--latency-events", type=int, default=5000,
                     help="events per latency run at 1,000/s (scaled to the rate: the same duration, >= 200)")
+    ap.add_argument("--only", default="out,in,latency",
+                    help="data paths to measure (comma-separated: out = channel -> JMS, in = JMS -> channel, latency)")
+    ap.add_argument("--py-spy", type=Path, default=None, dest="py_spy",
+                    help="record the node with py-spy (--idle --threads, raw) during each channel -> JMS run, "
+                         "into this directory")
     args = ap.parse_args()
+    only = frozenset(w.strip() for w in args.only.split(",") if w.strip())
     missing = [] if args.recovery else missing_paths()
     if missing:
         print("t2_bench: the T2 data path is missing in this tree: " + "; ".join(missing)
@@ -473,7 +524,7 @@ def main() -> int:
     with t2_services() as (dsn, url):
         if not args.recovery:
             rates = tuple(float(r) for r in args.latency_rates.split(",") if r.strip())
-            data_paths(dsn, url, args.events, args.repeats, rates, args.latency_events)
+            data_paths(dsn, url, args.events, args.repeats, rates, args.latency_events, only, args.py_spy)
         if not args.no_recovery:
             res = recovery(dsn, url, args.in_doubt, args.rows, args.repeats, args.profile)
             print_recovery(args.in_doubt, args.rows, res)
