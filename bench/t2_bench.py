@@ -404,6 +404,54 @@ def t2_latency(factory: Any, bf: Any, url: str, n: int, per_s: float, tx_events:
     return lat, offered
 
 
+def pipelined_raw_rate(url: str, n: int, connections: int, per_tx: int = 100) -> float:
+    """Raw stomp.py in the pattern of a pipelined channel -> JMS T2, without the node: one thread sends BEGIN +
+    ``per_tx`` persistent SENDs (the last receipted) and waits for that receipt, then hands the COMMIT (receipt
+    awaited) to a second thread and goes on with the next transaction while at most one COMMIT is pending, on one
+    connection or on ``connections`` connections in turn. Shows what the broker's serialisation of one connection
+    costs (the next transaction's frames wait behind the previous COMMIT's sync)."""
+    from urllib.parse import urlsplit
+
+    import stomp
+
+    from common import _receipts
+
+    parts = urlsplit(url)
+    conns = []
+    for _ in range(connections):
+        c = stomp.Connection12([(parts.hostname, parts.port)], auto_content_length=False)
+        listener = _receipts()
+        c.set_listener("r", listener)
+        c.connect(wait=True)
+        conns.append((c, listener))
+    dest = f"/queue/bench.pipelined.{os.getpid()}.{connections}"
+    pending = threading.Semaphore(1)             # at most one COMMIT in flight, as the proxy's completer
+    commits: list[threading.Thread] = []
+    t0 = time.perf_counter()
+    for k in range(n // per_tx):
+        conn, listener = conns[k % connections]
+        tx = conn.begin()
+        for i in range(per_tx):
+            headers = {"persistent": "true"} | ({"receipt": f"s{k}"} if i == per_tx - 1 else {})
+            conn.send(dest, PAYLOAD, headers=headers, transaction=tx)
+        listener.wait(f"s{k}")
+        pending.acquire()
+
+        def commit(conn: Any = conn, listener: Any = listener, tx: str = tx, k: int = k) -> None:
+            conn.commit(tx, headers={"receipt": f"c{k}"})
+            listener.wait(f"c{k}")
+            pending.release()
+
+        commits.append(threading.Thread(target=commit))
+        commits[-1].start()
+    for t in commits:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    for c, _ in conns:
+        c.disconnect()
+    return n / elapsed
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -437,7 +485,8 @@ def data_paths(dsn: str, url: str, n: int, repeats: int, latency_rates: tuple[fl
     from bridge_bench import from_jms_rate, stomp_consume_rate
     from common import node_process, settled_pg_counters, stomp_send_rate
 
-    rates: dict[str, list[float]] = {k: [] for k in ("raw tx", "t2 out", "raw consume", "t2 in")}
+    rates: dict[str, list[float]] = {k: [] for k in ("raw tx", "t2 out", "raw consume", "t2 in",
+                                                     "raw pipelined, 1 connection", "raw pipelined, 2 connections")}
     p50: dict[float, list[float]] = {r: [] for r in latency_rates}
     p99: dict[float, list[float]] = {r: [] for r in latency_rates}
     offered: dict[float, list[float]] = {r: [] for r in latency_rates}
@@ -466,6 +515,9 @@ def data_paths(dsn: str, url: str, n: int, repeats: int, latency_rates: tuple[fl
                     rates["t2 out"].append(to_jms_t2_rate(factory, bf, url, n))
                 c1, w1 = settled_pg_counters(proc.dsn)
                 per_event.append(((c1 - c0) / n, (w1 - w0) / n))
+            if "raw2" in only:
+                rates["raw pipelined, 1 connection"].append(pipelined_raw_rate(url, n, 1))
+                rates["raw pipelined, 2 connections"].append(pipelined_raw_rate(url, n, 2))
             if "in" in only:
                 rates["raw consume"].append(stomp_consume_rate(url, n))
                 rates["t2 in"].append(from_jms_rate(factory, bf, url, n, pull=True, t2_events=100))
@@ -510,7 +562,8 @@ def main() -> int:
     ap.add_argument("--latency-events", type=int, default=5000,
                     help="events per latency run at 1,000/s (scaled to the rate: the same duration, >= 200)")
     ap.add_argument("--only", default="out,in,latency",
-                    help="data paths to measure (comma-separated: out = channel -> JMS, in = JMS -> channel, latency)")
+                    help="data paths to measure (comma-separated: out = channel -> JMS, in = JMS -> channel, latency; "
+                         "raw2 = raw stomp.py in a pipelined T2's pattern on one and on two connections)")
     ap.add_argument("--py-spy", type=Path, default=None, dest="py_spy",
                     help="record the node with py-spy (--idle --threads, raw) during each channel -> JMS run, "
                          "into this directory")
