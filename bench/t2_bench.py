@@ -3,6 +3,9 @@
     .venv/bin/python bench/t2_bench.py                 # everything
     .venv/bin/python bench/t2_bench.py --recovery      # only the restart-with-1,000-in-doubt measurement
     .venv/bin/python bench/t2_bench.py --profile DIR   # also write cProfile dumps of the recovery pass to DIR
+    .venv/bin/python bench/t2_bench.py --no-recovery --only out --events 1000 --repeats 3   # channel -> JMS alone
+    .venv/bin/python bench/t2_bench.py --no-recovery --only latency --latency-rates 1000
+    .venv/bin/python bench/t2_bench.py --no-recovery --only out --py-spy /tmp/spy   # + py-spy of the node
 
 Measurements (3 repetitions each, median and spread):
 
@@ -401,35 +404,123 @@ def t2_latency(factory: Any, bf: Any, url: str, n: int, per_s: float, tx_events:
     return lat, offered
 
 
+def pipelined_raw_rate(url: str, n: int, connections: int, per_tx: int = 100) -> float:
+    """Raw stomp.py in the pattern of a pipelined channel -> JMS T2, without the node: one thread sends BEGIN +
+    ``per_tx`` persistent SENDs (the last receipted) and waits for that receipt, then hands the COMMIT (receipt
+    awaited) to a second thread and goes on with the next transaction while at most one COMMIT is pending, on one
+    connection or on ``connections`` connections in turn. Shows what the broker's serialisation of one connection
+    costs (the next transaction's frames wait behind the previous COMMIT's sync)."""
+    from urllib.parse import urlsplit
+
+    import stomp
+
+    from common import _receipts
+
+    parts = urlsplit(url)
+    conns = []
+    for _ in range(connections):
+        c = stomp.Connection12([(parts.hostname, parts.port)], auto_content_length=False)
+        listener = _receipts()
+        c.set_listener("r", listener)
+        c.connect(wait=True)
+        conns.append((c, listener))
+    dest = f"/queue/bench.pipelined.{os.getpid()}.{connections}"
+    pending = threading.Semaphore(1)             # at most one COMMIT in flight, as the proxy's completer
+    commits: list[threading.Thread] = []
+    t0 = time.perf_counter()
+    for k in range(n // per_tx):
+        conn, listener = conns[k % connections]
+        tx = conn.begin()
+        for i in range(per_tx):
+            headers = {"persistent": "true"} | ({"receipt": f"s{k}"} if i == per_tx - 1 else {})
+            conn.send(dest, PAYLOAD, headers=headers, transaction=tx)
+        listener.wait(f"s{k}")
+        pending.acquire()
+
+        def commit(conn: Any = conn, listener: Any = listener, tx: str = tx, k: int = k) -> None:
+            conn.commit(tx, headers={"receipt": f"c{k}"})
+            listener.wait(f"c{k}")
+            pending.release()
+
+        commits.append(threading.Thread(target=commit))
+        commits[-1].start()
+    for t in commits:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    for c, _ in conns:
+        c.disconnect()
+    return n / elapsed
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def data_paths(dsn: str, url: str, n: int, repeats: int, latency_rates: tuple[float, ...] = (1000.0,),
-               latency_events: int = 5000) -> None:
-    from bridge_bench import from_jms_rate, stomp_consume_rate
-    from common import node, stomp_send_rate
+@contextmanager
+def _py_spy(pid: int, out: Path | None) -> Iterator[None]:
+    """``py-spy record --idle --format raw`` of the node while the block runs (``out`` None: nothing)."""
+    if out is None:
+        yield
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    spy = subprocess.Popen([exe, "record", "--idle", "--threads", "--format", "raw", "-r", "50", "-o", str(out),
+                            "--pid", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)                      # attached before the measured work starts
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        try:
+            spy.wait(30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            spy.wait()
 
-    rates: dict[str, list[float]] = {k: [] for k in ("raw tx", "t2 out", "raw consume", "t2 in")}
+
+def data_paths(dsn: str, url: str, n: int, repeats: int, latency_rates: tuple[float, ...] = (1000.0,),
+               latency_events: int = 5000, only: frozenset[str] = frozenset(("out", "in", "latency")),
+               spy_dir: Path | None = None) -> None:
+    from bridge_bench import from_jms_rate, stomp_consume_rate
+    from common import node_process, settled_pg_counters, stomp_send_rate
+
+    rates: dict[str, list[float]] = {k: [] for k in ("raw tx", "t2 out", "raw consume", "t2 in",
+                                                     "raw pipelined, 1 connection", "raw pipelined, 2 connections")}
     p50: dict[float, list[float]] = {r: [] for r in latency_rates}
     p99: dict[float, list[float]] = {r: [] for r in latency_rates}
     offered: dict[float, list[float]] = {r: [] for r in latency_rates}
-    with node(dsn, url) as ep:
+    per_event: list[tuple[float, float]] = []      # (PostgreSQL commits, WAL syncs) per event of a channel -> JMS run
+    if "latency" not in only:
+        latency_rates = ()
+    with node_process(dsn, url) as proc:
         import CosNotifyChannelAdmin as NCA
 
         from idl.generated import CosBridgeAdmin as BA
 
+        ep = json.loads((proc.state / "endpoints.json").read_text())
+        assert proc.proc is not None
         orb = client_orb()
         factory = orb.string_to_object(ep["event_channel_factory"]["corbaloc"])._narrow(NCA.EventChannelFactory)
         bf = orb.string_to_object(ep["bridge_factory"]["corbaloc"])._narrow(BA.BridgeFactory)
-        to_jms_t2_rate(factory, bf, url, 500)                                   # warm-up
-        from_jms_rate(factory, bf, url, 200, pull=True, t2_events=100)
-        for _ in range(repeats):
-            rates["raw tx"].append(stomp_send_rate(url, n, per_tx=100))
-            rates["t2 out"].append(to_jms_t2_rate(factory, bf, url, n))
-            rates["raw consume"].append(stomp_consume_rate(url, n))
-            rates["t2 in"].append(from_jms_rate(factory, bf, url, n, pull=True, t2_events=100))
+        if "out" in only or latency_rates:
+            to_jms_t2_rate(factory, bf, url, 500)                               # warm-up
+        if "in" in only:
+            from_jms_rate(factory, bf, url, 200, pull=True, t2_events=100)
+        for rep in range(repeats):
+            if "out" in only:
+                rates["raw tx"].append(stomp_send_rate(url, n, per_tx=100))
+                c0, w0 = settled_pg_counters(proc.dsn)
+                with _py_spy(proc.proc.pid, spy_dir / f"t2out-{rep}.txt" if spy_dir else None):
+                    rates["t2 out"].append(to_jms_t2_rate(factory, bf, url, n))
+                c1, w1 = settled_pg_counters(proc.dsn)
+                per_event.append(((c1 - c0) / n, (w1 - w0) / n))
+            if "raw2" in only:
+                rates["raw pipelined, 1 connection"].append(pipelined_raw_rate(url, n, 1))
+                rates["raw pipelined, 2 connections"].append(pipelined_raw_rate(url, n, 2))
+            if "in" in only:
+                rates["raw consume"].append(stomp_consume_rate(url, n))
+                rates["t2 in"].append(from_jms_rate(factory, bf, url, n, pull=True, t2_events=100))
             for per_s in latency_rates:
                 events = max(200, min(latency_events, int(per_s * latency_events / 1000.0)))
                 lat, rate_offered = t2_latency(factory, bf, url, events, per_s)
@@ -439,6 +530,8 @@ def data_paths(dsn: str, url: str, n: int, repeats: int, latency_rates: tuple[fl
     print(f"\n== T2 data paths, 1 KB payloads, {n} events per run, {repeats} runs (median, min..max)")
     for label, r, base in (("channel -> JMS under T2, TransactionEvents=100", "t2 out", "raw tx"),
                            ("JMS -> channel under T2 (pull), TransactionEvents=100", "t2 in", "raw consume")):
+        if not rates[r]:
+            continue
         ratios = [a / b for a, b in zip(rates[r], rates[base], strict=True)]
         print(f"{label:<56} {statistics.median(rates[r]):>8,.0f}/s  baseline {statistics.median(rates[base]):>8,.0f}/s"
               f"  ratio {statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f})")
@@ -448,7 +541,11 @@ def data_paths(dsn: str, url: str, n: int, repeats: int, latency_rates: tuple[fl
         print(f"{label:<56} p50 {spread(p50[per_s])}; p99 {spread(p99[per_s])}; "
               f"offered {spread(offered[per_s])} events/s")
     for what, values in rates.items():
-        print(f"  {what}: runs {', '.join(f'{v:,.0f}' for v in values)} /s")
+        if values:
+            print(f"  {what}: runs {', '.join(f'{v:,.0f}' for v in values)} /s")
+    if per_event:
+        print("  channel -> JMS: PostgreSQL commits / WAL syncs per event (node's database / cluster, settled): "
+              + ", ".join(f"{c:.3f} / {w:.3f}" for c, w in per_event))
 
 
 def main() -> int:
@@ -464,7 +561,14 @@ def main() -> int:
                     help="offered rates (events/s, comma-separated) of the T2 latency measurement, e.g. 200,500,1000")
     ap.add_argument("--latency-events", type=int, default=5000,
                     help="events per latency run at 1,000/s (scaled to the rate: the same duration, >= 200)")
+    ap.add_argument("--only", default="out,in,latency",
+                    help="data paths to measure (comma-separated: out = channel -> JMS, in = JMS -> channel, latency; "
+                         "raw2 = raw stomp.py in a pipelined T2's pattern on one and on two connections)")
+    ap.add_argument("--py-spy", type=Path, default=None, dest="py_spy",
+                    help="record the node with py-spy (--idle --threads, raw) during each channel -> JMS run, "
+                         "into this directory")
     args = ap.parse_args()
+    only = frozenset(w.strip() for w in args.only.split(",") if w.strip())
     missing = [] if args.recovery else missing_paths()
     if missing:
         print("t2_bench: the T2 data path is missing in this tree: " + "; ".join(missing)
@@ -473,7 +577,7 @@ def main() -> int:
     with t2_services() as (dsn, url):
         if not args.recovery:
             rates = tuple(float(r) for r in args.latency_rates.split(",") if r.strip())
-            data_paths(dsn, url, args.events, args.repeats, rates, args.latency_events)
+            data_paths(dsn, url, args.events, args.repeats, rates, args.latency_events, only, args.py_spy)
         if not args.no_recovery:
             res = recovery(dsn, url, args.in_doubt, args.rows, args.repeats, args.profile)
             print_recovery(args.in_doubt, args.rows, res)

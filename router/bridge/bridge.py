@@ -190,6 +190,8 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         self._row_deleted = False
         self.stop_event = threading.Event()
         self.transport: Transport | None = None
+        self._t2_alt: Transport | None = None   # the second connection of channel → JMS T2s (_t2_transport)
+        self._t2_alt_warned = False
         self.proxy: Any = None
         self.channel_ack: Any = None     # the proxy as an Ack proxy (NJI 2.6.2), when the channel made it one
         self.dead_letter = F.DeadLetter(self._transport, self.id, factory.broker.dead_letter)
@@ -260,7 +262,8 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
 
         out = OutboundT2(self.id, self.destination, self._transport, MappingCodec(), self._to_jms, _event_bytes,
                          self.factory.broker.dead_letter, t2.enlist, self.running, self.note_broker_problem,
-                         amq_dupl_id=self.factory.broker.amq_dupl_id, to_frame=self._to_jms_frame)
+                         amq_dupl_id=self.factory.broker.amq_dupl_id, to_frame=self._to_jms_frame,
+                         alt_transport=self._t2_transport)
         out.on_idle = self._t2_idle
         out.draining = lambda: self._disable_pending
         self._t2_ior = self.rt.ior(self.endpoint_ref)
@@ -320,6 +323,45 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
                 self.transport.connect(retry=False)
                 self.broker_state = ConnectionState.CONNECTED
             return self.transport
+
+    def _t2_transport(self) -> Transport:
+        """The bridge's second broker connection, for every other channel → JMS T2 (router.bridge.txout: the broker
+        then takes T2 *n+1*'s frames while it commits T2 *n* on the first). Opened on first use and again after it
+        was lost; while it cannot be opened the T2 goes on the first connection (logged once)."""
+        with self._transport_lock:
+            alt = self._t2_alt
+            if alt is not None and not alt.is_connected():
+                self._t2_alt = None
+                alt.close()
+                alt = None
+            if alt is None and not self.stop_event.is_set():
+                b = self.factory.broker
+                try:
+                    alt = self.factory.open_transport(
+                        b.url, username=b.login or None, password=b.passcode or None,
+                        client_id=f"nsjms-{self.factory.node_id}-bridge-{self.id}-t2b",
+                        shutdown=self.factory.shutdown_event)
+                    alt.connect(retry=False)
+                except TransportError as exc:
+                    if not self._t2_alt_warned:
+                        self._t2_alt_warned = True
+                        log.warning("bridge %d: no second broker connection for routing transactions (%s); they "
+                                    "use the first one", self.id, exc)
+                    alt = None
+                else:
+                    self._t2_alt, self._t2_alt_warned = alt, False
+        return alt if alt is not None else self._transport()
+
+    def _close_t2_out(self) -> None:
+        """Before the broker connections close: the bridge's T2s in progress end first (bounded; what is left is
+        recovery's), then the second connection closes."""
+        if self.t2_out is not None and not self.t2_out.quiesce(T2_STOP_WAIT_S):
+            log.warning("bridge %d: routing transactions still in progress after %g s; closing its broker "
+                        "connections anyway (recovery finishes them)", self.id, T2_STOP_WAIT_S)
+        with self._transport_lock:
+            alt, self._t2_alt = self._t2_alt, None
+        if alt is not None:
+            alt.close()
 
     def _subscribe(self) -> Any:
         from router.jms.transport import AckMode
@@ -432,6 +474,7 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
     def halt(self) -> None:
         """Node shutdown: stop threads and close the broker connection, keep the stored state."""
         self.stop_event.set()
+        self._close_t2_out()
         if self.transport is not None:
             self.transport.close()
 
@@ -526,6 +569,7 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         elif durable is not None:
             log.warning("bridge %d: broker unavailable at destroy: durable subscription %r stays on the broker",
                         self.id, durable)
+        self._close_t2_out()
         if self.transport is not None:
             self.transport.close()
         self._forget()
@@ -582,6 +626,11 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
             **self.transaction_status(),
             "last_error": self.dead_letter.problem or self.last_error,
         }
+
+
+#: How long a node stop or a bridge destroy waits for the bridge's routing transactions in progress (a decided
+#: one's phase two: COMMIT PREPARED, the broker's COMMIT receipt) before it closes the broker connections.
+T2_STOP_WAIT_S = 15.0
 
 
 class _LazyTransport:

@@ -21,6 +21,19 @@ last frame's receipt, so PostgreSQL stores the rows while the broker takes the f
 both are uncommitted work of the same T2 until its decision, so their order does not matter). A failed INSERT
 raises when the pipeline ends, before ``forward_in_t2`` returns: the T2 then rolls back as for any other failure.
 
+**Two broker connections** (``alt_transport``): consecutive T2s go out on the bridge's two STOMP connections in turn.
+One connection makes the broker handle its frames one after another, so T2 *n+1*'s BEGIN and SENDs would wait at
+the broker behind T2 *n*'s COMMIT (the broker's disk sync, in the proxy's phase two); on the other connection the
+broker takes them while it commits T2 *n*. The order of the commits is the proxy's completer's (one phase two at a
+time, each COMMIT receipted before the next starts), so the batches still become visible in the order they were
+taken; a T2 lives on one connection from BEGIN to COMMIT/ABORT, so its transaction book is that connection's.
+
+**Stopping** (:meth:`OutboundT2.quiesce`, the node's stop and the bridge's destroy): no new T2 is admitted and the
+ones in progress are waited for (bounded) before the broker connections close, so a decided T2's STOMP COMMIT is
+not cut off by the stop (it would end UNKNOWN and be re-sent by recovery at the next start, a duplicate when the
+broker had already committed it). A T2 still running after the bound is left to recovery (its COMMIT record, if
+decided, stays in the log).
+
 Any failure marks the T2 rollback-only with the reason and raises :class:`ForwardFailed` (``content`` True when
 the broker refused a frame: the batch, not the broker, is the problem; the channel then narrows it down). The
 commit and every decision stay with the channel.
@@ -87,10 +100,13 @@ class OutboundT2:
                  running: Callable[[], bool], note_problem: Callable[[Exception], None] | None = None, *,
                  amq_dupl_id: bool = False,
                  to_frame: Callable[[Any, Destination], tuple[JmsMessage, EncodedMessage]] | None = None,
-                 outbox: Outbox = PG_OUTBOX) -> None:
+                 outbox: Outbox = PG_OUTBOX, alt_transport: Callable[[], Transport] | None = None) -> None:
         self.bridge_id = bridge_id
         self.destination = destination
         self.transport = transport
+        self.alt_transport = alt_transport   # the second connection: consecutive T2s alternate (module docstring)
+        self._turn = False
+        self._closing = False
         self.codec = codec
         self.to_jms = to_jms
         self.event_bytes = event_bytes
@@ -109,6 +125,7 @@ class OutboundT2:
         self.rolled_back = 0
         self.last_rollback = ""
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)   # notified when a T2 ends (quiesce)
         self._active: dict[str, Any] = {}          # gtrid -> transaction in progress
         self._early: dict[str, SendBranch] = {}    # gtrid -> broker branch enlisted by begin_in_t2
         self.on_idle: Callable[[], None] | None = None     # set by the bridge: a disable waits for this
@@ -134,12 +151,21 @@ class OutboundT2:
             elif not committed and was:
                 self.rolled_back += 1
                 self.last_rollback = reason
+            self._idle.notify_all()
         if committed and result is not None:
             telemetry.bridge_moved(self.bridge_id, result.sent, "to_jms")
             for _ in range(result.dead_lettered):
                 telemetry.bridge_dead_letter(self.bridge_id, "event")
         if idle and self.on_idle is not None:
             self.on_idle()
+
+    def quiesce(self, timeout: float) -> bool:
+        """Admit no new T2 from now on and wait up to ``timeout`` seconds until the T2s in progress ended (their
+        phase two included); True when none is left. Called before the broker connections close (module
+        docstring, "Stopping")."""
+        with self._idle:
+            self._closing = True
+            return self._idle.wait_for(lambda: not self._active, timeout)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -185,14 +211,25 @@ class OutboundT2:
         with self._lock:
             if txn.gtrid in self._active:            # begin_in_t2 admitted it already
                 return
-            if self.draining is None or not self.draining():
+            closing = self._closing
+            if not closing and (self.draining is None or not self.draining()):
                 self._active[txn.gtrid] = txn
                 return
+        if closing:
+            self._fail(txn, "the bridge is stopping: no new routing transaction starts", content=False)
         self._fail(txn, "disable_transaction is pending: no new routing transaction starts", content=False)
+
+    def _pick(self) -> Callable[[], Transport]:
+        """The connection of a new T2: the two in turn when the bridge has two (module docstring)."""
+        if self.alt_transport is None:
+            return self.transport
+        with self._lock:
+            self._turn = not self._turn
+            return self.alt_transport if self._turn else self.transport
 
     def _enlist(self, txn: Any, *, background: bool) -> SendBranch:
         try:
-            branch = SendBranch(self.transport(), on_problem=self._noted, background_begin=background)
+            branch = SendBranch(self._pick()(), on_problem=self._noted, background_begin=background)
             self.enlist(txn, branch)
         except TransactionRolledBack:            # past its deadline: the coordinator rolled it back already
             raise

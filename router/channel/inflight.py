@@ -11,6 +11,13 @@ has put its entries with the delivered ones, which the teardown records ``delive
 back in the queue, recorded ``discarded`` with the proxy's other rows (the consumer did not take them). A push still
 running after the bound is recorded with :data:`STUCK_REASON`, never silently.
 
+A routing transaction (``router.channel.txdelivery``) ends its push at its durable decision and runs its phase two
+on the proxy's completer thread afterwards. Its entries are then *held* (:meth:`Flight.hold`, released by
+:meth:`Flight.settle` once phase two ended): a teardown waits for them too (bounded by what :meth:`Flight.hold`
+asked), so it never deletes the proxy while a decided T2 is still committing. A held entry is never returned as
+stuck: its T2 is decided COMMIT and its queue row leaves with the T2's PostgreSQL branch (in phase two, or by
+recovery from the COMMIT record if phase two does not end), so recording it ``discarded`` would be false.
+
 A delivery path that takes more entries from the queue during its push (the in-process batches of
 ``router.channel.localpush``, a T2's fill-up in ``router.channel.txdelivery``) marks them too (:meth:`Flight.add`),
 drops the ones it settled (:meth:`Flight.drop`: delivered or put back) and raises the wait's bound to what its
@@ -20,6 +27,7 @@ path may take (:meth:`Flight.allow`): a teardown that stops waiting records ever
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +36,8 @@ from typing import Generic, TypeVar
 __all__ = ["STUCK_REASON", "Flight"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("nsjms.channel")
 
 #: The ledger's reason for entries whose push had not ended when the teardown stopped waiting for it.
 STUCK_REASON = ("discarded: the proxy was destroyed while a push of this event was in flight and the push did not "
@@ -42,6 +52,8 @@ class Flight(Generic[T]):
         self._entries: list[T] = []
         self._thread: int | None = None
         self._bound = 0.0
+        self._held: dict[int, tuple[list[T], float]] = {}     # token -> (entries of a decided T2, wait bound)
+        self._tokens = 0
 
     def add(self, entries: list[T]) -> None:
         """Mark more ``entries`` in flight (taken from the queue by the push in flight, on its thread)."""
@@ -72,20 +84,46 @@ class Flight(Generic[T]):
             self._entries, self._thread = list(entries), threading.get_ident()
             return True
 
+    def hold(self, entries: list[T], seconds: float) -> int:
+        """Keep ``entries`` (a decided T2's, its phase two running elsewhere) waited for by a teardown, up to
+        ``seconds``, until :meth:`settle` with the returned token. They are never reported stuck."""
+        with self._cond:
+            self._tokens += 1
+            self._held[self._tokens] = (list(entries), seconds)
+            return self._tokens
+
+    def settle(self, token: int) -> None:
+        """The held entries' phase two ended (committed, or handed to recovery)."""
+        with self._cond:
+            self._held.pop(token, None)
+            self._cond.notify_all()
+
+    def holding(self) -> int:
+        """Entries held for a phase two not ended yet."""
+        with self._cond:
+            return sum(len(e) for e, _ in self._held.values())
+
     def end(self) -> None:
         with self._cond:
             self._entries, self._thread, self._bound = [], None, 0.0
             self._cond.notify_all()
 
     def wait_ended(self, timeout_s: float) -> list[T]:
-        """Wait up to ``timeout_s`` for the push in flight to end (at once when there is none, or when the caller
-        is the delivery thread itself), or longer when the push's path asked for more (:meth:`allow`); returns the
-        entries still in flight after that."""
+        """Wait up to ``timeout_s`` for the push in flight and the held phase twos to end (at once when there is
+        none, or when the caller is the delivery thread itself), or longer when the push's path asked for more
+        (:meth:`allow`, :meth:`hold`); returns the push's entries still in flight after that (held ones never:
+        see the module docstring)."""
         start = time.monotonic()
+        me = threading.get_ident()
         with self._cond:
-            while self._entries and self._thread != threading.get_ident():
-                left = start + max(timeout_s, self._bound) - time.monotonic()
+            while (self._entries and self._thread != me) or self._held:
+                bound = max([timeout_s, self._bound] + [s for _, s in self._held.values()])
+                left = start + bound - time.monotonic()
                 if left <= 0:
-                    return list(self._entries)
+                    if self._held:
+                        log.warning("a teardown stopped waiting after %g s for the phase two of %d decided routing "
+                                    "transaction(s) (%d event(s)); recovery finishes them from their COMMIT "
+                                    "records", bound, len(self._held), sum(len(e) for e, _ in self._held.values()))
+                    return list(self._entries) if self._thread != me else []
                 self._cond.wait(left)
             return []

@@ -320,13 +320,31 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
         st.reasons.pop(e.record.seq, None)
     proxy.failing, proxy.failed_attempts = None, 0
     proxy._delivered_one_batch()
-    completer(proxy).submit(lambda: _complete(st, target, txn, result, entries, session))
+    # a teardown of the proxy (its own destroy, its channel's) waits for this phase two too (bounded), never
+    # deleting the proxy under a committing T2 nor recording its entries discarded (router.channel.inflight)
+    token = flight.hold(entries, PHASE_TWO_WAIT_S) if flight is not None else None
+    completer(proxy).submit(lambda: _complete(st, target, txn, result, entries, session, flight, token))
     return Outcome.DELIVERED
 
 
-def _complete(st: T2State, target: Any, txn: Any, result: Any, entries: list[Entry], session: ExitStack) -> None:
+#: How long a teardown of the proxy waits for a decided T2's phase two (COMMIT PREPARED and the broker's COMMIT
+#: receipt); past it the teardown goes on and recovery finishes the T2 from its COMMIT record.
+PHASE_TWO_WAIT_S = 15.0
+
+
+def _complete(st: T2State, target: Any, txn: Any, result: Any, entries: list[Entry], session: ExitStack,
+              flight: Any = None, token: int | None = None) -> None:
     """Phase two of a decided T2 (on the proxy's completer): COMMIT PREPARED, the broker's COMMIT, END; then the
-    session goes back to the pool, the participant hears of the end and the records are released."""
+    session goes back to the pool, the participant hears of the end and the records are released; last, a
+    teardown waiting for it is let go (``flight``/``token``)."""
+    try:
+        _phase_two(st, target, txn, result, entries, session)
+    finally:
+        if flight is not None and token is not None:
+            flight.settle(token)
+
+
+def _phase_two(st: T2State, target: Any, txn: Any, result: Any, entries: list[Entry], session: ExitStack) -> None:
     done = False
     try:
         txn.complete()
