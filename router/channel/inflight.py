@@ -11,6 +11,12 @@ has put its entries with the delivered ones, which the teardown records ``delive
 back in the queue, recorded ``discarded`` with the proxy's other rows (the consumer did not take them). A push still
 running after the bound is recorded with :data:`STUCK_REASON`, never silently.
 
+A destroy of an admin or a channel tears many proxies down, one after another (each deletes its stored rows). It
+first stops them all (:func:`stop_pushing`): none begins a new push from then on, and their waits share one
+deadline, the bound counted from that moment. So the destroy waits about one push timeout however many proxies
+have a push in flight, not one per proxy (a proxy whose push timed out would otherwise push again while the
+proxies before it were waited for, and the destroying client's own call timed out).
+
 A delivery path that takes more entries from the queue during its push (the in-process batches of
 ``router.channel.localpush``, a T2's fill-up in ``router.channel.txdelivery``) marks them too (:meth:`Flight.add`),
 drops the ones it settled (:meth:`Flight.drop`: delivered or put back) and raises the wait's bound to what its
@@ -22,10 +28,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
 
-__all__ = ["STUCK_REASON", "Flight"]
+__all__ = ["STUCK_REASON", "Flight", "stop_pushing", "teardown_bound_s"]
 
 T = TypeVar("T")
 
@@ -89,3 +95,23 @@ class Flight(Generic[T]):
                     return list(self._entries)
                 self._cond.wait(left)
             return []
+
+
+def teardown_bound_s(rt: Any) -> float:
+    """How long a teardown waits for a push in flight: the push's own call timeout and a margin (the bound
+    ``PushSupplierMixin._delete_row`` applies)."""
+    return float(getattr(rt, "push_timeout_ms", 10_000)) / 1000.0 + 2.0
+
+
+def stop_pushing(proxies: Iterable[Any], rt: Any) -> None:
+    """Before tearing several proxies down one after another: each stops beginning pushes now (``closing``), and
+    their teardowns wait for the pushes in flight until one shared deadline (an earlier one a proxy already has,
+    from a destroy that failed on the store, is kept)."""
+    deadline = time.monotonic() + teardown_bound_s(rt)
+    for proxy in proxies:
+        with proxy._lock:
+            if proxy.destroyed:
+                continue
+            proxy.closing = True
+            if getattr(proxy, "_teardown_deadline", None) is None:
+                proxy._teardown_deadline = deadline
