@@ -366,6 +366,25 @@ def test_the_puller_resends_a_batch_it_could_not_send_before_pulling_again() -> 
     assert source.pulls == 4 and bridge.disconnected == 1 and puller.pending == []
 
 
+def test_the_puller_resends_only_what_a_partly_failed_batch_did_not_deliver() -> None:
+    """The same for a pull receiver: it keeps the batch whose dead letter was refused and sends it again; the
+    message the broker had already stored is not sent a second time."""
+    transport = TwinTransport(refuse={"poison": SendRefused("refused", QUEUE.stomp(), "message too large"),
+                                      DEFAULT_DLQ.stomp(): SendRefused("refused", DEFAULT_DLQ.stomp(), "denied")})
+
+    class Bridge(TwinBridge):
+        def note_broker_problem(self, exc: Exception) -> None:
+            super().note_broker_problem(exc)
+            transport.refuse.pop(DEFAULT_DLQ.stomp(), None)   # the dead-letter destination accepts again
+
+    bridge = Bridge()
+    puller = ChannelPuller(out_flow(transport, bridge), TwinSource([["a", "poison", "b"]]), lambda: 0.0,
+                           threading.Event())
+    puller.run()
+    assert transport.bodies() == ["a", "b"] and len(transport.dead_letters()) == 1
+    assert bridge.acknowledged == ["a", "poison", "b"] and len(bridge.problems) == 1
+
+
 def test_the_puller_keeps_pulling_after_a_channel_failure() -> None:
     transport, bridge = TwinTransport(), TwinBridge()
 
