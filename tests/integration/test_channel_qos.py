@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -124,8 +125,11 @@ def quiet(supplier: PushSupplierClient, *servants: StructuredPushConsumer, timeo
         return True
 
     assert wait_until(pushed, timeout), "the marker event was never accepted"
+    def got(servant: StructuredPushConsumer) -> Callable[[], bool]:
+        return lambda: marker in servant.ids()
+
     for servant in servants:
-        assert wait_until(lambda s=servant: marker in s.ids(), timeout), "the marker event never arrived"
+        assert wait_until(got(servant), timeout), "the marker event never arrived"
 
 
 def receive_exactly(servant: StructuredPushConsumer, n: int, supplier: PushSupplierClient,

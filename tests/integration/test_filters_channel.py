@@ -188,9 +188,11 @@ def quiet(sp: Any, *consumers: StructuredPushConsumer, filterable: dict[str, Any
     ``marker_type``/``filterable`` chosen to match them."""
     name = f"quiet-{next(_markers)}"
     sp.push_structured_event(structured(name, *marker_type, filterable=filterable))
+    def got(consumer: StructuredPushConsumer) -> Callable[[], bool]:
+        return lambda: any(key_of(ev) == name for ev in consumer.snapshot())
+
     for consumer in consumers:
-        assert wait_until(lambda c=consumer: any(key_of(ev) == name for ev in c.snapshot()), TIMEOUT_S), \
-            f"the marker event {name} never arrived"
+        assert wait_until(got(consumer), TIMEOUT_S), f"the marker event {name} never arrived"
 
 
 # -- tests --------------------------------------------------------------------------------------------------

@@ -45,4 +45,9 @@ def test_a_pull_proxy_suppliers_stored_enable_transaction_is_reported_at_load_an
     reconnect_client(channel, proxy)
     structured_supplier(channel).push_all([make_event(1)])
     got: list[Any] = []
-    assert wait_until(lambda: bool(got.extend(client.try_pull()) or got), WAIT_S), "the client is not served"
+
+    def pulled() -> bool:
+        got.extend(client.try_pull())
+        return bool(got)
+
+    assert wait_until(pulled, WAIT_S), "the client is not served"
