@@ -11,7 +11,11 @@
 
 Translation: ``UndefinedObject`` (no such prepared transaction) → :class:`BranchNotFound`; connection-level
 failures (``OperationalError``, ``InterfaceError``) → :class:`BranchUnavailable` (outcome unknown); any other
-error while preparing → :class:`PrepareFailed`; any other error elsewhere → :class:`BranchUnavailable`.
+error while preparing → :class:`PrepareFailed`; any other error elsewhere → :class:`BranchUnavailable`. A
+statement the server cancelled (``QueryCanceled``, ``LockNotAvailable``: a statement or lock timeout, an
+operator's cancel) is not a lost session: while preparing it is :class:`PrepareFailed` (PostgreSQL rolled the
+branch back; the session stays usable), elsewhere :class:`BranchUnavailable` (the branch is still prepared;
+recovery finishes it), and the other branches of a batch on that session are still attempted.
 """
 
 from __future__ import annotations
@@ -31,14 +35,24 @@ __all__ = ["PgBranch", "PgManager", "translate"]
 Connect = Callable[[], psycopg.Connection[Any]]
 
 
+#: The server cancelled a statement (``statement_timeout``, ``lock_timeout``, ``pg_cancel_backend``): the session
+#: is fine and the statement did not happen — not a lost connection (as ``router.db`` maps them to StoreTimeout).
+_CANCELLED = (errors.QueryCanceled, errors.LockNotAvailable)
+
+
+def session_lost(exc: psycopg.Error) -> bool:
+    """A connection-level failure (the session, or the server, is gone; what the call did is unknown)."""
+    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) and not isinstance(exc, _CANCELLED)
+
+
 def translate(exc: psycopg.Error, *, step: str, gtrid: str | None, branch: str) -> ResourceError:
     """The ``xa`` error for a psycopg error raised during ``step`` of a branch."""
     text = f"PostgreSQL {step} of branch {branch}: {type(exc).__name__}: {str(exc).strip()}"
     if isinstance(exc, errors.UndefinedObject):
         return BranchNotFound(text, gtrid=gtrid, branch=branch)
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+    if session_lost(exc):
         return BranchUnavailable(text, gtrid=gtrid, branch=branch)
-    if step == "prepare":
+    if step == "prepare":                # PostgreSQL turns a failed PREPARE TRANSACTION into a ROLLBACK: a no vote
         return PrepareFailed(text, gtrid=gtrid, branch=branch)
     return BranchUnavailable(text, gtrid=gtrid, branch=branch)
 
@@ -82,8 +96,16 @@ class PgBranch:
         self._begun = True
 
     def prepare(self) -> None:
-        with self._boundary("prepare"):
-            self.conn.tpc_prepare()
+        try:
+            with self._boundary("prepare"):
+                self.conn.tpc_prepare()
+        except PrepareFailed:
+            # The PREPARE statement failed on a live session: PostgreSQL rolled the transaction back. psycopg
+            # still believes it prepared (it marks that before sending), so its ROLLBACK PREPARED would fail and
+            # leave the connection unable to begin another branch: forget the two-phase state here.
+            self.conn._tpc = None
+            self._begun = False               # nothing left to roll back
+            raise
         self._prepared = True
 
     def commit(self) -> None:
@@ -192,7 +214,7 @@ class PgManager:
                 except psycopg.Error as exc:
                     err = translate(exc, step=step, gtrid=xid.gtrid, branch=xid.bqual or "")
                     results[i] = err
-                    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                    if session_lost(exc):
                         # The session (or the server) is gone: the rest of this share is not attempted.
                         for j in todo[n + 1:]:
                             results[j] = BranchUnavailable(f"PostgreSQL {ops[j][0]} not attempted: {err}",

@@ -129,18 +129,54 @@ class ChannelToJms:
         self.event_bytes = event_bytes
         self.forwarded = 0
         self._lock = threading.Lock()     # one batch at a time: order is kept
+        #: The last batch that failed part-way: its events' keys and the indexes already handled (stored by the
+        #: broker, or dead-lettered) — see :meth:`_resumed`.
+        self._partial: tuple[list[bytes], frozenset[int]] | None = None
 
     def forward(self, events: Sequence[Any]) -> None:
-        """Map and send; returns once the broker confirmed every message. Raises TransportError otherwise."""
-        messages: list[JmsMessage] = []
-        for ev in events:
-            msg = self._map(ev)
-            if msg is not None:
-                messages.append(msg)
-        with self._lock, telemetry.forward_span(self.bridge.id, len(messages)):
-            self._send(messages)
+        """Map and send; returns once the broker confirmed every message. Raises TransportError otherwise.
+
+        A batch that fails part-way (a message refused, then its dead letter refused too; or the connection lost
+        after some messages went one by one, or after a mapping failure was dead-lettered) is remembered with
+        what of it was handled: the channel keeps the batch and offers it again, and that retry sends only the
+        rest (:meth:`_resumed`), so no message or dead letter reaches the broker twice."""
+        skip = self._resumed(events)
+        handled = set(skip)
+        try:
+            messages: list[tuple[int, JmsMessage]] = []
+            for i, ev in enumerate(events):
+                if i in skip:
+                    continue
+                msg = self._map(ev)
+                if msg is None:
+                    handled.add(i)                       # dead-lettered
+                else:
+                    messages.append((i, msg))
+            with self._lock, telemetry.forward_span(self.bridge.id, len(messages)):
+                self._send(messages, handled)
+        except BaseException:
+            if handled:
+                self._partial = ([self._key(ev) for ev in events], frozenset(handled))
+            raise
         self.forwarded += len(messages)
         telemetry.bridge_moved(self.bridge.id, len(messages), "to_jms")
+
+    def _key(self, event: Any) -> bytes:
+        return hashlib.sha256(self.event_bytes(event)).digest()
+
+    def _resumed(self, events: Sequence[Any]) -> frozenset[int]:
+        """The indexes of ``events`` already handled by the previous attempt: only when the previous batch failed
+        part-way and ``events`` begins with the same events in the same order (the channel puts a batch it could
+        not deliver back at the head of its queue and offers it again; a longer or shorter batch keeps that
+        head). Anything else starts afresh (the remembered batch is forgotten either way)."""
+        partial, self._partial = self._partial, None
+        if partial is None or not events:
+            return frozenset()
+        keys, handled = partial
+        n = min(len(keys), len(events))
+        if [self._key(ev) for ev in events[:n]] != keys[:n]:
+            return frozenset()
+        return frozenset(i for i in handled if i < n)
 
     def _map(self, event: Any) -> JmsMessage | None:
         from router.mapping.errors import MappingError
@@ -165,17 +201,22 @@ class ChannelToJms:
             self.dead_letter.refused(exc, "an event", key, reason)
             raise
 
-    def _send(self, messages: list[JmsMessage]) -> None:
+    def _send(self, messages: list[tuple[int, JmsMessage]], handled: set[int]) -> None:
+        """Send ``messages`` (index in the batch, message); the index of each one stored or dead-lettered is added
+        to ``handled`` as soon as the broker confirmed it."""
         if not messages:
             return
-        if len(messages) == 1:
-            self._send_one(messages[0])
-            return
-        try:                                             # a pushed sequence: one STOMP transaction (atomic send);
-            self._send_transaction(messages)             # routing transactions (T2) are router.bridge.txout
-        except (BrokerError, SendRefused):               # one message refused: find it, keep the rest
-            for msg in messages:
-                self._send_one(msg)
+        if len(messages) > 1:
+            try:                                         # a pushed sequence: one STOMP transaction (atomic send);
+                self._send_transaction([m for _, m in messages])  # routing transactions (T2): router.bridge.txout
+            except (BrokerError, SendRefused):           # one message refused: find it, keep the rest
+                pass
+            else:
+                handled.update(i for i, _ in messages)
+                return
+        for i, msg in messages:
+            self._send_one(msg)
+            handled.add(i)
 
     def _send_one(self, msg: JmsMessage) -> None:
         """A message the broker refuses with an ERROR frame (:class:`SendRefused`) would be refused again:

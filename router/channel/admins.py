@@ -31,6 +31,7 @@ from router.channel.common import (
     mapping_filter_from_ior,
 )
 from router.channel.events import Event
+from router.channel.inflight import stop_pushing
 from router.channel.runtime import admin_oid
 from router.channel.store import AdminRow, ProxyRow
 from router.channel.typesets import TypeSet
@@ -102,6 +103,7 @@ class _AdminBase(QoSMixin, FilterMixin):
         with self._lock:
             self.destroyed = True
             proxies = list(self.proxies.values())
+        stop_pushing(proxies, self.rt)          # their waits for pushes in flight share one bound (inflight)
         for proxy in proxies:
             proxy.teardown(notify_client=True)
         if deactivate:
@@ -138,7 +140,11 @@ class _AdminBase(QoSMixin, FilterMixin):
         return proxy
 
     def restore_proxy(self, row: ProxyRow) -> None:
-        self.proxies[row.id] = _servant_class(self.side, row.kind, row.es_style, row.qos)(self, row)
+        proxy = _servant_class(self.side, row.kind, row.es_style, row.qos)(self, row)
+        self.proxies[row.id] = proxy
+        note = stored_enable_transaction_note(proxy)
+        if note is not None:
+            log.warning("proxy %s: %s", proxy.oid, note)
 
     def start_all(self) -> None:
         for proxy in list(self.proxies.values()):
@@ -260,6 +266,48 @@ class SupplierAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.SupplierAdmin):
 
         self.types.change(added, removed)
         sharing_of(self.channel).changed()
+
+
+def _never_transactional(proxy: Any) -> str | None:
+    """Why ``proxy`` can never run a routing transaction whatever its client (NJI 2.7.2), or None."""
+    if getattr(proxy.rt, "t2", None) is None:
+        return "this node runs no routing transactions"
+    if proxy.side == "C" and proxy.style == "PULL":
+        return "it is a pull proxy supplier (nsjms has no OTS to receive a client's transaction)"
+    if proxy.side == "C" and hasattr(proxy, "_init_ack"):
+        return "it is an acknowledging proxy supplier (DeliveryReliability=Acknowledgment), which has its own delivery"
+    if proxy.side == "S" and proxy.style == "PUSH":
+        return "it is a push-style proxy consumer (its supplier pushes outside any routing transaction)"
+    return None
+
+
+def stored_enable_transaction_note(proxy: Any) -> str | None:
+    """The load-time rule for a stored ``EnableTransaction`` = TRUE that this version did not check (docs/qos.md,
+    "Stored values"): the proxy has no own-flag record, so the value was inherited from its admin or channel, or
+    set on the proxy itself by an older version, which accepted it and ignored it. It keeps the meaning the proxy's
+    client was given, never a new one silently: such a value is treated as inherited (kept, never used to refuse a
+    client at connect; honoured where a routing transaction can run, and shown as ``t2_unavailable`` where the
+    client cannot take part). Returns the WARNING to log at load when that is not visible otherwise: the proxy can
+    never run a routing transaction (its value is ignored, as it was), or the value was set on the proxy by an older
+    version (neither its admin nor its channel holds TRUE) and is honoured from now on. None: nothing to say."""
+    from router.channel.txdelivery import OWN_ENABLE_TRANSACTION  # written whenever set_qos names it (this version)
+
+    if not proxy.qos.get(Q.ENABLE_TRANSACTION) or OWN_ENABLE_TRANSACTION in proxy.extra:
+        return None
+    parents = (getattr(proxy.admin, "qos", {}) or {}, getattr(proxy.channel, "qos", {}) or {})
+    legacy = not any(q.get(Q.ENABLE_TRANSACTION) for q in parents)
+    origin = ("set on this proxy by an older nsjms version, which accepted it and ignored it" if legacy
+              else "inherited from its admin or channel")
+    never = _never_transactional(proxy)
+    if never is not None:
+        return (f"EnableTransaction is TRUE ({origin}) but {never}: it delivers without a routing transaction, "
+                "as before. Set EnableTransaction FALSE on this proxy to clear it (setting TRUE on it is refused "
+                "with UNAVAILABLE_VALUE)")
+    if legacy:
+        return (f"EnableTransaction is TRUE ({origin}); it is kept with the meaning of an inherited value: "
+                "honoured from now on where a routing transaction can run (a bridge of this node as the client), "
+                "else shown as t2_unavailable in nsjms status; a client is not refused at connect for it")
+    return None
 
 
 def _servant_class(side: str, kind: str, es_style: bool, qos: dict[str, Any]) -> type:

@@ -289,6 +289,9 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
                 return
             self.destroyed = True
             admins = list(self.consumer_admins.values()) + list(self.supplier_admins.values())
+        from router.channel.inflight import stop_pushing  # the proxies of all admins: one bound for their waits
+
+        stop_pushing([p for a in admins for p in list(getattr(a, "proxies", {}).values())], self.rt)
         for admin in admins:
             admin.teardown(deactivate=False)
         with self.rt.db.unit_of_work() as conn:

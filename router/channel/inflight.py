@@ -18,6 +18,12 @@ asked), so it never deletes the proxy while a decided T2 is still committing. A 
 stuck: its T2 is decided COMMIT and its queue row leaves with the T2's PostgreSQL branch (in phase two, or by
 recovery from the COMMIT record if phase two does not end), so recording it ``discarded`` would be false.
 
+A destroy of an admin or a channel tears many proxies down, one after another (each deletes its stored rows). It
+first stops them all (:func:`stop_pushing`): none begins a new push from then on, and their waits share one
+deadline, the bound counted from that moment. So the destroy waits about one push timeout however many proxies
+have a push in flight, not one per proxy (a proxy whose push timed out would otherwise push again while the
+proxies before it were waited for, and the destroying client's own call timed out).
+
 A delivery path that takes more entries from the queue during its push (the in-process batches of
 ``router.channel.localpush``, a T2's fill-up in ``router.channel.txdelivery``) marks them too (:meth:`Flight.add`),
 drops the ones it settled (:meth:`Flight.drop`: delivered or put back) and raises the wait's bound to what its
@@ -30,10 +36,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
 
-__all__ = ["STUCK_REASON", "Flight"]
+__all__ = ["STUCK_REASON", "Flight", "stop_pushing", "teardown_bound_s"]
 
 T = TypeVar("T")
 
@@ -127,3 +133,23 @@ class Flight(Generic[T]):
                     return list(self._entries) if self._thread != me else []
                 self._cond.wait(left)
             return []
+
+
+def teardown_bound_s(rt: Any) -> float:
+    """How long a teardown waits for a push in flight: the push's own call timeout and a margin (the bound
+    ``PushSupplierMixin._delete_row`` applies)."""
+    return float(getattr(rt, "push_timeout_ms", 10_000)) / 1000.0 + 2.0
+
+
+def stop_pushing(proxies: Iterable[Any], rt: Any) -> None:
+    """Before tearing several proxies down one after another: each stops beginning pushes now (``closing``), and
+    their teardowns wait for the pushes in flight until one shared deadline (an earlier one a proxy already has,
+    from a destroy that failed on the store, is kept)."""
+    deadline = time.monotonic() + teardown_bound_s(rt)
+    for proxy in proxies:
+        with proxy._lock:
+            if proxy.destroyed:
+                continue
+            proxy.closing = True
+            if getattr(proxy, "_teardown_deadline", None) is None:
+                proxy._teardown_deadline = deadline

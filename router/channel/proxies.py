@@ -706,7 +706,10 @@ class PushSupplierMixin(ProxySupplierBase):
         unit of work (not ``discarded`` with the proxy's other rows), and the proxy's journal removed. A push in
         flight is waited for first (bounded by the push's call timeout): what it delivered is then among them."""
         if self._flight is not None:
-            wait_s = getattr(self.rt, "push_timeout_ms", 10_000) / 1000.0 + 2.0
+            wait_s = getattr(self.rt, "push_timeout_ms", 10_000) / 1000.0 + 2.0      # inflight.teardown_bound_s
+            deadline = getattr(self, "_teardown_deadline", None)     # one for all proxies of a destroy (inflight)
+            if deadline is not None:
+                wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
             self._stuck = tuple(self._flight.wait_ended(wait_s))
             if self._stuck:
                 log.warning("proxy %s: destroyed while a push of %d event(s) did not end within %g s; recorded as "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ from stdclients import (
     short,
     time_t,
     utc_in,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -95,11 +97,47 @@ def assert_serves(channel: Any) -> None:
     assert sorted(consumer.ids()) == ids
 
 
-def receive_exactly(servant: StructuredPushConsumer, n: int, timeout: float = 20.0) -> list[int]:
-    """Ids received once ``n`` arrived, after a quiet period that would reveal extra deliveries."""
-    servant.wait_for(n, timeout)
-    time.sleep(0.7)
-    return servant.ids()
+MARKER = 2_000_000                   # ids from here on: marker events the tests push themselves (never asserted on)
+_markers = itertools.count(MARKER)
+
+
+def received(servant: StructuredPushConsumer) -> list[int]:
+    """The ids ``servant`` received, markers left out."""
+    return [i for i in servant.ids() if i < MARKER]
+
+
+def arrived(servant: StructuredPushConsumer, n: int, timeout: float = 20.0) -> None:
+    assert wait_until(lambda: len(received(servant)) >= n, timeout), f"{received(servant)}: fewer than {n} arrived"
+
+
+def quiet(supplier: PushSupplierClient, *servants: StructuredPushConsumer, timeout: float = 20.0) -> None:
+    """Push a marker event after everything else and wait until each of ``servants`` received it: a proxy delivers
+    in its queue's order (FIFO among equal priorities), so an event delivered where it should not be (rejected,
+    discarded, expired, a duplicate) would have arrived before the marker. A push refused because a
+    RejectNewEvents queue has not counted its last delivery yet (IMP_LIMIT) is tried again."""
+    marker = next(_markers)
+
+    def pushed() -> bool:
+        try:
+            supplier.push_one(make_event(marker))
+        except CORBA.IMP_LIMIT:
+            return False
+        return True
+
+    assert wait_until(pushed, timeout), "the marker event was never accepted"
+    def got(servant: StructuredPushConsumer) -> Callable[[], bool]:
+        return lambda: marker in servant.ids()
+
+    for servant in servants:
+        assert wait_until(got(servant), timeout), "the marker event never arrived"
+
+
+def receive_exactly(servant: StructuredPushConsumer, n: int, supplier: PushSupplierClient,
+                    timeout: float = 20.0) -> list[int]:
+    """Ids received once ``n`` arrived and then a marker pushed after them (:func:`quiet`): nothing else came."""
+    arrived(servant, n, timeout)
+    quiet(supplier, servant, timeout=timeout)
+    return received(servant)
 
 
 BAD_CHANNEL_QOS = [
@@ -182,7 +220,7 @@ def test_bad_header_qos_raises_bad_qos(shared_factory: Any, name: str, value: An
     with pytest.raises(CORBA.BAD_QOS):
         supplier.push_one(make_event(1, extra_header=[prop(name, value)]))
     supplier.push_one(make_event(2))
-    assert receive_exactly(consumer, 1) == [2], "the rejected event was delivered or the good one was not"
+    assert receive_exactly(consumer, 1, supplier) == [2], "the rejected event was delivered or the good one was not"
     assert_serves(channel)
 
 
@@ -199,7 +237,7 @@ def test_random_garbage_header_anys_raise_bad_qos(shared_factory: Any) -> None:
         with pytest.raises(CORBA.BAD_QOS):
             client.push_one(make_event(k, extra_header=[prop(name, value)]))
     supplier.push_one(make_event(4242))
-    assert receive_exactly(consumer, 1) == [4242]
+    assert receive_exactly(consumer, 1, supplier) == [4242]
 
 
 def test_validate_qos_and_validate_event_qos(shared_factory: Any) -> None:
@@ -236,11 +274,14 @@ def test_max_consumers_and_max_suppliers(shared_factory: Any) -> None:
         channel.default_supplier_admin.obtain_notification_push_consumer(CosNotifyChannelAdmin.STRUCTURED_EVENT)
     assert info.value.admin_property_err.name == "MaxSuppliers"
     supplier.push_all([make_event(i) for i in range(10)])
-    assert receive_exactly(c1, 10) == list(range(10)) and receive_exactly(c2, 10) == list(range(10))
+    arrived(c1, 10)
+    arrived(c2, 10)
+    quiet(supplier, c1, c2)
+    assert received(c1) == list(range(10)) and received(c2) == list(range(10))
     first.disconnect_structured_push_supplier()
     _, c3 = connect_consumer(cadmin)  # room again after a consumer left
     supplier.push_all([make_event(10)])
-    assert receive_exactly(c3, 1) == [10]
+    assert receive_exactly(c3, 1, supplier) == [10]
 
 
 def test_max_queue_length_with_reject_new_events(shared_factory: Any) -> None:
@@ -253,9 +294,9 @@ def test_max_queue_length_with_reject_new_events(shared_factory: Any) -> None:
     with pytest.raises(CORBA.IMP_LIMIT):
         supplier.push_one(make_event(5))
     proxy.resume_connection()
-    assert sorted(receive_exactly(consumer, 5)) == list(range(5))
+    assert sorted(receive_exactly(consumer, 5, supplier)) == list(range(5))
     supplier.push_all([make_event(i) for i in range(6, 9)])  # the queue drained: pushes are accepted again
-    assert sorted(receive_exactly(consumer, 8)) == [0, 1, 2, 3, 4, 6, 7, 8]
+    assert sorted(receive_exactly(consumer, 8, supplier)) == [0, 1, 2, 3, 4, 6, 7, 8]
 
 
 @pytest.mark.parametrize(("policy", "kept"), [
@@ -270,9 +311,12 @@ def test_max_events_per_consumer_discard_policy(shared_factory: Any, policy: int
     limited.suspend_connection()
     supplier = connect_supplier(channel.default_supplier_admin)
     supplier.push_all([make_event(i) for i in range(10)])
-    assert receive_exactly(free_consumer, 10) == list(range(10)), "discarding must affect only that consumer"
+    arrived(free_consumer, 10)
     limited.resume_connection()
-    assert receive_exactly(limited_consumer, 5) == kept
+    arrived(limited_consumer, 5)
+    quiet(supplier, free_consumer, limited_consumer)    # pushed once both queues drained: it discards nothing
+    assert received(free_consumer) == list(range(10)), "discarding must affect only that consumer"
+    assert received(limited_consumer) == kept
 
 
 def test_timeout_expires_while_suspended(shared_factory: Any) -> None:
@@ -281,9 +325,9 @@ def test_timeout_expires_while_suspended(shared_factory: Any) -> None:
     proxy.suspend_connection()
     supplier = connect_supplier(channel.default_supplier_admin)
     supplier.push_all([make_event(0, timeout_s=0.5), make_event(1), make_event(2, timeout_s=120)])
-    time.sleep(2.0)
+    time.sleep(2.0)       # stays: event 0's Timeout (0.5 s) must pass while the proxy is suspended (the QoS at stake)
     proxy.resume_connection()
-    assert receive_exactly(consumer, 2) == [1, 2], "an expired event was delivered (or a live one lost)"
+    assert receive_exactly(consumer, 2, supplier) == [1, 2], "an expired event was delivered (or a live one lost)"
     assert_serves(channel)
 
 

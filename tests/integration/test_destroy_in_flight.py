@@ -103,3 +103,35 @@ def test_an_event_pulled_before_the_destroy_is_recorded_delivered(nsjms_server: 
     assert wait_until(lambda: bool(ledger_rows(nsjms_server.pg_dsn, where, (cid, pid))), WAIT_S)
     rows = ledger_rows(nsjms_server.pg_dsn, where, (cid, pid))
     assert [(r["outcome"], r["failure_reason"]) for r in rows] == [("delivered", None)], rows
+
+
+def test_a_channel_destroy_waits_for_its_proxies_pushes_at_once_not_one_after_another(
+        nsjms_server: NsjmsServer, factory: Any) -> None:
+    """Five push proxies, each with a consumer that does not answer (a push ends only by the channel's push call
+    timeout, 10 s); their pushes start one after another, the last proxy's first. The destroy used to tear the
+    proxies down in order, one at a time: while it waited for the first proxy's push, the others' pushes timed out
+    and their delivery threads pushed again, so each proxy made it wait about one more call timeout (about 30 s
+    here) and the destroying client's own call timed out. Now every proxy stops pushing when the destroy starts and
+    their waits share one bound: the destroy returns within the client's call timeout (18 s, less than two push
+    timeouts; before the fix it raised TIMEOUT) — the client-side call timeout is the behaviour at stake, not a
+    measured duration."""
+    import omniORB
+
+    channel, cid = persistent_channel(factory)
+    admin, _ = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
+    proxies = [obtain_proxy_supplier(admin, Form.STRUCTURED, Style.PUSH)[0] for _ in range(5)]
+    consumers = [BlockingConsumer() for _ in proxies]
+    supplier = structured_supplier(channel)
+    try:
+        for n, (proxy, consumer) in enumerate(reversed(list(zip(proxies, consumers, strict=True)))):
+            connect_push_consumer(proxy, Form.STRUCTURED, consumer)   # the last proxy first: its push starts first
+            supplier.push_all([make_event(n)])                         # only the proxies connected so far get it
+            assert consumer.entered.wait(WAIT_S), "a push never reached its consumer"
+        omniORB.setClientCallTimeout(channel, 18_000)
+        channel.destroy()                       # raises CORBA.TIMEOUT if the destroy outlasts the call timeout
+        where = "channel_id = %s AND outcome <> 'accepted'"
+        # every event has its terminal row (the first proxy connected got 5 events, the next 4, ..., the last 1)
+        assert wait_until(lambda: len(ledger_rows(nsjms_server.pg_dsn, where, (cid,))) == 15, WAIT_S)
+    finally:
+        for consumer in consumers:
+            consumer.gate.set()

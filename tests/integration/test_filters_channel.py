@@ -7,6 +7,7 @@ come from the ETCL test IDL (compiled on the client side only: the server meets 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import signal
 import sys
 import threading
@@ -29,8 +30,9 @@ from stdclients import StructuredPushConsumer, wait_until
 
 pytestmark = pytest.mark.integration
 
-QUIET_S = 1.0
 TIMEOUT_S = 30.0
+MARKER_TYPE = ("nsjms-test", "QuietMarker")    # the event type of marker events (see quiet)
+_markers = itertools.count()
 
 
 def _support() -> Any:
@@ -168,7 +170,29 @@ def push(sp: Any, ap: Any, event: Any) -> None:
 
 
 def received_keys(consumer: StructuredPushConsumer) -> set[str]:
-    return {key_of(ev) for ev in consumer.snapshot()}
+    """Keys of the events ``consumer`` received, the markers of :func:`quiet` left out."""
+    return {k for k in (key_of(ev) for ev in consumer.snapshot()) if not k.startswith("quiet-")}
+
+
+def marker_filter(channel: Any) -> Any:
+    """A filter that passes the marker events of :func:`quiet` and nothing else (their own event type)."""
+    return new_filter(channel, ([MARKER_TYPE], "TRUE"))
+
+
+def quiet(sp: Any, *consumers: StructuredPushConsumer, filterable: dict[str, Any] | None = None,
+          marker_type: tuple[str, str] = MARKER_TYPE) -> None:
+    """Push a marker event after the test's events and wait until each of ``consumers`` received it. A push
+    returns once the channel queued the event for every consumer whose filters pass it, and a proxy delivers its
+    queue in order (FIFO among equal priorities): an event a consumer should not get would have arrived before the
+    marker. The marker must pass the consumers' filters: its own type (:func:`marker_filter`), or
+    ``marker_type``/``filterable`` chosen to match them."""
+    name = f"quiet-{next(_markers)}"
+    sp.push_structured_event(structured(name, *marker_type, filterable=filterable))
+    def got(consumer: StructuredPushConsumer) -> Callable[[], bool]:
+        return lambda: any(key_of(ev) == name for ev in consumer.snapshot())
+
+    for consumer in consumers:
+        assert wait_until(got(consumer), TIMEOUT_S), f"the marker event {name} never arrived"
 
 
 # -- tests --------------------------------------------------------------------------------------------------
@@ -180,6 +204,7 @@ def test_ns_2_4_7_examples_through_filter_objects(shared_factory: Any) -> None:
     for _name, expr, _events in cases:
         proxy, consumer = connect_consumer(admin)
         proxy.add_filter(new_filter(channel, ([], expr)))
+        proxy.add_filter(marker_filter(channel))                # ORed with the example's: passes only markers
         consumers.append(consumer)
     sp, ap = suppliers(channel)
     for _name, _expr, events in cases:
@@ -191,12 +216,12 @@ def test_ns_2_4_7_examples_through_filter_objects(shared_factory: Any) -> None:
             return w <= received_keys(c)
 
         assert wait_until(received_all, TIMEOUT_S), (name, received_keys(consumer))
-    time.sleep(QUIET_S)
+    quiet(sp, *consumers)
     for (name, expr, events), consumer in zip(cases, consumers, strict=True):
         own = {key_of(ev) for ev, _ in events}                 # other examples' events may match too
         want = {key_of(ev) for ev, ok in events if ok}
         assert received_keys(consumer) & own == want, f"{name}: {expr}"
-        assert len(consumer.snapshot()) == len(received_keys(consumer)), f"{name}: duplicates"
+        assert len(consumer.snapshot()) == len(received_keys(consumer)) + 1, f"{name}: duplicates"   # + marker
 
 
 def test_event_type_list_is_checked_before_the_expression_with_wildcards(shared_factory: Any) -> None:
@@ -215,7 +240,7 @@ def test_event_type_list_is_checked_before_the_expression_with_wildcards(shared_
                structured("e", "Other", "CommunicationsAlarm", filterable=sev(1))):
         push(sp, ap, ev)
     assert wait_until(lambda: received_keys(consumer) >= {"a", "b"}, TIMEOUT_S)
-    time.sleep(QUIET_S)
+    quiet(sp, consumer, marker_type=("Telecom", "CommunicationsAlarm"), filterable=sev(1))
     assert received_keys(consumer) == {"a", "b"}
 
 
@@ -234,7 +259,7 @@ def test_admin_and_proxy_filters_combine_with_the_admin_operator(shared_factory:
                        ("neither", zero, zero)):
         push(sp, ap, structured(name, filterable={"a": a, "b": b}))
     assert wait_until(lambda: received_keys(consumer) >= expected, TIMEOUT_S)
-    time.sleep(QUIET_S)
+    quiet(sp, consumer, marker_type=("Telecom", "CommunicationsAlarm"), filterable={"a": one, "b": one})
     assert received_keys(consumer) == expected
 
 
@@ -249,7 +274,8 @@ def test_or_over_filters_and_over_constraints_and_supplier_side_filtering(shared
     for n in range(5):
         push(sp, ap, structured(f"n{n}", filterable={"n": CORBA.Any(CORBA.TC_long, n)}))
     assert wait_until(lambda: received_keys(consumer) >= {"n1", "n3"}, TIMEOUT_S)
-    time.sleep(QUIET_S)
+    quiet(sp, consumer, marker_type=("Telecom", "CommunicationsAlarm"),
+          filterable={"n": CORBA.Any(CORBA.TC_long, 1)})
     assert received_keys(consumer) == {"n1", "n3"}
 
 
@@ -305,8 +331,10 @@ def test_callbacks_hear_constraint_changes(shared_factory: Any) -> None:
     flt.detach_callback(cb)
     with pytest.raises(CosNotifyFilter.CallbackNotFound):
         flt.detach_callback(cb)
+    later = SubscribeRecorder()          # attached after the detach: a filter calls its callbacks in order of their
+    flt.attach_callback(later._this())   # ids, one after another, so a call to ``rec`` would come before this one's
     flt.add_constraints([CosNotifyFilter.ConstraintExp([], "TRUE")])
-    time.sleep(QUIET_S)
+    assert wait_until(lambda: len(later.calls) == 1, TIMEOUT_S)
     assert len(rec.calls) == 2
 
 
@@ -336,7 +364,8 @@ def test_filters_survive_sigkill_and_restart(nsjms_server: Any, client_orb: Any)
         push(sp, ap, structured(f"n{n}", filterable={"n": CORBA.Any(CORBA.TC_long, n)}))
     want = {"n1", "n5", "n6", "n7"}
     assert wait_until(lambda: received_keys(consumer) >= want, TIMEOUT_S)
-    time.sleep(QUIET_S)
+    quiet(sp, consumer, marker_type=("Telecom", "CommunicationsAlarm"),
+          filterable={"n": CORBA.Any(CORBA.TC_long, 5)})
     assert received_keys(consumer) == want
 
 
@@ -418,5 +447,7 @@ def test_lifetime_mapping_expires_only_that_proxys_copy(shared_factory: Any) -> 
     short_lived.resume_connection()
     assert wait_until(lambda: received_keys(keeps) == {"n0", "n1", "n2"}, TIMEOUT_S)
     assert wait_until(lambda: received_keys(loses) == {"n0", "n2"}, TIMEOUT_S)
-    time.sleep(QUIET_S)
+    quiet(sp, keeps, loses, marker_type=("Telecom", "CommunicationsAlarm"),
+          filterable={"n": CORBA.Any(CORBA.TC_long, 0)})
+    assert received_keys(keeps) == {"n0", "n1", "n2"}
     assert received_keys(loses) == {"n0", "n2"}

@@ -18,38 +18,18 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import Xid
 
 from router.db import Database
-from router.t2 import SEND_MANAGER, NodeTransactions
+from router.t2 import NodeTransactions
 from router.txnadmin import node_ops
 from xa.pg import PgBranch
 from xa.recovery import SafeAction
 
+from t2kit import SendBranch
+
 pytestmark = pytest.mark.integration
 
 RACE_WINDOW_S = 2.0      # how long the purge lets the operator's recovery run inside its window (no assertion on it)
-
-
-class SendBranch:
-    """The broker send branch (one-phase): its COMMIT is receipted."""
-
-    kind, manager, one_phase_only, name = "stomp-send", SEND_MANAGER, True, "stomp"
-
-    def sort_key(self) -> str:
-        return "z"
-
-    def begin(self, xid: Xid) -> None:
-        return None
-
-    def prepare(self) -> None:
-        return None
-
-    def commit(self) -> None:
-        return None
-
-    def rollback(self) -> None:
-        return None
 
 
 @pytest.fixture

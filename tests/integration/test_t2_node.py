@@ -15,47 +15,18 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import Xid
 
 from router.bridge.codec import MappingCodec
 from router.db import Database
 from router.jms.transport import Transport, open_transport
-from router.t2 import SEND_MANAGER, NodeTransactions, OutboxRow, inbox_claim, outbox_insert
+from router.t2 import NodeTransactions, OutboxRow, inbox_claim, outbox_insert
 from xa.pg import PgBranch
 from xa.xid import dedupe_id
 
 from bridgekit import prepared_gids, row_count
+from t2kit import Crash, SendBranch
 
 pytestmark = pytest.mark.integration
-
-
-class Crash(BaseException):
-    """The process dies here."""
-
-
-class SendBranch:
-    """A one-phase participant standing in for the broker send branch; ``crash`` at its commit."""
-
-    kind, manager, one_phase_only, name = "stomp-send", SEND_MANAGER, True, "stomp"
-
-    def __init__(self, crash: bool) -> None:
-        self.crash = crash
-
-    def sort_key(self) -> str:
-        return "z"
-
-    def begin(self, xid: Xid) -> None:
-        return None
-
-    def prepare(self) -> None:
-        return None
-
-    def commit(self) -> None:
-        if self.crash:
-            raise Crash("broker commit")
-
-    def rollback(self) -> None:
-        return None
 
 
 @pytest.fixture
@@ -106,7 +77,7 @@ def _crash_after_decision(node: NodeTransactions, db: Database, queue: str, n: i
         def crash() -> None:
             raise Crash("after the decision, before committing PostgreSQL")
         branch.commit = crash  # type: ignore[method-assign]
-        txn.enlist(SendBranch(crash=False))
+        txn.enlist(SendBranch())
         with pytest.raises(Crash):
             txn.commit()
         del original
@@ -173,7 +144,7 @@ def test_a_broker_commit_crash_resends_with_the_same_dedupe_ids(tmp_path: Path, 
         txn.enlist(PgBranch(conn, "pg"))
         outbox_insert(conn, [OutboxRow(txn.gtrid, 0, dedupe_id(txn.gtrid, 0), 7, f"/queue/{queue}",
                                        {"nsjms_dedupe_id": dedupe_id(txn.gtrid, 0)}, b"only")])
-        txn.enlist(SendBranch(crash=True))
+        txn.enlist(SendBranch(crash="broker commit"))
         with pytest.raises(Crash):
             txn.commit()
     assert prepared_gids(fresh_db) == []

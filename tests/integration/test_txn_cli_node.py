@@ -22,39 +22,15 @@ from router.cli import main
 from router.db import Database
 from router.jms.transport import open_transport
 from router.lifecycle import StateLock
-from router.t2 import SEND_MANAGER, NodeTransactions, OutboxRow, outbox_insert
+from router.t2 import NodeTransactions, OutboxRow, outbox_insert
 from router.txnops import AUDIT_FILE
 from xa.pg import PgBranch
 from xa.xid import FORMAT_ID, NodeId, branch_xid, dedupe_id, new_gtrid
 
 from bridgekit import prepare_foreign, prepared_gids, row_count
+from t2kit import Crash, SendBranch
 
 pytestmark = pytest.mark.integration
-
-
-class Crash(BaseException):
-    """The process dies here."""
-
-
-class SendBranch:
-    """The broker send branch (one-phase); the process dies when its commit is reached."""
-
-    kind, manager, one_phase_only, name = "stomp-send", SEND_MANAGER, True, "stomp"
-
-    def sort_key(self) -> str:
-        return "z"
-
-    def begin(self, xid: Xid) -> None:
-        return None
-
-    def prepare(self) -> None:
-        return None
-
-    def commit(self) -> None:
-        raise Crash("at the broker commit, PostgreSQL committed")
-
-    def rollback(self) -> None:
-        return None
 
 
 @pytest.fixture
@@ -100,7 +76,7 @@ def died(tmp_path: Path, db: Database, dsn: str, queue: str, n: int, *, decided:
                 raise Crash("after the decision, before committing PostgreSQL")
             if not at_broker:
                 branch.commit = crash  # type: ignore[method-assign]
-            t.enlist(SendBranch())
+            t.enlist(SendBranch(crash="at the broker commit, PostgreSQL committed"))
             with pytest.raises(Crash):
                 t.commit()
         else:

@@ -246,3 +246,40 @@ def test_pg_errors_are_translated_at_the_boundary(fresh_db: str) -> None:
         manager.rollback_branch(xid)
     finally:
         manager.close()
+
+
+def test_a_cancelled_prepare_votes_no_and_the_session_stays_usable(fresh_db: str) -> None:
+    """PREPARE TRANSACTION cancelled by the server (its deferred unique check waits for another session's
+    uncommitted row until ``lock_timeout``; PostgreSQL does not apply ``statement_timeout`` there): PostgreSQL
+    turns a failed PREPARE into a ROLLBACK, so the branch voted no — PrepareFailed, not BranchUnavailable
+    ("session gone, outcome unknown"). The session is still usable (it holds the next T2's branch), nothing stays
+    prepared, and the coordinator rolls the T2 back."""
+    with psycopg.connect(fresh_db, autocommit=True) as admin:
+        admin.execute("CREATE TABLE c (v text, CONSTRAINT c_v UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)")
+    other = psycopg.connect(fresh_db)
+    conn = psycopg.connect(fresh_db)
+    manager = PgManager(lambda: psycopg.connect(fresh_db))
+    try:
+        other.execute("INSERT INTO c (v) VALUES ('x')")               # uncommitted: the check must wait for it
+        conn.execute("SET lock_timeout = '200ms'")
+        conn.commit()
+        branch = PgBranch(conn, "a")
+        t = coordinator().begin()
+        t.enlist(branch)
+        conn.execute("INSERT INTO c (v) VALUES ('x')")
+        with pytest.raises(PrepareFailed) as info:
+            t.commit()
+        assert type(info.value.__cause__).__name__ == "LockNotAvailable"
+        assert t.state is State.ROLLED_BACK
+        assert not conn.closed and conn.execute("SELECT 1").fetchone() == (1,)   # the session is fine
+        conn.commit()
+        again = PgBranch(conn, "a")                                  # and can hold the branch of the next T2
+        t2 = coordinator().begin()
+        t2.enlist(again)
+        conn.execute("INSERT INTO c (v) VALUES ('y')")
+        assert t2.commit().state is State.COMMITTED
+        assert [x for x in manager.recover() if is_ours(x, NODE)] == []
+    finally:
+        other.close()
+        conn.close()
+        manager.close()

@@ -302,6 +302,52 @@ def test_a_transient_broker_failure_defers_the_events_and_the_retry_forwards_the
     assert transport.bodies() == ["a"] and bridge.acknowledged == ["a"]
 
 
+def test_a_refused_dead_letter_defers_the_batch_and_the_retry_does_not_resend_what_was_delivered() -> None:
+    """A pushed sequence [a, poison, b]: the broker refuses ``poison``, so the bridge sends one by one; ``a`` is
+    stored, then the dead letter of ``poison`` is refused too, so the push is deferred (TRANSIENT: the channel
+    keeps the three events and pushes them again). The retry must not send ``a`` a second time: the broker gets
+    ``a`` once, ``poison`` dead-lettered once (with its reason), ``b`` once; nothing is lost."""
+    dlq_refused = SendRefused("refused", DEFAULT_DLQ.stomp(), "not authorized")
+    transport = TwinTransport(refuse={"poison": SendRefused("refused", QUEUE.stomp(), "message too large"),
+                                      DEFAULT_DLQ.stomp(): dlq_refused})
+    bridge = TwinBridge()
+    flow = out_flow(transport, bridge)
+    with pytest.raises(ForwardDeferred):
+        flow.deliver(["a", "poison", "b"])
+    assert transport.bodies() == ["a"] and transport.dead_letters() == [] and bridge.acknowledged == []
+    del transport.refuse[DEFAULT_DLQ.stomp()]                  # the dead-letter destination accepts again
+    flow.deliver(["a", "poison", "b"])                          # the channel pushes the same batch again
+    assert transport.bodies() == ["a", "b"]
+    [dead] = transport.dead_letters()
+    assert "message too large" in reason(dead)
+    assert bridge.acknowledged == ["a", "poison", "b"]
+    flow.deliver(["a"])                                          # a later, new event with the same content: sent
+    assert transport.bodies() == ["a", "b", "a"]
+
+
+def test_a_dead_letter_already_sent_is_not_sent_again_when_the_batch_is_retried() -> None:
+    """An unmappable event is dead-lettered while mapping; the batch send then fails on the connection: the retry
+    of the same batch must not dead-letter the unmappable event a second time."""
+    transport, bridge = TwinTransport(), TwinBridge()
+    flow = out_flow(transport, bridge)
+    real_send = transport.send
+    calls = {"n": 0}
+
+    def send(destination: Any, message: JmsMessage, **kw: Any) -> None:
+        if destination == QUEUE:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise BrokerUnavailable("connection lost")
+        real_send(destination, message, **kw)
+
+    transport.send = send  # type: ignore[method-assign]
+    with pytest.raises(ForwardDeferred):
+        flow.deliver(["a", "unmappable", "b"])
+    assert len(transport.dead_letters()) == 1 and transport.bodies() == []
+    flow.deliver(["a", "unmappable", "b"])
+    assert len(transport.dead_letters()) == 1 and transport.bodies() == ["a", "b"]
+
+
 def test_a_stopped_bridge_forwards_nothing_and_the_events_stay_in_the_channel() -> None:
     transport, bridge = TwinTransport(), TwinBridge()
     bridge.started = False
@@ -318,6 +364,25 @@ def test_the_puller_resends_a_batch_it_could_not_send_before_pulling_again() -> 
     puller.run()                                    # ends when the source says the channel is gone
     assert transport.bodies() == ["a", "b", "c"] and bridge.acknowledged == ["a", "b", "c"]
     assert source.pulls == 4 and bridge.disconnected == 1 and puller.pending == []
+
+
+def test_the_puller_resends_only_what_a_partly_failed_batch_did_not_deliver() -> None:
+    """The same for a pull receiver: it keeps the batch whose dead letter was refused and sends it again; the
+    message the broker had already stored is not sent a second time."""
+    transport = TwinTransport(refuse={"poison": SendRefused("refused", QUEUE.stomp(), "message too large"),
+                                      DEFAULT_DLQ.stomp(): SendRefused("refused", DEFAULT_DLQ.stomp(), "denied")})
+
+    class Bridge(TwinBridge):
+        def note_broker_problem(self, exc: Exception) -> None:
+            super().note_broker_problem(exc)
+            transport.refuse.pop(DEFAULT_DLQ.stomp(), None)   # the dead-letter destination accepts again
+
+    bridge = Bridge()
+    puller = ChannelPuller(out_flow(transport, bridge), TwinSource([["a", "poison", "b"]]), lambda: 0.0,
+                           threading.Event())
+    puller.run()
+    assert transport.bodies() == ["a", "b"] and len(transport.dead_letters()) == 1
+    assert bridge.acknowledged == ["a", "poison", "b"] and len(bridge.problems) == 1
 
 
 def test_the_puller_keeps_pulling_after_a_channel_failure() -> None:
