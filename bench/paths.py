@@ -188,6 +188,7 @@ def latency(env: Env, rate: float, seconds: float, suppliers: int = 4) -> tuple[
             returned[i] = time.time()
 
     threads = [threading.Thread(target=supply, args=(k,), daemon=True) for k in range(suppliers)]
+    pg0 = settled_pg_counters(env.dsn)
     node_cpu0, client_cpu0 = _cpu_seconds(env.node.proc.pid if env.node.proc else None), _own_cpu_seconds()
     for t in threads:
         t.start()
@@ -197,6 +198,7 @@ def latency(env: Env, rate: float, seconds: float, suppliers: int = 4) -> tuple[
     node_cpu = _cpu_seconds(env.node.proc.pid if env.node.proc else None) - node_cpu0
     client_cpu = _own_cpu_seconds() - client_cpu0
     done.wait(max(60.0, seconds * 10))
+    pg1 = settled_pg_counters(env.dsn)          # accept and delivery: every commit the n events caused
     conn.disconnect()
     bridge.destroy()
     channel.destroy()
@@ -215,7 +217,8 @@ def latency(env: Env, rate: float, seconds: float, suppliers: int = 4) -> tuple[
                  f"{_pct(lag, 50):,.1f} ms, p99 {_pct(lag, 99):,.1f} ms; push call p50 {_pct(call, 50):,.1f} ms, "
                  f"p99 {_pct(call, 99):,.1f} ms), accepted {accepted:,.0f}/s, arrived {len(lat)}/{n}; CPU while "
                  f"pushing: node {node_cpu / push_s:.0%} of a core, bench client {client_cpu / push_s:.0%}, "
-                 f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+                 f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; PG tx/event {(pg1[0] - pg0[0]) / n:.2f}, "
+                 f"WAL syncs/event {(pg1[1] - pg0[1]) / n:.2f} (accept and delivery)")
 
 
 def _pct(values: list[float], p: float) -> float:
