@@ -175,20 +175,30 @@ def latency(env: Env, rate: float, seconds: float, suppliers: int = 4) -> tuple[
         scheduled[i] = start + i / rate
     events = {i: _event(i) for i in range(n)}
 
+    sent: dict[int, float] = {}              # when each push was actually sent (late when its supplier lags)
+    returned: dict[int, float] = {}          # when it returned (the event was accepted: stored)
+
     def supply(k: int) -> None:
         for i in range(k, n, suppliers):
             delay = scheduled[i] - time.time()
             if delay > 0:
                 time.sleep(delay)            # offered load: the schedule, not the channel, sets the pace
+            sent[i] = time.time()
             pcs[k].push_structured_event(events[i])
+            returned[i] = time.time()
 
     threads = [threading.Thread(target=supply, args=(k,), daemon=True) for k in range(suppliers)]
+    pg0 = settled_pg_counters(env.dsn)
+    node_cpu0, client_cpu0 = _cpu_seconds(env.node.proc.pid if env.node.proc else None), _own_cpu_seconds()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     pushed_by = time.time()
+    node_cpu = _cpu_seconds(env.node.proc.pid if env.node.proc else None) - node_cpu0
+    client_cpu = _own_cpu_seconds() - client_cpu0
     done.wait(max(60.0, seconds * 10))
+    pg1 = settled_pg_counters(env.dsn)          # accept and delivery: every commit the n events caused
     conn.disconnect()
     bridge.destroy()
     channel.destroy()
@@ -197,8 +207,40 @@ def latency(env: Env, rate: float, seconds: float, suppliers: int = 4) -> tuple[
         return {}, f"nothing arrived of {n}"
     pct = {f"p{p}": lat[min(len(lat) - 1, int(len(lat) * p / 100))] for p in (50, 95, 99)}
     pct["max"] = lat[-1]
-    accepted = n / max(1e-9, pushed_by - start)
-    return pct, (f"offered {rate:,.0f}/s for {seconds:g} s: accepted {accepted:,.0f}/s, arrived {len(lat)}/{n}")
+    push_s = max(1e-9, pushed_by - start)
+    accepted = n / push_s
+    lag = sorted((sent[i] - scheduled[i]) * 1000 for i in sent)
+    call = sorted((returned[i] - sent[i]) * 1000 for i in returned)
+    achieved = n / max(1e-9, max(sent.values()) - start) if sent else 0.0
+    return pct, (f"offered {rate:,.0f}/s for {seconds:g} s by {suppliers} suppliers (threads of the bench's one "
+                 f"process, each push synchronous): sent at {achieved:,.0f}/s (send lag behind the schedule p50 "
+                 f"{_pct(lag, 50):,.1f} ms, p99 {_pct(lag, 99):,.1f} ms; push call p50 {_pct(call, 50):,.1f} ms, "
+                 f"p99 {_pct(call, 99):,.1f} ms), accepted {accepted:,.0f}/s, arrived {len(lat)}/{n}; CPU while "
+                 f"pushing: node {node_cpu / push_s:.0%} of a core, bench client {client_cpu / push_s:.0%}, "
+                 f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; PG tx/event {(pg1[0] - pg0[0]) / n:.2f}, "
+                 f"WAL syncs/event {(pg1[1] - pg0[1]) / n:.2f} (accept and delivery)")
+
+
+def _pct(values: list[float], p: float) -> float:
+    return values[min(len(values) - 1, int(len(values) * p / 100))] if values else float("nan")
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far; 0 when unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 # -- backlog after a restart ----------------------------------------------------------------------------------

@@ -1,12 +1,22 @@
 """Group commit of accepted persistent events: concurrent suppliers' events share one PostgreSQL commit.
 
-Leader/follower, no timer. A push that finds no commit in progress becomes the leader and commits its own events
-at once (no added latency when alone). Pushes arriving while a commit is in progress queue their events and wait;
-when that commit ends, one of them becomes the next leader and commits everything queued so far (up to
-:data:`MAX_GROUP_EVENTS` events) in one unit of work, with one ``Store.insert_events`` statement per channel. So a
-push waits for the commit in progress plus its own group's commit, and returns only once its events are
-durable (or with the error that prevented it). Pushes are grouped in arrival order; with more than a group's worth
-queued, a push also waits for the groups queued before it.
+Leader/follower, no timer. A push that finds a free commit slot (fewer than ``max_inflight`` groups committing,
+default :data:`MAX_INFLIGHT` = 2, each on its own pooled connection) becomes a leader and commits its own events at
+once (no added latency when alone), together with whatever else is queued then. Pushes arriving while every slot is
+busy queue their events and wait; when a commit ends, one of them becomes the next leader and commits everything
+queued so far (up to :data:`MAX_GROUP_EVENTS` events) in one unit of work, with one ``Store.insert_events``
+statement per channel. Two groups in flight let the next group's statement be built and sent while the previous
+one waits for its WAL flush (PostgreSQL then flushes both commit records together when the second arrives in time),
+instead of leaving the disk idle while the node prepares the next group; one slot (``max_inflight=1``) is the
+strict "one commit at a time" of round 3. So a push waits at most for the commits in progress plus its own
+group's commit, and returns only once its events are durable (or with the error that prevented it). Pushes are
+grouped in arrival order; with more than a group's worth queued, a push also waits for the groups queued before
+it. Groups in flight at the same time are independent transactions: the order in which their rows become
+visible is not the order of the pushes (ids are still assigned at insert; nothing on the accept side depends on
+commit order, and a push's own events are always in one group).
+
+Wake-ups are targeted: a finished group wakes its own members (each waits on its own event) and at most one
+queued push to lead the next group, never every waiting thread.
 
 A group of one channel's events that the store writes in one statement (``Store.one_statement``: always, outside a
 T2, which never comes here) is written on an autocommit connection (``Database.statement``): the statement is its
@@ -29,10 +39,12 @@ from typing import Any, Protocol, cast
 
 from router.channel.store import NewEvent
 
-__all__ = ["MAX_GROUP_EVENTS", "GroupCommit"]
+__all__ = ["MAX_GROUP_EVENTS", "MAX_INFLIGHT", "GroupCommit"]
 
 #: Events per group commit at most (a single larger push is committed alone, whole).
 MAX_GROUP_EVENTS = 1000
+#: Groups committing at the same time at most (each holds one pooled connection while it commits).
+MAX_INFLIGHT = 2
 
 
 class _Store(Protocol):
@@ -56,24 +68,27 @@ class _Job:
     cid: int
     rows: Sequence[NewEvent]
     done: bool = False
+    lead: bool = False                    # woken to lead the next group (a slot is free)
     ids: list[int] = field(default_factory=list)
     error: BaseException | None = None
+    wake: threading.Event = field(default_factory=threading.Event)
 
 
 class GroupCommit:
     """Stores the events of concurrent pushes in shared transactions (see the module docstring)."""
 
     def __init__(self, db: _Database, store: _Store, *, max_events: int = MAX_GROUP_EVENTS,
-                 one_statement: bool = False) -> None:
+                 one_statement: bool = False, max_inflight: int = MAX_INFLIGHT) -> None:
         """``one_statement``: ``db`` has ``statement()`` and ``store`` has ``one_statement()`` (see the module
-        docstring); without it every group is a unit of work."""
+        docstring); without it every group is a unit of work. ``max_inflight``: groups committing at once."""
         self._db = db
         self._store = store
         self._max_events = max_events
         self._one_statement = one_statement
-        self._cond = threading.Condition()
+        self._max_inflight = max(1, max_inflight)
+        self._lock = threading.Lock()
         self._pending: list[_Job] = []
-        self._committing = False
+        self._inflight = 0
         self.commits = 0                 # groups committed (``nsjms status``, tests and benchmarks)
         self.events = 0                  # events those groups stored
         self.statements = 0              # of those groups, the ones written as one autocommit statement
@@ -81,22 +96,42 @@ class GroupCommit:
     def insert(self, cid: int, rows: Sequence[NewEvent]) -> list[int]:
         """Store ``rows`` of channel ``cid`` durably; returns their ids in order. Raises the group's error."""
         job = _Job(cid, rows)
-        with self._cond:
+        with self._lock:
             self._pending.append(job)
+            group = self._lead_if_free()
         while True:
-            with self._cond:
-                while not job.done and self._committing:
-                    self._cond.wait()
+            if group:
+                try:
+                    self._commit(group)
+                finally:
+                    with self._lock:
+                        self._inflight -= 1
+                        self._hand_on()
+                group = []
+            if job.done:
+                return _result(job)
+            job.wake.wait()
+            with self._lock:
+                job.wake.clear()
                 if job.done:
                     return _result(job)
-                self._committing = True           # the leader: take what is queued, up to the group size
-                group = self._take_group()
-            try:
-                self._commit(group)
-            finally:
-                with self._cond:
-                    self._committing = False
-                    self._cond.notify_all()
+                if job.lead:
+                    job.lead = False
+                    group = self._lead_if_free()
+
+    def _lead_if_free(self) -> list[_Job]:
+        """(Lock held.) A free slot and something queued: take a group (the caller commits it), else []."""
+        if self._inflight >= self._max_inflight or not self._pending:
+            return []
+        self._inflight += 1
+        return self._take_group()
+
+    def _hand_on(self) -> None:
+        """(Lock held.) A slot became free: wake the first queued push to lead the next group."""
+        if self._pending and self._inflight < self._max_inflight:
+            first = self._pending[0]
+            first.lead = True
+            first.wake.set()
 
     def _take_group(self) -> list[_Job]:
         group: list[_Job] = []
@@ -118,13 +153,14 @@ class GroupCommit:
             with (cast(_OneStatementDatabase, self._db).statement() if single else self._db.unit_of_work()) as conn:
                 results = {cid: self._store.insert_events(conn, cid, events) for cid, events in rows.items()}
         except BaseException as exc:
-            with self._cond:
+            with self._lock:
                 for job in group:
                     job.error, job.done = exc, True
+                    job.wake.set()
             if not isinstance(exc, Exception):
                 raise
             return
-        with self._cond:
+        with self._lock:
             self.commits += 1
             self.statements += int(single)
             self.events += sum(len(job.rows) for job in group)
@@ -134,7 +170,7 @@ class GroupCommit:
                 for job in jobs:
                     job.ids, job.done = ids[at:at + len(job.rows)], True
                     at += len(job.rows)
-
+                    job.wake.set()
 
     def _single(self, rows: dict[int, list[NewEvent]]) -> bool:
         """Whether the group is one statement: one channel, and the store writes its events in one."""

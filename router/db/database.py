@@ -59,8 +59,7 @@ class Database:
         self._generation_lock = threading.Lock()
         self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), open=False,
                                     kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
-                                    timeout=checkout_timeout, check=self._check_if_idle, reset=_mark_idle,
-                                    name="nsjms")
+                                    timeout=checkout_timeout, check=self._check_if_idle, name="nsjms")
 
     def open(self, timeout: float = 30.0, *, migrate: bool = True) -> None:
         """Open the pool (waiting up to ``timeout`` s for a first connection) and bring the schema up to date."""
@@ -89,7 +88,10 @@ class Database:
         try:
             with self._pool.connection(timeout=self.checkout_timeout) as conn:
                 used, stage = conn, "work"
-                yield conn
+                try:
+                    yield conn
+                finally:
+                    _mark_idle(conn)
                 stage = "commit"
         except PoolTimeout as exc:
             raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
@@ -137,6 +139,7 @@ class Database:
                 finally:
                     if not conn.closed:
                         conn.autocommit = False
+                    _mark_idle(conn)
         except PoolTimeout as exc:
             raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
         except _CANCELLED as exc:
@@ -196,10 +199,12 @@ class Database:
             if conn.broken:
                 self._purge_broken()
             _drop_if_unfinished(conn)
+            _mark_idle(conn)
             cm.__exit__(type(exc), exc, exc.__traceback__)
             raise
         else:
             _drop_if_unfinished(conn)
+            _mark_idle(conn)
             cm.__exit__(None, None, None)
 
     def _check_if_idle(self, conn: psycopg.Connection[Any]) -> None:
@@ -230,7 +235,7 @@ class Database:
 
 
 def _mark_idle(conn: psycopg.Connection[Any]) -> None:
-    """The pool's reset callback: the connection went back to the pool (idle) now."""
+    """The connection goes back to the pool (idle) now: stamped by the unit of work that used it."""
     setattr(conn, _IDLE_SINCE, time.monotonic())
 
 

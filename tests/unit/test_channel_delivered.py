@@ -13,6 +13,7 @@ import pytest
 from test_channel_delivery import Consumer, FakeStore, make_proxy, record, run_worker, stop, wait_for
 
 from router.channel import proxies as P
+from router.channel import pushsupplier
 from router.channel.delivered import FLUSH_EVENTS, DeliveredJournals, ProxyJournal, read_ids
 from router.db.testing import NullDatabase
 from router.ledger import LedgerSettings, LedgerWriter
@@ -166,8 +167,8 @@ def test_a_destroyed_proxy_records_its_pending_delivered_events_as_delivered(
     proxy.closing = False
     for i in range(1, 4):
         proxy.queue.put(record(i, db_id=100 + i))
-    monkeypatch.setattr(P, "FLUSH_EVENTS", 10**6)
-    monkeypatch.setattr(P, "FLUSH_AGE", 10**6)
+    monkeypatch.setattr(pushsupplier, "FLUSH_EVENTS", 10**6)
+    monkeypatch.setattr(pushsupplier, "FLUSH_AGE", 10**6)
     proxy._flush_delivered = lambda **kw: None        # only the teardown may delete: the thread keeps them pending
     t = run_worker(proxy)
     try:
@@ -334,7 +335,7 @@ def test_a_delivered_best_effort_event_the_ledger_records_gets_its_row_at_once(
     proxy.rt.store = _HowStore()
     proxy.rt.store.ledger = LedgerWriter(LedgerSettings(best_effort=True))
     proxy.channel.volatile_accepted_at = lambda seq: 500.0 if seq == 1 else None
-    monkeypatch.setattr(P, "FLUSH_AGE", 10**6)
+    monkeypatch.setattr(pushsupplier, "FLUSH_AGE", 10**6)
     proxy.queue.put(record(1))                           # BestEffort, recorded by the ledger
     proxy.queue.put(record(2, db_id=102))                # its push blocks until released
     t = run_worker(proxy)

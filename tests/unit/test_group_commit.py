@@ -1,5 +1,8 @@
 """GroupCommit (accepted persistent events): leader/follower, one unit of work per group, errors shared.
 
+The tests of grouping run with one commit slot (``max_inflight=1``: a push arriving during a commit waits for it);
+the two-slot default (the next group commits on a second connection while one commits) has its own tests.
+
 Twins for the database and the store; concurrency is arranged with a gate (the first commit blocks until the
 followers have queued), so no test depends on timing.
 """
@@ -93,7 +96,7 @@ def _leader_blocked(gc: GroupCommit, store: Store) -> Pusher:
 
 def test_pushes_arriving_during_a_commit_share_the_next_one() -> None:
     db, store = Db(), Store()
-    gc = GroupCommit(db, store)
+    gc = GroupCommit(db, store, max_inflight=1)
     leader = _leader_blocked(gc, store)
     followers = [Pusher(gc, 1 + i % 2, [10 + i]) for i in range(6)]     # two channels
     for f in followers:
@@ -112,7 +115,7 @@ def test_pushes_arriving_during_a_commit_share_the_next_one() -> None:
 
 def test_every_push_of_a_failed_group_gets_the_same_store_error() -> None:
     db, store = Db(), Store()
-    gc = GroupCommit(db, store)
+    gc = GroupCommit(db, store, max_inflight=1)
     leader = _leader_blocked(gc, store)
     followers = [Pusher(gc, 1, [10 + i]) for i in range(4)]
     for f in followers:
@@ -131,7 +134,7 @@ def test_every_push_of_a_failed_group_gets_the_same_store_error() -> None:
 
 def test_a_group_is_bounded_and_every_push_is_committed() -> None:
     db, store = Db(), Store()
-    gc = GroupCommit(db, store, max_events=3)
+    gc = GroupCommit(db, store, max_events=3, max_inflight=1)
     leader = _leader_blocked(gc, store)
     followers = [Pusher(gc, 1, [10 + 2 * i, 11 + 2 * i]) for i in range(4)]   # 8 events, 2 per push
     for f in followers:
@@ -189,7 +192,7 @@ def test_a_one_channel_one_statement_group_is_written_without_begin_and_commit()
 
 def test_a_group_of_two_channels_or_of_several_statements_is_a_unit_of_work() -> None:
     db, store = StatementDb(), OneStatementStore(multi={3})
-    gc = GroupCommit(db, store, one_statement=True)
+    gc = GroupCommit(db, store, one_statement=True, max_inflight=1)
     assert gc.insert(3, rows(1)) == [3001]                     # the store needs two statements for channel 3
     assert (db.statements, db.units) == (0, 1)
     leader = _leader_blocked(gc, store)                        # channel 1: one statement
@@ -239,7 +242,7 @@ class RaisingStore(OneStatementStore):
 
 def test_a_failure_deciding_the_group_s_kind_reaches_every_member_and_nobody_hangs_or_spins() -> None:
     db, store = StatementDb(), RaisingStore()
-    gc = GroupCommit(db, store, one_statement=True)
+    gc = GroupCommit(db, store, one_statement=True, max_inflight=1)
     leader = _leader_blocked(gc, store)
     followers = [Pusher(gc, 1, [10 + i]) for i in range(3)]
     for f in followers:
@@ -253,3 +256,97 @@ def test_a_failure_deciding_the_group_s_kind_reaches_every_member_and_nobody_han
     assert all(f.error is store.failure for f in followers), [f.error for f in followers]
     assert (db.statements, db.units, gc.commits) == (1, 0, 1), "no empty group was committed"
     assert gc.insert(1, rows(99)) == [1099], "the committer works on"
+
+
+class GatedStore(Store):
+    """Each insert_events blocks on its own gate (in call order), so two commits can be held in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates: list[threading.Event] = []
+        self.inside = 0
+        self.most_inside = 0
+        self._lock = threading.Lock()
+
+    def insert_events(self, conn: object, cid: int, rows: Any) -> list[int]:
+        with self._lock:
+            gate = threading.Event()
+            self.gates.append(gate)
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+        try:
+            assert gate.wait(DEADLINE_S)
+            with self._lock:
+                self.calls.append((cid, [r.seq for r in rows]))
+            return [cid * 1000 + r.seq for r in rows]
+        finally:
+            with self._lock:
+                self.inside -= 1
+
+
+def test_two_groups_commit_at_once_and_later_pushes_share_the_next_free_slot() -> None:
+    db, store = Db(), GatedStore()
+    gc = GroupCommit(db, store)                               # default: two commit slots
+    first = Pusher(gc, 1, [1])
+    first.start()
+    wait_for(lambda: len(store.gates) == 1, "the first group committing")
+    second = Pusher(gc, 1, [2])
+    second.start()
+    wait_for(lambda: len(store.gates) == 2, "a second group committing while the first one does (a free slot)")
+    followers = [Pusher(gc, 1, [10 + i]) for i in range(5)]
+    for f in followers:
+        f.start()
+    wait_for(lambda: len(gc._pending) == 5, "five pushes queued: both slots busy")
+    assert len(store.gates) == 2, "no third commit while two are in flight"
+    store.gates[0].set()                                      # the first group ends: one slot frees
+    first.join(DEADLINE_S)
+    assert first.ids == [1001] and second.ids is None, "the second push returns only once its own commit ended"
+    wait_for(lambda: len(store.gates) == 3, "the queued pushes committing as one group in the freed slot")
+    store.gates[2].set()
+    for f in followers:
+        f.join(DEADLINE_S)
+        assert not f.is_alive() and f.error is None and f.ids == [1000 + f.seqs[0]]
+    assert second.is_alive(), "the second push is still waiting for its own commit"
+    store.gates[1].set()
+    second.join(DEADLINE_S)
+    assert second.ids == [1002] and second.error is None
+    assert db.units == 3 and gc.commits == 3 and store.most_inside == 2
+
+
+def test_with_two_slots_a_failed_group_fails_only_its_own_members() -> None:
+    db, store = Db(), GatedStore()
+    broken = StoreUnavailable("injected: connection lost during COMMIT", in_doubt=True)
+    db.fail_commit = [None, broken]                           # the second unit of work fails at its commit
+    gc = GroupCommit(db, store)
+    first = Pusher(gc, 1, [1])
+    first.start()
+    wait_for(lambda: len(store.gates) == 1, "the first group committing")
+    second = Pusher(gc, 1, [2])
+    second.start()
+    wait_for(lambda: len(store.gates) == 2, "the second group committing")
+    followers = [Pusher(gc, 1, [10 + i]) for i in range(2)]
+    for f in followers:
+        f.start()
+    wait_for(lambda: len(gc._pending) == 2, "two pushes queued")
+    store.gates[1].set()                                      # the second group fails first
+    second.join(DEADLINE_S)
+    assert second.error is broken and second.ids is None
+    wait_for(lambda: len(store.gates) == 3, "the queued pushes committing in the slot the failed group freed")
+    store.gates[2].set()
+    store.gates[0].set()
+    for t in [first, *followers]:
+        t.join(DEADLINE_S)
+        assert not t.is_alive() and t.error is None and t.ids == [1000 + t.seqs[0]]
+    assert gc.commits == 2 and gc.events == 3
+
+
+def test_many_pushers_on_two_slots_all_return_with_their_own_ids() -> None:
+    db, store = Db(), Store()
+    gc = GroupCommit(db, store)
+    pushers = [Pusher(gc, 1 + i % 3, [100 + i]) for i in range(40)]
+    for p in pushers:
+        p.start()
+    for p in pushers:
+        p.join(DEADLINE_S)
+        assert not p.is_alive() and p.error is None and p.ids == [p.cid * 1000 + p.seqs[0]]
+    assert gc.events == 40 and gc.commits == db.units
