@@ -99,14 +99,21 @@ class PgBranch:
         try:
             with self._boundary("prepare"):
                 self.conn.tpc_prepare()
-        except PrepareFailed:
-            # The PREPARE statement failed on a live session: PostgreSQL rolled the transaction back. psycopg
-            # still believes it prepared (it marks that before sending), so its ROLLBACK PREPARED would fail and
-            # leave the connection unable to begin another branch: forget the two-phase state here.
-            self.conn._tpc = None
-            self._begun = False               # nothing left to roll back
+        except ResourceError:
+            if not self.conn.closed:
+                self._forget_failed_prepare()
             raise
         self._prepared = True
+
+    def _forget_failed_prepare(self) -> None:
+        """``PREPARE TRANSACTION`` failed on a live session (constraint, ``max_prepared_transactions``, cancel):
+        PostgreSQL turned it into a ROLLBACK, nothing was prepared. psycopg marks its transaction prepared BEFORE
+        sending the statement, so its ``tpc_rollback()`` would send ``ROLLBACK PREPARED`` for nothing (an error:
+        the rollback reported unknown) and leave the caller's connection stuck in a two-phase state: reset it."""
+        idle = self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        # psycopg has no public way to drop its two-phase state; (xid, False) makes tpc_rollback() a plain ROLLBACK.
+        self.conn._tpc = None if idle or self._xid is None else (self._xid, False)
+        self._begun = not idle  # idle: the transaction is over, nothing left to roll back
 
     def commit(self) -> None:
         with self._boundary("commit"):
