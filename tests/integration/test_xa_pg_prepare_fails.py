@@ -14,6 +14,7 @@ nothing left to finish.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -76,7 +77,7 @@ class Db:
 
     def rows(self, table: str) -> set[str]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            return {r[0] for r in conn.execute(f"SELECT v FROM {table}")}  # noqa: S608 - test literal
+            return {r[0] for r in conn.execute(f"SELECT v FROM {table}")}  # test literal
 
     def hold_gate(self) -> psycopg.Connection[Any]:
         """A session holding the gate row: the deferred trigger of ``waits`` blocks PREPARE until it ends."""
@@ -86,8 +87,6 @@ class Db:
 
     def wait_blocked(self, pid: int, deadline_s: float = 30.0) -> None:
         """Poll until backend ``pid`` waits on a lock (its PREPARE is running the deferred trigger)."""
-        import time
-
         end = time.monotonic() + deadline_s
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while time.monotonic() < end:
@@ -115,7 +114,7 @@ def db(fresh_db: str) -> Iterator[Db]:
                 conn.execute(psycopg.sql.SQL("ROLLBACK PREPARED {}").format(psycopg.sql.Literal(gid)))
 
 
-def fail_prepare(db: Db, conn: psycopg.Connection[Any], work: Callable[[PgBranch], None],
+def fail_prepare(db: Db, conn: psycopg.Connection[Any], work: Callable[[PgBranch], object],
                  during: Callable[[PgBranch], None] | None = None) -> tuple[Transaction, ResourceError]:
     """Enlist ``conn``, do ``work``, commit (``during`` runs while PREPARE is under way); returns the error."""
     txn = db.coord.begin()
