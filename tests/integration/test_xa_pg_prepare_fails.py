@@ -13,6 +13,7 @@ nothing left to finish.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from xa.coordinator import Coordinator, Transaction
 from xa.errors import ResourceError
@@ -242,3 +244,68 @@ def test_session_terminated_during_prepare(db: Db) -> None:
         pg.close()
     assert report.rolled_back == [] and report.errors == []
     assert db.prepared() == set() and db.rows("waits") == set()
+
+
+class ReplyCutter:
+    """A TCP proxy to the server that forwards ``PREPARE TRANSACTION`` and then, instead of forwarding the server's
+    reply, closes the client's connection: the branch IS prepared, the client only sees a broken session."""
+
+    def __init__(self, dsn: str) -> None:
+        info = conninfo_to_dict(dsn)
+        self.upstream = (str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.dsn = make_conninfo(dsn, host="127.0.0.1", port=str(self.listener.getsockname()[1]), sslmode="disable")
+        self.cut = threading.Event()
+        self.socks: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, name="reply-cutter", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            self.socks += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, to_server: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if not to_server and self.cut.is_set():
+                    dst.shutdown(socket.SHUT_RDWR)  # the reply to PREPARE never reaches the client
+                    dst.close()
+                    return
+                dst.sendall(data)
+                if to_server and b"PREPARE TRANSACTION" in data:
+                    self.cut.set()
+        except OSError:
+            return
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close()
+
+
+def test_prepare_done_but_its_reply_lost(db: Db) -> None:
+    """The server prepared the branch, the client never heard: the branch outlives the T2's rollback, and
+    recovery (presumed abort: no COMMIT logged) rolls it back."""
+    cutter = ReplyCutter(db.dsn)
+    try:
+        conn = psycopg.connect(cutter.dsn)
+        db.conns.append(conn)
+        txn, exc = fail_prepare(db, conn, lambda b: b.conn.execute("INSERT INTO t (v) VALUES ('x')"))
+    finally:
+        cutter.close()
+    assert isinstance(exc.__cause__, psycopg.OperationalError)
+    assert conn.closed and txn.state is State.ROLLED_BACK
+    assert len(db.prepared()) == 1  # the PREPARE happened
+    pg = PgManager(lambda: psycopg.connect(db.dsn))
+    try:
+        report = RecoveryManager(NODE, db.coord.log, [pg], lambda g, p: None, SystemClock(), in_flight_guard=0,
+                                 in_flight=db.coord.in_flight).run()
+    finally:
+        pg.close()
+    assert report.rolled_back == [f"{txn.gtrid}/pg"] and report.errors == []
+    assert db.prepared() == set() and db.rows("t") == set()
