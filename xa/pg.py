@@ -71,6 +71,7 @@ class PgBranch:
         self._sort_key = sort_key or name
         self._xid: Xid | None = None
         self._begun = self._prepared = False
+        self._prepare_sent = False  # PREPARE TRANSACTION went out (its outcome is unknown if the session died)
 
     def sort_key(self) -> str:
         return self._sort_key
@@ -96,6 +97,7 @@ class PgBranch:
         self._begun = True
 
     def prepare(self) -> None:
+        self._prepare_sent = True
         try:
             with self._boundary("prepare"):
                 self.conn.tpc_prepare()
@@ -123,8 +125,9 @@ class PgBranch:
         if not self._begun:
             return  # nothing begun here
         if self.conn.closed:
-            if self._prepared:  # the prepared branch outlives its session: recovery must roll it back
-                raise BranchUnavailable(f"branch {self.name}: session closed while prepared",
+            if self._prepared or self._prepare_sent:  # it may outlive its session: recovery must roll it back
+                what = "prepared" if self._prepared else "preparing (PREPARE TRANSACTION may have happened)"
+                raise BranchUnavailable(f"branch {self.name}: session closed while {what}",
                                         gtrid=self._xid.gtrid if self._xid else None, branch=self.name)
             return  # PostgreSQL aborted the unprepared branch with its session
         with self._boundary("rollback"):

@@ -27,7 +27,7 @@ from xa.coordinator import Coordinator, Transaction
 from xa.errors import ResourceError
 from xa.observer import NullObserver, Phase
 from xa.pg import PgBranch, PgManager
-from xa.recovery import RecoveryManager
+from xa.recovery import RecoveryManager, RecoveryReport
 from xa.resource import SystemClock
 from xa.states import State
 from xa.testing import MemoryLog
@@ -150,6 +150,23 @@ def assert_rolled_back(db: Db, txn: Transaction, exc: ResourceError) -> None:
     assert db.prepared() == set()
 
 
+def assert_left_to_recovery(db: Db, txn: Transaction) -> RecoveryReport:
+    """The session died during PREPARE: whether it happened is unknown, so the branch's rollback is reported
+    UNKNOWN (never ROLLED_BACK), the T2 ends ROLLED_BACK, and recovery leaves no prepared transaction behind."""
+    assert txn.state is State.ROLLED_BACK
+    [(branch, result, error)] = db.observer.results
+    assert (branch, result) == ("pg", "UNKNOWN") and "session closed while preparing" in error
+    pg = PgManager(lambda: psycopg.connect(db.dsn))
+    try:
+        report = RecoveryManager(NODE, db.coord.log, [pg], lambda g, p: None, SystemClock(), in_flight_guard=0,
+                                 in_flight=db.coord.in_flight).run()
+    finally:
+        pg.close()
+    assert report.errors == []
+    assert db.prepared() == set()
+    return report
+
+
 def assert_usable(db: Db, conn: psycopg.Connection[Any], value: str) -> None:
     """The caller's session can run the next T2 branch (psycopg no longer believes a transaction is prepared)."""
     txn = db.coord.begin()
@@ -234,16 +251,10 @@ def test_session_terminated_during_prepare(db: Db) -> None:
     assert isinstance(exc.__cause__, psycopg.OperationalError)
     assert conn.closed
     holder.rollback()
-    assert_rolled_back(db, txn, exc)
-    # Recovery (presumed abort) has nothing of this T2 to finish: PostgreSQL aborted it with its session.
-    pg = PgManager(lambda: psycopg.connect(db.dsn))
-    try:
-        report = RecoveryManager(NODE, db.coord.log, [pg], lambda g, p: None, SystemClock(), in_flight_guard=0,
-                                 in_flight=db.coord.in_flight).run()
-    finally:
-        pg.close()
-    assert report.rolled_back == [] and report.errors == []
-    assert db.prepared() == set() and db.rows("waits") == set()
+    assert db.prepared() == set()  # PostgreSQL aborted it with its session, but the client cannot know that
+    report = assert_left_to_recovery(db, txn)
+    assert report.rolled_back == []
+    assert db.rows("waits") == set()
 
 
 class ReplyCutter:
@@ -299,13 +310,8 @@ def test_prepare_done_but_its_reply_lost(db: Db) -> None:
     finally:
         cutter.close()
     assert isinstance(exc.__cause__, psycopg.OperationalError)
-    assert conn.closed and txn.state is State.ROLLED_BACK
+    assert conn.closed
     assert len(db.prepared()) == 1  # the PREPARE happened
-    pg = PgManager(lambda: psycopg.connect(db.dsn))
-    try:
-        report = RecoveryManager(NODE, db.coord.log, [pg], lambda g, p: None, SystemClock(), in_flight_guard=0,
-                                 in_flight=db.coord.in_flight).run()
-    finally:
-        pg.close()
-    assert report.rolled_back == [f"{txn.gtrid}/pg"] and report.errors == []
-    assert db.prepared() == set() and db.rows("t") == set()
+    report = assert_left_to_recovery(db, txn)
+    assert report.rolled_back == [f"{txn.gtrid}/pg"]
+    assert db.rows("t") == set()
