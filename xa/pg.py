@@ -71,6 +71,7 @@ class PgBranch:
         self._sort_key = sort_key or name
         self._xid: Xid | None = None
         self._begun = self._prepared = False
+        self._prepare_sent = False  # PREPARE TRANSACTION went out (its outcome is unknown if the session died)
 
     def sort_key(self) -> str:
         return self._sort_key
@@ -96,17 +97,25 @@ class PgBranch:
         self._begun = True
 
     def prepare(self) -> None:
+        self._prepare_sent = True
         try:
             with self._boundary("prepare"):
                 self.conn.tpc_prepare()
-        except PrepareFailed:
-            # The PREPARE statement failed on a live session: PostgreSQL rolled the transaction back. psycopg
-            # still believes it prepared (it marks that before sending), so its ROLLBACK PREPARED would fail and
-            # leave the connection unable to begin another branch: forget the two-phase state here.
-            self.conn._tpc = None
-            self._begun = False               # nothing left to roll back
+        except ResourceError:
+            if not self.conn.closed:
+                self._forget_failed_prepare()
             raise
         self._prepared = True
+
+    def _forget_failed_prepare(self) -> None:
+        """``PREPARE TRANSACTION`` failed on a live session (constraint, ``max_prepared_transactions``, cancel):
+        PostgreSQL turned it into a ROLLBACK, nothing was prepared. psycopg marks its transaction prepared BEFORE
+        sending the statement, so its ``tpc_rollback()`` would send ``ROLLBACK PREPARED`` for nothing (an error:
+        the rollback reported unknown) and leave the caller's connection stuck in a two-phase state: reset it."""
+        idle = self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        # psycopg has no public way to drop its two-phase state; (xid, False) makes tpc_rollback() a plain ROLLBACK.
+        self.conn._tpc = None if idle or self._xid is None else (self._xid, False)
+        self._begun = not idle  # idle: the transaction is over, nothing left to roll back
 
     def commit(self) -> None:
         with self._boundary("commit"):
@@ -116,8 +125,9 @@ class PgBranch:
         if not self._begun:
             return  # nothing begun here
         if self.conn.closed:
-            if self._prepared:  # the prepared branch outlives its session: recovery must roll it back
-                raise BranchUnavailable(f"branch {self.name}: session closed while prepared",
+            if self._prepared or self._prepare_sent:  # it may outlive its session: recovery must roll it back
+                what = "prepared" if self._prepared else "preparing (PREPARE TRANSACTION may have happened)"
+                raise BranchUnavailable(f"branch {self.name}: session closed while {what}",
                                         gtrid=self._xid.gtrid if self._xid else None, branch=self.name)
             return  # PostgreSQL aborted the unprepared branch with its session
         with self._boundary("rollback"):
