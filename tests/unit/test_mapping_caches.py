@@ -34,7 +34,8 @@ def _enum(members: list[str]) -> Any:
 
 
 def test_enum_types_differing_in_member_names_only_are_described_each_as_it_is() -> None:
-    """omniORB's enum items compare by value, not by name: two such types must not share a cached descriptor."""
+    """omniORB's enum items compare by value, not by name (their hashes do include the name, so only a hash
+    collision could mix them up; the cache does not store such descriptors at all): each type keeps its own."""
     first, second = _enum(["RED", "GREEN"]), _enum(["ROUGE", "VERT"])
     assert it.tc_to_desc(first) == ["enum", "IDL:test/Colour:1.0", "Colour", ["RED", "GREEN"]]
     assert it.tc_to_desc(second) == ["enum", "IDL:test/Colour:1.0", "Colour", ["ROUGE", "VERT"]]
