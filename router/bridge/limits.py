@@ -51,6 +51,8 @@ def check_stomp_limits(headers: dict[str, str]) -> None:
 
 def _is_java_integer(text: str, bits: int) -> bool:
     """What Java's ``Integer.parseInt`` (32) / ``Long.parseLong`` (64) accepts."""
+    if text.isascii() and text.isdigit() and len(text) < (10 if bits == 32 else 19):
+        return True                      # the usual value (priority, timestamp): ASCII digits that fit
     try:
         number = int(text, 10)
     except ValueError:

@@ -170,14 +170,16 @@ def leaf_to_typed(tc: Any, value: Any, *, entry: bool = False) -> Typed:
 def leaf_converter(tc: Any) -> Callable[[Any], Typed]:
     """``lambda value: leaf_to_typed(tc, value)`` with the kind decided once (``entry`` False)."""
     kind = unalias(tc).kind()
+    string = JmsType.STRING
     if kind == _K.tk_boolean:
-        return lambda value: Typed(JmsType.BOOLEAN, bool(value))
+        boolean = JmsType.BOOLEAN
+        return lambda value: Typed(boolean, bool(value))
     if kind == _K.tk_ulonglong:
-        top = JAVA_RANGES[JmsType.LONG][1]
+        top, long_ = JAVA_RANGES[JmsType.LONG][1], JmsType.LONG
 
         def ulonglong(value: Any) -> Typed:
             number = int(value)
-            return Typed(JmsType.STRING, str(number)) if number > top else Typed(JmsType.LONG, number)
+            return Typed(string, str(number)) if number > top else Typed(long_, number)
         return ulonglong
     if kind in _INT_JMS:
         jtype = _INT_JMS[kind]
@@ -186,9 +188,9 @@ def leaf_converter(tc: Any) -> Callable[[Any], Typed]:
         ftype = JmsType.FLOAT if kind == _K.tk_float else JmsType.DOUBLE
         return lambda value: Typed(ftype, float(value))
     if kind in (_K.tk_char, _K.tk_wchar, _K.tk_string, _K.tk_wstring):
-        return lambda value: Typed(JmsType.STRING, str(value))
+        return lambda value: Typed(string, str(value))
     if kind == _K.tk_enum:
-        return lambda value: Typed(JmsType.STRING, str(value._n))
+        return lambda value: Typed(string, str(value._n))
     raise MappingError(f"IDL kind {kind} is not a leaf type", "type")
 
 

@@ -36,6 +36,7 @@ from router.mapping.typed_props import parse_destination
 __all__ = ["MANIFEST_VERSION", "event_to_jms"]
 
 MANIFEST_VERSION = 1
+_STRING = JmsType.STRING
 #: ``json.dumps(..., separators=(",", ":"))`` without building an encoder per call.
 _JSON = json.JSONEncoder(separators=(",", ":"))
 #: The filterable_data entries that set a JMS header (the first of each name); the others only become properties.
@@ -130,7 +131,7 @@ def _string(value: object, field: str) -> Typed:
     if not isinstance(value, str):
         raise MappingError(f"expected a string, got {type(value).__name__}", field)
     if value.isascii():                  # nothing to check: only a lone surrogate fails to encode
-        return Typed(JmsType.STRING, value)
+        return Typed(_STRING, value)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

@@ -56,6 +56,7 @@ FRAME_HEADERS = frozenset({
     "receipt-id", SCHEDULED_DELAY, "scheduledJobId", TYPES_HEADER, DELIVERY_TIME_HEADER, BODY_HEADER,
 })
 _RESERVED_PROPERTY_NAMES = FRAME_HEADERS
+_STRING = JmsType.STRING             # an Enum member read from its class costs a descriptor call each time
 _KNOWN_JMSX = {"JMSXDeliveryCount": JmsType.INT, "JMSXGroupSeq": JmsType.INT, "JMSXRcvTimestamp": JmsType.LONG}
 _SENDABLE = frozenset({JmsType.BOOLEAN, JmsType.BYTE, JmsType.SHORT, JmsType.INT, JmsType.LONG, JmsType.FLOAT,
                        JmsType.DOUBLE, JmsType.STRING})
@@ -82,7 +83,7 @@ def to_stomp_headers(msg: JmsMessage, *, now_ms: int | None = None) -> dict[str,
     """SEND headers for a :class:`~router.jms.model.JmsMessage` (body headers are added by ``stomp_body``)."""
     headers = _standard(msg, now_ms)
     types = []
-    string = JmsType.STRING
+    string = _STRING
     for name, value in msg.properties.items():
         if name in _RESERVED_PROPERTY_NAMES or not name:
             _check_property_name(name)
