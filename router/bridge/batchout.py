@@ -83,7 +83,8 @@ class LocalBatches:
         return Batch(list(events))
 
     def start(self, batch: Batch) -> None:
-        """Map the batch's events and write BEGIN and the SENDs, no receipt awaited."""
+        """Map the batch's events and write BEGIN and the SENDs, no receipt awaited (the SENDs with one socket write
+        per 256 KiB when the transport has ``send_encoded_many``: the STOMP transport over plain TCP)."""
         flow = self.flow
         if not flow.bridge.running():
             raise ForwardDeferred("the bridge is stopped")
@@ -102,6 +103,11 @@ class LocalBatches:
         try:
             transport = flow.transport
             batch.tx = transport.begin_nowait()
+            many = getattr(transport, "send_encoded_many", None)
+            if many is not None and all(encoded is not None for _, encoded in batch.messages):
+                many(flow.destination, [(encoded, msg.delivery_mode is DeliveryMode.PERSISTENT)
+                                        for msg, encoded in batch.messages], transaction=batch.tx)
+                return
             for msg, encoded in batch.messages:
                 if encoded is None:
                     transport.send(flow.destination, msg, transaction=batch.tx, receipt=False)

@@ -45,8 +45,9 @@ from router.bridge.txmgmt import TransactionMgmtMixin
 from router.bridge.txout import OutboundT2
 from router.channel.boundary import store_boundary
 from router.jms.model import Destination
-from router.jms.transport import ConnectionState, Transport, TransportError
+from router.jms.transport import ConnectionState, EncodedMessage, Transport, TransportError
 from router.mapping import ChannelTimeSupport, event_to_jms, map_message
+from router.mapping.stomp_body import message_to_stomp
 
 __all__ = ["BRIDGE_FACTORY_KEY", "BridgeFactoryImpl", "BridgeImpl", "BrokerSettings"]
 
@@ -273,8 +274,6 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
 
     def _to_jms(self, event: Any, destination: Destination) -> Any:
         """Map, and check the message can be encoded for STOMP (an encoding failure is a mapping failure)."""
-        from router.mapping.stomp_body import message_to_stomp
-
         msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
         check_stomp_limits(message_to_stomp(msg).headers)
         return msg
@@ -282,9 +281,6 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
     def _to_jms_frame(self, event: Any, destination: Destination) -> tuple[Any, Any]:
         """:meth:`_to_jms` and the frame it checked, encoded once (``MappingCodec.encode``'s encoding): the T2
         path sends that frame instead of encoding the message a second time."""
-        from router.jms.transport import EncodedMessage
-        from router.mapping.stomp_body import message_to_stomp
-
         msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
         frame = message_to_stomp(msg)
         check_stomp_limits(frame.headers)

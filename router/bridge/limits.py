@@ -30,6 +30,13 @@ def check_stomp_limits(headers: dict[str, str]) -> None:
     if len(headers) + _STOMP_RESERVE > STOMP_MAX_HEADERS:
         raise MappingError(f"{len(headers)} STOMP headers; the broker accepts at most {STOMP_MAX_HEADERS}",
                            "properties")
+    # The usual frame: no line can reach the limit (a character takes at most 4 bytes, escaped or in UTF-8, even
+    # all of them on one line) and every integer header is one; anything else is looked at line by line below,
+    # so the error raised is the same.
+    if (4 * (sum(map(len, headers)) + sum(map(len, headers.values()))) + 1 <= STOMP_MAX_HEADER_LINE
+            and all(_is_java_integer(headers[name], 32 if name == "JMSXGroupSeq" else 64)
+                    for name in STOMP_INTEGER_HEADERS.intersection(headers))):
+        return
     for name, value in headers.items():
         if name in STOMP_INTEGER_HEADERS and not _is_java_integer(value, 32 if name == "JMSXGroupSeq" else 64):
             raise MappingError(f"ActiveMQ closes the connection on a non-integer {name} header ({value[:40]!r})",
@@ -44,6 +51,8 @@ def check_stomp_limits(headers: dict[str, str]) -> None:
 
 def _is_java_integer(text: str, bits: int) -> bool:
     """What Java's ``Integer.parseInt`` (32) / ``Long.parseLong`` (64) accepts."""
+    if text.isascii() and text.isdigit() and len(text) < (10 if bits == 32 else 19):
+        return True                      # the usual value (priority, timestamp): ASCII digits that fit
     try:
         number = int(text, 10)
     except ValueError:

@@ -51,21 +51,35 @@ _FIELD = "remainder_of_body"
 _PROPERTY_ID = "IDL:omg.org/CosNotification/Property:1.0"
 
 
+_KINDS: dict[Any, str] = {}
+
+
+def _kind_of(tc: Any) -> str:
+    """Which row of the table above a body of type ``tc`` starts from (decided once per type)."""
+    kind = it.unalias(tc).kind()
+    if kind in (CORBA.tk_null, CORBA.tk_void):
+        return "none"
+    if kind in (CORBA.tk_string, CORBA.tk_wstring):
+        return "text"
+    if kind == CORBA.tk_sequence:
+        return "sequence"
+    return "value" if it.is_leaf(tc) else "cdr"
+
+
 def body_to_jms(body: Any) -> tuple[BodyType, object, dict[str, Any]]:
     """(body type, body, manifest entry) for a ``remainder_of_body`` Any."""
     tc = body.typecode()
-    base = it.unalias(tc)
-    kind, value = base.kind(), body.value()
-    if kind in (CORBA.tk_null, CORBA.tk_void):
+    row = it.type_cached(_KINDS, tc, _kind_of)
+    if row == "text":
+        return BodyType.TEXT, _text(body.value()), {"k": "text", "tc": it.tc_to_desc(tc)}
+    if row == "none":
         return BodyType.MESSAGE, None, {"k": "none", "tc": it.tc_to_desc(tc)}
-    if kind in (CORBA.tk_string, CORBA.tk_wstring):
-        return BodyType.TEXT, _text(value), {"k": "text", "tc": it.tc_to_desc(tc)}
-    if kind == CORBA.tk_sequence:
-        mapped = _sequence(tc, base, value)
+    if row == "sequence":
+        mapped = _sequence(tc, it.unalias(tc), body.value())
         if mapped is not None:
             return mapped
-    elif it.is_leaf(tc):
-        return (BodyType.STREAM, [it.leaf_to_typed(tc, value, entry=True)],
+    elif row == "value":
+        return (BodyType.STREAM, [it.leaf_to_typed(tc, body.value(), entry=True)],
                 {"k": "value", "tc": it.tc_to_desc(tc)})
     return BodyType.BYTES, it.any_to_cdr(body, _FIELD), {"k": "cdr"}
 

@@ -29,8 +29,8 @@ import base64
 import binascii
 import math
 import struct
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import omniORB
 from omniORB import CORBA, tcInternal
@@ -51,10 +51,12 @@ __all__ = [
     "format_java_float",
     "is_flattenable",
     "is_leaf",
+    "leaf_converter",
     "leaf_paths",
     "leaf_to_typed",
     "parse_java_float",
     "tc_to_desc",
+    "type_cached",
     "typed_to_leaf",
     "unalias",
 ]
@@ -85,6 +87,40 @@ JAVA_RANGES = {
     JmsType.BYTE: (-(2**7), 2**7 - 1), JmsType.SHORT: (-(2**15), 2**15 - 1),
     JmsType.INT: (-(2**31), 2**31 - 1), JmsType.LONG: (-(2**63), 2**63 - 1),
 }
+
+
+T = TypeVar("T")
+#: Entries a :func:`type_cached` table holds at most (it is emptied when full: event types are few in practice).
+TYPE_CACHE_MAX = 4096
+_MISSING = object()
+
+
+def _plain(descriptor: object) -> bool:
+    """True when ``descriptor`` (an omniORBpy TypeCode's ``_d``) holds only ints, strings, classes, None and tuples
+    of them: then two TypeCodes with equal descriptors are the same type in every respect :func:`describe` and the
+    leaf conversions look at. Enum items compare by value only (not by name) and recursive types hold lists: those
+    TypeCodes are never cached."""
+    if descriptor is None or isinstance(descriptor, (int, str, type)):
+        return True
+    return isinstance(descriptor, tuple) and all(_plain(item) for item in descriptor)
+
+
+def type_cached(table: dict[Any, T], tc: Any, make: Callable[[Any], T]) -> T:
+    """``make(tc)``, remembered in ``table`` per type (by the TypeCode's descriptor, see :func:`_plain`): the
+    per-type decisions of the mapping are taken once per event type instead of once per event (issue 12)."""
+    key = getattr(tc, "_d", None)
+    try:
+        found = table.get(key, _MISSING)
+    except TypeError:                   # an unhashable descriptor (a recursive type): not cached
+        return make(tc)
+    if found is not _MISSING:
+        return found  # type: ignore[return-value]
+    made = make(tc)
+    if key is not None and _plain(key):
+        if len(table) >= TYPE_CACHE_MAX:
+            table.clear()
+        table[key] = made
+    return made
 
 
 def unalias(tc: Any) -> Any:
@@ -128,6 +164,33 @@ def leaf_to_typed(tc: Any, value: Any, *, entry: bool = False) -> Typed:
         return Typed(JmsType.STRING, str(value))
     if kind == _K.tk_enum:
         return Typed(JmsType.STRING, str(value._n))
+    raise MappingError(f"IDL kind {kind} is not a leaf type", "type")
+
+
+def leaf_converter(tc: Any) -> Callable[[Any], Typed]:
+    """``lambda value: leaf_to_typed(tc, value)`` with the kind decided once (``entry`` False)."""
+    kind = unalias(tc).kind()
+    string = JmsType.STRING
+    if kind == _K.tk_boolean:
+        boolean = JmsType.BOOLEAN
+        return lambda value: Typed(boolean, bool(value))
+    if kind == _K.tk_ulonglong:
+        top, long_ = JAVA_RANGES[JmsType.LONG][1], JmsType.LONG
+
+        def ulonglong(value: Any) -> Typed:
+            number = int(value)
+            return Typed(string, str(number)) if number > top else Typed(long_, number)
+        return ulonglong
+    if kind in _INT_JMS:
+        jtype = _INT_JMS[kind]
+        return lambda value: Typed(jtype, int(value))
+    if kind in (_K.tk_float, _K.tk_double):
+        ftype = JmsType.FLOAT if kind == _K.tk_float else JmsType.DOUBLE
+        return lambda value: Typed(ftype, float(value))
+    if kind in (_K.tk_char, _K.tk_wchar, _K.tk_string, _K.tk_wstring):
+        return lambda value: Typed(string, str(value))
+    if kind == _K.tk_enum:
+        return lambda value: Typed(string, str(value._n))
     raise MappingError(f"IDL kind {kind} is not a leaf type", "type")
 
 
@@ -254,8 +317,16 @@ def build_struct(tc: Any, leaves: Iterator[Any]) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------ descriptors
+_DESCS: dict[Any, Any] = {}
+
+
 def tc_to_desc(tc: Any) -> Any:
-    """A deterministic JSON-able description of ``tc`` (see :func:`describe`); CDR base64 for exotic kinds."""
+    """A deterministic JSON-able description of ``tc`` (see :func:`describe`); CDR base64 for exotic kinds. Computed
+    once per type (:func:`type_cached`): the result is shared, callers must not change it."""
+    return type_cached(_DESCS, tc, _tc_to_desc)
+
+
+def _tc_to_desc(tc: Any) -> Any:
     try:
         return describe(tc, frozenset())
     except _Exotic:

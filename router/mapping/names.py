@@ -54,6 +54,12 @@ def is_identifier(name: str) -> bool:
     return bool(_IDENTIFIER.fullmatch(name)) and name.upper() not in _KEYWORDS and not name.startswith("JMS")
 
 
+#: The sanitised name wanted for (section, entry name, member path), remembered across events (issue 12: the same
+#: event types come again and again); emptied when it holds :data:`_WANTED_MAX` names.
+_WANTED: dict[tuple[str, str, tuple[str, ...]], str] = {}
+_WANTED_MAX = 8192
+
+
 class NameAllocator:
     """Hands out unique property names, deterministically in call order."""
 
@@ -61,7 +67,13 @@ class NameAllocator:
         self._taken = set(taken)
 
     def allocate(self, section: str, name: str, path: tuple[str, ...] = ()) -> str:
-        wanted = SECTION_PREFIX[section] + "__".join(sanitise(part) for part in (name, *path))
+        key = (section, name, path)
+        wanted = _WANTED.get(key)
+        if wanted is None:
+            wanted = SECTION_PREFIX[section] + "__".join(sanitise(part) for part in (name, *path))
+            if len(_WANTED) >= _WANTED_MAX:
+                _WANTED.clear()
+            _WANTED[key] = wanted
         candidate, n = wanted, 1
         while candidate in self._taken:
             n += 1

@@ -16,6 +16,8 @@ from __future__ import annotations  # noqa: I001  (omniORB must be imported befo
 import base64
 import json
 import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import omniORB  # noqa: F401  (first: it puts the COS stubs on sys.path)
@@ -34,6 +36,11 @@ from router.mapping.typed_props import parse_destination
 __all__ = ["MANIFEST_VERSION", "event_to_jms"]
 
 MANIFEST_VERSION = 1
+_STRING = JmsType.STRING
+#: ``json.dumps(..., separators=(",", ":"))`` without building an encoder per call.
+_JSON = json.JSONEncoder(separators=(",", ":"))
+#: The filterable_data entries that set a JMS header (the first of each name); the others only become properties.
+_JMS_HEADER_ENTRIES = frozenset({"JMSCorrelationID", "JMSReplyTo"})
 _INTEGRAL = frozenset({CORBA.tk_short, CORBA.tk_ushort, CORBA.tk_long, CORBA.tk_ulong, CORBA.tk_longlong,
                        CORBA.tk_ulonglong, CORBA.tk_octet})
 
@@ -64,8 +71,9 @@ def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, de
                            "bytes the receiving side decodes", "remainder_of_body")
     if manifest["body"]["k"] == "cdr":
         props[names.BODY_ENCODING] = Typed(JmsType.STRING, bodies.CDR_ANY)
-    props[names.MANIFEST] = Typed(JmsType.STRING, pack_manifest(json.dumps(manifest, separators=(",", ":"))))
+    props[names.MANIFEST] = Typed(JmsType.STRING, pack_manifest(_JSON.encode(manifest)))
     std = _standard_qos(variable)
+    jms = [p for p in event.filterable_data if p.name in _JMS_HEADER_ENTRIES]
     return JmsMessage(
         body_type=body_type, body=body, destination=destination,
         delivery_mode=qos.reliability_to_mode(std.get("EventReliability"), default_persistent),
@@ -73,7 +81,7 @@ def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, de
         expiration=qos.expiration_ms(now_ms, std.get("Timeout"), std.get("StopTime")),
         delivery_time=max(0, qos.utc_to_ms(std["StartTime"])) if "StartTime" in std else 0,
         timestamp=now_ms, jms_type=names.STRUCTURED_EVENT, properties=props,
-        correlation_id=_correlation_id(event.filterable_data), reply_to=_reply_to(event.filterable_data),
+        correlation_id=_correlation_id(jms) if jms else None, reply_to=_reply_to(jms) if jms else None,
     )
 
 
@@ -122,6 +130,8 @@ def pack_manifest(text: str) -> str:
 def _string(value: object, field: str) -> Typed:
     if not isinstance(value, str):
         raise MappingError(f"expected a string, got {type(value).__name__}", field)
+    if value.isascii():                  # nothing to check: only a lone surrogate fails to encode
+        return Typed(_STRING, value)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -130,25 +140,53 @@ def _string(value: object, field: str) -> Typed:
 
 
 # ------------------------------------------------------------------------------------------------ properties
+@dataclass(frozen=True)
+class _Plan:
+    """What the mapping of an ohf/fd entry of one IDL type needs, decided once per type (issue 12): a leaf's
+    converter, a flattenable struct's leaves, or neither (the value travels as CDR)."""
+
+    desc: Any                                                   # tc_to_desc (shared: never changed)
+    leaf: Callable[[Any], Typed] | None = None
+    #: (member path, its names joined by ".", the leaf's converter) of a flattenable struct, in flatten order
+    leaves: tuple[tuple[tuple[str, ...], str, Callable[[Any], Typed]], ...] | None = None
+
+
+_PLANS: dict[Any, _Plan] = {}
+
+
+def _make_plan(tc: Any) -> _Plan:
+    if it.is_leaf(tc):
+        return _Plan(it.tc_to_desc(tc), leaf=it.leaf_converter(tc))
+    if it.is_flattenable(tc):
+        leaves = tuple((path, ".".join(path), it.leaf_converter(ltc)) for path, ltc in it.leaf_paths(tc))
+        return _Plan(it.tc_to_desc(tc), leaves=leaves)
+    return _Plan("cdr")
+
+
 def _entry(section: str, prop: Any, allocator: names.NameAllocator, out: dict[str, Typed]) -> list[Any]:
     """Add the properties for one ohf/fd entry to ``out``; its manifest record ``[name, desc, [properties]]``."""
     name = str(prop.name)
     field = f"{section}:{name}"
     _string(name, field)
-    tc, value = prop.value.typecode(), prop.value.value()
-    if it.is_leaf(tc):
+    value_any = prop.value
+    plan = it.type_cached(_PLANS, value_any.typecode(), _make_plan)
+    if plan.leaf is not None:
         pname = allocator.allocate(section, name)
-        out[pname] = _checked(it.leaf_to_typed(tc, value), field)
-        return [name, it.tc_to_desc(tc), [pname]]
-    if it.is_flattenable(tc):
+        out[pname] = _checked(plan.leaf(value_any.value()), field)
+        return [name, plan.desc, [pname]]
+    if plan.leaves is not None:
+        value = value_any.value()
         pnames = []
-        for path, ltc, lvalue in it.flatten(tc, value):
+        for path, dotted, convert in plan.leaves:
+            leaf = value
+            for member in path:
+                leaf = getattr(leaf, member)
             pname = allocator.allocate(section, name, path)
-            out[pname] = _checked(it.leaf_to_typed(ltc, lvalue), f"{field}.{'.'.join(path)}")
+            out[pname] = _checked(convert(leaf), f"{field}.{dotted}")
             pnames.append(pname)
-        return [name, it.tc_to_desc(tc), pnames]
+        return [name, plan.desc, pnames]
     pname = allocator.allocate(section, name)
-    encoded = base64.b64encode(it.any_to_cdr(prop.value, field)).decode("ascii")
+    encoded = base64.b64encode(it.any_to_cdr(value_any, field)).decode("ascii")
     out[pname] = Typed(JmsType.STRING, encoded)
     return [name, "cdr", [pname]]
 

@@ -56,6 +56,8 @@ FRAME_HEADERS = frozenset({
     "receipt-id", SCHEDULED_DELAY, "scheduledJobId", TYPES_HEADER, DELIVERY_TIME_HEADER, BODY_HEADER,
 })
 _RESERVED_PROPERTY_NAMES = FRAME_HEADERS
+# An Enum member read from its class costs a descriptor call each time: these are read once.
+_STRING, _INT, _LONG, _SHORT, _BYTE = JmsType.STRING, JmsType.INT, JmsType.LONG, JmsType.SHORT, JmsType.BYTE
 _KNOWN_JMSX = {"JMSXDeliveryCount": JmsType.INT, "JMSXGroupSeq": JmsType.INT, "JMSXRcvTimestamp": JmsType.LONG}
 _SENDABLE = frozenset({JmsType.BOOLEAN, JmsType.BYTE, JmsType.SHORT, JmsType.INT, JmsType.LONG, JmsType.FLOAT,
                        JmsType.DOUBLE, JmsType.STRING})
@@ -82,11 +84,17 @@ def to_stomp_headers(msg: JmsMessage, *, now_ms: int | None = None) -> dict[str,
     """SEND headers for a :class:`~router.jms.model.JmsMessage` (body headers are added by ``stomp_body``)."""
     headers = _standard(msg, now_ms)
     types = []
+    string = _STRING
     for name, value in msg.properties.items():
-        _check_property_name(name)
+        if name in _RESERVED_PROPERTY_NAMES or not name:
+            _check_property_name(name)
+        raw = value.value
+        if value.type is string and isinstance(raw, str):     # most properties: the text itself
+            headers[name] = raw
+            continue
         headers[name] = encode_value(value, f"property:{name}")
-        if value.type != JmsType.STRING:
-            types.append(f"{_escape(name)}={value.type.value}")
+        if value.type != string:
+            types.append(f"{_escape(name)}={value.type._value_}")
     if types:
         headers[TYPES_HEADER] = ",".join(types)
     check_header_text(headers)
@@ -96,6 +104,8 @@ def to_stomp_headers(msg: JmsMessage, *, now_ms: int | None = None) -> dict[str,
 def check_header_text(headers: dict[str, str]) -> None:
     """Refuse a header a STOMP frame cannot carry: a NUL ends the frame (STOMP 1.2 has no escape for it), so it
     would split the frame at the receiver. CR, LF, ``:`` and ``\\`` are escaped by the transport."""
+    if "\0" not in "".join(headers) and "\0" not in "".join(headers.values()):
+        return                                     # the usual case, found in two scans
     for name, value in headers.items():
         for text in (name, value):
             if "\0" in text:
@@ -109,15 +119,20 @@ def _standard(msg: JmsMessage, now_ms: int | None) -> dict[str, str]:
         raise MappingError(f"JMSPriority {msg.priority} is outside 0..9", "JMSPriority")
     headers = {"persistent": "true" if msg.delivery_mode == DeliveryMode.PERSISTENT else "false",
                "priority": str(msg.priority)}
-    optional = {
-        "destination": msg.destination.stomp() if msg.destination else None,
-        "expires": str(msg.expiration) if msg.expiration else None,
-        "timestamp": str(msg.timestamp) if msg.timestamp else None,
-        "type": msg.jms_type, "correlation-id": msg.correlation_id,
-        "reply-to": msg.reply_to.stomp() if msg.reply_to else None,
-        DELIVERY_TIME_HEADER: str(msg.delivery_time) if msg.delivery_time else None,
-    }
-    headers.update({k: v for k, v in optional.items() if v is not None})
+    if msg.destination:                  # in this order (an encoded frame's headers keep it)
+        headers["destination"] = msg.destination.stomp()
+    if msg.expiration:
+        headers["expires"] = str(msg.expiration)
+    if msg.timestamp:
+        headers["timestamp"] = str(msg.timestamp)
+    if msg.jms_type is not None:
+        headers["type"] = msg.jms_type
+    if msg.correlation_id is not None:
+        headers["correlation-id"] = msg.correlation_id
+    if msg.reply_to:
+        headers["reply-to"] = msg.reply_to.stomp()
+    if msg.delivery_time:
+        headers[DELIVERY_TIME_HEADER] = str(msg.delivery_time)
     if now_ms is not None and msg.delivery_time > now_ms:
         headers[SCHEDULED_DELAY] = str(msg.delivery_time - now_ms)
     return headers
@@ -138,6 +153,12 @@ def _unescape(name: str) -> str:
 
 def encode_value(value: Typed, field: str) -> str:
     """A property value as header text (the type goes in ``nsjms_types``)."""
+    jtype, raw = value.type, value.value
+    if jtype is _INT or jtype is _LONG or jtype is _SHORT or jtype is _BYTE:     # the usual typed property
+        low, high = it.JAVA_RANGES[jtype]
+        if isinstance(raw, int) and not isinstance(raw, bool) and low <= raw <= high:
+            return str(raw)
+        raise MappingError(f"{raw!r} is not a Java {jtype}", field)
     if value.type not in _SENDABLE:
         raise MappingError(f"a JMS property cannot be of type {value.type}", field)
     raw = value.value

@@ -1,0 +1,81 @@
+"""The per-type caches and fast paths of the NS -> JMS mapping (issue 12, round 4) decide exactly as the slow
+paths: a cached decision is never reused for a type that differs, and the fast checks refuse what the slow ones
+refused, with the same error."""
+
+from __future__ import annotations  # noqa: I001  (omniORB must be imported before the COS stubs)
+
+from typing import Any
+
+import omniORB
+import pytest
+from omniORB import CORBA, tcInternal
+
+import CosNotification as N
+
+from router.bridge.limits import STOMP_MAX_HEADER_LINE, check_stomp_limits
+from router.jms.model import Destination
+from router.mapping import MappingError, event_to_jms
+from router.mapping import idltypes as it
+from router.mapping.stomp_body import message_to_stomp
+
+
+@pytest.fixture(autouse=True, scope="module")
+def orb() -> Any:
+    return CORBA.ORB_init([], CORBA.ORB_ID)
+
+
+def _enum(members: list[str]) -> Any:
+    items = []
+    for value, member in enumerate(members):
+        item = omniORB.EnumItem(member, value)
+        item._parent_id = "IDL:test/Colour:1.0"
+        items.append(item)
+    return tcInternal.createTypeCode((tcInternal.tv_enum, "IDL:test/Colour:1.0", "Colour", tuple(items)))
+
+
+def test_enum_types_differing_in_member_names_only_are_described_each_as_it_is() -> None:
+    """omniORB's enum items compare by value, not by name (their hashes do include the name, so only a hash
+    collision could mix them up; the cache does not store such descriptors at all): each type keeps its own."""
+    first, second = _enum(["RED", "GREEN"]), _enum(["ROUGE", "VERT"])
+    assert it.tc_to_desc(first) == ["enum", "IDL:test/Colour:1.0", "Colour", ["RED", "GREEN"]]
+    assert it.tc_to_desc(second) == ["enum", "IDL:test/Colour:1.0", "Colour", ["ROUGE", "VERT"]]
+
+
+def test_bounded_and_unbounded_strings_are_told_apart() -> None:
+    assert it.tc_to_desc(CORBA.TC_string) == "string"
+    assert it.tc_to_desc(tcInternal.createStringTC(8)) == ["string", 8]
+    assert it.tc_to_desc(CORBA.TC_string) == "string"
+
+
+@pytest.mark.parametrize("value", [0, 2**63, 2**64 - 1])
+def test_the_cached_leaf_converter_is_leaf_to_typed(value: int) -> None:
+    for tc in (CORBA.TC_ulonglong, CORBA.TC_longlong if value < 2**63 else CORBA.TC_ulonglong):
+        assert it.leaf_converter(tc)(value) == it.leaf_to_typed(tc, value)
+
+
+def _frame_headers(fd: list[Any]) -> dict[str, str]:
+    header = N.EventHeader(N.FixedEventHeader(N.EventType("D", "T"), "e"), [])
+    event = N.StructuredEvent(header, fd, CORBA.Any(CORBA.TC_string, "x"))
+    return message_to_stomp(event_to_jms(event, Destination("queue", "q"), now_ms=1)).headers
+
+
+def test_a_lone_surrogate_is_still_refused() -> None:
+    with pytest.raises(MappingError, match="unpaired surrogate"):
+        _frame_headers([N.Property("s", CORBA.Any(CORBA.TC_wstring, "bad \udcff"))])
+
+
+def test_a_nul_in_a_property_is_still_refused() -> None:
+    with pytest.raises(MappingError, match="NUL"):
+        _frame_headers([N.Property("s", CORBA.Any(CORBA.TC_string, "a\0b"))])
+
+
+def test_the_limits_fast_path_refuses_what_the_line_by_line_check_refuses() -> None:
+    ok = _frame_headers([N.Property("n", CORBA.Any(CORBA.TC_long, 1))])
+    check_stomp_limits(ok)
+    with pytest.raises(MappingError, match="non-integer JMSXGroupSeq"):
+        check_stomp_limits({**ok, "JMSXGroupSeq": "2147483648"})
+    with pytest.raises(MappingError, match="non-integer priority"):
+        check_stomp_limits({**ok, "priority": "4x"})
+    with pytest.raises(MappingError, match="header line"):
+        check_stomp_limits({**ok, "big": "\n" * (STOMP_MAX_HEADER_LINE // 2)})
+    check_stomp_limits({**ok, "big": "x" * (STOMP_MAX_HEADER_LINE // 2)})     # long, below the line limit
