@@ -260,6 +260,7 @@ class InBatch:
     """What one T2 took from JMS: the events to store (in order) and how to refuse one of them."""
 
     events: list[Any] = field(default_factory=list)
+    bodies: list[bytes | None] = field(default_factory=list)   # each event's CDR encoding when the bridge made one
     deliveries: list[Delivery] = field(default_factory=list)
     received: int = 0
     duplicates: int = 0
@@ -429,13 +430,15 @@ class InboundT2:
                         "nsjms_dlq_moved_to": _BROKER_DLQ}))
                 branch.nack(d)
                 continue
+            body = None
             if problem is None:
-                event, problem = flow._event(d)
+                event, body, problem = flow.event_encoded(d)
             if problem is not None:
                 dead_letter(d, problem)
                 continue
             branch.ack(d)
             batch.events.append(event)
+            batch.bodies.append(body)
             batch.deliveries.append(d)
 
         def reject(index: int, reason: str) -> None:

@@ -213,11 +213,14 @@ class Store:
         return [ProxyRow(*r) for r in rows]
 
     # -- events -----------------------------------------------------------------------------------------
+    # The bodies go as a BINARY parameter (``%(body)b``): psycopg's text dumping of a bytea[] escapes every byte
+    # in Python-side array quoting (about 90 µs per 1 KB body, the largest share of a JMS → channel round's CPU in
+    # a profile), the binary one copies them (under 1 µs).
     _INSERT_EVENTS = """
         WITH ev AS (
             INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at, received_at)
             SELECT %(cid)s, seq, form, body, prio, deadline, start_at, to_timestamp(acc)
-            FROM unnest(%(seq)s::bigint[], %(form)s::smallint[], %(body)s::bytea[], %(prio)s::integer[],
+            FROM unnest(%(seq)s::bigint[], %(form)s::smallint[], %(body)b::bytea[], %(prio)s::integer[],
                         %(deadline)s::float8[], %(start)s::float8[], %(acc)s::float8[])
                  AS t(seq, form, body, prio, deadline, start_at, acc)
             RETURNING id, seq, received_at
