@@ -33,6 +33,7 @@ import psycopg
 from psycopg import Xid
 
 from router.bridge.ports import Inbox
+from router.bridge.txbranch import _Background
 from router.jms.model import Destination, JmsMessage
 from router.jms.transport import BrokerError, Delivery, SendRefused, Transport, TransportError
 from router.t2 import ACK_MANAGER, inbox_claim
@@ -97,7 +98,8 @@ class StompAckBranch:
     def __init__(self, transport: Transport, deliveries: Sequence[Delivery] = (), *, name: str = "stomp-ack",
                  on_rollback: Callable[[StompAckBranch], None] | None = None,
                  on_commit: Callable[[], None] | None = None,
-                 on_unknown: Callable[[BaseException], None] | None = None) -> None:
+                 on_unknown: Callable[[BaseException], None] | None = None,
+                 background_begin: bool = False) -> None:
         self.transport = transport
         self.name = name
         self.deliveries = list(deliveries)     # given back to on_rollback: the T2 took them from the subscription
@@ -110,19 +112,38 @@ class StompAckBranch:
         self._on_unknown = on_unknown
         self._ended = False
         self.refused: str | None = None        # set when prepare found a frame the broker answered with ERROR
+        self._background_begin = background_begin
+        self._begin: _Background | None = None
 
     def sort_key(self) -> str:
         return "~stomp-ack"
 
     # -- protocol -----------------------------------------------------------------------------------------
     def begin(self, xid: Xid) -> None:
+        """STOMP BEGIN, receipted. ``background_begin``: the BEGIN is written and its receipt awaited on a worker
+        thread (``router.bridge.txbranch``'s): the caller's inbox claims and mapping run meanwhile (with the
+        previous T2's COMMIT in flight on the same connection, the broker answers the BEGIN only after it), and
+        the first frame waits for it; a failed BEGIN is raised there, still as :class:`BranchUnavailable`."""
         self._gtrid = xid.gtrid
+        if self._background_begin:
+            self._begin = _Background(self._begin_now)
+            return
+        self._begin_now()
+
+    def _begin_now(self) -> None:
         try:
             self.tx = self.transport.begin()
         except TransportError as exc:
-            raise BranchUnavailable(f"STOMP BEGIN failed: {exc}", gtrid=xid.gtrid, branch=self.name) from exc
+            raise BranchUnavailable(f"STOMP BEGIN failed: {exc}", gtrid=self._gtrid, branch=self.name) from exc
+
+    def _settle_begin(self) -> None:
+        """Wait for a background BEGIN; its failure is raised here."""
+        pending, self._begin = self._begin, None
+        if pending is not None and (error := pending.wait()) is not None:
+            raise error
 
     def prepare(self) -> None:
+        self._settle_begin()
         last, self._last = self._last, None
         try:
             if last is not None:
@@ -158,6 +179,10 @@ class StompAckBranch:
             return
         self._ended = True
         self._last = None
+        try:
+            self._settle_begin()                 # the ABORT goes after the BEGIN, for a transaction that began
+        except Exception as exc:  # noqa: BLE001 — a BEGIN that failed began nothing: nothing to abort
+            log.info("STOMP BEGIN of %s failed (%s): nothing to abort", self._gtrid, exc)
         if self.tx is not None:
             try:
                 self.transport.abort(self.tx)
@@ -180,6 +205,8 @@ class StompAckBranch:
                                                         receipt=receipt))
 
     def _frame(self, write: Callable[[bool], None]) -> None:
+        if not self._ended:
+            self._settle_begin()
         if self.tx is None or self._ended:
             raise UsageError("a frame for a STOMP ack branch that is not active", gtrid=self._gtrid)
         previous, self._last = self._last, write
@@ -367,7 +394,7 @@ class InboundT2:
             if enlist is not None:
                 branch = StompAckBranch(flow.transport, deliveries, on_rollback=lambda b: self._hold(b, letters),
                                         on_commit=lambda: self._committed(stats, letters),
-                                        on_unknown=self._unknown)
+                                        on_unknown=self._unknown, background_begin=True)
                 try:
                     enlist(branch)
                 except BaseException:
