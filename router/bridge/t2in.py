@@ -114,6 +114,7 @@ class StompAckBranch:
         self.refused: str | None = None        # set when prepare found a frame the broker answered with ERROR
         self._background_begin = background_begin
         self._begin: _Background | None = None
+        self._sealed: _Background | None = None  # the last frame, written by seal() and receipted in the background
 
     def sort_key(self) -> str:
         return "~stomp-ack"
@@ -142,12 +143,24 @@ class StompAckBranch:
         if pending is not None and (error := pending.wait()) is not None:
             raise error
 
+    def seal(self) -> None:
+        """No more frames: write the last one now WITH its receipt, awaited on a worker thread, so the broker works
+        through the batch's frames while the PostgreSQL branch prepares (the coordinator prepares it first);
+        :meth:`prepare` then only waits for that receipt. A frame added after this is a :class:`UsageError`."""
+        self._settle_begin()
+        last, self._last = self._last, None
+        if last is not None and not self._ended:
+            self._sealed = _Background(lambda: last(True))
+
     def prepare(self) -> None:
         self._settle_begin()
         last, self._last = self._last, None
+        sealed, self._sealed = self._sealed, None
         try:
             if last is not None:
                 last(True)
+            if sealed is not None and (error := sealed.wait()) is not None:
+                raise error
         except TransportError as exc:
             if isinstance(exc, BrokerError | SendRefused):
                 self.refused = str(exc)
@@ -183,6 +196,9 @@ class StompAckBranch:
             self._settle_begin()                 # the ABORT goes after the BEGIN, for a transaction that began
         except Exception as exc:  # noqa: BLE001 — a BEGIN that failed began nothing: nothing to abort
             log.info("STOMP BEGIN of %s failed (%s): nothing to abort", self._gtrid, exc)
+        sealed, self._sealed = self._sealed, None
+        if sealed is not None:
+            sealed.wait()                        # the ABORT goes after the sealed last frame, never before it
         if self.tx is not None:
             try:
                 self.transport.abort(self.tx)
@@ -207,7 +223,7 @@ class StompAckBranch:
     def _frame(self, write: Callable[[bool], None]) -> None:
         if not self._ended:
             self._settle_begin()
-        if self.tx is None or self._ended:
+        if self.tx is None or self._ended or self._sealed is not None:
             raise UsageError("a frame for a STOMP ack branch that is not active", gtrid=self._gtrid)
         previous, self._last = self._last, write
         self.frames += 1
@@ -294,11 +310,18 @@ class InBatch:
     dead_lettered: int = 0
     _reject: Callable[[int, str], None] | None = None
     _local: LocalAcks | None = None
+    _branch: StompAckBranch | None = None
 
     def settle(self) -> None:
         """Non-transactional round: the caller's transaction committed; write the acks (see :class:`LocalAcks`)."""
         if self._local is not None:
             self._local.settle()
+
+    def seal(self) -> None:
+        """T2 round: every frame of the batch is in (the channel rejected what it refuses): the broker branch writes
+        its last frame now and awaits the receipt while PostgreSQL prepares (:meth:`StompAckBranch.seal`)."""
+        if self._branch is not None:
+            self._branch.seal()
 
     def abandon(self) -> None:
         """Non-transactional round: the caller's transaction failed; the deliveries are taken again next round."""
@@ -407,6 +430,8 @@ class InboundT2:
             batch = InBatch(received=len(deliveries))
             if isinstance(branch, LocalAcks):
                 batch._local = branch
+            else:
+                batch._branch = branch
             try:
                 self._fill(batch, branch, conn, gtrid, deliveries, letters)
             except BaseException:

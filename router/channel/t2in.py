@@ -372,6 +372,10 @@ class InboundT2Driver:
                 return 0
             if batch.events:
                 plan = self._plan(batch)
+            seal = getattr(batch, "seal", None)
+            if seal is not None:        # the broker takes the acks while PostgreSQL stores and prepares
+                seal()
+            if batch.events:
                 proxy.channel.store_in(conn, plan)
             txn.decide()                # phase one + the durable COMMIT record: the T2 commits from here on
         except BaseException as exc:
