@@ -246,7 +246,7 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
             cls = F.SequencePullReceiver if seq else F.StructuredPullReceiver
             return cls(self.flow_out, None, self._pacing_s, self.stop_event)
         self.flow_in = F.JmsToChannel(self, _LazyTransport(self), self._to_event, self.dead_letter, self._subscribe,
-                                      event_size=lambda ev: len(_event_bytes(ev)),
+                                      event_bytes=_event_bytes,
                                       max_event_bytes=self.factory.broker.max_event_bytes)
         if self.channel_spec.style == "PUSH":
             cls2 = F.SequencePushSenderServant if seq else F.PushSenderServant

@@ -53,6 +53,7 @@ class ChannelLink:
     channel_ack: Any
     channel_ok: bool
     times: ChannelTimeSupport
+    _times_read: tuple[object, object] | None = None     # the proxy QoS values `times` was made from
 
     def _kind(self) -> str:
         raise NotImplementedError
@@ -68,8 +69,11 @@ class ChannelLink:
         if servant is None:
             return self.times
         qos = servant.qos
-        flags = (CosNotification.StopTimeSupported, CosNotification.StartTimeSupported)
-        self.times = ChannelTimeSupport.from_qos({name: qos.get(name) for name in flags})
+        values = (qos.get(CosNotification.StopTimeSupported), qos.get(CosNotification.StartTimeSupported))
+        if values != self._times_read:       # per message: rebuilt only when the proxy's values changed
+            self.times = ChannelTimeSupport.from_qos({CosNotification.StopTimeSupported: values[0],
+                                                      CosNotification.StartTimeSupported: values[1]})
+            self._times_read = values
         return self.times
 
     def _proxy_qos(self, name: str, default: int) -> int:

@@ -315,10 +315,12 @@ class JmsToChannel:
     def __init__(self, bridge: BridgeHost, transport: Transport, to_event: Callable[[JmsMessage], Any],
                  dead_letter: DeadLetter, subscribe: Callable[[], Any],
                  event_size: Callable[[Any], int] | None = None, max_event_bytes: int = MAX_EVENT_BYTES,
-                 clock_ms: Callable[[], int] | None = None, inbox: Inbox | None = None) -> None:
+                 clock_ms: Callable[[], int] | None = None, inbox: Inbox | None = None,
+                 event_bytes: Callable[[Any], bytes] | None = None) -> None:
         self.bridge = bridge
         self.inbox = inbox                                # None: the node's (router.bridge.t2in.PG_INBOX)
         self.event_size = event_size
+        self.event_bytes = event_bytes                    # the event's CDR encoding: its size, kept for storage
         self.max_event_bytes = max_event_bytes
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.transport = transport
@@ -395,24 +397,38 @@ class JmsToChannel:
         return None
 
     def _event(self, delivery: Delivery) -> tuple[Any, str | None]:
+        event, _, problem = self.event_encoded(delivery)
+        return event, problem
+
+    def event_encoded(self, delivery: Delivery) -> tuple[Any, bytes | None, str | None]:
+        """(event, its CDR encoding when ``event_bytes`` made one, why it cannot be forwarded or None). The
+        encoding measures the event against ``max_event_bytes``; a local round hands it to the channel, which
+        stores a persistent StructuredEvent with exactly these bytes instead of encoding it a second time."""
         from router.mapping.errors import MappingError
 
         try:
             event = self.to_event(delivery.message)
         except MappingError as exc:
-            return None, f"unmappable JMS message: {exc}"
+            return None, None, f"unmappable JMS message: {exc}"
         except Exception as exc:  # RecursionError, a codec bug, ...: dead-letter this message only
             log.exception("bridge %d: mapping message %s failed", self.bridge.id, delivery.message_id)
-            return None, f"unmappable JMS message: {describe(exc)}"
-        if self.event_size is not None:
+            return None, None, f"unmappable JMS message: {describe(exc)}"
+        body: bytes | None = None
+        if self.event_bytes is not None or self.event_size is not None:
             try:
-                size = self.event_size(event)
+                if self.event_bytes is not None:
+                    body = self.event_bytes(event)
+                    size = len(body)
+                else:
+                    assert self.event_size is not None
+                    size = self.event_size(event)
             except Exception as exc:  # noqa: BLE001 — an event the ORB cannot marshal can never be delivered
-                return None, f"the event cannot be encoded for CORBA: {describe(exc)}"
+                return None, None, f"the event cannot be encoded for CORBA: {describe(exc)}"
             if size > self.max_event_bytes:
-                return None, (f"the event is {size} bytes; the node's event size limit is {self.max_event_bytes} "
-                              "bytes (node.max_event_bytes): the channel would refuse it")
-        return event, None
+                return None, None, (f"the event is {size} bytes; the node's event size limit is "
+                                    f"{self.max_event_bytes} bytes (node.max_event_bytes): the channel would refuse "
+                                    "it")
+        return event, body, None
 
     def refuse(self, delivery: Delivery) -> None:
         """NACK: ActiveMQ moves the *original* message, body intact, to ``ActiveMQ.DLQ``. The broker's copy carries

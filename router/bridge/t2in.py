@@ -33,6 +33,7 @@ import psycopg
 from psycopg import Xid
 
 from router.bridge.ports import Inbox
+from router.bridge.txbranch import _Background
 from router.jms.model import Destination, JmsMessage
 from router.jms.transport import BrokerError, Delivery, SendRefused, Transport, TransportError
 from router.t2 import ACK_MANAGER, inbox_claim
@@ -97,7 +98,8 @@ class StompAckBranch:
     def __init__(self, transport: Transport, deliveries: Sequence[Delivery] = (), *, name: str = "stomp-ack",
                  on_rollback: Callable[[StompAckBranch], None] | None = None,
                  on_commit: Callable[[], None] | None = None,
-                 on_unknown: Callable[[BaseException], None] | None = None) -> None:
+                 on_unknown: Callable[[BaseException], None] | None = None,
+                 background_begin: bool = False) -> None:
         self.transport = transport
         self.name = name
         self.deliveries = list(deliveries)     # given back to on_rollback: the T2 took them from the subscription
@@ -110,23 +112,55 @@ class StompAckBranch:
         self._on_unknown = on_unknown
         self._ended = False
         self.refused: str | None = None        # set when prepare found a frame the broker answered with ERROR
+        self._background_begin = background_begin
+        self._begin: _Background | None = None
+        self._sealed: _Background | None = None  # the last frame, written by seal() and receipted in the background
 
     def sort_key(self) -> str:
         return "~stomp-ack"
 
     # -- protocol -----------------------------------------------------------------------------------------
     def begin(self, xid: Xid) -> None:
+        """STOMP BEGIN, receipted. ``background_begin``: the BEGIN is written and its receipt awaited on a worker
+        thread (``router.bridge.txbranch``'s): the caller's inbox claims and mapping run meanwhile (with the
+        previous T2's COMMIT in flight on the same connection, the broker answers the BEGIN only after it), and
+        the first frame waits for it; a failed BEGIN is raised there, still as :class:`BranchUnavailable`."""
         self._gtrid = xid.gtrid
+        if self._background_begin:
+            self._begin = _Background(self._begin_now)
+            return
+        self._begin_now()
+
+    def _begin_now(self) -> None:
         try:
             self.tx = self.transport.begin()
         except TransportError as exc:
-            raise BranchUnavailable(f"STOMP BEGIN failed: {exc}", gtrid=xid.gtrid, branch=self.name) from exc
+            raise BranchUnavailable(f"STOMP BEGIN failed: {exc}", gtrid=self._gtrid, branch=self.name) from exc
+
+    def _settle_begin(self) -> None:
+        """Wait for a background BEGIN; its failure is raised here."""
+        pending, self._begin = self._begin, None
+        if pending is not None and (error := pending.wait()) is not None:
+            raise error
+
+    def seal(self) -> None:
+        """No more frames: write the last one now WITH its receipt, awaited on a worker thread, so the broker works
+        through the batch's frames while the PostgreSQL branch prepares (the coordinator prepares it first);
+        :meth:`prepare` then only waits for that receipt. A frame added after this is a :class:`UsageError`."""
+        self._settle_begin()
+        last, self._last = self._last, None
+        if last is not None and not self._ended:
+            self._sealed = _Background(lambda: last(True))
 
     def prepare(self) -> None:
+        self._settle_begin()
         last, self._last = self._last, None
+        sealed, self._sealed = self._sealed, None
         try:
             if last is not None:
                 last(True)
+            if sealed is not None and (error := sealed.wait()) is not None:
+                raise error
         except TransportError as exc:
             if isinstance(exc, BrokerError | SendRefused):
                 self.refused = str(exc)
@@ -158,6 +192,13 @@ class StompAckBranch:
             return
         self._ended = True
         self._last = None
+        try:
+            self._settle_begin()                 # the ABORT goes after the BEGIN, for a transaction that began
+        except Exception as exc:  # noqa: BLE001 — a BEGIN that failed began nothing: nothing to abort
+            log.info("STOMP BEGIN of %s failed (%s): nothing to abort", self._gtrid, exc)
+        sealed, self._sealed = self._sealed, None
+        if sealed is not None:
+            sealed.wait()                        # the ABORT goes after the sealed last frame, never before it
         if self.tx is not None:
             try:
                 self.transport.abort(self.tx)
@@ -180,7 +221,9 @@ class StompAckBranch:
                                                         receipt=receipt))
 
     def _frame(self, write: Callable[[bool], None]) -> None:
-        if self.tx is None or self._ended:
+        if not self._ended:
+            self._settle_begin()
+        if self.tx is None or self._ended or self._sealed is not None:
             raise UsageError("a frame for a STOMP ack branch that is not active", gtrid=self._gtrid)
         previous, self._last = self._last, write
         self.frames += 1
@@ -260,17 +303,25 @@ class InBatch:
     """What one T2 took from JMS: the events to store (in order) and how to refuse one of them."""
 
     events: list[Any] = field(default_factory=list)
+    bodies: list[bytes | None] = field(default_factory=list)   # each event's CDR encoding when the bridge made one
     deliveries: list[Delivery] = field(default_factory=list)
     received: int = 0
     duplicates: int = 0
     dead_lettered: int = 0
     _reject: Callable[[int, str], None] | None = None
     _local: LocalAcks | None = None
+    _branch: StompAckBranch | None = None
 
     def settle(self) -> None:
         """Non-transactional round: the caller's transaction committed; write the acks (see :class:`LocalAcks`)."""
         if self._local is not None:
             self._local.settle()
+
+    def seal(self) -> None:
+        """T2 round: every frame of the batch is in (the channel rejected what it refuses): the broker branch writes
+        its last frame now and awaits the receipt while PostgreSQL prepares (:meth:`StompAckBranch.seal`)."""
+        if self._branch is not None:
+            self._branch.seal()
 
     def abandon(self) -> None:
         """Non-transactional round: the caller's transaction failed; the deliveries are taken again next round."""
@@ -366,7 +417,7 @@ class InboundT2:
             if enlist is not None:
                 branch = StompAckBranch(flow.transport, deliveries, on_rollback=lambda b: self._hold(b, letters),
                                         on_commit=lambda: self._committed(stats, letters),
-                                        on_unknown=self._unknown)
+                                        on_unknown=self._unknown, background_begin=True)
                 try:
                     enlist(branch)
                 except BaseException:
@@ -379,6 +430,8 @@ class InboundT2:
             batch = InBatch(received=len(deliveries))
             if isinstance(branch, LocalAcks):
                 batch._local = branch
+            else:
+                batch._branch = branch
             try:
                 self._fill(batch, branch, conn, gtrid, deliveries, letters)
             except BaseException:
@@ -429,13 +482,15 @@ class InboundT2:
                         "nsjms_dlq_moved_to": _BROKER_DLQ}))
                 branch.nack(d)
                 continue
+            body = None
             if problem is None:
-                event, problem = flow._event(d)
+                event, body, problem = flow.event_encoded(d)
             if problem is not None:
                 dead_letter(d, problem)
                 continue
             branch.ack(d)
             batch.events.append(event)
+            batch.bodies.append(body)
             batch.deliveries.append(d)
 
         def reject(index: int, reason: str) -> None:

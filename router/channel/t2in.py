@@ -14,9 +14,12 @@ inside the T2) runs one T2 per round (:meth:`InboundT2Driver.round`):
 3. the channel decides the events' targets (:meth:`EventChannelImpl.plan_in`, no I/O; an event the channel refuses
    for its QoS or size is dead-lettered by the bridge in the same T2) and stores them in the SAME branch
    (:meth:`EventChannelImpl.store_in`);
-4. ``commit``: PostgreSQL first, then the STOMP COMMIT of the acks; only then the events are queued in memory
-   (:meth:`EventChannelImpl.publish`). A rollback (failure, rollback-only, TransactionTimeout) stores nothing and
-   aborts the STOMP transaction: the bridge keeps the deliveries and the next round takes them again.
+4. ``decide``: phase one (the STOMP ack branch's last frame receipted, PREPARE TRANSACTION) and the durable
+   COMMIT record; then phase two on the proxy's completer thread (``complete``: COMMIT PREPARED first, then the
+   STOMP COMMIT of the acks; only then the events are queued in memory, :meth:`EventChannelImpl.publish`) while
+   this thread begins the next T2 (pipelining; at most one decided T2 waits in the completer, which publishes in
+   the order of the decisions). A rollback (failure, rollback-only, TransactionTimeout) stores nothing and aborts
+   the STOMP transaction: the bridge keeps the deliveries and the next round takes them again.
 
 Without ``EnableTransaction`` the same pull from a bridge of this node on a Persistent channel is one local
 unit of work (:meth:`InboundT2Driver.round_local`): the inbox claims and the events in one PostgreSQL
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +44,8 @@ import CosNotification
 from router.channel import qos as Q
 from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe
 from router.channel.channel import RoutePlan
-from router.channel.events import Event, normalise_structured
-from router.channel.txdelivery import enable_needs_check
+from router.channel.events import Event, Form, normalise_structured
+from router.channel.txdelivery import Completer, enable_needs_check
 from router.crashpoints import crashpoint
 from router.ledger import t2_branch
 from xa.coordinator import BranchOutcome, Transaction
@@ -108,7 +112,7 @@ def plan_events(proxy: Any, batch: Any) -> RoutePlan:
     channel = proxy.channel
     events: list[Event] = [normalise_structured(ev) for ev in batch.events]
     try:
-        return channel.plan_in(proxy, events)   # type: ignore[no-any-return]
+        return _with_bodies(channel.plan_in(proxy, events), events, batch)
     except (CORBA.BAD_QOS, CORBA.IMP_LIMIT) as exc:
         if isinstance(exc, CORBA.IMP_LIMIT) and exc.minor != MINOR_EVENT_TOO_LARGE:
             raise
@@ -125,7 +129,25 @@ def plan_events(proxy: Any, batch: Any) -> RoutePlan:
             batch.reject(i, f"{describe(exc)}: above the channel's size limit of {proxy.rt.max_event_bytes} bytes")
             continue
         good.append(ev)
-    return channel.plan_in(proxy, good) if good else RoutePlan()
+    return _with_bodies(channel.plan_in(proxy, good), events, batch) if good else RoutePlan()
+
+
+def _with_bodies(plan: RoutePlan, events: list[Event], batch: Any) -> RoutePlan:
+    """The CDR encodings the bridge made of the batch's events (``batch.bodies``, to check their size) become the
+    plan's bodies, so :meth:`EventChannelImpl.store_in` stores a persistent event without encoding it again. Only
+    for a StructuredEvent kept as it is (the channel's encoding of it is the same ``cdrMarshal`` of the same
+    value); an event the channel already encoded keeps its own."""
+    bodies = getattr(batch, "bodies", None)
+    if not bodies:
+        return plan
+    by_event = {id(ev): body for ev, body in zip(events, bodies, strict=False)
+                if body is not None and ev.form is Form.STRUCTURED}
+    for rec, _ in plan.plans:
+        body = by_event.get(id(rec.event))
+        if body is not None and rec.seq not in plan.bodies:
+            plan.bodies[rec.seq] = body
+            rec.size = len(body)
+    return plan
 
 
 def local_round(proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, wait_s: float, *,
@@ -243,8 +265,19 @@ class InboundT2Driver:
         self.rolled_back = 0
         self.timed_out = 0
         self.last_error = ""
-        self.active = False              # a T2 is in progress (BridgeTransactionMgmt's TransactionActive)
+        self._in_round = False
+        self._completer: Completer | None = None
         self._warned = False
+
+    @property
+    def active(self) -> bool:
+        """A T2 is in progress (BridgeTransactionMgmt's TransactionActive): a round, or a decided T2 whose phase
+        two runs on the completer."""
+        return self._in_round or (self._completer is not None and self._completer.pending() > 0)
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self._in_round = value
 
     # -- which supplier -----------------------------------------------------------------------------------------
     def target(self) -> Any | None:
@@ -274,7 +307,9 @@ class InboundT2Driver:
         return self.round_local(target, wait_s)
 
     def round_local(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
-        """Without a T2: :func:`local_round` with the bridge's pull sender."""
+        """Without a T2: :func:`local_round` with the bridge's pull sender, after the phase two of the decided T2s
+        (their events are queued first)."""
+        self.drain()
         try:
             return local_round(self.proxy, target.take_local, self.proxy.room(LOCAL_BATCH), wait_s,
                                ready=target.wait_first)
@@ -307,36 +342,86 @@ class InboundT2Driver:
             self.active = False
 
     def _round(self, rt: Any, settings: T2Settings, target: Any, wait_s: float) -> int:
+        """Phase one and the decision on this thread; phase two (COMMIT PREPARED, the broker's COMMIT of the acks,
+        END) and the publication of the events on the proxy's completer (:meth:`_complete`), while this thread
+        begins the next T2: pipelining, as for channel → JMS (docs/transactions.md "Pipelining"). At most one
+        decided T2 is in the completer when a T2 begins (two T2s per proxy at most: two pooled sessions); the
+        completer publishes in the order of the decisions, so the channel queues the events in the order the
+        bridge received them. A channel bounded by ``MaxQueueLength`` waits for the phase two before it plans (its
+        admission must count the events of the previous T2)."""
         proxy = self.proxy
+        completer = self.completer()
+        if int(proxy.channel.admin_props.get(CosNotification.MaxQueueLength, 0) or 0):
+            completer.drain()
+        else:
+            completer.wait_for_room()
         txn = rt.t2.coordinator.begin(settings.timeout_s or None)
         plan = RoutePlan()
-        with rt.db.branch() as conn:
+        session = ExitStack()           # the branch's pooled session: kept until phase two is done
+        try:
+            conn = session.enter_context(rt.db.branch())
+            rt.t2.enlist(txn, t2_branch(getattr(getattr(rt, "store", None), "ledger", None), conn,
+                                        PgBranch(conn, "pg"), txn.gtrid))
+            if settings.timeout_s:
+                conn.execute("SELECT set_config('statement_timeout', %s, true)",
+                             (f"{settings.timeout_s * 1000}ms",))
+            batch = target.take_in_t2(txn, conn, proxy.room(settings.batch), wait_s)
+            if not batch.received:
+                txn.rollback("nothing received")
+                session.close()
+                return 0
+            if batch.events:
+                plan = self._plan(batch)
+            seal = getattr(batch, "seal", None)
+            if seal is not None:        # the broker takes the acks while PostgreSQL stores and prepares
+                seal()
+            if batch.events:
+                proxy.channel.store_in(conn, plan)
+            txn.decide()                # phase one + the durable COMMIT record: the T2 commits from here on
+        except BaseException as exc:
+            self._failed(txn, exc)      # rolled back while the branch's session is still ours
+            session.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        completer.submit(lambda: self._complete(txn, session, plan))
+        return int(batch.received)
+
+    def _complete(self, txn: Transaction, session: ExitStack, plan: RoutePlan) -> None:
+        """Phase two of a decided T2 (on the completer): then the session goes back to the pool and, once the
+        PostgreSQL branch committed, the events are queued in memory. A phase two that failed outside a branch's
+        outcome was handed to recovery by the coordinator (it commits from the COMMIT record)."""
+        proxy = self.proxy
+        outcome = None
+        try:
+            outcome = txn.complete()
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+            log.exception("proxy %s: phase two of T2 %s failed; handed to recovery, which commits it from its "
+                          "COMMIT record", proxy.oid, txn.gtrid)
+        finally:
             try:
-                rt.t2.enlist(txn, t2_branch(getattr(getattr(rt, "store", None), "ledger", None), conn,
-                                            PgBranch(conn, "pg"), txn.gtrid))
-                if settings.timeout_s:
-                    conn.execute("SELECT set_config('statement_timeout', %s, true)",
-                                 (f"{settings.timeout_s * 1000}ms",))
-                batch = target.take_in_t2(txn, conn, proxy.room(settings.batch), wait_s)
-                if not batch.received:
-                    txn.rollback("nothing received")
-                    return 0
-                if batch.events:
-                    plan = self._plan(batch)
-                    proxy.channel.store_in(conn, plan)
-                outcome = txn.commit()
-            except BaseException as exc:
-                self._failed(txn, exc)
-                raise
+                session.close()
+            except Exception:
+                log.exception("proxy %s: returning the session of T2 %s failed", proxy.oid, txn.gtrid)
+        if outcome is None:
+            return
         self.committed += 1
         self.last_error = ""
         if any(b.name == "pg" and b.outcome is not BranchOutcome.COMMITTED for b in outcome.branches):
             log.error("proxy %s: T2 %s decided COMMIT but its PostgreSQL branch is not confirmed; recovery commits "
                       "it and its %d event(s) are delivered after the node restarts", proxy.oid, txn.gtrid,
                       len(plan.plans))
-            return int(batch.received)
+            return
         proxy.channel.publish(plan)
-        return int(batch.received)
+
+    def completer(self) -> Completer:
+        """The proxy's phase-two thread for its JMS → channel T2s (made on first use)."""
+        if self._completer is None:
+            self._completer = Completer(f"t2-in-complete-{self.proxy.oid}")
+        return self._completer
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until the phase two of every decided T2 ended (and its events were published)."""
+        return True if self._completer is None else self._completer.drain(timeout)
 
     def _plan(self, batch: Any) -> RoutePlan:
         return plan_events(self.proxy, batch)

@@ -405,6 +405,8 @@ def _check_java(value: Typed, field: str) -> None:
 
 
 def _is_unicode(text: str) -> bool:
+    if text.isascii():              # most header and property texts: no surrogate possible, no encoding needed
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -20,9 +20,9 @@ from router.bridge import t2in as T
 from router.bridge.codec import MappingCodec
 from router.jms.memory import MemoryBroker, MemoryTransport
 from router.jms.model import BodyType, Destination, JmsMessage
-from router.jms.transport import BrokerUnavailable, Delivery, ReceiptTimeout
+from router.jms.transport import BrokerError, BrokerUnavailable, Delivery, ReceiptTimeout
 from xa.coordinator import Coordinator, Transaction
-from xa.errors import OutcomeUnknown, PrepareFailed
+from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 from xa.states import State
 from xa.testing import FakeClock, MemoryLog
 from xa.xid import NodeId
@@ -132,6 +132,7 @@ class Rig:
                                    lambda: self.transport.subscribe(QUEUE))
         self.inbound = T.InboundT2(self.flow)
         self.inbox = Inbox()
+        self.seal = True
 
     def produce(self, *bodies: str) -> None:
         with MemoryTransport(broker=self.broker, codec=MappingCodec()) as t:
@@ -143,6 +144,8 @@ class Rig:
         branch = InboxBranch(self.inbox)
         txn.enlist(branch)
         batch = self.inbound.take(NodeT2(), txn, branch, max_n, 0.0)  # type: ignore[arg-type]
+        if self.seal and batch.received:
+            batch.seal()                 # as the channel's driver does (issue 12 round 4): last frame in the background
         if fail_before_commit:
             txn.rollback("the channel could not store the events")
         elif batch.received:
@@ -485,3 +488,39 @@ def test_a_bridge_stopped_while_a_round_waits_forwards_nothing_and_keeps_the_mes
     monkeypatch.setattr(rig.bridge, "running", lambda: True)
     batch = rig.inbound.take_local(LocalConn(rig.inbox), 10, 0.0)  # type: ignore[arg-type]
     assert [e[1] for e in batch.events] == ["a", "b"], "held first, in order"
+
+
+# ------------------------------------------------------------------------------------------------ background BEGIN
+def test_a_t2s_begin_is_receipted_in_the_background_and_a_refused_one_rolls_the_t2_back(rig: Rig) -> None:
+    """Issue 12, round 4: the ack branch's BEGIN receipt is awaited on a worker thread while the inbox claims and
+    the mapping run; a BEGIN the broker refuses still rolls the T2 back (BranchUnavailable at its first frame),
+    nothing is acknowledged, and the next T2 takes the deliveries again."""
+    rig.produce("a", "b")
+    rig.broker.inject_fault("begin", BrokerError("BEGIN refused"))
+    txn = rig.coordinator.begin(30)
+    pg = InboxBranch(rig.inbox)
+    txn.enlist(pg)
+    with pytest.raises(BranchUnavailable):
+        rig.inbound.take(NodeT2(), txn, pg, 10, 0.0)  # type: ignore[arg-type]
+    txn.rollback("the take failed")
+    assert rig.inbox.committed == set() and len(rig.inbound.held) == 2
+    _, batch = rig.t2()
+    assert [e[1] for e in batch.events] == ["a", "b"] and len(rig.inbox.committed) == 2
+    assert rig.queue_left() == []
+
+
+def test_a_sealed_t2_refuses_a_later_frame_and_an_unsealed_one_still_commits(rig: Rig) -> None:
+    """The last frame is written at ``seal`` (its receipt awaited while PostgreSQL prepares); a frame after it is a
+    usage error; without ``seal`` prepare writes it in line as before."""
+    rig.produce("a", "b")
+    txn = rig.coordinator.begin(30)
+    pg = InboxBranch(rig.inbox)
+    txn.enlist(pg)
+    batch = rig.inbound.take(NodeT2(), txn, pg, 10, 0.0)  # type: ignore[arg-type]
+    batch.seal()
+    with pytest.raises(UsageError):
+        batch.reject(0, "too late")
+    txn.rollback("the channel failed")
+    rig.seal = False
+    _, again = rig.t2()
+    assert [e[1] for e in again.events] == ["a", "b"] and rig.queue_left() == []
