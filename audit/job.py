@@ -36,8 +36,10 @@ log = logging.getLogger("nsjms.audit")
 #: At most this many rows of a list table (lost, duplicates, ...) go into the summary and the report; the
 #: Parquet tables hold them all.
 LIST_LIMIT = 1000
-#: Up to this many in-doubt rows or duplicated obligations, their ids are sent to every task (a broadcast join)
-#: instead of shuffling the ledger's rows to meet them.
+#: Up to this many in-doubt ledger rows or duplicated obligations, their ids are sent to every task (a broadcast
+#: join) instead of shuffling the ledger's rows to meet them. Every broadcast frame holds distinct ids: the
+#: duplicated dedupe_ids; the in-doubt gtrids, the resolved ones among them and the open doubts' dedupe_ids (each
+#: at most as many as the in-doubt rows, whatever the number of resolving rows per transaction).
 BROADCAST_LIMIT = 1_000_000
 
 
@@ -143,6 +145,10 @@ def _session(req: AuditRequest) -> Iterator[Any]:
             "spark.sql.shuffle.partitions": str(req.shuffle_partitions),
             # the kept small result frames may be coalesced by adaptive execution like any other (fewer tasks)
             "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
+            # adaptive execution coalesces a shuffle into partitions of about this size: at 64 MB (the default)
+            # the per-obligation aggregation of 10M rows ran as 3 tasks on 2 cores; at 16 MB the big shuffles
+            # split evenly while the small ones still become one partition
+            "spark.sql.adaptive.advisoryPartitionSizeInBytes": "16m",
             "spark.driver.host": os.environ["SPARK_LOCAL_IP"], "spark.driver.bindAddress": os.environ["SPARK_LOCAL_IP"]}
     if req.source == "jdbc":
         conf["spark.jars"] = req.jdbc_jar
@@ -232,31 +238,33 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     step("reconcile")
     tables = req.out / "tables"
     facets = [r.asDict() for r in T.facets(ledger).collect()]
+    codes = T.dictionary(facets)
     doubt_rows = sum(r["rows"] for r in facets if r["outcome"] == "in_doubt")
     few_doubts = doubt_rows <= BROADCAST_LIMIT
     none = ledger.where(F.lit(False))  # an empty ledger: its results are empty without reading anything
     doubts = T.open_doubts(ledger if doubt_rows else none, broadcast=few_doubts).persist(StorageLevel.MEMORY_AND_DISK)
-    obl = T.obligations(ledger, req.as_of, req.grace, doubts=doubts, codes=T.dictionary(facets),
-                        broadcast=few_doubts).persist(StorageLevel.MEMORY_AND_DISK)
-    out: dict[str, Any] = {"status_counts": _write_collect(T.status_counts(obl), tables / "status_counts")}
+    obl = T.obligations(ledger, req.as_of, req.grace, doubts=doubts, codes=codes, broadcast=few_doubts)
+    # the per-obligation frame is aggregated once more (to counts and the listed obligations) and not kept
+    rec = T.reconciliation(obl).persist(StorageLevel.MEMORY_AND_DISK)
+    out: dict[str, Any] = {"status_counts": _write_collect(T.status_counts(rec), tables / "status_counts")}
     duplicated = sum(r["obligations"] for r in out["status_counts"] if r["status"] == "duplicated")
     facets_df = spark.createDataFrame(facets, schema=T.facets(ledger).schema) if facets else T.facets(none)
-    for name, df in (("lost", T.lost(obl)),
-                     ("duplicates", T.duplicates(ledger if duplicated else none, obl,
+    for name, df in (("lost", T.lost(rec)),
+                     ("duplicates", T.duplicates(ledger if duplicated else none, rec,
                                                  broadcast=duplicated <= BROADCAST_LIMIT)),
                      ("stuck_in_doubt", T.stuck_in_doubt(none, req.as_of, req.grace, doubts=doubts)),
                      ("dead_letters", T.dead_letters_by_reason(facets_df))):
         out[name] = _write_collect(df, tables / name)
-    obl.unpersist()
+    rec.unpersist()
     doubts.unpersist()
     step("latency")
-    counts = T.latency_counts(T.hop_latencies(ledger)).persist(StorageLevel.MEMORY_AND_DISK)
+    counts = T.latency_counts(T.hop_latencies(ledger), codes).persist(StorageLevel.MEMORY_AND_DISK)
     for name, df in (("latency_percentiles", T.latency_percentiles(counts)),
                      ("latency_histogram", T.latency_histogram(counts))):
         out[name] = _write_collect(df, tables / name)
     counts.unpersist()
     step("throughput")
-    per_minute = T.throughput_per_minute(ledger).persist(StorageLevel.MEMORY_AND_DISK)
+    per_minute = T.throughput_per_minute(ledger, codes).persist(StorageLevel.MEMORY_AND_DISK)
     per_minute.write.mode("overwrite").parquet(str(tables / "throughput_per_minute"))
     out["throughput_totals"] = [r.asDict() for r in T.throughput_totals(per_minute).orderBy("minute").collect()]
     per_minute.unpersist()

@@ -51,6 +51,8 @@ __all__ = [
     "lost",
     "obligations",
     "open_doubts",
+    "reconciliation",
+    "resolving_gtrids",
     "status_counts",
     "stuck_in_doubt",
     "throughput_per_minute",
@@ -156,11 +158,19 @@ def open_doubts(ledger_df: DataFrame, broadcast: bool = True) -> DataFrame:
     """
     rows = ledger_df.select("dedupe_id", "gtrid", "prepared_at", "outcome")
     doubts = rows.where(F.col("outcome") == "in_doubt").select("dedupe_id", "gtrid", "prepared_at")
-    ids = doubts.select("gtrid")
-    resolved = (rows.where(F.col("outcome").isin(*_RESOLVING) & F.col("gtrid").isNotNull()).select("gtrid")
-                .join(F.broadcast(ids) if broadcast else ids, on="gtrid", how="left_semi"))
+    resolved = resolving_gtrids(rows, broadcast)
     return (doubts.join(F.broadcast(resolved) if broadcast else resolved, on="gtrid", how="left_anti")
             .select("dedupe_id", "gtrid", "prepared_at"))
+
+
+def resolving_gtrids(ledger_df: DataFrame, broadcast: bool = True) -> DataFrame:
+    """gtrid: the distinct gtrids that have an ``in_doubt`` row and a resolving row. Both frames
+    :func:`open_doubts` broadcasts (the in-doubt gtrids, then these) hold distinct gtrids, so neither has more
+    rows than the ledger has ``in_doubt`` rows, whatever the number of resolving rows per transaction."""
+    rows = ledger_df.select("gtrid", "outcome")
+    ids = rows.where(F.col("outcome") == "in_doubt").select("gtrid").distinct()
+    return (rows.where(F.col("outcome").isin(*_RESOLVING) & F.col("gtrid").isNotNull()).select("gtrid")
+            .join(F.broadcast(ids) if broadcast else ids, on="gtrid", how="left_semi").distinct())
 
 
 def obligations(ledger_df: DataFrame, as_of: datetime, grace: timedelta, *, doubts: DataFrame | None = None,
@@ -201,22 +211,42 @@ def obligations(ledger_df: DataFrame, as_of: datetime, grace: timedelta, *, doub
                     status.alias("status")))
 
 
-def status_counts(obl: DataFrame) -> DataFrame:
-    """status, direction, obligations."""
-    return (obl.select("status", "direction").groupBy("status", "direction").agg(F.count(F.lit(1)).alias("n"))
+_LISTED = ("lost", "duplicated")
+
+
+def reconciliation(obl: DataFrame) -> DataFrame:
+    """The per-obligation frame (:func:`obligations`) reduced to what the reconciliation reports, in one
+    aggregation: status, dedupe_id, direction, channel_id, bridge_id, destination, accepted_at, obligations.
+    Lost and duplicated obligations keep one row each (their ids and dims, ``obligations`` 1); every other
+    status is one row per direction with the other columns null. Small unless nearly everything is lost, so
+    the caller can keep it instead of the per-obligation frame; :func:`status_counts`, :func:`lost` and
+    :func:`duplicates` read it."""
+    listed = F.col("status").isin(*_LISTED)
+    kept = ("dedupe_id", "channel_id", "bridge_id", "destination", "accepted_at")
+    return (obl.select("status", "dedupe_id", *_DIMS, "accepted_at")
+            .groupBy("status", "direction", *[F.when(listed, F.col(c)).alias(c) for c in kept])
+            .agg(F.count(F.lit(1)).alias("n"))
+            .select("status", "dedupe_id", *_DIMS, "accepted_at", F.col("n").cast(LongType()).alias("obligations")))
+
+
+def status_counts(rec: DataFrame) -> DataFrame:
+    """status, direction, obligations (``rec``: :func:`reconciliation`)."""
+    return (rec.select("status", "direction", "obligations").groupBy("status", "direction")
+            .agg(_total("obligations").alias("n"))
             .select("status", "direction", F.col("n").cast(LongType()).alias("obligations")))
 
 
 def lost(obl: DataFrame) -> DataFrame:
-    """The lost obligations: dedupe_id, direction, channel_id, bridge_id, destination, accepted_at."""
+    """The lost obligations: dedupe_id, direction, channel_id, bridge_id, destination, accepted_at (``obl``:
+    :func:`obligations` or its :func:`reconciliation`)."""
     return (obl.select("dedupe_id", *_DIMS, "accepted_at", "status").where(F.col("status") == "lost")
             .select("dedupe_id", *_DIMS, "accepted_at"))
 
 
 def duplicates(ledger_df: DataFrame, obl: DataFrame, broadcast: bool = True) -> DataFrame:
-    """dedupe_ids delivered more than once (``obl``: :func:`obligations`): deliveries, distinct_gtrids,
-    first/last delivery time (of the last hop). ``broadcast``: the duplicated ids are few (sent to every task,
-    so the ledger's delivered rows are not shuffled)."""
+    """dedupe_ids delivered more than once (``obl``: :func:`obligations` or its :func:`reconciliation`):
+    deliveries, distinct_gtrids, first/last delivery time (of the last hop). ``broadcast``: the duplicated ids
+    are few (sent to every task, so the ledger's delivered rows are not shuffled)."""
     done = F.coalesce(*[F.col(c) for c in reversed(_TS)])
     dup_ids = obl.select("dedupe_id", "status").where(F.col("status") == "duplicated").select("dedupe_id")
     rows = (ledger_df.select("dedupe_id", *_DIMS, "gtrid", *_TS, "outcome").where(F.col("outcome") == "delivered")
@@ -271,18 +301,22 @@ def hop_latencies(ledger_df: DataFrame) -> DataFrame:
     return rows.select("dedupe_id", "direction", *hops, _ms("accepted_at", last).alias("end_to_end_ms"))
 
 
-def latency_counts(lat: DataFrame) -> DataFrame:
+def latency_counts(lat: DataFrame, codes: Codes | None = None) -> DataFrame:
     """hop, direction, v_ms, n: how many delivered rows of :func:`hop_latencies` had each exact latency, per hop
     and direction (rows without the hop omitted). Latencies are whole microseconds, so this is far smaller than
-    the ledger, and every percentile and histogram bin is exact from it."""
+    the ledger, and every percentile and histogram bin is exact from it. ``codes``: the ledger's
+    :func:`dictionary`; with it the direction is aggregated as its integer code (every key a primitive: Spark's
+    faster hash map), same rows."""
     stack = F.explode(F.array(*[F.struct(F.lit(i + 1).alias("h"), F.col(f"{h}_ms").alias("v"))
                                 for i, h in enumerate(HOP_NAMES)]))  # the hop's position: cheaper to hash
-    return (lat.select("direction", stack.alias("x"))
+    direction = F.col("direction") if codes is None else _encode("direction", codes.direction)
+    decoded = F.col("direction") if codes is None else _decode(F.col("direction"), codes.direction)
+    return (lat.select(direction.alias("direction"), stack.alias("x"))
             .select(F.col("x.h").alias("h"), "direction", F.col("x.v").alias("v_ms"))
             .where(F.col("v_ms").isNotNull())
             .groupBy("h", "direction", "v_ms").agg(F.count(F.lit(1)).alias("n"))
-            .select(F.element_at(F.array(*[F.lit(h) for h in HOP_NAMES]), F.col("h")).alias("hop"), "direction",
-                    "v_ms", F.col("n").cast(LongType()).alias("n")))
+            .select(F.element_at(F.array(*[F.lit(h) for h in HOP_NAMES]), F.col("h")).alias("hop"),
+                    decoded.alias("direction"), "v_ms", F.col("n").cast(LongType()).alias("n")))
 
 
 def latency_percentiles(counts: DataFrame) -> DataFrame:
@@ -318,12 +352,17 @@ def latency_histogram(counts: DataFrame, hop: str = "end_to_end", bins_per_decad
                     F.col("n").cast(LongType()).alias("samples")))
 
 
-def throughput_per_minute(ledger_df: DataFrame) -> DataFrame:
-    """minute (UTC, of the last hop), direction, channel_id, bridge_id, destination, delivered."""
+def throughput_per_minute(ledger_df: DataFrame, codes: Codes | None = None) -> DataFrame:
+    """minute (UTC, of the last hop), direction, channel_id, bridge_id, destination, delivered. ``codes``: the
+    ledger's :func:`dictionary`; with it direction and destination are grouped as their integer codes (every
+    key a primitive), same rows."""
     done = F.coalesce(*[F.col(c) for c in reversed(_TS)])
+    coded = {} if codes is None else {"direction": codes.direction, "destination": codes.destination}
+    keys = [_encode(c, coded[c]).alias(c) if c in coded else F.col(c) for c in _DIMS]
+    decoded = [_decode(F.col(c), coded[c]).alias(c) if c in coded else F.col(c) for c in _DIMS]
     return (ledger_df.select(*_DIMS, *_TS, "outcome").where(F.col("outcome") == "delivered")
-            .groupBy(F.date_trunc("minute", done).alias("minute"), *_DIMS).agg(F.count(F.lit(1)).alias("n"))
-            .select("minute", *_DIMS, F.col("n").cast(LongType()).alias("delivered")))
+            .groupBy(F.date_trunc("minute", done).alias("minute"), *keys).agg(F.count(F.lit(1)).alias("n"))
+            .select("minute", *decoded, F.col("n").cast(LongType()).alias("delivered")))
 
 
 def throughput_totals(per_minute: DataFrame) -> DataFrame:

@@ -101,9 +101,41 @@ def test_reconciliation_classifies_every_obligation(ledger: DataFrame) -> None:
         "dl2": "dead_letter", "dl3": "dead_letter", "exp": "expired",
     }
     assert [r["dedupe_id"] for r in collect(T.lost(obl), "dedupe_id")] == ["lost", "rb"]
-    counts = {(r["status"], r["direction"]): r["obligations"] for r in collect(T.status_counts(obl))}
+    rec = T.reconciliation(obl)
+    assert collect(T.lost(rec), "dedupe_id") == collect(T.lost(obl), "dedupe_id")
+    counts = {(r["status"], r["direction"]): r["obligations"] for r in collect(T.status_counts(rec))}
     assert counts[("dead_letter", "channel_to_jms")] == 2 and counts[("dead_letter", "jms_to_channel")] == 1
     assert sum(counts.values()) == 12
+
+
+def test_reconciliation_lists_only_the_lost_and_duplicated(ledger: DataFrame) -> None:
+    """One row per lost or duplicated obligation (with its ids and dims), one per other status and direction;
+    the counts are those of the per-obligation frame."""
+    led = T.ledger(ledger)
+    obl = T.obligations(led, AS_OF, GRACE)
+    rec = collect(T.reconciliation(obl), "status", "dedupe_id")
+    listed = [(r["status"], r["dedupe_id"], r["obligations"]) for r in rec if r["dedupe_id"] is not None]
+    assert listed == [("duplicated", "dup", 1), ("lost", "lost", 1), ("lost", "rb", 1)]
+    assert all(r["accepted_at"] is None and r["destination"] is None for r in rec if r["dedupe_id"] is None)
+    direct = {(r["status"], r["direction"]): r["n"] for r in collect(obl.groupBy("status", "direction").count()
+                                                                     .withColumnRenamed("count", "n"))}
+    assert {(r["status"], r["direction"]): r["obligations"] for r in collect(T.status_counts(T.reconciliation(obl)))
+            } == direct
+    assert collect(T.duplicates(led, T.reconciliation(obl))) == collect(T.duplicates(led, obl))
+
+
+def test_open_doubts_broadcast_distinct_gtrids_only(spark: SparkSession) -> None:
+    """The frames :func:`open_doubts` broadcasts hold distinct gtrids: a transaction with one in-doubt row and
+    many resolving rows (or many in-doubt rows) gives one row, so the job's limit on in-doubt rows bounds them."""
+    rows = [row("a", "in_doubt", T0, gtrid="g1", hops=(1, 1))]
+    rows += [row(f"d{i}", "delivered", T0, gtrid="g1", hops=(1, 1, 1, 1, 1)) for i in range(5)]
+    rows += [row(f"x{i}", "in_doubt", T0, gtrid="g2", hops=(1, 1)) for i in range(3)]
+    rows += [row("r", "rolled_back", T0, gtrid="g2"), row("r2", "rolled_back", T0, gtrid="g2")]
+    rows += [row("open", "in_doubt", T0, gtrid="g3", hops=(1, 1)), row("other", "delivered", T0, gtrid="g4")]
+    led = T.ledger(frame(spark, rows))
+    assert sorted(r["gtrid"] for r in T.resolving_gtrids(led).collect()) == ["g1", "g2"]
+    assert [r["dedupe_id"] for r in T.open_doubts(led).collect()] == ["open"]
+    assert [r["dedupe_id"] for r in T.open_doubts(led, broadcast=False).collect()] == ["open"]
 
 
 def test_duplicates_counts_deliveries_and_transactions(ledger: DataFrame) -> None:
@@ -176,7 +208,10 @@ def test_every_transform_states_its_schema_and_runs_no_python(ledger: DataFrame)
     counts = T.latency_counts(lat)
     facets = T.facets(led)
     outputs = {
-        "obligations": obl, "status_counts": T.status_counts(obl), "lost": T.lost(obl),
+        "obligations": obl, "reconciliation": T.reconciliation(obl),
+        "status_counts": T.status_counts(T.reconciliation(obl)), "lost": T.lost(obl),
+        "counts_coded": T.latency_counts(lat, T.dictionary(r.asDict() for r in facets.collect())),
+        "tpm_coded": T.throughput_per_minute(led, T.dictionary(r.asDict() for r in facets.collect())),
         "obligations_coded": T.obligations(led, AS_OF, GRACE, codes=T.dictionary(r.asDict() for r in facets.collect())),
         "duplicates": T.duplicates(led, obl), "stuck": T.stuck_in_doubt(led, AS_OF, GRACE),
         "open_doubts": T.open_doubts(led), "facets": facets,
@@ -211,6 +246,26 @@ def test_coded_obligations_equal_the_string_aggregation(ledger: DataFrame) -> No
     assert collect(coded, "dedupe_id") == collect(T.obligations(both, AS_OF, GRACE), "dedupe_id")
     mixed = next(r for r in collect(coded) if r["dedupe_id"] == "mixed")
     assert (mixed["destination"], mixed["direction"]) == ("queue/b", "channel_to_jms")
+
+
+def test_coded_latency_and_throughput_equal_the_string_aggregation(ledger: DataFrame) -> None:
+    """Latency counts and throughput grouped by integer codes (every key a primitive) give the string rows,
+    also for a null direction and a destination outside ASCII."""
+    odd = T.ledger(frame(ledger.sparkSession, [
+        {**row("nd", "delivered", T0, hops=(1, 2, 3, 4, 5)), "direction": None},
+        row("u", "delivered", T0, hops=(2, 2, 2), destination="queue/é", direction="jms_to_channel"),
+    ]))
+    both = T.ledger(ledger).unionByName(odd)
+    codes = T.dictionary(r.asDict() for r in T.facets(both).collect())
+    assert codes is not None
+    lat = T.hop_latencies(both)
+    coded = T.latency_counts(lat, codes)
+    assert "SortAggregate" not in coded._jdf.queryExecution().executedPlan().toString()
+    assert collect(coded, "hop", "direction", "v_ms") == collect(T.latency_counts(lat), "hop", "direction", "v_ms")
+    order = ("minute", "direction", "destination", "bridge_id")
+    assert collect(T.throughput_per_minute(both, codes), *order) == collect(T.throughput_per_minute(both), *order)
+    assert T.throughput_per_minute(both, codes).schema == T.throughput_per_minute(both).schema
+    assert coded.schema == T.latency_counts(lat).schema
 
 
 def test_dictionary_gives_up_beyond_its_limit() -> None:
