@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from psycopg.conninfo import conninfo_to_dict
 
@@ -252,9 +252,12 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     for name, df in (("lost", T.lost(rec)),
                      ("duplicates", T.duplicates(ledger if duplicated else none, rec,
                                                  broadcast=duplicated <= BROADCAST_LIMIT)),
-                     ("stuck_in_doubt", T.stuck_in_doubt(none, req.as_of, req.grace, doubts=doubts)),
                      ("dead_letters", T.dead_letters_by_reason(facets_df))):
         out[name] = _write_collect(df, tables / name)
+    # the list keeps LIST_LIMIT rows; the summary's count is of all of them
+    out["stuck_in_doubt"], stuck = _write_collect(T.stuck_in_doubt(none, req.as_of, req.grace, doubts=doubts),
+                                                  tables / "stuck_in_doubt", count=True)
+    out["stuck_in_doubt_total"] = [{"transactions": stuck}]
     rec.unpersist()
     doubts.unpersist()
     step("latency")
@@ -273,14 +276,22 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     return out
 
 
-def _write_collect(df: Any, path: Path) -> list[dict[str, Any]]:
+@overload
+def _write_collect(df: Any, path: Path) -> list[dict[str, Any]]: ...
+@overload
+def _write_collect(df: Any, path: Path, *, count: Literal[True]) -> tuple[list[dict[str, Any]], int]: ...
+
+
+def _write_collect(df: Any, path: Path, *, count: bool = False) -> Any:
     """Write a result table once (one Parquet file set) and return its first :data:`LIST_LIMIT` rows (by the
-    first column), computed once: the frame is kept while it is written and its rows are taken."""
+    first column), computed once: the frame is kept while it is written and its rows are taken. With ``count``
+    also the number of all its rows (the list stops at :data:`LIST_LIMIT`)."""
     from pyspark import StorageLevel
 
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         df.coalesce(1).write.mode("overwrite").parquet(str(path))
-        return [r.asDict(recursive=True) for r in df.orderBy(df.columns[0]).limit(LIST_LIMIT).collect()]
+        rows = [r.asDict(recursive=True) for r in df.orderBy(df.columns[0]).limit(LIST_LIMIT).collect()]
+        return (rows, int(df.count())) if count else rows
     finally:
         df.unpersist()

@@ -66,7 +66,7 @@ def summary(frames: dict[str, list[dict[str, Any]]], req: AuditRequest, master: 
         "obligations": sum(by_status.values()), "by_status": by_status, "by_direction": by_direction,
         "lost": lost, "duplicated": duplicated,
         "extra_deliveries_listed": sum(int(r["deliveries"]) - 1 for r in frames["duplicates"]),
-        "stuck_in_doubt": len(frames["stuck_in_doubt"]), "dead_letters": dead,
+        "stuck_in_doubt": int(frames["stuck_in_doubt_total"][0]["transactions"]), "dead_letters": dead,
         "lost_ids": sorted(r["dedupe_id"] for r in frames["lost"])[:_ID_LIMIT],
         "duplicate_ids": sorted(r["dedupe_id"] for r in frames["duplicates"])[:_ID_LIMIT],
         "stuck_gtrids": sorted(r["gtrid"] for r in frames["stuck_in_doubt"])[:_ID_LIMIT],

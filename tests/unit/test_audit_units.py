@@ -8,6 +8,7 @@ import subprocess
 import sys
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pytest
@@ -130,3 +131,21 @@ def test_the_router_imports_the_audit_package_only_in_its_audit_commands() -> No
     found = {(str(p.relative_to(root)), m.group(1)) for d in ("router", "xa") for p in (root / d).rglob("*.py")
              for m in pattern.finditer(p.read_text(encoding="utf-8"))}
     assert found == {("router/cli.py", "audit")}, found
+
+
+def test_summary_counts_every_stuck_transaction_not_only_the_listed_ones(tmp_path: Path) -> None:
+    """The stuck-in-doubt list stops at LIST_LIMIT rows; the summary's count (what monitoring reads) is the
+    table's whole row count (it said 1000 for 1500 stuck transactions)."""
+    from audit.job import LIST_LIMIT, AuditRequest
+    from audit.report import summary
+
+    listed: list[dict[str, Any]] = [{"gtrid": f"n:{i:06d}"} for i in range(LIST_LIMIT)]
+    frames: dict[str, list[dict[str, Any]]] = {
+        "status_counts": [], "dead_letters": [], "latency_percentiles": [], "throughput_totals": [],
+        "duplicates": [], "lost": [], "stuck_in_doubt": listed,
+        "stuck_in_doubt_total": [{"transactions": LIST_LIMIT + 500}]}
+    req = AuditRequest(out=tmp_path, source="parquet", as_of=datetime(2026, 6, 1, tzinfo=UTC),
+                       grace=timedelta(seconds=300))
+    s = summary(frames, req, master="local[2]")
+    assert s["stuck_in_doubt"] == LIST_LIMIT + 500
+    assert len(s["stuck_gtrids"]) <= LIST_LIMIT
