@@ -492,7 +492,7 @@ def test_deliveries_of_a_stopped_push_loop_are_pushed_first_by_the_next_start() 
     flow = in_flow(transport, [delivery("m1", "a"), delivery("m2", "b")])
     stop = threading.Event()
     sink = TwinSink(script=[ChannelUnavailable("TRANSIENT")])
-    sink.push = _stopping(sink.push, stop)               # type: ignore[method-assign]
+    sink.push = _stopping(sink.push, stop)               # type: ignore[method-assign,assignment]
     push_loop(flow, sink, stop=stop)._round()            # stop_bridge during the push the channel did not take
     assert transport.acked == [] and [d.message_id for d, _ in flow.held] == ["m1"]
     sink2 = TwinSink()
@@ -566,7 +566,7 @@ def test_the_pull_supply_hands_nothing_over_while_the_bridge_is_stopped() -> Non
     flow = in_flow(transport, [delivery("m1", "a")], bridge)
     bridge.started = False
     assert PullSupply(flow).take(10, 0.0) == [] and transport.acked == []
-    assert len(flow.subscription.deliveries) == 1       # type: ignore[union-attr]
+    assert len(flow.subscription.deliveries) == 1
 
 
 # ---------------------------------------------------------------------------------------- JMS -> channel, inbox round

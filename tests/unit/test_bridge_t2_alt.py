@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -50,7 +51,8 @@ class Factory:
         self.node_id = "node1"
         self.shutdown_event = threading.Event()
         self.opens: list[str] = []
-        self.make = lambda: Twin("t2b", refuse=BrokerUnavailable("the broker refused the connection: too many"))
+        self.make: Callable[[], Twin] = lambda: Twin(
+            "t2b", refuse=BrokerUnavailable("the broker refused the connection: too many"))
 
     def open_transport(self, url: str, **kw: Any) -> Twin:
         self.opens.append(kw["client_id"])
