@@ -9,9 +9,17 @@
   lists only the prepared transactions of the database it connects to (``pg_prepared_xacts`` shows every
   database's, and ``COMMIT PREPARED`` must run in the owning database), and finishes one by xid.
 
-Translation: ``UndefinedObject`` (no such prepared transaction) → :class:`BranchNotFound`; connection-level
-failures (``OperationalError``, ``InterfaceError``) → :class:`BranchUnavailable` (outcome unknown); any other
-error while preparing → :class:`PrepareFailed`; any other error elsewhere → :class:`BranchUnavailable`. A
+Translation: ``UndefinedObject`` (no such prepared transaction) → :class:`BranchNotFound`; psycopg's
+``OperationalError`` and ``InterfaceError`` → :class:`BranchUnavailable` (outcome unknown), at every step,
+PREPARE included. That class is more than a lost session: PostgreSQL's class 53 (insufficient resources:
+``OutOfMemory``, which is what "maximum number of prepared transactions reached" raises, ``DiskFull``,
+``ConfigurationLimitExceeded``) and class 57 (operator intervention) are ``OperationalError`` too, so a PREPARE
+refused for one of them on a live session is also :class:`BranchUnavailable`, not :class:`PrepareFailed`. The
+outcome is the same: the coordinator rolls every branch back for any failed PREPARE whatever its class, and
+:meth:`PgBranch.prepare` resets a session that is still open (:meth:`PgBranch._forget_failed_prepare`), so the
+rollback is a plain ROLLBACK (tests/integration/test_xa_pg_prepare_fails.py,
+``test_max_prepared_transactions_exhausted``). Any other error while preparing (a deferred constraint, a
+trigger's error) → :class:`PrepareFailed`; any other error elsewhere → :class:`BranchUnavailable`. A
 statement the server cancelled (``QueryCanceled``, ``LockNotAvailable``: a statement or lock timeout, an
 operator's cancel) is not a lost session: while preparing it is :class:`PrepareFailed` (PostgreSQL rolled the
 branch back; the session stays usable), elsewhere :class:`BranchUnavailable` (the branch is still prepared;
@@ -108,10 +116,12 @@ class PgBranch:
         self._prepared = True
 
     def _forget_failed_prepare(self) -> None:
-        """``PREPARE TRANSACTION`` failed on a live session (constraint, ``max_prepared_transactions``, cancel):
-        PostgreSQL turned it into a ROLLBACK, nothing was prepared. psycopg marks its transaction prepared BEFORE
-        sending the statement, so its ``tpc_rollback()`` would send ``ROLLBACK PREPARED`` for nothing (an error:
-        the rollback reported unknown) and leave the caller's connection stuck in a two-phase state: reset it."""
+        """``PREPARE TRANSACTION`` failed on a live session (a constraint or a cancel: :class:`PrepareFailed`;
+        ``max_prepared_transactions`` reached or another class 53 error: :class:`BranchUnavailable`, see the
+        module docstring): PostgreSQL turned it into a ROLLBACK, nothing was prepared. psycopg marks its
+        transaction prepared BEFORE sending the statement, so its ``tpc_rollback()`` would send ``ROLLBACK
+        PREPARED`` for nothing (an error: the rollback reported unknown) and leave the caller's connection stuck in
+        a two-phase state: reset it."""
         idle = self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         # psycopg has no public way to drop its two-phase state; (xid, False) makes tpc_rollback() a plain ROLLBACK.
         self.conn._tpc = None if idle or self._xid is None else (self._xid, False)

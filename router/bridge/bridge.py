@@ -165,6 +165,9 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
 class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge):
     """One bridge: endpoints, connections, the data path thread(s), state."""
 
+    _t2_alt_opening = False          # a caller is opening the second connection (_t2_transport), outside the lock
+    _t2_alt_retry_at = 0.0           # _now() before which a refused second connection is not tried again
+
     def __init__(self, factory: BridgeFactoryImpl, row: BridgeRow) -> None:
         self.factory = factory
         self.rt = factory.rt
@@ -192,7 +195,6 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         self.stop_event = threading.Event()
         self.transport: Transport | None = None
         self._t2_alt: Transport | None = None   # the second connection of channel → JMS T2s (_t2_transport)
-        self._t2_alt_warned = False
         self.proxy: Any = None
         self.channel_ack: Any = None     # the proxy as an Ack proxy (NJI 2.6.2), when the channel made it one
         self.dead_letter = F.DeadLetter(self._transport, self.id, factory.broker.dead_letter)
@@ -323,30 +325,52 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
     def _t2_transport(self) -> Transport:
         """The bridge's second broker connection, for every other channel → JMS T2 (router.bridge.txout: the broker
         then takes T2 *n+1*'s frames while it commits T2 *n* on the first). Opened on first use and again after it
-        was lost; while it cannot be opened the T2 goes on the first connection (logged once)."""
+        was lost; while it cannot be opened the T2 goes on the first connection. A failed open is tried again
+        only after :data:`T2_ALT_RETRY_S` (each failure logged once, with the reason), by one caller at a time and
+        outside ``_transport_lock`` (the first connection's users never wait for it)."""
         with self._transport_lock:
-            alt = self._t2_alt
+            alt, lost = self._t2_alt, None
             if alt is not None and not alt.is_connected():
-                self._t2_alt = None
-                alt.close()
-                alt = None
-            if alt is None and not self.stop_event.is_set():
-                b = self.factory.broker
-                try:
-                    alt = self.factory.open_transport(
-                        b.url, username=b.login or None, password=b.passcode or None,
-                        client_id=f"nsjms-{self.factory.node_id}-bridge-{self.id}-t2b",
-                        shutdown=self.factory.shutdown_event)
-                    alt.connect(retry=False)
-                except TransportError as exc:
-                    if not self._t2_alt_warned:
-                        self._t2_alt_warned = True
-                        log.warning("bridge %d: no second broker connection for routing transactions (%s); they "
-                                    "use the first one", self.id, exc)
-                    alt = None
-                else:
-                    self._t2_alt, self._t2_alt_warned = alt, False
+                self._t2_alt, lost, alt = None, alt, None
+            stop = self.stop_event
+            attempt = (alt is None and not stop.is_set() and not self._t2_alt_opening
+                       and _now() >= self._t2_alt_retry_at)
+            if attempt:
+                self._t2_alt_opening = True
+        if lost is not None:
+            lost.close()
+        if attempt:
+            alt = self._open_t2_alt(stop)
         return alt if alt is not None else self._transport()
+
+    def _open_t2_alt(self, stop: threading.Event) -> Transport | None:
+        """Open the second connection (the caller set ``_t2_alt_opening``); None when it cannot be opened now."""
+        b = self.factory.broker
+        alt: Transport | None = None
+        try:
+            alt = self.factory.open_transport(
+                b.url, username=b.login or None, password=b.passcode or None,
+                client_id=f"nsjms-{self.factory.node_id}-bridge-{self.id}-t2b",
+                shutdown=self.factory.shutdown_event)
+            alt.connect(retry=False)
+        except TransportError as exc:
+            with self._transport_lock:
+                self._t2_alt_opening = False
+                self._t2_alt_retry_at = _now() + T2_ALT_RETRY_S
+            log.warning("bridge %d: no second broker connection for routing transactions (%s: %s); they use the "
+                        "first one; tried again in %g s", self.id, type(exc).__name__, exc, T2_ALT_RETRY_S)
+            if alt is not None:
+                alt.close()
+            return None
+        with self._transport_lock:
+            self._t2_alt_opening = False
+            kept = not stop.is_set()          # the bridge stopped meanwhile (_close_t2_out ran): not kept
+            if kept:
+                self._t2_alt = alt
+        if not kept:
+            alt.close()
+            return None
+        return alt
 
     def _close_t2_out(self) -> None:
         """Before the broker connections close: the bridge's T2s in progress end first (bounded; what is left is
@@ -627,6 +651,13 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
 #: How long a node stop or a bridge destroy waits for the bridge's routing transactions in progress (a decided
 #: one's phase two: COMMIT PREPARED, the broker's COMMIT receipt) before it closes the broker connections.
 T2_STOP_WAIT_S = 15.0
+#: After the broker refused the bridge's second connection (``-t2b``), how long its T2s use the first one before
+#: the second is tried again (and the next failure logged).
+T2_ALT_RETRY_S = 30.0
+
+
+def _now() -> float:
+    return time.monotonic()
 
 
 class _LazyTransport:

@@ -6,8 +6,10 @@ through the ports of ``router.bridge.ports``. The CORBA servants that connect it
 
 Channel → JMS: events leave the channel only once the broker confirmed them (receipt of the SEND, or of the COMMIT
 of a STOMP transaction for a batch). A push that cannot be forwarded raises :class:`ForwardDeferred` (the adapter
-answers ``TRANSIENT`` to the channel, which keeps the events queued and retries with backoff); a pull receiver
-re-sends the same batch until it is confirmed (the channel keeps a pulled event stored until the next pull). An
+answers ``TRANSIENT`` to the channel, which keeps the events queued and retries with backoff; a retried push is
+sent in full: what the broker stored before a part-way failure is sent again, duplicates never a loss); a pull
+receiver re-sends the same batch until it is confirmed, less what of it the broker already took (the channel keeps
+a pulled event stored until the next pull). An
 event the mapping cannot express goes to the dead-letter destination with the reason; if even that send fails, the
 event stays in the channel.
 
@@ -129,54 +131,33 @@ class ChannelToJms:
         self.event_bytes = event_bytes
         self.forwarded = 0
         self._lock = threading.Lock()     # one batch at a time: order is kept
-        #: The last batch that failed part-way: its events' keys and the indexes already handled (stored by the
-        #: broker, or dead-lettered) — see :meth:`_resumed`.
-        self._partial: tuple[list[bytes], frozenset[int]] | None = None
 
-    def forward(self, events: Sequence[Any]) -> None:
+    def forward(self, events: Sequence[Any], progress: set[int] | None = None) -> None:
         """Map and send; returns once the broker confirmed every message. Raises TransportError otherwise.
 
-        A batch that fails part-way (a message refused, then its dead letter refused too; or the connection lost
-        after some messages went one by one, or after a mapping failure was dead-lettered) is remembered with
-        what of it was handled: the channel keeps the batch and offers it again, and that retry sends only the
-        rest (:meth:`_resumed`), so no message or dead letter reaches the broker twice."""
-        skip = self._resumed(events)
-        handled = set(skip)
-        try:
-            messages: list[tuple[int, JmsMessage]] = []
-            for i, ev in enumerate(events):
-                if i in skip:
-                    continue
-                msg = self._map(ev)
-                if msg is None:
-                    handled.add(i)                       # dead-lettered
-                else:
-                    messages.append((i, msg))
-            with self._lock, telemetry.forward_span(self.bridge.id, len(messages)):
-                self._send(messages, handled)
-        except BaseException:
-            if handled:
-                self._partial = ([self._key(ev) for ev in events], frozenset(handled))
-            raise
+        ``progress``, when given, is the caller's record of this very batch, kept by the caller across its retries
+        of the same event objects (a pull receiver's pending batch): the indexes of the events an earlier attempt
+        handled (stored by the broker, or dead-lettered). They are skipped, and each event handled now is added
+        as soon as the broker confirmed it, so a retry of a batch that failed part-way sends only the rest.
+
+        Without ``progress`` (a push from the channel over CORBA) the whole batch is sent every time: nothing
+        proves that a re-offered event is the one offered before (two events can have the same content, and the
+        channel does not always re-offer the same head: expiry, discard policy, priority order), so what the
+        broker stored before the failure is sent again — duplicates, never a loss."""
+        handled = progress if progress is not None else set()
+        messages: list[tuple[int, JmsMessage]] = []
+        for i, ev in enumerate(events):
+            if i in handled:
+                continue
+            msg = self._map(ev)
+            if msg is None:
+                handled.add(i)                           # dead-lettered
+            else:
+                messages.append((i, msg))
+        with self._lock, telemetry.forward_span(self.bridge.id, len(messages)):
+            self._send(messages, handled)
         self.forwarded += len(messages)
         telemetry.bridge_moved(self.bridge.id, len(messages), "to_jms")
-
-    def _key(self, event: Any) -> bytes:
-        return hashlib.sha256(self.event_bytes(event)).digest()
-
-    def _resumed(self, events: Sequence[Any]) -> frozenset[int]:
-        """The indexes of ``events`` already handled by the previous attempt: only when the previous batch failed
-        part-way and ``events`` begins with the same events in the same order (the channel puts a batch it could
-        not deliver back at the head of its queue and offers it again; a longer or shorter batch keeps that
-        head). Anything else starts afresh (the remembered batch is forgotten either way)."""
-        partial, self._partial = self._partial, None
-        if partial is None or not events:
-            return frozenset()
-        keys, handled = partial
-        n = min(len(keys), len(events))
-        if [self._key(ev) for ev in events[:n]] != keys[:n]:
-            return frozenset()
-        return frozenset(i for i in handled if i < n)
 
     def _map(self, event: Any) -> JmsMessage | None:
         from router.mapping.errors import MappingError
@@ -263,7 +244,9 @@ class ChannelPuller:
     endpoint's PacingInterval, and forwards them.
 
     A batch that could not be sent is kept on this object (not in the worker), so after a stop/start it is sent
-    before anything new is pulled: the channel confirms a pulled batch when the next pull arrives."""
+    before anything new is pulled: the channel confirms a pulled batch when the next pull arrives. With it the
+    puller keeps which of its events were already handled (:attr:`done`: stored by the broker or dead-lettered
+    before the failure); these are the same event objects, so the resend skips them (no duplicate)."""
 
     def __init__(self, flow: ChannelToJms, source: BatchSource | None, pacing_s: Callable[[], float],
                  stop: threading.Event) -> None:
@@ -272,6 +255,8 @@ class ChannelPuller:
         self.pacing_s = pacing_s          # read every round: PacingInterval can change while the bridge runs
         self.stop = stop
         self.pending: list[Any] = []
+        #: Indexes of ``pending`` already stored by the broker or dead-lettered (ChannelToJms.forward's progress).
+        self.done: set[int] = set()
 
     def run(self) -> None:
         stop = self.stop                 # this worker's generation; a restart gets a new event
@@ -281,7 +266,7 @@ class ChannelPuller:
         while not stop.is_set():
             if not self.pending:
                 try:
-                    self.pending = source.pull()
+                    self.pending, self.done = source.pull(), set()
                 except ChannelGone:
                     self.flow.bridge.channel_disconnected()
                     return
@@ -294,14 +279,14 @@ class ChannelPuller:
                     stop.wait(self.pacing_s() or 0.05)
                     continue
             try:
-                self.flow.forward(self.pending)
+                self.flow.forward(self.pending, self.done)
             except Exception as exc:  # noqa: BLE001 — keep the batch and send it again, pull nothing meanwhile
                 self.flow.bridge.note_broker_problem(exc)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
                 continue
             self.flow.bridge.acknowledge_channel(self.pending)
-            self.pending, backoff = [], 0.05
+            self.pending, self.done, backoff = [], set(), 0.05
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from router.channel.common import (
     mapping_filter_from_ior,
 )
 from router.channel.events import Event
-from router.channel.inflight import stop_pushing
+from router.channel.inflight import stopped_pushing
 from router.channel.runtime import admin_oid
 from router.channel.store import AdminRow, ProxyRow
 from router.channel.typesets import TypeSet
@@ -103,9 +103,9 @@ class _AdminBase(QoSMixin, FilterMixin):
         with self._lock:
             self.destroyed = True
             proxies = list(self.proxies.values())
-        stop_pushing(proxies, self.rt)          # their waits for pushes in flight share one bound (inflight)
-        for proxy in proxies:
-            proxy.teardown(notify_client=True)
+        with stopped_pushing(proxies, self.rt):  # their waits for pushes in flight share one bound; a failure
+            for proxy in proxies:                # re-opens the proxies not torn down (inflight)
+                proxy.teardown(notify_client=True)
         if deactivate:
             self.rt.deactivate(self.oid)
 

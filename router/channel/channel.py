@@ -289,11 +289,11 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
                 return
             self.destroyed = True
             admins = list(self.consumer_admins.values()) + list(self.supplier_admins.values())
-        from router.channel.inflight import stop_pushing  # the proxies of all admins: one bound for their waits
+        from router.channel.inflight import stopped_pushing  # the proxies of all admins: one bound for their waits
 
-        stop_pushing([p for a in admins for p in list(getattr(a, "proxies", {}).values())], self.rt)
-        for admin in admins:
-            admin.teardown(deactivate=False)
+        with stopped_pushing([p for a in admins for p in list(getattr(a, "proxies", {}).values())], self.rt):
+            for admin in admins:                 # a failure re-opens the proxies not torn down (inflight)
+                admin.teardown(deactivate=False)
         with self.rt.db.unit_of_work() as conn:
             self.rt.store.delete_channel(conn, self.id)
         with self._lock:

@@ -22,7 +22,12 @@ A destroy of an admin or a channel tears many proxies down, one after another (e
 first stops them all (:func:`stop_pushing`): none begins a new push from then on, and their waits share one
 deadline, the bound counted from that moment. So the destroy waits about one push timeout however many proxies
 have a push in flight, not one per proxy (a proxy whose push timed out would otherwise push again while the
-proxies before it were waited for, and the destroying client's own call timed out).
+proxies before it were waited for, and the destroying client's own call timed out). If the destroy fails part-way
+(a teardown's delete raises StoreError: the client gets TRANSIENT and may call again), the proxies it did not tear
+down are re-opened (:func:`stopped_pushing`, :func:`reopen`): ``closing`` and the deadline cleared and their
+delivery thread woken, so their queued events flow on meanwhile; the proxy whose teardown failed stays stopped
+(its teardown is retried). Every proxy's deadline is cleared either way, so a retried destroy waits a fresh bound.
+A push supplier's delivery thread idles while its proxy is ``closing`` (as while suspended): it never exits for it.
 
 A delivery path that takes more entries from the queue during its push (the in-process batches of
 ``router.channel.localpush``, a T2's fill-up in ``router.channel.txdelivery``) marks them too (:meth:`Flight.add`),
@@ -33,13 +38,14 @@ path may take (:meth:`Flight.allow`): a teardown that stops waiting records ever
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
-__all__ = ["STUCK_REASON", "Flight", "stop_pushing", "teardown_bound_s"]
+__all__ = ["STUCK_REASON", "Flight", "reopen", "stop_pushing", "stopped_pushing", "teardown_bound_s"]
 
 T = TypeVar("T")
 
@@ -143,8 +149,9 @@ def teardown_bound_s(rt: Any) -> float:
 
 def stop_pushing(proxies: Iterable[Any], rt: Any) -> None:
     """Before tearing several proxies down one after another: each stops beginning pushes now (``closing``), and
-    their teardowns wait for the pushes in flight until one shared deadline (an earlier one a proxy already has,
-    from a destroy that failed on the store, is kept)."""
+    their teardowns wait for the pushes in flight until one shared deadline (an earlier one a proxy already has
+    is kept: the channel's destroy sets it for all its admins' proxies, then each admin's teardown calls this for
+    its own; a destroy that failed cleared it, :func:`reopen`, so its retry gets a fresh one)."""
     deadline = time.monotonic() + teardown_bound_s(rt)
     for proxy in proxies:
         with proxy._lock:
@@ -153,3 +160,31 @@ def stop_pushing(proxies: Iterable[Any], rt: Any) -> None:
             proxy.closing = True
             if getattr(proxy, "_teardown_deadline", None) is None:
                 proxy._teardown_deadline = deadline
+
+
+def reopen(proxies: Iterable[Any]) -> None:
+    """A destroy failed part-way (:func:`stopped_pushing`): every proxy not destroyed loses its teardown deadline
+    (a retried destroy waits a fresh bound), and each whose own teardown did not begin (its worker not stopped)
+    is no longer ``closing`` and its delivery thread is woken (as ``resume_connection`` does): its queued events
+    flow on until the destroy is retried."""
+    for proxy in proxies:
+        with proxy._lock:
+            if proxy.destroyed:
+                continue
+            proxy._teardown_deadline = None
+            if proxy.stop_event.is_set():       # its teardown began and failed: it stays stopped, retryable
+                continue
+            proxy.closing = False
+        proxy._wake()
+
+
+@contextlib.contextmanager
+def stopped_pushing(proxies: Iterable[Any], rt: Any) -> Iterator[None]:
+    """:func:`stop_pushing` for the body (the proxies' teardowns); if it raises, :func:`reopen` the proxies."""
+    proxies = list(proxies)
+    stop_pushing(proxies, rt)
+    try:
+        yield
+    except BaseException:
+        reopen(proxies)
+        raise

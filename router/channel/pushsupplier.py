@@ -75,8 +75,8 @@ class PushSupplierMixin(ProxySupplierBase):
     def _push_until_stopped(self) -> None:
         backoff, since = 0.05, None
         while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
-            if self.suspended or not self.connected:
-                self._flush_delivered()
+            if self.suspended or not self.connected or self.closing:   # closing: a destroy in progress; if it
+                self._flush_delivered()                                   # fails the proxy is re-opened (inflight)
                 self.queue.wait(_IDLE_WAIT)
                 continue
             n, since = self._ready(since)
@@ -117,7 +117,9 @@ class PushSupplierMixin(ProxySupplierBase):
             return self._deliver_now(entries)
         if not flight.begin(list(entries), lambda: bool(self.closing or self.destroyed)):
             self.queue.requeue(entries)
-            return Outcome.GONE
+            # a destroy began: this thread exits once the teardown stops it, and idles meanwhile (a destroy that
+            # fails re-opens the proxy, router.channel.inflight.reopen, and delivery goes on)
+            return Outcome.GONE if self.destroyed or self.stop_event.is_set() else Outcome.RETRY
         try:
             return self._deliver_now(entries)
         finally:

@@ -302,11 +302,13 @@ def test_a_transient_broker_failure_defers_the_events_and_the_retry_forwards_the
     assert transport.bodies() == ["a"] and bridge.acknowledged == ["a"]
 
 
-def test_a_refused_dead_letter_defers_the_batch_and_the_retry_does_not_resend_what_was_delivered() -> None:
+def test_a_refused_dead_letter_defers_the_batch_and_the_retry_loses_nothing() -> None:
     """A pushed sequence [a, poison, b]: the broker refuses ``poison``, so the bridge sends one by one; ``a`` is
     stored, then the dead letter of ``poison`` is refused too, so the push is deferred (TRANSIENT: the channel
-    keeps the three events and pushes them again). The retry must not send ``a`` a second time: the broker gets
-    ``a`` once, ``poison`` dead-lettered once (with its reason), ``b`` once; nothing is lost."""
+    keeps the three events and pushes them again). Over CORBA nothing proves the re-offered ``a`` is the stored
+    one, so the retry sends the whole batch: no loss, the only duplicate is the already-stored prefix (``a``);
+    ``poison`` is dead-lettered with its reason, ``b`` stored once. (Corrects an earlier test that asserted "no
+    duplicate" by skipping events of the same content: that skipped never-sent events, a loss.)"""
     dlq_refused = SendRefused("refused", DEFAULT_DLQ.stomp(), "not authorized")
     transport = TwinTransport(refuse={"poison": SendRefused("refused", QUEUE.stomp(), "message too large"),
                                       DEFAULT_DLQ.stomp(): dlq_refused})
@@ -316,18 +318,38 @@ def test_a_refused_dead_letter_defers_the_batch_and_the_retry_does_not_resend_wh
         flow.deliver(["a", "poison", "b"])
     assert transport.bodies() == ["a"] and transport.dead_letters() == [] and bridge.acknowledged == []
     del transport.refuse[DEFAULT_DLQ.stomp()]                  # the dead-letter destination accepts again
-    flow.deliver(["a", "poison", "b"])                          # the channel pushes the same batch again
-    assert transport.bodies() == ["a", "b"]
+    flow.deliver(["a", "poison", "b"])                          # the channel pushes the batch again
+    assert transport.bodies() == ["a", "a", "b"]                # the stored prefix again: a duplicate, no loss
     [dead] = transport.dead_letters()
     assert "message too large" in reason(dead)
     assert bridge.acknowledged == ["a", "poison", "b"]
     flow.deliver(["a"])                                          # a later, new event with the same content: sent
-    assert transport.bodies() == ["a", "b", "a"]
+    assert transport.bodies() == ["a", "a", "b", "a"]
 
 
-def test_a_dead_letter_already_sent_is_not_sent_again_when_the_batch_is_retried() -> None:
-    """An unmappable event is dead-lettered while mapping; the batch send then fails on the connection: the retry
-    of the same batch must not dead-letter the unmappable event a second time."""
+def test_a_re_offered_batch_whose_head_has_the_content_of_a_stored_event_is_sent_in_full() -> None:
+    """The reviewer's reproduction: [a, poison] with the dead-letter destination refusing stores ``a`` and defers.
+    The channel then offers [a, poison] where this ``a`` is a different event with the same bytes (the first
+    expired or was discarded, or a higher priority one went first): it must be sent, not skipped as "already
+    sent" and acknowledged (that lost it)."""
+    transport = TwinTransport(refuse={"poison": SendRefused("refused", QUEUE.stomp(), "message too large"),
+                                      DEFAULT_DLQ.stomp(): SendRefused("refused", DEFAULT_DLQ.stomp(), "denied")})
+    bridge = TwinBridge()
+    flow = out_flow(transport, bridge)
+    with pytest.raises(ForwardDeferred):
+        flow.deliver(["a", "poison"])
+    assert transport.bodies() == ["a"]
+    del transport.refuse[DEFAULT_DLQ.stomp()]
+    other_a = "".join(["a"])                                     # another event, the same content
+    flow.deliver([other_a, "poison"])
+    assert transport.bodies() == ["a", "a"] and len(transport.dead_letters()) == 1
+    assert bridge.acknowledged == [other_a, "poison"]
+
+
+def test_a_dead_letter_written_before_a_failed_send_is_written_again_on_the_retry() -> None:
+    """An unmappable event is dead-lettered while mapping; the batch send then fails on the connection. The retry
+    of the pushed batch dead-letters it again (a second dead-letter copy is harmless; skipping it by content
+    could skip the trace of a different event) and sends the rest: nothing lost."""
     transport, bridge = TwinTransport(), TwinBridge()
     flow = out_flow(transport, bridge)
     real_send = transport.send
@@ -345,7 +367,8 @@ def test_a_dead_letter_already_sent_is_not_sent_again_when_the_batch_is_retried(
         flow.deliver(["a", "unmappable", "b"])
     assert len(transport.dead_letters()) == 1 and transport.bodies() == []
     flow.deliver(["a", "unmappable", "b"])
-    assert len(transport.dead_letters()) == 1 and transport.bodies() == ["a", "b"]
+    assert len(transport.dead_letters()) == 2 and transport.bodies() == ["a", "b"]
+    assert bridge.acknowledged == ["a", "unmappable", "b"]
 
 
 def test_a_stopped_bridge_forwards_nothing_and_the_events_stay_in_the_channel() -> None:
@@ -378,11 +401,13 @@ def test_the_puller_resends_only_what_a_partly_failed_batch_did_not_deliver() ->
             transport.refuse.pop(DEFAULT_DLQ.stomp(), None)   # the dead-letter destination accepts again
 
     bridge = Bridge()
-    puller = ChannelPuller(out_flow(transport, bridge), TwinSource([["a", "poison", "b"]]), lambda: 0.0,
+    puller = ChannelPuller(out_flow(transport, bridge), TwinSource([["a", "poison", "b"], ["a"]]), lambda: 0.0,
                            threading.Event())
     puller.run()
-    assert transport.bodies() == ["a", "b"] and len(transport.dead_letters()) == 1
-    assert bridge.acknowledged == ["a", "poison", "b"] and len(bridge.problems) == 1
+    # the resend of the kept batch (the same event objects) skips the stored ``a``; the next pulled batch's ``a``,
+    # a new event with the same content, is sent
+    assert transport.bodies() == ["a", "b", "a"] and len(transport.dead_letters()) == 1
+    assert bridge.acknowledged == ["a", "poison", "b", "a"] and len(bridge.problems) == 1
 
 
 def test_the_puller_keeps_pulling_after_a_channel_failure() -> None:
@@ -467,7 +492,7 @@ def test_deliveries_of_a_stopped_push_loop_are_pushed_first_by_the_next_start() 
     flow = in_flow(transport, [delivery("m1", "a"), delivery("m2", "b")])
     stop = threading.Event()
     sink = TwinSink(script=[ChannelUnavailable("TRANSIENT")])
-    sink.push = _stopping(sink.push, stop)               # type: ignore[method-assign]
+    sink.push = _stopping(sink.push, stop)               # type: ignore[method-assign,assignment]
     push_loop(flow, sink, stop=stop)._round()            # stop_bridge during the push the channel did not take
     assert transport.acked == [] and [d.message_id for d, _ in flow.held] == ["m1"]
     sink2 = TwinSink()
@@ -541,7 +566,7 @@ def test_the_pull_supply_hands_nothing_over_while_the_bridge_is_stopped() -> Non
     flow = in_flow(transport, [delivery("m1", "a")], bridge)
     bridge.started = False
     assert PullSupply(flow).take(10, 0.0) == [] and transport.acked == []
-    assert len(flow.subscription.deliveries) == 1       # type: ignore[union-attr]
+    assert len(flow.subscription.deliveries) == 1
 
 
 # ---------------------------------------------------------------------------------------- JMS -> channel, inbox round

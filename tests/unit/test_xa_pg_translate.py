@@ -28,6 +28,17 @@ def test_connection_errors_stay_session_lost() -> None:
                       BranchNotFound)
 
 
+@pytest.mark.parametrize("refused", [errors.OutOfMemory("maximum number of prepared transactions reached"),
+                                     errors.DiskFull("could not extend file"),
+                                     errors.ConfigurationLimitExceeded("too many")])
+def test_a_prepare_refused_for_insufficient_resources_is_branch_unavailable(refused: Any) -> None:
+    """Class 53 is an OperationalError: even on PREPARE it is BranchUnavailable, not PrepareFailed (what the
+    module docstring says; the coordinator rolls back alike, tests/integration/test_xa_pg_prepare_fails.py)."""
+    assert isinstance(translate(refused, step="prepare", gtrid="g", branch="b"), BranchUnavailable)
+    assert isinstance(translate(errors.UniqueViolation("dup"), step="prepare", gtrid="g", branch="b"),
+                      PrepareFailed)
+
+
 class _Session:
     """A session twin: COMMIT PREPARED of ``cancel`` is cancelled by the server; the others succeed."""
 
