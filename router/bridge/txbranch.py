@@ -7,9 +7,10 @@ STOMP has no prepare, so the broker is T2's single one-phase participant (docs/t
   BEGIN queues at the broker behind the previous T2's COMMIT on the same connection), and the first
   :meth:`SendBranch.send` (or ``prepare`` / ``rollback``) waits for it; a failed BEGIN then raises there
   (:class:`~xa.errors.BranchUnavailable`, as from ``begin``);
-* the caller's work: :meth:`SendBranch.send` each frame with ``transaction``; only the LAST frame of the batch asks
-  for a receipt (:meth:`SendBranch.send` with ``last=True``): STOMP answers in order, so once that receipt is in,
-  every ERROR frame for an earlier frame has arrived and is in the transport's transaction book;
+* the caller's work: :meth:`SendBranch.send` each frame with ``transaction`` (or :meth:`SendBranch.send_many` a run
+  of them: receipt-less, few socket writes); only the LAST frame of the batch asks for a receipt
+  (:meth:`SendBranch.send` with ``last=True``): STOMP answers in order, so once that receipt is in, every ERROR
+  frame for an earlier frame has arrived and is in the transport's transaction book;
 * ``prepare()``: votes no (:class:`~xa.errors.PrepareFailed`) unless the last frame was receipted and the book has
   no problem for the transaction (an ERROR for one of its frames, its connection lost). It never commits. With
   ``background=True`` the last frame is sent and its receipt awaited on a worker thread and ``prepare()``
@@ -31,7 +32,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from psycopg import Xid
 
@@ -118,6 +119,30 @@ class SendBranch:
         self.transport.send_encoded(destination, encoded, persistent=persistent, transaction=tx, receipt=last)
         self.sent += 1
         self.confirmed = last
+
+    def send_many(self, destination: str, messages: Sequence[tuple[EncodedMessage, bool]]) -> None:
+        """Receipt-less frames ``(encoded, persistent)`` in the transaction, in order, before the last one: the
+        frames and the transport's book exactly as that many :meth:`send` calls without ``last``, written with few
+        socket writes when the transport has ``send_encoded_many`` (the STOMP transport; over TLS it hands each
+        frame to stomp.py itself), else one :meth:`send`-like write each. Errors as :meth:`send`; :attr:`sent`
+        counts the frames handed over (on a failure: the index of the first frame not known to be written)."""
+        if not messages:
+            return
+        self._settle_begin()
+        if self.tx is None:
+            raise UsageError(f"branch {self.name}: send before begin", gtrid=self._gtrid())
+        if self._last is not None:
+            raise UsageError(f"branch {self.name}: send after the last frame", gtrid=self._gtrid())
+        self.confirmed = False
+        tx = self.tx
+        many = getattr(self.transport, "send_encoded_many", None)
+        if many is not None:
+            many(destination, messages, transaction=tx)
+            self.sent += len(messages)
+            return
+        for encoded, persistent in messages:
+            self.transport.send_encoded(destination, encoded, persistent=persistent, transaction=tx, receipt=False)
+            self.sent += 1
 
     def _settle_last(self) -> None:
         """Wait for the background last frame; a failure becomes this branch's vote (see the module docstring)."""
