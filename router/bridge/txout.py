@@ -16,10 +16,18 @@ a transactional object that never decides (NJI 2.7.4), then in the SAME PostgreS
 4. enlists the broker SEND branch (:class:`router.bridge.txbranch.SendBranch`) and sends the frames in its STOMP
    transaction, the last one receipted.
 
-Steps 3 and 4 overlap: the outbox INSERT goes out in psycopg's pipeline mode and its result is read only after the
-last frame's receipt, so PostgreSQL stores the rows while the broker takes the frames (one round trip less per T2;
-both are uncommitted work of the same T2 until its decision, so their order does not matter). A failed INSERT
-raises when the pipeline ends, before ``forward_in_t2`` returns: the T2 then rolls back as for any other failure.
+**The frames go out while the mapping goes on** (issue 12, round 4): every :attr:`OutboundT2.send_chunk` mapped
+frames (dedupe ids set) are written at once, receipt-less, in the T2's STOMP transaction
+(:meth:`SendBranch.send_many`: one socket write per run of frames to the same destination, through the STOMP
+transport's ``send_encoded_many``), before the next events are mapped, so the broker works through them meanwhile.
+The last frame is never in such a chunk: it carries the receipt. The wire bytes and their order are those of one
+SEND per frame. A chunk refused or not written fails the T2 at once (the rest is not mapped).
+
+Steps 3 and 4 overlap: the outbox INSERT goes out in psycopg's pipeline mode, then the frames not written yet and
+the receipted last one, and the INSERT's result is read once they are written, so PostgreSQL stores the rows while
+the broker takes the frames (both are uncommitted work of the same T2 until its decision, so their order does not
+matter). A failed INSERT raises when the pipeline ends, before ``forward_in_t2`` returns: the T2 then rolls back as
+for any other failure.
 
 **Two broker connections** (``alt_transport``): consecutive T2s go out on the bridge's two STOMP connections in turn.
 One connection makes the broker handle its frames one after another, so T2 *n+1*'s BEGIN and SENDs would wait at
