@@ -48,10 +48,10 @@ def _answer_last(fake: FakeBroker, branch: SendBranch) -> None:
     assert branch.tx is not None
     branch.send(DEST, EncodedMessage({}, b"last"), persistent=True, last=True, background=True)
     deadline = time.monotonic() + 5
-    while not (fake.frames and b"receipt:" in fake.frames[-1]) and time.monotonic() < deadline:
+    while not (fake.frames and fake.frames[-1].endswith(b"\n\nlast")) and time.monotonic() < deadline:
         time.sleep(0.01)
     frame = last_frame(fake, b"SEND").decode()
-    assert f"transaction:{branch.tx}" in frame and "receipt:" in frame
+    assert frame.endswith("\n\nlast") and f"transaction:{branch.tx}" in frame and "receipt:" in frame
     fake.reply(f"RECEIPT\nreceipt-id:{fake.receipt_header()}\n\n\x00".encode())
 
 
