@@ -92,6 +92,12 @@ class SendBranch:
         except TransportError as exc:
             raise BranchUnavailable(f"STOMP BEGIN failed: {exc}", gtrid=self._gtrid(), branch=self.name) from exc
 
+    def begun(self) -> bool:
+        """True unless a background BEGIN is still waiting for its receipt (never blocks): a caller with other work
+        to do sends later instead of waiting for it (:meth:`send` and :meth:`send_many` would)."""
+        pending = self._begin
+        return pending is None or pending.done()
+
     def _settle_begin(self) -> None:
         """Wait for a background BEGIN; its failure is raised here (BranchUnavailable)."""
         pending, self._begin = self._begin, None
@@ -271,6 +277,9 @@ class _Background:
             self.error = exc
         finally:
             self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
 
     def wait(self) -> BaseException | None:
         """The frame's failure, None once receipted (bounded by the transport's receipt timeout)."""

@@ -19,9 +19,11 @@ a transactional object that never decides (NJI 2.7.4), then in the SAME PostgreS
 **The frames go out while the mapping goes on** (issue 12, round 4): every :attr:`OutboundT2.send_chunk` mapped
 frames (dedupe ids set) are written at once, receipt-less, in the T2's STOMP transaction
 (:meth:`SendBranch.send_many`: one socket write per run of frames to the same destination, through the STOMP
-transport's ``send_encoded_many``), before the next events are mapped, so the broker works through them meanwhile.
-The last frame is never in such a chunk: it carries the receipt. The wire bytes and their order are those of one
-SEND per frame. A chunk refused or not written fails the T2 at once (the rest is not mapped).
+transport's ``send_encoded_many``), before the next events are mapped, so the broker works through them meanwhile;
+while the T2's background BEGIN has no receipt yet (queued at the broker behind a COMMIT) mapping goes on instead
+of waiting, and the chunk grows. The last frame is never in such a chunk: it carries the receipt. The wire bytes and
+their order are those of one SEND per frame. A chunk refused or not written fails the T2 at once (the rest is not
+mapped).
 
 Steps 3 and 4 overlap: the outbox INSERT goes out in psycopg's pipeline mode, then the frames not written yet and
 the receipted last one, and the INSERT's result is read once they are written, so PostgreSQL stores the rows while
@@ -221,8 +223,9 @@ class OutboundT2:
                                   frame.encoded.body))
             if i - written + 1 >= self.send_chunk and i < last:     # a chunk goes out while mapping continues
                 branch = branch or self._branch(txn)
-                self._send_many(txn, branch, frames, written, i + 1)
-                written = i + 1
+                if branch.begun():               # else mapping goes on; the chunk grows until the BEGIN is in
+                    self._send_many(txn, branch, frames, written, i + 1)
+                    written = i + 1
         branch = branch or self._branch(txn)
         with conn.pipeline():                    # the INSERT's result is read when the block ends (see above)
             self.outbox.insert(conn, rows)

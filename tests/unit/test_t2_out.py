@@ -9,6 +9,7 @@ registered as the bridge's in-process participant, whose transport is a memory b
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -443,10 +444,16 @@ class ManyTransport(RefusingTransport):
             self.send_encoded(destination, encoded, persistent=persistent, transaction=transaction, receipt=False)
 
 
-def _chunked(rig: Rig, chunk: int) -> ManyTransport:
+def _chunked(rig: Rig, chunk: int, *, after_the_begin: bool = True) -> ManyTransport:
+    """Chunks of ``chunk`` frames written through a :class:`ManyTransport`; ``after_the_begin``: each event is mapped
+    once the T2's background BEGIN is in (a chunk is written only then: the chunks are then deterministic)."""
     mapped = [0]
 
     def counting(event: Any, destination: Destination) -> JmsMessage:
+        deadline = time.monotonic() + 10
+        while after_the_begin and not all(b.begun() for b in list(rig.out._early.values())):
+            assert time.monotonic() < deadline, "the BEGIN never got its receipt"
+            time.sleep(0.005)
         mapped[0] += 1
         return to_jms(event, destination)
 
@@ -1174,3 +1181,26 @@ def test_a_failing_phase_two_job_does_not_stop_the_completer() -> None:
     completer.submit(bad)
     completer.submit(lambda: ran.append(1))
     assert completer.drain(10) and ran == [1] and completer.pending() == 0
+
+
+def test_a_chunk_waits_for_no_begin_receipt_mapping_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The T2's background BEGIN has no receipt yet (held until the 5th event is mapped): the chunks due after the
+    2nd and 4th event are not written (writing would wait for that receipt); mapping goes on and the first chunk
+    written, once the BEGIN is in, holds every frame mapped so far. Order and content are unchanged."""
+    rig = Rig(monkeypatch, events=8)
+    wire = _chunked(rig, 2, after_the_begin=False)
+    gated = GatedBegin(rig)
+    counting = rig.out.to_jms
+
+    def releasing(event: Any, destination: Destination) -> JmsMessage:
+        msg = counting(event, destination)
+        if wire.mapped[0] == 5:
+            gated.release.set()
+        return msg
+
+    rig.out.to_jms = releasing
+    rig.put(1, 2, 3, 4, 5, 6, 8, 9)                         # (7 is refused by the broker twin)
+    assert rig.round() is Outcome.DELIVERED, rig.out.status()
+    assert rig.bodies("out") == [f"event {i}" for i in (1, 2, 3, 4, 5, 6, 8, 9)]
+    assert wire.calls and wire.calls[0][2] >= 5 and wire.calls[0][1] >= 5, wire.calls
+    assert sum(n for _, n, _ in wire.calls) == 7, "every frame but the receipted last one"

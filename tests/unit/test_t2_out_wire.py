@@ -16,6 +16,7 @@ Regenerate the golden file only for an intended change of the frames: ``NSJMS_WR
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,10 @@ def _wire(recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> tuple[str, lis
     try:
         first, second = txns
         out.begin_in_t2(first)
+        deadline = time.monotonic() + 10      # its BEGIN's receipt in: the chunks below are then written as due
+        while not first.branches[0].begun():
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
         out.forward_in_t2(first, Conn(), [*evs[:2], UNMAPPABLE, *evs[2:]])
         first.branches[0].prepare()
         first.branches[0].commit()
