@@ -5,7 +5,8 @@ STOMP has no prepare, so the broker is T2's single one-phase participant (docs/t
 * ``begin(xid)``: STOMP ``BEGIN`` on the bridge's transport (receipted). With ``background_begin=True`` the
   BEGIN is sent and its receipt awaited on a worker thread: the caller does its PostgreSQL work meanwhile (the
   BEGIN queues at the broker behind the previous T2's COMMIT on the same connection), and the first
-  :meth:`SendBranch.send` (or ``prepare`` / ``rollback``) waits for it; a failed BEGIN then raises there
+  :meth:`SendBranch.send` or :meth:`SendBranch.send_many` (or ``prepare`` / ``rollback``) waits for it (a caller
+  that has other work asks :meth:`SendBranch.begun` first); a failed BEGIN then raises there
   (:class:`~xa.errors.BranchUnavailable`, as from ``begin``);
 * the caller's work: :meth:`SendBranch.send` each frame with ``transaction`` (or :meth:`SendBranch.send_many` a run
   of them: receipt-less, few socket writes); only the LAST frame of the batch asks for a receipt
