@@ -5,11 +5,13 @@ STOMP has no prepare, so the broker is T2's single one-phase participant (docs/t
 * ``begin(xid)``: STOMP ``BEGIN`` on the bridge's transport (receipted). With ``background_begin=True`` the
   BEGIN is sent and its receipt awaited on a worker thread: the caller does its PostgreSQL work meanwhile (the
   BEGIN queues at the broker behind the previous T2's COMMIT on the same connection), and the first
-  :meth:`SendBranch.send` (or ``prepare`` / ``rollback``) waits for it; a failed BEGIN then raises there
+  :meth:`SendBranch.send` or :meth:`SendBranch.send_many` (or ``prepare`` / ``rollback``) waits for it (a caller
+  that has other work asks :meth:`SendBranch.begun` first); a failed BEGIN then raises there
   (:class:`~xa.errors.BranchUnavailable`, as from ``begin``);
-* the caller's work: :meth:`SendBranch.send` each frame with ``transaction``; only the LAST frame of the batch asks
-  for a receipt (:meth:`SendBranch.send` with ``last=True``): STOMP answers in order, so once that receipt is in,
-  every ERROR frame for an earlier frame has arrived and is in the transport's transaction book;
+* the caller's work: :meth:`SendBranch.send` each frame with ``transaction`` (or :meth:`SendBranch.send_many` a run
+  of them: receipt-less, few socket writes); only the LAST frame of the batch asks for a receipt
+  (:meth:`SendBranch.send` with ``last=True``): STOMP answers in order, so once that receipt is in, every ERROR
+  frame for an earlier frame has arrived and is in the transport's transaction book;
 * ``prepare()``: votes no (:class:`~xa.errors.PrepareFailed`) unless the last frame was receipted and the book has
   no problem for the transaction (an ERROR for one of its frames, its connection lost). It never commits. With
   ``background=True`` the last frame is sent and its receipt awaited on a worker thread and ``prepare()``
@@ -31,7 +33,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from psycopg import Xid
 
@@ -91,6 +93,12 @@ class SendBranch:
         except TransportError as exc:
             raise BranchUnavailable(f"STOMP BEGIN failed: {exc}", gtrid=self._gtrid(), branch=self.name) from exc
 
+    def begun(self) -> bool:
+        """True unless a background BEGIN is still waiting for its receipt (never blocks): a caller with other work
+        to do sends later instead of waiting for it (:meth:`send` and :meth:`send_many` would)."""
+        pending = self._begin
+        return pending is None or pending.done()
+
     def _settle_begin(self) -> None:
         """Wait for a background BEGIN; its failure is raised here (BranchUnavailable)."""
         pending, self._begin = self._begin, None
@@ -118,6 +126,30 @@ class SendBranch:
         self.transport.send_encoded(destination, encoded, persistent=persistent, transaction=tx, receipt=last)
         self.sent += 1
         self.confirmed = last
+
+    def send_many(self, destination: str, messages: Sequence[tuple[EncodedMessage, bool]]) -> None:
+        """Receipt-less frames ``(encoded, persistent)`` in the transaction, in order, before the last one: the
+        frames and the transport's book exactly as that many :meth:`send` calls without ``last``, written with few
+        socket writes when the transport has ``send_encoded_many`` (the STOMP transport; over TLS it hands each
+        frame to stomp.py itself), else one :meth:`send`-like write each. Errors as :meth:`send`; :attr:`sent`
+        counts the frames handed over (on a failure: the index of the first frame not known to be written)."""
+        if not messages:
+            return
+        self._settle_begin()
+        if self.tx is None:
+            raise UsageError(f"branch {self.name}: send before begin", gtrid=self._gtrid())
+        if self._last is not None:
+            raise UsageError(f"branch {self.name}: send after the last frame", gtrid=self._gtrid())
+        self.confirmed = False
+        tx = self.tx
+        many = getattr(self.transport, "send_encoded_many", None)
+        if many is not None:
+            many(destination, messages, transaction=tx)
+            self.sent += len(messages)
+            return
+        for encoded, persistent in messages:
+            self.transport.send_encoded(destination, encoded, persistent=persistent, transaction=tx, receipt=False)
+            self.sent += 1
 
     def _settle_last(self) -> None:
         """Wait for the background last frame; a failure becomes this branch's vote (see the module docstring)."""
@@ -246,6 +278,9 @@ class _Background:
             self.error = exc
         finally:
             self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
 
     def wait(self) -> BaseException | None:
         """The frame's failure, None once receipted (bounded by the transport's receipt timeout)."""

@@ -16,10 +16,20 @@ a transactional object that never decides (NJI 2.7.4), then in the SAME PostgreS
 4. enlists the broker SEND branch (:class:`router.bridge.txbranch.SendBranch`) and sends the frames in its STOMP
    transaction, the last one receipted.
 
-Steps 3 and 4 overlap: the outbox INSERT goes out in psycopg's pipeline mode and its result is read only after the
-last frame's receipt, so PostgreSQL stores the rows while the broker takes the frames (one round trip less per T2;
-both are uncommitted work of the same T2 until its decision, so their order does not matter). A failed INSERT
-raises when the pipeline ends, before ``forward_in_t2`` returns: the T2 then rolls back as for any other failure.
+**The frames go out while the mapping goes on** (issue 12, round 4): every :attr:`OutboundT2.send_chunk` mapped
+frames (dedupe ids set) are written at once, receipt-less, in the T2's STOMP transaction
+(:meth:`SendBranch.send_many`: one socket write per run of frames to the same destination, through the STOMP
+transport's ``send_encoded_many``), before the next events are mapped, so the broker works through them meanwhile;
+while the T2's background BEGIN has no receipt yet (queued at the broker behind a COMMIT) mapping goes on instead
+of waiting, and the chunk grows. The last frame is never in such a chunk: it carries the receipt. The wire bytes and
+their order are those of one SEND per frame. A chunk refused or not written fails the T2 at once (the rest is not
+mapped).
+
+Steps 3 and 4 overlap: the outbox INSERT goes out in psycopg's pipeline mode, then the frames not written yet and
+the receipted last one, and the INSERT's result is read once they are written, so PostgreSQL stores the rows while
+the broker takes the frames (both are uncommitted work of the same T2 until its decision, so their order does not
+matter). A failed INSERT raises when the pipeline ends, before ``forward_in_t2`` returns: the T2 then rolls back as
+for any other failure.
 
 **Two broker connections** (``alt_transport``): consecutive T2s go out on the bridge's two STOMP connections in turn.
 One connection makes the broker handle its frames one after another, so T2 *n+1*'s BEGIN and SENDs would wait at
@@ -63,6 +73,8 @@ log = logging.getLogger("nsjms.bridge")
 
 DEDUPE_PROPERTY = "nsjms_dedupe_id"
 DUPL_ID_HEADER = "_AMQ_DUPL_ID"
+#: Mapped frames of a T2 written to the broker together while the next ones are mapped (module docstring).
+SEND_CHUNK = 25
 
 
 @dataclass(frozen=True)
@@ -100,7 +112,8 @@ class OutboundT2:
                  running: Callable[[], bool], note_problem: Callable[[Exception], None] | None = None, *,
                  amq_dupl_id: bool = False,
                  to_frame: Callable[[Any, Destination], tuple[JmsMessage, EncodedMessage]] | None = None,
-                 outbox: Outbox = PG_OUTBOX, alt_transport: Callable[[], Transport] | None = None) -> None:
+                 outbox: Outbox = PG_OUTBOX, alt_transport: Callable[[], Transport] | None = None,
+                 send_chunk: int = SEND_CHUNK) -> None:
         self.bridge_id = bridge_id
         self.destination = destination
         self.transport = transport
@@ -119,6 +132,7 @@ class OutboundT2:
         # work per event); its encoding must be ``codec``'s. None: ``to_jms`` then ``codec.encode``
         self.to_frame = to_frame
         self.outbox = outbox                 # where the T2's messages are kept for recovery (ports.Outbox)
+        self.send_chunk = send_chunk         # mapped frames written at once while the mapping goes on
         self.forwarded = 0
         self.dead_lettered = 0
         self.committed = 0
@@ -193,13 +207,31 @@ class OutboundT2:
         self._admit(txn)
         if not self.running():
             self._fail(txn, "the bridge is not started", content=False)
-        frames, dead = self._frames(events, dead_letter_reason)
-        rows = [OutboxRow(txn.gtrid, i, self._dedupe(f, txn.gtrid, i), self.bridge_id, f.destination,
-                          {**f.encoded.headers, "persistent": "true" if f.persistent else "false"}, f.encoded.body)
-                for i, f in enumerate(frames)]
+        frames: list[_Frame] = []
+        rows: list[OutboxRow] = []
+        dead = 0
+        written = 0                              # frames[:written] are on the wire (receipt-less)
+        branch: SendBranch | None = None
+        last = len(events) - 1                   # one frame per event: the last one carries the receipt
+        for i, event in enumerate(events):
+            frame, refused = self._frame_of(event, dead_letter_reason)
+            dead += refused
+            frames.append(frame)
+            rows.append(OutboxRow(txn.gtrid, i, self._dedupe(frame, txn.gtrid, i), self.bridge_id,
+                                  frame.destination, {**frame.encoded.headers,
+                                                      "persistent": "true" if frame.persistent else "false"},
+                                  frame.encoded.body))
+            if i - written + 1 >= self.send_chunk and i < last:     # a chunk goes out while mapping continues
+                branch = branch or self._branch(txn)
+                if branch.begun():               # else mapping goes on; the chunk grows until the BEGIN is in
+                    self._send_many(txn, branch, frames, written, i + 1)
+                    written = i + 1
+        branch = branch or self._branch(txn)
         with conn.pipeline():                    # the INSERT's result is read when the block ends (see above)
             self.outbox.insert(conn, rows)
-            self._send(txn, frames, rows)
+            if frames:
+                self._send_many(txn, branch, frames, written, len(frames) - 1)
+                self._send_last(txn, branch, frames[-1], len(frames) - 1)
         return Forwarded(txn.gtrid, len(frames) - dead, dead)
 
     def _admit(self, txn: Any) -> None:
@@ -238,21 +270,38 @@ class OutboundT2:
             self._fail(txn, f"broker unavailable: {type(exc).__name__}: {exc}", content=False)
         return branch
 
-    def _send(self, txn: Any, frames: list[_Frame], rows: list[OutboxRow]) -> None:
+    def _branch(self, txn: Any) -> SendBranch:
+        """The T2's broker branch: the one :meth:`begin_in_t2` enlisted, or a new one."""
         with self._lock:
             early = self._early.pop(txn.gtrid, None)
-        branch = early if early is not None else self._enlist(txn, background=False)
-        for i, (frame, row) in enumerate(zip(frames, rows, strict=True)):
-            encoded = EncodedMessage(dict(row.headers), row.body)
+        return early if early is not None else self._enlist(txn, background=False)
+
+    def _send_many(self, txn: Any, branch: SendBranch, frames: list[_Frame], start: int, stop: int) -> None:
+        """Write ``frames[start:stop]`` receipt-less in the T2's STOMP transaction, in order, one
+        ``SendBranch.send_many`` per run of frames to the same destination (a dead letter starts a new run)."""
+        while start < stop:
+            dest = frames[start].destination
+            end = start + 1
+            while end < stop and frames[end].destination == dest:
+                end += 1
             try:
-                branch.send(frame.destination, encoded, persistent=frame.persistent, last=i == len(frames) - 1,
-                            background=True)
-            except SendRefused as exc:
-                self._fail(txn, f"broker refused message {i} of the batch: {exc.message or exc.reason}",
-                           content=True)
-            except Exception as exc:  # noqa: BLE001 — SendFailed, ReceiptTimeout, BrokerUnavailable, ...
-                self._noted(exc)
-                self._fail(txn, f"sending to the broker failed: {type(exc).__name__}: {exc}", content=False)
+                branch.send_many(dest, [(f.encoded, f.persistent) for f in frames[start:end]])
+            except Exception as exc:  # noqa: BLE001 — translated as for one frame (_send_failed)
+                self._send_failed(txn, exc, branch.sent)
+            start = end
+
+    def _send_last(self, txn: Any, branch: SendBranch, frame: _Frame, index: int) -> None:
+        try:
+            branch.send(frame.destination, frame.encoded, persistent=frame.persistent, last=True, background=True)
+        except Exception as exc:  # noqa: BLE001 — translated (_send_failed)
+            self._send_failed(txn, exc, index)
+
+    def _send_failed(self, txn: Any, exc: Exception, index: int) -> None:
+        if isinstance(exc, SendRefused):
+            self._fail(txn, f"broker refused message {index} of the batch: {exc.message or exc.reason}",
+                       content=True)
+        self._noted(exc)                         # SendFailed, ReceiptTimeout, BrokerUnavailable, ...
+        self._fail(txn, f"sending to the broker failed: {type(exc).__name__}: {exc}", content=False)
 
     def _noted(self, exc: Exception) -> None:
         if self.note_problem is not None:
@@ -269,31 +318,25 @@ class OutboundT2:
             frame.encoded.headers[DUPL_ID_HEADER] = did
         return did
 
-    def _frames(self, events: Sequence[Any], dead_letter_reason: str | None) -> tuple[list[_Frame], int]:
+    def _frame_of(self, event: Any, dead_letter_reason: str | None) -> tuple[_Frame, bool]:
+        """The frame of ``event`` and whether it is a dead letter (unmappable, or ``dead_letter_reason``)."""
         from router.mapping.errors import MappingError
 
-        frames: list[_Frame] = []
-        dead = 0
-        for event in events:
-            reason = dead_letter_reason
-            if reason is None:
-                try:
-                    if self.to_frame is not None:
-                        msg, encoded = self.to_frame(event, self.destination)
-                        frames.append(self._encoded(self.destination, msg, encoded))
-                    else:
-                        frames.append(self._frame(self.destination, self.to_jms(event, self.destination)))
-                    continue
-                except MappingError as exc:
-                    reason = str(exc)
-                except Exception as exc:
-                    log.exception("bridge %d: mapping an event failed", self.bridge_id)
-                    reason = f"mapping failed: {type(exc).__name__}: {exc}"
-            frames.append(self._frame(self.dead_letter, self._dead_letter(self.event_bytes(event), reason)))
-            dead += 1
-            log.warning("bridge %d: dead-lettering an event to %s in its routing transaction: %s", self.bridge_id,
-                        self.dead_letter.stomp(), reason)
-        return frames, dead
+        reason = dead_letter_reason
+        if reason is None:
+            try:
+                if self.to_frame is not None:
+                    msg, encoded = self.to_frame(event, self.destination)
+                    return self._encoded(self.destination, msg, encoded), False
+                return self._frame(self.destination, self.to_jms(event, self.destination)), False
+            except MappingError as exc:
+                reason = str(exc)
+            except Exception as exc:
+                log.exception("bridge %d: mapping an event failed", self.bridge_id)
+                reason = f"mapping failed: {type(exc).__name__}: {exc}"
+        log.warning("bridge %d: dead-lettering an event to %s in its routing transaction: %s", self.bridge_id,
+                    self.dead_letter.stomp(), reason)
+        return self._frame(self.dead_letter, self._dead_letter(self.event_bytes(event), reason)), True
 
     def _frame(self, destination: Destination, msg: JmsMessage) -> _Frame:
         return self._encoded(destination, msg, self.codec.encode(msg))

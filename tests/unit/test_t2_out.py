@@ -9,6 +9,7 @@ registered as the bridge's in-process participant, whose transport is a memory b
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -426,6 +427,74 @@ def test_a_refused_send_rolls_back_then_the_poison_event_is_dead_lettered_in_a_t
     assert len(rig.proxy.queue) == 0 and rig.proxy._isolate == 0
     assert rig.proxy.rt.store.deleted.count(107) == 3, "each attempt deleted it in its own branch"
     assert all(r.holders == 0 for r in rig.records.values())
+
+
+class ManyTransport(RefusingTransport):
+    """:class:`RefusingTransport` with the STOMP transport's batch write (``send_encoded_many``): records each call
+    as (destination, frames, events mapped by then) and refuses like ``send_encoded``."""
+
+    def __init__(self, inner: MemoryTransport, mapped: list[int]) -> None:
+        super().__init__(inner)
+        self.calls: list[tuple[str, int, int]] = []
+        self.mapped = mapped
+
+    def send_encoded_many(self, destination: Any, messages: Any, *, transaction: str) -> None:
+        self.calls.append((str(destination), len(messages), self.mapped[0]))
+        for encoded, persistent in messages:
+            self.send_encoded(destination, encoded, persistent=persistent, transaction=transaction, receipt=False)
+
+
+def _chunked(rig: Rig, chunk: int, *, after_the_begin: bool = True) -> ManyTransport:
+    """Chunks of ``chunk`` frames written through a :class:`ManyTransport`; ``after_the_begin``: each event is mapped
+    once the T2's background BEGIN is in (a chunk is written only then: the chunks are then deterministic)."""
+    mapped = [0]
+
+    def counting(event: Any, destination: Destination) -> JmsMessage:
+        deadline = time.monotonic() + 10
+        while after_the_begin and not all(b.begun() for b in list(rig.out._early.values())):
+            assert time.monotonic() < deadline, "the BEGIN never got its receipt"
+            time.sleep(0.005)
+        mapped[0] += 1
+        return to_jms(event, destination)
+
+    rig.out.to_jms = counting
+    rig.out.send_chunk = chunk
+    wire = ManyTransport(rig.transport, mapped)
+    rig.wire = wire
+    return wire
+
+
+def test_a_t2s_frames_go_out_in_chunks_while_the_mapping_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 12: every ``send_chunk`` mapped frames are written at once (``send_encoded_many``) before the next
+    event is mapped, so the broker takes them meanwhile; the last frame goes alone, receipted; a dead letter starts
+    a run of its own (another destination); the order and the one STOMP transaction are kept."""
+    rig = Rig(monkeypatch, events=8)
+    wire = _chunked(rig, 3)
+    rig.put(9, 10, 11, 12, 13, 14, 15, 16)                # 13 cannot be mapped: a dead letter
+    assert rig.round() is Outcome.DELIVERED
+    assert rig.bodies("out") == [f"event {i}" for i in (9, 10, 11, 12, 14, 15, 16)]
+    assert len(rig.on("nsjms.DLQ")) == 1
+    out, dlq = "/queue/out", "/queue/nsjms.DLQ"
+    assert wire.calls == [(out, 3, 3), (out, 1, 6), (dlq, 1, 6), (out, 1, 6), (out, 1, 8)], wire.calls
+    gtrid = rig.on("out")[0].headers[DEDUPE_PROPERTY].rsplit("/", 1)[0]
+    ids = [m.headers[DEDUPE_PROPERTY] for m in rig.on("out")]
+    assert ids == [f"{gtrid}/{i}" for i in (0, 1, 2, 3, 5, 6, 7)]
+    assert rig.on("nsjms.DLQ")[0].headers[DEDUPE_PROPERTY] == f"{gtrid}/4"
+
+
+def test_a_refused_frame_in_an_early_chunk_rolls_the_t2_back_for_its_content(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker refuses event 7's frame in a chunk written before the rest is mapped: the T2 rolls back at once
+    (the later events are not mapped), the batch is narrowed down as for any refused message, nothing is lost."""
+    rig = Rig(monkeypatch, events=10)
+    wire = _chunked(rig, 1)
+    rig.put(5, 6, 7, 8)
+    assert rig.round() is Outcome.EVENT_FAILED and rig.on("out") == [], "the whole batch rolled back"
+    assert wire.calls[-1] == ("/queue/out", 1, 3), "refused before event 8 was mapped"
+    outcomes = [rig.round() for _ in range(5)]
+    assert rig.bodies("out") == ["event 5", "event 6", "event 8"], outcomes
+    dead = rig.on("nsjms.DLQ")
+    assert len(dead) == 1 and "not authorized" in dead[0].headers["nsjms_dlq_reason"]
+    assert len(rig.proxy.queue) == 0 and all(r.holders == 0 for r in rig.records.values())
 
 
 def test_a_dead_letter_that_fails_too_ends_in_the_channel_dead_letter(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1112,3 +1181,26 @@ def test_a_failing_phase_two_job_does_not_stop_the_completer() -> None:
     completer.submit(bad)
     completer.submit(lambda: ran.append(1))
     assert completer.drain(10) and ran == [1] and completer.pending() == 0
+
+
+def test_a_chunk_waits_for_no_begin_receipt_mapping_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The T2's background BEGIN has no receipt yet (held until the 5th event is mapped): the chunks due after the
+    2nd and 4th event are not written (writing would wait for that receipt); mapping goes on and the first chunk
+    written, once the BEGIN is in, holds every frame mapped so far. Order and content are unchanged."""
+    rig = Rig(monkeypatch, events=8)
+    wire = _chunked(rig, 2, after_the_begin=False)
+    gated = GatedBegin(rig)
+    counting = rig.out.to_jms
+
+    def releasing(event: Any, destination: Destination) -> JmsMessage:
+        msg = counting(event, destination)
+        if wire.mapped[0] == 5:
+            gated.release.set()
+        return msg
+
+    rig.out.to_jms = releasing
+    rig.put(1, 2, 3, 4, 5, 6, 8, 9)                         # (7 is refused by the broker twin)
+    assert rig.round() is Outcome.DELIVERED, rig.out.status()
+    assert rig.bodies("out") == [f"event {i}" for i in (1, 2, 3, 4, 5, 6, 8, 9)]
+    assert wire.calls and wire.calls[0][2] >= 5 and wire.calls[0][1] >= 5, wire.calls
+    assert sum(n for _, n, _ in wire.calls) == 7, "every frame but the receipted last one"
