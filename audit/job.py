@@ -253,9 +253,8 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
 
     step("read ledger")
     ledger = _read(spark, req)
-    if req.source == "jdbc":  # read the database once, not once per result
+    if req.source == "jdbc":  # read the database once, not once per result: the first query (facets) fills it
         ledger = ledger.persist(StorageLevel.MEMORY_AND_DISK)
-        ledger.count()
     step("reconcile")
     tables = req.out / "tables"
     facets = [r.asDict() for r in T.facets(ledger).collect()]
