@@ -196,7 +196,9 @@ def _read(spark: Any, req: AuditRequest) -> Any:
     from audit import transforms as T
 
     if req.source == "parquet":
-        raw = spark.read.parquet(str(req.parquet))
+        assert req.parquet is not None
+        known = _export_schema(req.parquet)
+        raw = (spark.read if known is None else spark.read.schema(known)).parquet(str(req.parquet))
         if "day" in raw.columns:  # prune whole day directories before reading them
             if req.start is not None:
                 raw = raw.where(F.col("day") >= F.lit(req.start.strftime("%Y-%m-%d")).cast("date"))
@@ -219,12 +221,31 @@ def _read(spark: Any, req: AuditRequest) -> Any:
     return ledger
 
 
+def _export_schema(folder: Path) -> Any:
+    """The Spark schema of an ``nsjms ledger export`` directory (the ledger's columns, and ``day`` when it is
+    partitioned by day) when its first Parquet file has exactly the export's Arrow schema, else None (Spark then
+    infers it). Given to the reader, it saves Spark's schema-inference job; the footer is read here, by the driver."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    from pyspark.sql.types import DateType, StructField, StructType
+
+    from audit import transforms as T
+    from audit.synth import arrow_schema
+
+    days = sorted(p for p in folder.glob("day=*") if p.is_dir())
+    first = next((f for f in sorted((days[0] if days else folder).glob("*.parquet"))), None)
+    if first is None or not pq.read_schema(first).remove_metadata().equals(arrow_schema()):
+        return None
+    return StructType([*T.LEDGER_SCHEMA.fields, *([StructField("day", DateType())] if days else [])])
+
+
 def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     """Run the transforms, write every table once, return the small ones collected (lists of dicts).
 
     Passes over the ledger: :func:`~audit.transforms.facets` (dictionary, dead letters, whether anything is in
     doubt), the per-obligation aggregation, the delivered rows' latencies and throughput; and only when there is
-    something to find, the open doubts (two narrow scans) and the duplicated obligations' rows."""
+    something to find, the open doubts (two narrow scans) and the duplicated obligations' rows. Each result table
+    is one Spark query, collected once as Arrow and written by the driver (:func:`_result`); a table known to be
+    empty (no lost, no duplicated, no in-doubt row) is written without a query."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -232,9 +253,8 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
 
     step("read ledger")
     ledger = _read(spark, req)
-    if req.source == "jdbc":  # read the database once, not once per result
+    if req.source == "jdbc":  # read the database once, not once per result: the first query (facets) fills it
         ledger = ledger.persist(StorageLevel.MEMORY_AND_DISK)
-        ledger.count()
     step("reconcile")
     tables = req.out / "tables"
     facets = [r.asDict() for r in T.facets(ledger).collect()]
@@ -242,56 +262,142 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     doubt_rows = sum(r["rows"] for r in facets if r["outcome"] == "in_doubt")
     few_doubts = doubt_rows <= BROADCAST_LIMIT
     none = ledger.where(F.lit(False))  # an empty ledger: its results are empty without reading anything
-    doubts = T.open_doubts(ledger if doubt_rows else none, broadcast=few_doubts).persist(StorageLevel.MEMORY_AND_DISK)
+    doubts = T.open_doubts(ledger if doubt_rows else none, broadcast=few_doubts)
+    if doubt_rows:  # read twice: by the obligations and by the stuck transactions
+        doubts = doubts.persist(StorageLevel.MEMORY_AND_DISK)
     obl = T.obligations(ledger, req.as_of, req.grace, doubts=doubts, codes=codes, broadcast=few_doubts)
     # the per-obligation frame is aggregated once more (to counts and the listed obligations) and not kept
     rec = T.reconciliation(obl).persist(StorageLevel.MEMORY_AND_DISK)
-    out: dict[str, Any] = {"status_counts": _write_collect(T.status_counts(rec), tables / "status_counts")}
-    duplicated = sum(r["obligations"] for r in out["status_counts"] if r["status"] == "duplicated")
-    facets_df = spark.createDataFrame(facets, schema=T.facets(ledger).schema) if facets else T.facets(none)
-    for name, df in (("lost", T.lost(rec)),
-                     ("duplicates", T.duplicates(ledger if duplicated else none, rec,
-                                                 broadcast=duplicated <= BROADCAST_LIMIT)),
-                     ("dead_letters", T.dead_letters_by_reason(facets_df))):
-        out[name] = _write_collect(df, tables / name)
-    # the list keeps LIST_LIMIT rows; the summary's count is of all of them
-    out["stuck_in_doubt"], stuck = _write_collect(T.stuck_in_doubt(none, req.as_of, req.grace, doubts=doubts),
-                                                  tables / "stuck_in_doubt", count=True)
-    out["stuck_in_doubt_total"] = [{"transactions": stuck}]
+    out: dict[str, Any] = {"status_counts": _result(T.status_counts(rec), tables / "status_counts")}
+    by_status = {s: sum(r["obligations"] for r in out["status_counts"] if r["status"] == s)
+                 for s in ("lost", "duplicated")}
+    out["lost"] = _result(T.lost(rec), tables / "lost", rows=by_status["lost"])
+    out["duplicates"] = _result(T.duplicates(ledger if by_status["duplicated"] else none, rec,
+                                             broadcast=by_status["duplicated"] <= BROADCAST_LIMIT),
+                                tables / "duplicates", rows=by_status["duplicated"])
     rec.unpersist()
-    doubts.unpersist()
+    # the dead letters are a sum over the collected facets: written by the driver, no query
+    dead = T.dead_letters_by_reason(T.facets(none))
+    out["dead_letters"] = _write_rows(dead, T.dead_letters_from_facets(facets), tables / "dead_letters")
+    # the list keeps LIST_LIMIT rows; the summary's count is of all of them (at most one per in-doubt row)
+    out["stuck_in_doubt"], stuck = _result(T.stuck_in_doubt(none, req.as_of, req.grace, doubts=doubts),
+                                           tables / "stuck_in_doubt", rows=doubt_rows, count=True)
+    out["stuck_in_doubt_total"] = [{"transactions": stuck}]
+    if doubt_rows:
+        doubts.unpersist()
     step("latency")
     counts = T.latency_counts(T.hop_latencies(ledger), codes).persist(StorageLevel.MEMORY_AND_DISK)
     for name, df in (("latency_percentiles", T.latency_percentiles(counts)),
                      ("latency_histogram", T.latency_histogram(counts))):
-        out[name] = _write_collect(df, tables / name)
+        out[name] = _result(df, tables / name)
     counts.unpersist()
     step("throughput")
-    per_minute = T.throughput_per_minute(ledger, codes).persist(StorageLevel.MEMORY_AND_DISK)
-    per_minute.write.mode("overwrite").parquet(str(tables / "throughput_per_minute"))
-    out["throughput_totals"] = [r.asDict() for r in T.throughput_totals(per_minute).orderBy("minute").collect()]
-    per_minute.unpersist()
+    out["throughput_totals"] = _throughput(T.throughput_per_minute(ledger, codes), tables / "throughput_per_minute")
     if req.source == "jdbc":
         ledger.unpersist()
     return out
 
 
-@overload
-def _write_collect(df: Any, path: Path) -> list[dict[str, Any]]: ...
-@overload
-def _write_collect(df: Any, path: Path, *, count: Literal[True]) -> tuple[list[dict[str, Any]], int]: ...
+#: A result table of at most this many rows is collected to the driver once (as Arrow) and written there by
+#: pyarrow; a larger one (e.g. millions of lost obligations) is written by Spark's executors.
+SMALL_TABLE_LIMIT = 100_000
 
 
-def _write_collect(df: Any, path: Path, *, count: bool = False) -> Any:
-    """Write a result table once (one Parquet file set) and return its first :data:`LIST_LIMIT` rows (by the
-    first column), computed once: the frame is kept while it is written and its rows are taken. With ``count``
-    also the number of all its rows (the list stops at :data:`LIST_LIMIT`)."""
+@overload
+def _result(df: Any, path: Path, *, rows: int | None = None) -> list[dict[str, Any]]: ...
+@overload
+def _result(df: Any, path: Path, *, rows: int | None = None,
+            count: Literal[True]) -> tuple[list[dict[str, Any]], int]: ...
+
+
+def _result(df: Any, path: Path, *, rows: int | None = None, count: bool = False) -> Any:
+    """Write a result table once and return its first :data:`LIST_LIMIT` rows (by the first column); with
+    ``count`` also the number of all its rows. ``rows``: an upper bound of its size known beforehand (None: small
+    by construction). Zero rows: an empty table is written, no query; up to :data:`SMALL_TABLE_LIMIT`: one query
+    (collected as Arrow, written by the driver, :func:`_write_arrow`); beyond: written by Spark, listed by a
+    second query (and counted by a third)."""
+    if rows == 0:
+        listed = _write_rows(df, [], path)
+        return (listed, 0) if count else listed
+    if rows is None or rows <= SMALL_TABLE_LIMIT:
+        table = _write_arrow(df, df.toArrow(), path)
+        listed = table.slice(0, LIST_LIMIT).to_pylist()
+        return (listed, table.num_rows) if count else listed
     from pyspark import StorageLevel
 
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         df.coalesce(1).write.mode("overwrite").parquet(str(path))
-        rows = [r.asDict(recursive=True) for r in df.orderBy(df.columns[0]).limit(LIST_LIMIT).collect()]
-        return (rows, int(df.count())) if count else rows
+        listed = [r.asDict(recursive=True) for r in df.orderBy(df.columns[0]).limit(LIST_LIMIT).collect()]
+        return (listed, int(df.count())) if count else listed
     finally:
         df.unpersist()
+
+
+def _throughput(per_minute: Any, path: Path) -> list[dict[str, Any]]:
+    """Write the per-minute table; return its totals per minute and direction (all of them, by minute). One query
+    while it has at most :data:`SMALL_TABLE_LIMIT` rows (taken with a limit one beyond it: the table's size is
+    not known beforehand); beyond, written by Spark and summed by Spark."""
+    from audit import transforms as T
+
+    table = per_minute.limit(SMALL_TABLE_LIMIT + 1).toArrow()
+    if table.num_rows <= SMALL_TABLE_LIMIT:
+        table = _write_arrow(per_minute, table, path, sort=False)
+        return T.throughput_totals_rows(table.to_pylist())
+    from pyspark import StorageLevel
+
+    per_minute = per_minute.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        per_minute.write.mode("overwrite").parquet(str(path))
+        return [r.asDict() for r in T.throughput_totals(per_minute).orderBy("minute").collect()]
+    finally:
+        per_minute.unpersist()
+
+
+def _write_rows(df: Any, rows: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
+    """Write Python rows as the table ``df`` would be (its schema; ``df`` is not run); return its listed rows."""
+    import pyarrow as pa
+
+    table = _write_arrow(df, pa.Table.from_pylist(rows, schema=_arrow_schema(df)), path)
+    listed: list[dict[str, Any]] = table.slice(0, LIST_LIMIT).to_pylist()
+    return listed
+
+
+def _write_arrow(df: Any, table: Any, path: Path, *, sort: bool = True) -> Any:
+    """Write ``table`` (``df``'s rows as Arrow) to ``path`` as Spark's ``df.coalesce(1).write.parquet`` would, and
+    return it sorted by its first column (Spark's ascending order: nulls first; ``sort`` False: as given).
+
+    Same Parquet schema as Spark's writer: each column optional or required as ``df``'s schema says, timestamps
+    as INT96, strings as UTF-8, the ``org.apache.spark.*`` key-value metadata Spark readers use; one
+    ``part-00000-….snappy.parquet`` file and a ``_SUCCESS`` marker in a directory replaced as a whole. Written by the
+    driver: ``path`` is on the driver's file system (as ``summary.json`` is), not the executors'."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = _arrow_schema(df)
+    table = pa.Table.from_arrays([table.column(i).cast(f.type) for i, f in enumerate(schema)], schema=schema)
+    if sort and table.num_rows:
+        table = table.sort_by([(schema.names[0], "ascending", "at_start")])
+    meta = {"org.apache.spark.version": df.sparkSession.version,
+            "org.apache.spark.sql.parquet.row.metadata": df._jdf.schema().json()}
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    # Spark's timestamps read back as naive nanoseconds (of UTC) from INT96: the same Arrow type here
+    naive = [pa.field(f.name, pa.timestamp("ns"), f.nullable) if pa.types.is_timestamp(f.type) else f for f in schema]
+    parquet = pa.Table.from_arrays([c.cast(pa.timestamp("us")).cast(f.type) if pa.types.is_timestamp(f.type) else c
+                                    for c, f in zip(table.columns, naive, strict=True)], schema=pa.schema(naive))
+    pq.write_table(parquet.replace_schema_metadata(meta), path / "part-00000-driver.snappy.parquet",
+                   compression="snappy", use_deprecated_int96_timestamps=True)
+    (path / "_SUCCESS").touch()
+    return table
+
+
+def _arrow_schema(df: Any) -> Any:
+    """``df``'s schema in Arrow: its types (timestamps in UTC) and each column's nullability."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    fields = zip(to_arrow_schema(df.schema, timezone="UTC"), df.schema.fields, strict=True)
+    return pa.schema([a.with_nullable(s.nullable) for a, s in fields])

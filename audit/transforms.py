@@ -40,6 +40,7 @@ __all__ = [
     "PERCENTILES",
     "Codes",
     "dead_letters_by_reason",
+    "dead_letters_from_facets",
     "dictionary",
     "duplicates",
     "facets",
@@ -57,6 +58,7 @@ __all__ = [
     "stuck_in_doubt",
     "throughput_per_minute",
     "throughput_totals",
+    "throughput_totals_rows",
 ]
 
 _TS = ("accepted_at", "dispatched_at", "prepared_at", "decided_at", "broker_committed_at", "acknowledged_at")
@@ -282,6 +284,17 @@ def dead_letters_by_reason(facets_df: DataFrame) -> DataFrame:
                     F.col("n").cast(LongType()).alias("dead_letters")))
 
 
+def dead_letters_from_facets(facet_rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`dead_letters_by_reason` of collected :func:`facets` rows, in Python (the same rows, unordered)."""
+    keys = ("failure_reason", "direction", "bridge_id", "destination")
+    sums: dict[tuple[Any, ...], int] = {}
+    for r in facet_rows:
+        if r["outcome"] == "dead_letter":
+            key = tuple(r[k] for k in keys)
+            sums[key] = sums.get(key, 0) + int(r["rows"])
+    return [{**dict(zip(keys, key, strict=True)), "dead_letters": n} for key, n in sums.items()]
+
+
 def _ms(a: str | Column, b: str | Column) -> Column:
     ca, cb = (F.col(x) if isinstance(x, str) else x for x in (a, b))
     return (F.unix_micros(cb) - F.unix_micros(ca)).cast(DoubleType()) / 1000.0
@@ -370,3 +383,14 @@ def throughput_totals(per_minute: DataFrame) -> DataFrame:
     return (per_minute.select("minute", "direction", "delivered").groupBy("minute", "direction")
             .agg(F.sum("delivered").alias("n"))
             .select("minute", "direction", F.col("n").cast(LongType()).alias("delivered")))
+
+
+def throughput_totals_rows(per_minute_rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`throughput_totals` of collected :func:`throughput_per_minute` rows, in Python, by minute (nulls
+    first, as Spark orders them)."""
+    sums: dict[tuple[Any, Any], int] = {}
+    for r in per_minute_rows:
+        key = (r["minute"], r["direction"])
+        sums[key] = sums.get(key, 0) + int(r["delivered"])
+    rows = [{"minute": m, "direction": d, "delivered": n} for (m, d), n in sums.items()]
+    return sorted(rows, key=lambda r: (r["minute"] is not None, r["minute"] or 0))

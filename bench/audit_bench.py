@@ -104,7 +104,7 @@ def _spark_work(event_dir: Path) -> dict[str, float]:
 
 
 def _audit(ledger: Path, out: Path, master: str, driver_memory: str, event_dir: Path,
-           java_options: str = "") -> tuple[float, float, int, dict[str, float]]:
+           java_options: str = "", as_of: str = "") -> tuple[float, float, int, dict[str, float]]:
     event_dir.mkdir(parents=True, exist_ok=True)
     java = f"--driver-java-options {shlex.quote(java_options)} " if java_options else ""
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1",   # the event log gives the load-independent work
@@ -112,7 +112,8 @@ def _audit(ledger: Path, out: Path, master: str, driver_memory: str, event_dir: 
                                   f"--conf spark.eventLog.compress=false {java}pyspark-shell"}
     t, cpu = time.perf_counter(), _children_cpu()
     proc = subprocess.run([sys.executable, "-m", "router.cli", "audit", "--parquet", str(ledger), "--out", str(out),
-                           "--master", master, "--driver-memory", driver_memory],
+                           "--master", master, "--driver-memory", driver_memory,
+                           *(["--as-of", as_of] if as_of else [])],
                           check=False, capture_output=True, text=True, env=env)
     elapsed = time.perf_counter() - t
     _reap()
@@ -130,6 +131,9 @@ def main() -> int:
     p.add_argument("--java-options", default="", help="extra JVM options of the audit's driver (to compare)")
     p.add_argument("--keep-ledgers", type=Path, default=None,
                    help="keep the generated ledgers in this directory and reuse them in later runs")
+    p.add_argument("--as-of", default="", help="the audits' --as-of (default now): fixed, two runs' outputs compare")
+    p.add_argument("--keep-out", type=Path, default=None,
+                   help="copy each audit's output here (out-ROWS), e.g. for bench/audit_compare.py")
     args = p.parse_args()
     _subreaper()
     base = Path(tempfile.mkdtemp(prefix="nsjms-audit-bench-"))
@@ -140,7 +144,11 @@ def main() -> int:
             made, gen_s = _ledger(rows, ledgers / f"ledger-{rows}")
             load_before = round(os.getloadavg()[0], 1)
             audit_s, cpu_s, rc, steps = _audit(ledgers / f"ledger-{rows}", base / f"out-{rows}", args.master,
-                                               args.driver_memory, base / f"events-{rows}", args.java_options)
+                                               args.driver_memory, base / f"events-{rows}", args.java_options,
+                                               args.as_of)
+            if args.keep_out is not None:
+                shutil.rmtree(args.keep_out / f"out-{rows}", ignore_errors=True)
+                shutil.copytree(base / f"out-{rows}", args.keep_out / f"out-{rows}")
             work = _spark_work(base / f"events-{rows}")
             summary = json.loads((base / f"out-{rows}" / "summary.json").read_text())
             r = {"rows": made, "generate_s": round(gen_s, 1), "audit_s": round(audit_s, 1),
