@@ -20,6 +20,7 @@ re-subscribes, and resumes the bridge's proxy if the channel stopped or suspende
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -353,14 +354,16 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
                 client_id=f"nsjms-{self.factory.node_id}-bridge-{self.id}-t2b",
                 shutdown=self.factory.shutdown_event)
             alt.connect(retry=False)
-        except TransportError as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure (not only TransportError: e.g. no thread for its
+            # dispatcher) leaves the optional second connection closed and retried later, never the flag stuck
             with self._transport_lock:
                 self._t2_alt_opening = False
                 self._t2_alt_retry_at = _now() + T2_ALT_RETRY_S
             log.warning("bridge %d: no second broker connection for routing transactions (%s: %s); they use the "
                         "first one; tried again in %g s", self.id, type(exc).__name__, exc, T2_ALT_RETRY_S)
             if alt is not None:
-                alt.close()
+                with contextlib.suppress(Exception):
+                    alt.close()
             return None
         with self._transport_lock:
             self._t2_alt_opening = False

@@ -132,3 +132,28 @@ def test_a_second_connection_opened_while_the_bridge_stopped_is_closed_not_kept(
     factory.make = make
     assert bridge._t2_transport() is main
     assert alt.closed and bridge._t2_alt is None
+
+
+def test_any_failure_to_open_the_second_connection_leaves_it_closed_and_retried_later(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only a TransportError: an open that fails otherwise (here no thread for its dispatcher) must not leave
+    the 'opening' flag set forever (the second connection was then never tried again) nor the half-made
+    connection open."""
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(B, "_now", lambda: clock["now"])
+    factory, main = Factory(), Twin("main")
+    made: list[Twin] = []
+
+    def failing() -> Twin:
+        made.append(Twin("t2b", refuse=RuntimeError("can't start new thread")))
+        return made[-1]
+
+    factory.make = failing
+    bridge = _bridge(factory, main)
+    assert bridge._t2_transport() is main
+    assert made[0].closed, "the half-made connection is closed"
+    clock["now"] += B.T2_ALT_RETRY_S + 1.0
+    alt = Twin("t2b")
+    factory.make = lambda: alt
+    assert bridge._t2_transport() is alt, "tried again after the back-off period"
+    assert len(factory.opens) == 2
