@@ -384,10 +384,20 @@ def _write_arrow(df: Any, table: Any, path: Path, *, sort: bool = True) -> Any:
             "org.apache.spark.sql.parquet.row.metadata": df._jdf.schema().json()}
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
-    # Spark's timestamps read back as naive nanoseconds (of UTC) from INT96: the same Arrow type here
-    naive = [pa.field(f.name, pa.timestamp("ns"), f.nullable) if pa.types.is_timestamp(f.type) else f for f in schema]
-    parquet = pa.Table.from_arrays([c.cast(pa.timestamp("us")).cast(f.type) if pa.types.is_timestamp(f.type) else c
-                                    for c, f in zip(table.columns, naive, strict=True)], schema=pa.schema(naive))
+    # Spark's timestamps read back as naive nanoseconds (of UTC) from INT96: the same Arrow type here; a column
+    # holding a time nanoseconds cannot (before 1677 or after 2262, e.g. a clock-skewed ledger row) stays in
+    # microseconds (still INT96, as Spark writes it; only a pyarrow reader sees microseconds) instead of failing
+    cols, fields = [], []
+    for c, f in zip(table.columns, schema, strict=True):
+        if pa.types.is_timestamp(f.type):
+            c = c.cast(pa.timestamp("us"))
+            try:
+                c, f = c.cast(pa.timestamp("ns")), pa.field(f.name, pa.timestamp("ns"), f.nullable)
+            except pa.ArrowInvalid:
+                f = pa.field(f.name, pa.timestamp("us"), f.nullable)
+        cols.append(c)
+        fields.append(f)
+    parquet = pa.Table.from_arrays(cols, schema=pa.schema(fields))
     pq.write_table(parquet.replace_schema_metadata(meta), path / "part-00000-driver.snappy.parquet",
                    compression="snappy", use_deprecated_int96_timestamps=True)
     (path / "_SUCCESS").touch()

@@ -111,3 +111,17 @@ def test_known_export_schema_is_the_one_spark_infers(ledger: DataFrame, tmp_path
     (tmp_path / "other").mkdir()
     pq.write_table(other, tmp_path / "other" / "part-0.parquet")
     assert job._export_schema(tmp_path / "other") is None  # not an export: Spark infers it
+
+
+def test_driver_written_timestamps_outside_the_nanosecond_range_are_written_like_sparks(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A timestamp Spark holds but nanoseconds cannot (year 2300, e.g. a clock-skewed ledger row): the driver's
+    writer cast every timestamp to nanoseconds and failed, aborting the whole audit, where Spark's writer did
+    not. Spark reads the driver's table back with the same values."""
+    rows = [("a", datetime(2300, 1, 1, tzinfo=UTC)), ("b", datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)),
+            ("c", None)]
+    df = spark.createDataFrame(rows, "dedupe_id string, accepted_at timestamp")
+    listed = job._result(df, tmp_path / "driver")
+    assert [r["accepted_at"] for r in listed] == [r[1] for r in rows]
+    back = spark.read.parquet(str(tmp_path / "driver")).orderBy("dedupe_id").collect()
+    assert back == df.orderBy("dedupe_id").collect()
