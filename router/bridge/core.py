@@ -246,7 +246,13 @@ class ChannelPuller:
     A batch that could not be sent is kept on this object (not in the worker), so after a stop/start it is sent
     before anything new is pulled: the channel confirms a pulled batch when the next pull arrives. With it the
     puller keeps which of its events were already handled (:attr:`done`: stored by the broker or dead-lettered
-    before the failure); these are the same event objects, so the resend skips them (no duplicate)."""
+    before the failure); these are the same event objects, so the resend skips them (no duplicate).
+
+    Only the current worker (the one whose stop event is :attr:`stop`) writes :attr:`pending` or acknowledges
+    from it, under :attr:`_lock`. A worker of an earlier start that is still inside ``forward`` or the channel's
+    ``acknowledge`` works on its own batch only: it neither acknowledges nor clears the batch of the worker that
+    replaced it (what it already forwarded is sent again by the new worker at most: at-least-once, no loss). A
+    batch it pulled after it was replaced goes to :attr:`orphans`, sent by the current worker before it pulls."""
 
     def __init__(self, flow: ChannelToJms, source: BatchSource | None, pacing_s: Callable[[], float],
                  stop: threading.Event) -> None:
@@ -257,6 +263,9 @@ class ChannelPuller:
         self.pending: list[Any] = []
         #: Indexes of ``pending`` already stored by the broker or dead-lettered (ChannelToJms.forward's progress).
         self.done: set[int] = set()
+        #: Batches pulled by a worker after it was replaced: nobody has sent them yet.
+        self.orphans: list[list[Any]] = []
+        self._lock = threading.Lock()
 
     def run(self) -> None:
         stop = self.stop                 # this worker's generation; a restart gets a new event
@@ -264,9 +273,15 @@ class ChannelPuller:
         assert source is not None, "ChannelPuller.run before a source was attached"
         backoff = 0.05
         while not stop.is_set():
-            if not self.pending:
+            with self._lock:
+                if self.stop is not stop:
+                    return
+                if not self.pending and self.orphans:
+                    self.pending, self.done = self.orphans.pop(0), set()
+                batch, done = self.pending, self.done
+            if not batch:
                 try:
-                    self.pending, self.done = source.pull(), set()
+                    pulled = source.pull()
                 except ChannelGone:
                     self.flow.bridge.channel_disconnected()
                     return
@@ -275,18 +290,29 @@ class ChannelPuller:
                     stop.wait(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF)
                     continue
-                if not self.pending:
+                if not pulled:
                     stop.wait(self.pacing_s() or 0.05)
                     continue
+                with self._lock:
+                    if self.stop is not stop:           # replaced while pulling: the current worker sends it
+                        self.orphans.append(pulled)
+                        return
+                    self.pending, self.done = pulled, set()
+                batch, done = pulled, self.done
             try:
-                self.flow.forward(self.pending, self.done)
+                self.flow.forward(batch, done)
             except Exception as exc:  # noqa: BLE001 — keep the batch and send it again, pull nothing meanwhile
                 self.flow.bridge.note_broker_problem(exc)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
                 continue
-            self.flow.bridge.acknowledge_channel(self.pending)
-            self.pending, self.done, backoff = [], set(), 0.05
+            with self._lock:
+                if self.stop is not stop:               # replaced: the batch (if still pending) is the new worker's
+                    return
+                if self.pending is batch:
+                    self.pending, self.done = [], set()
+            self.flow.bridge.acknowledge_channel(batch)   # this worker's own batch, all of it confirmed
+            backoff = 0.05
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,6 +219,17 @@ class TwinInbox(Strict):
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+WAIT_S = 10.0
+
+
+def wait_for(condition: Callable[[], bool], deadline_s: float = WAIT_S) -> None:
+    """Poll ``condition`` until it holds; fail after ``deadline_s``."""
+    end = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < end, "condition not reached before the deadline"
+        time.sleep(0.005)
+
+
 def delivery(mid: str, body: str = "hello") -> Delivery:
     return Delivery(message=JmsMessage(BodyType.TEXT, body), headers={"content-length": str(len(body))},
                     body=body.encode(), subscription="sub-1", ack_id=f"ack-{mid}", message_id=mid,
@@ -422,6 +434,52 @@ def test_the_puller_keeps_pulling_after_a_channel_failure() -> None:
 
     ChannelPuller(out_flow(transport, bridge), Flaky([["a"]]), lambda: 0.0, threading.Event()).run()
     assert transport.bodies() == ["a"] and bridge.disconnected == 1
+
+
+def test_an_old_puller_worker_neither_acknowledges_nor_clears_the_batch_of_the_worker_that_replaced_it() -> None:
+    """stop_bridge + start_bridge while worker #1 is inside the channel's acknowledge: worker #2 (new stop event,
+    same puller) pulls P2, which fails part-way. When worker #1 comes back it must not acknowledge or clear P2:
+    P2 stays pending and worker #2's retry sends the rest of it."""
+    gate, inside = threading.Event(), threading.Event()
+    broken = threading.Event()
+    broken.set()
+
+    class Transport(TwinTransport):
+        def send(self, destination: Destination | str, message: JmsMessage, **kw: Any) -> None:
+            if message.body == "d" and broken.is_set():
+                raise SendFailed("connection lost", QUEUE.stomp())
+            super().send(destination, message, **kw)
+
+    class Bridge(TwinBridge):
+        def acknowledge_channel(self, events: list[Any]) -> None:
+            if threading.current_thread().name == "w1":
+                inside.set()
+                assert gate.wait(WAIT_S), "the test never opened the gate"
+            super().acknowledge_channel(events)
+
+    transport, bridge = Transport(), Bridge()
+    p2 = ["c", "d"]
+    source = TwinSource([["a", "b"], p2])
+    stop1 = threading.Event()
+    puller = ChannelPuller(out_flow(transport, bridge), source, lambda: 0.0, stop1)
+    w1 = threading.Thread(target=puller.run, name="w1", daemon=True)
+    w1.start()
+    assert inside.wait(WAIT_S), "worker #1 never acknowledged its batch"
+    stop1.set()                                     # stop_bridge, then start_bridge: a new worker, a new event
+    puller.stop = threading.Event()
+    w2 = threading.Thread(target=puller.run, name="w2", daemon=True)
+    w2.start()
+    wait_for(lambda: len(bridge.problems) >= 1)     # P2 failed part-way: "c" stored, "d" not; worker #2 backs off
+    gate.set()
+    w1.join(WAIT_S)
+    assert not w1.is_alive()
+    assert "c" not in bridge.acknowledged and "d" not in bridge.acknowledged
+    assert puller.pending is p2, f"worker #1 cleared worker #2's batch: {puller.pending!r}"
+    broken.clear()                                  # the broker is back: worker #2's retry sends the rest of P2
+    w2.join(WAIT_S)
+    assert not w2.is_alive()
+    assert transport.bodies() == ["a", "b", "c", "d"]
+    assert bridge.acknowledged == ["a", "b", "c", "d"] and puller.pending == []
 
 
 # ------------------------------------------------------------------------------------------------ JMS -> channel, push
