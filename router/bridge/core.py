@@ -344,6 +344,7 @@ class JmsToChannel:
         self.duplicates = 0
         self.refused = 0
         self.held: list[tuple[Delivery, Any]] = []       # received, not yet pushed when the push loop stopped
+        self.held_lock = threading.Lock()                 # an old push loop and its replacement may both touch it
         self.t2in: Any = None                             # router.bridge.t2in.InboundT2, once a T2 ran
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
 

@@ -135,7 +135,8 @@ class PushSenderLoop:
 
     def _take_held(self) -> Got:
         """Held deliveries not yet forwarded (a held one that was forwarded but whose ack failed is acked again)."""
-        held, self.flow.held = self.flow.held, []
+        with self.flow.held_lock:
+            held, self.flow.held = self.flow.held, []
         fresh = []
         for delivery, event in held:
             if not self.flow.seen(delivery):
@@ -150,7 +151,8 @@ class PushSenderLoop:
     def _hold(self, got: Got) -> None:
         """Keep ``got`` (received on the live subscription, un-acked) for the next round or loop of this bridge."""
         if got:
-            self.flow.held = got + self.flow.held
+            with self.flow.held_lock:      # a loop stopped by stop_bridge and its replacement may hold at once
+                self.flow.held = got + self.flow.held
 
     def _push(self, got: Got) -> Got:
         """Push and ack ``got``; returns what is left unsettled (stopped meanwhile)."""

@@ -705,3 +705,42 @@ def test_the_core_modules_import_no_orb() -> None:
             "bad = sorted(m for m in sys.modules if m.startswith(('omniORB', 'CORBA', 'Cos'))); "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_replaced_push_loop_and_its_replacement_never_lose_each_others_held_deliveries() -> None:
+    """``flow.held`` outlives a stop_bridge/start_bridge; the old loop (still ending its round) and the new one
+    may both take or hold at once. A hold that lands between another hold's read and its write of ``flow.held``
+    was overwritten: that delivery stayed un-acked on the live subscription, never pushed (stuck until the
+    connection ends). Here the new loop's hold runs while the old one is between the read and the write."""
+    transport = TwinTransport()
+    flow = in_flow(transport, [])
+    old_loop, new_loop = push_loop(flow, TwinSink()), push_loop(flow, TwinSink())
+    mine, theirs = [(delivery("m1"), ("event", "a"))], [(delivery("m2"), ("event", "b"))]
+    raced = threading.Event()
+
+    class RacingFlow:
+        """``flow`` for the old loop: reading ``held`` lets the new loop hold first (given up to 1 s)."""
+
+        held_lock = flow.held_lock
+
+        @property
+        def held(self) -> list[tuple[Delivery, Any]]:
+            value = list(flow.held)
+            if not raced.is_set():
+                raced.set()
+                other = threading.Thread(target=new_loop._hold, args=(theirs,), daemon=True)
+                other.start()
+                other.join(1.0)             # ends at once without a lock; with it, waits for the old loop's write
+            return value
+
+        @held.setter
+        def held(self, value: list[tuple[Delivery, Any]]) -> None:
+            flow.held = value
+
+    old_loop.flow = RacingFlow()  # type: ignore[assignment]
+    old_loop._hold(mine)
+    for _ in range(200):                    # the new loop's hold, if it waited for the lock, ends now
+        if len(flow.held) == 2:
+            break
+        threading.Event().wait(0.01)
+    assert sorted(d.message_id for d, _ in flow.held) == ["m1", "m2"], "a held delivery was lost"
