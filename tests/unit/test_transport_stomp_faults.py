@@ -360,7 +360,8 @@ def receipted_send(fake: FakeBroker, t: StompTransport, tx: str) -> None:
     """A SEND in ``tx`` with a receipt, answered by the fake (the last frame of a T2's batch)."""
     thread, errors = in_thread(lambda: t.send("/queue/q", MSG, transaction=tx, receipt=True))
     deadline = time.monotonic() + 5
-    while not (fake.frames and b"receipt:" in fake.frames[-1]) and time.monotonic() < deadline:
+    while not (fake.frames and fake.frames[-1].startswith(b"SEND") and b"receipt:" in fake.frames[-1]) \
+            and time.monotonic() < deadline:       # not an earlier receipted frame (the BEGIN) or unreceipted SEND
         time.sleep(0.01)
     frame = last_frame(fake, b"SEND").decode()
     assert f"transaction:{tx}" in frame and "receipt:" in frame
