@@ -105,18 +105,23 @@ class SendBranch:
         if pending is not None and (error := pending.wait()) is not None:
             raise error
 
-    def send(self, destination: str, encoded: EncodedMessage, *, persistent: bool, last: bool,
-             background: bool = False) -> None:
-        """Send one frame in the transaction; ``last`` asks for the receipt that :meth:`prepare` needs. Transport
-        errors propagate unchanged (:class:`~router.jms.transport.SendRefused`: the broker refused this frame).
-        ``background`` (with ``last``): send it and wait for its receipt on a thread; :meth:`prepare` reports."""
+    def _open_tx(self) -> str:
+        """Before a frame: the BEGIN settled, the transaction begun and not closed by its last frame; returns its
+        STOMP transaction id (``confirmed`` is false from here until a receipted last frame)."""
         self._settle_begin()
         if self.tx is None:
             raise UsageError(f"branch {self.name}: send before begin", gtrid=self._gtrid())
         if self._last is not None:
             raise UsageError(f"branch {self.name}: send after the last frame", gtrid=self._gtrid())
         self.confirmed = False
-        tx = self.tx
+        return self.tx
+
+    def send(self, destination: str, encoded: EncodedMessage, *, persistent: bool, last: bool,
+             background: bool = False) -> None:
+        """Send one frame in the transaction; ``last`` asks for the receipt that :meth:`prepare` needs. Transport
+        errors propagate unchanged (:class:`~router.jms.transport.SendRefused`: the broker refused this frame).
+        ``background`` (with ``last``): send it and wait for its receipt on a thread; :meth:`prepare` reports."""
+        tx = self._open_tx()
         if last and background:
             self._last = _Background(lambda: self.transport.send_encoded(destination, encoded, persistent=persistent,
                                                                           transaction=tx, receipt=True),
@@ -135,13 +140,7 @@ class SendBranch:
         counts the frames handed over (on a failure: the index of the first frame not known to be written)."""
         if not messages:
             return
-        self._settle_begin()
-        if self.tx is None:
-            raise UsageError(f"branch {self.name}: send before begin", gtrid=self._gtrid())
-        if self._last is not None:
-            raise UsageError(f"branch {self.name}: send after the last frame", gtrid=self._gtrid())
-        self.confirmed = False
-        tx = self.tx
+        tx = self._open_tx()
         many = getattr(self.transport, "send_encoded_many", None)
         if many is not None:
             many(destination, messages, transaction=tx)

@@ -3,13 +3,20 @@
 ``test_transport_stomp_faults``: the transport's book attributes an ERROR without a receipt id exactly as for
 frames written one by one (issue 12: batched T2 writes must not change which transaction a refusal marks)."""
 
+# ruff: noqa: F811  (fixtures imported from the module that defines them, used as parameters)
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
-from test_transport_stomp_faults import FakeBroker, began, connect, in_thread, last_frame
+from test_transport_stomp_faults import (  # noqa: F401  (fake: that module's fixture)
+    FakeBroker,
+    began,
+    connect,
+    fake,
+    in_thread,
+    last_frame,
+)
 
 from router.bridge.txbranch import SendBranch
 from router.jms.stomp import StompTransport
@@ -18,13 +25,6 @@ from xa.errors import PrepareFailed
 from xa.xid import NodeId, branch_xid, new_gtrid
 
 DEST = "/queue/q"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeBroker]:
-    broker = FakeBroker()
-    yield broker
-    broker.close()
 
 
 def _frames(n: int, tag: str) -> list[tuple[EncodedMessage, bool]]:

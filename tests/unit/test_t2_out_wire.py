@@ -13,17 +13,25 @@ numbered in order of appearance (``test_to_jms_wire._normalise``).
 Regenerate the golden file only for an intended change of the frames: ``NSJMS_WRITE_GOLDEN=1 pytest ...``.
 """
 
+# ruff: noqa: F811  (fixtures imported from the module that defines them, used as parameters)
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from stomp import transport as stomp_transport
-from test_to_jms_wire import DEST, NOW_MS, Recorder, _normalise, events, orb  # noqa: F401  (orb: the module's fixture)
+from test_to_jms_wire import (  # noqa: F401  (orb, recorder: that module's fixtures)
+    DEST,
+    NOW_MS,
+    Recorder,
+    _normalise,
+    events,
+    orb,
+    recorder,
+)
 
 from router.bridge import bridge as bridge_module
 from router.bridge.bridge import BridgeImpl
@@ -39,13 +47,6 @@ from xa.xid import NodeId, branch_xid, new_gtrid
 GOLDEN = Path(__file__).with_name("t2_out_wire_golden.txt")
 DLQ = Destination("queue", "wire.dlq")
 UNMAPPABLE = "unmappable"
-
-
-@pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    r = Recorder()
-    yield r
-    r.close()
 
 
 class Txn:
