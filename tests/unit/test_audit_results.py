@@ -2,10 +2,9 @@
 same rows and the same Parquet schema; the Python sums over collected rows equal the Spark transforms; the
 ledger's known export schema is the one Spark infers (one local[1] session for the module)."""
 
+# ruff: noqa: F811  (the spark fixture imported from test_audit_transforms, used as a parameter)
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,25 +13,13 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from test_audit_transforms import spark  # noqa: F401  (the local Spark session fixture)
 
 from audit import job
 from audit import transforms as T
 from audit.synth import SynthSpec, generate, write_parquet
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    session = (SparkSession.builder.master("local[1]").appName("nsjms-audit-results")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "1").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")
