@@ -270,13 +270,13 @@ class SupplierAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.SupplierAdmin):
 
 def _never_transactional(proxy: Any) -> str | None:
     """Why ``proxy`` can never run a routing transaction whatever its client (NJI 2.7.2), or None."""
+    from router.channel.txdelivery import never_transactional
+
+    if proxy.side == "C":
+        return never_transactional(proxy)
     if getattr(proxy.rt, "t2", None) is None:
         return "this node runs no routing transactions"
-    if proxy.side == "C" and proxy.style == "PULL":
-        return "it is a pull proxy supplier (nsjms has no OTS to receive a client's transaction)"
-    if proxy.side == "C" and hasattr(proxy, "_init_ack"):
-        return "it is an acknowledging proxy supplier (DeliveryReliability=Acknowledgment), which has its own delivery"
-    if proxy.side == "S" and proxy.style == "PUSH":
+    if proxy.style == "PUSH":
         return "it is a push-style proxy consumer (its supplier pushes outside any routing transaction)"
     return None
 

@@ -181,6 +181,17 @@ def enable_needs_check(proxy: Any, qos: dict[str, Any], requested: frozenset[str
     return named and not getattr(proxy, "extra", {}).get(OWN_ENABLE_TRANSACTION)
 
 
+def never_transactional(proxy: Any) -> str | None:
+    """Why proxy supplier ``proxy`` can never run a routing transaction, whatever its consumer (NJI 2.7.2), or None."""
+    if getattr(proxy.rt, "t2", None) is None:
+        return "this node runs no routing transactions"
+    if proxy.style == "PULL":
+        return "it is a pull proxy supplier (nsjms has no OTS to receive a client's transaction)"
+    if _acknowledging(proxy):
+        return "it is an acknowledging proxy supplier (DeliveryReliability=Acknowledgment), which has its own delivery"
+    return None
+
+
 def check_honoured(proxy: Any, qos: dict[str, Any], requested: frozenset[str] | None = None) -> None:
     """``EnableTransaction`` = TRUE on a proxy supplier is accepted only where a routing transaction can run
     (NJI 2.7.2): a PUSH proxy supplier whose connected consumer is a bridge endpoint of this node, or that has no
@@ -191,8 +202,7 @@ def check_honoured(proxy: Any, qos: dict[str, Any], requested: frozenset[str] | 
     sets TRUE on the proxy itself, also when the proxy already inherited TRUE (:func:`enable_needs_check`)."""
     if not enable_needs_check(proxy, qos, requested):
         return
-    if proxy.style == "PULL" or getattr(proxy.rt, "t2", None) is None or _acknowledging(proxy) or (
-            proxy.connected and participant_quiet(proxy) is None):
+    if never_transactional(proxy) is not None or (proxy.connected and participant_quiet(proxy) is None):
         raise Q.QoSError([Q.PropertyProblem("UNAVAILABLE_VALUE", Q.ENABLE_TRANSACTION, False, False)])
 
 
