@@ -39,7 +39,7 @@ from router.jms.transport import BrokerError, Delivery, SendRefused, Transport, 
 from router.t2 import ACK_MANAGER, inbox_claim
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 
-__all__ = ["PG_INBOX", "InBatch", "InboundT2", "LocalAcks", "PgInbox", "StompAckBranch", "inbox_release"]
+__all__ = ["PG_INBOX", "InBatch", "InboundT2", "LocalAcks", "PgInbox", "StompAckBranch", "ack_many", "inbox_release"]
 
 log = logging.getLogger("nsjms.bridge")
 
@@ -65,6 +65,17 @@ class PgInbox:
 
 
 PG_INBOX = PgInbox()
+
+
+def ack_many(transport: Transport, deliveries: Sequence[Delivery], transaction: str | None = None) -> None:
+    """Receipt-less ACKs of ``deliveries`` in order: the transport's ``ack_many`` (one write for all) when it has one,
+    else one ``ack`` each (a transport stand-in without it)."""
+    many = getattr(transport, "ack_many", None)
+    if many is not None:
+        many(deliveries, transaction)
+        return
+    for delivery in deliveries:
+        transport.ack(delivery, transaction, receipt=False)
 
 
 def _book(transport: Any) -> Any:
@@ -260,36 +271,51 @@ class LocalAcks:
         self.transport = transport
         self.deliveries = list(deliveries)
         self.refused: str | None = None
-        self._frames: list[tuple[Callable[[], None], str | None]] = []   # (write, message id it acks)
+        # (kind, the delivery it settles or None, the dead letter of a "send"), in the order they are written
+        self._frames: list[tuple[str, Delivery | None, tuple[Destination, JmsMessage] | None]] = []
         self._on_rollback = on_rollback
         self._on_commit = on_commit
         self._on_failed = on_failed
         self._ended = False
 
     def ack(self, delivery: Delivery) -> None:
-        self._frames.append((lambda: self.transport.ack(delivery, receipt=False), delivery.message_id))
+        self._frames.append(("ack", delivery, None))
 
     def nack(self, delivery: Delivery) -> None:
-        self._frames.append((lambda: self.transport.nack(delivery, receipt=True), delivery.message_id))
+        self._frames.append(("nack", delivery, None))
 
     def send(self, destination: Destination, message: JmsMessage, before: Delivery | None = None) -> None:
         """A dead letter; ``before``: written before that delivery's ack (a dead letter must be stored before its
         original is acknowledged: these frames are not atomic)."""
-        frame = (lambda: self.transport.send(destination, message, receipt=True), None)
-        at = next((i for i, (_, mid) in enumerate(self._frames)
-                   if before is not None and mid == before.message_id), len(self._frames))
-        self._frames.insert(at, frame)
+        at = next((i for i, (_, d, _) in enumerate(self._frames)
+                   if before is not None and d is not None and d.message_id == before.message_id), len(self._frames))
+        self._frames.insert(at, ("send", None, (destination, message)))
 
     def settle(self) -> None:
-        """After the local transaction committed: write the frames. Never raises (see the class docstring)."""
+        """After the local transaction committed: write the frames, in order; consecutive ACKs (receipt-less) go
+        out together (``ack_many``: one socket write, issue 12 round 5). Never raises (see the class docstring)."""
         self._ended = True
+        acks: list[Delivery] = []
         try:
-            for write, _ in self._frames:
-                write()
+            for kind, delivery, letter in self._frames:
+                if kind == "ack" and delivery is not None:
+                    acks.append(delivery)
+                    continue
+                self._write_acks(acks)
+                acks = []
+                if kind == "nack" and delivery is not None:
+                    self.transport.nack(delivery, receipt=True)
+                elif letter is not None:
+                    self.transport.send(letter[0], letter[1], receipt=True)
+            self._write_acks(acks)
         except TransportError as exc:
             self._on_failed(exc, isinstance(exc, SendRefused | BrokerError))
             return
         self._on_commit()
+
+    def _write_acks(self, deliveries: list[Delivery]) -> None:
+        if deliveries:
+            ack_many(self.transport, deliveries)
 
     def rollback(self) -> None:
         """The local transaction did not commit: nothing was written; the deliveries go back."""
