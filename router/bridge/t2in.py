@@ -44,6 +44,9 @@ __all__ = ["PG_INBOX", "InBatch", "InboundT2", "LocalAcks", "PgInbox", "StompAck
 log = logging.getLogger("nsjms.bridge")
 
 Conn = psycopg.Connection[Any]
+#: Receipt-less ACKs of a T2's broker branch written together (one socket write); a run goes out when it is this
+#: long, before any other frame, and before the last (receipted) frame.
+ACK_RUN = 32
 _BROKER_DLQ = "ActiveMQ.DLQ"
 
 
@@ -92,7 +95,8 @@ class StompAckBranch:
 
     * ``begin`` = STOMP BEGIN (receipted);
     * :meth:`ack` / :meth:`nack` / :meth:`send` put frames in it; each frame is written when the next one is
-      added, the last one is held back for ``prepare``;
+      added (receipt-less ACKs in runs of up to :data:`ACK_RUN`, one socket write each, issue 12 round 5; a run
+      goes out before any other frame), the last one is held back for ``prepare``;
     * ``prepare`` = write the last frame WITH a receipt (the broker answers frames in order, so an ERROR for an
       earlier receipt-less frame has arrived by then) and check no frame of the transaction got an ERROR;
     * ``commit`` = STOMP COMMIT, after the decision is durable and the PostgreSQL branch committed. A lost receipt
@@ -118,6 +122,8 @@ class StompAckBranch:
         self.frames = 0
         self._gtrid: str | None = None
         self._last: Callable[[bool], None] | None = None
+        self._last_ack: Delivery | None = None  # the delivery ``_last`` acknowledges, when it is an ACK
+        self._acks: list[Delivery] = []          # receipt-less ACKs not yet written (a run, see ACK_RUN)
         self._on_rollback = on_rollback
         self._on_commit = on_commit
         self._on_unknown = on_unknown
@@ -161,7 +167,11 @@ class StompAckBranch:
         self._settle_begin()
         last, self._last = self._last, None
         if last is not None and not self._ended:
-            self._sealed = _Background(lambda: last(True))
+            def write_rest() -> None:             # the pending run of ACKs, then the last frame
+                self._write_acks()
+                last(True)
+
+            self._sealed = _Background(write_rest)
 
     def prepare(self) -> None:
         self._settle_begin()
@@ -169,6 +179,7 @@ class StompAckBranch:
         sealed, self._sealed = self._sealed, None
         try:
             if last is not None:
+                self._write_acks()
                 last(True)
             if sealed is not None and (error := sealed.wait()) is not None:
                 raise error
@@ -203,6 +214,7 @@ class StompAckBranch:
             return
         self._ended = True
         self._last = None
+        self._acks = []                          # never written: they stay un-acknowledged on the subscription
         try:
             self._settle_begin()                 # the ABORT goes after the BEGIN, for a transaction that began
         except Exception as exc:  # noqa: BLE001 — a BEGIN that failed began nothing: nothing to abort
@@ -221,7 +233,7 @@ class StompAckBranch:
 
     # -- frames ---------------------------------------------------------------------------------------------
     def ack(self, delivery: Delivery) -> None:
-        self._frame(lambda receipt: self.transport.ack(delivery, self.tx, receipt=receipt))
+        self._frame(lambda receipt: self.transport.ack(delivery, self.tx, receipt=receipt), ack=delivery)
 
     def nack(self, delivery: Delivery) -> None:
         self._frame(lambda receipt: self.transport.nack(delivery, self.tx, receipt=receipt))
@@ -231,19 +243,32 @@ class StompAckBranch:
         self._frame(lambda receipt: self.transport.send(destination, message, transaction=self.tx,
                                                         receipt=receipt))
 
-    def _frame(self, write: Callable[[bool], None]) -> None:
+    def _frame(self, write: Callable[[bool], None], ack: Delivery | None = None) -> None:
         if not self._ended:
             self._settle_begin()
         if self.tx is None or self._ended or self._sealed is not None:
             raise UsageError("a frame for a STOMP ack branch that is not active", gtrid=self._gtrid)
         previous, self._last = self._last, write
+        previous_ack, self._last_ack = self._last_ack, ack
         self.frames += 1
+        if previous_ack is not None:             # a receipt-less ACK: joins the run
+            self._acks.append(previous_ack)
+            if len(self._acks) >= ACK_RUN:
+                self._write_acks()
+            return
         if previous is not None:
+            self._write_acks()
             try:
                 previous(False)
             except (BrokerError, SendRefused) as exc:   # the broker refused it (an ERROR frame)
                 self.refused = str(exc)
                 raise
+
+    def _write_acks(self) -> None:
+        """Write the pending run of receipt-less ACKs (one socket write)."""
+        acks, self._acks = self._acks, []
+        if acks:
+            ack_many(self.transport, acks, self.tx)
 
     def _problem(self) -> str | None:
         book = _book(self.transport)

@@ -10,11 +10,12 @@ import time
 from typing import Any
 
 import pytest
+from psycopg import Xid
 from stomp.protocol import Protocol12
 from stomp.utils import convert_frame, pack
 from test_transport_stomp_faults import FakeBroker, _subscribed, connect, fake  # noqa: F401
 
-from router.bridge.t2in import LocalAcks, ack_many
+from router.bridge.t2in import ACK_RUN, LocalAcks, StompAckBranch, ack_many
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.stomp import encode_ack_frame
 from router.jms.transport import Delivery, LocalProtocolError
@@ -129,3 +130,69 @@ def test_a_transport_without_ack_many_gets_one_receipt_less_ack_each() -> None:
     t = _Recorder(many=False)
     ack_many(t, [_d(1), _d(2)])  # type: ignore[arg-type]
     assert t.calls == [("ack", ("m1", False)), ("ack", ("m2", False))]
+
+
+# -- StompAckBranch (T2): runs of ACKs ---------------------------------------------------------------------------
+class _TxRecorder(_Recorder):
+    def __init__(self) -> None:
+        super().__init__(many=True)
+        self.ack_many = lambda ds, tx=None: self.calls.append(("ack_many", ([d.message_id for d in ds], tx)))
+
+    def begin(self) -> str:
+        self.calls.append(("begin", None))
+        return "tx-1"
+
+    def abort(self, transaction: str) -> None:
+        self.calls.append(("abort", transaction))
+
+    def ack(self, d: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+        self.calls.append(("ack", (d.message_id, transaction, receipt)))
+
+    def send(self, destination: Any, message: Any, *, transaction: str | None = None, receipt: bool = True) -> None:
+        self.calls.append(("send", (message.body, transaction, receipt)))
+
+
+def _branch(t: Any, ds: list[Delivery], back: list[list[Delivery]] | None = None) -> StompAckBranch:
+    branch = StompAckBranch(t, ds, on_rollback=(lambda b: back.append(b.deliveries)) if back is not None else None)
+    branch.begin(Xid(1, "g1", "stomp-ack"))
+    return branch
+
+
+def test_a_t2s_acks_go_out_in_runs_before_any_other_frame_and_the_last_one_with_its_receipt() -> None:
+    t = _TxRecorder()
+    ds = [_d(i) for i in range(ACK_RUN + 9)]
+    branch = _branch(t, ds)
+    for d in ds[:-1]:
+        branch.ack(d)
+    branch.send(Destination("queue", "dlq"), JmsMessage(BodyType.TEXT, "letter"))
+    branch.ack(ds[-1])
+    branch.prepare()
+    assert branch.frames == len(ds) + 1
+    assert t.calls == [("begin", None),
+                       ("ack_many", ([f"m{i}" for i in range(ACK_RUN)], "tx-1")),
+                       ("ack_many", ([f"m{i}" for i in range(ACK_RUN, len(ds) - 1)], "tx-1")),
+                       ("send", ("letter", "tx-1", False)),
+                       ("ack", (f"m{len(ds) - 1}", "tx-1", True))]
+
+
+def test_a_sealed_t2_writes_its_pending_run_then_the_last_frame_with_its_receipt() -> None:
+    t = _TxRecorder()
+    ds = [_d(i) for i in range(5)]
+    branch = _branch(t, ds)
+    for d in ds:
+        branch.ack(d)
+    assert t.calls == [("begin", None)]          # a short run waits for the seal
+    branch.seal()
+    branch.prepare()
+    assert t.calls == [("begin", None), ("ack_many", (["m0", "m1", "m2", "m3"], "tx-1")), ("ack", ("m4", "tx-1", True))]
+
+
+def test_a_rolled_back_t2_never_writes_its_pending_run_and_gives_the_deliveries_back() -> None:
+    t, back = _TxRecorder(), list[list[Delivery]]()
+    ds = [_d(i) for i in range(5)]
+    branch = _branch(t, ds, back)
+    for d in ds:
+        branch.ack(d)
+    branch.rollback()
+    assert t.calls == [("begin", None), ("abort", "tx-1")]
+    assert back == [ds]
