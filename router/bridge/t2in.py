@@ -39,11 +39,14 @@ from router.jms.transport import BrokerError, Delivery, SendRefused, Transport, 
 from router.t2 import ACK_MANAGER, inbox_claim
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 
-__all__ = ["PG_INBOX", "InBatch", "InboundT2", "LocalAcks", "PgInbox", "StompAckBranch", "inbox_release"]
+__all__ = ["PG_INBOX", "InBatch", "InboundT2", "LocalAcks", "PgInbox", "StompAckBranch", "ack_many", "inbox_release"]
 
 log = logging.getLogger("nsjms.bridge")
 
 Conn = psycopg.Connection[Any]
+#: Receipt-less ACKs of a T2's broker branch written together (one socket write); a run goes out when it is this
+#: long, before any other frame, and before the last (receipted) frame.
+ACK_RUN = 32
 _BROKER_DLQ = "ActiveMQ.DLQ"
 
 
@@ -67,6 +70,17 @@ class PgInbox:
 PG_INBOX = PgInbox()
 
 
+def ack_many(transport: Transport, deliveries: Sequence[Delivery], transaction: str | None = None) -> None:
+    """Receipt-less ACKs of ``deliveries`` in order: the transport's ``ack_many`` (one write for all) when it has one,
+    else one ``ack`` each (a transport stand-in without it)."""
+    many = getattr(transport, "ack_many", None)
+    if many is not None:
+        many(deliveries, transaction)
+        return
+    for delivery in deliveries:
+        transport.ack(delivery, transaction, receipt=False)
+
+
 def _book(transport: Any) -> Any:
     """The transport's session book (both implementations keep one), or None for a stand-in without one."""
     try:
@@ -81,7 +95,8 @@ class StompAckBranch:
 
     * ``begin`` = STOMP BEGIN (receipted);
     * :meth:`ack` / :meth:`nack` / :meth:`send` put frames in it; each frame is written when the next one is
-      added, the last one is held back for ``prepare``;
+      added (receipt-less ACKs in runs of up to :data:`ACK_RUN`, one socket write each, issue 12 round 5; a run
+      goes out before any other frame), the last one is held back for ``prepare``;
     * ``prepare`` = write the last frame WITH a receipt (the broker answers frames in order, so an ERROR for an
       earlier receipt-less frame has arrived by then) and check no frame of the transaction got an ERROR;
     * ``commit`` = STOMP COMMIT, after the decision is durable and the PostgreSQL branch committed. A lost receipt
@@ -107,6 +122,8 @@ class StompAckBranch:
         self.frames = 0
         self._gtrid: str | None = None
         self._last: Callable[[bool], None] | None = None
+        self._last_ack: Delivery | None = None  # the delivery ``_last`` acknowledges, when it is an ACK
+        self._acks: list[Delivery] = []          # receipt-less ACKs not yet written (a run, see ACK_RUN)
         self._on_rollback = on_rollback
         self._on_commit = on_commit
         self._on_unknown = on_unknown
@@ -150,7 +167,11 @@ class StompAckBranch:
         self._settle_begin()
         last, self._last = self._last, None
         if last is not None and not self._ended:
-            self._sealed = _Background(lambda: last(True))
+            def write_rest() -> None:             # the pending run of ACKs, then the last frame
+                self._write_acks()
+                last(True)
+
+            self._sealed = _Background(write_rest)
 
     def prepare(self) -> None:
         self._settle_begin()
@@ -158,6 +179,7 @@ class StompAckBranch:
         sealed, self._sealed = self._sealed, None
         try:
             if last is not None:
+                self._write_acks()
                 last(True)
             if sealed is not None and (error := sealed.wait()) is not None:
                 raise error
@@ -192,6 +214,7 @@ class StompAckBranch:
             return
         self._ended = True
         self._last = None
+        self._acks = []                          # never written: they stay un-acknowledged on the subscription
         try:
             self._settle_begin()                 # the ABORT goes after the BEGIN, for a transaction that began
         except Exception as exc:  # noqa: BLE001 — a BEGIN that failed began nothing: nothing to abort
@@ -210,7 +233,7 @@ class StompAckBranch:
 
     # -- frames ---------------------------------------------------------------------------------------------
     def ack(self, delivery: Delivery) -> None:
-        self._frame(lambda receipt: self.transport.ack(delivery, self.tx, receipt=receipt))
+        self._frame(lambda receipt: self.transport.ack(delivery, self.tx, receipt=receipt), ack=delivery)
 
     def nack(self, delivery: Delivery) -> None:
         self._frame(lambda receipt: self.transport.nack(delivery, self.tx, receipt=receipt))
@@ -220,19 +243,32 @@ class StompAckBranch:
         self._frame(lambda receipt: self.transport.send(destination, message, transaction=self.tx,
                                                         receipt=receipt))
 
-    def _frame(self, write: Callable[[bool], None]) -> None:
+    def _frame(self, write: Callable[[bool], None], ack: Delivery | None = None) -> None:
         if not self._ended:
             self._settle_begin()
         if self.tx is None or self._ended or self._sealed is not None:
             raise UsageError("a frame for a STOMP ack branch that is not active", gtrid=self._gtrid)
         previous, self._last = self._last, write
+        previous_ack, self._last_ack = self._last_ack, ack
         self.frames += 1
+        if previous_ack is not None:             # a receipt-less ACK: joins the run
+            self._acks.append(previous_ack)
+            if len(self._acks) >= ACK_RUN:
+                self._write_acks()
+            return
         if previous is not None:
+            self._write_acks()
             try:
                 previous(False)
             except (BrokerError, SendRefused) as exc:   # the broker refused it (an ERROR frame)
                 self.refused = str(exc)
                 raise
+
+    def _write_acks(self) -> None:
+        """Write the pending run of receipt-less ACKs (one socket write)."""
+        acks, self._acks = self._acks, []
+        if acks:
+            ack_many(self.transport, acks, self.tx)
 
     def _problem(self) -> str | None:
         book = _book(self.transport)
@@ -260,36 +296,51 @@ class LocalAcks:
         self.transport = transport
         self.deliveries = list(deliveries)
         self.refused: str | None = None
-        self._frames: list[tuple[Callable[[], None], str | None]] = []   # (write, message id it acks)
+        # (kind, the delivery it settles or None, the dead letter of a "send"), in the order they are written
+        self._frames: list[tuple[str, Delivery | None, tuple[Destination, JmsMessage] | None]] = []
         self._on_rollback = on_rollback
         self._on_commit = on_commit
         self._on_failed = on_failed
         self._ended = False
 
     def ack(self, delivery: Delivery) -> None:
-        self._frames.append((lambda: self.transport.ack(delivery, receipt=False), delivery.message_id))
+        self._frames.append(("ack", delivery, None))
 
     def nack(self, delivery: Delivery) -> None:
-        self._frames.append((lambda: self.transport.nack(delivery, receipt=True), delivery.message_id))
+        self._frames.append(("nack", delivery, None))
 
     def send(self, destination: Destination, message: JmsMessage, before: Delivery | None = None) -> None:
         """A dead letter; ``before``: written before that delivery's ack (a dead letter must be stored before its
         original is acknowledged: these frames are not atomic)."""
-        frame = (lambda: self.transport.send(destination, message, receipt=True), None)
-        at = next((i for i, (_, mid) in enumerate(self._frames)
-                   if before is not None and mid == before.message_id), len(self._frames))
-        self._frames.insert(at, frame)
+        at = next((i for i, (_, d, _) in enumerate(self._frames)
+                   if before is not None and d is not None and d.message_id == before.message_id), len(self._frames))
+        self._frames.insert(at, ("send", None, (destination, message)))
 
     def settle(self) -> None:
-        """After the local transaction committed: write the frames. Never raises (see the class docstring)."""
+        """After the local transaction committed: write the frames, in order; consecutive ACKs (receipt-less) go
+        out together (``ack_many``: one socket write, issue 12 round 5). Never raises (see the class docstring)."""
         self._ended = True
+        acks: list[Delivery] = []
         try:
-            for write, _ in self._frames:
-                write()
+            for kind, delivery, letter in self._frames:
+                if kind == "ack" and delivery is not None:
+                    acks.append(delivery)
+                    continue
+                self._write_acks(acks)
+                acks = []
+                if kind == "nack" and delivery is not None:
+                    self.transport.nack(delivery, receipt=True)
+                elif letter is not None:
+                    self.transport.send(letter[0], letter[1], receipt=True)
+            self._write_acks(acks)
         except TransportError as exc:
             self._on_failed(exc, isinstance(exc, SendRefused | BrokerError))
             return
         self._on_commit()
+
+    def _write_acks(self, deliveries: list[Delivery]) -> None:
+        if deliveries:
+            ack_many(self.transport, deliveries)
 
     def rollback(self) -> None:
         """The local transaction did not commit: nothing was written; the deliveries go back."""

@@ -20,7 +20,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -748,6 +748,11 @@ class MemoryTransport:
 
     def ack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
         self._settle("ack", delivery, transaction, nack=False)
+
+    def ack_many(self, deliveries: Sequence[Delivery], transaction: str | None = None) -> None:
+        """Receipt-less ACKs of ``deliveries`` in order, as :meth:`StompTransport.ack_many` (one call each here)."""
+        for delivery in deliveries:
+            self.ack(delivery, transaction, receipt=False)
 
     def nack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
         self._settle("nack", delivery, transaction, nack=True)
