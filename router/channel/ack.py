@@ -56,6 +56,7 @@ import CosNotification__POA
 
 from idl.generated import CosNotifyChannelAdminAck__POA, CosNotifyCommAck
 from router.channel import qos as Q
+from router.channel import txdelivery
 from router.channel.boundary import EVENT_SPECIFIC, Outcome, store_boundary_all
 from router.channel.events import Form
 from router.channel.proxies import (
@@ -294,6 +295,8 @@ class _AckSupplierMixin:
     def start(self) -> None:
         if self.ack.stopped and _status(self.rt) is not None:  # type: ignore[attr-defined]
             _status(self.rt).report(self.oid, self.ack.stopped)  # type: ignore[attr-defined,union-attr]
+        if self.connected and not self.destroyed:  # type: ignore[attr-defined]
+            txdelivery.warn_unavailable(self)
         super().start()  # type: ignore[misc]
 
     def status_extra(self) -> dict[str, Any]:
@@ -303,7 +306,7 @@ class _AckSupplierMixin:
             if self.ack.stopped:
                 extra["STOPPED"] = repr(self.ack.stopped) + " (reset with resume_connection)"
         extra.update(self.ack.schedule(self._policy()[1]))
-        return {**extra, **getattr(self, "dead_letter_status", dict)()}
+        return {**extra, **getattr(self, "dead_letter_status", dict)(), **txdelivery.unavailable(self)}
 
     def _save_ack(self) -> None:
         with self.ack.lock:

@@ -145,6 +145,10 @@ class _AdminBase(QoSMixin, FilterMixin):
         note = stored_enable_transaction_note(proxy)
         if note is not None:
             log.warning("proxy %s: %s", proxy.oid, note)
+            if self.side == "C" and _never_transactional(proxy) is not None:
+                from router.channel import txdelivery
+
+                txdelivery.state(proxy).unavailable_warned = True     # said here: not again when it starts
 
     def start_all(self) -> None:
         for proxy in list(self.proxies.values()):

@@ -179,8 +179,18 @@ class PullSupplierMixin(ProxySupplierBase):
         self._delivered_one_batch()
         return value
 
+    def start(self) -> None:
+        """Nothing runs (the client pulls); says once if its EnableTransaction cannot be honoured."""
+        from router.channel import txdelivery
+
+        if self.connected and not self.destroyed:
+            txdelivery.warn_unavailable(self)
+        super().start()
+
     def status_extra(self) -> dict[str, Any]:
-        return self.dead_letter_status()
+        from router.channel import txdelivery
+
+        return {**self.dead_letter_status(), **txdelivery.unavailable(self)}
 
     def _limit(self, max_number: int) -> int:
         size = self.batch_size()

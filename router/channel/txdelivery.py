@@ -157,9 +157,33 @@ def status(proxy: Any) -> dict[str, Any]:
         out["t2_in_doubt"] = {g: len(e) for g, e in st.in_doubt.items()}
     if st.last_rollback:
         out["t2_last_rollback"] = st.last_rollback
-    if enabled(proxy) and proxy.connected and participant_quiet(proxy) is None:
-        out["t2_unavailable"] = unavailable_reason(proxy)
+    out.update(unavailable(proxy))
     return out
+
+
+def unavailable(proxy: Any) -> dict[str, Any]:
+    """``t2_unavailable`` (the reason) for a connected proxy supplier of any kind (push or pull, acknowledging or
+    not) whose EnableTransaction is TRUE — inherited from its admin or channel, or a stored value (docs/qos.md) —
+    but that delivers without a routing transaction; else nothing."""
+    if not enabled(proxy) or not getattr(proxy, "connected", False):
+        return {}
+    reason = never_transactional(proxy)
+    if reason is None and participant_quiet(proxy) is None:
+        reason = unavailable_reason(proxy)
+    return {} if reason is None else {"t2_unavailable": reason}
+
+
+def warn_unavailable(proxy: Any) -> None:
+    """One WARNING per proxy supplier (and node run) that delivers without the routing transaction its
+    EnableTransaction asks for; called when a pull or acknowledging proxy supplier starts (connect, restore). A
+    plain push proxy supplier says it at its first delivery (:func:`participant`)."""
+    why = unavailable(proxy).get("t2_unavailable")
+    st = state(proxy)
+    if why is None or st.unavailable_warned:
+        return
+    st.unavailable_warned = True
+    log.warning("proxy %s: EnableTransaction is TRUE but %s; delivering without a routing transaction", proxy.oid,
+                why)
 
 
 #: ``extra`` key of a proxy: EnableTransaction was set TRUE on the proxy itself (not inherited from its admin or
