@@ -80,6 +80,11 @@ def test_the_limits_fast_path_refuses_what_the_line_by_line_check_refuses() -> N
     with pytest.raises(MappingError, match="header line"):
         check_stomp_limits({**ok, "big": "\n" * (STOMP_MAX_HEADER_LINE // 2)})
     check_stomp_limits({**ok, "big": "x" * (STOMP_MAX_HEADER_LINE // 2)})     # long, below the line limit
+    check_stomp_limits({**ok, "expires": "-5", "JMSXGroupSeq": "+7"})      # Java parses them: not the fast case
+    with pytest.raises(MappingError, match="non-integer expires"):
+        check_stomp_limits({**ok, "expires": ""})
+    with pytest.raises(MappingError, match="non-integer timestamp"):
+        check_stomp_limits({**ok, "timestamp": "12a"})
 
 
 def _event(fd: list[Any], body: Any, name: str = "e") -> Any:
