@@ -28,9 +28,9 @@ _INTEGER_BITS = tuple((name, 10 if name == "JMSXGroupSeq" else 19) for name in s
 
 def check_stomp_limits(headers: dict[str, str]) -> None:
     """A mapping failure (the event is dead-lettered) when the frame exceeds what the broker accepts."""
-    from router.mapping.errors import MappingError
-
     if len(headers) + _STOMP_RESERVE > STOMP_MAX_HEADERS:
+        from router.mapping.errors import MappingError
+
         raise MappingError(f"{len(headers)} STOMP headers; the broker accepts at most {STOMP_MAX_HEADERS}",
                            "properties")
     # The usual frame: no line can reach the limit (a character takes at most 4 bytes, escaped or in UTF-8, even
@@ -43,6 +43,8 @@ def check_stomp_limits(headers: dict[str, str]) -> None:
                 break                    # not the usual plain digits: the walk below decides
         else:
             return
+    from router.mapping.errors import MappingError
+
     for name, value in headers.items():
         if name in STOMP_INTEGER_HEADERS and not _is_java_integer(value, 32 if name == "JMSXGroupSeq" else 64):
             raise MappingError(f"ActiveMQ closes the connection on a non-integer {name} header ({value[:40]!r})",

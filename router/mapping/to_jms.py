@@ -40,6 +40,7 @@ _STRING = JmsType.STRING
 #: ``json.dumps(..., separators=(",", ":"))`` without building an encoder per call.
 _JSON = json.JSONEncoder(separators=(",", ":"))
 #: The filterable_data entries that set a JMS header (the first of each name); the others only become properties.
+_CDR_ANY = Typed(JmsType.STRING, bodies.CDR_ANY)
 _JMS_HEADER_ENTRIES = frozenset({"JMSCorrelationID", "JMSReplyTo"})
 _INTEGRAL = frozenset({CORBA.tk_short, CORBA.tk_ushort, CORBA.tk_long, CORBA.tk_ulong, CORBA.tk_longlong,
                        CORBA.tk_ulonglong, CORBA.tk_octet})
@@ -72,26 +73,35 @@ def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, de
         body_type, body, manifest["body"] = bodies.body_to_jms(remainder)
         body_manifest = manifest["body"]
         manifest_text = pack_manifest(_JSON.encode(manifest))
+        manifest_typed: Typed | None = None
         if shape is not None and _cacheable(shape):
             if len(_SHAPES) >= SHAPE_CACHE_MAX:
                 _SHAPES.clear()
-            _SHAPES[shape] = _Shape(plan.entries, plan.ohf, plan.fd, body_manifest, manifest_text)
+            _SHAPES[shape] = _Shape(plan.entries, plan.ohf, plan.fd, body_manifest, manifest_text,
+                                    Typed(JmsType.STRING, manifest_text))
     else:
-        for (field, entry_plan, pnames), prop in zip(plan.entries, (*variable, *filterable), strict=True):
-            _values(field, entry_plan, pnames, prop.value, props)
+        entries = plan.entries
+        if len(entries) == 1:                 # the usual small event: one entry, no tuple of both sections
+            field, entry_plan, pnames = entries[0]
+            _values(field, entry_plan, pnames, (variable or filterable)[0].value, props)
+        else:
+            for (field, entry_plan, pnames), prop in zip(entries, (*variable, *filterable), strict=True):
+                _values(field, entry_plan, pnames, prop.value, props)
         body_type, body, body_manifest = bodies.body_to_jms(remainder)
         if body_manifest == plan.body:        # the usual case: the manifest of the shape, encoded once
             manifest_text = plan.manifest
+            manifest_typed = plan.manifest_typed
         else:                                 # a body whose manifest holds per-value parts (map, AnySeq)
             manifest_text = pack_manifest(_JSON.encode({"v": MANIFEST_VERSION, "ohf": plan.ohf, "fd": plan.fd,
                                                         "body": body_manifest}))
+            manifest_typed = None
     bodies.check_size(body_type, body, max_body_bytes, "remainder_of_body")
     if body_manifest["k"] == "cdr" and isinstance(body, bytes) and len(body) > limits.MAX_CDR_BYTES:
         raise MappingError(f"a CDR-encoded body of {len(body)} bytes exceeds the limit of {limits.MAX_CDR_BYTES} "
                            "bytes the receiving side decodes", "remainder_of_body")
     if body_manifest["k"] == "cdr":
-        props[names.BODY_ENCODING] = Typed(JmsType.STRING, bodies.CDR_ANY)
-    props[names.MANIFEST] = Typed(JmsType.STRING, manifest_text)
+        props[names.BODY_ENCODING] = _CDR_ANY
+    props[names.MANIFEST] = manifest_typed or Typed(JmsType.STRING, manifest_text)
     std = _standard_qos(variable)
     jms = [p for p in filterable if p.name in _JMS_HEADER_ENTRIES]
     return JmsMessage(
@@ -233,6 +243,7 @@ class _Shape:
     fd: list[Any]
     body: dict[str, Any]                     # the body's manifest entry of the first event
     manifest: str                            # the packed manifest text of the first event
+    manifest_typed: Typed | None = None      # its property (Typed is immutable: shared by the events)
 
 
 _SHAPES: dict[Any, _Shape] = {}
