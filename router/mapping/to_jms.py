@@ -14,6 +14,7 @@
 from __future__ import annotations  # noqa: I001  (omniORB must be imported before the COS stubs)
 
 import base64
+import dataclasses
 import json
 import zlib
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from router.mapping import limits
 from router.mapping import names
 from router.mapping import qos
 from router.mapping.errors import MappingError
+from router.mapping.idltypes import new_typed
 from router.mapping.typed_props import parse_destination
 
 __all__ = ["MANIFEST_VERSION", "event_to_jms"]
@@ -101,10 +103,10 @@ def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, de
                            "bytes the receiving side decodes", "remainder_of_body")
     if body_manifest["k"] == "cdr":
         props[names.BODY_ENCODING] = _CDR_ANY
-    props[names.MANIFEST] = manifest_typed or Typed(JmsType.STRING, manifest_text)
+    props[names.MANIFEST] = manifest_typed or new_typed(_STRING, manifest_text)
     std = _standard_qos(variable)
     jms = [p for p in filterable if p.name in _JMS_HEADER_ENTRIES]
-    return JmsMessage(
+    return _message(
         body_type=body_type, body=body, destination=destination,
         delivery_mode=qos.reliability_to_mode(std.get("EventReliability"), default_persistent),
         priority=qos.ns_to_jms_priority(std["Priority"]) if "Priority" in std else 4,
@@ -113,6 +115,27 @@ def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, de
         timestamp=now_ms, jms_type=names.STRUCTURED_EVENT, properties=props,
         correlation_id=_correlation_id(jms) if jms else None, reply_to=_reply_to(jms) if jms else None,
     )
+
+
+#: JmsMessage's fields with a plain default (``properties`` has a factory: :func:`_message` is always given it).
+_MESSAGE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(JmsMessage) if f.default is not dataclasses.MISSING}
+_MESSAGE_REQUIRED = frozenset(f.name for f in dataclasses.fields(JmsMessage)) - _MESSAGE_DEFAULTS.keys()
+
+
+def _message(**values: Any) -> JmsMessage:
+    """``JmsMessage(**values)``, the same object, without the frozen dataclass's ``__init__`` (one
+    ``object.__setattr__`` per field: about 4 us of the mapping's per-event cost; issue 12, round 5). Every field
+    without a plain default must be given (``test_mapping_caches`` pins equality with the constructor)."""
+    if not values.keys() >= _MESSAGE_REQUIRED:
+        raise TypeError(f"JmsMessage needs {sorted(_MESSAGE_REQUIRED - values.keys())}")
+    made = _new(JmsMessage)
+    attrs = made.__dict__
+    attrs.update(_MESSAGE_DEFAULTS)
+    attrs.update(values)
+    return made
+
+
+_new = object.__new__
 
 
 def _first(entries: list[Any], name: str) -> Any | None:
@@ -161,12 +184,12 @@ def _string(value: object, field: str) -> Typed:
     if not isinstance(value, str):
         raise MappingError(f"expected a string, got {type(value).__name__}", field)
     if value.isascii():                  # nothing to check: only a lone surrogate fails to encode
-        return Typed(_STRING, value)
+        return new_typed(_STRING, value)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise MappingError("not valid Unicode (unpaired surrogate)", field) from None
-    return Typed(JmsType.STRING, value)
+    return new_typed(_STRING, value)
 
 
 # ------------------------------------------------------------------------------------------------ properties
@@ -222,7 +245,7 @@ def _values(field: str, plan: _Plan, pnames: tuple[str, ...], value_any: Any, ou
                 leaf = getattr(leaf, member)
             out[pname] = _checked(convert(leaf), f"{field}.{dotted}")
     else:
-        out[pnames[0]] = Typed(JmsType.STRING, base64.b64encode(it.any_to_cdr(value_any, field)).decode("ascii"))
+        out[pnames[0]] = new_typed(_STRING, base64.b64encode(it.any_to_cdr(value_any, field)).decode("ascii"))
 
 
 # ------------------------------------------------------------------------------------------------ event shapes

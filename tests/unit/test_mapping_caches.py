@@ -147,3 +147,26 @@ def test_a_map_body_carries_its_own_entries_in_the_manifest_of_a_remembered_shap
     _warm(first)
     assert _warm(second) == expected
     assert '"b"' in expected["$nsjms_idl"]
+
+
+def test_the_fast_constructors_make_the_dataclasses_objects() -> None:
+    """``idltypes.new_typed`` and ``to_jms._message`` (issue 12, round 5) skip the frozen dataclasses' ``__init__``:
+    the objects are equal, hash and print alike, hold the same attributes and stay frozen."""
+    import dataclasses
+
+    from router.jms.model import BodyType, DeliveryMode, JmsMessage, JmsType, Typed
+
+    for jtype, value in ((JmsType.STRING, "x"), (JmsType.INT, 7), (JmsType.BOOLEAN, True), (JmsType.DOUBLE, 0.5)):
+        fast, slow = it.new_typed(jtype, value), Typed(jtype, value)
+        assert type(fast) is Typed and fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+        assert vars(fast) == vars(slow)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            fast.value = "changed"  # type: ignore[misc]
+    fields = {"body_type": BodyType.TEXT, "body": "b", "destination": Destination("queue", "q"),
+              "delivery_mode": DeliveryMode.NON_PERSISTENT, "priority": 7, "expiration": 9, "timestamp": 3,
+              "jms_type": "Structured Event", "properties": {"$a": Typed(JmsType.STRING, "v")}}
+    fast_msg, slow_msg = to_jms._message(**fields), JmsMessage(**fields)      # type: ignore[arg-type]
+    assert type(fast_msg) is JmsMessage and fast_msg == slow_msg and repr(fast_msg) == repr(slow_msg)
+    assert vars(fast_msg) == vars(slow_msg)
+    with pytest.raises(TypeError, match="properties"):
+        to_jms._message(body_type=BodyType.TEXT)
