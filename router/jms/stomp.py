@@ -29,6 +29,7 @@ from stomp.exception import StompException
 from stomp.utils import PREAMBLE_END_RE, Frame
 
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage
+from router.jms.sendframe import FrameTemplates, encode_ack_frame, encode_send_frame
 from router.jms.transport import (
     RECONNECT_POLICY,
     AckMode,
@@ -69,55 +70,6 @@ SPLIT_FRAME = "a STOMP header of this message holds a NUL byte, which split its 
 #: Bytes of SEND frames joined into one socket write by :meth:`StompTransport.send_encoded_many` (at least one
 #: frame per write, whatever its size).
 WRITE_CHUNK = 256 * 1024
-
-
-def _escape(value: str) -> str:
-    """STOMP 1.2 header value escaping, as stomp.py's ``Protocol12._escape_headers`` does it (keys are not escaped);
-    most values need none, and are returned as they are."""
-    if "\\" in value or "\n" in value or ":" in value or "\r" in value:
-        return value.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c").replace("\r", "\\r")
-    return value
-
-
-def encode_send_frame(headers: Mapping[str, str | None], body: bytes) -> bytes:
-    """The bytes stomp.py 9 writes for ``Connection12.send(destination, body, headers=...)`` (``headers`` already
-    holding ``destination``): the command, the header lines sorted by name with their values escaped (a None value
-    left out), a ``content-length`` set to the body's length when the body is not empty, a blank line, the body and
-    NUL, UTF-8 with unencodable characters replaced (``stomp.utils.convert_frame``). The values are escaped in one
-    pass and the lines joined in one call instead of stomp.py's dict copies and per-line encodes;
-    ``test_stomp_framing`` and ``test_to_jms_wire`` pin the equality."""
-    if body and "content-length" in headers:
-        headers = {**headers, "content-length": str(len(body))}
-    keys = sorted(headers)
-    values: list[Any] = [headers[key] for key in keys]
-    try:
-        text = "\0".join(values)                     # a None or non-str value: TypeError
-    except TypeError:
-        return _encode_send_frame_slowly(headers, body)
-    if not keys or text.count("\0") != len(keys) - 1:  # a value holding a NUL (STOMP cannot carry one anyway)
-        return _encode_send_frame_slowly(headers, body)
-    if "\\" in text or "\n" in text or ":" in text or "\r" in text:
-        values = _escape(text).split("\0")
-    lines = "".join(map("{}:{}\n".format, keys, values))
-    return b"".join((b"SEND\n", lines.encode("utf-8", "replace"), b"\n", body, b"\x00"))
-
-
-def encode_ack_frame(ack_id: str, transaction: str | None = None) -> bytes:
-    """The bytes stomp.py 9 writes for ``Connection12.ack(ack_id, transaction=transaction)`` (no receipt): ``ACK``,
-    the header lines sorted by name (``id``, then ``transaction``) with their values escaped, a blank line and NUL
-    (``test_stomp_framing`` pins the equality)."""
-    lines = f"id:{_escape(ack_id)}\n" + (f"transaction:{_escape(transaction)}\n" if transaction else "")
-    return b"".join((b"ACK\n", lines.encode("utf-8", "replace"), b"\n\x00"))
-
-
-def _encode_send_frame_slowly(headers: Mapping[str, str | None], body: bytes) -> bytes:
-    lines = []
-    for key in sorted(headers):
-        value = headers[key]
-        if value is None:
-            continue
-        lines.append(f"{key}:{_escape(value) if isinstance(value, str) else value}\n")
-    return b"".join((b"SEND\n", "".join(lines).encode("utf-8", "replace"), b"\n", body, b"\x00"))
 
 
 def parse_stomp_url(url: str) -> tuple[list[tuple[str, int]], bool]:
@@ -328,6 +280,7 @@ class StompTransport:
         self._ssl_options = dict(ssl_options or {})
         self._vhost = vhost
         self._book = SessionBook()
+        self._frames = FrameTemplates()       # the SEND frames of send_encoded_many (issue 12, round 5)
         self._conn: stomp.Connection12 | None = None
         self._attempts = itertools.count(1)
         self._sub_ids = itertools.count(1)
@@ -506,7 +459,7 @@ class StompTransport:
             assert conn is not None
             try:
                 if conn.transport.blocking:
-                    self._write_frames(conn, dest, messages, transaction)
+                    self._write_frames(conn, dest, messages, transaction, self._frames)
                 else:
                     for encoded, persistent in messages:
                         headers = {**encoded.headers, "persistent": "true" if persistent else "false",
@@ -521,13 +474,14 @@ class StompTransport:
 
     @staticmethod
     def _write_frames(conn: stomp.Connection12, dest: str, messages: Sequence[tuple[EncodedMessage, bool]],
-                      transaction: str) -> None:
+                      transaction: str, frames: FrameTemplates) -> None:
         chunk: list[bytes] = []
         size = 0
+        encode = frames.encode
         for encoded, persistent in messages:
             headers = {**encoded.headers, "persistent": "true" if persistent else "false",
                        "transaction": transaction, "destination": dest}
-            frame = encode_send_frame(headers, encoded.body)
+            frame = encode(headers, encoded.body)
             chunk.append(frame)
             size += len(frame)
             if size >= WRITE_CHUNK:

@@ -54,6 +54,7 @@ __all__ = [
     "leaf_converter",
     "leaf_paths",
     "leaf_to_typed",
+    "new_typed",
     "parse_java_float",
     "tc_to_desc",
     "type_cached",
@@ -167,30 +168,45 @@ def leaf_to_typed(tc: Any, value: Any, *, entry: bool = False) -> Typed:
     raise MappingError(f"IDL kind {kind} is not a leaf type", "type")
 
 
+def new_typed(jtype: JmsType, value: bool | int | float | str | bytes) -> Typed:
+    """``Typed(jtype, value)``, the same object, without the frozen dataclass's ``__init__`` (its two
+    ``object.__setattr__`` calls are about half the cost of making one; issue 12, round 5: the NS -> JMS mapping
+    makes several per event). ``tests/unit/test_mapping_caches.py`` pins equality, hash and repr."""
+    made = _new(Typed)
+    attrs = made.__dict__
+    attrs["type"] = jtype
+    attrs["value"] = value
+    return made
+
+
+_new = object.__new__
+
+
 def leaf_converter(tc: Any) -> Callable[[Any], Typed]:
-    """``lambda value: leaf_to_typed(tc, value)`` with the kind decided once (``entry`` False)."""
+    """``lambda value: leaf_to_typed(tc, value)`` with the kind decided once (``entry`` False); its values are made
+    by :func:`new_typed`."""
     kind = unalias(tc).kind()
     string = JmsType.STRING
     if kind == _K.tk_boolean:
         boolean = JmsType.BOOLEAN
-        return lambda value: Typed(boolean, bool(value))
+        return lambda value: new_typed(boolean, bool(value))
     if kind == _K.tk_ulonglong:
         top, long_ = JAVA_RANGES[JmsType.LONG][1], JmsType.LONG
 
         def ulonglong(value: Any) -> Typed:
             number = int(value)
-            return Typed(string, str(number)) if number > top else Typed(long_, number)
+            return new_typed(string, str(number)) if number > top else new_typed(long_, number)
         return ulonglong
     if kind in _INT_JMS:
         jtype = _INT_JMS[kind]
-        return lambda value: Typed(jtype, int(value))
+        return lambda value: new_typed(jtype, int(value))
     if kind in (_K.tk_float, _K.tk_double):
         ftype = JmsType.FLOAT if kind == _K.tk_float else JmsType.DOUBLE
-        return lambda value: Typed(ftype, float(value))
+        return lambda value: new_typed(ftype, float(value))
     if kind in (_K.tk_char, _K.tk_wchar, _K.tk_string, _K.tk_wstring):
-        return lambda value: Typed(string, str(value))
+        return lambda value: new_typed(string, str(value))
     if kind == _K.tk_enum:
-        return lambda value: Typed(string, str(value._n))
+        return lambda value: new_typed(string, str(value._n))
     raise MappingError(f"IDL kind {kind} is not a leaf type", "type")
 
 

@@ -14,6 +14,7 @@
 from __future__ import annotations  # noqa: I001  (omniORB must be imported before the COS stubs)
 
 import base64
+import dataclasses
 import json
 import zlib
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from router.mapping import limits
 from router.mapping import names
 from router.mapping import qos
 from router.mapping.errors import MappingError
+from router.mapping.idltypes import new_typed
 from router.mapping.typed_props import parse_destination
 
 __all__ = ["MANIFEST_VERSION", "event_to_jms"]
@@ -40,6 +42,7 @@ _STRING = JmsType.STRING
 #: ``json.dumps(..., separators=(",", ":"))`` without building an encoder per call.
 _JSON = json.JSONEncoder(separators=(",", ":"))
 #: The filterable_data entries that set a JMS header (the first of each name); the others only become properties.
+_CDR_ANY = Typed(JmsType.STRING, bodies.CDR_ANY)
 _JMS_HEADER_ENTRIES = frozenset({"JMSCorrelationID", "JMSReplyTo"})
 _INTEGRAL = frozenset({CORBA.tk_short, CORBA.tk_ushort, CORBA.tk_long, CORBA.tk_ulong, CORBA.tk_longlong,
                        CORBA.tk_ulonglong, CORBA.tk_octet})
@@ -54,27 +57,56 @@ def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, de
     """
     header = event.header
     fixed = header.fixed_header
-    variable = list(header.variable_header)
+    variable = header.variable_header
+    filterable = event.filterable_data
     props: dict[str, Typed] = {
         names.DOMAIN_NAME: _string(fixed.event_type.domain_name, "domain_name"),
         names.TYPE_NAME: _string(fixed.event_type.type_name, "type_name"),
         names.EVENT_NAME: _string(fixed.event_name, "event_name"),
     }
-    allocator = names.NameAllocator(props)
-    manifest: dict[str, Any] = {"v": MANIFEST_VERSION}
-    manifest["ohf"] = [_entry("ohf", p, allocator, props) for p in variable]
-    manifest["fd"] = [_entry("fd", p, allocator, props) for p in event.filterable_data]
-    body_type, body, manifest["body"] = bodies.body_to_jms(event.remainder_of_body)
+    remainder = event.remainder_of_body
+    shape = _shape(variable, filterable, remainder)
+    try:
+        plan = _SHAPES.get(shape) if shape is not None else None
+    except TypeError:                                 # an unhashable descriptor (a recursive type)
+        plan = None
+    if plan is None:
+        plan, manifest = _plan_shape(variable, filterable, props)
+        body_type, body, manifest["body"] = bodies.body_to_jms(remainder)
+        body_manifest = manifest["body"]
+        manifest_text = pack_manifest(_JSON.encode(manifest))
+        manifest_typed: Typed | None = None
+        if shape is not None and _cacheable(shape):
+            if len(_SHAPES) >= SHAPE_CACHE_MAX:
+                _SHAPES.clear()
+            _SHAPES[shape] = _Shape(plan.entries, plan.ohf, plan.fd, body_manifest, manifest_text,
+                                    Typed(JmsType.STRING, manifest_text))
+    else:
+        entries = plan.entries
+        if len(entries) == 1:                 # the usual small event: one entry, no tuple of both sections
+            field, entry_plan, pnames = entries[0]
+            _values(field, entry_plan, pnames, (variable or filterable)[0].value, props)
+        else:
+            for (field, entry_plan, pnames), prop in zip(entries, (*variable, *filterable), strict=True):
+                _values(field, entry_plan, pnames, prop.value, props)
+        body_type, body, body_manifest = bodies.body_to_jms(remainder)
+        if body_manifest == plan.body:        # the usual case: the manifest of the shape, encoded once
+            manifest_text = plan.manifest
+            manifest_typed = plan.manifest_typed
+        else:                                 # a body whose manifest holds per-value parts (map, AnySeq)
+            manifest_text = pack_manifest(_JSON.encode({"v": MANIFEST_VERSION, "ohf": plan.ohf, "fd": plan.fd,
+                                                        "body": body_manifest}))
+            manifest_typed = None
     bodies.check_size(body_type, body, max_body_bytes, "remainder_of_body")
-    if manifest["body"]["k"] == "cdr" and isinstance(body, bytes) and len(body) > limits.MAX_CDR_BYTES:
+    if body_manifest["k"] == "cdr" and isinstance(body, bytes) and len(body) > limits.MAX_CDR_BYTES:
         raise MappingError(f"a CDR-encoded body of {len(body)} bytes exceeds the limit of {limits.MAX_CDR_BYTES} "
                            "bytes the receiving side decodes", "remainder_of_body")
-    if manifest["body"]["k"] == "cdr":
-        props[names.BODY_ENCODING] = Typed(JmsType.STRING, bodies.CDR_ANY)
-    props[names.MANIFEST] = Typed(JmsType.STRING, pack_manifest(_JSON.encode(manifest)))
+    if body_manifest["k"] == "cdr":
+        props[names.BODY_ENCODING] = _CDR_ANY
+    props[names.MANIFEST] = manifest_typed or new_typed(_STRING, manifest_text)
     std = _standard_qos(variable)
-    jms = [p for p in event.filterable_data if p.name in _JMS_HEADER_ENTRIES]
-    return JmsMessage(
+    jms = [p for p in filterable if p.name in _JMS_HEADER_ENTRIES]
+    return _message(
         body_type=body_type, body=body, destination=destination,
         delivery_mode=qos.reliability_to_mode(std.get("EventReliability"), default_persistent),
         priority=qos.ns_to_jms_priority(std["Priority"]) if "Priority" in std else 4,
@@ -83,6 +115,27 @@ def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, de
         timestamp=now_ms, jms_type=names.STRUCTURED_EVENT, properties=props,
         correlation_id=_correlation_id(jms) if jms else None, reply_to=_reply_to(jms) if jms else None,
     )
+
+
+#: JmsMessage's fields with a plain default (``properties`` has a factory: :func:`_message` is always given it).
+_MESSAGE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(JmsMessage) if f.default is not dataclasses.MISSING}
+_MESSAGE_REQUIRED = frozenset(f.name for f in dataclasses.fields(JmsMessage)) - _MESSAGE_DEFAULTS.keys()
+
+
+def _message(**values: Any) -> JmsMessage:
+    """``JmsMessage(**values)``, the same object, without the frozen dataclass's ``__init__`` (one
+    ``object.__setattr__`` per field: about 4 us of the mapping's per-event cost; issue 12, round 5). Every field
+    without a plain default must be given (``test_mapping_caches`` pins equality with the constructor)."""
+    if not values.keys() >= _MESSAGE_REQUIRED:
+        raise TypeError(f"JmsMessage needs {sorted(_MESSAGE_REQUIRED - values.keys())}")
+    made = _new(JmsMessage)
+    attrs = made.__dict__
+    attrs.update(_MESSAGE_DEFAULTS)
+    attrs.update(values)
+    return made
+
+
+_new = object.__new__
 
 
 def _first(entries: list[Any], name: str) -> Any | None:
@@ -131,12 +184,12 @@ def _string(value: object, field: str) -> Typed:
     if not isinstance(value, str):
         raise MappingError(f"expected a string, got {type(value).__name__}", field)
     if value.isascii():                  # nothing to check: only a lone surrogate fails to encode
-        return Typed(_STRING, value)
+        return new_typed(_STRING, value)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise MappingError("not valid Unicode (unpaired surrogate)", field) from None
-    return Typed(JmsType.STRING, value)
+    return new_typed(_STRING, value)
 
 
 # ------------------------------------------------------------------------------------------------ properties
@@ -163,32 +216,102 @@ def _make_plan(tc: Any) -> _Plan:
     return _Plan("cdr")
 
 
-def _entry(section: str, prop: Any, allocator: names.NameAllocator, out: dict[str, Typed]) -> list[Any]:
-    """Add the properties for one ohf/fd entry to ``out``; its manifest record ``[name, desc, [properties]]``."""
+def _entry(section: str, prop: Any, allocator: names.NameAllocator, out: dict[str, Typed]
+           ) -> tuple[list[Any], _EntryPlan]:
+    """Add the properties for one ohf/fd entry to ``out``; its manifest record ``[name, desc, [properties]]`` and
+    what a later event of the same shape needs to map this entry (:class:`_Shape`)."""
     name = str(prop.name)
     field = f"{section}:{name}"
     _string(name, field)
     value_any = prop.value
     plan = it.type_cached(_PLANS, value_any.typecode(), _make_plan)
-    if plan.leaf is not None:
-        pname = allocator.allocate(section, name)
-        out[pname] = _checked(plan.leaf(value_any.value()), field)
-        return [name, plan.desc, [pname]]
     if plan.leaves is not None:
+        pnames = tuple(allocator.allocate(section, name, path) for path, _, _ in plan.leaves)
+    else:
+        pnames = (allocator.allocate(section, name),)
+    _values(field, plan, pnames, value_any, out)
+    return [name, plan.desc, list(pnames)], (field, plan, pnames)
+
+
+def _values(field: str, plan: _Plan, pnames: tuple[str, ...], value_any: Any, out: dict[str, Typed]) -> None:
+    """The properties of one entry's value, under the names ``pnames`` chosen for its shape."""
+    if plan.leaf is not None:
+        out[pnames[0]] = _checked(plan.leaf(value_any.value()), field)
+    elif plan.leaves is not None:
         value = value_any.value()
-        pnames = []
-        for path, dotted, convert in plan.leaves:
+        for (path, dotted, convert), pname in zip(plan.leaves, pnames, strict=True):
             leaf = value
             for member in path:
                 leaf = getattr(leaf, member)
-            pname = allocator.allocate(section, name, path)
             out[pname] = _checked(convert(leaf), f"{field}.{dotted}")
-            pnames.append(pname)
-        return [name, plan.desc, pnames]
-    pname = allocator.allocate(section, name)
-    encoded = base64.b64encode(it.any_to_cdr(value_any, field)).decode("ascii")
-    out[pname] = Typed(JmsType.STRING, encoded)
-    return [name, "cdr", [pname]]
+    else:
+        out[pnames[0]] = new_typed(_STRING, base64.b64encode(it.any_to_cdr(value_any, field)).decode("ascii"))
+
+
+# ------------------------------------------------------------------------------------------------ event shapes
+#: (field, type plan, property names) of one ohf/fd entry, decided for a shape.
+_EntryPlan = tuple[str, _Plan, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What every event of one shape shares (issue 12, round 5): the same entry names and IDL types in the same
+    order and the same body type give the same property names (the allocator's choices), the same manifest
+    records and, unless the body's manifest entry holds per-value parts (a map's entries, an AnySeq's element
+    types), the same manifest text. Decided by mapping the first such event in full; a later one only converts
+    its values."""
+
+    entries: tuple[_EntryPlan, ...]          # ohf entries then fd entries, in order
+    ohf: list[Any]                           # the manifest's records (never changed)
+    fd: list[Any]
+    body: dict[str, Any]                     # the body's manifest entry of the first event
+    manifest: str                            # the packed manifest text of the first event
+    manifest_typed: Typed | None = None      # its property (Typed is immutable: shared by the events)
+
+
+_SHAPES: dict[Any, _Shape] = {}
+#: Shapes remembered at most (emptied when full, as the per-type tables).
+SHAPE_CACHE_MAX = 1024
+
+
+def _shape(variable: Any, filterable: Any, remainder: Any) -> Any:
+    """The key of an event's shape: the entries' names and TypeCode descriptors and the body's descriptor; None
+    when one cannot be read."""
+    try:
+        return (tuple([(p.name, p.value.typecode()._d) for p in variable]),
+                tuple([(p.name, p.value.typecode()._d) for p in filterable]),
+                remainder.typecode()._d)
+    except AttributeError:
+        return None
+
+
+def _cacheable(shape: Any) -> bool:
+    """A shape is remembered only when all its names are strings and its descriptors are plain (no enum, no
+    recursive type: ``idltypes.type_cached``'s rule), so an equal key means the same types."""
+    ohf, fd, body = shape
+    try:
+        hash(shape)
+    except TypeError:
+        return False
+    return (body is not None and it._plain(body)
+            and all(isinstance(name, str) and desc is not None and it._plain(desc)
+                    for name, desc in (*ohf, *fd)))
+
+
+def _plan_shape(variable: Any, filterable: Any, props: dict[str, Typed]) -> tuple[_Shape, dict[str, Any]]:
+    """Map the entries of a first event of its shape into ``props`` (the full mapping); its shape (without the
+    body's parts) and the manifest so far."""
+    allocator = names.NameAllocator(props)
+    ohf: list[Any] = []
+    fd: list[Any] = []
+    plans: list[_EntryPlan] = []
+    for section, entries, records in (("ohf", variable, ohf), ("fd", filterable, fd)):
+        for prop in entries:
+            record, plan = _entry(section, prop, allocator, props)
+            records.append(record)
+            plans.append(plan)
+    shape = _Shape(tuple(plans), ohf, fd, {}, "")
+    return shape, {"v": MANIFEST_VERSION, "ohf": ohf, "fd": fd}
 
 
 def _checked(typed: Typed, field: str) -> Typed:

@@ -10,6 +10,7 @@ import pytest
 from stomp.protocol import Protocol12
 from stomp.utils import convert_frame, pack
 
+from router.jms.sendframe import FrameTemplates
 from router.jms.stomp import encode_send_frame
 
 
@@ -64,3 +65,36 @@ def test_random_headers_are_framed_as_stomp_py_frames_them() -> None:
         if rng.random() < 0.5:
             headers["content-length"] = str(len(body))
         assert _ours("/topic/t", body, headers) == _stomp_py("/topic/t", body, headers), headers
+
+
+def test_frame_templates_frame_runs_of_frames_as_stomp_py_frames_each() -> None:
+    """Issue 12, round 5: ``FrameTemplates`` re-encodes a header line only when its value is not the object of the
+    previous frame with the same header names; runs of such frames (values repeated as the same objects, equal
+    copies, new values, a None or a number now and then, several name sets interleaved) are stomp.py's bytes."""
+    rng = random.Random(5)
+    alphabet = "ab:\\\n\r é日\x01$"
+    pool = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 10))) for _ in range(6)]
+    name_sets = [["persistent", "transaction", "$nsjms_idl", "$event_name", "content-length", "zz", "a"],
+                 ["b", "content-length"], ["x:y", "é", "destination"]]
+    templates = FrameTemplates(limit=2)              # three name sets: the table is also emptied on the way
+    for _ in range(600):
+        names = rng.choice(name_sets)
+        headers: dict[str, Any] = {}
+        for name in names:
+            pick = rng.random()
+            if pick < 0.6:
+                headers[name] = rng.choice(pool)                      # the same object again
+            elif pick < 0.75:
+                headers[name] = "".join(rng.choice(pool))             # an equal or new value, a new object
+            elif pick < 0.9:
+                headers[name] = str(rng.randint(0, 99))
+            elif pick < 0.95:
+                headers[name] = None
+            else:
+                headers[name] = rng.randint(0, 9)
+        body = bytes(rng.randrange(256) for _ in range(rng.randint(0, 5)))
+        destination = headers.pop("destination", "/queue/q")
+        if not isinstance(destination, str):
+            destination = "/queue/q"
+        want = _stomp_py(destination, body, headers)
+        assert templates.encode({**headers, "destination": destination}, body) == want, headers

@@ -37,7 +37,7 @@ from router.bridge.codec import MappingCodec
 from router.channel.events import Event, Form, as_structured
 from router.jms.model import DeliveryMode, Destination
 from router.jms.stomp import StompTransport
-from router.mapping import qos
+from router.mapping import qos, to_jms
 
 GOLDEN = Path(__file__).with_name("to_jms_wire_golden.txt")
 NOW_MS = 1_700_000_000_000
@@ -261,3 +261,19 @@ def test_the_pinned_frames_cover_every_branch() -> None:
                    "$fd_a_b_2:", "$fd_a_b_3:", "$fd_when__time:", "nsjms_types:", "type:Structured Event",
                    "receipt:send-#", "<CDR of "):
         assert needle in text, needle
+
+
+def test_the_pinned_frames_are_the_same_when_every_shape_was_mapped_before(recorder: Recorder,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 12, round 5: an event whose shape (entry names and types, body type) was mapped before takes the
+    remembered property names and manifest (``to_jms._Shape``); its frames are still the pinned ones."""
+    to_jms._SHAPES.clear()
+    _frames(monkeypatch)                      # every shape mapped once, in full
+    assert len(to_jms._SHAPES) >= 5
+    assert _wire(recorder, monkeypatch) == GOLDEN.read_text(encoding="utf-8")
+
+
+def test_the_pinned_frames_are_the_same_when_no_shape_was_mapped_before(recorder: Recorder,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    to_jms._SHAPES.clear()
+    assert _wire(recorder, monkeypatch) == GOLDEN.read_text(encoding="utf-8")
