@@ -145,10 +145,13 @@ class _AdminBase(QoSMixin, FilterMixin):
         note = stored_enable_transaction_note(proxy)
         if note is not None:
             log.warning("proxy %s: %s", proxy.oid, note)
-            if self.side == "C" and _never_transactional(proxy) is not None:
-                from router.channel import txdelivery
+            if _never_transactional(proxy) is not None:               # said here: not again when it starts
+                if self.side == "C":
+                    from router.channel import txdelivery
 
-                txdelivery.state(proxy).unavailable_warned = True     # said here: not again when it starts
+                    txdelivery.state(proxy).unavailable_warned = True
+                else:
+                    proxy.t2_unavailable_warned = True
 
     def start_all(self) -> None:
         for proxy in list(self.proxies.values()):

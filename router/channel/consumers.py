@@ -95,6 +95,18 @@ class ProxyConsumerBase(ProxyBase):
 class PushConsumerMixin(ProxyConsumerBase):
     """Push style: the supplier calls us; nothing to run."""
 
+    #: the WARNING for an EnableTransaction TRUE it cannot honour was logged (once per proxy and node run)
+    t2_unavailable_warned = False
+
+    def start(self) -> None:
+        """Nothing runs (the supplier pushes); says once if its EnableTransaction cannot be honoured."""
+        why = self._t2_unavailable().get("t2_unavailable") if self.connected and not self.destroyed else None
+        if why is not None and not self.t2_unavailable_warned:
+            self.t2_unavailable_warned = True
+            log.warning("proxy %s: EnableTransaction is TRUE but %s; it is pushed to without a routing transaction",
+                        self.oid, why)
+        super().start()
+
     def status_extra(self) -> dict[str, Any]:
         return self._t2_unavailable()
 

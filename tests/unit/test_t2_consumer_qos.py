@@ -146,6 +146,19 @@ def test_inherited_enable_transaction_on_a_push_proxy_consumer_shows_in_its_stat
     assert proxy.status_extra() == {}
 
 
+def test_a_push_proxy_consumer_that_cannot_honour_its_inherited_enable_transaction_warns_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """docs/qos.md: one WARNING per proxy that inherited TRUE but cannot run a T2 (before: none for this kind)."""
+    proxy = _proxy(C.StructuredProxyPushConsumerImpl)
+    with caplog.at_level("WARNING", logger="nsjms"):
+        C.StructuredProxyPushConsumerImpl.start(proxy)          # EnableTransaction FALSE: nothing to say
+        proxy.admin.qos = {Q.ENABLE_TRANSACTION: True}
+        C.StructuredProxyPushConsumerImpl.start(proxy)
+        C.StructuredProxyPushConsumerImpl.start(proxy)          # a second start (resume): said already
+    said = [r.getMessage() for r in caplog.records if "without a routing transaction" in r.getMessage()]
+    assert len(said) == 1 and "push-style" in said[0]
+
+
 def test_the_servant_behind_the_suppliers_reference_is_found_and_registered() -> None:
     proxy = _proxy(C.StructuredProxyPullConsumerImpl, ior="IOR:another-spelling")
     sender = PullSender()
