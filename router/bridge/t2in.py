@@ -166,6 +166,7 @@ class StompAckBranch:
         :meth:`prepare` then only waits for that receipt. A frame added after this is a :class:`UsageError`."""
         self._settle_begin()
         last, self._last = self._last, None
+        self._last_ack = None
         if last is not None and not self._ended:
             def write_rest() -> None:             # the pending run of ACKs, then the last frame
                 self._write_acks()
@@ -176,6 +177,7 @@ class StompAckBranch:
     def prepare(self) -> None:
         self._settle_begin()
         last, self._last = self._last, None
+        self._last_ack = None
         sealed, self._sealed = self._sealed, None
         try:
             if last is not None:
@@ -213,7 +215,7 @@ class StompAckBranch:
         if self._ended:
             return
         self._ended = True
-        self._last = None
+        self._last, self._last_ack = None, None
         self._acks = []                          # never written: they stay un-acknowledged on the subscription
         try:
             self._settle_begin()                 # the ABORT goes after the BEGIN, for a transaction that began

@@ -4,8 +4,9 @@
 their names and most of their values (a batch of one bridge: destination, transaction, the event type's names,
 its manifest, its JMS type — only the event's name, its values, the timestamp differ): per set of header names the
 sorted order is decided once, and each header line is encoded again only when its value is not the very object
-the previous frame of that set carried. Both write the same bytes as stomp.py (``tests/unit/test_stomp_framing.py``
-and ``tests/unit/test_to_jms_wire.py`` pin it).
+the previous frame of that set carried. Both write the same bytes as stomp.py: ``tests/unit/test_stomp_framing.py``
+pins both, ``tests/unit/test_to_jms_wire.py`` the single frames, ``tests/unit/test_t2_out_wire.py`` a T2's chunks
+(``FrameTemplates`` through ``send_encoded_many``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def encode_send_frame(headers: Mapping[str, str | None], body: bytes) -> bytes:
 def encode_ack_frame(ack_id: str, transaction: str | None = None) -> bytes:
     """The bytes stomp.py 9 writes for ``Connection12.ack(ack_id, transaction=transaction)`` (no receipt): ``ACK``,
     the header lines sorted by name (``id``, then ``transaction``) with their values escaped, a blank line and NUL
-    (``test_stomp_framing`` pins the equality)."""
+    (``test_stomp_ack_many`` pins the equality)."""
     lines = f"id:{_escape(ack_id)}\n" + (f"transaction:{_escape(transaction)}\n" if transaction else "")
     return b"".join((b"ACK\n", lines.encode("utf-8", "replace"), b"\n\x00"))
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from psycopg import Xid
+from stomp import transport as stomp_transport
 from stomp.protocol import Protocol12
 from stomp.utils import convert_frame, pack
 from test_transport_stomp_faults import FakeBroker, _subscribed, connect, fake  # noqa: F401
@@ -52,14 +53,24 @@ def _acks(fake: FakeBroker, n: int) -> list[bytes]:
     return [f for f in fake.frames if f.startswith(b"ACK")]
 
 
-def test_ack_many_writes_the_acks_in_order_and_settles_them_in_the_book(fake: FakeBroker) -> None:
+def test_ack_many_writes_the_acks_in_order_and_settles_them_in_the_book(fake: FakeBroker,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     t = connect(fake, receipt_timeout=10)
     sub = _subscribed(fake, t)
     _messages(fake, 3)
     got = [sub.receive(5) for _ in range(3)]  # type: ignore[attr-defined]
     assert all(d is not None for d in got)
+    writes: list[bytes] = []
+    real_send = stomp_transport.Transport.send
+
+    def send(self: Any, encoded_frame: bytes) -> None:
+        writes.append(encoded_frame)
+        real_send(self, encoded_frame)
+
+    monkeypatch.setattr(stomp_transport.Transport, "send", send)
     t.ack_many(got)
     assert _acks(fake, 3) == [encode_ack_frame(f"ID:{i}").rstrip(b"\x00") for i in range(3)]
+    assert writes == [b"".join(encode_ack_frame(f"ID:{i}") for i in range(3))]     # the three in one socket write
     with pytest.raises(LocalProtocolError):      # the book took them: a second ack is refused, as after ack()
         t.ack(got[0], receipt=False)
     t.close()
