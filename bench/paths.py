@@ -136,7 +136,10 @@ def accept_rate(factory: Any, n: int, suppliers: int) -> float:
 
 
 # -- latency: channel -> JMS at a fixed offered rate -------------------------------------------------------------
-def latency(env: Env, rate: float, seconds: float, suppliers: int = 4) -> tuple[dict[str, float], str]:
+def latency(env: Env, rate: float, seconds: float, suppliers: int = 4,
+            clients: str = "processes") -> tuple[dict[str, float], str]:
+    """``clients``: the suppliers are ``processes`` (one ORB each, as independent clients are) or ``threads`` of
+    the bench's own process (one ORB, one GIL, shared with the STOMP consumer counting the arrivals)."""
     import stomp
 
     import CosNotifyChannelAdmin as NCA
@@ -147,7 +150,6 @@ def latency(env: Env, rate: float, seconds: float, suppliers: int = 4) -> tuple[
                                                                                           False))
     bridge.start_bridge()
     n = int(rate * seconds)
-    scheduled: dict[int, float] = {}
     arrived: dict[int, float] = {}
     done = threading.Event()
 
@@ -170,17 +172,55 @@ def latency(env: Env, rate: float, seconds: float, suppliers: int = 4) -> tuple[
         pc = pc._narrow(NCA.StructuredProxyPushConsumer)
         pc.connect_structured_push_supplier(None)
         pcs.append(pc)
-    start = time.time() + 0.5
-    for i in range(n):
-        scheduled[i] = start + i / rate
-    events = {i: _event(i) for i in range(n)}
+    pg0 = settled_pg_counters(env.dsn)     # takes 1.2 s or more: read before the schedule starts, not during it
+    if clients == "processes":
+        sent, returned, start, node_cpu, client_cpu = _supplier_processes(env, pcs, n, rate)
+    else:
+        sent, returned, start, node_cpu, client_cpu = _supplier_threads(env, pcs, n, rate)
+    pushed_by = max(returned.values())
+    done.wait(max(60.0, seconds * 10))
+    pg1 = settled_pg_counters(env.dsn)          # accept and delivery: every commit the n events caused
+    conn.disconnect()
+    bridge.destroy()
+    channel.destroy()
+    lat = sorted((arrived[i] - (start + i / rate)) * 1000 for i in arrived)
+    if not lat:
+        return {}, f"nothing arrived of {n}"
+    pct = {f"p{p}": lat[min(len(lat) - 1, int(len(lat) * p / 100))] for p in (50, 95, 99)}
+    pct["max"] = lat[-1]
+    push_s = max(1e-9, pushed_by - start)
+    accepted = n / push_s
+    lag = sorted((sent[i] - (start + i / rate)) * 1000 for i in sent)
+    call = sorted((returned[i] - sent[i]) * 1000 for i in returned)
+    mean_call = statistics.fmean(call) if call else float("nan")
+    achieved = n / max(1e-9, max(sent.values()) - start) if sent else 0.0
+    who = ("separate processes, one ORB each" if clients == "processes" else
+           "threads of the bench's one process")
+    return pct, (f"offered {rate:,.0f}/s for {seconds:g} s by {suppliers} suppliers ({who}, each push "
+                 f"synchronous): sent at {achieved:,.0f}/s (send lag behind the schedule p50 "
+                 f"{_pct(lag, 50):,.1f} ms, p99 {_pct(lag, 99):,.1f} ms; push call p50 {_pct(call, 50):,.1f} ms, "
+                 f"p99 {_pct(call, 99):,.1f} ms, mean {mean_call:,.1f} ms: {suppliers} synchronous suppliers can "
+                 f"send {suppliers * 1000 / mean_call:,.0f}/s at most), accepted {accepted:,.0f}/s, arrived "
+                 f"{len(lat)}/{n}; CPU while pushing: node {node_cpu / push_s:.0%} of a core, bench suppliers "
+                 f"{client_cpu / push_s:.0%}, load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; PG tx/event "
+                 f"{(pg1[0] - pg0[0]) / n:.2f}, WAL syncs/event {(pg1[1] - pg0[1]) / n:.2f} (accept and delivery)")
 
-    sent: dict[int, float] = {}              # when each push was actually sent (late when its supplier lags)
-    returned: dict[int, float] = {}          # when it returned (the event was accepted: stored)
+
+Times = dict[int, float]
+
+
+def _supplier_threads(env: Env, pcs: list[Any], n: int, rate: float) -> tuple[Times, Times, float, float, float]:
+    """(sent, returned, start, node CPU s, suppliers' CPU s): pushes by threads of this process."""
+    suppliers = len(pcs)
+    events = {i: _event(i) for i in range(n)}
+    sent: Times = {}              # when each push was actually sent (late when its supplier lags)
+    returned: Times = {}          # when it returned (the event was accepted: stored)
+    node_cpu0, client_cpu0 = _cpu_seconds(env.node.proc.pid if env.node.proc else None), _own_cpu_seconds()
+    start = time.time() + 0.1
 
     def supply(k: int) -> None:
         for i in range(k, n, suppliers):
-            delay = scheduled[i] - time.time()
+            delay = start + i / rate - time.time()
             if delay > 0:
                 time.sleep(delay)            # offered load: the schedule, not the channel, sets the pace
             sent[i] = time.time()
@@ -188,37 +228,73 @@ def latency(env: Env, rate: float, seconds: float, suppliers: int = 4) -> tuple[
             returned[i] = time.time()
 
     threads = [threading.Thread(target=supply, args=(k,), daemon=True) for k in range(suppliers)]
-    pg0 = settled_pg_counters(env.dsn)
-    node_cpu0, client_cpu0 = _cpu_seconds(env.node.proc.pid if env.node.proc else None), _own_cpu_seconds()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    pushed_by = time.time()
     node_cpu = _cpu_seconds(env.node.proc.pid if env.node.proc else None) - node_cpu0
-    client_cpu = _own_cpu_seconds() - client_cpu0
-    done.wait(max(60.0, seconds * 10))
-    pg1 = settled_pg_counters(env.dsn)          # accept and delivery: every commit the n events caused
-    conn.disconnect()
-    bridge.destroy()
-    channel.destroy()
-    lat = sorted((arrived[i] - scheduled[i]) * 1000 for i in arrived)
-    if not lat:
-        return {}, f"nothing arrived of {n}"
-    pct = {f"p{p}": lat[min(len(lat) - 1, int(len(lat) * p / 100))] for p in (50, 95, 99)}
-    pct["max"] = lat[-1]
-    push_s = max(1e-9, pushed_by - start)
-    accepted = n / push_s
-    lag = sorted((sent[i] - scheduled[i]) * 1000 for i in sent)
-    call = sorted((returned[i] - sent[i]) * 1000 for i in returned)
-    achieved = n / max(1e-9, max(sent.values()) - start) if sent else 0.0
-    return pct, (f"offered {rate:,.0f}/s for {seconds:g} s by {suppliers} suppliers (threads of the bench's one "
-                 f"process, each push synchronous): sent at {achieved:,.0f}/s (send lag behind the schedule p50 "
-                 f"{_pct(lag, 50):,.1f} ms, p99 {_pct(lag, 99):,.1f} ms; push call p50 {_pct(call, 50):,.1f} ms, "
-                 f"p99 {_pct(call, 99):,.1f} ms), accepted {accepted:,.0f}/s, arrived {len(lat)}/{n}; CPU while "
-                 f"pushing: node {node_cpu / push_s:.0%} of a core, bench client {client_cpu / push_s:.0%}, "
-                 f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; PG tx/event {(pg1[0] - pg0[0]) / n:.2f}, "
-                 f"WAL syncs/event {(pg1[1] - pg0[1]) / n:.2f} (accept and delivery)")
+    return sent, returned, start, node_cpu, _own_cpu_seconds() - client_cpu0
+
+
+def _supplier_processes(env: Env, pcs: list[Any], n: int, rate: float) -> tuple[Times, Times, float, float, float]:
+    """As :func:`_supplier_threads`, each supplier a process of its own (spawned: its own interpreter and ORB),
+    started and ready (events built, proxy resolved) before the schedule's start."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    suppliers = len(pcs)
+    iors = [env.orb.object_to_string(pc) for pc in pcs]
+    ready, go = ctx.Barrier(suppliers + 1), ctx.Value("d", 0.0)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_supply_process, args=(iors[k], k, suppliers, n, rate, ready, go, results),
+                         daemon=True) for k in range(suppliers)]
+    for p in procs:
+        p.start()
+    ready.wait(120)
+    node_cpu0 = _cpu_seconds(env.node.proc.pid if env.node.proc else None)
+    start = time.time() + 0.1
+    go.value = start
+    ready.wait(120)                          # the start time is set: go
+    sent: Times = {}
+    returned: Times = {}
+    client_cpu = 0.0
+    for _ in procs:
+        s, r, cpu = results.get(timeout=600)
+        sent.update(s)
+        returned.update(r)
+        client_cpu += cpu
+    node_cpu = _cpu_seconds(env.node.proc.pid if env.node.proc else None) - node_cpu0
+    for p in procs:
+        p.join(30)
+    return sent, returned, start, node_cpu, client_cpu
+
+
+def _supply_process(ior: str, k: int, suppliers: int, n: int, rate: float, ready: Any, go: Any,
+                    results: Any) -> None:
+    """One supplier process: its own ORB, pushes events k, k + suppliers, ... on the schedule ``go.value + i/rate``;
+    puts (sent, returned, CPU seconds while pushing) on ``results``."""
+    import CosNotifyChannelAdmin as NCA
+
+    orb = client_orb()
+    pc = orb.string_to_object(ior)._narrow(NCA.StructuredProxyPushConsumer)
+    mine = list(range(k, n, suppliers))
+    events = {i: _event(i) for i in mine}
+    pc._non_existent()                       # connected before the clock starts
+    ready.wait(120)
+    ready.wait(120)
+    start = go.value
+    sent: Times = {}
+    returned: Times = {}
+    cpu0 = _own_cpu_seconds()
+    for i in mine:
+        delay = start + i / rate - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        sent[i] = time.time()
+        pc.push_structured_event(events[i])
+        returned[i] = time.time()
+    results.put((sent, returned, _own_cpu_seconds() - cpu0))
+    orb.destroy()
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -355,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backlog", type=int, default=10_000, help="backlog size (default 10000)")
     ap.add_argument("--rate", type=float, default=1000.0, help="offered rate of the latency path (events/s)")
     ap.add_argument("--seconds", type=float, default=10.0, help="duration of the latency path")
+    ap.add_argument("--latency-clients", choices=("processes", "threads"), default="processes",
+                    help="the latency path's suppliers: separate processes (default) or threads of the bench")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of each throughput path (default 3)")
     ap.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
     ap.add_argument("--quick", action="store_true", help="small sizes: 500 events, backlog 1000, latency 3 s")
@@ -400,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  baseline=pg1 or [], target="≥ 0.8"), reps, n,
                                         lambda k=k: accept_rate(env.factory, n, k)))  # type: ignore[misc]
             if "latency" in only:
-                lat = latency(env, args.rate, args.seconds)
+                lat = latency(env, args.rate, args.seconds, clients=args.latency_clients)
             if "backlog" in only:
                 steady = next(r.rates for r in rows if r.path.startswith("channel → JMS, structured"))
                 drains = []

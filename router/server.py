@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,14 @@ from router.ledger import LedgerSettings
 __all__ = ["Node", "NodeSettings", "stop_services", "write_endpoints"]
 
 log = logging.getLogger("nsjms.server")
+
+#: The interpreter's thread switch interval in a running node (``sys.setswitchinterval``; CPython's default is 5 ms).
+#: A thread that wants the GIL while another runs Python code waits until that one blocks or this interval ends.
+#: In a node, the threads that wait are the ones a supplier waits for (a servant back from its PostgreSQL commit,
+#: an ORB thread starting an upcall) and the one that holds the GIL longest is a bridge's delivery thread mapping and
+#: framing a batch: at 5 ms, a push made while a bridge delivered took up to 5 ms longer per GIL hand-off
+#: (docs/performance.md, "Round 5"). 1 ms bounds that wait at the cost of more frequent switches.
+GIL_SWITCH_INTERVAL_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,7 @@ class NodeSettings:
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES   # node.max_event_bytes: channel, ORB, bridge, mapping
     extra_orb_args: tuple[str, ...] = field(default_factory=tuple)
     ledger: LedgerSettings = field(default_factory=LedgerSettings)   # [ledger]: router/ledger.py
+    gil_switch_interval_s: float = GIL_SWITCH_INTERVAL_S   # sys.setswitchinterval while the node runs
 
 
 def orb_args(s: NodeSettings) -> list[str]:
@@ -135,6 +145,7 @@ class Node:
         if self.after_lock is not None:
             self.after_lock()
         self._private_state_dir()
+        self.tune_interpreter()
         self._check_before_services()
         self._start_services()
         self._check_services()
@@ -142,6 +153,10 @@ class Node:
         self._publish()
         for watch in self.watches:
             watch.start()
+
+    def tune_interpreter(self) -> None:
+        """Process-wide interpreter settings of a node: the thread switch interval (:data:`GIL_SWITCH_INTERVAL_S`)."""
+        sys.setswitchinterval(self.s.gil_switch_interval_s)
 
     def _private_state_dir(self) -> None:
         """No group/other bits anywhere; as root with an embedded PostgreSQL (configured, or one whose cluster lives
