@@ -286,10 +286,14 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     if doubt_rows:
         doubts.unpersist()
     step("latency")
-    counts = T.latency_counts(T.hop_latencies(ledger), codes).persist(StorageLevel.MEMORY_AND_DISK)
-    for name, df in (("latency_percentiles", T.latency_percentiles(counts)),
-                     ("latency_histogram", T.latency_histogram(counts))):
-        out[name] = _result(df, tables / name)
+    # the counts (one row per hop, direction and distinct latency) are collected once, which fills the cache the
+    # histogram reads; the exact percentiles are taken from the collected rows by the driver (no window query)
+    counts = T.latency_counts(T.hop_micros(ledger), codes).persist(StorageLevel.MEMORY_AND_DISK)
+    count_rows = counts.toArrow().to_pylist()
+    out["latency_percentiles"] = _write_rows(T.latency_percentiles(counts), T.latency_percentiles_rows(count_rows),
+                                             tables / "latency_percentiles")
+    del count_rows
+    out["latency_histogram"] = _result(T.latency_histogram(counts), tables / "latency_histogram")
     counts.unpersist()
     step("throughput")
     out["throughput_totals"] = _throughput(T.throughput_per_minute(ledger, codes), tables / "throughput_per_minute")

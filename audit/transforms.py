@@ -15,6 +15,7 @@ Definitions (the contract the router's ledger writes follow):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -45,9 +46,11 @@ __all__ = [
     "duplicates",
     "facets",
     "hop_latencies",
+    "hop_micros",
     "latency_counts",
     "latency_histogram",
     "latency_percentiles",
+    "latency_percentiles_rows",
     "ledger",
     "lost",
     "obligations",
@@ -295,41 +298,56 @@ def dead_letters_from_facets(facet_rows: Iterable[Mapping[str, Any]]) -> list[di
     return [{**dict(zip(keys, key, strict=True)), "dead_letters": n} for key, n in sums.items()]
 
 
-def _ms(a: str | Column, b: str | Column) -> Column:
-    ca, cb = (F.col(x) if isinstance(x, str) else x for x in (a, b))
-    return (F.unix_micros(cb) - F.unix_micros(ca)).cast(DoubleType()) / 1000.0
-
-
-def hop_latencies(ledger_df: DataFrame) -> DataFrame:
-    """From ``delivered`` rows, one column per hop in ms (null when the row lacks the hop's timestamp):
-    dedupe_id, direction, dispatch_ms, prepare_ms, decide_ms, broker_commit_ms, acknowledge_ms, end_to_end_ms.
-    Each hop ends at its column and starts at the latest earlier timestamp the row has (:data:`HOPS`), so the hops
-    a row has add up to its ``end_to_end`` (accepted to the last hop the row has)."""
+def hop_micros(ledger_df: DataFrame) -> DataFrame:
+    """From ``delivered`` rows, one column per hop in whole microseconds (a long; null when the row lacks the
+    hop's timestamp): dedupe_id, direction, dispatch_us, prepare_us, decide_us, broker_commit_us, acknowledge_us,
+    end_to_end_us. Each hop ends at its column and starts at the latest earlier timestamp the row has
+    (:data:`HOPS`), so the hops a row has add up to its ``end_to_end`` (accepted to the last hop the row has)."""
     rows = ledger_df.select("dedupe_id", "direction", *_TS, "outcome").where(F.col("outcome") == "delivered")
     last = F.coalesce(*[F.col(c) for c in reversed(_TS[1:])])
     hops = []
     for name, _, to in HOPS:
         earlier = _TS[:_TS.index(to)]
-        hops.append(_ms(F.coalesce(*[F.col(c) for c in reversed(earlier)]), to).alias(f"{name}_ms"))
-    return rows.select("dedupe_id", "direction", *hops, _ms("accepted_at", last).alias("end_to_end_ms"))
+        hops.append(_us(F.coalesce(*[F.col(c) for c in reversed(earlier)]), F.col(to)).alias(f"{name}_us"))
+    return rows.select("dedupe_id", "direction", *hops, _us(F.col("accepted_at"), last).alias("end_to_end_us"))
+
+
+def _us(a: Column, b: Column) -> Column:
+    return F.unix_micros(b) - F.unix_micros(a)
+
+
+def _us_to_ms(us: Column) -> Column:
+    """Microseconds (a long) → milliseconds (a double), as every ``*_ms`` column of the audit is computed."""
+    return us.cast(DoubleType()) / 1000.0
+
+
+def hop_latencies(ledger_df: DataFrame) -> DataFrame:
+    """:func:`hop_micros` in milliseconds (doubles): dedupe_id, direction, dispatch_ms, prepare_ms, decide_ms,
+    broker_commit_ms, acknowledge_ms, end_to_end_ms."""
+    return (hop_micros(ledger_df)
+            .select("dedupe_id", "direction", *[_us_to_ms(F.col(f"{h}_us")).alias(f"{h}_ms") for h in HOP_NAMES]))
 
 
 def latency_counts(lat: DataFrame, codes: Codes | None = None) -> DataFrame:
-    """hop, direction, v_ms, n: how many delivered rows of :func:`hop_latencies` had each exact latency, per hop
+    """hop, direction, v_ms, n: how many delivered rows of :func:`hop_micros` had each exact latency, per hop
     and direction (rows without the hop omitted). Latencies are whole microseconds, so this is far smaller than
-    the ledger, and every percentile and histogram bin is exact from it. ``codes``: the ledger's
-    :func:`dictionary`; with it the direction is aggregated as its integer code (every key a primitive: Spark's
-    faster hash map), same rows."""
-    stack = F.explode(F.array(*[F.struct(F.lit(i + 1).alias("h"), F.col(f"{h}_ms").alias("v"))
-                                for i, h in enumerate(HOP_NAMES)]))  # the hop's position: cheaper to hash
+    the ledger, and every percentile and histogram bin is exact from it. Grouped by the hop's position and the
+    latency in microseconds (longs: every key a primitive, no floating-point normalisation), ``v_ms`` computed
+    after the aggregation (the same double as :func:`hop_latencies` gives). ``codes``: the ledger's
+    :func:`dictionary`; with it the direction is aggregated as its integer code, encoded once per delivered row
+    before the hops are exploded (same rows)."""
     direction = F.col("direction") if codes is None else _encode("direction", codes.direction)
     decoded = F.col("direction") if codes is None else _decode(F.col("direction"), codes.direction)
-    return (lat.select(direction.alias("direction"), stack.alias("x"))
-            .select(F.col("x.h").alias("h"), "direction", F.col("x.v").alias("v_ms"))
-            .where(F.col("v_ms").isNotNull())
-            .groupBy("h", "direction", "v_ms").agg(F.count(F.lit(1)).alias("n"))
+    stack = F.explode(F.array(*[F.struct(F.lit(i + 1).alias("h"), F.col(f"{h}_us").alias("v"))
+                                for i, h in enumerate(HOP_NAMES)]))  # the hop's position: cheaper to hash
+    return (lat.select(direction.alias("direction"), *[f"{h}_us" for h in HOP_NAMES])
+            .select("direction", stack.alias("x"))
+            .select(F.col("x.h").alias("h"), "direction", F.col("x.v").alias("v_us"))
+            .where(F.col("v_us").isNotNull())
+            .groupBy("h", "direction", "v_us").agg(F.count(F.lit(1)).alias("n"))
             .select(F.element_at(F.array(*[F.lit(h) for h in HOP_NAMES]), F.col("h")).alias("hop"),
-                    decoded.alias("direction"), "v_ms", F.col("n").cast(LongType()).alias("n")))
+                    decoded.alias("direction"), _us_to_ms(F.col("v_us")).alias("v_ms"),
+                    F.col("n").cast(LongType()).alias("n")))
 
 
 def latency_percentiles(counts: DataFrame) -> DataFrame:
@@ -348,6 +366,35 @@ def latency_percentiles(counts: DataFrame) -> DataFrame:
     return (ranked.groupBy("hop", "direction").agg(_total("n").alias("samples"), *reach, F.max("v_ms").alias("mx"))
             .select("hop", "direction", F.col("samples").cast(LongType()).alias("samples"),
                     *[_pname(p) for p in PERCENTILES], F.col("mx").alias("max_ms")))
+
+
+def latency_percentiles_rows(count_rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`latency_percentiles` of collected :func:`latency_counts` rows, in Python (the same rows, unordered):
+    per hop and direction (and ``all``), sum the counts of each distinct latency in ascending order; the p-th
+    percentile is the first latency whose running sum reaches ``ceil(p * samples)`` (the same double product and
+    ceiling as Spark's), ``max_ms`` the largest latency. Only comparisons and integer sums: exact."""
+    groups: dict[tuple[Any, Any], dict[float, int]] = {}
+    for r in count_rows:
+        hop, v, n = r["hop"], r["v_ms"], int(r["n"])
+        for key in ((hop, r["direction"]), (hop, "all")):
+            counts = groups.setdefault(key, {})
+            counts[v] = counts.get(v, 0) + n
+    out = []
+    for (hop, direction), counts in groups.items():
+        values = sorted(counts)
+        total = sum(counts.values())
+        needs = [(_pname(p), math.ceil(p * float(total))) for p in PERCENTILES]
+        row: dict[str, Any] = {"hop": hop, "direction": direction, "samples": total}
+        cum, i = 0, 0
+        for v in values:
+            cum += counts[v]
+            while i < len(needs) and cum >= needs[i][1]:
+                row[needs[i][0]] = v
+                i += 1
+        row.update({name: row.get(name) for name, _ in needs})
+        row["max_ms"] = values[-1]
+        out.append(row)
+    return out
 
 
 def _pname(p: float) -> str:

@@ -39,7 +39,7 @@ def _read(path: Path) -> tuple[str, list[tuple[Any, ...]]]:
 def _frames(ledger: DataFrame) -> dict[str, DataFrame]:
     as_of, grace = T0 + timedelta(days=30), timedelta(minutes=5)
     rec = T.reconciliation(T.obligations(ledger, as_of, grace)).cache()
-    counts = T.latency_counts(T.hop_latencies(ledger))
+    counts = T.latency_counts(T.hop_micros(ledger))
     return {"status_counts": T.status_counts(rec), "lost": T.lost(rec), "duplicates": T.duplicates(ledger, rec),
             "latency_percentiles": T.latency_percentiles(counts), "nothing": T.lost(rec).where(F.lit(False))}
 

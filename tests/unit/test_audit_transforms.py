@@ -162,7 +162,7 @@ def test_latency_per_hop_and_end_to_end(spark: SparkSession) -> None:
     # five deliveries whose dispatch hop takes 1..5 ms and everything else 1 ms; one with no broker hops
     rows = [row(f"d{i}", "delivered", hops=(i, 1, 1, 1, 1), gtrid=f"g{i}") for i in range(1, 6)]
     rows.append(row("short", "delivered", hops=(10, 1), gtrid="gs", direction="jms_to_channel"))
-    lat = T.latency_counts(T.hop_latencies(T.ledger(frame(spark, rows))))
+    lat = T.latency_counts(T.hop_micros(T.ledger(frame(spark, rows))))
     pct = {(r["hop"], r["direction"]): r for r in collect(T.latency_percentiles(lat))}
     assert pct[("dispatch", "channel_to_jms")]["samples"] == 5
     assert pct[("dispatch", "channel_to_jms")]["p50_ms"] == 3.0
@@ -204,7 +204,7 @@ def test_every_transform_states_its_schema_and_runs_no_python(ledger: DataFrame)
     led = T.ledger(ledger.withColumn("day", ledger["accepted_at"].cast("date")))  # extra columns are dropped
     assert led.schema == T.LEDGER_SCHEMA
     obl = T.obligations(led, AS_OF, GRACE)
-    lat = T.hop_latencies(led)
+    lat = T.hop_micros(led)
     counts = T.latency_counts(lat)
     facets = T.facets(led)
     outputs = {
@@ -215,7 +215,8 @@ def test_every_transform_states_its_schema_and_runs_no_python(ledger: DataFrame)
         "obligations_coded": T.obligations(led, AS_OF, GRACE, codes=T.dictionary(r.asDict() for r in facets.collect())),
         "duplicates": T.duplicates(led, obl), "stuck": T.stuck_in_doubt(led, AS_OF, GRACE),
         "open_doubts": T.open_doubts(led), "facets": facets,
-        "dead": T.dead_letters_by_reason(facets), "lat": lat, "counts": counts, "pct": T.latency_percentiles(counts),
+        "dead": T.dead_letters_by_reason(facets), "lat": lat, "lat_ms": T.hop_latencies(led),
+        "counts": counts, "pct": T.latency_percentiles(counts),
         "hist": T.latency_histogram(counts), "tpm": T.throughput_per_minute(led),
     }
     assert outputs["pct"].columns == ["hop", "direction", "samples", "p50_ms", "p90_ms", "p99_ms", "p999_ms",
@@ -258,7 +259,7 @@ def test_coded_latency_and_throughput_equal_the_string_aggregation(ledger: DataF
     both = T.ledger(ledger).unionByName(odd)
     codes = T.dictionary(r.asDict() for r in T.facets(both).collect())
     assert codes is not None
-    lat = T.hop_latencies(both)
+    lat = T.hop_micros(both)
     coded = T.latency_counts(lat, codes)
     assert "SortAggregate" not in coded._jdf.queryExecution().executedPlan().toString()
     assert collect(coded, "hop", "direction", "v_ms") == collect(T.latency_counts(lat), "hop", "direction", "v_ms")
@@ -295,11 +296,34 @@ def test_percentiles_are_exact_nearest_rank(spark: SparkSession) -> None:
         rows.append(row(f"x{i}", "delivered", hops=(d,), direction=direction))
         values[direction].append(d)
     values["all"] = values["channel_to_jms"] + values["jms_to_channel"]
-    pct = {r["direction"]: r for r in collect(T.latency_percentiles(T.latency_counts(
-        T.hop_latencies(T.ledger(frame(spark, rows)))))) if r["hop"] == "dispatch"}
+    counts = T.latency_counts(T.hop_micros(T.ledger(frame(spark, rows))))
+    pct = {r["direction"]: r for r in collect(T.latency_percentiles(counts)) if r["hop"] == "dispatch"}
+    driver = {r["direction"]: r for r in T.latency_percentiles_rows(r.asDict() for r in counts.collect())
+              if r["hop"] == "dispatch"}
+    assert driver == pct  # the driver's percentiles of the collected counts: the same rows, exactly
     for direction, vs in values.items():
         vs.sort()
         for p in T.PERCENTILES:
             want = vs[math.ceil(p * len(vs)) - 1]
             assert pct[direction][T._pname(p)] == pytest.approx(want, abs=1e-9), (direction, p)
         assert (pct[direction]["samples"], pct[direction]["max_ms"]) == (len(vs), pytest.approx(vs[-1]))
+
+
+def test_percentiles_of_collected_counts_equal_sparks(ledger: DataFrame) -> None:
+    """The job takes the percentiles from the collected latency counts (:func:`latency_percentiles_rows`): the
+    same rows as :func:`latency_percentiles`, with a null direction, a hop some rows lack and ties."""
+    odd = T.ledger(frame(ledger.sparkSession, [
+        {**row("nd", "delivered", T0, hops=(1, 2, 3, 4, 5)), "direction": None},
+        row("u", "delivered", T0, hops=(2, 2, 2), destination="queue/é", direction="jms_to_channel"),
+        row("t", "delivered", T0, hops=(2, 2, 2), direction="jms_to_channel"),
+    ]))
+    both = T.ledger(ledger).unionByName(odd)
+    codes = T.dictionary(r.asDict() for r in T.facets(both).collect())
+    for counts in (T.latency_counts(T.hop_micros(both)), T.latency_counts(T.hop_micros(both), codes)):
+        plan = counts._jdf.queryExecution().executedPlan().toString()
+        assert "normalizenanandzero" not in plan, plan  # grouped by whole microseconds (longs), not doubles
+        spark_rows = [r.asDict() for r in T.latency_percentiles(counts).collect()]
+        driver_rows = T.latency_percentiles_rows(r.asDict() for r in counts.collect())
+        key = lambda r: (r["hop"], r["direction"] or "")  # noqa: E731
+        assert sorted(driver_rows, key=key) == sorted(spark_rows, key=key)
+        assert len(spark_rows) > 6
