@@ -288,11 +288,9 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     step("latency")
     # the counts (one row per hop, direction and distinct latency) are collected once, which fills the cache the
     # histogram reads; the exact percentiles are taken from the collected rows by the driver (no window query)
+    # -- up to COUNTS_LIMIT rows (see _latency_percentiles)
     counts = T.latency_counts(T.hop_micros(ledger), codes).persist(StorageLevel.MEMORY_AND_DISK)
-    count_rows = counts.toArrow().to_pylist()
-    out["latency_percentiles"] = _write_rows(T.latency_percentiles(counts), T.latency_percentiles_rows(count_rows),
-                                             tables / "latency_percentiles")
-    del count_rows
+    out["latency_percentiles"] = _latency_percentiles(counts, tables / "latency_percentiles")
     out["latency_histogram"] = _result(T.latency_histogram(counts), tables / "latency_histogram")
     counts.unpersist()
     step("throughput")
@@ -300,6 +298,28 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     if req.source == "jdbc":
         ledger.unpersist()
     return out
+
+
+#: The latency counts (one row per hop, direction and distinct latency in µs: their number grows with the spread of
+#: the latencies, not with the ledger's rows) are collected for the driver's percentiles up to this many rows
+#: (about 100 MB of Python lists); beyond, Spark's window query computes the same rows.
+COUNTS_LIMIT = 1_000_000
+
+def _latency_percentiles(counts: Any, path: Path) -> list[dict[str, Any]]:
+    """Write and return the latency percentiles of the (cached) latency ``counts``: up to :data:`COUNTS_LIMIT`
+    count rows are collected once (filling the cache the histogram then reads) and the driver takes the exact
+    percentiles from them (:func:`audit.transforms.latency_percentiles_rows`); beyond (many distinct latencies:
+    a long outage, a wide spread) Spark's window query (:func:`audit.transforms.latency_percentiles`, the same
+    rows) computes them, spilling instead of filling the driver."""
+    from audit import transforms as T
+
+    collected = counts.limit(COUNTS_LIMIT + 1).toArrow()
+    if collected.num_rows > COUNTS_LIMIT:
+        del collected
+        return _result(T.latency_percentiles(counts), path)
+    columns = T.CountColumns(*(collected.column(c).to_pylist() for c in ("hop", "direction", "v_ms", "n")))
+    del collected
+    return _write_rows(T.latency_percentiles(counts), T.latency_percentiles_rows(columns), path)
 
 
 #: A result table of at most this many rows is collected to the driver once (as Arrow) and written there by

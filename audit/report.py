@@ -188,7 +188,7 @@ def _html(summ: dict[str, Any], frames: dict[str, list[dict[str, Any]]], plots: 
     facts = [{"what": k, "value": summ[k]} for k in ("obligations", "lost", "duplicated", "stuck_in_doubt",
                                                      "as_of", "grace_s", "source", "master")]
     facts.append({"what": "window", "value": f"{summ['window']['from']} .. {summ['window']['to']}"})
-    pct = sorted(_rows(frames["latency_percentiles"]), key=lambda r: (r["hop"], r["direction"]))
+    pct = sorted(_rows(frames["latency_percentiles"]), key=lambda r: (r["hop"], r["direction"] or ""))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>nsjms audit</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1000px}} table{{border-collapse:collapse;margin:.5em 0}}

@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -40,6 +40,7 @@ __all__ = [
     "LEDGER_SCHEMA",
     "PERCENTILES",
     "Codes",
+    "CountColumns",
     "dead_letters_by_reason",
     "dead_letters_from_facets",
     "dictionary",
@@ -368,15 +369,29 @@ def latency_percentiles(counts: DataFrame) -> DataFrame:
                     *[_pname(p) for p in PERCENTILES], F.col("mx").alias("max_ms")))
 
 
-def latency_percentiles_rows(count_rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """:func:`latency_percentiles` of collected :func:`latency_counts` rows, in Python (the same rows, unordered):
-    per hop and direction (and ``all``), sum the counts of each distinct latency in ascending order; the p-th
-    percentile is the first latency whose running sum reaches ``ceil(p * samples)`` (the same double product and
-    ceiling as Spark's), ``max_ms`` the largest latency. Only comparisons and integer sums: exact."""
+class CountColumns(NamedTuple):
+    """Collected :func:`latency_counts` as four columns (no dict per row)."""
+
+    hop: list[Any]
+    direction: list[Any]
+    v_ms: list[Any]
+    n: list[Any]
+
+
+def latency_percentiles_rows(count_rows: Iterable[Mapping[str, Any]] | CountColumns) -> list[dict[str, Any]]:
+    """:func:`latency_percentiles` of collected :func:`latency_counts` rows (or their :class:`CountColumns`), in
+    Python (the same rows, unordered): per hop and direction (and ``all``), sum the counts of each distinct latency
+    in ascending order; the p-th percentile is the first latency whose running sum reaches ``ceil(p * samples)``
+    (the same double product and ceiling as Spark's), ``max_ms`` the largest latency. Only comparisons and integer
+    sums: exact."""
+    if isinstance(count_rows, CountColumns):
+        rows: Iterable[tuple[Any, Any, Any, Any]] = zip(*count_rows, strict=True)
+    else:
+        rows = ((r["hop"], r["direction"], r["v_ms"], r["n"]) for r in count_rows)
     groups: dict[tuple[Any, Any], dict[float, int]] = {}
-    for r in count_rows:
-        hop, v, n = r["hop"], r["v_ms"], int(r["n"])
-        for key in ((hop, r["direction"]), (hop, "all")):
+    for hop, direction, v, n_ in rows:
+        n = int(n_)
+        for key in ((hop, direction), (hop, "all")):
             counts = groups.setdefault(key, {})
             counts[v] = counts.get(v, 0) + n
     out = []

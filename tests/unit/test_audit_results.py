@@ -112,3 +112,24 @@ def test_driver_written_timestamps_outside_the_nanosecond_range_are_written_like
     assert [r["accepted_at"] for r in listed] == [r[1] for r in rows]
     back = spark.read.parquet(str(tmp_path / "driver")).orderBy("dedupe_id").collect()
     assert back == df.orderBy("dedupe_id").collect()
+
+
+def test_latency_percentiles_beyond_the_collect_limit_come_from_spark(ledger: DataFrame, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver collects the latency counts only up to ``COUNTS_LIMIT`` rows (their number grows with the spread
+    of the latencies, not with the ledger): beyond, Spark's window query writes the same table."""
+    counts = T.latency_counts(T.hop_micros(ledger)).cache()
+    n = counts.count()
+    collected = job._latency_percentiles(counts, tmp_path / "driver")
+    taken: list[int] = []
+    real = T.latency_percentiles_rows
+    monkeypatch.setattr(T, "latency_percentiles_rows", lambda rows: taken.append(1) or real(rows))
+    monkeypatch.setattr(job, "COUNTS_LIMIT", n - 1)
+    by_spark = job._latency_percentiles(counts, tmp_path / "spark")
+    assert not taken                                       # over the limit: nothing taken by the driver
+    assert _read(tmp_path / "driver") == _read(tmp_path / "spark")
+    key = lambda r: (r["hop"], r["direction"] or "")  # noqa: E731
+    assert sorted(collected, key=key) == sorted(by_spark, key=key) and len(collected) > 6
+    monkeypatch.setattr(job, "COUNTS_LIMIT", n)            # at the limit: the driver's
+    job._latency_percentiles(counts, tmp_path / "again")
+    assert taken == [1]

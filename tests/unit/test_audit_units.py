@@ -149,3 +149,18 @@ def test_summary_counts_every_stuck_transaction_not_only_the_listed_ones(tmp_pat
     s = summary(frames, req, master="local[2]")
     assert s["stuck_in_doubt"] == LIST_LIMIT + 500
     assert len(s["stuck_gtrids"]) <= LIST_LIMIT
+
+
+def test_the_report_lists_percentiles_of_rows_without_a_direction() -> None:
+    """A delivered row without a direction gives a percentile row with a null direction next to ``all``: the HTML
+    report sorts and lists it (before: TypeError comparing None with a str)."""
+    from audit.report import _html
+
+    pct = [{"hop": "dispatch", "direction": d, "samples": 1, "p50_ms": 1.0} for d in ("all", None, "jms_to_channel")]
+    summ = {"violations": [], "obligations": 3, "lost": 0, "duplicated": 0, "stuck_in_doubt": 0, "as_of": "t",
+            "grace_s": 0, "source": "parquet", "master": "local[1]", "window": {"from": "a", "to": "b"},
+            "generated_at": "t"}
+    frames: dict[str, list[dict[str, Any]]] = {"latency_percentiles": pct, "lost": [], "duplicates": [],
+                                               "stuck_in_doubt": [], "dead_letters": []}
+    page = _html(summ, frames, {"throughput": b"", "latency": b"", "faults": b""})
+    assert page.count("<td>dispatch</td>") == 3
