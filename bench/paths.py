@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import statistics
 import sys
 import threading
@@ -258,11 +259,27 @@ def _supplier_processes(env: Env, pcs: list[Any], n: int, rate: float) -> tuple[
     sent: Times = {}
     returned: Times = {}
     client_cpu = 0.0
-    for _ in procs:
-        s, r, cpu = results.get(timeout=600)
+    deadline = start + n / rate + 600         # the schedule's length, plus slack for pushes that wait
+    pending = len(procs)
+    while pending:
+        try:
+            outcome = results.get(timeout=1)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"latency supplier process(es) failed: exit codes {[p.exitcode for p in dead]} "
+                                   "(their traceback is above)") from None
+            if time.time() > deadline:
+                raise RuntimeError(f"{pending} latency supplier process(es) still pushing after the schedule "
+                                   "and 600 s") from None
+            continue
+        if outcome[0] == "error":
+            raise RuntimeError(f"latency supplier {outcome[1]} failed: {outcome[2]}")
+        _, s, r, cpu = outcome
         sent.update(s)
         returned.update(r)
         client_cpu += cpu
+        pending -= 1
     node_cpu = _cpu_seconds(env.node.proc.pid if env.node.proc else None) - node_cpu0
     for p in procs:
         p.join(30)
@@ -272,7 +289,7 @@ def _supplier_processes(env: Env, pcs: list[Any], n: int, rate: float) -> tuple[
 def _supply_process(ior: str, k: int, suppliers: int, n: int, rate: float, ready: Any, go: Any,
                     results: Any) -> None:
     """One supplier process: its own ORB, pushes events k, k + suppliers, ... on the schedule ``go.value + i/rate``;
-    puts (sent, returned, CPU seconds while pushing) on ``results``."""
+    puts ("ok", sent, returned, CPU seconds while pushing) on ``results``, or ("error", k, why) when a push failed."""
     import CosNotifyChannelAdmin as NCA
 
     orb = client_orb()
@@ -286,15 +303,21 @@ def _supply_process(ior: str, k: int, suppliers: int, n: int, rate: float, ready
     sent: Times = {}
     returned: Times = {}
     cpu0 = _own_cpu_seconds()
-    for i in mine:
-        delay = start + i / rate - time.time()
-        if delay > 0:
-            time.sleep(delay)
-        sent[i] = time.time()
-        pc.push_structured_event(events[i])
-        returned[i] = time.time()
-    results.put((sent, returned, _own_cpu_seconds() - cpu0))
-    orb.destroy()
+    try:
+        for i in mine:
+            delay = start + i / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            sent[i] = time.time()
+            pc.push_structured_event(events[i])
+            returned[i] = time.time()
+    except Exception as exc:                 # reported to the parent, which fails the run with it
+        results.put(("error", k, f"push {len(returned) + 1} of {len(mine)}: {exc!r}"))
+        raise
+    else:
+        results.put(("ok", sent, returned, _own_cpu_seconds() - cpu0))
+    finally:
+        orb.destroy()
 
 
 def _pct(values: list[float], p: float) -> float:
