@@ -128,6 +128,7 @@ class Node:
         self.embedded_mq: Any = None
         self.health: dict[str, Any] = {}
         self.watches: list[Any] = []
+        self._switch_interval_before: float | None = None     # sys.getswitchinterval() before tune_interpreter
         self._lock: Any = None
         self._stopped = threading.Event()
 
@@ -155,7 +156,10 @@ class Node:
             watch.start()
 
     def tune_interpreter(self) -> None:
-        """Process-wide interpreter settings of a node: the thread switch interval (:data:`GIL_SWITCH_INTERVAL_S`)."""
+        """Process-wide interpreter settings of a node: the thread switch interval (:data:`GIL_SWITCH_INTERVAL_S`),
+        given back by :meth:`stop` (a process that runs a node and goes on, a test, keeps its own)."""
+        if self._switch_interval_before is None:
+            self._switch_interval_before = sys.getswitchinterval()
         sys.setswitchinterval(self.s.gil_switch_interval_s)
 
     def _private_state_dir(self) -> None:
@@ -470,6 +474,9 @@ class Node:
         ``start_failed``: undo a failed :meth:`start` — an embedded service it adopted (found running, left by a
         killed node) keeps running for the next start; only services this start launched are stopped."""
         self._stopped.set()
+        if self._switch_interval_before is not None:
+            sys.setswitchinterval(self._switch_interval_before)
+            self._switch_interval_before = None
         if self._lock is None:
             return
         for watch in self.watches:

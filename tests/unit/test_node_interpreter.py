@@ -32,3 +32,12 @@ def test_node_shortens_the_thread_switch_interval(tmp_path: Path, restored_switc
 def test_the_interval_is_a_node_setting(tmp_path: Path, restored_switch_interval: None) -> None:
     Node(NodeSettings(state_dir=tmp_path, gil_switch_interval_s=0.002)).tune_interpreter()
     assert sys.getswitchinterval() == pytest.approx(0.002)
+
+
+def test_stop_gives_the_process_its_interval_back(tmp_path: Path, restored_switch_interval: None) -> None:
+    sys.setswitchinterval(0.004)
+    node = Node(NodeSettings(state_dir=tmp_path))
+    node.tune_interpreter()
+    assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_S)
+    node.stop()                                  # never got the state directory's lock: still gives it back
+    assert sys.getswitchinterval() == pytest.approx(0.004)
