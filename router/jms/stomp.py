@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -70,6 +70,21 @@ SPLIT_FRAME = "a STOMP header of this message holds a NUL byte, which split its 
 #: Bytes of SEND frames joined into one socket write by :meth:`StompTransport.send_encoded_many` (at least one
 #: frame per write, whatever its size).
 WRITE_CHUNK = 256 * 1024
+
+
+def _write_chunked(conn: stomp.Connection12, frames: Iterable[bytes]) -> None:
+    """Write encoded ``frames`` in order, joined into socket writes of about :data:`WRITE_CHUNK` bytes (at least one
+    whole frame each: stomp.py's socket lock keeps another thread's frame out of a write)."""
+    chunk: list[bytes] = []
+    size = 0
+    for frame in frames:
+        chunk.append(frame)
+        size += len(frame)
+        if size >= WRITE_CHUNK:
+            conn.transport.send(b"".join(chunk))
+            chunk, size = [], 0
+    if chunk:
+        conn.transport.send(b"".join(chunk))
 
 
 def parse_stomp_url(url: str) -> tuple[list[tuple[str, int]], bool]:
@@ -475,20 +490,10 @@ class StompTransport:
     @staticmethod
     def _write_frames(conn: stomp.Connection12, dest: str, messages: Sequence[tuple[EncodedMessage, bool]],
                       transaction: str, frames: FrameTemplates) -> None:
-        chunk: list[bytes] = []
-        size = 0
         encode = frames.encode
-        for encoded, persistent in messages:
-            headers = {**encoded.headers, "persistent": "true" if persistent else "false",
-                       "transaction": transaction, "destination": dest}
-            frame = encode(headers, encoded.body)
-            chunk.append(frame)
-            size += len(frame)
-            if size >= WRITE_CHUNK:
-                conn.transport.send(b"".join(chunk))
-                chunk, size = [], 0
-        if chunk:
-            conn.transport.send(b"".join(chunk))
+        _write_chunked(conn, (encode({**encoded.headers, "persistent": "true" if persistent else "false",
+                                      "transaction": transaction, "destination": dest}, encoded.body)
+                              for encoded, persistent in messages))
 
     def begin(self) -> str:
         """BEGIN, receipted: a BEGIN the broker refuses raises here (:class:`BrokerError`), at the transaction's
@@ -670,17 +675,7 @@ class StompTransport:
                 for delivery in deliveries:
                     conn.ack(delivery.ack_id, transaction=transaction)
                 return
-            chunk: list[bytes] = []
-            size = 0
-            for delivery in deliveries:
-                frame = encode_ack_frame(delivery.ack_id, transaction)
-                chunk.append(frame)
-                size += len(frame)
-                if size >= WRITE_CHUNK:
-                    conn.transport.send(b"".join(chunk))
-                    chunk, size = [], 0
-            if chunk:
-                conn.transport.send(b"".join(chunk))
+            _write_chunked(conn, (encode_ack_frame(delivery.ack_id, transaction) for delivery in deliveries))
         except _LINK_ERRORS as exc:
             raise BrokerUnavailable(f"ack: the frames could not be written: {exc}") from exc
 

@@ -13,24 +13,13 @@ import pytest
 from psycopg import Xid
 from stomp import transport as stomp_transport
 from stomp.protocol import Protocol12
-from stomp.utils import convert_frame, pack
+from test_stomp_framing import _Capture
 from test_transport_stomp_faults import FakeBroker, _subscribed, connect, fake  # noqa: F401
 
 from router.bridge.t2in import ACK_RUN, LocalAcks, StompAckBranch, ack_many
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.sendframe import encode_ack_frame
 from router.jms.transport import Delivery, LocalProtocolError
-
-
-class _Capture:
-    def __init__(self) -> None:
-        self.frames: list[bytes] = []
-
-    def set_listener(self, name: str, listener: Any) -> None:
-        pass
-
-    def transmit(self, frame: Any) -> None:
-        self.frames.append(pack(convert_frame(frame)))
 
 
 @pytest.mark.parametrize(("ack_id", "tx"), [("ID:host-1-2:1:1:1:7", None), ("plain", "tx-9"),
