@@ -44,10 +44,11 @@ log = logging.getLogger("nsjms.server")
 
 #: The interpreter's thread switch interval in a running node (``sys.setswitchinterval``; CPython's default is 5 ms).
 #: A thread that wants the GIL while another runs Python code waits until that one blocks or this interval ends.
-#: In a node, the threads that wait are the ones a supplier waits for (a servant back from its PostgreSQL commit,
-#: an ORB thread starting an upcall) and the one that holds the GIL longest is a bridge's delivery thread mapping and
-#: framing a batch: at 5 ms, a push made while a bridge delivered took up to 5 ms longer per GIL hand-off
-#: (docs/performance.md, "Round 5"). 1 ms bounds that wait at the cost of more frequent switches.
+#: In a node, the threads that wait are often the ones a supplier waits for (a servant back from its PostgreSQL
+#: commit, an ORB thread starting an upcall) while a bridge's delivery thread maps and frames a batch. 1 ms asks the
+#: holder to hand over sooner, at the cost of more frequent switches (which waiting thread runs next is not
+#: promised). Its effect is not established on the project's 2-core machine (docs/performance.md, "Round 5" and the
+#: idle A/B after it); 0.005 is CPython's default.
 GIL_SWITCH_INTERVAL_S = 0.001
 
 

@@ -21,9 +21,8 @@ _STOMP_RESERVE = 16                # headers the transport adds when sending (de
 # writes expires/priority/timestamp itself; these can come from event properties.
 STOMP_INTEGER_HEADERS = frozenset({"JMSXGroupSeq", "AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_PERIOD",
                                    "AMQ_SCHEDULED_REPEAT", "expires", "priority", "timestamp"})
-#: (header, digits below which plain ASCII digits always fit the header's Java type): ``_is_java_integer``'s
-#: usual case, for the fast check.
-_INTEGER_BITS = tuple((name, 10 if name == "JMSXGroupSeq" else 19) for name in sorted(STOMP_INTEGER_HEADERS))
+#: (header, the bits of its Java type: int for JMSXGroupSeq, long for the others), for the fast check.
+_INTEGER_BITS = tuple((name, 32 if name == "JMSXGroupSeq" else 64) for name in sorted(STOMP_INTEGER_HEADERS))
 
 
 def check_stomp_limits(headers: dict[str, str]) -> None:
@@ -39,8 +38,8 @@ def check_stomp_limits(headers: dict[str, str]) -> None:
     if 4 * (sum(map(len, headers)) + sum(map(len, headers.values()))) + 1 <= STOMP_MAX_HEADER_LINE:
         for name, bits in _INTEGER_BITS:
             value = headers.get(name)
-            if value is not None and not (value.isdigit() and value.isascii() and len(value) < bits):
-                break                    # not the usual plain digits: the walk below decides
+            if value is not None and not _is_java_integer(value, bits):
+                break                    # not a Java integer: the walk below raises for it
         else:
             return
     from router.mapping.errors import MappingError
