@@ -10,14 +10,15 @@ STOMP transaction. Pipelining: while the broker commits one batch, the next one 
 :data:`IN_FLIGHT` batches in flight; the broker never commits a later batch before an earlier one).
 
 Exactly as for a CORBA push: a batch's events leave the queue (journaled as delivered, ``router.channel.delivered``)
-only once the broker confirmed its COMMIT. A batch the broker refused in part is sent again message by message by
-the bridge (a refused message dead-lettered there, the others delivered), and every batch written behind it is
-aborted and put back in the queue in its place. A broker problem (``ForwardDeferred``) puts back every batch not
-confirmed (less its events the bridge delivered already: ``Batch.handled``), the proxy retries with backoff and
-shows ``failing`` in ``nsjms status``; a COMMIT whose receipt was lost may have happened, so those events may reach
-the broker twice (never lost). An event the channel cannot
-convert is isolated and dead-lettered by the proxy's poison handling (``router.channel.delivery``). A consumer in
-another process is pushed over CORBA one event (or sequence) per call, as before.
+only once the broker confirmed its COMMIT; the delete of the delivered rows that the journal batches runs after
+the next batch's COMMIT is written, while its receipt is in flight. A batch the broker refused in part is sent
+again message by message by the bridge (a refused message dead-lettered there, the others delivered), and every
+batch written behind it is aborted and put back in the queue in its place. A broker problem (``ForwardDeferred``)
+puts back every batch not confirmed (less its events the bridge delivered already: ``Batch.handled``), the proxy
+retries with backoff and shows ``failing`` in ``nsjms status``; a COMMIT whose receipt was lost may have happened,
+so those events may reach the broker twice (never lost). An event the channel cannot convert is isolated and
+dead-lettered by the proxy's poison handling (``router.channel.delivery``). A consumer in another process is
+pushed over CORBA one event (or sequence) per call, as before.
 """
 
 from __future__ import annotations
@@ -113,11 +114,14 @@ def _take_more(proxy: Any) -> list[Entry]:
     return _track(proxy, taken)
 
 
-def _done(proxy: Any, entries: list[Entry]) -> None:
+def _done(proxy: Any, entries: list[Entry]) -> bool:
+    """The broker confirmed ``entries``: journal them as delivered. True when the pending deletes are due: the
+    caller flushes them once the next COMMIT is written (``PushSupplierMixin._delivered``'s ``defer_flush``)."""
     proxy.failing, proxy.failed_attempts = None, 0
     proxy._delivered_one_batch()
-    proxy._delivered(entries)
+    due: bool = proxy._delivered(entries, defer_flush=True)
     _settled(proxy, entries)
+    return due
 
 
 def deliver(proxy: Any, batches: Any, entries: list[Entry]) -> Outcome:
@@ -159,13 +163,15 @@ def deliver(proxy: Any, batches: Any, entries: list[Entry]) -> Outcome:
             head_entries, head = inflight[0]
             clean = batches.settle(head)       # raises: the head is put back with the rest
             inflight.popleft()
-            _done(proxy, head_entries)
+            due = _done(proxy, head_entries)
             if not clean:                     # the broker refused part of it: what was written behind it goes back
                 _put_back(proxy, batches, inflight, held)
                 held = []
                 break
             if inflight:
                 batches.commit(inflight[0][1])
+            if due:                           # the delivered rows' delete runs while that COMMIT's receipt is out
+                proxy._flush_delivered()
     except ForwardDeferred as exc:
         _put_back(proxy, batches, inflight, held + (failed[0] if failed else []))
         proxy.failing, proxy.failed_attempts = f"ForwardDeferred: {exc}", proxy.failed_attempts + 1

@@ -166,16 +166,23 @@ class PushSupplierMixin(ProxySupplierBase):
             self._content_failed(entries, exc)
         return outcome
 
-    def _delivered(self, entries: list[Entry]) -> None:
+    def _delivered(self, entries: list[Entry], *, defer_flush: bool = False) -> bool:
         """The consumer's call returned: journal the events and delete their rows with later deliveries', or (no
-        journal, or it cannot be written) delete them now."""
+        journal, or it cannot be written) delete them now.
+
+        ``defer_flush``: when the pending deletes are due (:data:`FLUSH_EVENTS` pending, or older than
+        :data:`FLUSH_AGE`), return True instead of flushing, so the caller flushes once it has started its next
+        step (``router.channel.localpush`` writes the next COMMIT first: the delete runs while that receipt is in
+        flight, not between the receipt and the next COMMIT). A delete that cannot wait (no journal, a journal
+        that failed, a BestEffort event the ledger records) is never deferred. Returns False when nothing is
+        due."""
         now = time.time()
         for e in entries:
             e.delivered_at = now                # the ledger's acknowledged_at, whenever the row is deleted
         journal = self._journal_of_thread()
         if journal is None:
             self._finish(entries)
-            return
+            return False
         try:
             journal.record((e.record.db_id for e in entries if e.record.db_id is not None), now)
         except OSError as exc:
@@ -185,7 +192,7 @@ class PushSupplierMixin(ProxySupplierBase):
                 self._journal_off = True       # it could not be cut back: each delivery commits from now on
             self._flush_delivered()
             self._finish(entries)
-            return
+            return False
         with self._pending_lock:
             if not self._pending:
                 self._pending, self._pending_since = [], time.monotonic()
@@ -193,8 +200,13 @@ class PushSupplierMixin(ProxySupplierBase):
             full = len(self._pending) >= FLUSH_EVENTS or time.monotonic() - self._pending_since >= FLUSH_AGE
         # A BestEffort event the ledger records has no row to journal: its delivered row is written now (with
         # the pending ones), so a crash cannot leave a delivered event looking lost to the audit.
-        if full or (any(e.record.db_id is None for e in entries) and self._volatile_ledger(entries)):
+        if any(e.record.db_id is None for e in entries) and self._volatile_ledger(entries):
             self._flush_delivered()
+        elif full:
+            if defer_flush:
+                return True
+            self._flush_delivered()
+        return False
 
     def _journal_of_thread(self) -> Any:
         if self._journal_off:

@@ -157,6 +157,8 @@ class Proxy:
         self.delivery_calls: list[list[Any]] = []
         self.content_failed: list[list[Any]] = []
         self._seq = 0
+        self.flush_due = False                      # the journal's pending deletes are due after each delivery
+        self.frames: list[tuple[Any, ...]] | None = None     # where a flush is recorded (the broker's frames)
 
     def put(self, *values: Any) -> None:
         for v in values:
@@ -178,13 +180,21 @@ class Proxy:
     def _delivered_one_batch(self) -> None:
         return None
 
-    def _delivered(self, entries: list[Entry]) -> None:
+    def _delivered(self, entries: list[Entry], *, defer_flush: bool = False) -> bool:
+        """As the real proxy's: with ``flush_due`` the pending deletes are due after each delivery; they are
+        flushed at once unless ``defer_flush`` (then True is returned and the caller flushes)."""
         values = [e.record.event.value for e in entries]
         self.delivery_calls.append(values)
         self.delivered += values
+        if self.flush_due:
+            if defer_flush:
+                return True
+            self._flush_delivered()
+        return False
 
     def _flush_delivered(self) -> None:
-        return None
+        if self.frames is not None:
+            self.frames.append(("FLUSH",))
 
     def _content_failed(self, entries: list[Entry], exc: BaseException) -> None:
         """The proxy's poison handling, shortened: the event that cannot be converted is dead-lettered at once,
@@ -261,6 +271,21 @@ def test_the_next_batch_is_written_while_the_commit_receipt_is_in_flight_and_com
         assert f.index(("RECEIPT", this)) < f.index(("COMMIT", nxt))        # never committed before the earlier
     assert broker.max_in_flight == localpush.IN_FLIGHT == 2
     assert broker.bodies() == events(300)
+
+
+def test_the_delivered_rows_delete_runs_while_the_next_commit_receipt_is_in_flight() -> None:
+    broker, _, proxy = make()
+    proxy.flush_due, proxy.frames = True, broker.frames
+    proxy.put(*events(300))
+    assert proxy.run() == [Outcome.DELIVERED]
+    f = broker.frames
+    flushes = [i for i, frame in enumerate(f) if frame == ("FLUSH",)]
+    assert len(flushes) == 3
+    for k in (1, 2):       # batch k's delete waits for batch k+1's COMMIT, and runs before its receipt is awaited
+        assert f.index(("RECEIPT", f"tx{k}")) < f.index(("COMMIT", f"tx{k + 1}")) < flushes[k - 1] \
+            < f.index(("RECEIPT", f"tx{k + 1}"))
+    assert f.index(("RECEIPT", "tx3")) < flushes[2]                      # the last batch: nothing to wait for
+    assert broker.bodies() == proxy.delivered == events(300)
 
 
 def test_events_are_delivered_only_after_their_commit_receipt() -> None:
