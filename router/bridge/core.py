@@ -464,11 +464,10 @@ class JmsToChannel:
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         """Acks go without a receipt (ActiveMQ answers an ACK receipt only after ~10 ms; without one: ~6,000/s).
         A lost ack is harmless: the broker redelivers and :meth:`seen` recognises the message."""
-        from router.bridge.t2in import ack_many
 
         for d in deliveries:            # all remembered first: a failed ack must not leave later ones unknown
             self.remember(d)
-        ack_many(self.transport, deliveries)     # one socket write for all (issue 12, round 5)
+        self.transport.ack_many(deliveries)      # one socket write for all (issue 12, round 5)
         telemetry.bridge_moved(self.bridge.id, len(deliveries), "from_jms")
 
     def reject(self, delivery: Delivery, reason: str) -> None:

@@ -39,7 +39,7 @@ from router.jms.transport import BrokerError, Delivery, SendRefused, Transport, 
 from router.t2 import ACK_MANAGER, inbox_claim
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 
-__all__ = ["PG_INBOX", "InBatch", "InboundT2", "LocalAcks", "PgInbox", "StompAckBranch", "ack_many", "inbox_release"]
+__all__ = ["PG_INBOX", "InBatch", "InboundT2", "LocalAcks", "PgInbox", "StompAckBranch", "inbox_release"]
 
 log = logging.getLogger("nsjms.bridge")
 
@@ -68,17 +68,6 @@ class PgInbox:
 
 
 PG_INBOX = PgInbox()
-
-
-def ack_many(transport: Transport, deliveries: Sequence[Delivery], transaction: str | None = None) -> None:
-    """Receipt-less ACKs of ``deliveries`` in order: the transport's ``ack_many`` (one write for all) when it has one,
-    else one ``ack`` each (a transport stand-in without it)."""
-    many = getattr(transport, "ack_many", None)
-    if many is not None:
-        many(deliveries, transaction)
-        return
-    for delivery in deliveries:
-        transport.ack(delivery, transaction, receipt=False)
 
 
 def _book(transport: Any) -> Any:
@@ -270,7 +259,7 @@ class StompAckBranch:
         """Write the pending run of receipt-less ACKs (one socket write)."""
         acks, self._acks = self._acks, []
         if acks:
-            ack_many(self.transport, acks, self.tx)
+            self.transport.ack_many(acks, self.tx)
 
     def _problem(self) -> str | None:
         book = _book(self.transport)
@@ -342,7 +331,7 @@ class LocalAcks:
 
     def _write_acks(self, deliveries: list[Delivery]) -> None:
         if deliveries:
-            ack_many(self.transport, deliveries)
+            self.transport.ack_many(deliveries)
 
     def rollback(self) -> None:
         """The local transaction did not commit: nothing was written; the deliveries go back."""

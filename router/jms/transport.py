@@ -30,7 +30,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -298,6 +298,12 @@ class Transport(Protocol):
 
     def ack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
         """Acknowledge (in ``transaction`` if given). Acking twice is a :class:`LocalProtocolError`."""
+        ...
+
+    def ack_many(self, deliveries: Sequence[Delivery], transaction: str | None = None) -> None:
+        """Receipt-less ACKs of ``deliveries`` in order (in ``transaction`` if given), as that many
+        ``ack(d, transaction, receipt=False)`` calls (STOMP: written together). A delivery that cannot be acked
+        (already acked, of a lost connection) raises once those before it are acked."""
         ...
 
     def nack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:

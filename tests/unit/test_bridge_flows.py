@@ -66,6 +66,10 @@ class FakeTransport:
     def ack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
         self.acked.append(delivery.message_id)
 
+    def ack_many(self, deliveries: list[Delivery], transaction: str | None = None) -> None:
+        for delivery in deliveries:
+            self.ack(delivery, transaction, receipt=False)
+
     def nack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
         self.nacked.append(delivery.message_id)
 

@@ -16,7 +16,7 @@ from stomp.protocol import Protocol12
 from test_stomp_framing import _Capture
 from test_transport_stomp_faults import FakeBroker, _subscribed, connect, fake  # noqa: F401
 
-from router.bridge.t2in import ACK_RUN, LocalAcks, StompAckBranch, ack_many
+from router.bridge.t2in import ACK_RUN, LocalAcks, StompAckBranch
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.sendframe import encode_ack_frame
 from router.jms.transport import Delivery, LocalProtocolError
@@ -81,12 +81,13 @@ def test_ack_many_writes_those_before_a_refused_delivery_then_raises(fake: FakeB
 
 # -- LocalAcks: grouping and order ------------------------------------------------------------------------------
 class _Recorder:
-    """A transport stand-in recording the calls (``many``: it has ``ack_many``)."""
+    """A transport stand-in recording the calls."""
 
-    def __init__(self, many: bool) -> None:
+    def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
-        if many:
-            self.ack_many = lambda ds, tx=None: self.calls.append(("ack_many", [d.message_id for d in ds]))
+
+    def ack_many(self, ds: list[Delivery], transaction: str | None = None) -> None:
+        self.calls.append(("ack_many", [d.message_id for d in ds]))
 
     def ack(self, d: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
         self.calls.append(("ack", (d.message_id, receipt)))
@@ -110,7 +111,7 @@ def _local(t: Any, outcome: list[str]) -> LocalAcks:
 
 
 def test_a_local_rounds_acks_between_other_frames_go_out_together_in_order() -> None:
-    t, outcome = _Recorder(many=True), list[str]()
+    t, outcome = _Recorder(), list[str]()
     acks = _local(t, outcome)
     dest = Destination("queue", "dlq")
     acks.ack(_d(1))
@@ -126,17 +127,10 @@ def test_a_local_rounds_acks_between_other_frames_go_out_together_in_order() -> 
     assert outcome == ["commit"]
 
 
-def test_a_transport_without_ack_many_gets_one_receipt_less_ack_each() -> None:
-    t = _Recorder(many=False)
-    ack_many(t, [_d(1), _d(2)])  # type: ignore[arg-type]
-    assert t.calls == [("ack", ("m1", False)), ("ack", ("m2", False))]
-
-
 # -- StompAckBranch (T2): runs of ACKs ---------------------------------------------------------------------------
 class _TxRecorder(_Recorder):
-    def __init__(self) -> None:
-        super().__init__(many=True)
-        self.ack_many = lambda ds, tx=None: self.calls.append(("ack_many", ([d.message_id for d in ds], tx)))
+    def ack_many(self, ds: list[Delivery], transaction: str | None = None) -> None:
+        self.calls.append(("ack_many", ([d.message_id for d in ds], transaction)))
 
     def begin(self) -> str:
         self.calls.append(("begin", None))

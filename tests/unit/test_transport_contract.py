@@ -154,6 +154,39 @@ class TransportContract:
         assert make().subscribe(q).receive(self.quiet) is None
 
     # ---------------------------------------------------------------------------------------------- acks
+    def test_ack_many_acks_in_order_and_stops_at_a_delivery_it_cannot_ack(self, make: Make) -> None:
+        t = make()
+        q = queue_name()
+        for i in range(5):
+            t.send(q, text(f"m{i}"), receipt=(i == 4))
+        sub = t.subscribe(q)
+        got = drain(sub, 2.0, limit=5)
+        assert [d.message.body for d in got] == [f"m{i}" for i in range(5)]
+        t.ack(got[1])
+        with pytest.raises(LocalProtocolError):
+            t.ack_many(got[:3])                       # m0 acked, then m1 (acked already) refused; m2 not reached
+        t.ack_many(got[2:4])
+        with pytest.raises(LocalProtocolError):
+            t.ack(got[0])                             # ack_many did ack m0
+        t.close()
+        again = drain(make().subscribe(q), 2.0, limit=5)
+        assert [d.message.body for d in again] == ["m4"]          # only the one never acked comes back
+
+    def test_ack_many_in_a_transaction_takes_effect_on_commit(self, make: Make) -> None:
+        t = make()
+        q = queue_name()
+        for i in range(3):
+            t.send(q, text(f"m{i}"), receipt=(i == 2))
+        got = drain(t.subscribe(q), 2.0, limit=3)
+        tx = t.begin()
+        t.ack_many(got, tx)
+        t.abort(tx)                                   # the abort gives them back: acked again, now committed
+        tx = t.begin()
+        t.ack_many(got, tx)
+        t.commit(tx)
+        t.close()
+        assert make().subscribe(q).receive(self.quiet) is None
+
     def test_unacked_is_redelivered_after_disconnect(self, make: Make) -> None:
         q = queue_name()
         t1 = make()
