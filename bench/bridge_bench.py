@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -77,7 +78,17 @@ _POLL_S = 0.005
 
 
 def wait_drained(dsn: str, cid: int, timeout: float = 600) -> None:
-    """Wait until channel ``cid`` has no queue row left (every event delivered and confirmed by the broker).
+    """Wait until channel ``cid`` has no queue row left (every event delivered and confirmed by the broker)."""
+    _wait_rows(dsn, cid, lambda rows: rows == 0, "still queued", timeout)
+
+
+def wait_stored(dsn: str, cid: int, n: int, timeout: float = 600) -> None:
+    """Wait until channel ``cid`` has ``n`` queue rows (``n`` events stored for its one suspended consumer)."""
+    _wait_rows(dsn, cid, lambda rows: rows >= n, f"stored, of {n}", timeout)
+
+
+def _wait_rows(dsn: str, cid: int, done: Callable[[int], bool], what: str, timeout: float) -> None:
+    """Poll channel ``cid``'s queue rows every 5 ms until ``done(rows)``.
 
     The polls run in ONE read-committed transaction (each statement sees the rows committed before it), rolled
     back at the end: they add no commit to ``pg_stat_database.xact_commit``, which the benches report per event."""
@@ -88,11 +99,11 @@ def wait_drained(dsn: str, cid: int, timeout: float = 600) -> None:
         try:
             while True:
                 row = conn.execute("SELECT count(*) FROM nsjms_queue WHERE channel_id = %s", (cid,)).fetchone()
-                left = row[0] if row else 0
-                if left == 0:
+                rows = row[0] if row else 0
+                if done(rows):
                     return
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{left} event(s) of channel {cid} still queued after {timeout:g} s")
+                    raise RuntimeError(f"channel {cid}: {rows} event(s) {what} after {timeout:g} s")
                 time.sleep(_POLL_S)
         finally:
             conn.rollback()
@@ -159,9 +170,15 @@ def _t2_channel(factory: Any, tx_events: int) -> tuple[Any, int]:
     return made
 
 
-def from_jms_rate(factory: Any, bf: Any, url: str, n: int, *, pull: bool = False, t2_events: int = 0) -> float:
+def from_jms_rate(factory: Any, bf: Any, url: str, n: int, *, pull: bool = False, t2_events: int = 0,
+                  dsn: str | None = None, observe: str = "consumer") -> float:
     """JMS → channel; ``pull``: the channel pulls from the bridge (NJI 2.7.2); ``t2_events`` > 0: with
-    EnableTransaction, TransactionEvents = ``t2_events`` (the routing transaction T2, pull only)."""
+    EnableTransaction, TransactionEvents = ``t2_events`` (the routing transaction T2, pull only).
+
+    ``observe`` = ``consumer``: until the channel's structured push consumer (a CORBA servant of this process) has
+    every event. ``store`` (needs ``dsn``): that consumer's proxy is suspended, the run ends once the channel has
+    stored all ``n`` events for it (the bridge acknowledges a message to the broker only after its event is
+    stored); the proxy is then resumed and the consumer must receive all ``n``, outside the timed window."""
     import stomp
 
     import CosNotifyChannelAdmin as NCA
@@ -179,15 +196,28 @@ def from_jms_rate(factory: Any, bf: Any, url: str, n: int, *, pull: bool = False
     counter = Counter()
     consumer = _consumer(counter, False)
     ps, _ = channel._get_default_consumer_admin().obtain_notification_push_supplier(NCA.STRUCTURED_EVENT)
-    ps._narrow(NCA.StructuredProxyPushSupplier).connect_structured_push_consumer(consumer._this())
+    ps = ps._narrow(NCA.StructuredProxyPushSupplier)
+    ps.connect_structured_push_consumer(consumer._this())
+    by_store = observe == "store"
+    if by_store:
+        if dsn is None:
+            raise ValueError("observe='store' needs the node's dsn")
+        ps.suspend_connection()
     sink = _endpoint("SINK", cid, None, False)
     if pull:
         sink = BA.ExternalEndpoint(BA.SINK, sink.connector, BA.PULL, sink.type)
     bridge, _ = bf.create_bridge(_endpoint("SOURCE", None, queue, False), sink)
     t0 = time.perf_counter()
     bridge.start_bridge()
-    counter.wait(n)
+    if by_store:
+        assert dsn is not None
+        wait_stored(dsn, cid, n)
+    else:
+        counter.wait(n)
     elapsed = time.perf_counter() - t0
+    if by_store:
+        ps.resume_connection()
+        counter.wait(n)
     bridge.destroy()
     channel.destroy()
     return n / elapsed

@@ -22,9 +22,12 @@ Paths (``--only`` names):
 node deletes a row only once the broker confirmed the COMMIT that carried its event; the messages are then
 consumed and counted outside the timed window, a missing one fails the run) or when a consumer running during the
 run received the last message (``--observe consumer``: how rounds 1-5 measured; that consumer and the broker's
-dispatch to it compete for the same cores, and the raw baseline has none). Each throughput path's baseline is
-measured just before each of its repetitions (the machine's speed drifts within minutes) and the ratio is the
-median, with its spread, of the per-repetition ratios.
+dispatch to it compete for the same cores, and the raw baseline has none). ``from_jms`` likewise ends once the
+channel has stored every event for its consumer, whose proxy is suspended during the timed window and resumed
+after it (``store``: the bridge acknowledges a message only once its event is stored), or when that CORBA push
+consumer has received every event (``consumer``: the channel's push of each event to it is then in the path).
+Each throughput path's baseline is measured just before each of its repetitions (the machine's speed drifts
+within minutes) and the ratio is the median, with its spread, of the per-repetition ratios.
 
 Every throughput path also reports PostgreSQL transactions and WAL syncs per event (``pg_stat_database``
 ``xact_commit`` of the node's database, ``pg_stat_wal`` ``wal_sync``), read once the statistics settled.
@@ -480,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
     ap.add_argument("--quick", action="store_true", help="small sizes: 500 events, backlog 1000, latency 3 s")
     ap.add_argument("--observe", choices=OBSERVE, default="store",
-                    help="how to_jms / to_jms_seq see their last event on the queue (bridge_bench.OBSERVE; "
+                    help="how to_jms / to_jms_seq / from_jms see their end (bridge_bench.OBSERVE; "
                          "default: %(default)s)")
     args = ap.parse_args(argv)
     only = [p.strip() for p in args.only.split(",") if p.strip()]
@@ -521,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
             if "from_jms" in only:
                 rows.append(_repeat(env, Row("JMS → channel", baseline_name="raw consume + client-individual ack",
                                              target="≥ 0.9"), reps, n,
-                                    lambda: from_jms_rate(env.factory, env.bridges, url, n), consume))
+                                    lambda: from_jms_rate(env.factory, env.bridges, url, n, dsn=env.dsn,
+                                                          observe=obs), consume))
             for k in (1, 4):
                 if f"accept{k}" in only:
                     rows.append(_repeat(env, Row(f"persistent structured push accepted ({k} supplier"
