@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,7 +39,8 @@ def _persistent_channel(factory: Any, batch: int = 1) -> tuple[Any, int]:
            CosNotification.Property(CosNotification.EventReliability,
                                     CORBA.Any(CORBA.TC_short, CosNotification.Persistent)),
            CosNotification.Property(CosNotification.MaximumBatchSize, CORBA.Any(CORBA.TC_long, batch))]
-    return factory.create_channel(qos, [])
+    made: tuple[Any, int] = factory.create_channel(qos, [])
+    return made
 
 
 def _endpoint(role: str, cid: int | None, queue: str | None, sequence: bool) -> Any:
@@ -54,7 +56,7 @@ def _endpoint(role: str, cid: int | None, queue: str | None, sequence: bool) -> 
 def _count_queue(url: str, queue: str, counter: Counter) -> Any:
     import stomp
 
-    class L(stomp.ConnectionListener):
+    class L(stomp.ConnectionListener):  # type: ignore[misc]
         def on_message(self, frame: Any) -> None:
             counter.add(1)
 
@@ -66,8 +68,61 @@ def _count_queue(url: str, queue: str, counter: Counter) -> Any:
     return conn
 
 
-def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool, tx: int = 0) -> float:
-    """Events per second channel → JMS; ``tx`` > 0: the bridge's ``enable_transaction(tx, 0)`` first (T2)."""
+#: How a channel → JMS run sees that its last event is on the queue (``--observe`` of paths.py, to_jms_drain.py):
+#: ``store``: the channel's queue rows are gone (the node deletes a row only once the broker confirmed the COMMIT
+#: that carried its event), polled every 5 ms; every message is then consumed and counted outside the timed
+#: window. ``consumer``: a stomp.py consumer in this process receives each message during the run (its CPU and
+#: the broker's dispatch to it compete with the path on the same cores; the raw baseline has no consumer).
+OBSERVE = ("store", "consumer")
+_POLL_S = 0.005
+
+
+def wait_drained(dsn: str, cid: int, timeout: float = 600) -> None:
+    """Wait until channel ``cid`` has no queue row left (every event delivered and confirmed by the broker)."""
+    _wait_rows(dsn, cid, lambda rows: rows == 0, "still queued", timeout)
+
+
+def wait_stored(dsn: str, cid: int, n: int, timeout: float = 600) -> None:
+    """Wait until channel ``cid`` has ``n`` queue rows (``n`` events stored for its one suspended consumer)."""
+    _wait_rows(dsn, cid, lambda rows: rows >= n, f"stored, of {n}", timeout)
+
+
+def _wait_rows(dsn: str, cid: int, done: Callable[[int], bool], what: str, timeout: float) -> None:
+    """Poll channel ``cid``'s queue rows every 5 ms until ``done(rows)``.
+
+    The polls run in ONE read-committed transaction (each statement sees the rows committed before it), rolled
+    back at the end: they add no commit to ``pg_stat_database.xact_commit``, which the benches report per event."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn) as conn:
+        try:
+            while True:
+                row = conn.execute("SELECT count(*) FROM nsjms_queue WHERE channel_id = %s", (cid,)).fetchone()
+                rows = row[0] if row else 0
+                if done(rows):
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"channel {cid}: {rows} event(s) {what} after {timeout:g} s")
+                time.sleep(_POLL_S)
+        finally:
+            conn.rollback()
+
+
+def count_all(url: str, queue: str, n: int, timeout: float = 600) -> None:
+    """Consume ``queue`` until ``n`` messages arrived (raises if fewer arrive: a loss)."""
+    counter = Counter()
+    conn = _count_queue(url, queue, counter)
+    try:
+        counter.wait(n, timeout=timeout)
+    finally:
+        conn.disconnect()
+
+
+def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool, tx: int = 0, *, dsn: str | None = None,
+                observe: str = "consumer") -> float:
+    """Events per second channel → JMS; ``tx`` > 0: the bridge's ``enable_transaction(tx, 0)`` first (T2).
+    ``observe`` = ``store`` (needs ``dsn``, the node's database; not with T2): see :data:`OBSERVE`."""
     import CosNotifyChannelAdmin as NCA
 
     from idl.generated import NsjmsAdmin
@@ -78,16 +133,26 @@ def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool, tx: int
     if tx:
         bridge._narrow(NsjmsAdmin.ManagedBridge).enable_transaction(tx, 0)
     bridge.start_bridge()
+    by_store = observe == "store"
+    if by_store and (dsn is None or tx):
+        raise ValueError("observe='store' needs the node's dsn and no routing transaction")
     counter = Counter()
-    conn = _count_queue(url, queue, counter)
+    conn = None if by_store else _count_queue(url, queue, counter)
     kind = NCA.SEQUENCE_EVENT if sequence else NCA.STRUCTURED_EVENT
     pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(kind)
     events = [_event(i) for i in range(n)]
     t0 = time.perf_counter()
     push_all(pc, events, sequence)
-    counter.wait(n)
+    if conn is None:
+        assert dsn is not None
+        wait_drained(dsn, cid)
+    else:
+        counter.wait(n)
     elapsed = time.perf_counter() - t0
-    conn.disconnect()
+    if conn is None:
+        count_all(url, queue, n)
+    else:
+        conn.disconnect()
     bridge.destroy()
     channel.destroy()
     return n / elapsed
@@ -101,12 +166,19 @@ def _t2_channel(factory: Any, tx_events: int) -> tuple[Any, int]:
 
     qos = [CosNotification.Property("EnableTransaction", CORBA.Any(CORBA.TC_boolean, True))]
     admin = [CosNotification.Property("TransactionEvents", CORBA.Any(CORBA.TC_long, tx_events))]
-    return factory.create_channel(qos, admin)
+    made: tuple[Any, int] = factory.create_channel(qos, admin)
+    return made
 
 
-def from_jms_rate(factory: Any, bf: Any, url: str, n: int, *, pull: bool = False, t2_events: int = 0) -> float:
+def from_jms_rate(factory: Any, bf: Any, url: str, n: int, *, pull: bool = False, t2_events: int = 0,
+                  dsn: str | None = None, observe: str = "consumer") -> float:
     """JMS → channel; ``pull``: the channel pulls from the bridge (NJI 2.7.2); ``t2_events`` > 0: with
-    EnableTransaction, TransactionEvents = ``t2_events`` (the routing transaction T2, pull only)."""
+    EnableTransaction, TransactionEvents = ``t2_events`` (the routing transaction T2, pull only).
+
+    ``observe`` = ``consumer``: until the channel's structured push consumer (a CORBA servant of this process) has
+    every event. ``store`` (needs ``dsn``): that consumer's proxy is suspended, the run ends once the channel has
+    stored all ``n`` events for it (the bridge acknowledges a message to the broker only after its event is
+    stored); the proxy is then resumed and the consumer must receive all ``n``, outside the timed window."""
     import stomp
 
     import CosNotifyChannelAdmin as NCA
@@ -124,15 +196,28 @@ def from_jms_rate(factory: Any, bf: Any, url: str, n: int, *, pull: bool = False
     counter = Counter()
     consumer = _consumer(counter, False)
     ps, _ = channel._get_default_consumer_admin().obtain_notification_push_supplier(NCA.STRUCTURED_EVENT)
-    ps._narrow(NCA.StructuredProxyPushSupplier).connect_structured_push_consumer(consumer._this())
+    ps = ps._narrow(NCA.StructuredProxyPushSupplier)
+    ps.connect_structured_push_consumer(consumer._this())
+    by_store = observe == "store"
+    if by_store:
+        if dsn is None:
+            raise ValueError("observe='store' needs the node's dsn")
+        ps.suspend_connection()
     sink = _endpoint("SINK", cid, None, False)
     if pull:
         sink = BA.ExternalEndpoint(BA.SINK, sink.connector, BA.PULL, sink.type)
     bridge, _ = bf.create_bridge(_endpoint("SOURCE", None, queue, False), sink)
     t0 = time.perf_counter()
     bridge.start_bridge()
-    counter.wait(n)
+    if by_store:
+        assert dsn is not None
+        wait_stored(dsn, cid, n)
+    else:
+        counter.wait(n)
     elapsed = time.perf_counter() - t0
+    if by_store:
+        ps.resume_connection()
+        counter.wait(n)
     bridge.destroy()
     channel.destroy()
     return n / elapsed
@@ -226,7 +311,7 @@ def stomp_consume_rate(url: str, n: int) -> float:
     done = threading.Event()
     got = [0]
 
-    class L(stomp.ConnectionListener):
+    class L(stomp.ConnectionListener):  # type: ignore[misc]
         def on_message(self, frame: Any) -> None:
             conn.ack(frame.headers["ack"])
             got[0] += 1

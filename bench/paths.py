@@ -18,6 +18,17 @@ Paths (``--only`` names):
 * ``backlog``: 10,000 events queued for a suspended bridge, node restarted, bridge resumed: drain rate against the
   steady-state ``to_jms`` rate of the same run.
 
+``to_jms`` and ``to_jms_seq`` end when the channel's queue rows are gone (``--observe store``, the default: the
+node deletes a row only once the broker confirmed the COMMIT that carried its event; the messages are then
+consumed and counted outside the timed window, a missing one fails the run) or when a consumer running during the
+run received the last message (``--observe consumer``: how rounds 1-5 measured; that consumer and the broker's
+dispatch to it compete for the same cores, and the raw baseline has none). ``from_jms`` likewise ends once the
+channel has stored every event for its consumer, whose proxy is suspended during the timed window and resumed
+after it (``store``: the bridge acknowledges a message only once its event is stored), or when that CORBA push
+consumer has received every event (``consumer``: the channel's push of each event to it is then in the path).
+Each throughput path's baseline is measured just before each of its repetitions (the machine's speed drifts
+within minutes) and the ratio is the median, with its spread, of the per-repetition ratios.
+
 Every throughput path also reports PostgreSQL transactions and WAL syncs per event (``pg_stat_database``
 ``xact_commit`` of the node's database, ``pg_stat_wal`` ``wal_sync``), read once the statistics settled.
 Nothing here is a test: there are no thresholds.
@@ -42,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
-from bridge_bench import _count_queue, _endpoint, _persistent_channel, from_jms_rate, to_jms_rate
+from bridge_bench import OBSERVE, _count_queue, _endpoint, _persistent_channel, from_jms_rate, to_jms_rate
 from channel_bench import Counter, _consumer, _event
 from common import (
     NodeProcess,
@@ -68,6 +79,7 @@ class Row:
     tx_per_event: float | None = None
     wal_per_event: float | None = None
     note: str = ""
+    paired: bool = False        # baseline[i] was measured just before rates[i]: the ratio is per repetition
 
 
 @dataclass
@@ -88,9 +100,16 @@ def _measured(env: Env, n: int, fn: Callable[[], float]) -> tuple[float, float, 
     return r, (c1 - c0) / n, (w1 - w0) / n
 
 
-def _repeat(env: Env, row: Row, reps: int, n: int, fn: Callable[[], float]) -> Row:
+def _repeat(env: Env, row: Row, reps: int, n: int, fn: Callable[[], float],
+            base: Callable[[], float] | None = None) -> Row:
+    """``reps`` runs of ``fn``; with ``base``, the raw baseline is measured just before each run (interleaved: the
+    machine's speed drifts within minutes) and the row's ratio is the median of the per-repetition ratios."""
     txs, wals = [], []
+    if base is not None:
+        row.baseline, row.paired = [], True
     for _ in range(reps):
+        if base is not None:
+            row.baseline.append(base())
         r, tx, wal = _measured(env, n, fn)
         row.rates.append(r)
         txs.append(tx)
@@ -435,8 +454,12 @@ def table(rows: list[Row], lat: tuple[dict[str, float], str] | None) -> str:
     out = ["| path | rate/s median (min-max) | baseline in the same run | ratio | target | PG tx/event | "
            "WAL syncs/event |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        ratio = (f"{statistics.median(r.rates) / statistics.median(r.baseline):.2f}"
-                 if r.rates and r.baseline else "-")
+        if r.paired and r.rates:
+            med, lo, hi = median_spread([a / b for a, b in zip(r.rates, r.baseline, strict=True)])
+            ratio = f"{med:.2f} ({lo:.2f}-{hi:.2f})"
+        else:
+            ratio = (f"{statistics.median(r.rates) / statistics.median(r.baseline):.2f}"
+                     if r.rates and r.baseline else "-")
         tx = f"{r.tx_per_event:.2f}" if r.tx_per_event is not None else "-"
         wal = f"{r.wal_per_event:.2f}" if r.wal_per_event is not None else "-"
         out.append(f"| {r.path} | {_fmt(r.rates)} | {r.baseline_name}: {_fmt(r.baseline)} | {ratio} | {r.target} "
@@ -459,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="repetitions of each throughput path (default 3)")
     ap.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
     ap.add_argument("--quick", action="store_true", help="small sizes: 500 events, backlog 1000, latency 3 s")
+    ap.add_argument("--observe", choices=OBSERVE, default="store",
+                    help="how to_jms / to_jms_seq / from_jms see their end (bridge_bench.OBSERVE; "
+                         "default: %(default)s)")
     args = ap.parse_args(argv)
     only = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = set(only) - set(ALL)
@@ -474,32 +500,38 @@ def main(argv: list[str] | None = None) -> int:
         node = NodeProcess(admin_dsn, url)
         try:
             env = _connect(node.start(), url, node, client_orb())
-            tx_base = pg1 = consume = None
-            if {"to_jms", "to_jms_seq", "backlog"} & set(only):
-                tx_base = [stomp_send_rate(url, 1000, per_tx=100) for _ in range(reps)]
-            if {"accept1", "accept4"} & set(only):
-                pg1 = [pg_commit_rate(admin_dsn, 500, 1) for _ in range(reps)]
-            if "from_jms" in only:
-                consume = [stomp_consume_rate(url, 1000) for _ in range(reps)]
-            to_jms_rate(env.factory, env.bridges, url, 100, False)      # warm-up
+            def tx_base() -> float:
+                return stomp_send_rate(url, 1000, per_tx=100)
+
+            def pg1() -> float:
+                return pg_commit_rate(admin_dsn, 500, 1)
+
+            def consume() -> float:
+                return stomp_consume_rate(url, 1000)
+
+            obs = args.observe
+            to_jms_rate(env.factory, env.bridges, url, 100, False, dsn=env.dsn, observe=obs)      # warm-up
             if "to_jms" in only or "backlog" in only:
                 rows.append(_repeat(env, Row("channel → JMS, structured push", baseline_name="raw BEGIN+100 SEND+"
-                                             "COMMIT", baseline=tx_base or [], target="≥ 0.9"), reps, n,
-                                    lambda: to_jms_rate(env.factory, env.bridges, url, n, False)))
+                                             "COMMIT", target="≥ 0.9"), reps, n,
+                                    lambda: to_jms_rate(env.factory, env.bridges, url, n, False, dsn=env.dsn,
+                                                        observe=obs), tx_base))
             if "to_jms_seq" in only:
                 rows.append(_repeat(env, Row("channel → JMS, sequence push x100", baseline_name="raw BEGIN+100 "
-                                             "SEND+COMMIT", baseline=tx_base or [], target="≥ 0.9"), reps, n,
-                                    lambda: to_jms_rate(env.factory, env.bridges, url, n, True)))
+                                             "SEND+COMMIT", target="≥ 0.9"), reps, n,
+                                    lambda: to_jms_rate(env.factory, env.bridges, url, n, True, dsn=env.dsn,
+                                                        observe=obs), tx_base))
             if "from_jms" in only:
                 rows.append(_repeat(env, Row("JMS → channel", baseline_name="raw consume + client-individual ack",
-                                             baseline=consume or [], target="≥ 0.9"), reps, n,
-                                    lambda: from_jms_rate(env.factory, env.bridges, url, n)))
+                                             target="≥ 0.9"), reps, n,
+                                    lambda: from_jms_rate(env.factory, env.bridges, url, n, dsn=env.dsn,
+                                                          observe=obs), consume))
             for k in (1, 4):
                 if f"accept{k}" in only:
                     rows.append(_repeat(env, Row(f"persistent structured push accepted ({k} supplier"
                                                  f"{'s' if k > 1 else ''})", baseline_name="PG durable one-row commit",
-                                                 baseline=pg1 or [], target="≥ 0.8"), reps, n,
-                                        lambda k=k: accept_rate(env.factory, n, k)))  # type: ignore[misc]
+                                                 target="≥ 0.8"), reps, n,
+                                        lambda k=k: accept_rate(env.factory, n, k), pg1))  # type: ignore[misc]
             if "latency" in only:
                 lat = latency(env, args.rate, args.seconds, clients=args.latency_clients)
             if "backlog" in only:
@@ -512,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "steady-state channel → JMS structured", steady, "≥ 1"))
         finally:
             node.close()
-    print(f"\n{n} x 1 KB persistent events per run, {reps} repetition(s); load average before the run "
+    print(f"\n{n} x 1 KB persistent events per run, {reps} repetition(s), channel → JMS observed by {args.observe}, "
+          f"each baseline measured just before its repetition; load average before the run "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, after {os.getloadavg()[0]:.2f}\n")
     print(table(rows, lat))
     return 0
