@@ -16,7 +16,7 @@ Paths (``--only`` names):
 * ``latency``: channel -> JMS at a fixed offered rate (4 suppliers, ``--rate`` events/s for ``--seconds``):
   latency from each event's scheduled send time to its arrival on the JMS queue, percentiles.
 * ``backlog``: 10,000 events queued for a suspended bridge, node restarted, bridge resumed: drain rate against the
-  steady-state ``to_jms`` rate of the same run.
+  steady-state ``to_jms`` rate of the same run (both observed the same way, ``--observe``).
 
 ``to_jms`` and ``to_jms_seq`` end when the channel's queue rows are gone (``--observe store``, the default: the
 node deletes a row only once the broker confirmed the COMMIT that carried its event; the messages are then
@@ -53,7 +53,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
-from bridge_bench import OBSERVE, _count_queue, _endpoint, _persistent_channel, from_jms_rate, to_jms_rate
+from bridge_bench import (
+    OBSERVE,
+    _count_queue,
+    _endpoint,
+    _persistent_channel,
+    count_all,
+    from_jms_rate,
+    to_jms_rate,
+    wait_drained,
+)
 from channel_bench import Counter, _consumer, _event
 from common import (
     NodeProcess,
@@ -362,8 +371,10 @@ def _own_cpu_seconds() -> float:
 
 
 # -- backlog after a restart ----------------------------------------------------------------------------------
-def backlog_rate(env: Env, n: int) -> tuple[Env, float]:
-    """Queue ``n`` events for a bridge whose proxy is suspended, restart the node, resume: drain rate."""
+def backlog_rate(env: Env, n: int, observe: str = "store") -> tuple[Env, float]:
+    """Queue ``n`` events for a bridge whose proxy is suspended, restart the node, resume: drain rate. ``store``:
+    from the resume until the channel's queue rows are gone (then every message is counted); ``consumer``: from
+    the first arrival at a live consumer to the last."""
     import CosNotifyChannelAdmin as NCA
 
     channel, cid = _persistent_channel(env.factory)
@@ -384,29 +395,39 @@ def backlog_rate(env: Env, n: int) -> tuple[Env, float]:
     channel = _retry(lambda: env.factory.get_event_channel(cid))
     proxy = _retry(lambda: channel.get_consumeradmin(aid).get_proxy_supplier(pid)._narrow(
         NCA.StructuredProxyPushSupplier))
-    counter = Counter()
-    firsts: list[float] = []
+    if observe == "store":
+        t0 = time.perf_counter()
+        try:
+            _retry(proxy.resume_connection)
+        except NCA.ConnectionAlreadyActive:
+            pass
+        wait_drained(env.dsn, cid)
+        rate = n / (time.perf_counter() - t0)
+        count_all(env.url, queue, n)
+    else:
+        counter = Counter()
+        firsts: list[float] = []
 
-    class Stamp(Counter):
-        def add(self, k: int) -> None:
-            if not firsts:
-                firsts.append(time.perf_counter())
-            counter.add(k)
+        class Stamp(Counter):
+            def add(self, k: int) -> None:
+                if not firsts:
+                    firsts.append(time.perf_counter())
+                counter.add(k)
 
-    conn = _count_queue(env.url, queue, Stamp())
-    try:
-        _retry(proxy.resume_connection)
-    except NCA.ConnectionAlreadyActive:
-        pass
-    counter.wait(n - 1, timeout=600)
-    elapsed = time.perf_counter() - firsts[0]
-    conn.disconnect()
+        conn = _count_queue(env.url, queue, Stamp())
+        try:
+            _retry(proxy.resume_connection)
+        except NCA.ConnectionAlreadyActive:
+            pass
+        counter.wait(n - 1, timeout=600)
+        rate = (n - 1) / (time.perf_counter() - firsts[0])
+        conn.disconnect()
     try:
         _retry(bridge.destroy)               # a persistent reference: still valid after the restart
     except Exception as exc:  # noqa: BLE001 — a benchmark's cleanup; say so and go on
         print(f"(backlog: could not destroy the bridge after the restart: {exc!r})", file=sys.stderr)
     _retry(channel.destroy)
-    return env, (n - 1) / elapsed
+    return env, rate
 
 
 def _retry(call: Callable[[], Any]) -> Any:
@@ -522,7 +543,9 @@ def main(argv: list[str] | None = None) -> int:
                                     lambda: to_jms_rate(env.factory, env.bridges, url, n, True, dsn=env.dsn,
                                                         observe=obs), tx_base))
             if "from_jms" in only:
-                rows.append(_repeat(env, Row("JMS → channel", baseline_name="raw consume + client-individual ack",
+                label = "stored for its suspended consumer" if obs == "store" else "received by a CORBA consumer"
+                rows.append(_repeat(env, Row(f"JMS → channel ({label})",
+                                             baseline_name="raw consume + client-individual ack",
                                              target="≥ 0.9"), reps, n,
                                     lambda: from_jms_rate(env.factory, env.bridges, url, n, dsn=env.dsn,
                                                           observe=obs), consume))
@@ -538,14 +561,15 @@ def main(argv: list[str] | None = None) -> int:
                 steady = next(r.rates for r in rows if r.path.startswith("channel → JMS, structured"))
                 drains = []
                 for _ in range(reps):
-                    env, r = backlog_rate(env, args.backlog)
+                    env, r = backlog_rate(env, args.backlog, args.observe)
                     drains.append(r)
                 rows.append(Row(f"backlog of {args.backlog:,} after a restart (drain)", drains,
                                 "steady-state channel → JMS structured", steady, "≥ 1"))
         finally:
             node.close()
-    print(f"\n{n} x 1 KB persistent events per run, {reps} repetition(s), channel → JMS observed by {args.observe}, "
-          f"each baseline measured just before its repetition; load average before the run "
+    print(f"\n{n} x 1 KB persistent events per run, {reps} repetition(s), to_jms / to_jms_seq / from_jms / backlog "
+          f"observed by {args.observe}, each raw baseline measured just before its repetition; load average before "
+          f"the run "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, after {os.getloadavg()[0]:.2f}\n")
     print(table(rows, lat))
     return 0

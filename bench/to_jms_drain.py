@@ -94,7 +94,7 @@ def main() -> int:
                        NCA.EventChannelFactory),
                    "bridges": orb.string_to_object(ep["bridge_factory"]["corbaloc"])._narrow(BA.BridgeFactory),
                    "url": url, "dsn": ep["bench_dsn"]}
-            drain(env, 100, False)                                                   # warm-up
+            drain(env, 100, False, args.observe)                                     # warm-up
             kinds = (("structured (one event per push)", False), ("sequence x100", True))
             base: list[float] = []
             runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in kinds}

@@ -10,15 +10,15 @@ STOMP transaction. Pipelining: while the broker commits one batch, the next one 
 :data:`IN_FLIGHT` batches in flight; the broker never commits a later batch before an earlier one).
 
 Exactly as for a CORBA push: a batch's events leave the queue (journaled as delivered, ``router.channel.delivered``)
-only once the broker confirmed its COMMIT; the delete of the delivered rows that the journal batches runs after
-the next batch's COMMIT is written, while its receipt is in flight. A batch the broker refused in part is sent
-again message by message by the bridge (a refused message dead-lettered there, the others delivered), and every
-batch written behind it is aborted and put back in the queue in its place. A broker problem (``ForwardDeferred``)
-puts back every batch not confirmed (less its events the bridge delivered already: ``Batch.handled``), the proxy
-retries with backoff and shows ``failing`` in ``nsjms status``; a COMMIT whose receipt was lost may have happened,
-so those events may reach the broker twice (never lost). An event the channel cannot convert is isolated and
-dead-lettered by the proxy's poison handling (``router.channel.delivery``). A consumer in another process is
-pushed over CORBA one event (or sequence) per call, as before.
+only once the broker confirmed its COMMIT; a due delete of the delivered rows (the journal batches them) runs after
+the next batch's COMMIT is written, while its receipt is in flight (at once when no batch follows). A batch the
+broker refused in part is sent again message by message by the bridge (a refused message dead-lettered there, the
+others delivered), and every batch written behind it is aborted and put back in the queue in its place. A broker
+problem (``ForwardDeferred``) puts back every batch not confirmed (less its events the bridge delivered already:
+``Batch.handled``), the proxy retries with backoff and shows ``failing`` in ``nsjms status``; a COMMIT whose receipt
+was lost may have happened, so those events may reach the broker twice (never lost). An event the channel cannot
+convert is isolated and dead-lettered by the proxy's poison handling (``router.channel.delivery``). A consumer in
+another process is pushed over CORBA one event (or sequence) per call, as before.
 """
 
 from __future__ import annotations
