@@ -115,6 +115,45 @@ def _wait_rows(dsn: str, cid: int, query: str, done: Callable[[int], bool], what
             conn.rollback()
 
 
+class Arrivals:
+    """How one channel → JMS run sees its end (:data:`OBSERVE`), set up before the timed window: :meth:`wait` ends
+    the window, :meth:`close` afterwards (``store``: every message consumed and counted; ``consumer``: the live
+    consumer disconnected). ``first`` is the time (``perf_counter``) of the first arrival at the live consumer."""
+
+    def __init__(self, observe: str, url: str, queue: str, dsn: str | None, cid: int) -> None:
+        if observe == "store" and dsn is None:
+            raise ValueError("observe='store' needs the node's dsn")
+        self.url, self.queue, self.dsn, self.cid = url, queue, dsn, cid
+        self.first: float | None = None
+        self.counter = Counter()
+        self._conn = None if observe == "store" else _count_queue(url, queue, self._stamp())
+
+    def _stamp(self) -> Counter:
+        arrivals = self
+
+        class Stamp(Counter):
+            def add(self, k: int) -> None:
+                if arrivals.first is None:
+                    arrivals.first = time.perf_counter()
+                arrivals.counter.add(k)
+
+        return Stamp()
+
+    def wait(self, n: int, timeout: float = 600) -> None:
+        """Until the run's ``n`` events are on the queue (store: their rows gone; consumer: ``n`` received)."""
+        if self._conn is None:
+            assert self.dsn is not None
+            wait_drained(self.dsn, self.cid, timeout)
+        else:
+            self.counter.wait(n, timeout=timeout)
+
+    def close(self, n: int) -> None:
+        if self._conn is None:
+            count_all(self.url, self.queue, n)          # every message is on the queue: counted after the window
+        else:
+            self._conn.disconnect()
+
+
 def count_all(url: str, queue: str, n: int, timeout: float = 60) -> None:
     """Consume ``queue`` until ``n`` messages arrived (raises if fewer arrive: a loss)."""
     counter = Counter()
@@ -139,26 +178,17 @@ def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool, tx: int
     if tx:
         bridge._narrow(NsjmsAdmin.ManagedBridge).enable_transaction(tx, 0)
     bridge.start_bridge()
-    by_store = observe == "store"
-    if by_store and (dsn is None or tx):
-        raise ValueError("observe='store' needs the node's dsn and no routing transaction")
-    counter = Counter()
-    conn = None if by_store else _count_queue(url, queue, counter)
+    if observe == "store" and tx:
+        raise ValueError("observe='store' is not for routing transactions")
+    arrivals = Arrivals(observe, url, queue, dsn, cid)
     kind = NCA.SEQUENCE_EVENT if sequence else NCA.STRUCTURED_EVENT
     pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(kind)
     events = [_event(i) for i in range(n)]
     t0 = time.perf_counter()
     push_all(pc, events, sequence)
-    if conn is None:
-        assert dsn is not None
-        wait_drained(dsn, cid)
-    else:
-        counter.wait(n)
+    arrivals.wait(n)
     elapsed = time.perf_counter() - t0
-    if conn is None:
-        count_all(url, queue, n)
-    else:
-        conn.disconnect()
+    arrivals.close(n)
     bridge.destroy()
     channel.destroy()
     return n / elapsed

@@ -6,8 +6,8 @@
 Four variants, interleaved in each repetition (the machine's speed drifts within minutes), each BEGIN + 100
 persistent SENDs + COMMIT (receipt) per transaction on one connection:
 
-* ``serial``: the issue's baseline (``common.stomp_send_rate``): write a transaction, wait for its COMMIT receipt,
-  then the next;
+* ``serial``: the issue's baseline (``common.stomp_send_rate``, itself the median of three runs of ``--messages``):
+  write a transaction, wait for its COMMIT receipt, then the next;
 * ``serial, mapped headers``: the same with the eleven headers a mapped 1 KB structured event carries
   (``$domain_name``, ``$type_name``, ``$event_name``, a filterable field, ``$nsjms_idl``, ``nsjms_types``,
   ``amq-msg-type``, ``priority``, ``timestamp``, ``type``, ``persistent``; the golden frame of
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bridge_bench import _count_queue
 from channel_bench import Counter
-from common import PAYLOAD, _receipts, median_spread, services
+from common import PAYLOAD, _receipts, median_spread, services, stomp_send_rate
 
 PER_TX = 100
 #: The headers of a mapped 1 KB structured event (tests/unit/to_jms_wire_golden.txt's first SEND, less
@@ -45,7 +45,6 @@ MAPPED = {"$domain_name": "Bench", "$event_name": "e7", "$fd_n": "7",
           "$nsjms_idl": '{"v":1,"ohf":[],"fd":[["n","long",["$fd_n"]]],"body":{"k":"text","tc":"string"}}',
           "$type_name": "Event", "amq-msg-type": "text", "nsjms_types": "$fd_n=int", "persistent": "true",
           "priority": "4", "timestamp": "1700000000000", "type": "Structured Event"}
-PLAIN = {"persistent": "true"}
 
 
 class Producer:
@@ -70,10 +69,6 @@ class Producer:
         receipt = f"c{self._k}"
         self.conn.commit(tx, headers={"receipt": receipt})
         return receipt
-
-    def serial(self, dest: str, n: int, headers: dict[str, str]) -> None:
-        for _ in range(n // PER_TX):
-            self.receipts.wait(self.commit(self.write(dest, headers)))
 
     def pipelined(self, dest: str, n: int, headers: dict[str, str]) -> None:
         pending: str | None = None
@@ -121,8 +116,8 @@ def main() -> int:
                 consumer.disconnect()
 
         runs: dict[str, Callable[[], float]] = {
-            "serial": lambda: _timed(lambda: p.serial(f"/queue/{dest()}", n, PLAIN), n),
-            "serial, mapped headers": lambda: _timed(lambda: p.serial(f"/queue/{dest()}", n, MAPPED), n),
+            "serial": lambda: stomp_send_rate(url, n, per_tx=PER_TX),
+            "serial, mapped headers": lambda: stomp_send_rate(url, n, per_tx=PER_TX, headers=MAPPED),
             "pipelined": lambda: _timed(lambda: p.pipelined(f"/queue/{dest()}", n, MAPPED), n),
             "pipelined + live consumer": with_consumer,
         }

@@ -55,13 +55,11 @@ import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
 from bridge_bench import (
     OBSERVE,
-    _count_queue,
+    Arrivals,
     _endpoint,
     _persistent_channel,
-    count_all,
     from_jms_rate,
     to_jms_rate,
-    wait_drained,
 )
 from channel_bench import Counter, _consumer, _event
 from common import (
@@ -396,27 +394,13 @@ def backlog_rate(env: Env, n: int, observe: str = "store") -> tuple[Env, float]:
     env.node.stop()
     env = _connect(env.node.start(), env.url, env.node, env.orb)
     channel = _retry(lambda: env.factory.get_event_channel(cid))   # the references are persistent
-    if observe == "store":
-        t0 = time.perf_counter()
-        _retry(bridge.start_bridge)
-        wait_drained(env.dsn, cid)
-        rate = n / (time.perf_counter() - t0)
-        count_all(env.url, queue, n)
-    else:
-        counter = Counter()
-        firsts: list[float] = []
-
-        class Stamp(Counter):
-            def add(self, k: int) -> None:
-                if not firsts:
-                    firsts.append(time.perf_counter())
-                counter.add(k)
-
-        conn = _count_queue(env.url, queue, Stamp())
-        _retry(bridge.start_bridge)
-        counter.wait(n - 1, timeout=600)
-        rate = (n - 1) / (time.perf_counter() - firsts[0])
-        conn.disconnect()
+    arrivals = Arrivals(observe, env.url, queue, env.dsn, cid)
+    t0 = time.perf_counter()
+    _retry(bridge.start_bridge)
+    arrivals.wait(n if observe == "store" else n - 1)
+    end = time.perf_counter()
+    arrivals.close(n)
+    rate = n / (end - t0) if arrivals.first is None else (n - 1) / (end - arrivals.first)
     try:
         _retry(bridge.destroy)               # a persistent reference: still valid after the restart
     except Exception as exc:  # noqa: BLE001 — a benchmark's cleanup; say so and go on

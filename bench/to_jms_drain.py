@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
-from bridge_bench import OBSERVE, _count_queue, _endpoint, _persistent_channel, count_all, wait_drained
-from channel_bench import Counter, _event, push_all
+from bridge_bench import OBSERVE, Arrivals, _endpoint, _persistent_channel
+from channel_bench import _event, push_all
 from common import NodeProcess, client_orb, median_spread, services, settled_pg_counters, stomp_send_rate
 
 
@@ -52,21 +52,14 @@ def drain(env: dict[str, Any], n: int, sequence: bool, observe: str = "store") -
     pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(kind)
     events = [_event(i) for i in range(n)]
     push_all(pc, events, sequence)
-    counter = Counter()
-    conn = None if observe == "store" else _count_queue(url, queue, counter)
+    arrivals = Arrivals(observe, url, queue, dsn, cid)
     c0, w0 = settled_pg_counters(dsn)
     t0 = time.perf_counter()
     bridge.start_bridge()
-    if conn is None:
-        wait_drained(dsn, cid)
-    else:
-        counter.wait(n, timeout=600)
+    arrivals.wait(n)
     elapsed = time.perf_counter() - t0
     c1, w1 = settled_pg_counters(dsn)
-    if conn is None:
-        count_all(url, queue, n)           # every message is on the queue: counted outside the timed window
-    else:
-        conn.disconnect()
+    arrivals.close(n)
     bridge.destroy()
     channel.destroy()
     return n / elapsed, (c1 - c0) / n, (w1 - w0) / n
