@@ -435,7 +435,7 @@ _AMQ_XML = """<?xml version="1.0" encoding="UTF-8"?>
         </persistenceAdapter>
 {plugins}        <transportConnectors>
             <transportConnector name="openwire" uri="tcp://{host}:{openwire}"/>
-            <transportConnector name="stomp" uri="stomp://{host}:{stomp}"/>
+            <transportConnector name="stomp" uri="stomp://{host}:{stomp}?transport.tcpNoDelay=true"/>
         </transportConnectors>
     </broker>
 </beans>

@@ -70,3 +70,17 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     done = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, check=False, timeout=120,
                           cwd=tmp_path)
     assert done.returncode == 0 and "nsjms.service" not in done.stderr, done.stdout + done.stderr
+
+
+def test_the_embedded_brokers_stomp_connector_sends_frames_at_once(tmp_path: Path) -> None:
+    """The broker the node embeds (and the test image renders from the same template) turns Nagle's algorithm off
+    on its STOMP connector: a RECEIPT otherwise waits for the node's delayed ACK (docs/external-services.md)."""
+    import xml.etree.ElementTree as ET
+
+    from router.services import EmbeddedActiveMQ
+
+    broker = EmbeddedActiveMQ(tmp_path, 61613, 61616)
+    root = ET.fromstring(broker._instance_xml())
+    uris = {c.get("name"): c.get("uri", "") for c in root.iter("{http://activemq.apache.org/schema/core}"
+                                                                 "transportConnector")}
+    assert "transport.tcpNoDelay=true" in uris["stomp"].split("?", 1)[1].split("&")
