@@ -3,7 +3,8 @@
 A push proxy supplier used to delete each delivered event's queue row in its own commit. Now, once the consumer's
 call returned, the proxy appends the events' ids to its own journal file (one ``write``, no ``fsync``) and deletes
 the queue rows of many deliveries in one commit later (when :data:`FLUSH_EVENTS` are pending, after
-:data:`FLUSH_AGE` seconds, when its queue has nothing more to deliver now, or when it stops); after that commit
+:data:`FLUSH_AGE` seconds, when its queue has nothing more to deliver now and :data:`IDLE_FLUSH_EVENTS` are
+pending or the oldest waited :data:`IDLE_FLUSH_AGE` seconds, or when it stops); after that commit
 the journal is emptied. A write to a file survives the death of the process (SIGKILL included, the data is in the
 kernel's page cache), so after a crash of the node :meth:`DeliveredJournals.replay` deletes, before the channels
 load their queues, the rows of every event the journals name: a process crash delivers again at most the call
@@ -31,12 +32,19 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FLUSH_AGE", "FLUSH_EVENTS", "DeliveredJournals", "ProxyJournal", "read_entries", "read_ids"]
+__all__ = ["FLUSH_AGE", "FLUSH_EVENTS", "IDLE_FLUSH_AGE", "IDLE_FLUSH_EVENTS", "DeliveredJournals", "ProxyJournal",
+           "read_entries", "read_ids"]
 
 log = logging.getLogger("nsjms.channel")
 
 FLUSH_EVENTS = 256     # delivered events whose rows are deleted together, at most
 FLUSH_AGE = 1.0        # seconds a delivered event's row waits at most for its delete
+#: When the proxy's queue has nothing more to deliver now, the pending deletes run if this many are pending or the
+#: oldest has waited IDLE_FLUSH_AGE seconds (else the dispatcher wakes at that age). Flushing at every idle moment
+#: cost one commit per delivered batch once batches were confirmed in about 1 ms (round 7): at 250 events/s offered
+#: the node made 1.85 PostgreSQL commits per event instead of about one.
+IDLE_FLUSH_EVENTS = 32
+IDLE_FLUSH_AGE = 0.1
 
 
 class ProxyJournal:

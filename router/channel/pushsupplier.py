@@ -10,7 +10,7 @@ import CosEventChannelAdmin
 
 from router.channel import localpush, txdelivery
 from router.channel.boundary import Outcome
-from router.channel.delivered import FLUSH_AGE, FLUSH_EVENTS
+from router.channel.delivered import FLUSH_AGE, FLUSH_EVENTS, IDLE_FLUSH_AGE, IDLE_FLUSH_EVENTS
 from router.channel.inflight import STUCK_REASON, Flight
 from router.channel.proxybase import _IDLE_WAIT, _MAX_BACKOFF, ProxySupplierBase, _delivery_times, log
 from router.channel.queue import Entry
@@ -82,8 +82,10 @@ class PushSupplierMixin(ProxySupplierBase):
             n, since = self._ready(since)
             entries = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes) if n else []
             if not entries:
-                self._flush_delivered()
-                self.queue.wait(self._idle_wait(since))
+                flush_in = self._idle_flush()
+                if flush_in is None:         # it flushed (a commit): look at the queue again before waiting
+                    continue
+                self.queue.wait(min(self._idle_wait(since), flush_in))
                 continue
             outcome = self._deliver(entries)
             if outcome is Outcome.GONE:
@@ -93,6 +95,21 @@ class PushSupplierMixin(ProxySupplierBase):
             else:
                 self.stop_event.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _idle_flush(self) -> float | None:
+        """Nothing to deliver now: run the pending deletes when :data:`IDLE_FLUSH_EVENTS` are pending or the oldest
+        waited :data:`IDLE_FLUSH_AGE`, and return None (the caller looks at the queue again: events may have come
+        during the commit); else how long the dispatcher may idle before they are due (a delivered row lingers at
+        most that long once the traffic stops)."""
+        with self._pending_lock:
+            count, since = len(self._pending or ()), self._pending_since
+        if not count:
+            return _IDLE_WAIT
+        left = since + IDLE_FLUSH_AGE - time.monotonic()
+        if count >= IDLE_FLUSH_EVENTS or left <= 0:
+            self._flush_delivered()
+            return None
+        return max(0.001, left)
 
     def _idle_wait(self, since: float | None) -> float:
         wait = _IDLE_WAIT

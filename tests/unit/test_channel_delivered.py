@@ -14,7 +14,7 @@ from test_channel_delivery import Consumer, FakeStore, make_proxy, record, run_w
 
 from router.channel import proxies as P
 from router.channel import pushsupplier
-from router.channel.delivered import FLUSH_EVENTS, DeliveredJournals, ProxyJournal, read_ids
+from router.channel.delivered import FLUSH_EVENTS, IDLE_FLUSH_EVENTS, DeliveredJournals, ProxyJournal, read_ids
 from router.db.testing import NullDatabase
 from router.ledger import LedgerSettings, LedgerWriter
 
@@ -350,3 +350,49 @@ def test_a_delivered_best_effort_event_the_ledger_records_gets_its_row_at_once(
     how = next(h for h in proxy.rt.store.hows if h.get("best_effort"))
     assert how["best_effort"] == [(1, 500.0)]
     assert set(how["best_effort_acknowledged_at"]) == {1}
+
+
+def _trickle(proxy: Any, consumer: Consumer, ids: range) -> None:
+    """One event at a time, each once the previous was delivered: the queue is empty between them."""
+    for i in ids:
+        proxy.queue.put(record(i, db_id=1000 + i))
+        wait_for(lambda i=i: i in consumer.got, f"event {i} delivered")  # type: ignore[misc]
+
+
+def test_an_idle_queue_does_not_cost_a_delete_commit_per_delivered_event(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (round 7): the pending deletes ran whenever the queue had nothing more to deliver, so events that
+    arrive one by one and are delivered at once (a lightly loaded bridge) cost one delete commit each. Now an idle
+    queue flushes only from IDLE_FLUSH_EVENTS pending on (or once the oldest waited IDLE_FLUSH_AGE, here out of
+    reach)."""
+    monkeypatch.setattr(pushsupplier, "IDLE_FLUSH_AGE", 3600.0)
+    monkeypatch.setattr(pushsupplier, "FLUSH_AGE", 10**6)     # nor the 1 s age of a busy queue
+    consumer = Consumer()
+    proxy = _proxy(tmp_path, monkeypatch, consumer)
+    t = run_worker(proxy)
+    try:
+        _trickle(proxy, consumer, range(1, IDLE_FLUSH_EVENTS))
+        assert proxy.rt.db.committed == 0, "deleted while fewer than IDLE_FLUSH_EVENTS were pending"
+        assert proxy.rt.store.deleted == []
+        _trickle(proxy, consumer, range(IDLE_FLUSH_EVENTS, IDLE_FLUSH_EVENTS + 1))
+        wait_for(lambda: len(proxy.rt.store.deleted) == IDLE_FLUSH_EVENTS, "the pending rows deleted at idle")
+        assert proxy.rt.db.committed == 1
+    finally:
+        stop(proxy, t)
+
+
+def test_an_idle_queue_deletes_a_few_pending_rows_once_the_oldest_waited_idle_flush_age(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing more arrives: the few delivered rows still go once the oldest waited IDLE_FLUSH_AGE, the dispatcher
+    woken by that deadline alone (no further traffic, and its ordinary idle wait out of reach)."""
+    monkeypatch.setattr(pushsupplier, "IDLE_FLUSH_AGE", 0.05)
+    monkeypatch.setattr(pushsupplier, "_IDLE_WAIT", 3600.0)   # only the IDLE_FLUSH_AGE timer can wake it
+    consumer = Consumer()
+    proxy = _proxy(tmp_path, monkeypatch, consumer)
+    t = run_worker(proxy)
+    try:
+        _trickle(proxy, consumer, range(1, 4))
+        wait_for(lambda: sorted(proxy.rt.store.deleted) == [1001, 1002, 1003], "the three rows deleted")
+    finally:
+        stop(proxy, t)
+    assert read_ids(tmp_path / "delivered" / "0-0-1.ids") == []
