@@ -13,8 +13,8 @@ Paths (``--only`` names):
 * ``accept1`` / ``accept4``: persistent structured pushes accepted (the call returned: stored) with 1 and 4
   suppliers, the channel's only consumer suspended (so nothing is delivered meanwhile); baseline: PostgreSQL
   one-row commits.
-* ``latency``: channel -> JMS at a fixed offered rate (4 suppliers, ``--rate`` events/s for ``--seconds``):
-  latency from each event's scheduled send time to its arrival on the JMS queue, percentiles.
+* ``latency``: channel -> JMS at fixed offered rates (4 suppliers; one row per ``--rate``, events/s, for
+  ``--seconds`` each): latency from each event's scheduled send time to its arrival on the JMS queue, percentiles.
 * ``backlog``: 10,000 events queued for a suspended bridge, node restarted, bridge resumed: drain rate against the
   steady-state ``to_jms`` rate of the same run (both observed the same way, ``--observe``).
 
@@ -442,7 +442,7 @@ def _fmt(values: list[float]) -> str:
     return f"{med:,.0f} ({lo:,.0f}-{hi:,.0f})" if len(values) > 1 else f"{med:,.0f}"
 
 
-def table(rows: list[Row], lat: tuple[dict[str, float], str] | None) -> str:
+def table(rows: list[Row], lats: list[tuple[float, tuple[dict[str, float], str]]]) -> str:
     out = ["| path | rate/s median (min-max) | baseline in the same run | ratio | target | PG tx/event | "
            "WAL syncs/event |", "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -456,18 +456,27 @@ def table(rows: list[Row], lat: tuple[dict[str, float], str] | None) -> str:
         wal = f"{r.wal_per_event:.2f}" if r.wal_per_event is not None else "-"
         out.append(f"| {r.path} | {_fmt(r.rates)} | {r.baseline_name}: {_fmt(r.baseline)} | {ratio} | {r.target} "
                    f"| {tx} | {wal} |")
-    if lat is not None:
-        pct, note = lat
+    for rate, (pct, note) in lats:
         shown = ", ".join(f"{k} {v:,.1f} ms" for k, v in pct.items()) or "-"
-        out.append(f"| latency channel → JMS | {shown} | {note} | — | keeps up, p99 ≤ 20 ms | - | - |")
+        out.append(f"| latency channel → JMS, {rate:,.0f}/s offered | {shown} | {note} | — | keeps up, p99 ≤ 20 ms "
+                   f"| - | - |")
     return "\n".join(out)
+
+
+def _rates(text: str) -> list[float]:
+    rates = [float(x) for x in text.split(",") if x.strip()]
+    if not rates or any(r <= 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"expected positive rates, comma-separated: {text!r}")
+    return rates
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=5000, help="events per throughput run (default 5000)")
     ap.add_argument("--backlog", type=int, default=10_000, help="backlog size (default 10000)")
-    ap.add_argument("--rate", type=float, default=1000.0, help="offered rate of the latency path (events/s)")
+    ap.add_argument("--rate", type=_rates, default=[250.0, 500.0, 1000.0],
+                    help="offered rates of the latency path, events/s, comma-separated (default 250,500,1000: one "
+                         "row each)")
     ap.add_argument("--seconds", type=float, default=10.0, help="duration of the latency path")
     ap.add_argument("--latency-clients", choices=("processes", "threads"), default="processes",
                     help="the latency path's suppliers: separate processes (default) or threads of the bench")
@@ -486,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         args.events, args.backlog, args.seconds = 500, 1000, 3.0
     n, reps = args.events, args.reps
     rows: list[Row] = []
-    lat = None
+    lats: list[tuple[float, tuple[dict[str, float], str]]] = []
     load = os.getloadavg()
     with services() as (admin_dsn, url):
         node = NodeProcess(admin_dsn, url)
@@ -527,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  target="≥ 0.8"), reps, n,
                                         lambda k=k: accept_rate(env.factory, n, k), pg1))  # type: ignore[misc]
             if "latency" in only:
-                lat = latency(env, args.rate, args.seconds, clients=args.latency_clients)
+                lats = [(rate, latency(env, rate, args.seconds, clients=args.latency_clients)) for rate in args.rate]
             if "backlog" in only:
                 steady = next(r.rates for r in rows if r.path.startswith("channel → JMS, structured"))
                 drains = []
@@ -542,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
           f"observed by {args.observe}, each raw baseline measured just before its repetition; load average before "
           f"the run "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, after {os.getloadavg()[0]:.2f}\n")
-    print(table(rows, lat))
+    print(table(rows, lats))
     return 0
 
 
