@@ -469,15 +469,20 @@ def test_an_error_arriving_after_the_commit_was_sent_still_fails_the_commit(fake
     t.close()
 
 
-def test_state_callback_and_reconnect_after_drop(fake: FakeBroker) -> None:
-    states: list[ConnectionState] = []
-    t = connect(fake, on_state=states.append)
+def drop_and_reconnect(fake: FakeBroker, t: StompTransport) -> None:
+    """The broker drops the connection; once the transport noticed, it reconnects (a new socket)."""
     fake.drop()
     deadline = time.monotonic() + 5
     while t.is_connected() and time.monotonic() < deadline:
         time.sleep(0.01)
     t.reconnect()
     assert t.is_connected()
+
+
+def test_state_callback_and_reconnect_after_drop(fake: FakeBroker) -> None:
+    states: list[ConnectionState] = []
+    t = connect(fake, on_state=states.append)
+    drop_and_reconnect(fake, t)
     t.close()
     assert states == [ConnectionState.CONNECTED, ConnectionState.DISCONNECTED, ConnectionState.CONNECTED,
                       ConnectionState.CLOSED]
@@ -529,12 +534,7 @@ def test_every_socket_the_transport_opens_has_tcp_nodelay(fake: FakeBroker) -> N
     t = connect(fake)
     try:
         assert _no_delay(t) == 1
-        fake.drop()
-        deadline = time.monotonic() + 5
-        while t.is_connected() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        t.reconnect()
-        assert t.is_connected()
+        drop_and_reconnect(fake, t)
         assert _no_delay(t) == 1
     finally:
         t.close()
