@@ -3,11 +3,12 @@
     .venv/bin/python bench/broker_raw.py                       # 3,000 x 1 KB persistent messages, 4 repetitions
     .venv/bin/python bench/broker_raw.py --messages 3000 --reps 4
 
-Four variants, interleaved in each repetition (the machine's speed drifts within minutes), each BEGIN + 100
+Five variants, interleaved in each repetition (the machine's speed drifts within minutes), each BEGIN + 100
 persistent SENDs + COMMIT (receipt) per transaction on one connection:
 
 * ``serial``: the issue's baseline (``common.stomp_send_rate``, itself the median of three runs of ``--messages``):
   write a transaction, wait for its COMMIT receipt, then the next;
+* ``serial, TCP_NODELAY``: the same with Nagle's algorithm off on the client's socket (as the node's since round 7);
 * ``serial, mapped headers``: the same with the eleven headers a mapped 1 KB structured event carries
   (``$domain_name``, ``$type_name``, ``$event_name``, a filterable field, ``$nsjms_idl``, ``nsjms_types``,
   ``amq-msg-type``, ``priority``, ``timestamp``, ``type``, ``persistent``; the golden frame of
@@ -94,7 +95,7 @@ def main() -> int:
     args = ap.parse_args()
     n = args.messages
     load = os.getloadavg()
-    names = ("serial", "serial, mapped headers", "pipelined", "pipelined + live consumer")
+    names = ("serial", "serial, TCP_NODELAY", "serial, mapped headers", "pipelined", "pipelined + live consumer")
     rates: dict[str, list[float]] = {name: [] for name in names}
     with services() as (_, url):
         p = Producer(url)
@@ -117,6 +118,7 @@ def main() -> int:
 
         runs: dict[str, Callable[[], float]] = {
             "serial": lambda: stomp_send_rate(url, n, per_tx=PER_TX),
+            "serial, TCP_NODELAY": lambda: stomp_send_rate(url, n, per_tx=PER_TX, nodelay=True),
             "serial, mapped headers": lambda: stomp_send_rate(url, n, per_tx=PER_TX, headers=MAPPED),
             "pipelined": lambda: _timed(lambda: p.pipelined(f"/queue/{dest()}", n, MAPPED), n),
             "pipelined + live consumer": with_consumer,

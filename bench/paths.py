@@ -482,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the latency path's suppliers: separate processes (default) or threads of the bench")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of each throughput path (default 3)")
     ap.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
+    ap.add_argument("--raw-socket", choices=("nodelay", "default"), default="nodelay",
+                    help="the raw STOMP baselines' socket: TCP_NODELAY as the node's (default since round 7) or "
+                         "stomp.py's default, Nagle on (the issue's and rounds 1-6's baselines)")
     ap.add_argument("--quick", action="store_true", help="small sizes: 500 events, backlog 1000, latency 3 s")
     ap.add_argument("--observe", choices=OBSERVE, default="store",
                     help="how to_jms / to_jms_seq / from_jms see their end (bridge_bench.OBSERVE; "
@@ -501,31 +504,34 @@ def main(argv: list[str] | None = None) -> int:
         node = NodeProcess(admin_dsn, url)
         try:
             env = _connect(node.start(), url, node, client_orb())
+            nodelay = args.raw_socket == "nodelay"
+            raw_sock = ", TCP_NODELAY" if nodelay else ", Nagle on"
+
             def tx_base() -> float:
-                return stomp_send_rate(url, 1000, per_tx=100)
+                return stomp_send_rate(url, 1000, per_tx=100, nodelay=nodelay)
 
             def pg1() -> float:
                 return pg_commit_rate(admin_dsn, 500, 1)
 
             def consume() -> float:
-                return stomp_consume_rate(url, 1000)
+                return stomp_consume_rate(url, 1000, nodelay=nodelay)
 
             obs = args.observe
             to_jms_rate(env.factory, env.bridges, url, 100, False, dsn=env.dsn, observe=obs)      # warm-up
             if "to_jms" in only or "backlog" in only:
                 rows.append(_repeat(env, Row("channel → JMS, structured push", baseline_name="raw BEGIN+100 SEND+"
-                                             "COMMIT", target="≥ 0.9"), reps, n,
+                                             "COMMIT" + raw_sock, target="≥ 0.9"), reps, n,
                                     lambda: to_jms_rate(env.factory, env.bridges, url, n, False, dsn=env.dsn,
                                                         observe=obs), tx_base))
             if "to_jms_seq" in only:
                 rows.append(_repeat(env, Row("channel → JMS, sequence push x100", baseline_name="raw BEGIN+100 "
-                                             "SEND+COMMIT", target="≥ 0.9"), reps, n,
+                                             "SEND+COMMIT" + raw_sock, target="≥ 0.9"), reps, n,
                                     lambda: to_jms_rate(env.factory, env.bridges, url, n, True, dsn=env.dsn,
                                                         observe=obs), tx_base))
             if "from_jms" in only:
                 label = "stored for its suspended consumer" if obs == "store" else "received by a CORBA consumer"
                 rows.append(_repeat(env, Row(f"JMS → channel ({label})",
-                                             baseline_name="raw consume + client-individual ack",
+                                             baseline_name="raw consume + client-individual ack" + raw_sock,
                                              target="≥ 0.9"), reps, n,
                                     lambda: from_jms_rate(env.factory, env.bridges, url, n, dsn=env.dsn,
                                                           observe=obs), consume))
