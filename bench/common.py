@@ -24,6 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from router.jms.stomp import _no_delay  # noqa: E402  (the node's own: the raw baselines' socket as the node's)
 from router.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port  # noqa: E402
 
 PAYLOAD = "x" * 1000   # 1 KB payloads, like the ENVIRONMENT.md baselines
@@ -234,12 +235,6 @@ def stomp_send_rate(url: str, n: int = 1000, per_tx: int = 0, headers: dict[str,
         return rate(n, run)
     finally:
         conn.disconnect()
-
-
-def _no_delay(conn: Any) -> None:
-    import socket
-
-    conn.transport.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def stomp_consume_rate(url: str, n: int = 1000, *, nodelay: bool = False) -> float:
