@@ -34,6 +34,7 @@ import stomp
 from stomp.exception import StompException
 from stomp.utils import PREAMBLE_END_RE, Frame
 
+from router.jms import readframe
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage
 from router.jms.sendframe import FrameTemplates, encode_ack_frame, encode_send_frame
 from router.jms.transport import (
@@ -414,6 +415,7 @@ class StompTransport:
             conn.set_ssl(for_hosts=self._hosts, **self._ssl_options)
         conn.set_listener("nsjms", _Listener(self._inbox, epoch))
         _watch_split_frames(conn, self._inbox, epoch)
+        readframe.install(conn.transport)    # stomp.py's frames, parsed in a quarter of its time (issue 12, round 8)
         return conn
 
     def _connect_headers(self) -> dict[str, str]:

@@ -1,0 +1,143 @@
+"""JMS → channel without a routing transaction (one local unit of work per round: router.channel.t2in.local_round)
+while the node's PostgreSQL connections are killed under it, with a real node, PostgreSQL and ActiveMQ.
+
+The test terminates every backend of the node's database (``pg_terminate_backend``) each time the bridge made
+progress, eight times, while the bridge moves a preloaded queue into a Persistent channel: rounds fail at the
+inbox claim, at the events' statement, or at the COMMIT (whose outcome the node then does not know: the
+redelivered messages of a round that did commit are recognised by the inbox). Counted at a standard CORBA pull
+consumer drained afterwards, by the ``n`` header of each message: every message exactly once, **in the order
+the broker delivered them**, an inbox row per message, nothing left on the queue.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from idl.generated import CosBridgeAdmin as BA
+
+from bridgekit import (
+    bridge_factory,
+    bridge_status,
+    channel_ep,
+    jms_ep,
+    persistent_channel,
+    stomp_produce,
+    unique_name,
+)
+from conftest import NsjmsServer
+from stdclients import Form, PullConsumerClient, Style, obtain_proxy_supplier, wait_until
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 90.0
+KILL_EVERY_S = 0.15
+KILLS = 8
+
+
+OURS = "nsjms-fault-test"      # the application_name of this test's own connections: never terminated
+
+
+def _terminate_node_backends(dsn: str) -> int:
+    """Terminate every backend of the database but this test's (the node's pooled connections); how many."""
+    with psycopg.connect(dsn, autocommit=True, application_name=OURS) as conn:
+        row = conn.execute("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                           "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                           "AND backend_type = 'client backend' AND application_name <> %s", (OURS,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def inbox_count(dsn: str, bid: int) -> int:
+    """bridge ``bid``'s inbox rows, read on a connection the killer leaves alone."""
+    with psycopg.connect(dsn, application_name=OURS) as conn:
+        row = conn.execute("SELECT count(*) FROM nsjms_inbox WHERE bridge_id = %s", (bid,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _ids_in_order(client: PullConsumerClient, n: int) -> list[int]:
+    got = client.drain(n, TIMEOUT_S)
+    got += client.drain(n, 1.0)          # anything more is a duplicate
+    return [int({p.name: p.value.value() for p in ev.filterable_data}["n"]) for ev in got]
+
+
+@pytest.mark.parametrize("style", ["PUSH", "PULL"])
+def test_killed_database_connections_lose_nothing_duplicate_nothing_and_keep_the_order(
+        nsjms_server: NsjmsServer, factory: Any, client_orb: Any, broker_url: str, fresh_db: str,
+        style: str) -> None:
+    n = 3000
+    queue = unique_name(f"localin.faults.{style}")
+    channel, cid = persistent_channel(factory)
+    proxy, _ = obtain_proxy_supplier(channel.default_consumer_admin, Form.SEQUENCE, Style.PULL)
+    consumer = PullConsumerClient(proxy, Form.SEQUENCE, 100)
+    consumer.connect()
+    stomp_produce(broker_url, queue, range(n))
+    bf = bridge_factory(client_orb, nsjms_server)
+    bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid, getattr(BA, style)))
+
+    kills: list[tuple[int, int]] = []        # (backends terminated, inbox rows at that moment)
+    stop = threading.Event()
+
+    def killer() -> None:            # a kill each time the bridge made progress since the last one, KILLS in all
+        last = 0
+        while not stop.is_set() and len(kills) < KILLS:
+            stored = inbox_count(fresh_db, bid)
+            if stored >= n:
+                return
+            if stored > last:
+                kills.append((_terminate_node_backends(fresh_db), stored))
+                last = stored
+            stop.wait(KILL_EVERY_S)
+
+    bridge.start_bridge()
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        assert wait_until(lambda: inbox_count(fresh_db, bid) >= n, TIMEOUT_S), \
+            f"{inbox_count(fresh_db, bid)} inbox rows of {n} after the kills {kills}; bridge " \
+            f"{bridge_status(nsjms_server, bid)}; node log: {_tail(nsjms_server)}"
+    finally:
+        stop.set()
+        thread.join(10)
+    hits = [k for k in kills if k[0] > 0 and k[1] < n]
+    assert len(hits) >= KILLS // 2, f"the faults did not land mid-stream: {kills}"
+    got = _ids_in_order(consumer, n)
+    dups = len(got) - len(set(got))
+    assert sorted(set(got)) == list(range(n)) and dups == 0, \
+        f"lost {sorted(set(range(n)) - set(got))[:10]}, {dups} duplicate(s)"
+    assert got == list(range(n)), f"out of order from index {next(i for i, v in enumerate(got) if v != i)}"
+    assert inbox_count(fresh_db, bid) == n
+
+    def settled() -> bool:                   # acked: as events, or as redeliveries the inbox recognised
+        status = bridge_status(nsjms_server, bid)
+        return int(status.get("forwarded", 0)) + int(status.get("duplicates_suppressed", 0)) >= n
+
+    assert wait_until(settled, 30), bridge_status(nsjms_server, bid)
+    bridge.destroy()
+    left = _on_queue(broker_url, queue)
+    assert left == 0, f"{left} message(s) still on the queue: their acks were not written"
+
+
+def _tail(server: NsjmsServer) -> str:
+    try:
+        return server.stderr_path.read_text(errors="replace")[-3000:]
+    except OSError as exc:
+        return str(exc)
+
+
+def _on_queue(broker_url: str, queue: str) -> int:
+    from router.bridge.codec import MappingCodec
+    from router.jms.transport import open_transport
+
+    t = open_transport(broker_url, codec=MappingCodec())
+    t.connect()
+    try:
+        sub = t.subscribe(f"/queue/{queue}")
+        count = 0
+        while sub.receive(0.5) is not None:
+            count += 1
+        return count
+    finally:
+        t.close()
