@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
 from channel_bench import Counter, _consumer, _event, push_all
-from common import PAYLOAD, client_orb, node, report, services, stomp_send_rate
+from common import METER, client_orb, node, preload, report, services, stomp_send_rate
 
 
 def _persistent_channel(factory: Any, batch: int = 1) -> tuple[Any, int]:
@@ -184,10 +184,12 @@ def to_jms_rate(factory: Any, bf: Any, url: str, n: int, sequence: bool, tx: int
     kind = NCA.SEQUENCE_EVENT if sequence else NCA.STRUCTURED_EVENT
     pc, _ = channel._get_default_supplier_admin().obtain_notification_push_consumer(kind)
     events = [_event(i) for i in range(n)]
+    METER.start()
     t0 = time.perf_counter()
     push_all(pc, events, sequence)
     arrivals.wait(n)
     elapsed = time.perf_counter() - t0
+    METER.stop(n)
     arrivals.close(n)
     bridge.destroy()
     channel.destroy()
@@ -215,7 +217,6 @@ def from_jms_rate(factory: Any, bf: Any, url: str, n: int, *, pull: bool = False
     every event. ``store`` (needs ``dsn``): that consumer's proxy is suspended, the run ends once the channel has
     stored all ``n`` events for it (the bridge acknowledges a message to the broker only after its event is
     stored); the proxy is then resumed and the consumer must receive all ``n``, outside the timed window."""
-    import stomp
 
     import CosNotifyChannelAdmin as NCA
 
@@ -223,12 +224,7 @@ def from_jms_rate(factory: Any, bf: Any, url: str, n: int, *, pull: bool = False
 
     channel, cid = _t2_channel(factory, t2_events) if t2_events else _persistent_channel(factory)
     queue = f"bench.in.{cid}"
-    parts = urlsplit(url)
-    conn = stomp.Connection12([(parts.hostname, parts.port)], auto_content_length=False)
-    conn.connect(wait=True)
-    for i in range(n):          # preload: the measurement is the bridge draining the queue into the channel
-        conn.send(f"/queue/{queue}", PAYLOAD, headers={"persistent": "true", "n": str(i)})
-    conn.disconnect()
+    preload(url, queue, n)      # the measurement is the bridge draining the queue into the channel
     counter = Counter()
     consumer = _consumer(counter, False)
     ps, _ = channel._get_default_consumer_admin().obtain_notification_push_supplier(NCA.STRUCTURED_EVENT)
@@ -243,6 +239,7 @@ def from_jms_rate(factory: Any, bf: Any, url: str, n: int, *, pull: bool = False
     if pull:
         sink = BA.ExternalEndpoint(BA.SINK, sink.connector, BA.PULL, sink.type)
     bridge, _ = bf.create_bridge(_endpoint("SOURCE", None, queue, False), sink)
+    METER.start()
     t0 = time.perf_counter()
     bridge.start_bridge()
     if by_store:
@@ -251,6 +248,7 @@ def from_jms_rate(factory: Any, bf: Any, url: str, n: int, *, pull: bool = False
     else:
         counter.wait(n)
     elapsed = time.perf_counter() - t0
+    METER.stop(n)
     if by_store:
         ps.resume_connection()
         counter.wait(n, timeout=60)
@@ -340,10 +338,9 @@ def stomp_consume_rate(url: str, n: int) -> float:
 
     parts = urlsplit(url)
     queue = f"bench.raw.{time.monotonic_ns()}"
+    preload(url, queue, n)
     conn = stomp.Connection12([(parts.hostname, parts.port)], auto_content_length=False)
     conn.connect(wait=True)
-    for i in range(n):
-        conn.send(f"/queue/{queue}", PAYLOAD, headers={"persistent": "true", "n": str(i)})
     done = threading.Event()
     got = [0]
 

@@ -134,13 +134,93 @@ def client_orb() -> Any:
     return orb
 
 
+class CpuMeter:
+    """CPU seconds of the machine's processes by role, summed over the timed windows of the runs (issue 12, round
+    8): ``node`` (the node's pid, :attr:`node_pid`), ``broker`` (every ``java`` process), ``postgres`` (every
+    ``postgres`` process: the server and its backends) and ``bench`` (this process and its children, the clients).
+    On a machine shared by the broker, PostgreSQL, the node and the clients, a path whose processes together need
+    more CPU per event than its raw baseline's cannot reach the baseline's rate whatever the node's code does:
+    :meth:`take` gives what each needed per item, so the table can say which. Run the benches alone on the machine
+    (another ``java`` or ``postgres`` would be counted); with external services (``NSJMS_BENCH_*``) their CPU is
+    not seen."""
+
+    ROLES = ("node", "broker", "postgres", "bench")
+
+    def __init__(self) -> None:
+        self.node_pid: int | None = None
+        self._start: tuple[float, dict[str, float]] | None = None
+        self._cpu: dict[str, float] = {}
+        self._wall = 0.0
+        self._items = 0
+
+    def _role(self, pid: int, cmd: bytes, ppid: int) -> str | None:
+        if pid == self.node_pid:
+            return "node"
+        if b"java" in cmd:
+            return "broker"
+        if cmd.startswith(b"postgres") or b"/postgres" in cmd:
+            return "postgres"
+        if pid == os.getpid() or ppid == os.getpid():
+            return "bench"
+        return None
+
+    def snapshot(self) -> dict[str, float]:
+        out = dict.fromkeys(self.ROLES, 0.0)
+        tick = os.sysconf("SC_CLK_TCK")
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0]
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            role = self._role(int(entry), cmd, int(fields[1]))
+            if role is not None:
+                out[role] += (int(fields[11]) + int(fields[12])) / tick
+        return out
+
+    def start(self) -> None:
+        self._start = (time.perf_counter(), self.snapshot())
+
+    def stop(self, items: int) -> None:
+        """The timed window that began at :meth:`start` handled ``items`` items."""
+        if self._start is None:
+            return
+        t0, before = self._start
+        after = self.snapshot()
+        self._start = None
+        self._wall += time.perf_counter() - t0
+        self._items += items
+        for role in self.ROLES:
+            self._cpu[role] = self._cpu.get(role, 0.0) + max(0.0, after[role] - before[role])
+
+    def take(self) -> dict[str, float]:
+        """Microseconds of CPU per item by role since the last take, ``total``, and ``cores`` (CPU seconds per
+        second of the windows: how busy the machine was); empty when no window was timed."""
+        cpu, wall, items = self._cpu, self._wall, self._items
+        self._cpu, self._wall, self._items, self._start = {}, 0.0, 0, None
+        if not items or wall <= 0:
+            return {}
+        out = {role: cpu.get(role, 0.0) / items * 1e6 for role in self.ROLES}
+        out["total"] = sum(cpu.values()) / items * 1e6
+        out["cores"] = sum(cpu.values()) / wall
+        return out
+
+
+METER = CpuMeter()
+
+
 def rate(n: int, fn: Callable[[], None], repeats: int = 3) -> float:
-    """Median items/s over ``repeats`` runs of ``fn`` (which handles ``n`` items)."""
+    """Median items/s over ``repeats`` runs of ``fn`` (which handles ``n`` items); each run is a timed window of
+    :data:`METER`."""
     rates = []
     for _ in range(repeats):
+        METER.start()
         t0 = time.perf_counter()
         fn()
         rates.append(n / (time.perf_counter() - t0))
+        METER.stop(n)
     return statistics.median(rates)
 
 
@@ -237,6 +317,29 @@ def stomp_send_rate(url: str, n: int = 1000, per_tx: int = 0, headers: dict[str,
         conn.disconnect()
 
 
+def preload(url: str, queue: str, n: int) -> None:
+    """SEND ``n`` persistent 1 KB messages (header ``n`` = 0 .. n-1) to ``queue``, the last with a receipt, and
+    return once it came: the broker has taken every one of them (a timed window that starts earlier would time the
+    broker still storing the preload too; the receipt-less sends return long before)."""
+    from urllib.parse import urlsplit
+
+    import stomp
+
+    parts = urlsplit(url)
+    conn = stomp.Connection12([(parts.hostname, parts.port)], auto_content_length=False)
+    receipts = _receipts()
+    conn.set_listener("r", receipts)
+    conn.connect(wait=True)
+    try:
+        for i in range(n):
+            headers = {"persistent": "true", "n": str(i)} | ({"receipt": "preloaded"} if i == n - 1 else {})
+            conn.send(f"/queue/{queue}", PAYLOAD, headers=headers)
+        if n:
+            receipts.wait("preloaded")
+    finally:
+        conn.disconnect()
+
+
 def stomp_consume_rate(url: str, n: int = 1000, *, nodelay: bool = False) -> float:
     """Raw persistent 1 KB messages/s consumed with ``client-individual`` acks (queue preloaded with ``n``).
     ``nodelay``: TCP_NODELAY on the consumer's socket (see :func:`stomp_send_rate`)."""
@@ -275,11 +378,13 @@ def stomp_consume_rate(url: str, n: int = 1000, *, nodelay: bool = False) -> flo
         conn.connect(wait=True)
         if nodelay:
             _no_delay(conn)
+        METER.start()
         t0 = time.perf_counter()
         conn.subscribe(dest, id="1", ack="client-individual", headers={"activemq.prefetchSize": "1000"})
         if not acker.done.wait(120):
             raise RuntimeError(f"raw consume: only {acker.n}/{n}")
         rates.append(n / (time.perf_counter() - t0))
+        METER.stop(n)
         conn.disconnect()
     producer.disconnect()
     return statistics.median(rates)

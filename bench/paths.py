@@ -30,8 +30,13 @@ Each throughput path's baseline is measured just before each of its repetitions 
 within minutes) and the ratio is the median, with its spread, of the per-repetition ratios.
 
 Every throughput path also reports PostgreSQL transactions and WAL syncs per event (``pg_stat_database``
-``xact_commit`` of the node's database, ``pg_stat_wal`` ``wal_sync``), read once the statistics settled.
-Nothing here is a test: there are no thresholds.
+``xact_commit`` of the node's database, ``pg_stat_wal`` ``wal_sync``), read once the statistics settled, and (a
+second table, since round 8) the CPU each process needed per event in the timed windows, from ``/proc``: the node,
+the broker (the machine's ``java`` processes), PostgreSQL (its ``postgres`` processes) and the bench's clients, for
+the path and for its baseline, with how many cores were busy. When both keep the machine's cores busy, the ratio of
+their CPU totals bounds the path's ratio on this machine, whatever waits the node removes (run the bench alone on
+the machine: any other ``java`` or ``postgres`` process is counted). Nothing here is a test: there are no
+thresholds.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from bridge_bench import (
 )
 from channel_bench import Counter, _consumer, _event
 from common import (
+    METER,
     NodeProcess,
     client_orb,
     median_spread,
@@ -87,6 +93,8 @@ class Row:
     wal_per_event: float | None = None
     note: str = ""
     paired: bool = False        # baseline[i] was measured just before rates[i]: the ratio is per repetition
+    cpu: list[dict[str, float]] = field(default_factory=list)        # common.CpuMeter.take() of each repetition
+    base_cpu: list[dict[str, float]] = field(default_factory=list)   # ... and of the baseline before it
 
 
 @dataclass
@@ -115,9 +123,14 @@ def _repeat(env: Env, row: Row, reps: int, n: int, fn: Callable[[], float],
     if base is not None:
         row.baseline, row.paired = [], True
     for _ in range(reps):
+        METER.node_pid = env.node.proc.pid if env.node.proc else None
         if base is not None:
+            METER.take()
             row.baseline.append(base())
+            row.base_cpu.append(METER.take())
+        METER.take()
         r, tx, wal = _measured(env, n, fn)
+        row.cpu.append(METER.take())
         row.rates.append(r)
         txs.append(tx)
         wals.append(wal)
@@ -153,11 +166,13 @@ def accept_rate(factory: Any, n: int, suppliers: int) -> float:
     threads = [threading.Thread(target=supply, args=(k,), daemon=True) for k in range(suppliers)]
     for t in threads:
         t.start()
+    METER.start()
     barrier.wait()
     t0 = time.perf_counter()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - t0
+    METER.stop(per * suppliers)
     channel.destroy()
     return per * suppliers / elapsed
 
@@ -463,6 +478,34 @@ def table(rows: list[Row], lats: list[tuple[float, tuple[dict[str, float], str]]
     return "\n".join(out)
 
 
+def cpu_table(rows: list[Row]) -> str:
+    """CPU per event of each role in the timed windows (common.CpuMeter), medians of the repetitions, the path's
+    and its baseline's; "all" includes the bench's clients (the suppliers, the raw client). When both runs keep
+    the machine's cores busy, the path cannot beat ``baseline all / path all`` (the last column) whatever waits it
+    removes: that is its ceiling on this machine."""
+    def med(samples: list[dict[str, float]], key: str) -> float | None:
+        values = [c[key] for c in samples if key in c]
+        return statistics.median(values) if values else None
+
+    def us(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.0f}"
+
+    out = ["| path | node | broker | PostgreSQL | bench clients | all | cores busy | baseline: broker | PostgreSQL | "
+           "client | all | cores busy | CPU-bound ratio (baseline all / path all) |", "|" + "---|" * 13]
+    for r in rows:
+        if not r.cpu or not any(r.cpu):
+            continue
+        path_all, base_all = med(r.cpu, "total"), med(r.base_cpu, "total")
+        cores, base_cores = med(r.cpu, "cores"), med(r.base_cpu, "cores")
+        bound = f"{base_all / path_all:.2f}" if path_all and base_all else "-"
+        out.append(f"| {r.path} | {us(med(r.cpu, 'node'))} | {us(med(r.cpu, 'broker'))} | "
+                   f"{us(med(r.cpu, 'postgres'))} | {us(med(r.cpu, 'bench'))} | {us(path_all)} | "
+                   f"{'-' if cores is None else f'{cores:.2f}'} | {us(med(r.base_cpu, 'broker'))} | "
+                   f"{us(med(r.base_cpu, 'postgres'))} | {us(med(r.base_cpu, 'bench'))} | {us(base_all)} | "
+                   f"{'-' if base_cores is None else f'{base_cores:.2f}'} | {bound} |")
+    return "\n".join(out) if len(out) > 2 else ""
+
+
 def _rates(text: str) -> list[float]:
     rates = [float(x) for x in text.split(",") if x.strip()]
     if not rates or any(r <= 0 for r in rates):
@@ -558,6 +601,11 @@ def main(argv: list[str] | None = None) -> int:
           f"the run "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, after {os.getloadavg()[0]:.2f}\n")
     print(table(rows, lats))
+    cpu = cpu_table(rows)
+    if cpu:
+        print(f"\nCPU µs per event in the timed windows (the machine's java and postgres processes, the node, the "
+              f"bench's clients; {os.cpu_count()} cores):\n")
+        print(cpu)
     return 0
 
 
