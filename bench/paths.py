@@ -123,11 +123,12 @@ def _repeat(env: Env, row: Row, reps: int, n: int, fn: Callable[[], float],
     if base is not None:
         row.baseline, row.paired = [], True
     for _ in range(reps):
-        METER.node_pid = env.node.proc.pid if env.node.proc else None
         if base is not None:
-            METER.take()
+            METER.node_pid = None        # the raw baseline's columns: broker, PostgreSQL, its client (the idle
+            METER.take()                 # node is not counted)
             row.baseline.append(base())
             row.base_cpu.append(METER.take())
+        METER.node_pid = env.node.proc.pid if env.node.proc else None
         METER.take()
         r, tx, wal = _measured(env, n, fn)
         row.cpu.append(METER.take())

@@ -71,8 +71,9 @@ def _read_frames(self: Any) -> None:
 
 def install(transport: Any) -> None:
     """Make ``transport`` (a stomp.py connection's ``transport``) parse its frames with :func:`parse_frame`.
-    Raises ``AttributeError`` when stomp.py's receiver loop is not the one this mirrors (a stomp.py that moved
-    it): the transport module then fails at its first connection, loudly, instead of parsing differently."""
+    Raises ``AttributeError`` when the private names this relies on are gone (a stomp.py that moved them): the
+    transport then fails at its first connection, loudly. A stomp.py whose loop keeps the names but changes its
+    steps is caught by ``tests/unit/test_stomp_readframe.py``, which pins the loop's source."""
     for name in ("_BaseTransport__read_frames", "_BaseTransport__read", "_BaseTransport__is_eol",
                  "_BaseTransport__auto_decode", "process_frame"):
         getattr(transport, name)

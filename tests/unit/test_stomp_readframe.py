@@ -34,7 +34,7 @@ CASES: list[bytes] = [
     b"MESSAGE\nk:first\nk:second\n\nrepeated header: the first wins",
     b"MESSAGE\nno colon here\n:no key\nk:\n::\nk2:a:b:c\n\nodd lines",
     b"MESSAGE\nk\\cey:v\\na\\\\l\\r\\x\nk\\c2:v\n\nescapes, an unknown one kept",
-    b"MESSAGE\nesc\\:x\nesc\\:y\n\nan escaped key repeated",
+    b"MESSAGE\nk\\x:first\nk\\\\x:second\n\ntwo spellings of one key: the first wins",
     b"MESSAGE\nunicode \xc3\xa9:\xe6\x97\xa5\xe6\x9c\xac\nbad:\xff\xfe\n\ninvalid UTF-8 replaced",
     b"MESSAGE\nk:v",                                   # no end of the header section
     b"MESSAGE",
@@ -65,7 +65,8 @@ def test_a_frame_is_parsed_as_stomp_py_parses_it(frame: bytes) -> None:
 def test_random_frames_are_parsed_as_stomp_py_parses_them() -> None:
     rng = random.Random(8)
     alphabet = [b"a", b"b", b"k", b":", b"\\", b"c", b"n", b"r", b"\n", b"\r", b" ", b"\xc3\xa9", b"\xff", b"\x00",
-                b"\t", b"\\c", b"\\n", b"\\\\", b"\r\n", b"\n\n"]
+                b"\t", b"\\c", b"\\n", b"\\\\", b"\r\n", b"\n\n", b"\x0b", b"\x0c", b"\x1c", b"\x85", b"\xc2\x85",
+                b"\xe2\x80\xa8"]
     keys = [b"k", b"a", b"k\\c", b"\\n", b"", b"k:", b"\xc3\xa9"]
 
     def text(n: int) -> bytes:
@@ -125,3 +126,12 @@ def test_install_changes_one_connection_and_its_loop_takes_the_same_steps() -> N
             (HEARTBEAT_FRAME.cmd, {}, HEARTBEAT_FRAME.body),
             ("MESSAGE", {"k": "v:1"}, body)]
         assert [frame for _, frame in got] == raw
+
+
+def test_every_connection_the_transport_makes_parses_with_readframe() -> None:
+    """The wiring: ``StompTransport`` installs the parser on each stomp.py connection it builds."""
+    from router.jms.stomp import StompTransport
+
+    transport = StompTransport("stomp://127.0.0.1:1")
+    conn = transport._new_connection(1)
+    assert "_BaseTransport__read_frames" in vars(conn.transport)
