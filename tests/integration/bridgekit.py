@@ -312,6 +312,24 @@ def _read_until(sock: socket.socket, marker: bytes) -> None:
         got += chunk
 
 
+def leftover(broker_url: str, queue: str) -> int:
+    """Consume what is still on ``queue`` (auto-ack, a fresh connection, 1 s without a message ends it); how many:
+    after a bridge was destroyed, the messages whose acks it never wrote come back here."""
+    from router.bridge.codec import MappingCodec
+    from router.jms.transport import open_transport
+
+    t = open_transport(broker_url, codec=MappingCodec())
+    t.connect()
+    try:
+        sub = t.subscribe(f"/queue/{queue}")
+        count = 0
+        while sub.receive(1.0) is not None:
+            count += 1
+        return count
+    finally:
+        t.close()
+
+
 def stomp_produce(broker_url: str, queue: str, ids: range, extra: dict[int, bytes] | None = None) -> None:
     """SEND one persistent message per id (body ``m<id>``, header ``n`` = the id, plus ``extra[id]`` header lines),
     each with a receipt: when this returns, the broker holds them all."""

@@ -2,7 +2,7 @@
 while the node's PostgreSQL connections are killed under it, with a real node, PostgreSQL and ActiveMQ.
 
 The test terminates every backend of the node's database (``pg_terminate_backend``) each time the bridge made
-progress, eight times, while the bridge moves a preloaded queue into a Persistent channel: rounds fail at the
+progress, six times, while the bridge moves a preloaded queue into a Persistent channel: rounds fail at the
 inbox claim, at the events' statement, or at the COMMIT (whose outcome the node then does not know: the
 redelivered messages of a round that did commit are recognised by the inbox). Counted at a standard CORBA pull
 consumer drained afterwards, by the ``n`` header of each message: every message exactly once, **in the order
@@ -24,6 +24,7 @@ from bridgekit import (
     bridge_status,
     channel_ep,
     jms_ep,
+    leftover,
     persistent_channel,
     stomp_produce,
     unique_name,
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 90.0
 KILL_EVERY_S = 0.15
-KILLS = 8
+KILLS = 6
 
 
 OURS = "nsjms-fault-test"      # the application_name of this test's own connections: never terminated
@@ -67,7 +68,7 @@ def _ids_in_order(client: PullConsumerClient, n: int) -> list[int]:
 def test_killed_database_connections_lose_nothing_duplicate_nothing_and_keep_the_order(
         nsjms_server: NsjmsServer, factory: Any, client_orb: Any, broker_url: str, fresh_db: str,
         style: str) -> None:
-    n = 3000
+    n = 1500
     queue = unique_name(f"localin.faults.{style}")
     channel, cid = persistent_channel(factory)
     proxy, _ = obtain_proxy_supplier(channel.default_consumer_admin, Form.SEQUENCE, Style.PULL)
@@ -118,7 +119,7 @@ def test_killed_database_connections_lose_nothing_duplicate_nothing_and_keep_the
 
     assert wait_until(settled, 30), bridge_status(nsjms_server, bid)
     bridge.destroy()
-    left = _on_queue(broker_url, queue)
+    left = leftover(broker_url, queue)
     assert left == 0, f"{left} message(s) still on the queue: their acks were not written"
 
 
@@ -133,19 +134,3 @@ def _tail(server: NsjmsServer) -> str:
         return server.stderr_path.read_text(errors="replace")[-3000:]
     except OSError as exc:
         return str(exc)
-
-
-def _on_queue(broker_url: str, queue: str) -> int:
-    from router.bridge.codec import MappingCodec
-    from router.jms.transport import open_transport
-
-    t = open_transport(broker_url, codec=MappingCodec())
-    t.connect()
-    try:
-        sub = t.subscribe(f"/queue/{queue}")
-        count = 0
-        while sub.receive(2.0 if count == 0 else 0.5) is not None:
-            count += 1
-        return count
-    finally:
-        t.close()

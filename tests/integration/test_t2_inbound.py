@@ -34,6 +34,7 @@ from bridgekit import (
     inbox_count,
     inbox_drained,
     jms_ep,
+    leftover,
     persistent_channel,
     prepared_count,
     reconnect_client,
@@ -120,21 +121,8 @@ def test_messages_arrive_exactly_once_inside_t2(nsjms_server: NsjmsServer, facto
     assert inbox_count(fresh_db, bid) == n
     assert prepared_count(fresh_db) == 0
     bridge.destroy()
-    left = _leftover(broker_url, queue)
+    left = leftover(broker_url, queue)
     assert left == 0, f"{left} message(s) still on the queue: acks were not committed"
-
-
-def _leftover(broker_url: str, queue: str) -> int:
-    t = open_transport(broker_url, codec=MappingCodec())
-    t.connect()
-    try:
-        sub = t.subscribe(f"/queue/{queue}")
-        count = 0
-        while sub.receive(1.0) is not None:
-            count += 1
-        return count
-    finally:
-        t.close()
 
 
 def test_sigkill_after_pg_commit_redelivers_without_duplicates(own_server: NsjmsServer, client_orb: Any,
@@ -195,7 +183,7 @@ def test_rollback_on_transaction_timeout_then_delivered_once(nsjms_server: Nsjms
     _assert_once(_ids(consumer), range(n), "JMS -> channel in T2 after rolled-back T2s")
     assert prepared_count(fresh_db) == 0
     bridge.destroy()
-    assert _leftover(broker_url, queue) == 0, "the aborted acks were made again in a later T2 (not stranded)"
+    assert leftover(broker_url, queue) == 0, "the aborted acks were made again in a later T2 (not stranded)"
 
 
 def test_poison_message_is_dead_lettered_inside_t2(nsjms_server: NsjmsServer, factory: Any, client_orb: Any,
@@ -225,7 +213,7 @@ def test_poison_message_is_dead_lettered_inside_t2(nsjms_server: NsjmsServer, fa
     assert inbox_count(fresh_db, bid) == len(good), "a dead-lettered message keeps no inbox row"
     assert wait_until(lambda: t2_proxy_status(nsjms_server).get("t2_committed", 0) > 0, 10)
     bridge.destroy()
-    assert _leftover(broker_url, queue) == 0
+    assert leftover(broker_url, queue) == 0
     assert prepared_count(fresh_db) == 0
 
 
@@ -264,7 +252,7 @@ def test_without_t2_a_local_unit_of_work_is_exactly_once_across_a_sigkill(
         bridge_status(own_server)
     assert t2_proxy_status(own_server).get("t2_committed", 0) == 0, "no T2 ran"
     bridge.destroy()
-    assert _leftover(broker_url, queue) == 0
+    assert leftover(broker_url, queue) == 0
 
 
 # ------------------------------------------------------------------------------------------- broker killed
@@ -288,7 +276,7 @@ def test_broker_killed_mid_stream_in_t2_loses_nothing_and_duplicates_nothing(rig
     _assert_once(_ids(consumer), range(n), "JMS -> channel in T2 across a broker SIGKILL")
     assert prepared_count(fresh_db) == 0
     bridge.destroy()
-    assert _leftover(rig.broker.url, queue) == 0
+    assert leftover(rig.broker.url, queue) == 0
     print(f"JMS -> channel in T2, broker killed: {consumer.count()} events for {n} messages, 0 duplicates")
 
 
