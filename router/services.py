@@ -136,6 +136,17 @@ def _pid_alive(pid: int) -> bool:
     return not _is_zombie(pid)
 
 
+def _pid_exists(pid: int) -> bool:
+    """Whether ``pid`` is in the process table (running, exiting or a zombie): what PostgreSQL's lock file checks."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -314,18 +325,32 @@ class EmbeddedPostgres:
             time.sleep(0.5)
 
     def _wait_stale_postmaster_gone(self) -> None:
-        """After a SIGKILL the dead postmaster may linger as a zombie, which PostgreSQL takes for alive."""
+        """After a SIGKILL the dead postmaster stays in the process table for a moment: still exiting (its command
+        line already gone, so it no longer counts as running here), then a zombie until its parent reaps it.
+        PostgreSQL refuses to start while the pid of its lock file exists at all ("lock file postmaster.pid already
+        exists"), so wait until it is gone (a pid that is a running postmaster of this data directory is not
+        stale: the caller stops or reuses that one)."""
         try:
             pid = int((self.data / "postmaster.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return
+
+        def stale() -> bool:
+            return _pid_exists(pid) and not (_pid_alive(pid) and self._is_postmaster(pid))
+
         deadline = time.monotonic() + 15
-        while _is_zombie(pid) and time.monotonic() < deadline:
+        while stale() and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _is_zombie(pid):
+        if stale():
+            if _is_zombie(pid):
+                raise ServiceError(
+                    f"the previous postmaster (pid {pid}) of {self.data} is dead but not reaped yet; "
+                    "its parent must reap it before the cluster can start again"
+                )
             raise ServiceError(
-                f"the previous postmaster (pid {pid}) of {self.data} is dead but not reaped yet; "
-                "its parent must reap it before the cluster can start again"
+                f"the pid {pid} of {self.data / 'postmaster.pid'} belongs to a process that is not this cluster's "
+                "postmaster; PostgreSQL will not start while it exists (remove the stale postmaster.pid once you "
+                "are sure no postmaster runs on this data directory)"
             )
 
     def _pg_ctl_raw(self, action: str, *args: str) -> subprocess.CompletedProcess[str]:
