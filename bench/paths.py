@@ -123,13 +123,12 @@ def _repeat(env: Env, row: Row, reps: int, n: int, fn: Callable[[], float],
     if base is not None:
         row.baseline, row.paired = [], True
     for _ in range(reps):
+        METER.take()                     # nothing timed before this repetition counts
         if base is not None:
             METER.node_pid = None        # the raw baseline's columns: broker, PostgreSQL, its client (the idle
-            METER.take()                 # node is not counted)
-            row.baseline.append(base())
+            row.baseline.append(base())  # node is not counted)
             row.base_cpu.append(METER.take())
         METER.node_pid = env.node.proc.pid if env.node.proc else None
-        METER.take()
         r, tx, wal = _measured(env, n, fn)
         row.cpu.append(METER.take())
         row.rates.append(r)
@@ -494,7 +493,7 @@ def cpu_table(rows: list[Row]) -> str:
     out = ["| path | node | broker | PostgreSQL | bench clients | all | cores busy | baseline: broker | PostgreSQL | "
            "client | all | cores busy | CPU-bound ratio (baseline all / path all) |", "|" + "---|" * 13]
     for r in rows:
-        if not r.cpu or not any(r.cpu):
+        if not any(r.cpu):
             continue
         path_all, base_all = med(r.cpu, "total"), med(r.base_cpu, "total")
         cores, base_cores = med(r.cpu, "cores"), med(r.base_cpu, "cores")

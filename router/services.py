@@ -126,16 +126,6 @@ def _tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:]) or f"(empty log at {path})"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _is_zombie(pid)
-
-
 def _pid_exists(pid: int) -> bool:
     """Whether ``pid`` is in the process table (running, exiting or a zombie): what PostgreSQL's lock file checks."""
     try:
@@ -145,6 +135,10 @@ def _pid_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _pid_alive(pid: int) -> bool:
+    return _pid_exists(pid) and not _is_zombie(pid)
 
 
 def _is_zombie(pid: int) -> bool:
@@ -335,8 +329,8 @@ class EmbeddedPostgres:
         except (OSError, ValueError, IndexError):
             return
 
-        def stale() -> bool:
-            return _pid_exists(pid) and not (_pid_alive(pid) and self._is_postmaster(pid))
+        def stale() -> bool:      # a zombie or an exiting process has no command line: not a postmaster
+            return _pid_exists(pid) and not self._is_postmaster(pid)
 
         deadline = time.monotonic() + 15
         while stale() and time.monotonic() < deadline:

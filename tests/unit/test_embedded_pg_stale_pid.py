@@ -33,7 +33,6 @@ def _server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: Table) -> se
     server.data.mkdir(parents=True)
     (server.data / "postmaster.pid").write_text("4242\n/data\n0\n5432\n")
     monkeypatch.setattr(services, "_pid_exists", lambda pid: table.state() not in (None, "gone"), raising=False)
-    monkeypatch.setattr(services, "_pid_alive", lambda pid: table.state() in ("running", "exiting"))
     monkeypatch.setattr(services, "_is_zombie", lambda pid: table.state() == "zombie")
     monkeypatch.setattr(server, "_is_postmaster", lambda pid: table.state() == "running")
     monkeypatch.setattr("router.services.time.sleep", table.tick)
@@ -47,20 +46,14 @@ def test_an_exiting_postmaster_is_waited_for_until_its_pid_is_gone(tmp_path: Pat
     assert table.polls == 4, "returned while the dead postmaster's pid still existed"
 
 
-def test_a_pid_that_stays_without_being_the_postmaster_is_reported(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    table = Table(["exiting"])
+@pytest.mark.parametrize(("state", "reason"), [("exiting", "not this cluster's postmaster"),
+                                               ("zombie", "not reaped yet")])
+def test_a_pid_that_never_goes_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str,
+                                          reason: str) -> None:
+    table = Table([state])
     clock = iter(range(0, 10_000, 1))
     monkeypatch.setattr("router.services.time.monotonic", lambda: float(next(clock)))
-    with pytest.raises(ServiceError, match="not this cluster's postmaster"):
-        _server(tmp_path, monkeypatch, table)._wait_stale_postmaster_gone()
-
-
-def test_a_zombie_that_is_never_reaped_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    table = Table(["zombie"])
-    clock = iter(range(0, 10_000, 1))
-    monkeypatch.setattr("router.services.time.monotonic", lambda: float(next(clock)))
-    with pytest.raises(ServiceError, match="not reaped yet"):
+    with pytest.raises(ServiceError, match=reason):
         _server(tmp_path, monkeypatch, table)._wait_stale_postmaster_gone()
 
 
