@@ -420,8 +420,9 @@ class NodeTransactions:
             return outbox_rows_many(conn, gtrids)
 
     def _purge(self) -> None:
-        """Delete the outbox rows of transactions that ended (the log no longer knows them: every branch, the
-        broker's included, finished), and inbox rows older than the retention.
+        """Delete this node's outbox rows of transactions that ended (the log no longer knows them: every branch, the
+        broker's included, finished), and inbox rows older than the retention. Rows whose gtrid names another node
+        are that node's to purge: they are never in this node's log, and may be in flight or in doubt there.
 
         The snapshot is taken FIRST, then the live set is read: a row visible in the snapshot was committed by a
         transaction that had begun (in flight, or in the log) before the live set was read, and it leaves both
@@ -444,7 +445,10 @@ class NodeTransactions:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 conn.execute("SELECT 1 FROM nsjms_outbox LIMIT 1")          # fixes the snapshot
                 keep = set(self.log.live()) | set(self.coordinator.in_flight())
-                conn.execute("DELETE FROM nsjms_outbox WHERE NOT (gtrid = ANY(%s))", (sorted(keep),))
+                # only this node's rows: another node's in-flight or in-doubt rows are not in this node's log
+                # (starts_with, not LIKE: a node id may contain '_', LIKE's one-character wildcard)
+                conn.execute("DELETE FROM nsjms_outbox WHERE starts_with(gtrid, %s) AND NOT (gtrid = ANY(%s))",
+                             (f"{self.node.value}:", sorted(keep)))
                 if self.hops is not None and hops:
                     self.hops.write(conn, {g: h for g, h in hops.items() if g not in keep})
                 conn.execute("DELETE FROM nsjms_inbox WHERE received_at < now() - make_interval(secs => %s)",
