@@ -67,8 +67,7 @@ def owner_for_new(loads: Mapping[str, int], live: Sequence[str]) -> str:
 
 def claims(objects: Iterable[Object], loads: Mapping[str, int], survivors: Sequence[str]) -> dict[Object, str]:
     """Spread a dead node's ``objects`` over the ``survivors``, each to the least loaded at its turn (``loads``:
-    what each survivor owns already), in a deterministic order; a channel's objects go before bridges so a bridge
-    can follow its channel later."""
+    what each survivor owns already), in a deterministic order (by kind, then id), whatever order they come in."""
     if not survivors:
         raise ValueError("no survivor to claim the objects")
     load = {n: loads.get(n, 0) for n in survivors}
