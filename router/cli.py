@@ -37,7 +37,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_REFUSED: "the node refused the request, or the channel/bridge id does not exist (the message says why); "
                   "`txn`: refused (a decision logged the other way, no such transaction) or not confirmed",
     EXIT_LOCKED: "`serve`, `stop-services`, `txn`: the state directory is in use by a running node (nothing was "
-                 "touched)",
+                 "touched); `serve`: another process on the same database runs with this `node.node_id`",
     EXIT_UNREACHABLE: "`serve`: PostgreSQL did not answer at start (the message names `postgres.dsn` and the address, "
                       "password redacted)",
     EXIT_AUDIT_VIOLATION: "`audit`: more lost or duplicated deliveries than `--max-lost` / `--max-duplicates` allow",
@@ -218,6 +218,7 @@ class _TelemetryUnavailable(Exception):
 
 
 def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
+    from router.cluster.errors import NodeLive
     from router.config import redact_dsn
     from router.lifecycle import ServiceUnreachable, StateDirLocked
     from router.server import Node
@@ -241,6 +242,10 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
         node.start()
     except StateDirLocked as exc:  # another node owns everything there: touch nothing, not even via stop()
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
+        return EXIT_LOCKED
+    except NodeLive as exc:        # another process runs with this node id on the same database
+        print(f"nsjms serve: node.node_id: {exc}", file=sys.stderr, flush=True)
+        node.stop(start_failed=True)
         return EXIT_LOCKED
     except _TelemetryUnavailable as exc:
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
@@ -276,6 +281,10 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
                 demo.kill()
         node.stop()
         flush_telemetry()
+    if node.fenced:                # its work was taken over while it was paused or cut off: start again as new
+        print(f"nsjms serve: node {cfg.node.node_id} was fenced (its work was taken over); stopped", file=sys.stderr,
+              flush=True)
+        return EXIT_FAILURE
     return EXIT_OK
 
 

@@ -132,6 +132,8 @@ class Node:
         self._switch_interval_before: float | None = None     # sys.getswitchinterval() before tune_interpreter
         self._lock: Any = None
         self._stopped = threading.Event()
+        self.membership: Any = None      # router.cluster.node.Membership
+        self.fenced = False              # the node's work was taken over: it stopped acting (docs/cluster.md)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -248,6 +250,7 @@ class Node:
         self.orb = CORBA.ORB_init(orb_args(self.s), CORBA.ORB_ID)
         self.db = Database(self.pg_dsn, self.s.pg_pool_size)
         self.db.open()                     # one pool for the node; applies the missing schema migrations
+        self._join_cluster()               # refused (NodeLive) when another process runs with this node id
         self.store = Store(LedgerWriter(self.s.ledger))
         self.maintain_ledger()             # today's partitions exist before the first routed event
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
@@ -269,6 +272,22 @@ class Node:
         self.runtime.poa._get_the_POAManager().activate()
         self.runtime.ins_poa._get_the_POAManager().activate()
         self.bridges.resume()
+
+    def _join_cluster(self) -> None:
+        """This incarnation's membership row and lease (router/cluster, docs/cluster.md), renewed in the background;
+        a renewal that finds the node fenced ends :meth:`wait` (``serve`` then exits 1 and is started again)."""
+        from router.cluster.lease import LeaseSettings
+        from router.cluster.node import Membership
+        from router.lifecycle import write_private
+
+        self.membership = Membership(self.db, self.s.node_id, f"{self.s.orb_host}:{self.s.orb_port}",
+                                     self.s.state_dir, LeaseSettings(), self._fenced, write_private=write_private)
+        self.membership.join()
+        self.membership.start()
+
+    def _fenced(self) -> None:
+        self.fenced = True
+        self._stopped.set()
 
     def _start_transactions(self) -> Any:
         """The node's T2 machinery; its first recovery pass runs BEFORE the channel restores its queues (a logged
@@ -385,6 +404,7 @@ class Node:
         return {"time": time.time(), "node_id": self.s.node_id, "channels": channels,
                 "bridges": self.bridges.status() if self.bridges is not None else [],
                 "store": self._store_stats(), "transactions": self._t2_status(),
+                "cluster": self.membership.status() if self.membership is not None else {},
                 "services": {name: health.as_dict() for name, health in self.health.items()}}
 
     def _t2_status(self) -> dict[str, Any]:
@@ -494,6 +514,8 @@ class Node:
                 self.orb.destroy()
             except Exception:
                 log.debug("ORB shutdown", exc_info=True)
+        if self.membership is not None:
+            self.membership.stop()       # leaves: a survivor may claim this node's work at once
         if self.db is not None:
             self.db.close()
         for svc in reversed(self.services):
