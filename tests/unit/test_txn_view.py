@@ -72,7 +72,8 @@ def test_undecided_older_than_the_guard_is_presumed_abort_younger_waits() -> Non
     assert not by[G2].in_doubt
     assert [t.gtrid for t in select(listing, in_doubt=True)] == [G1]
     assert [t.gtrid for t in listing.transactions] == [G1, G2]  # oldest first
-    assert refusal(by[G1], "commit") is None and refusal(by[G1], "rollback") is None
+    assert refusal(by[G1], "commit", heuristic=True) is None and refusal(by[G1], "rollback") is None
+    assert "Add --heuristic" in (refusal(by[G1], "commit") or ""), "no COMMIT logged: a heuristic commit"
 
 
 def test_offline_guard_is_zero_and_says_why() -> None:
