@@ -117,6 +117,7 @@ class TxnView:
     inbox: tuple[InboxInfo, ...] = ()
     heuristics: tuple[dict[str, Any], ...] = ()
     held: tuple[HeldInfo, ...] = ()
+    send_due: bool = False  # its logged COMMIT names a broker send branch not finished (its rows may be unreadable)
 
     @property
     def in_doubt(self) -> bool:
@@ -155,7 +156,7 @@ class TxnView:
     @property
     def sends(self) -> bool:
         """Committing it sends messages to the broker (outbox rows, or channel events a prepared branch holds)."""
-        return bool(self.outbox) or any(h.bridge_id is not None for h in self.held)
+        return self.send_due or bool(self.outbox) or any(h.bridge_id is not None for h in self.held)
 
     @property
     def operator_commit(self) -> dict[str, Any] | None:
@@ -318,8 +319,10 @@ def _txn(entry: InDoubt, txn: LiveTxn | None, xids: list[Xid], snap: Snapshot, o
         dests = ", ".join(sorted({h.destination for h in held if h.destination})) or "a consumer that is not a bridge"
         reason += (f"; it holds {n} channel event(s) for {dests}: a rollback gives them back to the queue (the node "
                    "delivers them again), a commit needs --heuristic and re-sends them")
+    send_due = txn is not None and txn.commit is not None and any(
+        p.one_phase and p.manager == SEND_MANAGER and p.name not in txn.done for p in txn.commit.participants)
     view = TxnView(entry.gtrid, entry.status, decision, decision_rec.at if decision_rec else None, deadline,
-                   entry.age_s, action, reason, _branches(txn, xids, snap), outbox, inbox, heuristics, held)
+                   entry.age_s, action, reason, _branches(txn, xids, snap), outbox, inbox, heuristics, held, send_due)
     if snap.broker_problem and view.sends and action in (SafeAction.COMMIT.value, SafeAction.RESEND.value):
         view = replace(view, action=START_NODE, reason=(
             f"{reason}; but the broker cannot be reached from here ({snap.broker_problem}): start the node (its "
@@ -342,6 +345,7 @@ def _acks_only(txn: LiveTxn) -> bool:
 
 
 ACK_MANAGER = "stomp-ack"  # router.t2.ACK_MANAGER (not imported: this module stays free of I/O modules)
+SEND_MANAGER = "stomp-send"  # router.t2.SEND_MANAGER
 
 
 def _branches(txn: LiveTxn | None, xids: list[Xid], snap: Snapshot) -> tuple[BranchView, ...]:
