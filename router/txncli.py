@@ -565,7 +565,8 @@ def render_show(view: dict[str, Any], mode: str) -> str:
 def render_report(report: dict[str, Any], mode: str) -> str:
     """What a commit/rollback/recover did."""
     parts = [f"{k.replace('_', ' ')} {', '.join(report[k])}" for k in
-             ("committed", "rolled_back", "resent", "ended", "heuristic", "waiting") if isinstance(report.get(k), list)
+             ("committed", "rolled_back", "resent", "deferred", "ended", "heuristic", "waiting")
+             if isinstance(report.get(k), list)
              and report[k]]
     text = f"{report.get('gtrid') or report.get('gid') or 'recovery'} ({mode}): " + ("; ".join(parts) or "nothing "
                                                                                      "to do")
@@ -575,5 +576,7 @@ def render_report(report: dict[str, Any], mode: str) -> str:
             text += f"\ncommitted {report.get('events', 0)} event(s) heuristically{where}" + (
                 "; re-sent with their dedupe ids" if report.get("resent") else "")
         text += "\nrecorded as a HEURISTIC outcome: `nsjms txn list` shows it until `nsjms txn forget`"
+    if report.get("note"):
+        text += f"\nNOTE: {report['note']}"
     text += "".join(f"\nERROR: {e}" for e in report.get("errors", []))
     return text

@@ -26,7 +26,7 @@ import psycopg
 from psycopg import Xid
 
 from router.t2 import OPERATOR_SEND
-from router.txnview import HeldInfo, InboxInfo, Listing, OutboxInfo, Snapshot, TxnView, join, refusal
+from router.txnview import START_NODE, HeldInfo, InboxInfo, Listing, OutboxInfo, Snapshot, TxnView, join, refusal
 from xa.errors import HeuristicKind, XAError
 from xa.log import RecoveryLog
 from xa.pg import PgManager
@@ -230,13 +230,25 @@ class TxnOps:
 
     def recover(self, who: str = "") -> dict[str, Any]:
         """One recovery pass (what the router does at start and every few seconds), in the operator log."""
+        note = ""
         try:
             with self.serial:
-                report = self._run() if self._run is not None else self._recovery().run()
+                if self._run is not None:
+                    report = self._run()
+                else:
+                    # offline with the broker out of reach: the PostgreSQL work only (what a node's start does
+                    # first); the re-sends wait for the node, never a commit whose re-send fails half-way
+                    stuck = [t.gtrid for t in self.listing().transactions if t.action == START_NODE]
+                    report = self._recovery().run(resend=not stuck)
+                    if stuck:
+                        note = (f"re-sends deferred: the broker cannot be reached from here; start the node (its "
+                                f"recovery re-sends at start) for {', '.join(stuck)}")
         except (XAError, Refused) as exc:
             self.audit(who, "", "recover", "", f"refused: recovery failed: {exc}")
             raise Refused(f"recovery failed: {exc}") from exc
         result = _report(report)
+        if note:
+            result["note"] = note
         self.audit(who, "", "recover", "", result)
         return result
 

@@ -167,6 +167,11 @@ def test_without_its_embedded_broker_a_stopped_node_is_advised_to_start_and_noth
     assert code == 4 and "nothing done" in err and "start the node" in err
     assert s.pg.is_running(), "a cluster the command did not start is left running"
     assert len(prepared_gids(s.pg.dsn)) == 1, "nothing committed that could not be sent"
+    code, out, err = txn(s, capsys, "recover")       # what a node's start does first: the PostgreSQL work only
+    assert code == 0, err
+    assert f"committed {s.gtrid}/pg" in out and "re-sends deferred" in out and "start the node" in out
+    [view] = json.loads(txn(s, capsys, "list", "--json")[1])["transactions"]
+    assert view["action"] == "start-node" and view["events"] == 3, "its outbox waits for the node's broker"
 
 
 class Counter(stomp.ConnectionListener):  # type: ignore[misc]
