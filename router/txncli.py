@@ -9,9 +9,16 @@ The mode follows the state directory's lock (``router.lifecycle.StateLock``), ne
   PostgreSQL's prepared transactions and the outbox/inbox directly (``router.txnops``) and acts through the same
   recovery manager the router uses. Nothing is deciding then, so recovery's in-flight guard is 0.
 
+Offline on the embedded defaults, the node's PostgreSQL cluster is used when it still runs, else started for the
+command and stopped after (:func:`offline_database`; read-only sessions for ``list``/``show``), and re-sends go to
+``broker.url`` or to the embedded broker a killed node left running (:class:`OfflineBroker`); with no broker in
+reach a re-send is advised as ``start-node`` and a commit refused before anything is touched.
+
 ``commit``/``rollback`` show the transaction and its safe action and ask for confirmation on a terminal (``--yes``
 for scripts; without a terminal and without ``--yes`` nothing is done). A decision logged the other way is refused
-with the reason (exit 4). Exit codes are those of ``router.cli``.
+with the reason (exit 4); so is a commit of a transaction with no decision logged unless ``--heuristic`` is given
+(the refusal names the events at stake), and a rollback after a heuristic commit. Refusals come from the backend
+(``router.txnops``), which writes every request to the operator log. Exit codes are those of ``router.cli``.
 """
 
 from __future__ import annotations
