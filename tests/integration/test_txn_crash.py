@@ -27,7 +27,7 @@ from router.cli import main
 from router.txnops import AUDIT_FILE
 
 from bridgekit import channel_ep, event_numbers, jms_ep, prepared_gids, reconnect_client
-from conftest import Rig
+from conftest import Rig, free_port
 from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, prop, short, wait_until
 
 pytestmark = pytest.mark.integration
@@ -182,6 +182,13 @@ def test_heuristic_commit_of_an_undecided_t2_shows_its_events_and_resends_them(
     assert "Add --heuristic" in err and f"commits {batch} event(s) to /queue/{queue}" in err
     assert len(prepared_gids(fresh_db)) == 1, "refused: nothing done"
 
+    monkeypatch.setenv("NSJMS_BROKER_URL", f"stomp://127.0.0.1:{free_port()}")     # no broker there
+    assert main(["txn", "commit", gtrid, "--heuristic", "--yes", "--why", "need them", *state]) == 4
+    err = capsys.readouterr().err
+    assert "nothing done" in err and f"re-sends {batch} message(s)" in err and "cannot be reached" in err
+    assert len(prepared_gids(fresh_db)) == 1, "never a commit whose re-send cannot be done"
+    monkeypatch.setenv("NSJMS_BROKER_URL", rig.server.broker_url)
+
     counter = StompCounter(rig.server.broker_url, queue)
     try:
         assert main(["txn", "commit", gtrid, "--heuristic", "--yes", "--why", "need them", "--who", "ops",
@@ -198,9 +205,9 @@ def test_heuristic_commit_of_an_undecided_t2_shows_its_events_and_resends_them(
         [after] = json.loads(capsys.readouterr().out)["transactions"]
         assert (after["status"], after["action"]) == ("heuristic-commit", "forget")
         entries = [json.loads(x) for x in (rig.server.state_dir / AUDIT_FILE).read_text().splitlines()]
-        assert [e["action"] for e in entries] == ["commit", "heuristic-commit", "rollback"]
-        assert entries[0]["result"].startswith("refused:") and entries[2]["result"].startswith("refused:")
-        assert entries[1]["result"]["resent"] == [f"{gtrid}/broker"] and entries[1]["result"]["events"] == batch
+        assert [e["action"] for e in entries] == ["commit", "heuristic-commit", "heuristic-commit", "rollback"]
+        assert all(entries[i]["result"].startswith("refused:") for i in (0, 1, 3))
+        assert entries[2]["result"]["resent"] == [f"{gtrid}/broker"] and entries[2]["result"]["events"] == batch
 
         rig.server.restart()                         # the rest of the queue goes out as usual
         reconnect_client(managed)
