@@ -105,6 +105,7 @@ class TxnOps:
                 "GROUP BY p.gid, b.id, q.channel_id, b.sink", (sorted(by_gid),)).fetchall()
         return [HeldInfo(by_gid[str(gid)], _opt(bid), int(cid), f"/{kind}/{name}" if kind and name else None, int(n))
                 for gid, bid, cid, kind, name, n in rows]
+
     def _rows(self, gtrids: list[str]) -> tuple[list[OutboxInfo], list[InboxInfo]]:
         with self.rows() as conn:
             out = conn.execute("SELECT o.gtrid, o.idx, o.dedupe_id, o.bridge_id, o.destination, "
@@ -152,6 +153,9 @@ class TxnOps:
         except Refused as exc:
             self.audit(who, why, action, gtrid, f"refused: {exc}")
             raise
+        except Exception as exc:
+            self.audit(who, why, action, gtrid, f"failed: {type(exc).__name__}: {exc}")
+            raise
         self.audit(who, why, action, gtrid, result)
         return result
 
@@ -195,6 +199,9 @@ class TxnOps:
         except Refused as exc:
             self.audit(who, why, f"{action} --xid", gid, f"refused: {exc}")
             raise
+        except Exception as exc:
+            self.audit(who, why, f"{action} --xid", gid, f"failed: {type(exc).__name__}: {exc}")
+            raise
 
     def _resolve_xid(self, gid: str, action: str, who: str, why: str) -> dict[str, Any]:
         found = [x for x in self.pg.recover() if str(x) == gid]
@@ -225,6 +232,9 @@ class TxnOps:
         except XAError as exc:
             self.audit(who, "", "forget", gtrid, f"refused: {exc}")
             raise Refused(str(exc)) from exc
+        except Exception as exc:
+            self.audit(who, "", "forget", gtrid, f"failed: {type(exc).__name__}: {exc}")
+            raise
         self.audit(who, "", "forget", gtrid, "forgotten")
         return {"gtrid": gtrid, "forgotten": True}
 
@@ -246,6 +256,9 @@ class TxnOps:
         except (XAError, Refused) as exc:
             self.audit(who, "", "recover", "", f"refused: recovery failed: {exc}")
             raise Refused(f"recovery failed: {exc}") from exc
+        except Exception as exc:
+            self.audit(who, "", "recover", "", f"failed: {type(exc).__name__}: {exc}")
+            raise
         result = _report(report)
         if note:
             result["note"] = note

@@ -189,3 +189,29 @@ def test_online_operations_share_the_nodes_recovery_lock(tmp_path: Path) -> None
     assert ops.serial is t2.recovery_lock and ops.guard_s == 60.0 and ops.mode == "online"
     assert ops._resolve == t2.resolve       # an operator's decision goes through the node (ledger hops)
     assert ops._broker_check == t2.broker_problem   # checked before a commit that re-sends
+
+
+def test_every_operator_request_is_in_the_operator_log_also_when_it_fails(tmp_path: Path) -> None:
+    """Refused (an unknown transaction) or failed (the database broke mid-way): both are written, then raised."""
+    import json
+
+    from router.txnops import AUDIT_FILE, Refused, TxnOps
+
+    class Pg:
+        broken = False
+
+        def recover(self) -> list[Any]:
+            if self.broken:
+                raise RuntimeError("server closed the connection")
+            return []
+
+    pg = Pg()
+    ops = TxnOps("n1", tmp_path, None, pg, None, None, mode="offline", guard_s=0.0)  # type: ignore[arg-type]
+    with pytest.raises(Refused, match="no transaction n1:x"):
+        ops.resolve("n1:x", "rollback", "me", "why")
+    pg.broken = True
+    with pytest.raises(RuntimeError):
+        ops.resolve("n1:x", "heuristic-commit", "me", "why")
+    lines = [json.loads(x) for x in (tmp_path / AUDIT_FILE).read_text().splitlines()]
+    assert [(e["action"], e["target"], e["who"], e["result"][:8]) for e in lines] == [
+        ("rollback", "n1:x", "me", "refused:"), ("heuristic-commit", "n1:x", "me", "failed: ")]
