@@ -115,7 +115,7 @@ def _dispatch(args: argparse.Namespace, ref: Any, refused: Any, out: Out, err: O
     code, results = EXIT_OK, []
     for dl_id in args.ids:       # each on its own: one refused id does not stop the others
         try:
-            result = ask_node(_action(ref, command, dl_id, who, args.why))
+            result = ask_node(_action(ref, command, dl_id, who, getattr(args, "why", "")))
         except _Refused as exc:
             err(f"nsjms deadletter {command} {dl_id}: refused: {exc}")
             code, result = EXIT_REFUSED, {"id": dl_id, "refused": str(exc)}
