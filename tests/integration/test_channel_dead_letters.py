@@ -14,10 +14,12 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from omniORB import CORBA
@@ -149,6 +151,17 @@ def test_refused_events_are_kept_listed_retried_once_and_discarded(nsjms_server:
     assert code == 0, err
     assert dead_letters(nsjms_server) == []
     assert 4 not in consumer.ids()
+    # The ledger agrees: every obligation ended once; the dead-lettered ones say so; the retry is a new obligation.
+    def outcomes() -> list[tuple[str, str]]:
+        with psycopg.connect(nsjms_server.pg_dsn, autocommit=True) as conn:
+            return [(str(d), str(o)) for d, o in conn.execute(
+                "SELECT dedupe_id, outcome FROM nsjms_ledger WHERE channel_id = %s ORDER BY entry_id", (cid,))]
+
+    wait_until(lambda: Counter(o for _, o in outcomes()) == {"accepted": 10, "delivered": 8, "dead_letter": 2},
+               "one terminal ledger row per obligation")
+    ended = dict((d, o) for d, o in outcomes() if o != "accepted")
+    assert ended[bad_param["dedupe_id"]] == ended[conversion["dedupe_id"]] == "dead_letter"
+
     log = operator_log(nsjms_server)
     assert [(e["action"], e["target"]) for e in log] == [("deadletter retry", str(bad_param["id"])),
                                                           ("deadletter retry", str(bad_param["id"])),
