@@ -126,6 +126,8 @@ def test_refused_events_are_kept_listed_retried_once_and_discarded(nsjms_server:
     assert "bad parameter" in out and "payload-000002-" in out and "back into the queue of proxy supplier" in out
     code, out, err = cli(nsjms_server, "deadletter", "list")
     assert code == 0 and "2 dead letter(s)" in out and "nsjms.test/Tick/e4" in out, out + err
+    wait_until(lambda: "2 dead letter(s) (nsjms deadletter list)" in cli(nsjms_server, "status")[1],
+               "the count in nsjms status")
 
     # Fixed consumer: the retry delivers it, exactly once; an event pushed after it arrives after it.
     consumer.refuse.clear()
