@@ -34,12 +34,15 @@ from stdclients import (
     PushSupplierClient,
     StructuredPushConsumer,
     Style,
+    connect_pull_supplier,
     connect_push_consumer,
     event_id,
     make_event,
+    make_pull_supplier,
     obtain_proxy_consumer,
     obtain_proxy_supplier,
     persistent_qos,
+    prop,
 )
 
 pytestmark = pytest.mark.integration
@@ -171,6 +174,30 @@ def test_refused_events_are_kept_listed_retried_once_and_discarded(nsjms_server:
     assert log[0]["who"] == log[2]["who"] == "tester" and log[2]["why"] == "bad text"
     assert log[0]["result"]["retried"] is True and log[2]["result"]["discarded"] is True
     assert str(log[1]["result"]).startswith("refused: no dead letter")
+
+
+def test_a_pulled_event_the_channel_refuses_is_kept_and_its_retry_checked_again(nsjms_server: NsjmsServer,
+                                                                                client_orb: Any) -> None:
+    factory = client_orb.factory(nsjms_server.ior())
+    channel, cid = factory.create_channel(persistent_qos(), [])
+    consumer = StructuredPushConsumer()
+    connect_push_consumer(obtain_proxy_supplier(channel.default_consumer_admin, S, Style.PUSH)[0], S, consumer)
+    bad = make_event(1, extra_header=[prop("Priority", CORBA.Any(CORBA.TC_string, "high"))])   # BAD_QOS
+    supplier = make_pull_supplier(S, [make_event(0), bad, make_event(2)])
+    proxy, pid = obtain_proxy_consumer(channel.default_supplier_admin, S, Style.PULL)
+    connect_pull_supplier(proxy, S, supplier)
+
+    wait_until(lambda: consumer.ids() == [0, 2], "the pulled events around the refused one")
+    wait_until(lambda: len(dead_letters(nsjms_server, "--channel", str(cid))) == 1, "the refused pulled event kept")
+    [row] = dead_letters(nsjms_server, "--channel", str(cid))      # before: a log line only
+    assert (row["side"], row["proxy_id"], row["event_name"]) == ("S", pid, "nsjms.test/Tick/e1")
+    assert "QoS headers are unusable" in row["reason"] and row["exception"].startswith("BAD_QOS")
+    code, _, err = cli(nsjms_server, "deadletter", "retry", str(row["id"]))
+    assert code == 4 and "refuses it again (BAD_QOS" in err, err  # the channel's checks apply again; kept
+    assert [r["id"] for r in dead_letters(nsjms_server)] == [row["id"]]
+    code, _, err = cli(nsjms_server, "deadletter", "discard", str(row["id"]), "--yes")
+    assert code == 0, err
+    assert dead_letters(nsjms_server) == [] and consumer.ids() == [0, 2]
 
 
 def test_deadletter_with_the_node_stopped_says_so(tmp_path: Path) -> None:
