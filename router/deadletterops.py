@@ -112,6 +112,8 @@ class DeadLetterOps:
             if dl is None:
                 raise Refused(self._unknown(dl_id))
             channel_alive, proxy = self._live(dl)
+            if proxy is not None and not self.store.proxy_stored(conn, dl.channel_id, dl.admin_id, dl.proxy_id):
+                proxy = None                           # being destroyed: its row is gone
             target, why = retry_target(dl, channel_alive=channel_alive, proxy_alive=proxy is not None)
             if target is RetryTarget.REFUSED:
                 raise Refused(f"dead letter {dl_id}: {why}")
@@ -143,7 +145,8 @@ class DeadLetterOps:
             return True, None
         admin = channel.consumer_admins.get(dl.admin_id)
         proxy = admin.proxies.get(dl.proxy_id) if admin is not None else None
-        return True, proxy if proxy is not None and not proxy.destroyed else None
+        gone = proxy is None or proxy.destroyed or getattr(proxy, "closing", False)
+        return True, None if gone else proxy
 
     def _plan(self, channel: Any, dl: DeadLetter, proxy: Any) -> RoutePlan:
         """The event stored again and where it goes: ``proxy``, else the channel's routing (refused: nobody)."""

@@ -208,6 +208,14 @@ class DeadLetterStore:
         """Remove one row (retried or discarded): False when it was already gone."""
         return conn.execute("DELETE FROM nsjms_dead_letter WHERE id = %s", (dl_id,)).rowcount == 1
 
+    @staticmethod
+    def proxy_stored(conn: Conn, cid: int, aid: int, pid: int) -> bool:
+        """Whether proxy supplier (``aid``, ``pid``) of channel ``cid`` still has its row, which is then share-locked
+        until the caller's transaction ends: a destroy of that proxy (which deletes its queue rows with it) waits,
+        so a retry's queue row is never left behind a proxy deleted meanwhile."""
+        return conn.execute("SELECT 1 FROM nsjms_proxy WHERE channel_id = %s AND side = 'C' AND admin_id = %s "
+                            "AND id = %s FOR SHARE", (cid, aid, pid)).fetchone() is not None
+
     def count(self, conn: Conn) -> int:
         row = conn.execute("SELECT count(*) FROM nsjms_dead_letter").fetchone()
         return int(row[0]) if row else 0

@@ -36,10 +36,15 @@ class FakeStore:
     def __init__(self, *rows: DeadLetter) -> None:
         self.rows = {r.id: r for r in rows}
         self.calls: list[tuple[str, object]] = []     # (what, conn)
+        self.destroyed: set[tuple[int, int]] = set()  # proxies whose row is gone (a destroy committed)
 
     def get(self, conn: object, dl_id: int, *, lock: bool = False) -> DeadLetter | None:
         self.calls.append(("get-locked" if lock else "get", conn))
         return self.rows.get(dl_id)
+
+    def proxy_stored(self, conn: object, cid: int, aid: int, pid: int) -> bool:
+        self.calls.append(("proxy-locked", conn))
+        return (aid, pid) not in self.destroyed
 
     def delete(self, conn: object, dl_id: int) -> bool:
         self.calls.append(("delete", conn))
@@ -114,7 +119,7 @@ def test_a_retry_goes_back_into_its_proxy_in_the_transaction_that_removes_it(tmp
     result = ops.retry(9, "alice")
     assert result["target"] == "proxy" and result["proxies"] == ["0/2"] and result["event_id"] == 555
     whats = [w for w, _ in store.calls]
-    assert whats == ["get-locked", "store_in", "delete"]
+    assert whats == ["get-locked", "proxy-locked", "store_in", "delete"]
     assert len({id(c) for _, c in store.calls}) == 1               # one unit of work
     [plan] = channel.published                                     # queued in memory after the commit
     rec, targets = plan.plans[0]
@@ -130,6 +135,14 @@ def test_with_its_proxy_gone_the_channel_routes_it(tmp_path: Path, monkeypatch: 
                                                              1: FakeAdmin(FakeProxy(1, 6, wants=False))})
     result = ops.retry(9, "alice")
     assert result["target"] == "channel" and result["proxies"] == ["0/5"]
+
+
+def test_a_proxy_whose_row_is_gone_is_not_retried_into(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    closing = FakeProxy(0, 2, wants=False)                         # its teardown stopped it (not connected) ...
+    ops, store, _ = make(tmp_path, monkeypatch, _dl(), consumers={0: FakeAdmin(closing, FakeProxy(0, 3))})
+    store.destroyed.add((0, 2))                                    # ... and deleted its row; still in memory
+    result = ops.retry(9, "alice")
+    assert result["target"] == "channel" and result["proxies"] == ["0/3"]
 
 
 def test_a_retry_nobody_wants_is_refused_and_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
