@@ -37,14 +37,14 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     ls.add_argument("--limit", type=int, default=1000, metavar="N", help="at most N rows (default 1000)")
     show = dsub.add_parser("show", parents=[common], help="one dead letter: reason, exception, attempts, times, "
                                                           "the event's header and where a retry would go")
-    show.add_argument("id", type=int, metavar="ID")
+    show.add_argument("id", type=int, metavar="ID", help="dead letter id (from deadletter list)")
     retry = dsub.add_parser("retry", parents=[common],
                             help="put dead letters back into their proxy supplier's queue (or the channel's, if that "
                                  "proxy is gone)")
-    retry.add_argument("ids", type=int, nargs="+", metavar="ID")
+    retry.add_argument("ids", type=int, nargs="+", metavar="ID", help="one or more dead letter ids, each on its own")
     retry.add_argument("--who", default=None, help="who (recorded in the operator log; default: USER@HOST)")
     discard = dsub.add_parser("discard", parents=[common], help="delete dead letters for good")
-    discard.add_argument("ids", type=int, nargs="+", metavar="ID")
+    discard.add_argument("ids", type=int, nargs="+", metavar="ID", help="one or more dead letter ids, each on its own")
     discard.add_argument("--why", default="", help="why (recorded in the operator log)")
     discard.add_argument("--who", default=None, help="who (recorded in the operator log; default: USER@HOST)")
     discard.add_argument("--yes", action="store_true", help="do not ask for confirmation (scripts)")
