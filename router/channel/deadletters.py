@@ -1,7 +1,7 @@
 """The channel's dead-letter store: events the channel gave up on, kept with their reason until an operator acts.
 
-Table ``nsjms_dead_letter`` (migration ``router/db/migrations/0004_dead_letter.sql``). A proxy supplier that gives
-up on an event (its content failed alone :data:`~router.channel.boundary.POISON_ATTEMPTS` times,
+Table ``nsjms_dead_letter`` (migration ``router/db/migrations/*_dead_letter.sql``). A proxy supplier that
+gives up on an event (its content failed alone :data:`~router.channel.boundary.POISON_ATTEMPTS` times,
 :mod:`router.channel.delivery`) moves it here in the SAME unit of work that deletes its queue row and writes its
 ``dead_letter`` ledger row (:meth:`DeadLetterStore.add_queued`, copying the event as the queue stored it); a
 BestEffort event, which has no stored copy, is written from its encoding (:meth:`DeadLetterStore.add`). A pulled

@@ -1,5 +1,6 @@
-"""``DeadLetterStore`` on a real PostgreSQL (migration 0004): a dead letter is copied from the queue row it replaces,
-only while that row exists, and once (a unit of work retried after a lost COMMIT reply writes nothing twice)."""
+"""``DeadLetterStore`` on a real PostgreSQL (its migration ``*_dead_letter.sql``): a dead letter is copied from the
+queue row it replaces, only while that row exists, and once (a unit of work retried after a lost COMMIT reply writes
+nothing twice)."""
 
 from __future__ import annotations
 
