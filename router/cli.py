@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsjms", parents=[common],
                                 description="CORBA Notification Service ⇄ JMS routing engine")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{serve,status,channel,bridge,txn,demo,stop-services,ledger,audit}")
+                           metavar="{serve,status,channel,bridge,txn,deadletter,demo,stop-services,ledger,audit}")
 
     serve = sub.add_parser("serve", parents=[common],
                            help="run a node (embedded PostgreSQL and ActiveMQ unless given)")
@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     from router.txncli import add_parser as add_txn_parser
 
     add_txn_parser(sub, common)
+    from router.deadlettercli import add_parser as add_deadletter_parser
+
+    add_deadletter_parser(sub, common)
     from audit.cli import add_parsers as add_audit_parsers  # ledger + audit (heavy imports stay inside)
 
     add_audit_parsers(sub, common)
@@ -412,6 +415,18 @@ def cmd_txn(args: argparse.Namespace, cfg: Any) -> int:
         return _private("txn", Path(cfg.node.state_dir))
 
 
+def cmd_deadletter(args: argparse.Namespace, cfg: Any) -> int:
+    from router.deadlettercli import run
+
+    state_dir = _running(f"deadletter {args.deadletter_command}", args, cfg)
+    if state_dir is None:
+        return EXIT_NOT_RUNNING
+    try:
+        return run(args, state_dir)
+    except PermissionError:
+        return _private("deadletter", state_dir)
+
+
 def cmd_audit(args: argparse.Namespace, cfg: Any) -> int:
     from audit.cli import run
 
@@ -434,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge,
                 "channel": cmd_channel, "txn": cmd_txn, "stop-services": cmd_stop_services, "ledger": cmd_audit,
-                "audit": cmd_audit}
+                "audit": cmd_audit, "deadletter": cmd_deadletter}
     return handlers[args.command](args, cfg)
 
 

@@ -120,6 +120,7 @@ class Node:
         self.t2: Any = None
         self.t2_gauges: Any = None  # router.telemetry.T2Gauges of the last status snapshot
         self.txn_admin: Any = None  # router.txnadmin.TransactionAdminImpl
+        self.dead_letter_admin: Any = None  # router.deadletteradmin.DeadLetterAdminImpl
         self.bridge_store: Any = None
         self.pg_dsn = settings.pg_dsn
         self.broker_url = settings.broker_url
@@ -376,6 +377,10 @@ class Node:
                 "corbaloc": f"corbaloc::{host}:{port}/TransactionAdmin",
                 "ior": self.orb.object_to_string(self.txn_admin.ref),
             },
+            "dead_letter_admin": {
+                "corbaloc": f"corbaloc::{host}:{port}/DeadLetterAdmin",
+                "ior": self.orb.object_to_string(self.dead_letter_admin.ref),
+            },
             "postgres_dsn": redact_dsn(self.pg_dsn),
             "broker_url": redact_dsn(self.broker_url) if self.broker_url else None,
             "node_id": self.s.node_id,
@@ -464,11 +469,14 @@ class Node:
                 log.debug("status snapshot failed", exc_info=True)
 
     def _publish(self) -> None:
+        from router.deadletteradmin import dead_letter_admin
         from router.lifecycle import write_private
         from router.txnadmin import TransactionAdminImpl, node_ops
 
         self.txn_admin = TransactionAdminImpl(node_ops(self.t2, self.s.state_dir))
         self.txn_admin.activate(self.runtime.ins_poa)  # nsjms txn asks the running router (online mode)
+        self.dead_letter_admin = dead_letter_admin(self)
+        self.dead_letter_admin.activate(self.runtime.ins_poa)  # nsjms deadletter asks the running router
         # factory.ior first: endpoints.json is the "ready" signal, so every file it announces already exists
         write_private(self.s.state_dir / "factory.ior", self.orb.object_to_string(self.factory.ref) + "\n")
         path = self.s.state_dir / "endpoints.json"

@@ -34,7 +34,7 @@ from xa.records import Heuristic, LiveTxn
 from xa.recovery import RecoveryManager, RecoveryReport, SafeAction
 from xa.xid import FORMAT_ID, NodeId, is_ours, parse_gtrid
 
-__all__ = ["AUDIT_FILE", "HEURISTIC_COMMIT", "Refused", "TxnOps"]
+__all__ = ["AUDIT_FILE", "HEURISTIC_COMMIT", "Refused", "TxnOps", "operator_log"]
 
 AUDIT_FILE = "txn-operator.log"
 HEURISTIC_COMMIT = "heuristic-commit"  # the action of ``nsjms txn commit --heuristic`` (over IIOP too)
@@ -267,14 +267,20 @@ class TxnOps:
 
     # ------------------------------------------------------------------------------------------ audit
     def audit(self, who: str, why: str, action: str, target: str, result: Any) -> None:
-        line = json.dumps({"at": time.time(), "node": self.node.value, "mode": self.mode, "who": who, "why": why,
-                           "action": action, "target": target, "result": result}, sort_keys=True)
-        fd = os.open(self.state_dir / AUDIT_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, (line + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        operator_log(self.state_dir, self.node.value, self.mode, who, why, action, target, result)
+
+
+def operator_log(state_dir: Path, node: str, mode: str, who: str, why: str, action: str, target: str,
+                 result: Any) -> None:
+    """Append one operator action to ``<state_dir>/txn-operator.log`` (also ``nsjms deadletter``'s actions)."""
+    line = json.dumps({"at": time.time(), "node": node, "mode": mode, "who": who, "why": why,
+                       "action": action, "target": target, "result": result}, sort_keys=True)
+    fd = os.open(state_dir / AUDIT_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _opt(value: Any) -> int | None:
