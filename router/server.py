@@ -37,6 +37,7 @@ from typing import Any
 
 from router.config import DEFAULT_MAX_EVENT_BYTES
 from router.ledger import LedgerSettings
+from router.quotas import NodeLimits
 
 __all__ = ["Node", "NodeSettings", "stop_services", "write_endpoints"]
 
@@ -75,6 +76,7 @@ class NodeSettings:
     extra_orb_args: tuple[str, ...] = field(default_factory=tuple)
     ledger: LedgerSettings = field(default_factory=LedgerSettings)   # [ledger]: router/ledger.py
     gil_switch_interval_s: float = GIL_SWITCH_INTERVAL_S   # sys.setswitchinterval while the node runs
+    limits: NodeLimits = field(default_factory=NodeLimits)  # [limits]: router/quotas.py
 
 
 def orb_args(s: NodeSettings) -> list[str]:
@@ -245,12 +247,14 @@ class Node:
         from router.db import Database
         from router.ledger import LedgerWriter
 
+        self._secure_admin()                # before ORB_init: the credential interceptor
         self.orb = CORBA.ORB_init(orb_args(self.s), CORBA.ORB_ID)
         self.db = Database(self.pg_dsn, self.s.pg_pool_size)
         self.db.open()                     # one pool for the node; applies the missing schema migrations
         self.store = Store(LedgerWriter(self.s.ledger))
         self.maintain_ledger()             # today's partitions exist before the first routed event
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
+        self.runtime.limits = self.s.limits
         self.runtime.delivered = DeliveredJournals(self.s.state_dir / "delivered")   # push proxies' journals
         self.t2 = self._start_transactions()
         self.runtime.t2 = self.t2
@@ -269,6 +273,18 @@ class Node:
         self.runtime.poa._get_the_POAManager().activate()
         self.runtime.ins_poa._get_the_POAManager().activate()
         self.bridges.resume()
+
+    def _secure_admin(self) -> None:
+        """Admin credentials (generated on first start, 0600), the server interceptor, the servant guards
+        (router/auth.py, router/adminguard.py, docs/security.md)."""
+        from router import adminguard, auth
+
+        made = auth.ensure_defaults(self.s.state_dir)
+        if made:
+            log.info("admin credentials generated for %s in %s", ", ".join(made),
+                     auth.credentials_dir(self.s.state_dir))
+        auth.install_server(auth.Authenticator(self.s.state_dir))
+        adminguard.apply()
 
     def _start_transactions(self) -> Any:
         """The node's T2 machinery; its first recovery pass runs BEFORE the channel restores its queues (a logged
