@@ -168,12 +168,16 @@ class Node:
     def _private_state_dir(self) -> None:
         """No group/other bits anywhere; as root with an embedded PostgreSQL (configured, or one whose cluster lives
         here and may still run), the ``postgres`` group may traverse the top directory (its server runs as that
-        user and lives in ``pg/``, which it owns with mode 0700)."""
+        user and lives in ``pg/``, which it owns with mode 0700); as root with the embedded broker, which runs as
+        ``activemq`` and owns ``activemq/`` (0700), the broker traverses it through the directory's group (0710):
+        ``postgres``, which the broker's JVM then holds as a supplementary group, else ``activemq``."""
         from router.lifecycle import private_tree
 
         private_tree(self.s.state_dir)
         if not self.pg_dsn or (self.s.state_dir / "pg").exists():
             _postgres_may_traverse(self.s.state_dir)
+        if not self.broker_url:
+            _broker_may_traverse(self.s.state_dir)
 
     def _check_before_services(self) -> None:
         """What can end the start is checked before an embedded service is started, adopted or stopped."""
@@ -198,7 +202,8 @@ class Node:
             self.pg_dsn = self.embedded_pg.start()
         if not self.broker_url:
             self.embedded_mq = services.EmbeddedActiveMQ(
-                self.s.state_dir, self.s.broker_stomp_port, self.s.broker_openwire_port, authenticate=True
+                self.s.state_dir, self.s.broker_stomp_port, self.s.broker_openwire_port, authenticate=True,
+                os_user=services.BROKER_OS_USER if os.geteuid() == 0 else None,   # never a root JVM
             )
             self.services.append(self.embedded_mq)
             self.broker_url = self.embedded_mq.start()
@@ -540,6 +545,20 @@ def _postgres_may_traverse(state_dir: Path) -> None:
         os.chmod(state_dir, 0o710)
     except LookupError:
         pass  # no postgres user: EmbeddedPostgres says what to install
+
+
+def _broker_may_traverse(state_dir: Path) -> None:
+    """As root: a state directory no group may traverse yet gets ``root:activemq 0710`` (the embedded broker runs
+    as ``activemq``); one that ``postgres`` traverses stays so (the broker holds that group, see EmbeddedActiveMQ)."""
+    from router.services import BROKER_OS_USER
+
+    if os.geteuid() != 0 or os.stat(state_dir).st_gid != 0:
+        return
+    try:
+        shutil.chown(state_dir, group=BROKER_OS_USER)
+        os.chmod(state_dir, 0o710)
+    except LookupError:
+        pass  # no activemq user: EmbeddedActiveMQ says what to install
 
 
 def stop_services(state_dir: Path) -> list[str]:

@@ -234,7 +234,8 @@ def _shape(value: Any) -> Any:
     return "number" if isinstance(value, int) else "text"
 
 
-def test_published_endpoints_match_the_docs(nsjms_server: Any, cpp_examples: dict[str, Path], tmp_path: Path) -> None:
+def test_published_endpoints_match_the_docs(nsjms_server: Any, cpp_examples: dict[str, Path], tmp_path: Path,
+                                            client_orb: Any) -> None:
     documented = _json_block_after((REPO / "docs" / "channel.md").read_text(), "<state-dir>/endpoints.json")
     written = json.loads(nsjms_server.endpoints_path.read_text())
     assert _shape(documented) == _shape(written), "docs/channel.md's endpoints.json example is stale"
@@ -249,5 +250,7 @@ def test_published_endpoints_match_the_docs(nsjms_server: Any, cpp_examples: dic
     assert ior_file.exists(), "docs/clients.md: factory.ior stays when the node stops"
     nsjms_server.restart()
     assert _factory_ior(nsjms_server) == ior, "docs/clients.md: the IOR is the same after a restart"
-    out = _run([*_command("cpp", "supplier", cpp_examples), "--factory-file", str(kept), "--count", "1"])
+    _, cid = client_orb.factory(ior).create_channel([], [])   # an operator's action (docs/security.md)
+    out = _run([*_command("cpp", "supplier", cpp_examples), "--factory-file", str(kept), "--channel", str(cid),
+                "--count", "1"])
     assert len(out) == 2 and out[1].startswith("pushed example-0 "), out
