@@ -447,10 +447,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "credentials": cmd_credentials,
                 "audit": cmd_audit}
     if args.command in PRESENTS_CREDENTIAL:      # docs/security.md: the CLI is the local operator
+        from omniORB import CORBA
+
         from router.auth import presenting
 
-        with presenting(Path(cfg.node.state_dir)):
-            return handlers[args.command](args, cfg)
+        with presenting(Path(cfg.node.state_dir)) as presented:
+            try:
+                return handlers[args.command](args, cfg)
+            except CORBA.NO_PERMISSION:
+                why = "the node refused this credential" if presented else "no admin credential readable here"
+                print(f"nsjms {args.command}: refused: not authorised ({why}; docs/security.md)", file=sys.stderr)
+                return EXIT_REFUSED
     return handlers[args.command](args, cfg)
 
 

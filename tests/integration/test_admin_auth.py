@@ -124,3 +124,20 @@ def test_operator_log_names_the_authenticated_principal(admin: Any, nsjms_server
     _, _, txn, _ = admin
     with pytest.raises(NsjmsAdmin.TransactionRefused):
         txn.forget("f" * 32, "alice@ops1")
+
+
+def test_cli_without_a_readable_credential_is_refused_cleanly(nsjms_server: NsjmsServer) -> None:
+    """The CLI presents STATE/credentials/operator.token; without it the node refuses, and the CLI says so (exit 4,
+    no traceback)."""
+    import subprocess
+    import sys
+
+    token = token_path(nsjms_server.state_dir, "operator")
+    ok = subprocess.run([sys.executable, "-m", "router.cli", "bridge", "list", "--state-dir",
+                         str(nsjms_server.state_dir)], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    token.rename(token.with_suffix(".away"))
+    refused_run = subprocess.run([sys.executable, "-m", "router.cli", "bridge", "list", "--state-dir",
+                                  str(nsjms_server.state_dir)], capture_output=True, text=True, timeout=120)
+    assert refused_run.returncode == 4, refused_run.stdout + refused_run.stderr
+    assert "refused: not authorised" in refused_run.stderr and "Traceback" not in refused_run.stderr

@@ -40,13 +40,13 @@ CXX_LIBS = ["-lCOS4", "-lomniORB4", "-lomniDynamic4", "-lomnithread"]  # the lin
 
 @pytest.fixture(scope="session")
 def cpp_examples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """examples/cpp/{supplier,consumer}.cc compiled with the documented command line (once per session)."""
+    """examples/cpp/{supplier,consumer,admin}.cc compiled with the documented command line (once per session)."""
     compiler = shutil.which("g++")
     if compiler is None:
         pytest.fail("g++ is missing: scripts/bootstrap.sh installs it (with libomniorb4-dev and libcos4-dev)")
     out = tmp_path_factory.mktemp("cpp-examples")
     built = {}
-    for name in ("supplier", "consumer"):
+    for name in ("supplier", "consumer", "admin"):
         binary = out / name
         cmd = [compiler, *CXX_FLAGS, "-o", str(binary), str(EXAMPLES / "cpp" / f"{name}.cc"), *CXX_LIBS]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
@@ -254,3 +254,22 @@ def test_published_endpoints_match_the_docs(nsjms_server: Any, cpp_examples: dic
     out = _run([*_command("cpp", "supplier", cpp_examples), "--factory-file", str(kept), "--channel", str(cid),
                 "--count", "1"])
     assert len(out) == 2 and out[1].startswith("pushed example-0 "), out
+
+
+@pytest.mark.parametrize("lang", ["python", "cpp"])
+def test_admin_example_presents_the_credential(nsjms_server: Any, cpp_examples: dict[str, Path], client_orb: Any,
+                                               lang: str) -> None:
+    """docs/security.md: a standard client presents the admin credential with a client request interceptor; without
+    it the node refuses create_channel (NO_PERMISSION), with the operator's token file it creates the channel."""
+    command = ([sys.executable, str(EXAMPLES / "python" / "admin.py")] if lang == "python"
+               else [str(cpp_examples["admin"])])
+    factory = ["--factory", f"corbaloc::127.0.0.1:{nsjms_server.port}/NotifyEventChannelFactory"]
+    refused = subprocess.run([*command, *factory], capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 4 and "NO_PERMISSION" in refused.stderr, refused.stdout + refused.stderr
+    token = str(nsjms_server.state_dir / "credentials" / "operator.token")
+    done = subprocess.run([*command, "--token-file", token, *factory], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    [line] = done.stdout.splitlines()
+    assert re.fullmatch(r"channel \d+", line), line
+    assert int(line.split()[1]) in client_orb.factory(nsjms_server.ior()).get_all_channels()
