@@ -52,7 +52,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                        help="act on ONE orphaned prepared branch by its PostgreSQL GID (pg_prepared_xacts.gid) "
                             "instead of a transaction")
         p.add_argument("--why", default=None, help="why (recorded with the decision; asked for on a terminal)")
-        p.add_argument("--who", default=None, help="who decides (default: USER@HOST)")
+        p.add_argument("--who", default=None, help="who decides, offline only (default: USER@HOST); with the node "
+                       "running, the operator log records the authenticated principal (docs/security.md)")
         p.add_argument("--yes", action="store_true", help="do not ask for confirmation (scripts)")
     forget = tsub.add_parser("forget", parents=[common],
                              help="drop a heuristic outcome once the data is checked (refused while a branch is "

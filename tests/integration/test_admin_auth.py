@@ -141,3 +141,35 @@ def test_cli_without_a_readable_credential_is_refused_cleanly(nsjms_server: Nsjm
                                   str(nsjms_server.state_dir)], capture_output=True, text=True, timeout=120)
     assert refused_run.returncode == 4, refused_run.stdout + refused_run.stderr
     assert "refused: not authorised" in refused_run.stderr and "Traceback" not in refused_run.stderr
+
+
+def test_orphan_commit_is_refused_anonymously_and_logged_as_the_principal(admin: Any,
+                                                                          nsjms_server: NsjmsServer) -> None:
+    """Issue 30's case: an orphaned prepared PostgreSQL branch. Anonymous: NO_PERMISSION and the branch stays
+    prepared; authenticated: committed, and the operator log names the principal, not the ``who`` sent."""
+    import subprocess
+    import sys
+
+    from psycopg import Xid
+
+    from xa.xid import FORMAT_ID
+
+    from bridgekit import prepare_foreign, prepared_gids
+
+    _, _, txn, _ = admin
+    dsn = nsjms_server.pg_dsn
+    first = prepare_foreign(dsn, Xid.from_parts(FORMAT_ID, "hand-made-1", "outbox"))
+    second = prepare_foreign(dsn, Xid.from_parts(FORMAT_ID, "hand-made-2", "outbox"))
+    with presenting(""):
+        refused(lambda: txn.resolve_xid(first, "commit", "alice@ops1", "forged"))
+    assert first in prepared_gids(dsn)
+    txn.resolve_xid(first, "commit", "alice@ops1", "test: commit the orphan")
+    assert first not in prepared_gids(dsn)
+    run = subprocess.run([sys.executable, "-m", "router.cli", "txn", "rollback", "--xid", second, "--yes", "--why",
+                          "test", "--who", "alice@ops1", "--state-dir", str(nsjms_server.state_dir)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "NSJMS_POSTGRES_DSN": dsn})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert second not in prepared_gids(dsn)
+    entries = [json.loads(x) for x in (nsjms_server.state_dir / "txn-operator.log").read_text().splitlines()]
+    assert [(e["who"], e["target"]) for e in entries] == [("nsjms-tests", first), ("operator", second)]
