@@ -162,3 +162,11 @@ def test_principals_file_shape(tmp_path: Path) -> None:
     data = json.loads((auth.credentials_dir(tmp_path) / auth.PRINCIPALS_FILE).read_text())
     assert data["principals"]["ci"]["role"] == "reader"
     assert "secret" not in json.dumps(data)
+
+
+@pytest.mark.parametrize(("count", "limit", "refused"), [(0, 0, False), (10**6, 0, False), (1, 2, False),
+                                                          (2, 2, True), (3, 2, True)])
+def test_quota_decision(count: int, limit: int, refused: bool) -> None:
+    from router.quotas import over
+
+    assert over(count, limit) is refused
