@@ -24,6 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from router.auth import Role, install_client, install_token, use_token  # noqa: E402
 from router.jms.stomp import _no_delay  # noqa: E402  (the node's own: the raw baselines' socket as the node's)
 from router.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port  # noqa: E402
 
@@ -78,6 +79,7 @@ class NodeProcess:
     def start(self) -> dict[str, Any]:
         """Start the node and wait until it is ready; returns its endpoints (plus ``bench_dsn``, its database)."""
         (self.state / "endpoints.json").unlink(missing_ok=True)
+        install_token(self.state, BENCH_ADMIN_TOKEN, Role.OPERATOR)   # the bench creates channels and bridges
         env = dict(os.environ, NSJMS_POSTGRES_DSN=self.dsn, PYTHONUNBUFFERED="1")
         cmd = [sys.executable, "-m", "router.cli", "serve", "--state-dir", str(self.state), "--orb-port",
                str(self.port), "--broker-url", self.broker_url, "--log-level", "WARNING"]
@@ -130,9 +132,15 @@ def node(dsn: str, broker_url: str) -> Iterator[dict[str, Any]]:
         yield json.loads((proc.state / "endpoints.json").read_text()) | {"bench_dsn": proc.dsn}
 
 
+#: The bench process's admin credential, registered in each bench node's state directory before it starts.
+BENCH_ADMIN_TOKEN = "nsjms-bench:" + __import__("secrets").token_urlsafe(24)
+
+
 def client_orb() -> Any:
     from omniORB import CORBA
 
+    install_client()                 # presents BENCH_ADMIN_TOKEN (docs/security.md)
+    use_token(BENCH_ADMIN_TOKEN)
     orb = CORBA.ORB_init(["bench", "-ORBendPoint", "giop:tcp:127.0.0.1:", "-ORBclientCallTimeOutPeriod", "60000",
                           "-ORBnativeCharCodeSet", "UTF-8"], CORBA.ORB_ID)
     orb.resolve_initial_references("RootPOA")._get_the_POAManager().activate()

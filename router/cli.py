@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsjms", parents=[common],
                                 description="CORBA Notification Service ⇄ JMS routing engine")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{serve,status,channel,bridge,txn,deadletter,demo,stop-services,ledger,audit}")
+                           metavar="{serve,status,channel,bridge,txn,deadletter,credentials,demo,stop-services,ledger,audit}")
 
     serve = sub.add_parser("serve", parents=[common],
                            help="run a node (embedded PostgreSQL and ActiveMQ unless given)")
@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     from router.deadlettercli import add_parser as add_deadletter_parser
 
     add_deadletter_parser(sub, common)
+    from router.credcli import add_parser as add_credentials_parser
+
+    add_credentials_parser(sub, common)
     from audit.cli import add_parsers as add_audit_parsers  # ledger + audit (heavy imports stay inside)
 
     add_audit_parsers(sub, common)
@@ -168,6 +171,7 @@ def _load(args: argparse.Namespace) -> Any:
 
 def _settings(cfg: Any) -> Any:
     from router.ledger import LedgerSettings
+    from router.quotas import NodeLimits
     from router.server import NodeSettings
 
     return NodeSettings(
@@ -190,6 +194,8 @@ def _settings(cfg: Any) -> Any:
         max_event_bytes=cfg.node.max_event_bytes,
         ledger=LedgerSettings(cfg.ledger.enabled, cfg.ledger.best_effort, cfg.ledger.retention_days,
                               cfg.ledger.ahead_days, float(cfg.ledger.maintenance_interval_s)),
+        limits=NodeLimits(cfg.limits.max_channels, cfg.limits.max_admins, cfg.limits.max_proxies,
+                          cfg.limits.max_bridges),
     )
 
 
@@ -427,10 +433,23 @@ def cmd_deadletter(args: argparse.Namespace, cfg: Any) -> int:
         return _private("deadletter", state_dir)
 
 
+def cmd_credentials(args: argparse.Namespace, cfg: Any) -> int:
+    from router.credcli import run
+
+    try:
+        return run(args, Path(cfg.node.state_dir))
+    except PermissionError:
+        return _private("credentials", Path(cfg.node.state_dir))
+
+
 def cmd_audit(args: argparse.Namespace, cfg: Any) -> int:
     from audit.cli import run
 
     return run(args, cfg)
+
+
+#: Commands that talk to the node's admin surfaces with the state directory's operator credential.
+PRESENTS_CREDENTIAL = frozenset({"status", "demo", "bridge", "channel", "txn", "deadletter"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -449,7 +468,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge,
                 "channel": cmd_channel, "txn": cmd_txn, "stop-services": cmd_stop_services, "ledger": cmd_audit,
-                "audit": cmd_audit, "deadletter": cmd_deadletter}
+                "credentials": cmd_credentials, "deadletter": cmd_deadletter,
+                "audit": cmd_audit}
+    if args.command in PRESENTS_CREDENTIAL:      # docs/security.md: the CLI is the local operator
+        from omniORB import CORBA
+
+        from router.auth import presenting
+
+        with presenting(Path(cfg.node.state_dir)) as presented:
+            try:
+                return handlers[args.command](args, cfg)
+            except CORBA.NO_PERMISSION:
+                why = "the node refused this credential" if presented else "no admin credential readable here"
+                print(f"nsjms {args.command}: refused: not authorised ({why}; docs/security.md)", file=sys.stderr)
+                return EXIT_REFUSED
     return handlers[args.command](args, cfg)
 
 

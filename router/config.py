@@ -41,6 +41,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "LedgerConfig",
+    "LimitsConfig",
     "NodeConfig",
     "OrbConfig",
     "PostgresConfig",
@@ -203,6 +204,16 @@ class LedgerConfig:
     maintenance_interval_s: int = 3600  # how often the node ensures partitions and drops expired ones
 
 
+@dataclass(frozen=True)
+class LimitsConfig:
+    """``[limits]``: per-node quotas (router/quotas.py, docs/security.md); 0 = no limit."""
+
+    max_channels: int = 1000
+    max_admins: int = 10000
+    max_proxies: int = 20000
+    max_bridges: int = 1000
+
+
 def _mask(secret: str) -> str:
     return REDACTED if secret else ""
 
@@ -217,6 +228,7 @@ class Config:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def redacted(self) -> dict[str, dict[str, Any]]:
         """A plain dict safe to log or print: DSN/URL passwords and ``broker.passcode`` become ``***``."""
@@ -410,6 +422,8 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
     "ledger": {"enabled": _Key(_boolean), "best_effort": _Key(_boolean),
                "retention_days": _Key(_integer(1, 36500)), "ahead_days": _Key(_integer(0, 366)),
                "maintenance_interval_s": _Key(_integer(60, 86400))},
+    "limits": {"max_channels": _Key(_integer(0, 1_000_000)), "max_admins": _Key(_integer(0, 1_000_000)),
+               "max_proxies": _Key(_integer(0, 1_000_000)), "max_bridges": _Key(_integer(0, 1_000_000))},
 }
 _SECTION_TYPES: dict[str, type] = {
     "node": NodeConfig,
@@ -418,6 +432,7 @@ _SECTION_TYPES: dict[str, type] = {
     "broker": BrokerConfig,
     "telemetry": TelemetryConfig,
     "ledger": LedgerConfig,
+    "limits": LimitsConfig,
 }
 
 

@@ -56,7 +56,19 @@ class DeadLetterAdminImpl(NsjmsAdmin__POA.DeadLetterAdmin):
         return self._call("show", lambda: self.ops.show(id))
 
     def retry(self, id: int, who: str) -> str:  # noqa: A002
-        return self._call("retry", lambda: self.ops.retry(id, who))
+        # the operator log records the authenticated principal, never the ``who`` the caller sends (issue 30)
+        return self._call("retry", lambda: self.ops.retry(id, _principal()))
 
     def discard(self, id: int, who: str, why: str) -> str:  # noqa: A002
-        return self._call("discard", lambda: self.ops.discard(id, who, why))
+        return self._call("discard", lambda: self.ops.discard(id, _principal(), why))
+
+
+def _principal() -> str:
+    """Who the operator log records: the authenticated caller's principal (router/auth.py), never the ``who``
+    argument the caller sends (kept in the IDL and ignored, as for ``TransactionAdmin``)."""
+    from router.auth import current
+
+    principal = current()
+    if principal is None:  # unreachable behind the guard (router/adminguard.py); never a caller-chosen name
+        raise NsjmsAdmin.DeadLetterRefused("not authenticated")
+    return principal.name

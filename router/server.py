@@ -37,6 +37,7 @@ from typing import Any
 
 from router.config import DEFAULT_MAX_EVENT_BYTES
 from router.ledger import LedgerSettings
+from router.quotas import NodeLimits
 
 __all__ = ["Node", "NodeSettings", "stop_services", "write_endpoints"]
 
@@ -75,6 +76,7 @@ class NodeSettings:
     extra_orb_args: tuple[str, ...] = field(default_factory=tuple)
     ledger: LedgerSettings = field(default_factory=LedgerSettings)   # [ledger]: router/ledger.py
     gil_switch_interval_s: float = GIL_SWITCH_INTERVAL_S   # sys.setswitchinterval while the node runs
+    limits: NodeLimits = field(default_factory=NodeLimits)  # [limits]: router/quotas.py
 
 
 def orb_args(s: NodeSettings) -> list[str]:
@@ -169,12 +171,16 @@ class Node:
     def _private_state_dir(self) -> None:
         """No group/other bits anywhere; as root with an embedded PostgreSQL (configured, or one whose cluster lives
         here and may still run), the ``postgres`` group may traverse the top directory (its server runs as that
-        user and lives in ``pg/``, which it owns with mode 0700)."""
+        user and lives in ``pg/``, which it owns with mode 0700); as root with the embedded broker, which runs as
+        ``activemq`` and owns ``activemq/`` (0700), the broker traverses it through the directory's group (0710):
+        ``postgres``, which the broker's JVM then holds as a supplementary group, else ``activemq``."""
         from router.lifecycle import private_tree
 
         private_tree(self.s.state_dir)
         if not self.pg_dsn or (self.s.state_dir / "pg").exists():
             _postgres_may_traverse(self.s.state_dir)
+        if not self.broker_url:
+            _broker_may_traverse(self.s.state_dir)
 
     def _check_before_services(self) -> None:
         """What can end the start is checked before an embedded service is started, adopted or stopped."""
@@ -199,7 +205,8 @@ class Node:
             self.pg_dsn = self.embedded_pg.start()
         if not self.broker_url:
             self.embedded_mq = services.EmbeddedActiveMQ(
-                self.s.state_dir, self.s.broker_stomp_port, self.s.broker_openwire_port, authenticate=True
+                self.s.state_dir, self.s.broker_stomp_port, self.s.broker_openwire_port, authenticate=True,
+                os_user=services.BROKER_OS_USER if os.geteuid() == 0 else None,   # never a root JVM
             )
             self.services.append(self.embedded_mq)
             self.broker_url = self.embedded_mq.start()
@@ -248,6 +255,7 @@ class Node:
         from router.db import Database
         from router.ledger import LedgerWriter
 
+        self._secure_admin()                # before ORB_init: the credential interceptor
         self.orb = CORBA.ORB_init(orb_args(self.s), CORBA.ORB_ID)
         self.db = Database(self.pg_dsn, self.s.pg_pool_size)
         self.db.open()                     # one pool for the node; applies the missing schema migrations
@@ -255,6 +263,7 @@ class Node:
         self.store = Store(LedgerWriter(self.s.ledger))
         self.maintain_ledger()             # today's partitions exist before the first routed event
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
+        self.runtime.limits = self.s.limits
         self.runtime.delivered = DeliveredJournals(self.s.state_dir / "delivered")   # push proxies' journals
         self.t2 = self._start_transactions()
         self.runtime.t2 = self.t2
@@ -289,6 +298,18 @@ class Node:
     def _fenced(self) -> None:
         self.fenced = True
         self._stopped.set()
+
+    def _secure_admin(self) -> None:
+        """Admin credentials (generated on first start, 0600), the server interceptor, the servant guards
+        (router/auth.py, router/adminguard.py, docs/security.md)."""
+        from router import adminguard, auth
+
+        made = auth.ensure_defaults(self.s.state_dir)
+        if made:
+            log.info("admin credentials generated for %s in %s", ", ".join(made),
+                     auth.credentials_dir(self.s.state_dir))
+        auth.install_server(auth.Authenticator(self.s.state_dir))
+        adminguard.apply()
 
     def _start_transactions(self) -> Any:
         """The node's T2 machinery; its first recovery pass runs BEFORE the channel restores its queues (a logged
@@ -554,6 +575,20 @@ def _postgres_may_traverse(state_dir: Path) -> None:
         os.chmod(state_dir, 0o710)
     except LookupError:
         pass  # no postgres user: EmbeddedPostgres says what to install
+
+
+def _broker_may_traverse(state_dir: Path) -> None:
+    """As root: a state directory no group may traverse yet gets ``root:activemq 0710`` (the embedded broker runs
+    as ``activemq``); one that ``postgres`` traverses stays so (the broker holds that group, see EmbeddedActiveMQ)."""
+    from router.services import BROKER_OS_USER
+
+    if os.geteuid() != 0 or os.stat(state_dir).st_gid != 0:
+        return
+    try:
+        shutil.chown(state_dir, group=BROKER_OS_USER)
+        os.chmod(state_dir, 0o710)
+    except LookupError:
+        pass  # no activemq user: EmbeddedActiveMQ says what to install
 
 
 def stop_services(state_dir: Path) -> list[str]:

@@ -64,6 +64,9 @@ AMQ_INSTANCE = Path("/etc/activemq/instances-available/main")
 AMQ_EXTRA_JARS = ("jettison.jar", "xstream.jar", "xpp3.jar", "xmlpull.jar", "mxparser.jar")
 JAVA_SHARE = Path("/usr/share/java")
 AMQ_LOGIN = "nsjms"
+#: The OS user the node's embedded broker runs as when the node runs as root: the system user Debian's ``activemq``
+#: package creates (its JVM never runs as root; docs/security.md).
+BROKER_OS_USER = "activemq"
 PRIVATE_UMASK = 0o077
 
 log = logging.getLogger("nsjms.services")
@@ -388,17 +391,19 @@ class EmbeddedPostgres:
             ) from exc
 
     def _setup_over_socket(self) -> None:
-        """Set the superuser password on first start and create the ``nsjms`` database if missing."""
+        """Set the superuser password to the ``password`` file's (generated on first start; a rotated one,
+        ``nsjms credentials rotate --surface postgres``, is applied here at the next start) and create the ``nsjms``
+        database if missing."""
         password = self._read_password()
         with psycopg.connect(self._socket_conninfo(), autocommit=True) as conn:
             if password is None:
                 password = secrets.token_urlsafe(24)
-                conn.execute(
-                    sql.SQL("ALTER ROLE {} PASSWORD {}").format(
-                        sql.Identifier(PG_SUPERUSER), sql.Literal(password)
-                    )
-                )
                 self._write_password(password)
+            conn.execute(
+                sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    sql.Identifier(PG_SUPERUSER), sql.Literal(password)
+                )
+            )
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)).fetchone()
             if not exists:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PG_DATABASE)))
@@ -408,6 +413,10 @@ class EmbeddedPostgres:
             return self.password_file.read_text().strip() or None
         except FileNotFoundError:
             return None
+
+    def rotate_password(self) -> None:
+        """A new superuser password in the ``password`` file, applied at the next :meth:`start` (node stopped)."""
+        self._write_password(secrets.token_urlsafe(24))
 
     def _write_password(self, password: str) -> None:
         fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -492,8 +501,10 @@ class EmbeddedActiveMQ:
         die_with_parent: bool = False,
         authenticate: bool = False,
         reuse: bool = True,
+        os_user: str | None = None,
     ) -> None:
         self.root = Path(base_dir).resolve() / "activemq"
+        self.os_user = os_user  # run the JVM as this user, owning activemq/ (None: as this process)
         self.stomp_port = stomp_port
         self.openwire_port = openwire_port
         self.timeout = timeout
@@ -527,6 +538,7 @@ class EmbeddedActiveMQ:
         for port, what in ((self.stomp_port, "ActiveMQ STOMP"), (self.openwire_port, "ActiveMQ OpenWire")):
             _ensure_port_free(port, what)
         self._write_instance(xml)
+        self._give_tree()
         self._spawn(java)
         try:
             wait_for_port(LOCALHOST, self.stomp_port, self.timeout, abort=self._exited)
@@ -603,8 +615,37 @@ class EmbeddedActiveMQ:
             f"xbean:file:{base}/activemq.xml",
         ]
 
+    def _give_tree(self) -> None:
+        """With ``os_user``: ``activemq/`` and everything in it belongs to that user (mode bits stay private)."""
+        if self.os_user is None:
+            return
+        uid, gid = self._uid_gid()
+        for directory, dirs, files in os.walk(self.root):
+            for name in (*dirs, *files):
+                os.chown(Path(directory) / name, uid, gid, follow_symlinks=False)
+        os.chown(self.root, uid, gid)
+
+    def _uid_gid(self) -> tuple[int, int]:
+        import pwd
+
+        try:
+            entry = pwd.getpwnam(self.os_user or "")
+        except KeyError:
+            raise ServiceError(f"the embedded broker runs as OS user {self.os_user!r}, which does not exist: install "
+                               "the `activemq` package (it creates the user) or run the node as a non-root user"
+                               ) from None
+        return entry.pw_uid, entry.pw_gid
+
     def _spawn(self, java: str) -> None:
         argv = self._command(java)
+        user = group = None
+        groups: list[int] | None = None
+        env = None
+        if self.os_user is not None:
+            user, group = self._uid_gid()
+            top = os.stat(self.root.parent).st_gid  # the group that may traverse the state directory (0710)
+            groups = [top] if top not in (0, group) else []
+            env = dict(os.environ, HOME=str(self.root))
         setpriv = shutil.which("setpriv")
         if self.die_with_parent and setpriv:  # util-linux: prctl(PR_SET_PDEATHSIG) then exec, same pid
             argv = [setpriv, "--pdeathsig", "TERM", "--", *argv]
@@ -618,6 +659,10 @@ class EmbeddedActiveMQ:
                 cwd=self.root,
                 start_new_session=True,
                 umask=PRIVATE_UMASK,  # journal, logs and temp files readable by the broker's user only
+                user=user,
+                group=group,
+                extra_groups=groups,
+                env=env,
             )
         write_private(self.pid_file, f"{self._proc.pid}\n")
 
@@ -682,6 +727,13 @@ class EmbeddedActiveMQ:
         for sub in ("", "data", "tmp", "lib"):
             (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         private_tree(self.root)
+
+    def rotate_credentials(self) -> None:
+        """A new passcode in ``credentials``; the next :meth:`start` writes it into the broker's configuration and
+        restarts a leftover broker running with the old one (node stopped)."""
+        write_private(self.credentials_file, f"{AMQ_LOGIN}\n{secrets.token_urlsafe(24)}\n")
+        if self.os_user is not None:
+            os.chown(self.credentials_file, *self._uid_gid())
 
     def _credentials(self) -> tuple[str, str]:
         """``(login, passcode)``: read from ``credentials`` or generated (and stored, mode 0600) on first use."""

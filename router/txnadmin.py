@@ -4,7 +4,8 @@ The servant is activated on the node's INS POA under the key ``TransactionAdmin`
 TransactionAdmin``, published in ``endpoints.json`` as ``transaction_admin``). It runs :class:`router.txnops.TxnOps`
 over the node's own recovery log, recovery manager, PostgreSQL manager and in-flight set, so an operator's action
 and the router's recovery never race: both go through the same recovery manager, and a transaction this node is
-driving is refused. Results are JSON strings; a refusal is ``TransactionRefused(reason)``.
+driving is refused. Results are JSON strings; a refusal is ``TransactionRefused(reason)``. Every operation needs an
+authenticated caller (router/adminguard.py); the operator log records the caller's principal (:func:`audit_identity`).
 """
 
 from __future__ import annotations
@@ -62,13 +63,24 @@ class TransactionAdminImpl(NsjmsAdmin__POA.TransactionAdmin):
         return self._call("show", lambda: self.ops.show(gtrid).as_dict())
 
     def resolve(self, gtrid: str, action: str, who: str, why: str) -> str:
-        return self._call(action, lambda: self.ops.resolve(gtrid, action, who, why))
+        return self._call(action, lambda: self.ops.resolve(gtrid, action, audit_identity(), why))
 
     def resolve_xid(self, gid: str, action: str, who: str, why: str) -> str:
-        return self._call(f"{action} --xid", lambda: self.ops.resolve_xid(gid, action, who, why))
+        return self._call(f"{action} --xid", lambda: self.ops.resolve_xid(gid, action, audit_identity(), why))
 
     def forget(self, gtrid: str, who: str) -> str:
-        return self._call("forget", lambda: self.ops.forget(gtrid, who))
+        return self._call("forget", lambda: self.ops.forget(gtrid, audit_identity()))
 
     def recover(self) -> str:
         return self._call("recover", self.ops.recover)
+
+
+def audit_identity() -> str:
+    """Who the operator log records: the authenticated caller's principal (router/auth.py), never the ``who``
+    argument the caller sends (kept in the IDL for compatibility and ignored)."""
+    from router.auth import current
+
+    principal = current()
+    if principal is None:  # unreachable behind the guard; never record a caller-chosen name
+        raise NsjmsAdmin.TransactionRefused("not authenticated")
+    return principal.name

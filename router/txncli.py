@@ -60,7 +60,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                        help="act on ONE orphaned prepared branch by its PostgreSQL GID (pg_prepared_xacts.gid) "
                             "instead of a transaction")
         p.add_argument("--why", default=None, help="why (recorded with the decision; asked for on a terminal)")
-        p.add_argument("--who", default=None, help="who decides (default: USER@HOST)")
+        p.add_argument("--who", default=None, help="who decides, offline only (default: USER@HOST); with the node "
+                       "running, the operator log records the authenticated principal (docs/security.md)")
         p.add_argument("--yes", action="store_true", help="do not ask for confirmation (scripts)")
         if action == "commit":
             p.add_argument("--heuristic", action="store_true",

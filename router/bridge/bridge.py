@@ -31,6 +31,7 @@ from typing import Any
 from omniORB import CORBA
 
 import CosNotification
+import CosNotifyChannelAdmin
 
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import CosBridgeAdmin__POA, NsjmsAdmin, NsjmsAdmin__POA
@@ -49,6 +50,7 @@ from router.jms.model import Destination
 from router.jms.transport import ConnectionState, EncodedMessage, Transport, TransportError
 from router.mapping import ChannelTimeSupport, event_to_jms, map_message
 from router.mapping.stomp_body import message_to_stomp
+from router.quotas import check_bridges
 
 __all__ = ["BRIDGE_FACTORY_KEY", "BridgeFactoryImpl", "BridgeImpl", "BrokerSettings"]
 
@@ -131,6 +133,7 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
             raise _invalid(problems)
         channel_spec = snk if src.is_jms else src
         with self._lock:
+            check_bridges(self.rt.limits, len(self.bridges))
             with self.rt.db.unit_of_work() as conn:
                 bid = self.store.next_id(conn)
                 row = BridgeRow(bid, src.to_json(), snk.to_json(), "created", int(channel_spec.channel_id or 0),
@@ -140,6 +143,10 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
             self.bridges[bid] = bridge
         try:
             bridge.attach_channel()
+        except CosNotifyChannelAdmin.AdminLimitExceeded as exc:  # the channel's or the node's proxy limit
+            bridge.destroy()
+            log.warning("bridge not created: its channel proxy is refused (%s)", exc.admin_property_err.name)
+            raise CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO) from None
         except Exception:
             bridge.destroy()
             raise

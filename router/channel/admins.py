@@ -35,6 +35,7 @@ from router.channel.inflight import stopped_pushing
 from router.channel.runtime import admin_oid
 from router.channel.store import AdminRow, ProxyRow
 from router.channel.typesets import TypeSet
+from router.quotas import check_proxies
 
 __all__ = ["ConsumerAdminImpl", "SupplierAdminImpl"]
 
@@ -129,6 +130,7 @@ class _AdminBase(QoSMixin, FilterMixin):
             if self.destroyed:
                 raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
             self.channel.check_limit(self.side)
+            check_proxies(self.rt.limits, self.channel.factory)
             pid = self._next_proxy
             self._next_proxy = pid + 1
             qos = Q.inherit(self.qos, Q.Target(level, sequence=kind.endswith("SEQUENCE")))

@@ -30,6 +30,7 @@ from router.channel.queue import Entry, Record, choose_victim
 from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
 from router.channel.sizing import size_bound
 from router.channel.store import ChannelRow, NewEvent
+from router.quotas import check_admins, check_channels
 
 __all__ = ["EventChannelFactoryImpl", "EventChannelImpl", "RoutePlan"]
 
@@ -105,6 +106,7 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         except Q.AdminError as exc:
             raise CosNotification.UnsupportedAdmin(Q.to_property_errors(exc.problems)) from exc
         with self._lock:
+            check_channels(self.rt.limits, self)
             default_admin_qos = {"C": Q.inherit(qos, Q.Target(Q.Level.CONSUMER_ADMIN)),
                                  "S": Q.inherit(qos, Q.Target(Q.Level.SUPPLIER_ADMIN))}
             with self.rt.db.unit_of_work() as conn:
@@ -312,6 +314,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         level = Q.Level.CONSUMER_ADMIN if side == "C" else Q.Level.SUPPLIER_ADMIN
         with self._lock:
             self._check_alive()
+            check_admins(self.rt.limits, self.factory)
             admins = self.consumer_admins if side == "C" else self.supplier_admins
             aid = self._next_admin[side]
             self._next_admin[side] = aid + 1

@@ -23,6 +23,7 @@ from router.channel.delivered import DeliveredJournals
 from router.channel.groupcommit import GroupCommit
 from router.channel.store import Store
 from router.db import Database, StoreError
+from router.quotas import NodeLimits
 
 __all__ = ["FACTORY_KEY", "Runtime", "admin_oid", "channel_oid", "proxy_oid"]
 
@@ -55,6 +56,7 @@ class Runtime:
         self.push_timeout_ms = push_timeout_ms
         self.max_event_bytes = max_event_bytes      # larger events are refused (IMP_LIMIT); 0 = no limit
         self.t2: Any = None                         # router.t2.NodeTransactions of a node; None: no T2 here
+        self.limits = NodeLimits()                  # [limits]: per-node quotas (router/quotas.py), set by the node
         self.delivered = delivered                  # push proxies' delivered-events journals; None: commit each
         self.accept_commits = GroupCommit(db, self.store, one_statement=True)   # accepted persistent events
         root = orb.resolve_initial_references("RootPOA")

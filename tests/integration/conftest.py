@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -36,6 +37,14 @@ import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 from omniORB import CORBA
 
 import CosNotifyChannelAdmin
+
+from router.auth import Role, install_client, install_token, use_token
+
+#: The test process's admin credential (docs/security.md): registered in every node's state directory before it
+#: starts, presented by the session's client ORB.
+TEST_ADMIN_TOKEN = "nsjms-tests:" + secrets.token_urlsafe(24)
+assert install_client(), "the admin credential interceptor must be registered before the first ORB_init"
+use_token(TEST_ADMIN_TOKEN)
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # makes ``import stdclients`` work in the test modules under any import mode
@@ -111,6 +120,7 @@ class NsjmsServer:
         """Start the process and wait until it wrote ``endpoints.json`` naming its own pid."""
         assert self.proc is None or self.proc.poll() is not None, "server already running"
         self.endpoints_path.unlink(missing_ok=True)
+        install_token(self.state_dir, TEST_ADMIN_TOKEN, Role.OPERATOR)  # the test process is an operator
         env = dict(os.environ, PYTHONUNBUFFERED="1", NSJMS_POSTGRES_DSN=self.pg_dsn)
         with open(self.state_dir / "server.stdout.log", "ab") as out, open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(self.command(), stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)

@@ -40,13 +40,13 @@ CXX_LIBS = ["-lCOS4", "-lomniORB4", "-lomniDynamic4", "-lomnithread"]  # the lin
 
 @pytest.fixture(scope="session")
 def cpp_examples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """examples/cpp/{supplier,consumer}.cc compiled with the documented command line (once per session)."""
+    """examples/cpp/{supplier,consumer,admin}.cc compiled with the documented command line (once per session)."""
     compiler = shutil.which("g++")
     if compiler is None:
         pytest.fail("g++ is missing: scripts/bootstrap.sh installs it (with libomniorb4-dev and libcos4-dev)")
     out = tmp_path_factory.mktemp("cpp-examples")
     built = {}
-    for name in ("supplier", "consumer"):
+    for name in ("supplier", "consumer", "admin"):
         binary = out / name
         cmd = [compiler, *CXX_FLAGS, "-o", str(binary), str(EXAMPLES / "cpp" / f"{name}.cc"), *CXX_LIBS]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
@@ -181,7 +181,7 @@ def _expected(text: str) -> list[str]:
     return [f"example-{i} nsjms.example/ExampleEvent seq={i} text={text} body={text} #{i}" for i in range(COUNT)]
 
 
-CASES = [  # (supplier language, consumer language, how the factory is reached, who creates the channel)
+CASES = [  # (supplier language, consumer language, how the factory is reached, who starts first)
     ("python", "python", "corbaloc", "consumer"),
     ("python", "python", "ior-file", "consumer"),
     ("cpp", "cpp", "corbaloc", "consumer"),
@@ -191,24 +191,25 @@ CASES = [  # (supplier language, consumer language, how the factory is reached, 
 ]
 
 
-@pytest.mark.parametrize(("supplier", "consumer", "reference", "creator"), CASES,
-                         ids=[f"{s}-to-{c}-{r}-{w}-creates" for s, c, r, w in CASES])
+@pytest.mark.parametrize(("supplier", "consumer", "reference", "first_run"), CASES,
+                         ids=[f"{s}-to-{c}-{r}-{w}-first" for s, c, r, w in CASES])
 def test_consumer_prints_every_event_the_supplier_pushed(nsjms_server: Any, cpp_examples: dict[str, Path],
-                                                         consumers: list[Consumer], supplier: str, consumer: str,
-                                                         reference: str, creator: str) -> None:
+                                                         consumers: list[Consumer], client_orb: Any, supplier: str,
+                                                         consumer: str, reference: str, first_run: str) -> None:
+    """Creating a channel is an operator's action (docs/security.md): the test's operator creates it; the examples
+    (standard clients, no credential) use it with --channel."""
     ref = _reference(reference, nsjms_server)
+    _, made = client_orb.factory(nsjms_server.ior()).create_channel([], [])
     supplier_cmd = _command(supplier, "supplier", cpp_examples) + ref
-    channel_args: list[str] = []
-    if creator == "supplier":  # a supplier run that pushes nothing creates the channel and prints its id
-        first = _run([*supplier_cmd, "--count", "0"])
-        assert len(first) == 1 and re.fullmatch(r"channel \d+", first[0]), first
-        channel_args = ["--channel", first[0].split()[1]]
+    channel_args = ["--channel", str(made)]
+    if first_run == "supplier":  # a supplier run that pushes nothing prints the channel id
+        first = _run([*supplier_cmd, *channel_args, "--count", "0"])
+        assert first == [f"channel {made}"], first
     listener = Consumer.start([*_command(consumer, "consumer", cpp_examples), *ref, *channel_args,
                                "--count", str(COUNT), "--timeout", str(RUN_TIMEOUT_S)])
     consumers.append(listener)
     cid = listener.wait_ready()
-    if channel_args:
-        assert cid == int(channel_args[1])
+    assert cid == made
     text = f"{supplier}-{reference}"
     pushed = _run([*supplier_cmd, "--channel", str(cid), "--count", str(COUNT), "--text", text])
     received = listener.finish()
@@ -233,7 +234,8 @@ def _shape(value: Any) -> Any:
     return "number" if isinstance(value, int) else "text"
 
 
-def test_published_endpoints_match_the_docs(nsjms_server: Any, cpp_examples: dict[str, Path], tmp_path: Path) -> None:
+def test_published_endpoints_match_the_docs(nsjms_server: Any, cpp_examples: dict[str, Path], tmp_path: Path,
+                                            client_orb: Any) -> None:
     documented = _json_block_after((REPO / "docs" / "channel.md").read_text(), "<state-dir>/endpoints.json")
     written = json.loads(nsjms_server.endpoints_path.read_text())
     assert _shape(documented) == _shape(written), "docs/channel.md's endpoints.json example is stale"
@@ -248,5 +250,26 @@ def test_published_endpoints_match_the_docs(nsjms_server: Any, cpp_examples: dic
     assert ior_file.exists(), "docs/clients.md: factory.ior stays when the node stops"
     nsjms_server.restart()
     assert _factory_ior(nsjms_server) == ior, "docs/clients.md: the IOR is the same after a restart"
-    out = _run([*_command("cpp", "supplier", cpp_examples), "--factory-file", str(kept), "--count", "1"])
+    _, cid = client_orb.factory(ior).create_channel([], [])   # an operator's action (docs/security.md)
+    out = _run([*_command("cpp", "supplier", cpp_examples), "--factory-file", str(kept), "--channel", str(cid),
+                "--count", "1"])
     assert len(out) == 2 and out[1].startswith("pushed example-0 "), out
+
+
+@pytest.mark.parametrize("lang", ["python", "cpp"])
+def test_admin_example_presents_the_credential(nsjms_server: Any, cpp_examples: dict[str, Path], client_orb: Any,
+                                               lang: str) -> None:
+    """docs/security.md: a standard client presents the admin credential with a client request interceptor; without
+    it the node refuses create_channel (NO_PERMISSION), with the operator's token file it creates the channel."""
+    command = ([sys.executable, str(EXAMPLES / "python" / "admin.py")] if lang == "python"
+               else [str(cpp_examples["admin"])])
+    factory = ["--factory", f"corbaloc::127.0.0.1:{nsjms_server.port}/NotifyEventChannelFactory"]
+    refused = subprocess.run([*command, *factory], capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 4 and "NO_PERMISSION" in refused.stderr, refused.stdout + refused.stderr
+    token = str(nsjms_server.state_dir / "credentials" / "operator.token")
+    done = subprocess.run([*command, "--token-file", token, *factory], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    [line] = done.stdout.splitlines()
+    assert re.fullmatch(r"channel \d+", line), line
+    assert int(line.split()[1]) in client_orb.factory(nsjms_server.ior()).get_all_channels()

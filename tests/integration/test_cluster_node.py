@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -53,5 +54,9 @@ def test_one_process_per_node_id_a_restart_after_kill_rejoins_and_a_stop_leaves(
 
 
 def test_status_shows_the_membership(nsjms_server: NsjmsServer) -> None:
-    status = json.loads((nsjms_server.state_dir / "status.json").read_text())
+    path = nsjms_server.state_dir / "status.json"   # written just after endpoints.json (the ready signal)
+    deadline = time.monotonic() + 60
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    status = json.loads(path.read_text())
     assert status["cluster"]["epoch"] == 1 and status["cluster"]["fenced"] is False

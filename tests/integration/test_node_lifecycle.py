@@ -29,11 +29,12 @@ from typing import Any
 import pytest
 import stomp
 
+from router.auth import Role, install_token, token_path, use_token
 from router.lifecycle import stomp_probe
 from router.services import EmbeddedActiveMQ, EmbeddedPostgres, _pid_alive, free_port
 
 from bridgekit import JavaTool
-from conftest import ClientOrb
+from conftest import TEST_ADMIN_TOKEN, ClientOrb
 from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, persistent_qos, wait_until
 
 pytestmark = pytest.mark.integration
@@ -72,6 +73,8 @@ class EmbeddedNode:
     def start(self) -> dict[str, Any]:
         self.runs += 1
         self.logs.mkdir(exist_ok=True)
+        self.state_dir.mkdir(mode=0o700, exist_ok=True)
+        install_token(self.state_dir, TEST_ADMIN_TOKEN, Role.OPERATOR)   # the test process is an operator
         out = open(self.logs / f"stdout.{self.runs}", "wb")  # noqa: SIM115 — kept open for the child's life
         err = open(self.logs / f"stderr.{self.runs}", "wb")  # noqa: SIM115
         with out, err:
@@ -266,8 +269,10 @@ def test_status_shows_reachability_and_no_secret(embedded_node: EmbeddedNode) ->
     _assert_no_secret(embedded_node, done.stdout + text.stdout)
 
 
-def _assert_no_secret(node: EmbeddedNode, extra: str = "") -> None:
-    secrets = [node.credentials()[1], (node.state_dir / "pg" / "password").read_text().strip()]
+def _assert_no_secret(node: EmbeddedNode, extra: str = "", *, more: tuple[str, ...] = ()) -> None:
+    secrets = [node.credentials()[1], (node.state_dir / "pg" / "password").read_text().strip(), *more,
+               *(token_path(node.state_dir, name).read_text().strip().partition(":")[2]
+                 for name in ("operator", "reader"))]
     places = {"node output": node.all_output(), "cli output": extra,
               "status.json": (node.state_dir / "status.json").read_text(),
               "endpoints.json": (node.state_dir / "endpoints.json").read_text()}
@@ -277,6 +282,44 @@ def _assert_no_secret(node: EmbeddedNode, extra: str = "") -> None:
         assert len(secret) >= 24
         found = [where for where, text in places.items() if secret in text]
         assert found == [], f"a secret appears in {found}"
+
+
+def test_broker_jvm_is_not_root_and_admin_credentials_rotate_unlogged(embedded_node: EmbeddedNode,
+                                                                     client_orb: ClientOrb) -> None:
+    """docs/security.md: the embedded broker's JVM runs as ``activemq`` when the node runs as root; ``nsjms
+    credentials rotate`` replaces every admin secret at once (the old one is refused, the CLI uses the new one);
+    no secret, old or new, appears in the node's output, the CLI's or the services' logs."""
+    from omniORB import CORBA
+
+    from idl.generated import CosBridgeAdmin as BA
+
+    node = embedded_node
+    if os.geteuid() == 0:
+        uid = int(next(line for line in Path(f"/proc/{node.broker_pid()}/status").read_text().splitlines()
+                       if line.startswith("Uid:")).split()[1])
+        assert uid == __import__("pwd").getpwnam("activemq").pw_uid, uid
+        assert (node.state_dir / "activemq" / "data" / "kahadb").stat().st_uid == uid
+    old = token_path(node.state_dir, "operator").read_text().strip()
+    rotated = node.run_cli("credentials", "rotate", "--state-dir", str(node.state_dir))
+    assert rotated.returncode == 0, rotated.stdout + rotated.stderr
+    new = token_path(node.state_dir, "operator").read_text().strip()
+    assert new != old
+    listed = node.run_cli("bridge", "list", "--state-dir", str(node.state_dir))
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    endpoints = json.loads((node.state_dir / "endpoints.json").read_text())
+    bf = client_orb.orb.string_to_object(endpoints["bridge_factory"]["corbaloc"])._narrow(BA.BridgeFactory)
+    use_token(old)
+    try:
+        with pytest.raises(CORBA.NO_PERMISSION):
+            bf.get_all_bridges()
+    finally:
+        use_token(TEST_ADMIN_TOKEN)
+    with pytest.raises(CORBA.NO_PERMISSION):      # every principal was rotated, the test harness's too
+        bf.get_all_bridges()
+    install_token(node.state_dir, TEST_ADMIN_TOKEN, Role.OPERATOR)   # what the harness does before a start
+    assert bf.get_all_bridges() == []
+    _assert_no_secret(node, rotated.stdout + rotated.stderr + listed.stdout + listed.stderr,
+                      more=(old.partition(":")[2], TEST_ADMIN_TOKEN.partition(":")[2]))
 
 
 # --------------------------------------------------------------------------- 3. non-persistent dead letters
@@ -454,3 +497,40 @@ def test_stop_services_is_refused_while_a_node_runs_and_stops_what_a_killed_node
     assert not (node.state_dir / "endpoints.json").exists(), "the stale endpoints are gone"
     again = node.run_cli("stop-services", "--state-dir", str(node.state_dir))
     assert again.returncode == 0 and "nothing was running" in again.stdout, again.stdout + again.stderr
+
+
+def test_service_secrets_rotate_with_the_node_stopped(embedded_node: EmbeddedNode) -> None:
+    """docs/security.md "Rotation": the embedded broker's passcode and PostgreSQL's password are rotated with the node
+    stopped (refused while it runs) and applied at its next start: the old ones are refused, the node serves."""
+    import psycopg
+
+    node = embedded_node
+    if node.proc is None or node.proc.poll() is not None:
+        node.start()
+    running = node.run_cli("credentials", "rotate", "--surface", "broker", "--state-dir", str(node.state_dir))
+    assert running.returncode == 4 and "needs the node stopped" in running.stdout, running.stdout + running.stderr
+    node.stop()
+    old_passcode = node.credentials()[1]
+    old_pg = (node.state_dir / "pg" / "password").read_text().strip()
+    outputs = running.stdout + running.stderr
+    for surface in ("broker", "postgres"):
+        done = node.run_cli("credentials", "rotate", "--surface", surface, "--state-dir", str(node.state_dir))
+        assert done.returncode == 0, done.stdout + done.stderr
+        outputs += done.stdout + done.stderr
+    node.start()
+    login, passcode = node.credentials()
+    new_pg = (node.state_dir / "pg" / "password").read_text().strip()
+    assert passcode != old_passcode and new_pg != old_pg
+    assert stomp_probe("127.0.0.1", node.stomp_port, login, old_passcode, 10) is not None
+    assert stomp_probe("127.0.0.1", node.stomp_port, login, passcode, 10) is None
+
+    def pg(password: str) -> None:
+        psycopg.connect(host="127.0.0.1", port=node.pg_port, user="postgres", password=password, dbname="nsjms",
+                        connect_timeout=10).close()
+
+    with pytest.raises(psycopg.OperationalError):
+        pg(old_pg)
+    pg(new_pg)
+    status = node.run_cli("status", "--state-dir", str(node.state_dir))
+    assert status.returncode == 0, status.stdout + status.stderr
+    _assert_no_secret(node, outputs + status.stdout + status.stderr, more=(old_passcode, old_pg))

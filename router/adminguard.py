@@ -1,0 +1,49 @@
+"""Which servant operations need an authenticated caller (docs/security.md): applied once, at node start.
+
+- The project's administrative interfaces are guarded WHOLE (:func:`router.auth.admin_surface`): every IDL operation
+  of ``NsjmsAdmin::TransactionAdmin``, ``NsjmsAdmin::DeadLetterAdmin``, ``CosBridgeAdmin::BridgeFactory`` and
+  ``NsjmsAdmin::ManagedBridge`` (with
+  ``CosBridgeAdmin::Bridge`` and ``BridgeTransactionMgmt::TransactionManagement``) needs an operator, except the
+  read operations named here, which a reader may call. An operation added to their IDL is guarded by default; a new
+  administrative servant class goes in :data:`ADMIN_SURFACES` (tests/unit/test_auth.py fails until it does).
+- The standard Notification Service interfaces stay open to suppliers and consumers, except the operations that
+  create or destroy a channel or change the properties that can delete held events (:data:`CHANNEL_GUARDS`).
+"""
+
+from __future__ import annotations
+
+from router.auth import Role, admin_surface, guard_ops
+
+__all__ = ["ADMIN_READS", "CHANNEL_GUARDS", "apply"]
+
+#: Per servant class name: the operations a reader may call (everything else of the class: operator).
+ADMIN_READS: dict[str, frozenset[str]] = {
+    "TransactionAdminImpl": frozenset({"list_json", "show_json"}),
+    "DeadLetterAdminImpl": frozenset({"list_json", "show_json"}),
+    "BridgeFactoryImpl": frozenset({"get_all_bridges", "get_bridge_with_id"}),
+    "BridgeImpl": frozenset({"_get_end_point_receiver", "_get_end_point_sender", "get_status"}),
+}
+#: Operations of the standard NS servants that need an operator: channel lifecycle and properties that can drop or
+#: delete held events (MaxQueueLength, DiscardPolicy, ...). Admins and proxies stay open: NS clients make their own.
+CHANNEL_GUARDS: dict[str, dict[str, Role]] = {
+    "EventChannelFactoryImpl": {"create_channel": Role.OPERATOR},
+    "EventChannelImpl": {"destroy": Role.OPERATOR, "set_admin": Role.OPERATOR, "set_qos": Role.OPERATOR},
+}
+
+
+def admin_surfaces() -> list[type]:
+    from router.bridge.bridge import BridgeFactoryImpl, BridgeImpl
+    from router.deadletteradmin import DeadLetterAdminImpl
+    from router.txnadmin import TransactionAdminImpl
+
+    return [TransactionAdminImpl, DeadLetterAdminImpl, BridgeFactoryImpl, BridgeImpl]
+
+
+def apply() -> None:
+    """Wrap the servant classes (idempotent)."""
+    from router.channel.channel import EventChannelFactoryImpl, EventChannelImpl
+
+    for cls in admin_surfaces():
+        admin_surface(read=ADMIN_READS.get(cls.__name__, frozenset()))(cls)
+    for cls in (EventChannelFactoryImpl, EventChannelImpl):
+        guard_ops(cls, CHANNEL_GUARDS[cls.__name__])
