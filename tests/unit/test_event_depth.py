@@ -71,9 +71,9 @@ def test_5000_levels_are_refused_with_bad_param_completed_no(make: Any) -> None:
         assert proxy.records == []
 
 
-@pytest.mark.parametrize("make", [nested_any, nested_sequence])
-def test_size_bound_never_raises_recursion_error(make: Any) -> None:
-    for levels in (MAX_EVENT_DEPTH + 1, 5000, 20000):
+@pytest.mark.parametrize(("make", "deepest"), [(nested_any, 20000), (nested_sequence, 1500)])
+def test_size_bound_never_raises_recursion_error(make: Any, deepest: int) -> None:
+    for levels in (MAX_EVENT_DEPTH + 1, deepest):     # (nested sequence TypeCodes take long to build)
         with pytest.raises(EventTooDeep):
             size_bound(Event(Form.ANY, make(levels)))
 
@@ -89,3 +89,21 @@ def test_events_within_the_limit_are_accepted(make: Any) -> None:
     ch, proxy = _channel(8 * 1024 * 1024, persistent=False)
     ch.route(_Source(), [structured(make(MAX_VALUE_DEPTH))])
     assert len(proxy.records) == 1
+
+
+def test_a_deep_event_the_channel_accepted_maps_to_jms_or_is_a_mapping_error() -> None:
+    """Channel -> JMS: an accepted event nested 500 levels is either mapped or refused with MappingError (which
+    the bridge dead-letters with the reason), never a RecursionError."""
+    from router.jms.model import Destination
+    from router.mapping.errors import MappingError
+    from router.mapping.to_jms import event_to_jms
+
+    for make in (nested_any, nested_sequence):
+        ev = structured(make(500))
+        ch, proxy = _channel(8 * 1024 * 1024, persistent=False)
+        ch.route(_Source(), [ev])                       # within the channel's limit
+        assert len(proxy.records) == 1
+        try:
+            event_to_jms(ev.value, Destination("queue", "q"), now_ms=1)
+        except MappingError as exc:
+            assert "nested too deeply" in str(exc)

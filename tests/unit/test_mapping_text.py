@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
+import omniORB
 from omniORB import CORBA, tcInternal
 
 import CosNotification as N
