@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import test_ack_resend as ackkit
+from test_channel_delivery import make_proxy, run_worker, stop, wait_for
 
 import omniORB
 from omniORB import CORBA, tcInternal
@@ -21,9 +23,6 @@ from router.channel.boundary import POISON_ATTEMPTS
 from router.channel.events import Event, Form
 from router.channel.queue import Record
 from router.mapping.text import LATIN1
-
-import test_ack_resend as ackkit
-from test_channel_delivery import make_proxy, run_worker, stop, wait_for
 
 
 def _strings(value: Any, found: list[str]) -> None:
