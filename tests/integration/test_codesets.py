@@ -38,7 +38,7 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 
-from bridgekit import bridge_factory, channel_ep, jms_ep, persistent_channel, structured_supplier
+from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep, persistent_channel, structured_supplier
 from stdclients import Form, Style, obtain_proxy_supplier, prop
 
 pytestmark = pytest.mark.integration
@@ -314,5 +314,38 @@ def test_corba_text_reaches_a_stomp_consumer(module_server: Any, shared_factory:
         i = int(headers["$event_name"][1:])
         assert headers["$fd_s"] == texts[i] and headers["$fd_w"] == texts[i], headers
         assert body.decode("utf-8") == texts[i], body
+    bridge.destroy()
+    channel.destroy()
+
+
+def test_corba_text_reaches_a_java_consumer(module_server: Any, shared_factory: Any, client_orb: Any,
+                                            java_tool: JavaTool) -> None:
+    """The reverse path to the Java JMS client (OpenWire): String properties and a TextMessage body hold the
+    supplier's exact text (Latin-1, Euro sign, CJK). Characters above U+FFFF are ActiveMQ 5.17's limit, pinned here
+    as documented (docs/mapping.md, "Text and code sets"): in a property the Java client reads each emoji as two
+    U+FFFD (the message is delivered); a text body holding one cannot be read by the Java client at all (the broker
+    redelivers it), so no body here holds one. STOMP consumers get both intact (the test above)."""
+    channel, cid = persistent_channel(shared_factory)
+    queue = f"codesets.java.{uuid.uuid4().hex[:8]}"
+    bridge, _ = bridge_factory(client_orb, module_server).create_bridge(channel_ep(BA.SOURCE, cid),
+                                                                         jms_ep(BA.SINK, queue))
+    bridge.start_bridge()
+    supplier = structured_supplier(channel)
+    texts = ["5 € 中文", "😀 emoji"]
+    bodies = ["5 € 中文", "Grüße, 中文 (BMP only)"]
+    for i, text in enumerate(texts):
+        fixed = CosNotification.FixedEventHeader(CosNotification.EventType("D", "T"), f"e{i}")
+        supplier.push_all([CosNotification.StructuredEvent(
+            CosNotification.EventHeader(fixed, []),
+            [prop("s", CORBA.Any(CORBA.TC_string, text)), prop("w", CORBA.Any(CORBA.TC_wstring, text))],
+            CORBA.Any(CORBA.TC_string, bodies[i]))])
+    got = java_tool.consume("queue", queue, len(texts), DEADLINE_S)
+    assert len(got) == len(texts), got
+    for m in got:
+        i = int(m["properties"]["$event_name"]["value"][1:])
+        assert m["class"] == "ActiveMQTextMessage" and m["body"] == bodies[i], m
+        seen = texts[i].replace("😀", REPLACEMENT * 2)           # ActiveMQ 5.17, STOMP -> OpenWire
+        assert m["properties"]["$fd_s"] == {"type": "String", "value": seen}, m["properties"]
+        assert m["properties"]["$fd_w"] == {"type": "String", "value": seen}, m["properties"]
     bridge.destroy()
     channel.destroy()
