@@ -448,8 +448,7 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
             value = as_structured(events[0])
         else:
             value = [as_structured(ev) for ev in events]
-        limit = getattr(self, "text_limit", None)
-        return value if limit is None else narrow_event(value, self.form, limit)
+        return value if self.text_limit is None else narrow_event(value, self.form, self.text_limit)
 
     def empty_value(self) -> Any:
         if self.form == "ANY":
