@@ -179,6 +179,7 @@ def _settings(cfg: Any) -> Any:
         orb_host=cfg.orb.host,
         orb_port=cfg.orb.port,
         orb_max_threads=cfg.orb.max_threads,
+        orb_giop_max_msg_size=cfg.orb.giop_max_msg_size,
         pg_dsn=cfg.postgres.dsn,
         pg_embedded_port=cfg.postgres.embedded_port,
         pg_pool_size=cfg.postgres.pool_size,

@@ -54,7 +54,9 @@ ENV_PREFIX = "NSJMS_"
 #: ``node.max_event_bytes``: the one event size limit of a node (CDR-encoded StructuredEvent), see NodeConfig.
 DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
 MIN_MAX_EVENT_BYTES = 64 * 1024
-MAX_MAX_EVENT_BYTES = 256 * 1024 * 1024     # the ORB's giopMaxMsgSize (2x + 1 MiB) stays well below 4 GiB
+MAX_MAX_EVENT_BYTES = 256 * 1024 * 1024     # the ORB's giopMaxMsgSize (4x + 1 MiB) stays well below 4 GiB
+GIOP_HEADROOM = 1024 * 1024                 # GIOP/request headers and a few small events around a big one
+MAX_GIOP_MAX_MSG_SIZE = 2**32 - 1           # omniORB's giopMaxMsgSize is a CORBA::ULong
 CONFIG_ENV = "NSJMS_CONFIG"  # path of the TOML file when none is given explicitly
 REDACTED = "***"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -65,6 +67,21 @@ _SECRET_KEYS = ("password", "sslpassword", "passcode")
 _SECRET_ALT = "|".join(_SECRET_KEYS)
 _KV_SECRET = re.compile(rf"(\b(?:{_SECRET_ALT})\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s]*)", re.IGNORECASE)
 _QUERY_SECRET = re.compile(rf"([?&](?:{_SECRET_ALT})=)([^&#]*)", re.IGNORECASE)
+
+
+def default_giop_max_msg_size(max_event_bytes: int) -> int:
+    """The ORB's ``giopMaxMsgSize`` when ``orb.giop_max_msg_size`` is not set: 4 x ``node.max_event_bytes`` + 1 MiB.
+
+    Well above the event limit, so a push of an event even several times too large reaches the channel, which
+    answers ``IMP_LIMIT`` (do not retry), instead of the ORB cutting the connection (``COMM_FAILURE``, which
+    suppliers retry: issue 31, a 20 MB push against a 17 MiB ORB limit)."""
+    return 4 * max_event_bytes + GIOP_HEADROOM
+
+
+def min_giop_max_msg_size(max_event_bytes: int) -> int:
+    """The smallest ``orb.giop_max_msg_size`` accepted: 2 x ``node.max_event_bytes`` + 1 MiB, so a push of an event
+    at the limit, and every message the channel sends, fit in one ORB message."""
+    return 2 * max_event_bytes + GIOP_HEADROOM
 
 
 class ConfigError(ValueError):
@@ -136,6 +153,9 @@ class OrbConfig:
     host: str = "127.0.0.1"
     port: int = 2809
     max_threads: int = 64
+    #: The ORB's giopMaxMsgSize; 0 = derived from node.max_event_bytes (default_giop_max_msg_size). Checked at load
+    #: to be at least min_giop_max_msg_size(node.max_event_bytes).
+    giop_max_msg_size: int = 0
 
 
 @dataclass(frozen=True, repr=False)
@@ -401,7 +421,8 @@ def _http_url(raw: Any, textual: bool) -> str:
 _SCHEMA: dict[str, dict[str, _Key]] = {
     "node": {"state_dir": _Key(_path), "node_id": _Key(_node_id), "log_level": _Key(_log_level),
              "max_event_bytes": _Key(_integer(MIN_MAX_EVENT_BYTES, MAX_MAX_EVENT_BYTES))},
-    "orb": {"host": _Key(_host), "port": _Key(_PORT), "max_threads": _Key(_integer(1, 4096))},
+    "orb": {"host": _Key(_host), "port": _Key(_PORT), "max_threads": _Key(_integer(1, 4096)),
+            "giop_max_msg_size": _Key(_integer(0, MAX_GIOP_MAX_MSG_SIZE))},
     "postgres": {
         "dsn": _Key(_dsn, has_credentials=True),
         "embedded_port": _Key(_PORT),
@@ -548,6 +569,7 @@ def _parse_one(section: str, key: str, spec: _Key, entry: tuple[Any, str, bool])
 
 
 def _check_cross(config: Config, merged: dict[tuple[str, str], tuple[Any, str, bool]]) -> None:
+    _check_giop(config, merged)
     broker = config.broker
     if not broker.embedded or broker.embedded_stomp_port != broker.embedded_openwire_port:
         return
@@ -559,6 +581,24 @@ def _check_cross(config: Config, merged: dict[tuple[str, str], tuple[Any, str, b
     raise ConfigError(
         f"broker.{key} (from {source}): must differ from broker.{other}, got {getattr(broker, key)} for both",
         f"broker.{key}",
+        source,
+    )
+
+
+def _check_giop(config: Config, merged: dict[tuple[str, str], tuple[Any, str, bool]]) -> None:
+    """``orb.giop_max_msg_size`` must stay comfortably above ``node.max_event_bytes``: otherwise a push the channel
+    would refuse with IMP_LIMIT is cut off by the ORB with COMM_FAILURE, which suppliers retry."""
+    giop, event = config.orb.giop_max_msg_size, config.node.max_event_bytes
+    least = min_giop_max_msg_size(event)
+    if not giop or giop >= least:
+        return
+    entry = merged.get(("orb", "giop_max_msg_size"))
+    source = entry[1] if entry else "defaults"
+    raise ConfigError(
+        f"orb.giop_max_msg_size (from {source}): must be at least 2 x node.max_event_bytes + 1 MiB = {least} "
+        f"(node.max_event_bytes is {event}), so that a push of a too large event reaches the channel and gets "
+        f"IMP_LIMIT instead of COMM_FAILURE from the ORB; got {giop} (0 or unset: {default_giop_max_msg_size(event)})",
+        "orb.giop_max_msg_size",
         source,
     )
 

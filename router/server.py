@@ -59,6 +59,7 @@ class NodeSettings:
     orb_host: str = "127.0.0.1"
     orb_port: int = 2809
     orb_max_threads: int = 64
+    orb_giop_max_msg_size: int = 0   # orb.giop_max_msg_size; 0: derived from max_event_bytes
     pg_dsn: str = ""                 # empty: start the embedded PostgreSQL
     pg_embedded_port: int = 55432
     pg_pool_size: int = 8
@@ -92,7 +93,7 @@ def orb_args(s: NodeSettings) -> list[str]:
         "-ORBnativeCharCodeSet", "UTF-8",  # IDL strings carry any Unicode text (JMS text bodies)
         # Above the channel's event size limit: a larger event reaches the servant, which refuses it with
         # IMP_LIMIT (docs/channel.md), and whatever the channel accepted fits in its own outgoing messages.
-        "-ORBgiopMaxMsgSize", str(giop_max_msg_size(s.max_event_bytes)),
+        "-ORBgiopMaxMsgSize", str(s.orb_giop_max_msg_size or giop_max_msg_size(s.max_event_bytes)),
         *s.extra_orb_args,
     ]
 

@@ -507,21 +507,26 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
         if client is None:
             raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
         omniORB.setClientCallTimeout(client, self.rt.push_timeout_ms)
-        self._tls.sn = p.sn
-        try:
-            value = self.convert(p.entries)
-        except Exception as exc:
-            raise _ContentFailed(exc) from exc
-        finally:
-            self._tls.sn = None
-        try:
-            getattr(client, self.push_op)(value)
-        except EVENT_SPECIFIC as exc:
-            raise _ContentFailed(exc) from exc
-        except CORBA.COMM_FAILURE as exc:
-            if self._after_comm_failure(client, exc) is Outcome.EVENT_FAILED:
+        while True:
+            self._tls.sn = p.sn
+            try:
+                value = self.convert(p.entries)
+            except Exception as exc:
                 raise _ContentFailed(exc) from exc
-            raise
+            finally:
+                self._tls.sn = None
+            try:
+                getattr(client, self.push_op)(value)
+                return
+            except CORBA.DATA_CONVERSION as exc:     # the consumer's code set: narrow the text and push again
+                if not self._narrow_text(exc):
+                    raise _ContentFailed(exc) from exc
+            except EVENT_SPECIFIC as exc:
+                raise _ContentFailed(exc) from exc
+            except CORBA.COMM_FAILURE as exc:
+                if self._after_comm_failure(client, exc) is Outcome.EVENT_FAILED:
+                    raise _ContentFailed(exc) from exc
+                raise
 
 
 class _Exhausted(Exception):

@@ -12,6 +12,8 @@ it can act on instead of ``UNKNOWN``:
 other ``StoreError``                   ``PERSIST_STORE`` (minor ``MINOR_STORE_FAILED``), ``COMPLETED_NO``.
 event above ``max_event_bytes``        ``IMP_LIMIT`` (minor ``MINOR_EVENT_TOO_LARGE``), ``COMPLETED_NO``; do not
                                        retry the same event.
+event nested deeper than 512 levels    ``BAD_PARAM`` (minor ``MINOR_EVENT_TOO_DEEP``), ``COMPLETED_NO``; do not
+                                       retry the same event (``router.channel.sizing.MAX_EVENT_DEPTH``).
 blocking pull waited ``max_pull_wait``  ``TRANSIENT`` (minor ``MINOR_PULL_WAIT_OVER``), ``COMPLETED_NO``, nothing
                                        taken; pull again.
 =====================================  ===========================================================================
@@ -35,11 +37,13 @@ from typing import Any
 from omniORB import CORBA
 
 from router.config import DEFAULT_MAX_EVENT_BYTES as _NODE_DEFAULT
+from router.config import default_giop_max_msg_size, min_giop_max_msg_size
 from router.db.errors import StoreError, StoreTimeout, StoreUnavailable
 
 __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
     "EVENT_SPECIFIC",
+    "MINOR_EVENT_TOO_DEEP",
     "MINOR_EVENT_TOO_LARGE",
     "MINOR_PULL_WAIT_OVER",
     "MINOR_STORE_FAILED",
@@ -50,6 +54,7 @@ __all__ = [
     "Outcome",
     "check_size",
     "giop_max_msg_size",
+    "min_giop_max_msg_size",
     "store_boundary",
     "store_faults",
 ]
@@ -60,9 +65,9 @@ MINOR_STORE_UNAVAILABLE = NSJMS_VMCID | 2
 MINOR_STORE_FAILED = NSJMS_VMCID | 3
 MINOR_PULL_WAIT_OVER = NSJMS_VMCID | 4
 MINOR_STORE_TIMEOUT = NSJMS_VMCID | 5
+MINOR_EVENT_TOO_DEEP = NSJMS_VMCID | 0x20
 
 DEFAULT_MAX_EVENT_BYTES = _NODE_DEFAULT        # CDR-encoded size of one event (node.max_event_bytes)
-_GIOP_HEADROOM = 1024 * 1024                    # GIOP/request headers and a few small events around a big one
 POISON_ATTEMPTS = 3                             # event-specific failures of one event, alone, before dead-lettering
 
 # Push failures caused by the event, not by the consumer's availability.
@@ -80,13 +85,9 @@ class Outcome(enum.Enum):
 
 
 def giop_max_msg_size(max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> int:
-    """The ORB's ``giopMaxMsgSize`` for a node whose events may be ``max_event_bytes`` long.
-
-    Twice the event limit plus headroom: a push of one event at the limit reaches the servant (which answers
-    ``IMP_LIMIT`` above it) instead of being cut off by the ORB, and the channel's own outgoing batches, which it
-    keeps under ``max_event_bytes`` unless a single event is that large, always fit.
-    """
-    return 2 * max_event_bytes + _GIOP_HEADROOM
+    """The ORB's default ``giopMaxMsgSize`` for a node whose events may be ``max_event_bytes`` long
+    (:func:`router.config.default_giop_max_msg_size`: 4 x the limit + 1 MiB)."""
+    return default_giop_max_msg_size(max_event_bytes)
 
 
 def check_size(size: int, limit: int) -> None:

@@ -23,12 +23,12 @@ import CosNotifyChannelAdmin__POA
 
 from router import telemetry
 from router.channel import qos as Q
-from router.channel.boundary import check_size, store_boundary
+from router.channel.boundary import MINOR_EVENT_TOO_DEEP, check_size, store_boundary
 from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
 from router.channel.events import Event, Form, encode
 from router.channel.queue import Entry, Record, choose_victim
 from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
-from router.channel.sizing import size_bound
+from router.channel.sizing import EventTooDeep, check_depth, size_bound
 from router.channel.store import ChannelRow, NewEvent
 from router.quotas import check_admins, check_channels
 
@@ -465,13 +465,20 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         length checked (the encoding is kept: a persistent event is stored with it, never encoded twice)."""
         limit = self.rt.max_event_bytes
         out: list[tuple[int, bytes | None]] = []
-        for ev in events:
-            bound = size_bound(ev)
-            if bound is not None and (not limit or bound <= limit):
-                out.append((bound, None))
-            else:
-                body = encode(ev)
-                out.append((len(body), body))
+        try:
+            for ev in events:
+                bound = size_bound(ev)
+                if bound is not None and (not limit or bound <= limit):
+                    out.append((bound, None))
+                else:
+                    if bound is None:
+                        check_depth(ev)
+                    body = encode(ev)
+                    out.append((len(body), body))
+        except EventTooDeep as exc:
+            log.warning("channel %d: refused a push of %d event(s): %s (BAD_PARAM)", self.id, len(events), exc)
+            telemetry.rejected(self.id, len(events), "EVENT_TOO_DEEP")
+            raise CORBA.BAD_PARAM(MINOR_EVENT_TOO_DEEP, CORBA.COMPLETED_NO) from exc
         too_big = [size for size, body in out if limit and body is not None and size > limit]
         if too_big:
             log.warning("channel %d: refused a push of %d event(s): an event of %d bytes is above the limit of %d "

@@ -8,6 +8,11 @@ its reason) in ONE unit of work that also writes its ``dead_letter`` ledger row,
 operator retries or discards it (``nsjms deadletter``). Also an ERROR log line naming the event and the reason, the
 ``nsjms.events.dead_lettered`` counter, and the proxy's ``dead_lettered`` / ``last_dead_letter`` fields in
 ``nsjms status``. The events behind it are delivered as usual.
+
+A push refused with ``DATA_CONVERSION`` ``COMPLETED_NO`` (the consumer's char code set cannot carry the event's
+text, e.g. a ``€`` for an ISO-8859-1 consumer: issue 31) is not a poison attempt: the proxy narrows the text it
+sends that consumer one step (ISO-8859-1, then ASCII; :mod:`router.mapping.text`) and pushes again at once. Only a
+push that still fails once the text is ASCII counts against the event.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from router.channel.queue import Entry
 from router.corbacall import PROBE, CallFailed, call
 from router.ledger import Outcome as LedgerOutcome
 from router.ledger import channel_dedupe_id, volatile_dedupe_id
+from router.mapping.text import next_limit
 
 __all__ = ["DeadLetters", "DeliveryFailures"]
 
@@ -78,9 +84,22 @@ class DeliveryFailures(DeadLetters):
     """Poison handling shared by push and pull proxy suppliers (needs ``queue``, ``oid``, ``channel``, ``_finish``)."""
 
     _isolate = 0                  # entries still to be delivered one at a time after a batch failed on content
+    text_limit: int | None = None  # the highest code point sent in strings to this consumer (None: any)
     queue: Any
     oid: str
     channel: Any
+
+    def _narrow_text(self, exc: CORBA.DATA_CONVERSION) -> bool:
+        """After a push failed with ``exc``: narrow the text of this proxy's pushes one step and say so, or answer
+        False when the consumer may have run the call (not ``COMPLETED_NO``) or the text is already ASCII."""
+        narrower = next_limit(self.text_limit)
+        if exc.completed != CORBA.COMPLETED_NO or narrower is None:
+            return False
+        self.text_limit = narrower
+        log.warning("proxy %s: the consumer's code set cannot carry the event's text (%s); from now on its strings "
+                    "carry only characters up to U+%04X, others as wstring or \\u escapes (docs/mapping.md)",
+                    self.oid, describe(exc), narrower)
+        return True
 
     def _batch_limit(self, n: int) -> int:
         """The batch size to take now: 1 while isolating the entries of a batch that failed on its content."""
@@ -184,6 +203,10 @@ class DeliveryFailures(DeadLetters):
             getattr(client, self.push_op)(value)
         except (CosEventComm.Disconnected, CORBA.OBJECT_NOT_EXIST) as exc:
             return Outcome.GONE, exc
+        except CORBA.DATA_CONVERSION as exc:
+            if self._narrow_text(exc):
+                return self._attempt(entries)       # at most twice more: the limit only narrows
+            return Outcome.EVENT_FAILED, exc
         except EVENT_SPECIFIC as exc:
             return Outcome.EVENT_FAILED, exc
         except CORBA.COMM_FAILURE as exc:

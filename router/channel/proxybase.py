@@ -40,6 +40,7 @@ from router.channel.runtime import proxy_oid
 from router.channel.store import ProxyRow, StoreError
 from router.channel.typesets import TypeSet
 from router.ledger import Outcome as LedgerOutcome
+from router.mapping.text import narrow_event
 
 __all__ = ["OWN_ENABLE_TRANSACTION", "ProxyBase", "ProxySupplierBase"]
 
@@ -443,12 +444,16 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         return int(self.qos.get(CosNotification.PacingInterval, 0)) / _TIMET
 
     def convert(self, entries: list[Entry]) -> Any:
+        """The value to hand to the consumer, its text narrowed when its code set needs it (``text_limit``, set by
+        :meth:`~router.channel.delivery.DeliveryFailures._narrow_text` after a ``DATA_CONVERSION``)."""
         events = [e.record.event for e in entries]
         if self.form == "ANY":
-            return as_any(events[0])
-        if self.form == "STRUCTURED":
-            return as_structured(events[0])
-        return [as_structured(ev) for ev in events]
+            value = as_any(events[0])
+        elif self.form == "STRUCTURED":
+            value = as_structured(events[0])
+        else:
+            value = [as_structured(ev) for ev in events]
+        return value if self.text_limit is None else narrow_event(value, self.form, self.text_limit)
 
     def empty_value(self) -> Any:
         if self.form == "ANY":

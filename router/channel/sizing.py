@@ -9,6 +9,13 @@ real encoder for generated events). It answers ``None`` for shapes it does not m
 enums inside TypeCodes, values, fixed, long double, TypeCodes as values, recursive TypeCodes, values of the wrong
 Python type): the caller then encodes the event to measure it exactly.
 
+The walk is also the channel's depth check: values nested deeper than :data:`MAX_EVENT_DEPTH` levels (each Any,
+struct member, sequence element or TypeCode level counts one) raise :class:`EventTooDeep`, which the channel
+answers with ``BAD_PARAM`` (``COMPLETED_NO``) instead of letting a recursion fail somewhere later (issue 31: an Any
+nested 5,000 deep gave ``UNKNOWN`` from a ``RecursionError`` here). A shape too deep for this recursive walk but
+within the limit (a ``RecursionError``) answers ``None`` like an unmodelled one, and :func:`check_depth` then measures
+it without recursion.
+
 The bound is what makes the check cheap: an event whose bound is within the limit is within the limit, without
 being encoded; only an event whose bound is above the limit (or whose shape is not modelled) is encoded.
 """
@@ -20,8 +27,13 @@ from typing import Any
 from omniORB import CORBA, tcInternal
 
 from router.channel.events import Event, Form
+from router.mapping.limits import value_depth
 
-__all__ = ["size_bound"]
+__all__ = ["MAX_EVENT_DEPTH", "EventTooDeep", "check_depth", "size_bound"]
+
+#: Deepest nesting of an event's values the channel accepts (the JMS -> event mapping's decoders stop at 400
+#: object levels, ``router.mapping.limits.MAX_VALUE_DEPTH``, so whatever a bridge maps is accepted).
+MAX_EVENT_DEPTH = 512
 
 _T = tcInternal
 # Largest CDR size (including worst-case alignment padding) of the primitive kinds, by omniORBpy descriptor.
@@ -46,14 +58,36 @@ class _Unmodelled(Exception):
     """The value's shape is outside what the bound models: measure it exactly instead."""
 
 
+class EventTooDeep(Exception):
+    """The event's values are nested deeper than :data:`MAX_EVENT_DEPTH` levels."""
+
+    def __init__(self, limit: int = MAX_EVENT_DEPTH) -> None:
+        super().__init__(f"the event's values are nested deeper than {limit} levels")
+        self.limit = limit
+
+
 def size_bound(event: Event) -> int | None:
-    """An upper bound of ``len(encode(event))``, or None when the event must be encoded to know its size."""
+    """An upper bound of ``len(encode(event))``, or None when the event must be encoded to know its size (then
+    call :func:`check_depth` first). Raises :class:`EventTooDeep` for values nested beyond the limit."""
     try:
         if event.form is Form.STRUCTURED:
             return 1 + _structured(event.value)            # 1: the encapsulation's byte-order octet
-        return 1 + _any(event.value)
-    except (_Unmodelled, AttributeError, TypeError):
+        return 1 + _any(event.value, 1)
+    except (_Unmodelled, AttributeError, TypeError, RecursionError):
         return None
+
+
+def check_depth(event: Event, limit: int = MAX_EVENT_DEPTH) -> None:
+    """Raise :class:`EventTooDeep` when the event's values are nested deeper than ``limit`` (iterative: safe for
+    any depth the ORB could unmarshal)."""
+    if value_depth(event.value, limit) > limit:
+        raise EventTooDeep(limit)
+
+
+def _deeper(depth: int) -> int:
+    if depth >= MAX_EVENT_DEPTH:
+        raise EventTooDeep
+    return depth + 1
 
 
 def _string(s: Any) -> int:
@@ -69,17 +103,18 @@ def _structured(ev: Any) -> int:
     fixed = header.fixed_header
     kind = fixed.event_type
     return (_string(kind.domain_name) + _string(kind.type_name) + _string(fixed.event_name)
-            + _properties(header.variable_header) + _properties(ev.filterable_data) + _any(ev.remainder_of_body))
+            + _properties(header.variable_header) + _properties(ev.filterable_data)
+            + _any(ev.remainder_of_body, 3))
 
 
 def _properties(props: Any) -> int:
     total = _ULONG
     for p in props:
-        total += _string(p.name) + _any(p.value)
+        total += _string(p.name) + _any(p.value, 4)
     return total
 
 
-def _any(a: Any) -> int:
+def _any(a: Any, depth: int) -> int:
     if not isinstance(a, CORBA.Any):
         raise _Unmodelled
     d = a._t._d
@@ -88,15 +123,16 @@ def _any(a: Any) -> int:
         if size is None:
             if d != _T.tv_any:
                 raise _Unmodelled
-            return _TC_SIMPLE + _any(a._v)
+            return _TC_SIMPLE + _any(a._v, _deeper(depth))
         return _TC_SIMPLE + size
-    return _typecode(d) + _value(d, a._v)
+    return _typecode(d, depth) + _value(d, a._v, depth)
 
 
-def _value(d: Any, v: Any) -> int:
+def _value(d: Any, v: Any, depth: int) -> int:
+    depth = _deeper(depth)
     if type(d) is int:
         if d == _T.tv_any:
-            return _any(v)
+            return _any(v, depth)
         size = _PRIMITIVE.get(d)
         if size is None:
             raise _Unmodelled
@@ -109,40 +145,41 @@ def _value(d: Any, v: Any) -> int:
             raise _Unmodelled
         return _ULONG + 4 * (len(v) + 1)                # UTF-16 code units (GIOP 1.2) or 4-byte chars + NUL
     if kind == _T.tv_alias:
-        return _value(d[3], v)
+        return _value(d[3], v, depth)
     if kind == _T.tv_struct:
-        return sum(_value(d[i + 1], getattr(v, d[i])) for i in range(4, len(d), 2))
+        return sum(_value(d[i + 1], getattr(v, d[i]), depth) for i in range(4, len(d), 2))
     if kind in (_T.tv_sequence, _T.tv_array):
         head = _ULONG if kind == _T.tv_sequence else 0
-        return head + _elements(d[1], v)
+        return head + _elements(d[1], v, depth)
     raise _Unmodelled
 
 
-def _elements(d: Any, v: Any) -> int:
+def _elements(d: Any, v: Any, depth: int) -> int:
     if type(d) is int:
         if d in (_T.tv_octet, _T.tv_char) and isinstance(v, (bytes, str)):
             return 4 * len(v) if isinstance(v, str) else len(v)
         size = _ELEMENT.get(d)
         if size is not None:
             return size - 1 + len(v) * size
-    return sum(_value(d, item) for item in v)
+    return sum(_value(d, item, depth) for item in v)
 
 
-def _typecode(d: Any) -> int:
+def _typecode(d: Any, depth: int) -> int:
     """Upper bound of a TypeCode's encoding (kind, then for complex kinds an encapsulation of its parameters)."""
     if type(d) is int:
         if d not in _PRIMITIVE and d != _T.tv_any:
             raise _Unmodelled
         return _TC_SIMPLE
+    depth = _deeper(depth)
     kind = d[0]
     if kind in (_T.tv_string, _T.tv_wstring):
         return _ULONG + _ULONG                           # kind, bound
     encapsulation = _ULONG + _ULONG + 1                  # kind, encapsulation length, byte order
     if kind in (_T.tv_sequence, _T.tv_array):
-        return encapsulation + _typecode(d[1]) + _ULONG  # element type, bound/length
+        return encapsulation + _typecode(d[1], depth) + _ULONG  # element type, bound/length
     if kind == _T.tv_alias:
-        return encapsulation + _string(d[1]) + _string(d[2]) + _typecode(d[3])
+        return encapsulation + _string(d[1]) + _string(d[2]) + _typecode(d[3], depth)
     if kind == _T.tv_struct:
-        members = sum(_string(d[i]) + _typecode(d[i + 1]) for i in range(4, len(d), 2))
+        members = sum(_string(d[i]) + _typecode(d[i + 1], depth) for i in range(4, len(d), 2))
         return encapsulation + _string(d[2]) + _string(d[3]) + _ULONG + members
     raise _Unmodelled

@@ -44,6 +44,7 @@ from router.mapping import limits
 from router.mapping import qos
 from router.mapping import times as times_mod
 from router.mapping.errors import MappingError
+from router.mapping.text import text_any
 from router.mapping.times import ANY_CHANNEL, ChannelTimeSupport
 
 __all__ = ["CODESET_MINORS", "TYPE_NAMES", "MappedEvent", "jms_to_event", "map_message", "typed_to_any"]
@@ -199,7 +200,7 @@ def _jms_additions(msg: JmsMessage, listed: set[str], filterable: list[Any]) -> 
     out: list[Any] = []
 
     def string(name: str, value: str) -> None:
-        out.append(CosNotification.Property(name, CORBA.Any(CORBA.TC_string, _idl_text(value, name))))
+        out.append(CosNotification.Property(name, text_any(_idl_text(value, name))))
 
     if msg.message_id is not None:
         string("JMSMessageID", msg.message_id)
@@ -337,7 +338,7 @@ def _utc_any(ms: int, field: str) -> Any:
 def _filterable(msg: JmsMessage) -> list[Any]:
     def string(name: str, value: str | None) -> None:
         if value is not None:
-            out.append(CosNotification.Property(name, CORBA.Any(CORBA.TC_string, _idl_text(value, name))))
+            out.append(CosNotification.Property(name, text_any(_idl_text(value, name))))
 
     out: list[Any] = []
     string("JMSType", msg.jms_type)
@@ -367,7 +368,8 @@ def _property_entry(name: object, value: object) -> Any:
 
 def typed_to_any(value: Typed, field: str) -> Any:
     """A JMS value as an Any: boolean, byte->octet (two's complement), short, int->long, long->long long, float,
-    double, String->string, char->wchar, byte[]->CORBA::OctetSeq."""
+    double, String->string (wstring when it holds a character outside ISO-8859-1), char->wchar,
+    byte[]->CORBA::OctetSeq."""
     if value.type == JmsType.BYTES:
         if not isinstance(value.value, (bytes, bytearray)):
             raise MappingError("byte[] value is not bytes", field)
@@ -376,6 +378,8 @@ def typed_to_any(value: Typed, field: str) -> Any:
         raise MappingError(f"unknown JMS type {value.type!r}", field)
     _check_java(value, field)
     raw = value.value
+    if value.type == JmsType.STRING:
+        return text_any(str(raw))               # string when it fits ISO-8859-1, else wstring (mapping.text)
     if value.type == JmsType.BYTE:
         raw = int(raw) & 0xFF
     elif value.type in (JmsType.FLOAT, JmsType.DOUBLE):
@@ -419,7 +423,7 @@ def _foreign_body(msg: JmsMessage) -> Any:
     if kind == BodyType.MESSAGE:
         return CORBA.Any(CORBA.TC_null, None)
     if kind == BodyType.TEXT:
-        return CORBA.Any(CORBA.TC_string, _idl_text(bodies.as_text(body), "body"))
+        return text_any(_idl_text(bodies.as_text(body), "body"))
     if kind in (BodyType.BYTES, BodyType.OBJECT):
         return CORBA.Any(CORBA._tc_OctetSeq, bodies.as_bytes(body))
     if kind == BodyType.MAP:

@@ -53,8 +53,19 @@ def event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, de
     """The JMS message for ``event``, to be sent at ``now_ms`` (ms since the Unix epoch) to ``destination``.
 
     Raises :class:`MappingError` for anything that cannot be mapped (a malformed standard QoS field, text that is
-    not valid Unicode, a body above ``max_body_bytes``, a value that cannot be CDR-encoded).
+    not valid Unicode, a body above ``max_body_bytes``, a value that cannot be CDR-encoded, types nested too deeply
+    for the mapping's recursive walk: the channel accepts values nested up to 512 levels).
     """
+    try:
+        return _event_to_jms(event, destination, now_ms=now_ms, default_persistent=default_persistent,
+                             max_body_bytes=max_body_bytes)
+    except RecursionError:
+        raise MappingError("the event's types or values are nested too deeply to map to JMS",
+                           "remainder_of_body or a property") from None
+
+
+def _event_to_jms(event: Any, destination: Destination | None, *, now_ms: int, default_persistent: bool,
+                  max_body_bytes: int | None) -> JmsMessage:
     header = event.header
     fixed = header.fixed_header
     variable = header.variable_header

@@ -52,7 +52,7 @@ def test_the_key_feeds_orb_channel_bridge_and_mapping(argv: list[str], env: dict
                                                       tmp_path: Path) -> None:
     settings = _settings_from([*argv, "--state-dir", str(tmp_path)], env)
     assert settings.max_event_bytes == MIB
-    assert _giop(orb_args(settings)) == 2 * MIB + giop_max_msg_size(0), "ORB derived from the same limit"
+    assert _giop(orb_args(settings)) == 4 * MIB + giop_max_msg_size(0), "ORB derived from the same limit"
     broker = Node(settings).broker_settings()
     assert broker.max_event_bytes == MIB, "bridge events and mapped bodies use the node's limit"
 
@@ -83,3 +83,25 @@ def test_out_of_range_is_a_configuration_error_naming_the_key(value: str) -> Non
     with pytest.raises(ConfigError) as exc:
         load_config(env={"NSJMS_NODE_MAX_EVENT_BYTES": value})
     assert "node.max_event_bytes (from NSJMS_NODE_MAX_EVENT_BYTES)" in str(exc.value)
+
+
+def test_the_orb_limit_is_comfortably_above_the_event_limit() -> None:
+    """Issue 31: a 20 MB push got COMM_FAILURE from the ORB's 17 MiB limit (2 x 8 MiB + 1 MiB) instead of the
+    channel's IMP_LIMIT; suppliers retry COMM_FAILURE. The default now lets pushes up to 4 x the limit reach the
+    channel."""
+    settings = _settings_from([], {})
+    assert _giop(orb_args(settings)) == 4 * 8 * MIB + MIB
+    assert _giop(orb_args(settings)) > 20 * 1000 * 1000 + MIB
+
+
+def test_orb_giop_max_msg_size_is_configurable_and_checked(tmp_path: Path) -> None:
+    settings = _settings_from(["--state-dir", str(tmp_path)], {"NSJMS_ORB_GIOP_MAX_MSG_SIZE": str(100 * MIB)})
+    assert _giop(orb_args(settings)) == 100 * MIB
+    assert load_config(env={"NSJMS_ORB_GIOP_MAX_MSG_SIZE": str(17 * MIB)}).orb.giop_max_msg_size == 17 * MIB
+    with pytest.raises(ConfigError) as info:
+        load_config(env={"NSJMS_ORB_GIOP_MAX_MSG_SIZE": str(17 * MIB - 1)})
+    assert info.value.key == "orb.giop_max_msg_size"
+    message = str(info.value)
+    assert "NSJMS_ORB_GIOP_MAX_MSG_SIZE" in message and "at least" in message and str(17 * MIB) in message
+    with pytest.raises(ConfigError, match=r"orb\.giop_max_msg_size"):
+        load_config(env={"NSJMS_ORB_GIOP_MAX_MSG_SIZE": str(3 * MIB), "NSJMS_NODE_MAX_EVENT_BYTES": str(2 * MIB)})

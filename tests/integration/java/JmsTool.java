@@ -244,7 +244,9 @@ public final class JmsTool {
                 case '\r': b.append("\\r"); break;
                 case '\t': b.append("\\t"); break;
                 default:
-                    if (ch < 0x20) b.append(String.format("\\u%04x", (int) ch)); else b.append(ch);
+                    // JSON escapes for controls and for everything outside ASCII: the output stays exact whatever
+                    // the JVM's stdout encoding (a C locale would print '?' for a Euro sign)
+                    if (ch < 0x20 || ch >= 0x7f) b.append(String.format("\\u%04x", (int) ch)); else b.append(ch);
             }
         }
         return b.append("\"").toString();
