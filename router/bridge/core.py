@@ -42,6 +42,7 @@ from router.jms.transport import (
     SendRefused,
     Transport,
     TransportError,
+    resource_refusal,
 )
 
 __all__ = ["BROKER_DLQ", "DEFAULT_DLQ", "MAX_EVENT_BYTES", "ChannelPuller", "ChannelToJms", "DeadLetter",
@@ -190,8 +191,9 @@ class ChannelToJms:
         if len(messages) > 1:
             try:                                         # a pushed sequence: one STOMP transaction (atomic send);
                 self._send_transaction([m for _, m in messages])  # routing transactions (T2): router.bridge.txout
-            except (BrokerError, SendRefused):           # one message refused: find it, keep the rest
-                pass
+            except (BrokerError, SendRefused) as exc:    # one message refused: find it, keep the rest
+                if resource_refusal(exc):                # the broker is out of a resource: an outage
+                    raise
             else:
                 handled.update(i for i, _ in messages)
                 return
@@ -202,7 +204,8 @@ class ChannelToJms:
     def _send_one(self, msg: JmsMessage) -> None:
         """A message the broker refuses with an ERROR frame (:class:`SendRefused`) would be refused again:
         dead-letter it (the bridge must not stall on it). Connection problems (:class:`SendFailed`,
-        :class:`BrokerUnavailable`, :class:`ReceiptTimeout`) propagate: the event stays in the channel."""
+        :class:`BrokerUnavailable`, :class:`ReceiptTimeout`) and a broker out of a resource (:class:`BrokerFull`:
+        a full store, usage limits, quotas, producer flow control) propagate: the event stays in the channel."""
         try:
             self.transport.send(self.destination, msg, receipt=True)
         except SendRefused as exc:

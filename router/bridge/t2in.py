@@ -35,7 +35,15 @@ from psycopg import Xid
 from router.bridge.ports import Inbox
 from router.bridge.txbranch import _Background
 from router.jms.model import Destination, JmsMessage
-from router.jms.transport import BrokerError, Delivery, SendRefused, Transport, TransportError
+from router.jms.refusal import is_resource
+from router.jms.transport import (
+    BrokerError,
+    Delivery,
+    SendRefused,
+    Transport,
+    TransportError,
+    resource_refusal,
+)
 from router.t2 import ACK_MANAGER, inbox_claim
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 
@@ -175,13 +183,14 @@ class StompAckBranch:
             if sealed is not None and (error := sealed.wait()) is not None:
                 raise error
         except TransportError as exc:
-            if isinstance(exc, BrokerError | SendRefused):
-                self.refused = str(exc)
+            if isinstance(exc, BrokerError | SendRefused) and not resource_refusal(exc):
+                self.refused = str(exc)           # a broker out of a resource refuses no frame in particular
             raise PrepareFailed(f"a frame of the STOMP transaction failed: {exc}", gtrid=self._gtrid,
                                 branch=self.name) from exc
         problem = self._problem()
         if problem:
-            self.refused = problem
+            if not is_resource(problem):
+                self.refused = problem
             raise PrepareFailed(f"a frame of the STOMP transaction got an ERROR: {problem}", gtrid=self._gtrid,
                                 branch=self.name)
 
@@ -252,7 +261,8 @@ class StompAckBranch:
             try:
                 previous(False)
             except (BrokerError, SendRefused) as exc:   # the broker refused it (an ERROR frame)
-                self.refused = str(exc)
+                if not resource_refusal(exc):
+                    self.refused = str(exc)
                 raise
 
     def _write_acks(self) -> None:
@@ -325,7 +335,7 @@ class LocalAcks:
                     self.transport.send(letter[0], letter[1], receipt=True)
             self._write_acks(acks)
         except TransportError as exc:
-            self._on_failed(exc, isinstance(exc, SendRefused | BrokerError))
+            self._on_failed(exc, isinstance(exc, SendRefused | BrokerError) and not resource_refusal(exc))
             return
         self._on_commit()
 

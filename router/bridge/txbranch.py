@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 
 from psycopg import Xid
 
+from router.jms.refusal import is_resource
 from router.jms.transport import (
     BrokerUnavailable,
     EncodedMessage,
@@ -190,8 +191,9 @@ class SendBranch:
             problem, connected = str(exc), False
         if problem:
             failed = PrepareFailed(f"branch {self.name}: {problem}", gtrid=self._gtrid(), branch=self.name)
-            # an ERROR frame for a frame of the batch on a live connection: the broker refused the batch's content
-            failed.content = connected  # type: ignore[attr-defined]
+            # an ERROR frame for a frame of the batch on a live connection: the broker refused the batch's content,
+            # unless it refused for lack of a resource (a full store, usage limits: an outage, router.jms.refusal)
+            failed.content = connected and not is_resource(problem)  # type: ignore[attr-defined]
             raise failed
 
     def commit(self) -> None:
