@@ -284,6 +284,14 @@ class PendingCommit:
         try:
             if self.rid is not None:
                 t._wait(self.rid, t._receipt_timeout)
+        except BrokerError as exc:
+            # ActiveMQ refuses the COMMIT of a transaction whose frame it refused with its own words ("COMMIT FAILED:
+            # Transaction marked rollback only"): the refused frame's reason says why (a full store: an outage)
+            problem = self._problem[0] if self._problem is not None else self._entry.rollback_only
+            if problem and problem not in exc.message:
+                raise BrokerError(f"{exc.message} (a frame in the transaction failed: {problem})", exc.body,
+                                  exc.receipt_id) from exc
+            raise
         finally:
             t._book.discard_tx(self.transaction)
         problem = self._problem[0] if self._problem is not None else self._entry.rollback_only
