@@ -664,6 +664,12 @@ class SessionBook:
         with self.lock:
             self._modes[subscription] = mode
 
+    def pending(self, delivery: Delivery) -> bool:
+        """Whether ``delivery`` can still be acknowledged: it is un-acked in the book (an ACK claimed it in a
+        transaction whose ABORT never got its answer is not: the book cannot give it back, see ``restore``)."""
+        with self.lock:
+            return delivery.ack_id in self._pending
+
     def delivered(self, delivery: Delivery) -> None:
         with self.lock:
             if self._modes.get(delivery.subscription, AckMode.AUTO) is not AckMode.AUTO:
