@@ -18,6 +18,13 @@ _TRACE = ("{exc}: {msg}\n\tat org.apache.activemq.broker.region.BaseDestination.
 
 #: (message header, body, the resource it names) — answered to a SEND, a COMMIT or an ACK of a transaction.
 RESOURCE_FRAMES = [
+    # seen: ActiveMQ 5.17.2 with <storeUsage limit="4 mb"> and sendFailIfNoSpace (tests/integration/test_broker_full.py)
+    ("Persistent store is Full, 100% of 4194304. Stopping producer (ID:vm-34869-1796543835346-5:7:-1:1) to prevent "
+     "flooding queue://full.out.8f0a94c0. See http://activemq.apache.org/producer-flow-control.html for more info",
+     "", "store usage limit"),
+    ("COMMIT FAILED: Transaction marked rollback only xaErrorCode:100 (a frame in the transaction failed: Persistent "
+     "store is Full, 100% of 4194304. Stopping producer (ID:x) to prevent flooding queue://out.)", "",
+     "store usage limit"),
     ("Persistent store is Full, 100% of 1048576. Stopping producer (ID:h-40377-1733470000000-1:1:1:1) to prevent "
      "flooding queue://q.full. See http://activemq.apache.org/producer-flow-control.html for more info (blocking "
      "for: 0s)", _TRACE.format(exc="javax.jms.ResourceAllocationException", msg="Persistent store is Full"),
@@ -30,6 +37,10 @@ RESOURCE_FRAMES = [
      "", "memory usage limit"),
     ("No space left on device", "java.io.IOException: No space left on device\n\tat java.base/sun.nio.ch."
      "FileDispatcherImpl.write0(Native Method)\n", "disk full (ENOSPC)"),
+    # seen: ActiveMQ 5.17.2 on a full tmpfs, the answer to a persistent SEND (KahaDB's journal write failed)
+    ("java.io.IOException: No space left on device", "java.util.concurrent.ExecutionException: java.io.IOException: "
+     "No space left on device\n\tat java.base/java.util.concurrent.FutureTask.report(FutureTask.java:122)\n\tat "
+     "org.apache.activemq.broker.region.Queue.doMessageSend(Queue.java:", "disk full (ENOSPC)"),
     ("java.io.IOException: No space left on device", "", "disk full (ENOSPC)"),
     ("Disk quota exceeded", "java.io.IOException: Disk quota exceeded", "disk quota (EDQUOT)"),
     ("(no message header)", "javax.jms.ResourceAllocationException: something the broker ran out of",
@@ -50,6 +61,7 @@ CONTENT_FRAMES = [
     ("Invalid selector: a = ", "javax.jms.InvalidSelectorException: a = "),
     ("Unexpected ACK received for message-id [ID:h-1:1:1:1:1]", ""),
     ("message too large", ""),
+    ("COMMIT FAILED: Transaction marked rollback only xaErrorCode:100", ""),   # without its frame's reason
     ("(no message header)", ""),
     ("", ""),
 ]
