@@ -1251,4 +1251,4 @@ def test_a_resource_refusal_found_at_prepare_is_not_the_batchs_content() -> None
         transport._book.mark_rollback_only(_STORE_FULL.message)
         with pytest.raises(PrepareFailed, match="Persistent store is Full") as err:
             branch.prepare()
-        assert getattr(err.value, "content", None) is False
+        assert getattr(err.value, "content", None) is False and RESOURCE_MARK in str(err.value)
