@@ -16,9 +16,9 @@ dead letter refused too, retried), with T2 the events were isolated one per T2 a
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +28,21 @@ import stomp
 import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
+from router.channel.boundary import POISON_ATTEMPTS
 from router.services import EmbeddedActiveMQ
 
 from bridgekit import (
+    bridge_factory,
     bridge_status,
     channel_ep,
     jms_ep,
     managed_bridge,
+    node_status,
     persistent_channel,
     pg_scalar,
     structured_supplier,
 )
-from conftest import ClientOrb, JavaTool, Rig, running_rig
+from conftest import ClientOrb, NsjmsServer, free_port, own_broker
 from stdclients import make_event, wait_until
 
 pytestmark = pytest.mark.integration
@@ -71,10 +74,32 @@ class FullStoreBroker(EmbeddedActiveMQ):
         return xml.replace("        <transportConnectors>", SYSTEM_USAGE + "        <transportConnectors>", 1)
 
 
+@pytest.fixture(scope="module")
+def full_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedActiveMQ]:
+    """One broker for the module (each test fills its store, then frees it)."""
+    with own_broker(tmp_path_factory.mktemp("full-amq"), FullStoreBroker) as broker:
+        yield broker
+
+
+@dataclass
+class Node:
+    server: NsjmsServer
+    factory: Any
+    bf: Any
+    broker: EmbeddedActiveMQ
+
+
 @pytest.fixture
-def full_rig(tmp_path: Path, fresh_db: str, client_orb: ClientOrb, java_tool: JavaTool) -> Iterator[Rig]:
-    with running_rig(tmp_path, fresh_db, client_orb, java_tool, FullStoreBroker) as rig:
-        yield rig
+def full_rig(tmp_path: Path, fresh_db: str, client_orb: ClientOrb, full_broker: EmbeddedActiveMQ) -> Iterator[Node]:
+    """A node of its own (database ``fresh_db``) on the module's full-store broker."""
+    state = tmp_path / "state"
+    state.mkdir()
+    server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=full_broker.url, port=free_port())
+    try:
+        server.start()
+        yield Node(server, client_orb.factory(server.ior()), bridge_factory(client_orb, server), full_broker)
+    finally:
+        server.stop()
 
 
 class Collector(stomp.ConnectionListener):  # type: ignore[misc]
@@ -141,7 +166,7 @@ def _drain(url: str, queue: str, expected: int) -> None:
         conn.disconnect()
 
 
-def _log(rig: Rig) -> str:
+def _log(rig: Node) -> str:
     return rig.server.stderr_path.read_text(errors="replace")[-6000:]
 
 
@@ -151,7 +176,7 @@ def _queued(dsn: str, cid: int) -> int:
 
 @pytest.mark.parametrize("t2", [False, True], ids=["batches", "t2"])
 def test_a_full_store_is_an_outage_nothing_dead_lettered_nothing_deleted_nothing_lost(
-        full_rig: Rig, fresh_db: str, t2: bool) -> None:
+        full_rig: Node, fresh_db: str, t2: bool) -> None:
     rig = full_rig
     url = rig.broker.url
     out, filler = f"full.out.{uuid.uuid4().hex[:8]}", f"full.filler.{uuid.uuid4().hex[:8]}"
@@ -177,11 +202,16 @@ def test_a_full_store_is_an_outage_nothing_dead_lettered_nothing_deleted_nothing
         assert wait_until(refused, TIMEOUT_S), \
             f"the bridge's status never said the broker is out of resources: {bridge_status(rig.server, bid)}\n" \
             f"{_log(rig)}"
-        # the bridge keeps trying (T2s roll back / batches go back) for a few seconds: nothing may give up
-        end = time.monotonic() + 8.0
-        while time.monotonic() < end:
+        # the proxy keeps trying (T2s roll back / batches go back): past the attempts after which the old code gave
+        # up on an event (POISON_ATTEMPTS), nothing may have left the channel
+        def attempts() -> int:
+            counts = [int(p.get("attempts", 0)) for ch in node_status(rig.server).get("channels", [])
+                      if ch.get("id") == cid for p in ch.get("proxy_suppliers", [])]
             assert _queued(fresh_db, cid) == EVENTS, "events left the channel while the store was full"
-            time.sleep(0.5)
+            return max(counts, default=0)
+
+        assert wait_until(lambda: attempts() >= 2 * POISON_ATTEMPTS + 2, TIMEOUT_S, interval=0.2), \
+            node_status(rig.server).get("channels")
         assert seen.names("/queue/nsjms.DLQ") == [] and seen.names("/queue/ActiveMQ.DLQ") == []
         assert seen.names(f"/queue/{out}") == []
         status = bridge_status(rig.server, bid)
