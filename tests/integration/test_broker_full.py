@@ -181,6 +181,7 @@ def test_a_full_store_is_an_outage_nothing_dead_lettered_nothing_deleted_nothing
     url = rig.broker.url
     out, filler = f"full.out.{uuid.uuid4().hex[:8]}", f"full.filler.{uuid.uuid4().hex[:8]}"
     counter, seen = _connect(url)                     # the independent consumer, on the bridge's queue and the DLQs
+    filled = 0
     try:
         for i, dest in enumerate((f"/queue/{out}", "/queue/nsjms.DLQ", "/queue/ActiveMQ.DLQ")):
             counter.subscribe(dest, id=f"count-{i}", ack="auto")
@@ -196,12 +197,6 @@ def test_a_full_store_is_an_outage_nothing_dead_lettered_nothing_deleted_nothing
         for i in range(EVENTS):
             supplier.push_one(make_event(i, reliability=CosNotification.Persistent))
 
-        def refused() -> bool:
-            return "broker out of resources" in str(bridge_status(rig.server, bid).get("last_error") or "")
-
-        assert wait_until(refused, TIMEOUT_S), \
-            f"the bridge's status never said the broker is out of resources: {bridge_status(rig.server, bid)}\n" \
-            f"{_log(rig)}"
         # the proxy keeps trying (T2s roll back / batches go back): past the attempts after which the old code gave
         # up on an event (POISON_ATTEMPTS), nothing may have left the channel
         def attempts() -> int:
@@ -212,12 +207,20 @@ def test_a_full_store_is_an_outage_nothing_dead_lettered_nothing_deleted_nothing
 
         assert wait_until(lambda: attempts() >= 2 * POISON_ATTEMPTS + 2, TIMEOUT_S, interval=0.2), \
             node_status(rig.server).get("channels")
+
+        def refused() -> bool:
+            return "broker out of resources" in str(bridge_status(rig.server, bid).get("last_error") or "")
+
+        assert wait_until(refused, TIMEOUT_S), \
+            f"the bridge's status never said the broker is out of resources: {bridge_status(rig.server, bid)}\n" \
+            f"{_log(rig)}"
         assert seen.names("/queue/nsjms.DLQ") == [] and seen.names("/queue/ActiveMQ.DLQ") == []
         assert seen.names(f"/queue/{out}") == []
         status = bridge_status(rig.server, bid)
         assert status.get("dead_lettered") == 0, status
 
         _drain(url, filler, filled)                   # space back: the events go out
+        filled = 0
         want = sorted(f"e{i}" for i in range(EVENTS))
         assert wait_until(lambda: sorted(set(seen.names(f"/queue/{out}"))) == want, TIMEOUT_S), \
             sorted(set(seen.names(f"/queue/{out}")))
@@ -225,3 +228,5 @@ def test_a_full_store_is_an_outage_nothing_dead_lettered_nothing_deleted_nothing
         assert seen.names("/queue/nsjms.DLQ") == [] and seen.names("/queue/ActiveMQ.DLQ") == []
     finally:
         counter.disconnect()
+        if filled:                                    # failed while full: free the module's broker for the next test
+            _drain(url, filler, filled)
