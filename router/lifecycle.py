@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 __all__ = [
+    "EMBEDDED_RESTART",
     "Health",
     "RestartPolicy",
     "ServiceError",
@@ -275,18 +277,31 @@ def kept_for_restart(service_result: str | None, exit_code: str | None, exit_sta
 @dataclass(frozen=True)
 class RestartPolicy:
     """Backoff between restarts of a dead embedded service: 0, then ``initial_s`` doubling up to ``max_s``;
-    the count starts again once the service stayed up ``stable_after_s`` seconds. Restarts never stop."""
+    the count starts again once the service stayed up ``stable_after_s`` seconds. Restarts never stop.
+    ``jitter`` (0..1): each delay is drawn from ``[delay * (1 - jitter), delay]``, so restarts of several nodes
+    (or of both services) do not fall into step."""
 
     initial_s: float = 1.0
     max_s: float = 30.0
     stable_after_s: float = 60.0
+    jitter: float = 0.0
 
 
-def restart_delay(consecutive: int, policy: RestartPolicy) -> float:
-    """Seconds to wait before the restart that follows ``consecutive`` recent restarts (pure)."""
+#: The embedded services' policy (issue 31). A service that died for a cause outside the node (a full disk, a port
+#: taken) fails its restarts until the cause is gone; the delay between two attempts is what it costs on top once
+#: the cause is gone, so it stays short: 0, 0.5, 1, 2, then 2-4 s (jittered) for as long as it takes. The earlier
+#: policy doubled up to 30 s: after a disk-full broker death the restarts kept failing for 64 s after space was
+#: freed (a 30 s wait, plus the start that was failing when the space came back, plus the start that succeeds).
+EMBEDDED_RESTART = RestartPolicy(initial_s=0.5, max_s=4.0, stable_after_s=60.0, jitter=0.5)
+
+
+def restart_delay(consecutive: int, policy: RestartPolicy, draw: float = 1.0) -> float:
+    """Seconds to wait before the restart that follows ``consecutive`` recent restarts (pure). ``draw`` in [0, 1]
+    picks the delay within the policy's jitter band (1: the full delay)."""
     if consecutive <= 0:
         return 0.0
-    return float(min(policy.max_s, policy.initial_s * 2 ** (consecutive - 1)))
+    delay = float(min(policy.max_s, policy.initial_s * 2 ** (consecutive - 1)))
+    return delay * (1.0 - policy.jitter * (1.0 - min(1.0, max(0.0, draw))))
 
 
 class Supervised(Protocol):
@@ -343,7 +358,8 @@ class ServiceWatch:
 
     def __init__(self, name: str, health: Health, probe: Callable[[], str | None],
                  service: Supervised | None = None, *, interval: float = 2.0,
-                 policy: RestartPolicy = RestartPolicy(), clock: Callable[[], float] = time.monotonic) -> None:
+                 policy: RestartPolicy = EMBEDDED_RESTART, clock: Callable[[], float] = time.monotonic,
+                 draw: Callable[[], float] = random.random) -> None:
         self.name = name
         self.health = health
         self.probe = probe
@@ -351,6 +367,7 @@ class ServiceWatch:
         self.interval = interval
         self.policy = policy
         self.clock = clock
+        self.draw = draw                 # the jitter's random draw in [0, 1) (injected by tests)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consecutive = 0
@@ -391,8 +408,8 @@ class ServiceWatch:
             self._consecutive = 0
 
     def _restart(self, service: Supervised) -> None:
-        delay = restart_delay(self._consecutive, self.policy)
-        log.error("embedded %s (%s) is not running; restarting it in %.0f s (restart %d)",
+        delay = restart_delay(self._consecutive, self.policy, self.draw())
+        log.error("embedded %s (%s) is not running; restarting it in %.1f s (restart %d)",
                   self.name, self.health.key, delay, self.health.restarts + 1)
         if self._stop.wait(delay):
             return

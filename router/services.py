@@ -18,8 +18,9 @@ Layout under ``base_dir``::
       data/        the cluster (initdb on first start)
       server.log
       password     generated superuser password for TCP connections (mode 0600)
-    activemq/      activemq.xml, log4j2.properties, lib/ (extra jars), data/, tmp/, console.log, broker.pid,
-                   credentials (login and generated passcode, mode 0600)
+    activemq/      activemq.xml, log4j.properties and log4j2.properties, lib/ (extra jars), data/ (the KahaDB store
+                   and activemq.log, rotated at 10 MB x 5), tmp/, console.log, broker.pid, credentials (login and
+                   generated passcode, mode 0600)
 
 Exceptions: :class:`ServiceError` (missing binaries naming the apt package, busy port, start/stop timeout); the
 tree is drawn in :mod:`router.lifecycle`.
@@ -468,6 +469,26 @@ _AMQ_XML = """<?xml version="1.0" encoding="UTF-8"?>
     </broker>
 </beans>
 """
+#: The broker's log (issue 31: it wrote none). Debian's ActiveMQ 5.17 logs through slf4j-log4j12 and log4j 1.2
+#: (``/usr/share/activemq/lib/optional``), which never reads the ``log4j2.properties`` Debian ships in
+#: ``instances-available/main`` ("log4j:WARN No appenders could be found"), so the broker gets this log4j 1.2
+#: configuration (``-Dlog4j.configuration``) as well as that file (for an ActiveMQ that logs through log4j2):
+#: ``data/activemq.log`` in the node's state directory, rotated at 10 MB, five old files kept (60 MB at most).
+_AMQ_LOG4J = """# Written by nsjms (router/services.py) at every start; do not edit: changes are overwritten.
+log4j.rootLogger=INFO, logfile
+log4j.logger.org.apache.activemq.spring=WARN
+log4j.logger.org.apache.activemq.web.handler=WARN
+log4j.logger.org.springframework=WARN
+log4j.logger.org.apache.xbean=WARN
+log4j.logger.org.eclipse.jetty=WARN
+log4j.appender.logfile=org.apache.log4j.RollingFileAppender
+log4j.appender.logfile.File=${activemq.data}/activemq.log
+log4j.appender.logfile.MaxFileSize=10MB
+log4j.appender.logfile.MaxBackupIndex=5
+log4j.appender.logfile.Append=true
+log4j.appender.logfile.layout=org.apache.log4j.PatternLayout
+log4j.appender.logfile.layout.ConversionPattern=%d | %-5p | %m | %c | %t%n
+"""
 _AMQ_AUTH = """        <plugins>
             <simpleAuthenticationPlugin anonymousAccessAllowed="false">
                 <users>
@@ -607,6 +628,7 @@ class EmbeddedActiveMQ:
             f"-Dactivemq.conf={base}",
             f"-Dactivemq.data={base}/data",
             f"-Djava.io.tmpdir={base}/tmp",
+            f"-Dlog4j.configuration=file:{base}/log4j.properties",
             "--add-opens",
             "java.base/java.lang=ALL-UNNAMED",
             "-jar",
@@ -756,6 +778,7 @@ class EmbeddedActiveMQ:
     def _write_instance(self, xml: str) -> None:
         shutil.copyfile(AMQ_INSTANCE / "log4j2.properties", self.root / "log4j2.properties")
         os.chmod(self.root / "log4j2.properties", 0o600)
+        write_private(self.root / "log4j.properties", _AMQ_LOG4J)
         write_private(self.root / "activemq.xml", xml)  # holds the passcode
         self._link_extra_jars()
 

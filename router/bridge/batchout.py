@@ -12,11 +12,13 @@ The guarantees are the ones of the CORBA push (``router.bridge.core``): the even
 only once the broker confirmed its COMMIT. A batch the broker refuses (an ERROR frame for one of its messages, or
 for the COMMIT) is sent again one message at a time, receipted, and the refused message is dead-lettered with the
 reason while the others are delivered (:meth:`ChannelToJms._send_one`); the batch written behind it is aborted and
-goes back to the channel's queue, in order. A connection problem raises :class:`ForwardDeferred`: every batch in
-flight goes back to the queue (a COMMIT whose receipt was lost may have happened: at most duplicates), except the
-events already delivered (:attr:`Batch.handled`): the messages the one-by-one resend had confirmed before it
-stopped (a dead letter refused too, a lost connection) and the events dead-lettered by the mapping. An event the
-mapping cannot express is dead-lettered before its batch is sent, as on the push path.
+goes back to the channel's queue, in order. A broker out of a resource (a full store or disk, usage limits, quotas,
+producer flow control: ``router.jms.refusal``) refuses no message in particular: like a connection problem it
+raises :class:`ForwardDeferred`, nothing is dead-lettered. A connection problem raises :class:`ForwardDeferred`:
+every batch in flight goes back to the queue (a COMMIT whose receipt was lost may have happened: at most
+duplicates), except the events already delivered (:attr:`Batch.handled`): the messages the one-by-one resend had
+confirmed before it stopped (a dead letter refused too, a lost connection) and the events dead-lettered by the
+mapping. An event the mapping cannot express is dead-lettered before its batch is sent, as on the push path.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ from router import telemetry
 from router.bridge.core import ChannelToJms
 from router.bridge.ports import ForwardDeferred
 from router.jms.model import DeliveryMode, Destination, JmsMessage
-from router.jms.transport import BrokerError, EncodedMessage, PendingReceipt, SendRefused, TransportError
+from router.jms.transport import (
+    BrokerError,
+    EncodedMessage,
+    PendingReceipt,
+    SendRefused,
+    TransportError,
+    resource_refusal,
+)
 
 __all__ = ["IN_FLIGHT", "STRUCTURED_BATCH", "Batch", "LocalBatches"]
 
@@ -117,6 +126,8 @@ class LocalBatches:
         except (BrokerError, SendRefused) as exc:       # a frame refused at once: found again one by one
             batch.refused = exc
             self.abort(batch)
+            if resource_refusal(exc):                   # the broker is out of a resource: an outage
+                raise self._deferred(exc) from None
         except TransportError as exc:
             self.abort(batch)
             raise self._deferred(exc) from None
@@ -129,6 +140,8 @@ class LocalBatches:
         try:
             batch.pending = self.flow.transport.commit_nowait(batch.tx)
         except (BrokerError, SendRefused) as exc:
+            if resource_refusal(exc):                   # the broker is out of a resource: an outage
+                raise self._deferred(exc) from None
             batch.refused = exc
         except TransportError as exc:
             raise self._deferred(exc) from None
@@ -147,6 +160,8 @@ class LocalBatches:
                 try:
                     pending.wait()
                 except (BrokerError, SendRefused) as exc:
+                    if resource_refusal(exc):           # an outage: the batch goes back, nothing dead-lettered
+                        raise
                     batch.refused = exc
             if batch.refused is not None:
                 clean = False

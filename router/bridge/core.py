@@ -42,6 +42,7 @@ from router.jms.transport import (
     SendRefused,
     Transport,
     TransportError,
+    resource_refusal,
 )
 
 __all__ = ["BROKER_DLQ", "DEFAULT_DLQ", "MAX_EVENT_BYTES", "ChannelPuller", "ChannelToJms", "DeadLetter",
@@ -190,8 +191,9 @@ class ChannelToJms:
         if len(messages) > 1:
             try:                                         # a pushed sequence: one STOMP transaction (atomic send);
                 self._send_transaction([m for _, m in messages])  # routing transactions (T2): router.bridge.txout
-            except (BrokerError, SendRefused):           # one message refused: find it, keep the rest
-                pass
+            except (BrokerError, SendRefused) as exc:    # one message refused: find it, keep the rest
+                if resource_refusal(exc):                # the broker is out of a resource: an outage
+                    raise
             else:
                 handled.update(i for i, _ in messages)
                 return
@@ -202,7 +204,8 @@ class ChannelToJms:
     def _send_one(self, msg: JmsMessage) -> None:
         """A message the broker refuses with an ERROR frame (:class:`SendRefused`) would be refused again:
         dead-letter it (the bridge must not stall on it). Connection problems (:class:`SendFailed`,
-        :class:`BrokerUnavailable`, :class:`ReceiptTimeout`) propagate: the event stays in the channel."""
+        :class:`BrokerUnavailable`, :class:`ReceiptTimeout`) and a broker out of a resource (:class:`BrokerFull`:
+        a full store, usage limits, quotas, producer flow control) propagate: the event stays in the channel."""
         try:
             self.transport.send(self.destination, msg, receipt=True)
         except SendRefused as exc:
@@ -344,6 +347,10 @@ class JmsToChannel:
         self.duplicates = 0
         self.refused = 0
         self.held: list[tuple[Delivery, Any]] = []       # received, not yet pushed when the push loop stopped
+        #: Deliveries whose dead letter (or NACK) failed with a broker problem while the connection lives (a full
+        #: store refuses the dead letter): taken again by :meth:`receive` first, never left un-acknowledged on the
+        #: live subscription (which the broker does not redeliver while it lives).
+        self.unsettled: list[Delivery] = []
         self.held_lock = threading.Lock()                 # an old push loop and its replacement may both touch it
         self.t2in: Any = None                             # router.bridge.t2in.InboundT2, once a T2 ran
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -366,8 +373,20 @@ class JmsToChannel:
             return self.subscription
 
     def receive(self, timeout: float) -> Delivery | None:
+        """A delivery whose settling failed before (:attr:`unsettled`, of the live connection), else the next one."""
+        with self.held_lock:
+            while self.unsettled:
+                kept = self.unsettled.pop(0)
+                if self._live(kept):
+                    return kept
         delivery: Delivery | None = self.ensure_subscribed().receive(timeout)
         return delivery
+
+    def _live(self, delivery: Delivery) -> bool:
+        """Whether ``delivery`` came on the live connection (one of a lost connection is redelivered by the broker)."""
+        book = getattr(self.transport, "_book", None)
+        epoch = getattr(book, "epoch", None)
+        return epoch is None or (delivery.epoch == epoch and bool(getattr(book, "connected", True)))
 
     def seen(self, delivery: Delivery) -> bool:
         """Already forwarded (a redelivery after a lost ack). Keyed on the broker's message id alone: ActiveMQ
@@ -385,16 +404,26 @@ class JmsToChannel:
         escapes to the receive loop (which would leave the message unacknowledged and stall the prefetch)."""
         problem = self._problem(delivery)
         if problem == "refuse":
-            self.refuse(delivery)
+            self._settling(delivery, lambda: self.refuse(delivery))
             return None
-        if problem is not None:
-            self.reject(delivery, problem)
-            return None
-        event, problem = self._event(delivery)
-        if problem is not None:
-            self.reject(delivery, problem)
-            return None
-        return event
+        if problem is None:
+            event, problem = self._event(delivery)
+            if problem is None:
+                return event
+        reason = problem
+        self._settling(delivery, lambda: self.reject(delivery, reason))
+        return None
+
+    def _settling(self, delivery: Delivery, settle: Callable[[], None]) -> None:
+        """Run ``settle`` (dead letter + ack, or NACK); when the broker fails it (a full store refuses the dead
+        letter: an outage, router.jms.refusal; a lost connection) the delivery is kept for :meth:`receive` and the
+        error propagates (the receive loop backs off)."""
+        try:
+            settle()
+        except TransportError:
+            with self.held_lock:
+                self.unsettled.append(delivery)
+            raise
 
     def _problem(self, delivery: Delivery) -> str | None:
         """Why ``delivery`` cannot become an event before mapping it ("refuse": NACK to the broker's DLQ)."""

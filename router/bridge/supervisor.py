@@ -20,7 +20,8 @@ from omniORB import CORBA
 import CosNotifyChannelAdmin
 
 from router.corbacall import ADMIN, CallFailed, call
-from router.jms.transport import ConnectionState, Transport, TransportError
+from router.jms.refusal import RESOURCE_MARK, classify
+from router.jms.transport import ConnectionState, Transport, TransportError, resource_refusal
 
 __all__ = ["SUPERVISE_INTERVAL_S", "Supervised"]
 
@@ -66,8 +67,13 @@ class Supervised:
         self._wake.set()
 
     def note_broker_problem(self, exc: Exception) -> None:
-        """A broker operation failed: record it and wake the supervisor (it reconnects if the connection is gone)."""
+        """A broker operation failed: record it and wake the supervisor (it reconnects if the connection is gone).
+        A broker out of a resource (a full store, usage limits: router.jms.refusal) says so: an outage, the events
+        stay queued and are retried."""
         self.last_error = f"broker: {exc}"
+        if resource_refusal(exc):
+            verdict = classify(getattr(exc, "message", "") or str(exc), getattr(exc, "body", "") or "")
+            self.last_error = f"broker {RESOURCE_MARK} ({verdict.resource}); events stay queued and are retried: {exc}"
         transport = self.transport
         if transport is not None and not transport.is_connected():
             self.broker_state = ConnectionState.DISCONNECTED

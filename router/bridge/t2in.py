@@ -35,7 +35,15 @@ from psycopg import Xid
 from router.bridge.ports import Inbox
 from router.bridge.txbranch import _Background
 from router.jms.model import Destination, JmsMessage
-from router.jms.transport import BrokerError, Delivery, SendRefused, Transport, TransportError
+from router.jms.refusal import is_resource
+from router.jms.transport import (
+    BrokerError,
+    Delivery,
+    SendRefused,
+    Transport,
+    TransportError,
+    resource_refusal,
+)
 from router.t2 import ACK_MANAGER, inbox_claim
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 
@@ -175,13 +183,14 @@ class StompAckBranch:
             if sealed is not None and (error := sealed.wait()) is not None:
                 raise error
         except TransportError as exc:
-            if isinstance(exc, BrokerError | SendRefused):
-                self.refused = str(exc)
+            if isinstance(exc, BrokerError | SendRefused) and not resource_refusal(exc):
+                self.refused = str(exc)           # a broker out of a resource refuses no frame in particular
             raise PrepareFailed(f"a frame of the STOMP transaction failed: {exc}", gtrid=self._gtrid,
                                 branch=self.name) from exc
         problem = self._problem()
         if problem:
-            self.refused = problem
+            if not is_resource(problem):
+                self.refused = problem
             raise PrepareFailed(f"a frame of the STOMP transaction got an ERROR: {problem}", gtrid=self._gtrid,
                                 branch=self.name)
 
@@ -252,7 +261,8 @@ class StompAckBranch:
             try:
                 previous(False)
             except (BrokerError, SendRefused) as exc:   # the broker refused it (an ERROR frame)
-                self.refused = str(exc)
+                if not resource_refusal(exc):
+                    self.refused = str(exc)
                 raise
 
     def _write_acks(self) -> None:
@@ -325,7 +335,7 @@ class LocalAcks:
                     self.transport.send(letter[0], letter[1], receipt=True)
             self._write_acks(acks)
         except TransportError as exc:
-            self._on_failed(exc, isinstance(exc, SendRefused | BrokerError))
+            self._on_failed(exc, isinstance(exc, SendRefused | BrokerError) and not resource_refusal(exc))
             return
         self._on_commit()
 
@@ -407,6 +417,7 @@ class InboundT2:
         if not flow.bridge.running():
             return False
         with self._lock:
+            self._check_held()
             if self.resync:
                 self.resync = False
                 self._reconnect()
@@ -426,6 +437,10 @@ class InboundT2:
         using T2 rounds (the push loop, its channel now BestEffort or in another process) forwards these first,
         or they would stay un-acknowledged on the live subscription, which the broker never redelivers."""
         with self._lock:
+            self._check_held()
+            if self.resync:
+                self.resync = False
+                self._reconnect()
             epoch = self._epoch()
             self.held = [d for d in self.held if epoch is None or d.epoch == epoch]
             return self.held.pop(0) if self.held else None
@@ -442,6 +457,7 @@ class InboundT2:
         if not flow.bridge.running():
             return InBatch()
         with self._lock:
+            self._check_held()
             if self.resync:
                 self.resync = False
                 self._reconnect()
@@ -611,6 +627,28 @@ class InboundT2:
             self.held = out + self.held
             raise
         return out
+
+    def _check_held(self) -> None:
+        """Held deliveries the live connection can no longer acknowledge make the next round reconnect (issue 31:
+        after the broker's disk had been full the bridge looped on "delivery … was already acknowledged or is
+        unknown; retrying"). A rolled-back T2 gives its deliveries back to the transport's book with its ABORT's
+        answer; an ABORT that got no answer (a receipt timeout, an ERROR: a broker stalled or failing on a full
+        disk) leaves them claimed in the book while they are un-acknowledged at the broker, in flight on this
+        consumer, which never redelivers them while it lives. Every later T2 then failed on the first of them, and
+        the messages behind them stayed in the prefetch. Reconnecting ends the old consumer, the broker redelivers
+        everything not acknowledged on the new connection, and the inbox recognises what already became an event:
+        nothing is lost, nothing is doubled."""
+        book = _book(self.flow.transport)
+        pending = getattr(book, "pending", None)
+        if pending is None or not self.held:
+            return
+        epoch = self._epoch()
+        unknown = [d for d in self.held if (epoch is None or d.epoch == epoch) and not pending(d)]
+        if unknown:
+            log.warning("bridge %d: %d held message(s) (first %s) can no longer be acknowledged on this connection "
+                        "(an ABORT went unanswered); reconnecting so the broker redelivers them", self.flow.bridge.id,
+                        len(unknown), unknown[0].message_id)
+            self.resync = True
 
     def _epoch(self) -> Any:
         """The live connection's epoch (deliveries of an earlier one are gone: the broker redelivers them), or

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 
 from psycopg import Xid
 
+from router.jms.refusal import RESOURCE_MARK, is_resource
 from router.jms.transport import (
     BrokerUnavailable,
     EncodedMessage,
@@ -189,9 +190,12 @@ class SendBranch:
         except TransportError as exc:
             problem, connected = str(exc), False
         if problem:
-            failed = PrepareFailed(f"branch {self.name}: {problem}", gtrid=self._gtrid(), branch=self.name)
-            # an ERROR frame for a frame of the batch on a live connection: the broker refused the batch's content
-            failed.content = connected  # type: ignore[attr-defined]
+            # an ERROR frame for a frame of the batch on a live connection: the broker refused the batch's content,
+            # unless it refused for lack of a resource (a full store, usage limits: an outage, router.jms.refusal)
+            resource = is_resource(problem)
+            mark = f" ({RESOURCE_MARK}: an outage)" if resource and RESOURCE_MARK not in problem else ""
+            failed = PrepareFailed(f"branch {self.name}: {problem}{mark}", gtrid=self._gtrid(), branch=self.name)
+            failed.content = connected and not resource  # type: ignore[attr-defined]
             raise failed
 
     def commit(self) -> None:

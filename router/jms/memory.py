@@ -39,13 +39,13 @@ from router.jms.transport import (
     QueueSubscription,
     RetryPolicy,
     SendFailed,
-    SendRefused,
     SessionBook,
     SimpleCodec,
     StateCallback,
     Subscription,
     SubscriptionSpec,
     TransportError,
+    refused_send,
     stomp_destination,
 )
 
@@ -648,7 +648,7 @@ class MemoryTransport:
             self._run("send", lambda: self.broker.send(dest, dict(frame), encoded.body), transaction=transaction)
             self._answered_in_order(transaction, receipt)
         except BrokerError as exc:
-            raise SendRefused.from_error(exc, dest) from exc
+            raise refused_send(exc, dest) from exc
         except BrokerUnavailable as exc:
             raise SendFailed(str(exc), dest) from exc
 

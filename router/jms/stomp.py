@@ -36,6 +36,7 @@ from stomp.utils import PREAMBLE_END_RE, Frame
 
 from router.jms import readframe
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage
+from router.jms.refusal import RESOURCE_MARK, is_resource
 from router.jms.sendframe import FrameTemplates, encode_ack_frame, encode_send_frame
 from router.jms.transport import (
     RECONNECT_POLICY,
@@ -52,7 +53,6 @@ from router.jms.transport import (
     RemoteProtocolError,
     RetryPolicy,
     SendFailed,
-    SendRefused,
     SessionBook,
     SimpleCodec,
     StateCallback,
@@ -60,6 +60,7 @@ from router.jms.transport import (
     SubscriptionSpec,
     TransportError,
     redact_url,
+    refused_send,
     stomp_destination,
 )
 
@@ -283,6 +284,14 @@ class PendingCommit:
         try:
             if self.rid is not None:
                 t._wait(self.rid, t._receipt_timeout)
+        except BrokerError as exc:
+            # ActiveMQ refuses the COMMIT of a transaction whose frame it refused with its own words ("COMMIT FAILED:
+            # Transaction marked rollback only"): the refused frame's reason says why (a full store: an outage)
+            problem = self._problem[0] if self._problem is not None else self._entry.rollback_only
+            if problem and problem not in exc.message:
+                raise BrokerError(f"{exc.message} (a frame in the transaction failed: {problem})", exc.body,
+                                  exc.receipt_id) from exc
+            raise
         finally:
             t._book.discard_tx(self.transaction)
         problem = self._problem[0] if self._problem is not None else self._entry.rollback_only
@@ -475,7 +484,7 @@ class StompTransport:
             self._transmit("send", write, frame_headers, receipt=receipt, loss_is_failure=transaction is not None,
                            tx=transaction)
         except BrokerError as exc:
-            raise SendRefused.from_error(exc, dest) from exc
+            raise refused_send(exc, dest) from exc
         except BrokerUnavailable as exc:
             raise SendFailed(str(exc), dest) from exc
 
@@ -505,7 +514,7 @@ class StompTransport:
             except _LINK_ERRORS as exc:
                 raise BrokerUnavailable(f"send: the frame could not be written: {exc}") from exc
         except BrokerError as exc:
-            raise SendRefused.from_error(exc, dest) from exc
+            raise refused_send(exc, dest) from exc
         except BrokerUnavailable as exc:
             raise SendFailed(str(exc), dest) from exc
 
@@ -838,7 +847,10 @@ class StompTransport:
             self._book.frame_answered(rid)
             self._answer(rid if rid in self._waiters else f"connect-{epoch}", "error", frame)
         elif epoch == self._book.epoch:           # for a receipt-less frame (or one whose caller gave up waiting)
-            self._book.frame_refused(error.message, rid or None)
+            reason = error.message
+            if error.resource and not is_resource(reason):     # told by the body: keep the verdict in the reason
+                reason = f"{reason} ({RESOURCE_MARK})"
+            self._book.frame_refused(reason, rid or None)
 
     def _on_disconnected(self, epoch: int, _: None) -> None:
         self._answer(f"connect-{epoch}", "lost", None)

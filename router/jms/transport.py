@@ -9,11 +9,15 @@ Exception tree (all picklable, all carrying their data)::
     TransportError
      ├── BrokerUnavailable      no usable connection; nothing was done (safe to retry after reconnect())
      ├── SendFailed             this message was definitely NOT accepted (.destination, .reason)
-     │    └── SendRefused       ... because the broker refused THIS message with an ERROR frame (.message, .body):
-     │                          sending it again would be refused again (dead-letter it); a plain SendFailed is a
-     │                          connection problem (retry after reconnect())
+     │    ├── SendRefused       ... because the broker refused THIS message with an ERROR frame (.message, .body):
+     │    │                     sending it again would be refused again (dead-letter it); a plain SendFailed is a
+     │    │                     connection problem (retry after reconnect())
+     │    └── BrokerFull        ... because the broker is out of a resource (full disk or store, usage limits,
+     │                          quotas, producer flow control; router.jms.refusal): an OUTAGE, retry later, never
+     │                          dead-letter for it (.message, .body, .resource)
      ├── ReceiptTimeout         the outcome is UNKNOWN: the frame left, no receipt came back (.operation)
-     ├── BrokerError            the broker answered with an ERROR frame (.message, .body, .receipt_id)
+     ├── BrokerError            the broker answered with an ERROR frame (.message, .body, .receipt_id; .resource:
+     │                          the refusal is a resource outage, router.jms.refusal)
      └── ProtocolError
           ├── RemoteProtocolError   the broker sent something this client cannot make sense of
           └── LocalProtocolError    the caller misused the transport (unknown tx, double ack, use after close,
@@ -38,11 +42,13 @@ from urllib.parse import urlsplit
 import tenacity
 
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
+from router.jms.refusal import RESOURCE_MARK, Refusal, classify, is_resource
 
 __all__ = [
     "RECONNECT_POLICY",
     "AckMode",
     "BrokerError",
+    "BrokerFull",
     "BrokerUnavailable",
     "ConnectionState",
     "Delivery",
@@ -63,7 +69,9 @@ __all__ = [
     "open_transport",
     "parse_destination",
     "redact_url",
+    "refused_send",
     "register_scheme",
+    "resource_refusal",
     "stomp_destination",
 ]
 
@@ -96,8 +104,9 @@ class SendFailed(TransportError):
 
 class SendRefused(SendFailed):
     """The broker answered this SEND with an ERROR frame (``message``, ``body``): it refuses the message itself
-    (authorization, a header it cannot parse, a full store with ``sendFailIfNoSpace``). Sending the same message
-    again would be refused again; the connection may still be usable."""
+    (authorization, a header it cannot parse, a destination it refuses). Sending the same message again would be
+    refused again; the connection may still be usable. A broker out of a resource raises :class:`BrokerFull`
+    instead (:func:`refused_send`)."""
 
     def __init__(self, reason: str, destination: str, message: str = "", body: str = "") -> None:
         super().__init__(reason, destination)
@@ -108,6 +117,38 @@ class SendRefused(SendFailed):
     @classmethod
     def from_error(cls, error: BrokerError, destination: str) -> SendRefused:
         return cls(str(error), destination, error.message, error.body)
+
+
+class BrokerFull(SendFailed):
+    """The broker refused this SEND because it is out of a resource (``resource``: a full disk or store, its store,
+    temp or memory usage limit, a quota, producer flow control; see :mod:`router.jms.refusal`). The message was not
+    accepted and is not the problem: an outage. Keep it and send it again later; never dead-letter it for this (the
+    dead-letter destination is on the same full store)."""
+
+    def __init__(self, reason: str, destination: str, message: str = "", body: str = "", resource: str = "") -> None:
+        super().__init__(reason, destination)
+        self.args = (reason, destination, message, body, resource)
+        self.message = message
+        self.body = body
+        self.resource = resource
+
+    def __str__(self) -> str:
+        return f"send to {self.destination} refused, {RESOURCE_MARK} ({self.resource}): {self.reason}"
+
+
+def refused_send(error: BrokerError, destination: str) -> SendFailed:
+    """The exception for a SEND the broker answered with ``error``: :class:`BrokerFull` for a resource refusal,
+    else :class:`SendRefused` (the one decision, :func:`router.jms.refusal.classify`)."""
+    verdict = classify(error.message, error.body)
+    if verdict.refusal is Refusal.RESOURCE:
+        return BrokerFull(str(error), destination, error.message, error.body, verdict.resource)
+    return SendRefused.from_error(error, destination)
+
+
+def resource_refusal(exc: BaseException) -> bool:
+    """``exc`` is the broker's refusal for lack of a resource (:class:`BrokerFull`, or a :class:`BrokerError` whose
+    texts classify so, e.g. a COMMIT refused on a full disk): an outage, never a reason to dead-letter."""
+    return isinstance(exc, BrokerFull) or (isinstance(exc, BrokerError) and exc.resource)
 
 
 class ReceiptTimeout(TransportError):
@@ -135,6 +176,11 @@ class BrokerError(TransportError):
 
     def __str__(self) -> str:
         return f"broker error: {self.message}"
+
+    @property
+    def resource(self) -> bool:
+        """The broker refused for lack of a resource (an outage, not this frame's content: router.jms.refusal)."""
+        return is_resource(self.message, self.body)
 
 
 class ProtocolError(TransportError):
@@ -617,6 +663,12 @@ class SessionBook:
     def set_mode(self, subscription: str, mode: AckMode) -> None:
         with self.lock:
             self._modes[subscription] = mode
+
+    def pending(self, delivery: Delivery) -> bool:
+        """Whether ``delivery`` can still be acknowledged: it is un-acked in the book (an ACK claimed it in a
+        transaction whose ABORT never got its answer is not: the book cannot give it back, see ``restore``)."""
+        with self.lock:
+            return delivery.ack_id in self._pending
 
     def delivered(self, delivery: Delivery) -> None:
         with self.lock:

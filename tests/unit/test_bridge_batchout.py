@@ -26,7 +26,7 @@ from router.channel.boundary import Outcome
 from router.channel.events import Event, Form
 from router.channel.queue import ANY_ORDER, FIFO_ORDER, Entry, ProxyQueue, Record
 from router.jms.model import BodyType, Destination, JmsMessage
-from router.jms.transport import BrokerError, BrokerUnavailable, ReceiptTimeout, SendRefused
+from router.jms.transport import BrokerError, BrokerUnavailable, ReceiptTimeout, SendRefused, refused_send
 
 QUEUE = Destination("queue", "out")
 
@@ -564,3 +564,46 @@ def test_a_teardown_that_stops_waiting_records_every_entry_of_the_batches_in_fli
         worker.join(30)
     assert proxy.delivered == events(200)                    # the broker committed both; nothing more taken
     assert [e.record.event.value for e in proxy.queue.take(1000)] == events(250)[200:]
+
+
+_FULL = ("Persistent store is Full, 100% of 1048576. Stopping producer (ID:h-1:1:1:1) to prevent flooding "
+         "queue://out. See http://activemq.apache.org/producer-flow-control.html for more info (blocking for: 0s)")
+
+
+class FullBroker(PipeBroker):
+    """A broker whose store for ``out`` is full: its COMMITs are refused (the SENDs in them got the ERROR) and a
+    message sent alone to ``out`` gets the same resource refusal; the dead-letter queue still has room (a
+    per-destination limit), so only the classification keeps the events out of it."""
+
+    full = True
+
+    def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
+             receipt: bool = True, headers: Any = None) -> None:
+        dest = destination.stomp() if isinstance(destination, Destination) else destination
+        if self.full and transaction is None and dest == QUEUE.stomp():
+            self.frames.append(("SEND", transaction, message.body, receipt))
+            raise refused_send(BrokerError(_FULL, "javax.jms.ResourceAllocationException: " + _FULL), dest)
+        super().send(destination, message, transaction=transaction, receipt=receipt, headers=headers)
+
+
+def test_a_full_broker_store_defers_the_batch_and_dead_letters_nothing() -> None:
+    """Issue 31: a resource refusal is an outage: the batch goes back to the queue in order, nothing is sent one
+    by one nor dead-lettered; once the store has room everything is delivered."""
+    broker = FullBroker()
+    bridge = Bridge()
+    transport: Any = broker
+    flow = ChannelToJms(bridge, QUEUE, transport, to_jms, DeadLetter(lambda: transport, bridge.id),
+                        lambda ev: str(ev).encode())
+    proxy = Proxy(SimpleNamespace(local_batches=LocalBatches(flow)))
+    broker.commit_outcomes = [(BrokerError(f"transaction tx1: a frame in it failed before the COMMIT was confirmed "
+                                           f"({_FULL}); the broker committed it without that frame"), False)]
+    proxy.put(*events(150))
+    assert localpush.deliver(proxy, localpush.target(proxy), proxy.queue.take(1)) is Outcome.RETRY
+    assert broker.bodies(DEFAULT_DLQ) == [] and flow.dead_letter.count == 0 and proxy.delivered == []
+    assert not [f for f in broker.frames if f[0] == "SEND" and f[1] is None], "nothing sent one by one"
+    assert "broker out of resources" in str(bridge.problems[-1]) or "Persistent store is Full" in str(
+        bridge.problems[-1])
+    assert [e.record.event.value for e in proxy.queue._all()] == events(150)
+    broker.full = False
+    assert proxy.run()[-1] is Outcome.DELIVERED
+    assert broker.bodies() == events(150) and proxy.delivered == events(150) and broker.bodies(DEFAULT_DLQ) == []

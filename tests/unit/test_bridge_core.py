@@ -31,7 +31,7 @@ from router.bridge.ports import (
     LocalChannel,
 )
 from router.jms.model import BodyType, Destination, JmsMessage
-from router.jms.transport import BrokerUnavailable, Delivery, SendFailed, SendRefused
+from router.jms.transport import BrokerFull, BrokerUnavailable, Delivery, SendFailed, SendRefused
 from router.mapping.errors import MappingError
 
 QUEUE = Destination("queue", "out")
@@ -748,3 +748,30 @@ def test_a_replaced_push_loop_and_its_replacement_never_lose_each_others_held_de
             break
         threading.Event().wait(0.01)
     assert sorted(d.message_id for d, _ in flow.held) == ["m1", "m2"], "a held delivery was lost"
+
+
+@pytest.mark.parametrize("take", ["pull", "push"])
+def test_a_dead_letter_a_full_broker_refuses_keeps_its_message_for_the_next_round(take: str) -> None:
+    """Issue 31: a full store refuses the dead letter of an unmappable message (an outage). The message is neither
+    acknowledged nor NACKed, and not left un-acknowledged on the live subscription either (the broker would not
+    redeliver it while the connection lives): the next round takes it first and settles it once there is room."""
+    full = BrokerFull("refused", DEFAULT_DLQ.stomp(), "Persistent store is Full, 100% of 4194304. Stopping producer "
+                      "(ID:x) to prevent flooding queue://nsjms.DLQ.", "", "store usage limit")
+    transport = TwinTransport(failures=[full])
+    flow = in_flow(transport, [delivery("m1", "poison"), delivery("m2", "fine")])
+    if take == "pull":
+        supply = PullSupply(flow)
+        assert supply.take(10, 0.0) == []
+        assert transport.acked == [] and transport.nacked == []
+        assert supply.take(10, 0.0) == [("event", "fine")]
+        supply.take(10, 0.0)                                 # confirms what the previous take handed over
+    else:
+        sink = TwinSink()
+        loop = push_loop(flow, sink)
+        with pytest.raises(BrokerFull):
+            loop._round()
+        assert transport.acked == [] and transport.nacked == []
+        loop._round()
+        loop._round()
+    assert transport.acked == ["m1", "m2"] and transport.nacked == []
+    assert len(transport.dead_letters()) == 1 and "poison" in reason(transport.dead_letters()[0])

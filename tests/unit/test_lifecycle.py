@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from router.lifecycle import (
+    EMBEDDED_RESTART,
     Health,
     RestartPolicy,
     ServiceUnreachable,
@@ -189,3 +190,42 @@ def test_status_on_private_files_of_another_user_says_so(tmp_path: Path, monkeyp
     monkeypatch.setattr(router.status, "collect", private)
     assert main(["status", "--state-dir", str(tmp_path)]) == EXIT_FAILURE
     assert "run as the node's user" in capsys.readouterr().err
+
+
+def test_embedded_restart_delay_is_jittered_and_never_grows_past_a_few_seconds() -> None:
+    """Issue 31: after a disk-full broker death the restarts kept failing for 64 s after space was freed (the
+    delay had doubled to 30 s). The embedded services' policy stays within 4 s, jittered into [d/2, d]."""
+    policy = EMBEDDED_RESTART
+    for n in range(1, 50):
+        top = restart_delay(n, policy, 1.0)
+        assert 0 < top <= 4.0
+        assert restart_delay(n, policy, 0.0) == pytest.approx(top / 2)
+        assert restart_delay(n, policy, 0.0) <= restart_delay(n, policy, 0.37) <= top
+    assert restart_delay(0, policy, 0.5) == 0.0                       # the first restart goes at once
+
+
+def test_a_service_whose_cause_is_gone_restarts_within_the_bounded_delay() -> None:
+    """A broker that cannot start while its disk is full fails restart after restart; once the cause is gone the
+    next attempt comes after at most 4 s, however long the outage lasted."""
+    now = [0.0]
+    waits: list[float] = []
+    health = Health("broker.url", "stomp://127.0.0.1:1", True)
+    service = FakeService(fail_starts=40)                              # 40 failed starts: the disk stays full
+    draws = iter([0.0, 1.0] * 100)
+    watch = ServiceWatch("ActiveMQ", health, lambda: None, service, clock=lambda: now[0], draw=lambda: next(draws))
+    real_wait = watch._stop.wait
+
+    def record(delay: float | None = None) -> bool:
+        waits.append(0.0 if delay is None else delay)
+        now[0] += 0.0 if delay is None else delay
+        return real_wait(0)
+
+    watch._stop.wait = record  # type: ignore[method-assign,assignment]
+    service.running = False
+    while service.fail_starts:
+        watch.check_once()
+    assert health.restarts == 0 and service.starts == 40
+    watch.check_once()                                                 # the cause is gone: this one succeeds
+    assert health.restarts == 1 and service.running
+    assert max(waits) <= 4.0 and min(waits[4:]) >= 2.0, waits          # bounded, jittered in [2, 4] once grown
+    assert len(set(waits[4:])) > 1, "jittered"

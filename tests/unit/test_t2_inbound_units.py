@@ -524,3 +524,29 @@ def test_a_sealed_t2_refuses_a_later_frame_and_an_unsealed_one_still_commits(rig
     rig.seal = False
     _, again = rig.t2()
     assert [e[1] for e in again.events] == ["a", "b"] and rig.queue_left() == []
+
+
+@pytest.mark.parametrize("fault", [ReceiptTimeout("no receipt within 30 s", "abort"),
+                                   BrokerError("java.io.IOException: No space left on device")],
+                         ids=["abort-unanswered", "abort-refused"])
+def test_an_unanswered_abort_makes_the_next_t2_reconnect_instead_of_looping(rig: Rig, fault: Exception) -> None:
+    """Issue 31: after the broker's disk had been full the JMS -> channel bridge looped on "delivery … was already
+    acknowledged or is unknown; retrying". A rolled-back T2 whose ABORT got no answer left its deliveries claimed
+    in the transport's book: every later T2 failed on them. Now the next round reconnects, the broker redelivers
+    what was not acknowledged, and every message becomes exactly one event."""
+    rig.produce("a", "b", "c")
+    rig.broker.inject_fault("abort", fault)
+    txn, batch = rig.t2(fail_before_commit=True)
+    assert txn.state is State.ROLLED_BACK and len(rig.inbound.held) == 3
+    events: list[Any] = []
+    for _ in range(3):
+        try:
+            txn, batch = rig.t2()
+        except Exception as exc:  # noqa: BLE001 — a failed round (the loop this test pins down)
+            assert "already acknowledged or is unknown" not in str(exc), "the bridge loops"
+            continue
+        events += [e[1] for e in batch.events]
+        if txn.state is State.COMMITTED and batch.received == 0:
+            break
+    assert events == ["a", "b", "c"], events
+    assert rig.inbox.committed and rig.queue_left() == [], "nothing left un-acknowledged"

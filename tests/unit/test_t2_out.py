@@ -36,7 +36,15 @@ from router.channel.events import Event, Form
 from router.channel.queue import FIFO_ORDER, ProxyQueue, Record
 from router.jms.memory import MemoryBroker, MemoryTransport
 from router.jms.model import BodyType, Destination, JmsMessage
-from router.jms.transport import BrokerUnavailable, EncodedMessage, ReceiptTimeout, SendRefused, Transport
+from router.jms.refusal import RESOURCE_MARK
+from router.jms.transport import (
+    BrokerError,
+    BrokerUnavailable,
+    EncodedMessage,
+    ReceiptTimeout,
+    SendRefused,
+    Transport,
+)
 from router.mapping.errors import MappingError
 from xa.coordinator import Coordinator
 from xa.errors import BranchUnavailable, LogDurabilityUnknown, OutcomeUnknown, PrepareFailed
@@ -1209,3 +1217,43 @@ def test_a_chunk_waits_for_no_begin_receipt_mapping_goes_on(monkeypatch: pytest.
     assert rig.bodies("out") == [f"event {i}" for i in (1, 2, 3, 4, 5, 6, 8, 9)]
     assert wire.calls and wire.calls[0][2] >= 5 and wire.calls[0][1] >= 5, wire.calls
     assert sum(n for _, n, _ in wire.calls) == 7, "every frame but the receipted last one"
+
+
+# ------------------------------------------------------------------------------------ a broker out of a resource
+_STORE_FULL = BrokerError("Persistent store is Full, 100% of 1048576. Stopping producer (ID:h-1:1:1:1) to prevent "
+                          "flooding queue://out. See http://activemq.apache.org/producer-flow-control.html for more "
+                          "info (blocking for: 0s)",
+                          "javax.jms.ResourceAllocationException: Persistent store is Full, 100% of 1048576.")
+_DISK_FULL = BrokerError("No space left on device", "java.io.IOException: No space left on device")
+
+
+@pytest.mark.parametrize("full", [_STORE_FULL, _DISK_FULL], ids=["store-usage-limit", "enospc"])
+def test_a_full_broker_store_is_an_outage_nothing_dead_lettered_nothing_deleted(
+        monkeypatch: pytest.MonkeyPatch, full: BrokerError) -> None:
+    """Issue 31: ActiveMQ answers every SEND (the dead letter's too) with a resource refusal. The T2s roll back as
+    an outage: the events stay queued in order, no attempt counts against them, nothing is isolated nor
+    dead-lettered however long it lasts; once the broker has room again every event is delivered."""
+    rig = Rig(monkeypatch, events=10)
+    rig.put(5, 6, 8)
+    for _ in range(POISON_ATTEMPTS + 2):
+        rig.broker.inject_fault("send", full)
+        assert rig.round() is Outcome.RETRY
+        assert [e.record.seq for e in rig.proxy.queue._all()] == [5, 6, 8]
+        assert all(e.failures == 0 for e in rig.proxy.queue._all()) and rig.proxy._isolate == 0
+        assert RESOURCE_MARK in rig.proxy.failing, rig.proxy.failing
+    assert rig.proxy.dead_lettered == 0 and rig.on("nsjms.DLQ") == [] and rig.on("out") == []
+    assert rig.proxy.rt.store.deleted.count(105) == POISON_ATTEMPTS + 2, "each rolled-back branch, none committed"
+    assert rig.round() is Outcome.DELIVERED
+    assert rig.bodies("out") == ["event 5", "event 6", "event 8"] and len(rig.proxy.queue) == 0
+
+
+def test_a_resource_refusal_found_at_prepare_is_not_the_batchs_content() -> None:
+    """The ERROR for a receipt-less SEND arrives asynchronously and marks the transaction in the book; a resource
+    refusal there votes no as an outage (content False), a refusal of the frame as content."""
+    with MemoryTransport(broker=MemoryBroker("t2u-full")) as transport:
+        branch, _ = _branch(transport)
+        branch.send("/queue/b", _frame("one"), persistent=True, last=True)
+        transport._book.mark_rollback_only(_STORE_FULL.message)
+        with pytest.raises(PrepareFailed, match="Persistent store is Full") as err:
+            branch.prepare()
+        assert getattr(err.value, "content", None) is False and RESOURCE_MARK in str(err.value)
