@@ -42,11 +42,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                             help="put dead letters back into their proxy supplier's queue (or the channel's, if that "
                                  "proxy is gone)")
     retry.add_argument("ids", type=int, nargs="+", metavar="ID", help="one or more dead letter ids, each on its own")
-    retry.add_argument("--who", default=None, help="who (recorded in the operator log; default: USER@HOST)")
+    retry.add_argument("--who", default=None, help="ignored: the operator log records the authenticated principal (docs/security.md)")
     discard = dsub.add_parser("discard", parents=[common], help="delete dead letters for good")
     discard.add_argument("ids", type=int, nargs="+", metavar="ID", help="one or more dead letter ids, each on its own")
     discard.add_argument("--why", default="", help="why (recorded in the operator log)")
-    discard.add_argument("--who", default=None, help="who (recorded in the operator log; default: USER@HOST)")
+    discard.add_argument("--who", default=None, help="ignored: the operator log records the authenticated principal (docs/security.md)")
     discard.add_argument("--yes", action="store_true", help="do not ask for confirmation (scripts)")
 
 

@@ -171,7 +171,8 @@ def test_refused_events_are_kept_listed_retried_once_and_discarded(nsjms_server:
     assert [(e["action"], e["target"]) for e in log] == [("deadletter retry", str(bad_param["id"])),
                                                           ("deadletter retry", str(bad_param["id"])),
                                                           ("deadletter discard", str(conversion["id"]))]
-    assert log[0]["who"] == log[2]["who"] == "tester" and log[2]["why"] == "bad text"
+    # the identity is the authenticated principal (the CLI's operator credential), never the --who the caller sends
+    assert log[0]["who"] == log[2]["who"] == "operator" and log[2]["why"] == "bad text"
     assert log[0]["result"]["retried"] is True and log[2]["result"]["discarded"] is True
     assert str(log[1]["result"]).startswith("refused: no dead letter")
 
