@@ -28,6 +28,8 @@ EXIT_OK, EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_REFUSED = 0, 2, 3, 4
 Out = Callable[[str], None]
 
 
+IGNORED_WHO = "ignored: the operator log records the authenticated principal (docs/security.md)"
+
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("deadletter", parents=[common],
                        help="list, show, retry or discard the events the channels gave up on (the dead-letter store)")
@@ -42,11 +44,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                             help="put dead letters back into their proxy supplier's queue (or the channel's, if that "
                                  "proxy is gone)")
     retry.add_argument("ids", type=int, nargs="+", metavar="ID", help="one or more dead letter ids, each on its own")
-    retry.add_argument("--who", default=None, help="ignored: the operator log records the authenticated principal (docs/security.md)")
+    retry.add_argument("--who", default=None, help=IGNORED_WHO)
     discard = dsub.add_parser("discard", parents=[common], help="delete dead letters for good")
     discard.add_argument("ids", type=int, nargs="+", metavar="ID", help="one or more dead letter ids, each on its own")
     discard.add_argument("--why", default="", help="why (recorded in the operator log)")
-    discard.add_argument("--who", default=None, help="ignored: the operator log records the authenticated principal (docs/security.md)")
+    discard.add_argument("--who", default=None, help=IGNORED_WHO)
     discard.add_argument("--yes", action="store_true", help="do not ask for confirmation (scripts)")
 
 
