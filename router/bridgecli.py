@@ -205,7 +205,7 @@ def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
     except BA.BridgeInactive:
         out(f"nsjms bridge: bridge {args.id} is not started")
         return 4
-    except (CORBA.TRANSIENT, CORBA.COMM_FAILURE) as exc:
+    except (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.TIMEOUT) as exc:
         out(f"nsjms bridge: node not reachable: {exc}")
         return 3
     finally:

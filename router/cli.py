@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXIT_AUDIT_VIOLATION", "EXIT_CODES", "EXIT_CONFIG", "EXIT_FAILURE", "EXIT_LOCKED", "EXIT_NOT_RUNNING",
+__all__ = ["EXIT_AUDIT_VIOLATION", "EXIT_CODES", "EXIT_CONFIG", "EXIT_DEGRADED",
+           "EXIT_FAILURE", "EXIT_LOCKED", "EXIT_NOT_RUNNING",
            "EXIT_OK", "EXIT_REFUSED",
            "EXIT_UNREACHABLE", "build_parser", "main"]
 
@@ -28,6 +29,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_NOT_RUNNING = 0, 1, 2, 3
 EXIT_REFUSED = 4  # returned by bridgecli / channelcli
 EXIT_LOCKED, EXIT_UNREACHABLE = 5, 6
 EXIT_AUDIT_VIOLATION = 7  # audit.cli.EXIT_VIOLATION
+EXIT_DEGRADED = 8  # `status`: router.status.degraded
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
     EXIT_FAILURE: "runtime failure (the message says what; `demo`: not every event came back)",
@@ -41,6 +43,9 @@ EXIT_CODES: dict[int, str] = {
     EXIT_UNREACHABLE: "`serve`: PostgreSQL did not answer at start (the message names `postgres.dsn` and the address, "
                       "password redacted)",
     EXIT_AUDIT_VIOLATION: "`audit`: more lost or duplicated deliveries than `--max-lost` / `--max-duplicates` allow",
+    EXIT_DEGRADED: "`status`: the node answers but is degraded: PostgreSQL or the broker unreachable at its last "
+                   "probe, or its status snapshot older than 10 s (listed on a `DEGRADED` line and in the JSON's "
+                   "`degraded`)",
 }
 
 log = logging.getLogger("nsjms")
@@ -219,7 +224,7 @@ class _TelemetryUnavailable(Exception):
 
 def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
     from router.config import redact_dsn
-    from router.lifecycle import ServiceUnreachable, StateDirLocked
+    from router.lifecycle import ServiceMisconfigured, ServiceUnreachable, StateDirLocked, StateDirUnusable
     from router.server import Node
     from router.telemetry import configure
 
@@ -242,7 +247,15 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
     except StateDirLocked as exc:  # another node owns everything there: touch nothing, not even via stop()
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
         return EXIT_LOCKED
+    except StateDirUnusable as exc:  # a configuration error: nothing was started, retrying cannot help
+        print(f"nsjms serve: node.state_dir / --state-dir: {exc} (the state directory is "
+              f"{state_dir_origin(args, cfg)}); give a writable directory", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
     except _TelemetryUnavailable as exc:
+        print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
+        node.stop(start_failed=True)
+        return EXIT_CONFIG
+    except ServiceMisconfigured as exc:  # e.g. max_prepared_transactions = 0: a restart cannot heal it
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
         node.stop(start_failed=True)
         return EXIT_CONFIG
@@ -346,13 +359,11 @@ def cmd_status(args: argparse.Namespace, cfg: Any) -> int:
     except ConnectionError as exc:
         print(f"nsjms status: node not reachable: {exc}", file=sys.stderr)
         return EXIT_NOT_RUNNING
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        from router.status import render
+    from router.status import degraded, render
 
-        print(render(report))
-    return EXIT_OK
+    report["degraded"] = degraded(report)
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else render(report))
+    return EXIT_DEGRADED if report["degraded"] else EXIT_OK
 
 
 def cmd_bridge(args: argparse.Namespace, cfg: Any) -> int:
@@ -426,7 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge,
                 "channel": cmd_channel, "txn": cmd_txn, "stop-services": cmd_stop_services, "ledger": cmd_audit,
                 "audit": cmd_audit}
-    return handlers[args.command](args, cfg)
+    from router.cliout import run_handler
+
+    return run_handler(handlers[args.command], args, cfg)
 
 
 if __name__ == "__main__":

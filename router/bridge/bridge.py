@@ -392,7 +392,7 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         durable = self._durable_name()
         if durable is not None and self.row.settings.get("durable_name") != durable:
             self._save_settings(durable_name=durable)     # destroy needs it even once the channel is gone
-        profile = parse_factory(self.jms_spec.factory_name)
+        profile = parse_factory(self.jms_spec.factory_name, check_selector_syntax=False)
         return self._transport().subscribe(self.destination, selector=profile.selector,
                                            ack=AckMode.CLIENT_INDIVIDUAL, durable_name=durable,
                                            prefetch=int(self.row.settings.get("prefetch", DEFAULT_PREFETCH)),

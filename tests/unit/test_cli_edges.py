@@ -1,0 +1,58 @@
+"""Issue 29's rough edges of the command line: exit codes, ``--json`` errors, a closed pipe, usage errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def nsjms(*argv: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "router.cli", *argv], capture_output=True, text=True, check=False,
+                          timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("where", ["a file", "under /proc"])
+def test_an_unusable_state_directory_is_exit_2_naming_the_key(tmp_path: Path, where: str) -> None:
+    """It was a raw errno and exit 1, which the systemd unit retried every 5 s forever."""
+    if where == "a file":
+        state = tmp_path / "state"
+        state.write_text("not a directory")
+    else:
+        state = Path("/proc/nsjms-state")
+    done = nsjms("serve", "--state-dir", str(state), "--orb-port", "1")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"nsjms serve: node.state_dir / --state-dir: state directory {state} cannot be used: " in done.stderr
+    assert "from --state-dir" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_output_into_a_closed_pipe_ends_quietly() -> None:
+    """`nsjms bridge list --json | head -1` printed a BrokenPipeError traceback."""
+    script = ("import argparse, sys\n"
+              "from router.cliout import run_handler\n"
+              "def handler(args, cfg):\n"
+              "    for i in range(200000):\n"
+              "        print(f'line {i}')\n"
+              "    return 0\n"
+              "sys.exit(run_handler(handler, argparse.Namespace(command='status', json=False), None))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == b"line 0\n"
+    proc.stdout.close()  # the reader goes away, as `head -1` does
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 1
+    assert err == "", err
+
+
+def test_json_failure_is_a_json_error_object_on_stdout(tmp_path: Path) -> None:
+    done = nsjms("--json", "status", "--state-dir", str(tmp_path / "none"))
+    assert done.returncode == 3
+    error = json.loads(done.stdout)["error"]
+    assert error["command"] == "status" and error["exit_code"] == 3 and "no running node" in error["message"]
+    assert "no running node" in done.stderr  # humans still read it on stderr
