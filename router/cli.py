@@ -33,10 +33,13 @@ EXIT_DEGRADED = 8  # `status`: router.status.degraded
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
     EXIT_FAILURE: "runtime failure (the message says what; `demo`: not every event came back)",
-    EXIT_CONFIG: "usage or configuration error, or a QoS/admin value the channel refuses (the message names the key, "
-                 "option or property and why)",
+    EXIT_CONFIG: "usage or configuration error, or a value wrong by itself, checked before anything is sent: a "
+                 "QoS/admin value the channel refuses, a bridge endpoint's destination name, factory profile or JMS "
+                 "selector (the message names the key, option or property and why)",
     EXIT_NOT_RUNNING: "no running node (the message says where it looked) or the node does not answer",
-    EXIT_REFUSED: "the node refused the request, or the channel/bridge id does not exist (the message says why); "
+    EXIT_REFUSED: "the node refused the request because of its state (a channel that does not fit the bridge, "
+                  "routing transactions it cannot run), or the channel/bridge id does not exist (the message says "
+                  "why); "
                   "`txn`: refused (a decision logged the other way, no such transaction) or not confirmed",
     EXIT_LOCKED: "`serve`, `stop-services`, `txn`: the state directory is in use by a running node (nothing was "
                  "touched)",
@@ -78,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="run a node (embedded PostgreSQL and ActiveMQ unless given)")
     _config_flags(serve)
     serve.add_argument("--demo", action="store_true", help="also run a demo supplier and consumer with visible traffic")
-    serve.add_argument("--demo-rate", type=float, default=2.0, metavar="RATE",
-                       help="demo events per second (default 2)")
-    serve.add_argument("--demo-count", type=int, default=0, metavar="N",
+    serve.add_argument("--demo-rate", type=_positive_rate, default=2.0, metavar="RATE",
+                       help="demo events per second, > 0 (default 2)")
+    serve.add_argument("--demo-count", type=_count, default=0, metavar="N",
                        help="stop the demo after N events (0 = run until stopped)")
 
     sub.add_parser("status", parents=[common], help="show a running node's endpoints, channels, queues and bridges")
@@ -99,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", parents=[common],
                           help="push demo events through a running node and print them (restartable)")
-    demo.add_argument("--rate", type=float, default=2.0, metavar="RATE", help="events per second (default 2)")
-    demo.add_argument("--count", type=int, default=0, metavar="N",
+    demo.add_argument("--rate", type=_positive_rate, default=2.0, metavar="RATE",
+                      help="events per second, > 0 (default 2)")
+    demo.add_argument("--count", type=_count, default=0, metavar="N",
                       help="stop after N events (0 = run until interrupted)")
     progress = demo.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
@@ -115,6 +119,30 @@ def build_parser() -> argparse.ArgumentParser:
                       help="for systemd's ExecStopPost: leave them running when the unit's main process failed and "
                            "Restart=on-failure starts it again ($SERVICE_RESULT, $EXIT_CODE, $EXIT_STATUS)")
     return p
+
+
+def _positive_rate(text: str) -> float:
+    """A rate in events per second: a finite number > 0 (argparse makes a refusal a usage error, exit 2)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the rate must be a number > 0 (events per second)")
+    return value
+
+
+def _count(text: str) -> int:
+    """A number of events: an integer >= 0 (0: no limit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the count must be >= 0 (0: run until stopped)")
+    return value
 
 
 def _config_flags(p: argparse.ArgumentParser) -> None:
@@ -307,13 +335,14 @@ def cmd_demo(args: argparse.Namespace, cfg: Any) -> int:
     state_dir = _running("demo", args, cfg)
     if state_dir is None:
         return EXIT_NOT_RUNNING
-    progress = sys.stdout.isatty() if args.progress is None else args.progress
+    progress = (sys.stdout.isatty() and not args.json) if args.progress is None else args.progress
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # serve --demo terminates us: clean up like Ctrl-C
     try:
-        result = run_demo(state_dir, rate=args.rate, count=args.count, stop=stop,
-                          out=lambda line: print(line, flush=True),
-                          progress=(lambda line: print(line, flush=True)) if progress else None)
+        human = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
+            (lambda line: print(line, flush=True))  # --json: stdout carries the JSON summary only
+        result = run_demo(state_dir, rate=args.rate, count=args.count, stop=stop, out=human,
+                          progress=human if progress else None)
     except KeyboardInterrupt:
         return EXIT_OK
     if args.json:
@@ -336,7 +365,10 @@ def cmd_stop_services(args: argparse.Namespace, cfg: Any) -> int:
     try:
         stopped = stop_services(state_dir)
     except StateDirLocked as exc:
-        print(f"nsjms stop-services: {exc}", file=sys.stderr)
+        holder = f"pid {exc.pid}" if exc.pid else "another process"
+        print(f"nsjms stop-services: state directory {exc.path} is in use by a running nsjms node ({holder}): "
+              "nothing was stopped; a running node stops its own services when it stops (systemctl stop nsjms, "
+              "or SIGTERM to it)", file=sys.stderr)
         return EXIT_LOCKED
     except (ServiceError, OSError) as exc:  # OSError: e.g. the state directory belongs to another user
         print(f"nsjms stop-services: {exc}", file=sys.stderr)

@@ -6,8 +6,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from router import cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,3 +59,53 @@ def test_json_failure_is_a_json_error_object_on_stdout(tmp_path: Path) -> None:
     error = json.loads(done.stdout)["error"]
     assert error["command"] == "status" and error["exit_code"] == 3 and "no running node" in error["message"]
     assert "no running node" in done.stderr  # humans still read it on stderr
+
+
+@pytest.mark.parametrize("argv", [["demo", "--rate", "0"], ["demo", "--rate", "-1"], ["demo", "--count", "-1"],
+                                  ["demo", "--rate", "nan"], ["serve", "--demo-rate", "0"],
+                                  ["serve", "--demo-count", "-2"]])
+def test_demo_rate_and_count_out_of_range_are_usage_errors(argv: list[str],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`demo --rate 0` crashed (ZeroDivisionError); `--count -1` and `--rate -1` were accepted."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    assert "must be" in capsys.readouterr().err
+
+
+def test_demo_json_prints_only_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`demo --json` printed its human lines before the JSON."""
+    import router.demo
+
+    (tmp_path / "endpoints.json").write_text("{}")
+
+    def fake_run_demo(state_dir: Path, **kw: Any) -> router.demo.DemoResult:
+        kw["out"]("demo: channel 1 created")
+        if kw["progress"] is not None:
+            kw["progress"]("demo: <- received 1")
+        return router.demo.DemoResult(run="r", queue="q", pushed=1, received=1)
+
+    monkeypatch.setattr(router.demo, "run_demo", fake_run_demo)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    monkeypatch.setattr("signal.signal", lambda *a: None)
+    assert cli.main(["demo", "--count", "1", "--json", "--state-dir", str(tmp_path)]) == cli.EXIT_OK
+    out, err = capsys.readouterr()
+    assert json.loads(out)["received"] == 1
+    assert "demo: channel 1 created" in err
+
+
+def test_stop_services_refused_by_a_running_node_says_nothing_was_stopped(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It said "refusing to start", the start's wording."""
+    from router.lifecycle import StateLock
+
+    lock = StateLock(tmp_path)
+    lock.acquire()
+    try:
+        assert cli.main(["stop-services", "--state-dir", str(tmp_path)]) == cli.EXIT_LOCKED
+    finally:
+        lock.release()
+    err = capsys.readouterr().err
+    assert "is in use by a running nsjms node (pid " in err and "nothing was stopped" in err, err
+    assert "refusing to start" not in err
