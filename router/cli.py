@@ -41,8 +41,8 @@ EXIT_CODES: dict[int, str] = {
                   "routing transactions it cannot run), or the channel/bridge id does not exist (the message says "
                   "why); "
                   "`txn`: refused (a decision logged the other way, no such transaction) or not confirmed",
-    EXIT_LOCKED: "`serve`, `stop-services`, `txn`: the state directory is in use by a running node (nothing was "
-                 "touched)",
+    EXIT_LOCKED: "`serve`, `stop-services`, `reset`, `txn`: the state directory is in use by a running node (nothing "
+                 "was touched)",
     EXIT_UNREACHABLE: "`serve`: PostgreSQL did not answer at start (the message names `postgres.dsn` and the address, "
                       "password redacted)",
     EXIT_AUDIT_VIOLATION: "`audit`: more lost or duplicated deliveries than `--max-lost` / `--max-duplicates` allow",
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsjms", parents=[common],
                                 description="CORBA Notification Service ⇄ JMS routing engine")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{serve,status,channel,bridge,txn,demo,stop-services,ledger,audit}")
+                           metavar="{serve,status,channel,bridge,txn,demo,stop-services,reset,ledger,audit}")
 
     serve = sub.add_parser("serve", parents=[common],
                            help="run a node (embedded PostgreSQL and ActiveMQ unless given)")
@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     stop = sub.add_parser("stop-services", parents=[common],
                           help="stop the embedded PostgreSQL and ActiveMQ a node left running (refused while a node "
                                "runs on the state directory)")
+    reset = sub.add_parser("reset", parents=[common],
+                           help="remove every trace of a stopped node's state: its database objects (external "
+                                "PostgreSQL) or embedded services' data, its recovery log and journals; the next "
+                                "serve starts empty (refused while a node runs on the state directory)")
+    reset.add_argument("--yes", action="store_true",
+                       help="really do it (without it nothing is done: the plan is printed, exit 2)")
     stop.add_argument("--unless-restarting", action="store_true",
                       help="for systemd's ExecStopPost: leave them running when the unit's main process failed and "
                            "Restart=on-failure starts it again ($SERVICE_RESULT, $EXIT_CODE, $EXIT_STATUS)")
@@ -378,6 +384,44 @@ def cmd_stop_services(args: argparse.Namespace, cfg: Any) -> int:
     return EXIT_OK
 
 
+def cmd_reset(args: argparse.Namespace, cfg: Any) -> int:
+    """``nsjms reset``: see :mod:`router.reset`."""
+    import psycopg
+
+    from router.config import redact_dsn
+    from router.lifecycle import StateDirLocked
+    from router.reset import plan, reset
+
+    state_dir = Path(cfg.node.state_dir).resolve()
+    if not args.yes:
+        print("nsjms reset: nothing done; with --yes it would:\n" + "\n".join(f"  {line}" for line in
+                                                                              plan(state_dir, cfg.postgres.dsn)),
+              file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        done = reset(state_dir, cfg.postgres.dsn, cfg.node.node_id,
+                     connect_timeout_s=float(cfg.postgres.connect_timeout_s))
+    except StateDirLocked as exc:
+        holder = f"pid {exc.pid}" if exc.pid else "another process"
+        print(f"nsjms reset: state directory {exc.path} is in use by a running nsjms node ({holder}): nothing was "
+              "reset; stop the node first", file=sys.stderr)
+        return EXIT_LOCKED
+    except psycopg.Error as exc:
+        print(f"nsjms reset: postgres.dsn {redact_dsn(cfg.postgres.dsn)}: {redact_dsn(str(exc).strip())}; the state "
+              "directory was left as it was", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as exc:
+        print(f"nsjms reset: {state_dir}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if args.json:
+        print(json.dumps(done.__dict__, sort_keys=True))
+    else:
+        print(f"nsjms reset: {state_dir}: stopped {', '.join(done.stopped) or 'nothing'}; rolled back "
+              f"{len(done.rolled_back)} prepared transaction(s); dropped {len(done.dropped)} database object(s); "
+              f"removed {', '.join(done.removed) or 'nothing'}")
+    return EXIT_OK
+
+
 def cmd_status(args: argparse.Namespace, cfg: Any) -> int:
     from router.status import collect
 
@@ -467,7 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, cfg.node.log_level, logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge,
-                "channel": cmd_channel, "txn": cmd_txn, "stop-services": cmd_stop_services, "ledger": cmd_audit,
+                "channel": cmd_channel, "txn": cmd_txn, "stop-services": cmd_stop_services, "reset": cmd_reset,
+                "ledger": cmd_audit,
                 "audit": cmd_audit}
     from router.cliout import run_handler
 
