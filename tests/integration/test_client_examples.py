@@ -250,3 +250,28 @@ def test_published_endpoints_match_the_docs(nsjms_server: Any, cpp_examples: dic
     assert _factory_ior(nsjms_server) == ior, "docs/clients.md: the IOR is the same after a restart"
     out = _run([*_command("cpp", "supplier", cpp_examples), "--factory-file", str(kept), "--count", "1"])
     assert len(out) == 2 and out[1].startswith("pushed example-0 "), out
+
+
+def test_jms_consumer_example_receives_what_a_bridge_sends(nsjms_server: Any, consumers: list[Consumer]) -> None:
+    """docs/clients.md, "JMS clients": examples/python/jms_consumer.py (stomp.py alone) reads what a channel -> queue
+    bridge sends, with the headers the page lists (issue 29: no JMS client was documented)."""
+    state = str(nsjms_server.state_dir)
+    nsjms = [sys.executable, "-m", "router.cli"]
+    created = _run([*nsjms, "channel", "create", "--state-dir", state, "--qos", "EventReliability=Persistent",
+                    "--qos", "ConnectionReliability=Persistent"])
+    cid = int(re.search(r"channel (\d+) created", "\n".join(created)).group(1))  # type: ignore[union-attr]
+    queue_name = f"nsjms.test.example.jms.{cid}.{time.monotonic_ns()}"
+    _run([*nsjms, "bridge", "create", "--state-dir", state, "--from", f"channel:{cid}", "--to", f"queue:{queue_name}"])
+    broker = nsjms_server.broker_url.removeprefix("stomp://")
+    consumer = Consumer.start([sys.executable, str(EXAMPLES / "python" / "jms_consumer.py"), "--destination",
+                               f"/queue/{queue_name}", "--broker", broker, "--count", str(COUNT), "--timeout",
+                               str(RUN_TIMEOUT_S)])
+    consumers.append(consumer)
+    assert consumer.lines.get(timeout=RUN_TIMEOUT_S) == "ready"
+    _run(_command("python", "supplier", {}) + ["--factory", nsjms_server.corbaloc(), "--channel", str(cid),
+                                               "--count", str(COUNT), "--text", "jms"])
+    lines = consumer.finish()
+    assert len(lines) == COUNT, lines
+    for i, line in enumerate(lines):
+        assert re.fullmatch(rf"example-{i} nsjms\.example/ExampleEvent priority=\d+ persistent=true "
+                            rf"type=Structured Event body=jms #{i}", line), line
