@@ -239,8 +239,17 @@ def probe_postgres(dsn: str, timeout: float) -> str | None:
         with psycopg.connect(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
-        return redact_dsn(" ".join(str(exc).split())) or type(exc).__name__
+        return postgres_hint(redact_dsn(" ".join(str(exc).split())) or type(exc).__name__)
     return None
+
+
+def postgres_hint(reason: str) -> str:
+    """``reason`` with what it means when that is not obvious (pure): a refused password is most often a data
+    directory (a container volume) that kept the password it was created with."""
+    if "password authentication failed" in reason:
+        return (f"{reason}: the password does not match the one the server has (a PostgreSQL data directory or "
+                "container volume keeps the password it was first created with: use that one, or recreate it)")
+    return reason
 
 
 def prepared_transactions_problem(value: int) -> str | None:

@@ -151,3 +151,14 @@ def test_a_hung_node_is_not_reachable_exit_3_for_every_command(tmp_path: Path, s
     out = done[-1][1]
     error = json.loads(out)["error"]  # --json: a JSON error object on stdout
     assert error["exit_code"] == 3 and error["command"] == "status" and "node not reachable" in error["message"]
+
+
+def test_a_refused_password_says_it_does_not_match_the_servers(tmp_path: Path, fresh_db: str) -> None:
+    """Issue 29: compose with new secrets over old volumes looped on a bare "password authentication failed"."""
+    from psycopg.conninfo import make_conninfo
+
+    done = serve(tmp_path / "state", make_conninfo(fresh_db, password=SECRET), f"stomp://127.0.0.1:{free_port()}")
+    assert done.returncode == EXIT_UNREACHABLE, done.stdout + done.stderr
+    assert "password authentication failed" in done.stderr, done.stderr
+    assert "the password does not match the one the server has" in done.stderr
+    assert SECRET not in done.stdout + done.stderr

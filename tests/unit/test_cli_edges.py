@@ -109,3 +109,12 @@ def test_stop_services_refused_by_a_running_node_says_nothing_was_stopped(
     err = capsys.readouterr().err
     assert "is in use by a running nsjms node (pid " in err and "nothing was stopped" in err, err
     assert "refusing to start" not in err
+
+
+def test_a_refused_postgres_password_says_what_is_wrong() -> None:
+    """Compose with new secrets over old volumes looped on a bare "password authentication failed"."""
+    from router.lifecycle import postgres_hint
+
+    why = postgres_hint('connection failed: FATAL: password authentication failed for user "postgres"')
+    assert "the password does not match the one the server has" in why and "volume" in why
+    assert postgres_hint("connection refused") == "connection refused"
