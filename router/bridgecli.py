@@ -23,7 +23,9 @@ STATES = {
     "active": "started, and both its channel and broker connections are up: events flow",
     "inactive": "not flowing; the reason follows: 'stopped' (never started or stopped; `bridge start ID`), "
                 "'started, broker down; reconnecting' or 'started, channel not connected; reconnecting' (the bridge "
-                "reconnects by itself) or 'channel N no longer exists: destroy this bridge'",
+                "reconnects by itself), 'started, the broker refuses its subscription' (a selector or an "
+                "authorization the broker refuses; retried with back-off) or 'channel N no longer exists: destroy "
+                "this bridge'",
 }
 
 #: ``reason`` values of the node's snapshot (``BridgeImpl.inactive_reason``) as shown after ``[inactive]``.
@@ -31,6 +33,8 @@ REASONS = {
     "stopped": "stopped",
     "broker down": "started, broker down; reconnecting",
     "channel not connected": "started, channel not connected; reconnecting",
+    "subscription refused": "started, the broker refuses its subscription (last error says why); retrying with "
+                            "back-off",
 }
 
 

@@ -612,7 +612,9 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
     def inactive_reason(self) -> str | None:
         """Why the bridge is not Active (NJI 2.3), first cause first; None when it is Active. One of
         ``channel gone`` (its channel was destroyed: it cannot work again), ``stopped`` (administratively),
-        ``broker down`` (the JMS connection is lost; the bridge reconnects) and ``channel not connected``."""
+        ``broker down`` (the JMS connection is lost; the bridge reconnects), ``subscription refused`` (the broker
+        answers the bridge's SUBSCRIBE with an ERROR frame: ``last_error`` says why; retried with back-off) and
+        ``channel not connected``."""
         if self.factory.channels.channels.get(self.channel_spec.channel_id) is None:
             return "channel gone"
         if not self.running():
@@ -620,6 +622,8 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         transport = self.transport
         if transport is None or not transport.is_connected():
             return "broker down"
+        if self.flow_in is not None and self.flow_in.subscription_refused:
+            return "subscription refused"
         if not self.channel_ok:
             return "channel not connected"
         return None
