@@ -2,8 +2,9 @@
 
 * A node that does not answer in time (a hung or stopped process: ``CORBA.TIMEOUT``; a dead one: ``TRANSIENT``,
   ``COMM_FAILURE``) is exit 3, "node not reachable", for every command, never a traceback.
-* ``--json``: stdout carries JSON only. The command's own output is held until it ends; when it fails (exit code
-  other than 0) and what it printed is not JSON, stdout gets one error object
+* ``--json``: stdout carries JSON only. The command's own output is held until it ends (not a ``txn`` command that
+  asks for confirmation on a terminal); when it fails (exit code other than 0) and what it printed is not JSON,
+  stdout gets one error object
   ``{"error": {"command": ..., "exit_code": N, "message": ...}}`` instead (the human text still goes to stderr).
 * stdout closed early (``nsjms bridge list --json | head -1``): quiet, exit 1, no ``BrokenPipeError`` traceback.
 """
@@ -93,10 +94,15 @@ def _as_json(handler: Callable[[argparse.Namespace, Any], int], args: argparse.N
     return code
 
 
+def _may_ask(args: argparse.Namespace) -> bool:
+    """``nsjms txn commit|rollback|forget`` on a terminal without ``--yes`` asks on stdout: never hold that."""
+    return args.command == "txn" and not getattr(args, "yes", True) and sys.stdin.isatty()
+
+
 def run_handler(handler: Callable[[argparse.Namespace, Any], int], args: argparse.Namespace, cfg: Any) -> int:
     """Runs one subcommand's handler with the behaviour described in the module docstring."""
     try:
-        if getattr(args, "json", False) and args.command not in _STREAMING:
+        if getattr(args, "json", False) and args.command not in _STREAMING and not _may_ask(args):
             return _as_json(handler, args, cfg)
         code = _guarded(handler, args, cfg)
         sys.stdout.flush()

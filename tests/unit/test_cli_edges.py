@@ -118,3 +118,18 @@ def test_a_refused_postgres_password_says_what_is_wrong() -> None:
     why = postgres_hint('connection failed: FATAL: password authentication failed for user "postgres"')
     assert "the password does not match the one the server has" in why and "volume" in why
     assert postgres_hint("connection refused") == "connection refused"
+
+
+def test_json_output_is_not_held_while_txn_asks_on_a_terminal(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from router.cliout import run_handler
+
+    def asks(args: argparse.Namespace, cfg: Any) -> int:
+        print("type yes to commit g: ", end="")
+        assert capsys.readouterr().out == "type yes to commit g: ", "the prompt reached the terminal at once"
+        return 0
+
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    assert run_handler(asks, argparse.Namespace(command="txn", json=True, yes=False), None) == 0
