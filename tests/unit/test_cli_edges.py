@@ -133,3 +133,21 @@ def test_json_output_is_not_held_while_txn_asks_on_a_terminal(monkeypatch: pytes
 
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     assert run_handler(asks, argparse.Namespace(command="txn", json=True, yes=False), None) == 0
+
+
+@pytest.mark.parametrize("exception", ["TIMEOUT", "TRANSIENT", "COMM_FAILURE"])
+def test_a_node_that_does_not_answer_is_exit_3_for_txn_too(exception: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`nsjms txn list` against a SIGSTOPped node printed a CORBA.TIMEOUT traceback and exited 1."""
+    from omniORB import CORBA
+
+    import router.txncli
+
+    def hung(args: Any, cfg: Any) -> int:
+        raise getattr(CORBA, exception)(0, CORBA.COMPLETED_NO)
+
+    monkeypatch.setattr(router.txncli, "run", hung)
+    assert cli.main(["txn", "list", "--state-dir", str(tmp_path)]) == cli.EXIT_NOT_RUNNING
+    err = capsys.readouterr().err
+    assert f"nsjms txn: node not reachable: {exception}" in err and "Traceback" not in err
