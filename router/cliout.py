@@ -63,7 +63,7 @@ def _guarded(handler: Callable[[argparse.Namespace, Any], int], args: argparse.N
     try:
         return handler(args, cfg)
     except Exception as exc:
-        if not node_not_answering(exc):
+        if args.command in _STREAMING or not node_not_answering(exc):  # `serve` is the node: not a client of one
             raise
         print(f"nsjms {args.command}: {NOT_REACHABLE}: {type(exc).__name__} ({exc}): the node's process holds its "
               "endpoints but does not answer in time; is it hung or stopped (SIGSTOP)?", file=sys.stderr)
