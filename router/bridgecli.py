@@ -23,7 +23,9 @@ STATES = {
     "active": "started, and both its channel and broker connections are up: events flow",
     "inactive": "not flowing; the reason follows: 'stopped' (never started or stopped; `bridge start ID`), "
                 "'started, broker down; reconnecting' or 'started, channel not connected; reconnecting' (the bridge "
-                "reconnects by itself) or 'channel N no longer exists: destroy this bridge'",
+                "reconnects by itself), 'started, the broker refuses its subscription' (a selector or an "
+                "authorization the broker refuses; retried with back-off) or 'channel N no longer exists: destroy "
+                "this bridge'",
 }
 
 #: ``reason`` values of the node's snapshot (``BridgeImpl.inactive_reason``) as shown after ``[inactive]``.
@@ -31,6 +33,8 @@ REASONS = {
     "stopped": "stopped",
     "broker down": "started, broker down; reconnecting",
     "channel not connected": "started, channel not connected; reconnecting",
+    "subscription refused": "started, the broker refuses its subscription (last error says why); retrying with "
+                            "back-off",
 }
 
 
@@ -64,7 +68,8 @@ class UsageError(ValueError):
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("bridge", parents=[common],
                        help="list, create, start, stop or destroy bridges of a running node")
-    bsub = p.add_subparsers(dest="bridge_command", required=True, metavar="{list,create,start,stop,destroy}")
+    bsub = p.add_subparsers(dest="bridge_command", required=True,
+                            metavar="{list,create,start,stop,destroy,transaction}")
     bsub.add_parser("list", parents=[common], help="bridges with their endpoints and state (active | inactive)",
                     epilog="States: " + "; ".join(f"{k}: {v}" for k, v in STATES.items()) + ".")
     c = bsub.add_parser("create", parents=[common], help="create (and by default start) a bridge")
@@ -81,9 +86,37 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     c.add_argument("--factory", default="", metavar="PROFILE",
                    help="connection-factory profile: default | jms-json [;selector=...]")
     c.add_argument("--no-start", action="store_true", help="create only (the bridge stays inactive, stopped)")
+    c.add_argument("--transaction", type=parse_transaction, default=None, metavar="EVENTS[:TIMEOUT]",
+                   help="route in routing transactions (T2) of EVENTS events each, TIMEOUT seconds at most (0 or "
+                        "omitted: none): BridgeTransactionMgmt enable_transaction before the bridge starts; needs a "
+                        "Persistent channel, pushed to by the channel (channel -> JMS) or pulled from (JMS -> "
+                        "channel). A refusal destroys the new bridge")
     for name in ("start", "stop", "destroy"):
         b = bsub.add_parser(name, parents=[common], help=f"{name} a bridge")
         b.add_argument("id", type=int, metavar="ID", help="bridge id (from bridge list)")
+    t = bsub.add_parser("transaction", parents=[common],
+                        help="enable (EVENTS[:TIMEOUT]) or disable (off) routing transactions on a bridge")
+    t.add_argument("id", type=int, metavar="ID", help="bridge id (from bridge list)")
+    t.add_argument("setting", type=_transaction_or_off, metavar="EVENTS[:TIMEOUT]|off",
+                   help="events per routing transaction and its timeout in seconds, or off")
+
+
+def parse_transaction(text: str) -> tuple[int, int]:
+    """``EVENTS[:TIMEOUT]`` -> (events >= 1, timeout seconds >= 0), both IDL unsigned longs; argparse usage error
+    (exit 2) otherwise."""
+    events, _, timeout = text.partition(":")
+    try:
+        values = int(events), int(timeout or "0")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected EVENTS[:TIMEOUT], two integers") from None
+    if not 1 <= values[0] <= 0xFFFFFFFF or not 0 <= values[1] <= 0xFFFFFFFF:
+        raise argparse.ArgumentTypeError(f"{text!r}: EVENTS must be 1..4294967295 and TIMEOUT 0..4294967295 "
+                                         "seconds (0: no timeout)")
+    return values
+
+
+def _transaction_or_off(text: str) -> tuple[int, int] | None:
+    return None if text.strip().lower() == "off" else parse_transaction(text)
 
 
 def parse_endpoint(text: str, option: str) -> tuple[str, str]:
@@ -139,9 +172,15 @@ def _precheck(args: argparse.Namespace, BA: Any,
             return True                 # reported as INVALID_CHANNELID
         return bool(qos.get("ConnectionReliability") == CosNotification.Persistent)
 
-    problems = check_pair(from_idl(_endpoint(BA, "SOURCE", src_kind, src, args)),
-                          from_idl(_endpoint(BA, "SINK", snk_kind, snk, args)), lambda cid: cid in existing,
-                          persistent)
+    source, sink = from_idl(_endpoint(BA, "SOURCE", src_kind, src, args)), from_idl(_endpoint(BA, "SINK", snk_kind,
+                                                                                         snk, args))
+    # One convention with `channel create --qos`: a value wrong by itself (a destination name, a factory profile,
+    # a selector) is a usage error, exit 2; a refusal that depends on the node's state (no such channel, a queue
+    # with a BestEffort channel) is the node's, exit 4.
+    local = check_pair(source, sink, lambda cid: True, lambda cid: True)
+    if local:
+        raise UsageError("; ".join(f"invalid {p.role.lower()} endpoint: {p.code}: {p.reason}" for p in local))
+    problems = check_pair(source, sink, lambda cid: cid in existing, persistent)
     reasons = {(p.role, p.code): p.reason for p in problems}
     return reasons, [BA.ExternalEndpointError(getattr(BA, p.role), getattr(BA, p.code)) for p in problems]
 
@@ -205,7 +244,7 @@ def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
     except BA.BridgeInactive:
         out(f"nsjms bridge: bridge {args.id} is not started")
         return 4
-    except (CORBA.TRANSIENT, CORBA.COMM_FAILURE) as exc:
+    except (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.TIMEOUT) as exc:
         out(f"nsjms bridge: node not reachable: {exc}")
         return 3
     finally:
@@ -248,6 +287,10 @@ def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, 
         snk_kind, snk = parse_endpoint(args.sink, "--to")
         bridge, bid = factory.create_bridge(_endpoint(BA, "SOURCE", src_kind, src, args),
                                             _endpoint(BA, "SINK", snk_kind, snk, args))
+        if args.transaction is not None and not _enable(bridge, bid, args.transaction, NsjmsAdmin, out):
+            bridge.destroy()
+            out(f"nsjms bridge: bridge {bid} destroyed: it was created for routing transactions")
+            return 4
         if not args.no_start:
             bridge.start_bridge()
         if as_json:
@@ -256,7 +299,50 @@ def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, 
             out(f"bridge {bid} created{'' if args.no_start else ' and started'}: {args.source} -> {args.sink}")
         return 0
     bridge = factory.get_bridge_with_id(args.id)
+    if cmd == "transaction":
+        return _transaction(bridge, args, NsjmsAdmin, out)
     {"start": bridge.start_bridge, "stop": bridge.stop_bridge, "destroy": bridge.destroy}[cmd]()
     done = f"{cmd}{'ed' if cmd != 'stop' else 'ped'}"
     out(json.dumps({"id": args.id, done: True}) if as_json else f"bridge {args.id}: {done}")
+    return 0
+
+
+def _enable(bridge: Any, bid: int, setting: tuple[int, int], NsjmsAdmin: Any, out: Any) -> bool:
+    """``enable_transaction``; False (after saying why) when the bridge refuses it."""
+    from idl.generated import BridgeTransactionMgmt as BTM
+
+    try:
+        bridge._narrow(NsjmsAdmin.ManagedBridge).enable_transaction(*setting)
+    except BTM.UnsupportedTransaction:
+        out(f"nsjms bridge: bridge {bid} refuses routing transactions (UnsupportedTransaction): they need a "
+            "Persistent channel that pushes to the bridge (channel -> JMS) or pulls from it (JMS -> channel), on "
+            "a node with T2 (docs/transactions.md)")
+        return False
+    except BTM.TransactionAlreadyActive:
+        out(f"nsjms bridge: bridge {bid} already routes in transactions (TransactionAlreadyActive): "
+            f"`nsjms bridge transaction {bid} off` first to change EVENTS or TIMEOUT")
+        return False
+    return True
+
+
+def _transaction(bridge: Any, args: argparse.Namespace, NsjmsAdmin: Any, out: Any) -> int:
+    from idl.generated import BridgeTransactionMgmt as BTM
+
+    as_json = getattr(args, "json", False)
+    if args.setting is None:
+        try:
+            bridge._narrow(NsjmsAdmin.ManagedBridge).disable_transaction()
+        except BTM.TransactionActive:
+            out(f"nsjms bridge: bridge {args.id}: a routing transaction is in progress (TransactionActive); "
+                "transactions end as soon as it does")
+            return 4
+        out(json.dumps({"id": args.id, "transaction": None}) if as_json
+            else f"bridge {args.id}: routing transactions disabled")
+        return 0
+    if not _enable(bridge, args.id, args.setting, NsjmsAdmin, out):
+        return 4
+    events, timeout = args.setting
+    out(json.dumps({"id": args.id, "transaction": {"events": events, "timeout_s": timeout}}) if as_json
+        else f"bridge {args.id}: routing transactions of {events} event(s)"
+             f"{f', timeout {timeout} s' if timeout else ''} enabled")
     return 0

@@ -265,7 +265,7 @@ def run(args: argparse.Namespace, state_dir: Path, out: Out = print, err: Out = 
         for line in _node_refusal("--admin", exc.admin_err):
             err(f"nsjms channel: refused by the node: {line}")
         return EXIT_REFUSED
-    except (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.OBJECT_NOT_EXIST) as exc:
+    except (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.TIMEOUT, CORBA.OBJECT_NOT_EXIST) as exc:
         err(f"nsjms channel: node not reachable at {corbaloc}: {exc}")
         return 3
     finally:

@@ -16,11 +16,12 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXIT_AUDIT_VIOLATION", "EXIT_CODES", "EXIT_CONFIG", "EXIT_FAILURE", "EXIT_LOCKED", "EXIT_NOT_RUNNING",
+__all__ = ["EXIT_AUDIT_VIOLATION", "EXIT_CODES", "EXIT_CONFIG", "EXIT_DEGRADED",
+           "EXIT_FAILURE", "EXIT_LOCKED", "EXIT_NOT_RUNNING",
            "EXIT_OK", "EXIT_REFUSED",
            "EXIT_UNREACHABLE", "build_parser", "main"]
 
@@ -28,19 +29,26 @@ EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_NOT_RUNNING = 0, 1, 2, 3
 EXIT_REFUSED = 4  # returned by bridgecli / channelcli
 EXIT_LOCKED, EXIT_UNREACHABLE = 5, 6
 EXIT_AUDIT_VIOLATION = 7  # audit.cli.EXIT_VIOLATION
+EXIT_DEGRADED = 8  # `status`: router.status.degraded
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
     EXIT_FAILURE: "runtime failure (the message says what; `demo`: not every event came back)",
-    EXIT_CONFIG: "usage or configuration error, or a QoS/admin value the channel refuses (the message names the key, "
-                 "option or property and why)",
+    EXIT_CONFIG: "usage or configuration error, or a value wrong by itself, checked before anything is sent: a "
+                 "QoS/admin value the channel refuses, a bridge endpoint's destination name, factory profile or JMS "
+                 "selector (the message names the key, option or property and why)",
     EXIT_NOT_RUNNING: "no running node (the message says where it looked) or the node does not answer",
-    EXIT_REFUSED: "the node refused the request, or the channel/bridge id does not exist (the message says why); "
+    EXIT_REFUSED: "the node refused the request because of its state (a channel that does not fit the bridge, "
+                  "routing transactions it cannot run), or the channel/bridge id does not exist (the message says "
+                  "why); "
                   "`txn`: refused (a decision logged the other way, no such transaction) or not confirmed",
-    EXIT_LOCKED: "`serve`, `stop-services`, `txn`: the state directory is in use by a running node (nothing was "
-                 "touched); `serve`: another process on the same database runs with this `node.node_id`",
+    EXIT_LOCKED: "`serve`, `stop-services`, `reset`, `txn`: the state directory is in use by a running node (nothing "
+                 "was touched); `serve`: another process on the same database runs with this `node.node_id`",
     EXIT_UNREACHABLE: "`serve`: PostgreSQL did not answer at start (the message names `postgres.dsn` and the address, "
                       "password redacted)",
     EXIT_AUDIT_VIOLATION: "`audit`: more lost or duplicated deliveries than `--max-lost` / `--max-duplicates` allow",
+    EXIT_DEGRADED: "`status`: the node answers but is degraded: PostgreSQL or the broker unreachable at its last "
+                   "probe, or its status snapshot older than 10 s (listed on a `DEGRADED` line and in the JSON's "
+                   "`degraded`)",
 }
 
 log = logging.getLogger("nsjms")
@@ -67,15 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsjms", parents=[common],
                                 description="CORBA Notification Service ⇄ JMS routing engine")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{serve,status,channel,bridge,txn,deadletter,credentials,demo,stop-services,ledger,audit}")
+                           metavar="{serve,status,channel,bridge,txn,deadletter,credentials,demo,stop-services,reset,ledger,audit}")
 
     serve = sub.add_parser("serve", parents=[common],
                            help="run a node (embedded PostgreSQL and ActiveMQ unless given)")
     _config_flags(serve)
     serve.add_argument("--demo", action="store_true", help="also run a demo supplier and consumer with visible traffic")
-    serve.add_argument("--demo-rate", type=float, default=2.0, metavar="RATE",
-                       help="demo events per second (default 2)")
-    serve.add_argument("--demo-count", type=int, default=0, metavar="N",
+    serve.add_argument("--demo-rate", type=_positive_rate, default=2.0, metavar="RATE",
+                       help="demo events per second, > 0 (default 2)")
+    serve.add_argument("--demo-count", type=_count, default=0, metavar="N",
                        help="stop the demo after N events (0 = run until stopped)")
 
     sub.add_parser("status", parents=[common], help="show a running node's endpoints, channels, queues and bridges")
@@ -100,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", parents=[common],
                           help="push demo events through a running node and print them (restartable)")
-    demo.add_argument("--rate", type=float, default=2.0, metavar="RATE", help="events per second (default 2)")
-    demo.add_argument("--count", type=int, default=0, metavar="N",
+    demo.add_argument("--rate", type=_positive_rate, default=2.0, metavar="RATE",
+                      help="events per second, > 0 (default 2)")
+    demo.add_argument("--count", type=_count, default=0, metavar="N",
                       help="stop after N events (0 = run until interrupted)")
     progress = demo.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
@@ -112,10 +121,40 @@ def build_parser() -> argparse.ArgumentParser:
     stop = sub.add_parser("stop-services", parents=[common],
                           help="stop the embedded PostgreSQL and ActiveMQ a node left running (refused while a node "
                                "runs on the state directory)")
+    reset = sub.add_parser("reset", parents=[common],
+                           help="remove every trace of a stopped node's state: its database objects (external "
+                                "PostgreSQL) or embedded services' data, its recovery log and journals; the next "
+                                "serve starts empty (refused while a node runs on the state directory)")
+    reset.add_argument("--yes", action="store_true",
+                       help="really do it (without it nothing is done: the plan is printed, exit 2)")
     stop.add_argument("--unless-restarting", action="store_true",
                       help="for systemd's ExecStopPost: leave them running when the unit's main process failed and "
                            "Restart=on-failure starts it again ($SERVICE_RESULT, $EXIT_CODE, $EXIT_STATUS)")
     return p
+
+
+def _positive_rate(text: str) -> float:
+    """A rate in events per second: a finite number > 0 (argparse makes a refusal a usage error, exit 2)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the rate must be a number > 0 (events per second)")
+    return value
+
+
+def _count(text: str) -> int:
+    """A number of events: an integer >= 0 (0: no limit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the count must be >= 0 (0: run until stopped)")
+    return value
 
 
 def _config_flags(p: argparse.ArgumentParser) -> None:
@@ -230,7 +269,7 @@ class _TelemetryUnavailable(Exception):
 def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
     from router.cluster.errors import NodeLive
     from router.config import redact_dsn
-    from router.lifecycle import ServiceUnreachable, StateDirLocked
+    from router.lifecycle import ServiceMisconfigured, ServiceUnreachable, StateDirLocked, StateDirUnusable
     from router.server import Node
     from router.telemetry import configure
 
@@ -257,7 +296,15 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
         print(f"nsjms serve: node.node_id: {exc}", file=sys.stderr, flush=True)
         node.stop(start_failed=True)
         return EXIT_LOCKED
+    except StateDirUnusable as exc:  # a configuration error: nothing was started, retrying cannot help
+        print(f"nsjms serve: node.state_dir / --state-dir: {exc} (the state directory is "
+              f"{state_dir_origin(args, cfg)}); give a writable directory", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
     except _TelemetryUnavailable as exc:
+        print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
+        node.stop(start_failed=True)
+        return EXIT_CONFIG
+    except ServiceMisconfigured as exc:  # e.g. max_prepared_transactions = 0: a restart cannot heal it
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
         node.stop(start_failed=True)
         return EXIT_CONFIG
@@ -313,13 +360,14 @@ def cmd_demo(args: argparse.Namespace, cfg: Any) -> int:
     state_dir = _running("demo", args, cfg)
     if state_dir is None:
         return EXIT_NOT_RUNNING
-    progress = sys.stdout.isatty() if args.progress is None else args.progress
+    progress = (sys.stdout.isatty() and not args.json) if args.progress is None else args.progress
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # serve --demo terminates us: clean up like Ctrl-C
     try:
-        result = run_demo(state_dir, rate=args.rate, count=args.count, stop=stop,
-                          out=lambda line: print(line, flush=True),
-                          progress=(lambda line: print(line, flush=True)) if progress else None)
+        human = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
+            (lambda line: print(line, flush=True))  # --json: stdout carries the JSON summary only
+        result = run_demo(state_dir, rate=args.rate, count=args.count, stop=stop, out=human,
+                          progress=human if progress else None)
     except KeyboardInterrupt:
         return EXIT_OK
     if args.json:
@@ -342,13 +390,54 @@ def cmd_stop_services(args: argparse.Namespace, cfg: Any) -> int:
     try:
         stopped = stop_services(state_dir)
     except StateDirLocked as exc:
-        print(f"nsjms stop-services: {exc}", file=sys.stderr)
+        holder = f"pid {exc.pid}" if exc.pid else "another process"
+        print(f"nsjms stop-services: state directory {exc.path} is in use by a running nsjms node ({holder}): "
+              "nothing was stopped; a running node stops its own services when it stops (systemctl stop nsjms, "
+              "or SIGTERM to it)", file=sys.stderr)
         return EXIT_LOCKED
     except (ServiceError, OSError) as exc:  # OSError: e.g. the state directory belongs to another user
         print(f"nsjms stop-services: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     what = ", ".join(stopped) if stopped else "nothing was running"
     print(f"nsjms stop-services: {state_dir}: {what}", flush=True)
+    return EXIT_OK
+
+
+def cmd_reset(args: argparse.Namespace, cfg: Any) -> int:
+    """``nsjms reset``: see :mod:`router.reset`."""
+    import psycopg
+
+    from router.config import redact_dsn
+    from router.lifecycle import StateDirLocked
+    from router.reset import plan, reset
+
+    state_dir = Path(cfg.node.state_dir).resolve()
+    if not args.yes:
+        print("nsjms reset: nothing done; with --yes it would:\n" + "\n".join(f"  {line}" for line in
+                                                                              plan(state_dir, cfg.postgres.dsn)),
+              file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        done = reset(state_dir, cfg.postgres.dsn, cfg.node.node_id,
+                     connect_timeout_s=float(cfg.postgres.connect_timeout_s))
+    except StateDirLocked as exc:
+        holder = f"pid {exc.pid}" if exc.pid else "another process"
+        print(f"nsjms reset: state directory {exc.path} is in use by a running nsjms node ({holder}): nothing was "
+              "reset; stop the node first", file=sys.stderr)
+        return EXIT_LOCKED
+    except psycopg.Error as exc:
+        print(f"nsjms reset: postgres.dsn {redact_dsn(cfg.postgres.dsn)}: {redact_dsn(str(exc).strip())}; the state "
+              "directory was left as it was", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as exc:
+        print(f"nsjms reset: {state_dir}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if args.json:
+        print(json.dumps(done.__dict__, sort_keys=True))
+    else:
+        print(f"nsjms reset: {state_dir}: stopped {', '.join(done.stopped) or 'nothing'}; rolled back "
+              f"{len(done.rolled_back)} prepared transaction(s); dropped {len(done.dropped)} database object(s); "
+              f"removed {', '.join(done.removed) or 'nothing'}")
     return EXIT_OK
 
 
@@ -365,13 +454,11 @@ def cmd_status(args: argparse.Namespace, cfg: Any) -> int:
     except ConnectionError as exc:
         print(f"nsjms status: node not reachable: {exc}", file=sys.stderr)
         return EXIT_NOT_RUNNING
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        from router.status import render
+    from router.status import degraded, render
 
-        print(render(report))
-    return EXIT_OK
+    report["degraded"] = degraded(report)
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else render(report))
+    return EXIT_DEGRADED if report["degraded"] else EXIT_OK
 
 
 def cmd_bridge(args: argparse.Namespace, cfg: Any) -> int:
@@ -453,6 +540,26 @@ def cmd_audit(args: argparse.Namespace, cfg: Any) -> int:
 PRESENTS_CREDENTIAL = frozenset({"status", "demo", "bridge", "channel", "txn", "deadletter"})
 
 
+def _authorised(handler: Callable[[argparse.Namespace, Any], int]) -> Callable[[argparse.Namespace, Any], int]:
+    """The handler, presenting the state directory's operator credential for the commands that talk to the node's
+    admin surfaces (docs/security.md: the CLI is the local operator); a refusal is exit 4, not a traceback."""
+    def run(args: argparse.Namespace, cfg: Any) -> int:
+        if args.command not in PRESENTS_CREDENTIAL:
+            return handler(args, cfg)
+        from omniORB import CORBA
+
+        from router.auth import presenting
+
+        with presenting(Path(cfg.node.state_dir)) as presented:
+            try:
+                return handler(args, cfg)
+            except CORBA.NO_PERMISSION:
+                why = "the node refused this credential" if presented else "no admin credential readable here"
+                print(f"nsjms {args.command}: refused: not authorised ({why}; docs/security.md)", file=sys.stderr)
+                return EXIT_REFUSED
+    return run
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from router.config import ConfigError
 
@@ -468,22 +575,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, cfg.node.log_level, logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge,
-                "channel": cmd_channel, "txn": cmd_txn, "stop-services": cmd_stop_services, "ledger": cmd_audit,
-                "credentials": cmd_credentials, "deadletter": cmd_deadletter,
+                "channel": cmd_channel, "txn": cmd_txn, "stop-services": cmd_stop_services, "reset": cmd_reset,
+                "ledger": cmd_audit, "credentials": cmd_credentials, "deadletter": cmd_deadletter,
                 "audit": cmd_audit}
-    if args.command in PRESENTS_CREDENTIAL:      # docs/security.md: the CLI is the local operator
-        from omniORB import CORBA
+    from router.cliout import run_handler
 
-        from router.auth import presenting
-
-        with presenting(Path(cfg.node.state_dir)) as presented:
-            try:
-                return handlers[args.command](args, cfg)
-            except CORBA.NO_PERMISSION:
-                why = "the node refused this credential" if presented else "no admin credential readable here"
-                print(f"nsjms {args.command}: refused: not authorised ({why}; docs/security.md)", file=sys.stderr)
-                return EXIT_REFUSED
-    return handlers[args.command](args, cfg)
+    return run_handler(_authorised(handlers[args.command]), args, cfg)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,13 @@
 """Named crash points, for the crash tests: the process kills itself (SIGKILL) when it reaches one.
 
-Off unless the environment variable ``NSJMS_CRASH_AT`` is set when the process starts; then it names the points,
-comma-separated, each optionally with ``@N`` (die the N-th time that point is reached, default 1)::
+Pause points (:func:`pausepoint`, for fault tests that act on the process from outside at a counted point, never
+by timing): ``NSJMS_PAUSE_AT="in.local.before_commit@2/5/9"`` with ``NSJMS_PAUSE_DIR=DIR`` makes the 2nd, 5th and
+9th passage write ``DIR/<point>.<passage>.reached`` and wait (at most 120 s) until the test creates
+``DIR/<point>.<passage>.go``.
+
+Crash points are off unless the environment variable ``NSJMS_CRASH_AT`` is set when the process starts; then it
+names the points, comma-separated, each optionally with ``@N`` (die the N-th time that point is reached, default
+1)::
 
     NSJMS_CRASH_AT="t2.out.after_decision@3"
 
@@ -16,7 +22,8 @@ import os
 import signal
 import threading
 
-__all__ = ["ENV", "POINTS", "armed", "crashpoint", "parse"]
+__all__ = ["ENV", "PAUSE_DIR_ENV", "PAUSE_ENV", "PAUSE_POINTS", "POINTS", "armed", "crashpoint", "parse",
+           "parse_pauses", "pausepoint"]
 
 ENV = "NSJMS_CRASH_AT"
 
@@ -32,6 +39,30 @@ POINTS: dict[str, str] = {
     "t2.recovery.after_pg_commit": "recovery committed a prepared branch, the re-send not done",
     "t2.recovery.after_resend": "recovery re-sent outbox rows, the END record not written",
 }
+
+
+PAUSE_ENV, PAUSE_DIR_ENV = "NSJMS_PAUSE_AT", "NSJMS_PAUSE_DIR"
+PAUSE_WAIT_S = 120.0
+
+#: Every pause point and where it is.
+PAUSE_POINTS: dict[str, str] = {
+    "in.local.after_take": "JMS -> channel without T2: the round's inbox claims are made in its open transaction",
+    "in.local.before_commit": "JMS -> channel without T2: the round's events are stored, its COMMIT not sent",
+}
+
+
+def parse_pauses(text: str) -> dict[str, frozenset[int]]:
+    """``"a@2/5,b@1"`` -> ``{"a": {2, 5}, "b": {1}}``; unknown names and counts < 1 are refused."""
+    out: dict[str, frozenset[int]] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, counts = part.partition("@")
+        if name not in PAUSE_POINTS:
+            raise ValueError(f"{PAUSE_ENV}: unknown pause point {name!r} (known: {', '.join(sorted(PAUSE_POINTS))})")
+        passages = frozenset(int(c) for c in (counts or "1").split("/"))
+        if min(passages) < 1:
+            raise ValueError(f"{PAUSE_ENV}: {part!r}: passages are counted from 1")
+        out[name] = passages
+    return out
 
 
 def parse(text: str) -> dict[str, int]:
@@ -64,3 +95,26 @@ def crashpoint(name: str) -> None:
         if _armed[name] > 0:
             return
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+_pauses = parse_pauses(os.environ.get(PAUSE_ENV, ""))
+_pause_dir = os.environ.get(PAUSE_DIR_ENV, "")
+_passages: dict[str, int] = {}
+
+
+def pausepoint(name: str) -> None:
+    """Wait for the test at an armed passage of ``name`` (see the module docstring); else nothing."""
+    if not _pauses or name not in _pauses:
+        return
+    with _lock:
+        _passages[name] = passage = _passages.get(name, 0) + 1
+    if passage not in _pauses[name]:
+        return
+    import time
+    from pathlib import Path
+
+    base = Path(_pause_dir or ".") / f"{name}.{passage}"
+    Path(f"{base}.reached").write_text(str(os.getpid()))
+    deadline = time.monotonic() + PAUSE_WAIT_S
+    while not Path(f"{base}.go").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -14,7 +14,9 @@ Exceptions (the tree of the ``router`` top-level modules)::
     RuntimeError
      └── ServiceError            an embedded service could not be started or stopped (the message says why)
           ├── StateDirLocked     another live node holds the state directory (.path, .pid)
-          └── ServiceUnreachable a required service does not answer at start (.key, .address)
+          ├── StateDirUnusable   the state directory cannot be created, locked or written (.path, .reason)
+          ├── ServiceUnreachable a required service does not answer at start (.key, .address)
+          └── ServiceMisconfigured a service answers but a setting of its own makes it unusable (.setting)
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ __all__ = [
     "Health",
     "RestartPolicy",
     "ServiceError",
+    "ServiceMisconfigured",
     "ServiceUnreachable",
     "ServiceWatch",
     "StateDirLocked",
+    "StateDirUnusable",
     "StateLock",
     "bind_problem",
     "kept_for_restart",
+    "prepared_transactions_problem",
     "private_tree",
     "probe_broker",
     "probe_postgres",
@@ -75,6 +80,18 @@ class StateDirLocked(ServiceError):
         return (type(self), (self.path, self.pid))
 
 
+class StateDirUnusable(ServiceError):
+    """The state directory cannot be used (read-only, a file, under /proc, not ours); nothing was started."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"state directory {path} cannot be used: {reason}")
+        self.path = path
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.reason))
+
+
 class ServiceUnreachable(ServiceError):
     """A service the node cannot run without does not answer at start; names the key and the (redacted) address."""
 
@@ -86,6 +103,17 @@ class ServiceUnreachable(ServiceError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.key, self.address, self.reason))
+
+
+class ServiceMisconfigured(ServiceError):
+    """A service answers but one of its own settings (``.setting``) makes the node unable to work correctly."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.setting, str(self)))
 
 
 # ------------------------------------------------------------------------------------------------ the lock
@@ -213,8 +241,38 @@ def probe_postgres(dsn: str, timeout: float) -> str | None:
         with psycopg.connect(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
-        return redact_dsn(" ".join(str(exc).split())) or type(exc).__name__
+        return postgres_hint(redact_dsn(" ".join(str(exc).split())) or type(exc).__name__)
     return None
+
+
+def postgres_hint(reason: str) -> str:
+    """``reason`` with what it means when that is not obvious (pure): a refused password is most often a data
+    directory (a container volume) that kept the password it was created with."""
+    if "password authentication failed" in reason:
+        return (f"{reason}: the password does not match the one the server has (a PostgreSQL data directory or "
+                "container volume keeps the password it was first created with: use that one, or recreate it)")
+    return reason
+
+
+def prepared_transactions_problem(value: int) -> str | None:
+    """Why PostgreSQL's ``max_prepared_transactions`` cannot carry routing transactions (T2), or None. Pure."""
+    if value > 0:
+        return None
+    return (f"PostgreSQL's max_prepared_transactions is {value} (its default): every routing transaction (T2) "
+            "would fail at PREPARE TRANSACTION and roll back forever; set max_prepared_transactions (e.g. 64, "
+            "see docs/transactions.md) in postgresql.conf and restart PostgreSQL")
+
+
+def max_prepared_transactions(dsn: str, timeout: float) -> int | None:
+    """The server's ``max_prepared_transactions``, or None when it cannot be read (reachability is probed apart)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
+            row = conn.execute("SELECT current_setting('max_prepared_transactions')::int").fetchone()
+    except psycopg.Error:
+        return None
+    return None if row is None else int(row[0])
 
 
 def probe_broker(url: str, login: str, passcode: str, timeout: float) -> str | None:

@@ -98,6 +98,22 @@ def orb_args(s: NodeSettings) -> list[str]:
     ]
 
 
+def _lock_state_dir(state_dir: Path) -> Any:
+    """Creates and locks the state directory; an unusable one (read-only, a file, under /proc, another user's) is
+    :class:`router.lifecycle.StateDirUnusable` naming the OS's reason, never a raw errno."""
+    from router.lifecycle import StateDirUnusable, StateLock
+
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = StateLock(state_dir)
+        lock.acquire()
+    except OSError as exc:  # StateDirLocked is not an OSError: it passes through
+        what = exc.strerror or type(exc).__name__
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(state_dir) else ""
+        raise StateDirUnusable(state_dir, f"{what}{where}") from exc
+    return lock
+
+
 def write_endpoints(path: Path, data: dict[str, Any]) -> None:
     """Write JSON atomically (readers never see a partial file), mode 0600."""
     from router.lifecycle import write_private
@@ -142,14 +158,9 @@ class Node:
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
         """Raises StateDirLocked (nothing touched), ServiceUnreachable, ServiceError; then call :meth:`stop`."""
-        from router.lifecycle import StateLock
-
         os.umask(0o077)  # every file this process or its services create is private
         self._install_stop_signals()  # before endpoints.json says "ready": a SIGTERM from then on stops cleanly
-        self.s.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock = StateLock(self.s.state_dir)
-        lock.acquire()
-        self._lock = lock
+        self._lock = _lock_state_dir(self.s.state_dir)
         if self.after_lock is not None:
             self.after_lock()
         self._private_state_dir()
@@ -196,6 +207,19 @@ class Node:
             problem = self._probe_pg()
             if problem is not None:
                 raise ServiceUnreachable("postgres.dsn", redact_dsn(self.pg_dsn), problem)
+            self._check_two_phase()
+
+    def _check_two_phase(self) -> None:
+        """T2 needs ``PREPARE TRANSACTION``: a server with ``max_prepared_transactions = 0`` is refused at start (the
+        embedded cluster is started with 64)."""
+        from router.config import redact_dsn
+        from router.lifecycle import ServiceMisconfigured, max_prepared_transactions, prepared_transactions_problem
+
+        value = max_prepared_transactions(self.pg_dsn, self.s.pg_connect_timeout_s)
+        problem = None if value is None else prepared_transactions_problem(value)
+        if problem is not None:
+            raise ServiceMisconfigured("max_prepared_transactions",
+                                       f"postgres.dsn {redact_dsn(self.pg_dsn)}: {problem}")
 
     def _start_services(self) -> None:
         from router import services

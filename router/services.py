@@ -114,11 +114,12 @@ def wait_for_port(
         time.sleep(0.1)
 
 
-def _ensure_port_free(port: int, what: str) -> None:
+def _ensure_port_free(port: int, what: str, key: str) -> None:
+    """Raises ServiceError naming the configuration ``key`` that chose the port (as ``orb.port``'s message does)."""
     if port_in_use(port):
         raise ServiceError(
-            f"port {port} on {LOCALHOST} (wanted for {what}) is already in use; "
-            "choose another port or stop the process holding it"
+            f"{key}: port {port} on {LOCALHOST} (wanted for {what}) is already in use; "
+            f"set {key} to another port or stop the process holding it"
         )
 
 
@@ -192,7 +193,7 @@ class EmbeddedPostgres:
             running = None
         self.reused = running is not None
         if running is None:
-            _ensure_port_free(self.port, "embedded PostgreSQL")
+            _ensure_port_free(self.port, "embedded PostgreSQL", "postgres.embedded_port")
             self._start_server()
         self._ensure_password_and_database()
         self.dsn = self._make_dsn()
@@ -556,8 +557,9 @@ class EmbeddedActiveMQ:
         if self.reuse and self._adopt_leftover(xml):
             return self.url
         self._kill_leftover()
-        for port, what in ((self.stomp_port, "ActiveMQ STOMP"), (self.openwire_port, "ActiveMQ OpenWire")):
-            _ensure_port_free(port, what)
+        for port, what, key in ((self.stomp_port, "ActiveMQ STOMP", "broker.embedded_stomp_port"),
+                                (self.openwire_port, "ActiveMQ OpenWire", "broker.embedded_openwire_port")):
+            _ensure_port_free(port, what, key)
         self._write_instance(xml)
         self._give_tree()
         self._spawn(java)

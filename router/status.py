@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["collect", "render", "render_service", "render_transactions"]
+__all__ = ["collect", "degraded", "render", "render_service", "render_transactions"]
 
 STALE_AFTER_S = 10.0
 
@@ -32,7 +32,7 @@ def collect(state_dir: Path) -> dict[str, Any]:
         factory = orb.string_to_object(endpoints["event_channel_factory"]["corbaloc"])._narrow(
             CosNotifyChannelAdmin.EventChannelFactory)
         channel_ids = list(factory.get_all_channels())
-    except (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.OBJECT_NOT_EXIST) as exc:
+    except (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.TIMEOUT, CORBA.OBJECT_NOT_EXIST) as exc:
         raise ConnectionError(f"{endpoints['event_channel_factory']['corbaloc']}: {exc}") from exc
     finally:
         orb.destroy()
@@ -44,6 +44,20 @@ def collect(state_dir: Path) -> dict[str, Any]:
     age = time.time() - float(snapshot.get("time", 0)) if snapshot else None
     return {"endpoints": endpoints, "channel_ids": channel_ids, "snapshot": snapshot,
             "snapshot_age_s": age, "stale": age is None or age > STALE_AFTER_S}
+
+
+def degraded(report: dict[str, Any]) -> list[str]:
+    """Why a node that answers is not fully working (``nsjms status`` exits 8 when any): PostgreSQL or the broker
+    unreachable at the node's last probe, or a snapshot older than 10 s (the node's status writer is stuck; a node
+    that just started and has not written one yet is not degraded). Bridges have their own state (``bridge list``).
+    Pure."""
+    snap = report.get("snapshot") or {}
+    why = [f"{name} unreachable ({svc.get('key')} {svc.get('address')})"
+           for name, svc in sorted((snap.get("services") or {}).items()) if svc.get("reachable") is False]
+    age = report.get("snapshot_age_s")
+    if snap and age is not None and age > STALE_AFTER_S:
+        why.append(f"status snapshot {int(age)} s old (written every 2 s)")
+    return why
 
 
 def render_service(name: str, svc: dict[str, Any]) -> str:
@@ -123,6 +137,8 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"channels    {report['channel_ids']}")
     if report["stale"]:
         lines.append("snapshot    missing or stale (the node writes status.json every 2 s)")
+    if report.get("degraded"):
+        lines.append(f"DEGRADED    {'; '.join(report['degraded'])}")
     for name in ("postgres", "broker"):
         if name in services:
             lines.append(render_service(name, services[name]))

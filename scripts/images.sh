@@ -33,11 +33,18 @@ elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 have_image() { docker image inspect "$1" >/dev/null 2>&1; }
 
-# sha256 of files (paths and contents), stable across machines and checkouts
+# sha256 of files (paths relative to the checkout, and contents): the same commit gives the same tags in every clone
+# and on every machine (an absolute path made a second clone rebuild everything). A process substitution
+# (/dev/fd/N, a recipe text) is named by its position only.
 hash_files() {
-    local f
+    local f n=0
     for f in "$@"; do
-        printf '%s\n' "$f"
+        n=$((n + 1))
+        case "$f" in
+            /dev/fd/*|/proc/self/fd/*) printf 'input %d\n' "$n" ;;
+            "$ROOT"/*) printf '%s\n' "${f#"$ROOT"/}" ;;
+            *) printf '%s\n' "$f" ;;
+        esac
         sha256sum <"$f"
     done | sha256sum | cut -c1-12
 }

@@ -209,6 +209,15 @@ def _container(image: str, ports: tuple[int, ...], env: dict[str, str]) -> Any:
     return container
 
 
+def _published_here(port: int) -> None:
+    """Fail at once when the engine publishes its ports in another network namespace (tests/portcheck.py)."""
+    from portcheck import unpublished_problem
+
+    problem = unpublished_problem(port)
+    if problem is not None:
+        raise ServiceError(problem)
+
+
 def _container_logs(container: Any) -> str:
     try:
         out, err = container.get_logs()
@@ -249,6 +258,7 @@ def _pg_container() -> Generator[str, None, None]:
     def ready() -> None:
         nonlocal dsn
         port = int(container.get_exposed_port(5432))
+        _published_here(port)
         dsn = f"postgresql://postgres:{password}@{LOOPBACK}:{port}/nsjms"
         _wait_for_pg(dsn, PG_READY_TIMEOUT_S, lambda: _container_exited(container))
 
@@ -378,6 +388,7 @@ def _broker_container() -> Iterator[Broker]:
 
     def ready() -> None:
         stomp, openwire = int(container.get_exposed_port(61613)), int(container.get_exposed_port(61616))
+        _published_here(stomp)
         _wait_for_stomp(LOOPBACK, stomp, STOMP_READY_TIMEOUT_S, lambda: _container_exited(container))
         urls[:] = [f"stomp://{LOOPBACK}:{stomp}", f"tcp://{LOOPBACK}:{openwire}"]
 

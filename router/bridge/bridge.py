@@ -399,7 +399,7 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         durable = self._durable_name()
         if durable is not None and self.row.settings.get("durable_name") != durable:
             self._save_settings(durable_name=durable)     # destroy needs it even once the channel is gone
-        profile = parse_factory(self.jms_spec.factory_name)
+        profile = parse_factory(self.jms_spec.factory_name, check_selector_syntax=False)
         return self._transport().subscribe(self.destination, selector=profile.selector,
                                            ack=AckMode.CLIENT_INDIVIDUAL, durable_name=durable,
                                            prefetch=int(self.row.settings.get("prefetch", DEFAULT_PREFETCH)),
@@ -619,7 +619,9 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
     def inactive_reason(self) -> str | None:
         """Why the bridge is not Active (NJI 2.3), first cause first; None when it is Active. One of
         ``channel gone`` (its channel was destroyed: it cannot work again), ``stopped`` (administratively),
-        ``broker down`` (the JMS connection is lost; the bridge reconnects) and ``channel not connected``."""
+        ``broker down`` (the JMS connection is lost; the bridge reconnects), ``subscription refused`` (the broker
+        answers the bridge's SUBSCRIBE with an ERROR frame: ``last_error`` says why; retried with back-off) and
+        ``channel not connected``."""
         if self.factory.channels.channels.get(self.channel_spec.channel_id) is None:
             return "channel gone"
         if not self.running():
@@ -627,6 +629,8 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         transport = self.transport
         if transport is None or not transport.is_connected():
             return "broker down"
+        if self.flow_in is not None and self.flow_in.subscription_refused:
+            return "subscription refused"
         if not self.channel_ok:
             return "channel not connected"
         return None

@@ -343,6 +343,7 @@ class JmsToChannel:
         self._subscribe = subscribe
         self._subscribe_lock = threading.Lock()
         self.subscription: Any = None
+        self.subscription_refused: str | None = None      # the broker's ERROR answer to our SUBSCRIBE, until one works
         self.forwarded = 0
         self.duplicates = 0
         self.refused = 0
@@ -369,7 +370,12 @@ class JmsToChannel:
         whose prefetched messages nobody reads (they stayed un-acked until the next restart)."""
         with self._subscribe_lock:
             if self.subscription is None:
-                self.subscription = self._subscribe()
+                try:
+                    self.subscription = self._subscribe()
+                except BrokerError as exc:   # refused (a selector, an authorization): the bridge's state says so
+                    self.subscription_refused = str(exc)
+                    raise
+                self.subscription_refused = None
             return self.subscription
 
     def receive(self, timeout: float) -> Delivery | None:

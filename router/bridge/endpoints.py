@@ -60,14 +60,16 @@ class FactoryProfile:
     ``profile`` is ``default`` (plain STOMP subscription: never stalls; Java Map/Stream/Object bodies arrive
     empty and are refused to the broker's DLQ) or ``jms-json`` (Java MapMessages arrive typed; an ObjectMessage on
     the destination stalls the subscription, so use it only where producers never send ObjectMessages). The
-    selector is passed to the broker, which parses and evaluates it (nsjms never evaluates it)."""
+    selector is checked against the JMS selector grammar (``router.jms.selector``) and passed to the broker, which
+    evaluates it (nsjms never evaluates it)."""
 
     transformation: str | None = None
     selector: str | None = None
 
 
-def parse_factory(text: str | None) -> FactoryProfile:
-    """Raises ValueError naming what is wrong."""
+def parse_factory(text: str | None, *, check_selector_syntax: bool = True) -> FactoryProfile:
+    """Raises ValueError naming what is wrong. ``check_selector_syntax=False``: a bridge stored before selectors were
+    checked keeps its selector (the broker decides, and its refusal shows as the bridge's state)."""
     name, _, rest = (text or "").partition(";")
     name = name.strip()
     if name not in PROFILES:
@@ -79,7 +81,14 @@ def parse_factory(text: str | None) -> FactoryProfile:
             raise ValueError(f"factory_name option {rest!r} is not 'selector=<JMS selector>'")
         if any(ch in value for ch in "\r\n\0"):
             raise ValueError("the selector contains a line break or NUL")
+        from router.jms.selector import SelectorSyntaxError, check_selector
+
         selector = value.strip()
+        try:  # refused when presented (JMS 2.0 §3.8.1.1), not by the broker at every subscription attempt
+            if check_selector_syntax:
+                check_selector(selector)
+        except SelectorSyntaxError as exc:
+            raise ValueError(f"invalid JMS selector {selector!r}: {exc}") from None
     return FactoryProfile(PROFILES[name], selector)
 
 

@@ -23,6 +23,10 @@ from router.bridge.ports import (
 )
 from router.jms.transport import BrokerUnavailable, Delivery, TransportError
 
+#: The push loop's longest wait while the broker refuses the bridge's SUBSCRIBE (a refusal stays until the broker or
+#: the bridge changes; MAX_BACKOFF, 5 s, is for a connection that comes back by itself).
+REFUSED_MAX_BACKOFF = 60.0
+
 __all__ = ["PullSupply", "PushSenderLoop"]
 
 log = logging.getLogger("nsjms.bridge")
@@ -59,7 +63,9 @@ class PushSenderLoop:
             except (BrokerUnavailable, TransportError) as exc:
                 self.flow.bridge.note_broker_problem(exc)
                 self.stop.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
+                # a refused SUBSCRIBE is answered the same way until someone changes the broker: back off further
+                cap = REFUSED_MAX_BACKOFF if self.flow.subscription_refused else MAX_BACKOFF
+                backoff = min(backoff * 2, cap)
                 self.flow.bridge.reconnect_source()
             except ChannelGone:
                 self.flow.bridge.channel_disconnected()

@@ -139,10 +139,29 @@ class TransactionMgmtMixin:
             usable = getattr(self.rt, "t2", None) is not None and self.supports_transaction()
         if events < 1 or not usable:
             raise BTM.UnsupportedTransaction()
+        problem = self._two_phase_problem()
+        if problem is not None:   # checked at start too; a PostgreSQL restarted with 0 since is refused here
+            log.warning("bridge %d: routing transactions refused: %s", self.id, problem)
+            raise BTM.UnsupportedTransaction()
         try:
             self._proxy_servant().validate_qos([_enable_property(True)])
         except CosNotification.UnsupportedQoS:
             raise BTM.UnsupportedTransaction() from None
+
+    def _two_phase_problem(self) -> str | None:
+        """Why the node's PostgreSQL cannot prepare a T2's branch (``max_prepared_transactions`` = 0), or None;
+        None too when it cannot be asked (the store boundary reports that on the next write)."""
+        from router.lifecycle import prepared_transactions_problem
+
+        db = getattr(getattr(self, "rt", None), "db", None)   # a host without a node runtime: nothing to ask
+        if db is None:
+            return None
+        try:
+            with db.unit_of_work() as conn:
+                row = conn.execute("SELECT current_setting('max_prepared_transactions')::int").fetchone()
+        except Exception:  # noqa: BLE001 — only a precheck: the store's own errors surface where they belong
+            return None
+        return None if row is None else prepared_transactions_problem(int(row[0]))
 
     def _write_proxy(self, enable: bool) -> None:
         servant = self._proxy_servant()

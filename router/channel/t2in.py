@@ -46,7 +46,7 @@ from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe
 from router.channel.channel import RoutePlan
 from router.channel.events import Event, Form, normalise_structured
 from router.channel.txdelivery import Completer, enable_needs_check
-from router.crashpoints import crashpoint
+from router.crashpoints import crashpoint, pausepoint
 from router.ledger import t2_branch
 from xa.coordinator import BranchOutcome, Transaction
 from xa.errors import TransactionRolledBack
@@ -172,9 +172,11 @@ def local_round(proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, 
             batch = take(conn, max_n, wait_s)
             if not batch.received:
                 return 0
+            pausepoint("in.local.after_take")
             if batch.events:
                 plan = plan_events(proxy, batch)
                 proxy.channel.store_in(conn, plan)
+            pausepoint("in.local.before_commit")
     except BaseException:
         if batch is not None:
             batch.abandon()

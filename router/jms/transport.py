@@ -175,7 +175,13 @@ class BrokerError(TransportError):
         self.receipt_id = receipt_id
 
     def __str__(self) -> str:
-        return f"broker error: {self.message}"
+        """``broker error: MESSAGE``; when the ``message`` header gives no reason (empty, or ending in ``:`` as
+        ActiveMQ's do for some refusals), the first line of the body, which carries it."""
+        message = self.message.strip()
+        if not message or message.endswith(":"):
+            first = next((line.strip() for line in self.body.splitlines() if line.strip()), "")
+            message = f"{message} {first}".strip() if first else (message.rstrip(":") or "(no reason given)")
+        return f"broker error: {message}"
 
     @property
     def resource(self) -> bool:

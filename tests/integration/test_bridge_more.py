@@ -362,3 +362,34 @@ def test_bridge_cli(nsjms_server: NsjmsServer, bf: Any, factory: Any, java_tool:
     nsjms_server.kill(signal.SIGKILL)                              # endpoints.json stays behind, the node is gone
     stale = _cli(state, "list")
     assert stale.returncode == 3, stale.stdout + stale.stderr
+
+
+def test_bridge_cli_transaction(nsjms_server: NsjmsServer, bf: Any, factory: Any) -> None:
+    """Issue 29: no CLI way made a bridge transactional (`bridge create --transaction EVENTS[:TIMEOUT]`, and
+    `bridge transaction ID EVENTS[:TIMEOUT]|off` on an existing bridge)."""
+    state = nsjms_server.state_dir
+    _, cid = _persistent_channel(factory)
+    queue = _name("more.cli.tx")
+    done = _cli(state, "create", "--from", f"channel:{cid}", "--to", f"queue:{queue}", "--transaction", "20:30",
+                "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    bid = int(json.loads(done.stdout)["id"])
+    managed = _managed(bf.get_bridge_with_id(bid))
+    with pytest.raises(BTM.TransactionAlreadyActive):
+        managed.enable_transaction(5, 5)                           # enabled by the CLI
+    assert wait_until(lambda: _bridge_status(nsjms_server, bid).get("transaction_events") == 20, 15, 0.5)
+
+    again = _cli(state, "transaction", str(bid), "7")
+    assert again.returncode == 4 and "TransactionAlreadyActive" in again.stdout, again.stdout + again.stderr
+    off = _cli(state, "transaction", str(bid), "off")
+    assert off.returncode == 0 and "disabled" in off.stdout, off.stdout + off.stderr
+    on = _cli(state, "transaction", str(bid), "7:0")
+    assert on.returncode == 0 and "7 event(s) enabled" in on.stdout, on.stdout + on.stderr
+    assert wait_until(lambda: _bridge_status(nsjms_server, bid).get("transaction_events") == 7, 15, 0.5)
+    assert _cli(state, "transaction", str(bid), "0").returncode == 2, "EVENTS >= 1: a usage error"
+
+    inbound = _cli(state, "create", "--from", f"queue:{_name('more.cli.tx.in')}", "--to", f"channel:{cid}",
+                   "--transaction", "10")                          # the bridge pushing to the channel: refused
+    assert inbound.returncode == 4 and "UnsupportedTransaction" in inbound.stdout, inbound.stdout + inbound.stderr
+    assert list(bf.get_all_bridges()) == [bid], "the refused bridge was destroyed"
+    assert _cli(state, "destroy", str(bid)).returncode == 0

@@ -151,8 +151,14 @@ def test_bridge_refusals_carry_the_reason(nsjms_server: NsjmsServer, factory: An
     _, cid = factory.create_channel([], [])             # BestEffort: the queue refusal below needs it
     bogus = _cli(state, "bridge", "create", "--from", f"channel:{cid}", "--to", "queue:nsjms.test.cli.bogus",
                  "--factory", "bogus")
-    assert bogus.returncode == 4, bogus.stdout + bogus.stderr
-    assert "INVALID_JMSDESTINATION: unknown connection factory profile 'bogus'" in bogus.stdout, bogus.stdout
+    assert bogus.returncode == 2, bogus.stdout + bogus.stderr  # a value wrong by itself: usage (issue 29)
+    assert "INVALID_JMSDESTINATION: unknown connection factory profile 'bogus'" in bogus.stderr, bogus.stderr
+    selector = _cli(state, "bridge", "create", "--from", "queue:nsjms.test.cli.sel", "--to", f"channel:{cid}",
+                    "--factory", "default;selector=region = ")
+    assert selector.returncode == 2, selector.stdout + selector.stderr
+    assert "invalid source endpoint: INVALID_JMSDESTINATION: invalid JMS selector 'region ='" in selector.stderr
+    name = _cli(state, "bridge", "create", "--from", f"channel:{cid}", "--to", "queue:bad name")
+    assert name.returncode == 2 and "is empty or not a plain name" in name.stderr, name.stdout + name.stderr
     gone = _cli(state, "bridge", "create", "--from", "channel:99999", "--to", "queue:nsjms.test.cli.bogus")
     assert gone.returncode == 4 and "INVALID_CHANNELID: no event channel with id 99999" in gone.stdout, gone.stdout
     best_effort = _cli(state, "bridge", "create", "--from", f"channel:{cid}", "--to", "queue:nsjms.test.cli.be")

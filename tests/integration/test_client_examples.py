@@ -273,3 +273,59 @@ def test_admin_example_presents_the_credential(nsjms_server: Any, cpp_examples: 
     [line] = done.stdout.splitlines()
     assert re.fullmatch(r"channel \d+", line), line
     assert int(line.split()[1]) in client_orb.factory(nsjms_server.ior()).get_all_channels()
+
+
+def test_jms_consumer_example_receives_what_a_bridge_sends(nsjms_server: Any, consumers: list[Consumer]) -> None:
+    """docs/clients.md, "JMS clients": examples/python/jms_consumer.py (stomp.py alone) reads what a channel -> queue
+    bridge sends, with the headers the page lists (issue 29: no JMS client was documented)."""
+    state = str(nsjms_server.state_dir)
+    nsjms = [sys.executable, "-m", "router.cli"]
+    created = _run([*nsjms, "channel", "create", "--state-dir", state, "--qos", "EventReliability=Persistent",
+                    "--qos", "ConnectionReliability=Persistent"])
+    cid = int(re.search(r"channel (\d+) created", "\n".join(created)).group(1))  # type: ignore[union-attr]
+    queue_name = f"nsjms.test.example.jms.{cid}.{time.monotonic_ns()}"
+    _run([*nsjms, "bridge", "create", "--state-dir", state, "--from", f"channel:{cid}", "--to", f"queue:{queue_name}"])
+    broker = nsjms_server.broker_url.removeprefix("stomp://")
+    consumer = Consumer.start([sys.executable, str(EXAMPLES / "python" / "jms_consumer.py"), "--destination",
+                               f"/queue/{queue_name}", "--broker", broker, "--count", str(COUNT), "--timeout",
+                               str(RUN_TIMEOUT_S)])
+    consumers.append(consumer)
+    assert consumer.lines.get(timeout=RUN_TIMEOUT_S) == "ready"
+    _run(_command("python", "supplier", {}) + ["--factory", nsjms_server.corbaloc(), "--channel", str(cid),
+                                               "--count", str(COUNT), "--text", "jms"])
+    lines = consumer.finish()
+    assert len(lines) == COUNT, lines
+    for i, line in enumerate(lines):
+        assert re.fullmatch(rf"example-{i} nsjms\.example/ExampleEvent priority=0 persistent=true "
+                            rf"type=Structured Event body=jms #{i}", line), line
+
+
+def test_java_jms_consumer_example_receives_what_a_bridge_sends(nsjms_server: Any, consumers: list[Consumer],
+                                                                 java_tool: Any, tmp_path: Path) -> None:
+    """docs/clients.md, "JMS clients": examples/jms/JmsConsumer.java (the ActiveMQ client over OpenWire), compiled
+    with the documented class path, reads what a channel -> queue bridge sends."""
+    from bridgekit import JAVA_JARS
+
+    cp = ":".join(map(str, JAVA_JARS))
+    javac = shutil.which("javac")
+    assert javac is not None, "javac is missing: scripts/bootstrap.sh installs it"
+    source = str(EXAMPLES / "jms" / "JmsConsumer.java")
+    built = subprocess.run([javac, "-nowarn", "-cp", cp, "-d", str(tmp_path), source],
+                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    assert built.returncode == 0, built.stderr[-3000:]
+    state = str(nsjms_server.state_dir)
+    nsjms = [sys.executable, "-m", "router.cli"]
+    created = _run([*nsjms, "channel", "create", "--state-dir", state, "--qos", "EventReliability=Persistent",
+                    "--qos", "ConnectionReliability=Persistent"])
+    cid = int(re.search(r"channel (\d+) created", "\n".join(created)).group(1))  # type: ignore[union-attr]
+    queue_name = f"nsjms.test.example.java.{cid}.{time.monotonic_ns()}"
+    _run([*nsjms, "bridge", "create", "--state-dir", state, "--from", f"channel:{cid}", "--to", f"queue:{queue_name}"])
+    consumer = Consumer.start([java_tool.java, "-cp", f"{tmp_path}:{cp}", "JmsConsumer", java_tool.url, "queue",
+                               queue_name, str(COUNT), str(int(RUN_TIMEOUT_S))])
+    consumers.append(consumer)
+    assert consumer.lines.get(timeout=RUN_TIMEOUT_S) == "ready"
+    _run(_command("python", "supplier", {}) + ["--factory", nsjms_server.corbaloc(), "--channel", str(cid),
+                                               "--count", str(COUNT), "--text", "java"])
+    lines = consumer.finish()
+    assert lines == [f"example-{i} nsjms.example/ExampleEvent priority=0 persistent=true type=Structured Event "
+                     f"body=java #{i}" for i in range(COUNT)], lines  # the supplier's Priority 0 (NJI Table 2-6)

@@ -29,7 +29,7 @@ def _demo(state_dir: Path) -> dict[str, Any]:
                           timeout=180, stdin=subprocess.DEVNULL, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "<- received" not in done.stdout, "no per-event progress when stdout is not a terminal"
-    return dict(json.loads(done.stdout.splitlines()[-1]))
+    return dict(json.loads(done.stdout))  # stdout is the JSON summary only (issue 29)
 
 
 def _background(state_dir: Path) -> subprocess.Popen[bytes]:

@@ -1,17 +1,21 @@
 """JMS → channel without a routing transaction (one local unit of work per round: router.channel.t2in.local_round)
 while the node's PostgreSQL connections are killed under it, with a real node, PostgreSQL and ActiveMQ.
 
-The test terminates every backend of the node's database (``pg_terminate_backend``) each time the bridge made
-progress, six times, while the bridge moves a preloaded queue into a Persistent channel: rounds fail at the
-inbox claim, at the events' statement, or at the COMMIT (whose outcome the node then does not know: the
-redelivered messages of a round that did commit are recognised by the inbox). Counted at a standard CORBA pull
-consumer drained afterwards, by the ``n`` header of each message: every message exactly once, **in the order
-the broker delivered them**, an inbox row per message, nothing left on the queue.
+The faults land at counted points, never by timing (issue 29: the test failed on a loaded machine because its
+kills, paced by the inbox's progress, came too late): the node runs with the pause points of
+``router.crashpoints`` armed, ``in.local.after_take`` (the round's inbox claims made in its open transaction: the
+kill fails the events' statement) at its 2nd, 4th and 6th passage and ``in.local.before_commit`` (the events
+stored, the COMMIT not sent: the kill fails the COMMIT, whose outcome the node then does not know) at its 3rd, 5th
+and 7th; at each the test terminates every backend of the node's database (``pg_terminate_backend``) and lets the
+round go on. Six faults, in every run, while the bridge moves a preloaded queue into a Persistent channel. Counted
+at a standard CORBA pull consumer drained afterwards, by the ``n`` header of each message: every message exactly
+once, **in the order the broker delivered them**, an inbox row per message, nothing left on the queue.
 """
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -29,14 +33,14 @@ from bridgekit import (
     stomp_produce,
     unique_name,
 )
-from conftest import NsjmsServer
+from conftest import NsjmsServer, started_node
 from stdclients import Form, PullConsumerClient, Style, obtain_proxy_supplier, wait_until
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 90.0
-KILL_EVERY_S = 0.15
-KILLS = 6
+PAUSES = {"in.local.after_take": (2, 4, 6), "in.local.before_commit": (3, 5, 7)}
+KILLS = sum(len(p) for p in PAUSES.values())
 
 
 OURS = "nsjms-fault-test"      # the application_name of this test's own connections: never terminated
@@ -66,8 +70,19 @@ def _ids_in_order(client: PullConsumerClient, n: int) -> list[int]:
 
 @pytest.mark.parametrize("style", ["PUSH", "PULL"])
 def test_killed_database_connections_lose_nothing_duplicate_nothing_and_keep_the_order(
-        nsjms_server: NsjmsServer, factory: Any, client_orb: Any, broker_url: str, fresh_db: str,
-        style: str) -> None:
+        tmp_path: Path, client_orb: Any, broker_url: str, fresh_db: str, style: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    monkeypatch.setenv("NSJMS_PAUSE_AT", ",".join(f"{p}@{'/'.join(map(str, n))}" for p, n in PAUSES.items()))
+    monkeypatch.setenv("NSJMS_PAUSE_DIR", str(pauses))
+    with started_node(tmp_path / "state", fresh_db, broker_url) as server:
+        _moves_everything_under_faults(server, client_orb.factory(server.ior()), client_orb, broker_url, fresh_db,
+                                       style, pauses)
+
+
+def _moves_everything_under_faults(nsjms_server: NsjmsServer, factory: Any, client_orb: Any, broker_url: str,
+                                   fresh_db: str, style: str, pauses: Path) -> None:
     n = 1500
     queue = unique_name(f"localin.faults.{style}")
     channel, cid = persistent_channel(factory)
@@ -78,19 +93,17 @@ def test_killed_database_connections_lose_nothing_duplicate_nothing_and_keep_the
     bf = bridge_factory(client_orb, nsjms_server)
     bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid, getattr(BA, style)))
 
-    kills: list[tuple[int, int]] = []        # (backends terminated, inbox rows at that moment)
+    kills: list[tuple[str, int]] = []        # (the pause it landed at, backends terminated)
     stop = threading.Event()
 
-    def killer() -> None:            # a kill each time the bridge made progress since the last one, KILLS in all
-        last = 0
+    def killer() -> None:            # at each pause the node reached: kill its connections, then let it go on
         while not stop.is_set() and len(kills) < KILLS:
-            stored = inbox_count(fresh_db, bid)
-            if stored >= n:
-                return
-            if stored > last:
-                kills.append((_terminate_node_backends(fresh_db), stored))
-                last = stored
-            stop.wait(KILL_EVERY_S)
+            for reached in sorted(pauses.glob("*.reached")):
+                go = reached.with_suffix(".go")
+                if not go.exists():
+                    kills.append((reached.stem, _terminate_node_backends(fresh_db)))
+                    go.write_text("go")
+            stop.wait(0.02)
 
     bridge.start_bridge()
     thread = threading.Thread(target=killer, daemon=True)
@@ -102,8 +115,9 @@ def test_killed_database_connections_lose_nothing_duplicate_nothing_and_keep_the
     finally:
         stop.set()
         thread.join(10)
-    hits = [k for k in kills if k[0] > 0]
-    assert len(hits) >= KILLS // 2, f"the faults did not land mid-stream: {kills}"
+    expected = sorted(f"{p}.{i}" for p, passages in PAUSES.items() for i in passages)
+    assert sorted(k[0] for k in kills) == expected, f"every armed pause was reached and killed at: {kills}"
+    assert all(k[1] > 0 for k in kills), f"each kill ended the node's connection in its round: {kills}"
     failed = _round_failures(nsjms_server)
     assert failed > 0, f"no round failed under the kills {kills}: {_tail(nsjms_server)}"
     got = _ids_in_order(consumer, n)

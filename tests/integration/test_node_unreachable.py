@@ -89,13 +89,16 @@ def test_unreachable_broker_at_start_is_reported_and_shown_by_status(server_with
     assert f"broker.url {url} is unreachable at start" in err, err
     status = subprocess.run([sys.executable, "-m", "router.cli", "status", "--state-dir", str(server.state_dir),
                              "--json"], capture_output=True, text=True, check=False, timeout=60, cwd=REPO)
-    assert status.returncode == 0, status.stderr
+    assert status.returncode == 8, status.stdout + status.stderr  # degraded (issue 29: it was 0)
+    assert json.loads(status.stdout)["degraded"] == [f"broker unreachable (broker.url {url})"]
     services = json.loads(status.stdout)["snapshot"]["services"]
     assert services["broker"]["reachable"] is False and services["broker"]["key"] == "broker.url"
     assert f"127.0.0.1:{port}" in services["broker"]["error"]
     assert services["postgres"]["reachable"] is True and services["postgres"]["embedded"] is False
-    text = subprocess.run([sys.executable, "-m", "router.cli", "status", "--state-dir", str(server.state_dir)],
-                          capture_output=True, text=True, check=False, timeout=60, cwd=REPO).stdout
+    done = subprocess.run([sys.executable, "-m", "router.cli", "status", "--state-dir", str(server.state_dir)],
+                          capture_output=True, text=True, check=False, timeout=60, cwd=REPO)
+    text = done.stdout
+    assert done.returncode == 8 and f"DEGRADED    broker unreachable (broker.url {url})" in text, text
     assert f"broker      UNREACHABLE: broker.url {url}  (external)" in text, text
 
     # the broker comes up on that port later: the node's probe sees it (bridges reconnect by themselves)
@@ -113,3 +116,50 @@ def _broker_error(server: NsjmsServer) -> str:
     except (FileNotFoundError, json.JSONDecodeError):
         return ""
     return str(data.get("services", {}).get("broker", {}).get("error", ""))
+
+
+def _hung_node(state: Path, port: int) -> None:
+    """The files a running node leaves, for a node whose process accepts connections and never answers (SIGSTOP)."""
+    state.mkdir()
+    loc = f"corbaloc::127.0.0.1:{port}"
+    names = {"event_channel_factory": "NotifyEventChannelFactory", "bridge_factory": "BridgeFactory",
+             "transaction_admin": "TransactionAdmin"}
+    endpoints: dict[str, object] = {key: {"corbaloc": f"{loc}/{n}", "ior": f"{loc}/{n}"} for key, n in names.items()}
+    (state / "endpoints.json").write_text(json.dumps(dict(endpoints, node_id="hung", pid=1)))
+
+
+def test_a_hung_node_is_not_reachable_exit_3_for_every_command(tmp_path: Path, silent_server: int) -> None:
+    """Issue 29: a SIGSTOPped node made these print a CORBA.TIMEOUT traceback and exit 1; the docs promise exit 3."""
+    from router.lifecycle import StateLock
+
+    state = tmp_path / "state"
+    _hung_node(state, silent_server)
+    lock = StateLock(state)  # the hung node holds its lock
+    lock.acquire()
+    # `txn list` waits for its own 60 s call timeout: tests/unit/test_cli_edges.py covers it through the same guard
+    commands = [["status"], ["channel", "list"], ["bridge", "list"], ["status", "--json"]]
+    try:
+        procs = [subprocess.Popen([sys.executable, "-m", "router.cli", *cmd, "--state-dir", str(state)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+                 for cmd in commands]  # concurrently: each waits for its own call timeout
+        done = [(cmd, *p.communicate(timeout=240), p.returncode) for cmd, p in zip(commands, procs, strict=True)]
+    finally:
+        lock.release()
+    for cmd, out, err, code in done:
+        assert code == 3, (cmd, code, out, err)
+        assert "Traceback" not in out + err, (cmd, err)
+        assert "node not reachable" in out + err, (cmd, out, err)
+    out = done[-1][1]
+    error = json.loads(out)["error"]  # --json: a JSON error object on stdout
+    assert error["exit_code"] == 3 and error["command"] == "status" and "node not reachable" in error["message"]
+
+
+def test_a_refused_password_says_it_does_not_match_the_servers(tmp_path: Path, fresh_db: str) -> None:
+    """Issue 29: compose with new secrets over old volumes looped on a bare "password authentication failed"."""
+    from psycopg.conninfo import make_conninfo
+
+    done = serve(tmp_path / "state", make_conninfo(fresh_db, password=SECRET), f"stomp://127.0.0.1:{free_port()}")
+    assert done.returncode == EXIT_UNREACHABLE, done.stdout + done.stderr
+    assert "password authentication failed" in done.stderr, done.stderr
+    assert "the password does not match the one the server has" in done.stderr
+    assert SECRET not in done.stdout + done.stderr

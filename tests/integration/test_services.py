@@ -170,7 +170,8 @@ def test_embedded_postgres_busy_port(state_dir: Path) -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        with pytest.raises(ServiceError, match=f"port {port} .* already in use"):
+        key = "postgres.embedded_port"
+        with pytest.raises(ServiceError, match=f"{key}: port {port} .* already in use; set {key} "):
             EmbeddedPostgres(state_dir, port).start()
 
 
@@ -269,7 +270,8 @@ def test_embedded_activemq_busy_port(state_dir: Path) -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        with pytest.raises(ServiceError, match=f"port {port} .*ActiveMQ STOMP.* already in use"):
+        key = "broker.embedded_stomp_port"
+        with pytest.raises(ServiceError, match=f"{key}: port {port} .*ActiveMQ STOMP.* already in use"):
             EmbeddedActiveMQ(state_dir, port, free_port()).start()
 
 
@@ -312,3 +314,29 @@ def test_broker_url_fixture_round_trip(broker_url: str) -> None:
         assert (frame.cmd, frame.body) == ("MESSAGE", "ping")
     finally:
         conn.disconnect()
+
+
+class _NoTwoPhasePostgres(EmbeddedPostgres):
+    """PostgreSQL as installed: ``max_prepared_transactions = 0``, its default."""
+
+    def _server_options(self) -> str:
+        return super()._server_options().replace("max_prepared_transactions=64", "max_prepared_transactions=0")
+
+
+def test_serve_refuses_a_postgres_without_prepared_transactions(state_dir: Path, tmp_path: Path) -> None:
+    """Issue 29: it was accepted silently, and every T2 then rolled back forever."""
+    server = _NoTwoPhasePostgres(state_dir, free_port())
+    dsn = server.start()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NSJMS_")}
+        done = subprocess.run(
+            [sys.executable, "-m", "router.cli", "serve", "--state-dir", str(tmp_path / "node"), "--orb-port",
+             str(free_port()), "--broker-url", f"stomp://127.0.0.1:{free_port()}"],
+            capture_output=True, text=True, check=False, timeout=300, cwd=REPO, stdin=subprocess.DEVNULL,
+            env=dict(env, NSJMS_POSTGRES_DSN=dsn))
+    finally:
+        server.stop()
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "nsjms serve: postgres.dsn postgresql://postgres:***@" in done.stderr, done.stderr
+    assert "max_prepared_transactions is 0" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "node" / "endpoints.json").exists()

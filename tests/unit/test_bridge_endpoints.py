@@ -85,6 +85,16 @@ def test_factory_profiles():
         ("SOURCE", "INVALID_JMSDESTINATION")]
 
 
+def test_a_selector_the_broker_would_reject_is_refused_at_create():
+    """Issue 29: `--factory "default;selector=region = "` gave a bridge shown [active] while the broker answered
+    every subscription with an ERROR frame."""
+    with pytest.raises(ValueError, match="invalid JMS selector 'region =': expected an identifier, a literal"):
+        parse_factory("default;selector=region = ")
+    problems = check_pair(jms("SOURCE", factory="default;selector=region = "), chan("SINK"), exists)
+    assert codes(problems) == [("SOURCE", "INVALID_JMSDESTINATION")]
+    assert parse_factory("default;selector=region = ", check_selector_syntax=False).selector == "region ="
+
+
 @pytest.mark.parametrize("spec", [chan("SOURCE", 7, "PULL", "SEQUENCE_EVENT"),
                                   jms("SINK", "a.b-c", dtype="TOPIC", factory="jms-json")])
 def test_idl_round_trip(spec):
