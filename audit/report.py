@@ -198,7 +198,7 @@ def window_text(summ: dict[str, Any]) -> str:
     minutes that had deliveries, or that the window had none."""
     lo, hi = summ["window"]["from"], summ["window"]["to"]
     given = f"{lo or 'the first row'} .. {hi or 'the last row'}" if lo or hi else "the whole ledger"
-    tp = summ["throughput"]
+    tp = summ.get("throughput") or {}
     if not summ["obligations"]:
         return f"{given}: no ledger rows in it"
     if tp.get("first_minute") is None:
