@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["collect", "render", "render_service", "render_transactions"]
+__all__ = ["DatabaseFacts", "collect", "render", "render_service", "render_transactions"]
 
 STALE_AFTER_S = 10.0
 
@@ -44,6 +46,59 @@ def collect(state_dir: Path) -> dict[str, Any]:
     age = time.time() - float(snapshot.get("time", 0)) if snapshot else None
     return {"endpoints": endpoints, "channel_ids": channel_ids, "snapshot": snapshot,
             "snapshot_age_s": age, "stale": age is None or age > STALE_AFTER_S}
+
+
+class DatabaseFacts:
+    """The parts of the node's snapshot that ask PostgreSQL (stored rows, the T2 counts), refreshed on a thread of
+    their own every ``period_s``, so the status loop never waits on the database: a query that hangs on a cut
+    network (bounded, ``router/db/conninfo.py``, but several of them in a row) would otherwise stop
+    ``status.json`` from being rewritten (issue 31: 100 s without a snapshot). Each part is
+    ``{"error": ...}`` when its query failed, and carries ``as_of`` (unix time of the answer) when it is older than
+    the snapshot's own time by more than two periods, so a stale count shows as stale."""
+
+    def __init__(self, parts: dict[str, Callable[[], dict[str, Any]]], period_s: float = 2.0) -> None:
+        self._parts = parts
+        self._period_s = period_s
+        self._lock = threading.Lock()
+        self._values: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> None:
+        """Ask every part once (on the caller's thread)."""
+        for name, part in self._parts.items():
+            try:
+                value = part()
+            except Exception as exc:  # noqa: BLE001 — the database is down or slow: the snapshot says so
+                from router.config import redact_dsn
+
+                value = {"error": redact_dsn(f"{type(exc).__name__}: {exc}")[:300]}
+            with self._lock:
+                self._values[name] = (time.time(), value)
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(self._period_s):
+                self.refresh()
+
+        self._thread = threading.Thread(target=loop, name="status-db", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def get(self) -> dict[str, dict[str, Any]]:
+        """The latest value of each part (``{}`` for a part never answered yet)."""
+        now = time.time()
+        out: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            values = dict(self._values)
+        for name in self._parts:
+            at, value = values.get(name, (0.0, {}))
+            out[name] = dict(value)
+            if value and now - at > 2 * self._period_s:
+                out[name]["as_of"] = at
+        return out
 
 
 def render_service(name: str, svc: dict[str, Any]) -> str:

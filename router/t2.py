@@ -32,6 +32,7 @@ import psycopg
 from psycopg import Xid
 
 from router.crashpoints import armed, crashpoint
+from router.db.conninfo import connect as connect_bounded
 from router.jms.transport import EncodedMessage, Transport, TransportError
 from router.ledger import T2HopRecorder, T2Hops
 from xa.coordinator import Coordinator, Transaction
@@ -261,7 +262,8 @@ class NodeTransactions:
         # ledger_hops: the decision and broker-commit times go into the T2s' ledger rows at the purge (docs/audit.md)
         self.hops = T2HopRecorder(observer) if ledger_hops else None
         self.coordinator = Coordinator(self.node, self.log, self.clock, observer=self.hops or observer)
-        self.pg = PgManager(lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=3), key=PG_MANAGER)
+        # bounded: a recovery pass (and `nsjms txn`, which waits for it) never hangs on a cut network
+        self.pg = PgManager(lambda: connect_bounded(dsn, autocommit=True, connect_timeout=3), key=PG_MANAGER)
         if armed():
             self.pg = _CrashingManager(self.pg)  # type: ignore[assignment]
         self._transport_factory = transport

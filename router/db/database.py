@@ -35,6 +35,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from router.db.conninfo import bounded
 from router.db.errors import StoreError, StoreTimeout, StoreUnavailable
 
 __all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_CHECK", "Database"]
@@ -42,6 +43,8 @@ __all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_
 DEFAULT_CHECKOUT_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 3
 DEFAULT_IDLE_CHECK = 5.0
+#: psycopg_pool's background connection attempts give up after this long (then a checkout starts a new one).
+RECONNECT_TIMEOUT = 5.0
 #: A statement the database cancelled on a working connection (statement_timeout, pg_cancel_backend; lock_timeout)
 _CANCELLED = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
 _IDLE_SINCE = "_nsjms_idle_since"        # attribute stamped on a connection when it goes back to the pool
@@ -57,9 +60,17 @@ class Database:
         self.idle_check = idle_check
         self._generation = 0                 # +1 each time a connection is found broken (the server restarted?)
         self._generation_lock = threading.Lock()
+        self._purging = threading.Lock()     # at most one background check of the idle connections at a time
+        # bounded(): libpq keepalives and tcp_user_timeout, so no wait on an established connection outlives a
+        # silent network cut by more than conninfo.STATEMENT_BOUND_S (router/db/conninfo.py).
+        # reconnect_timeout: psycopg_pool retries a failed connection attempt with a doubling delay (1, 2, 4 ... s)
+        # until it; after a long outage the next attempt could be 30 s away when the database returns. Bounded,
+        # the attempt gives up and the next checkout that finds no connection starts a new one at once.
         self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), open=False,
-                                    kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
-                                    timeout=checkout_timeout, check=self._check_if_idle, name="nsjms")
+                                    kwargs=bounded(dsn, autocommit=False,
+                                                   connect_timeout=max(1, int(connect_timeout))),
+                                    timeout=checkout_timeout, check=self._check_if_idle, name="nsjms",
+                                    reconnect_timeout=RECONNECT_TIMEOUT)
 
     def open(self, timeout: float = 30.0, *, migrate: bool = True) -> None:
         """Open the pool (waiting up to ``timeout`` s for a first connection) and bring the schema up to date."""
@@ -224,10 +235,17 @@ class Database:
         the pool now are checked at their next checkout (a new broken generation). Never raises."""
         with self._generation_lock:
             self._generation += 1
+        if self._purging.acquire(blocking=False):      # in the background: on a cut network each check of an
+            threading.Thread(target=self._check_idle, name="nsjms-pool-check", daemon=True).start()  # idle
+            # connection waits up to conninfo.STATEMENT_BOUND_S, and the caller must answer its client now
+
+    def _check_idle(self) -> None:
         try:
             self._pool.check()
         except Exception:  # noqa: BLE001 — best effort; the checkout's own check still applies
             pass
+        finally:
+            self._purging.release()
 
     def stats(self) -> dict[str, int]:
         """The pool's counters (psycopg_pool's ``get_stats``)."""
