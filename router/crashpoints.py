@@ -15,10 +15,17 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
-__all__ = ["ENV", "POINTS", "armed", "crashpoint", "parse"]
+__all__ = ["ENV", "PAUSE_DIR_ENV", "PAUSE_ENV", "POINTS", "armed", "crashpoint", "parse", "pausepoint"]
 
 ENV = "NSJMS_CRASH_AT"
+#: Pause instead of dying (a test injects a fault of another process at the point, e.g. stops PostgreSQL):
+#: ``NSJMS_PAUSE_AT="name@N"`` with ``NSJMS_PAUSE_DIR``; see :func:`pausepoint`.
+PAUSE_ENV = "NSJMS_PAUSE_AT"
+PAUSE_DIR_ENV = "NSJMS_PAUSE_DIR"
+#: A paused point goes on by itself after this long (a test that died must not leave the node stuck for ever).
+PAUSE_LIMIT_S = 300.0
 
 #: Every crash point of the code base and where it is (docs/transactions.md repeats this list).
 POINTS: dict[str, str] = {
@@ -29,6 +36,8 @@ POINTS: dict[str, str] = {
     "t2.after_broker_commit": "the broker branch of a T2 committed, the END record not written",
     "in.local.after_commit": "JMS -> channel without T2: the local transaction (events + inbox) committed, the "
                              "acks not written",
+    "t2.in.before_phase_two": "a JMS -> channel T2 is decided (its COMMIT record durable), its phase two (COMMIT "
+                              "PREPARED, the broker's COMMIT of the acks) not begun",
     "t2.recovery.after_pg_commit": "recovery committed a prepared branch, the re-send not done",
     "t2.recovery.after_resend": "recovery re-sent outbox rows, the END record not written",
 }
@@ -48,6 +57,7 @@ def parse(text: str) -> dict[str, int]:
 
 
 _armed = parse(os.environ.get(ENV, ""))
+_paused = parse(os.environ.get(PAUSE_ENV, "")) if os.environ.get(PAUSE_DIR_ENV) else {}
 _lock = threading.Lock()
 
 
@@ -64,3 +74,20 @@ def crashpoint(name: str) -> None:
         if _armed[name] > 0:
             return
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pausepoint(name: str) -> None:
+    """Pause this thread at the N-th passage of ``name`` when it is armed in ``NSJMS_PAUSE_AT``: create
+    ``<NSJMS_PAUSE_DIR>/<name>.paused`` and wait until the test removes it (at most :data:`PAUSE_LIMIT_S`)."""
+    if not _paused or name not in _paused:
+        return
+    with _lock:
+        _paused[name] -= 1
+        if _paused[name] != 0:
+            return
+    marker = os.path.join(os.environ[PAUSE_DIR_ENV], f"{name}.paused")
+    with open(marker, "w", encoding="ascii") as f:
+        f.write(f"{os.getpid()}\n")
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    while os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)

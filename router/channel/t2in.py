@@ -32,6 +32,7 @@ The settings are read each round from the proxy, then its admin, then the channe
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe
 from router.channel.channel import RoutePlan
 from router.channel.events import Event, Form, normalise_structured
 from router.channel.txdelivery import Completer, enable_needs_check
-from router.crashpoints import crashpoint
+from router.crashpoints import crashpoint, pausepoint
 from router.ledger import t2_branch
 from xa.coordinator import BranchOutcome, Transaction
 from xa.errors import TransactionRolledBack
@@ -268,6 +269,10 @@ class InboundT2Driver:
         self._in_round = False
         self._completer: Completer | None = None
         self._warned = False
+        # Decided T2s whose PostgreSQL branch recovery commits (phase two failed or did not confirm it), by gtrid:
+        # their events are published once the recovery log shows the branch done (:meth:`publish_recovered`).
+        self._recovering: dict[str, RoutePlan] = {}
+        self._recovering_lock = threading.Lock()
 
     @property
     def active(self) -> bool:
@@ -300,6 +305,7 @@ class InboundT2Driver:
     def step(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
         """One round with ``target``: a T2 when EnableTransaction is TRUE, else a local unit of work. Returns -1
         without doing anything while the bridge is stopped (the caller waits)."""
+        self.publish_recovered()
         if not target.t2_ready():
             return -1
         if t2_settings(self.proxy, sequence=self.sequence).enabled:
@@ -391,27 +397,65 @@ class InboundT2Driver:
         outcome was handed to recovery by the coordinator (it commits from the COMMIT record)."""
         proxy = self.proxy
         outcome = None
+        crashpoint("t2.in.before_phase_two")
+        pausepoint("t2.in.before_phase_two")     # tests: PostgreSQL stopped here (tests/integration/test_t2_inbound.py)
         try:
             outcome = txn.complete()
         except Exception as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"[:500]
             log.exception("proxy %s: phase two of T2 %s failed; handed to recovery, which commits it from its "
-                          "COMMIT record", proxy.oid, txn.gtrid)
+                          "COMMIT record; its %d event(s) are queued once it did", proxy.oid, txn.gtrid,
+                          len(plan.plans))
         finally:
             try:
                 session.close()
             except Exception:
                 log.exception("proxy %s: returning the session of T2 %s failed", proxy.oid, txn.gtrid)
         if outcome is None:
+            self._await_recovery(txn.gtrid, plan)
             return
         self.committed += 1
         self.last_error = ""
         if any(b.name == "pg" and b.outcome is not BranchOutcome.COMMITTED for b in outcome.branches):
             log.error("proxy %s: T2 %s decided COMMIT but its PostgreSQL branch is not confirmed; recovery commits "
-                      "it and its %d event(s) are delivered after the node restarts", proxy.oid, txn.gtrid,
-                      len(plan.plans))
+                      "it and its %d event(s) are queued once it did", proxy.oid, txn.gtrid, len(plan.plans))
+            self._await_recovery(txn.gtrid, plan)
             return
         proxy.channel.publish(plan)
+
+    def _await_recovery(self, gtrid: str, plan: RoutePlan) -> None:
+        if plan.plans:
+            with self._recovering_lock:
+                self._recovering[gtrid] = plan
+
+    def publish_recovered(self) -> int:
+        """Queue the events of the decided T2s whose PostgreSQL branch recovery has committed since (issue 31:
+        they stayed stuck until the node restarted, which loads them from the store). A T2 counts as committed
+        there once the recovery log shows its ``pg`` branch done or the T2 ended, and the coordinator no longer
+        drives it; the decision was COMMIT, so its rows are in the store. Runs on the proxy's pull thread before
+        each round; returns how many T2s it published."""
+        with self._recovering_lock:
+            if not self._recovering:
+                return 0
+            waiting = dict(self._recovering)
+        t2 = self.proxy.rt.t2
+        try:
+            live, busy = t2.log.live(), t2.coordinator.in_flight()
+        except Exception as exc:  # noqa: BLE001 — the log refuses reads after a durability failure: a restart loads them
+            log.debug("proxy %s: T2s awaiting recovery wait: %s", self.proxy.oid, exc)
+            return 0
+        published = 0
+        for gtrid, plan in waiting.items():
+            entry = live.get(gtrid)
+            if gtrid in busy or (entry is not None and "pg" not in entry.done):
+                continue
+            with self._recovering_lock:
+                self._recovering.pop(gtrid, None)
+            self.proxy.channel.publish(plan)
+            published += 1
+            log.warning("proxy %s: T2 %s: recovery committed its PostgreSQL branch; its %d event(s) are queued",
+                        self.proxy.oid, gtrid, len(plan.plans))
+        return published
 
     def completer(self) -> Completer:
         """The proxy's phase-two thread for its JMS → channel T2s (made on first use)."""
