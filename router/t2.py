@@ -451,7 +451,7 @@ class NodeTransactions:
             # the inbox is partitioned (migration 0005): the parent has no rows of its own, its partitions do
             row = conn.execute("SELECT (SELECT count(*) FROM nsjms_outbox), (SELECT coalesce(sum(n_live_tup), 0) "
                                "FROM pg_stat_user_tables WHERE relid IN (SELECT inhrelid FROM pg_inherits "
-                               "WHERE inhparent = 'nsjms_inbox'::regclass)))").fetchone()
+                               "WHERE inhparent = 'nsjms_inbox'::regclass))").fetchone()
         return {"outbox": int(row[0]), "inbox": int(row[1])} if row else {"outbox": 0, "inbox": 0}
 
     # -- outbox / inbox housekeeping ------------------------------------------------------------------------

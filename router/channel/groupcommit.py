@@ -57,6 +57,8 @@ MAX_GROUP_EVENTS = 1000
 MAX_INFLIGHT = 2
 #: How long a push's events may wait queued behind the commits in progress (the pool's checkout timeout).
 MAX_WAIT_S = 5.0
+#: The group's checkout waits at least this long, whatever its oldest push has left.
+MIN_CHECKOUT_S = 0.5
 
 
 class _Store(Protocol):
@@ -64,7 +66,7 @@ class _Store(Protocol):
 
 
 class _Database(Protocol):
-    def unit_of_work(self) -> Any: ...
+    def unit_of_work(self, timeout: float | None = None) -> Any: ...
 
 
 class _OneStatementStore(_Store, Protocol):
@@ -72,13 +74,14 @@ class _OneStatementStore(_Store, Protocol):
 
 
 class _OneStatementDatabase(_Database, Protocol):
-    def statement(self) -> Any: ...
+    def statement(self, timeout: float | None = None) -> Any: ...
 
 
 @dataclass(eq=False)
 class _Job:
     cid: int
     rows: Sequence[NewEvent]
+    deadline: float = 0.0                 # monotonic: queued past it, the push gives up
     done: bool = False
     lead: bool = False                    # woken to lead the next group (a slot is free)
     ids: list[int] = field(default_factory=list)
@@ -113,8 +116,8 @@ class GroupCommit:
         """Store ``rows`` of channel ``cid`` durably; returns their ids in order. Raises the group's error, or
         :class:`StoreUnavailable` (nothing stored, never stored later) when no group took them within
         ``max_wait`` s."""
-        job = _Job(cid, rows)
         deadline = time.monotonic() + self._max_wait
+        job = _Job(cid, rows, deadline)
         with self._lock:
             self._pending.append(job)
             group = self._lead_if_free()
@@ -173,9 +176,13 @@ class GroupCommit:
             by_channel.setdefault(job.cid, []).append(job)
         rows = {cid: [r for j in jobs for r in j.rows] for cid, jobs in by_channel.items()}
         single = False
+        # the checkout waits only what the group's oldest push has left of its max_wait (at least MIN_CHECKOUT_S):
+        # a push's answer stays bounded when the database is unreachable (docs/channel.md, a network cut)
+        limit = max(MIN_CHECKOUT_S, min(job.deadline for job in group) - time.monotonic())
         try:                                  # whatever fails here fails every member: none is left undone
             single = self._single(rows)
-            with (cast(_OneStatementDatabase, self._db).statement() if single else self._db.unit_of_work()) as conn:
+            with (cast(_OneStatementDatabase, self._db).statement(limit) if single
+                  else self._db.unit_of_work(limit)) as conn:
                 results = {cid: self._store.insert_events(conn, cid, events) for cid, events in rows.items()}
         except BaseException as exc:
             with self._lock:

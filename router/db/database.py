@@ -89,15 +89,17 @@ class Database:
             return run(conn)
 
     @contextmanager
-    def unit_of_work(self) -> Iterator[psycopg.Connection[Any]]:
+    def unit_of_work(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection inside one transaction: committed on a clean exit, rolled back on an exception.
+        ``timeout``: the checkout's limit instead of ``checkout_timeout`` (a caller with less time left).
 
         Do not open a second unit of work inside one: it would take a second connection and a second transaction.
         """
         stage = "checkout"
         used: psycopg.Connection[Any] | None = None
+        limit = self.checkout_timeout if timeout is None else timeout
         try:
-            with self._pool.connection(timeout=self.checkout_timeout) as conn:
+            with self._pool.connection(timeout=limit) as conn:
                 used, stage = conn, "work"
                 try:
                     yield conn
@@ -105,7 +107,7 @@ class Database:
                     _mark_idle(conn)
                 stage = "commit"
         except PoolTimeout as exc:
-            raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
+            raise StoreUnavailable(f"no database connection within {limit:g} s") from exc
         except _CANCELLED as exc:
             if stage == "commit" or used is None or used.broken:   # never seen; treated as a lost connection
                 self._purge_broken()
@@ -122,7 +124,7 @@ class Database:
             raise StoreError(f"database error during {stage}: {_first_line(exc)}") from exc
 
     @contextmanager
-    def statement(self) -> Iterator[psycopg.Connection[Any]]:
+    def statement(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection in autocommit mode for a unit of work of exactly ONE statement: that statement is
         its own transaction (atomic; durable when it returns, ``synchronous_commit`` permitting, as a COMMIT is),
         so the unit of work is one round trip instead of three (BEGIN, the statement, COMMIT). The caller must
@@ -140,9 +142,10 @@ class Database:
         cannot be told from a working one without a round trip, so the statement is sent and the failure is in
         doubt (``COMPLETED_MAYBE``), conservatively."""
         used: psycopg.Connection[Any] | None = None
+        limit = self.checkout_timeout if timeout is None else timeout
         try:
             with ExitStack() as held:
-                conn = self._idle_working(held)
+                conn = self._idle_working(held, limit)
                 used = conn
                 conn.autocommit = True
                 try:
@@ -152,7 +155,7 @@ class Database:
                         conn.autocommit = False
                     _mark_idle(conn)
         except PoolTimeout as exc:
-            raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
+            raise StoreUnavailable(f"no database connection within {limit:g} s") from exc
         except _CANCELLED as exc:
             if used is None or used.broken:      # never seen; treated as a lost connection (as unit_of_work)
                 self._purge_broken()
@@ -169,13 +172,13 @@ class Database:
         except psycopg.Error as exc:
             raise StoreError(f"database error during statement: {_first_line(exc)}") from exc
 
-    def _idle_working(self, held: ExitStack) -> psycopg.Connection[Any]:
+    def _idle_working(self, held: ExitStack, timeout: float) -> psycopg.Connection[Any]:
         """A pooled connection for :meth:`statement`, held until ``held`` closes. One with something to read while
         idle (the server closed it) is checked; a failed check discards it (the pool replaces it), checks the
         other idle ones (:meth:`_purge_broken`) and takes ONE other connection, whose failed check raises."""
         for attempt in (1, 2):
             with ExitStack() as this:
-                conn = this.enter_context(self._pool.connection(timeout=self.checkout_timeout))
+                conn = this.enter_context(self._pool.connection(timeout=timeout))
                 if _readable(conn):              # nothing is due on an idle connection: the server went away?
                     try:
                         ConnectionPool.check_connection(conn)

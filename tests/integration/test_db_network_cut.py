@@ -166,11 +166,13 @@ class Supplier:
     maybe: list[int] = field(default_factory=list)              # COMPLETED_MAYBE: at most once
     foreign: list[str] = field(default_factory=list)            # failures that are not the node's own answer
     accepted_at: list[float] = field(default_factory=list)
+    slowest: float = 0.0                                        # the longest push (answered either way), s
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
         i = self.base
         while not self.stop.is_set():
+            began = time.monotonic()
             try:
                 self.client.push_one(make_event(i))
             except CORBA.TRANSIENT as exc:
@@ -183,6 +185,7 @@ class Supplier:
             else:
                 self.ok.append(i)
                 self.accepted_at.append(time.monotonic())
+            self.slowest = max(self.slowest, time.monotonic() - began)
             i += 1
             time.sleep(0.02)
 
@@ -267,7 +270,8 @@ def test_a_silent_network_cut_to_postgres_answers_in_time_and_completes_no_aband
         foreign = [f for s in suppliers for f in s.foreign]
         resumed = [min(t for t in s.accepted_at if t > back_at) - back_at for s in suppliers]
         print(f"network cut {CUT_S:.0f} s: accepted {len(ok)}, refused (COMPLETED_NO) {len(refused)}, "
-              f"COMPLETED_MAYBE {len(maybe)}, received {sum(counts.values())}; pushes accepted again "
+              f"COMPLETED_MAYBE {len(maybe)}, received {sum(counts.values())}; slowest push "
+              f"{max(s.slowest for s in suppliers):.1f} s; pushes accepted again "
               f"{', '.join(f'{r:.1f}' for r in resumed)} s after the network returned; status.json at most "
               f"{max(status_ages):.1f} s old during the cut; txn list during the cut: {txn_list}")
         assert refused, "the cut produced no refused push: the test did not exercise it"

@@ -39,7 +39,7 @@ class Db:
         self.fail_commit: list[BaseException | None] = []     # per unit of work, in order
 
     @contextmanager
-    def unit_of_work(self) -> Iterator[object]:
+    def unit_of_work(self, timeout: float | None = None) -> Iterator[object]:
         self.units += 1
         failure = self.fail_commit.pop(0) if self.fail_commit else None
         yield object()
@@ -166,7 +166,7 @@ class StatementDb(Db):
         self.statements = 0
 
     @contextmanager
-    def statement(self) -> Iterator[object]:
+    def statement(self, timeout: float | None = None) -> Iterator[object]:
         self.statements += 1
         failure = self.fail_commit.pop(0) if self.fail_commit else None
         yield object()
