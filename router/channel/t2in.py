@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -54,8 +55,8 @@ from xa.errors import TransactionRolledBack
 from xa.pg import PgBranch
 from xa.states import State
 
-__all__ = ["InboundT2Driver", "T2Settings", "check_honoured", "local_round", "local_target", "plan_events", "room",
-           "status", "supplier_refused", "t2_settings", "unavailable_reason"]
+__all__ = ["InboundT2Driver", "T2Settings", "check_honoured", "local_round", "local_target", "plan_events",
+           "resolve_in_doubt", "room", "status", "supplier_refused", "t2_settings", "unavailable_reason"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -63,6 +64,8 @@ log = logging.getLogger("nsjms.channel")
 RECEIVE_WAIT_S = 0.2
 #: Deliveries per local (non-T2) round, bounded by the channel's room (MaxQueueLength).
 LOCAL_BATCH = 100
+#: How long a local round whose COMMIT broke keeps asking the store whether it committed.
+IN_DOUBT_RESOLVE_S = 600.0
 _UNDECIDED = (State.ACTIVE, State.ROLLBACK_ONLY)
 
 
@@ -176,14 +179,53 @@ def local_round(proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, 
             if batch.events:
                 plan = plan_events(proxy, batch)
                 proxy.channel.store_in(conn, plan)
-    except BaseException:
+    except BaseException as exc:
         if batch is not None:
             batch.abandon()
+        if getattr(exc, "in_doubt", False) and plan.plans:
+            resolve_in_doubt(proxy, plan)
         raise
     crashpoint("in.local.after_commit")
     batch.settle()
     proxy.channel.publish(plan)
     return int(batch.received)
+
+
+def resolve_in_doubt(proxy: Any, plan: RoutePlan, *, within_s: float = IN_DOUBT_RESOLVE_S) -> threading.Thread:
+    """A local round whose COMMIT broke (``StoreUnavailable.in_doubt``) may have stored its events: the broker
+    redelivers its messages, which the inbox then acknowledges without events if the commit happened, so the
+    events would stay in the store, unqueued, until the node restarts (issue 31's pattern, here without a T2).
+    A thread asks the store (backing off while it is unreachable) whether the events' rows exist and, if they
+    do, queues the plan's events; if not, nothing was stored and the redelivery makes them events. Gives up
+    (ERROR, they are then delivered after the next start, which loads them) after ``within_s``."""
+    ids = [rec.db_id for rec, _ in plan.plans if rec.db_id is not None]
+
+    def run() -> None:
+        delay, deadline = 0.1, time.monotonic() + within_s
+        while time.monotonic() < deadline and not proxy.rt.shutting_down.is_set():
+            try:
+                with proxy.rt.db.unit_of_work() as conn:
+                    row = conn.execute("SELECT count(*) FROM nsjms_event WHERE id = ANY(%s)", (ids,)).fetchone()
+            except Exception as exc:  # noqa: BLE001 — still unreachable: ask again
+                log.debug("proxy %s: in-doubt local round waits for the store: %s", proxy.oid, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if row and int(row[0]):
+                proxy.channel.publish(plan)
+                log.warning("proxy %s: the local round whose COMMIT broke had committed: its %d event(s) are "
+                            "queued", proxy.oid, len(plan.plans))
+            else:
+                log.info("proxy %s: the local round whose COMMIT broke stored nothing; the broker redelivers its "
+                         "messages", proxy.oid)
+            return
+        log.error("proxy %s: could not tell whether a local round whose COMMIT broke stored its %d event(s); if it "
+                  "did, they are delivered after the node restarts", proxy.oid, len(plan.plans))
+
+    thread = threading.Thread(target=run, name=f"in-doubt-{proxy.oid}", daemon=True)
+    if ids:
+        thread.start()
+    return thread
 
 
 def local_target(proxy: Any) -> Any | None:
