@@ -274,8 +274,8 @@ def test_a_silent_network_cut_to_postgres_answers_in_time_and_completes_no_aband
               f"{max(s.slowest for s in suppliers):.1f} s; pushes accepted again "
               f"{', '.join(f'{r:.1f}' for r in resumed)} s after the network returned; status.json at most "
               f"{max(status_ages):.1f} s old during the cut; txn list during the cut: {txn_list}")
-        assert refused, "the cut produced no refused push: the test did not exercise it"
         assert not foreign, f"pushes not answered by the node within {PUSH_BOUND_S:g} s: {foreign[:5]}"
+        assert refused, "the cut produced no refused push: the test did not exercise it"
         assert not refused & set(counts), \
             f"events told COMPLETED_NO reached JMS anyway: {sorted(refused & set(counts))[:10]}"
         dups = {i: n for i, n in counts.items() if n > 1}
