@@ -26,6 +26,11 @@ a transaction whose client vanished mid-way (its connection closed by the timeou
 learned of it) releases its locks after that long instead of the server's own TCP keepalive (2 hours by default).
 Prepared transactions (two-phase branches) are not sessions and are not affected.
 
+No ``statement_timeout`` is set for every session: a statement that runs long on a reachable server is not a
+network fault, and some legitimately do (migrations, partition maintenance, an operator's audit); the waits that
+must be short have their own deadline (a T2's statements ``TransactionTimeout``, partition DDL a ``lock_timeout``,
+a pool checkout ``checkout_timeout``, a queued push the group commit's ``max_wait``).
+
 Worst case of one statement on a cut network: :data:`STATEMENT_BOUND_S` (the user timeout, plus the keepalive's
 idle time when the cut happened after the statement was acknowledged).
 """

@@ -7,12 +7,15 @@ that block commits (or rolls back) together::
         store.insert_events(conn, cid, rows)
 
 A connection is checked out within ``checkout_timeout`` seconds (default 5) and each new connection is made within
-``connect_timeout`` seconds, so a caller never waits long on a database that is down. A pooled connection is
+``connect_timeout`` seconds, so a caller never waits long on a database that is down; every connection carries the
+parameters of :mod:`router.db.conninfo` (libpq keepalives, ``tcp_user_timeout``), so no wait on an established
+connection outlives a silent network cut by more than ``conninfo.STATEMENT_BOUND_S``. A pooled connection is
 checked (one round trip) before use only when it sat idle in the pool for ``idle_check`` seconds (default 5) or
 was never used: a connection in steady use costs no check, so a unit of work is one transaction, not two. A
 connection that broke while in use (the database restarted) fails the operation with :class:`StoreUnavailable`
 (nothing committed; the caller retries as for any outage). That failure (a broken connection only, not e.g. a
-serialization failure or deadlock) starts a new "broken generation": the pool checks its idle connections at once,
+serialization failure or deadlock) starts a new "broken generation": the pool checks its idle connections at once
+(on a thread of its own: on a cut network each check waits up to ``conninfo.STATEMENT_BOUND_S``),
 and every connection last checked out before it (in use or being returned then) is checked at its next checkout.
 So after a restart, the units of work that fail are the first one to meet a stale connection plus those that were
 already holding a connection while the server went away (each of those fails once, as it would have with a check
