@@ -142,7 +142,15 @@ def render_transactions(txn: dict[str, Any]) -> str:
         head += f" (oldest {_age(oldest)})" if oldest is not None else ""
         head += ": see `nsjms txn list`"
     return (f"{head}; recovery passes {txn.get('recovery_passes', 0)}; outbox {txn.get('outbox', 0)} rows, "
-            f"inbox {txn.get('inbox', 0)} rows")
+            f"inbox {txn.get('inbox', 0)} rows{_as_of(txn)}")
+
+
+def _as_of(part: dict[str, Any]) -> str:
+    """`` (as of 14:00:02Z: the database did not answer since)`` for a part the node could not refresh."""
+    at = part.get("as_of")
+    if not isinstance(at, (int, float)):
+        return ""
+    return f" (as of {time.strftime('%H:%M:%SZ', time.gmtime(at))}: the database did not answer since)"
 
 
 def _missing_channel(bridge: dict[str, Any], channel_ids: list[int]) -> int | None:
@@ -186,7 +194,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append(render_transactions(txn))
     store = snap.get("store") or {}
     if store:
-        lines.append(f"stored      {store.get('events', 0)} persistent events, {store.get('queued', 0)} queue rows")
+        lines.append(f"stored      {store.get('events', 0)} persistent events, {store.get('queued', 0)} queue rows"
+                     f"{_as_of(store)}" if "error" not in store else f"stored      unknown: {store['error']}")
     for ch in snap.get("channels", []):
         lines.append(f"channel {ch['id']}: {ch['events_held']} event(s) held")
         for p in ch["proxy_suppliers"]:

@@ -37,3 +37,11 @@ def test_a_part_that_hangs_does_not_block_the_snapshot_and_a_failing_part_says_w
 def test_a_part_never_answered_is_empty() -> None:
     facts = DatabaseFacts({"store": lambda: {"events": 1}})
     assert facts.get() == {"store": {}}
+
+
+def test_render_says_when_the_database_parts_are_old_or_failed() -> None:
+    from router.status import render_transactions
+
+    line = render_transactions({"in_doubt": 0, "outbox": 1, "inbox": 2, "as_of": 0.0})
+    assert line.endswith("inbox 2 rows (as of 00:00:00Z: the database did not answer since)")
+    assert "as of" not in render_transactions({"in_doubt": 0, "outbox": 1, "inbox": 2})
