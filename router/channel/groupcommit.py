@@ -132,7 +132,9 @@ class GroupCommit:
                 group = []
             if job.done:
                 return _result(job)
-            job.wake.wait(max(0.0, deadline - time.monotonic()) if job in self._pending else None)
+            with self._lock:
+                queued = job in self._pending    # taken into a group: its commit's outcome ends the wait
+            job.wake.wait(max(0.0, deadline - time.monotonic()) if queued else None)
             with self._lock:
                 job.wake.clear()
                 if job.done:
