@@ -493,7 +493,12 @@ class InboundT2Driver:
                 continue
             with self._recovering_lock:
                 self._recovering.pop(gtrid, None)
-            self.proxy.channel.publish(plan)
+            try:
+                self.proxy.channel.publish(plan)
+            except Exception:  # a target gone meanwhile: the rows stay stored; the next start loads what remains
+                log.exception("proxy %s: queueing the events of T2 %s after its recovery failed", self.proxy.oid,
+                              gtrid)
+                continue
             published += 1
             log.warning("proxy %s: T2 %s: recovery committed its PostgreSQL branch; its %d event(s) are queued",
                         self.proxy.oid, gtrid, len(plan.plans))
