@@ -13,12 +13,15 @@
 -- timestamp older than the partitions kept or far in the future) live in the default partition, purged by
 -- received_at as before.
 --
--- Existing rows are kept: they move to the default partition with sent_day 1970-01-01 (their timestamp is not
--- known), and router.t2.inbox_claim also looks for such a legacy row, so a message received before this
--- migration and redelivered after it is still recognised.
-ALTER TABLE nsjms_inbox RENAME TO nsjms_inbox_0002;
-ALTER TABLE nsjms_inbox_0002 RENAME CONSTRAINT nsjms_inbox_pkey TO nsjms_inbox_0002_pkey;
-ALTER INDEX nsjms_inbox_received RENAME TO nsjms_inbox_0002_received;
+-- Existing rows are kept without copying them: the old table becomes the default partition (sent_day 1970-01-01
+-- for every row, a constant default PostgreSQL adds without rewriting the table; only its primary key is rebuilt
+-- to include sent_day). router.t2.inbox_claim also looks for such a 1970-01-01 row, so a message received before
+-- this migration and redelivered after it (now with its timestamp) is still recognised.
+ALTER TABLE nsjms_inbox RENAME TO nsjms_inbox_default;
+ALTER TABLE nsjms_inbox_default ADD COLUMN sent_day date NOT NULL DEFAULT DATE '1970-01-01';
+ALTER TABLE nsjms_inbox_default DROP CONSTRAINT nsjms_inbox_pkey;
+ALTER TABLE nsjms_inbox_default ADD CONSTRAINT nsjms_inbox_default_pkey PRIMARY KEY (bridge_id, message_id, sent_day);
+ALTER INDEX nsjms_inbox_received RENAME TO nsjms_inbox_default_received_at_idx;
 
 CREATE TABLE nsjms_inbox (
     bridge_id   integer     NOT NULL,
@@ -29,8 +32,4 @@ CREATE TABLE nsjms_inbox (
     PRIMARY KEY (bridge_id, message_id, sent_day)
 ) PARTITION BY RANGE (sent_day);
 CREATE INDEX nsjms_inbox_received ON nsjms_inbox (received_at);
-CREATE TABLE nsjms_inbox_default PARTITION OF nsjms_inbox DEFAULT;
-
-INSERT INTO nsjms_inbox (bridge_id, message_id, gtrid, received_at)
-    SELECT bridge_id, message_id, gtrid, received_at FROM nsjms_inbox_0002;
-DROP TABLE nsjms_inbox_0002;
+ALTER TABLE nsjms_inbox ATTACH PARTITION nsjms_inbox_default DEFAULT;
