@@ -352,6 +352,10 @@ def test_postgres_stopped_before_phase_two_delivers_the_t2_without_a_node_restar
         assert "recovery committed its PostgreSQL branch" in log_text, \
             "the fault did not hit the T2's phase two (its branch was confirmed): the test did not exercise it"
         assert wait_until(lambda: inbox_count(own_pg.dsn, bid) == n, TIMEOUT_S)
+        with psycopg.connect(own_pg.dsn) as conn:          # each row in its message's sent-day partition (0005)
+            undated = conn.execute("SELECT count(*) FROM nsjms_inbox WHERE bridge_id = %s AND sent_day = "
+                                   "DATE '1970-01-01'", (bid,)).fetchone()
+        assert undated == (0,), "the bridge passes each message's JMSTimestamp to the inbox"
         assert prepared_count(own_pg.dsn) == 0
         bridge.destroy()
     finally:
