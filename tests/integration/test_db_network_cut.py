@@ -253,8 +253,10 @@ def test_a_silent_network_cut_to_postgres_answers_in_time_and_completes_no_aband
         back_at = time.monotonic()
 
         assert wait_until(lambda: bool(txn_list), TXN_LIST_BOUND_S + 10)
-        for s in suppliers:               # each supplier has pushes accepted again
-            assert wait_until(lambda s=s: len(s.ok) > ok_during[id(s)] + 3, 60), "traffic did not resume"
+        def resumed_all() -> bool:        # each supplier has pushes accepted again
+            return all(len(s.ok) > ok_during[id(s)] + 3 for s in suppliers)
+
+        assert wait_until(resumed_all, 60), "traffic did not resume"
         for s in suppliers:
             s.stop.set()
         for t in threads:

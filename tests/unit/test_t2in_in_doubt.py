@@ -8,7 +8,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -69,11 +69,16 @@ def test_an_in_doubt_local_round_queues_its_events_only_if_they_were_committed(
         monkeypatch: pytest.MonkeyPatch, committed: bool) -> None:
     db = Db(committed, unreachable=2)
     proxy, published = rig(db)
-    plan = RoutePlan(plans=[(SimpleNamespace(db_id=None), []), (SimpleNamespace(db_id=None), [])])
+    plan = RoutePlan(plans=[(cast(Any, SimpleNamespace(db_id=None)), []), (cast(Any, SimpleNamespace(db_id=None)), [])])
     monkeypatch.setattr(C, "plan_events", lambda p, b: plan)
     threads: list[threading.Thread] = []
     real = C.resolve_in_doubt
-    monkeypatch.setattr(C, "resolve_in_doubt", lambda p, pl: threads.append(real(p, pl)) or threads[-1])
+
+    def resolving(p: Any, pl: RoutePlan) -> threading.Thread:
+        threads.append(real(p, pl))
+        return threads[-1]
+
+    monkeypatch.setattr(C, "resolve_in_doubt", resolving)
     with pytest.raises(StoreUnavailable):
         C.local_round(proxy, lambda conn, n, w: batch(), 10, 0.0)
     assert len(threads) == 1
