@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 __all__ = ["ENV", "PAUSE_DIR_ENV", "PAUSE_ENV", "PAUSE_POINTS", "POINTS", "armed", "crashpoint", "parse",
            "parse_pauses", "pausepoint"]
@@ -36,6 +37,8 @@ POINTS: dict[str, str] = {
     "t2.after_broker_commit": "the broker branch of a T2 committed, the END record not written",
     "in.local.after_commit": "JMS -> channel without T2: the local transaction (events + inbox) committed, the "
                              "acks not written",
+    "t2.in.before_phase_two": "a JMS -> channel T2 is decided (its COMMIT record durable), its phase two (COMMIT "
+                              "PREPARED, the broker's COMMIT of the acks) not begun",
     "t2.recovery.after_pg_commit": "recovery committed a prepared branch, the re-send not done",
     "t2.recovery.after_resend": "recovery re-sent outbox rows, the END record not written",
 }
@@ -48,6 +51,7 @@ PAUSE_WAIT_S = 120.0
 PAUSE_POINTS: dict[str, str] = {
     "in.local.after_take": "JMS -> channel without T2: the round's inbox claims are made in its open transaction",
     "in.local.before_commit": "JMS -> channel without T2: the round's events are stored, its COMMIT not sent",
+    "t2.in.before_phase_two": "JMS -> channel in T2: the decision is logged, phase two not begun",
 }
 
 
@@ -110,7 +114,6 @@ def pausepoint(name: str) -> None:
         _passages[name] = passage = _passages.get(name, 0) + 1
     if passage not in _pauses[name]:
         return
-    import time
     from pathlib import Path
 
     base = Path(_pause_dir or ".") / f"{name}.{passage}"

@@ -236,9 +236,10 @@ def probe_postgres(dsn: str, timeout: float) -> str | None:
     import psycopg
 
     from router.config import redact_dsn
+    from router.db.conninfo import connect as connect_bounded
 
     try:
-        with psycopg.connect(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
+        with connect_bounded(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         return postgres_hint(redact_dsn(" ".join(str(exc).split())) or type(exc).__name__)

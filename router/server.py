@@ -154,6 +154,7 @@ class Node:
         self._stopped = threading.Event()
         self.membership: Any = None      # router.cluster.node.Membership
         self.fenced = False              # the node's work was taken over: it stopped acting (docs/cluster.md)
+        self._db_facts: Any = None  # router.status.DatabaseFacts once published
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -452,9 +453,11 @@ class Node:
                                           "suspended": proxy.suspended, **extra})
             channels.append({"id": cid, "events_held": ch.queued_count(), "proxy_suppliers": proxies,
                              "proxy_consumers": consumers})
+        facts = self._db_facts.get() if self._db_facts is not None else {"store": self._store_stats(),
+                                                                         "transactions": self._t2_status()}
         return {"time": time.time(), "node_id": self.s.node_id, "channels": channels,
                 "bridges": self.bridges.status() if self.bridges is not None else [],
-                "store": self._store_stats(), "transactions": self._t2_status(),
+                "store": facts["store"], "transactions": facts["transactions"],
                 "cluster": self.membership.status() if self.membership is not None else {},
                 "services": {name: health.as_dict() for name, health in self.health.items()}}
 
@@ -529,6 +532,12 @@ class Node:
         write_endpoints(path, self.endpoints())
         write_endpoints(self.s.state_dir / "status.json", self.snapshot())
         self._register_gauges()
+        from router.status import DatabaseFacts  # the database's parts on their own thread: never blocks status
+
+        facts = DatabaseFacts({"store": self._store_stats, "transactions": self._t2_status})
+        facts.refresh()
+        facts.start()
+        self._db_facts = facts
         self.runtime.spawn("status", self._status_loop)
         log.info("nsjms node %s ready: %s", self.s.node_id, path)
 
@@ -549,6 +558,8 @@ class Node:
         ``start_failed``: undo a failed :meth:`start` — an embedded service it adopted (found running, left by a
         killed node) keeps running for the next start; only services this start launched are stopped."""
         self._stopped.set()
+        if self._db_facts is not None:
+            self._db_facts.stop()
         if self._switch_interval_before is not None:
             sys.setswitchinterval(self._switch_interval_before)
             self._switch_interval_before = None

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["collect", "degraded", "render", "render_service", "render_transactions"]
+__all__ = ["DatabaseFacts", "collect", "degraded", "render", "render_service", "render_transactions"]
 
 STALE_AFTER_S = 10.0
 
@@ -60,6 +62,59 @@ def degraded(report: dict[str, Any]) -> list[str]:
     return why
 
 
+class DatabaseFacts:
+    """The parts of the node's snapshot that ask PostgreSQL (stored rows, the T2 counts), refreshed on a thread of
+    their own every ``period_s``, so the status loop never waits on the database: a query that hangs on a cut
+    network (bounded, ``router/db/conninfo.py``, but several of them in a row) would otherwise stop
+    ``status.json`` from being rewritten (issue 31: 100 s without a snapshot). Each part is
+    ``{"error": ...}`` when its query failed, and carries ``as_of`` (unix time of the answer) when it is older than
+    the snapshot's own time by more than two periods, so a stale count shows as stale."""
+
+    def __init__(self, parts: dict[str, Callable[[], dict[str, Any]]], period_s: float = 2.0) -> None:
+        self._parts = parts
+        self._period_s = period_s
+        self._lock = threading.Lock()
+        self._values: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> None:
+        """Ask every part once (on the caller's thread)."""
+        for name, part in self._parts.items():
+            try:
+                value = part()
+            except Exception as exc:  # noqa: BLE001 — the database is down or slow: the snapshot says so
+                from router.config import redact_dsn
+
+                value = {"error": redact_dsn(f"{type(exc).__name__}: {exc}")[:300]}
+            with self._lock:
+                self._values[name] = (time.time(), value)
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(self._period_s):
+                self.refresh()
+
+        self._thread = threading.Thread(target=loop, name="status-db", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def get(self) -> dict[str, dict[str, Any]]:
+        """The latest value of each part (``{}`` for a part never answered yet)."""
+        now = time.time()
+        out: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            values = dict(self._values)
+        for name in self._parts:
+            at, value = values.get(name, (0.0, {}))
+            out[name] = dict(value)
+            if value and now - at > 2 * self._period_s:
+                out[name]["as_of"] = at
+        return out
+
+
 def render_service(name: str, svc: dict[str, Any]) -> str:
     """``postgres    reachable  (embedded, pid 12, restarts 1, last 2026-11-22T14:00:00Z)`` or UNREACHABLE + why."""
     state = {True: "reachable", False: "UNREACHABLE", None: "not checked yet"}[svc.get("reachable")]
@@ -101,7 +156,15 @@ def render_transactions(txn: dict[str, Any]) -> str:
         head += f" (oldest {_age(oldest)})" if oldest is not None else ""
         head += ": see `nsjms txn list`"
     return (f"{head}; recovery passes {txn.get('recovery_passes', 0)}; outbox {txn.get('outbox', 0)} rows, "
-            f"inbox {txn.get('inbox', 0)} rows")
+            f"inbox {txn.get('inbox', 0)} rows{_as_of(txn)}")
+
+
+def _as_of(part: dict[str, Any]) -> str:
+    """`` (as of 14:00:02Z: the database did not answer since)`` for a part the node could not refresh."""
+    at = part.get("as_of")
+    if not isinstance(at, (int, float)):
+        return ""
+    return f" (as of {time.strftime('%H:%M:%SZ', time.gmtime(at))}: the database did not answer since)"
 
 
 def _missing_channel(bridge: dict[str, Any], channel_ids: list[int]) -> int | None:
@@ -149,7 +212,8 @@ def render(report: dict[str, Any]) -> str:
     if store:
         lines.append(f"stored      {store.get('events', 0)} persistent events, {store.get('queued', 0)} queue rows"
                      + (f", {store['dead_letters']} dead letter(s) (nsjms deadletter list)"
-                        if store.get("dead_letters") else ""))
+                        if store.get("dead_letters") else "")
+                     + f"{_as_of(store)}" if "error" not in store else f"stored      unknown: {store['error']}")
     for ch in snap.get("channels", []):
         lines.append(f"channel {ch['id']}: {ch['events_held']} event(s) held")
         for p in ch["proxy_suppliers"]:

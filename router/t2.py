@@ -32,6 +32,11 @@ import psycopg
 from psycopg import Xid
 
 from router.crashpoints import armed, crashpoint
+from router.db.conninfo import connect as connect_bounded
+from router.db.inbox import NO_TIMESTAMP_DAY
+from router.db.inbox import maintain as inbox_maintain
+from router.db.inbox import purge_default as inbox_purge_default
+from router.db.inbox import sent_day as inbox_sent_day
 from router.jms.transport import EncodedMessage, Transport, TransportError
 from router.ledger import T2HopRecorder, T2Hops
 from xa.coordinator import Coordinator, Transaction
@@ -56,6 +61,8 @@ SEND_MANAGER = "stomp-send"
 ACK_MANAGER = "stomp-ack"
 DEFAULT_GUARD_S = 60.0
 DEFAULT_PERIOD_S = 5.0
+#: How often the inbox's day partitions are maintained (created ahead, dropped past the retention).
+INBOX_MAINTENANCE_S = 600.0
 DEFAULT_INBOX_RETENTION_S = 7 * 86400.0
 DEFAULT_RESEND_BATCH = 2000      # messages per broker transaction when recovery re-sends many T2s
 #: The broker send branch named by an operator's COMMIT of an undecided T2 (``xa.recovery.RecoveryManager.resolve``):
@@ -125,15 +132,28 @@ def outbox_delete(conn: Conn, gtrids: Sequence[str]) -> None:
         conn.execute("DELETE FROM nsjms_outbox WHERE gtrid = ANY(%s)", (list(gtrids),))
 
 
-def inbox_claim(conn: Conn, bridge_id: int, message_ids: Sequence[str], gtrid: str) -> set[str]:
+def inbox_claim(conn: Conn, bridge_id: int, message_ids: Sequence[str], gtrid: str,
+                sent_ms: Mapping[str, int | str] | None = None) -> set[str]:
     """Record ``message_ids`` as received by ``bridge_id`` in the caller's branch; returns the ids that were NEW.
     An id already there (committed by an earlier T2) is a redelivery: the caller acknowledges it without an
-    event. An id a concurrent, undecided T2 holds makes this statement wait for that T2's outcome."""
+    event. An id a concurrent, undecided T2 holds makes this statement wait for that T2's outcome.
+
+    ``sent_ms``: each message's JMSTimestamp (ms, or the STOMP ``timestamp`` header; missing or 0: none), whose
+    UTC day is the row's partition (``router/db/inbox.py``): a redelivery has the same timestamp, so the same
+    partition and key. A row of the day 1970-01-01 (no timestamp, or kept from before migration 0005, whose
+    timestamp is not known) for the id counts too."""
     if not message_ids:
         return set()
+    ids = list(message_ids)
+    days = [inbox_sent_day((sent_ms or {}).get(m)) for m in ids]
     rows = conn.execute(
-        "INSERT INTO nsjms_inbox(bridge_id, message_id, gtrid) SELECT %s, m, %s FROM unnest(%s::text[]) AS m "
-        "ON CONFLICT DO NOTHING RETURNING message_id", (bridge_id, gtrid, list(message_ids))).fetchall()
+        "WITH m AS (SELECT * FROM unnest(%s::text[], %s::date[]) AS t(message_id, sent_day)), "
+        "legacy AS (SELECT message_id FROM nsjms_inbox WHERE bridge_id = %s AND sent_day = %s "
+        "AND message_id = ANY(%s)) "
+        "INSERT INTO nsjms_inbox(bridge_id, message_id, gtrid, sent_day) SELECT %s, m.message_id, %s, m.sent_day "
+        "FROM m WHERE m.message_id NOT IN (SELECT message_id FROM legacy) "
+        "ON CONFLICT DO NOTHING RETURNING message_id",
+        (ids, days, bridge_id, NO_TIMESTAMP_DAY, ids, bridge_id, gtrid)).fetchall()
     return {str(r[0]) for r in rows}
 
 
@@ -265,7 +285,8 @@ class NodeTransactions:
         # ledger_hops: the decision and broker-commit times go into the T2s' ledger rows at the purge (docs/audit.md)
         self.hops = T2HopRecorder(observer) if ledger_hops else None
         self.coordinator = Coordinator(self.node, self.log, self.clock, observer=self.hops or observer)
-        self.pg = PgManager(lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=3), key=PG_MANAGER)
+        # bounded: a recovery pass (and `nsjms txn`, which waits for it) never hangs on a cut network
+        self.pg = PgManager(lambda: connect_bounded(dsn, autocommit=True, connect_timeout=3), key=PG_MANAGER)
         if armed():
             self.pg = _CrashingManager(self.pg)  # type: ignore[assignment]
         self._transport_factory = transport
@@ -300,6 +321,7 @@ class NodeTransactions:
         finally:
             self.recovery.guard = guard
         self._purge()
+        self.maintain_inbox()
         if background:
             self._thread = threading.Thread(target=self._loop, args=(bool(report.deferred),),
                                             name="t2-housekeeping", daemon=True)
@@ -324,6 +346,7 @@ class NodeTransactions:
             except Exception:
                 log.exception("T2 recovery pass failed; retrying")
         ticks = 0
+        inbox_due = 0.0
         while not self._stop.wait(0.5):
             ticks += 1
             try:
@@ -331,8 +354,27 @@ class NodeTransactions:
                 if ticks % max(1, int(self.period_s / 0.5)) == 0:
                     self.recover_now()
                     self._purge()
+                    if time.monotonic() >= inbox_due:
+                        inbox_due = time.monotonic() + (INBOX_MAINTENANCE_S if self.maintain_inbox() else
+                                                        self.period_s * 12)
             except Exception:
                 log.exception("T2 housekeeping pass failed; retrying")
+
+    def maintain_inbox(self) -> bool:
+        """Create the inbox's day partitions ahead and drop those past the retention (``router/db/inbox.py``), in
+        one short transaction of its own that waits at most 2 s for the inbox's locks (a prepared T2 holding the
+        table makes it fail; retried a minute later). Returns whether it succeeded."""
+        try:
+            with self.db.unit_of_work() as conn:
+                conn.execute("SET LOCAL lock_timeout = '2s'")
+                created, dropped = inbox_maintain(conn, self.inbox_retention_s)
+        except Exception as exc:  # noqa: BLE001 — a store error or lock timeout: retried
+            log.warning("inbox partition maintenance failed (retried): %s", exc)
+            return False
+        if created or dropped:
+            log.info("inbox partitions: created %s; dropped %s", ", ".join(map(str, created)) or "none",
+                     ", ".join(map(str, dropped)) or "none")
+        return True
 
     # -- recovery -------------------------------------------------------------------------------------------
     def recover_now(self, *, resend: bool = True) -> RecoveryReport:
@@ -411,8 +453,10 @@ class NodeTransactions:
         estimate, ``pg_stat_user_tables.n_live_tup``: the inbox keeps days of message ids, too many to count every
         2 s) for ``nsjms status`` and the ``nsjms.t2.*.depth`` gauges."""
         with self.db.unit_of_work() as conn:
-            row = conn.execute("SELECT (SELECT count(*) FROM nsjms_outbox), (SELECT coalesce(max(n_live_tup), 0) "
-                               "FROM pg_stat_user_tables WHERE relid = 'nsjms_inbox'::regclass)").fetchone()
+            # the inbox is partitioned (migration 0005): the parent has no rows of its own, its partitions do
+            row = conn.execute("SELECT (SELECT count(*) FROM nsjms_outbox), (SELECT coalesce(sum(n_live_tup), 0) "
+                               "FROM pg_stat_user_tables WHERE relid IN (SELECT inhrelid FROM pg_inherits "
+                               "WHERE inhparent = 'nsjms_inbox'::regclass))").fetchone()
         return {"outbox": int(row[0]), "inbox": int(row[1])} if row else {"outbox": 0, "inbox": 0}
 
     # -- outbox / inbox housekeeping ------------------------------------------------------------------------
@@ -456,8 +500,7 @@ class NodeTransactions:
                              (f"{self.node.value}:", sorted(keep)))
                 if self.hops is not None and hops:
                     self.hops.write(conn, {g: h for g, h in hops.items() if g not in keep})
-                conn.execute("DELETE FROM nsjms_inbox WHERE received_at < now() - make_interval(secs => %s)",
-                             (self.inbox_retention_s,))
+                inbox_purge_default(conn, self.inbox_retention_s)     # day partitions: maintain_inbox()
         except BaseException:
             keep = set(hops)                                            # not written: the next purge retries
             raise

@@ -25,7 +25,7 @@ foreign exceptions (CORBA system and user exceptions) into it in one place, and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from router.jms.transport import Transport
@@ -135,9 +135,11 @@ class ChannelSink(Protocol):
 class Inbox(Protocol):
     """JMS → channel: the ids of messages turned into events, unique per bridge (a redelivery is recognised)."""
 
-    def claim(self, conn: Any, bridge_id: int, message_ids: Sequence[str], gtrid: str) -> set[str]:
+    def claim(self, conn: Any, bridge_id: int, message_ids: Sequence[str], gtrid: str,
+              sent_ms: Mapping[str, int | str] | None = None) -> set[str]:
         """Record ``message_ids`` in the unit of work ``conn`` (for transaction ``gtrid``); returns the ids that
-        were NEW (the others are redeliveries of messages an earlier transaction turned into events)."""
+        were NEW (the others are redeliveries of messages an earlier transaction turned into events).
+        ``sent_ms``: each message's JMSTimestamp (the same on a redelivery; the PostgreSQL inbox's partition)."""
         ...
 
     def release(self, conn: Any, bridge_id: int, message_ids: Sequence[str]) -> None:

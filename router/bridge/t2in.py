@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,8 +68,9 @@ def inbox_release(conn: Conn, bridge_id: int, message_ids: Sequence[str]) -> Non
 class PgInbox:
     """The :class:`~router.bridge.ports.Inbox` in PostgreSQL (table ``nsjms_inbox``), in the caller's unit of work."""
 
-    def claim(self, conn: Conn, bridge_id: int, message_ids: Sequence[str], gtrid: str) -> set[str]:
-        return inbox_claim(conn, bridge_id, message_ids, gtrid)
+    def claim(self, conn: Conn, bridge_id: int, message_ids: Sequence[str], gtrid: str,
+              sent_ms: Mapping[str, int | str] | None = None) -> set[str]:
+        return inbox_claim(conn, bridge_id, message_ids, gtrid, sent_ms)
 
     def release(self, conn: Conn, bridge_id: int, message_ids: Sequence[str]) -> None:
         inbox_release(conn, bridge_id, message_ids)
@@ -503,7 +504,8 @@ class InboundT2:
               deliveries: list[Delivery], letters: list[tuple[str, str, str]]) -> None:
         flow = self.flow
         bridge_id = int(flow.bridge.id)
-        new = self.inbox.claim(conn, bridge_id, sorted({d.message_id for d in deliveries}), gtrid)
+        new = self.inbox.claim(conn, bridge_id, sorted({d.message_id for d in deliveries}), gtrid,
+                               {d.message_id: d.headers.get("timestamp", "") for d in deliveries})  # partition key
         released: list[str] = []
 
         def dead_letter(d: Delivery, reason: str) -> None:

@@ -24,6 +24,14 @@ own transaction, one round trip instead of three (BEGIN, INSERT, COMMIT), equall
 returns; a connection that breaks while it runs makes the error ``in_doubt`` (``COMPLETED_MAYBE``). Other groups
 use a unit of work.
 
+Bounded waits: a push whose events are still queued (no group took them) after ``max_wait`` s (default
+:data:`MAX_WAIT_S`, the pool's checkout timeout) withdraws them and fails with ``StoreUnavailable``
+(``TRANSIENT``, ``COMPLETED_NO``): they were never sent to the database and no later group can store them, so a
+supplier told its push failed never finds it stored later (a silent network cut to PostgreSQL once left pushes
+queued behind a stuck commit; when the network came back, every abandoned push was stored, each supplier retry
+too). A push whose events are in a group being committed waits for that group's outcome, which the connection's
+own bounds end (pool checkout timeout, ``router/db/conninfo.py``: libpq keepalives and ``tcp_user_timeout``).
+
 Errors: if the group's unit of work fails, every push of the group gets the same exception (a ``StoreError`` is
 translated as before at the servant boundary, ``router/channel/boundary.py``: ``TRANSIENT`` or
 ``PERSIST_STORE``; ``COMPLETED_MAYBE`` when the connection broke during COMMIT, for every member). Nothing of a
@@ -33,18 +41,24 @@ failed group is stored, so each supplier may retry its own push.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from router.channel.store import NewEvent
+from router.db.errors import StoreUnavailable
 
-__all__ = ["MAX_GROUP_EVENTS", "MAX_INFLIGHT", "GroupCommit"]
+__all__ = ["MAX_GROUP_EVENTS", "MAX_INFLIGHT", "MAX_WAIT_S", "GroupCommit"]
 
 #: Events per group commit at most (a single larger push is committed alone, whole).
 MAX_GROUP_EVENTS = 1000
 #: Groups committing at the same time at most (each holds one pooled connection while it commits).
 MAX_INFLIGHT = 2
+#: How long a push's events may wait queued behind the commits in progress (the pool's checkout timeout).
+MAX_WAIT_S = 5.0
+#: The group's checkout waits at least this long, whatever its oldest push has left.
+MIN_CHECKOUT_S = 0.5
 
 
 class _Store(Protocol):
@@ -52,7 +66,7 @@ class _Store(Protocol):
 
 
 class _Database(Protocol):
-    def unit_of_work(self) -> Any: ...
+    def unit_of_work(self, timeout: float | None = None) -> Any: ...
 
 
 class _OneStatementStore(_Store, Protocol):
@@ -60,13 +74,14 @@ class _OneStatementStore(_Store, Protocol):
 
 
 class _OneStatementDatabase(_Database, Protocol):
-    def statement(self) -> Any: ...
+    def statement(self, timeout: float | None = None) -> Any: ...
 
 
 @dataclass(eq=False)
 class _Job:
     cid: int
     rows: Sequence[NewEvent]
+    deadline: float = 0.0                 # monotonic: queued past it, the push gives up
     done: bool = False
     lead: bool = False                    # woken to lead the next group (a slot is free)
     ids: list[int] = field(default_factory=list)
@@ -78,10 +93,14 @@ class GroupCommit:
     """Stores the events of concurrent pushes in shared transactions (see the module docstring)."""
 
     def __init__(self, db: _Database, store: _Store, *, max_events: int = MAX_GROUP_EVENTS,
-                 one_statement: bool = False, max_inflight: int = MAX_INFLIGHT) -> None:
+                 one_statement: bool = False, max_inflight: int = MAX_INFLIGHT,
+                 max_wait: float = MAX_WAIT_S) -> None:
         """``one_statement``: ``db`` has ``statement()`` and ``store`` has ``one_statement()`` (see the module
-        docstring); without it every group is a unit of work. ``max_inflight``: groups committing at once."""
+        docstring); without it every group is a unit of work. ``max_inflight``: groups committing at once.
+        ``max_wait``: how long a push's events may stay queued (not taken into a group) before it gives up."""
         self._db = db
+        self._max_wait = max_wait
+        self.withdrawn = 0               # pushes that gave up queued (their events never sent to the database)
         self._store = store
         self._max_events = max_events
         self._one_statement = one_statement
@@ -94,8 +113,11 @@ class GroupCommit:
         self.statements = 0              # of those groups, the ones written as one autocommit statement
 
     def insert(self, cid: int, rows: Sequence[NewEvent]) -> list[int]:
-        """Store ``rows`` of channel ``cid`` durably; returns their ids in order. Raises the group's error."""
-        job = _Job(cid, rows)
+        """Store ``rows`` of channel ``cid`` durably; returns their ids in order. Raises the group's error, or
+        :class:`StoreUnavailable` (nothing stored, never stored later) when no group took them within
+        ``max_wait`` s."""
+        deadline = time.monotonic() + self._max_wait
+        job = _Job(cid, rows, deadline)
         with self._lock:
             self._pending.append(job)
             group = self._lead_if_free()
@@ -110,7 +132,9 @@ class GroupCommit:
                 group = []
             if job.done:
                 return _result(job)
-            job.wake.wait()
+            with self._lock:
+                queued = job in self._pending    # taken into a group: its commit's outcome ends the wait
+            job.wake.wait(max(0.0, deadline - time.monotonic()) if queued else None)
             with self._lock:
                 job.wake.clear()
                 if job.done:
@@ -118,6 +142,12 @@ class GroupCommit:
                 if job.lead:
                     job.lead = False
                     group = self._lead_if_free()
+                elif job in self._pending and time.monotonic() >= deadline:
+                    self._pending.remove(job)      # never sent: withdrawn, no later group can store it
+                    self.withdrawn += 1
+                    self._hand_on()
+                    raise StoreUnavailable(f"the database did not take the event(s) within {self._max_wait:g} s "
+                                           f"(commits in progress have not ended: is it reachable?)")
 
     def _lead_if_free(self) -> list[_Job]:
         """(Lock held.) A free slot and something queued: take a group (the caller commits it), else []."""
@@ -148,9 +178,13 @@ class GroupCommit:
             by_channel.setdefault(job.cid, []).append(job)
         rows = {cid: [r for j in jobs for r in j.rows] for cid, jobs in by_channel.items()}
         single = False
+        # the checkout waits only what the group's oldest push has left of its max_wait (at least MIN_CHECKOUT_S):
+        # a push's answer stays bounded when the database is unreachable (docs/channel.md, a network cut)
+        limit = max(MIN_CHECKOUT_S, min(job.deadline for job in group) - time.monotonic())
         try:                                  # whatever fails here fails every member: none is left undone
             single = self._single(rows)
-            with (cast(_OneStatementDatabase, self._db).statement() if single else self._db.unit_of_work()) as conn:
+            with (cast(_OneStatementDatabase, self._db).statement(limit) if single
+                  else self._db.unit_of_work(limit)) as conn:
                 results = {cid: self._store.insert_events(conn, cid, events) for cid, events in rows.items()}
         except BaseException as exc:
             with self._lock:

@@ -20,7 +20,7 @@ from omniORB import CORBA, PortableServer
 from router.channel.boundary import DEFAULT_MAX_EVENT_BYTES
 from router.channel.deadletters import DeadLetterStore
 from router.channel.delivered import DeliveredJournals
-from router.channel.groupcommit import GroupCommit
+from router.channel.groupcommit import MAX_WAIT_S, GroupCommit
 from router.channel.store import Store
 from router.db import Database, StoreError
 from router.quotas import NodeLimits
@@ -58,7 +58,8 @@ class Runtime:
         self.t2: Any = None                         # router.t2.NodeTransactions of a node; None: no T2 here
         self.limits = NodeLimits()                  # [limits]: per-node quotas (router/quotas.py), set by the node
         self.delivered = delivered                  # push proxies' delivered-events journals; None: commit each
-        self.accept_commits = GroupCommit(db, self.store, one_statement=True)   # accepted persistent events
+        self.accept_commits = GroupCommit(db, self.store, one_statement=True,   # accepted persistent events
+                                          max_wait=float(getattr(db, "checkout_timeout", MAX_WAIT_S)))
         root = orb.resolve_initial_references("RootPOA")
         self.root_poa = root
         policies = [

@@ -32,6 +32,8 @@ The settings are read each round from the proxy, then its admin, then the channe
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -53,8 +55,8 @@ from xa.errors import TransactionRolledBack
 from xa.pg import PgBranch
 from xa.states import State
 
-__all__ = ["InboundT2Driver", "T2Settings", "check_honoured", "local_round", "local_target", "plan_events", "room",
-           "status", "supplier_refused", "t2_settings", "unavailable_reason"]
+__all__ = ["InboundT2Driver", "T2Settings", "check_honoured", "local_round", "local_target", "plan_events",
+           "resolve_in_doubt", "room", "status", "supplier_refused", "t2_settings", "unavailable_reason"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -62,6 +64,8 @@ log = logging.getLogger("nsjms.channel")
 RECEIVE_WAIT_S = 0.2
 #: Deliveries per local (non-T2) round, bounded by the channel's room (MaxQueueLength).
 LOCAL_BATCH = 100
+#: How long a local round whose COMMIT broke keeps asking the store whether it committed.
+IN_DOUBT_RESOLVE_S = 600.0
 _UNDECIDED = (State.ACTIVE, State.ROLLBACK_ONLY)
 
 
@@ -177,14 +181,53 @@ def local_round(proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, 
                 plan = plan_events(proxy, batch)
                 proxy.channel.store_in(conn, plan)
             pausepoint("in.local.before_commit")
-    except BaseException:
+    except BaseException as exc:
         if batch is not None:
             batch.abandon()
+        if getattr(exc, "in_doubt", False) and plan.plans:
+            resolve_in_doubt(proxy, plan)
         raise
     crashpoint("in.local.after_commit")
     batch.settle()
     proxy.channel.publish(plan)
     return int(batch.received)
+
+
+def resolve_in_doubt(proxy: Any, plan: RoutePlan, *, within_s: float = IN_DOUBT_RESOLVE_S) -> threading.Thread:
+    """A local round whose COMMIT broke (``StoreUnavailable.in_doubt``) may have stored its events: the broker
+    redelivers its messages, which the inbox then acknowledges without events if the commit happened, so the
+    events would stay in the store, unqueued, until the node restarts (issue 31's pattern, here without a T2).
+    A thread asks the store (backing off while it is unreachable) whether the events' rows exist and, if they
+    do, queues the plan's events; if not, nothing was stored and the redelivery makes them events. Gives up
+    (ERROR, they are then delivered after the next start, which loads them) after ``within_s``."""
+    ids = [rec.db_id for rec, _ in plan.plans if rec.db_id is not None]
+
+    def run() -> None:
+        delay, deadline = 0.1, time.monotonic() + within_s
+        while time.monotonic() < deadline and not proxy.rt.shutting_down.is_set():
+            try:
+                with proxy.rt.db.unit_of_work() as conn:
+                    row = conn.execute("SELECT count(*) FROM nsjms_event WHERE id = ANY(%s)", (ids,)).fetchone()
+            except Exception as exc:  # noqa: BLE001 — still unreachable: ask again
+                log.debug("proxy %s: in-doubt local round waits for the store: %s", proxy.oid, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if row and int(row[0]):
+                proxy.channel.publish(plan)
+                log.warning("proxy %s: the local round whose COMMIT broke had committed: its %d event(s) are "
+                            "queued", proxy.oid, len(plan.plans))
+            else:
+                log.info("proxy %s: the local round whose COMMIT broke stored nothing; the broker redelivers its "
+                         "messages", proxy.oid)
+            return
+        log.error("proxy %s: could not tell whether a local round whose COMMIT broke stored its %d event(s); if it "
+                  "did, they are delivered after the node restarts", proxy.oid, len(plan.plans))
+
+    thread = threading.Thread(target=run, name=f"in-doubt-{proxy.oid}", daemon=True)
+    if ids:
+        thread.start()
+    return thread
 
 
 def local_target(proxy: Any) -> Any | None:
@@ -270,6 +313,10 @@ class InboundT2Driver:
         self._in_round = False
         self._completer: Completer | None = None
         self._warned = False
+        # Decided T2s whose PostgreSQL branch recovery commits (phase two failed or did not confirm it), by gtrid:
+        # their events are published once the recovery log shows the branch done (:meth:`publish_recovered`).
+        self._recovering: dict[str, RoutePlan] = {}
+        self._recovering_lock = threading.Lock()
 
     @property
     def active(self) -> bool:
@@ -302,6 +349,7 @@ class InboundT2Driver:
     def step(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
         """One round with ``target``: a T2 when EnableTransaction is TRUE, else a local unit of work. Returns -1
         without doing anything while the bridge is stopped (the caller waits)."""
+        self.publish_recovered()
         if not target.t2_ready():
             return -1
         if t2_settings(self.proxy, sequence=self.sequence).enabled:
@@ -393,27 +441,70 @@ class InboundT2Driver:
         outcome was handed to recovery by the coordinator (it commits from the COMMIT record)."""
         proxy = self.proxy
         outcome = None
+        crashpoint("t2.in.before_phase_two")
+        pausepoint("t2.in.before_phase_two")     # tests: PostgreSQL stopped here (tests/integration/test_t2_inbound.py)
         try:
             outcome = txn.complete()
         except Exception as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"[:500]
             log.exception("proxy %s: phase two of T2 %s failed; handed to recovery, which commits it from its "
-                          "COMMIT record", proxy.oid, txn.gtrid)
+                          "COMMIT record; its %d event(s) are queued once it did", proxy.oid, txn.gtrid,
+                          len(plan.plans))
         finally:
             try:
                 session.close()
             except Exception:
                 log.exception("proxy %s: returning the session of T2 %s failed", proxy.oid, txn.gtrid)
         if outcome is None:
+            self._await_recovery(txn.gtrid, plan)
             return
         self.committed += 1
         self.last_error = ""
         if any(b.name == "pg" and b.outcome is not BranchOutcome.COMMITTED for b in outcome.branches):
             log.error("proxy %s: T2 %s decided COMMIT but its PostgreSQL branch is not confirmed; recovery commits "
-                      "it and its %d event(s) are delivered after the node restarts", proxy.oid, txn.gtrid,
-                      len(plan.plans))
+                      "it and its %d event(s) are queued once it did", proxy.oid, txn.gtrid, len(plan.plans))
+            self._await_recovery(txn.gtrid, plan)
             return
         proxy.channel.publish(plan)
+
+    def _await_recovery(self, gtrid: str, plan: RoutePlan) -> None:
+        if plan.plans:
+            with self._recovering_lock:
+                self._recovering[gtrid] = plan
+
+    def publish_recovered(self) -> int:
+        """Queue the events of the decided T2s whose PostgreSQL branch recovery has committed since (issue 31:
+        they stayed stuck until the node restarted, which loads them from the store). A T2 counts as committed
+        there once the recovery log shows its ``pg`` branch done or the T2 ended, and the coordinator no longer
+        drives it; the decision was COMMIT, so its rows are in the store. Runs on the proxy's pull thread before
+        each round; returns how many T2s it published."""
+        with self._recovering_lock:
+            if not self._recovering:
+                return 0
+            waiting = dict(self._recovering)
+        t2 = self.proxy.rt.t2
+        try:
+            live, busy = t2.log.live(), t2.coordinator.in_flight()
+        except Exception as exc:  # noqa: BLE001 — the log refuses reads after a durability failure: a restart loads them
+            log.debug("proxy %s: T2s awaiting recovery wait: %s", self.proxy.oid, exc)
+            return 0
+        published = 0
+        for gtrid, plan in waiting.items():
+            entry = live.get(gtrid)
+            if gtrid in busy or (entry is not None and "pg" not in entry.done):
+                continue
+            with self._recovering_lock:
+                self._recovering.pop(gtrid, None)
+            try:
+                self.proxy.channel.publish(plan)
+            except Exception:  # a target gone meanwhile: the rows stay stored; the next start loads what remains
+                log.exception("proxy %s: queueing the events of T2 %s after its recovery failed", self.proxy.oid,
+                              gtrid)
+                continue
+            published += 1
+            log.warning("proxy %s: T2 %s: recovery committed its PostgreSQL branch; its %d event(s) are queued",
+                        self.proxy.oid, gtrid, len(plan.plans))
+        return published
 
     def completer(self) -> Completer:
         """The proxy's phase-two thread for its JMS → channel T2s (made on first use)."""

@@ -7,12 +7,15 @@ that block commits (or rolls back) together::
         store.insert_events(conn, cid, rows)
 
 A connection is checked out within ``checkout_timeout`` seconds (default 5) and each new connection is made within
-``connect_timeout`` seconds, so a caller never waits long on a database that is down. A pooled connection is
+``connect_timeout`` seconds, so a caller never waits long on a database that is down; every connection carries the
+parameters of :mod:`router.db.conninfo` (libpq keepalives, ``tcp_user_timeout``), so no wait on an established
+connection outlives a silent network cut by more than ``conninfo.STATEMENT_BOUND_S``. A pooled connection is
 checked (one round trip) before use only when it sat idle in the pool for ``idle_check`` seconds (default 5) or
 was never used: a connection in steady use costs no check, so a unit of work is one transaction, not two. A
 connection that broke while in use (the database restarted) fails the operation with :class:`StoreUnavailable`
 (nothing committed; the caller retries as for any outage). That failure (a broken connection only, not e.g. a
-serialization failure or deadlock) starts a new "broken generation": the pool checks its idle connections at once,
+serialization failure or deadlock) starts a new "broken generation": the pool checks its idle connections at once
+(on a thread of its own: on a cut network each check waits up to ``conninfo.STATEMENT_BOUND_S``),
 and every connection last checked out before it (in use or being returned then) is checked at its next checkout.
 So after a restart, the units of work that fail are the first one to meet a stale connection plus those that were
 already holding a connection while the server went away (each of those fails once, as it would have with a check
@@ -35,6 +38,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from router.db.conninfo import bounded
 from router.db.errors import StoreError, StoreTimeout, StoreUnavailable
 
 __all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_CHECK", "Database"]
@@ -42,6 +46,8 @@ __all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_
 DEFAULT_CHECKOUT_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 3
 DEFAULT_IDLE_CHECK = 5.0
+#: psycopg_pool's background connection attempts give up after this long (then a checkout starts a new one).
+RECONNECT_TIMEOUT = 5.0
 #: A statement the database cancelled on a working connection (statement_timeout, pg_cancel_backend; lock_timeout)
 _CANCELLED = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
 _IDLE_SINCE = "_nsjms_idle_since"        # attribute stamped on a connection when it goes back to the pool
@@ -57,9 +63,17 @@ class Database:
         self.idle_check = idle_check
         self._generation = 0                 # +1 each time a connection is found broken (the server restarted?)
         self._generation_lock = threading.Lock()
+        self._purging = threading.Lock()     # at most one background check of the idle connections at a time
+        # bounded(): libpq keepalives and tcp_user_timeout, so no wait on an established connection outlives a
+        # silent network cut by more than conninfo.STATEMENT_BOUND_S (router/db/conninfo.py).
+        # reconnect_timeout: psycopg_pool retries a failed connection attempt with a doubling delay (1, 2, 4 ... s)
+        # until it; after a long outage the next attempt could be 30 s away when the database returns. Bounded,
+        # the attempt gives up and the next checkout that finds no connection starts a new one at once.
         self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), open=False,
-                                    kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
-                                    timeout=checkout_timeout, check=self._check_if_idle, name="nsjms")
+                                    kwargs=bounded(dsn, autocommit=False,
+                                                   connect_timeout=max(1, int(connect_timeout))),
+                                    timeout=checkout_timeout, check=self._check_if_idle, name="nsjms",
+                                    reconnect_timeout=RECONNECT_TIMEOUT)
 
     def open(self, timeout: float = 30.0, *, migrate: bool = True) -> None:
         """Open the pool (waiting up to ``timeout`` s for a first connection) and bring the schema up to date."""
@@ -78,15 +92,17 @@ class Database:
             return run(conn)
 
     @contextmanager
-    def unit_of_work(self) -> Iterator[psycopg.Connection[Any]]:
+    def unit_of_work(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection inside one transaction: committed on a clean exit, rolled back on an exception.
+        ``timeout``: the checkout's limit instead of ``checkout_timeout`` (a caller with less time left).
 
         Do not open a second unit of work inside one: it would take a second connection and a second transaction.
         """
         stage = "checkout"
         used: psycopg.Connection[Any] | None = None
+        limit = self.checkout_timeout if timeout is None else timeout
         try:
-            with self._pool.connection(timeout=self.checkout_timeout) as conn:
+            with self._pool.connection(timeout=limit) as conn:
                 used, stage = conn, "work"
                 try:
                     yield conn
@@ -94,7 +110,7 @@ class Database:
                     _mark_idle(conn)
                 stage = "commit"
         except PoolTimeout as exc:
-            raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
+            raise StoreUnavailable(f"no database connection within {limit:g} s") from exc
         except _CANCELLED as exc:
             if stage == "commit" or used is None or used.broken:   # never seen; treated as a lost connection
                 self._purge_broken()
@@ -111,7 +127,7 @@ class Database:
             raise StoreError(f"database error during {stage}: {_first_line(exc)}") from exc
 
     @contextmanager
-    def statement(self) -> Iterator[psycopg.Connection[Any]]:
+    def statement(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection in autocommit mode for a unit of work of exactly ONE statement: that statement is
         its own transaction (atomic; durable when it returns, ``synchronous_commit`` permitting, as a COMMIT is),
         so the unit of work is one round trip instead of three (BEGIN, the statement, COMMIT). The caller must
@@ -129,9 +145,10 @@ class Database:
         cannot be told from a working one without a round trip, so the statement is sent and the failure is in
         doubt (``COMPLETED_MAYBE``), conservatively."""
         used: psycopg.Connection[Any] | None = None
+        limit = self.checkout_timeout if timeout is None else timeout
         try:
             with ExitStack() as held:
-                conn = self._idle_working(held)
+                conn = self._idle_working(held, limit)
                 used = conn
                 conn.autocommit = True
                 try:
@@ -141,7 +158,7 @@ class Database:
                         conn.autocommit = False
                     _mark_idle(conn)
         except PoolTimeout as exc:
-            raise StoreUnavailable(f"no database connection within {self.checkout_timeout:g} s") from exc
+            raise StoreUnavailable(f"no database connection within {limit:g} s") from exc
         except _CANCELLED as exc:
             if used is None or used.broken:      # never seen; treated as a lost connection (as unit_of_work)
                 self._purge_broken()
@@ -158,13 +175,13 @@ class Database:
         except psycopg.Error as exc:
             raise StoreError(f"database error during statement: {_first_line(exc)}") from exc
 
-    def _idle_working(self, held: ExitStack) -> psycopg.Connection[Any]:
+    def _idle_working(self, held: ExitStack, timeout: float) -> psycopg.Connection[Any]:
         """A pooled connection for :meth:`statement`, held until ``held`` closes. One with something to read while
         idle (the server closed it) is checked; a failed check discards it (the pool replaces it), checks the
         other idle ones (:meth:`_purge_broken`) and takes ONE other connection, whose failed check raises."""
         for attempt in (1, 2):
             with ExitStack() as this:
-                conn = this.enter_context(self._pool.connection(timeout=self.checkout_timeout))
+                conn = this.enter_context(self._pool.connection(timeout=timeout))
                 if _readable(conn):              # nothing is due on an idle connection: the server went away?
                     try:
                         ConnectionPool.check_connection(conn)
@@ -224,10 +241,17 @@ class Database:
         the pool now are checked at their next checkout (a new broken generation). Never raises."""
         with self._generation_lock:
             self._generation += 1
+        if self._purging.acquire(blocking=False):      # in the background: on a cut network each check of an
+            threading.Thread(target=self._check_idle, name="nsjms-pool-check", daemon=True).start()  # idle
+            # connection waits up to conninfo.STATEMENT_BOUND_S, and the caller must answer its client now
+
+    def _check_idle(self) -> None:
         try:
             self._pool.check()
         except Exception:  # noqa: BLE001 — best effort; the checkout's own check still applies
             pass
+        finally:
+            self._purging.release()
 
     def stats(self) -> dict[str, int]:
         """The pool's counters (psycopg_pool's ``get_stats``)."""

@@ -19,7 +19,7 @@ class NullDatabase:
         self.rolled_back = 0
 
     @contextmanager
-    def unit_of_work(self) -> Iterator[object]:
+    def unit_of_work(self, timeout: float | None = None) -> Iterator[object]:
         self.opened += 1
         try:
             yield object()

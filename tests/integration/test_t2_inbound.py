@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -26,6 +27,7 @@ from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
 from router.bridge.codec import MappingCodec
 from router.jms.transport import open_transport
+from router.services import EmbeddedPostgres
 
 from bridgekit import (
     bridge_factory,
@@ -306,3 +308,57 @@ def test_enable_transaction_on_a_pull_bridge_switches_its_proxy_to_t2(nsjms_serv
         t2_proxy_status(nsjms_server)
     _assert_once(_ids(consumer), range(n), "JMS -> channel in T2 enabled by enable_transaction")
     assert prepared_count(fresh_db) == 0
+
+
+def test_postgres_stopped_before_phase_two_delivers_the_t2_without_a_node_restart(
+        tmp_path: Path, own_pg: EmbeddedPostgres, broker_url: str, client_orb: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31: PostgreSQL stopped at once (immediate: no shutdown checkpoint) while the 2nd T2 is decided and its
+    phase two not begun: its COMMIT PREPARED meets a dead connection, so its PostgreSQL branch is not confirmed and
+    recovery commits it from the COMMIT record. Before, its events then stayed in the store until the node
+    restarted; now they are queued once recovery committed the branch, and every message reaches the consumer
+    exactly once with the same node process."""
+    n = 100
+    queue = unique_name("t2in.pgstop")
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    marker = pause / "t2.in.before_phase_two.2.reached"  # router.crashpoints.pausepoint
+    monkeypatch.setenv("NSJMS_PAUSE_AT", "t2.in.before_phase_two@2")
+    monkeypatch.setenv("NSJMS_PAUSE_DIR", str(pause))
+    state = tmp_path / "state"
+    state.mkdir()
+    server = NsjmsServer(state_dir=state, pg_dsn=own_pg.dsn, broker_url=broker_url, port=free_port())
+    try:
+        server.start()
+        monkeypatch.delenv("NSJMS_PAUSE_AT")
+        pid = server.pid
+        factory = client_orb.factory(server.ior())
+        channel, cid = t2_channel(factory, events=20)
+        consumer = structured_consumer(channel)
+        stomp_produce(broker_url, queue, range(n))
+        bf = bridge_factory(client_orb, server)
+        bridge, bid = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid, BA.PULL))
+        bridge.start_bridge()
+        assert wait_until(marker.exists, TIMEOUT_S), "the second T2 never reached its phase two"
+        own_pg._pg_ctl("stop", "-m", "immediate")
+        own_pg.start()
+        (pause / "t2.in.before_phase_two.2.go").touch()   # phase two goes on, on a connection the stop broke
+        assert wait_until(lambda: set(_ids(consumer)) >= set(range(n)), 2 * TIMEOUT_S), \
+            f"{len(set(range(n)) - set(_ids(consumer)))} of {n} message(s) never reached the consumer"
+        assert wait_until(lambda: len(consumer.snapshot()) > n, 2.0) is False, "duplicates arrived"
+        _assert_once(_ids(consumer), range(n), "JMS -> channel in T2 across a PostgreSQL immediate stop")
+        assert server.proc is not None and server.proc.poll() is None and server.pid == pid, "the node restarted"
+        log_text = server.stderr_path.read_text(errors="replace")
+        assert "recovery committed its PostgreSQL branch" in log_text, \
+            "the fault did not hit the T2's phase two (its branch was confirmed): the test did not exercise it"
+        assert wait_until(lambda: inbox_count(own_pg.dsn, bid) == n, TIMEOUT_S)
+        with psycopg.connect(own_pg.dsn) as conn:          # each row in its message's sent-day partition (0005)
+            undated = conn.execute("SELECT count(*) FROM nsjms_inbox WHERE bridge_id = %s AND sent_day = "
+                                   "DATE '1970-01-01'", (bid,)).fetchone()
+        assert undated == (0,), "the bridge passes each message's JMSTimestamp to the inbox"
+        assert prepared_count(own_pg.dsn) == 0
+        bridge.destroy()
+    finally:
+        if marker.exists():
+            marker.unlink()
+        server.stop()

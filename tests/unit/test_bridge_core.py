@@ -213,7 +213,8 @@ class TwinInbox(Strict):
     def __init__(self) -> None:
         self.ids: set[str] = set()
 
-    def claim(self, conn: Any, bridge_id: int, message_ids: Sequence[str], gtrid: str) -> set[str]:
+    def claim(self, conn: Any, bridge_id: int, message_ids: Sequence[str], gtrid: str,
+              sent_ms: Any = None) -> set[str]:
         new = {m for m in message_ids if m not in self.ids}
         self.ids |= new
         return new

@@ -39,7 +39,7 @@ class Db:
         self.fail_commit: list[BaseException | None] = []     # per unit of work, in order
 
     @contextmanager
-    def unit_of_work(self) -> Iterator[object]:
+    def unit_of_work(self, timeout: float | None = None) -> Iterator[object]:
         self.units += 1
         failure = self.fail_commit.pop(0) if self.fail_commit else None
         yield object()
@@ -166,7 +166,7 @@ class StatementDb(Db):
         self.statements = 0
 
     @contextmanager
-    def statement(self) -> Iterator[object]:
+    def statement(self, timeout: float | None = None) -> Iterator[object]:
         self.statements += 1
         failure = self.fail_commit.pop(0) if self.fail_commit else None
         yield object()
@@ -350,3 +350,48 @@ def test_many_pushers_on_two_slots_all_return_with_their_own_ids() -> None:
         p.join(DEADLINE_S)
         assert not p.is_alive() and p.error is None and p.ids == [p.cid * 1000 + p.seqs[0]]
     assert gc.events == 40 and gc.commits == db.units
+
+
+def test_a_push_still_queued_behind_a_stuck_commit_gives_up_and_is_never_stored_later() -> None:
+    """Issue 31 (silent network cut): pushes queued behind a commit that does not end used to wait for ever and
+    were stored once it ended, long after their suppliers had given up (and retried: duplicates). Now a queued
+    push withdraws its events at ``max_wait`` (StoreUnavailable: TRANSIENT, COMPLETED_NO) and no group takes them."""
+    db, store = Db(), Store()
+    gc = GroupCommit(db, store, max_inflight=1, max_wait=0.3)
+    leader = _leader_blocked(gc, store)                  # the commit in progress does not end (the network is cut)
+    followers = [Pusher(gc, 1, [10 + i]) for i in range(3)]
+    for f in followers:
+        f.start()
+    for f in followers:
+        f.join(DEADLINE_S)
+        assert not f.is_alive(), "a queued push must not wait for the stuck commit"
+        assert isinstance(f.error, StoreUnavailable) and not f.error.in_doubt
+    assert gc._pending == [] and gc.withdrawn == 3
+    store.gate.set()                                     # the network returns: the stuck commit ends
+    leader.join(DEADLINE_S)
+    assert leader.error is None and leader.ids == [1001]
+    later = Pusher(gc, 1, [99])
+    later.run()
+    assert later.ids == [1099]
+    assert [seqs for _, seqs in store.calls] == [[1], [99]], "the abandoned pushes were stored later"
+
+
+def test_a_push_woken_to_lead_after_its_deadline_still_hands_the_lead_on() -> None:
+    """A withdrawn push that had been woken to lead passes the lead to the next queued push (nobody hangs)."""
+    db, store = Db(), Store()
+    gc = GroupCommit(db, store, max_inflight=1, max_wait=0.3)
+    leader = _leader_blocked(gc, store)
+    first = Pusher(gc, 1, [10])
+    first.start()
+    wait_for(lambda: len(gc._pending) == 1, "the first follower queued")
+    first.join(DEADLINE_S)
+    assert isinstance(first.error, StoreUnavailable)
+    gc._max_wait = 60.0
+    second = Pusher(gc, 1, [20])
+    second.start()
+    wait_for(lambda: len(gc._pending) == 1, "the second follower queued")
+    store.gate.set()
+    for t in (leader, second):
+        t.join(DEADLINE_S)
+        assert not t.is_alive() and t.error is None
+    assert second.ids == [1020]

@@ -65,7 +65,7 @@ class InboxBranch:
         self.inbox.pending.pop(self.gtrid, None)
 
 
-def _claim(conn: InboxBranch, bridge_id: int, ids: list[str], gtrid: str) -> set[str]:
+def _claim(conn: InboxBranch, bridge_id: int, ids: list[str], gtrid: str, sent_ms: Any = None) -> set[str]:
     mine = conn.inbox.pending[gtrid]
     new = {i for i in ids if i not in conn.inbox.committed and i not in mine}
     mine |= new
@@ -382,7 +382,7 @@ class LocalConn(InboxBranch):
         self.inbox.pending[gtrid] = set()
 
 
-def _local_claim(conn: LocalConn, bridge_id: int, ids: list[str], gtrid: str) -> set[str]:
+def _local_claim(conn: LocalConn, bridge_id: int, ids: list[str], gtrid: str, sent_ms: Any = None) -> set[str]:
     if gtrid not in conn.inbox.pending:
         conn.open(gtrid)
     return _claim(conn, bridge_id, ids, gtrid)
