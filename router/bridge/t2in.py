@@ -48,6 +48,14 @@ Conn = psycopg.Connection[Any]
 #: long, before any other frame, and before the last (receipted) frame.
 ACK_RUN = 32
 _BROKER_DLQ = "ActiveMQ.DLQ"
+#: Deliveries settled in STOMP transactions on one broker connection after which the bridge renews it (between
+#: T2s, :meth:`InboundT2._maintain`). ActiveMQ Classic (5.17) keeps every message ACKed in a transaction on a
+#: client-individual subscription for the connection's life (``StompSubscription.transactedMessages``: its COMMIT
+#: clears the list only for ``client`` acks) and scans that list once per prefetched message at every COMMIT: COMMITs
+#: slowed in proportion to the messages moved until the bridge fell behind for good (issue 31: 73/s for 11 minutes,
+#: then 15-40/s). A new connection starts that list empty; the un-acked prefetched messages of the old one are
+#: redelivered, first, and are not duplicates (none was acknowledged). docs/bridge.md, "Connection renewal".
+RENEW_AFTER = 1_000
 
 
 def inbox_release(conn: Conn, bridge_id: int, message_ids: Sequence[str]) -> None:
@@ -388,6 +396,9 @@ class InboundT2:
         self.poison_nack: set[str] = set()     # dead letters the broker refused: NACK these to its DLQ
         self.committed = 0
         self.rolled_back = 0
+        self.renewals = 0
+        self.renew_after = RENEW_AFTER
+        self._settled: tuple[Any, int] = (None, 0)  # (connection epoch, deliveries put in STOMP transactions on it)
         self._lock = threading.Lock()          # one T2 at a time per bridge: deliveries keep their order
 
     # -- the T2 call ------------------------------------------------------------------------------------------
@@ -407,9 +418,7 @@ class InboundT2:
         if not flow.bridge.running():
             return False
         with self._lock:
-            if self.resync:
-                self.resync = False
-                self._reconnect()
+            self._maintain()
             epoch = self._epoch()
             self.held = [d for d in self.held if epoch is None or d.epoch == epoch]
             if self.held:
@@ -442,9 +451,7 @@ class InboundT2:
         if not flow.bridge.running():
             return InBatch()
         with self._lock:
-            if self.resync:
-                self.resync = False
-                self._reconnect()
+            self._maintain()
             deliveries = self._collect(max(1, max_n), timeout)
             if deliveries and not flow.bridge.running():
                 # stop_bridge while this round waited for messages: a stopped bridge forwards nothing. They stay
@@ -457,6 +464,7 @@ class InboundT2:
             letters: list[tuple[str, str, str]] = []
             branch: StompAckBranch | LocalAcks
             if enlist is not None:
+                self._count_settled(len(deliveries))
                 branch = StompAckBranch(flow.transport, deliveries, on_rollback=lambda b: self._hold(b, letters),
                                         on_commit=lambda: self._committed(stats, letters),
                                         on_unknown=self._unknown, background_begin=True)
@@ -617,6 +625,36 @@ class InboundT2:
         None when the transport keeps no book."""
         book = _book(self.flow.transport)
         return getattr(book, "epoch", None) if book is not None and getattr(book, "connected", False) else None
+
+    def _maintain(self) -> None:
+        """Between T2s (the caller holds ``_lock``): reconnect after an unknown outcome, or renew a connection that
+        settled :data:`RENEW_AFTER` deliveries in transactions (the broker's per-connection state, see there)."""
+        if self.resync:
+            self.resync = False
+            self._reconnect()
+            return
+        epoch, settled = self._settled
+        if settled >= self.renew_after and epoch is not None and epoch == self._epoch():
+            self._renew()
+
+    def _count_settled(self, n: int) -> None:
+        epoch, settled = self._settled
+        now = self._epoch()
+        self._settled = (now, (settled if epoch == now else 0) + n)
+
+    def _renew(self) -> None:
+        try:
+            self.flow.transport.renew()
+        except TransportError as exc:
+            self.flow.bridge.note_broker_problem(exc)
+            self.resync = True
+            raise
+        finally:
+            self.held = []                        # the old connection's: the broker redelivers them
+            self._settled = (None, 0)
+        self.renewals += 1
+        log.info("bridge %d: broker connection renewed after %d transacted deliveries", self.flow.bridge.id,
+                 self.renew_after)
 
     def _reconnect(self) -> None:
         try:
