@@ -20,6 +20,7 @@ the bridges drain, and it reports what was lost (sent, never received) and dupli
     .venv/bin/python bench/soak.py                          # 73/s each way for 30 minutes
     .venv/bin/python bench/soak.py --rate 300 --minutes 5   # a faster way to load the broker
     .venv/bin/python bench/soak.py --json out.json          # also write every minute's row
+    .venv/bin/python bench/soak.py --node-log node.log      # keep the node's log (WARNING and above)
 
 Exit code 0 when nothing was lost either way, 1 otherwise.
 """
@@ -44,10 +45,11 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import omniORB  # noqa: E402, F401  (puts the COS stubs on sys.path)
-from common import PAYLOAD, NodeProcess, client_orb  # noqa: E402
+import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
-from router.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port  # noqa: E402
+from router.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port
+
+from common import PAYLOAD, NodeProcess, client_orb
 
 
 # ------------------------------------------------------------------------------------------------ counting
@@ -306,6 +308,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         stop.set()
         if node is not None:
+            log = node.state / "serve.log"
+            if args.node_log and log.exists():
+                shutil.copy(log, args.node_log)
             node.close()
         amq.stop()
         pg.stop()
@@ -319,6 +324,7 @@ def main() -> int:
     ap.add_argument("--tx-events", type=int, default=100, help="TransactionEvents of both T2 routes (100)")
     ap.add_argument("--drain-minutes", type=float, default=10.0, help="how long to wait for the backlog after (10)")
     ap.add_argument("--json", help="write the rows and totals to this file")
+    ap.add_argument("--node-log", help="copy the node's log here at the end")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a TERM stops the services too (finally)
     return run(args)
