@@ -19,6 +19,7 @@ the bridges drain, and it reports what was lost (sent, never received) and dupli
 
     .venv/bin/python bench/soak.py                          # 73/s each way for 30 minutes
     .venv/bin/python bench/soak.py --rate 300 --minutes 5   # a faster way to load the broker
+    .venv/bin/python bench/soak.py --backlog 30000 --minutes 8  # JMS -> channel starts 30,000 behind
     .venv/bin/python bench/soak.py --json out.json          # also write every minute's row
     .venv/bin/python bench/soak.py --node-log node.log      # keep the node's log (WARNING and above)
 
@@ -74,12 +75,12 @@ class Tally:
             return self.sent, len(self.got), lat
 
 
-def paced(rate: float, stop: threading.Event, send: Any, tally: Tally) -> None:
-    """Call ``send(n, t)`` for n = 0, 1, ... on a fixed schedule of ``rate`` per second until ``stop``."""
+def paced(rate: float, stop: threading.Event, send: Any, tally: Tally, first: int = 0) -> None:
+    """Call ``send(n, t)`` for n = first, first + 1, ... on a fixed schedule of ``rate`` per second until ``stop``."""
     t0 = time.monotonic()
-    n = 0
+    n = first
     while not stop.is_set():
-        due = t0 + n / rate
+        due = t0 + (n - first) / rate
         delay = due - time.monotonic()
         if delay > 0:
             stop.wait(delay)
@@ -253,10 +254,15 @@ def run(args: argparse.Namespace) -> int:
         ps = ps._narrow(NCA.StructuredProxyPushSupplier)
         ps.connect_structured_push_consumer(consumer._this())
         bridge_in, _ = bf.create_bridge(endpoint("SOURCE", None, q_in), endpoint("SINK", cid_in, None, "PULL"))
-        bridge_in.start_bridge()
         writer = stomp_conn(url)
         writer.connect(wait=True)
         write_lock = threading.Lock()
+        if args.backlog:                  # JMS -> channel starts behind: the rows show how fast it catches up
+            for n in range(args.backlog):
+                writer.send(f"/queue/{q_in}", PAYLOAD, headers={"persistent": "true", "n": str(n),
+                                                                "t": repr(time.time())})
+            inn.sent = args.backlog
+        bridge_in.start_bridge()
 
         def send_jms(n: int, t: float) -> None:
             with write_lock:
@@ -265,14 +271,15 @@ def run(args: argparse.Namespace) -> int:
         def push(n: int, t: float) -> None:
             pc.push_structured_event(corba_event(n, t))
 
-        threads = [threading.Thread(target=paced, args=(args.rate, stop, fn, tally), daemon=True)
-                   for fn, tally in ((push, out), (send_jms, inn))]
+        threads = [threading.Thread(target=paced, args=(args.rate, stop, fn, tally, first), daemon=True)
+                   for fn, tally, first in ((push, out, 0), (send_jms, inn, args.backlog))]
         print(f"soak: {args.rate:g}/s each way for {args.minutes:g} min; T2 bridges both ways (TransactionEvents "
-              f"{args.tx_events}); broker pid {amq.pid}, node pid {node.proc.pid if node.proc else '?'}", flush=True)
+              f"{args.tx_events}); JMS -> channel backlog at the start {args.backlog}; broker pid {amq.pid}, node "
+              f"pid {node.proc.pid if node.proc else '?'}", flush=True)
         print("| min | to JMS: offered/s recv/s backlog lat-med lat-max | from JMS: offered/s recv/s backlog "
               "lat-med lat-max | heap MB | AckEntry |", flush=True)
         rows: list[dict[str, Any]] = []
-        prev: dict[str, tuple[int, int]] = {}
+        prev: dict[str, tuple[int, int]] = {"from_jms": (args.backlog, 0)}   # the preload is no offered rate
         for th in threads:
             th.start()
         t0 = time.monotonic()
@@ -323,6 +330,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=30.0, help="how long the producers offer (30)")
     ap.add_argument("--tx-events", type=int, default=100, help="TransactionEvents of both T2 routes (100)")
     ap.add_argument("--drain-minutes", type=float, default=10.0, help="how long to wait for the backlog after (10)")
+    ap.add_argument("--backlog", type=int, default=0,
+                    help="messages on the JMS -> channel queue before its bridge starts (0): how it catches up")
     ap.add_argument("--json", help="write the rows and totals to this file")
     ap.add_argument("--node-log", help="copy the node's log here at the end")
     args = ap.parse_args()
