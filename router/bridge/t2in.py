@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,17 @@ Conn = psycopg.Connection[Any]
 #: long, before any other frame, and before the last (receipted) frame.
 ACK_RUN = 32
 _BROKER_DLQ = "ActiveMQ.DLQ"
+#: Deliveries settled in STOMP transactions on one broker connection after which the bridge renews it (between
+#: T2s, :meth:`InboundT2._maintain`). ActiveMQ Classic (5.17) keeps every message ACKed in a transaction on a
+#: client-individual subscription for the connection's life (``StompSubscription.transactedMessages``: its COMMIT
+#: clears the list only for ``client`` acks) and scans that list once per prefetched message at every COMMIT: COMMITs
+#: slowed in proportion to the messages moved until the bridge fell behind for good (issue 31: 73/s for 11 minutes,
+#: then 15-40/s). A new connection starts that list empty; the un-acked prefetched messages of the old one are
+#: redelivered, first, and are not duplicates (none was acknowledged). docs/bridge.md, "Connection renewal".
+RENEW_AFTER = 1_000
+#: How long a renewal waits for the bridge's T2s already decided (their STOMP COMMIT runs on the channel's completer
+#: thread while the next T2 begins) before it is put off to a later round.
+RENEW_WAIT_S = 10.0
 
 
 def inbox_release(conn: Conn, bridge_id: int, message_ids: Sequence[str]) -> None:
@@ -130,6 +142,7 @@ class StompAckBranch:
         self._background_begin = background_begin
         self._begin: _Background | None = None
         self._sealed: _Background | None = None  # the last frame, written by seal() and receipted in the background
+        self.finished = threading.Event()       # set once commit() or rollback() returned or raised: nothing in flight
 
     def sort_key(self) -> str:
         return "~stomp-ack"
@@ -200,20 +213,29 @@ class StompAckBranch:
             raise UsageError("commit of a STOMP ack branch that was never begun", gtrid=self._gtrid)
         self._ended = True
         try:
-            self.transport.commit(self.tx)
-        except TransportError as exc:
-            if self._on_unknown is not None:
-                self._on_unknown(exc)
-            raise OutcomeUnknown(f"STOMP COMMIT not confirmed ({type(exc).__name__}: {exc}); the broker "
-                                 "redelivers what it did not take and the inbox recognises it",
-                                 gtrid=self._gtrid, branch=self.name) from exc
-        if self._on_commit is not None:
-            self._on_commit()
+            try:
+                self.transport.commit(self.tx)
+            except TransportError as exc:
+                if self._on_unknown is not None:
+                    self._on_unknown(exc)
+                raise OutcomeUnknown(f"STOMP COMMIT not confirmed ({type(exc).__name__}: {exc}); the broker "
+                                     "redelivers what it did not take and the inbox recognises it",
+                                     gtrid=self._gtrid, branch=self.name) from exc
+            if self._on_commit is not None:
+                self._on_commit()
+        finally:
+            self.finished.set()
 
     def rollback(self) -> None:
         if self._ended:
             return
         self._ended = True
+        try:
+            self._rollback()
+        finally:
+            self.finished.set()
+
+    def _rollback(self) -> None:
         self._last, self._last_ack = None, None
         self._acks = []                          # never written: they stay un-acknowledged on the subscription
         try:
@@ -399,6 +421,10 @@ class InboundT2:
         self.poison_nack: set[str] = set()     # dead letters the broker refused: NACK these to its DLQ
         self.committed = 0
         self.rolled_back = 0
+        self.renewals = 0
+        self.renew_after = RENEW_AFTER
+        self._settled: tuple[Any, int] = (None, 0)  # (connection epoch, deliveries put in STOMP transactions on it)
+        self._inflight: list[StompAckBranch] = []   # broker branches not finished yet (see RENEW_WAIT_S)
         self._lock = threading.Lock()          # one T2 at a time per bridge: deliveries keep their order
 
     # -- the T2 call ------------------------------------------------------------------------------------------
@@ -419,9 +445,7 @@ class InboundT2:
             return False
         with self._lock:
             self._check_held()
-            if self.resync:
-                self.resync = False
-                self._reconnect()
+            self._maintain()
             epoch = self._epoch()
             self.held = [d for d in self.held if epoch is None or d.epoch == epoch]
             if self.held:
@@ -459,9 +483,7 @@ class InboundT2:
             return InBatch()
         with self._lock:
             self._check_held()
-            if self.resync:
-                self.resync = False
-                self._reconnect()
+            self._maintain()
             deliveries = self._collect(max(1, max_n), timeout)
             if deliveries and not flow.bridge.running():
                 # stop_bridge while this round waited for messages: a stopped bridge forwards nothing. They stay
@@ -474,9 +496,11 @@ class InboundT2:
             letters: list[tuple[str, str, str]] = []
             branch: StompAckBranch | LocalAcks
             if enlist is not None:
+                self._count_settled(len(deliveries))
                 branch = StompAckBranch(flow.transport, deliveries, on_rollback=lambda b: self._hold(b, letters),
                                         on_commit=lambda: self._committed(stats, letters),
                                         on_unknown=self._unknown, background_begin=True)
+                self._inflight = [b for b in self._inflight if not b.finished.is_set()] + [branch]
                 try:
                     enlist(branch)
                 except BaseException:
@@ -657,6 +681,49 @@ class InboundT2:
         None when the transport keeps no book."""
         book = _book(self.flow.transport)
         return getattr(book, "epoch", None) if book is not None and getattr(book, "connected", False) else None
+
+    def _maintain(self) -> None:
+        """Between T2s (the caller holds ``_lock``): reconnect after an unknown outcome, or renew a connection that
+        settled :data:`RENEW_AFTER` deliveries in transactions (the broker's per-connection state, see there)."""
+        if self.resync:
+            self.resync = False
+            self._reconnect()
+            return
+        epoch, settled = self._settled
+        if settled >= self.renew_after and epoch is not None and epoch == self._epoch() and self._quiet():
+            self._renew()
+
+    def _quiet(self) -> bool:
+        """Whether every broker branch of this bridge has finished (waiting up to :data:`RENEW_WAIT_S` for the one
+        the channel's completer is committing); no new one begins meanwhile (the caller holds ``_lock``)."""
+        deadline = time.monotonic() + RENEW_WAIT_S
+        for branch in self._inflight:
+            branch.finished.wait(max(0.0, deadline - time.monotonic()))
+        self._inflight = [b for b in self._inflight if not b.finished.is_set()]
+        if self._inflight:
+            log.info("bridge %d: connection renewal put off: %d routing transaction(s) still finishing",
+                     self.flow.bridge.id, len(self._inflight))
+        return not self._inflight
+
+    def _count_settled(self, n: int) -> None:
+        epoch, settled = self._settled
+        now = self._epoch()
+        self._settled = (now, (settled if epoch == now else 0) + n)
+
+    def _renew(self) -> None:
+        try:
+            self.flow.transport.renew()
+        except TransportError as exc:
+            self.flow.bridge.note_broker_problem(exc)
+            self.resync = True
+            raise
+        finally:
+            self.held = []                        # the old connection's: the broker redelivers them
+            self._settled = (None, 0)
+        self.resync = False                       # a renewal is a reconnect: whatever a COMMIT left unknown is
+        self.renewals += 1                        # redelivered on the new connection
+        log.info("bridge %d: broker connection renewed after %d transacted deliveries", self.flow.bridge.id,
+                 self.renew_after)
 
     def _reconnect(self) -> None:
         try:

@@ -544,6 +544,7 @@ class MemoryTransport:
         self._sub_ids = itertools.count(1)
         self._subs: dict[str, QueueSubscription] = {}
         self._txs: dict[str, _TxOps] = {}
+        self.renewals = 0
 
     def __enter__(self) -> MemoryTransport:
         self.connect()
@@ -573,6 +574,19 @@ class MemoryTransport:
                 self.connect()
                 for sub in list(self._subs.values()):
                     self.broker.subscribe(self, sub.id, sub.spec)
+
+    def renew(self) -> None:
+        """The old connection ends as a clean close (its un-acked deliveries go back to the broker), the state
+        callback hears only of the new one."""
+        self._book.check_open()
+        if self._book.connected:
+            self.broker.disconnect(self)
+            self._book.lost(self._book.epoch)
+            self._txs.clear()
+            for sub in self._subs.values():
+                sub.wake()
+        self.reconnect()
+        self.renewals += 1
 
     def close(self) -> None:
         if self._book.closed:

@@ -336,6 +336,8 @@ class StompTransport:
         self._sub_lock = threading.Lock()          # one SUBSCRIBE per subscription and connection epoch
         self._sub_epochs: dict[str, int] = {}
         self.last_error: BrokerError | None = None
+        self._connect_lock = threading.RLock()
+        self._quiet_epoch = -1                     # the epoch renew() closes on purpose: its end is not a loss
 
     def __repr__(self) -> str:
         return f"StompTransport({self.url!r}, connected={self.is_connected()})"
@@ -365,10 +367,32 @@ class StompTransport:
             raise LocalProtocolError("reconnect() called from the transport's own callback thread")
         self._start_dispatcher()
         stop = _EitherEvent(self._shutdown, self._closed_event)
-        for attempt in self._policy.retrying(stop):  # type: ignore[arg-type]
-            with attempt:
-                self._connect_once()
-                self._resubscribe()
+        with self._connect_lock:                     # one (re)connection at a time (renew() holds it throughout)
+            for attempt in self._policy.retrying(stop):  # type: ignore[arg-type]
+                with attempt:
+                    self._connect_once()
+                    self._resubscribe()
+
+    def renew(self) -> None:
+        """A planned replacement of the live connection (see ``Transport.renew``): DISCONNECT, receipted (ActiveMQ
+        answers once it removed the connection, so its un-acked deliveries are back on their queues, in order, before
+        the new connection subscribes), then connect and re-subscribe under the reconnect policy. The old connection
+        is dropped quietly (its waiters fail, its deliveries die with its epoch; the state callback is not told)."""
+        self._book.check_open()
+        if threading.current_thread() is self._dispatcher:
+            raise LocalProtocolError("renew() called from the transport's own callback thread")
+        with self._connect_lock:
+            with self._book.lock:
+                conn, epoch, live = self._conn, self._book.epoch, self._book.connected
+            if live:
+                self._quiet_epoch = epoch    # the socket's close, seen by the receiver thread, is no loss either
+                self._say_goodbye()
+                with self._book.lock:
+                    if self._book.epoch == epoch:
+                        self._conn = None
+                self._lost(epoch)
+                self._drop_socket(conn)
+            self.reconnect()
 
     def close(self) -> None:
         with self._book.lock:
@@ -875,11 +899,16 @@ class StompTransport:
         """Connection ``epoch`` is gone: fail its waiters, wake receivers, tell the state callback once."""
         if not self._book.lost(epoch):
             return
-        log.warning("connection to %s lost (epoch %d)", self.url, epoch)
+        planned = epoch == self._quiet_epoch          # renew(): closed on purpose
+        if planned:
+            log.info("connection to %s (epoch %d) closed for renewal", self.url, epoch)
+        else:
+            log.warning("connection to %s lost (epoch %d)", self.url, epoch)
         self._fail_waiters(lambda w: w.epoch == epoch)
         for sub in list(self._subs.values()):
             sub.wake()
-        self._notify(ConnectionState.DISCONNECTED)
+        if not planned:
+            self._notify(ConnectionState.DISCONNECTED)
 
     def _fail_waiters(self, which: Callable[[_Waiter], bool]) -> None:
         for rid, waiter in list(self._waiters.items()):

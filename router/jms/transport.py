@@ -292,6 +292,14 @@ class Transport(Protocol):
         Open transactions and un-acked deliveries of the old connection are gone (the broker rolled them back)."""
         ...
 
+    def renew(self) -> None:
+        """Replace the live connection on purpose (not a loss: the state callback hears nothing of the old one):
+        close it cleanly (the broker takes its transactions' state and un-acked deliveries back, and redelivers
+        those first), connect and re-subscribe as :meth:`reconnect` does. Deliveries of the old connection are
+        gone, so no transaction of it may still be open. For state a broker keeps per connection that only a new
+        connection clears (ActiveMQ's STOMP transacted acks, ``router.bridge.t2in.RENEW_AFTER``)."""
+        ...
+
     def close(self) -> None:
         """Disconnect; un-acked deliveries are redelivered by the broker. Idempotent."""
         ...

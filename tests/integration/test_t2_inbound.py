@@ -9,12 +9,16 @@ Counted at a standard CORBA push consumer by the ``n`` header every message carr
 * the broker connection lost before the STOMP COMMIT: same;
 * a T2 that cannot finish within TransactionTimeout is rolled back (nothing stored, the deliveries kept) and the
   messages arrive once it can;
-* a poison message is dead-lettered inside the T2 with its reason, the messages around it flow.
+* a poison message is dead-lettered inside the T2 with its reason, the messages around it flow;
+* the broker's state per message acknowledged in a STOMP transaction stays bounded (the bridge renews its
+  connection, issue 31), counted in the broker's heap by ``jcmd GC.class_histogram``.
 """
 
 from __future__ import annotations
 
 import collections
+import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,9 @@ import pytest
 from idl.generated import BridgeTransactionMgmt as BTM
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
+from router.bridge.bridge import DEFAULT_PREFETCH
 from router.bridge.codec import MappingCodec
+from router.bridge.t2in import RENEW_AFTER
 from router.jms.transport import open_transport
 from router.services import EmbeddedPostgres
 
@@ -280,6 +286,44 @@ def test_broker_killed_mid_stream_in_t2_loses_nothing_and_duplicates_nothing(rig
     bridge.destroy()
     assert leftover(rig.broker.url, queue) == 0
     print(f"JMS -> channel in T2, broker killed: {consumer.count()} events for {n} messages, 0 duplicates")
+
+
+# ------------------------------------------------------------------------------------- broker state over many T2s
+def _stomp_ack_entries(pid: int) -> int:
+    """Live ``StompAckEntry`` objects in the broker (ActiveMQ's state per delivered STOMP message): ``jcmd
+    GC.class_histogram`` runs a full GC first, so only what the broker still references is counted."""
+    out = subprocess.run(["jcmd", str(pid), "GC.class_histogram"], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    found = re.search(r"^\s*\d+:\s+(\d+)\s+\d+\s+org\.apache\.activemq\.transport\.stomp\.StompAckEntry\s*$", out,
+                      re.M)
+    return int(found.group(1)) if found else 0
+
+
+def test_the_brokers_state_per_acked_message_stays_bounded_over_many_t2s(rig: Any, fresh_db: str) -> None:
+    """Issue 31 (JMS -> channel collapsed after 11 minutes at 73/s): ActiveMQ 5.17 keeps every message ACKed in a
+    STOMP transaction on a client-individual subscription until the connection ends (``StompSubscription``'s
+    ``transactedMessages``, cleared at COMMIT only for ``client`` acks) and scans it at every COMMIT. The bridge
+    renews its connection every ``RENEW_AFTER`` transacted deliveries: after 2,000 messages the broker holds at most
+    that many plus a prefetch and a batch (it held all 2,000 before)."""
+    n = 2 * RENEW_AFTER
+    queue = unique_name("t2in.bounded")
+    channel, cid = t2_channel(rig.factory, events=100)
+    consumer = structured_consumer(channel)
+    stomp_produce(rig.broker.url, queue, range(n))
+    bridge, bid = rig.bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid, BA.PULL))
+    bridge.start_bridge()
+    assert wait_until(lambda: inbox_drained(fresh_db, bid, n, consumer), TIMEOUT_S * 2), \
+        f"{consumer.count()} events, {inbox_count(fresh_db, bid)} inbox rows of {n}"
+    pid = rig.broker.pid
+    assert pid is not None
+    entries = _stomp_ack_entries(pid)
+    bound = RENEW_AFTER + DEFAULT_PREFETCH + 100
+    assert entries <= bound, f"the broker holds {entries} STOMP ack entries after {n} messages (bound {bound})"
+    _assert_once(_ids(consumer), range(n), "JMS -> channel in T2 across connection renewals")
+    assert prepared_count(fresh_db) == 0
+    bridge.destroy()
+    assert leftover(rig.broker.url, queue) == 0
+    print(f"{n} messages in T2s: {entries} StompAckEntry objects in the broker (bound {bound})")
 
 
 def test_enable_transaction_on_a_pull_bridge_switches_its_proxy_to_t2(nsjms_server: NsjmsServer, factory: Any,

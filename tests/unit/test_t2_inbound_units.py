@@ -9,6 +9,7 @@ before the commit) and its inbox claim is released.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -550,3 +551,72 @@ def test_an_unanswered_abort_makes_the_next_t2_reconnect_instead_of_looping(rig:
             break
     assert events == ["a", "b", "c"], events
     assert rig.inbox.committed and rig.queue_left() == [], "nothing left un-acknowledged"
+
+
+def test_the_broker_connection_is_renewed_between_t2s_after_renew_after_transacted_deliveries(rig: Rig) -> None:
+    """Issue 31: ActiveMQ keeps every message ACKed in a STOMP transaction on a client-individual subscription until
+    the connection ends, and its COMMITs slow down with that list. The bridge renews its connection once it has put
+    ``renew_after`` deliveries in transactions on it (committed or rolled back), only between T2s; what the old
+    connection had prefetched is redelivered and becomes its event once, in order."""
+    rig.inbound.renew_after = 4
+    bodies = [f"m{i}" for i in range(11)]
+    rig.produce(*bodies)
+    events: list[str] = []
+    rig.t2(3, fail_before_commit=True)              # 3 transacted deliveries, rolled back: they count too
+    for _ in range(10):
+        _, batch = rig.t2(3)
+        events += [e[1] for e in batch.events]
+    assert events == bodies, "every message once, in order, across the renewals"
+    # renewed after 3 rolled back + the same 3 committed, then after 3 + 3 more; the last 2 stay below 4
+    assert rig.transport.renewals == rig.inbound.renewals == 2
+    assert len(rig.inbox.committed) == 11
+    assert rig.queue_left() == []
+
+
+def test_no_renewal_below_renew_after_and_a_reconnect_starts_the_count_again(rig: Rig) -> None:
+    rig.inbound.renew_after = 5
+    rig.produce(*[f"m{i}" for i in range(8)])
+    rig.t2(4)
+    rig.transport.reconnect()                      # a new connection: nothing settled on it yet
+    rig.t2(4)
+    rig.t2(4)
+    assert rig.transport.renewals == 0
+    assert rig.queue_left() == []
+
+
+class _Watched(threading.Event):
+    """A branch's ``finished`` event that records that someone waits on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waited.set()
+        return super().wait(timeout)
+
+
+def test_a_renewal_waits_for_the_t2_the_completer_is_still_committing(rig: Rig) -> None:
+    """The channel's completer commits T2 n (phase two, the STOMP COMMIT) while its thread begins T2 n+1: the
+    renewal that falls due at T2 n+1 waits for T2 n's branch to finish instead of closing the connection under
+    its COMMIT (which made it an unknown outcome and a redelivery every renewal)."""
+    rig.inbound.renew_after = 2
+    rig.produce("a", "b", "c")
+    txn = rig.coordinator.begin(30)
+    pg = InboxBranch(rig.inbox)
+    txn.enlist(pg)
+    batch = rig.inbound.take(NodeT2(), txn, pg, 2, 0.0)  # type: ignore[arg-type]
+    batch.seal()
+    watched = _Watched()
+    rig.inbound._inflight[0].finished = watched
+    next_round = threading.Thread(target=rig.inbound.wait, args=(0.0,))
+    next_round.start()                          # T2 n+1's wait: the renewal is due
+    assert watched.waited.wait(10), "the renewal did not wait for the T2 in flight"
+    assert rig.transport.renewals == 0
+    txn.commit()                                # the completer's phase two
+    next_round.join(10)
+    assert txn.state is State.COMMITTED, "T2 n's COMMIT was not disturbed by the renewal"
+    assert rig.transport.renewals == 1
+    _, rest = rig.t2()
+    assert [e[1] for e in batch.events + rest.events] == ["a", "b", "c"]
+    assert rig.queue_left() == []

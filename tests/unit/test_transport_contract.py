@@ -205,6 +205,32 @@ class TransportContract:
         t2.ack(again)
         assert sub2.receive(self.quiet) is None
 
+    def test_renew_redelivers_the_unacked_first_and_is_not_a_loss(self, make: Make) -> None:
+        """A planned renewal (issue 31): the old connection's un-acked deliveries come back first, in order, on the
+        same subscription object; its deliveries can no longer be acked; the state callback hears no DISCONNECTED."""
+        states: list[ConnectionState] = []
+        q = queue_name()
+        t = make(on_state=states.append)
+        for body in ("one", "two", "three"):
+            t.send(q, text(body))
+        sub = t.subscribe(q)
+        first = sub.receive(10)
+        assert first is not None and first.message.body == "one"
+        t.ack(first)
+        old = sub.receive(10)
+        assert old is not None and old.message.body == "two"
+        t.renew()
+        assert t.is_connected()
+        with pytest.raises(BrokerUnavailable):
+            t.ack(old)                                 # a delivery of the renewed connection
+        got = drain(sub, self.quiet * 10)
+        assert [d.message.body for d in got] == ["two", "three"]
+        assert got[0].redelivered
+        t.ack_many(got)
+        t.close()
+        assert ConnectionState.DISCONNECTED not in states
+        assert make().subscribe(q).receive(self.quiet) is None
+
     def test_unsubscribe_returns_unacked(self, make: Make) -> None:
         t = make()
         q = queue_name()
