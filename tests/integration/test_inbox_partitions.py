@@ -45,7 +45,7 @@ def test_migration_0005_keeps_the_rows_and_a_message_received_before_it_is_still
         c.execute("INSERT INTO nsjms_inbox(bridge_id, message_id, gtrid) VALUES (1, 'ID:old-1', 'g0'), "
                   "(1, 'ID:old-2', 'g0')")
         with c.transaction():
-            assert run(c) == [5]
+            assert run(c)[0] == 5                       # 0005, then any later migration
         assert where(c, "ID:old-1") == [(DEFAULT_PARTITION, NO_TIMESTAMP_DAY)]
         with c.transaction():
             # redelivered after the upgrade, now with its JMSTimestamp: the legacy row recognises it

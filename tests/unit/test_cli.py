@@ -274,6 +274,7 @@ class _FakeNode:
 
     events: ClassVar[list[str]] = []
     locked = False
+    fenced = False
 
     def __init__(self, settings: Any, *, after_lock: Any = None) -> None:
         self.s, self.after_lock = settings, after_lock

@@ -27,7 +27,7 @@ def test_channel_md_endpoints_sample_matches_what_the_node_writes() -> None:
 
     fake = SimpleNamespace(s=SimpleNamespace(orb_host="127.0.0.1", orb_port=2809, node_id="node1"), orb=_Orb(),
                            factory=SimpleNamespace(ref=None), bridges=SimpleNamespace(ref=None),
-                           txn_admin=SimpleNamespace(ref=None),
+                           txn_admin=SimpleNamespace(ref=None), dead_letter_admin=SimpleNamespace(ref=None),
                            pg_dsn="postgresql://postgres:secret@127.0.0.1:55432/nsjms",
                            broker_url="stomp://127.0.0.1:61613")
     written = Node.endpoints(fake)  # type: ignore[arg-type]
