@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
+from test_node_lifecycle import EmbeddedNode
 
 from router.services import EmbeddedPostgres
-
-from test_node_lifecycle import EmbeddedNode
 
 pytestmark = pytest.mark.integration
 
