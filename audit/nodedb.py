@@ -50,8 +50,8 @@ def node_database(pg_dsn: str | None, cfg: Any, *, write: bool, start: bool = Tr
         yield dsn
         return
     if cfg is None:
-        raise UsageError("no PostgreSQL DSN: give --pg-dsn, NSJMS_POSTGRES_DSN, postgres.dsn in --config, or run "
-                         "under nsjms with the node's --state-dir")
+        raise UsageError("the command needs a PostgreSQL DSN: give --pg-dsn, NSJMS_POSTGRES_DSN, postgres.dsn in "
+                         "--config, or run under nsjms with the node's --state-dir")
     from router.lifecycle import StateDirLocked, StateLock
 
     state_dir = Path(cfg.node.state_dir)
