@@ -92,7 +92,16 @@ def _audit_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
                    help="default: parquet when --parquet is given, else jdbc")
     a.add_argument("--parquet", type=Path, default=None, help="a `nsjms ledger export` directory")
     a.add_argument("--master", default=None, help="Spark master URL (default local[*]; spark://host:7077 …)")
-    a.add_argument("--out", type=Path, required=True)
+    a.add_argument("--out", type=Path, default=None, help="the report's directory (required unless --incremental)")
+    a.add_argument("--incremental", action="store_true",
+                   help="reconcile in PostgreSQL only the ledger days not audited yet or changed since, keep each "
+                        "day's verdict in the node's database (no Spark, no report; docs/audit.md)")
+    a.add_argument("--if-running", action="store_true",
+                   help="with the embedded PostgreSQL and the node stopped, do nothing (exit 0) instead of starting "
+                        "it for the command (the scheduled audit: deploy/nsjms-audit.service)")
+    a.add_argument("--metrics-file", type=Path, default=None,
+                   help="with --incremental: write per-bridge results as a Prometheus textfile (node_exporter), "
+                        "atomically")
     a.add_argument("--as-of", type=parse_time, default=None, help="judge losses as of this time (default now)")
     a.add_argument("--grace", type=float, default=300.0, help="seconds before an undelivered item is lost")
     a.add_argument("--max-lost", type=int, default=0)
@@ -103,9 +112,11 @@ def _audit_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     a.add_argument("--shuffle-partitions", type=int, default=8)
 
 
-def _dsn(args: argparse.Namespace, cfg: Any) -> str:
-    dsn = args.pg_dsn or (cfg.postgres.dsn if cfg is not None else "") or os.environ.get("NSJMS_POSTGRES_DSN", "")
-    return str(dsn)
+def _database(args: argparse.Namespace, cfg: Any, *, write: bool) -> Any:
+    """The node's database for this command (a context manager giving its DSN): :mod:`audit.nodedb`."""
+    from audit.nodedb import node_database
+
+    return node_database(args.pg_dsn, cfg, write=write, start=not getattr(args, "if_running", False))
 
 
 def run(args: argparse.Namespace, cfg: Any = None) -> int:
@@ -122,13 +133,6 @@ def run(args: argparse.Namespace, cfg: Any = None) -> int:
         return EXIT_FAILURE
 
 
-def _need_dsn(args: argparse.Namespace, cfg: Any) -> str:
-    dsn = _dsn(args, cfg)
-    if not dsn:
-        raise UsageError("no PostgreSQL DSN: give --pg-dsn, NSJMS_POSTGRES_DSN or postgres.dsn in --config")
-    return dsn
-
-
 def _maintain(args: argparse.Namespace, cfg: Any, init: bool = False) -> int:
     import psycopg
 
@@ -140,7 +144,7 @@ def _maintain(args: argparse.Namespace, cfg: Any, init: bool = False) -> int:
     ahead = args.ahead_days if args.ahead_days is not None else (configured.ahead_days if configured is not None else 3)
     settings = ledger.RetentionSettings(retention_days=retention, ahead_days=ahead)
     try:
-        with psycopg.connect(_need_dsn(args, cfg)) as conn:
+        with _database(args, cfg, write=True) as dsn, psycopg.connect(dsn) as conn:
             if init:
                 applied = ledger.install_schema(conn)
                 print(f"schema migrations applied: {', '.join(map(str, applied)) or 'none (up to date)'}")
@@ -159,7 +163,8 @@ def _init(args: argparse.Namespace, cfg: Any) -> int:
 def _export(args: argparse.Namespace, cfg: Any) -> int:
     from audit.export import export_days
 
-    result = export_days(_need_dsn(args, cfg), args.start, args.end, args.out)
+    with _database(args, cfg, write=False) as dsn:
+        result = export_days(dsn, args.start, args.end, args.out)
     if result.rows == 0:
         print(f"the window {args.start.isoformat()} .. {args.end.isoformat()} has no ledger rows: wrote one empty day "
               f"file under {args.out} (an audit of it reports an empty window)")
@@ -183,7 +188,7 @@ def _generate(args: argparse.Namespace, cfg: Any) -> int:
         import psycopg
 
         try:
-            with psycopg.connect(_need_dsn(args, cfg)) as conn:
+            with _database(args, cfg, write=True) as dsn, psycopg.connect(dsn) as conn:
                 synth.copy_to_postgres(table, conn)
         except psycopg.Error as exc:
             raise LedgerError("copy synthetic rows into the ledger", f"{type(exc).__name__}: {exc}") from exc
@@ -197,12 +202,53 @@ _LEDGER = {"init": _init, "maintain": _maintain, "export": _export, "generate": 
 
 
 def _audit(args: argparse.Namespace, cfg: Any) -> int:
-    from audit.job import AuditRequest, run_audit
-
+    if args.incremental:
+        return _incremental(args, cfg)
+    if args.metrics_file is not None:
+        raise UsageError("--metrics-file needs --incremental")
+    if args.out is None:
+        raise UsageError("--out DIR is required (the report's directory)")
     source: Literal["jdbc", "parquet"] = "parquet" if (args.source or (
         "parquet" if args.parquet is not None else "jdbc")) == "parquet" else "jdbc"
+    if source == "parquet":
+        return _spark_audit(args, source, "")
+    with _database(args, cfg, write=False) as dsn:
+        return _spark_audit(args, source, dsn)
+
+
+def _incremental(args: argparse.Namespace, cfg: Any) -> int:
+    from audit.incremental import run_incremental
+    from audit.incremental_report import render, write_outputs
+
+    if args.parquet is not None or args.source == "parquet":
+        raise UsageError("--incremental reads the node's database, not an export (--parquet)")
+    if args.grace < 0:
+        raise UsageError("--grace must be >= 0")
+    from audit.nodedb import NodeStopped
+
+    try:
+        with _database(args, cfg, write=True) as dsn:
+            result = run_incremental(dsn, as_of=args.as_of or datetime.now(UTC),
+                                     grace=timedelta(seconds=args.grace),
+                                     start=args.start, end=args.end)
+    except NodeStopped as exc:
+        print(f"nsjms audit: {exc}")
+        return EXIT_OK
+    write_outputs(result, metrics=args.metrics_file, out=args.out)
+    print(render(result))
+    lost, dup = result.count("lost"), result.count("duplicated")
+    if lost > args.max_lost or dup > args.max_duplicates:
+        print(f"audit: VIOLATION: lost {lost} (allowed {args.max_lost}), duplicated {dup} "
+              f"(allowed {args.max_duplicates})", file=sys.stderr)
+        return EXIT_VIOLATION
+    return EXIT_OK
+
+
+def _spark_audit(args: argparse.Namespace, source: Literal["jdbc", "parquet"], dsn: str) -> int:
+    from audit.job import AuditRequest, run_audit
+
     req = AuditRequest(
-        out=args.out, source=source, parquet=args.parquet, dsn=_dsn(args, cfg) if source == "jdbc" else "",
+        out=args.out, source=source, parquet=args.parquet, dsn=dsn,
         start=args.start, end=args.end, master=args.master, as_of=args.as_of or datetime.now(UTC),
         grace=timedelta(seconds=args.grace), max_lost=args.max_lost, max_duplicates=args.max_duplicates,
         jdbc_partitions=args.jdbc_partitions, jdbc_jar=args.jdbc_jar, driver_memory=args.driver_memory,

@@ -275,6 +275,7 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     out["duplicates"] = _result(T.duplicates(ledger if by_status["duplicated"] else none, rec,
                                              broadcast=by_status["duplicated"] <= BROADCAST_LIMIT),
                                 tables / "duplicates", rows=by_status["duplicated"])
+    out["bridge_counts"] = _result(T.bridge_counts(rec), tables / "bridge_counts")
     rec.unpersist()
     # the dead letters are a sum over the collected facets: written by the driver, no query
     dead = T.dead_letters_by_reason(T.facets(none))
@@ -295,6 +296,7 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     counts.unpersist()
     step("throughput")
     out["throughput_totals"] = _throughput(T.throughput_per_minute(ledger, codes), tables / "throughput_per_minute")
+    out["open_per_minute"] = _result(T.open_per_minute(ledger), tables / "open_per_minute")
     if req.source == "jdbc":
         ledger.unpersist()
     return out

@@ -6,6 +6,7 @@ import base64
 import html
 import io
 import json
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,9 +14,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from audit.job import AuditRequest
 
-__all__ = ["summary", "violations", "write"]
+__all__ = ["bridge_table", "open_figure", "summary", "violations", "write"]
 
 _ID_LIMIT = 100
+_BRIDGE_STATUSES = ("delivered", "duplicated", "lost", "in_doubt", "in_flight", "dead_letter", "discarded", "expired")
+
+
+def bridge_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``bridge_counts`` rows → one row per (direction, bridge) with a column per status (0 when none); bridge
+    ``-``: the channel's own CORBA consumers (no bridge)."""
+    table: dict[tuple[str, Any], dict[str, Any]] = {}
+    for r in rows:
+        key = (r["direction"] or "-", r["bridge_id"])
+        row = table.setdefault(key, {"direction": key[0], "bridge": "-" if key[1] is None else key[1],
+                                     **dict.fromkeys(_BRIDGE_STATUSES, 0)})
+        row[r["status"]] = row.get(r["status"], 0) + int(r["obligations"])
+    return [table[k] for k in sorted(table, key=lambda k: (k[0], -1 if k[1] is None else k[1]))]
 
 
 def _utc(value: Any) -> Any:
@@ -71,6 +85,7 @@ def summary(frames: dict[str, list[dict[str, Any]]], req: AuditRequest, master: 
         "duplicate_ids": sorted(r["dedupe_id"] for r in frames["duplicates"])[:_ID_LIMIT],
         "stuck_gtrids": sorted(r["gtrid"] for r in frames["stuck_in_doubt"])[:_ID_LIMIT],
         "latency_ms": latency,
+        "by_bridge": bridge_table(frames.get("bridge_counts", [])),
         "throughput": {"minutes": len(per_minute), "delivered": sum(per_minute.values()),
                        "peak_per_minute": max(per_minute.values(), default=0),
                        "first_minute": min(per_minute, default=None), "last_minute": max(per_minute, default=None)},
@@ -84,7 +99,8 @@ def write(out: Path, summ: dict[str, Any], frames: dict[str, list[dict[str, Any]
     (out / "summary.json").write_text(json.dumps(summ, indent=2, sort_keys=True, default=str) + "\n")
     plots = {"throughput": _plot_throughput(frames["throughput_totals"]),
              "latency": _plot_latency(frames["latency_histogram"], frames["latency_percentiles"]),
-             "faults": _plot_faults(summ)}
+             "faults": _plot_faults(summ),
+             "open": _png(open_figure(frames.get("open_per_minute", []), frames.get("duplicates", [])))}
     (out / "plots").mkdir(exist_ok=True)
     for name, png in plots.items():
         (out / "plots" / f"{name}.png").write_bytes(png)
@@ -130,6 +146,29 @@ def throughput_figure(rows: list[dict[str, Any]]) -> Any:
         ax.set_ylabel("delivered / min")
         ax.legend(loc="upper right")
     axes[0].set_title("Throughput: deliveries per minute (UTC), one panel per direction")
+    return fig
+
+
+def open_figure(rows: Sequence[Mapping[str, Any]], duplicates: Sequence[Mapping[str, Any]] = ()) -> Any:
+    """Obligations open (accepted, not yet ended) at the end of each minute, one line per direction
+    (:func:`audit.transforms.open_over_time`; the listed duplicates' extra deliveries taken back): a backlog, a
+    stall or a loss shows as a curve that does not return to zero."""
+    from audit.transforms import open_over_time
+
+    extra = [(d["last_delivered_at"].replace(second=0, microsecond=0), d["direction"], int(d["deliveries"]) - 1)
+             for d in duplicates if d.get("last_delivered_at") is not None]
+    fig = _figure()
+    ax = fig.add_subplot()
+    ax.set_title("Open obligations over time (accepted, not yet delivered or ended; end of each minute, UTC)")
+    series = open_over_time(rows, extra)
+    if not series:
+        ax.text(0.5, 0.5, "no obligations", ha="center", transform=ax.transAxes)
+        return fig
+    for (direction, points), style in zip(sorted(series.items()), ("-", "--", ":", "-."), strict=False):
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        ax.step(xs, ys, where="post", linestyle=style, marker="o" if len(xs) < 30 else None, label=direction)
+    ax.set_ylabel("open obligations")
+    ax.legend(loc="upper right")
     return fig
 
 
@@ -221,6 +260,9 @@ td,th{{border:1px solid #bbb;padding:2px 6px;font-size:90%}} .bad{{color:#fff;ba
 <h1>nsjms delivery audit</h1>{verdict}
 {_table(facts)}
 <h2>Throughput</h2>{_img(plots["throughput"], "throughput per minute")}
+<h2>Per bridge</h2><p>Obligations by status per direction and bridge (bridge <code>-</code>: the channel's own
+CORBA consumers).</p>{_table(summ.get("by_bridge", []))}
+<h2>Open obligations</h2>{_img(plots["open"], "open obligations over time") if "open" in plots else ""}
 <h2>Latency</h2>{_img(plots["latency"], "latency distribution")}{_table(pct)}
 <h2>Losses and duplicates</h2>{_img(plots["faults"], "losses and duplicates")}
 <h3>Lost</h3>{_table(_rows(frames["lost"]))}

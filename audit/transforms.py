@@ -41,6 +41,7 @@ __all__ = [
     "PERCENTILES",
     "Codes",
     "CountColumns",
+    "bridge_counts",
     "dead_letters_by_reason",
     "dead_letters_from_facets",
     "dictionary",
@@ -56,6 +57,8 @@ __all__ = [
     "lost",
     "obligations",
     "open_doubts",
+    "open_over_time",
+    "open_per_minute",
     "reconciliation",
     "resolving_gtrids",
     "status_counts",
@@ -224,13 +227,13 @@ def reconciliation(obl: DataFrame) -> DataFrame:
     """The per-obligation frame (:func:`obligations`) reduced to what the reconciliation reports, in one
     aggregation: status, dedupe_id, direction, channel_id, bridge_id, destination, accepted_at, obligations.
     Lost and duplicated obligations keep one row each (their ids and dims, ``obligations`` 1); every other
-    status is one row per direction with the other columns null. Small unless nearly everything is lost, so
-    the caller can keep it instead of the per-obligation frame; :func:`status_counts`, :func:`lost` and
-    :func:`duplicates` read it."""
+    status is one row per direction and bridge with the other columns null (:func:`bridge_counts`). Small unless
+    nearly everything is lost, so the caller can keep it instead of the per-obligation frame;
+    :func:`status_counts`, :func:`bridge_counts`, :func:`lost` and :func:`duplicates` read it."""
     listed = F.col("status").isin(*_LISTED)
-    kept = ("dedupe_id", "channel_id", "bridge_id", "destination", "accepted_at")
+    kept = ("dedupe_id", "channel_id", "destination", "accepted_at")
     return (obl.select("status", "dedupe_id", *_DIMS, "accepted_at")
-            .groupBy("status", "direction", *[F.when(listed, F.col(c)).alias(c) for c in kept])
+            .groupBy("status", "direction", "bridge_id", *[F.when(listed, F.col(c)).alias(c) for c in kept])
             .agg(F.count(F.lit(1)).alias("n"))
             .select("status", "dedupe_id", *_DIMS, "accepted_at", F.col("n").cast(LongType()).alias("obligations")))
 
@@ -240,6 +243,52 @@ def status_counts(rec: DataFrame) -> DataFrame:
     return (rec.select("status", "direction", "obligations").groupBy("status", "direction")
             .agg(_total("obligations").alias("n"))
             .select("status", "direction", F.col("n").cast(LongType()).alias("obligations")))
+
+
+def bridge_counts(rec: DataFrame) -> DataFrame:
+    """status, direction, bridge_id, obligations (``rec``: :func:`reconciliation`; bridge_id null: the channel's
+    own CORBA consumers)."""
+    return (rec.select("status", "direction", "bridge_id", "obligations").groupBy("status", "direction", "bridge_id")
+            .agg(_total("obligations").alias("n"))
+            .select("status", "direction", "bridge_id", F.col("n").cast(LongType()).alias("obligations")))
+
+
+def open_per_minute(ledger_df: DataFrame) -> DataFrame:
+    """minute (UTC), direction, accepted, ended: the ``accepted`` rows by the minute of ``accepted_at`` and the
+    terminal rows (delivered, dead_letter, discarded, expired) by the minute of their last hop; the obligations open
+    at the end of a minute are the accepted minus the ended up to it (:func:`open_over_time`)."""
+    done = F.coalesce(*[F.col(c) for c in reversed(_TS)])
+    accepted = F.col("outcome") == "accepted"
+    return (ledger_df.select("direction", *_TS, "outcome").where(F.col("outcome").isin("accepted", *_TERMINAL))
+            .groupBy(F.date_trunc("minute", F.when(accepted, F.col("accepted_at")).otherwise(done)).alias("minute"),
+                     "direction")
+            .agg(_count_if(accepted).alias("a"), _count_if(~accepted).alias("e"))
+            .select("minute", "direction", F.col("a").alias("accepted"), F.col("e").alias("ended")))
+
+
+def open_over_time(rows: Iterable[Mapping[str, Any]],
+                   extra_ends: Iterable[tuple[Any, Any, int]] = ()) -> dict[str, list[tuple[Any, int]]]:
+    """Collected :func:`open_per_minute` rows → per direction, (minute, obligations open at its end), by minute:
+    the running sum of accepted minus ended. ``extra_ends``: (minute, direction, n) ends that are not an
+    obligation's first (a duplicated delivery ends its obligation again: the :func:`duplicates` rows' extra
+    deliveries at the minute of their last one), taken back so the curve is not low by the duplicates."""
+    ended: dict[tuple[Any, str], int] = {}
+    accepted: dict[tuple[Any, str], int] = {}
+    for r in rows:
+        if r["minute"] is not None:
+            key = (r["minute"], r["direction"] or "-")
+            accepted[key] = accepted.get(key, 0) + int(r["accepted"])
+            ended[key] = ended.get(key, 0) + int(r["ended"])
+    for minute, direction, n in extra_ends:
+        key = (minute, direction or "-")
+        if key in ended:
+            ended[key] -= n
+    series: dict[str, list[tuple[Any, int]]] = {}
+    running: dict[str, int] = {}
+    for minute, d in sorted(accepted, key=lambda k: k[0]):
+        running[d] = running.get(d, 0) + accepted[(minute, d)] - ended[(minute, d)]
+        series.setdefault(d, []).append((minute, running[d]))
+    return series
 
 
 def lost(obl: DataFrame) -> DataFrame:

@@ -112,11 +112,17 @@ def test_audit_over_jdbc_finds_exactly_the_deleted_and_the_duplicated_delivery(
     assert summary["lost"] == 1 and summary["duplicated"] == 1
     assert summary["by_status"] == {"delivered": SPEC.deliveries - 2, "lost": 1, "duplicated": 1}
     assert summary["throughput"]["delivered"] == SPEC.deliveries  # 2998 + 2 deliveries of the duplicate
-    assert {"lost", "duplicates", "latency_percentiles", "throughput_per_minute"} <= {
-        p.name for p in (out / "tables").iterdir()}
+    assert {"lost", "duplicates", "latency_percentiles", "throughput_per_minute", "bridge_counts",
+            "open_per_minute"} <= {p.name for p in (out / "tables").iterdir()}
+    bridges = summary["by_bridge"]                                 # per direction and bridge: the same totals
+    assert sum(b["lost"] for b in bridges) == 1 and sum(b["duplicated"] for b in bridges) == 1
+    assert sum(b["delivered"] for b in bridges) == SPEC.deliveries - 2
+    assert len({(b["direction"], b["bridge"]) for b in bridges}) == len(bridges) > 1
 
     html = out / "report.html"
-    assert html.read_text().count('src="data:image/png;base64,') == 3  # self-contained: plots embedded
+    page = html.read_text()
+    assert page.count('src="data:image/png;base64,') == 4  # self-contained: plots embedded
+    assert "<h2>Per bridge</h2>" in page and 'alt="open obligations over time"' in page
     png = tmp_path / "report.png"
     _screenshot(html, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 50_000

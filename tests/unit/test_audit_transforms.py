@@ -124,6 +124,30 @@ def test_reconciliation_lists_only_the_lost_and_duplicated(ledger: DataFrame) ->
     assert collect(T.duplicates(led, T.reconciliation(obl))) == collect(T.duplicates(led, obl))
 
 
+def test_bridge_counts_per_direction_and_bridge(spark: SparkSession) -> None:
+    """Every status counted per bridge from the reconciliation frame (issue 28: per-bridge tables)."""
+    rows = [*delivered("a", bridge=1), *delivered("b", bridge=2), *delivered("c", bridge=2),
+            row("l", "accepted", T0, bridge=2), *delivered("j", bridge=1, direction="jms_to_channel")]
+    rec = T.reconciliation(T.obligations(T.ledger(frame(spark, rows)), AS_OF, GRACE))
+    got = {(r["status"], r["direction"], r["bridge_id"]): r["obligations"] for r in collect(T.bridge_counts(rec))}
+    assert got == {("delivered", "channel_to_jms", 1): 1, ("delivered", "channel_to_jms", 2): 2,
+                   ("lost", "channel_to_jms", 2): 1, ("delivered", "jms_to_channel", 1): 1}
+
+
+def test_open_obligations_over_time(spark: SparkSession) -> None:
+    """Accepted rows by the minute of accepted_at, terminal rows by the minute of their last hop; the curve is the
+    running difference per direction and returns to zero once everything ended."""
+    m = timedelta(minutes=1)
+    rows = [row("a", "accepted", T0), row("a", "delivered", T0, hops=(60_000 * 2,)),       # ends 2 min later
+            row("b", "accepted", T0 + m), row("b", "dead_letter", T0 + m, hops=(1,), reason="x"),
+            row("c", "accepted", T0 + m), row("c", "in_doubt", T0 + m, gtrid="g", hops=(1, 1))]  # still open
+    per = collect(T.open_per_minute(T.ledger(frame(spark, rows))), "minute")
+    assert [(r["minute"].astimezone(UTC) if r["minute"].tzinfo else r["minute"].replace(tzinfo=UTC),
+             r["accepted"], r["ended"]) for r in per] == [(T0, 1, 0), (T0 + m, 2, 1), (T0 + 2 * m, 0, 1)]
+    series = T.open_over_time(per)
+    assert [n for _, n in series["channel_to_jms"]] == [1, 2, 1]
+
+
 def test_open_doubts_broadcast_distinct_gtrids_only(spark: SparkSession) -> None:
     """The frames :func:`open_doubts` broadcasts hold distinct gtrids: a transaction with one in-doubt row and
     many resolving rows (or many in-doubt rows) gives one row, so the job's limit on in-doubt rows bounds them."""

@@ -164,3 +164,21 @@ def test_the_report_lists_percentiles_of_rows_without_a_direction() -> None:
                                                "stuck_in_doubt": [], "dead_letters": []}
     page = _html(summ, frames, {"throughput": b"", "latency": b"", "faults": b""})
     assert page.count("<td>dispatch</td>") == 3
+
+
+def test_open_obligations_curve_takes_back_a_duplicates_extra_delivery() -> None:
+    """The open-obligations plot (issue 28): a lost obligation keeps the curve at 1 even when another obligation of
+    the same direction was delivered twice (its second delivery is an extra end, taken back)."""
+    from datetime import UTC, datetime
+
+    from audit.report import open_figure
+    from audit.transforms import open_over_time
+
+    m0, m1 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC), datetime(2026, 1, 1, 12, 1, tzinfo=UTC)
+    rows = [{"minute": m0, "direction": "d", "accepted": 2, "ended": 0},   # one delivered twice, one lost
+            {"minute": m1, "direction": "d", "accepted": 0, "ended": 2}]
+    assert [n for _, n in open_over_time(rows)["d"]] == [2, 0]                # the duplicate hides the loss
+    assert [n for _, n in open_over_time(rows, [(m1, "d", 1)])["d"]] == [2, 1]
+    dup = {"direction": "d", "deliveries": 2, "last_delivered_at": m1.replace(second=7)}
+    line = open_figure(rows, [dup]).axes[0].get_lines()[0]
+    assert list(line.get_ydata()) == [2, 1]
