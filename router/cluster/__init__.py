@@ -3,7 +3,7 @@ bridges (docs/cluster.md).
 
 * :mod:`router.cluster.lease` — the decisions, free of I/O: who is expired, who owns a new object, what a
   survivor claims;
-* :mod:`router.cluster.members` — the same in PostgreSQL (tables of migration 0006_cluster): join, renew, leave, fence a
+* :mod:`router.cluster.members` — the same in PostgreSQL (tables of migration 0007_cluster): join, renew, leave, fence a
   dead node, the fence check an ownership-dependent write runs in its own transaction, ownership rows.
 
 Exceptions (one tree, :class:`ClusterError`)::

@@ -1,4 +1,4 @@
-"""Membership, leases, fencing and ownership in PostgreSQL (tables of migration 0006_cluster; decisions in
+"""Membership, leases, fencing and ownership in PostgreSQL (tables of migration 0007_cluster; decisions in
 :mod:`router.cluster.lease`).
 
 Every function takes a connection inside a transaction its caller opened (the caller owns the transaction), so a
