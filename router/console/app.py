@@ -106,7 +106,9 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
     app = Flask("router.console", template_folder=str(Path(__file__).parent / "templates"),
                 static_folder=str(Path(__file__).parent / "static"))
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024, SEND_FILE_MAX_AGE_DEFAULT=3600)
-    app.jinja_env.filters.update(utc=_fmt_time, age=_fmt_age)
+    from router.channelcli import format_value
+
+    app.jinja_env.filters.update(utc=_fmt_time, age=_fmt_age, prop=lambda v, k: format_value(k, v))
     auth = Authenticator(backend.state_dir)
     sessions = Sessions(idle_s, max_s)
     app.extensions["nsjms_sessions"] = sessions
@@ -194,7 +196,10 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
     # --------------------------------------------------------------------------------------------- login
     @app.get("/login")
     def login() -> Any:
-        token = secrets.token_urlsafe(32)
+        # one token per browser while it signs in: a second GET (another tab, a favicon redirect) keeps it
+        token = request.cookies.get(LOGIN_COOKIE, "")
+        if len(token) < 32:
+            token = secrets.token_urlsafe(32)
         resp = Response(render_template("login.html", csrf=token, next=request.args.get("next", "/"),
                                         error=None, session=None))
         resp.set_cookie(LOGIN_COOKIE, token, max_age=600, httponly=True, samesite="Strict", secure=secure_cookies,
@@ -249,7 +254,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
                 "transactions": snap.get("transactions", {}), "store": snap.get("store", {}),
                 "channels": len(channels), "queued": depth,
                 "events_held": sum(int(c.get("events_held") or 0) for c in channels),
-                "bridges": bridges, "errors": [b for b in bridges if b.get("last_error")],
+                "bridges": bridges,
+                "errors": [b for b in bridges if b.get("last_error") and b.get("state") != "active"],
                 "rates": sampler.series() if sampler is not None else {"t": [], "bridges": {}}}
         return page("overview.html", data)
 
@@ -327,7 +333,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
             return _error(409, f"refused: {exc}")
         if request.args.get("format") == "json":
             return jsonify(result)
-        return redirect(url_for("transactions", done=f"{action} {gtrid}"))
+        return render_template("done.html", action=action, gtrid=gtrid, result=result, session=g.session,
+                               errors=list(result.get("errors") or []))
 
     @app.get("/audit")
     def audit() -> Any:
