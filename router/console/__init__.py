@@ -14,6 +14,7 @@ Exceptions::
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 import threading
 from dataclasses import dataclass
@@ -41,6 +42,13 @@ class ConsoleServer:
         self.sampler.stop()
 
 
+def _check_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as cheroot binds
+        probe.bind((host, port))
+
+
 def start_console(node: Any, host: str, port: int, tls_cert: str = "", tls_key: str = "") -> ConsoleServer:
     """Serve the console of a started node on ``host:port`` (TLS when both files are given); returns at once."""
     from cheroot import wsgi
@@ -62,6 +70,7 @@ def start_console(node: Any, host: str, port: int, tls_cert: str = "", tls_key: 
         except (OSError, ssl.SSLError) as exc:
             raise ConsoleError(f"console.tls_cert / console.tls_key: cannot load: {exc}") from exc
     try:
+        _check_free(host, port)   # cheroot's prepare() drops (never closes) its socket when the bind fails
         server.prepare()
     except OSError as exc:
         raise ConsoleError(f"console.port {host}:{port}: cannot serve there: {exc.strerror or exc}") from exc
