@@ -160,7 +160,11 @@ def _export(args: argparse.Namespace, cfg: Any) -> int:
     from audit.export import export_days
 
     result = export_days(_need_dsn(args, cfg), args.start, args.end, args.out)
-    print(f"exported {result.rows} rows into {len(result.files)} day file(s) under {args.out}")
+    if result.rows == 0:
+        print(f"the window {args.start.isoformat()} .. {args.end.isoformat()} has no ledger rows: wrote one empty day "
+              f"file under {args.out} (an audit of it reports an empty window)")
+    else:
+        print(f"exported {result.rows} rows into {len(result.files)} day file(s) under {args.out}")
     return EXIT_OK
 
 

@@ -1,7 +1,9 @@
 """``nsjms ledger export``: ledger rows → Parquet by day (pyarrow).
 
 Layout: ``OUT/day=YYYY-MM-DD/part-0.parquet``, one file per UTC day of ``accepted_at`` that has rows, each
-sorted by ``(accepted_at, entry_id)`` and typed as :func:`audit.synth.arrow_schema`. A day's file is written
+sorted by ``(accepted_at, entry_id)`` and typed as :func:`audit.synth.arrow_schema`. A window without any row is a
+result too: its first day gets a file with no rows (the export's schema), so ``nsjms audit --parquet OUT`` reports
+an empty window (0 obligations, exit 0) instead of failing to read an empty directory. A day's file is written
 under a temporary name and renamed when complete, so a reader never sees half a day. The rows are streamed
 from PostgreSQL with ``COPY … TO STDOUT`` (timestamps as epoch microseconds), never held whole in memory.
 """
@@ -60,7 +62,17 @@ def export_days(dsn: str, start: datetime, end: datetime, out: Path, progress: b
                 bar.set_postfix(rows=total)
     except psycopg.Error as exc:
         raise LedgerError("export ledger", f"{type(exc).__name__}: {exc}") from exc
+    if not files:          # an empty window: one empty day file, so the directory is an export an audit can read
+        files.append(_write_empty(out / f"day={days[0]:%Y-%m-%d}"))
     return ExportResult(tuple(files), total)
+
+
+def _write_empty(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp, path = folder / ".part-0.parquet.tmp", folder / "part-0.parquet"
+    pq.write_table(arrow_schema().empty_table(), tmp)
+    os.replace(tmp, path)
+    return path
 
 
 def _days(start: datetime, end: datetime) -> list[date]:

@@ -72,7 +72,8 @@ def summary(frames: dict[str, list[dict[str, Any]]], req: AuditRequest, master: 
         "stuck_gtrids": sorted(r["gtrid"] for r in frames["stuck_in_doubt"])[:_ID_LIMIT],
         "latency_ms": latency,
         "throughput": {"minutes": len(per_minute), "delivered": sum(per_minute.values()),
-                       "peak_per_minute": max(per_minute.values(), default=0)},
+                       "peak_per_minute": max(per_minute.values(), default=0),
+                       "first_minute": min(per_minute, default=None), "last_minute": max(per_minute, default=None)},
         "limits": {"max_lost": req.max_lost, "max_duplicates": req.max_duplicates},
         "violations": violations(lost, duplicated, req.max_lost, req.max_duplicates),
     }
@@ -104,22 +105,32 @@ def _png(fig: Any) -> bytes:
 
 
 def _plot_throughput(rows: list[dict[str, Any]]) -> bytes:
-    fig = _figure()
-    ax = fig.add_subplot()
+    return _png(throughput_figure(rows))
+
+
+def throughput_figure(rows: list[dict[str, Any]]) -> Any:
+    """Deliveries per minute, one panel per direction on a shared time axis: in one panel, two directions carrying
+    the same traffic (the demo's round trip) drew one line exactly over the other, and one series was hidden."""
     series: dict[str, tuple[list[datetime], list[int]]] = {}
     for r in sorted(rows, key=lambda r: (r["direction"], r["minute"])):
         xs, ys = series.setdefault(r["direction"], ([], []))
         xs.append(r["minute"])
         ys.append(int(r["delivered"]))
-    for direction, (xs, ys) in series.items():
-        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=direction)
-    ax.set_title("Throughput: deliveries per minute (UTC)")
-    ax.set_ylabel("delivered / min")
-    if series:
-        ax.legend()
-    else:
+    fig = _figure()
+    if not series:
+        ax = fig.add_subplot()
+        ax.set_title("Throughput: deliveries per minute (UTC)")
         ax.text(0.5, 0.5, "no deliveries", ha="center", transform=ax.transAxes)
-    return _png(fig)
+        return fig
+    fig.set_figheight(1.2 + 2.0 * len(series))
+    axes = fig.subplots(len(series), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (direction, (xs, ys)), color in zip(axes, series.items(), ("tab:blue", "tab:orange", "tab:green",
+                                                                          "tab:red"), strict=False):
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, color=color, label=direction)
+        ax.set_ylabel("delivered / min")
+        ax.legend(loc="upper right")
+    axes[0].set_title("Throughput: deliveries per minute (UTC), one panel per direction")
+    return fig
 
 
 def _plot_latency(hist: list[dict[str, Any]], pct: list[dict[str, Any]]) -> bytes:
@@ -182,12 +193,25 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
+def window_text(summ: dict[str, Any]) -> str:
+    """The audited window as a person reads it: the bounds given (an open side says so, never "None") and the
+    minutes that had deliveries, or that the window had none."""
+    lo, hi = summ["window"]["from"], summ["window"]["to"]
+    given = f"{lo or 'the first row'} .. {hi or 'the last row'}" if lo or hi else "the whole ledger"
+    tp = summ["throughput"]
+    if not summ["obligations"]:
+        return f"{given}: no ledger rows in it"
+    if tp.get("first_minute") is None:
+        return f"{given}: no delivery in it"
+    return f"{given}: deliveries from {tp['first_minute']} to {tp['last_minute']} (minutes, UTC)"
+
+
 def _html(summ: dict[str, Any], frames: dict[str, list[dict[str, Any]]], plots: dict[str, bytes]) -> str:
     verdict = ("<p class=bad>VIOLATION: " + html.escape("; ".join(summ["violations"])) + "</p>"
                if summ["violations"] else "<p class=ok>No loss or duplicate beyond the allowed limits.</p>")
     facts = [{"what": k, "value": summ[k]} for k in ("obligations", "lost", "duplicated", "stuck_in_doubt",
                                                      "as_of", "grace_s", "source", "master")]
-    facts.append({"what": "window", "value": f"{summ['window']['from']} .. {summ['window']['to']}"})
+    facts.append({"what": "window", "value": window_text(summ)})
     pct = sorted(_rows(frames["latency_percentiles"]), key=lambda r: (r["hop"], r["direction"] or ""))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>nsjms audit</title>

@@ -28,6 +28,8 @@ from router.auth import Role, install_client, install_token, use_token  # noqa: 
 from router.jms.stomp import _no_delay  # noqa: E402  (the node's own: the raw baselines' socket as the node's)
 from router.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port  # noqa: E402
 
+from meter import CpuMeter  # noqa: E402  (bench/meter.py: CPU of the bench's own process trees)
+
 PAYLOAD = "x" * 1000   # 1 KB payloads, like the ENVIRONMENT.md baselines
 
 
@@ -41,8 +43,11 @@ def services() -> Iterator[tuple[str, str]]:
         dsn = os.environ.get("NSJMS_BENCH_PG_DSN") or _start(EmbeddedPostgres(base, free_port()), started)
         url = os.environ.get("NSJMS_BENCH_BROKER_URL") or _start(
             EmbeddedActiveMQ(base, free_port(), free_port()), started)
+        for svc in started:          # the meter's roots: only the services this bench started (external: not seen)
+            METER.roots["postgres" if isinstance(svc, EmbeddedPostgres) else "broker"] = svc.pid
         yield dsn, url
     finally:
+        METER.roots.update(broker=None, postgres=None)
         for svc in reversed(started):
             svc.stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -140,81 +145,6 @@ def client_orb() -> Any:
                           "-ORBnativeCharCodeSet", "UTF-8"], CORBA.ORB_ID)
     orb.resolve_initial_references("RootPOA")._get_the_POAManager().activate()
     return orb
-
-
-class CpuMeter:
-    """CPU seconds of the machine's processes by role, summed over the timed windows of the runs (issue 12, round
-    8): ``node`` (the node's pid, :attr:`node_pid`), ``broker`` (every ``java`` process), ``postgres`` (every
-    ``postgres`` process: the server and its backends) and ``bench`` (this process and its children, the clients).
-    On a machine shared by the broker, PostgreSQL, the node and the clients, a path whose processes together need
-    more CPU per event than its raw baseline's cannot reach the baseline's rate whatever the node's code does:
-    :meth:`take` gives what each needed per item, so the table can say which. Run the benches alone on the machine
-    (another ``java`` or ``postgres`` would be counted); with external services (``NSJMS_BENCH_*``) their CPU is
-    not seen."""
-
-    ROLES = ("node", "broker", "postgres", "bench")
-
-    def __init__(self) -> None:
-        self.node_pid: int | None = None
-        self._start: tuple[float, dict[str, float]] | None = None
-        self._cpu: dict[str, float] = {}
-        self._wall = 0.0
-        self._items = 0
-
-    def _role(self, pid: int, cmd: bytes, ppid: int) -> str | None:
-        if pid == self.node_pid:
-            return "node"
-        if b"java" in cmd:
-            return "broker"
-        if cmd.startswith(b"postgres") or b"/postgres" in cmd:
-            return "postgres"
-        if pid == os.getpid() or ppid == os.getpid():
-            return "bench"
-        return None
-
-    def snapshot(self) -> dict[str, float]:
-        out = dict.fromkeys(self.ROLES, 0.0)
-        tick = os.sysconf("SC_CLK_TCK")
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0]
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            role = self._role(int(entry), cmd, int(fields[1]))
-            if role is not None:     # its own CPU and that of its children it reaped (cutime, cstime): a backend
-                # that ends inside a window moves its CPU to the postmaster's, and the role's sum stays exact
-                out[role] += (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / tick
-        return out
-
-    def start(self) -> None:
-        self._start = (time.perf_counter(), self.snapshot())
-
-    def stop(self, items: int) -> None:
-        """The timed window that began at :meth:`start` handled ``items`` items."""
-        if self._start is None:
-            return
-        t0, before = self._start
-        after = self.snapshot()
-        self._start = None
-        self._wall += time.perf_counter() - t0
-        self._items += items
-        for role in self.ROLES:
-            self._cpu[role] = self._cpu.get(role, 0.0) + max(0.0, after[role] - before[role])
-
-    def take(self) -> dict[str, float]:
-        """Microseconds of CPU per item by role since the last take, ``total``, and ``cores`` (CPU seconds per
-        second of the windows: how busy the machine was); empty when no window was timed."""
-        cpu, wall, items = self._cpu, self._wall, self._items
-        self._cpu, self._wall, self._items, self._start = {}, 0.0, 0, None
-        if not items or wall <= 0:
-            return {}
-        out = {role: cpu.get(role, 0.0) / items * 1e6 for role in self.ROLES}
-        out["total"] = sum(cpu.values()) / items * 1e6
-        out["cores"] = sum(cpu.values()) / wall
-        return out
 
 
 METER = CpuMeter()

@@ -31,12 +31,13 @@ within minutes) and the ratio is the median, with its spread, of the per-repetit
 
 Every throughput path also reports PostgreSQL transactions and WAL syncs per event (``pg_stat_database``
 ``xact_commit`` of the node's database, ``pg_stat_wal`` ``wal_sync``), read once the statistics settled, and (a
-second table, since round 8) the CPU each process needed per event in the timed windows, from ``/proc``: the node,
-the broker (the machine's ``java`` processes), PostgreSQL (its ``postgres`` processes) and the bench's clients, for
-the path and for its baseline, with how many cores were busy. When both keep the machine's cores busy, the ratio of
-their CPU totals bounds the path's ratio on this machine, whatever waits the node removes (run the bench alone on
-the machine: any other ``java`` or ``postgres`` process is counted). Nothing here is a test: there are no
-thresholds.
+second table) the CPU each process needed per event in the timed windows, from ``/proc`` (bench/meter.py): the
+process trees this bench started, the node, the broker (with its JIT compiler and GC threads apart), PostgreSQL
+(the postmaster and its backends) and the bench's clients, for the path and for its baseline, with how many cores
+were busy; other brokers or clusters on the machine are not counted (issue 27). The broker is warmed with
+``--warmup`` raw messages before anything is timed, windows default to 20,000 events, and a raw omniORBpy server's
+CPU per call (bench/orb_unit.py) is measured before and after the paths as the run's unit. Nothing here is a test:
+there are no thresholds.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ from common import (
     stomp_consume_rate,
     stomp_send_rate,
 )
+from orb_unit import orb_units
 
 ALL = ["to_jms", "to_jms_seq", "from_jms", "accept1", "accept4", "latency", "backlog"]
 
@@ -479,7 +481,8 @@ def table(rows: list[Row], lats: list[tuple[float, tuple[dict[str, float], str]]
 
 
 def cpu_table(rows: list[Row]) -> str:
-    """CPU per event of each role in the timed windows (common.CpuMeter), medians of the repetitions, the path's
+    """CPU per event of each role in the timed windows (bench/meter.py: the process trees the bench started; the
+    broker's JIT compiler and GC threads shown apart, inside its total), medians of the repetitions, the path's
     and its baseline's; "all" includes the bench's clients (the suppliers, the raw client). When both runs keep
     the machine's cores busy, the path cannot beat ``baseline all / path all`` (the last column) whatever waits it
     removes: that is its ceiling on this machine."""
@@ -490,19 +493,24 @@ def cpu_table(rows: list[Row]) -> str:
     def us(value: float | None) -> str:
         return "-" if value is None else f"{value:,.0f}"
 
-    out = ["| path | node | broker | PostgreSQL | bench clients | all | cores busy | baseline: broker | PostgreSQL | "
-           "client | all | cores busy | CPU-bound ratio (baseline all / path all) |", "|" + "---|" * 13]
+    out = ["| path | node | broker | of it JIT / GC | PostgreSQL | bench clients | all | cores busy | "
+           "baseline: broker | of it JIT / GC | PostgreSQL | client | all | cores busy | "
+           "CPU-bound ratio (baseline all / path all) |", "|" + "---|" * 15]
+
+    def jvm(samples: list[dict[str, float]]) -> str:
+        return f"{us(med(samples, 'broker_jit'))} / {us(med(samples, 'broker_gc'))}"
+
     for r in rows:
         if not any(r.cpu):
             continue
         path_all, base_all = med(r.cpu, "total"), med(r.base_cpu, "total")
         cores, base_cores = med(r.cpu, "cores"), med(r.base_cpu, "cores")
         bound = f"{base_all / path_all:.2f}" if path_all and base_all else "-"
-        out.append(f"| {r.path} | {us(med(r.cpu, 'node'))} | {us(med(r.cpu, 'broker'))} | "
+        out.append(f"| {r.path} | {us(med(r.cpu, 'node'))} | {us(med(r.cpu, 'broker'))} | {jvm(r.cpu)} | "
                    f"{us(med(r.cpu, 'postgres'))} | {us(med(r.cpu, 'bench'))} | {us(path_all)} | "
                    f"{'-' if cores is None else f'{cores:.2f}'} | {us(med(r.base_cpu, 'broker'))} | "
-                   f"{us(med(r.base_cpu, 'postgres'))} | {us(med(r.base_cpu, 'bench'))} | {us(base_all)} | "
-                   f"{'-' if base_cores is None else f'{base_cores:.2f}'} | {bound} |")
+                   f"{jvm(r.base_cpu)} | {us(med(r.base_cpu, 'postgres'))} | {us(med(r.base_cpu, 'bench'))} | "
+                   f"{us(base_all)} | {'-' if base_cores is None else f'{base_cores:.2f}'} | {bound} |")
     return "\n".join(out) if len(out) > 2 else ""
 
 
@@ -515,7 +523,11 @@ def _rates(text: str) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--events", type=int, default=5000, help="events per throughput run (default 5000)")
+    ap.add_argument("--events", type=int, default=20_000,
+                    help="events per throughput run (default 20000: a steady-state window, issue 27)")
+    ap.add_argument("--warmup", type=int, default=20_000,
+                    help="raw persistent messages sent and consumed through the broker before anything is timed, so "
+                         "its JIT compilation is not in the windows (default 20000)")
     ap.add_argument("--backlog", type=int, default=10_000, help="backlog size (default 10000)")
     ap.add_argument("--rate", type=_rates, default=[250.0, 500.0, 1000.0],
                     help="offered rates of the latency path, events/s, comma-separated (default 250,500,1000: one "
@@ -538,12 +550,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown path(s): {', '.join(sorted(unknown))}")
     if args.quick:
-        args.events, args.backlog, args.seconds = 500, 1000, 3.0
+        args.events, args.backlog, args.seconds, args.warmup = 500, 1000, 3.0, 1000
     n, reps = args.events, args.reps
     rows: list[Row] = []
     lats: list[tuple[float, tuple[dict[str, float], str]]] = []
     load = os.getloadavg()
+    units = [orb_units()]                        # the raw ORB's cost, before and after the paths (same run)
     with services() as (admin_dsn, url):
+        stomp_send_rate(url, args.warmup, per_tx=100, nodelay=True)    # the broker warmed (JIT) before any window
+        stomp_consume_rate(url, max(1, args.warmup // 3), nodelay=True)
         node = NodeProcess(admin_dsn, url)
         try:
             env = _connect(node.start(), url, node, client_orb())
@@ -596,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "steady-state channel → JMS structured", steady, "≥ 1"))
         finally:
             node.close()
+    units.append(orb_units())
     print(f"\n{n} x 1 KB persistent events per run, {reps} repetition(s), to_jms / to_jms_seq / from_jms / backlog "
           f"observed by {args.observe}, each raw baseline measured just before its repetition; load average before "
           f"the run "
@@ -603,9 +619,13 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows, lats))
     cpu = cpu_table(rows)
     if cpu:
-        print(f"\nCPU µs per event in the timed windows (the machine's java and postgres processes, the node, the "
-              f"bench's clients; {os.cpu_count()} cores):\n")
+        print(f"\nCPU µs per event in the timed windows (the process trees this bench started: the node, the "
+              f"broker, PostgreSQL, the bench's clients; {os.cpu_count()} cores; broker warmed with {args.warmup:,} "
+              f"messages first):\n")
         print(cpu)
+    print("\nunit, the same run: a raw omniORBpy server's CPU per push_structured_event call "
+          + " / ".join(f"{u['structured']:.1f}" for u in units) + " µs, per event in push_structured_events x100 "
+          + " / ".join(f"{u['sequence']:.1f}" for u in units) + " µs (before / after the paths)")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Which servant operations need an authenticated caller (docs/security.md): applied once, at node start.
 
 - The project's administrative interfaces are guarded WHOLE (:func:`router.auth.admin_surface`): every IDL operation
-  of ``NsjmsAdmin::TransactionAdmin``, ``CosBridgeAdmin::BridgeFactory`` and ``NsjmsAdmin::ManagedBridge`` (with
+  of ``NsjmsAdmin::TransactionAdmin``, ``NsjmsAdmin::DeadLetterAdmin``, ``CosBridgeAdmin::BridgeFactory`` and
+  ``NsjmsAdmin::ManagedBridge`` (with
   ``CosBridgeAdmin::Bridge`` and ``BridgeTransactionMgmt::TransactionManagement``) needs an operator, except the
   read operations named here, which a reader may call. An operation added to their IDL is guarded by default; a new
   administrative servant class goes in :data:`ADMIN_SURFACES` (tests/unit/test_auth.py fails until it does).
@@ -18,6 +19,7 @@ __all__ = ["ADMIN_READS", "CHANNEL_GUARDS", "apply"]
 #: Per servant class name: the operations a reader may call (everything else of the class: operator).
 ADMIN_READS: dict[str, frozenset[str]] = {
     "TransactionAdminImpl": frozenset({"list_json", "show_json"}),
+    "DeadLetterAdminImpl": frozenset({"list_json", "show_json"}),
     "BridgeFactoryImpl": frozenset({"get_all_bridges", "get_bridge_with_id"}),
     "BridgeImpl": frozenset({"_get_end_point_receiver", "_get_end_point_sender", "get_status"}),
 }
@@ -31,9 +33,10 @@ CHANNEL_GUARDS: dict[str, dict[str, Role]] = {
 
 def admin_surfaces() -> list[type]:
     from router.bridge.bridge import BridgeFactoryImpl, BridgeImpl
+    from router.deadletteradmin import DeadLetterAdminImpl
     from router.txnadmin import TransactionAdminImpl
 
-    return [TransactionAdminImpl, BridgeFactoryImpl, BridgeImpl]
+    return [TransactionAdminImpl, DeadLetterAdminImpl, BridgeFactoryImpl, BridgeImpl]
 
 
 def apply() -> None:

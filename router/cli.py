@@ -37,7 +37,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_REFUSED: "the node refused the request, or the channel/bridge id does not exist (the message says why); "
                   "`txn`: refused (a decision logged the other way, no such transaction) or not confirmed",
     EXIT_LOCKED: "`serve`, `stop-services`, `txn`: the state directory is in use by a running node (nothing was "
-                 "touched)",
+                 "touched); `serve`: another process on the same database runs with this `node.node_id`",
     EXIT_UNREACHABLE: "`serve`: PostgreSQL did not answer at start (the message names `postgres.dsn` and the address, "
                       "password redacted)",
     EXIT_AUDIT_VIOLATION: "`audit`: more lost or duplicated deliveries than `--max-lost` / `--max-duplicates` allow",
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsjms", parents=[common],
                                 description="CORBA Notification Service ⇄ JMS routing engine")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{serve,status,channel,bridge,txn,credentials,demo,stop-services,ledger,audit}")
+                           metavar="{serve,status,channel,bridge,txn,deadletter,credentials,demo,stop-services,ledger,audit}")
 
     serve = sub.add_parser("serve", parents=[common],
                            help="run a node (embedded PostgreSQL and ActiveMQ unless given)")
@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     from router.txncli import add_parser as add_txn_parser
 
     add_txn_parser(sub, common)
+    from router.deadlettercli import add_parser as add_deadletter_parser
+
+    add_deadletter_parser(sub, common)
     from router.credcli import add_parser as add_credentials_parser
 
     add_credentials_parser(sub, common)
@@ -224,6 +227,7 @@ class _TelemetryUnavailable(Exception):
 
 
 def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
+    from router.cluster.errors import NodeLive
     from router.config import redact_dsn
     from router.lifecycle import ServiceUnreachable, StateDirLocked
     from router.server import Node
@@ -247,6 +251,10 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
         node.start()
     except StateDirLocked as exc:  # another node owns everything there: touch nothing, not even via stop()
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
+        return EXIT_LOCKED
+    except NodeLive as exc:        # another process runs with this node id on the same database
+        print(f"nsjms serve: node.node_id: {exc}", file=sys.stderr, flush=True)
+        node.stop(start_failed=True)
         return EXIT_LOCKED
     except _TelemetryUnavailable as exc:
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
@@ -288,6 +296,10 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
                 demo.kill()
         node.stop()
         flush_telemetry()
+    if node.fenced:                # its work was taken over while it was paused or cut off: start again as new
+        print(f"nsjms serve: node {cfg.node.node_id} was fenced (its work was taken over); stopped", file=sys.stderr,
+              flush=True)
+        return EXIT_FAILURE
     return EXIT_OK
 
 
@@ -434,6 +446,18 @@ def cmd_txn(args: argparse.Namespace, cfg: Any) -> int:
         return _private("txn", Path(cfg.node.state_dir))
 
 
+def cmd_deadletter(args: argparse.Namespace, cfg: Any) -> int:
+    from router.deadlettercli import run
+
+    state_dir = _running(f"deadletter {args.deadletter_command}", args, cfg)
+    if state_dir is None:
+        return EXIT_NOT_RUNNING
+    try:
+        return run(args, state_dir)
+    except PermissionError:
+        return _private("deadletter", state_dir)
+
+
 def cmd_credentials(args: argparse.Namespace, cfg: Any) -> int:
     from router.credcli import run
 
@@ -450,7 +474,7 @@ def cmd_audit(args: argparse.Namespace, cfg: Any) -> int:
 
 
 #: Commands that talk to the node's admin surfaces with the state directory's operator credential.
-PRESENTS_CREDENTIAL = frozenset({"status", "demo", "bridge", "channel", "txn"})
+PRESENTS_CREDENTIAL = frozenset({"status", "demo", "bridge", "channel", "txn", "deadletter"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -469,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge,
                 "channel": cmd_channel, "txn": cmd_txn, "stop-services": cmd_stop_services, "ledger": cmd_audit,
-                "credentials": cmd_credentials,
+                "credentials": cmd_credentials, "deadletter": cmd_deadletter,
                 "audit": cmd_audit}
     if args.command in PRESENTS_CREDENTIAL:      # docs/security.md: the CLI is the local operator
         from omniORB import CORBA

@@ -122,6 +122,7 @@ class Node:
         self.t2: Any = None
         self.t2_gauges: Any = None  # router.telemetry.T2Gauges of the last status snapshot
         self.txn_admin: Any = None  # router.txnadmin.TransactionAdminImpl
+        self.dead_letter_admin: Any = None  # router.deadletteradmin.DeadLetterAdminImpl
         self.bridge_store: Any = None
         self.pg_dsn = settings.pg_dsn
         self.broker_url = settings.broker_url
@@ -134,6 +135,8 @@ class Node:
         self._switch_interval_before: float | None = None     # sys.getswitchinterval() before tune_interpreter
         self._lock: Any = None
         self._stopped = threading.Event()
+        self.membership: Any = None      # router.cluster.node.Membership
+        self.fenced = False              # the node's work was taken over: it stopped acting (docs/cluster.md)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -256,6 +259,7 @@ class Node:
         self.orb = CORBA.ORB_init(orb_args(self.s), CORBA.ORB_ID)
         self.db = Database(self.pg_dsn, self.s.pg_pool_size)
         self.db.open()                     # one pool for the node; applies the missing schema migrations
+        self._join_cluster()               # refused (NodeLive) when another process runs with this node id
         self.store = Store(LedgerWriter(self.s.ledger))
         self.maintain_ledger()             # today's partitions exist before the first routed event
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
@@ -278,6 +282,22 @@ class Node:
         self.runtime.poa._get_the_POAManager().activate()
         self.runtime.ins_poa._get_the_POAManager().activate()
         self.bridges.resume()
+
+    def _join_cluster(self) -> None:
+        """This incarnation's membership row and lease (router/cluster, docs/cluster.md), renewed in the background;
+        a renewal that finds the node fenced ends :meth:`wait` (``serve`` then exits 1 and is started again)."""
+        from router.cluster.lease import LeaseSettings
+        from router.cluster.node import Membership
+        from router.lifecycle import write_private
+
+        self.membership = Membership(self.db, self.s.node_id, f"{self.s.orb_host}:{self.s.orb_port}",
+                                     self.s.state_dir, LeaseSettings(), self._fenced, write_private=write_private)
+        self.membership.join()
+        self.membership.start()
+
+    def _fenced(self) -> None:
+        self.fenced = True
+        self._stopped.set()
 
     def _secure_admin(self) -> None:
         """Admin credentials (generated on first start, 0600), the server interceptor, the servant guards
@@ -378,6 +398,10 @@ class Node:
                 "corbaloc": f"corbaloc::{host}:{port}/TransactionAdmin",
                 "ior": self.orb.object_to_string(self.txn_admin.ref),
             },
+            "dead_letter_admin": {
+                "corbaloc": f"corbaloc::{host}:{port}/DeadLetterAdmin",
+                "ior": self.orb.object_to_string(self.dead_letter_admin.ref),
+            },
             "postgres_dsn": redact_dsn(self.pg_dsn),
             "broker_url": redact_dsn(self.broker_url) if self.broker_url else None,
             "node_id": self.s.node_id,
@@ -406,6 +430,7 @@ class Node:
         return {"time": time.time(), "node_id": self.s.node_id, "channels": channels,
                 "bridges": self.bridges.status() if self.bridges is not None else [],
                 "store": self._store_stats(), "transactions": self._t2_status(),
+                "cluster": self.membership.status() if self.membership is not None else {},
                 "services": {name: health.as_dict() for name, health in self.health.items()}}
 
     def _t2_status(self) -> dict[str, Any]:
@@ -465,11 +490,14 @@ class Node:
                 log.debug("status snapshot failed", exc_info=True)
 
     def _publish(self) -> None:
+        from router.deadletteradmin import dead_letter_admin
         from router.lifecycle import write_private
         from router.txnadmin import TransactionAdminImpl, node_ops
 
         self.txn_admin = TransactionAdminImpl(node_ops(self.t2, self.s.state_dir))
         self.txn_admin.activate(self.runtime.ins_poa)  # nsjms txn asks the running router (online mode)
+        self.dead_letter_admin = dead_letter_admin(self)
+        self.dead_letter_admin.activate(self.runtime.ins_poa)  # nsjms deadletter asks the running router
         # factory.ior first: endpoints.json is the "ready" signal, so every file it announces already exists
         write_private(self.s.state_dir / "factory.ior", self.orb.object_to_string(self.factory.ref) + "\n")
         path = self.s.state_dir / "endpoints.json"
@@ -515,6 +543,8 @@ class Node:
                 self.orb.destroy()
             except Exception:
                 log.debug("ORB shutdown", exc_info=True)
+        if self.membership is not None:
+            self.membership.stop()       # leaves: a survivor may claim this node's work at once
         if self.db is not None:
             self.db.close()
         for svc in reversed(self.services):

@@ -391,17 +391,19 @@ class EmbeddedPostgres:
             ) from exc
 
     def _setup_over_socket(self) -> None:
-        """Set the superuser password on first start and create the ``nsjms`` database if missing."""
+        """Set the superuser password to the ``password`` file's (generated on first start; a rotated one,
+        ``nsjms credentials rotate --surface postgres``, is applied here at the next start) and create the ``nsjms``
+        database if missing."""
         password = self._read_password()
         with psycopg.connect(self._socket_conninfo(), autocommit=True) as conn:
             if password is None:
                 password = secrets.token_urlsafe(24)
-                conn.execute(
-                    sql.SQL("ALTER ROLE {} PASSWORD {}").format(
-                        sql.Identifier(PG_SUPERUSER), sql.Literal(password)
-                    )
-                )
                 self._write_password(password)
+            conn.execute(
+                sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    sql.Identifier(PG_SUPERUSER), sql.Literal(password)
+                )
+            )
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)).fetchone()
             if not exists:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PG_DATABASE)))
@@ -411,6 +413,10 @@ class EmbeddedPostgres:
             return self.password_file.read_text().strip() or None
         except FileNotFoundError:
             return None
+
+    def rotate_password(self) -> None:
+        """A new superuser password in the ``password`` file, applied at the next :meth:`start` (node stopped)."""
+        self._write_password(secrets.token_urlsafe(24))
 
     def _write_password(self, password: str) -> None:
         fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -721,6 +727,13 @@ class EmbeddedActiveMQ:
         for sub in ("", "data", "tmp", "lib"):
             (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         private_tree(self.root)
+
+    def rotate_credentials(self) -> None:
+        """A new passcode in ``credentials``; the next :meth:`start` writes it into the broker's configuration and
+        restarts a leftover broker running with the old one (node stopped)."""
+        write_private(self.credentials_file, f"{AMQ_LOGIN}\n{secrets.token_urlsafe(24)}\n")
+        if self.os_user is not None:
+            os.chown(self.credentials_file, *self._uid_gid())
 
     def _credentials(self) -> tuple[str, str]:
         """``(login, passcode)``: read from ``credentials`` or generated (and stored, mode 0600) on first use."""

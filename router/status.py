@@ -131,7 +131,9 @@ def render(report: dict[str, Any]) -> str:
         lines.append(render_transactions(txn))
     store = snap.get("store") or {}
     if store:
-        lines.append(f"stored      {store.get('events', 0)} persistent events, {store.get('queued', 0)} queue rows")
+        lines.append(f"stored      {store.get('events', 0)} persistent events, {store.get('queued', 0)} queue rows"
+                     + (f", {store['dead_letters']} dead letter(s) (nsjms deadletter list)"
+                        if store.get("dead_letters") else ""))
     for ch in snap.get("channels", []):
         lines.append(f"channel {ch['id']}: {ch['events_held']} event(s) held")
         for p in ch["proxy_suppliers"]:

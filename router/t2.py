@@ -45,7 +45,7 @@ from xa.resource import Clock, Resource, SystemClock
 from xa.xid import NodeId
 
 __all__ = [
-    "ACK_MANAGER", "PG_MANAGER", "SEND_MANAGER", "NodeTransactions", "OutboxResender", "OutboxRow",
+    "ACK_MANAGER", "OPERATOR_SEND", "PG_MANAGER", "SEND_MANAGER", "NodeTransactions", "OutboxResender", "OutboxRow",
     "inbox_claim", "outbox_delete", "outbox_insert", "outbox_rows", "outbox_rows_many",
 ]
 
@@ -58,6 +58,10 @@ DEFAULT_GUARD_S = 60.0
 DEFAULT_PERIOD_S = 5.0
 DEFAULT_INBOX_RETENTION_S = 7 * 86400.0
 DEFAULT_RESEND_BATCH = 2000      # messages per broker transaction when recovery re-sends many T2s
+#: The broker send branch named by an operator's COMMIT of an undecided T2 (``xa.recovery.RecoveryManager.resolve``):
+#: recovery re-sends the T2's outbox rows once its PostgreSQL branch is committed; a T2 without outbox rows (JMS ->
+#: channel) has nothing to re-send and the branch is done at once.
+OPERATOR_SEND = Participant("broker", "stomp-send", SEND_MANAGER, True)
 
 Conn = psycopg.Connection[Any]
 
@@ -359,7 +363,8 @@ class NodeTransactions:
     def view(self) -> list[InDoubt]:
         return self.recovery.view()
 
-    def resolve(self, gtrid: str, action: SafeAction, who: str, why: str) -> RecoveryReport:
+    def resolve(self, gtrid: str, action: SafeAction, who: str, why: str, *,
+                heuristic: bool = False) -> RecoveryReport:
         """An operator's decision (``nsjms txn commit|rollback``, router.txnadmin). The ledger hops of what it
         ends are filled as for recovery: acting as the log says (a logged COMMIT finished) gives ``decided_at`` =
         the COMMIT record's time and, for a re-send, ``broker_committed_at``; a heuristic COMMIT (against the log)
@@ -367,7 +372,7 @@ class NodeTransactions:
         forgotten, so the purge would not reach it); what nsjms cannot know stays NULL (docs/audit.md)."""
         with self.recovery_lock:
             before = self._live_for_hops()
-            report = self.recovery.resolve(gtrid, action, who, why)
+            report = self.recovery.resolve(gtrid, action, who, why, heuristic=heuristic, one_phase=(OPERATOR_SEND,))
             resent_at, self.resender.committed_at = self.resender.committed_at, {}
             if self.hops is not None:
                 self.hops.recovered(before, report.ended, resent_at)
@@ -420,8 +425,9 @@ class NodeTransactions:
             return outbox_rows_many(conn, gtrids)
 
     def _purge(self) -> None:
-        """Delete the outbox rows of transactions that ended (the log no longer knows them: every branch, the
-        broker's included, finished), and inbox rows older than the retention.
+        """Delete this node's outbox rows of transactions that ended (the log no longer knows them: every branch, the
+        broker's included, finished), and inbox rows older than the retention. Rows whose gtrid names another node
+        are that node's to purge: they are never in this node's log, and may be in flight or in doubt there.
 
         The snapshot is taken FIRST, then the live set is read: a row visible in the snapshot was committed by a
         transaction that had begun (in flight, or in the log) before the live set was read, and it leaves both
@@ -444,7 +450,10 @@ class NodeTransactions:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 conn.execute("SELECT 1 FROM nsjms_outbox LIMIT 1")          # fixes the snapshot
                 keep = set(self.log.live()) | set(self.coordinator.in_flight())
-                conn.execute("DELETE FROM nsjms_outbox WHERE NOT (gtrid = ANY(%s))", (sorted(keep),))
+                # only this node's rows: another node's in-flight or in-doubt rows are not in this node's log
+                # (starts_with, not LIKE: a node id may contain '_', LIKE's one-character wildcard)
+                conn.execute("DELETE FROM nsjms_outbox WHERE starts_with(gtrid, %s) AND NOT (gtrid = ANY(%s))",
+                             (f"{self.node.value}:", sorted(keep)))
                 if self.hops is not None and hops:
                     self.hops.write(conn, {g: h for g, h in hops.items() if g not in keep})
                 conn.execute("DELETE FROM nsjms_inbox WHERE received_at < now() - make_interval(secs => %s)",
@@ -457,6 +466,15 @@ class NodeTransactions:
                 self.hops.give_back({g: h for g, h in hops.items() if g in keep})
 
     # -- the resend transport -------------------------------------------------------------------------------
+    def broker_problem(self) -> str | None:
+        """Why outbox rows cannot be re-sent now (the broker connection cannot be opened), or None: checked before
+        an operator's commit that re-sends, so that nothing is committed that cannot be sent."""
+        try:
+            self._resend_transport()
+        except Exception as exc:  # noqa: BLE001 - any failure to connect is the answer
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
     def _resend_transport(self) -> Transport:
         with self._transport_lock:
             if self._transport_factory is None:

@@ -34,7 +34,7 @@ def node_ops(t2: Any, state_dir: Any) -> TxnOps:
 
     return TxnOps(t2.node.value, state_dir, t2.log, t2.pg, rows, t2.recovery, mode="online",
                   guard_s=t2.recovery.guard, in_flight=t2.coordinator.in_flight, serial=t2.recovery_lock,
-                  run=t2.recover_now, resolve=t2.resolve)
+                  run=t2.recover_now, resolve=t2.resolve, broker_check=t2.broker_problem)
 
 
 class TransactionAdminImpl(NsjmsAdmin__POA.TransactionAdmin):

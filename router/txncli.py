@@ -9,9 +9,16 @@ The mode follows the state directory's lock (``router.lifecycle.StateLock``), ne
   PostgreSQL's prepared transactions and the outbox/inbox directly (``router.txnops``) and acts through the same
   recovery manager the router uses. Nothing is deciding then, so recovery's in-flight guard is 0.
 
+Offline on the embedded defaults, the node's PostgreSQL cluster is used when it still runs, else started for the
+command and stopped after (:func:`offline_database`; read-only sessions for ``list``/``show``), and re-sends go to
+``broker.url`` or to the embedded broker a killed node left running (:class:`OfflineBroker`); with no broker in
+reach a re-send is advised as ``start-node`` and a commit refused before anything is touched.
+
 ``commit``/``rollback`` show the transaction and its safe action and ask for confirmation on a terminal (``--yes``
 for scripts; without a terminal and without ``--yes`` nothing is done). A decision logged the other way is refused
-with the reason (exit 4). Exit codes are those of ``router.cli``.
+with the reason (exit 4); so is a commit of a transaction with no decision logged unless ``--heuristic`` is given
+(the refusal names the events at stake), and a rollback after a heuristic commit. Refusals come from the backend
+(``router.txnops``), which writes every request to the operator log. Exit codes are those of ``router.cli``.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import re
 import socket
 import sys
 import time
@@ -55,6 +63,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("--who", default=None, help="who decides, offline only (default: USER@HOST); with the node "
                        "running, the operator log records the authenticated principal (docs/security.md)")
         p.add_argument("--yes", action="store_true", help="do not ask for confirmation (scripts)")
+        if action == "commit":
+            p.add_argument("--heuristic", action="store_true",
+                           help="commit a transaction that has no COMMIT logged (its coordinator never decided): "
+                                "a HEURISTIC decision, refused without this flag; its outbox rows are re-sent")
     forget = tsub.add_parser("forget", parents=[common],
                              help="drop a heuristic outcome once the data is checked (refused while a branch is "
                                   "prepared or a re-send is due)")
@@ -217,6 +229,7 @@ def _online(endpoints: Path) -> Iterator[Backend]:
 def _offline(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[Backend]:
     import psycopg
 
+    from router.t2 import OutboxResender, outbox_rows
     from router.txnops import TxnOps, connect_rows
     from xa.log import FileLog, log_path
     from xa.pg import PgManager
@@ -231,57 +244,129 @@ def _offline(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[Backend]:
             raise Unavailable(f"no recovery log of node {node} in {state_dir.resolve()}, but {', '.join(others)}: "
                               "set node.node_id (--config FILE, $NSJMS_NODE_NODE_ID) to the node that ran here",
                               EXIT_CONFIG)
-    dsn = offline_dsn(cfg, state_dir)
-    log = FileLog(state_dir, node) if write or log_path(state_dir, node).exists() else None
-    pg = PgManager(lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=5), key="postgresql")
-    recovery = None
-    if log is not None:
-        recovery = RecoveryManager(node, log, [pg], _offline_resend(cfg, dsn), SystemClock(), in_flight_guard=0.0)
-    try:
-        yield Offline(TxnOps(node.value, state_dir, log, pg, connect_rows(dsn), recovery, mode="offline",
-                             guard_s=0.0))
-    finally:
-        pg.close()
+    with offline_database(cfg, state_dir, write=write) as dsn:
+        log = FileLog(state_dir, node) if write or log_path(state_dir, node).exists() else None
+        pg = PgManager(lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=5), key="postgresql")
+        broker = OfflineBroker(cfg, state_dir)
+
+        def rows_of(gtrid: str) -> Any:
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                return outbox_rows(conn, gtrid)
+
+        recovery = None
         if log is not None:
-            log.close()
+            recovery = RecoveryManager(node, log, [pg], OutboxResender(rows_of, broker.transport), SystemClock(),
+                                       in_flight_guard=0.0)
+        try:
+            yield Offline(TxnOps(node.value, state_dir, log, pg, connect_rows(dsn), recovery, mode="offline",
+                                 guard_s=0.0, broker_check=broker.problem))
+        finally:
+            broker.close()
+            pg.close()
+            if log is not None:
+                log.close()
 
 
-def offline_dsn(cfg: Any, state_dir: Path) -> str:
-    """``postgres.dsn``, or the embedded cluster's when it is running (it outlives a crashed node)."""
+@contextmanager
+def offline_database(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[str]:
+    """The DSN of the stopped node's database for one command (the caller holds the state directory's lock).
+
+    ``postgres.dsn`` when set; else the embedded cluster of the state directory: used as it is when it still runs
+    (it outlives a killed node), otherwise STARTED for this command and stopped after it (a node cannot start
+    meanwhile: the lock). Without ``write`` (list, show) every session is read-only
+    (``default_transaction_read_only``)."""
+    from psycopg.conninfo import make_conninfo
+
+    def ro(dsn: str) -> str:
+        return dsn if write else str(make_conninfo(dsn, options="-c default_transaction_read_only=on"))
+
     if cfg.postgres.dsn:
-        return str(cfg.postgres.dsn)
+        yield ro(str(cfg.postgres.dsn))
+        return
+    from router.lifecycle import ServiceError
     from router.services import EmbeddedPostgres
 
     embedded = EmbeddedPostgres(state_dir, cfg.postgres.embedded_port)
-    if not embedded.is_running():
-        raise Unavailable("the node is stopped and so is its embedded PostgreSQL: start the node (its recovery runs "
-                          "at start) or set postgres.dsn", EXIT_FAILURE)
-    return embedded._make_dsn()
+    running = embedded._running_port()
+    if running is not None:                          # left by a killed node: used, not stopped
+        embedded.port = running
+        yield ro(embedded._make_dsn())
+        return
+    if not (embedded.data / "PG_VERSION").exists():
+        raise Unavailable(f"no embedded PostgreSQL cluster in {embedded.root} (no node ran with this state "
+                          "directory): name the node's with --state-dir, or set postgres.dsn", EXIT_CONFIG)
+    from router.server import _postgres_may_traverse
+
+    _postgres_may_traverse(state_dir)                # as root the cluster runs as the postgres OS user
+    try:
+        dsn = embedded.start()
+    except ServiceError as exc:
+        raise Unavailable(f"the node is stopped and its embedded PostgreSQL could not be started for this "
+                          f"command: {exc}", EXIT_FAILURE) from None
+    try:
+        yield ro(dsn)
+    finally:
+        embedded.stop()
 
 
-def _offline_resend(cfg: Any, dsn: str) -> Any:
-    """Recovery's re-send of outbox rows, over ``broker.url`` (an embedded broker is not reachable offline)."""
-    from router.t2 import OutboxResender, outbox_rows
+class OfflineBroker:
+    """The broker recovery re-sends to while the node is stopped: ``broker.url``, or the node's embedded ActiveMQ
+    when it still runs (a killed node leaves it running; an orderly stop stops it): its STOMP port from its
+    ``activemq.xml``, its login from ``activemq/credentials``. One connection for the command, opened on first
+    use; :meth:`problem` says why none can be opened (asked before anything is committed)."""
 
-    def rows_of(gtrid: str) -> Any:
-        import psycopg
+    def __init__(self, cfg: Any, state_dir: Path) -> None:
+        self.cfg, self.state_dir = cfg, state_dir
+        self._transport: Any = None
 
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-            return outbox_rows(conn, gtrid)
+    def _target(self) -> tuple[str, str, str]:
+        from router.jms.transport import TransportError
+        from router.services import EmbeddedActiveMQ
 
-    def transport() -> Any:
+        broker = self.cfg.broker
+        if broker.url:
+            return str(broker.url), broker.login, broker.passcode
+        mq = EmbeddedActiveMQ(self.state_dir, broker.embedded_stomp_port, broker.embedded_openwire_port,
+                              authenticate=True)
+        if not mq.is_running():
+            raise TransportError("the node's embedded broker is not running (it stops with the node): start the "
+                                 "node; its recovery re-sends at start")
+        try:
+            xml = (mq.root / "activemq.xml").read_text()
+            login, passcode = mq.credentials_file.read_text().split("\n")[:2]
+        except (OSError, ValueError) as exc:
+            raise TransportError(f"the embedded broker's configuration cannot be read ({exc}): start the node; "
+                                 "its recovery re-sends at start") from None
+        found = re.search(r'name="stomp" uri="stomp://[^:"]+:(\d+)', xml)
+        port = int(found[1]) if found else broker.embedded_stomp_port
+        return f"stomp://127.0.0.1:{port}", login, passcode
+
+    def transport(self) -> Any:
         from router.bridge.codec import MappingCodec
-        from router.jms.transport import TransportError, open_transport
+        from router.jms.transport import open_transport
 
-        if not cfg.broker.url:
-            raise TransportError("broker.url is empty (embedded broker): start the node to re-send; its recovery "
-                                 "re-sends at start")
-        t = open_transport(cfg.broker.url, codec=MappingCodec(), username=cfg.broker.login,
-                           password=cfg.broker.passcode)
-        t.connect()
-        return t
+        if self._transport is None or not self._transport.is_connected():
+            self.close()
+            url, login, passcode = self._target()
+            t = open_transport(url, codec=MappingCodec(), username=login, password=passcode)
+            t.connect()
+            self._transport = t
+        return self._transport
 
-    return OutboxResender(rows_of, transport)
+    def problem(self) -> str | None:
+        try:
+            self.transport()
+        except Exception as exc:  # noqa: BLE001 - any failure to connect is the answer
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def close(self) -> None:
+        t, self._transport = self._transport, None
+        if t is not None:
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - closing a connection the command no longer needs
+                pass
 
 
 # --------------------------------------------------------------------------------------------------- running
@@ -355,13 +440,23 @@ def _decide(args: argparse.Namespace, b: Backend, out: Callable[[str], None], er
     if (args.gtrid is None) == (args.xid is None):
         raise _Usage("name a transaction GTRID, or one orphaned branch with --xid GID (not both)")
     target = args.xid or args.gtrid
+    heuristic = bool(getattr(args, "heuristic", False))
     if args.xid is None:
-        view = b.show(args.gtrid)
+        try:
+            view = b.show(args.gtrid)
+        except Refusal:                              # unknown: the backend refuses the request itself (and logs it)
+            b.resolve(args.gtrid, action, who, args.why or "")
+            raise
         summary = render_show(view, b.mode)
-        if action == "commit" and view["decision"] != "commit":
+        if action == "commit" and view["decision"] is None and not heuristic:
+            # refused (exit 4) and written to the operator log by the backend, with the count at stake
+            b.resolve(args.gtrid, action, who, args.why or "")
+            raise Refusal(f"{args.gtrid}: no COMMIT is logged: add --heuristic")  # not reached: refused above
+        if action == "commit" and view["decision"] is None:
             summary += (f"\nWARNING: no COMMIT is logged (safe action {view['action']!r}): committing is a HEURISTIC "
-                        "decision, recorded and listed until `nsjms txn forget`; what the transaction never sent to "
-                        "the broker is not re-sent")
+                        f"decision, recorded and listed until `nsjms txn forget`; it commits {_events(view)} event(s)"
+                        f"{' to ' + ', '.join(view['destinations']) if view['destinations'] else ''} and re-sends "
+                        "its outbox rows with their dedupe ids")
         elif view["action"] not in (action, "resend" if action == "commit" else action):
             summary += f"\nNOTE: the safe action is {view['action']!r}: {view['reason']}"
     else:
@@ -378,7 +473,9 @@ def _decide(args: argparse.Namespace, b: Backend, out: Callable[[str], None], er
     if args.xid is not None:
         result = b.resolve_xid(args.xid, action, who, why)
     else:
-        result = b.resolve(args.gtrid, action, who, why)
+        from router.txnops import HEURISTIC_COMMIT
+
+        result = b.resolve(args.gtrid, HEURISTIC_COMMIT if heuristic and action == "commit" else action, who, why)
     out(json.dumps(result, indent=2, sort_keys=True) if args.json else render_report(result, b.mode))
     return EXIT_FAILURE if result.get("errors") else EXIT_OK
 
@@ -414,7 +511,7 @@ def render_list(listing: dict[str, Any]) -> str:
     lines = [f"node {listing['node']} ({where})"]
     txns = listing["transactions"]
     head = ("GTRID", "STATUS", "AGE", "BRANCHES", "EVENTS", "ACTION", "REASON")
-    rows = [(t["gtrid"], t["status"], _age(t["age_s"]), _branches(t), str(t["events"]), t["action"], t["reason"])
+    rows = [(t["gtrid"], t["status"], _age(t["age_s"]), _branches(t), _events(t), t["action"], t["reason"])
             for t in txns]
     if rows:
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
@@ -433,6 +530,11 @@ def render_list(listing: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _events(view: dict[str, Any]) -> str:
+    """The event count, ``?`` when a prepared branch holds what cannot be read (``TxnView.events_known``)."""
+    return str(view["events"]) if view.get("events_known", True) else "?"
+
+
 def _ts(at: float | None) -> str:
     return "-" if at is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
@@ -445,7 +547,10 @@ def render_show(view: dict[str, Any], mode: str) -> str:
              f"  safe action {view['action'].upper()}: {view['reason']}",
              f"  bridges     {', '.join(map(str, view['bridges'])) or '-'}; channels "
              f"{', '.join(map(str, view.get('channels', []))) or '-'}; destinations "
-             f"{', '.join(view['destinations']) or '-'}; events {view['events']}"]
+             f"{', '.join(view['destinations']) or '-'}; events {_events(view)}"]
+    if not view.get("events_known", True):
+        lines.append("  events      ? (a prepared PostgreSQL branch's own rows are invisible until it commits; a "
+                     "JMS -> channel T2 deletes nothing that could be counted)")
     for b in view["branches"]:
         phase = "one-phase" if b["one_phase"] else "two-phase"
         since = f", prepared {_ts(b['prepared_at'])}" if b["prepared_at"] else ""
@@ -456,6 +561,10 @@ def render_show(view: dict[str, Any], mode: str) -> str:
     for r in view["inbox"]:
         lines.append(f"  inbox       bridge {r['bridge_id']} message {r['message_id']} (received "
                      f"{_ts(r['received_at'])})")
+    for h in view.get("held", ()):
+        lines.append(f"  held        {h['events']} channel event(s) of channel {h['channel_id']} taken by the prepared "
+                     f"branch for bridge {h['bridge_id'] if h['bridge_id'] is not None else '-'} "
+                     f"{h['destination'] or '(not a bridge)'}")
     for h in view["heuristics"]:
         lines.append(f"  heuristic   {h['kind']} branch {h['branch']} by {h['who']} at {_ts(h['at'])}: {h['why']}")
     return "\n".join(lines)
@@ -464,11 +573,18 @@ def render_show(view: dict[str, Any], mode: str) -> str:
 def render_report(report: dict[str, Any], mode: str) -> str:
     """What a commit/rollback/recover did."""
     parts = [f"{k.replace('_', ' ')} {', '.join(report[k])}" for k in
-             ("committed", "rolled_back", "resent", "ended", "heuristic", "waiting") if isinstance(report.get(k), list)
+             ("committed", "rolled_back", "resent", "deferred", "ended", "heuristic", "waiting")
+             if isinstance(report.get(k), list)
              and report[k]]
     text = f"{report.get('gtrid') or report.get('gid') or 'recovery'} ({mode}): " + ("; ".join(parts) or "nothing "
                                                                                      "to do")
     if report.get("heuristic") is True:
+        if report.get("action") == "heuristic-commit":
+            where = f" to {', '.join(report['destinations'])}" if report.get("destinations") else ""
+            text += f"\ncommitted {report.get('events', 0)} event(s) heuristically{where}" + (
+                "; re-sent with their dedupe ids" if report.get("resent") else "")
         text += "\nrecorded as a HEURISTIC outcome: `nsjms txn list` shows it until `nsjms txn forget`"
+    if report.get("note"):
+        text += f"\nNOTE: {report['note']}"
     text += "".join(f"\nERROR: {e}" for e in report.get("errors", []))
     return text

@@ -25,7 +25,8 @@ from typing import Any
 import psycopg
 from psycopg import Xid
 
-from router.txnview import InboxInfo, Listing, OutboxInfo, Snapshot, TxnView, join, refusal
+from router.t2 import OPERATOR_SEND
+from router.txnview import START_NODE, HeldInfo, InboxInfo, Listing, OutboxInfo, Snapshot, TxnView, join, refusal
 from xa.errors import HeuristicKind, XAError
 from xa.log import RecoveryLog
 from xa.pg import PgManager
@@ -33,9 +34,10 @@ from xa.records import Heuristic, LiveTxn
 from xa.recovery import RecoveryManager, RecoveryReport, SafeAction
 from xa.xid import FORMAT_ID, NodeId, is_ours, parse_gtrid
 
-__all__ = ["AUDIT_FILE", "Refused", "TxnOps"]
+__all__ = ["AUDIT_FILE", "HEURISTIC_COMMIT", "Refused", "TxnOps", "operator_log"]
 
 AUDIT_FILE = "txn-operator.log"
+HEURISTIC_COMMIT = "heuristic-commit"  # the action of ``nsjms txn commit --heuristic`` (over IIOP too)
 Rows = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
 
 
@@ -51,16 +53,20 @@ class TxnOps:
                  in_flight: Callable[[], frozenset[str]] = frozenset,
                  serial: AbstractContextManager[Any] | None = None,
                  run: Callable[[], RecoveryReport] | None = None,
-                 resolve: Callable[[str, SafeAction, str, str], RecoveryReport] | None = None) -> None:
+                 resolve: Callable[..., RecoveryReport] | None = None,
+                 broker_check: Callable[[], str | None] | None = None) -> None:
         """``serial``: held around every action (online: the node's recovery lock, so an operator's action never
         interleaves with a recovery pass); ``run``: one recovery pass (online: the node's, which counts it);
-        ``resolve``: an operator's decision (online: the node's ``NodeTransactions.resolve``, which also fills the
-        ledger hops of what it ends; offline: the recovery manager's)."""
+        ``resolve``: an operator's decision, ``(gtrid, action, who, why, heuristic=...)`` (online: the node's
+        ``NodeTransactions.resolve``, which also fills the ledger hops of what it ends; offline: the recovery
+        manager's); ``broker_check``: why messages cannot be re-sent now, or None (asked before a commit that
+        re-sends, and offline for the listing's advice; None: not checked)."""
         self.node, self.state_dir, self.log, self.pg, self.rows = NodeId(node), state_dir, log, pg, rows
         self.recovery, self.mode, self.guard_s, self.in_flight = recovery, mode, guard_s, in_flight
         self.serial: AbstractContextManager[Any] = serial if serial is not None else threading.RLock()
         self._run = run
         self._resolve = resolve
+        self._broker_check = broker_check
 
     # --------------------------------------------------------------------------------------------- read
     def snapshot(self) -> Snapshot:
@@ -72,10 +78,33 @@ class TxnOps:
             prepared = list(self.pg.recover())
         except XAError as exc:
             prepared, error = None, str(exc)
-        gtrids = sorted(set(live) | {x.gtrid for x in prepared or () if is_ours(x, self.node)})
+        ours = [x for x in prepared or () if is_ours(x, self.node)]
+        gtrids = sorted(set(live) | {x.gtrid for x in ours})
         outbox, inbox = self._rows(gtrids) if gtrids and prepared is not None else ((), ())
+        held = self._held(ours) if ours else []
         return Snapshot(self.node.value, time.time(), self.guard_s, live, prepared, error, outbox, inbox, busy,
-                        self.mode)
+                        self.mode, held)
+
+    def _held(self, xids: list[Xid]) -> list[HeldInfo]:
+        """The channel events prepared branches hold (:class:`router.txnview.HeldInfo`).
+
+        A prepared branch's own INSERTs (outbox, ledger, inbox rows) are invisible to every other session until it
+        commits, and PostgreSQL has no dirty read. What a channel -> JMS T2 DELETED is visible: the proxy queue rows
+        of its batch stay in place, locked, with ``xmax`` = the prepared transaction's xid
+        (``pg_prepared_xacts.transaction``; the branches use no subtransactions, so no subxid can stand in). Their
+        count is the batch's event count, and the bridge whose proxy owns the queue names the destination. One
+        sequential scan of ``nsjms_queue`` (an operator's command, not the data path)."""
+        by_gid = {str(x): x.gtrid for x in xids}
+        with self.rows() as conn:
+            rows = conn.execute(
+                "SELECT p.gid, b.id, q.channel_id, lower(b.sink->>'destination_type'), b.sink->>'destination_name', "
+                "count(*) FROM pg_prepared_xacts p JOIN nsjms_queue q ON q.xmax = p.transaction "
+                "LEFT JOIN nsjms_bridge b ON b.channel_id = q.channel_id AND b.admin_id = q.admin_id "
+                "AND b.proxy_id = q.proxy_id AND b.sink->>'type' = 'JMS_MESSAGE' "
+                "WHERE p.database = current_database() AND p.gid = ANY(%s) "
+                "GROUP BY p.gid, b.id, q.channel_id, b.sink", (sorted(by_gid),)).fetchall()
+        return [HeldInfo(by_gid[str(gid)], _opt(bid), int(cid), f"/{kind}/{name}" if kind and name else None, int(n))
+                for gid, bid, cid, kind, name, n in rows]
 
     def _rows(self, gtrids: list[str]) -> tuple[list[OutboxInfo], list[InboxInfo]]:
         with self.rows() as conn:
@@ -91,7 +120,15 @@ class TxnOps:
                 [InboxInfo(str(g), int(b), str(m), float(at), _opt(ch)) for g, b, m, at, ch in inb])
 
     def listing(self) -> Listing:
-        return join(self.snapshot())
+        snap = self.snapshot()
+        listing = join(snap)
+        if self.mode == "offline" and self._broker_check is not None and any(
+                t.sends and t.action in (SafeAction.COMMIT.value, SafeAction.RESEND.value)
+                for t in listing.transactions):
+            problem = self._broker_check()                 # the advice says what can be done from here
+            if problem is not None:
+                listing = join(dataclasses.replace(snap, broker_problem=problem))
+        return listing
 
     def show(self, gtrid: str) -> TxnView:
         for view in self.listing().transactions:
@@ -107,32 +144,64 @@ class TxnOps:
         return self.recovery
 
     def resolve(self, gtrid: str, action: str, who: str, why: str) -> dict[str, Any]:
-        """Commit or roll back one transaction; refused against a logged decision (:func:`refusal`)."""
-        if action not in ("commit", "rollback"):
-            raise Refused(f"an operator can commit or roll back, not {action!r}")
-        with self.serial:
-            view = self.show(gtrid)
-            reason = refusal(view, action)
-            if reason is not None:
-                self.audit(who, why, action, gtrid, f"refused: {reason}")
-                raise Refused(reason)
-            try:
-                act = self._resolve if self._resolve is not None else self._recovery().resolve
-                report = act(gtrid, SafeAction(action), who, why)
-            except XAError as exc:
-                raise Refused(str(exc)) from exc
-        result = _report(report)
-        result.update(gtrid=gtrid, action=action, heuristic=gtrid in report.heuristic)
+        """Commit or roll back one transaction; refused against a logged decision (:func:`refusal`). ``action``:
+        ``commit``, ``rollback``, or ``heuristic-commit`` (``--heuristic``: needed to commit what has no COMMIT
+        logged). Every request, refused or done, is in the operator log."""
+        try:
+            with self.serial:
+                result = self._resolve_one(gtrid, action, who, why)
+        except Refused as exc:
+            self.audit(who, why, action, gtrid, f"refused: {exc}")
+            raise
+        except Exception as exc:
+            self.audit(who, why, action, gtrid, f"failed: {type(exc).__name__}: {exc}")
+            raise
         self.audit(who, why, action, gtrid, result)
+        return result
+
+    def _resolve_one(self, gtrid: str, action: str, who: str, why: str) -> dict[str, Any]:
+        heuristic = action == HEURISTIC_COMMIT
+        decision = "commit" if heuristic else action
+        if decision not in ("commit", "rollback"):
+            raise Refused(f"an operator can commit, commit --heuristic or roll back, not {action!r}")
+        view = self.show(gtrid)
+        reason = refusal(view, decision, heuristic=heuristic)
+        if reason is not None:
+            raise Refused(reason)
+        if decision == "commit" and view.sends and self._broker_check is not None:
+            problem = self._broker_check()             # never commit what cannot be sent (checked first)
+            if problem is not None:
+                raise Refused(f"{gtrid}: nothing done: committing it re-sends {view.events} message(s) and the "
+                              f"broker cannot be reached ({problem}); "
+                              + ("start the node (its recovery does this at start)" if self.mode == "offline"
+                                 else "try again once the broker is back"))
+        try:
+            if self._resolve is not None:
+                report = self._resolve(gtrid, SafeAction(decision), who, why, heuristic=heuristic)
+            else:
+                report = self._recovery().resolve(gtrid, SafeAction(decision), who, why, heuristic=heuristic,
+                                                  one_phase=(OPERATOR_SEND,))
+        except XAError as exc:
+            raise Refused(str(exc)) from exc
+        result = _report(report)
+        result.update(gtrid=gtrid, action=action, heuristic=gtrid in report.heuristic, events=view.events,
+                      destinations=list(view.destinations))
         return result
 
     def resolve_xid(self, gid: str, action: str, who: str, why: str) -> dict[str, Any]:
         """Commit or roll back ONE orphaned prepared branch by its GID (``pg_prepared_xacts.gid``), recording the
         operator's decision as a HEURISTIC record first (shown until ``forget``)."""
-        if action not in ("commit", "rollback") or not who.strip() or not why.strip():
-            raise Refused("--xid needs commit or rollback, who and why")
-        with self.serial:
-            return self._resolve_xid(gid, action, who, why)
+        try:
+            if action not in ("commit", "rollback") or not who.strip() or not why.strip():
+                raise Refused("--xid needs commit or rollback, who and why")
+            with self.serial:
+                return self._resolve_xid(gid, action, who, why)
+        except Refused as exc:
+            self.audit(who, why, f"{action} --xid", gid, f"refused: {exc}")
+            raise
+        except Exception as exc:
+            self.audit(who, why, f"{action} --xid", gid, f"failed: {type(exc).__name__}: {exc}")
+            raise
 
     def _resolve_xid(self, gid: str, action: str, who: str, why: str) -> dict[str, Any]:
         found = [x for x in self.pg.recover() if str(x) == gid]
@@ -151,7 +220,6 @@ class TxnOps:
         try:
             (self.pg.commit_branch if action == "commit" else self.pg.rollback_branch)(xid)
         except XAError as exc:
-            self.audit(who, why, f"{action} --xid", gid, f"failed: {exc}")
             raise Refused(f"{gid}: {exc} (the decision is recorded; run the command again)") from exc
         result = {"gid": gid, "gtrid": xid.gtrid, "action": action, "heuristic": True}
         self.audit(who, why, f"{action} --xid", gid, result)
@@ -164,28 +232,55 @@ class TxnOps:
         except XAError as exc:
             self.audit(who, "", "forget", gtrid, f"refused: {exc}")
             raise Refused(str(exc)) from exc
+        except Exception as exc:
+            self.audit(who, "", "forget", gtrid, f"failed: {type(exc).__name__}: {exc}")
+            raise
         self.audit(who, "", "forget", gtrid, "forgotten")
         return {"gtrid": gtrid, "forgotten": True}
 
-    def recover(self) -> dict[str, Any]:
-        """One recovery pass (what the router does at start and every few seconds)."""
+    def recover(self, who: str = "") -> dict[str, Any]:
+        """One recovery pass (what the router does at start and every few seconds), in the operator log."""
+        note = ""
         try:
             with self.serial:
-                report = self._run() if self._run is not None else self._recovery().run()
-        except XAError as exc:
+                if self._run is not None:
+                    report = self._run()
+                else:
+                    # offline with the broker out of reach: the PostgreSQL work only (what a node's start does
+                    # first); the re-sends wait for the node, never a commit whose re-send fails half-way
+                    stuck = [t.gtrid for t in self.listing().transactions if t.action == START_NODE]
+                    report = self._recovery().run(resend=not stuck)
+                    if stuck:
+                        note = (f"re-sends deferred: the broker cannot be reached from here; start the node (its "
+                                f"recovery re-sends at start) for {', '.join(stuck)}")
+        except (XAError, Refused) as exc:
+            self.audit(who, "", "recover", "", f"refused: recovery failed: {exc}")
             raise Refused(f"recovery failed: {exc}") from exc
-        return _report(report)
+        except Exception as exc:
+            self.audit(who, "", "recover", "", f"failed: {type(exc).__name__}: {exc}")
+            raise
+        result = _report(report)
+        if note:
+            result["note"] = note
+        self.audit(who, "", "recover", "", result)
+        return result
 
     # ------------------------------------------------------------------------------------------ audit
     def audit(self, who: str, why: str, action: str, target: str, result: Any) -> None:
-        line = json.dumps({"at": time.time(), "node": self.node.value, "mode": self.mode, "who": who, "why": why,
-                           "action": action, "target": target, "result": result}, sort_keys=True)
-        fd = os.open(self.state_dir / AUDIT_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, (line + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        operator_log(self.state_dir, self.node.value, self.mode, who, why, action, target, result)
+
+
+def operator_log(state_dir: Path, node: str, mode: str, who: str, why: str, action: str, target: str,
+                 result: Any) -> None:
+    """Append one operator action to ``<state_dir>/txn-operator.log`` (also ``nsjms deadletter``'s actions)."""
+    line = json.dumps({"at": time.time(), "node": node, "mode": mode, "who": who, "why": why,
+                       "action": action, "target": target, "result": result}, sort_keys=True)
+    fd = os.open(state_dir / AUDIT_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _opt(value: Any) -> int | None:

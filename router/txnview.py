@@ -24,18 +24,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from psycopg import Xid
 
-from xa.errors import BranchUnavailable, UsageError
+from xa.errors import BranchUnavailable, HeuristicKind, UsageError
 from xa.records import LiveTxn, Participant, Record
 from xa.recovery import InDoubt, RecoveryManager, SafeAction
 from xa.xid import FORMAT_ID, NodeId, is_ours, parse_gtrid
 
 __all__ = [
-    "BranchView", "InboxInfo", "Listing", "OrphanView", "OutboxInfo", "Snapshot", "TxnView", "join",
+    "BranchView", "HeldInfo", "InboxInfo", "Listing", "OrphanView", "OutboxInfo", "Snapshot", "TxnView", "join",
     "parse_duration", "refusal", "select",
 ]
 
@@ -63,6 +63,19 @@ class InboxInfo:
 
 
 @dataclass(frozen=True)
+class HeldInfo:
+    """Channel events a PREPARED PostgreSQL branch holds: the queue rows it deleted (still visible to other sessions,
+    their ``xmax`` is the prepared transaction's xid), by the channel -> JMS bridge that routes them. The outbox rows
+    the branch wrote are not visible before it commits; these rows are (``router.txnops.TxnOps._held``)."""
+
+    gtrid: str
+    bridge_id: int | None  # the bridge whose proxy queue held them (None: a consumer that is not a bridge)
+    channel_id: int
+    destination: str | None  # the bridge's JMS destination, /queue/NAME or /topic/NAME
+    events: int
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything the view needs, read by the I/O layer (``router.txnops``)."""
 
@@ -76,6 +89,8 @@ class Snapshot:
     inbox: Sequence[InboxInfo] = ()
     in_flight: frozenset[str] = frozenset()
     mode: str = "offline"
+    held: Sequence[HeldInfo] = ()
+    broker_problem: str | None = None  # offline: why the broker cannot be reached to re-send (None: it can)
 
 
 @dataclass(frozen=True)
@@ -101,6 +116,8 @@ class TxnView:
     outbox: tuple[OutboxInfo, ...] = ()
     inbox: tuple[InboxInfo, ...] = ()
     heuristics: tuple[dict[str, Any], ...] = ()
+    held: tuple[HeldInfo, ...] = ()
+    send_due: bool = False  # its logged COMMIT names a broker send branch not finished (its rows may be unreadable)
 
     @property
     def in_doubt(self) -> bool:
@@ -109,26 +126,48 @@ class TxnView:
 
     @property
     def bridges(self) -> tuple[int, ...]:
-        return tuple(sorted({r.bridge_id for r in self.outbox} | {r.bridge_id for r in self.inbox}))
+        held = {h.bridge_id for h in self.held if h.bridge_id is not None}
+        return tuple(sorted({r.bridge_id for r in self.outbox} | {r.bridge_id for r in self.inbox} | held))
 
     @property
     def channels(self) -> tuple[int, ...]:
-        ids = [r.channel_id for r in self.outbox] + [r.channel_id for r in self.inbox]
+        ids = [r.channel_id for r in self.outbox] + [r.channel_id for r in self.inbox] + [h.channel_id for h in
+                                                                                          self.held]
         return tuple(sorted({c for c in ids if c is not None}))
 
     @property
     def destinations(self) -> tuple[str, ...]:
-        return tuple(sorted({r.destination for r in self.outbox}))
+        held = {h.destination for h in self.held if h.destination is not None}
+        return tuple(sorted({r.destination for r in self.outbox} | held))
 
     @property
     def events(self) -> int:
-        """Events routed in it: messages sent (outbox rows) plus messages received (inbox rows)."""
-        return len(self.outbox) + len(self.inbox)
+        """Events routed in it: messages sent (outbox rows) plus messages received (inbox rows); for a PREPARED
+        branch, whose own rows cannot be read, the channel events it took from the bridges' queues
+        (:class:`HeldInfo`)."""
+        return len(self.outbox) + len(self.inbox) + sum(h.events for h in self.held)
+
+    @property
+    def events_known(self) -> bool:
+        """False when a PostgreSQL branch is prepared and nothing of it could be read (a JMS -> channel T2: the
+        events and inbox rows it inserted are invisible until it commits), so :attr:`events` is not its count."""
+        return bool(self.events) or not any(b.state == "prepared" for b in self.branches)
+
+    @property
+    def sends(self) -> bool:
+        """Committing it sends messages to the broker (outbox rows, or channel events a prepared branch holds)."""
+        return self.send_due or bool(self.outbox) or any(h.bridge_id is not None for h in self.held)
+
+    @property
+    def operator_commit(self) -> dict[str, Any] | None:
+        """The operator's heuristic COMMIT of it (the last HEURISTIC record of kind commit), or None."""
+        marks = [h for h in self.heuristics if h["kind"] == HeuristicKind.COMMIT.value]
+        return marks[-1] if marks else None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(in_doubt=self.in_doubt, bridges=list(self.bridges), channels=list(self.channels),
-                   destinations=list(self.destinations), events=self.events)
+                   destinations=list(self.destinations), events=self.events, events_known=self.events_known)
         return out
 
 
@@ -228,11 +267,15 @@ def join(snap: Snapshot) -> Listing:
     foreign = len(prepared) - len(ours) - len(orphans)
     outbox = _by_gtrid(snap.outbox)
     inbox = _by_gtrid(snap.inbox)
+    held: dict[str, list[HeldInfo]] = {}
+    for h in snap.held:
+        held.setdefault(h.gtrid, []).append(h)
     txns = []
     for entry in safe_actions(snap):
         xids = [x for x in ours if x.gtrid == entry.gtrid]
         txns.append(_txn(entry, snap.live.get(entry.gtrid), xids, snap, outbox.get(entry.gtrid, ()),
-                         inbox.get(entry.gtrid, ())))
+                         inbox.get(entry.gtrid, ()),
+                         tuple(sorted(held.get(entry.gtrid, ()), key=lambda h: (h.bridge_id or -1, h.channel_id)))))
     errors = (f"PostgreSQL: {snap.pg_error or 'did not answer'}",) if snap.prepared is None else ()
     return Listing(snap.node, snap.mode, snap.now, tuple(txns), orphans, foreign, errors)
 
@@ -257,19 +300,52 @@ def _orphan(xid: Xid, now: float) -> OrphanView:
 
 
 def _txn(entry: InDoubt, txn: LiveTxn | None, xids: list[Xid], snap: Snapshot, outbox: tuple[OutboxInfo, ...],
-         inbox: tuple[InboxInfo, ...]) -> TxnView:
+         inbox: tuple[InboxInfo, ...], held: tuple[HeldInfo, ...] = ()) -> TxnView:
     decision_rec = (txn.commit or txn.rollback) if txn is not None else None
     decision = None if txn is None else "commit" if txn.commit else "rollback" if txn.rollback else None
     deadline = txn.commit.deadline if txn is not None and txn.commit is not None else None
     heuristics = tuple({"kind": h.kind.value, "branch": h.branch, "who": h.who, "why": h.why, "at": h.at}
                        for h in (txn.heuristics if txn is not None else ()))
     reason = entry.reason
+    action = entry.action.value
+    if entry.action is SafeAction.RESEND and txn is not None and not outbox and _acks_only(txn):
+        reason = reason.replace("re-send the outbox rows with their dedupe ids", ACK_RESEND)
     if entry.action in (SafeAction.COMMIT, SafeAction.RESEND) and decision == "commit" and outbox:
         reason += f"; re-sends carry dedupe ids {outbox[0].dedupe_id}..{outbox[-1].dedupe_id}"
     if entry.action is SafeAction.ROLLBACK and decision is None and snap.guard_s == 0 and snap.mode == "offline":
         reason += " (the node is stopped: nothing can be deciding it)"
-    return TxnView(entry.gtrid, entry.status, decision, decision_rec.at if decision_rec else None, deadline,
-                   entry.age_s, entry.action.value, reason, _branches(txn, xids, snap), outbox, inbox, heuristics)
+    if held and decision is None:
+        n = sum(h.events for h in held)
+        dests = ", ".join(sorted({h.destination for h in held if h.destination})) or "a consumer that is not a bridge"
+        reason += (f"; it holds {n} channel event(s) for {dests}: a rollback gives them back to the queue (the node "
+                   "delivers them again), a commit needs --heuristic and re-sends them")
+    send_due = txn is not None and txn.commit is not None and any(
+        p.one_phase and p.manager == SEND_MANAGER and p.name not in txn.done for p in txn.commit.participants)
+    view = TxnView(entry.gtrid, entry.status, decision, decision_rec.at if decision_rec else None, deadline,
+                   entry.age_s, action, reason, _branches(txn, xids, snap), outbox, inbox, heuristics, held, send_due)
+    if snap.broker_problem and view.sends and action in (SafeAction.COMMIT.value, SafeAction.RESEND.value):
+        view = replace(view, action=START_NODE, reason=(
+            f"{reason}; but the broker cannot be reached from here ({snap.broker_problem}): start the node (its "
+            "recovery does this at start, with its broker); nothing is committed here that cannot be sent"))
+    return view
+
+
+#: The action shown instead of commit/resend when the node is stopped and its broker cannot be reached to re-send.
+START_NODE = "start-node"
+ACK_RESEND = ("nothing to re-send in this direction (JMS -> channel: no outbox rows): the broker redelivers "
+              "the messages whose ACKs it did not commit and the bridge acknowledges them again, the inbox "
+              "recognising each (no second event)")
+
+
+def _acks_only(txn: LiveTxn) -> bool:
+    """Every unfinished one-phase branch of its COMMIT acknowledges (JMS -> channel), none sends."""
+    assert txn.commit is not None
+    left = [p for p in txn.commit.participants if p.one_phase and p.name not in txn.done]
+    return bool(left) and all(p.manager == ACK_MANAGER for p in left)
+
+
+ACK_MANAGER = "stomp-ack"  # router.t2.ACK_MANAGER (not imported: this module stays free of I/O modules)
+SEND_MANAGER = "stomp-send"  # router.t2.SEND_MANAGER
 
 
 def _branches(txn: LiveTxn | None, xids: list[Xid], snap: Snapshot) -> tuple[BranchView, ...]:
@@ -307,10 +383,25 @@ def _at(xid: Xid | None) -> float | None:
 
 
 # -------------------------------------------------------------------------------------------- operator
-def refusal(view: TxnView, action: str) -> str | None:
-    """Why an operator's ``commit`` / ``rollback`` of ``view`` must be refused, or None."""
+def refusal(view: TxnView, action: str, *, heuristic: bool = False) -> str | None:
+    """Why an operator's ``commit`` / ``rollback`` of ``view`` must be refused, or None. ``heuristic``: the operator
+    asked for a heuristic commit (``--heuristic``), needed to commit what has no COMMIT logged."""
     if view.status == "in-flight":
         return f"{view.gtrid}: this node is driving it now; wait for it to finish"
+    mark = view.operator_commit
+    if action == "rollback" and mark is not None:
+        return (f"{view.gtrid}: it was committed heuristically by {mark['who']} at {_when(mark['at'])} "
+                f"({mark['why']}): its PostgreSQL branch is committed and its messages re-sent or being re-sent, "
+                "so there is nothing left to roll back. Check the data, then `nsjms txn forget` it")
+    if action == "commit" and view.action == START_NODE:
+        return f"{view.gtrid}: nothing done: {view.reason}"
+    if action == "commit" and view.decision is None and not heuristic:
+        count = (f"{view.events} event(s)" if view.events_known else "an unknown number of events (a prepared "
+                 "branch's own rows cannot be read)")
+        where = f" to {', '.join(view.destinations)}" if view.destinations else ""
+        return (f"{view.gtrid}: no COMMIT is logged (its coordinator never decided; safe action {view.action}): "
+                f"committing it is a HEURISTIC decision that commits {count}{where}; nothing done. Add --heuristic "
+                "to commit it (its outbox rows are then re-sent with their dedupe ids), or roll it back")
     if action == "rollback" and view.decision == "commit":
         return (f"{view.gtrid}: the decision COMMIT is logged (at {_when(view.decided_at)}): branches may already be "
                 "committed and the broker may hold its messages, so a rollback would break atomicity. "

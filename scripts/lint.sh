@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Static checks: `ruff check .` over the tree and `mypy --strict` over the packages (router, xa, idl, audit;
-# idl/generated excluded). Both read their settings from pyproject.toml ([tool.ruff], [tool.mypy]).
+# Static checks: `ruff check .` over the tree, `mypy --strict` over the packages (router, xa, idl, audit;
+# idl/generated excluded) and import-linter's layering contracts (`lint-imports`). All read their settings from
+# pyproject.toml ([tool.ruff], [tool.mypy], [tool.importlinter]).
 #
 #   bash scripts/lint.sh                      # both checks
 #   PYTHON=/path/to/python bash scripts/lint.sh
@@ -20,8 +21,8 @@ else
     py=python3
 fi
 
-for tool in ruff mypy; do
-    if ! "$py" -m "$tool" --version >/dev/null 2>&1; then
+for tool in ruff mypy importlinter; do
+    if ! "$py" -c "import $tool" >/dev/null 2>&1; then
         echo "[lint] ERROR: $tool is not installed for $py (pip install -e '.[test]')" >&2
         exit 2
     fi
@@ -32,6 +33,8 @@ echo "[lint] $py -m ruff check ."
 "$py" -m ruff check . || status=1
 echo "[lint] $py -m mypy --strict router xa idl audit"
 "$py" -m mypy --strict router xa idl audit || status=1
+echo "[lint] $py -m importlinter.cli (lint-imports: the layering contracts)"
+"$py" -c 'from importlinter.cli import lint_imports_command; lint_imports_command()' || status=1
 if [ "$status" -ne 0 ]; then
     echo "[lint] FAILED" >&2
 fi

@@ -51,13 +51,16 @@ from psycopg import Xid
 from .errors import BranchNotFound, HeuristicKind, HeuristicOutcome, UsageError, XAError
 from .log import RecoveryLog
 from .observer import Guarded, Observer
-from .records import End, Heuristic, LiveTxn, Participant, Progress
+from .records import Commit, End, Heuristic, LiveTxn, Participant, Progress
 from .resource import BatchManager, Clock, RecoverableManager
 from .xid import NodeId, branch_xid, is_ours
 
-__all__ = ["InDoubt", "RecoveryManager", "RecoveryReport", "SafeAction", "render"]
+__all__ = ["OPERATOR_DECISION", "InDoubt", "RecoveryManager", "RecoveryReport", "SafeAction", "render"]
 
 _log = logging.getLogger("xa.recovery")
+#: The branch a HEURISTIC record names when an operator took the decision the coordinator never logged (it settles
+#: no branch: the transaction is finished as its COMMIT record says, :meth:`RecoveryManager.resolve`).
+OPERATOR_DECISION = "(operator decision)"
 Resend = Callable[[str, Participant], None]
 
 
@@ -398,13 +401,23 @@ class RecoveryManager:
                              "finished (recovery re-sends them)", gtrid=gtrid)
         self.log.append(End(gtrid, self.clock.wall(), who), durable=True)
 
-    def resolve(self, gtrid: str, action: SafeAction, who: str, why: str) -> RecoveryReport:
+    def resolve(self, gtrid: str, action: SafeAction, who: str, why: str, *, heuristic: bool = False,
+                one_phase: Sequence[Participant] = ()) -> RecoveryReport:
         """An operator's decision for one in-doubt transaction (``nsjms txn commit|rollback``).
 
         Acting as the log says (commit a logged COMMIT; roll back what has no COMMIT record) is ordinary recovery,
         without waiting for the in-flight guard. Acting AGAINST the log (commit without a COMMIT record, roll
         back a logged COMMIT) is a heuristic decision: a HEURISTIC record (who, when, why) is made durable BEFORE
         any branch is touched, and the transaction stays listed until it is forgotten.
+
+        Committing a transaction that has no decision at all (its coordinator died before deciding) needs
+        ``heuristic`` (:class:`UsageError` without it, nothing done). The operator then takes the decision the
+        coordinator never logged: a COMMIT record naming its prepared branches and the ``one_phase`` participants
+        (the broker send, whose outbox rows the prepared branch holds) and a HEURISTIC record (who, why; branch
+        :data:`OPERATOR_DECISION`, which settles no branch) are made durable first, then the transaction is
+        finished exactly as a logged COMMIT: the prepared branches are committed, then the one-phase branches
+        re-sent (same dedupe ids); a re-send that fails is retried by every later recovery pass. It stays listed
+        until it is forgotten.
         """
         if action not in (SafeAction.COMMIT, SafeAction.ROLLBACK):
             raise UsageError(f"an operator can commit or roll back, not {action.value}", gtrid=gtrid)
@@ -419,9 +432,17 @@ class RecoveryManager:
             raise UsageError("no such in-doubt transaction on this node", gtrid=gtrid)
         report = RecoveryReport(foreign=scan.foreign, errors=[f"{k}: {e}" for k, e in scan.unavailable.items()])
         logged_commit = txn is not None and txn.commit is not None
-        if action is SafeAction.COMMIT and logged_commit and txn is not None and not txn.heuristics:
+        if action is SafeAction.COMMIT and logged_commit and txn is not None and all(
+                h.branch == OPERATOR_DECISION for h in txn.heuristics):   # an operator's COMMIT is finished as any
             self._finish_commit(txn, scan, report)
+            if txn.heuristics:
+                report.heuristic.append(gtrid)
             return report
+        if action is SafeAction.COMMIT and not logged_commit and (txn is None or txn.rollback is None):
+            if not heuristic:
+                raise UsageError("no COMMIT is logged: committing it is a heuristic decision (heuristic=True)",
+                                 gtrid=gtrid)
+            return self._operator_commit(gtrid, txn, found, scan, report, who, why, one_phase)
         if action is SafeAction.ROLLBACK and not logged_commit:
             for key, xid in found:
                 self._rollback_xid(key, xid, report)
@@ -436,6 +457,27 @@ class RecoveryManager:
                 self._commit_xid(key, xid, report)
             else:
                 self._rollback_xid(key, xid, report)
+        return report
+
+    def _operator_commit(self, gtrid: str, txn: LiveTxn | None, found: Sequence[tuple[str, Xid]], scan: _Scan,
+                         report: RecoveryReport, who: str, why: str,
+                         one_phase: Sequence[Participant]) -> RecoveryReport:
+        """The operator's COMMIT of an undecided transaction (see :meth:`resolve`)."""
+        now = self.clock.wall()
+        known = {p.name for p in one_phase}
+        two_phase = tuple(Participant(x.bqual or "", key, key, False)
+                          for key, x in found)
+        done = tuple(sorted(txn.done)) if txn is not None else ()
+        extra = tuple(Participant(n, "unknown", "unknown", True) for n in done
+                      if n not in known and all(p.name != n for p in two_phase))
+        record = Commit(gtrid, two_phase + extra + tuple(one_phase), None, now)
+        self.log.append(record, durable=False)
+        self.log.append(Heuristic(gtrid, HeuristicKind.COMMIT, OPERATOR_DECISION, who, why, now), durable=True)
+        report.heuristic.append(gtrid)
+        decided = self.log.live().get(gtrid)
+        if decided is None or decided.commit is None:
+            raise UsageError("the operator's COMMIT record could not be read back", gtrid=gtrid)
+        self._finish_commit(decided, scan, report)
         return report
 
     @staticmethod

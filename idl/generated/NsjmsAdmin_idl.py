@@ -289,6 +289,81 @@ omniORB.registerSkeleton(TransactionAdmin._NP_RepositoryId, TransactionAdmin)
 del TransactionAdmin
 __name__ = "idl.generated.NsjmsAdmin"
 
+# exception DeadLetterRefused
+_0_NsjmsAdmin.DeadLetterRefused = omniORB.newEmptyClass()
+class DeadLetterRefused (CORBA.UserException):
+    _NP_RepositoryId = "IDL:nsjms.org/NsjmsAdmin/DeadLetterRefused:1.0"
+
+    def __init__(self, reason):
+        CORBA.UserException.__init__(self, reason)
+        self.reason = reason
+
+_0_NsjmsAdmin.DeadLetterRefused = DeadLetterRefused
+_0_NsjmsAdmin._d_DeadLetterRefused  = (omniORB.tcInternal.tv_except, DeadLetterRefused, DeadLetterRefused._NP_RepositoryId, "DeadLetterRefused", "reason", (omniORB.tcInternal.tv_string,0))
+_0_NsjmsAdmin._tc_DeadLetterRefused = omniORB.tcInternal.createTypeCode(_0_NsjmsAdmin._d_DeadLetterRefused)
+omniORB.registerType(DeadLetterRefused._NP_RepositoryId, _0_NsjmsAdmin._d_DeadLetterRefused, _0_NsjmsAdmin._tc_DeadLetterRefused)
+del DeadLetterRefused
+
+# interface DeadLetterAdmin
+_0_NsjmsAdmin._d_DeadLetterAdmin = (omniORB.tcInternal.tv_objref, "IDL:nsjms.org/NsjmsAdmin/DeadLetterAdmin:1.0", "DeadLetterAdmin")
+omniORB.typeMapping["IDL:nsjms.org/NsjmsAdmin/DeadLetterAdmin:1.0"] = _0_NsjmsAdmin._d_DeadLetterAdmin
+_0_NsjmsAdmin.DeadLetterAdmin = omniORB.newEmptyClass()
+class DeadLetterAdmin :
+    _NP_RepositoryId = _0_NsjmsAdmin._d_DeadLetterAdmin[1]
+
+    def __init__(self, *args, **kw):
+        raise RuntimeError("Cannot construct objects of this type.")
+
+    _nil = CORBA.Object._nil
+
+
+_0_NsjmsAdmin.DeadLetterAdmin = DeadLetterAdmin
+_0_NsjmsAdmin._tc_DeadLetterAdmin = omniORB.tcInternal.createTypeCode(_0_NsjmsAdmin._d_DeadLetterAdmin)
+omniORB.registerType(DeadLetterAdmin._NP_RepositoryId, _0_NsjmsAdmin._d_DeadLetterAdmin, _0_NsjmsAdmin._tc_DeadLetterAdmin)
+
+# DeadLetterAdmin operations and attributes
+DeadLetterAdmin._d_list_json = ((omniORB.tcInternal.tv_long, omniORB.tcInternal.tv_ulong), ((omniORB.tcInternal.tv_string,0), ), None)
+DeadLetterAdmin._d_show_json = ((omniORB.tcInternal.tv_longlong, ), ((omniORB.tcInternal.tv_string,0), ), {_0_NsjmsAdmin.DeadLetterRefused._NP_RepositoryId: _0_NsjmsAdmin._d_DeadLetterRefused})
+DeadLetterAdmin._d_retry = ((omniORB.tcInternal.tv_longlong, (omniORB.tcInternal.tv_string,0)), ((omniORB.tcInternal.tv_string,0), ), {_0_NsjmsAdmin.DeadLetterRefused._NP_RepositoryId: _0_NsjmsAdmin._d_DeadLetterRefused})
+DeadLetterAdmin._d_discard = ((omniORB.tcInternal.tv_longlong, (omniORB.tcInternal.tv_string,0), (omniORB.tcInternal.tv_string,0)), ((omniORB.tcInternal.tv_string,0), ), {_0_NsjmsAdmin.DeadLetterRefused._NP_RepositoryId: _0_NsjmsAdmin._d_DeadLetterRefused})
+
+# DeadLetterAdmin object reference
+class _objref_DeadLetterAdmin (CORBA.Object):
+    _NP_RepositoryId = DeadLetterAdmin._NP_RepositoryId
+
+    def __init__(self, obj):
+        CORBA.Object.__init__(self, obj)
+
+    def list_json(self, *args):
+        return self._obj.invoke("list_json", _0_NsjmsAdmin.DeadLetterAdmin._d_list_json, args)
+
+    def show_json(self, *args):
+        return self._obj.invoke("show_json", _0_NsjmsAdmin.DeadLetterAdmin._d_show_json, args)
+
+    def retry(self, *args):
+        return self._obj.invoke("retry", _0_NsjmsAdmin.DeadLetterAdmin._d_retry, args)
+
+    def discard(self, *args):
+        return self._obj.invoke("discard", _0_NsjmsAdmin.DeadLetterAdmin._d_discard, args)
+
+omniORB.registerObjref(DeadLetterAdmin._NP_RepositoryId, _objref_DeadLetterAdmin)
+_0_NsjmsAdmin._objref_DeadLetterAdmin = _objref_DeadLetterAdmin
+del DeadLetterAdmin, _objref_DeadLetterAdmin
+
+# DeadLetterAdmin skeleton
+__name__ = "idl.generated.NsjmsAdmin__POA"
+class DeadLetterAdmin (PortableServer.Servant):
+    _NP_RepositoryId = _0_NsjmsAdmin.DeadLetterAdmin._NP_RepositoryId
+
+
+    _omni_op_d = {"list_json": _0_NsjmsAdmin.DeadLetterAdmin._d_list_json, "show_json": _0_NsjmsAdmin.DeadLetterAdmin._d_show_json, "retry": _0_NsjmsAdmin.DeadLetterAdmin._d_retry, "discard": _0_NsjmsAdmin.DeadLetterAdmin._d_discard}
+
+DeadLetterAdmin._omni_skeleton = DeadLetterAdmin
+_0_NsjmsAdmin__POA.DeadLetterAdmin = DeadLetterAdmin
+omniORB.registerSkeleton(DeadLetterAdmin._NP_RepositoryId, DeadLetterAdmin)
+del DeadLetterAdmin
+__name__ = "idl.generated.NsjmsAdmin"
+
 #
 # End of module "NsjmsAdmin"
 #

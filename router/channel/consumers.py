@@ -9,6 +9,7 @@ connection is suspended or while the channel is full with ``RejectNewEvents`` (N
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import omniORB
@@ -22,6 +23,7 @@ import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
 from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe, store_boundary_all, store_faults
+from router.channel.deadletters import NewDeadLetter, kept_body, pulled_dedupe_id
 from router.channel.delivery import DeadLetters
 from router.channel.events import Event, describe_event, normalise_any, normalise_structured
 from router.channel.proxies import ProxyBase
@@ -194,25 +196,24 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
 
     def _route_pulled(self, events: list[Event]) -> list[Event]:
         """Route pulled events; returns the ones still to route (none once all are settled: routed, or one by one
-        refused for unusable QoS headers or size). The whole batch is tried at once; when the channel refuses it
-        because of one event, the events are routed one at a time and routing stops at the first that must wait
-        (channel full, database failure): only it and the events behind it are returned, never an event already
-        routed."""
+        refused for unusable QoS headers or size and kept in the dead-letter store). The whole batch is tried at
+        once; when the channel refuses it because of one event, the events are routed one at a time and routing
+        stops at the first that must wait (channel full, database failure): only it and the events behind it are
+        returned, never an event already routed."""
         try:
             self._route_acked(events)
             return []
         except CORBA.BAD_QOS as exc:
             if len(events) == 1:
-                self._refused(events[0], exc, "its QoS headers are unusable")
-                return []
+                return [] if self._refused(events[0], exc, "its QoS headers are unusable") else events
         except CORBA.IMP_LIMIT as exc:
             if exc.minor != MINOR_EVENT_TOO_LARGE:
                 log.info("proxy %s: channel full with RejectNewEvents; %d pulled event(s) wait", self.oid,
                          len(events))
                 return events
             if len(events) == 1:
-                self._refused(events[0], exc, f"above the channel's size limit of {self.rt.max_event_bytes} bytes")
-                return []
+                why = f"above the channel's size limit of {self.rt.max_event_bytes} bytes"
+                return [] if self._refused(events[0], exc, why) else events
         except Exception:
             log.warning("proxy %s: routing %d pulled event(s) failed; retrying", self.oid, len(events),
                         exc_info=True)
@@ -222,13 +223,30 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
                 return events[i:]
         return []
 
-    def _refused(self, event: Event, exc: BaseException, why: str) -> None:
+    def _refused(self, event: Event, exc: BaseException, why: str) -> bool:
         """A pulled event the channel refuses is dead-lettered: the supplier handed it over and considers it
-        delivered (a pull-style JMS bridge acknowledges its message at the next pull), so this is its record."""
+        delivered (a pull-style JMS bridge acknowledges its message at the next pull), so it is kept in the
+        channel's dead-letter store (side 'S', :mod:`router.channel.deadletters`) with the reason. False when that
+        store could not be written (the event is kept in memory and routed again later)."""
         reason = f"{describe(exc)}: {why}"
         what = describe_event(event)
+        seq = self.rt.next_seq()
+        body, note = kept_body(event)
+        row = NewDeadLetter(pulled_dedupe_id(self.rt.store.ledger.run_id, seq, self.channel.id, self.admin.id,
+                                             self.id), self.channel.id, "S", self.admin.id, self.id, seq,
+                            int(event.form), body, 0, None, None, False, what,
+                            f"the channel refused the pulled event: {why}{note}", describe(exc), 1, time.time())
+        try:
+            with self.rt.db.unit_of_work() as conn:
+                self.rt.dead_letters.add(conn, row)
+        except Exception as store_exc:  # noqa: BLE001 — e.g. PostgreSQL restarting: the pull loop tries again
+            log.warning("proxy %s: could not keep the refused pulled event %s in the dead-letter store (%s); "
+                        "retrying", self.oid, what, store_exc)
+            return False
         self._count_dead_letter(what, reason, f"DEAD-LETTERED pulled event {what}: the channel refuses it ({reason}); "
-                                              "not routed, the events behind it go on")
+                                              "moved to the dead-letter store (nsjms deadletter list); the events "
+                                              "behind it go on")
+        return True
 
     def status_extra(self) -> dict[str, Any]:
         extra = self.dead_letter_status()

@@ -3,14 +3,18 @@
 A batch whose *content* failed (see :data:`router.channel.boundary.EVENT_SPECIFIC`; also a conversion error inside
 the channel) is put back and its entries are then delivered one at a time, so the failing event is found and the
 others go through. One event that fails alone :data:`~router.channel.boundary.POISON_ATTEMPTS` times is
-dead-lettered: it leaves the queue (and the store, with a ``dead_letter`` ledger row giving the reason) with an
-ERROR log line naming the event and the reason, the ``nsjms.events.dead_lettered`` counter, and the proxy's
-``dead_lettered`` / ``last_dead_letter`` fields in ``nsjms status``. The events behind it are delivered as usual.
+dead-lettered: it moves from the queue to the channel's dead-letter store (:mod:`router.channel.deadletters`, with
+its reason) in ONE unit of work that also writes its ``dead_letter`` ledger row, so it is never in neither place; an
+operator retries or discards it (``nsjms deadletter``). Also an ERROR log line naming the event and the reason, the
+``nsjms.events.dead_lettered`` counter, and the proxy's ``dead_lettered`` / ``last_dead_letter`` fields in
+``nsjms status``. The events behind it are delivered as usual.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 import omniORB
@@ -19,10 +23,12 @@ from omniORB import CORBA
 import CosEventComm
 
 from router.channel.boundary import EVENT_SPECIFIC, POISON_ATTEMPTS, Outcome, describe
+from router.channel.deadletters import NewDeadLetter, kept_body, readable_reason
 from router.channel.events import describe_event
 from router.channel.queue import Entry
 from router.corbacall import PROBE, CallFailed, call
 from router.ledger import Outcome as LedgerOutcome
+from router.ledger import channel_dedupe_id, volatile_dedupe_id
 
 __all__ = ["DeadLetters", "DeliveryFailures"]
 
@@ -101,25 +107,56 @@ class DeliveryFailures(DeadLetters):
                         self.oid, entry.record.seq, reason, entry.failures, POISON_ATTEMPTS)
             self.queue.requeue(entries)
             return
-        self._dead_letter(entry, reason)
+        self._dead_letter(entry, reason, readable=readable_reason(exc, entry.failures))
 
-    def _dead_letter(self, entry: Entry, reason: str) -> None:
+    def _dead_letter(self, entry: Entry, reason: str, *, readable: str | None = None) -> None:
+        """Move ``entry`` to the dead-letter store (:mod:`router.channel.deadletters`) in the unit of work that
+        deletes its queue row and writes its ``dead_letter`` ledger row; ``reason`` is the failure (the exception),
+        ``readable`` what it means for an operator (default: ``reason``)."""
         rec = entry.record
         what = f"seq={rec.seq} {describe_event(rec.event)} ({rec.size} bytes)"
         if rec.db_id is not None:
             what += f" stored as event id {rec.db_id}"
         self._delivered_one_batch()
         self._count_dead_letter(what, reason, f"DEAD-LETTERED event {what} after {entry.failures} failed "
-                                              f"deliveries: {reason}; the events behind it go on")
-        self._finish([entry], outcome=LedgerOutcome.DEAD_LETTER, reason=f"dead-lettered after {entry.failures} "
-                                                                           f"failed deliveries: {reason}")
+                                              f"deliveries: {reason}; moved to the dead-letter store "
+                                              "(nsjms deadletter list); the events behind it go on")
+        self._finish([entry], outcome=LedgerOutcome.DEAD_LETTER,
+                     reason=f"dead-lettered after {entry.failures} failed deliveries: {reason}",
+                     also=self._dead_letter_row(entry, readable or reason, reason))
+
+    def _dead_letter_row(self, entry: Entry, readable: str, exception: str) -> Callable[[Any], None]:
+        """The write that keeps ``entry`` in the dead-letter store, for :meth:`_finish`'s unit of work: a stored
+        event is copied from its queue row (only while that row exists); a BestEffort one from its encoding."""
+        rec, store, cid = entry.record, self.rt.dead_letters, self.channel.id
+        aid, pid, name, attempts = self.admin.id, self.id, describe_event(rec.event), entry.failures
+        if rec.db_id is not None:
+            eid = rec.db_id
+            dedupe = channel_dedupe_id(eid, cid, aid, pid)
+
+            def queued(conn: Any) -> None:
+                store.add_queued(conn, cid, aid, pid, eid, dedupe_id=dedupe, name=name, reason=readable,
+                                 exception=exception, attempts=attempts)
+            return queued
+        body, note = kept_body(rec.event)
+        accepted = self.channel.volatile_accepted_at(rec.seq) or time.time()
+        row = NewDeadLetter(volatile_dedupe_id(self.rt.store.ledger.run_id, rec.seq, cid, aid, pid), cid, "C", aid,
+                            pid, rec.seq, int(rec.event.form), body, rec.priority, rec.deadline, rec.start_at, False,
+                            name, readable + note, exception, attempts, accepted)
+
+        def volatile(conn: Any) -> None:
+            store.add(conn, row)
+        return volatile
 
     def _finish(self, entries: list[Entry], *, wait: bool = True, outcome: LedgerOutcome = LedgerOutcome.DELIVERED,
-                reason: str | None = None) -> bool:
+                reason: str | None = None, also: Callable[[Any], None] | None = None) -> bool:
         raise NotImplementedError
 
-    # -- one push attempt (push proxy suppliers) ---------------------------------------------------------------
     rt: Any
+    admin: Any
+    id: int
+
+    # -- one push attempt (push proxy suppliers) ---------------------------------------------------------------
     push_op: str
 
     def client_ref(self) -> Any:
@@ -167,3 +204,4 @@ class DeliveryFailures(DeadLetters):
         except CallFailed:
             return Outcome.RETRY
         return Outcome.GONE if gone else Outcome.EVENT_FAILED
+

@@ -371,9 +371,10 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         self._finish(entries, outcome=outcome, reason=why)
 
     def _finish(self, entries: list[Entry], *, wait: bool = True, outcome: LedgerOutcome = LedgerOutcome.DELIVERED,
-                reason: str | None = None) -> bool:
+                reason: str | None = None, also: Callable[[Any], None] | None = None) -> bool:
         """These entries left the queue for good: ``outcome`` says why (delivered; expired, discarded or
-        dead-lettered with a ``reason``), and is what the ledger records in the same unit of work.
+        dead-lettered with a ``reason``), and is what the ledger records in the same unit of work. ``also`` runs
+        first in that unit of work (a dead letter's row, :mod:`router.channel.deadletters`).
 
         The stored rows are deleted first, retried while the database is unavailable (a delivered event whose row
         survived would be delivered again after a restart, never lost); then the records are released. With
@@ -383,23 +384,27 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         ids = [e.record.db_id for e in entries if e.record.db_id is not None]
         volatile = self._volatile_ledger(entries)
         acked, be_acked = _delivery_times(entries)
-        if (ids or volatile) and not wait and not self.destroyed:
+
+        def unit() -> None:
             with self.rt.db.unit_of_work() as conn:
+                if also is not None:
+                    also(conn)
                 self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
                                                 outcome=outcome, reason=reason, best_effort=volatile,
                                                 acknowledged_at=acked, best_effort_acknowledged_at=be_acked)
-            ids, volatile = [], []
+
+        work = bool(ids or volatile or also is not None)
+        if work and not wait and not self.destroyed:
+            unit()
+            work = False
         backoff, done = 0.05, True
-        while (ids or volatile) and not self.destroyed:
+        while work and not self.destroyed:
             try:
-                with self.rt.db.unit_of_work() as conn:
-                    self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids,
-                                                    outcome=outcome, reason=reason, best_effort=volatile,
-                                                    acknowledged_at=acked, best_effort_acknowledged_at=be_acked)
+                unit()
                 break
             except Exception as exc:  # noqa: BLE001 — e.g. PostgreSQL restarting
-                log.warning("proxy %s: could not remove %d delivered event(s) from the store (%s); retrying",
-                            self.oid, len(ids), exc)
+                log.warning("proxy %s: could not remove %d %s event(s) from the store (%s); retrying",
+                            self.oid, len(entries), outcome, exc)
                 if self.stop_event.wait(backoff) or self.rt.shutting_down.is_set():
                     done = False               # stopping: the rows stay and are delivered again after a restart
                     break

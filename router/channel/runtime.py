@@ -18,6 +18,7 @@ from typing import Any
 from omniORB import CORBA, PortableServer
 
 from router.channel.boundary import DEFAULT_MAX_EVENT_BYTES
+from router.channel.deadletters import DeadLetterStore
 from router.channel.delivered import DeliveredJournals
 from router.channel.groupcommit import GroupCommit
 from router.channel.store import Store
@@ -51,6 +52,7 @@ class Runtime:
         self.orb = orb
         self.db = db                                # the node's pool: callers open units of work on it
         self.store = store if store is not None else Store()
+        self.dead_letters = DeadLetterStore()       # events the channel gave up on (router.channel.deadletters)
         self.push_timeout_ms = push_timeout_ms
         self.max_event_bytes = max_event_bytes      # larger events are refused (IMP_LIMIT); 0 = no limit
         self.t2: Any = None                         # router.t2.NodeTransactions of a node; None: no T2 here

@@ -492,9 +492,10 @@ class Store:
 
     def stats(self, conn: Conn) -> dict[str, int]:
         row = conn.execute("SELECT (SELECT count(*) FROM nsjms_channel), (SELECT count(*) FROM nsjms_proxy), "
-                           "(SELECT count(*) FROM nsjms_event), (SELECT count(*) FROM nsjms_queue)").fetchone()
+                           "(SELECT count(*) FROM nsjms_event), (SELECT count(*) FROM nsjms_queue), "
+                           "(SELECT count(*) FROM nsjms_dead_letter)").fetchone()
         assert row is not None
-        return dict(zip(("channels", "proxies", "events", "queued"), map(int, row), strict=True))
+        return dict(zip(("channels", "proxies", "events", "queued", "dead_letters"), map(int, row), strict=True))
 
     # -- helpers ----------------------------------------------------------------------------------------
     @staticmethod

@@ -24,7 +24,8 @@ order is kept. A rollback caused by the batch's content (the broker refused a fr
 batch's entries one per T2 (``_isolate``, as the non-T2 path does for a failing batch); an entry that fails alone
 is then dead-lettered by the bridge INSIDE its next T2 (the bridge's dead-letter destination, with the reason);
 if even that fails :data:`~router.channel.boundary.POISON_ATTEMPTS` times, the channel dead-letters it as the
-non-T2 path does (ERROR log, ``dead_lettered`` in the proxy's status). Outages (broker or database unavailable,
+non-T2 path does (into the channel's dead-letter store, :mod:`router.channel.deadletters`; ERROR log,
+``dead_lettered`` in the proxy's status). Outages (broker or database unavailable,
 deadline passed) never count against an event.
 
 ``DecisionUnknown`` (the COMMIT record may or may not be durable): logged at ERROR, the entries are kept out of
@@ -538,7 +539,10 @@ def _content_failure(proxy: Any, st: T2State, entries: list[Entry], reason: str)
     if entry.failures >= POISON_ATTEMPTS:
         st.reasons.pop(entry.record.seq, None)
         proxy._dead_letter(entry, f"{reason} (its dead letter could not be sent either, in "
-                                  f"{entry.failures - 1} routing transaction(s))")
+                                  f"{entry.failures - 1} routing transaction(s))",
+                           readable=f"its routing transaction to the JMS bridge rolled back because of its content "
+                                    f"{entry.failures} time(s), and the bridge could not send it to its dead-letter "
+                                    "destination either")
         return Outcome.EVENT_FAILED
     st.reasons.setdefault(entry.record.seq, reason)
     log.warning("proxy %s: event seq=%d alone failed its routing transaction (%s, attempt %d of %d); the bridge "

@@ -198,3 +198,17 @@ def test_same_audit_on_a_spark_standalone_cluster(ledger_db: str, spark_cluster:
     assert summary["violations"] == []
     # the work ran on the worker: an executor was launched there for this application
     assert any((tmp_path / "spark" / "work").glob("app-*/*/stderr"))
+
+
+def test_an_empty_window_exports_and_audits_as_an_empty_result(ledger_db: str, tmp_path: Path) -> None:
+    """Issue 28: exporting a window without ledger rows wrote nothing (exit 0) and the audit of it then failed
+    (exit 2); now the export leaves an empty day file and the audit reports 0 obligations, exit 0, and says so."""
+    lo = START - timedelta(days=30)
+    export = export_days(ledger_db, lo, lo + timedelta(days=1), tmp_path / "ledger", progress=False)
+    assert export.rows == 0 and len(export.files) == 1
+    out = tmp_path / "audit"
+    proc = _audit(out, "--parquet", str(tmp_path / "ledger"), "--master", "local[1]", "--shuffle-partitions", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["obligations"] == 0 and summary["violations"] == []
+    assert "the whole ledger: no ledger rows in it" in (out / "report.html").read_text()

@@ -25,7 +25,7 @@ from audit.ledger import (
     list_partitions,
     maintain,
 )
-from audit.synth import SynthSpec, copy_to_postgres, generate
+from audit.synth import SynthSpec, arrow_schema, copy_to_postgres, generate
 from router.db.migrate import load
 
 pytestmark = pytest.mark.integration
@@ -125,3 +125,13 @@ def test_cli_ledger_init_generate_export(fresh_db: str, tmp_path: Path) -> None:
     assert f"partitions created: {', '.join(str(today + timedelta(days=n)) for n in range(4, 6))}" in proc.stdout
     assert _nsjms("ledger", "export", "--from", "2026-03-02", "--to", "2026-03-01", "--out", str(tmp_path),
                   dsn=fresh_db).returncode == 2
+
+
+def test_cli_export_of_an_empty_window_says_so_and_writes_an_empty_day(fresh_db: str, tmp_path: Path) -> None:
+    assert _nsjms("ledger", "init", dsn=fresh_db).returncode == 0
+    proc = _nsjms("ledger", "export", "--from", "2025-01-01", "--to", "2025-01-03", "--out", str(tmp_path / "x"),
+                  dsn=fresh_db)
+    assert proc.returncode == 0, proc.stderr
+    assert "has no ledger rows: wrote one empty day file" in proc.stdout
+    table = pq.read_table(tmp_path / "x" / "day=2025-01-01" / "part-0.parquet")
+    assert table.num_rows == 0 and table.schema.remove_metadata().equals(arrow_schema())

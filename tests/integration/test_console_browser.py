@@ -113,12 +113,17 @@ def shot(page: Any, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
-def cli_json(server: NsjmsServer, *args: str) -> Any:
+def cli(server: NsjmsServer, *args: str) -> tuple[int, str, str]:
     env = dict(os.environ, NSJMS_POSTGRES_DSN=server.pg_dsn)
-    proc = subprocess.run([sys.executable, "-m", "router.cli", *args, "--json", "--state-dir", str(server.state_dir)],
+    proc = subprocess.run([sys.executable, "-m", "router.cli", *args, "--state-dir", str(server.state_dir)],
                           capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def cli_json(server: NsjmsServer, *args: str) -> Any:
+    code, out, err = cli(server, *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
 
 
 def make_in_doubt(server: NsjmsServer, amq: EmbeddedActiveMQ, client_orb: ClientOrb,
@@ -190,8 +195,8 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     refusal = page.inner_text("#error")
     assert "refused: " in refusal and "the decision COMMIT is logged" in refusal
     assert operator_log(node)[-1]["action"] == "rollback" and operator_log(node)[-1]["who"] == "operator"
-    # commit with a reason, behind a confirmation naming the transaction: recorded; with the broker down the
-    # re-send cannot be done, and the page says so
+    # commit with a reason, behind a confirmation naming the transaction: with the broker down it is refused before
+    # anything is touched, exactly as `nsjms txn commit` refuses it, and recorded
     page.goto(f"{base}/transactions/{gtrid}")
     page.click("#ask-commit")
     assert gtrid in page.inner_text("#confirm-form")
@@ -199,12 +204,15 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     page.fill("#why", "console test: finish the logged commit")
     shot(page, "transaction-confirm")
     page.click("#do-commit")
-    assert "Not finished" in page.inner_text("#result") and "re-send failed" in page.inner_text("#result")
+    refusal = page.inner_text("#error")
+    assert "nothing done" in refusal and "broker cannot be reached" in refusal, refusal
     shot(page, "transaction-result")
     entry = operator_log(node)[-1]
     assert (entry["who"], entry["action"], entry["target"], entry["why"]) == (
         "operator", "commit", gtrid, "console test: finish the logged commit")
-    assert entry["result"]["errors"] and not entry["result"]["resent"]
+    assert entry["result"].startswith("refused: ") and "nothing done" in entry["result"]
+    code, _, err = cli(node, "txn", "commit", gtrid, "--yes", "--why", "the CLI, for comparison")
+    assert code == 4 and refusal.removeprefix("refused: ").split(" (")[0] in err, err
     # the broker back: the commit is finished (the outbox re-sent with its dedupe ids), nothing left in doubt
     amq.start()
     assert wait_until(lambda: cli_json(node, "txn", "list")["transactions"] == [], 90, 1.0)

@@ -497,3 +497,40 @@ def test_stop_services_is_refused_while_a_node_runs_and_stops_what_a_killed_node
     assert not (node.state_dir / "endpoints.json").exists(), "the stale endpoints are gone"
     again = node.run_cli("stop-services", "--state-dir", str(node.state_dir))
     assert again.returncode == 0 and "nothing was running" in again.stdout, again.stdout + again.stderr
+
+
+def test_service_secrets_rotate_with_the_node_stopped(embedded_node: EmbeddedNode) -> None:
+    """docs/security.md "Rotation": the embedded broker's passcode and PostgreSQL's password are rotated with the node
+    stopped (refused while it runs) and applied at its next start: the old ones are refused, the node serves."""
+    import psycopg
+
+    node = embedded_node
+    if node.proc is None or node.proc.poll() is not None:
+        node.start()
+    running = node.run_cli("credentials", "rotate", "--surface", "broker", "--state-dir", str(node.state_dir))
+    assert running.returncode == 4 and "needs the node stopped" in running.stdout, running.stdout + running.stderr
+    node.stop()
+    old_passcode = node.credentials()[1]
+    old_pg = (node.state_dir / "pg" / "password").read_text().strip()
+    outputs = running.stdout + running.stderr
+    for surface in ("broker", "postgres"):
+        done = node.run_cli("credentials", "rotate", "--surface", surface, "--state-dir", str(node.state_dir))
+        assert done.returncode == 0, done.stdout + done.stderr
+        outputs += done.stdout + done.stderr
+    node.start()
+    login, passcode = node.credentials()
+    new_pg = (node.state_dir / "pg" / "password").read_text().strip()
+    assert passcode != old_passcode and new_pg != old_pg
+    assert stomp_probe("127.0.0.1", node.stomp_port, login, old_passcode, 10) is not None
+    assert stomp_probe("127.0.0.1", node.stomp_port, login, passcode, 10) is None
+
+    def pg(password: str) -> None:
+        psycopg.connect(host="127.0.0.1", port=node.pg_port, user="postgres", password=password, dbname="nsjms",
+                        connect_timeout=10).close()
+
+    with pytest.raises(psycopg.OperationalError):
+        pg(old_pg)
+    pg(new_pg)
+    status = node.run_cli("status", "--state-dir", str(node.state_dir))
+    assert status.returncode == 0, status.stdout + status.stderr
+    _assert_no_secret(node, outputs + status.stdout + status.stderr, more=(old_passcode, old_pg))

@@ -135,7 +135,7 @@ def test_a_heuristic_commit_records_the_operators_decision_time(tmp_path: Path, 
     gtrid = _undecided_t2(tmp_path, db, fresh_db)
     node = NodeTransactions("n1", tmp_path, db, fresh_db, ledger_hops=True)   # the node after its restart
     try:
-        report = node.resolve(gtrid, SafeAction.COMMIT, "ops", "the broker has the messages")
+        report = node.resolve(gtrid, SafeAction.COMMIT, "ops", "the broker has the messages", heuristic=True)
         assert gtrid in report.heuristic and report.committed, report
         decided, committed = _hops(fresh_db, gtrid)
         [mark] = node.log.live()[gtrid].heuristics
@@ -168,7 +168,7 @@ def test_a_heuristic_commit_through_the_admin_records_the_decision_time(tmp_path
     gtrid = _undecided_t2(tmp_path, db, fresh_db)
     node = NodeTransactions("n1", tmp_path, db, fresh_db, ledger_hops=True)   # the node after its restart
     try:
-        result = node_ops(node, tmp_path).resolve(gtrid, "commit", "ops", "the broker has the messages")
+        result = node_ops(node, tmp_path).resolve(gtrid, "heuristic-commit", "ops", "the broker has the messages")
         assert result["heuristic"], result
         decided, committed = _hops(fresh_db, gtrid)
         [mark] = node.log.live()[gtrid].heuristics

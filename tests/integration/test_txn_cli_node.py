@@ -169,15 +169,29 @@ def test_undecided_branch_is_presumed_abort_and_rolled_back(
 
 
 def test_operator_commit_without_a_decision_is_a_heuristic_until_forgotten(
-        tmp_path: Path, env: Database, fresh_db: str, capsys: pytest.CaptureFixture[str]) -> None:
-    gtrid = died(tmp_path, env, fresh_db, "unused", 1, decided=False)
+        tmp_path: Path, env: Database, fresh_db: str, broker_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    queue = f"txn.{uuid.uuid4().hex[:8]}"
+    gtrid = died(tmp_path, env, fresh_db, queue, 1, decided=False)
+    [view] = listing(tmp_path, capsys)["transactions"]
+    assert (view["events"], view["events_known"]) == (0, False), "its outbox rows cannot be read: not 'events 0'"
+    code, out, _ = txn(tmp_path, capsys, "list")
+    assert f"{gtrid}  undecided" in out and "  ?  " in out
     code, out, err = txn(tmp_path, capsys, "commit", gtrid, "--yes", "--why", "the data is needed")
+    assert code == 4 and "Add --heuristic" in err and "an unknown number of events" in err
+    assert len(prepared_gids(fresh_db)) == 1, "refused: nothing done"
+    code, out, err = txn(tmp_path, capsys, "commit", gtrid, "--heuristic", "--yes", "--why", "the data is needed")
     assert code == 0, err
-    assert "HEURISTIC" in out
+    assert "HEURISTIC" in out and f"resent {gtrid}/broker" in out
     assert prepared_gids(fresh_db) == [] and row_count(fresh_db, "nsjms_outbox") == 1
+    [got] = receive(broker_url, queue, 1)
+    assert got.headers["nsjms_dedupe_id"] == dedupe_id(gtrid, 0), "its committed outbox row is re-sent"
     [view] = listing(tmp_path, capsys)["transactions"]
     assert (view["status"], view["action"]) == ("heuristic-commit", "forget")
     assert view["heuristics"][0]["why"] == "the data is needed"
+    code, _, err = txn(tmp_path, capsys, "rollback", gtrid, "--yes", "--why", "undo")
+    assert code == 4 and "committed heuristically by" in err and "nothing left to roll back" in err
+    assert [(e["action"], str(e["result"])[:8]) for e in audit(tmp_path)] == [
+        ("commit", "refused:"), ("heuristic-commit", "{'action"), ("rollback", "refused:")]
     code, _, err = txn(tmp_path, capsys, "recover")
     assert code == 0, err
     assert len(listing(tmp_path, capsys)["transactions"]) == 1, "recovery never forgets a heuristic outcome"
@@ -222,6 +236,9 @@ def test_orphans_other_nodes_and_other_databases(tmp_path: Path, env: Database, 
     assert code == 4 and "no transaction" in err
     code, _, err = txn(tmp_path, capsys, "rollback", "--xid", other_node, "--yes", "--why", "no")
     assert code == 4 and "another node or application" in err
+    refused = audit(tmp_path)                       # every operator action, refused or done, is in the log
+    assert [(e["action"], e["target"], str(e["result"])[:8]) for e in refused[-2:]] == [
+        ("rollback", other_gtrid, "refused:"), ("rollback --xid", other_node, "refused:")]
     code, _, err = txn(tmp_path, capsys, "rollback", "--xid", orphan, "--yes", "--why", "checked: empty")
     assert code == 0, err
     assert prepared_gids(fresh_db) == [other_node] and prepared_gids(other_db) == [elsewhere]

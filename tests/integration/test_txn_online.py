@@ -80,6 +80,8 @@ def test_online_list_resolve_forget_and_status(server: NsjmsServer) -> None:
     assert branch_xid(young, "pg").gtrid not in {Xid.from_string(g).gtrid for g in prepared_gids(dsn)}
 
     code, out, err = cli(server, "txn", "commit", decide, "--yes", "--why", "keep it")
+    assert code == 4 and "Add --heuristic" in err, "no COMMIT logged: refused without --heuristic"
+    code, out, err = cli(server, "txn", "commit", decide, "--heuristic", "--yes", "--why", "keep it")
     assert code == 0, err
     assert "HEURISTIC" in out
     [view] = listing(server)["transactions"]
@@ -95,5 +97,5 @@ def test_online_list_resolve_forget_and_status(server: NsjmsServer) -> None:
     assert listing(server)["transactions"] == []
     status_line(server, "transactions 0 in doubt")
     audit = (server.state_dir / "txn-operator.log").read_text().splitlines()
-    assert [json.loads(x)["action"] for x in audit] == ["rollback", "commit", "forget"]
+    assert [json.loads(x)["action"] for x in audit] == ["rollback", "commit", "heuristic-commit", "recover", "forget"]
     assert {json.loads(x)["mode"] for x in audit} == {"online"}

@@ -41,21 +41,53 @@ class FakeStore:
 
     def __init__(self) -> None:
         self.deleted: list[int] = []
+        self.conns: list[tuple[int, object]] = []                # (event id, unit of work it was deleted in)
         self.outcomes: dict[int, tuple[str, str | None]] = {}   # event id → (ledger outcome, reason)
 
     def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int], **how: Any) -> None:
+        self.conns.extend((i, conn) for i in ids)
         self.deleted.extend(ids)
         for i in ids:
             self.outcomes[i] = (str(how.get("outcome", "delivered")), how.get("reason"))
 
 
+class FakeDeadLetters:
+    """The dead-letter store: records each write with the connection (unit of work) it was made on."""
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[object, int, dict[str, Any]]] = []    # (conn, event id, details)
+        self.rows: list[tuple[object, Any]] = []                       # (conn, NewDeadLetter)
+        self.refuse = 0                                                # fail this many writes first
+
+    def _maybe_refuse(self) -> None:
+        if self.refuse:
+            self.refuse -= 1
+            raise RuntimeError("injected: the dead-letter store is unavailable")
+
+    def add_queued(self, conn: object, cid: int, aid: int, pid: int, eid: int, **details: Any) -> int:
+        self._maybe_refuse()
+        self.queued.append((conn, eid, details))
+        return len(self.queued)
+
+    def add(self, conn: object, row: Any) -> int:
+        self._maybe_refuse()
+        self.rows.append((conn, row))
+        return len(self.rows)
+
+
 class FakeRt:
     def __init__(self) -> None:
         self.store = FakeStore()
+        self.dead_letters = FakeDeadLetters()
         self.db = NullDatabase()
         self.shutting_down = threading.Event()
         self.push_timeout_ms = 1000
         self.max_event_bytes = 0
+        self._seq = 1000
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
 
 
 class Consumer:
@@ -413,8 +445,9 @@ def test_pulled_event_above_the_size_limit_is_refused_alone_not_retried_forever(
     from router.channel.consumers import StructuredProxyPullConsumerImpl
 
     consumer: Any = object.__new__(StructuredProxyPullConsumerImpl)
-    consumer.oid, consumer.rt = "ch/0/S/0/1", FakeRt()
-    consumer.channel = type("Channel", (), {"id": 0})()
+    consumer.oid, consumer.rt, consumer.id = "ch/0/S/0/1", FakeRt(), 1
+    consumer.channel, consumer.admin = type("Channel", (), {"id": 0})(), type("Admin", (), {"id": 0})()
+    consumer.dead_lettered, consumer.last_dead_letter = 0, None
     routed: list[list[int]] = []
 
     def route(events: list[Any]) -> None:
@@ -424,8 +457,15 @@ def test_pulled_event_above_the_size_limit_is_refused_alone_not_retried_forever(
 
     consumer._route_acked = route
     batch = [Event(Form.ANY, i) for i in (1, 2, 3)]
-    assert consumer._route_pulled(batch) == []            # settled: it used to be "channel full, retry" forever
+    consumer.rt.dead_letters.refuse = 1                   # the dead-letter store is down at first: nothing is lost
+    assert consumer._route_pulled(batch) == [Event(Form.ANY, 2), Event(Form.ANY, 3)]
+    assert consumer.rt.dead_letters.rows == [] and consumer.dead_lettered == 0
+    assert consumer._route_pulled(batch[1:]) == []        # settled: it used to be "channel full, retry" forever
     assert routed == [[1], [3]]
+    [(_, row)] = consumer.rt.dead_letters.rows            # kept with its reason (it used to be a log line only)
+    assert (row.side, row.channel_id, row.admin_id, row.proxy_id) == ("S", 0, 0, 1)
+    assert "size limit" in row.reason and row.exception.startswith("IMP_LIMIT")
+    assert consumer.dead_lettered == 1
 
 
 def test_pulled_events_wait_while_the_channel_is_full() -> None:
@@ -496,9 +536,9 @@ def test_pulled_events_already_routed_are_not_routed_again_when_a_later_one_wait
     from router.channel.consumers import StructuredProxyPullConsumerImpl
 
     consumer: Any = object.__new__(StructuredProxyPullConsumerImpl)
-    consumer.oid, consumer.rt = "ch/0/S/0/1", FakeRt()
+    consumer.oid, consumer.rt, consumer.id = "ch/0/S/0/1", FakeRt(), 1
     consumer.rt.max_event_bytes = 10
-    consumer.channel = type("Channel", (), {"id": 0})()
+    consumer.channel, consumer.admin = type("Channel", (), {"id": 0})(), type("Admin", (), {"id": 0})()
     consumer.stop_event = threading.Event()
     consumer.suspended = False
     routed: list[int] = []
@@ -531,9 +571,9 @@ def test_a_pulled_event_the_channel_refuses_is_dead_lettered_with_its_reason(cap
     from router.channel.consumers import SequenceProxyPullConsumerImpl
 
     consumer: Any = object.__new__(SequenceProxyPullConsumerImpl)
-    consumer.oid, consumer.rt = "ch/0/S/0/1", FakeRt()
+    consumer.oid, consumer.rt, consumer.id = "ch/0/S/0/1", FakeRt(), 1
     consumer.rt.max_event_bytes = 10
-    consumer.channel = type("Channel", (), {"id": 0})()
+    consumer.channel, consumer.admin = type("Channel", (), {"id": 0})(), type("Admin", (), {"id": 0})()
     routed: list[int] = []
 
     def route(events: list[Any]) -> None:

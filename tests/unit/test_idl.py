@@ -47,7 +47,7 @@ STANDARD_TYPES: dict[str, tuple[str, ...]] = {
 }
 NSJMS_TYPES = (
     "status", "EndpointReceiverType", "EndpointReceiver", "EndpointSenderType", "EndpointSender",
-    "ManagedBridge", "TransactionRefused", "TransactionAdmin",
+    "ManagedBridge", "TransactionRefused", "TransactionAdmin", "DeadLetterRefused", "DeadLetterAdmin",
 )
 ACK_BASES = {
     ("CosNotifyCommAck", "StructuredPushSupplierAck"): ("CosNotifyComm", "StructuredPushSupplier"),

@@ -15,6 +15,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import pytest
+from test_channel_delivery import FakeDeadLetters
 
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 from omniORB import CORBA
@@ -167,6 +168,7 @@ class Rig:
         proxy: Any = object.__new__(cls)
         proxy.rt = type("Rt", (), {})()
         proxy.rt.t2, proxy.rt.db, proxy.rt.store = self.t2, FakeDb(), FakeStore()
+        proxy.rt.dead_letters = FakeDeadLetters()
         proxy.oid, proxy.id, proxy.style = "ch/0/C/0/1", 1, "PUSH"
         proxy.admin = type("Admin", (), {"id": 0})()
         proxy.channel = type("Channel", (), {"id": 0, "admin_props": {}})()
@@ -510,6 +512,9 @@ def test_a_dead_letter_that_fails_too_ends_in_the_channel_dead_letter(monkeypatc
         assert rig.round() is Outcome.EVENT_FAILED
     assert len(rig.proxy.queue) == 0 and rig.proxy.dead_lettered == 1
     assert "not authorized" in rig.proxy.last_dead_letter
+    [(_, eid, details)] = rig.proxy.rt.dead_letters.queued     # kept in the channel's dead-letter store
+    assert eid == 101 and "dead-letter destination either" in details["reason"]
+    assert "not authorized" in details["exception"]
     rig.wire.send_encoded = real  # type: ignore[method-assign]
 
 

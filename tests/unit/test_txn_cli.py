@@ -41,6 +41,9 @@ class Fake:
     def resolve(self, gtrid: str, action: str, who: str, why: str) -> dict[str, Any]:
         if self.refuse:
             raise txncli.Refusal(self.refuse)
+        if action == "commit" and self.show(gtrid)["decision"] is None:   # as router.txnview.refusal does
+            self.calls.append(("refused " + action, gtrid, who, why))
+            raise txncli.Refusal(f"{gtrid}: no COMMIT is logged: ... Add --heuristic to commit it")
         self.calls.append((action, gtrid, who, why))
         return {"gtrid": gtrid, "action": action, "rolled_back": [f"{gtrid}/pg"], "errors": [], "heuristic": False}
 
@@ -104,8 +107,18 @@ def test_why_is_asked_for_on_a_terminal(fake: Fake) -> None:
 
 
 def test_acting_against_the_safe_action_warns_of_a_heuristic_outcome(fake: Fake) -> None:
-    code, _, err = run(["commit", VIEW["gtrid"], "--why", "x"], answers=["no"])
+    code, _, err = run(["commit", VIEW["gtrid"], "--why", "x", "--heuristic"], answers=["no"])
     assert code == 4 and "WARNING: no COMMIT is logged (safe action 'rollback'): committing is a HEURISTIC" in err[0]
+    assert "it commits 0 event(s) and re-sends its outbox rows with their dedupe ids" in err[0]
+    assert fake.calls == []
+    code, _, _ = run(["commit", VIEW["gtrid"], "--why", "x", "--heuristic", "--who", "me"], answers=["yes"])
+    assert code == 0 and fake.calls == [("heuristic-commit", VIEW["gtrid"], "me", "x")]
+
+
+def test_a_commit_without_a_decision_is_refused_without_heuristic_and_asks_nothing(fake: Fake) -> None:
+    code, _, err = run(["commit", VIEW["gtrid"], "--why", "x", "--who", "me"], answers=[])
+    assert code == 4 and "Add --heuristic" in err[-1]
+    assert fake.calls == [("refused commit", VIEW["gtrid"], "me", "x")], "the backend refuses it (and logs it)"
 
 
 def test_rolling_back_what_may_still_be_deciding_is_noted_not_called_heuristic(fake: Fake,
@@ -165,10 +178,40 @@ def test_online_operations_share_the_nodes_recovery_lock(tmp_path: Path) -> None
         def recover_now(self) -> Any:
             return None
 
-        def resolve(self, gtrid: str, action: Any, who: str, why: str) -> Any:
+        def resolve(self, gtrid: str, action: Any, who: str, why: str, *, heuristic: bool = False) -> Any:
+            return None
+
+        def broker_problem(self) -> str | None:
             return None
 
     t2 = T2()
     ops = node_ops(t2, tmp_path)
     assert ops.serial is t2.recovery_lock and ops.guard_s == 60.0 and ops.mode == "online"
     assert ops._resolve == t2.resolve       # an operator's decision goes through the node (ledger hops)
+    assert ops._broker_check == t2.broker_problem   # checked before a commit that re-sends
+
+
+def test_every_operator_request_is_in_the_operator_log_also_when_it_fails(tmp_path: Path) -> None:
+    """Refused (an unknown transaction) or failed (the database broke mid-way): both are written, then raised."""
+    import json
+
+    from router.txnops import AUDIT_FILE, Refused, TxnOps
+
+    class Pg:
+        broken = False
+
+        def recover(self) -> list[Any]:
+            if self.broken:
+                raise RuntimeError("server closed the connection")
+            return []
+
+    pg = Pg()
+    ops = TxnOps("n1", tmp_path, None, pg, None, None, mode="offline", guard_s=0.0)  # type: ignore[arg-type]
+    with pytest.raises(Refused, match="no transaction n1:x"):
+        ops.resolve("n1:x", "rollback", "me", "why")
+    pg.broken = True
+    with pytest.raises(RuntimeError):
+        ops.resolve("n1:x", "heuristic-commit", "me", "why")
+    lines = [json.loads(x) for x in (tmp_path / AUDIT_FILE).read_text().splitlines()]
+    assert [(e["action"], e["target"], e["who"], e["result"][:8]) for e in lines] == [
+        ("rollback", "n1:x", "me", "refused:"), ("heuristic-commit", "n1:x", "me", "failed: ")]

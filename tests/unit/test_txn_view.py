@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 from psycopg import Xid
 
-from router.txnview import InboxInfo, OutboxInfo, Snapshot, join, parse_duration, refusal, select
+from router.txnview import HeldInfo, InboxInfo, OutboxInfo, Snapshot, join, parse_duration, refusal, select
 from xa.errors import HeuristicKind
 from xa.records import Commit, Heuristic, Participant, Progress, Record, Rollback, fold
 from xa.xid import FORMAT_ID, branch_xid, dedupe_id
@@ -61,6 +61,36 @@ def test_commit_logged_broker_unknown_names_resend() -> None:
     assert [b.state for b in t.branches] == ["done", "done", "unknown"]
 
 
+def test_jms_to_channel_resend_speaks_of_acks_not_of_outbox_rows() -> None:
+    """Issue 31: a JMS -> channel T2 has no outbox rows; its unknown broker branch is the ACKs'."""
+    acks = Participant("stomp-ack", "stomp-ack", "stomp-ack", True)
+    records: list[Record] = [Commit(G1, (QUEUE, acks), None, NOW - 50), Progress(G1, ("channel-queue",), (), NOW)]
+    [t] = join(snap(records, [], inbox=(InboxInfo(G1, 4, "ID:1", NOW - 50),))).transactions
+    assert t.action == "resend" and "outbox" not in t.reason.replace("no outbox rows", "")
+    assert "the broker redelivers the messages whose ACKs it did not commit" in t.reason
+
+
+def test_an_undecided_branch_shows_the_events_it_holds_and_a_commit_needs_heuristic() -> None:
+    held = (HeldInfo(G1, 7, 3, "/queue/orders", 10), HeldInfo(G1, 8, 3, "/topic/audit", 2))
+    [t] = join(Snapshot(NODE, NOW, 0.0, {}, [prepared(G1, "queue", 120)], held=held)).transactions
+    assert (t.events, t.events_known, t.destinations, t.bridges) == (12, True, ("/queue/orders", "/topic/audit"),
+                                                                     (7, 8))
+    assert "it holds 12 channel event(s) for /queue/orders, /topic/audit" in t.reason
+    assert "commits 12 event(s) to /queue/orders, /topic/audit" in (refusal(t, "commit") or "")
+    assert refusal(t, "commit", heuristic=True) is None
+    [blind] = join(Snapshot(NODE, NOW, 0.0, {}, [prepared(G1, "queue", 120)])).transactions
+    assert (blind.events, blind.events_known) == (0, False) and "an unknown number" in (refusal(blind, "commit") or "")
+
+
+def test_offline_without_a_broker_a_resend_is_advised_as_starting_the_node() -> None:
+    records: list[Record] = [Commit(G1, (QUEUE, OUTBOX, STOMP), None, NOW - 50),
+                             Progress(G1, ("channel-queue", "outbox"), ("stomp",), NOW - 49)]
+    base = snap(records, [], outbox=rows(G1, 3), guard=0.0, mode="offline")
+    [t] = join(Snapshot(**{**base.__dict__, "broker_problem": "embedded broker not running"})).transactions
+    assert t.action == "start-node" and "embedded broker not running" in t.reason
+    assert "nothing done" in (refusal(t, "commit") or "")
+
+
 def test_undecided_older_than_the_guard_is_presumed_abort_younger_waits() -> None:
     listing = join(snap([], [prepared(G1, "outbox", 120), prepared(G1, "channel-queue", 120),
                              prepared(G2, "outbox", 5)]))
@@ -72,7 +102,8 @@ def test_undecided_older_than_the_guard_is_presumed_abort_younger_waits() -> Non
     assert not by[G2].in_doubt
     assert [t.gtrid for t in select(listing, in_doubt=True)] == [G1]
     assert [t.gtrid for t in listing.transactions] == [G1, G2]  # oldest first
-    assert refusal(by[G1], "commit") is None and refusal(by[G1], "rollback") is None
+    assert refusal(by[G1], "commit", heuristic=True) is None and refusal(by[G1], "rollback") is None
+    assert "Add --heuristic" in (refusal(by[G1], "commit") or ""), "no COMMIT logged: a heuristic commit"
 
 
 def test_offline_guard_is_zero_and_says_why() -> None:

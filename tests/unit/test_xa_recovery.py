@@ -318,16 +318,42 @@ def test_operator_rollback_of_an_undecided_transaction_is_ordinary(w: World) -> 
 
 def test_operator_commit_without_a_decision_is_a_heuristic(w: World) -> None:
     gtrid = w.undecided()
-    report = w.rm.resolve(gtrid, SafeAction.COMMIT, "operator:alice", "the outbox rows were already sent")
+    with pytest.raises(UsageError, match="heuristic decision"):
+        w.rm.resolve(gtrid, SafeAction.COMMIT, "operator:alice", "needed")
+    assert w.log.records == [] and len(w.db.prepared) == 2, "refused without heuristic=True: nothing done"
+    report = w.rm.resolve(gtrid, SafeAction.COMMIT, "operator:alice", "the data is needed", heuristic=True,
+                          one_phase=(STOMP,))
     assert len(report.committed) == 2 and report.heuristic == [gtrid]
-    heuristic = w.log.records[0]
+    decision, heuristic = w.log.records[:2]
+    assert isinstance(decision, Commit) and [p.name for p in decision.participants] == [
+        "channel-queue", "outbox", "stomp"]
     assert isinstance(heuristic, Heuristic) and heuristic.kind is HeuristicKind.COMMIT
-    assert (heuristic.who, heuristic.why) == ("operator:alice", "the outbox rows were already sent")
-    assert w.log.durable[0] and w.db.calls.index("commit_branch channel-queue") > 0
+    assert (heuristic.who, heuristic.why) == ("operator:alice", "the data is needed")
+    assert w.log.durable[1] and w.db.calls.index("commit_branch channel-queue") > 0
+    assert w.resent == [(gtrid, "stomp")], "the outbox rows are re-sent once the branches are committed"
     [entry] = w.rm.view()
     assert entry.action is SafeAction.FORGET
     w.rm.forget(gtrid, "operator:alice")
     assert w.rm.view() == []
+
+
+def test_operator_commit_whose_resend_fails_is_resent_by_recovery_and_not_forgotten_before(w: World) -> None:
+    gtrid = w.undecided()
+    w.resend_error = OSError("broker down")
+    report = w.rm.resolve(gtrid, SafeAction.COMMIT, "ops", "needed", heuristic=True, one_phase=(STOMP,))
+    assert len(report.committed) == 2 and report.errors and w.resent == []
+    [entry] = w.rm.view()
+    assert (entry.status, entry.action) == ("heuristic-commit", SafeAction.RESEND)
+    with pytest.raises(UsageError, match="not finished"):
+        w.rm.forget(gtrid, "ops")
+    w.resend_error = None
+    again = w.rm.resolve(gtrid, SafeAction.COMMIT, "ops", "again")   # finishes it as recovery would
+    assert w.resent == [(gtrid, "stomp")] and again.committed == [] and again.heuristic == [gtrid]
+    assert [r.branch for r in w.log.records if isinstance(r, Heuristic)] == ["(operator decision)"]
+    report = w.rm.run()
+    assert w.resent == [(gtrid, "stomp")] and report.committed == [] and report.heuristic == [gtrid]
+    [entry] = w.rm.view()
+    assert entry.action is SafeAction.FORGET
 
 
 def test_operator_rollback_of_a_logged_commit_is_a_heuristic_logged_first(w: World) -> None:
