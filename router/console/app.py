@@ -31,7 +31,7 @@ from urllib.parse import quote
 from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, url_for
 
 from router.auth import Authenticator, Principal, Role
-from router.console.backend import BRIDGE_ACTIONS, TXN_ACTIONS, Backend, ConsoleRefused
+from router.console.backend import BRIDGE_ACTIONS, DEAD_LETTER_ACTIONS, TXN_ACTIONS, Backend, ConsoleRefused
 from router.console.views import RateSampler, paginate, read_operator_log
 from router.txnops import AUDIT_FILE
 
@@ -335,6 +335,38 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
             return jsonify(result)
         return render_template("done.html", action=action, gtrid=gtrid, result=result, session=g.session,
                                errors=list(result.get("errors") or []))
+
+    @app.get("/deadletters")
+    def dead_letters() -> Any:
+        channel = request.args.get("channel", "")
+        listing = backend.dead_letters(int(channel) if channel.isdigit() else None)
+        p = paginate(listing["dead_letters"], fields=("id", "channel_id", "event_name", "reason", "exception"),
+                     **list_args("dead_at"))
+        return page("deadletters.html", {**listing, "page": p.as_dict()})
+
+    @app.get("/deadletters/<int:dl_id>")
+    def dead_letter(dl_id: int) -> Any:
+        try:
+            return page("deadletter.html", backend.dead_letter(dl_id), actions=DEAD_LETTER_ACTIONS)
+        except ConsoleRefused as exc:
+            return _error(404, str(exc))
+
+    @app.post("/deadletters/<int:dl_id>/<action>")
+    def dead_letter_action(dl_id: int, action: str) -> Any:
+        require_operator()
+        if action not in DEAD_LETTER_ACTIONS:
+            abort(404)
+        why = request.form.get("why", "").strip()
+        if not why:
+            return _error(400, "a reason is required (it is recorded in the operator log)")
+        try:
+            result = backend.dead_letter_action(who(), dl_id, action, why)
+        except ConsoleRefused as exc:
+            return _error(409, f"refused: {exc}")
+        if request.args.get("format") == "json":
+            return jsonify(result)
+        return render_template("done.html", action=f"{action} dead letter", gtrid=str(dl_id), result=result,
+                               session=g.session, errors=[])
 
     @app.get("/audit")
     def audit() -> Any:

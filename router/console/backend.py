@@ -7,6 +7,8 @@
   list|start|stop|destroy --json``), the state vocabulary of :func:`router.bridgecli.bridge_state`;
 * routing transactions: the node's :class:`router.txnops.TxnOps`, the object the ``TransactionAdmin`` servant
   answers ``nsjms txn`` with (listing with the safe action, resolve refused exactly as the CLI's, forget);
+* dead letters: the node's :class:`router.deadletterops.DeadLetterOps`, the object the ``DeadLetterAdmin`` servant
+  answers ``nsjms deadletter list|show|retry|discard`` with (retry's target and refusals included);
 * the operator log: :meth:`router.txnops.TxnOps.audit`, the file ``nsjms txn`` writes.
 
 Calls run under the signed-in principal (:func:`router.auth.acting_as`): the node's own guards see who asks.
@@ -28,6 +30,7 @@ __all__ = ["Backend", "ConsoleRefused", "NodeBackend"]
 
 BRIDGE_ACTIONS = ("start", "stop", "destroy")
 TXN_ACTIONS = ("commit", "rollback", "forget")
+DEAD_LETTER_ACTIONS = ("retry", "discard")
 
 
 class ConsoleRefused(Exception):
@@ -54,6 +57,12 @@ class Backend(Protocol):
     def transaction(self, gtrid: str) -> dict[str, Any]: ...
 
     def txn_action(self, who: Principal, gtrid: str, action: str, why: str) -> dict[str, Any]: ...
+
+    def dead_letters(self, channel: int | None) -> dict[str, Any]: ...
+
+    def dead_letter(self, dl_id: int) -> dict[str, Any]: ...
+
+    def dead_letter_action(self, who: Principal, dl_id: int, action: str, why: str) -> dict[str, Any]: ...
 
     def audit(self, who: str, why: str, action: str, target: str, result: Any) -> None: ...
 
@@ -171,6 +180,40 @@ class NodeBackend:
         except Refused as exc:
             raise ConsoleRefused(str(exc)) from None
         raise ConsoleRefused(f"an operator can commit, roll back or forget, not {action!r}")
+
+    def _dl_ops(self) -> Any:
+        return self.node.dead_letter_admin.ops
+
+    def dead_letters(self, channel: int | None) -> dict[str, Any]:
+        """``nsjms deadletter list --json`` (up to 10,000 rows; the total is counted)."""
+        result: dict[str, Any] = self._dl_ops().listing(channel, 10_000)
+        return result
+
+    def dead_letter(self, dl_id: int) -> dict[str, Any]:
+        from router.deadletterops import Refused as DLRefused
+
+        try:
+            result: dict[str, Any] = self._dl_ops().show(dl_id)
+        except DLRefused as exc:
+            raise ConsoleRefused(str(exc)) from None
+        return result
+
+    def dead_letter_action(self, who: Principal, dl_id: int, action: str, why: str) -> dict[str, Any]:
+        """``nsjms deadletter retry|discard``: the DeadLetterOps call the servant makes (operator log included)."""
+        from router.deadletterops import Refused as DLRefused
+
+        ops = self._dl_ops()
+        try:
+            if action == "retry":
+                self.audit(who.name, why, "deadletter retry requested", str(dl_id), "see the next entry")
+                result: dict[str, Any] = ops.retry(dl_id, who.name)
+                return result
+            if action == "discard":
+                result = ops.discard(dl_id, who.name, why)
+                return result
+        except DLRefused as exc:
+            raise ConsoleRefused(str(exc)) from None
+        raise ConsoleRefused(f"a dead letter can be retried or discarded, not {action!r}")
 
     def audit(self, who: str, why: str, action: str, target: str, result: Any) -> None:
         self.ops.audit(who, why, f"console {action}" if not action.startswith("console") else action, target,

@@ -69,6 +69,23 @@ class FakeBackend:
             raise ConsoleRefused("ROLLBACK is logged")
         return {"gtrid": gtrid, "action": action}
 
+    def dead_letters(self, channel: int | None) -> dict[str, Any]:
+        rows = [{"id": 7, "channel_id": 1, "side": "C", "admin_id": 0, "proxy_id": 0, "event_name": "d/t/e2",
+                 "reason": "bad parameter", "exception": "BAD_PARAM", "attempts": 3, "dead_at": 0.0}]
+        return {"node": "node1", "channel": channel, "total": 1,
+                "dead_letters": [r for r in rows if channel in (None, r["channel_id"])]}
+
+    def dead_letter(self, dl_id: int) -> dict[str, Any]:
+        if dl_id != 7:
+            raise ConsoleRefused(f"no dead letter {dl_id}")
+        return {**self.dead_letters(None)["dead_letters"][0], "dedupe_id": "x", "received_at": 0.0, "priority": 0,
+                "persistent": True, "size": 10, "retry": "back into the queue of proxy supplier 0",
+                "event": {"form": "structured", "filterable_data": {"n": "2"}}}
+
+    def dead_letter_action(self, who: Principal, dl_id: int, action: str, why: str) -> dict[str, Any]:
+        self.calls.append(("deadletter", who.name, dl_id, action, why))
+        return {"id": dl_id, "retried": True}
+
     def audit(self, who: str, why: str, action: str, target: str, result: Any) -> None:
         self.audits.append((who, why, action, target, result))
 
@@ -238,3 +255,20 @@ def test_console_configuration() -> None:
         load_config(env={"NSJMS_CONSOLE_TLS_CERT": "/c.pem"})
     with pytest.raises(ConfigError, match=r"console\.port"):
         load_config(env={"NSJMS_CONSOLE_PORT": "0"})
+
+
+def test_dead_letters_listed_shown_retried_by_operator_only(env: Any) -> None:
+    backend, client, secrets = env
+    login(client, "reader", secrets["reader"])
+    assert client.get("/deadletters?format=json&channel=2").get_json()["page"]["total"] == 0
+    page = client.get("/deadletters/7").get_data(as_text=True)
+    assert "bad parameter" in page and "back into the queue of proxy supplier 0" in page and 'id="dl-retry"' not in page
+    assert client.post("/deadletters/7/retry", data={"why": "x", "csrf": _csrf(page)}).status_code == 403
+    client.post("/logout", data={"csrf": _csrf(page)})
+    login(client, "operator", secrets["operator"])
+    page = client.get("/deadletters/7").get_data(as_text=True)
+    assert 'id="dl-retry"' in page
+    assert client.post("/deadletters/7/retry", data={"csrf": _csrf(page)}).status_code == 400   # no reason
+    assert client.post("/deadletters/7/retry", data={"why": "fixed", "csrf": _csrf(page)}).status_code == 200
+    assert backend.calls == [("deadletter", "operator", 7, "retry", "fixed")]
+    assert client.get("/deadletters/8").status_code == 404
