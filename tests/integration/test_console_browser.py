@@ -42,7 +42,16 @@ from bridgekit import (
     unique_name,
 )
 from conftest import ClientOrb, NsjmsServer, free_port, own_broker
-from stdclients import make_event, wait_until
+from stdclients import (
+    Form,
+    StructuredPushConsumer,
+    Style,
+    connect_push_consumer,
+    event_id,
+    make_event,
+    obtain_proxy_supplier,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -160,6 +169,19 @@ def make_in_doubt(server: NsjmsServer, amq: EmbeddedActiveMQ, client_orb: Client
     return factory, bf, queue
 
 
+class RefusingConsumer(StructuredPushConsumer):
+    """Refuses event ``n`` (BAD_PARAM) while ``refuse`` holds it: the channel dead-letters it after its retries."""
+
+    def __init__(self, refuse: set[int]) -> None:
+        super().__init__()
+        self.refuse = refuse
+
+    def push_structured_event(self, notification: Any) -> None:
+        if event_id(notification) in self.refuse:
+            raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
+        super().push_structured_event(notification)
+
+
 def operator_log(server: NsjmsServer) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (server.state_dir / "txn-operator.log").read_text().splitlines()]
 
@@ -263,6 +285,31 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     shot(page, "bridge")
     rows = page.request.get(base + "/bridges?format=json").json()["rows"]
     assert {r["id"] for r in rows} == {r["id"] for r in cli_json(node, "bridge", "list")}
+
+    # a dead letter: the channel's consumer refuses event 2; retried from the console once it is fixed, it arrives
+    refusing = RefusingConsumer({2})
+    proxy, _ = obtain_proxy_supplier(channel.default_consumer_admin, Form.STRUCTURED, Style.PUSH)
+    connect_push_consumer(proxy, Form.STRUCTURED, refusing)
+    for i in range(100, 104):
+        supplier.push_one(make_event(i, reliability=PERSISTENT))
+    supplier.push_one(make_event(2, reliability=PERSISTENT))
+    assert wait_until(lambda: len(cli_json(node, "deadletter", "list")["dead_letters"]) == 1, 90, 1.0)
+    [dl] = cli_json(node, "deadletter", "list")["dead_letters"]
+    page.goto(base + "/deadletters")
+    assert f"dead letter {dl['id']}" in page.inner_text("#deadletters") and "bad parameter" in page.content()
+    shot(page, "deadletters")
+    page.click(f"text=dead letter {dl['id']}")
+    assert "back into the queue" in page.inner_text("#dl-retry-target")
+    shot(page, "deadletter")
+    refusing.refuse.clear()
+    page.fill("form:has(#dl-retry) input[name=why]", "console test: consumer fixed")
+    page.click("#dl-retry")
+    assert "Done." in page.inner_text("#result")
+    assert wait_until(lambda: 2 in refusing.ids(), 60, 0.5), "the retried dead letter reached its consumer"
+    assert refusing.ids().count(2) == 1 and cli_json(node, "deadletter", "list")["dead_letters"] == []
+    entry = operator_log(node)[-1]
+    assert (entry["who"], entry["action"], entry["target"]) == ("operator", "deadletter retry", str(dl["id"]))
+    assert operator_log(node)[-2]["why"] == "console test: consumer fixed"
 
     # a POST without the CSRF token is refused (and the bridge keeps running)
     resp = page.request.post(f"{base}/bridges/{busy}/stop", form={"why": "no token"})
