@@ -194,6 +194,9 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     gtrid = view["gtrid"]
     assert (view["status"], view["action"]) == ("commit-logged", "resend")
 
+    printed = (node.state_dir / "server.stdout.log").read_text()
+    assert f"nsjms: console at {base}/  (sign in as operator or reader" in printed, printed
+
     # unauthenticated: redirected to the login page
     anon = browser.new_context()
     page = anon.new_page()
