@@ -35,7 +35,7 @@ from router.console.backend import BRIDGE_ACTIONS, DEAD_LETTER_ACTIONS, TXN_ACTI
 from router.console.views import RateSampler, paginate, read_operator_log
 from router.txnops import AUDIT_FILE
 
-__all__ = ["COOKIE", "Session", "Sessions", "create_app"]
+__all__ = ["COOKIE", "LoginThrottle", "Session", "Sessions", "create_app"]
 
 COOKIE = "nsjms_console"
 LOGIN_COOKIE = "nsjms_login"
@@ -49,6 +49,26 @@ class Session:
     csrf: str
     created: float
     seen: float
+
+
+class LoginThrottle:
+    """At most ``limit`` failed sign-ins per ``window_s`` (for the whole console): beyond that, sign-ins are refused
+    (429) without checking or logging each one, so a flood can neither guess secrets nor fill the operator log."""
+
+    def __init__(self, limit: int = 20, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit, self.window_s, self.clock = limit, window_s, clock
+        self._lock = threading.Lock()
+        self._failures: list[float] = []
+
+    def blocked(self) -> bool:
+        now = self.clock()
+        with self._lock:
+            self._failures = [t for t in self._failures if now - t < self.window_s]
+            return len(self._failures) >= self.limit
+
+    def failed(self) -> None:
+        with self._lock:
+            self._failures.append(self.clock())
 
 
 class Sessions:
@@ -111,6 +131,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
     app.jinja_env.filters.update(utc=_fmt_time, age=_fmt_age, prop=lambda v, k: format_value(k, v))
     auth = Authenticator(backend.state_dir)
     sessions = Sessions(idle_s, max_s)
+    throttle = LoginThrottle()
     app.extensions["nsjms_sessions"] = sessions
 
     # ------------------------------------------------------------------------------------------ plumbing
@@ -211,8 +232,12 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         cookie, field = request.cookies.get(LOGIN_COOKIE, ""), request.form.get("csrf", "")
         if not cookie or not hmac.compare_digest(cookie.encode(), field.encode()):
             return _error(403, "CSRF token missing or wrong: reload the login page")
+        if throttle.blocked():
+            return _error(429, "too many failed sign-ins: wait a minute")
         name, secret = request.form.get("name", "").strip(), request.form.get("secret", "").strip()
         principal = auth.authenticate(f"{name}:{secret}") if name and secret else None
+        if principal is None:
+            throttle.failed()
         backend.audit(name[:64], "", "console login", request.remote_addr or "",
                       "ok" if principal else "refused: unknown name or wrong secret")
         if principal is None:

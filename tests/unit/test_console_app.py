@@ -272,3 +272,23 @@ def test_dead_letters_listed_shown_retried_by_operator_only(env: Any) -> None:
     assert client.post("/deadletters/7/retry", data={"why": "fixed", "csrf": _csrf(page)}).status_code == 200
     assert backend.calls == [("deadletter", "operator", 7, "retry", "fixed")]
     assert client.get("/deadletters/8").status_code == 404
+
+
+def test_failed_sign_ins_are_throttled(env: Any) -> None:
+    backend, client, secrets = env
+    for _ in range(20):
+        assert login(client, "operator", "wrong").status_code == 401
+    assert login(client, "operator", secrets["operator"]).status_code == 429   # even the right secret, for a while
+    assert len([a for a in backend.audits if a[2] == "console login"]) == 20     # the flood is not logged line by line
+
+
+def test_login_throttle_window() -> None:
+    from router.console.app import LoginThrottle
+
+    now = [0.0]
+    throttle = LoginThrottle(limit=2, window_s=60, clock=lambda: now[0])
+    throttle.failed()
+    throttle.failed()
+    assert throttle.blocked()
+    now[0] += 61
+    assert not throttle.blocked()
