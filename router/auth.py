@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["INTERNAL", "SERVICE_CONTEXT_ID", "AuthError", "Authenticator", "Principal", "Role", "admin_surface",
+__all__ = ["INTERNAL", "SERVICE_CONTEXT_ID", "AuthError", "Authenticator", "Principal", "Role", "acting_as",
+           "admin_surface",
            "current", "guard_ops", "install_client", "install_server", "present_from", "presenting", "require",
            "use_token"]
 
@@ -106,6 +107,18 @@ def current() -> Principal | None:
 
 def _set_current(principal: Principal | None) -> None:
     _current.principal = principal
+
+
+@contextlib.contextmanager
+def acting_as(principal: Principal) -> Iterator[None]:
+    """This thread's calls to the node's own objects carry ``principal`` (the web console's signed-in user), for
+    the block: a guard that sees them as a call (not :data:`INTERNAL`) checks that principal's role."""
+    previous = getattr(_current, "principal", None)
+    _set_current(principal)
+    try:
+        yield
+    finally:
+        _set_current(previous)
 
 
 def require(op: str, role: Role) -> Principal:

@@ -326,10 +326,16 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
     if broker is not None and not broker.reachable:
         print(f"nsjms: WARNING broker.url {broker.address} is unreachable ({broker.error}); bridges wait and "
               "reconnect by themselves", flush=True)
+    console = _start_console(node, cfg, demo=args.demo)
+    if console is None and cfg.console.enabled:  # `--demo` alone goes on without it (the message says why)
+        node.stop()
+        return EXIT_CONFIG
     demo = _start_demo(args, node.s.state_dir) if args.demo else None
     try:
         node.wait()
     finally:
+        if console:
+            console.stop()
         if demo is not None and demo.poll() is None:
             demo.terminate()
             try:
@@ -343,6 +349,25 @@ def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
               flush=True)
         return EXIT_FAILURE
     return EXIT_OK
+
+
+def _start_console(node: Any, cfg: Any, *, demo: bool) -> Any:
+    """The web console when ``[console] enabled`` (``serve --demo`` turns it on): prints its URL and how to sign in.
+    Returns False when it is off, None when it cannot be served (the message names the key)."""
+    from router.console import ConsoleError, start_console
+
+    c = cfg.console
+    if not (c.enabled or demo):
+        return False
+    try:
+        console = start_console(node, c.host, c.port, c.tls_cert, c.tls_key)
+    except ConsoleError as exc:
+        print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
+        return None
+    tokens = node.s.state_dir / "credentials"
+    print(f"nsjms: console at {console.url}  (sign in as operator or reader with the secret after the colon in "
+          f"{tokens}/operator.token or reader.token)", flush=True)
+    return console
 
 
 def _start_demo(args: argparse.Namespace, state_dir: Path) -> subprocess.Popen[bytes]:

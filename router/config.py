@@ -234,6 +234,17 @@ class LimitsConfig:
     max_bridges: int = 1000
 
 
+@dataclass(frozen=True)
+class ConsoleConfig:
+    """``[console]``: the operator web console (router/console, docs/console.md); off unless enabled."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"         # loopback by default: nothing outside the machine reaches it
+    port: int = 8460
+    tls_cert: str = ""              # PEM certificate chain; with tls_key: https and Secure cookies
+    tls_key: str = ""               # PEM private key (keep it 0600)
+
+
 def _mask(secret: str) -> str:
     return REDACTED if secret else ""
 
@@ -249,6 +260,7 @@ class Config:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
 
     def redacted(self) -> dict[str, dict[str, Any]]:
         """A plain dict safe to log or print: DSN/URL passwords and ``broker.passcode`` become ``***``."""
@@ -418,6 +430,12 @@ def _http_url(raw: Any, textual: bool) -> str:
     return value
 
 
+def _file_name(raw: Any, textual: bool) -> str:
+    """A path kept as text ("" = unset); relative paths in a file are anchored at the file (``_anchor_path``)."""
+    value = _string(raw, textual).strip()
+    return str(Path(value).expanduser()) if value else ""
+
+
 _SCHEMA: dict[str, dict[str, _Key]] = {
     "node": {"state_dir": _Key(_path), "node_id": _Key(_node_id), "log_level": _Key(_log_level),
              "max_event_bytes": _Key(_integer(MIN_MAX_EVENT_BYTES, MAX_MAX_EVENT_BYTES))},
@@ -445,6 +463,8 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
                "maintenance_interval_s": _Key(_integer(60, 86400))},
     "limits": {"max_channels": _Key(_integer(0, 1_000_000)), "max_admins": _Key(_integer(0, 1_000_000)),
                "max_proxies": _Key(_integer(0, 1_000_000)), "max_bridges": _Key(_integer(0, 1_000_000))},
+    "console": {"enabled": _Key(_boolean), "host": _Key(_host), "port": _Key(_PORT),
+                "tls_cert": _Key(_file_name), "tls_key": _Key(_file_name)},
 }
 _SECTION_TYPES: dict[str, type] = {
     "node": NodeConfig,
@@ -454,6 +474,7 @@ _SECTION_TYPES: dict[str, type] = {
     "telemetry": TelemetryConfig,
     "ledger": LedgerConfig,
     "limits": LimitsConfig,
+    "console": ConsoleConfig,
 }
 
 
@@ -512,7 +533,7 @@ def _file_layer(path: Path) -> _Layer:
 def _anchor_path(section: str, key: str, raw: Any, config_file: Path) -> Any:
     """A relative path in a configuration file is relative to that file, not to the caller's directory."""
     spec = _SCHEMA.get(section, {}).get(key)
-    if spec is None or spec.parse is not _path or not isinstance(raw, str) or not raw.strip():
+    if spec is None or spec.parse not in (_path, _file_name) or not isinstance(raw, str) or not raw.strip():
         return raw
     candidate = Path(raw).expanduser()
     if candidate.is_absolute():
@@ -570,6 +591,12 @@ def _parse_one(section: str, key: str, spec: _Key, entry: tuple[Any, str, bool])
 
 def _check_cross(config: Config, merged: dict[tuple[str, str], tuple[Any, str, bool]]) -> None:
     _check_giop(config, merged)
+    console = config.console
+    if bool(console.tls_cert) != bool(console.tls_key):
+        key = "tls_key" if console.tls_cert else "tls_cert"
+        entry = merged.get(("console", "tls_cert" if console.tls_cert else "tls_key"))
+        raise ConfigError(f"console.{key} (from {entry[1] if entry else 'defaults'}): TLS needs both console.tls_cert "
+                          "and console.tls_key", f"console.{key}", entry[1] if entry else "defaults")
     broker = config.broker
     if not broker.embedded or broker.embedded_stomp_port != broker.embedded_openwire_port:
         return

@@ -1,0 +1,412 @@
+"""The console's Flask application: login, sessions, CSRF, secure headers, pages and their JSON.
+
+* **Login** with a principal of the node (router/auth.py): name plus the secret of its token ``NAME:SECRET``
+  (``<state-dir>/credentials/NAME.token``), checked by :class:`router.auth.Authenticator` (the same table the IIOP
+  interceptor uses; a rotated secret stops working at once). Failed and successful logins go to the operator log
+  (name only, never the secret).
+* **Sessions** live in the server (:class:`Sessions`): the cookie holds only a random id (HttpOnly,
+  SameSite=Strict, Secure under TLS). A session ends after ``idle_s`` without a request, after ``max_s`` in any
+  case, at logout, and when its principal's role changes or is removed.
+* **CSRF**: every POST carries the session's token (hidden field ``csrf``, compared in constant time); the login
+  form a double-submit token of its own. A POST without it is refused (403) before anything runs.
+* **Roles**: a reader sees everything and has no write buttons; every write route needs the operator role (403).
+* **Headers**: a CSP without inline scripts or styles, ``X-Frame-Options: DENY``, ``nosniff``, no referrer,
+  ``Cache-Control: no-store`` on everything except the vendored static files.
+
+Every page answers ``?format=json`` with the data it renders.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, url_for
+
+from router.auth import Authenticator, Principal, Role
+from router.console.backend import BRIDGE_ACTIONS, DEAD_LETTER_ACTIONS, TXN_ACTIONS, Backend, ConsoleRefused
+from router.console.views import RateSampler, paginate, read_operator_log
+from router.txnops import AUDIT_FILE
+
+__all__ = ["COOKIE", "LoginThrottle", "Session", "Sessions", "create_app"]
+
+COOKIE = "nsjms_console"
+LOGIN_COOKIE = "nsjms_login"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "font-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+
+
+@dataclass(frozen=True)
+class Session:
+    principal: Principal
+    csrf: str
+    created: float
+    seen: float
+
+
+class LoginThrottle:
+    """At most ``limit`` failed sign-ins per ``window_s`` (for the whole console): beyond that, sign-ins are refused
+    (429) without checking or logging each one, so a flood can neither guess secrets nor fill the operator log."""
+
+    def __init__(self, limit: int = 20, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit, self.window_s, self.clock = limit, window_s, clock
+        self._lock = threading.Lock()
+        self._failures: list[float] = []
+
+    def blocked(self) -> bool:
+        now = self.clock()
+        with self._lock:
+            self._failures = [t for t in self._failures if now - t < self.window_s]
+            return len(self._failures) >= self.limit
+
+    def failed(self) -> None:
+        with self._lock:
+            self._failures.append(self.clock())
+
+
+class Sessions:
+    """Server-side sessions keyed by a random id; expired ones are dropped when looked up or swept."""
+
+    def __init__(self, idle_s: float, max_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.idle_s, self.max_s, self.clock = idle_s, max_s, clock
+        self._lock = threading.Lock()
+        self._by_id: dict[str, Session] = {}
+
+    def open(self, principal: Principal) -> tuple[str, Session]:
+        now = self.clock()
+        sid, session = secrets.token_urlsafe(32), Session(principal, secrets.token_urlsafe(32), now, now)
+        with self._lock:
+            self._sweep(now)
+            self._by_id[sid] = session
+        return sid, session
+
+    def get(self, sid: str) -> Session | None:
+        now = self.clock()
+        with self._lock:
+            session = self._by_id.get(sid)
+            if session is None:
+                return None
+            if now - session.seen > self.idle_s or now - session.created > self.max_s:
+                del self._by_id[sid]
+                return None
+            session = self._by_id[sid] = replace(session, seen=now)
+            return session
+
+    def close(self, sid: str) -> None:
+        with self._lock:
+            self._by_id.pop(sid, None)
+
+    def _sweep(self, now: float) -> None:
+        for sid, s in list(self._by_id.items()):
+            if now - s.seen > self.idle_s or now - s.created > self.max_s:
+                del self._by_id[sid]
+
+
+def _fmt_time(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(value)) + "Z"
+
+
+def _fmt_age(value: Any) -> str:
+    from router.status import _age
+
+    return "-" if not isinstance(value, (int, float)) else _age(float(value))
+
+
+def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float = 1800.0, max_s: float = 8 * 3600.0,
+               sampler: RateSampler | None = None) -> Flask:
+    app = Flask("router.console", template_folder=str(Path(__file__).parent / "templates"),
+                static_folder=str(Path(__file__).parent / "static"))
+    app.config.update(MAX_CONTENT_LENGTH=64 * 1024, SEND_FILE_MAX_AGE_DEFAULT=3600)
+    from router.channelcli import format_value
+
+    app.jinja_env.filters.update(utc=_fmt_time, age=_fmt_age, prop=lambda v, k: format_value(k, v))
+    auth = Authenticator(backend.state_dir)
+    sessions = Sessions(idle_s, max_s)
+    throttle = LoginThrottle()
+    app.extensions["nsjms_sessions"] = sessions
+
+    # ------------------------------------------------------------------------------------------ plumbing
+    def current_session() -> Session | None:
+        sid = request.cookies.get(COOKIE, "")
+        session = sessions.get(sid) if sid else None
+        if session is None:
+            return None
+        # a rotated or removed principal, or a changed role, ends the session (auth re-reads principals.json)
+        table = auth._reload()
+        entry = table.get(session.principal.name)
+        if entry is None or entry[1] != session.principal.role:
+            sessions.close(sid)
+            return None
+        return session
+
+    @app.before_request
+    def authenticate() -> Any:
+        g.session = None
+        if request.endpoint in ("static", "login", "login_post"):
+            return None
+        g.session = current_session()
+        if g.session is None:
+            if request.args.get("format") == "json" or request.method == "POST":
+                return _error(401, "not signed in")
+            return redirect(url_for("login", next=request.full_path.rstrip("?")))
+        if request.method == "POST":
+            token = request.form.get("csrf", "")
+            if not hmac.compare_digest(token.encode(), g.session.csrf.encode()):
+                return _error(403, "CSRF token missing or wrong: reload the page and try again")
+        return None
+
+    @app.after_request
+    def headers(resp: Response) -> Response:
+        resp.headers["Content-Security-Policy"] = CSP
+        resp.headers["X-Frame-Options"] = "DENY"
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["Referrer-Policy"] = "no-referrer"
+        resp.headers["Cross-Origin-Opener-Policy"] = "same-origin"
+        if request.endpoint != "static":
+            resp.headers["Cache-Control"] = "no-store"
+        if secure_cookies:
+            resp.headers["Strict-Transport-Security"] = "max-age=31536000"
+        return resp
+
+    def _error(status: int, message: str) -> Response:
+        if request.args.get("format") == "json" or request.accept_mimetypes.best == "application/json":
+            resp = jsonify({"error": message})
+        else:
+            resp = Response(render_template("error.html", status=status, message=message, session=g.get("session")))
+        resp.status_code = status
+        return resp
+
+    def who() -> Principal:
+        session: Session = g.session
+        return session.principal
+
+    def require_operator() -> None:
+        if who().role < Role.OPERATOR:
+            backend.audit(who().name, request.form.get("why", ""), f"console {request.path}", "",
+                          "refused: needs the operator role")
+            abort(403)
+
+    @app.errorhandler(403)
+    def forbidden(_exc: Any) -> Response:
+        return _error(403, "refused: this needs the operator role")
+
+    @app.errorhandler(404)
+    def not_found(_exc: Any) -> Response:
+        return _error(404, "no such page")
+
+    def page(template: str, data: dict[str, Any], **extra: Any) -> Any:
+        if request.args.get("format") == "json":
+            return jsonify(data)
+        return render_template(template, data=data, session=g.session, operator=who().role >= Role.OPERATOR,
+                               **extra)
+
+    def list_args(default_sort: str = "id") -> dict[str, Any]:
+        a = request.args
+        return {"q": a.get("q", ""), "sort": a.get("sort", default_sort), "desc": a.get("desc") == "1",
+                "page": _int(a.get("page"), 1), "per_page": _int(a.get("per_page"), 50)}
+
+    # --------------------------------------------------------------------------------------------- login
+    @app.get("/login")
+    def login() -> Any:
+        # one token per browser while it signs in: a second GET (another tab, a favicon redirect) keeps it
+        token = request.cookies.get(LOGIN_COOKIE, "")
+        if len(token) < 32:
+            token = secrets.token_urlsafe(32)
+        resp = Response(render_template("login.html", csrf=token, next=request.args.get("next", "/"),
+                                        error=None, session=None))
+        resp.set_cookie(LOGIN_COOKIE, token, max_age=600, httponly=True, samesite="Strict", secure=secure_cookies,
+                        path="/login")
+        return resp
+
+    @app.post("/login")
+    def login_post() -> Any:
+        cookie, field = request.cookies.get(LOGIN_COOKIE, ""), request.form.get("csrf", "")
+        if not cookie or not hmac.compare_digest(cookie.encode(), field.encode()):
+            return _error(403, "CSRF token missing or wrong: reload the login page")
+        if throttle.blocked():
+            return _error(429, "too many failed sign-ins: wait a minute")
+        name, secret = request.form.get("name", "").strip(), request.form.get("secret", "").strip()
+        principal = auth.authenticate(f"{name}:{secret}") if name and secret else None
+        if principal is None:
+            throttle.failed()
+        backend.audit(name[:64], "", "console login", request.remote_addr or "",
+                      "ok" if principal else "refused: unknown name or wrong secret")
+        if principal is None:
+            refused = Response(render_template("login.html", csrf=field, next=request.form.get("next", "/"),
+                                               error="unknown name or wrong secret", session=None))
+            refused.status_code = 401
+            return refused
+        sid, _ = sessions.open(principal)
+        target = request.form.get("next", "/")
+        if not target.startswith("/") or target.startswith("//") or "\\" in target:
+            target = "/"  # never an open redirect
+        resp: Any = redirect(target)
+        resp.set_cookie(COOKIE, sid, httponly=True, samesite="Strict", secure=secure_cookies, path="/")
+        resp.delete_cookie(LOGIN_COOKIE, path="/login")
+        return resp
+
+    @app.post("/logout")
+    def logout() -> Any:
+        backend.audit(who().name, "", "console logout", "", "ok")
+        sessions.close(request.cookies.get(COOKIE, ""))
+        resp: Any = redirect(url_for("login"))
+        resp.delete_cookie(COOKIE, path="/")
+        return resp
+
+    # --------------------------------------------------------------------------------------------- pages
+    @app.get("/")
+    def overview() -> Any:
+        snap, ep = backend.snapshot(), backend.endpoints()
+        channels = snap.get("channels", [])
+        depth = sum(int(p.get("queued", 0)) for c in channels for p in c.get("proxy_suppliers", []))
+        age = time.time() - float(snap["time"]) if snap.get("time") else None
+        from router.bridgecli import bridge_state
+
+        bridges = [{**b, "state_text": bridge_state(b)} for b in snap.get("bridges", [])]
+        data = {"node": {"id": ep.get("node_id") or snap.get("node_id"), "pid": ep.get("pid"),
+                         "factory": (ep.get("event_channel_factory") or {}).get("corbaloc"),
+                         "postgres": ep.get("postgres_dsn"), "broker": ep.get("broker_url")},
+                "snapshot_age_s": age, "services": snap.get("services", {}),
+                "transactions": snap.get("transactions", {}), "store": snap.get("store", {}),
+                "channels": len(channels), "queued": depth,
+                "events_held": sum(int(c.get("events_held") or 0) for c in channels),
+                "bridges": bridges,
+                "errors": [b for b in bridges if b.get("last_error") and b.get("state") != "active"],
+                "rates": sampler.series() if sampler is not None else {"t": [], "bridges": {}}}
+        return page("overview.html", data)
+
+    @app.get("/channels")
+    def channels() -> Any:
+        rows = backend.channels(who())
+        p = paginate(rows, fields=("id", "events_held", "proxy_suppliers", "queued"), **list_args())
+        return page("channels.html", p.as_dict())
+
+    @app.get("/channels/<int:cid>")
+    def channel(cid: int) -> Any:
+        try:
+            return page("channel.html", backend.channel(who(), cid))
+        except ConsoleRefused as exc:
+            return _error(404, str(exc))
+
+    @app.get("/bridges")
+    def bridges() -> Any:
+        rows = backend.bridges(who())
+        p = paginate(rows, fields=("id", "source", "sink", "state", "reason", "last_error"), **list_args())
+        return page("bridges.html", p.as_dict())
+
+    @app.get("/bridges/<int:bid>")
+    def bridge(bid: int) -> Any:
+        row = next((r for r in backend.bridges(who()) if int(r["id"]) == bid), None)
+        if row is None:
+            return _error(404, f"no bridge with id {bid}")
+        return page("bridge.html", row, actions=BRIDGE_ACTIONS)
+
+    @app.post("/bridges/<int:bid>/<action>")
+    def bridge_action(bid: int, action: str) -> Any:
+        require_operator()
+        if action not in BRIDGE_ACTIONS:
+            abort(404)
+        try:
+            result = backend.bridge_action(who(), bid, action, request.form.get("why", "").strip())
+        except ConsoleRefused as exc:
+            return _error(409, f"refused: {exc}")
+        if request.args.get("format") == "json":
+            return jsonify(result)
+        return redirect(url_for("bridges") if action == "destroy" else url_for("bridge", bid=bid))
+
+    @app.get("/transactions")
+    def transactions() -> Any:
+        listing = backend.transactions()
+        txns = listing["transactions"]
+        if request.args.get("in_doubt") == "1":
+            txns = [t for t in txns if t["in_doubt"]]
+        p = paginate(txns, fields=("gtrid", "status", "decision", "action", "reason"), **list_args("age_s"))
+        return page("transactions.html", {**listing, "page": p.as_dict()})
+
+    @app.get("/transactions/<path:gtrid>")
+    def transaction(gtrid: str) -> Any:
+        try:
+            view = backend.transaction(gtrid)
+        except ConsoleRefused as exc:
+            return _error(404, str(exc))
+        confirm = request.args.get("confirm", "")
+        return page("transaction.html", view, actions=TXN_ACTIONS,
+                    confirm=confirm if confirm in TXN_ACTIONS else "")
+
+    @app.post("/transactions/<path:gtrid>/<action>")
+    def transaction_action(gtrid: str, action: str) -> Any:
+        require_operator()
+        if action not in TXN_ACTIONS:
+            abort(404)
+        why = request.form.get("why", "").strip()
+        if not why:
+            return _error(400, "a reason is required (it is recorded in the operator log)")
+        if request.form.get("confirm_gtrid", "") != gtrid:
+            return _error(400, f"confirm by typing the transaction id {gtrid}")
+        try:
+            result = backend.txn_action(who(), gtrid, action, why)
+        except ConsoleRefused as exc:
+            return _error(409, f"refused: {exc}")
+        if request.args.get("format") == "json":
+            return jsonify(result)
+        return render_template("done.html", action=action, gtrid=gtrid, result=result, session=g.session,
+                               errors=list(result.get("errors") or []))
+
+    @app.get("/deadletters")
+    def dead_letters() -> Any:
+        channel = request.args.get("channel", "")
+        listing = backend.dead_letters(int(channel) if channel.isdigit() else None)
+        p = paginate(listing["dead_letters"], fields=("id", "channel_id", "event_name", "reason", "exception"),
+                     **list_args("dead_at"))
+        return page("deadletters.html", {**listing, "page": p.as_dict()})
+
+    @app.get("/deadletters/<int:dl_id>")
+    def dead_letter(dl_id: int) -> Any:
+        try:
+            return page("deadletter.html", backend.dead_letter(dl_id), actions=DEAD_LETTER_ACTIONS)
+        except ConsoleRefused as exc:
+            return _error(404, str(exc))
+
+    @app.post("/deadletters/<int:dl_id>/<action>")
+    def dead_letter_action(dl_id: int, action: str) -> Any:
+        require_operator()
+        if action not in DEAD_LETTER_ACTIONS:
+            abort(404)
+        why = request.form.get("why", "").strip()
+        if not why:
+            return _error(400, "a reason is required (it is recorded in the operator log)")
+        try:
+            result = backend.dead_letter_action(who(), dl_id, action, why)
+        except ConsoleRefused as exc:
+            return _error(409, f"refused: {exc}")
+        if request.args.get("format") == "json":
+            return jsonify(result)
+        return render_template("done.html", action=f"{action} dead letter", gtrid=str(dl_id), result=result,
+                               session=g.session, errors=[])
+
+    @app.get("/audit")
+    def audit() -> Any:
+        entries = read_operator_log(backend.state_dir / AUDIT_FILE, limit=_int(request.args.get("limit"), 200))
+        return page("audit.html", {"entries": entries})
+
+    return app
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        return default
+
+
+def quote_gtrid(gtrid: str) -> str:
+    return quote(gtrid, safe="")

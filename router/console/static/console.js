@@ -1,0 +1,26 @@
+// nsjms console: the overview's events/s chart (uPlot, vendored). No inline script: the CSP forbids it.
+"use strict";
+(function () {
+  var el = document.getElementById("rates");
+  if (!el || typeof uPlot === "undefined") { return; }
+  var palette = ["#31456e", "#c8372d", "#2e9d5b", "#d98f1e", "#7d4cb0", "#1a8fa8"];
+  function draw(rates) {
+    var ids = Object.keys(rates.bridges);
+    el.textContent = "";
+    if (!rates.t.length || !ids.length) { el.textContent = "no samples yet (one every 2 s)"; return; }
+    var data = [rates.t].concat(ids.map(function (id) { return rates.bridges[id]; }));
+    var series = [{}].concat(ids.map(function (id, i) {
+      return { label: "bridge " + id, stroke: palette[i % palette.length], width: 2, spanGaps: false };
+    }));
+    new uPlot({ width: Math.max(480, el.clientWidth - 20), height: 220, series: series,
+                axes: [{}, { label: "events/s" }], scales: { x: { time: true } } }, data, el);
+  }
+  function refresh() {
+    fetch(el.dataset.src, { credentials: "same-origin", headers: { "Accept": "application/json" } })
+      .then(function (r) { return r.json(); })
+      .then(function (d) { draw(d.rates); })
+      .catch(function () { el.textContent = "chart data unavailable"; });
+  }
+  refresh();
+  setInterval(refresh, 5000);
+}());

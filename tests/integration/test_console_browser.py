@@ -1,0 +1,348 @@
+"""The operator web console in a real browser (Debian's /usr/bin/chromium driven by Playwright), on a running node.
+
+The node (``nsjms serve`` with ``[console] enabled``) has a bridge with traffic and a REAL in-doubt routing
+transaction: a channel -> JMS T2 bridge whose node was SIGKILLed at the crash point ``t2.after_prepare`` (every
+branch prepared, no decision logged); after the restart the transaction waits (younger than the in-flight guard).
+From the console the operator commits it with a reason (a heuristic commit: the log had no decision) and then
+forgets it; the operator log records both with the principal and the reason, the prepared branch is gone. A reader
+has no buttons and is refused on POST; a POST without the CSRF token is refused; an unauthenticated request is
+redirected to the login page. Each page is screenshotted into docs/console/ (referenced from docs/console.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from omniORB import CORBA
+
+import CosNotification
+
+from idl.generated import CosBridgeAdmin as BA
+from router.services import EmbeddedActiveMQ
+
+from bridgekit import (
+    bridge_factory,
+    channel_ep,
+    jms_ep,
+    leftover,
+    managed_bridge,
+    persistent_channel,
+    prepared_gids,
+    reconnect_client,
+    structured_supplier,
+    unique_name,
+)
+from conftest import ClientOrb, NsjmsServer, free_port, own_broker
+from stdclients import (
+    Form,
+    StructuredPushConsumer,
+    Style,
+    connect_push_consumer,
+    event_id,
+    make_event,
+    obtain_proxy_supplier,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+PERSISTENT = CosNotification.Persistent
+
+
+@pytest.fixture
+def amq(tmp_path: Path) -> Iterator[EmbeddedActiveMQ]:
+    """A broker of the test's own: it is stopped to keep the routing transaction in doubt."""
+    with own_broker(tmp_path / "amq") as broker:
+        yield broker
+
+
+@pytest.fixture
+def node(tmp_path: Path, fresh_db: str, amq: EmbeddedActiveMQ,
+         monkeypatch: pytest.MonkeyPatch) -> Iterator[NsjmsServer]:
+    monkeypatch.setenv("NSJMS_CONSOLE_ENABLED", "true")
+    monkeypatch.setenv("NSJMS_CONSOLE_PORT", str(free_port()))
+    state = tmp_path / "state"
+    state.mkdir()
+    server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=amq.url, port=free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def console_url(server: NsjmsServer) -> str:
+    return f"http://127.0.0.1:{os.environ['NSJMS_CONSOLE_PORT']}"
+
+
+def secret(server: NsjmsServer, name: str) -> str:
+    return (server.state_dir / "credentials" / f"{name}.token").read_text().strip().partition(":")[2]
+
+
+def sign_in(browser: Any, base: str, server: NsjmsServer, name: str) -> Any:
+    ctx = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = ctx.new_page()
+    page.goto(base + "/login")
+    page.fill("#name", name)
+    page.fill("#secret", secret(server, name))
+    page.click("#signin")
+    page.wait_for_load_state()
+    assert page.url == base + "/", (page.url, page.content()[:2000])
+    assert page.inner_text("#whoami") == f"{name} ({name})"
+    return page
+
+
+def shot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def cli(server: NsjmsServer, *args: str) -> tuple[int, str, str]:
+    env = dict(os.environ, NSJMS_POSTGRES_DSN=server.pg_dsn)
+    proc = subprocess.run([sys.executable, "-m", "router.cli", *args, "--state-dir", str(server.state_dir)],
+                          capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=120)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def cli_json(server: NsjmsServer, *args: str) -> Any:
+    code, out, err = cli(server, *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def make_in_doubt(server: NsjmsServer, amq: EmbeddedActiveMQ, client_orb: ClientOrb,
+                  monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, str]:
+    """A channel -> queue T2 bridge whose node dies at ``t2.after_decision`` (COMMIT durable, nothing committed);
+    restarted with the broker down, the transaction stays in doubt: recovery commits the PostgreSQL branch and cannot
+    re-send the outbox. Returns the channel factory, the bridge factory and the queue."""
+    factory = client_orb.factory(server.ior())
+    channel, cid = persistent_channel(factory)
+    bf = bridge_factory(client_orb, server)
+    queue = unique_name("console.t2")
+    bridge, _ = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, queue))
+    managed = managed_bridge(bridge)
+    managed.enable_transaction(5, 30)
+    bridge.start_bridge()
+    supplier = structured_supplier(channel)
+    bridge.stop_bridge()
+    for i in range(5):                                  # waiting in the stopped bridge's proxy queue
+        supplier.push_one(make_event(i, reliability=PERSISTENT))
+    server.stop()
+    monkeypatch.setenv("NSJMS_CRASH_AT", "t2.after_decision")
+    server.start()
+    reconnect_client(managed)
+    try:
+        bridge.start_bridge()                           # its first T2 logs COMMIT, then the node dies
+    except CORBA.Exception:
+        pass
+    assert server.proc is not None and server.proc.wait(60) == -signal.SIGKILL
+    monkeypatch.delenv("NSJMS_CRASH_AT")
+    assert len(prepared_gids(server.pg_dsn)) == 1
+    amq.stop()
+    server.start()
+    reconnect_client(managed, bf, factory)
+    return factory, bf, queue
+
+
+class RefusingConsumer(StructuredPushConsumer):
+    """Refuses event ``n`` (BAD_PARAM) while ``refuse`` holds it: the channel dead-letters it after its retries."""
+
+    def __init__(self, refuse: set[int]) -> None:
+        super().__init__()
+        self.refuse = refuse
+
+    def push_structured_event(self, notification: Any) -> None:
+        if event_id(notification) in self.refuse:
+            raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
+        super().push_structured_event(notification)
+
+
+def operator_log(server: NsjmsServer) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (server.state_dir / "txn-operator.log").read_text().splitlines()]
+
+
+def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, client_orb: ClientOrb, browser: Any,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    base = console_url(node)
+    factory, bf, t2_queue = make_in_doubt(node, amq, client_orb, monkeypatch)
+    [view] = cli_json(node, "txn", "list")["transactions"]
+    gtrid = view["gtrid"]
+    assert (view["status"], view["action"]) == ("commit-logged", "resend")
+
+    printed = (node.state_dir / "server.stdout.log").read_text()
+    assert f"nsjms: console at {base}/  (sign in as operator or reader" in printed, printed
+
+    # unauthenticated: redirected to the login page
+    anon = browser.new_context()
+    page = anon.new_page()
+    page.goto(base + "/bridges")
+    assert page.url.startswith(base + "/login?next=")
+    shot(page, "login")
+    anon.close()
+
+    page = sign_in(browser, base, node, "operator")
+    # the in-doubt T2: listed with the safe action and its reason
+    page.goto(base + "/transactions?in_doubt=1")
+    table = page.inner_text("#transactions")
+    assert gtrid in table and view["action"] in table and view["reason"] in table
+    shot(page, "transactions")
+    # rollback against the logged COMMIT: refused exactly as the CLI refuses it, and recorded
+    page.click(f"text={gtrid}")
+    page.click("#ask-rollback")
+    page.fill("#confirm_gtrid", gtrid)
+    page.fill("#why", "console test: try the wrong way")
+    page.click("#do-rollback")
+    refusal = page.inner_text("#error")
+    assert "refused: " in refusal and "the decision COMMIT is logged" in refusal
+    assert operator_log(node)[-1]["action"] == "rollback" and operator_log(node)[-1]["who"] == "operator"
+    # commit with a reason, behind a confirmation naming the transaction: with the broker down it is refused before
+    # anything is touched, exactly as `nsjms txn commit` refuses it, and recorded
+    page.goto(f"{base}/transactions/{gtrid}")
+    page.click("#ask-commit")
+    assert gtrid in page.inner_text("#confirm-form")
+    page.fill("#confirm_gtrid", gtrid)
+    page.fill("#why", "console test: finish the logged commit")
+    shot(page, "transaction-confirm")
+    page.click("#do-commit")
+    refusal = page.inner_text("#error")
+    assert "nothing done" in refusal and "broker cannot be reached" in refusal, refusal
+    shot(page, "transaction-result")
+    entry = operator_log(node)[-1]
+    assert (entry["who"], entry["action"], entry["target"], entry["why"]) == (
+        "operator", "commit", gtrid, "console test: finish the logged commit")
+    assert entry["result"].startswith("refused: ") and "nothing done" in entry["result"]
+    code, _, err = cli(node, "txn", "commit", gtrid, "--yes", "--why", "the CLI, for comparison")
+    assert code == 4 and refusal.removeprefix("refused: ").split(" (")[0] in err, err
+    # the broker back: the commit is finished (the outbox re-sent with its dedupe ids), nothing left in doubt
+    amq.start()
+    assert wait_until(lambda: cli_json(node, "txn", "list")["transactions"] == [], 90, 1.0)
+    assert prepared_gids(node.pg_dsn) == []
+    assert leftover(amq.url, t2_queue) == 5, "the committed transaction's five events, each once"
+
+    # a bridge with traffic: channel -> queue, 40 events forwarded
+    channel, cid = persistent_channel(factory)
+    _, busy = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, unique_name("console.traffic")))
+    bf.get_bridge_with_id(busy).start_bridge()
+    supplier = structured_supplier(channel)
+
+    def forwarded(n: int) -> bool:
+        return any(b["id"] == busy and b["forwarded"] == n
+                   for b in cli_json(node, "status")["snapshot"].get("bridges", []))
+
+    for wave in (range(20), range(20, 40)):           # two waves: the chart shows the second one's rate
+        for i in wave:
+            supplier.push_one(make_event(i, reliability=PERSISTENT))
+        assert wait_until(lambda n=wave.stop: forwarded(n), 90, 1.0)
+
+    # overview: reachability, the chart drawn by uPlot from the node's samples
+    page.goto(base + "/")
+    def broker_card() -> str:
+        page.reload()
+        return str(page.inner_text("#svc-broker"))
+
+    assert wait_until(lambda: broker_card().split()[1] == "reachable", 30, 1.0)
+    assert page.inner_text("#svc-postgres").split()[1] == "reachable"
+    assert "0 in doubt" in page.inner_text("#in-doubt")
+    page.wait_for_selector("#rates canvas", timeout=30_000)
+    shot(page, "overview")
+
+    page.goto(base + "/channels")
+    assert page.locator("#channels a", has_text=f"channel {cid}").count() == 1
+    shot(page, "channels")
+    page.click(f"#channels a:text-is('channel {cid}')")
+    assert page.url == f"{base}/channels/{cid}"
+    assert "EventReliability" in page.content()
+    shot(page, "channel")
+
+    page.goto(base + "/bridges")
+    assert page.locator("#bridges a", has_text=f"bridge {busy}").count() == 1
+    shot(page, "bridges")
+    page.goto(f"{base}/bridges/{busy}")
+    assert page.inner_text("#forwarded") == "40"
+    assert page.locator("#bridge-stop").count() == 1
+    shot(page, "bridge")
+    rows = page.request.get(base + "/bridges?format=json").json()["rows"]
+    assert {r["id"] for r in rows} == {r["id"] for r in cli_json(node, "bridge", "list")}
+
+    # a dead letter: the channel's consumer refuses event 2; retried from the console once it is fixed, it arrives
+    refusing = RefusingConsumer({2})
+    proxy, _ = obtain_proxy_supplier(channel.default_consumer_admin, Form.STRUCTURED, Style.PUSH)
+    connect_push_consumer(proxy, Form.STRUCTURED, refusing)
+    for i in range(100, 104):
+        supplier.push_one(make_event(i, reliability=PERSISTENT))
+    supplier.push_one(make_event(2, reliability=PERSISTENT))
+    assert wait_until(lambda: len(cli_json(node, "deadletter", "list")["dead_letters"]) == 1, 90, 1.0)
+    [dl] = cli_json(node, "deadletter", "list")["dead_letters"]
+    page.goto(base + "/deadletters")
+    assert f"dead letter {dl['id']}" in page.inner_text("#deadletters") and "bad parameter" in page.content()
+    shot(page, "deadletters")
+    page.click(f"text=dead letter {dl['id']}")
+    assert "back into the queue" in page.inner_text("#dl-retry-target")
+    shot(page, "deadletter")
+    refusing.refuse.clear()
+    page.fill("form:has(#dl-retry) input[name=why]", "console test: consumer fixed")
+    page.click("#dl-retry")
+    assert "Done." in page.inner_text("#result")
+    assert wait_until(lambda: 2 in refusing.ids(), 60, 0.5), "the retried dead letter reached its consumer"
+    assert refusing.ids().count(2) == 1 and cli_json(node, "deadletter", "list")["dead_letters"] == []
+    entry = operator_log(node)[-1]
+    assert (entry["who"], entry["action"], entry["target"]) == ("operator", "deadletter retry", str(dl["id"]))
+    assert operator_log(node)[-2]["why"] == "console test: consumer fixed"
+
+    # a POST without the CSRF token is refused (and the bridge keeps running)
+    resp = page.request.post(f"{base}/bridges/{busy}/stop", form={"why": "no token"})
+    assert resp.status == 403
+    assert next(b for b in cli_json(node, "bridge", "list") if b["id"] == busy)["started"] is True
+
+    # a reader sees the pages, has no buttons, and is refused on POST even with a valid CSRF token
+    reader = sign_in(browser, base, node, "reader")
+    reader.goto(f"{base}/bridges/{busy}")
+    assert reader.locator("#bridge-stop").count() == 0 and reader.locator("#bridge-destroy").count() == 0
+    token = reader.locator("input[name=csrf]").first.get_attribute("value")
+    resp = reader.request.post(f"{base}/bridges/{busy}/stop", form={"why": "reader", "csrf": token})
+    assert resp.status == 403
+    assert next(b for b in cli_json(node, "bridge", "list") if b["id"] == busy)["started"] is True
+    assert operator_log(node)[-1]["who"] == "reader"
+    assert operator_log(node)[-1]["result"] == "refused: needs the operator role"
+
+    # the operator stops the bridge from the console: done through the node, recorded
+    page.goto(f"{base}/bridges/{busy}")
+    page.fill("form:has(#bridge-stop) input[name=why]", "console test: maintenance")
+    page.click("#bridge-stop")
+    page.wait_for_load_state()
+    assert page.url == f"{base}/bridges/{busy}"
+    assert next(b for b in cli_json(node, "bridge", "list") if b["id"] == busy)["started"] is False
+    entry = operator_log(node)[-1]
+    assert (entry["who"], entry["action"], entry["why"]) == ("operator", "console bridge stop",
+                                                             "console test: maintenance")
+    page.goto(base + "/audit")
+    assert "console test: finish the logged commit" in page.inner_text("#audit")
+    shot(page, "audit")
+    text = (node.state_dir / "txn-operator.log").read_text() + node.stderr_path.read_text()
+    for name in ("operator", "reader"):
+        assert secret(node, name) not in text, "a secret was logged"
