@@ -39,10 +39,22 @@ def admin_surfaces() -> list[type]:
     return [TransactionAdminImpl, DeadLetterAdminImpl, BridgeFactoryImpl, BridgeImpl]
 
 
+def node_internal_servants() -> list[type]:
+    """The bridges' endpoint servants: the node's own channel calls them; a remote caller must be an operator."""
+    from router.bridge import flows
+
+    return [flows.StructuredPushReceiver, flows.SequencePushReceiver, flows.StructuredPullReceiver,
+            flows.SequencePullReceiver, flows.StructuredPullSender, flows.SequencePullSender,
+            flows.PushSenderServant, flows.SequencePushSenderServant]
+
+
 def apply() -> None:
     """Wrap the servant classes (idempotent)."""
+    from router.auth import node_internal
     from router.channel.channel import EventChannelFactoryImpl, EventChannelImpl
 
+    for cls in node_internal_servants():
+        node_internal(cls)
     for cls in admin_surfaces():
         admin_surface(read=ADMIN_READS.get(cls.__name__, frozenset()))(cls)
     for cls in (EventChannelFactoryImpl, EventChannelImpl):

@@ -148,6 +148,40 @@ def _guard(fn: Callable[..., Any], op: str, role: Role) -> Callable[..., Any]:
     return guarded
 
 
+def remote_caller() -> bool:
+    """Whether this thread serves a request that came over the network (GIOP: the call info names a peer), not a
+    call the node makes to its own objects (a colocated call, or a direct one: no peer)."""
+    import omniORB
+
+    info = omniORB.currentCallInfo()
+    return info is not None and "peer_address" in info
+
+
+def _guard_remote(fn: Callable[..., Any], op: str, role: Role) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if remote_caller():
+            require(op, role)
+        return fn(*args, **kwargs)
+
+    guarded.__dict__["_nsjms_role"] = role
+    return guarded
+
+
+def node_internal(cls: T) -> T:
+    """Class decorator for a servant only the node itself should call (a bridge's endpoint, which the node's own
+    channel pushes to or pulls from): every IDL operation called over the network needs an operator; the node's
+    own calls (colocated or direct) pass. Its object id is guessable (``br/<id>/send``): without this, any local
+    user could pull a bridge's JMS messages (the channel then acknowledged them: lost) or push into its JMS
+    destination without broker credentials (issue 30 review)."""
+    for op in idl_operations(cls):
+        fn = getattr(cls, op, None)
+        if fn is not None and not hasattr(fn, "_nsjms_role"):
+            setattr(cls, op, _guard_remote(fn, op, Role.OPERATOR))
+    setattr(cls, "_nsjms_node_internal", True)  # noqa: B010 — a marker tests look for
+    return cls
+
+
 def idl_operations(cls: type) -> set[str]:
     """Every IDL operation (attributes as ``_get_x``/``_set_x``) of an omniORBpy servant class's skeletons."""
     ops: set[str] = set()
@@ -332,8 +366,10 @@ def install_server(auth: Authenticator) -> bool:
                 current_auth: Authenticator | None = _server["auth"]
                 principal = current_auth.authenticate(token) if token and current_auth else None
                 if principal is None:
-                    log.warning("invalid credential presented for %s (principal %r)", op,
-                                (token or "").partition(":")[0][:64])
+                    name, sep, _ = (token or "").partition(":")
+                    # a token without ':' is all secret: never log any of it (review finding)
+                    log.warning("invalid credential presented for %s (%s)", op,
+                                f"principal {name[:64]!r}" if sep else "malformed credential")
         _set_current(principal)
 
     try:

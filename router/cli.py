@@ -434,7 +434,7 @@ def cmd_reset(args: argparse.Namespace, cfg: Any) -> int:
 
     from router.config import redact_dsn
     from router.lifecycle import StateDirLocked
-    from router.reset import plan, reset
+    from router.reset import ResetRefused, plan, reset
 
     state_dir = Path(cfg.node.state_dir).resolve()
     if not args.yes:
@@ -450,6 +450,9 @@ def cmd_reset(args: argparse.Namespace, cfg: Any) -> int:
         print(f"nsjms reset: state directory {exc.path} is in use by a running nsjms node ({holder}): nothing was "
               "reset; stop the node first", file=sys.stderr)
         return EXIT_LOCKED
+    except ResetRefused as exc:
+        print(f"nsjms reset: refused: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     except psycopg.Error as exc:
         print(f"nsjms reset: postgres.dsn {redact_dsn(cfg.postgres.dsn)}: {redact_dsn(str(exc).strip())}; the state "
               "directory was left as it was", file=sys.stderr)

@@ -3,8 +3,10 @@
 Under the state directory's lock (refused, exit 5, while a node runs there; a node cannot start meanwhile):
 
 1. the embedded ActiveMQ and PostgreSQL a killed node left running are stopped (``nsjms stop-services``);
-2. with an external PostgreSQL (``postgres.dsn``): this node's prepared transactions (xids of its node id) are
-   rolled back, then every ``nsjms_*`` table, partition and sequence of the role's first ``search_path`` schema is
+2. with an external PostgreSQL (``postgres.dsn``): refused (:class:`ResetRefused`, nothing touched) while another
+   node id is a live member of that database (``nsjms_member``: the tables hold its work too); else this node's
+   prepared transactions (xids of its node id) are rolled back, then every ``nsjms_*`` table, partition and
+   sequence of the role's first ``search_path`` schema is
    dropped, ``nsjms_schema_version`` included (the next start applies every migration to an empty schema);
 3. everything in the state directory but the lock file is removed: the recovery log ``xa-<node>.log``, the
    ``delivered/`` journals, the embedded services' data (``pg/``, ``activemq/`` with the broker credentials),
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ResetDone", "plan", "reset"]
+__all__ = ["ResetDone", "ResetRefused", "plan", "reset"]
 
 LOCK_FILE = "node.lock"
 
@@ -80,6 +82,21 @@ def reset(state_dir: Path, external_dsn: str, node_id: str, *, connect_timeout_s
     return done
 
 
+class ResetRefused(Exception):
+    """The reset was refused before anything was touched (the message says why)."""
+
+
+def _other_live_members(conn: Any, node_id: str) -> list[str]:
+    """Node ids other than ``node_id`` that are members of this database and have not left (router/cluster):
+    their work is in the same tables. None when the cluster tables do not exist (an older schema)."""
+    exists = conn.execute("SELECT to_regclass('nsjms_member') IS NOT NULL").fetchone()
+    if not exists or not exists[0]:
+        return []
+    rows = conn.execute("SELECT node_id FROM nsjms_member WHERE node_id <> %s AND state = 'live' ORDER BY node_id",
+                        (node_id,)).fetchall()
+    return [str(r[0]) for r in rows]
+
+
 _OBJECTS = """
 SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = current_schema() AND c.relname LIKE 'nsjms\\_%' AND c.relkind IN ('r', 'p', 'S')
@@ -96,6 +113,11 @@ def _reset_database(dsn: str, node_id: str, timeout: float, done: ResetDone) -> 
 
     node = NodeId(node_id)
     with psycopg.connect(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
+        others = _other_live_members(conn, node_id)
+        if others:      # checked before anything is touched: the tables are shared with those nodes
+            raise ResetRefused(f"other node(s) of this database are members: {', '.join(others)}; reset would drop "
+                               "their channels, queued events, outbox and inbox too: stop them first (a node that "
+                               "stops cleanly leaves the membership)")
         for xid in conn.tpc_recover():
             if is_ours(xid, node):
                 conn.tpc_rollback(xid)

@@ -173,3 +173,30 @@ def test_orphan_commit_is_refused_anonymously_and_logged_as_the_principal(admin:
     assert second not in prepared_gids(dsn)
     entries = [json.loads(x) for x in (nsjms_server.state_dir / "txn-operator.log").read_text().splitlines()]
     assert [(e["who"], e["target"]) for e in entries] == [("nsjms-tests", first), ("operator", second)]
+
+
+def test_a_bridges_endpoints_refuse_a_remote_caller_without_a_credential(admin: Any, client_orb: Any,
+                                                                          nsjms_server: NsjmsServer) -> None:
+    """Review finding (issue 30): a bridge's endpoint servants have guessable object keys (``br/<id>/send``); an
+    anonymous local user pulled a JMS -> channel bridge's messages through them (which the channel then
+    acknowledged: lost) or pushed into a channel -> JMS bridge's destination without broker credentials. Remote
+    callers now need an operator; the node's own channel (colocated calls) still moves events through them."""
+    import CosNotifyComm
+
+    bf, _, _, cid = admin
+    _, to_jms = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, unique_name("auth.out")))
+    _, from_jms = bf.create_bridge(jms_ep(BA.SOURCE, unique_name("auth.in")), channel_ep(BA.SINK, cid, BA.PULL))
+
+    def endpoint(bid: int, side: str, iface: Any) -> Any:
+        key = f"%ffnsjms%00br/{bid}/{side}"
+        return client_orb.orb.string_to_object(f"corbaloc::127.0.0.1:{nsjms_server.port}/{key}")._narrow(iface)
+
+    sender = endpoint(from_jms, "send", CosNotifyComm.StructuredPullSupplier)
+    receiver = endpoint(to_jms, "recv", CosNotifyComm.StructuredPushConsumer)
+    with presenting(""):
+        refused(sender.try_pull_structured_event)
+        refused(sender.disconnect_structured_pull_supplier)
+        refused(lambda: receiver.push_structured_event(make_event(1)))
+        refused(receiver.disconnect_structured_push_consumer)
+    status, _ = sender.try_pull_structured_event()   # the operator may (nothing is waiting: no bridge started)
+    assert status is not None

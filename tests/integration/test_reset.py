@@ -75,6 +75,15 @@ def test_reset_leaves_a_database_and_state_directory_a_node_starts_from(fresh_db
     assert refused.returncode == 5 and "nothing was reset" in refused.stderr, refused.stderr
     assert _objects(fresh_db) == before and len(_prepared(fresh_db)) == 1
 
+    with psycopg.connect(fresh_db) as conn:                        # another node's work is in the same tables
+        conn.execute("INSERT INTO nsjms_member (node_id, epoch, state, lease_until, renewed_at, joined_at) "
+                     "VALUES ('other-node', 1, 'live', now() + interval '1 minute', now(), now())")
+    shared = _nsjms(state, fresh_db, "--yes")                      # review finding: refused, nothing touched
+    assert shared.returncode == 4 and "other-node" in shared.stderr, shared.stderr
+    assert _objects(fresh_db) == before and len(_prepared(fresh_db)) == 1
+    with psycopg.connect(fresh_db) as conn:                        # it stopped cleanly: it left the membership
+        conn.execute("UPDATE nsjms_member SET state = 'left' WHERE node_id = 'other-node'")
+
     done = _nsjms(state, fresh_db, "--yes")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "rolled back 1 prepared transaction(s)" in done.stdout, done.stdout
