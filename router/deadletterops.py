@@ -32,6 +32,7 @@ from router.channel.channel import RoutePlan
 from router.channel.deadletters import DeadLetter, DeadLetterStore, RetryTarget, retry_target
 from router.channel.events import Event, Form, decode
 from router.channel.queue import Record
+from router.db import StoreUnavailable
 from router.txnops import operator_log
 
 __all__ = ["DeadLetterOps", "Refused", "describe_value"]
@@ -107,24 +108,44 @@ class DeadLetterOps:
         return result
 
     def _retry(self, dl_id: int) -> dict[str, Any]:
-        with self.db.unit_of_work() as conn:
-            dl = self.store.get(conn, dl_id, lock=True)
-            if dl is None:
-                raise Refused(self._unknown(dl_id))
-            channel_alive, proxy = self._live(dl)
-            if proxy is not None and not self.store.proxy_stored(conn, dl.channel_id, dl.admin_id, dl.proxy_id):
-                proxy = None                           # being destroyed: its row is gone
-            target, why = retry_target(dl, channel_alive=channel_alive, proxy_alive=proxy is not None)
-            if target is RetryTarget.REFUSED:
-                raise Refused(f"dead letter {dl_id}: {why}")
-            channel = self.channels.channels[dl.channel_id]
-            plan = self._plan(channel, dl, proxy if target is RetryTarget.PROXY else None)
-            channel.store_in(conn, plan)
-            self.store.delete(conn, dl_id)
+        stored: Any = None                             # (channel, plan) once the plan's rows are in the transaction
+        try:
+            with self.db.unit_of_work() as conn:
+                dl = self.store.get(conn, dl_id, lock=True)
+                if dl is None:
+                    raise Refused(self._unknown(dl_id))
+                channel_alive, proxy = self._live(dl)
+                if proxy is not None and not self.store.proxy_stored(conn, dl.channel_id, dl.admin_id,
+                                                                     dl.proxy_id):
+                    proxy = None                       # being destroyed: its row is gone
+                target, why = retry_target(dl, channel_alive=channel_alive, proxy_alive=proxy is not None)
+                if target is RetryTarget.REFUSED:
+                    raise Refused(f"dead letter {dl_id}: {why}")
+                channel = self.channels.channels[dl.channel_id]
+                plan = self._plan(channel, dl, proxy if target is RetryTarget.PROXY else None)
+                channel.store_in(conn, plan)
+                stored = (channel, plan, dl, target, why)
+                self.store.delete(conn, dl_id)
+        except StoreUnavailable as exc:
+            # the COMMIT's answer was lost (review finding): if it committed, the dead letter is gone and the event
+            # stored; queue it now, or it waits for the next start (a second retry would find no dead letter)
+            if not exc.in_doubt or stored is None or not self._committed(stored[1]):
+                raise
+        channel, plan, dl, target, why = stored
         channel.publish(plan)
         rec, targets = plan.plans[0]
         return {"id": dl_id, "retried": True, "target": target.value, "how": why, "channel": dl.channel_id,
                 "proxies": [f"{p.admin.id}/{p.id}" for p in targets], "event_id": rec.db_id, "seq": rec.seq}
+
+    def _committed(self, plan: Any) -> bool:
+        """Whether the rows of a retry whose COMMIT broke exist (one more short unit of work; an unreachable store
+        raises, and the operator is told the retry failed: its event is then queued at the next start)."""
+        ids = [rec.db_id for rec, _ in plan.plans if rec.db_id is not None]
+        if not ids:
+            return False
+        with self.db.unit_of_work() as conn:
+            row = conn.execute("SELECT count(*) FROM nsjms_event WHERE id = ANY(%s)", (ids,)).fetchone()
+        return bool(row and int(row[0]))
 
     def _discard(self, dl_id: int) -> dict[str, Any]:
         with self.db.unit_of_work() as conn:

@@ -187,3 +187,52 @@ def test_discard_removes_it_and_logs_who_and_why(tmp_path: Path, monkeypatch: py
     assert store.rows == {} and not channel.published
     [entry] = log(tmp_path)
     assert (entry["who"], entry["why"], entry["action"]) == ("dave", "garbage text", "deadletter discard")
+
+
+class _LostCommitAnswer(NullDatabase):
+    """A unit of work whose COMMIT answer is lost: the transaction committed, the caller gets in_doubt."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = 1
+
+    def unit_of_work(self) -> Any:
+        import contextlib
+
+        from router.db import StoreUnavailable
+
+        inner = super().unit_of_work()
+        db = self
+
+        @contextlib.contextmanager
+        def uow() -> Any:
+            with inner as conn:
+                yield conn
+            if db.broken:
+                db.broken -= 1
+                raise StoreUnavailable("connection lost during COMMIT", in_doubt=True)
+
+        return uow()
+
+
+def test_a_retry_whose_commit_answer_was_lost_queues_the_event_when_it_committed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding: a retry whose COMMIT answer was lost (StoreUnavailable in_doubt) had removed the dead letter
+    and stored the event, yet never queued it (a second retry found no dead letter): stuck until a restart."""
+    ops, store, channel = make(tmp_path, monkeypatch, _dl(), consumers={0: FakeAdmin(FakeProxy(0, 2))})
+    ops.db = _LostCommitAnswer()
+    monkeypatch.setattr(ops, "_committed", lambda plan: True)      # the event's row is there
+    result = ops.retry(9, "alice")
+    assert result["retried"] is True and len(channel.published) == 1
+
+
+def test_a_retry_whose_commit_answer_was_lost_and_did_not_commit_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.db import StoreUnavailable
+
+    ops, store, channel = make(tmp_path, monkeypatch, _dl(), consumers={0: FakeAdmin(FakeProxy(0, 2))})
+    ops.db = _LostCommitAnswer()
+    monkeypatch.setattr(ops, "_committed", lambda plan: False)
+    with pytest.raises(StoreUnavailable):
+        ops.retry(9, "alice")
+    assert channel.published == []
