@@ -25,7 +25,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-__all__ = ["RESOURCE_MARK", "RESOURCE_PATTERNS", "Refusal", "Verdict", "classify", "is_resource"]
+__all__ = ["CONTENT_PATTERNS", "RESOURCE_MARK", "RESOURCE_PATTERNS", "Refusal", "Verdict", "classify", "is_resource"]
 
 
 class Refusal(enum.StrEnum):
@@ -60,14 +60,25 @@ RESOURCE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"producer-flow-control", "producer flow control"),
         (r"sendFailIfNoSpace", "producer flow control"),
         (r"\bdisk (?:capacity )?(?:is )?full\b", "disk full"),                  # Artemis AMQ119119 / AMQ222212
-        (r"\baddress \S+ is full\b", "address full"),                            # Artemis AMQ229102
-        (r"\bquota\b.*\b(?:exceeded|reached)\b", "quota"),
+        (r"\bAMQ229102\b", "address full"),                                     # Artemis: Address "x" is full
         (re.escape(RESOURCE_MARK), "broker resource limit"),
     ))
+
+#: Refusals that name the frame itself, checked FIRST: the broker echoes destination names and header values in its
+#: errors, so a destination called ``ops.quota.exceeded`` or ``producer-flow-control.audit`` must not turn an
+#: authorization or format error into a permanent outage (review finding).
+CONTENT_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p in (
+    r"\bis not authorized to\b", r"SecurityException", r"InvalidDestinationException", r"InvalidSelectorException",
+    r"MessageFormatException", r"NumberFormatException", r"\bUnable to convert\b", r"\bInvalid selector\b",
+))
 
 
 def classify(message: str, body: str = "") -> Verdict:
     """The meaning of an ERROR frame with ``message`` header and ``body`` text (either may be empty)."""
+    first_line = body.split("\n", 1)[0]
+    for text in (message, first_line):
+        if text and any(p.search(text) for p in CONTENT_PATTERNS):
+            return Verdict(Refusal.CONTENT)
     for text in (message, body):
         if not text:
             continue

@@ -62,6 +62,12 @@ CONTENT_FRAMES = [
     ("Unexpected ACK received for message-id [ID:h-1:1:1:1:1]", ""),
     ("message too large", ""),
     ("COMMIT FAILED: Transaction marked rollback only xaErrorCode:100", ""),   # without its frame's reason
+    # review finding: the broker echoes names and values; a resource-like word in them is still a content refusal
+    ("User nsjms is not authorized to write to: queue://ops.quota.exceeded",
+     "java.lang.SecurityException: User nsjms is not authorized to write to: queue://ops.quota.exceeded"),
+    ("User nsjms is not authorized to write to: queue://producer-flow-control.audit", ""),
+    ('For input string: "address X is full"', 'java.lang.NumberFormatException: For input string: "address X is '
+     'full"'),
     ("(no message header)", ""),
     ("", ""),
 ]
