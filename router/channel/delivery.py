@@ -91,9 +91,13 @@ class DeliveryFailures(DeadLetters):
 
     def _narrow_text(self, exc: CORBA.DATA_CONVERSION) -> bool:
         """After a push failed with ``exc``: narrow the text of this proxy's pushes one step and say so, or answer
-        False when the consumer may have run the call (not ``COMPLETED_NO``) or the text is already ASCII."""
+        False when the consumer may have run the call (not ``COMPLETED_NO``), the failure is not a character its
+        code set cannot map (minor ``DATA_CONVERSION_CannotMapChar``: any other DATA_CONVERSION, e.g. one the
+        consumer's servant raises itself, is an ordinary failed attempt and never narrows what a consumer that can
+        read Latin-1 receives; review finding) or the text is already ASCII."""
         narrower = next_limit(self.text_limit)
-        if exc.completed != CORBA.COMPLETED_NO or narrower is None:
+        if (exc.completed != CORBA.COMPLETED_NO or exc.minor != omniORB.DATA_CONVERSION_CannotMapChar
+                or narrower is None):
             return False
         self.text_limit = narrower
         log.warning("proxy %s: the consumer's code set cannot carry the event's text (%s); from now on its strings "

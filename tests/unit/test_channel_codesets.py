@@ -121,3 +121,26 @@ def test_acknowledged_push_proxy_narrows(monkeypatch: pytest.MonkeyPatch) -> Non
         proxy._tick(None)
     assert len(consumer.got) == len(TEXTS) and proxy.dead_lettered == 0
     assert [ev.remainder_of_body.value() for ev in consumer.got] == TEXTS
+
+
+class _OwnConversionError(Latin1Consumer):
+    """A consumer whose own servant raises DATA_CONVERSION (minor 0) for every event: not a code set it lacks."""
+
+    def push_structured_event(self, ev: Any) -> None:
+        self.refused += 1
+        raise CORBA.DATA_CONVERSION(0, CORBA.COMPLETED_NO)
+
+
+def test_a_data_conversion_that_is_not_cannot_map_char_never_narrows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding: any DATA_CONVERSION COMPLETED_NO narrowed the proxy's text for good, so a consumer able to
+    read Latin-1 received \\u escapes after its servant raised DATA_CONVERSION once. Only the ORB's CannotMapChar
+    narrows; this one is an ordinary failed attempt."""
+    consumer = _OwnConversionError()
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, consumer, monkeypatch)  # type: ignore[arg-type]
+    proxy.queue.put(Record(1, Event(Form.STRUCTURED, event(1, "café")), 0, None, None, False))
+    t = run_worker(proxy)
+    try:
+        wait_for(lambda: proxy.dead_lettered == 1, "the dead letter")
+    finally:
+        stop(proxy, t)
+    assert consumer.refused == POISON_ATTEMPTS and proxy.text_limit is None
