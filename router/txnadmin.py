@@ -72,7 +72,7 @@ class TransactionAdminImpl(NsjmsAdmin__POA.TransactionAdmin):
         return self._call("forget", lambda: self.ops.forget(gtrid, audit_identity()))
 
     def recover(self) -> str:
-        return self._call("recover", self.ops.recover)
+        return self._call("recover", lambda: self.ops.recover(audit_identity()))   # logged as the principal
 
 
 def audit_identity() -> str:

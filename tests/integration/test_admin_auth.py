@@ -124,6 +124,10 @@ def test_operator_log_names_the_authenticated_principal(admin: Any, nsjms_server
     _, _, txn, _ = admin
     with pytest.raises(NsjmsAdmin.TransactionRefused):
         txn.forget("f" * 32, "alice@ops1")
+    txn.recover()                                     # review finding: recover was logged with who=""
+    entries = [json.loads(line) for line in (nsjms_server.state_dir / "txn-operator.log").read_text().splitlines()]
+    assert [(e["action"], e["who"]) for e in entries if e["action"] in ("forget", "recover")] == [
+        ("forget", "nsjms-tests"), ("recover", "nsjms-tests")], entries
 
 
 def test_cli_without_a_readable_credential_is_refused_cleanly(nsjms_server: NsjmsServer) -> None:
