@@ -275,10 +275,13 @@ def offline_database(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[str]
     (it outlives a killed node), otherwise STARTED for this command and stopped after it (a node cannot start
     meanwhile: the lock). Without ``write`` (list, show) every session is read-only
     (``default_transaction_read_only``)."""
-    from psycopg.conninfo import make_conninfo
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     def ro(dsn: str) -> str:
-        return dsn if write else str(make_conninfo(dsn, options="-c default_transaction_read_only=on"))
+        # the DSN's own options (a search_path ...) are kept: ours is added to them (review finding)
+        own = str(conninfo_to_dict(dsn).get("options") or "")
+        return dsn if write else str(make_conninfo(dsn, options=" ".join(
+            part for part in (own, "-c default_transaction_read_only=on") if part)))
 
     if cfg.postgres.dsn:
         yield ro(str(cfg.postgres.dsn))

@@ -215,3 +215,19 @@ def test_every_operator_request_is_in_the_operator_log_also_when_it_fails(tmp_pa
     lines = [json.loads(x) for x in (tmp_path / AUDIT_FILE).read_text().splitlines()]
     assert [(e["action"], e["target"], e["who"], e["result"][:8]) for e in lines] == [
         ("rollback", "n1:x", "me", "refused:"), ("heuristic-commit", "n1:x", "me", "failed: ")]
+
+
+def test_an_offline_read_only_dsn_keeps_the_dsns_own_options(tmp_path: Path) -> None:
+    """Review finding: make_conninfo(dsn, options=...) replaced the DSN's own options (e.g. a search_path), so
+    list/show could read another schema."""
+    from types import SimpleNamespace
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    from router.txncli import offline_database
+
+    cfg = SimpleNamespace(postgres=SimpleNamespace(dsn="host=db dbname=n options='-c search_path=nsjms'"))
+    with offline_database(cfg, tmp_path, write=False) as dsn:
+        assert conninfo_to_dict(dsn)["options"] == "-c search_path=nsjms -c default_transaction_read_only=on"
+    with offline_database(cfg, tmp_path, write=True) as dsn:
+        assert conninfo_to_dict(dsn)["options"] == "-c search_path=nsjms"
