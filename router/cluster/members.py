@@ -28,8 +28,8 @@ import psycopg
 from router.cluster.errors import Fenced, NodeLive, NotExpired
 from router.cluster.lease import LeaseSettings, MemberView, Object
 
-__all__ = ["assign", "check", "check_owner", "claim", "fence", "join", "leave", "loads", "members", "owned",
-           "owner_of", "renew"]
+__all__ = ["assign", "check", "check_owner", "claim", "fence", "incarnation", "join", "leave", "loads", "members",
+           "owned", "owner_of", "renew"]
 
 Conn = psycopg.Connection[Any]
 
@@ -40,7 +40,14 @@ def _view(row: Sequence[Any]) -> MemberView:
     return MemberView(str(row[0]), int(row[1]), str(row[2]), str(row[3]), row[4], row[5], row[6])
 
 
-def join(conn: Conn, node_id: str, address: str, settings: LeaseSettings, *, steal: bool = False) -> int:
+def incarnation(conn: Conn, node_id: str) -> tuple[int, str] | None:
+    """(epoch, incarnation token) of ``node_id``'s row, None when it is not a member."""
+    row = conn.execute("SELECT epoch, incarnation FROM nsjms_member WHERE node_id = %s", (node_id,)).fetchone()
+    return (int(row[0]), str(row[1])) if row else None
+
+
+def join(conn: Conn, node_id: str, address: str, settings: LeaseSettings, *, steal: bool = False,
+         token: str = "") -> int:
     """Join as a new member; returns this incarnation's epoch (1 for a new node id, the last epoch + 1 otherwise).
 
     A node id whose lease is live is refused (:class:`NodeLive`): another process runs with it, or a killed one's
@@ -54,13 +61,14 @@ def join(conn: Conn, node_id: str, address: str, settings: LeaseSettings, *, ste
                            f"left, at {old.address or 'an unknown address'}): another node runs with this id, or "
                            f"its lease has not expired", node_id)
     epoch = conn.execute(
-        "INSERT INTO nsjms_member (node_id, epoch, state, address, lease_until, renewed_at, joined_at) "
-        "VALUES (%s, 1, 'live', %s, clock_timestamp() + make_interval(secs => %s), clock_timestamp(), "
-        "clock_timestamp()) "
+        "INSERT INTO nsjms_member (node_id, epoch, state, address, incarnation, lease_until, renewed_at, "
+        "joined_at) VALUES (%s, 1, 'live', %s, %s, clock_timestamp() + make_interval(secs => %s), "
+        "clock_timestamp(), clock_timestamp()) "
         "ON CONFLICT (node_id) DO UPDATE SET epoch = nsjms_member.epoch + 1, state = 'live', "
-        "address = EXCLUDED.address, lease_until = EXCLUDED.lease_until, renewed_at = EXCLUDED.renewed_at, "
-        "joined_at = EXCLUDED.joined_at, fenced_by = NULL, fenced_at = NULL RETURNING epoch",
-        (node_id, address, settings.expiry_s)).fetchone()
+        "address = EXCLUDED.address, incarnation = EXCLUDED.incarnation, lease_until = EXCLUDED.lease_until, "
+        "renewed_at = EXCLUDED.renewed_at, joined_at = EXCLUDED.joined_at, fenced_by = NULL, fenced_at = NULL "
+        "RETURNING epoch",
+        (node_id, address, token, settings.expiry_s)).fetchone()
     assert epoch is not None
     return int(epoch[0])
 

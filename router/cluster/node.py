@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -47,28 +48,57 @@ class Membership:
         self._thread: threading.Thread | None = None
         self._members: list[dict[str, Any]] = []
 
-    def _recorded_epoch(self) -> int | None:
+    def _recorded(self) -> tuple[int, str] | None:
         try:
-            return int(json.loads(self.path.read_text())["epoch"])
+            data = json.loads(self.path.read_text())
+            return int(data["epoch"]), str(data["incarnation"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def join(self) -> int:
-        """Join (see the module docstring); :class:`NodeLive` when another process holds this node id."""
-        mine = self._recorded_epoch()
+        """Join (see the module docstring); :class:`NodeLive` when another process holds this node id.
+
+        The previous incarnation is this state directory's only when the row's epoch AND its random incarnation
+        token are the ones ``member.json`` recorded: a copy of the state directory (a restored backup, a cloned VM
+        or container) carries the same epoch but cannot steal a live node's id unless it also carries the token of
+        the very incarnation that row names; even then, only the process holding that copy's lock runs."""
+        mine = self._recorded()
+        token = secrets.token_hex(16)
+        steal = mine is not None and self._still_ours(mine)
         with self.db.unit_of_work() as conn:
-            current = {m.node_id: m for m in M.members(conn)}.get(self.node_id)
-            steal = current is not None and current.epoch == mine      # our own previous incarnation: dead
+            if steal and M.incarnation(conn, self.node_id) != mine:
+                steal = False                                  # someone joined meanwhile
             try:
-                epoch = M.join(conn, self.node_id, self.address, self.settings, steal=steal)
+                epoch = M.join(conn, self.node_id, self.address, self.settings, steal=steal, token=token)
             except NodeLive as exc:
-                raise NodeLive(f"{exc}; this state directory's last incarnation was epoch {mine}; if that other "
+                raise NodeLive(f"{exc}; this state directory's last incarnation was epoch "
+                               f"{mine[0] if mine else None}; if that other "
                                f"node is gone, start again after its lease expires ({self.settings.expiry_s:g} s)",
                                self.node_id) from None
-        self._write_private(self.path, json.dumps({"node_id": self.node_id, "epoch": epoch}) + "\n")
+        self._write_private(self.path, json.dumps({"node_id": self.node_id, "epoch": epoch, "incarnation": token})
+                            + "\n")
         self.epoch = epoch
         log.info("cluster: node %s joined as epoch %d (%s)", self.node_id, epoch, self.address)
         return epoch
+
+    def _still_ours(self, mine: tuple[int, str]) -> bool:
+        """Whether the row names this state directory's last incarnation and nobody renews it: a live lease whose
+        ``renewed_at`` moves within two renewal periods is renewed by a running process (an exact copy of this
+        state directory elsewhere: a cloned VM or container), which a restart must not fence."""
+        def row() -> Any:
+            with self.db.unit_of_work() as conn:
+                if M.incarnation(conn, self.node_id) != mine:
+                    return None
+                return {m.node_id: m for m in M.members(conn)}.get(self.node_id)
+
+        first = row()
+        if first is None:
+            return False
+        if not first.live:
+            return True
+        self._stop.wait(2 * self.settings.renew_s + 0.5)
+        again = row()
+        return again is not None and again.renewed_at == first.renewed_at
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="cluster-lease", daemon=True)

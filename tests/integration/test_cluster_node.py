@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +46,15 @@ def test_one_process_per_node_id_a_restart_after_kill_rejoins_and_a_stop_leaves(
         assert proc.returncode == 5, proc.stderr[-3000:]
         assert "node.node_id" in proc.stderr and "holds a live lease" in proc.stderr, proc.stderr[-3000:]
         assert _member(fresh_db, node_id) == (1, "live")          # the live node was not disturbed
+
+        clone = tmp_path / "clone"                              # an exact copy of the live node's member.json (a
+        clone.mkdir()                                           # cloned VM or container): refused, not a takeover
+        shutil.copy2(a.state_dir / "member.json", clone / "member.json")
+        proc = subprocess.run([sys.executable, "-m", "router.cli", "serve", "--state-dir", str(clone), "--orb-port",
+                               str(free_port()), "--broker-url", broker_url], env=env, capture_output=True,
+                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 5 and "holds a live lease" in proc.stderr, proc.stderr[-3000:]
+        assert _member(fresh_db, node_id) == (1, "live") and a.proc is not None and a.proc.poll() is None
 
         a.kill(signal.SIGKILL)                                  # its lease is still live for up to 20 s ...
         a.restart()                                             # ... yet its own restart joins at once

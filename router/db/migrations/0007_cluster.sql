@@ -10,6 +10,7 @@ CREATE TABLE nsjms_member (
     epoch       bigint      NOT NULL CHECK (epoch >= 1),
     state       text        NOT NULL CHECK (state IN ('live', 'fenced', 'left')),
     address     text        NOT NULL DEFAULT '',
+    incarnation text        NOT NULL DEFAULT '',   -- a random token of the process that joined (router/cluster/node.py)
     lease_until timestamptz NOT NULL,
     renewed_at  timestamptz NOT NULL,
     joined_at   timestamptz NOT NULL,
