@@ -9,8 +9,10 @@ They run inside the node (the CLI reaches them over IIOP through ``NsjmsAdmin::D
   is queued in memory. Where it goes is :func:`router.channel.deadletters.retry_target`: back into the proxy supplier
   that gave up on it, or, that proxy gone (or a pulled event the channel refused), routed by the channel again (its
   filters choose the consumers; a pulled event passes the channel's QoS and size checks again). Refused (exception
-  :class:`Refused`, the row kept) when the channel is gone or no consumer wants the event. A crash after the commit
-  loses nothing: the queue rows are restored at start.
+  :class:`Refused`, the row kept) when the channel is gone or no consumer wants the event. For a persistent event a
+  crash after the commit loses nothing (the queue rows are restored at start); a BestEffort event is queued in
+  memory only, as BestEffort events are. Routed by the channel again (its proxy gone), it also reaches consumers
+  that had received the original (docs/operations.md).
 * **discard**: the row is deleted (its ledger obligation already ended ``dead_letter``).
 
 Every retry and discard, done or refused, is appended to the operator log (``<state_dir>/txn-operator.log``,
