@@ -106,13 +106,13 @@ SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.rel
 
 
 def _reset_database(dsn: str, node_id: str, timeout: float, done: ResetDone) -> None:
-    import psycopg
     from psycopg import sql
 
+    from router.db.conninfo import connect as bounded_connect
     from xa.xid import NodeId, is_ours
 
     node = NodeId(node_id)
-    with psycopg.connect(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
+    with bounded_connect(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
         others = _other_live_members(conn, node_id)
         if others:      # checked before anything is touched: the tables are shared with those nodes
             raise ResetRefused(f"other node(s) of this database are members: {', '.join(others)}; reset would drop "

@@ -227,7 +227,6 @@ def _online(endpoints: Path) -> Iterator[Backend]:
 
 @contextmanager
 def _offline(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[Backend]:
-    import psycopg
 
     from router.t2 import OutboxResender, outbox_rows
     from router.txnops import TxnOps, connect_rows
@@ -244,13 +243,15 @@ def _offline(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[Backend]:
             raise Unavailable(f"no recovery log of node {node} in {state_dir.resolve()}, but {', '.join(others)}: "
                               "set node.node_id (--config FILE, $NSJMS_NODE_NODE_ID) to the node that ran here",
                               EXIT_CONFIG)
+    from router.db.conninfo import connect as bounded_connect  # waits bounded on a cut network (issue 31)
+
     with offline_database(cfg, state_dir, write=write) as dsn:
         log = FileLog(state_dir, node) if write or log_path(state_dir, node).exists() else None
-        pg = PgManager(lambda: psycopg.connect(dsn, autocommit=True, connect_timeout=5), key="postgresql")
+        pg = PgManager(lambda: bounded_connect(dsn, autocommit=True, connect_timeout=5), key="postgresql")
         broker = OfflineBroker(cfg, state_dir)
 
         def rows_of(gtrid: str) -> Any:
-            with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            with bounded_connect(dsn, autocommit=True, connect_timeout=5) as conn:
                 return outbox_rows(conn, gtrid)
 
         recovery = None

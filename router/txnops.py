@@ -292,12 +292,14 @@ def _report(report: RecoveryReport) -> dict[str, Any]:
 
 
 def connect_rows(dsn: str) -> Rows:
-    """Read-only row access on a connection of its own (offline mode)."""
+    """Read-only row access on a connection of its own (offline mode), its waits bounded (router/db/conninfo.py)."""
     from contextlib import contextmanager
+
+    from router.db.conninfo import connect as bounded_connect
 
     @contextmanager
     def rows() -> Iterator[psycopg.Connection[Any]]:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        with bounded_connect(dsn, autocommit=True, connect_timeout=5) as conn:
             yield conn
 
     return rows

@@ -219,7 +219,7 @@ def test_a_retry_whose_commit_answer_was_lost_queues_the_event_when_it_committed
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Review finding: a retry whose COMMIT answer was lost (StoreUnavailable in_doubt) had removed the dead letter
     and stored the event, yet never queued it (a second retry found no dead letter): stuck until a restart."""
-    ops, store, channel = make(tmp_path, monkeypatch, _dl(), consumers={0: FakeAdmin(FakeProxy(0, 2))})
+    ops, _, channel = make(tmp_path, monkeypatch, _dl(), consumers={0: FakeAdmin(FakeProxy(0, 2))})
     ops.db = _LostCommitAnswer()
     monkeypatch.setattr(ops, "_committed", lambda plan: True)      # the event's row is there
     result = ops.retry(9, "alice")
@@ -230,7 +230,7 @@ def test_a_retry_whose_commit_answer_was_lost_and_did_not_commit_fails(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from router.db import StoreUnavailable
 
-    ops, store, channel = make(tmp_path, monkeypatch, _dl(), consumers={0: FakeAdmin(FakeProxy(0, 2))})
+    ops, _, channel = make(tmp_path, monkeypatch, _dl(), consumers={0: FakeAdmin(FakeProxy(0, 2))})
     ops.db = _LostCommitAnswer()
     monkeypatch.setattr(ops, "_committed", lambda plan: False)
     with pytest.raises(StoreUnavailable):
