@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from router.auth import Role, admin_surface, guard_ops
 
 __all__ = ["ADMIN_READS", "CHANNEL_GUARDS", "apply"]
@@ -48,13 +50,58 @@ def node_internal_servants() -> list[type]:
             flows.PushSenderServant, flows.SequencePushSenderServant]
 
 
+#: Operations of an admin or proxy that can drop the events it holds or change what it receives: on one that belongs
+#: to a bridge (its channel-side proxy and that proxy's admin) a remote caller needs an operator (review finding:
+#: a local user destroyed a bridge's proxy or set MaxEventsPerConsumer on it). Other clients' admins and proxies
+#: stay open, as the NS has it (docs/security.md).
+BRIDGE_PROXY_OPS = frozenset({
+    "destroy", "set_qos", "suspend_connection", "resume_connection", "add_filter", "remove_filter",
+    "remove_all_filters", "_set_priority_filter", "_set_lifetime_filter",
+    "disconnect_structured_push_supplier", "disconnect_sequence_push_supplier", "disconnect_push_supplier",
+    "disconnect_structured_pull_supplier", "disconnect_sequence_pull_supplier", "disconnect_pull_supplier",
+    "disconnect_structured_push_consumer", "disconnect_sequence_push_consumer", "disconnect_push_consumer",
+    "disconnect_structured_pull_consumer", "disconnect_sequence_pull_consumer", "disconnect_pull_consumer",
+})
+
+
+def _proxy_of_bridge(proxy: Any) -> bool:
+    try:
+        route = proxy.rt.store.ledger.route(proxy.channel.id, proxy.side, proxy.admin.id, proxy.id)
+    except AttributeError:
+        return False
+    return route is not None and getattr(route, "bridge_id", None) is not None
+
+
+def _admin_of_bridge(admin: Any) -> bool:
+    return any(_proxy_of_bridge(p) for p in list(getattr(admin, "proxies", {}).values()))
+
+
+def _subclasses(cls: type) -> list[type]:
+    out: list[type] = []
+    todo: list[type] = [cls]
+    while todo:
+        subs: list[type] = todo.pop().__subclasses__()
+        out.extend(subs)
+        todo.extend(subs)
+    return out
+
+
 def apply() -> None:
     """Wrap the servant classes (idempotent)."""
-    from router.auth import node_internal
+    import router.channel.ack
+    import router.channel.consumers
+    import router.channel.proxies  # noqa: F401 - every proxy class exists before the walk below
+    from router.auth import guard_when, node_internal
+    from router.channel.admins import _AdminBase
     from router.channel.channel import EventChannelFactoryImpl, EventChannelImpl
+    from router.channel.proxybase import ProxyBase
 
     for cls in node_internal_servants():
         node_internal(cls)
+    for cls in _subclasses(ProxyBase):
+        guard_when(cls, BRIDGE_PROXY_OPS, Role.OPERATOR, _proxy_of_bridge)
+    for cls in _subclasses(_AdminBase):
+        guard_when(cls, BRIDGE_PROXY_OPS, Role.OPERATOR, _admin_of_bridge)
     for cls in admin_surfaces():
         admin_surface(read=ADMIN_READS.get(cls.__name__, frozenset()))(cls)
     for cls in (EventChannelFactoryImpl, EventChannelImpl):

@@ -182,6 +182,28 @@ def node_internal(cls: T) -> T:
     return cls
 
 
+def guard_when(cls: T, ops: Iterable[str], role: Role, applies: Callable[[Any], bool]) -> T:
+    """Wrap ``ops`` of ``cls`` (those it has): a REMOTE caller needs ``role`` when ``applies(servant)`` is true (a
+    proxy or admin that belongs to a bridge); the node's own calls and other servants are untouched."""
+    for op in ops:
+        fn = getattr(cls, op, None)
+        if fn is None or getattr(fn, "_nsjms_guard_when", False):
+            continue
+
+        def make(fn: Callable[..., Any], op: str) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+                if remote_caller() and applies(self):
+                    require(op, role)
+                return fn(self, *args, **kwargs)
+
+            guarded.__dict__["_nsjms_guard_when"] = True
+            return guarded
+
+        setattr(cls, op, make(fn, op))
+    return cls
+
+
 def idl_operations(cls: type) -> set[str]:
     """Every IDL operation (attributes as ``_get_x``/``_set_x``) of an omniORBpy servant class's skeletons."""
     ops: set[str] = set()

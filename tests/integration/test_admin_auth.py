@@ -204,3 +204,31 @@ def test_a_bridges_endpoints_refuse_a_remote_caller_without_a_credential(admin: 
         refused(receiver.disconnect_structured_push_consumer)
     status, _ = sender.try_pull_structured_event()   # the operator may (nothing is waiting: no bridge started)
     assert status is not None
+
+
+def test_a_bridges_channel_side_proxy_is_guarded_and_other_clients_proxies_are_not(admin: Any,
+                                                                                    factory: Any) -> None:
+    """Review finding (issue 30): an anonymous local user could destroy or re-configure a bridge's channel-side
+    proxy (ids are small integers) and so drop the events it holds. Remote callers now need an operator for the
+    admins and proxies that belong to a bridge; a standard client's own proxies stay open (NS has no auth)."""
+    bf, _, _, cid = admin
+    bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, unique_name("auth.guarded")))
+    with presenting(""):
+        anon_channel = factory.get_event_channel(cid)
+        bridge_proxies = [(a, a.get_proxy_supplier(p)) for a in map(anon_channel.get_consumeradmin,
+                                                                    anon_channel.get_all_consumeradmins())
+                          for p in a._get_push_suppliers()]
+        assert len(bridge_proxies) == 1, "the fresh channel's only proxy supplier is the bridge's"
+        bridge_admin, proxy = bridge_proxies[0]
+        proxy = proxy._narrow(CosNotifyChannelAdmin.StructuredProxyPushSupplier)
+        refused(lambda: proxy.set_qos([]))
+        refused(proxy.suspend_connection)
+        refused(proxy.remove_all_filters)
+        refused(proxy.disconnect_structured_push_supplier)
+        refused(lambda: bridge_admin.set_qos([]))
+        # a standard client's own admin and proxy: no credential needed
+        own_admin = anon_channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)[0]
+        own_proxy, _ = obtain_proxy_supplier(own_admin, Form.STRUCTURED, Style.PUSH)
+        own_proxy.set_qos([])
+        own_admin.destroy()
+    proxy.set_qos([])                                 # the operator may
