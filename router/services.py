@@ -401,9 +401,12 @@ class EmbeddedPostgres:
             if password is None:
                 password = secrets.token_urlsafe(24)
                 self._write_password(password)
+            # the client computes the SCRAM verifier (as psql's \password does): the password itself never reaches
+            # the server, whose log would show it with log_statement=ddl or a failed statement (review finding)
+            verifier = conn.pgconn.encrypt_password(password.encode(), PG_SUPERUSER.encode(), b"scram-sha-256")
             conn.execute(
                 sql.SQL("ALTER ROLE {} PASSWORD {}").format(
-                    sql.Identifier(PG_SUPERUSER), sql.Literal(password)
+                    sql.Identifier(PG_SUPERUSER), sql.Literal(verifier.decode())
                 )
             )
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)).fetchone()

@@ -113,6 +113,26 @@ def test_embedded_postgres_needs_the_password(state_dir: Path) -> None:
         server.stop()
 
 
+def test_embedded_postgres_password_never_reaches_the_server_in_clear(state_dir: Path) -> None:
+    """Review finding: the password was set with ``ALTER ROLE ... PASSWORD '<clear text>'`` at every start, which
+    the server logs with log_statement=ddl (or when the statement fails). It now sends the SCRAM verifier."""
+    server = EmbeddedPostgres(state_dir, free_port())
+    dsn = server.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET log_statement = 'ddl'")
+            conn.execute("SELECT pg_reload_conf()")
+        server.stop()
+        dsn = server.start()                                  # the start sets the password again
+        password = (state_dir / "pg" / "password").read_text().strip()
+        psycopg.connect(dsn, connect_timeout=5).close()       # the verifier authenticates
+        log = server.log.read_text(errors="replace")
+        assert "ALTER ROLE" in log, "log_statement=ddl did not log the start's ALTER ROLE: the test saw nothing"
+        assert password not in log
+    finally:
+        server.stop()
+
+
 PG_SUPERVISOR = """
     import sys
     from router.services import EmbeddedPostgres
