@@ -140,11 +140,16 @@ KILL_AT = 60
 KILL_MAX_DUPS = 3          # as test_bridge_more.test_node_sigkill_jms_to_channel: ack window 2 + channel window 1
 
 
-def _cli(state_dir: Path, *args: str) -> str:
+def _cli(state_dir: Path, *args: str, ok: tuple[int, ...] = (0,)) -> str:
     argv = [sys.executable, "-m", "router.cli", *args, "--state-dir", str(state_dir)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode in ok, done.stdout + done.stderr
     return done.stdout
+
+
+def _exit(state_dir: Path, *args: str) -> int:
+    argv = [sys.executable, "-m", "router.cli", *args, "--state-dir", str(state_dir)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL).returncode
 
 
 def test_broker_down_is_inactive_with_the_reason_in_bridge_list_and_status(rig: Rig) -> None:
@@ -155,8 +160,9 @@ def test_broker_down_is_inactive_with_the_reason_in_bridge_list_and_status(rig: 
     bridge.start_bridge()
     state = rig.server.state_dir
 
-    def line(*args: str) -> str:
-        return next((ln for ln in _cli(state, *args).splitlines() if ln.startswith(f"bridge {bid}:")), "")
+    def line(*args: str) -> str:       # `status` exits 8 while the broker is down (degraded, docs/cli.md)
+        ok = (0, 8) if args[0] == "status" else (0,)
+        return next((ln for ln in _cli(state, *args, ok=ok).splitlines() if ln.startswith(f"bridge {bid}:")), "")
 
     assert wait_until(lambda: "[active]" in line("status"), TIMEOUT_S), line("status")
     assert "[active]" in line("bridge", "list")
@@ -164,9 +170,11 @@ def test_broker_down_is_inactive_with_the_reason_in_bridge_list_and_status(rig: 
     down = "[inactive] started, broker down; reconnecting"
     assert wait_until(lambda: down in line("bridge", "list"), TIMEOUT_S), line("bridge", "list")
     assert wait_until(lambda: down in line("status"), TIMEOUT_S), line("status")
+    assert wait_until(lambda: _exit(state, "status") == 8, TIMEOUT_S), "status never said degraded (exit 8)"
     rig.broker.start()
     assert wait_until(lambda: "[active]" in line("status"), 2 * TIMEOUT_S), line("status")
     assert "[active]" in line("bridge", "list")
+    assert wait_until(lambda: _exit(state, "status") == 0, TIMEOUT_S), "status stays degraded"
     bridge.stop_bridge()
     assert "[inactive] stopped" in line("bridge", "list")
 
