@@ -35,9 +35,10 @@ import CosNotifyChannelAdmin
 
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
+from router.auth import use_token
 
 from bridgekit import channel_ep, jms_ep, reconnect_client
-from conftest import ClientOrb, free_port
+from conftest import TEST_ADMIN_TOKEN, ClientOrb, free_port
 from stdclients import Form, PushSupplierClient, Style, make_event, obtain_proxy_consumer, prop, short, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
@@ -140,9 +141,32 @@ class QueueReader(stomp.ConnectionListener):  # type: ignore[misc]
             return collections.Counter(self.ids)
 
 
+def _operator_token(stack: Stack) -> str:
+    """The node's generated operator credential, read inside its container (docs/containers.md, docs/security.md):
+    creating channels and bridges needs it (issue 30)."""
+    found: list[str] = []
+
+    def attempt() -> bool:
+        out = stack.compose("exec", "-T", "nsjms", "cat", "/var/lib/nsjms/credentials/operator.token", timeout=60)
+        if out.returncode == 0 and ":" in out.stdout:
+            found.append(out.stdout.strip())
+        return bool(found)
+
+    assert wait_until(attempt, READY_TIMEOUT_S, 0.5), f"no operator credential in the container\n{stack.logs()}"
+    return found[0]
+
+
 def test_compose_stack_routes_corba_to_jms_across_an_nsjms_restart(stack: Stack, client_orb: ClientOrb) -> None:
     factory = _resolve(client_orb, stack, "NotifyEventChannelFactory", CosNotifyChannelAdmin.EventChannelFactory)
     bf = _resolve(client_orb, stack, "BridgeFactory", BA.BridgeFactory)
+    use_token(_operator_token(stack))               # this test is the stack's operator; restored below
+    try:
+        _route_across_a_restart(stack, factory, bf)
+    finally:
+        use_token(TEST_ADMIN_TOKEN)
+
+
+def _route_across_a_restart(stack: Stack, factory: Any, bf: Any) -> None:
     qos = [prop("EventReliability", short(PERSISTENT)), prop("ConnectionReliability", short(PERSISTENT))]
     channel, cid = factory.create_channel(qos, [])
     queue = f"compose.{uuid.uuid4().hex[:8]}"

@@ -56,12 +56,13 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
+from router.auth import Role, install_token
 from router.crashpoints import ENV as CRASH_ENV
 from router.crashpoints import POINTS
 from router.services import EmbeddedActiveMQ, EmbeddedPostgres
 
 from bridgekit import JavaConsumer, JavaTool, bridge_factory, channel_ep, jms_ep
-from conftest import ENDPOINTS_FILE, START_TIMEOUT_S, ClientOrb, NsjmsServer, restart_port
+from conftest import ENDPOINTS_FILE, START_TIMEOUT_S, TEST_ADMIN_TOKEN, ClientOrb, NsjmsServer, restart_port
 from stdclients import (
     Form,
     PushSupplierClient,
@@ -101,6 +102,7 @@ class CrashServer(NsjmsServer):
     def launch(self) -> None:
         assert self.proc is None or self.proc.poll() is not None, "server already running"
         (self.state_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
+        install_token(self.state_dir, TEST_ADMIN_TOKEN, Role.OPERATOR)  # the test process is an operator (issue 30)
         env = dict(os.environ, PYTHONUNBUFFERED="1", NSJMS_POSTGRES_DSN=self.pg_dsn)
         env.pop(CRASH_ENV, None)
         if self.crash_at:

@@ -177,7 +177,7 @@ def test_t2_rows_carry_gtrid_dedupe_and_message_ids_and_the_audit_finds_nothing_
     assert (summary["lost_ids"], summary["duplicate_ids"]) == ([gone], [twice]), summary
     assert summary["by_status"] == {"delivered": 3 * N - 2, "lost": 1, "duplicated": 1}, summary
     html = out / "report.html"
-    assert html.read_text().count('src="data:image/png;base64,') == 3  # self-contained: plots embedded
+    assert html.read_text().count('src="data:image/png;base64,') == 4  # self-contained: the 4 plots embedded
     png = tmp_path / "report.png"
     _screenshot(html, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 50_000
