@@ -105,6 +105,16 @@ def current() -> Principal | None:
     return principal
 
 
+def audit_identity(refused: Callable[[str], BaseException]) -> str:
+    """Who an operator log records for the request this thread serves: the authenticated caller's principal, never
+    a ``who`` argument the caller sends; ``refused("not authenticated")`` is raised when there is none (unreachable
+    behind the admin guards: never record a caller-chosen name). Shared by every admin servant."""
+    principal = current()
+    if principal is None:
+        raise refused("not authenticated")
+    return principal.name
+
+
 def _set_current(principal: Principal | None) -> None:
     _current.principal = principal
 

@@ -64,11 +64,8 @@ class DeadLetterAdminImpl(NsjmsAdmin__POA.DeadLetterAdmin):
 
 
 def _principal() -> str:
-    """Who the operator log records: the authenticated caller's principal (router/auth.py), never the ``who``
-    argument the caller sends (kept in the IDL and ignored, as for ``TransactionAdmin``)."""
-    from router.auth import current
+    """Who the operator log records: the authenticated principal (:func:`router.auth.audit_identity`), never the
+    ``who`` argument the caller sends (kept in the IDL and ignored, as for ``TransactionAdmin``)."""
+    from router.auth import audit_identity
 
-    principal = current()
-    if principal is None:  # unreachable behind the guard (router/adminguard.py); never a caller-chosen name
-        raise NsjmsAdmin.DeadLetterRefused("not authenticated")
-    return principal.name
+    return audit_identity(NsjmsAdmin.DeadLetterRefused)

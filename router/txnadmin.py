@@ -76,11 +76,8 @@ class TransactionAdminImpl(NsjmsAdmin__POA.TransactionAdmin):
 
 
 def audit_identity() -> str:
-    """Who the operator log records: the authenticated caller's principal (router/auth.py), never the ``who``
-    argument the caller sends (kept in the IDL for compatibility and ignored)."""
-    from router.auth import current
+    """Who the operator log records: the authenticated principal (:func:`router.auth.audit_identity`); the ``who``
+    argument the caller sends is kept in the IDL for compatibility and ignored."""
+    from router.auth import audit_identity as principal_name
 
-    principal = current()
-    if principal is None:  # unreachable behind the guard; never record a caller-chosen name
-        raise NsjmsAdmin.TransactionRefused("not authenticated")
-    return principal.name
+    return principal_name(NsjmsAdmin.TransactionRefused)
