@@ -115,11 +115,10 @@ class StompCounter:
                 with counter._cond:
                     counter.got.append((int(frame.headers["$event_name"][1:]), frame.headers["nsjms_dedupe_id"]))
                     counter._cond.notify_all()
-                counter.conn.ack(frame.headers["message-id"], frame.headers["subscription"])
 
         self.conn.set_listener("count", Listener())
         self.conn.connect(wait=True)
-        self.conn.subscribe(f"/queue/{queue}", id="1", ack="client-individual")
+        self.conn.subscribe(f"/queue/{queue}", id="1", ack="auto")
 
     def wait_for(self, numbers: set[int], timeout: float) -> list[tuple[int, str]]:
         with self._cond:
