@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from router.auth import Role, install_client, install_token, use_token  # noqa: E402
-from router.jms.stomp import _no_delay  # noqa: E402  (the node's own: the raw baselines' socket as the node's)
+from router.jms.stomp.link import no_delay  # noqa: E402  (the node's own: the raw baselines' socket as the node's)
 from router.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port  # noqa: E402
 
 from meter import CpuMeter  # noqa: E402  (bench/meter.py: CPU of the bench's own process trees)
@@ -230,7 +230,7 @@ def stomp_send_rate(url: str, n: int = 1000, per_tx: int = 0, headers: dict[str,
     conn.set_listener("r", listener)
     conn.connect(wait=True)
     if nodelay:
-        _no_delay(conn)
+        no_delay(conn)
     dest = f"/queue/bench.baseline.{os.getpid()}"
     counter = iter(range(10**9))
     wait_receipt = listener.wait
@@ -318,7 +318,7 @@ def stomp_consume_rate(url: str, n: int = 1000, *, nodelay: bool = False) -> flo
         conn.set_listener("a", acker)
         conn.connect(wait=True)
         if nodelay:
-            _no_delay(conn)
+            no_delay(conn)
         METER.start()
         t0 = time.perf_counter()
         conn.subscribe(dest, id="1", ack="client-individual", headers={"activemq.prefetchSize": "1000"})

@@ -176,14 +176,14 @@ STAGES = (  # (label, function name as cProfile reports it: file suffix, functio
     ("  of which NameAllocator.allocate", "mapping/names.py", "allocate"),
     ("encoding: message_to_stomp", "mapping/stomp_body.py", "message_to_stomp"),
     ("limits: check_stomp_limits", "bridge/limits.py", "check_stomp_limits"),
-    ("framing + socket: send_encoded (one by one)", "jms/stomp.py", "send_encoded"),
-    ("framing + socket: send_encoded_many (a batch)", "jms/stomp.py", "send_encoded_many"),
+    ("framing + socket: send_encoded (one by one)", "jms/stomp/transport.py", "send_encoded"),
+    ("framing + socket: send_encoded_many (a batch)", "jms/stomp/transport.py", "send_encoded_many"),
     ("  of which stomp.py convert_frame", "stomp/utils.py", "convert_frame"),
-    ("  of which encode_send_frame (one frame)", "jms/sendframe.py", "encode_send_frame"),
-    ("  of which FrameTemplates.encode (a batch's frames)", "jms/sendframe.py", "encode"),
+    ("  of which encode_send_frame (one frame)", "jms/stomp/sendframe.py", "encode_send_frame"),
+    ("  of which FrameTemplates.encode (a batch's frames)", "jms/stomp/sendframe.py", "encode"),
     ("  of which socket sendall", "~", "<method 'sendall' of '_socket.socket' objects>"),
-    ("BEGIN (begin_nowait)", "jms/stomp.py", "begin_nowait"),
-    ("COMMIT written (commit_nowait)", "jms/stomp.py", "commit_nowait"),
+    ("BEGIN (begin_nowait)", "jms/stomp/transport.py", "begin_nowait"),
+    ("COMMIT written (commit_nowait)", "jms/stomp/transport.py", "commit_nowait"),
     ("COMMIT receipt wait (settle)", "bridge/batchout.py", "settle"),
 )
 
@@ -217,7 +217,7 @@ def main() -> int:
     from router.bridge.bridge import BridgeImpl
     from router.bridge.codec import MappingCodec
     from router.jms.model import Destination
-    from router.jms.stomp import StompTransport
+    from router.jms.stomp.transport import StompTransport
 
     CORBA.ORB_init([], CORBA.ORB_ID)
     n = args.events

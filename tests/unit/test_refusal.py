@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.jms.memory import MemoryBroker, MemoryTransport
+from router.jms.memory.broker import MemoryBroker
+from router.jms.memory.transport import MemoryTransport
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.refusal import RESOURCE_MARK, Refusal, classify, is_resource
 from router.jms.transport import BrokerError, BrokerFull, SendFailed, SendRefused, refused_send, resource_refusal

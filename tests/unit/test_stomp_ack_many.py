@@ -18,7 +18,7 @@ from test_transport_stomp_faults import FakeBroker, _subscribed, connect, fake  
 
 from router.bridge.t2in import ACK_RUN, LocalAcks, StompAckBranch
 from router.jms.model import BodyType, Destination, JmsMessage
-from router.jms.sendframe import encode_ack_frame
+from router.jms.stomp.sendframe import encode_ack_frame
 from router.jms.transport import Delivery, LocalProtocolError
 
 

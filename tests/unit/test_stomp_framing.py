@@ -1,5 +1,5 @@
-"""``router.jms.stomp.encode_send_frame`` writes exactly the bytes stomp.py 9 writes for a SEND (issue 12, round 4):
-the transport frames SENDs itself (one write per batch) and must not change a byte of the wire."""
+"""``router.jms.stomp.sendframe.encode_send_frame`` writes exactly the bytes stomp.py 9 writes for a SEND (issue 12,
+round 4): the transport frames SENDs itself (one write per batch) and must not change a byte of the wire."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 from stomp.protocol import Protocol12
 from stomp.utils import convert_frame, pack
 
-from router.jms.sendframe import FrameTemplates
-from router.jms.stomp import encode_send_frame
+from router.jms.stomp.sendframe import FrameTemplates, encode_send_frame
 
 
 class _Capture:

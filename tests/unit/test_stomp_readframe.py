@@ -1,6 +1,6 @@
-"""``router.jms.readframe.parse_frame`` parses every frame exactly as stomp.py 9's ``stomp.utils.parse_frame`` does
-(issue 12, round 8: the receiver thread parses a MESSAGE per JMS message), and ``install`` changes one connection's
-receiver loop only, the same steps as stomp.py's."""
+"""``router.jms.stomp.readframe.parse_frame`` parses every frame exactly as stomp.py 9's ``stomp.utils.parse_frame``
+does (issue 12, round 8: the receiver thread parses a MESSAGE per JMS message), and ``install`` changes one
+connection's receiver loop only, the same steps as stomp.py's."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import stomp.transport
 from stomp.utils import HEARTBEAT_FRAME
 from stomp.utils import parse_frame as stomp_parse_frame
 
-from router.jms import readframe
-from router.jms.readframe import parse_frame
+from router.jms.stomp import readframe
+from router.jms.stomp.readframe import parse_frame
 
 ACTIVEMQ_MESSAGE = (
     b"MESSAGE\ncontent-length:5\nexpires:0\ndestination:/queue/bench.in.7\nsubscription:1\npriority:4\n"
@@ -130,7 +130,7 @@ def test_install_changes_one_connection_and_its_loop_takes_the_same_steps() -> N
 
 def test_every_connection_the_transport_makes_parses_with_readframe() -> None:
     """The wiring: ``StompTransport`` installs the parser on each stomp.py connection it builds."""
-    from router.jms.stomp import StompTransport
+    from router.jms.stomp.transport import StompTransport
 
     transport = StompTransport("stomp://127.0.0.1:1")
     conn = transport._new_connection(1)

@@ -19,7 +19,8 @@ from psycopg import Xid
 from router.bridge import flows as F
 from router.bridge import t2in as T
 from router.bridge.codec import MappingCodec
-from router.jms.memory import MemoryBroker, MemoryTransport
+from router.jms.memory.broker import MemoryBroker
+from router.jms.memory.transport import MemoryTransport
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.transport import BrokerError, BrokerUnavailable, Delivery, ReceiptTimeout
 from xa.coordinator import Coordinator, Transaction

@@ -34,7 +34,8 @@ from router.channel import txdelivery as TX
 from router.channel.boundary import POISON_ATTEMPTS, Outcome
 from router.channel.events import Event, Form
 from router.channel.queue import FIFO_ORDER, ProxyQueue, Record
-from router.jms.memory import MemoryBroker, MemoryTransport
+from router.jms.memory.broker import MemoryBroker
+from router.jms.memory.transport import MemoryTransport
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.refusal import RESOURCE_MARK
 from router.jms.transport import (

@@ -19,7 +19,7 @@ from test_transport_stomp_faults import (  # noqa: F401  (fake: that module's fi
 )
 
 from router.bridge.txbranch import SendBranch
-from router.jms.stomp import StompTransport
+from router.jms.stomp.transport import StompTransport
 from router.jms.transport import EncodedMessage
 from xa.errors import PrepareFailed
 from xa.xid import NodeId, branch_xid, new_gtrid

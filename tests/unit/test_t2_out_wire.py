@@ -39,7 +39,7 @@ from router.bridge.codec import MappingCodec
 from router.bridge.txbranch import SendBranch
 from router.bridge.txout import OutboundT2
 from router.jms.model import Destination
-from router.jms.stomp import StompTransport
+from router.jms.stomp.transport import StompTransport
 from router.mapping.errors import MappingError
 from router.t2 import OutboxRow
 from xa.xid import NodeId, branch_xid, new_gtrid

@@ -36,7 +36,7 @@ from router.bridge.bridge import BridgeImpl
 from router.bridge.codec import MappingCodec
 from router.channel.events import Event, Form, as_structured
 from router.jms.model import DeliveryMode, Destination
-from router.jms.stomp import StompTransport
+from router.jms.stomp.transport import StompTransport
 from router.mapping import qos, to_jms
 
 GOLDEN = Path(__file__).with_name("to_jms_wire_golden.txt")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from router.jms.memory import MemoryBroker
+from router.jms.memory.broker import MemoryBroker
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import (
     AckMode,

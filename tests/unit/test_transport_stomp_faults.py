@@ -11,14 +11,14 @@ from collections.abc import Iterator
 import pytest
 
 from router.jms.model import BodyType, JmsMessage
-from router.jms.stomp import StompTransport
+from router.jms.retry import RetryPolicy
+from router.jms.stomp.transport import StompTransport
 from router.jms.transport import (
     BrokerError,
     BrokerUnavailable,
     ConnectionState,
     LocalProtocolError,
     ReceiptTimeout,
-    RetryPolicy,
     SendFailed,
     SendRefused,
     open_transport,
@@ -318,7 +318,7 @@ def _subscribed(fake: FakeBroker, t: StompTransport) -> object:
 def test_a_nul_byte_in_a_header_is_reassembled_and_handed_over_as_undecodable(fake: FakeBroker, nul_at: str) -> None:
     """ActiveMQ passes a NUL inside a header value (a STOMP producer put it there) through unescaped; STOMP ends the
     frame there. The message used to arrive as a header-less MESSAGE (dropped: never acked, never dead-lettered)."""
-    from router.jms.stomp import SPLIT_FRAME
+    from router.jms.stomp.inbound import SPLIT_FRAME
 
     t = connect(fake, receipt_timeout=10)
     sub = _subscribed(fake, t)

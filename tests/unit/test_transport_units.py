@@ -8,9 +8,13 @@ import threading
 
 import pytest
 
-from router.jms.memory import MemoryBroker, MemoryTransport, compile_selector
+from router.jms.codec import SimpleCodec
+from router.jms.memory.broker import MemoryBroker
+from router.jms.memory.matcher import compile_selector
+from router.jms.memory.transport import MemoryTransport
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
-from router.jms.stomp import StompTransport, parse_stomp_url
+from router.jms.stomp.link import parse_stomp_url
+from router.jms.stomp.transport import StompTransport
 from router.jms.transport import (
     BrokerError,
     BrokerUnavailable,
@@ -18,7 +22,6 @@ from router.jms.transport import (
     ReceiptTimeout,
     RemoteProtocolError,
     SendFailed,
-    SimpleCodec,
     Transport,
     TransportError,
     open_transport,

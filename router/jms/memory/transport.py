@@ -1,0 +1,315 @@
+"""The :class:`~router.jms.transport.Transport` of the in-memory twin, on a
+:class:`~router.jms.memory.broker.MemoryBroker` (see :mod:`router.jms.memory`)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from router.jms.codec import SimpleCodec
+from router.jms.errors import (
+    BrokerError,
+    BrokerUnavailable,
+    LocalProtocolError,
+    SendFailed,
+    TransportError,
+    refused_send,
+)
+from router.jms.memory.broker import MemoryBroker
+from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage
+from router.jms.retry import RECONNECT_POLICY, RetryPolicy
+from router.jms.session import QueueSubscription, SessionBook, SubscriptionSpec
+from router.jms.transport import (
+    AckMode,
+    ConnectionState,
+    Delivery,
+    EncodedMessage,
+    MessageCodec,
+    StateCallback,
+    Subscription,
+    stomp_destination,
+)
+
+__all__ = ["MemoryTransport"]
+
+_RIDS = itertools.count(1)      # receipt ids of the twin's answered frames (SessionBook.frame_answered)
+
+
+# --------------------------------------------------------------------------------------------------- transport
+@dataclass
+class _TxOps:
+    ops: list[Callable[[], None]] = field(default_factory=list)
+    entry: Any = None            # the transaction's SessionBook record (its rollback_only refuses the COMMIT)
+
+
+class _Done:
+    """:class:`~router.jms.transport.PendingReceipt` of the twin: the outcome is known when it is made."""
+
+    def __init__(self, error: TransportError | None) -> None:
+        self._error = error
+
+    def wait(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def discard(self) -> None:
+        return None
+
+
+class MemoryTransport:
+    """:class:`~router.jms.transport.Transport` on a :class:`MemoryBroker` (``memory://NAME`` or ``broker=``)."""
+
+    def __init__(self, url: str = "memory://", *, broker: MemoryBroker | None = None, client_id: str | None = None,
+                 codec: MessageCodec | None = None, on_state: StateCallback | None = None,
+                 shutdown: threading.Event | None = None, reconnect_policy: RetryPolicy = RECONNECT_POLICY,
+                 **_ignored: Any) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "memory":
+            raise LocalProtocolError(f"not a memory URL: {url!r}")
+        self.url = url
+        self.broker = broker or MemoryBroker.named(parts.netloc or parts.path.strip("/"))
+        self.client_id = client_id
+        self._codec: MessageCodec = codec or SimpleCodec()
+        self._on_state = on_state
+        self._shutdown = shutdown or threading.Event()
+        self._policy = reconnect_policy
+        self._book = SessionBook()
+        self._epochs = itertools.count(1)
+        self._sub_ids = itertools.count(1)
+        self._subs: dict[str, QueueSubscription] = {}
+        self._txs: dict[str, _TxOps] = {}
+        self.renewals = 0
+
+    def __enter__(self) -> MemoryTransport:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- connection
+    def is_connected(self) -> bool:
+        return self._book.connected and not self._book.closed
+
+    def connect(self, *, retry: bool = False) -> None:
+        if retry:
+            self.reconnect()
+            return
+        self._book.check_open()
+        self._drop_connection()
+        self.broker.connect(self, self.client_id)
+        self._book.connected_as(next(self._epochs))
+        self._notify(ConnectionState.CONNECTED)
+
+    def reconnect(self) -> None:
+        self._book.check_open()
+        for attempt in self._policy.retrying(self._shutdown):
+            with attempt:
+                self.connect()
+                for sub in list(self._subs.values()):
+                    self.broker.subscribe(self, sub.id, sub.spec)
+
+    def renew(self) -> None:
+        """The old connection ends as a clean close (its un-acked deliveries go back to the broker), the state
+        callback hears only of the new one."""
+        self._book.check_open()
+        if self._book.connected:
+            self.broker.disconnect(self)
+            self._book.lost(self._book.epoch)
+            self._txs.clear()
+            for sub in self._subs.values():
+                sub.wake()
+        self.reconnect()
+        self.renewals += 1
+
+    def close(self) -> None:
+        if self._book.closed:
+            return
+        self.broker.disconnect(self)
+        self._book.close()
+        for sub in self._subs.values():
+            sub.active = False
+            sub.wake()
+        self._notify(ConnectionState.CLOSED)
+
+    def _drop_connection(self) -> None:
+        if self._book.connected:
+            self.broker.disconnect(self)
+            self._broker_lost()
+
+    def _broker_lost(self) -> None:
+        """Called by the broker when it drops this connection."""
+        if self._book.lost(self._book.epoch):
+            self._txs.clear()
+            for sub in self._subs.values():
+                sub.wake()
+            self._notify(ConnectionState.DISCONNECTED)
+
+    def _notify(self, state: ConnectionState) -> None:
+        if self._on_state is not None:
+            self._on_state(state)
+
+    def _deliver(self, sub_id: str, headers: dict[str, str], body: bytes) -> None:
+        """Called by the broker (under its lock): queue a delivery for the subscription."""
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            return
+        try:
+            message, problem = self._codec.decode(headers, body), None
+        except Exception as exc:  # noqa: BLE001 — same contract as the STOMP transport: hand it on, marked
+            message, problem = JmsMessage(BodyType.BYTES, body), f"{type(exc).__name__}: {exc}"
+        sub.feed(Delivery(message=message, headers=headers, body=body,
+                          subscription=sub_id, ack_id=headers["ack"], message_id=headers["message-id"],
+                          destination=headers["destination"], redelivered=headers.get("redelivered") == "true",
+                          epoch=self._book.epoch, decode_error=problem))
+
+    def _run(self, operation: str, action: Callable[[], None], *, transaction: str | None = None) -> None:
+        """Apply ``action`` now, or at COMMIT when in ``transaction``; an injected fault is raised here."""
+        self._book.check_connected()
+        fault = self.broker.take_fault(operation)
+        if fault is None or fault[1]:
+            if transaction is not None:
+                self._txs[transaction].ops.append(action)
+            else:
+                action()
+        if fault is not None:
+            if isinstance(fault[0], BrokerUnavailable):
+                self._drop_connection()
+            raise fault[0]
+
+    # -- sending and transactions
+    def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
+             receipt: bool = True, headers: Mapping[str, str] | None = None) -> None:
+        encoded = self._codec.encode(message)
+        if headers:
+            encoded = EncodedMessage({**encoded.headers, **headers}, encoded.body)
+        self.send_encoded(destination, encoded, persistent=message.delivery_mode is DeliveryMode.PERSISTENT,
+                          transaction=transaction, receipt=receipt)
+
+    def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
+                     transaction: str | None = None, receipt: bool = True) -> None:
+        dest = stomp_destination(destination)
+        frame = dict(encoded.headers)
+        frame["persistent"] = "true" if persistent else "false"
+        try:
+            self._book.use_tx(transaction)
+            self._run("send", lambda: self.broker.send(dest, dict(frame), encoded.body), transaction=transaction)
+            self._answered_in_order(transaction, receipt)
+        except BrokerError as exc:
+            raise refused_send(exc, dest) from exc
+        except BrokerUnavailable as exc:
+            raise SendFailed(str(exc), dest) from exc
+
+    def _answered_in_order(self, transaction: str | None, receipt: bool) -> None:
+        """The twin answers a receipted frame at once; a receipt-less one stays unanswered in the book until a
+        later receipted frame of its transaction (as STOMP's in-order answers, ``SessionBook.frame_refused``)."""
+        rid = f"r-{next(_RIDS)}" if receipt else None
+        self._book.frame_written(transaction, rid)
+        if rid is not None:
+            self._book.frame_answered(rid)
+
+    def begin(self) -> str:
+        tx = f"tx-{next(self._epochs)}-{id(self):x}"
+        self._run("begin", lambda: None)
+        self._book.add_tx(tx, self._book.epoch)
+        self._txs[tx] = _TxOps(entry=self._book.get_tx(tx))
+        return tx
+
+    def begin_nowait(self) -> str:
+        """The twin's BEGIN has no round trip either way: as :meth:`begin` (an injected fault raises here)."""
+        return self.begin()
+
+    def transaction_problem(self, transaction: str) -> str | None:
+        return self._book.tx_problem(transaction)
+
+    def commit(self, transaction: str) -> None:
+        self.commit_nowait(transaction).wait()
+
+    def commit_nowait(self, transaction: str) -> _Done:
+        """As on STOMP, the checks before the COMMIT raise at once (a transaction lost with its connection, no
+        connection); the twin then commits at once and ``wait`` raises the COMMIT's own outcome (an injected
+        fault)."""
+        entry = self._book.end_tx(transaction)
+        ops = self._txs.pop(transaction, _TxOps())
+        if not self._book.is_live(entry):
+            raise BrokerUnavailable(f"transaction {transaction} was lost with its connection (rolled back)")
+        self._book.check_connected()
+        try:
+            self._run("commit", lambda: self._apply(ops))
+        except TransportError as exc:
+            return _Done(exc)
+        return _Done(None)
+
+    def _apply(self, ops: _TxOps) -> None:
+        problem = ops.entry.rollback_only if ops.entry is not None else None
+        if problem:                      # as the STOMP transport: no COMMIT of a transaction missing a frame
+            raise BrokerError(f"a frame in the transaction failed: {problem}; rolled back")
+        with self.broker.lock:
+            for op in ops.ops:
+                op()
+
+    def abort(self, transaction: str) -> None:
+        entry = self._book.end_tx(transaction)
+        self._txs.pop(transaction, None)
+        if self._book.is_live(entry):
+            self._run("abort", lambda: None)
+            self._book.restore(entry)
+
+    # -- consuming
+    def subscribe(self, destination: Destination | str, *, selector: str | None = None,
+                  ack: AckMode | str = AckMode.CLIENT_INDIVIDUAL, durable_name: str | None = None,
+                  prefetch: int = 100, transformation: str | None = None) -> Subscription:
+        dest = stomp_destination(destination)
+        try:
+            mode = AckMode(ack)
+        except ValueError:
+            raise LocalProtocolError(f"unknown ack mode {ack!r}") from None
+        if durable_name is not None and (not self.client_id or not dest.startswith("/topic/")):
+            raise LocalProtocolError("a durable subscription needs a topic and a client_id on the transport")
+        if prefetch < 1:
+            raise LocalProtocolError(f"prefetch must be >= 1, got {prefetch}")
+        spec = SubscriptionSpec(dest, selector, mode, durable_name, prefetch, transformation)
+        sub = QueueSubscription(f"sub-{next(self._sub_ids)}", spec, self._book)
+        self._book.check_connected()
+        self._book.set_mode(sub.id, mode)
+        self._subs[sub.id] = sub
+        try:
+            self._run("subscribe", lambda: self.broker.subscribe(self, sub.id, spec))
+        except TransportError:
+            self._subs.pop(sub.id, None)
+            self._book.forget_subscription(sub.id)
+            raise
+        return sub
+
+    def unsubscribe(self, subscription: Subscription, *, remove_durable: bool = False) -> None:
+        self._book.check_open()
+        sub = self._subs.pop(subscription.id, None)
+        if sub is None:
+            raise LocalProtocolError(f"unknown subscription {subscription.id!r} (already unsubscribed?)")
+        sub.active = False
+        self._book.forget_subscription(sub.id)
+        sub.wake()
+        if self._book.connected:
+            self.broker.unsubscribe(self, sub.id, remove_durable=remove_durable)
+        elif remove_durable:
+            raise BrokerUnavailable("not connected: cannot remove the durable subscription")
+
+    def ack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+        self._settle("ack", delivery, transaction, nack=False)
+
+    def ack_many(self, deliveries: Sequence[Delivery], transaction: str | None = None) -> None:
+        """Receipt-less ACKs of ``deliveries`` in order, as ``StompTransport.ack_many`` (one call each here)."""
+        for delivery in deliveries:
+            self.ack(delivery, transaction, receipt=False)
+
+    def nack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+        self._settle("nack", delivery, transaction, nack=True)
+
+    def _settle(self, operation: str, delivery: Delivery, transaction: str | None, *, nack: bool) -> None:
+        self._book.take_for_ack(delivery, transaction)
+        self._run(operation, lambda: self.broker.settle(self, delivery.subscription, delivery.ack_id, nack=nack),
+                  transaction=transaction)
