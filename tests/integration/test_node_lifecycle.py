@@ -31,7 +31,8 @@ import stomp
 
 from router.auth import Role, install_token, token_path, use_token
 from router.lifecycle import stomp_probe
-from router.services import EmbeddedActiveMQ, EmbeddedPostgres, _pid_alive, free_port
+from router.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port
+from router.services.process import pid_alive
 
 from bridgekit import JavaTool
 from conftest import TEST_ADMIN_TOKEN, ClientOrb
@@ -197,8 +198,8 @@ def test_second_serve_on_a_live_state_dir_is_refused_and_touches_nothing(embedde
             in second.stderr, second.stderr
         assert "serving" not in second.stdout
     assert node.proc.poll() is None, "the first node still runs"
-    assert _pid_alive(broker_pid) and node.broker_pid() == broker_pid, "its ActiveMQ was left alone"
-    assert _pid_alive(pg_pid) and node.pg_pid() == pg_pid, "its PostgreSQL was left alone"
+    assert pid_alive(broker_pid) and node.broker_pid() == broker_pid, "its ActiveMQ was left alone"
+    assert pid_alive(pg_pid) and node.pg_pid() == pg_pid, "its PostgreSQL was left alone"
     assert (node.state_dir / "endpoints.json").read_text() == endpoints_before
     factory = client_orb.factory(json.loads(endpoints_before)["event_channel_factory"]["ior"])
     _, cid = factory.create_channel([], [])
@@ -380,7 +381,7 @@ def test_killed_embedded_broker_is_restarted_and_a_bridge_delivers_again(embedde
     assert wait_until(lambda: _broker_health(node).get("restarts", 0) >= 1
                       and _broker_health(node).get("reachable") is True, READY_TIMEOUT_S, 0.5), _broker_health(node)
     new = node.broker_pid()
-    assert new != old and _pid_alive(new)
+    assert new != old and pid_alive(new)
     assert _broker_health(node)["pid"] == new and _broker_health(node)["last_restart"]
     assert "embedded ActiveMQ (broker.url) is not running; restarting it" in node.stderr()
     assert "embedded ActiveMQ restarted" in node.stderr()
@@ -399,7 +400,7 @@ def test_killed_embedded_postgres_is_restarted(embedded_node: EmbeddedNode) -> N
         return bool(pg.get("restarts", 0) >= 1 and pg.get("reachable") is True)
 
     assert wait_until(restarted, READY_TIMEOUT_S, 0.5), node.status_json().get("services")
-    assert node.pg_pid() != old and _pid_alive(node.pg_pid())
+    assert node.pg_pid() != old and pid_alive(node.pg_pid())
     assert "embedded PostgreSQL restarted" in node.stderr()
 
 
@@ -411,7 +412,7 @@ def test_node_killed_and_restarted_reuses_the_running_broker(embedded_node: Embe
     node.proc.kill()
     node.proc.wait(30)
     node.start()
-    assert node.broker_pid() == broker_pid and _pid_alive(broker_pid), "the healthy leftover broker is reused"
+    assert node.broker_pid() == broker_pid and pid_alive(broker_pid), "the healthy leftover broker is reused"
     assert node.pg_pid() == pg_pid, "and so is PostgreSQL"
     assert f"reusing the running ActiveMQ (pid {broker_pid})" in node.stderr()
     supplier, dest = _bridge_to_queue(node, client_orb)
@@ -421,9 +422,9 @@ def test_node_killed_and_restarted_reuses_the_running_broker(embedded_node: Embe
 
 # ------------------------------------------------------------------- 4. starts that fail, stop-services
 def _services_untouched(node: EmbeddedNode, broker_pid: int, pg_pid: int) -> None:
-    assert _pid_alive(broker_pid) and node.broker_pid() == broker_pid, "the leftover ActiveMQ still runs"
+    assert pid_alive(broker_pid) and node.broker_pid() == broker_pid, "the leftover ActiveMQ still runs"
     assert stomp_probe("127.0.0.1", node.stomp_port, *node.credentials(), 10) is None, "and answers"
-    assert _pid_alive(pg_pid) and node.pg_pid() == pg_pid, "the leftover PostgreSQL still runs"
+    assert pid_alive(pg_pid) and node.pg_pid() == pg_pid, "the leftover PostgreSQL still runs"
     if os.geteuid() == 0:  # and its OS user can still reach it (pg_ctl runs as postgres)
         assert node.state_dir.stat().st_mode & 0o777 == 0o710, oct(node.state_dir.stat().st_mode)
 
@@ -493,7 +494,7 @@ def test_stop_services_is_refused_while_a_node_runs_and_stops_what_a_killed_node
                              env=dict(node.env(), SERVICE_RESULT="timeout", EXIT_CODE="killed", EXIT_STATUS="KILL"))
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert f"embedded ActiveMQ (pid {broker_pid}), embedded PostgreSQL (pid {pg_pid})" in stopped.stdout
-    assert not _pid_alive(broker_pid) and not _pid_alive(pg_pid)
+    assert not pid_alive(broker_pid) and not pid_alive(pg_pid)
     assert not (node.state_dir / "endpoints.json").exists(), "the stale endpoints are gone"
     again = node.run_cli("stop-services", "--state-dir", str(node.state_dir))
     assert again.returncode == 0 and "nothing was running" in again.stdout, again.stdout + again.stderr

@@ -25,10 +25,10 @@ from router.services import (
     EmbeddedActiveMQ,
     EmbeddedPostgres,
     ServiceError,
-    _pid_alive,  # zombie-aware liveness check
     free_port,
     wait_for_port,
 )
+from router.services.process import pid_alive  # zombie-aware liveness check
 
 pytestmark = pytest.mark.integration
 
@@ -266,7 +266,7 @@ def test_embedded_activemq_after_sigkill_of_supervisor_is_reused(state_dir: Path
         stomp_round_trip(stomp_port)
     finally:
         broker.stop()
-    assert not broker.is_running() and not _pid_alive(leftover)
+    assert not broker.is_running() and not pid_alive(leftover)
     with pytest.raises(ServiceError):
         wait_for_port("127.0.0.1", stomp_port, 0.5)
 
@@ -278,7 +278,7 @@ def test_embedded_activemq_leftover_with_another_configuration_is_replaced(state
     broker = EmbeddedActiveMQ(state_dir, stomp_port, openwire_port, authenticate=True)  # now with credentials
     try:
         broker.start()
-        assert not broker.reused and broker.pid != leftover and not _pid_alive(leftover)
+        assert not broker.reused and broker.pid != leftover and not pid_alive(leftover)
         assert stomp_probe("127.0.0.1", stomp_port, "", "", 10) is not None, "anonymous access is refused"
         assert stomp_probe("127.0.0.1", stomp_port, broker.login, broker.passcode, 10) is None
     finally:

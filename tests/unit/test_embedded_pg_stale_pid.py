@@ -12,6 +12,7 @@ import pytest
 
 from router import services
 from router.lifecycle import ServiceError
+from router.services import postgres
 
 
 class Table:
@@ -32,10 +33,10 @@ def _server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: Table) -> se
     server = services.EmbeddedPostgres(tmp_path, 5432)
     server.data.mkdir(parents=True)
     (server.data / "postmaster.pid").write_text("4242\n/data\n0\n5432\n")
-    monkeypatch.setattr(services, "_pid_exists", lambda pid: table.state() not in (None, "gone"), raising=False)
-    monkeypatch.setattr(services, "_is_zombie", lambda pid: table.state() == "zombie")
+    monkeypatch.setattr(postgres, "pid_exists", lambda pid: table.state() not in (None, "gone"), raising=False)
+    monkeypatch.setattr(postgres, "is_zombie", lambda pid: table.state() == "zombie")
     monkeypatch.setattr(server, "_is_postmaster", lambda pid: table.state() == "running")
-    monkeypatch.setattr("router.services.time.sleep", table.tick)
+    monkeypatch.setattr("router.services.postgres.time.sleep", table.tick)
     return server
 
 
@@ -52,7 +53,7 @@ def test_a_pid_that_never_goes_is_reported(tmp_path: Path, monkeypatch: pytest.M
                                           reason: str) -> None:
     table = Table([state])
     clock = iter(range(0, 10_000, 1))
-    monkeypatch.setattr("router.services.time.monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr("router.services.postgres.time.monotonic", lambda: float(next(clock)))
     with pytest.raises(ServiceError, match=reason):
         _server(tmp_path, monkeypatch, table)._wait_stale_postmaster_gone()
 

@@ -1,7 +1,7 @@
 """Render the broker configuration of the nsjms-activemq image from nsjms's own generator.
 
 ``python deploy/images/activemq/render.py CONTEXT_DIR`` (run by ``scripts/images.sh`` with the project on
-``PYTHONPATH``) writes two files into the image's build context, both from the templates ``router/services.py``
+``PYTHONPATH``) writes two files into the image's build context, both from the templates ``router/services/activemq.py``
 uses for the embedded broker (same dead-letter policy, scheduler support, connectors), listening on all container
 addresses:
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from router import services
+from router.services import activemq
 
 LISTEN = "0.0.0.0"
 STOMP_PORT = 61613
@@ -26,9 +26,9 @@ PASSCODE_PLACEHOLDER = "@AMQ_PASSCODE@"
 
 def render(authenticate: bool) -> str:
     plugins = (
-        services._AMQ_AUTH.format(login=LOGIN_PLACEHOLDER, passcode=PASSCODE_PLACEHOLDER) if authenticate else ""
+        activemq.AMQ_AUTH.format(login=LOGIN_PLACEHOLDER, passcode=PASSCODE_PLACEHOLDER) if authenticate else ""
     )
-    return services._AMQ_XML.format(plugins=plugins, host=LISTEN, openwire=OPENWIRE_PORT, stomp=STOMP_PORT)
+    return activemq.AMQ_XML.format(plugins=plugins, host=LISTEN, openwire=OPENWIRE_PORT, stomp=STOMP_PORT)
 
 
 def main(argv: list[str]) -> int:
