@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -65,3 +66,28 @@ class TestStompContract(TransportContract):
         yield _factory(private_broker.url, opened), restart
         for t in opened:
             t.close()
+
+    def test_close_hears_no_disconnected_when_the_broker_drops_the_socket_first(self, make: Make) -> None:
+        """close() sends DISCONNECT and ActiveMQ, once it has answered, closes the socket: when the receiver thread
+        sees that close before close() marks the transport closed, the end is still planned (the state callback
+        hears CLOSED, never DISCONNECTED: a bridge would count it as a broker outage). The race is forced: the
+        goodbye returns only after the receiver has seen the broker's close."""
+        from router.jms.transport import ConnectionState
+        states: list[ConnectionState] = []
+        t = make(on_state=states.append)
+        goodbye = t._say_goodbye  # type: ignore[attr-defined]
+
+        def goodbye_then_broker_close() -> None:
+            goodbye()
+            book = t._book  # type: ignore[attr-defined]
+            deadline = time.monotonic() + 30
+            while book.connected and time.monotonic() < deadline:     # the broker's close, seen by the receiver
+                time.sleep(0.01)
+            assert not book.connected, "ActiveMQ closes the socket after its DISCONNECT receipt"
+            t._inbox.put((0, "state", "mark"))  # type: ignore[attr-defined]  # behind whatever the loss queued
+            while "mark" not in states and time.monotonic() < deadline:
+                time.sleep(0.01)
+            states.remove("mark")  # type: ignore[arg-type]
+        t._say_goodbye = goodbye_then_broker_close  # type: ignore[attr-defined]
+        t.close()
+        assert ConnectionState.DISCONNECTED not in states and states[-1] == ConnectionState.CLOSED

@@ -148,6 +148,7 @@ class StompConnection:
                 return
             conn, epoch, live = self._conn, self._book.epoch, self._book.connected
         if live:
+            self._quiet_epoch = epoch    # the broker closes the socket after its DISCONNECT receipt: no loss either
             self._say_goodbye()
         self._book.close()
         self._closed_event.set()
@@ -389,9 +390,9 @@ class StompConnection:
         """Connection ``epoch`` is gone: fail its waiters, wake receivers, tell the state callback once."""
         if not self._book.lost(epoch):
             return
-        planned = epoch == self._quiet_epoch          # renew(): closed on purpose
+        planned = epoch == self._quiet_epoch          # renew() or close(): closed on purpose
         if planned:
-            log.info("connection to %s (epoch %d) closed for renewal", self.url, epoch)
+            log.info("connection to %s (epoch %d) closed on purpose", self.url, epoch)
         else:
             log.warning("connection to %s lost (epoch %d)", self.url, epoch)
         self._fail_waiters(lambda w: w.epoch == epoch)
