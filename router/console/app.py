@@ -42,7 +42,7 @@ from router.console.backend import (
     BridgeSpec,
     ConsoleRefused,
 )
-from router.console.views import RateSampler, paginate, read_operator_log
+from router.console.views import MAX_PER_PAGE, RateSampler, paginate, read_operator_log
 from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT
 
 __all__ = ["COOKIE", "LoginThrottle", "Session", "Sessions", "create_app"]
@@ -70,6 +70,9 @@ def action_form(form: Any, *, confirm: tuple[str, str, str] | None = None) -> st
     return why
 
 
+MAX_SELECTED = MAX_PER_PAGE    # a selection is at most one page of a list
+
+
 def selected_ids(form: Any) -> list[int]:
     """The ids ticked in a list (``ids`` repeated), in order, without repeats; FormRefused when none or not ids."""
     ids: list[int] = []
@@ -80,6 +83,8 @@ def selected_ids(form: Any) -> list[int]:
             ids.append(int(text))
     if not ids:
         raise FormRefused("select at least one item")
+    if len(ids) > MAX_SELECTED:
+        raise FormRefused(f"at most {MAX_SELECTED} items at once (a page of the list), not {len(ids)}")
     return ids
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -352,6 +353,22 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     code, _, err = cli(node, "bridge", "transaction", str(new_bid), "zero")
     assert code == 2 and refusal.removeprefix("refused: ") in err, (refusal, err)
     assert operator_log(node)[-1]["result"].startswith("refused: 'zero': expected EVENTS[:TIMEOUT]")
+    # routing transactions the node's bridge refuses (a JMS source pushing into the channel): refused with the CLI's
+    # words and the new bridge destroyed again, as `nsjms bridge create --transaction` does (exit 4)
+    before = {b["id"] for b in cli_json(node, "bridge", "list")}
+    page.goto(base + "/bridges")
+    page.fill("#bridge-source", "queue:" + unique_name("console.in"))
+    page.fill("#bridge-sink", f"channel:{new_cid}")
+    page.fill("#bridge-transaction", "5")
+    page.fill("#bridge-create-why", "console test: T2 the wrong way")
+    page.click("#bridge-create")
+    refusal = page.inner_text("#error")
+    code, printed, err = cli(node, "bridge", "create", "--from", "queue:" + unique_name("console.in"),
+                             "--to", f"channel:{new_cid}", "--transaction", "5")
+    assert code == 4 and "(UnsupportedTransaction)" in refusal, (refusal, printed, err)
+    assert [re.sub(r"\d+", "N", x) for x in refusal.removeprefix("refused: ").split("; ")] == [
+        re.sub(r"\d+", "N", x.removeprefix("nsjms bridge: ")) for x in printed.splitlines()]
+    assert {b["id"] for b in cli_json(node, "bridge", "list")} == before
 
     # a dead letter: the channel's consumer refuses event 2; retried from the console once it is fixed, it arrives
     refusing = RefusingConsumer({2, 3, 4})
@@ -410,6 +427,14 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     assert next(b for b in cli_json(node, "bridge", "list") if b["id"] == busy)["started"] is True
     assert operator_log(node)[-1]["who"] == "reader"
     assert operator_log(node)[-1]["result"] == "refused: needs the operator role"
+    reader.goto(base + "/bridges")
+    assert reader.locator("#bridge-create").count() == 0 and reader.locator(f"#select-bridge-{busy}").count() == 0
+    for url, form in ((f"{base}/channels/create", {"qos": "", "why": "reader"}),
+                      (f"{base}/bridges/selected", {"ids": str(busy), "action": "stop", "why": "reader"}),
+                      (f"{base}/bridges/{busy}/transaction", {"setting": "5", "why": "reader"})):
+        assert reader.request.post(url, form={**form, "csrf": token}).status == 403, url
+        assert page.request.post(url, form=form).status == 403, url          # the operator without the token
+    assert next(b for b in cli_json(node, "bridge", "list") if b["id"] == busy)["started"] is True
 
     # the operator stops the bridge from the console: done through the node, recorded
     page.goto(f"{base}/bridges/{busy}")

@@ -352,6 +352,8 @@ def test_action_form_checks_reason_and_confirmation_once() -> None:
         selected_ids(MultiDict())
     with pytest.raises(FormRefused, match="not an id"):
         selected_ids(MultiDict([("ids", "5 OR 1=1")]))
+    with pytest.raises(FormRefused, match="at most 500 items"):
+        selected_ids(MultiDict([("ids", str(i)) for i in range(501)]))
 
 
 def test_every_post_route_needs_the_csrf_token_and_the_operator_role(env: Any) -> None:
