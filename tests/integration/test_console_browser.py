@@ -4,12 +4,13 @@ The node (``nsjms serve`` with ``[console] enabled``) has a bridge with traffic 
 transaction: a channel -> JMS T2 bridge whose node was SIGKILLed at the crash point ``t2.after_decision`` (COMMIT
 logged, nothing committed), restarted with the broker down. From the console the operator's rollback is refused
 with the CLI's reason, the commit (confirmed, with a reason) is refused while the broker is down, as the CLI refuses
-it; with the broker back the recovery finishes it. A channel and a bridge with routing transactions are created,
-T2 turned off and a bad setting refused (the CLI's words), bridges started as a selection, both destroyed again;
-three dead letters retried (one, then two as a selection) each reach their consumer once; the ledger audit page shows
-what ``nsjms audit --incremental`` stored. Every action is in the operator log with the principal and the reason. A
-reader has no buttons and is refused on POST; a POST without the CSRF token is refused; an unauthenticated request
-is redirected to the login page. Each page is screenshotted into docs/console/ (referenced from docs/console.md).
+it; with the broker back the recovery finishes it. A transaction with no decision logged is committed only
+heuristically (the CLI's refusal without it), then forgotten. A channel and a bridge with routing transactions are
+created, T2 turned off and a bad setting refused (the CLI's words), bridges started as a selection, both destroyed
+again; three dead letters retried (one, then two as a selection) each reach their consumer once; the ledger audit
+page shows what ``nsjms audit --incremental`` stored. Every action is in the operator log with the principal and the
+reason. A reader has no buttons and is refused on POST; a POST without the CSRF token is refused; an unauthenticated
+request is redirected to the login page. Each page is screenshotted into docs/console/ (see docs/console.md).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 from router.services import EmbeddedActiveMQ
+from xa.xid import NodeId, branch_xid, new_gtrid
 
 from bridgekit import (
     bridge_factory,
@@ -40,6 +42,7 @@ from bridgekit import (
     leftover,
     managed_bridge,
     persistent_channel,
+    prepare_foreign,
     prepared_gids,
     reconnect_client,
     structured_supplier,
@@ -253,6 +256,38 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     assert wait_until(lambda: cli_json(node, "txn", "list")["transactions"] == [], 90, 1.0)
     assert prepared_gids(node.pg_dsn) == []
     assert leftover(amq.url, t2_queue) == 5, "the committed transaction's five events, each once"
+
+    # a transaction with NO decision logged (a prepared branch of this node younger than the in-flight guard): the
+    # commit is refused with the CLI's words unless "commit heuristically" is ticked (`txn commit --heuristic`); then
+    # it is committed and recorded as a heuristic outcome, listed until it is forgotten
+    undecided = new_gtrid(NodeId(gtrid.split(":", 1)[0]))
+    prepare_foreign(node.pg_dsn, branch_xid(undecided, "pg"))
+    page.goto(f"{base}/transactions/{undecided}?confirm=commit")
+    assert "WARNING: no COMMIT is logged" in page.inner_text("#heuristic-warning")
+    page.fill("#confirm_gtrid", undecided)
+    page.fill("#why", "console test: keep it")
+    page.click("#do-commit")
+    refusal = page.inner_text("#error")
+    assert "no COMMIT is logged" in refusal and "Add --heuristic" in refusal, refusal
+    page.goto(f"{base}/transactions/{undecided}?confirm=commit")
+    page.check("#heuristic")
+    page.fill("#confirm_gtrid", undecided)
+    page.fill("#why", "console test: keep it")
+    shot(page, "transaction-heuristic")
+    page.click("#do-commit")
+    assert "Done." in page.inner_text("#result"), page.inner_text("main")
+    assert prepared_gids(node.pg_dsn) == []
+    [after] = cli_json(node, "txn", "list")["transactions"]
+    assert (after["gtrid"], after["status"], after["action"]) == (undecided, "heuristic-commit", "forget")
+    assert [(e["who"], e["action"], e["target"]) for e in operator_log(node)[-2:]] == [
+        ("operator", "commit", undecided), ("operator", "heuristic-commit", undecided)]
+    assert operator_log(node)[-2]["result"].startswith("refused: ")
+    page.goto(f"{base}/transactions/{undecided}?confirm=forget")
+    page.fill("#confirm_gtrid", undecided)
+    page.fill("#why", "console test: checked the data")
+    page.click("#do-forget")
+    assert "Done." in page.inner_text("#result")
+    assert cli_json(node, "txn", "list")["transactions"] == []
 
     # a bridge with traffic: channel -> queue, 40 events forwarded
     channel, cid = persistent_channel(factory)
