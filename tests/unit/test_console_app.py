@@ -439,7 +439,12 @@ def test_bridge_page_offers_disable_when_transactions_are_on(env: Any) -> None:
 def test_heuristic_commit_is_the_clis_commit_heuristic(env: Any) -> None:
     backend, client, page = operator_page(env, "/transactions/node1:abc?confirm=commit")
     assert 'id="heuristic"' in page and "WARNING: no COMMIT is logged (safe action &#39;rollback&#39;)" in page
-    assert "commits 1 event(s) to queue:q" in page
+    assert "commits 1 event(s) to queue:q" in page and '<td id="txn-events">1</td>' in page
+    backend_txn = backend.transaction
+    backend.transaction = lambda gtrid: {**backend_txn(gtrid), "events": 0, "events_known": False}  # type: ignore[method-assign]
+    unknown = client.get("/transactions/node1:abc?confirm=commit").get_data(as_text=True)
+    assert "commits ? event(s)" in unknown and '<td id="txn-events">? (a prepared branch' in unknown  # as the CLI
+    backend.transaction = backend_txn  # type: ignore[method-assign]
     token = _csrf(page)
     url = "/transactions/node1:abc/commit"
     resp = client.post(url, data={"csrf": token, "why": "checked", "confirm_gtrid": "node1:abc"})
