@@ -42,8 +42,8 @@ from psycopg.rows import dict_row
 
 from audit import LedgerError
 
-__all__ = ["DAY_TABLE", "DayResult", "Fingerprint", "Group", "IncrementalResult", "due", "metrics_text",
-           "recheck_at", "run_incremental", "verdict", "write_metrics"]
+__all__ = ["DAY_TABLE", "DayResult", "Fingerprint", "Group", "IncrementalResult", "StoredDay", "due", "metrics_text",
+           "recheck_at", "run_incremental", "stored_verdicts", "verdict", "write_metrics"]
 
 DAY_TABLE = "nsjms_audit_day"
 ADVISORY_LOCK = 7715028          # pg_advisory_xact_lock key of an incremental run
@@ -210,6 +210,33 @@ def run_incremental(dsn: str, *, as_of: datetime, grace: timedelta, start: datet
     except psycopg.Error as exc:
         raise LedgerError("incremental audit", f"{type(exc).__name__}: {exc}") from exc
     return IncrementalResult(as_of, tuple(days))
+
+
+@dataclass(frozen=True)
+class StoredDay:
+    """A day's verdict as the last incremental run that reconciled it stored it."""
+
+    result: DayResult                   # ``audited`` is False: read back, not reconciled now
+    as_of: datetime
+    audited_at: datetime
+    grace_s: float
+
+
+def stored_verdicts(dsn: str, limit: int = 31, connect_timeout: int = 5) -> tuple[StoredDay, ...]:
+    """The stored verdicts of the latest ``limit`` days, newest first: what ``nsjms audit --incremental`` wrote, read
+    in a read-only transaction without its advisory lock (a run in progress is seen once it commits)."""
+    try:
+        with psycopg.connect(dsn, connect_timeout=connect_timeout) as conn:
+            conn.read_only = True
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(f"SELECT day, verdict, recheck_at, figures, grace_s, as_of, audited_at FROM {DAY_TABLE} "
+                            "ORDER BY day DESC LIMIT %s", (max(1, limit),))
+                rows = cur.fetchall()
+    except psycopg.Error as exc:
+        raise LedgerError("incremental audit verdicts", f"{type(exc).__name__}: {exc}") from exc
+    return tuple(StoredDay(DayResult(r["day"], r["verdict"], tuple(Group.from_dict(g) for g in r["figures"]["groups"]),
+                                     False, int(r["figures"].get("rows", 0)), r["recheck_at"]),
+                           r["as_of"], r["audited_at"], float(r["grace_s"])) for r in rows)
 
 
 def _fingerprint(row: Sequence[Any]) -> Fingerprint:

@@ -10,9 +10,10 @@ from typing import Any
 
 from audit.incremental import OPEN, IncrementalResult, metrics_text, write_metrics
 
-__all__ = ["as_json", "by_key", "render", "write_outputs"]
+__all__ = ["COLUMNS", "as_json", "by_key", "render", "write_outputs"]
 
 _COLUMNS = ("delivered", "lost", "duplicated", "in_doubt", "in_flight", "dead_letter", "discarded", "expired")
+COLUMNS = _COLUMNS   # the statuses of the tables, in their order (the console's audit page shows the same)
 
 
 def by_key(result: IncrementalResult, key: str) -> dict[Any, dict[str, int]]:

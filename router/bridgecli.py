@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REASONS", "STATES", "UsageError", "add_parser", "bridge_state", "parse_endpoint", "run"]
+__all__ = ["REASONS", "STATES", "UsageError", "add_parser", "bridge_state", "invalid_endpoints", "parse_endpoint",
+           "run"]
 
 #: The one vocabulary for a bridge's state (``bridge list``, ``status``, docs): NJI 2.3 Active/Inactive, and for
 #: an inactive bridge the reason, from the node's snapshot fields ``state``, ``started``, ``reason``, ``channel_id``.
@@ -231,9 +232,8 @@ def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
             args.existing_channels = set(ecf._narrow(_ecf_type()).get_all_channels())
         return _dispatch(args, factory, BA, NsjmsAdmin, out, _snapshot_bridges(state_dir))
     except BA.InvalidExternalEndPoints as exc:
-        for err in exc.error:
-            why = reasons.get((err.role._n, err.code._n), "the node's log says why")
-            out(f"nsjms bridge: invalid {err.role._n.lower()} endpoint: {err.code._n}: {why}")
+        for line in invalid_endpoints(exc, reasons):
+            out(f"nsjms bridge: {line}")
         return 4
     except BA.BridgeNotFound:
         out(f"nsjms bridge: no bridge with id {args.id}")
@@ -249,6 +249,13 @@ def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
         return 3
     finally:
         orb.destroy()
+
+
+def invalid_endpoints(exc: Any, reasons: dict[tuple[str, str], str]) -> list[str]:
+    """``InvalidExternalEndPoints`` as one line per endpoint, with the reason :func:`_precheck` found."""
+    unknown = "the node's log says why"
+    return [f"invalid {err.role._n.lower()} endpoint: {err.code._n}: "
+            f"{reasons.get((err.role._n, err.code._n), unknown)}" for err in exc.error]
 
 
 def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, out: Any,

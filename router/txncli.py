@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["add_parser", "render_list", "render_show", "run"]
+__all__ = ["add_parser", "heuristic_warning", "render_list", "render_show", "run"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_REFUSED, EXIT_LOCKED = 0, 1, 2, 3, 4, 5
 
@@ -457,10 +457,7 @@ def _decide(args: argparse.Namespace, b: Backend, out: Callable[[str], None], er
             b.resolve(args.gtrid, action, who, args.why or "")
             raise Refusal(f"{args.gtrid}: no COMMIT is logged: add --heuristic")  # not reached: refused above
         if action == "commit" and view["decision"] is None:
-            summary += (f"\nWARNING: no COMMIT is logged (safe action {view['action']!r}): committing is a HEURISTIC "
-                        f"decision, recorded and listed until `nsjms txn forget`; it commits {_events(view)} event(s)"
-                        f"{' to ' + ', '.join(view['destinations']) if view['destinations'] else ''} and re-sends "
-                        "its outbox rows with their dedupe ids")
+            summary += "\n" + heuristic_warning(view)
         elif view["action"] not in (action, "resend" if action == "commit" else action):
             summary += f"\nNOTE: the safe action is {view['action']!r}: {view['reason']}"
     else:
@@ -482,6 +479,15 @@ def _decide(args: argparse.Namespace, b: Backend, out: Callable[[str], None], er
         result = b.resolve(args.gtrid, HEURISTIC_COMMIT if heuristic and action == "commit" else action, who, why)
     out(json.dumps(result, indent=2, sort_keys=True) if args.json else render_report(result, b.mode))
     return EXIT_FAILURE if result.get("errors") else EXIT_OK
+
+
+def heuristic_warning(view: dict[str, Any]) -> str:
+    """What a commit of ``view`` (no COMMIT logged) does, shown before ``txn commit --heuristic`` is confirmed (the
+    CLI's prompt and the console's confirmation)."""
+    return (f"WARNING: no COMMIT is logged (safe action {view['action']!r}): committing is a HEURISTIC "
+            f"decision, recorded and listed until `nsjms txn forget`; it commits {_events(view)} event(s)"
+            f"{' to ' + ', '.join(view['destinations']) if view['destinations'] else ''} and re-sends "
+            "its outbox rows with their dedupe ids")
 
 
 def _confirm(args: argparse.Namespace, tty: bool, ask: Callable[[str], str], err: Callable[[str], None],

@@ -10,6 +10,9 @@
 * **CSRF**: every POST carries the session's token (hidden field ``csrf``, compared in constant time); the login
   form a double-submit token of its own. A POST without it is refused (403) before anything runs.
 * **Roles**: a reader sees everything and has no write buttons; every write route needs the operator role (403).
+* **Actions**: every one needs a reason (recorded in the operator log with the principal), destructive ones a typed
+  confirmation, both checked once (:func:`action_form`) before the backend runs the CLI's operation; a refusal of the
+  node is a 409 with the CLI's words. A selection (several bridges or dead letters) runs the same operation per item.
 * **Headers**: a CSP without inline scripts or styles, ``X-Frame-Options: DENY``, ``nosniff``, no referrer,
   ``Cache-Control: no-store`` on everything except the vendored static files.
 
@@ -31,9 +34,16 @@ from urllib.parse import quote
 from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, url_for
 
 from router.auth import Authenticator, Principal, Role
-from router.console.backend import BRIDGE_ACTIONS, DEAD_LETTER_ACTIONS, TXN_ACTIONS, Backend, ConsoleRefused
-from router.console.views import RateSampler, paginate, read_operator_log
-from router.txnops import AUDIT_FILE
+from router.console.backend import (
+    BRIDGE_ACTIONS,
+    DEAD_LETTER_ACTIONS,
+    TXN_ACTIONS,
+    Backend,
+    BridgeSpec,
+    ConsoleRefused,
+)
+from router.console.views import MAX_PER_PAGE, RateSampler, paginate, read_operator_log
+from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT
 
 __all__ = ["COOKIE", "LoginThrottle", "Session", "Sessions", "create_app"]
 
@@ -41,6 +51,41 @@ COOKIE = "nsjms_console"
 LOGIN_COOKIE = "nsjms_login"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "font-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+
+
+class FormRefused(Exception):
+    """A POST lacks what every action needs (its reason, its confirmation): 400, nothing done."""
+
+
+def action_form(form: Any, *, confirm: tuple[str, str, str] | None = None) -> str:
+    """The reason every action needs, and for ``confirm`` = (field, expected value, what it names) the typed
+    confirmation; returns the reason or raises :class:`FormRefused` naming what is missing."""
+    why = str(form.get("why", "")).strip()
+    if not why:
+        raise FormRefused("a reason is required (it is recorded in the operator log)")
+    if confirm is not None:
+        field, expected, what = confirm
+        if str(form.get(field, "")).strip() != expected:
+            raise FormRefused(f"confirm by typing the {what} {expected}")
+    return why
+
+
+MAX_SELECTED = MAX_PER_PAGE    # a selection is at most one page of a list
+
+
+def selected_ids(form: Any) -> list[int]:
+    """The ids ticked in a list (``ids`` repeated), in order, without repeats; FormRefused when none or not ids."""
+    ids: list[int] = []
+    for text in form.getlist("ids"):
+        if not str(text).isdigit():
+            raise FormRefused(f"not an id: {text!r}")
+        if int(text) not in ids:
+            ids.append(int(text))
+    if not ids:
+        raise FormRefused("select at least one item")
+    if len(ids) > MAX_SELECTED:
+        raise FormRefused(f"at most {MAX_SELECTED} items at once (a page of the list), not {len(ids)}")
+    return ids
 
 
 @dataclass(frozen=True)
@@ -203,6 +248,31 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
     def not_found(_exc: Any) -> Response:
         return _error(404, "no such page")
 
+    @app.errorhandler(FormRefused)
+    def bad_form(exc: FormRefused) -> Response:
+        return _error(400, str(exc))
+
+    @app.errorhandler(ConsoleRefused)
+    def refused(exc: ConsoleRefused) -> Response:
+        return _error(409, f"refused: {exc}")
+
+    def done(result: Any, target: str) -> Any:
+        """A JSON answer for ``?format=json``, else a redirect to ``target``."""
+        return jsonify(result) if request.args.get("format") == "json" else redirect(target)
+
+    def run_selected(kind: str, ids: list[int], act: Callable[[int], dict[str, Any]]) -> Any:
+        """One operation per selected id (each recorded by the backend); the page lists each one's outcome."""
+        results: list[dict[str, Any]] = []
+        for item in ids:
+            try:
+                results.append({"id": item, "ok": True, "result": act(item)})
+            except ConsoleRefused as exc:
+                results.append({"id": item, "ok": False, "result": f"refused: {exc}"})
+        if request.args.get("format") == "json":
+            return jsonify({"results": results})
+        return render_template("selected.html", kind=kind, action=request.form.get("action", ""),
+                               results=results, session=g.session)
+
     def page(template: str, data: dict[str, Any], **extra: Any) -> Any:
         if request.args.get("format") == "json":
             return jsonify(data)
@@ -297,6 +367,20 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         except ConsoleRefused as exc:
             return _error(404, str(exc))
 
+    @app.post("/channels/create")
+    def channel_create() -> Any:
+        require_operator()
+        why = action_form(request.form)
+        qos, admin = request.form.get("qos", "").split(), request.form.get("admin", "").split()
+        result = backend.channel_create(who(), qos, admin, why)
+        return done(result, url_for("channel", cid=int(result["id"])))
+
+    @app.post("/channels/<int:cid>/destroy")
+    def channel_destroy(cid: int) -> Any:
+        require_operator()
+        why = action_form(request.form, confirm=("confirm_id", str(cid), "channel id"))
+        return done(backend.channel_destroy(who(), cid, why), url_for("channels"))
+
     @app.get("/bridges")
     def bridges() -> Any:
         rows = backend.bridges(who())
@@ -315,13 +399,42 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         require_operator()
         if action not in BRIDGE_ACTIONS:
             abort(404)
-        try:
-            result = backend.bridge_action(who(), bid, action, request.form.get("why", "").strip())
-        except ConsoleRefused as exc:
-            return _error(409, f"refused: {exc}")
-        if request.args.get("format") == "json":
-            return jsonify(result)
-        return redirect(url_for("bridges") if action == "destroy" else url_for("bridge", bid=bid))
+        why = action_form(request.form)
+        result = backend.bridge_action(who(), bid, action, why)
+        return done(result, url_for("bridges") if action == "destroy" else url_for("bridge", bid=bid))
+
+    @app.post("/bridges/<int:bid>/transaction")
+    def bridge_transaction(bid: int) -> Any:
+        require_operator()
+        why = action_form(request.form)
+        return done(backend.bridge_transaction(who(), bid, request.form.get("setting", ""), why),
+                    url_for("bridge", bid=bid))
+
+    @app.post("/bridges/create")
+    def bridge_create() -> Any:
+        require_operator()
+        why = action_form(request.form)
+        f = request.form
+        spec = BridgeSpec(f.get("source", ""), f.get("sink", ""), f.get("channel_form", "structured"),
+                          f.get("channel_style", "push"), f.get("jms_style", "push"), f.get("factory", ""),
+                          f.get("no_start") != "1", f.get("transaction", ""))
+        for name, value, allowed in (("channel_form", spec.channel_form, ("structured", "sequence")),
+                                     ("channel_style", spec.channel_style, ("push", "pull")),
+                                     ("jms_style", spec.jms_style, ("push", "pull"))):
+            if value not in allowed:
+                raise FormRefused(f"{name}: {value!r} is not one of {', '.join(allowed)}")
+        result = backend.bridge_create(who(), spec, why)
+        return done(result, url_for("bridge", bid=int(result["id"])))
+
+    @app.post("/bridges/selected")
+    def bridges_selected() -> Any:
+        require_operator()
+        action = request.form.get("action", "")
+        if action not in BRIDGE_ACTIONS:
+            raise FormRefused(f"a selection of bridges can be started, stopped or destroyed, not {action!r}")
+        why = action_form(request.form)
+        return run_selected("bridge", selected_ids(request.form),
+                            lambda bid: backend.bridge_action(who(), bid, action, why))
 
     @app.get("/transactions")
     def transactions() -> Any:
@@ -339,23 +452,20 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         except ConsoleRefused as exc:
             return _error(404, str(exc))
         confirm = request.args.get("confirm", "")
-        return page("transaction.html", view, actions=TXN_ACTIONS,
-                    confirm=confirm if confirm in TXN_ACTIONS else "")
+        from router.txncli import heuristic_warning
+
+        return page("transaction.html", view, actions=TXN_ACTIONS, confirm=confirm if confirm in TXN_ACTIONS else "",
+                    heuristic_warning=heuristic_warning(view) if view.get("decision") is None else "")
 
     @app.post("/transactions/<path:gtrid>/<action>")
     def transaction_action(gtrid: str, action: str) -> Any:
         require_operator()
         if action not in TXN_ACTIONS:
             abort(404)
-        why = request.form.get("why", "").strip()
-        if not why:
-            return _error(400, "a reason is required (it is recorded in the operator log)")
-        if request.form.get("confirm_gtrid", "") != gtrid:
-            return _error(400, f"confirm by typing the transaction id {gtrid}")
-        try:
-            result = backend.txn_action(who(), gtrid, action, why)
-        except ConsoleRefused as exc:
-            return _error(409, f"refused: {exc}")
+        why = action_form(request.form, confirm=("confirm_gtrid", gtrid, "transaction id"))
+        if action == "commit" and request.form.get("heuristic") == "1":
+            action = HEURISTIC_COMMIT            # `nsjms txn commit --heuristic`: the same refusals and words
+        result = backend.txn_action(who(), gtrid, action, why)
         if request.args.get("format") == "json":
             return jsonify(result)
         return render_template("done.html", action=action, gtrid=gtrid, result=result, session=g.session,
@@ -381,22 +491,31 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         require_operator()
         if action not in DEAD_LETTER_ACTIONS:
             abort(404)
-        why = request.form.get("why", "").strip()
-        if not why:
-            return _error(400, "a reason is required (it is recorded in the operator log)")
-        try:
-            result = backend.dead_letter_action(who(), dl_id, action, why)
-        except ConsoleRefused as exc:
-            return _error(409, f"refused: {exc}")
+        why = action_form(request.form)
+        result = backend.dead_letter_action(who(), dl_id, action, why)
         if request.args.get("format") == "json":
             return jsonify(result)
         return render_template("done.html", action=f"{action} dead letter", gtrid=str(dl_id), result=result,
                                session=g.session, errors=[])
 
+    @app.post("/deadletters/selected")
+    def dead_letters_selected() -> Any:
+        require_operator()
+        action = request.form.get("action", "")
+        if action not in DEAD_LETTER_ACTIONS:
+            raise FormRefused(f"a selection of dead letters can be retried or discarded, not {action!r}")
+        why = action_form(request.form)
+        return run_selected("dead letter", selected_ids(request.form),
+                            lambda dl_id: backend.dead_letter_action(who(), dl_id, action, why))
+
     @app.get("/audit")
     def audit() -> Any:
         entries = read_operator_log(backend.state_dir / AUDIT_FILE, limit=_int(request.args.get("limit"), 200))
         return page("audit.html", {"entries": entries})
+
+    @app.get("/audit/days")
+    def audit_days() -> Any:
+        return page("auditdays.html", backend.audit_days(max(1, min(_int(request.args.get("days"), 31), 366))))
 
     return app
 

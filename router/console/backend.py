@@ -9,7 +9,14 @@
   answers ``nsjms txn`` with (listing with the safe action, resolve refused exactly as the CLI's, forget);
 * dead letters: the node's :class:`router.deadletterops.DeadLetterOps`, the object the ``DeadLetterAdmin`` servant
   answers ``nsjms deadletter list|show|retry|discard`` with (retry's target and refusals included);
-* the operator log: :meth:`router.txnops.TxnOps.audit`, the file ``nsjms txn`` writes.
+* the operator log: :meth:`router.txnops.TxnOps.audit`, the file ``nsjms txn`` writes;
+* channel create / destroy: :func:`router.channelcli.check_create_args` and :func:`router.channelcli._dispatch`
+  (``nsjms channel create|destroy --json``: the same ``--qos``/``--admin`` parsing and checks, the node's refusals
+  rendered the same way);
+* bridge create and routing transactions on/off: :func:`router.bridgecli._precheck` and ``_dispatch`` (``nsjms
+  bridge create|transaction --json``, refusals in the CLI's words);
+* the ledger audit's verdicts: :func:`audit.incremental.stored_verdicts` (what ``nsjms audit --incremental``
+  stored in ``nsjms_audit_day``; read only).
 
 Calls run under the signed-in principal (:func:`router.auth.acting_as`): the node's own guards see who asks.
 
@@ -20,17 +27,33 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from router.auth import Principal, acting_as
-from router.txnops import AUDIT_FILE, Refused, TxnOps
+from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT, Refused, TxnOps
 
-__all__ = ["Backend", "ConsoleRefused", "NodeBackend"]
+__all__ = ["Backend", "BridgeSpec", "ConsoleRefused", "NodeBackend"]
 
 BRIDGE_ACTIONS = ("start", "stop", "destroy")
 TXN_ACTIONS = ("commit", "rollback", "forget")
 DEAD_LETTER_ACTIONS = ("retry", "discard")
+
+
+@dataclass(frozen=True)
+class BridgeSpec:
+    """``nsjms bridge create``'s options, as the console's form gives them (text, parsed by the CLI's functions)."""
+
+    source: str                     # --from channel:ID | queue:NAME | topic:NAME
+    sink: str                       # --to
+    channel_form: str = "structured"
+    channel_style: str = "push"
+    jms_style: str = "push"
+    factory: str = ""
+    start: bool = True              # not --no-start
+    transaction: str = ""           # --transaction EVENTS[:TIMEOUT]; empty: none
 
 
 class ConsoleRefused(Exception):
@@ -65,6 +88,17 @@ class Backend(Protocol):
     def dead_letter_action(self, who: Principal, dl_id: int, action: str, why: str) -> dict[str, Any]: ...
 
     def audit(self, who: str, why: str, action: str, target: str, result: Any) -> None: ...
+
+    def channel_create(self, who: Principal, qos: Sequence[str], admin: Sequence[str], why: str) -> dict[str, Any]:
+        ...
+
+    def channel_destroy(self, who: Principal, cid: int, why: str) -> dict[str, Any]: ...
+
+    def bridge_create(self, who: Principal, spec: BridgeSpec, why: str) -> dict[str, Any]: ...
+
+    def bridge_transaction(self, who: Principal, bid: int, setting: str, why: str) -> dict[str, Any]: ...
+
+    def audit_days(self, limit: int) -> dict[str, Any]: ...
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -116,7 +150,7 @@ class NodeBackend:
         """``nsjms bridge … --json`` against the node's BridgeFactory; the CLI's refusals as ConsoleRefused."""
         from idl.generated import CosBridgeAdmin as BA
         from idl.generated import NsjmsAdmin
-        from router.bridgecli import _dispatch, _snapshot_bridges
+        from router.bridgecli import _dispatch, _snapshot_bridges, invalid_endpoints
 
         out: list[str] = []
         with acting_as(who):
@@ -124,13 +158,17 @@ class NodeBackend:
             if args.bridge_command == "list":
                 args.existing_channels = set(self._ecf().get_all_channels())
             try:
-                _dispatch(args, factory, BA, NsjmsAdmin, out.append, _snapshot_bridges(self.state_dir))
+                code = _dispatch(args, factory, BA, NsjmsAdmin, out.append, _snapshot_bridges(self.state_dir))
             except BA.BridgeNotFound:
                 raise ConsoleRefused(f"no bridge with id {args.id}") from None
             except BA.BridgeAlreadyStarted:
                 raise ConsoleRefused(f"bridge {args.id} is already started") from None
             except BA.BridgeInactive:
                 raise ConsoleRefused(f"bridge {args.id} is not started") from None
+            except BA.InvalidExternalEndPoints as exc:   # the node's own check (after the CLI's precheck)
+                raise ConsoleRefused("; ".join(invalid_endpoints(exc, {}))) from None
+        if code != 0:                                    # refused with the CLI's words (exit 4)
+            raise ConsoleRefused("; ".join(line.removeprefix("nsjms bridge: ") for line in out))
         return out
 
     def bridges(self, who: Principal) -> list[dict[str, Any]]:
@@ -143,7 +181,7 @@ class NodeBackend:
             for key in ("forwarded", "dead_lettered", "duplicates_suppressed", "refused_to_broker_dlq", "broker",
                         "channel_connected"):
                 row[key] = extra.get(key)
-            row["transactions"] = {k: v for k, v in extra.items() if k.startswith("t2") or k == "transactional"}
+            row["transactions"] = {k: v for k, v in extra.items() if k.startswith(("t2", "transaction"))}
         return rows
 
     def transactions(self) -> dict[str, Any]:
@@ -156,23 +194,114 @@ class NodeBackend:
             raise ConsoleRefused(str(exc)) from None
 
     # ------------------------------------------------------------------------------------------- act
+    def _recorded(self, who: Principal, why: str, action: str, target: str,
+                  act: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run ``act`` and put it in the operator log with the principal and the reason, refused or done."""
+        try:
+            result = act()
+        except ConsoleRefused as exc:
+            self.audit(who.name, why, action, target, f"refused: {exc}")
+            raise
+        self.audit(who.name, why, action, target, result)
+        return result
+
     def bridge_action(self, who: Principal, bid: int, action: str, why: str) -> dict[str, Any]:
         if action not in BRIDGE_ACTIONS:
             raise ConsoleRefused(f"a bridge can be started, stopped or destroyed, not {action!r}")
+        args = argparse.Namespace(bridge_command=action, id=bid, json=True)
+        return self._recorded(who, why, f"bridge {action}", str(bid),
+                              lambda: dict(json.loads(self._bridge_cli(who, args)[0])))
+
+    def bridge_create(self, who: Principal, spec: BridgeSpec, why: str) -> dict[str, Any]:
+        """``nsjms bridge create --from … --to … [--transaction E[:T]] [--no-start] --json``: the CLI's parsing and
+        precheck (the node's endpoint rules, with their reasons), then the node's ``create_bridge``."""
+        from idl.generated import CosBridgeAdmin as BA
+        from router.bridgecli import UsageError, _precheck, invalid_endpoints, parse_transaction
+
+        def act() -> dict[str, Any]:
+            args = argparse.Namespace(bridge_command="create", source=spec.source.strip(), sink=spec.sink.strip(),
+                                      channel_form=spec.channel_form, channel_style=spec.channel_style,
+                                      jms_style=spec.jms_style, factory=spec.factory.strip(), no_start=not spec.start,
+                                      transaction=None, json=True)
+            try:
+                if spec.transaction.strip():
+                    args.transaction = parse_transaction(spec.transaction.strip())
+                with acting_as(who):
+                    reasons, errors = _precheck(args, BA, self.node.factory.ref)
+            except (UsageError, argparse.ArgumentTypeError) as exc:
+                raise ConsoleRefused(str(exc)) from None
+            if errors:   # refused by the node's own rules: not sent, reported as the CLI reports it
+                raise ConsoleRefused("; ".join(invalid_endpoints(BA.InvalidExternalEndPoints(errors), reasons)))
+            return dict(json.loads(self._bridge_cli(who, args)[-1]))
+
+        return self._recorded(who, why, "bridge create", f"{spec.source} -> {spec.sink}", act)
+
+    def bridge_transaction(self, who: Principal, bid: int, setting: str, why: str) -> dict[str, Any]:
+        """``nsjms bridge transaction ID EVENTS[:TIMEOUT]|off --json`` (enable_transaction / disable_transaction)."""
+        from router.bridgecli import _transaction_or_off
+
+        def act() -> dict[str, Any]:
+            try:
+                parsed = _transaction_or_off(setting)
+            except argparse.ArgumentTypeError as exc:
+                raise ConsoleRefused(str(exc)) from None
+            args = argparse.Namespace(bridge_command="transaction", id=bid, setting=parsed, json=True)
+            return dict(json.loads(self._bridge_cli(who, args)[0]))
+
+        return self._recorded(who, why, "bridge transaction", f"{bid} {setting.strip()}", act)
+
+    def channel_create(self, who: Principal, qos: Sequence[str], admin: Sequence[str], why: str) -> dict[str, Any]:
+        """``nsjms channel create --qos N=V … --admin N=V … --json``: the CLI's parsing and checks first (a refusal
+        names the property and why), then the node's ``create_channel`` (its refusals rendered as the CLI's)."""
+        args = argparse.Namespace(channel_command="create", qos=list(qos), admin=list(admin), json=True)
+        target = " ".join([*(f"--qos {q}" for q in qos), *(f"--admin {a}" for a in admin)]) or "defaults"
+        return self._recorded(who, why, "channel create", target, lambda: self._channel_cli(who, args))
+
+    def channel_destroy(self, who: Principal, cid: int, why: str) -> dict[str, Any]:
+        """``nsjms channel destroy ID --json``."""
+        args = argparse.Namespace(channel_command="destroy", id=cid, json=True)
+        return self._recorded(who, why, "channel destroy", str(cid), lambda: self._channel_cli(who, args))
+
+    def _channel_cli(self, who: Principal, args: argparse.Namespace) -> dict[str, Any]:
+        import CosNotification
+        import CosNotifyChannelAdmin
+
+        from router.channelcli import UsageError, _dispatch, _node_refusal, check_create_args
+
+        qos: dict[str, object] = {}
+        admin: dict[str, object] = {}
+        out: list[str] = []
         try:
-            out = self._bridge_cli(who, argparse.Namespace(bridge_command=action, id=bid, json=True))
-        except ConsoleRefused as exc:
-            self.audit(who.name, why, f"bridge {action}", str(bid), f"refused: {exc}")
-            raise
-        result: dict[str, Any] = json.loads(out[0])
-        self.audit(who.name, why, f"bridge {action}", str(bid), result)
-        return result
+            if args.channel_command == "create":
+                qos, admin = check_create_args(args)
+            with acting_as(who):
+                _dispatch(args, self._ecf(), self.state_dir, qos, admin, out.append)
+        except UsageError as exc:
+            raise ConsoleRefused(str(exc)) from None
+        except CosNotifyChannelAdmin.ChannelNotFound:
+            raise ConsoleRefused(f"no channel with id {args.id}") from None
+        except CosNotification.UnsupportedQoS as exc:
+            raise ConsoleRefused("refused by the node: " + "; ".join(_node_refusal("--qos", exc.qos_err))) from None
+        except CosNotification.UnsupportedAdmin as exc:
+            raise ConsoleRefused("refused by the node: " + "; ".join(_node_refusal("--admin", exc.admin_err))) from None
+        return dict(json.loads(out[0]))
+
+    def audit_days(self, limit: int) -> dict[str, Any]:
+        """The latest days' verdicts of ``nsjms audit --incremental`` (``nsjms_audit_day``), with the per-bridge
+        sums of ``audit.incremental_report.by_key``; ``error`` when the table cannot be read."""
+        from audit import AuditError
+        from audit.incremental import stored_verdicts
+
+        try:
+            return audit_days_view(stored_verdicts(self.node.pg_dsn, limit))
+        except AuditError as exc:
+            return {"days": [], "bridges": [], "totals": {}, "error": str(exc)}
 
     def txn_action(self, who: Principal, gtrid: str, action: str, why: str) -> dict[str, Any]:
-        """``nsjms txn commit|rollback|forget``: the same TxnOps call the TransactionAdmin servant makes (refusals,
-        operator log and heuristic records included)."""
+        """``nsjms txn commit [--heuristic]|rollback|forget`` (``heuristic-commit``: ``commit --heuristic``): the same
+        TxnOps call the TransactionAdmin servant makes (refusals, operator log and heuristic records included)."""
         try:
-            if action in ("commit", "rollback"):
+            if action in ("commit", "rollback", HEURISTIC_COMMIT):
                 return self.ops.resolve(gtrid, action, who.name, why)
             if action == "forget":
                 self.audit(who.name, why, "forget requested", gtrid, "see the next entry")
@@ -222,3 +351,24 @@ class NodeBackend:
     @property
     def audit_path(self) -> Path:
         return self.state_dir / AUDIT_FILE
+
+
+def audit_days_view(days: Sequence[Any]) -> dict[str, Any]:
+    """Stored verdicts (:class:`audit.incremental.StoredDay`, newest first) as the audit page shows them: a row per
+    day (the counts ``nsjms audit --incremental`` prints), the per-bridge sums over those days, the totals."""
+    from datetime import UTC, datetime
+
+    from audit.incremental import IncrementalResult
+    from audit.incremental_report import COLUMNS, by_key
+
+    newest = max((d.as_of for d in days), default=datetime.fromtimestamp(0, UTC))
+    result = IncrementalResult(newest, tuple(d.result for d in days))
+    rows = [{"day": str(d.result.day), "verdict": d.result.verdict, "rows": d.result.rows,
+             **{c: d.result.count(c) for c in COLUMNS},
+             "as_of": d.as_of.timestamp(), "audited_at": d.audited_at.timestamp(), "grace_s": d.grace_s,
+             "recheck_at": None if d.result.recheck_at is None else d.result.recheck_at.timestamp(),
+             "ids": sorted({i for g in d.result.groups if g.status in ("lost", "duplicated") for i in g.ids})[:20]}
+            for d in days]
+    bridges = [{"direction": k[0], "bridge_id": k[1], **v}
+               for k, v in sorted(by_key(result, "bridge").items(), key=lambda kv: (kv[0][0], kv[0][1] or -1))]
+    return {"days": rows, "bridges": bridges, "totals": {c: result.count(c) for c in COLUMNS}, "error": None}

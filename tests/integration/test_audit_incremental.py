@@ -162,3 +162,18 @@ def test_empty_window_is_a_clear_result(ledger_db: str, tmp_path: Path, capsys: 
     assert "the window has no ledger rows: 0 obligations" in capsys.readouterr().out
     text = metrics.read_text()
     assert "nsjms_audit_days_reconciled 0" in text and 'nsjms_audit_days{verdict="fail"} 0' in text
+
+
+def test_stored_verdicts_are_read_back_newest_first(ledger_db: str) -> None:
+    """What the console's ledger audit page shows: the verdicts the last run stored, read back (read only)."""
+    from audit.incremental import stored_verdicts
+
+    with psycopg.connect(ledger_db) as conn:
+        obligation(conn, "a", at(D1, 10))
+        obligation(conn, "f", at(D2, 8), delivered=False)                  # never delivered: lost
+    ran = run(ledger_db, at(D3, 12))
+    stored = stored_verdicts(ledger_db)
+    assert [(s.result.day, s.result.verdict, s.result.rows, s.as_of, s.grace_s, s.result.audited)
+            for s in stored] == [(D2, "fail", 1, at(D3, 12), 300.0, False), (D1, "pass", 2, at(D3, 12), 300.0, False)]
+    assert stored[0].result.groups == day(ran, D2).groups and stored[0].result.count("lost") == 1
+    assert [s.result.day for s in stored_verdicts(ledger_db, limit=1)] == [D2]

@@ -1,18 +1,23 @@
 """The operator web console in a real browser (Debian's /usr/bin/chromium driven by Playwright), on a running node.
 
 The node (``nsjms serve`` with ``[console] enabled``) has a bridge with traffic and a REAL in-doubt routing
-transaction: a channel -> JMS T2 bridge whose node was SIGKILLed at the crash point ``t2.after_prepare`` (every
-branch prepared, no decision logged); after the restart the transaction waits (younger than the in-flight guard).
-From the console the operator commits it with a reason (a heuristic commit: the log had no decision) and then
-forgets it; the operator log records both with the principal and the reason, the prepared branch is gone. A reader
-has no buttons and is refused on POST; a POST without the CSRF token is refused; an unauthenticated request is
-redirected to the login page. Each page is screenshotted into docs/console/ (referenced from docs/console.md).
+transaction: a channel -> JMS T2 bridge whose node was SIGKILLed at the crash point ``t2.after_decision`` (COMMIT
+logged, nothing committed), restarted with the broker down. From the console the operator's rollback is refused
+with the CLI's reason, the commit (confirmed, with a reason) is refused while the broker is down, as the CLI refuses
+it; with the broker back the recovery finishes it. A transaction with no decision logged is committed only
+heuristically (the CLI's refusal without it), then forgotten. A channel and a bridge with routing transactions are
+created, T2 turned off and a bad setting refused (the CLI's words), bridges started as a selection, both destroyed
+again; three dead letters retried (one, then two as a selection) each reach their consumer once; the ledger audit
+page shows what ``nsjms audit --incremental`` stored. Every action is in the operator log with the principal and the
+reason. A reader has no buttons and is refused on POST; a POST without the CSRF token is refused; an unauthenticated
+request is redirected to the login page. Each page is screenshotted into docs/console/ (see docs/console.md).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +33,7 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 from router.services import EmbeddedActiveMQ
+from xa.xid import NodeId, branch_xid, new_gtrid
 
 from bridgekit import (
     bridge_factory,
@@ -36,6 +42,7 @@ from bridgekit import (
     leftover,
     managed_bridge,
     persistent_channel,
+    prepare_foreign,
     prepared_gids,
     reconnect_client,
     structured_supplier,
@@ -182,6 +189,11 @@ class RefusingConsumer(StructuredPushConsumer):
         super().push_structured_event(notification)
 
 
+def event_id_of(dead_letter: dict[str, Any]) -> int:
+    """The event number ``make_event`` gave a dead-lettered event (its name ends in ``e<N>``)."""
+    return int(dead_letter["event_name"].rsplit("/", 1)[1].lstrip("e"))
+
+
 def operator_log(server: NsjmsServer) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (server.state_dir / "txn-operator.log").read_text().splitlines()]
 
@@ -225,6 +237,7 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     page.goto(f"{base}/transactions/{gtrid}")
     page.click("#ask-commit")
     assert gtrid in page.inner_text("#confirm-form")
+    assert page.locator("#heuristic").count() == 0, "COMMIT is logged: no heuristic commit is offered"
     page.fill("#confirm_gtrid", gtrid)
     page.fill("#why", "console test: finish the logged commit")
     shot(page, "transaction-confirm")
@@ -243,6 +256,38 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     assert wait_until(lambda: cli_json(node, "txn", "list")["transactions"] == [], 90, 1.0)
     assert prepared_gids(node.pg_dsn) == []
     assert leftover(amq.url, t2_queue) == 5, "the committed transaction's five events, each once"
+
+    # a transaction with NO decision logged (a prepared branch of this node younger than the in-flight guard): the
+    # commit is refused with the CLI's words unless "commit heuristically" is ticked (`txn commit --heuristic`); then
+    # it is committed and recorded as a heuristic outcome, listed until it is forgotten
+    undecided = new_gtrid(NodeId(gtrid.split(":", 1)[0]))
+    prepare_foreign(node.pg_dsn, branch_xid(undecided, "pg"))
+    page.goto(f"{base}/transactions/{undecided}?confirm=commit")
+    assert "WARNING: no COMMIT is logged" in page.inner_text("#heuristic-warning")
+    page.fill("#confirm_gtrid", undecided)
+    page.fill("#why", "console test: keep it")
+    page.click("#do-commit")
+    refusal = page.inner_text("#error")
+    assert "no COMMIT is logged" in refusal and "Add --heuristic" in refusal, refusal
+    page.goto(f"{base}/transactions/{undecided}?confirm=commit")
+    page.check("#heuristic")
+    page.fill("#confirm_gtrid", undecided)
+    page.fill("#why", "console test: keep it")
+    shot(page, "transaction-heuristic")
+    page.click("#do-commit")
+    assert "Done." in page.inner_text("#result"), page.inner_text("main")
+    assert prepared_gids(node.pg_dsn) == []
+    [after] = cli_json(node, "txn", "list")["transactions"]
+    assert (after["gtrid"], after["status"], after["action"]) == (undecided, "heuristic-commit", "forget")
+    assert [(e["who"], e["action"], e["target"]) for e in operator_log(node)[-2:]] == [
+        ("operator", "commit", undecided), ("operator", "heuristic-commit", undecided)]
+    assert operator_log(node)[-2]["result"].startswith("refused: ")
+    page.goto(f"{base}/transactions/{undecided}?confirm=forget")
+    page.fill("#confirm_gtrid", undecided)
+    page.fill("#why", "console test: checked the data")
+    page.click("#do-forget")
+    assert "Done." in page.inner_text("#result")
+    assert cli_json(node, "txn", "list")["transactions"] == []
 
     # a bridge with traffic: channel -> queue, 40 events forwarded
     channel, cid = persistent_channel(factory)
@@ -289,30 +334,118 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     rows = page.request.get(base + "/bridges?format=json").json()["rows"]
     assert {r["id"] for r in rows} == {r["id"] for r in cli_json(node, "bridge", "list")}
 
+    # a channel created from the console: a QoS the channel refuses is refused with the CLI's words, before anything
+    # is sent; a right one creates it on the node
+    page.goto(base + "/channels")
+    page.fill("#channel-qos", "EventReliability=Persistent")
+    page.fill("#channel-why", "console test: a feed")
+    page.click("#channel-create")
+    refusal = page.inner_text("#error")
+    code, _, err = cli(node, "channel", "create", "--qos", "EventReliability=Persistent")
+    assert code == 2 and refusal.startswith("refused: --qos EventReliability") and refusal in err, (refusal, err)
+    page.goto(base + "/channels")
+    page.fill("#channel-qos", "EventReliability=Persistent\nConnectionReliability=Persistent")
+    page.fill("#channel-why", "console test: a feed")
+    page.click("#channel-create")
+    page.wait_for_load_state()
+    new_cid = int(page.url.rsplit("/", 1)[1])
+    assert new_cid in {c["id"] for c in cli_json(node, "channel", "list")}
+    assert "Persistent" in page.inner_text("main")
+    entry = operator_log(node)[-1]
+    assert (entry["who"], entry["action"], entry["why"], entry["result"]) == (
+        "operator", "console channel create", "console test: a feed", {"id": new_cid})
+
+    # a bridge created from it with routing transactions (T2), not started; T2 turned off and refused a bad setting
+    page.goto(base + "/bridges")
+    page.fill("#bridge-source", f"channel:{new_cid}")
+    page.fill("#bridge-sink", "queue:" + unique_name("console.created"))
+    page.fill("#bridge-transaction", "5:30")
+    page.check("#bridge-no-start")
+    page.fill("#bridge-create-why", "console test: a new route")
+    page.click("#bridge-create")
+    page.wait_for_load_state()
+    new_bid = int(page.url.rsplit("/", 1)[1])
+    row = next(b for b in cli_json(node, "bridge", "list") if b["id"] == new_bid)
+    assert row["source"].startswith(f"channel:{new_cid}") and row["started"] is False
+    assert operator_log(node)[-1]["result"] == {"id": new_bid, "started": False}
+
+    def t2_button(which: str) -> bool:
+        page.reload()                                   # the bridge's T2 state is in the node's 2 s snapshot
+        return bool(page.locator(f"#bridge-t2-{which}").count() == 1)
+
+    assert wait_until(lambda: t2_button("off"), 30, 1.0)
+    assert "on: 5 event(s) a transaction, timeout 30 s" in page.inner_text("#bridge-t2-form")
+    shot(page, "bridge-t2")
+    page.fill("#bridge-t2-form input[name=why]", "console test: T2 off")
+    page.click("#bridge-t2-off")
+    page.wait_for_load_state()
+    assert operator_log(node)[-1]["result"] == {"id": new_bid, "transaction": None}
+    assert wait_until(lambda: t2_button("on"), 30, 1.0)
+    page.fill("#bridge-t2-setting", "zero")
+    page.fill("#bridge-t2-form input[name=why]", "console test: a typo")
+    page.click("#bridge-t2-on")
+    refusal = page.inner_text("#error")
+    code, _, err = cli(node, "bridge", "transaction", str(new_bid), "zero")
+    assert code == 2 and refusal.removeprefix("refused: ") in err, (refusal, err)
+    assert operator_log(node)[-1]["result"].startswith("refused: 'zero': expected EVENTS[:TIMEOUT]")
+    # routing transactions the node's bridge refuses (a JMS source pushing into the channel): refused with the CLI's
+    # words and the new bridge destroyed again, as `nsjms bridge create --transaction` does (exit 4)
+    before = {b["id"] for b in cli_json(node, "bridge", "list")}
+    page.goto(base + "/bridges")
+    page.fill("#bridge-source", "queue:" + unique_name("console.in"))
+    page.fill("#bridge-sink", f"channel:{new_cid}")
+    page.fill("#bridge-transaction", "5")
+    page.fill("#bridge-create-why", "console test: T2 the wrong way")
+    page.click("#bridge-create")
+    refusal = page.inner_text("#error")
+    code, printed, err = cli(node, "bridge", "create", "--from", "queue:" + unique_name("console.in"),
+                             "--to", f"channel:{new_cid}", "--transaction", "5")
+    assert code == 4 and "(UnsupportedTransaction)" in refusal, (refusal, printed, err)
+    assert [re.sub(r"\d+", "N", x) for x in refusal.removeprefix("refused: ").split("; ")] == [
+        re.sub(r"\d+", "N", x.removeprefix("nsjms bridge: ")) for x in printed.splitlines()]
+    assert {b["id"] for b in cli_json(node, "bridge", "list")} == before
+
     # a dead letter: the channel's consumer refuses event 2; retried from the console once it is fixed, it arrives
-    refusing = RefusingConsumer({2})
+    refusing = RefusingConsumer({2, 3, 4})
     proxy, _ = obtain_proxy_supplier(channel.default_consumer_admin, Form.STRUCTURED, Style.PUSH)
     connect_push_consumer(proxy, Form.STRUCTURED, refusing)
     for i in range(100, 104):
         supplier.push_one(make_event(i, reliability=PERSISTENT))
-    supplier.push_one(make_event(2, reliability=PERSISTENT))
-    assert wait_until(lambda: len(cli_json(node, "deadletter", "list")["dead_letters"]) == 1, 90, 1.0)
-    [dl] = cli_json(node, "deadletter", "list")["dead_letters"]
+    for i in (2, 3, 4):
+        supplier.push_one(make_event(i, reliability=PERSISTENT))
+    assert wait_until(lambda: len(cli_json(node, "deadletter", "list")["dead_letters"]) == 3, 90, 1.0)
+    dls = sorted(cli_json(node, "deadletter", "list")["dead_letters"], key=lambda d: d["id"])
+    dl = dls[0]
     page.goto(base + "/deadletters")
     assert f"dead letter {dl['id']}" in page.inner_text("#deadletters") and "bad parameter" in page.content()
     shot(page, "deadletters")
-    page.click(f"text=dead letter {dl['id']}")
+    page.click(f"#deadletters a:text-is('dead letter {dl['id']}')")
     assert "back into the queue" in page.inner_text("#dl-retry-target")
     shot(page, "deadletter")
     refusing.refuse.clear()
     page.fill("form:has(#dl-retry) input[name=why]", "console test: consumer fixed")
     page.click("#dl-retry")
     assert "Done." in page.inner_text("#result")
-    assert wait_until(lambda: 2 in refusing.ids(), 60, 0.5), "the retried dead letter reached its consumer"
-    assert refusing.ids().count(2) == 1 and cli_json(node, "deadletter", "list")["dead_letters"] == []
+    first = event_id_of(dl)
+    assert wait_until(lambda: first in refusing.ids(), 60, 0.5), "the retried dead letter reached its consumer"
+    assert refusing.ids().count(first) == 1 and len(cli_json(node, "deadletter", "list")["dead_letters"]) == 2
     entry = operator_log(node)[-1]
     assert (entry["who"], entry["action"], entry["target"]) == ("operator", "deadletter retry", str(dl["id"]))
     assert operator_log(node)[-2]["why"] == "console test: consumer fixed"
+    # the other two as a selection: each retried through the same operation, each recorded
+    page.goto(base + "/deadletters")
+    for other in dls[1:]:
+        page.check(f"#select-dl-{other['id']}")
+    page.fill("#deadletters-why", "console test: the rest")
+    page.click("#deadletters-retry")
+    assert "Done." in page.inner_text("#result")
+    rest = [event_id_of(d) for d in dls[1:]]
+    assert wait_until(lambda: all(n in refusing.ids() for n in rest), 60, 0.5)
+    assert sorted(refusing.ids().count(n) for n in (2, 3, 4)) == [1, 1, 1], "each retried event arrived once"
+    assert cli_json(node, "deadletter", "list")["dead_letters"] == []
+    retried = [e for e in operator_log(node) if e["action"] == "deadletter retry"]
+    assert {e["target"] for e in retried} == {str(d["id"]) for d in dls} and {e["who"] for e in retried} == {
+        "operator"}
 
     # a POST without the CSRF token is refused (and the bridge keeps running)
     resp = page.request.post(f"{base}/bridges/{busy}/stop", form={"why": "no token"})
@@ -329,6 +462,14 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     assert next(b for b in cli_json(node, "bridge", "list") if b["id"] == busy)["started"] is True
     assert operator_log(node)[-1]["who"] == "reader"
     assert operator_log(node)[-1]["result"] == "refused: needs the operator role"
+    reader.goto(base + "/bridges")
+    assert reader.locator("#bridge-create").count() == 0 and reader.locator(f"#select-bridge-{busy}").count() == 0
+    for url, form in ((f"{base}/channels/create", {"qos": "", "why": "reader"}),
+                      (f"{base}/bridges/selected", {"ids": str(busy), "action": "stop", "why": "reader"}),
+                      (f"{base}/bridges/{busy}/transaction", {"setting": "5", "why": "reader"})):
+        assert reader.request.post(url, form={**form, "csrf": token}).status == 403, url
+        assert page.request.post(url, form=form).status == 403, url          # the operator without the token
+    assert next(b for b in cli_json(node, "bridge", "list") if b["id"] == busy)["started"] is True
 
     # the operator stops the bridge from the console: done through the node, recorded
     page.goto(f"{base}/bridges/{busy}")
@@ -340,6 +481,52 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     entry = operator_log(node)[-1]
     assert (entry["who"], entry["action"], entry["why"]) == ("operator", "console bridge stop",
                                                              "console test: maintenance")
+
+    # a selection of bridges: both stopped ones started with one reason, each through `bridge start`, each recorded
+    page.goto(base + "/bridges")
+    for bid in (busy, new_bid):
+        page.check(f"#select-bridge-{bid}")
+    page.fill("#bridges-why", "console test: back on")
+    page.click("#bridges-start")
+    assert "Done." in page.inner_text("#result")
+    shot(page, "selected")
+    started = {b["id"]: b["started"] for b in cli_json(node, "bridge", "list")}
+    assert started[busy] is True and started[new_bid] is True
+    assert [(e["action"], e["target"]) for e in operator_log(node)[-2:]] == [
+        ("console bridge start", str(busy)), ("console bridge start", str(new_bid))]
+    # the new bridge destroyed as a selection of one, then its channel, confirmed with its id
+    page.goto(base + "/bridges")
+    page.check(f"#select-bridge-{new_bid}")
+    page.fill("#bridges-why", "console test: clean up")
+    page.click("#bridges-destroy")
+    assert "Done." in page.inner_text("#result")
+    assert new_bid not in {b["id"] for b in cli_json(node, "bridge", "list")}
+    page.goto(f"{base}/channels/{new_cid}")
+    page.fill("#confirm_id", str(new_cid))
+    page.fill("#channel-destroy-why", "console test: clean up")
+    page.click("#channel-destroy")
+    page.wait_for_load_state()
+    assert page.url.startswith(base + "/channels")
+    assert new_cid not in {c["id"] for c in cli_json(node, "channel", "list")}
+    assert operator_log(node)[-1]["action"] == "console channel destroy"
+
+    # the ledger audit: what `nsjms audit --incremental` stored, shown read only with the same figures
+    out = node.state_dir.parent / "audit-incremental"
+    code, printed, err = cli(node, "audit", "--incremental", "--grace", "3600", "--out", str(out))
+    assert code == 0, printed + err
+    report = json.loads((out / "incremental.json").read_text())
+    page.goto(base + "/audit/days")
+    shown = page.request.get(base + "/audit/days?format=json").json()
+    assert shown["error"] is None
+    assert [(d["day"], d["verdict"], d["rows"]) for d in shown["days"]] == [
+        (d["day"], d["verdict"], d["rows"]) for d in sorted(report["days"], key=lambda d: d["day"], reverse=True)]
+    busy_rows = [b for b in shown["bridges"] if b["bridge_id"] == busy]
+    assert busy_rows and busy_rows[0]["delivered"] == sum(
+        g["obligations"] for d in report["days"] for g in d["groups"]
+        if g["bridge_id"] == busy and g["status"] in ("delivered", "duplicated")) >= 40
+    assert report["days"][0]["verdict"] in page.inner_text("#audit-days")
+    shot(page, "auditdays")
+
     page.goto(base + "/audit")
     assert "console test: finish the logged commit" in page.inner_text("#audit")
     shot(page, "audit")

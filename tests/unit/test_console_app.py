@@ -7,6 +7,7 @@ tests/integration/test_console_browser.py.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from flask.testing import FlaskClient
 
 from router.auth import Principal, Role, issue
 from router.console.app import COOKIE, Sessions, create_app
-from router.console.backend import ConsoleRefused
+from router.console.backend import BridgeSpec, ConsoleRefused
 from router.console.views import RateSampler, paginate, read_operator_log
 
 
@@ -51,6 +52,8 @@ class FakeBackend:
 
     def bridge_action(self, who: Principal, bid: int, action: str, why: str) -> dict[str, Any]:
         self.calls.append(("bridge", who.name, bid, action, why))
+        if bid == 8:
+            raise ConsoleRefused("no bridge with id 8")
         return {"id": bid, "stopped": True}
 
     def transactions(self) -> dict[str, Any]:
@@ -58,7 +61,8 @@ class FakeBackend:
                 "transactions": [self.transaction("node1:abc")]}
 
     def transaction(self, gtrid: str) -> dict[str, Any]:
-        return {"gtrid": gtrid, "status": "prepared", "decision": None, "decided_at": None, "deadline": None,
+        return {"gtrid": gtrid, "status": "prepared", "decision": "commit" if gtrid == "node1:logged" else None,
+                "decided_at": None, "deadline": None,
                 "age_s": 80.0, "action": "rollback", "reason": "no decision logged", "branches": [], "outbox": [],
                 "inbox": [], "heuristics": [], "in_doubt": True, "bridges": [5], "channels": [1],
                 "destinations": ["queue:q"], "events": 1}
@@ -66,7 +70,7 @@ class FakeBackend:
     def txn_action(self, who: Principal, gtrid: str, action: str, why: str) -> dict[str, Any]:
         self.calls.append(("txn", who.name, gtrid, action, why))
         if action == "commit":
-            raise ConsoleRefused("ROLLBACK is logged")
+            raise ConsoleRefused("no COMMIT is logged ... Add --heuristic to commit it")
         return {"gtrid": gtrid, "action": action}
 
     def dead_letters(self, channel: int | None) -> dict[str, Any]:
@@ -88,6 +92,36 @@ class FakeBackend:
 
     def audit(self, who: str, why: str, action: str, target: str, result: Any) -> None:
         self.audits.append((who, why, action, target, result))
+
+    def channel_create(self, who: Principal, qos: Sequence[str], admin: Sequence[str], why: str) -> dict[str, Any]:
+        self.calls.append(("channel create", who.name, tuple(qos), tuple(admin), why))
+        if "EventReliability=Persistent" in qos and "ConnectionReliability=Persistent" not in qos:
+            raise ConsoleRefused("--qos EventReliability: UNAVAILABLE_VALUE: needs ConnectionReliability=Persistent")
+        return {"id": 4}
+
+    def channel_destroy(self, who: Principal, cid: int, why: str) -> dict[str, Any]:
+        self.calls.append(("channel destroy", who.name, cid, why))
+        return {"id": cid, "destroyed": True}
+
+    def bridge_create(self, who: Principal, spec: BridgeSpec, why: str) -> dict[str, Any]:
+        self.calls.append(("bridge create", who.name, spec, why))
+        return {"id": 6, "started": spec.start}
+
+    def bridge_transaction(self, who: Principal, bid: int, setting: str, why: str) -> dict[str, Any]:
+        self.calls.append(("bridge transaction", who.name, bid, setting, why))
+        if bid == 9:
+            raise ConsoleRefused("bridge 9 refuses routing transactions (UnsupportedTransaction)")
+        return {"id": bid, "transaction": None if setting == "off" else {"events": 5, "timeout_s": 30}}
+
+    def audit_days(self, limit: int) -> dict[str, Any]:
+        self.calls.append(("audit days", limit))
+        return {"days": [{"day": "2026-12-06", "verdict": "open", "rows": 12, "delivered": 5, "lost": 0,
+                          "duplicated": 0, "in_doubt": 1, "in_flight": 0, "dead_letter": 0, "discarded": 0,
+                          "expired": 0, "as_of": 0.0, "audited_at": 0.0, "grace_s": 300.0, "recheck_at": None,
+                          "ids": []}],
+                "bridges": [{"direction": "channel_to_jms", "bridge_id": 5, "delivered": 5, "lost": 0,
+                             "duplicated": 0, "in_doubt": 1, "in_flight": 0, "dead_letter": 0, "discarded": 0,
+                             "expired": 0}], "totals": {"delivered": 5}, "error": None}
 
 
 @pytest.fixture
@@ -173,7 +207,7 @@ def test_txn_action_needs_reason_and_confirmation_and_shows_refusal(env: Any) ->
     assert client.post(url, data={"csrf": token, "why": "w", "confirm_gtrid": "node1:abd"}).status_code == 400
     assert backend.calls == []
     resp = client.post(url, data={"csrf": token, "why": "checked", "confirm_gtrid": "node1:abc"})
-    assert resp.status_code == 409 and "ROLLBACK is logged" in resp.get_data(as_text=True)
+    assert resp.status_code == 409 and "no COMMIT is logged" in resp.get_data(as_text=True)
     resp = client.post("/transactions/node1:abc/rollback",
                        data={"csrf": token, "why": "checked", "confirm_gtrid": "node1:abc"})
     assert resp.status_code == 200 and 'id="result">Done.' in resp.get_data(as_text=True)
@@ -292,3 +326,203 @@ def test_login_throttle_window() -> None:
     assert throttle.blocked()
     now[0] += 61
     assert not throttle.blocked()
+
+
+# --------------------------------------------------------------------------------- actions added for issue 26
+def operator_page(env: Any, path: str = "/bridges") -> tuple[FakeBackend, FlaskClient, str]:
+    backend, client, secrets = env
+    login(client, "operator", secrets["operator"])
+    page = client.get(path).get_data(as_text=True)
+    return backend, client, page
+
+
+def test_action_form_checks_reason_and_confirmation_once() -> None:
+    from werkzeug.datastructures import MultiDict
+
+    from router.console.app import FormRefused, action_form, selected_ids
+
+    with pytest.raises(FormRefused, match="a reason is required"):
+        action_form(MultiDict({"why": "  "}))
+    assert action_form(MultiDict({"why": " checked "})) == "checked"
+    with pytest.raises(FormRefused, match="confirm by typing the channel id 3"):
+        action_form(MultiDict({"why": "w", "confirm_id": "4"}), confirm=("confirm_id", "3", "channel id"))
+    assert action_form(MultiDict({"why": "w", "confirm_id": "3"}), confirm=("confirm_id", "3", "channel id")) == "w"
+    assert selected_ids(MultiDict([("ids", "5"), ("ids", "2"), ("ids", "5")])) == [5, 2]
+    with pytest.raises(FormRefused, match="select at least one"):
+        selected_ids(MultiDict())
+    with pytest.raises(FormRefused, match="not an id"):
+        selected_ids(MultiDict([("ids", "5 OR 1=1")]))
+    with pytest.raises(FormRefused, match="at most 500 items"):
+        selected_ids(MultiDict([("ids", str(i)) for i in range(501)]))
+
+
+def test_every_post_route_needs_the_csrf_token_and_the_operator_role(env: Any) -> None:
+    backend, client, secrets = env
+    login(client, "reader", secrets["reader"])
+    token = _csrf(client.get("/bridges").get_data(as_text=True))
+    app = client.application
+    posts = [r for r in app.url_map.iter_rules() if "POST" in (r.methods or set()) and
+             r.endpoint not in ("login_post", "logout")]
+    assert {r.endpoint for r in posts} >= {"channel_create", "channel_destroy", "bridge_create", "bridge_action",
+                                           "bridge_transaction", "bridges_selected", "transaction_action",
+                                           "dead_letter_action", "dead_letters_selected"}
+    values = {"cid": 1, "bid": 5, "action": "stop", "gtrid": "node1:abc", "dl_id": 7}
+    for rule in posts:
+        url = rule.build({k: v for k, v in values.items() if k in rule.arguments})[1]
+        form = {"why": "x", "confirm_gtrid": "node1:abc", "confirm_id": "1", "ids": "5", "action": "stop",
+                "source": "channel:1", "sink": "queue:q", "setting": "5:30"}
+        assert client.post(url, data=form).status_code == 403, url                  # no CSRF token
+        assert client.post(url, data={**form, "csrf": token}).status_code == 403, url  # a reader
+    assert backend.calls == []
+    refused = [a for a in backend.audits if a[4] == "refused: needs the operator role"]
+    assert len(refused) == len(posts) and {a[0] for a in refused} == {"reader"}
+
+
+def test_channel_create_and_destroy(env: Any) -> None:
+    backend, client, page = operator_page(env, "/channels")
+    assert 'id="channel-create"' in page
+    token = _csrf(page)
+    assert client.post("/channels/create", data={"csrf": token, "qos": "EventReliability=Persistent"}
+                       ).status_code == 400                                       # no reason
+    qos = "EventReliability=Persistent\r\nConnectionReliability=Persistent"
+    resp = client.post("/channels/create", data={"csrf": token, "why": "new feed", "qos": qos,
+                                                 "admin": "MaxQueueLength=10"})
+    assert resp.status_code == 302 and resp.headers["Location"] == "/channels/4"
+    assert backend.calls[-1] == ("channel create", "operator", ("EventReliability=Persistent",
+                                 "ConnectionReliability=Persistent"), ("MaxQueueLength=10",), "new feed")
+    resp = client.post("/channels/create", data={"csrf": token, "why": "w", "qos": "EventReliability=Persistent"})
+    assert resp.status_code == 409 and "refused: --qos EventReliability: UNAVAILABLE_VALUE" in resp.get_data(
+        as_text=True)
+    channel = client.get("/channels/1").get_data(as_text=True)
+    assert 'id="channel-destroy"' in channel and 'id="confirm_id"' in channel
+    calls = len(backend.calls)
+    assert client.post("/channels/1/destroy", data={"csrf": token, "why": "old", "confirm_id": "2"}
+                       ).status_code == 400
+    assert client.post("/channels/1/destroy", data={"csrf": token, "confirm_id": "1"}).status_code == 400
+    assert len(backend.calls) == calls
+    resp = client.post("/channels/1/destroy?format=json", data={"csrf": token, "why": "old", "confirm_id": "1"})
+    assert resp.get_json() == {"id": 1, "destroyed": True}
+    assert backend.calls[-1] == ("channel destroy", "operator", 1, "old")
+
+
+def test_bridge_create_and_routing_transactions_on_off(env: Any) -> None:
+    backend, client, page = operator_page(env)
+    assert 'id="bridge-create"' in page and 'id="bridges-stop"' in page and 'id="select-bridge-5"' in page
+    token = _csrf(page)
+    form = {"csrf": token, "why": "feed", "source": "channel:1", "sink": "queue:q", "channel_form": "structured",
+            "channel_style": "push", "jms_style": "push", "transaction": "5:30", "no_start": "1"}
+    resp = client.post("/bridges/create", data=form)
+    assert resp.status_code == 302 and resp.headers["Location"] == "/bridges/6"
+    assert backend.calls[-1] == ("bridge create", "operator", BridgeSpec("channel:1", "queue:q", start=False,
+                                                                         transaction="5:30"), "feed")
+    assert client.post("/bridges/create", data={**form, "channel_form": "xml"}).status_code == 400
+    detail = client.get("/bridges/5").get_data(as_text=True)
+    assert 'id="bridge-t2-on"' in detail and 'id="bridge-t2-off"' not in detail
+    resp = client.post("/bridges/5/transaction", data={"csrf": token, "why": "t2", "setting": "5:30"})
+    assert resp.status_code == 302 and backend.calls[-1] == ("bridge transaction", "operator", 5, "5:30", "t2")
+    resp = client.post("/bridges/5/transaction?format=json", data={"csrf": token, "why": "t2", "setting": "off"})
+    assert resp.get_json() == {"id": 5, "transaction": None}
+    resp = client.post("/bridges/9/transaction", data={"csrf": token, "why": "t2", "setting": "5"})
+    assert resp.status_code == 409 and "UnsupportedTransaction" in resp.get_data(as_text=True)
+
+
+def test_bridge_page_offers_disable_when_transactions_are_on(env: Any) -> None:
+    backend, client, secrets = env
+    original = backend.bridges
+    backend.bridges = lambda who: [{**original(who)[0], "transactions": {"transaction_events": 5}}]  # type: ignore[method-assign]
+    login(client, "operator", secrets["operator"])
+    detail = client.get("/bridges/5").get_data(as_text=True)
+    assert 'id="bridge-t2-off"' in detail and 'id="bridge-t2-on"' not in detail and "on: 5 event(s)" in detail
+    assert "5 event(s)" in client.get("/bridges").get_data(as_text=True)
+
+
+def test_heuristic_commit_is_the_clis_commit_heuristic(env: Any) -> None:
+    backend, client, page = operator_page(env, "/transactions/node1:abc?confirm=commit")
+    assert 'id="heuristic"' in page and "WARNING: no COMMIT is logged (safe action &#39;rollback&#39;)" in page
+    assert "commits 1 event(s) to queue:q" in page and '<td id="txn-events">1</td>' in page
+    backend_txn = backend.transaction
+    backend.transaction = lambda gtrid: {**backend_txn(gtrid), "events": 0, "events_known": False}  # type: ignore[method-assign]
+    unknown = client.get("/transactions/node1:abc?confirm=commit").get_data(as_text=True)
+    assert "commits ? event(s)" in unknown and '<td id="txn-events">? (a prepared branch' in unknown  # as the CLI
+    backend.transaction = backend_txn  # type: ignore[method-assign]
+    token = _csrf(page)
+    url = "/transactions/node1:abc/commit"
+    resp = client.post(url, data={"csrf": token, "why": "checked", "confirm_gtrid": "node1:abc"})
+    assert resp.status_code == 409 and "Add --heuristic" in resp.get_data(as_text=True)
+    assert backend.calls[-1][3] == "commit"
+    resp = client.post(url, data={"csrf": token, "why": "checked", "confirm_gtrid": "node1:abc", "heuristic": "1"})
+    assert resp.status_code == 200 and backend.calls[-1] == ("txn", "operator", "node1:abc", "heuristic-commit",
+                                                             "checked")
+    assert client.post(url, data={"csrf": token, "why": "", "confirm_gtrid": "node1:abc", "heuristic": "1"}
+                       ).status_code == 400
+    # a logged COMMIT: no heuristic choice offered; rollback ignores the box
+    assert 'id="heuristic"' not in client.get("/transactions/node1:logged?confirm=commit").get_data(as_text=True)
+    client.post("/transactions/node1:abc/rollback", data={"csrf": token, "why": "w", "confirm_gtrid": "node1:abc",
+                                                          "heuristic": "1"})
+    assert backend.calls[-1][3] == "rollback"
+
+
+def test_selected_bridges_and_dead_letters(env: Any) -> None:
+    backend, client, page = operator_page(env)
+    token = _csrf(page)
+    resp = client.post("/bridges/selected", data={"csrf": token, "why": "window", "action": "stop",
+                                                  "ids": ["5", "8"]})
+    html = resp.get_data(as_text=True)
+    assert resp.status_code == 200 and "1 of 2 refused" in html and "refused: no bridge with id 8" in html
+    assert backend.calls[-2:] == [("bridge", "operator", 5, "stop", "window"), ("bridge", "operator", 8, "stop",
+                                                                                 "window")]
+    calls = len(backend.calls)
+    assert client.post("/bridges/selected", data={"csrf": token, "why": "w", "action": "stop"}).status_code == 400
+    assert client.post("/bridges/selected", data={"csrf": token, "action": "stop", "ids": "5"}).status_code == 400
+    assert client.post("/bridges/selected", data={"csrf": token, "why": "w", "action": "explode", "ids": "5"}
+                       ).status_code == 400
+    assert len(backend.calls) == calls
+    listing = client.get("/deadletters").get_data(as_text=True)
+    assert 'id="select-dl-7"' in listing and 'id="deadletters-retry"' in listing
+    resp = client.post("/deadletters/selected?format=json", data={"csrf": token, "why": "fixed", "action": "retry",
+                                                                  "ids": ["7"]})
+    assert resp.get_json() == {"results": [{"id": 7, "ok": True, "result": {"id": 7, "retried": True}}]}
+    assert backend.calls[-1] == ("deadletter", "operator", 7, "retry", "fixed")
+
+
+def test_reader_sees_no_action_forms(env: Any) -> None:
+    _, client, secrets = env
+    login(client, "reader", secrets["reader"])
+    for path, ids in (("/channels", ("channel-create",)), ("/channels/1", ("channel-destroy", "confirm_id")),
+                      ("/bridges", ("bridge-create", "bridges-selected", "select-bridge-5")),
+                      ("/bridges/5", ("bridge-t2-on", "bridge-t2-off")),
+                      ("/deadletters", ("deadletters-selected", "select-dl-7")),
+                      ("/transactions/node1:abc?confirm=commit", ("heuristic",))):
+        page = client.get(path).get_data(as_text=True)
+        for element in ids:
+            assert f'id="{element}"' not in page, (path, element)
+
+
+def test_audit_days_page(env: Any) -> None:
+    backend, client, secrets = env
+    login(client, "reader", secrets["reader"])
+    page = client.get("/audit/days").get_data(as_text=True)
+    assert "2026-12-06" in page and "<strong>open</strong>" in page and 'href="/bridges/5"' in page
+    assert client.get("/audit/days?format=json&days=9999").get_json()["days"][0]["verdict"] == "open"
+    assert backend.calls[-1] == ("audit days", 366)
+
+
+def test_audit_days_view_sums_the_stored_verdicts() -> None:
+    from datetime import UTC, date, datetime
+
+    from audit.incremental import DayResult, Group, StoredDay
+    from router.console.backend import audit_days_view
+
+    t = datetime(2026, 12, 6, 10, tzinfo=UTC)
+    d1 = DayResult(date(2026, 12, 6), "fail", (Group("channel_to_jms", 5, "n1", "delivered", 7, t, None),
+                                               Group("channel_to_jms", 5, "n1", "lost", 1, t, None, ("d-1",))),
+                   False, 9, None)
+    d2 = DayResult(date(2026, 12, 5), "pass", (Group("channel_to_jms", 5, "-", "delivered", 3, t, None),
+                                               Group("jms_to_channel", None, "-", "delivered", 2, t, None)),
+                   False, 5, None)
+    view = audit_days_view([StoredDay(d1, t, t, 300.0), StoredDay(d2, t, t, 300.0)])
+    assert [(d["day"], d["verdict"], d["delivered"], d["lost"], d["ids"]) for d in view["days"]] == [
+        ("2026-12-06", "fail", 7, 1, ["d-1"]), ("2026-12-05", "pass", 5, 0, [])]
+    assert [(b["direction"], b["bridge_id"], b["delivered"], b["lost"]) for b in view["bridges"]] == [
+        ("channel_to_jms", 5, 10, 1), ("jms_to_channel", None, 2, 0)]
+    assert view["totals"]["delivered"] == 12 and audit_days_view([])["days"] == []
