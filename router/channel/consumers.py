@@ -185,6 +185,9 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
 
     _t2: Any = None
     _T2_SEQUENCE = False
+    #: the refused pulled event whose dead letter's unit of work failed (its COMMIT answer may have been lost), with
+    #: the seq its dedupe id was made from; the pull loop offers that same event again first
+    _dl_unconfirmed: tuple[Event, int] | None = None
 
     def _t2_driver(self) -> Any:
         """The JMS → channel T2 driver of this proxy (router.channel.t2in), made on first use."""
@@ -230,7 +233,10 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
         store could not be written (the event is kept in memory and routed again later)."""
         reason = f"{describe(exc)}: {why}"
         what = describe_event(event)
-        seq = self.rt.next_seq()
+        kept = self._dl_unconfirmed
+        # the same event again after a failed store: the same seq, so the same dedupe id, so a row whose COMMIT
+        # answer was lost is recognised (ON CONFLICT DO NOTHING) instead of stored twice (review finding 11)
+        seq = kept[1] if kept is not None and kept[0] is event else self.rt.next_seq()
         body, note = kept_body(event)
         row = NewDeadLetter(pulled_dedupe_id(self.rt.store.ledger.run_id, seq, self.channel.id, self.admin.id,
                                              self.id), self.channel.id, "S", self.admin.id, self.id, seq,
@@ -240,9 +246,11 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
             with self.rt.db.unit_of_work() as conn:
                 self.rt.dead_letters.add(conn, row)
         except Exception as store_exc:  # noqa: BLE001 — e.g. PostgreSQL restarting: the pull loop tries again
+            self._dl_unconfirmed = (event, seq)
             log.warning("proxy %s: could not keep the refused pulled event %s in the dead-letter store (%s); "
                         "retrying", self.oid, what, store_exc)
             return False
+        self._dl_unconfirmed = None
         self._count_dead_letter(what, reason, f"DEAD-LETTERED pulled event {what}: the channel refuses it ({reason}); "
                                               "moved to the dead-letter store (nsjms deadletter list); the events "
                                               "behind it go on")

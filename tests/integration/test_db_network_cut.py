@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import stomp
+from netcut import ip as _ip
 
 import omniORB
 from omniORB import CORBA
@@ -66,12 +67,6 @@ SUPPLIERS = 4
 TXN_LIST_BOUND_S = 30.0       # `nsjms txn list` answers (the node's T2 view) during the cut
 SETTLE_S = 120.0
 STALE_AFTER_S = 10.0          # router/status.py STALE_AFTER_S
-
-
-def _ip(*args: str, ns: str | None = None) -> None:
-    argv = ["ip", "netns", "exec", ns, "ip", *args] if ns else ["ip", *args]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, f"{' '.join(argv)}: {done.stderr.strip()} (network namespaces need root)"
 
 
 class NetnsPostgres(EmbeddedPostgres):

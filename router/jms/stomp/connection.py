@@ -36,7 +36,7 @@ from router.jms.retry import RECONNECT_POLICY, RetryPolicy
 from router.jms.session import QueueSubscription, SessionBook
 from router.jms.stomp import readframe
 from router.jms.stomp.inbound import SPLIT_FRAME, Listener, SplitFrame, broker_error, watch_split_frames
-from router.jms.stomp.link import LINK_ERRORS, no_delay, parse_stomp_url
+from router.jms.stomp.link import LINK_ERRORS, bound_silence, no_delay, parse_stomp_url
 from router.jms.stomp.receipts import EitherEvent, Waiter
 from router.jms.stomp.sendframe import FrameTemplates
 from router.jms.transport import ConnectionState, Delivery, MessageCodec, StateCallback, TransportError, redact_url
@@ -171,6 +171,7 @@ class StompConnection:
         try:
             conn.connect(*self._credentials, wait=False, headers=self._connect_headers())
             no_delay(conn)
+            bound_silence(conn)
             waiter.wait(self._connect_timeout)
         except (LINK_ERRORS + (ReceiptTimeout, BrokerUnavailable)) as exc:
             self._drop_socket(conn)

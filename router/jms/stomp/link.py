@@ -19,7 +19,8 @@ from stomp.exception import StompException
 from router.jms.errors import LocalProtocolError
 from router.jms.transport import redact_url
 
-__all__ = ["LINK_ERRORS", "WRITE_CHUNK", "no_delay", "parse_stomp_url", "write_chunked"]
+__all__ = ["LINK_ERRORS", "SILENT_LINK_TIMEOUT_MS", "WRITE_CHUNK", "bound_silence", "no_delay", "parse_stomp_url",
+           "write_chunked"]
 
 log = logging.getLogger("nsjms.transport.stomp")
 
@@ -42,6 +43,27 @@ def no_delay(conn: stomp.Connection12) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError as exc:
         log.debug("TCP_NODELAY on the STOMP socket to %s: %s", conn.transport.current_host_and_port, exc)
+
+
+#: How long written data may stay unacknowledged by the broker's TCP before the kernel aborts the connection
+#: (``TCP_USER_TIMEOUT``), in ms: 1.5 x the 10 s heart-beat, the silence after which stomp.py gives a connection up.
+#: A silent cut (packets dropped, no RST) while a write waits for room in a full send buffer otherwise blocks that
+#: write, stomp.py's socket lock and with it the heart-beat thread (it sends before it checks what it received)
+#: for as long as TCP retransmits (``tcp_retries2``: about 15 minutes); with it the write fails and the connection
+#: counts as lost (issue 31). A broker that answers zero-window probes (a full receive window under load) is not cut.
+SILENT_LINK_TIMEOUT_MS = 15_000
+
+
+def bound_silence(conn: stomp.Connection12) -> None:
+    """``TCP_USER_TIMEOUT`` = :data:`SILENT_LINK_TIMEOUT_MS` on ``conn``'s socket (Linux; elsewhere a no-op)."""
+    sock = getattr(conn.transport, "socket", None)
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if sock is None or option is None:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, option, SILENT_LINK_TIMEOUT_MS)
+    except OSError as exc:
+        log.debug("TCP_USER_TIMEOUT on the STOMP socket to %s: %s", conn.transport.current_host_and_port, exc)
 
 
 def write_chunked(conn: stomp.Connection12, frames: Iterable[bytes]) -> None:
