@@ -60,6 +60,7 @@ def _queue(channel: Any, qrows: list[QueuedRow]) -> int:
             rec.hold()               # until every row is queued: a discard must not release it half-way
             fresh[q.event_id] = rec
             channel.records[rec.seq] = rec
+    taken: set[int] = set()
     for q in qrows:
         new = fresh.get(q.event_id)
         if new is None:
@@ -68,9 +69,10 @@ def _queue(channel: Any, qrows: list[QueuedRow]) -> int:
         target = admin.proxies.get(q.proxy_id) if admin is not None else None
         if target is not None:
             channel._enqueue_one(target, new)
+            taken.add(q.event_id)
     for rec in fresh.values():
         rec.release()                # a record no queue took is released here (and reaped)
-    if fresh:
+    if taken:
         log.warning("channel %d: queued %d event(s) of a PostgreSQL branch committed by recovery or an operator",
-                    channel.id, len(fresh))
-    return len(fresh)
+                    channel.id, len(taken))
+    return len(taken)

@@ -75,3 +75,46 @@ def test_ids_unreadable_commit_nothing_and_rollbacks_go_on() -> None:
     else:
         raise AssertionError("commit_branch went on without the transaction id")
     assert inner.done == [("rollback", "n:b")]
+
+
+# --------------------------------------------------------------------- the channel side (router.channel.late)
+def test_a_late_event_is_queued_once_per_proxy_and_never_when_the_channel_holds_it() -> None:
+    import itertools
+    import threading
+    from types import SimpleNamespace
+
+    from omniORB import CORBA
+
+    from router.channel.events import Event, Form, encode
+    from router.channel.late import _queue
+    from router.channel.queue import Record
+    from router.channel.store import QueuedRow
+
+    CORBA.ORB_init(["test"], CORBA.ORB_ID)
+    body = encode(Event(Form.ANY, CORBA.Any(CORBA.TC_long, 7)))
+    got: dict[int, list[int]] = {1: [], 2: []}
+    proxies = {pid: SimpleNamespace(enqueue=lambda rec, pid=pid: got[pid].append(rec.db_id)) for pid in got}
+    seqs = itertools.count(100)
+    released: list[int] = []
+    held = Record(5, Event(Form.ANY, CORBA.Any(CORBA.TC_long, 1)), 0, None, None, True, 50)
+    records = {5: held}
+
+    def release(rec: Record) -> None:     # as EventChannelImpl.released: the channel forgets it
+        released.append(rec.db_id)
+        records.pop(rec.seq)
+
+    channel = SimpleNamespace(
+        id=3, records=records, _records_lock=threading.Lock(), rt=SimpleNamespace(next_seq=lambda: next(seqs)),
+        consumer_admins={0: SimpleNamespace(proxies=proxies)}, released=release,
+        _enqueue_one=lambda proxy, rec: (rec.hold(), proxy.enqueue(rec)))
+
+    def row(pid: int, eid: int) -> QueuedRow:
+        return QueuedRow(0, pid, eid, 1, int(Form.ANY), body, 0, None, None)
+
+    rows = [row(1, 50), row(1, 51), row(2, 51), row(9, 52)]   # 50 held already; 52's proxy is gone
+    assert _queue(channel, rows) == 1, "51 (on both proxies); 50 is held, 52 has no proxy"
+    assert got == {1: [51], 2: [51]}
+    assert released == [52], "an event no proxy took is released (its rows reaped)"
+    assert sorted(r.db_id for r in channel.records.values()) == [50, 51]
+    assert _queue(channel, rows[:3]) == 0, "queued once: a second hand-over finds it held"
+    assert got == {1: [51], 2: [51]}
