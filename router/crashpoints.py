@@ -24,7 +24,7 @@ import threading
 import time
 
 __all__ = ["ENV", "PAUSE_DIR_ENV", "PAUSE_ENV", "PAUSE_POINTS", "POINTS", "armed", "crashpoint", "parse",
-           "parse_pauses", "pausepoint"]
+           "parse_pauses", "pausepoint", "pauses_armed"]
 
 ENV = "NSJMS_CRASH_AT"
 
@@ -52,6 +52,8 @@ PAUSE_POINTS: dict[str, str] = {
     "in.local.after_take": "JMS -> channel without T2: the round's inbox claims are made in its open transaction",
     "in.local.before_commit": "JMS -> channel without T2: the round's events are stored, its COMMIT not sent",
     "t2.in.before_phase_two": "JMS -> channel in T2: the decision is logged, phase two not begun",
+    "t2.recovery.before_pg_commit": "recovery (or an operator) is about to commit a prepared PostgreSQL branch",
+    "t2.recovery.before_pg_rollback": "recovery (or an operator) is about to roll back a prepared PostgreSQL branch",
 }
 
 
@@ -104,6 +106,11 @@ def crashpoint(name: str) -> None:
 _pauses = parse_pauses(os.environ.get(PAUSE_ENV, ""))
 _pause_dir = os.environ.get(PAUSE_DIR_ENV, "")
 _passages: dict[str, int] = {}
+
+
+def pauses_armed() -> bool:
+    """Some pause point is armed (tests)."""
+    return bool(_pauses)
 
 
 def pausepoint(name: str) -> None:

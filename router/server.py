@@ -305,9 +305,20 @@ class Node:
         # destination and direction (keep this order).
         self._build_bridges()
         self.factory.restore()
+        self._queue_late_commits()
         self.runtime.poa._get_the_POAManager().activate()
         self.runtime.ins_poa._get_the_POAManager().activate()
         self.bridges.resume()
+
+    def _queue_late_commits(self) -> None:
+        """From now on, the events of PostgreSQL branches recovery or an operator commits (JMS -> channel T2s their
+        driver does not queue) are queued by the running channels, first those committed since the start
+        (router/latecommit.py)."""
+        from functools import partial
+
+        from router.channel.late import queue_committed
+
+        self.t2.late.attach(partial(queue_committed, self.factory))
 
     def _join_cluster(self) -> None:
         """This incarnation's membership row and lease (router/cluster, docs/cluster.md), renewed in the background;

@@ -31,13 +31,14 @@ from typing import Any
 import psycopg
 from psycopg import Xid
 
-from router.crashpoints import armed, crashpoint
+from router.crashpoints import armed, crashpoint, pausepoint, pauses_armed
 from router.db.conninfo import connect as connect_bounded
 from router.db.inbox import NO_TIMESTAMP_DAY
 from router.db.inbox import maintain as inbox_maintain
 from router.db.inbox import purge_default as inbox_purge_default
 from router.db.inbox import sent_day as inbox_sent_day
 from router.jms.transport import EncodedMessage, Transport, TransportError
+from router.latecommit import LateCommitManager, LateCommits
 from router.ledger import T2HopRecorder, T2Hops
 from xa.coordinator import Coordinator, Transaction
 from xa.errors import ResourceError
@@ -287,7 +288,10 @@ class NodeTransactions:
         self.coordinator = Coordinator(self.node, self.log, self.clock, observer=self.hops or observer)
         # bounded: a recovery pass (and `nsjms txn`, which waits for it) never hangs on a cut network
         self.pg = PgManager(lambda: connect_bounded(dsn, autocommit=True, connect_timeout=3), key=PG_MANAGER)
-        if armed():
+        # what recovery or an operator commits is queued by the running channels (router/latecommit.py)
+        self.late = LateCommits()
+        self.pg = LateCommitManager(self.pg, self.late, self._prepared_ids)  # type: ignore[assignment]
+        if armed() or pauses_armed():
             self.pg = _CrashingManager(self.pg)  # type: ignore[assignment]
         self._transport_factory = transport
         self._transport: Transport | None = None
@@ -459,6 +463,13 @@ class NodeTransactions:
                                "WHERE inhparent = 'nsjms_inbox'::regclass))").fetchone()
         return {"outbox": int(row[0]), "inbox": int(row[1])} if row else {"outbox": 0, "inbox": 0}
 
+    def _prepared_ids(self, gids: Sequence[str]) -> dict[str, str]:
+        """PostgreSQL's transaction id of each prepared transaction ``gids`` names (router/latecommit.py)."""
+        with self.db.unit_of_work() as conn:
+            rows = conn.execute("SELECT gid, transaction::text FROM pg_prepared_xacts WHERE database = "
+                                "current_database() AND gid = ANY(%s)", (list(gids),)).fetchall()
+        return {str(gid): str(txid) for gid, txid in rows}
+
     # -- outbox / inbox housekeeping ------------------------------------------------------------------------
     def _rows_of(self, gtrid: str) -> list[OutboxRow]:
         with self.db.unit_of_work() as conn:
@@ -588,13 +599,24 @@ class _CrashingManager:
         return self.inner.recover()
 
     def commit_branch(self, xid: Xid) -> None:
+        pausepoint("t2.recovery.before_pg_commit")
         self.inner.commit_branch(xid)
         crashpoint("t2.recovery.after_pg_commit")
 
     def rollback_branch(self, xid: Xid) -> None:
+        pausepoint("t2.recovery.before_pg_rollback")
         self.inner.rollback_branch(xid)
 
     def finish_branches(self, ops: Sequence[tuple[str, Xid]]) -> list[ResourceError | None]:
+        if pauses_armed():          # one branch at a time, each passing its pause point
+            results: list[ResourceError | None] = []
+            for step, xid in ops:
+                try:
+                    (self.commit_branch if step == "commit" else self.rollback_branch)(xid)
+                    results.append(None)
+                except ResourceError as exc:
+                    results.append(exc)
+            return results
         results = self.inner.finish_branches(ops)
         for (step, _), err in zip(ops, results, strict=True):
             if step == "commit" and err is None:

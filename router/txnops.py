@@ -90,19 +90,19 @@ class TxnOps:
 
         A prepared branch's own INSERTs (outbox, ledger, inbox rows) are invisible to every other session until it
         commits, and PostgreSQL has no dirty read. What a channel -> JMS T2 DELETED is visible: the proxy queue rows
-        of its batch stay in place, locked, with ``xmax`` = the prepared transaction's xid
-        (``pg_prepared_xacts.transaction``; the branches use no subtransactions, so no subxid can stand in). Their
-        count is the batch's event count, and the bridge whose proxy owns the queue names the destination. One
+        of its batch stay in place, locked, their ``xmax`` naming the prepared transaction (the branches use no
+        subtransactions, so no subxid can stand in). Their count is the batch's event count, and the bridge whose
+        proxy owns the queue names the destination. ``xmax`` is either the prepared transaction's xid
+        (``pg_prepared_xacts.transaction``) or, when the row was also share-locked before the branch deleted it
+        (``FOR KEY SHARE`` by the branch and another transaction), a MultiXact whose members
+        (``pg_get_multixact_members``) include that xid as the updater: both are counted (review finding 14: the
+        second kind was missed). SQL cannot read a tuple's "xmax is a MultiXact" flag, so an ``xmax`` is looked up
+        as a MultiXact only when it is not a prepared transaction's xid and lies within the MultiXacts the table can
+        hold (``mxid_age`` between 1 and the age of ``pg_class.relminmxid``: looking up anything else raises). One
         sequential scan of ``nsjms_queue`` (an operator's command, not the data path)."""
         by_gid = {str(x): x.gtrid for x in xids}
         with self.rows() as conn:
-            rows = conn.execute(
-                "SELECT p.gid, b.id, q.channel_id, lower(b.sink->>'destination_type'), b.sink->>'destination_name', "
-                "count(*) FROM pg_prepared_xacts p JOIN nsjms_queue q ON q.xmax = p.transaction "
-                "LEFT JOIN nsjms_bridge b ON b.channel_id = q.channel_id AND b.admin_id = q.admin_id "
-                "AND b.proxy_id = q.proxy_id AND b.sink->>'type' = 'JMS_MESSAGE' "
-                "WHERE p.database = current_database() AND p.gid = ANY(%s) "
-                "GROUP BY p.gid, b.id, q.channel_id, b.sink", (sorted(by_gid),)).fetchall()
+            rows = conn.execute(_HELD_SQL, (sorted(by_gid),)).fetchall()
         return [HeldInfo(by_gid[str(gid)], _opt(bid), int(cid), f"/{kind}/{name}" if kind and name else None, int(n))
                 for gid, bid, cid, kind, name, n in rows]
 
@@ -281,6 +281,28 @@ def operator_log(state_dir: Path, node: str, mode: str, who: str, why: str, acti
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+#: The queue rows each prepared branch deleted (:meth:`TxnOps._held`): ``xmax`` = its xid, or a MultiXact whose
+#: updating member is its xid. The row filter of the second part runs before ``pg_get_multixact_members`` is called.
+_HELD_SQL = """
+    WITH p AS (SELECT gid, transaction FROM pg_prepared_xacts WHERE database = current_database() AND gid = ANY(%s)),
+    limits AS (SELECT mxid_age(relminmxid) AS oldest FROM pg_class WHERE oid = 'nsjms_queue'::regclass),
+    held AS (
+        SELECT p.gid, q.channel_id, q.admin_id, q.proxy_id FROM p JOIN nsjms_queue q ON q.xmax = p.transaction
+        UNION ALL
+        SELECT p.gid, q.channel_id, q.admin_id, q.proxy_id
+        FROM (SELECT q.channel_id, q.admin_id, q.proxy_id, q.xmax AS mx FROM nsjms_queue q, limits
+              WHERE q.xmax <> '0'::xid AND mxid_age(q.xmax) BETWEEN 1 AND limits.oldest
+                AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts x WHERE x.transaction = q.xmax)
+              OFFSET 0) q
+        CROSS JOIN LATERAL pg_get_multixact_members(q.mx) m
+        JOIN p ON p.transaction = m.xid
+        WHERE m.mode IN ('upd', 'nokeyupd'))
+    SELECT h.gid, b.id, h.channel_id, lower(b.sink->>'destination_type'), b.sink->>'destination_name', count(*)
+    FROM held h LEFT JOIN nsjms_bridge b ON b.channel_id = h.channel_id AND b.admin_id = h.admin_id
+        AND b.proxy_id = h.proxy_id AND b.sink->>'type' = 'JMS_MESSAGE'
+    GROUP BY h.gid, b.id, h.channel_id, b.sink"""
 
 
 def _opt(value: Any) -> int | None:

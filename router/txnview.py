@@ -65,7 +65,8 @@ class InboxInfo:
 @dataclass(frozen=True)
 class HeldInfo:
     """Channel events a PREPARED PostgreSQL branch holds: the queue rows it deleted (still visible to other sessions,
-    their ``xmax`` is the prepared transaction's xid), by the channel -> JMS bridge that routes them. The outbox rows
+    their ``xmax`` is the prepared transaction's xid, or a MultiXact with it as the updater), by the channel -> JMS
+    bridge that routes them. The outbox rows
     the branch wrote are not visible before it commits; these rows are (``router.txnops.TxnOps._held``)."""
 
     gtrid: str

@@ -300,6 +300,18 @@ def status(proxy: Any) -> dict[str, Any]:
     return {"t2_unavailable": reason} if reason is not None else {}
 
 
+def _own(t2: Any, gtrid: str) -> None:
+    late = getattr(t2, "late", None)
+    if late is not None:
+        late.own(gtrid)
+
+
+def _disown(t2: Any, gtrid: str) -> None:
+    late = getattr(t2, "late", None)
+    if late is not None:
+        late.disown(gtrid)
+
+
 class InboundT2Driver:
     """Runs the T2 rounds of one pull-style proxy consumer (its pull thread only)."""
 
@@ -406,6 +418,7 @@ class InboundT2Driver:
         else:
             completer.wait_for_room()
         txn = rt.t2.coordinator.begin(settings.timeout_s or None)
+        _own(rt.t2, txn.gtrid)          # its events are queued here, whoever commits its branch (router/latecommit.py)
         plan = RoutePlan()
         session = ExitStack()           # the branch's pooled session: kept until phase two is done
         try:
@@ -419,6 +432,7 @@ class InboundT2Driver:
             if not batch.received:
                 txn.rollback("nothing received")
                 session.close()
+                _disown(rt.t2, txn.gtrid)
                 return 0
             if batch.events:
                 plan = self._plan(batch)
@@ -465,12 +479,17 @@ class InboundT2Driver:
                       "it and its %d event(s) are queued once it did", proxy.oid, txn.gtrid, len(plan.plans))
             self._await_recovery(txn.gtrid, plan)
             return
-        proxy.channel.publish(plan)
+        try:
+            proxy.channel.publish(plan)
+        finally:
+            _disown(proxy.rt.t2, txn.gtrid)
 
     def _await_recovery(self, gtrid: str, plan: RoutePlan) -> None:
         if plan.plans:
             with self._recovering_lock:
                 self._recovering[gtrid] = plan
+        else:
+            _disown(self.proxy.rt.t2, gtrid)
 
     def publish_recovered(self) -> int:
         """Queue the events of the decided T2s whose PostgreSQL branch recovery has committed since (issue 31:
@@ -501,6 +520,8 @@ class InboundT2Driver:
                 log.exception("proxy %s: queueing the events of T2 %s after its recovery failed", self.proxy.oid,
                               gtrid)
                 continue
+            finally:
+                _disown(t2, gtrid)
             published += 1
             log.warning("proxy %s: T2 %s: recovery committed its PostgreSQL branch; its %d event(s) are queued",
                         self.proxy.oid, gtrid, len(plan.plans))
@@ -520,6 +541,10 @@ class InboundT2Driver:
         return plan_events(self.proxy, batch)
 
     def _failed(self, txn: Transaction, exc: BaseException) -> None:
+        # This driver queues nothing of a T2 that failed: if its branch is committed later (recovery commits a
+        # decided one; an operator commits an undecided one it could not roll back), router/latecommit.py queues
+        # its events.
+        _disown(self.proxy.rt.t2, txn.gtrid)
         if txn.state in _UNDECIDED:
             try:
                 txn.rollback(f"{type(exc).__name__}: {exc}")
