@@ -50,6 +50,7 @@ from router.channel.events import Event, Form, normalise_structured
 from router.channel.txdelivery import Completer, enable_needs_check
 from router.crashpoints import crashpoint, pausepoint
 from router.ledger import t2_branch
+from router.routing.ports import InboundSource
 from xa.coordinator import BranchOutcome, Transaction
 from xa.errors import TransactionRolledBack
 from xa.pg import PgBranch
@@ -230,22 +231,24 @@ def resolve_in_doubt(proxy: Any, plan: RoutePlan, *, within_s: float = IN_DOUBT_
     return thread
 
 
-def local_target(proxy: Any) -> Any | None:
+def local_target(proxy: Any) -> InboundSource | None:
     """The JMS bridge pull sender of this node that ``proxy`` (a proxy consumer) pulls from, in-process: the one
-    registered under its supplier's IOR, else the servant behind the supplier's reference when it lives in this node
-    and is one (the same bridge, whatever its IOR's spelling); None otherwise."""
+    registered under its supplier's IOR, else the inbound port the node's local endpoints hold for the servant
+    behind the supplier's reference (the same bridge, whatever its IOR's spelling); None otherwise."""
     t2 = getattr(proxy.rt, "t2", None)
     if t2 is None or not proxy.client_ior:
         return None
-    target = t2.local(proxy.client_ior)
-    if target is None and hasattr(proxy.rt, "local_servant"):
+    target: InboundSource | None = t2.local(proxy.client_ior)
+    if target is not None and not hasattr(target, "take_in_t2"):   # the IOR names an outbound participant
+        return None
+    if target is None:
         try:
-            target = proxy.rt.local_servant(proxy.client_ref())
+            target = proxy.rt.endpoints.inbound(proxy.client_ref())
         except Exception:  # noqa: BLE001 — not resolvable here: not a local participant
             target = None
-        if target is not None and hasattr(target, "take_in_t2"):
+        if target is not None:
             t2.register_local(proxy.client_ior, target)
-    return target if target is not None and hasattr(target, "take_in_t2") else None
+    return target
 
 
 def supplier_refused(proxy: Any, client: Any) -> str | None:
@@ -255,12 +258,11 @@ def supplier_refused(proxy: Any, client: Any) -> str | None:
     if t2 is None or proxy.style != "PULL":
         return unavailable_reason(proxy)
     target = t2.local(proxy.rt.ior(client))
-    if target is None and hasattr(proxy.rt, "local_servant"):
-        try:
-            target = proxy.rt.local_servant(client)
-        except Exception:  # noqa: BLE001 — not resolvable here: not a local participant
-            target = None
-    return None if hasattr(target, "take_in_t2") else "its supplier is not a JMS bridge pull sender of this node"
+    if target is None:
+        target = proxy.rt.endpoints.inbound(client)
+    elif not hasattr(target, "take_in_t2"):          # the IOR names an outbound participant
+        target = None
+    return None if target is not None else "its supplier is not a JMS bridge pull sender of this node"
 
 
 def unavailable_reason(proxy: Any) -> str | None:
