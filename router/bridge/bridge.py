@@ -45,12 +45,12 @@ from router.bridge.store import BridgeRow, BridgeStore
 from router.bridge.supervisor import Supervised
 from router.bridge.txmgmt import TransactionMgmtMixin
 from router.bridge.txout import OutboundT2
-from router.channel.boundary import store_boundary
 from router.jms.model import Destination
 from router.jms.transport import ConnectionState, EncodedMessage, Transport, TransportError
 from router.mapping import ChannelTimeSupport, event_to_jms, map_message
 from router.mapping.stomp_body import message_to_stomp
 from router.quotas import check_bridges
+from router.routing.faults import store_boundary
 from router.routing.registry import LocalEndpoint
 
 __all__ = ["BRIDGE_FACTORY_KEY", "BridgeFactoryImpl", "BridgeImpl", "BrokerSettings"]

@@ -194,6 +194,21 @@ def local_round(proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, 
     return int(batch.received)
 
 
+class LocalRounds:
+    """The channel's :class:`~router.routing.ports.InboundRounds`: JMS → channel PUSH into a Persistent channel of
+    this node, the bridge's local rounds run by :func:`local_round` (registered as the node's
+    ``LocalEndpoints.inbound_rounds`` by the node, ``router.server``)."""
+
+    batch = LOCAL_BATCH
+
+    def room(self, proxy: Any, wanted: int) -> int:
+        return room(proxy, wanted)
+
+    def round(self, proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, timeout: float, *,
+              ready: Callable[[float], bool] | None = None) -> int:
+        return local_round(proxy, take, max_n, timeout, ready=ready)
+
+
 def resolve_in_doubt(proxy: Any, plan: RoutePlan, *, within_s: float = IN_DOUBT_RESOLVE_S) -> threading.Thread:
     """A local round whose COMMIT broke (``StoreUnavailable.in_doubt``) may have stored its events: the broker
     redelivers its messages, which the inbox then acknowledges without events if the commit happened, so the
@@ -331,7 +346,7 @@ class InboundT2Driver:
         self._in_round = value
 
     # -- which supplier -----------------------------------------------------------------------------------------
-    def target(self) -> Any | None:
+    def target(self) -> InboundSource | None:
         """The JMS bridge of this node this proxy pulls from, in-process, when it runs a T2 (EnableTransaction
         TRUE) or a local unit of work (EnableTransaction FALSE on a Persistent channel); else None (the proxy pulls
         over the ORB as before). EnableTransaction with a supplier that is not a bridge of this node cannot run a
@@ -348,7 +363,7 @@ class InboundT2Driver:
             return None                  # BestEffort: nothing is stored, the pull path as before
         return target
 
-    def step(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
+    def step(self, target: InboundSource, wait_s: float = RECEIVE_WAIT_S) -> int:
         """One round with ``target``: a T2 when EnableTransaction is TRUE, else a local unit of work. Returns -1
         without doing anything while the bridge is stopped (the caller waits)."""
         self.publish_recovered()
@@ -358,7 +373,7 @@ class InboundT2Driver:
             return self.round(target, wait_s)
         return self.round_local(target, wait_s)
 
-    def round_local(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
+    def round_local(self, target: InboundSource, wait_s: float = RECEIVE_WAIT_S) -> int:
         """Without a T2: :func:`local_round` with the bridge's pull sender, after the phase two of the decided T2s
         (their events are queued first)."""
         self.drain()
@@ -370,7 +385,7 @@ class InboundT2Driver:
             raise
 
     # -- one T2 --------------------------------------------------------------------------------------------------
-    def round(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
+    def round(self, target: InboundSource, wait_s: float = RECEIVE_WAIT_S) -> int:
         """One T2: returns how many deliveries it took (0: nothing arrived, nothing done). Raises after a rollback
         (the deliveries stay with the bridge for the next round).
 
@@ -393,7 +408,7 @@ class InboundT2Driver:
         finally:
             self.active = False
 
-    def _round(self, rt: Any, settings: T2Settings, target: Any, wait_s: float) -> int:
+    def _round(self, rt: Any, settings: T2Settings, target: InboundSource, wait_s: float) -> int:
         """Phase one and the decision on this thread; phase two (COMMIT PREPARED, the broker's COMMIT of the acks,
         END) and the publication of the events on the proxy's completer (:meth:`_complete`), while this thread
         begins the next T2: pipelining, as for channel → JMS (docs/transactions.md "Pipelining"). At most one

@@ -92,7 +92,7 @@ def enabled(proxy: Any) -> bool:
     return bool(proxy.qos.get(Q.ENABLE_TRANSACTION, False))
 
 
-def participant(proxy: Any) -> Any:
+def participant(proxy: Any) -> OutboundParticipant | None:
     """The in-process T2 participant the proxy's client is, when this proxy delivers in T2; None otherwise (the
     proxy then pushes over CORBA as usual)."""
     if not enabled(proxy):
@@ -253,7 +253,7 @@ def participant_quiet(proxy: Any) -> OutboundParticipant | None:
 
 
 # ----------------------------------------------------------------------------------------------- delivering
-def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
+def deliver(proxy: Any, target: OutboundParticipant, entries: list[Entry]) -> Outcome:
     """One T2 for ``entries`` (plus what else is queued, up to the batch size). Every entry ends delivered, put
     back, held for recovery (decision unknown) or dead-lettered."""
     st = state(proxy)
@@ -351,7 +351,7 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
 PHASE_TWO_WAIT_S = 15.0
 
 
-def _complete(st: T2State, target: Any, txn: Any, result: Any, entries: list[Entry], session: ExitStack,
+def _complete(st: T2State, target: OutboundParticipant, txn: Any, result: Any, entries: list[Entry], session: ExitStack,
               flight: Any = None, token: int | None = None) -> None:
     """Phase two of a decided T2 (on the proxy's completer): COMMIT PREPARED, the broker's COMMIT, END; then the
     session goes back to the pool, the participant hears of the end and the records are released; last, a
@@ -363,7 +363,8 @@ def _complete(st: T2State, target: Any, txn: Any, result: Any, entries: list[Ent
             flight.settle(token)
 
 
-def _phase_two(st: T2State, target: Any, txn: Any, result: Any, entries: list[Entry], session: ExitStack) -> None:
+def _phase_two(st: T2State, target: OutboundParticipant, txn: Any, result: Any, entries: list[Entry],
+               session: ExitStack) -> None:
     done = False
     try:
         txn.complete()
@@ -465,7 +466,7 @@ def drain(proxy: Any, timeout: float | None = None) -> bool:
     return True if c is None else c.drain(timeout)
 
 
-def _ended(target: Any, txn: Any, result: Any, committed: bool, reason: str = "") -> None:
+def _ended(target: OutboundParticipant, txn: Any, result: Any, committed: bool, reason: str = "") -> None:
     if txn is None:
         return
     try:

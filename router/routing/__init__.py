@@ -4,7 +4,9 @@
   the inbound source, the channel's inbound rounds);
 * :mod:`router.routing.registry`: the node's registry of its local endpoints (:class:`LocalEndpoints`) and the
   runtime's protocol the bridge sees (:class:`NodeRuntime`, :class:`T2Host`);
-* :mod:`router.routing.errors`: the one error tree for "could not forward now / refused content".
+* :mod:`router.routing.errors`: the one error tree for "could not forward now / refused content";
+* :mod:`router.routing.faults`: the minor codes and the store-failure boundary of both sides' CORBA servants;
+* :mod:`router.routing.qos`: the QoS property names both sides read (``EnableTransaction``).
 
 See docs/architecture.md ("The routing layer").
 """
