@@ -278,6 +278,7 @@ class Node:
         from router.channel.delivered import DeliveredJournals
         from router.channel.runtime import Runtime
         from router.channel.store import Store
+        from router.channel.t2in import LocalRounds
         from router.db import Database
         from router.ledger import LedgerWriter
 
@@ -291,6 +292,7 @@ class Node:
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
         self.runtime.limits = self.s.limits
         self.runtime.delivered = DeliveredJournals(self.s.state_dir / "delivered")   # push proxies' journals
+        self.runtime.endpoints.inbound_rounds = LocalRounds()     # the channel's side of a bridge's local rounds
         self.t2 = self._start_transactions()
         self.runtime.t2 = self.t2
         self.runtime.start_reaper()

@@ -1,12 +1,12 @@
 """Channel → JMS without a routing transaction, in batches from a push proxy of this node (issue 12).
 
-When the channel's push proxy supplier that feeds a bridge lives in the same node (the bridge's endpoint receiver
-is a servant of this process), the proxy does not push one event per CORBA call: its dispatcher drains what is
-queued and hands the batch in-process to :class:`LocalBatches` (the ``local_batches`` of the endpoint servant),
-which sends it in ONE STOMP transaction: BEGIN and the SENDs without receipts, the COMMIT receipted. The channel
-side (``router.channel.localpush``) pipelines: while a COMMIT's receipt is in flight it already writes the next
-batch's BEGIN and SENDs; that batch's COMMIT goes out only once the previous receipt came back, so at most two
-batches are in flight and the broker never commits a later batch before an earlier one.
+When the channel's push proxy supplier that feeds a bridge lives in the same node (the bridge's endpoint receiver is
+a servant of this process), the proxy does not push one event per CORBA call: its dispatcher drains what is queued
+and hands the batch in-process to :class:`LocalBatches` (the endpoint servant's outbound batches port in the node's
+``LocalEndpoints``), which sends it in ONE STOMP transaction: BEGIN and the SENDs without receipts, the COMMIT
+receipted. The channel side (``router.channel.localpush``) pipelines: while a COMMIT's receipt is in flight it
+already writes the next batch's BEGIN and SENDs; that batch's COMMIT goes out only once the previous receipt came
+back, so at most two batches are in flight and the broker never commits a later batch before an earlier one.
 
 The guarantees are the ones of the CORBA push (``router.bridge.core``): the events of a batch leave the channel
 only once the broker confirmed its COMMIT. A batch the broker refuses (an ERROR frame for one of its messages, or

@@ -45,12 +45,13 @@ from router.bridge.store import BridgeRow, BridgeStore
 from router.bridge.supervisor import Supervised
 from router.bridge.txmgmt import TransactionMgmtMixin
 from router.bridge.txout import OutboundT2
-from router.channel.boundary import store_boundary
 from router.jms.model import Destination
 from router.jms.transport import ConnectionState, EncodedMessage, Transport, TransportError
 from router.mapping import ChannelTimeSupport, event_to_jms, map_message
 from router.mapping.stomp_body import message_to_stomp
 from router.quotas import check_bridges
+from router.routing.faults import store_boundary
+from router.routing.registry import LocalEndpoint
 
 __all__ = ["BRIDGE_FACTORY_KEY", "BridgeFactoryImpl", "BridgeImpl", "BrokerSettings"]
 
@@ -216,7 +217,9 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         self.tx_timeout = int(row.settings.get("tx_timeout", 0))
         self.oid = f"br/{self.id}"
         self.ref = self.rt.activate(self.oid, self)
+        self._local_ports = LocalEndpoint()        # the endpoint's in-process ports (router.routing)
         self.endpoint_servant = self._make_endpoint_servant()
+        self.rt.endpoints.add(self.endpoint_servant, self._local_ports)
         self.endpoint_ref = self.rt.activate(self._endpoint_oid(), self.endpoint_servant)
         self._t2_ior: str | None = None
         self.t2_out: OutboundT2 | None = self._make_t2_out()
@@ -251,7 +254,7 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
                 from router.bridge.batchout import LocalBatches
 
                 receiver = (F.SequencePushReceiver if seq else F.StructuredPushReceiver)(self.flow_out)
-                receiver.local_batches = LocalBatches(self.flow_out, self._to_jms_frame)   # a proxy of this node
+                self._local_ports = LocalEndpoint(batches=LocalBatches(self.flow_out, self._to_jms_frame))
                 return receiver
             cls = F.SequencePullReceiver if seq else F.StructuredPullReceiver
             return cls(self.flow_out, None, self._pacing_s, self.stop_event)
@@ -261,7 +264,9 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         if self.channel_spec.style == "PUSH":
             cls2 = F.SequencePushSenderServant if seq else F.PushSenderServant
             return cls2(self.channel_disconnected)
-        return (F.SequencePullSender if seq else F.StructuredPullSender)(self.flow_in)
+        sender = (F.SequencePullSender if seq else F.StructuredPullSender)(self.flow_in)
+        self._local_ports = LocalEndpoint(inbound=sender)     # the channel's pull proxy of this node takes from it
+        return sender
 
     def _make_t2_out(self) -> OutboundT2 | None:
         """The bridge as an in-process T2 participant of its proxy (channel PUSH → JMS on a node with T2, NJI
@@ -279,7 +284,7 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         out.draining = lambda: self._disable_pending
         self._t2_ior = self.rt.ior(self.endpoint_ref)
         t2.register_local(self._t2_ior, out)
-        self.endpoint_servant.t2_participant = out
+        self.rt.endpoints.update(self.endpoint_servant, t2=out)
         return out
 
     def _to_jms(self, event: Any, destination: Destination) -> Any:
@@ -612,6 +617,7 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         self.factory.forget(self.id)
         if self._t2_ior is not None and getattr(self.rt, "t2", None) is not None:
             self.rt.t2.unregister_local(self._t2_ior)
+        self.rt.endpoints.remove(self.endpoint_servant)
         self.rt.deactivate(self._endpoint_oid())
         self.rt.deactivate(self.oid)
         log.info("bridge %d destroyed", self.id)

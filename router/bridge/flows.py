@@ -47,7 +47,8 @@ from router.bridge.ports import (
     ForwardDeferred,
     LocalChannel,
 )
-from router.channel.boundary import MINOR_EVENT_TOO_LARGE
+from router.routing.faults import MINOR_EVENT_TOO_LARGE
+from router.routing.ports import InboundRounds
 
 __all__ = ["BROKER_DLQ", "DEFAULT_DLQ", "MAX_EVENT_BYTES", "ChannelToJms", "DeadLetter", "JmsToChannel",
            "ProxyBatchSource", "ProxyChannelSink", "PushSenderLoop", "channel_call", "channel_error",
@@ -108,32 +109,34 @@ class ProxyBatchSource:
 
 
 class _LocalProxy:
-    """:class:`~router.bridge.ports.LocalChannel` over the channel's proxy consumer servant (same process)."""
+    """:class:`~router.bridge.ports.LocalChannel` over the channel's proxy consumer servant (same process), run
+    by the channel's :class:`~router.routing.ports.InboundRounds` (the node's ``LocalEndpoints.inbound_rounds``)."""
 
-    def __init__(self, servant: Any) -> None:
+    def __init__(self, servant: Any, rounds: InboundRounds) -> None:
         self.servant = servant
+        self.rounds = rounds
 
     def round(self, take: Callable[[Any, int, float], Any], max_n: int, timeout: float, *,
               ready: Callable[[float], bool] | None = None) -> None:
-        from router.channel.t2in import LOCAL_BATCH, local_round, room
-
-        servant = self.servant
+        servant, rounds = self.servant, self.rounds
         if servant.destroyed:            # the proxy's own checks first
             raise ChannelGone("the proxy was destroyed")
         if not servant.connected:
             raise ChannelGone("the proxy is disconnected")
-        n = room(servant, max(max_n, LOCAL_BATCH))
-        channel_call(lambda: local_round(servant, take, n, timeout, ready=ready))
+        n = rounds.room(servant, max(max_n, rounds.batch))
+        channel_call(lambda: rounds.round(servant, take, n, timeout, ready=ready))
 
 
 class ProxyChannelSink:
     """:class:`~router.bridge.ports.ChannelSink` over a structured or sequence push proxy consumer; ``local`` (the
     bridge's ``local_push_proxy``) gives the proxy servant when the channel routes in-process with the inbox."""
 
-    def __init__(self, proxy: Any, sequence: bool, local: Callable[[], Any] | None = None) -> None:
+    def __init__(self, proxy: Any, sequence: bool, local: Callable[[], Any] | None = None,
+                 rounds: Callable[[], InboundRounds | None] | None = None) -> None:
         self.proxy = proxy
         self.sequence = sequence
         self._local = local
+        self._rounds = rounds
 
     def push(self, events: Sequence[Any]) -> None:
         if self.sequence:                # a sequence proxy has no push_structured_event: a single is a batch of one
@@ -143,10 +146,13 @@ class ProxyChannelSink:
             channel_call(self.proxy.push_structured_event, event)
 
     def local(self) -> LocalChannel | None:
-        if self._local is None:
+        if self._local is None or self._rounds is None:
             return None
         servant = channel_call(self._local)
-        return _LocalProxy(servant) if servant is not None else None
+        if servant is None:
+            return None
+        rounds = self._rounds()          # the channel's side of the round; None: it offers none (push over CORBA)
+        return _LocalProxy(servant, rounds) if rounds is not None else None
 
 
 class PushSenderLoop(jmsin.PushSenderLoop):
@@ -155,8 +161,12 @@ class PushSenderLoop(jmsin.PushSenderLoop):
     def __init__(self, flow: JmsToChannel, proxy: Any, sequence: bool, batch: Callable[[], int],
                  pacing_s: Callable[[], float], paced_receive: bool, stop: threading.Event) -> None:
         local = getattr(flow.bridge, "local_push_proxy", None)
-        super().__init__(flow, ProxyChannelSink(proxy, sequence, local), sequence, batch, pacing_s, paced_receive,
-                         stop)
+
+        def rounds() -> InboundRounds | None:       # read when a round starts
+            return flow.bridge.rt.endpoints.inbound_rounds
+
+        super().__init__(flow, ProxyChannelSink(proxy, sequence, local, rounds), sequence, batch, pacing_s,
+                         paced_receive, stop)
 
 
 # ----------------------------------------------------------------------------------------------------------

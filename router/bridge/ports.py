@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from router.jms.transport import Transport
+from router.routing.errors import ForwardDeferred
+from router.routing.registry import NodeRuntime
 
 __all__ = ["BatchSource", "BridgeHost", "ChannelError", "ChannelFull", "ChannelGone", "ChannelSink",
            "ChannelUnavailable", "EventRefused", "ForwardDeferred", "Inbox", "LocalChannel", "Outbox", "Transport"]
@@ -62,11 +64,6 @@ class EventRefused(ChannelError):
         self.reason = reason
 
 
-class ForwardDeferred(Exception):
-    """Channel → JMS: the events could not be forwarded now; they stay in the channel, which offers them again
-    (the push adapter answers ``TRANSIENT``)."""
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Ports
 # ----------------------------------------------------------------------------------------------------------
@@ -74,7 +71,7 @@ class BridgeHost(Protocol):
     """What the data paths ask of their bridge."""
 
     id: int
-    rt: Any                                      # the node runtime (``rt.t2``: the T2 coordinator, or None)
+    rt: NodeRuntime                              # the node runtime (``rt.t2``: the T2 coordinator, or None)
 
     def running(self) -> bool:
         """Started and not destroyed: a stopped bridge forwards nothing."""

@@ -40,8 +40,8 @@ from omniORB import CORBA
 import CosNotification
 
 from idl.generated import BridgeTransactionMgmt as BTM
-from router.channel import qos as Q
 from router.corbacall import CHANNEL, CallFailed, call
+from router.routing.qos import ENABLE_TRANSACTION
 
 __all__ = ["TransactionMgmtMixin"]
 
@@ -120,7 +120,7 @@ class TransactionMgmtMixin:
     def _proxy_enabled(self) -> bool:
         """EnableTransaction as the bridge's proxy has it (also inherited from its channel or admin)."""
         try:
-            return bool(self._checked_servant().qos.get(Q.ENABLE_TRANSACTION, False))
+            return bool(self._checked_servant().qos.get(ENABLE_TRANSACTION, False))
         except CallFailed:
             return False
 
@@ -219,4 +219,4 @@ class TransactionMgmtMixin:
 
 
 def _enable_property(value: bool) -> Any:
-    return CosNotification.Property(Q.ENABLE_TRANSACTION, CORBA.Any(CORBA.TC_boolean, value))
+    return CosNotification.Property(ENABLE_TRANSACTION, CORBA.Any(CORBA.TC_boolean, value))

@@ -60,9 +60,9 @@ from typing import Any
 from router import telemetry
 from router.bridge.ports import Outbox
 from router.bridge.txbranch import SendBranch
-from router.channel.txdelivery import ForwardFailed
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import EncodedMessage, MessageCodec, SendRefused, Transport, stomp_destination
+from router.routing.errors import ForwardFailed
 from router.t2 import OutboxRow, outbox_insert
 from xa.errors import TransactionRolledBack
 from xa.xid import dedupe_id

@@ -68,7 +68,7 @@ class _AdminBase(QoSMixin, FilterMixin):
         self.qos_target = Q.Target(Q.Level.CONSUMER_ADMIN if self.side == "C" else Q.Level.SUPPLIER_ADMIN)
         self._lock = threading.RLock()
         self.proxies: dict[int, Any] = {}
-        self.filters = FilterSet(self.rt.resolve, row.filters.get("forwarding"), local=self.rt.local_servant)
+        self.filters = FilterSet(self.rt.resolve, row.filters.get("forwarding"), local=self.rt.endpoints.servant)
         self.types = TypeSet()
         self.destroyed = False
         self._next_proxy = row.next_proxy

@@ -1,6 +1,7 @@
 """The channel's limits and the mapping of its own failures to CORBA exceptions (the servant boundary).
 
-Servants call :func:`store_faults` around work that touches the store, so a supplier sees a CORBA system exception
+Servants call :func:`store_faults` (defined with the minor codes in ``router.routing.faults``, which the bridge's
+servants share) around work that touches the store, so a supplier sees a CORBA system exception
 it can act on instead of ``UNKNOWN``:
 
 =====================================  ===========================================================================
@@ -29,16 +30,23 @@ tried :data:`POISON_ATTEMPTS` times alone and then dead-lettered, so it cannot s
 from __future__ import annotations
 
 import enum
-import functools
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Iterable
 
 from omniORB import CORBA
 
 from router.config import DEFAULT_MAX_EVENT_BYTES as _NODE_DEFAULT
 from router.config import default_giop_max_msg_size, min_giop_max_msg_size
-from router.db.errors import StoreError, StoreTimeout, StoreUnavailable
+from router.routing.faults import (
+    MINOR_EVENT_TOO_DEEP,
+    MINOR_EVENT_TOO_LARGE,
+    MINOR_PULL_WAIT_OVER,
+    MINOR_STORE_FAILED,
+    MINOR_STORE_TIMEOUT,
+    MINOR_STORE_UNAVAILABLE,
+    NSJMS_VMCID,
+    store_boundary,
+    store_faults,
+)
 
 __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
@@ -58,14 +66,6 @@ __all__ = [
     "store_boundary",
     "store_faults",
 ]
-
-NSJMS_VMCID = 0x4E530000
-MINOR_EVENT_TOO_LARGE = NSJMS_VMCID | 1
-MINOR_STORE_UNAVAILABLE = NSJMS_VMCID | 2
-MINOR_STORE_FAILED = NSJMS_VMCID | 3
-MINOR_PULL_WAIT_OVER = NSJMS_VMCID | 4
-MINOR_STORE_TIMEOUT = NSJMS_VMCID | 5
-MINOR_EVENT_TOO_DEEP = NSJMS_VMCID | 0x20
 
 DEFAULT_MAX_EVENT_BYTES = _NODE_DEFAULT        # CDR-encoded size of one event (node.max_event_bytes)
 POISON_ATTEMPTS = 3                             # event-specific failures of one event, alone, before dead-lettering
@@ -96,43 +96,9 @@ def check_size(size: int, limit: int) -> None:
         raise CORBA.IMP_LIMIT(MINOR_EVENT_TOO_LARGE, CORBA.COMPLETED_NO)
 
 
-@contextmanager
-def store_faults() -> Iterator[None]:
-    """Translate the store's exceptions into the CORBA system exceptions a client can act on."""
-    try:
-        yield
-    except StoreUnavailable as exc:
-        completion = CORBA.COMPLETED_MAYBE if exc.in_doubt else CORBA.COMPLETED_NO
-        raise CORBA.TRANSIENT(MINOR_STORE_UNAVAILABLE, completion) from exc
-    except StoreTimeout as exc:
-        raise CORBA.TRANSIENT(MINOR_STORE_TIMEOUT, CORBA.COMPLETED_NO) from exc
-    except StoreError as exc:
-        raise CORBA.PERSIST_STORE(MINOR_STORE_FAILED, CORBA.COMPLETED_NO) from exc
-
-
-def store_boundary(*classes: type) -> None:
-    """Wrap every IDL operation of these servant classes (the names in their skeleton's ``_omni_op_d``) in
-    :func:`store_faults`, so no operation answers ``UNKNOWN`` for a database failure. Idempotent."""
-    for cls in classes:
-        for name in getattr(cls, "_omni_op_d", {}):
-            impl = getattr(cls, name, None)
-            if callable(impl) and not getattr(impl, "_store_boundary", False):
-                setattr(cls, name, _guarded(impl))
-
-
 def store_boundary_all(tables: Iterable[dict[str, type]]) -> None:
     for table in tables:
         store_boundary(*table.values())
-
-
-def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def op(*args: Any, **kwargs: Any) -> Any:
-        with store_faults():
-            return fn(*args, **kwargs)
-
-    op._store_boundary = True  # type: ignore[attr-defined]
-    return op
 
 
 def describe(exc: BaseException) -> str:

@@ -307,7 +307,7 @@ class _FilterBase:
 
 
 def _call_subscription_change(rt: Any, ref: Any, added: list[Any], removed: list[Any]) -> None:
-    target = rt.local_servant(ref) or ref
+    target = rt.endpoints.servant(ref) or ref
     try:
         call(target, "subscription_change", added, removed, policy=NOTIFY,
              expected=(CosNotifyComm.InvalidEventType,))
@@ -550,7 +550,7 @@ def ask_mapping(rt: Any, mf: Any, event: Any) -> tuple[bool, Any]:
     """``match_*`` of a mapping filter (in process when local); an unanswerable filter counts as no match."""
     from router.channel.events import Form
 
-    target = rt.local_servant(mf) or mf
+    target = rt.endpoints.servant(mf) or mf
     try:
         op = "match_structured" if event.form is Form.STRUCTURED else "match"
         ok, value = call(target, op, event.value, policy=FILTER, expected=(CosNotifyFilter.UnsupportedFilterableData,))

@@ -1,7 +1,8 @@
 """Push delivery to a bridge of this node, in batches and pipelined, without a routing transaction (issue 12).
 
 A push proxy supplier whose consumer is the endpoint receiver of a channel → JMS bridge living in this node (the
-servant carries ``local_batches``: ``router.bridge.batchout.LocalBatches``) does not push one event per CORBA call.
+servant offers :class:`~router.routing.ports.OutboundBatches` in the node's ``LocalEndpoints``: the bridge's
+``LocalBatches``) does not push one event per CORBA call.
 Its dispatcher drains what is queued, up to :data:`STRUCTURED_BATCH` events for a structured proxy or the proxy's
 ``MaximumBatchSize`` for a sequence proxy (a sequence proxy with a ``PacingInterval`` still waits for a full batch
 or the interval, as for a CORBA consumer), and hands the batch to the bridge in-process, which sends it as one
@@ -30,6 +31,8 @@ from typing import Any
 from router.channel.boundary import Outcome
 from router.channel.events import as_structured
 from router.channel.queue import Entry
+from router.routing.errors import ForwardDeferred
+from router.routing.ports import OutboundBatches
 
 __all__ = ["IN_FLIGHT", "MAX_BATCHES_PER_CALL", "STRUCTURED_BATCH", "deliver", "target"]
 
@@ -44,24 +47,21 @@ IN_FLIGHT = 2
 MAX_BATCHES_PER_CALL = 64
 
 
-def target(proxy: Any) -> Any:
-    """The bridge's ``LocalBatches`` when ``proxy`` (a push proxy supplier, structured or sequence, not an
-    acknowledging one) feeds a running bridge of this node; None otherwise (the proxy pushes over CORBA, which
-    also tells it when a stopped or destroyed bridge refuses)."""
+def target(proxy: Any) -> OutboundBatches | None:
+    """The bridge's outbound batches port (``LocalBatches``) when ``proxy`` (a push proxy supplier, structured or
+    sequence, not an acknowledging one) feeds a running bridge of this node; None otherwise (the proxy pushes over
+    CORBA, which also tells it when a stopped or destroyed bridge refuses)."""
     if proxy.form not in ("STRUCTURED", "SEQUENCE") or hasattr(proxy, "_init_ack") or not proxy.client_ior:
         return None
     cached = proxy.__dict__.get("_local_batches")
     if cached is None or cached[0] != proxy.client_ior:
-        found = None
-        resolve = getattr(proxy.rt, "local_servant", None)
-        if resolve is not None:
-            try:
-                found = getattr(resolve(proxy.client_ref()), "local_batches", None)
-            except Exception:  # noqa: BLE001 — not resolvable here: not a local bridge
-                found = None
+        try:
+            found = proxy.rt.endpoints.outbound_batches(proxy.client_ref())
+        except Exception:  # noqa: BLE001 — not resolvable here: not a local bridge
+            found = None
         cached = (proxy.client_ior, found)
         proxy._local_batches = cached
-    batches = cached[1]
+    batches: OutboundBatches | None = cached[1]
     if batches is None or not batches.running():
         return None
     return batches
@@ -71,8 +71,8 @@ def _cap(proxy: Any) -> int:
     return int(proxy.batch_size()) if proxy.form == "SEQUENCE" else STRUCTURED_BATCH
 
 
-#: The STOMP transport's default wait for a receipt (router.jms.stomp ``receipt_timeout``), when the bridge's
-#: batches do not tell theirs.
+#: The STOMP transport's default wait for a receipt (router.jms.stomp ``receipt_timeout``): a teardown waits this
+#: long per batch in flight.
 RECEIPT_TIMEOUT_S = 30.0
 
 
@@ -124,14 +124,12 @@ def _done(proxy: Any, entries: list[Entry]) -> bool:
     return due
 
 
-def deliver(proxy: Any, batches: Any, entries: list[Entry]) -> Outcome:
+def deliver(proxy: Any, batches: OutboundBatches, entries: list[Entry]) -> Outcome:
     """Deliver ``entries`` and what else is queued, batch after batch, pipelined (see the module docstring).
     Whatever happens, each entry ends delivered, put back or (content) handled by the proxy's poison handling."""
-    from router.bridge.ports import ForwardDeferred
-
     flight = _flight(proxy)
     if flight is not None:     # a teardown waits for every batch in flight to have its COMMIT receipt
-        flight.allow(IN_FLIGHT * float(getattr(batches, "receipt_timeout", RECEIPT_TIMEOUT_S)) + 2.0)
+        flight.allow(IN_FLIGHT * RECEIPT_TIMEOUT_S + 2.0)
     limit = proxy._batch_limit(_cap(proxy))
     if len(entries) < limit:
         entries = entries + _track(proxy, proxy.queue.take(limit - len(entries), proxy.rt.max_event_bytes))
@@ -188,13 +186,11 @@ def deliver(proxy: Any, batches: Any, entries: list[Entry]) -> Outcome:
     return Outcome.DELIVERED
 
 
-def _put_back(proxy: Any, batches: Any, inflight: deque[tuple[list[Entry], Any]], held: list[Entry], *,
+def _put_back(proxy: Any, batches: OutboundBatches, inflight: deque[tuple[list[Entry], Any]], held: list[Entry], *,
               settle: bool = True) -> None:
     """Nothing after a failure is sent: a head whose COMMIT is out is settled first when it can be (so a COMMIT
     that went through is not sent twice), every other batch is aborted, and their entries go back to the queue in
     their place (after the delivered ones' rows are deleted: the store is exact before a put-back)."""
-    from router.bridge.ports import ForwardDeferred
-
     back: list[Entry] = []
     for i, (entries, batch) in enumerate(inflight):
         if i == 0 and settle and batch.pending is not None:

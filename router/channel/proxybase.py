@@ -98,7 +98,7 @@ class ProxyBase(QoSMixin, FilterMixin):
         self.suspended = row.suspended
         self.destroyed = False
         self.stop_event = threading.Event()
-        self.filters = FilterSet(self.rt.resolve, row.filters.get("forwarding"), local=self.rt.local_servant)
+        self.filters = FilterSet(self.rt.resolve, row.filters.get("forwarding"), local=self.rt.endpoints.servant)
         self.extra: dict[str, Any] = dict(row.extra or {})
         self.types = TypeSet()
         self.oid = proxy_oid(self.channel.id, self.side, admin.id, self.id)

@@ -37,6 +37,8 @@ from omniORB import CORBA
 
 import CosNotification
 import TimeBase
+
+from router.routing.qos import ENABLE_TRANSACTION
 # isort: on
 
 __all__ = [
@@ -82,7 +84,6 @@ DELIVERY_RELIABILITY = "DeliveryReliability"
 RETRIES = "Retries"
 RETRY_INTERVAL = "RetryInterval"
 SEQUENCE_NUMBER = "SequenceNumber"
-ENABLE_TRANSACTION = "EnableTransaction"
 TRANSACTION_EVENTS = "TransactionEvents"
 TRANSACTION_EVENT_SEQUENCES = "TransactionEventSequences"
 TRANSACTION_TIMEOUT = "TransactionTimeout"

@@ -24,6 +24,7 @@ from router.channel.groupcommit import MAX_WAIT_S, GroupCommit
 from router.channel.store import Store
 from router.db import Database, StoreError
 from router.quotas import NodeLimits
+from router.routing.registry import LocalEndpoints, T2Host
 
 __all__ = ["FACTORY_KEY", "Runtime", "admin_oid", "channel_oid", "proxy_oid"]
 
@@ -55,7 +56,7 @@ class Runtime:
         self.dead_letters = DeadLetterStore()       # events the channel gave up on (router.channel.deadletters)
         self.push_timeout_ms = push_timeout_ms
         self.max_event_bytes = max_event_bytes      # larger events are refused (IMP_LIMIT); 0 = no limit
-        self.t2: Any = None                         # router.t2.NodeTransactions of a node; None: no T2 here
+        self.t2: T2Host | None = None               # router.t2.NodeTransactions of a node; None: no T2 here
         self.limits = NodeLimits()                  # [limits]: per-node quotas (router/quotas.py), set by the node
         self.delivered = delivered                  # push proxies' delivered-events journals; None: commit each
         self.accept_commits = GroupCommit(db, self.store, one_statement=True,   # accepted persistent events
@@ -72,6 +73,8 @@ class Runtime:
         self._seq_lock = threading.Lock()
         self.shutting_down = threading.Event()
         self._threads: list[threading.Thread] = []
+        #: this node's servants found by reference: bridge endpoints and their in-process ports (router.routing)
+        self.endpoints = LocalEndpoints(self._local_servant)
 
     # -- ids and references --------------------------------------------------------------------------
     def set_seq_floor(self, floor: int) -> None:
@@ -101,12 +104,14 @@ class Runtime:
     def resolve(self, ior: str) -> Any:
         return self.orb.string_to_object(ior)
 
-    def local_servant(self, ref: Any) -> Any:
-        """The servant behind ``ref`` if it lives in this node's persistent POA, else None (remote or inactive)."""
+    def _local_servant(self, ref: Any) -> object | None:
+        """The servant behind ``ref`` if it lives in this node's persistent POA, else None (remote or inactive);
+        callers ask :attr:`endpoints`."""
         if ref is None:
             return None
         try:
-            return self.poa.reference_to_servant(ref)
+            servant: object = self.poa.reference_to_servant(ref)
+            return servant
         except (PortableServer.POA.WrongAdapter, PortableServer.POA.ObjectNotActive, PortableServer.POA.WrongPolicy,
                 CORBA.Exception):
             return None

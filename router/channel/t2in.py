@@ -50,6 +50,7 @@ from router.channel.events import Event, Form, normalise_structured
 from router.channel.txdelivery import Completer, enable_needs_check
 from router.crashpoints import crashpoint, pausepoint
 from router.ledger import t2_branch
+from router.routing.ports import InboundSource
 from xa.coordinator import BranchOutcome, Transaction
 from xa.errors import TransactionRolledBack
 from xa.pg import PgBranch
@@ -193,6 +194,21 @@ def local_round(proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, 
     return int(batch.received)
 
 
+class LocalRounds:
+    """The channel's :class:`~router.routing.ports.InboundRounds`: JMS → channel PUSH into a Persistent channel of
+    this node, the bridge's local rounds run by :func:`local_round` (registered as the node's
+    ``LocalEndpoints.inbound_rounds`` by the node, ``router.server``)."""
+
+    batch = LOCAL_BATCH
+
+    def room(self, proxy: Any, wanted: int) -> int:
+        return room(proxy, wanted)
+
+    def round(self, proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, timeout: float, *,
+              ready: Callable[[float], bool] | None = None) -> int:
+        return local_round(proxy, take, max_n, timeout, ready=ready)
+
+
 def resolve_in_doubt(proxy: Any, plan: RoutePlan, *, within_s: float = IN_DOUBT_RESOLVE_S) -> threading.Thread:
     """A local round whose COMMIT broke (``StoreUnavailable.in_doubt``) may have stored its events: the broker
     redelivers its messages, which the inbox then acknowledges without events if the commit happened, so the
@@ -230,22 +246,24 @@ def resolve_in_doubt(proxy: Any, plan: RoutePlan, *, within_s: float = IN_DOUBT_
     return thread
 
 
-def local_target(proxy: Any) -> Any | None:
+def local_target(proxy: Any) -> InboundSource | None:
     """The JMS bridge pull sender of this node that ``proxy`` (a proxy consumer) pulls from, in-process: the one
-    registered under its supplier's IOR, else the servant behind the supplier's reference when it lives in this node
-    and is one (the same bridge, whatever its IOR's spelling); None otherwise."""
+    registered under its supplier's IOR, else the inbound port the node's local endpoints hold for the servant
+    behind the supplier's reference (the same bridge, whatever its IOR's spelling); None otherwise."""
     t2 = getattr(proxy.rt, "t2", None)
     if t2 is None or not proxy.client_ior:
         return None
-    target = t2.local(proxy.client_ior)
-    if target is None and hasattr(proxy.rt, "local_servant"):
+    target: InboundSource | None = t2.local(proxy.client_ior)
+    if target is not None and not hasattr(target, "take_in_t2"):   # the IOR names an outbound participant
+        return None
+    if target is None:
         try:
-            target = proxy.rt.local_servant(proxy.client_ref())
+            target = proxy.rt.endpoints.inbound(proxy.client_ref())
         except Exception:  # noqa: BLE001 — not resolvable here: not a local participant
             target = None
-        if target is not None and hasattr(target, "take_in_t2"):
+        if target is not None:
             t2.register_local(proxy.client_ior, target)
-    return target if target is not None and hasattr(target, "take_in_t2") else None
+    return target
 
 
 def supplier_refused(proxy: Any, client: Any) -> str | None:
@@ -255,12 +273,11 @@ def supplier_refused(proxy: Any, client: Any) -> str | None:
     if t2 is None or proxy.style != "PULL":
         return unavailable_reason(proxy)
     target = t2.local(proxy.rt.ior(client))
-    if target is None and hasattr(proxy.rt, "local_servant"):
-        try:
-            target = proxy.rt.local_servant(client)
-        except Exception:  # noqa: BLE001 — not resolvable here: not a local participant
-            target = None
-    return None if hasattr(target, "take_in_t2") else "its supplier is not a JMS bridge pull sender of this node"
+    if target is None:
+        target = proxy.rt.endpoints.inbound(client)
+    elif not hasattr(target, "take_in_t2"):          # the IOR names an outbound participant
+        target = None
+    return None if target is not None else "its supplier is not a JMS bridge pull sender of this node"
 
 
 def unavailable_reason(proxy: Any) -> str | None:
@@ -341,7 +358,7 @@ class InboundT2Driver:
         self._in_round = value
 
     # -- which supplier -----------------------------------------------------------------------------------------
-    def target(self) -> Any | None:
+    def target(self) -> InboundSource | None:
         """The JMS bridge of this node this proxy pulls from, in-process, when it runs a T2 (EnableTransaction
         TRUE) or a local unit of work (EnableTransaction FALSE on a Persistent channel); else None (the proxy pulls
         over the ORB as before). EnableTransaction with a supplier that is not a bridge of this node cannot run a
@@ -358,7 +375,7 @@ class InboundT2Driver:
             return None                  # BestEffort: nothing is stored, the pull path as before
         return target
 
-    def step(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
+    def step(self, target: InboundSource, wait_s: float = RECEIVE_WAIT_S) -> int:
         """One round with ``target``: a T2 when EnableTransaction is TRUE, else a local unit of work. Returns -1
         without doing anything while the bridge is stopped (the caller waits)."""
         self.publish_recovered()
@@ -368,7 +385,7 @@ class InboundT2Driver:
             return self.round(target, wait_s)
         return self.round_local(target, wait_s)
 
-    def round_local(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
+    def round_local(self, target: InboundSource, wait_s: float = RECEIVE_WAIT_S) -> int:
         """Without a T2: :func:`local_round` with the bridge's pull sender, after the phase two of the decided T2s
         (their events are queued first)."""
         self.drain()
@@ -380,7 +397,7 @@ class InboundT2Driver:
             raise
 
     # -- one T2 --------------------------------------------------------------------------------------------------
-    def round(self, target: Any, wait_s: float = RECEIVE_WAIT_S) -> int:
+    def round(self, target: InboundSource, wait_s: float = RECEIVE_WAIT_S) -> int:
         """One T2: returns how many deliveries it took (0: nothing arrived, nothing done). Raises after a rollback
         (the deliveries stay with the bridge for the next round).
 
@@ -403,7 +420,7 @@ class InboundT2Driver:
         finally:
             self.active = False
 
-    def _round(self, rt: Any, settings: T2Settings, target: Any, wait_s: float) -> int:
+    def _round(self, rt: Any, settings: T2Settings, target: InboundSource, wait_s: float) -> int:
         """Phase one and the decision on this thread; phase two (COMMIT PREPARED, the broker's COMMIT of the acks,
         END) and the publication of the events on the proxy's completer (:meth:`_complete`), while this thread
         begins the next T2: pipelining, as for channel → JMS (docs/transactions.md "Pipelining"). At most one

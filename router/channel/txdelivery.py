@@ -50,6 +50,8 @@ from router.channel.events import as_structured
 from router.channel.queue import Entry
 from router.ledger import Outcome as Ledgered
 from router.ledger import t2_branch
+from router.routing.errors import ForwardFailed, refused_content
+from router.routing.ports import OutboundParticipant
 from xa.errors import DecisionUnknown, TransactionTimeout, XAError
 from xa.pg import PgBranch
 
@@ -60,17 +62,6 @@ log = logging.getLogger("nsjms.channel")
 
 PG_BRANCH = "queue"
 _ISOLATE_AFTER_TIMEOUTS = 3      # consecutive timeouts of a multi-event batch before it is delivered one by one
-
-
-class ForwardFailed(Exception):
-    """Raised by a participant's ``forward_in_t2`` that could not carry the batch, after it marked the T2
-    rollback-only. ``content``: the batch itself is the problem (the broker refused a frame: the same batch fails
-    the same way), else an outage (retry later)."""
-
-    def __init__(self, reason: str, *, content: bool) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.content = content
 
 
 @dataclass
@@ -101,7 +92,7 @@ def enabled(proxy: Any) -> bool:
     return bool(proxy.qos.get(Q.ENABLE_TRANSACTION, False))
 
 
-def participant(proxy: Any) -> Any:
+def participant(proxy: Any) -> OutboundParticipant | None:
     """The in-process T2 participant the proxy's client is, when this proxy delivers in T2; None otherwise (the
     proxy then pushes over CORBA as usual)."""
     if not enabled(proxy):
@@ -239,35 +230,30 @@ def client_refused(proxy: Any, client: Any) -> str | None:
         return unavailable_reason(proxy)
     if t2.local(proxy.rt.ior(client)) is not None:
         return None
-    try:
-        servant = proxy.rt.local_servant(client) if hasattr(proxy.rt, "local_servant") else None
-    except Exception:  # noqa: BLE001 — not resolvable here: not a local participant
-        servant = None
-    if getattr(servant, "t2_participant", None) is not None:
+    if proxy.rt.endpoints.outbound_t2(client) is not None:
         return None
     return "its consumer is not a bridge endpoint of this node"
 
 
-def participant_quiet(proxy: Any) -> Any:
-    """The participant registered under the client's IOR; else the servant behind the client reference when it
-    lives in this node and carries one (``t2_participant``: the same bridge, whatever its IOR's spelling)."""
+def participant_quiet(proxy: Any) -> OutboundParticipant | None:
+    """The participant registered under the client's IOR; else the one the node's local endpoints hold for the
+    servant behind the client reference (the same bridge, whatever its IOR's spelling)."""
     t2 = getattr(proxy.rt, "t2", None)
     if t2 is None or not proxy.client_ior or _acknowledging(proxy):
         return None
-    target = t2.local(proxy.client_ior)
-    if target is None and hasattr(proxy.rt, "local_servant"):
+    target: OutboundParticipant | None = t2.local(proxy.client_ior)
+    if target is None:
         try:
-            servant = proxy.rt.local_servant(proxy.client_ref())
+            target = proxy.rt.endpoints.outbound_t2(proxy.client_ref())
         except Exception:  # noqa: BLE001 — not resolvable here: not a local participant
-            servant = None
-        target = getattr(servant, "t2_participant", None)
+            target = None
         if target is not None:
             t2.register_local(proxy.client_ior, target)
     return target
 
 
 # ----------------------------------------------------------------------------------------------- delivering
-def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
+def deliver(proxy: Any, target: OutboundParticipant, entries: list[Entry]) -> Outcome:
     """One T2 for ``entries`` (plus what else is queued, up to the batch size). Every entry ends delivered, put
     back, held for recovery (decision unknown) or dead-lettered."""
     st = state(proxy)
@@ -309,9 +295,7 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
         try:
             conn = session.enter_context(proxy.rt.db.branch())
             try:
-                early = getattr(target, "begin_in_t2", None)
-                if early is not None:              # the broker's BEGIN goes out now, its receipt overlaps our SQL
-                    early(txn)
+                target.begin_in_t2(txn)            # the broker's BEGIN goes out now, its receipt overlaps our SQL
                 t2.enlist(txn, t2_branch(proxy.rt.store.ledger, conn, PgBranch(conn, PG_BRANCH), txn.gtrid,
                                          [e.record.db_id for e in entries]))
                 ids = [e.record.db_id for e in entries if e.record.db_id is not None]
@@ -367,7 +351,7 @@ def deliver(proxy: Any, target: Any, entries: list[Entry]) -> Outcome:
 PHASE_TWO_WAIT_S = 15.0
 
 
-def _complete(st: T2State, target: Any, txn: Any, result: Any, entries: list[Entry], session: ExitStack,
+def _complete(st: T2State, target: OutboundParticipant, txn: Any, result: Any, entries: list[Entry], session: ExitStack,
               flight: Any = None, token: int | None = None) -> None:
     """Phase two of a decided T2 (on the proxy's completer): COMMIT PREPARED, the broker's COMMIT, END; then the
     session goes back to the pool, the participant hears of the end and the records are released; last, a
@@ -379,7 +363,8 @@ def _complete(st: T2State, target: Any, txn: Any, result: Any, entries: list[Ent
             flight.settle(token)
 
 
-def _phase_two(st: T2State, target: Any, txn: Any, result: Any, entries: list[Entry], session: ExitStack) -> None:
+def _phase_two(st: T2State, target: OutboundParticipant, txn: Any, result: Any, entries: list[Entry],
+               session: ExitStack) -> None:
     done = False
     try:
         txn.complete()
@@ -481,7 +466,7 @@ def drain(proxy: Any, timeout: float | None = None) -> bool:
     return True if c is None else c.drain(timeout)
 
 
-def _ended(target: Any, txn: Any, result: Any, committed: bool, reason: str = "") -> None:
+def _ended(target: OutboundParticipant, txn: Any, result: Any, committed: bool, reason: str = "") -> None:
     if txn is None:
         return
     try:
@@ -508,7 +493,7 @@ def _rollback(txn: Any, exc: BaseException) -> str:
 def _rolled_back(proxy: Any, st: T2State, entries: list[Entry], exc: Exception, reason: str) -> Outcome:
     st.rolled_back += 1
     st.last_rollback = reason
-    content = getattr(exc, "content", False) is True     # ForwardFailed / a refused frame found at prepare
+    content = refused_content(exc)     # ForwardFailed / a refused frame found at prepare
     timed_out = isinstance(exc, TransactionTimeout)
     if timed_out:
         st.timeouts += 1

@@ -199,9 +199,13 @@ class Database:
     def branch(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection for a T2 branch (``xa.pg.PgBranch``): idle, not autocommit, no transaction begun.
 
-        The branch's own boundary (``xa.pg``) translates errors of its two-phase calls; here only the checkout is
-        translated (:class:`StoreUnavailable`). The connection goes back to the pool when the block ends; one
-        left inside a transaction is rolled back by the pool, a broken one is discarded.
+        The branch's own boundary (``xa.pg``) translates errors of its two-phase calls (they leave the block as
+        ``xa`` errors, untouched here). The checkout and the caller's statements inside the block are translated
+        as :meth:`unit_of_work` translates them during its work: no connection in time or a broken connection is
+        :class:`StoreUnavailable` (never in doubt: nothing of a T2 commits before its prepare), a statement the
+        database cancelled on a working connection :class:`StoreTimeout`, any other psycopg error
+        :class:`StoreError`. The connection goes back to the pool when the block ends; one left inside a
+        transaction is rolled back by the pool, a broken one is discarded.
         """
         try:
             cm = self._pool.connection(timeout=self.checkout_timeout)
@@ -213,11 +217,14 @@ class Database:
         try:
             yield conn
         except BaseException as exc:
-            if conn.broken:
+            broken = conn.broken
+            if broken:
                 self._purge_broken()
             _drop_if_unfinished(conn)
             _mark_idle(conn)
             cm.__exit__(type(exc), exc, exc.__traceback__)
+            if isinstance(exc, psycopg.Error):
+                raise _work_error(exc, broken=broken) from exc
             raise
         else:
             _drop_if_unfinished(conn)
@@ -278,6 +285,17 @@ def _drop_if_unfinished(conn: psycopg.Connection[Any]) -> None:
     back here: recovery finishes it by xid) is closed, never handed to the next user of the pool."""
     if getattr(conn, "_tpc", None) is not None and not conn.closed:
         conn.close()
+
+
+def _work_error(exc: psycopg.Error, *, broken: bool) -> StoreError:
+    """The project's error for a psycopg error raised by a statement of a T2 branch (as :meth:`Database.unit_of_work`
+    classifies one raised during its work)."""
+    if isinstance(exc, _CANCELLED) and not broken:
+        return StoreTimeout(f"the database cancelled a statement during work (statement or lock timeout, or an "
+                            f"operator's cancel; the database is reachable): {_first_line(exc)}")
+    if isinstance(exc, (*_CANCELLED, psycopg.OperationalError, psycopg.InterfaceError)):
+        return StoreUnavailable(f"database connection failed during work: {_first_line(exc)}")
+    return StoreError(f"database error during work: {_first_line(exc)}")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -27,6 +27,7 @@ from router.channel.events import Event, Form
 from router.channel.queue import ANY_ORDER, FIFO_ORDER, Entry, ProxyQueue, Record
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.transport import BrokerError, BrokerUnavailable, ReceiptTimeout, SendRefused, refused_send
+from router.routing.registry import LocalEndpoint, LocalEndpoints
 
 QUEUE = Destination("queue", "out")
 
@@ -151,8 +152,10 @@ class Proxy:
         self.max_batch = max_batch
         self.queue = ProxyQueue(FIFO_ORDER, ANY_ORDER, 0, on_drop=lambda e, r: None)
         self.stop_event = threading.Event()
-        self.rt = SimpleNamespace(shutting_down=threading.Event(), max_event_bytes=0,
-                                  local_servant=lambda ref: servant)
+        endpoints = LocalEndpoints(lambda ref: servant)      # the servant behind every client reference
+        if getattr(servant, "local_batches", None) is not None:     # a bridge endpoint: it registered its port
+            endpoints.add(servant, LocalEndpoint(batches=servant.local_batches))
+        self.rt = SimpleNamespace(shutting_down=threading.Event(), max_event_bytes=0, endpoints=endpoints)
         self.delivered: list[Any] = []
         self.delivery_calls: list[list[Any]] = []
         self.content_failed: list[list[Any]] = []

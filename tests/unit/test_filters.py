@@ -17,6 +17,7 @@ from router.channel.ack import SN_LIMIT, AckState, next_sn, sequence_number_of, 
 from router.channel.events import Event, Form
 from router.channel.filters import FilterFactoryImpl, FilterImpl, MappingFilterImpl, types_for
 from router.channel.queue import Entry, Record
+from router.routing.registry import LocalEndpoints
 
 
 class FakeRepo:
@@ -68,8 +69,7 @@ class FakeRt:
     def resolve(self, ior: str) -> Any:
         raise AssertionError("not used")
 
-    def local_servant(self, ref: Any) -> Any:
-        return ref
+    endpoints = LocalEndpoints(lambda ref: ref)      # every callback reference is a local servant
 
     def spawn(self, name: str, fn: Any) -> None:
         fn()

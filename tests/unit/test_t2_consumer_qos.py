@@ -24,6 +24,7 @@ from router.channel import consumers as C
 from router.channel import proxies as P
 from router.channel import qos as Q
 from router.channel import t2in
+from router.routing.registry import LocalEndpoint, LocalEndpoints
 
 BRIDGE_IOR = "IOR:the-bridge-pull-sender"
 
@@ -50,9 +51,7 @@ class Rt:
     def __init__(self, t2: Any) -> None:
         self.t2 = t2
         self.persisted: list[dict[str, Any]] = []
-
-    def local_servant(self, ref: Any) -> Any:
-        return None
+        self.endpoints = LocalEndpoints()          # no servant of this node behind any reference
 
 
 def _proxy(cls: type, *, t2: bool = True, ior: str | None = BRIDGE_IOR) -> Any:
@@ -162,7 +161,8 @@ def test_a_push_proxy_consumer_that_cannot_honour_its_inherited_enable_transacti
 def test_the_servant_behind_the_suppliers_reference_is_found_and_registered() -> None:
     proxy = _proxy(C.StructuredProxyPullConsumerImpl, ior="IOR:another-spelling")
     sender = PullSender()
-    proxy.rt.local_servant = lambda ref: sender
+    proxy.rt.endpoints = LocalEndpoints(lambda ref: sender)     # the bridge registered its pull sender
+    proxy.rt.endpoints.add(sender, LocalEndpoint(inbound=sender))
     assert t2in.local_target(proxy) is sender
     assert proxy.rt.t2.local("IOR:another-spelling") is sender
     proxy.set_qos(_enable())

@@ -15,6 +15,7 @@ import pytest
 from router.channel import ack as A
 from router.channel import proxies as P
 from router.channel import qos as Q
+from router.routing.registry import LocalEndpoints
 
 
 class FakeT2:
@@ -25,8 +26,7 @@ class FakeT2:
 class Rt:
     t2 = FakeT2()
 
-    def local_servant(self, ref: Any) -> Any:
-        return None
+    endpoints = LocalEndpoints()                   # no servant of this node behind any reference
 
 
 def _supplier(cls: type, *, enable: bool = True, connected: bool = True) -> Any:
