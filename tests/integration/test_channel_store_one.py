@@ -37,7 +37,12 @@ def test_one_event_one_target_stores_what_the_array_statement_stores(fresh_db: s
         store = Store(writer, clock=lambda: 1_700_000_000.25)
         scalar_calls: list[int] = []
         one = store._insert_one
-        monkeypatch.setattr(store, "_insert_one", lambda conn, cid, *a: scalar_calls.append(cid) or one(conn, cid, *a))
+
+        def spy(conn: Any, cid: int, *args: Any) -> list[int]:
+            scalar_calls.append(cid)
+            return one(conn, cid, *args)
+
+        monkeypatch.setattr(store, "_insert_one", spy)
         with db.unit_of_work() as conn:
             maintain(conn, retention_days=2, ahead_days=1)
             conn.execute("INSERT INTO nsjms_channel(id, qos, admin_props) VALUES (7, '{}', '{}')")
