@@ -162,7 +162,6 @@ class ProxyBase(QoSMixin, FilterMixin):
             self.client_ior = None if nil else self.rt.ior(client)
             self._update(client_ior=self.client_ior, connected=True, suspended=False)
             self.connected, self.suspended = True, False
-        self._wake()                            # a worker parked while not connected (ProxyQueue.park)
         self.start()
 
     def _check_transactional_client(self, client: Any) -> None:

@@ -309,7 +309,8 @@ class ProxyQueue:
         """:meth:`wait` for a dispatcher that cannot deliver whatever arrives (its proxy is suspended, not
         connected or closing): a new entry does not wake it (issue 27: ~57 us per enqueue went into waking a
         suspended proxy's dispatcher for nothing); :meth:`wake`, :meth:`close` or ``timeout`` end the wait, so
-        whoever changes that state must :meth:`wake` it (resume, connect, teardown do)."""
+        whoever changes that state must :meth:`wake` it (resume, teardown and a failed destroy's re-open do; a
+        worker starts only once its proxy is connected)."""
         with self.cond:
             if not self.closed:
                 self._parked += 1
