@@ -5,7 +5,11 @@ servant that counts what it receives; this process pushes the bench's 1 KB event
 (``/proc/PID/stat``, the whole process: ORB threads and the servant) is what any CORBA server in Python pays to
 receive an event on this machine now; the node's CPU per event is reported beside it.
 
-    .venv/bin/python bench/orb_unit.py [--calls 5000]
+    .venv/bin/python bench/orb_unit.py [--calls 5000] [--auth] [--reps 1]
+
+``--auth``: also measure (alternating with the plain server, ``--reps`` pairs) a server that installs the node's
+credential interceptor (``router.auth.install_server``, issue 27) while this client presents the bench's token on
+every call, as the bench's suppliers do: the interceptor's cost per incoming request.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -23,11 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
 from channel_bench import _event
-from common import ROOT, client_orb
+from common import BENCH_ADMIN_TOKEN, ROOT, client_orb
 
 SERVER = r"""
 import sys, threading
 import omniORB
+if len(sys.argv) > 2:                       # [state dir, token]: the node's credential interceptor
+    from pathlib import Path
+    from router import auth
+    auth.install_token(Path(sys.argv[1]), sys.argv[2], auth.Role.OPERATOR)
+    auth.install_server(auth.Authenticator(Path(sys.argv[1])))
 from omniORB import CORBA
 import CosNotifyComm__POA
 
@@ -60,12 +70,14 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def orb_units(calls: int = 5000, batch: int = 100) -> dict[str, float]:
+def orb_units(calls: int = 5000, batch: int = 100, auth_dir: str | None = None) -> dict[str, float]:
     """µs of the raw server's CPU per ``push_structured_event`` call (``structured``) and per event in
-    ``push_structured_events`` of ``batch`` (``sequence``), each after a warm-up of a tenth of the calls."""
+    ``push_structured_events`` of ``batch`` (``sequence``), each after a warm-up of a tenth of the calls.
+    ``auth_dir``: the server installs the node's credential interceptor with the bench's token registered there."""
     import CosNotifyComm
 
-    server = subprocess.Popen([sys.executable, "-c", SERVER], cwd=ROOT, stdin=subprocess.PIPE,
+    extra = [auth_dir, BENCH_ADMIN_TOKEN] if auth_dir else []
+    server = subprocess.Popen([sys.executable, "-c", SERVER, *extra], cwd=ROOT, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     assert server.stdin is not None and server.stdout is not None
     orb = client_orb()
@@ -104,11 +116,17 @@ def orb_units(calls: int = 5000, batch: int = 100) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=5000)
+    ap.add_argument("--auth", action="store_true", help="A/B: also with the node's credential interceptor")
+    ap.add_argument("--reps", type=int, default=1)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    units = orb_units(args.calls)
-    print(f"raw omniORBpy server CPU: push_structured_event {units['structured']:.1f} µs per call, "
-          f"push_structured_events x100 {units['sequence']:.1f} µs per event ({time.perf_counter() - t0:.1f} s)")
+    with tempfile.TemporaryDirectory(prefix="nsjms-orb-unit-") as state:
+        for _ in range(args.reps):
+            for auth_dir in ([None, state] if args.auth else [None]):
+                units = orb_units(args.calls, auth_dir=auth_dir)
+                print(f"raw omniORBpy server CPU{' + auth interceptor' if auth_dir else ''}: push_structured_event "
+                      f"{units['structured']:.1f} µs per call, push_structured_events x100 "
+                      f"{units['sequence']:.1f} µs per event ({time.perf_counter() - t0:.1f} s)", flush=True)
     return 0
 
 

@@ -4,7 +4,8 @@ The mechanism is a **bearer credential in a GIOP service context**: a client pre
 ``"<principal>:<secret>"`` (a CDR-encapsulated string) under service context id :data:`SERVICE_CONTEXT_ID` on each
 request; the node's server request interceptor (:func:`install_server`) looks the principal up in the state
 directory's ``credentials/principals.json`` (mode 0600; secrets stored as SHA-256 digests, compared in constant
-time) and records the caller in a thread-local for the upcall that follows on the same ORB thread. The servants of
+time) and records the caller in a thread-local for the upcall that follows on the same ORB thread (the credential
+itself is checked when the upcall first asks who its caller is: a push never asks, issue 27). The servants of
 the administrative interfaces are wrapped by :func:`admin_surface` (every IDL operation of the class, inherited ones
 included, so a new operation is guarded by default) or :func:`guard_ops` (named operations of a standard NS
 interface); a guarded operation asks :func:`require`, which raises ``CORBA.NO_PERMISSION`` (``COMPLETED_NO``) for an
@@ -101,8 +102,10 @@ def current() -> Principal | None:
         return INTERNAL
     if not _server["installed"]:
         return None
-    principal: Principal | None = getattr(_current, "principal", None)
-    return principal
+    caller = getattr(_current, "principal", None)
+    if isinstance(caller, _Presented):       # the request's credential, not yet checked: check it now, once
+        caller = _current.principal = caller.check()
+    return caller
 
 
 def audit_identity(refused: Callable[[str], BaseException]) -> str:
@@ -115,8 +118,30 @@ def audit_identity(refused: Callable[[str], BaseException]) -> str:
     return principal.name
 
 
-def _set_current(principal: Principal | None) -> None:
+def _set_current(principal: Principal | _Presented | None) -> None:
     _current.principal = principal
+
+
+@dataclass(frozen=True, slots=True)
+class _Presented:
+    """The credential an incoming request presented, as the interceptor found it (issue 27): checked only when
+    something asks who the caller is (:func:`current`: an admin guard, an operator log's identity), once per
+    request. A data-path request (a push, a pull) never asks, so it pays neither the decode, nor the file's
+    ``stat`` nor the digest; what a guard sees is exactly what an eager check would have given it."""
+
+    op: str
+    data: Any
+
+    def check(self) -> Principal | None:
+        token = _decode(self.data)
+        current_auth: Authenticator | None = _server["auth"]
+        principal = current_auth.authenticate(token) if token and current_auth else None
+        if principal is None:
+            name, sep, _ = (token or "").partition(":")
+            # a token without ':' is all secret: never log any of it (review finding)
+            log.warning("invalid credential presented for %s (%s)", self.op,
+                        f"principal {name[:64]!r}" if sep else "malformed credential")
+        return principal
 
 
 @contextlib.contextmanager
@@ -379,33 +404,32 @@ def _decode(data: Any) -> str | None:
 _server: dict[str, Any] = {"installed": False, "auth": None}
 
 
+def _receive(op: str, contexts: Any) -> None:
+    """The server request interceptor: every incoming request sets this thread's caller, anonymous or the credential
+    it presented (checked when first asked: :func:`current`)."""
+    presented = None
+    for cid, data in contexts:
+        if cid == SERVICE_CONTEXT_ID:
+            presented = _Presented(op, data)
+    _current.principal = presented
+
+
 def install_server(auth: Authenticator) -> bool:
     """Register the server request interceptor (once per process, before the first ``ORB_init``; a later node of the
     same process replaces the authenticator). Every incoming request sets the thread's caller: the principal of a
-    valid credential, else anonymous. A presented but invalid credential is logged (by principal name only) and
-    treated as anonymous. False when it could not be registered: every remote admin call is then refused."""
+    valid credential, else anonymous. The credential is checked when the request's upcall first asks for its
+    caller (:func:`current`, i.e. a guard or an operator log), so requests that never ask (pushes, pulls: the data
+    path) cost the interceptor only the look for the context. A presented but invalid credential is then logged (by
+    principal name only) and treated as anonymous. False when it could not be registered: every remote admin call
+    is then refused."""
     from omniORB import CORBA, interceptors
 
     _server["auth"] = auth
     if _server["installed"]:
         return True
 
-    def receive(op: str, contexts: Any) -> None:
-        principal = None
-        for cid, data in contexts:
-            if cid == SERVICE_CONTEXT_ID:
-                token = _decode(data)
-                current_auth: Authenticator | None = _server["auth"]
-                principal = current_auth.authenticate(token) if token and current_auth else None
-                if principal is None:
-                    name, sep, _ = (token or "").partition(":")
-                    # a token without ':' is all secret: never log any of it (review finding)
-                    log.warning("invalid credential presented for %s (%s)", op,
-                                f"principal {name[:64]!r}" if sep else "malformed credential")
-        _set_current(principal)
-
     try:
-        interceptors.addServerReceiveRequest(receive)
+        interceptors.addServerReceiveRequest(_receive)
     except CORBA.BAD_INV_ORDER:
         log.error("the admin credential interceptor cannot be installed (an ORB already runs in this process): "
                   "every remote administrative request is refused")

@@ -77,7 +77,7 @@ class PushSupplierMixin(ProxySupplierBase):
         while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
             if self.suspended or not self.connected or self.closing:   # closing: a destroy in progress; if it
                 self._flush_delivered()                                   # fails the proxy is re-opened (inflight)
-                self.queue.wait(_IDLE_WAIT)
+                self.queue.park(_IDLE_WAIT)      # new events cannot help: only a state change (which wakes it)
                 continue
             n, since = self._ready(since)
             entries = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes) if n else []

@@ -121,6 +121,7 @@ class ProxyQueue:
         self._expired: list[Entry] = []       # found expired (e.g. by peek_count), handed over by the next take
         self.cond = threading.Condition()
         self.closed = False
+        self._parked = 0                      # waiters that no new entry can help (:meth:`park`)
 
     # -- adding -----------------------------------------------------------------------------------------
     def put(self, record: Record) -> None:
@@ -138,7 +139,8 @@ class ProxyQueue:
                 if record.deadline is not None:
                     heapq.heappush(self._deadlines, (record.deadline, record.seq, entry))
                 dropped = self._enforce_limit()
-                self.cond.notify_all()
+                if not self._parked:              # a parked dispatcher cannot act on it: no wake-up (issue 27)
+                    self.cond.notify_all()
         if closed:
             self._on_drop([entry], "proxy closed")
         elif dropped:
@@ -302,6 +304,20 @@ class ProxyQueue:
         with self.cond:
             if not self.closed:
                 self.cond.wait(timeout)
+
+    def park(self, timeout: float) -> None:
+        """:meth:`wait` for a dispatcher that cannot deliver whatever arrives (its proxy is suspended, not
+        connected or closing): a new entry does not wake it (issue 27: ~57 us per enqueue went into waking a
+        suspended proxy's dispatcher for nothing); :meth:`wake`, :meth:`close` or ``timeout`` end the wait, so
+        whoever changes that state must :meth:`wake` it (resume, teardown and a failed destroy's re-open do; a
+        worker starts only once its proxy is connected)."""
+        with self.cond:
+            if not self.closed:
+                self._parked += 1
+                try:
+                    self.cond.wait(timeout)
+                finally:
+                    self._parked -= 1
 
     def wake(self) -> None:
         with self.cond:

@@ -32,7 +32,7 @@ import select
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -147,8 +147,11 @@ class Database:
         used: psycopg.Connection[Any] | None = None
         limit = self.checkout_timeout if timeout is None else timeout
         try:
-            with ExitStack() as held:
-                conn = self._idle_working(held, limit)
+            # getconn/putconn, not the pool's connection() (issue 27: the group committer's lone pushes come here):
+            # its ``with conn`` would only add a COMMIT or ROLLBACK that an autocommit connection never needs (the
+            # statement was its own transaction; a connection left in another state is reset or discarded by putconn)
+            conn = self._idle_working(limit)
+            try:
                 used = conn
                 conn.autocommit = True
                 try:
@@ -157,6 +160,8 @@ class Database:
                     if not conn.closed:
                         conn.autocommit = False
                     _mark_idle(conn)
+            finally:
+                self._pool.putconn(conn)
         except PoolTimeout as exc:
             raise StoreUnavailable(f"no database connection within {limit:g} s") from exc
         except _CANCELLED as exc:
@@ -175,24 +180,28 @@ class Database:
         except psycopg.Error as exc:
             raise StoreError(f"database error during statement: {_first_line(exc)}") from exc
 
-    def _idle_working(self, held: ExitStack, timeout: float) -> psycopg.Connection[Any]:
-        """A pooled connection for :meth:`statement`, held until ``held`` closes. One with something to read while
-        idle (the server closed it) is checked; a failed check discards it (the pool replaces it), checks the
-        other idle ones (:meth:`_purge_broken`) and takes ONE other connection, whose failed check raises."""
+    def _idle_working(self, timeout: float) -> psycopg.Connection[Any]:
+        """A pooled connection for :meth:`statement` (the caller gives it back with ``putconn``). One with something
+        to read while idle (the server closed it) is checked; a failed check discards it (the pool replaces it),
+        checks the other idle ones (:meth:`_purge_broken`) and takes ONE other connection, whose failed check
+        raises."""
         for attempt in (1, 2):
-            with ExitStack() as this:
-                conn = this.enter_context(self._pool.connection(timeout=timeout))
-                if _readable(conn):              # nothing is due on an idle connection: the server went away?
-                    try:
-                        ConnectionPool.check_connection(conn)
-                    except (psycopg.OperationalError, psycopg.InterfaceError):
-                        if attempt == 2:
-                            raise
+            conn = self._pool.getconn(timeout=timeout)
+            if _readable(conn):                  # nothing is due on an idle connection: the server went away?
+                try:
+                    ConnectionPool.check_connection(conn)
+                except (psycopg.OperationalError, psycopg.InterfaceError):
+                    if attempt == 1:
                         conn.close()             # back to the pool closed: discarded and replaced
-                        self._purge_broken()
-                        continue
-                held.enter_context(this.pop_all())
-                return conn
+                    self._pool.putconn(conn)
+                    if attempt == 2:
+                        raise
+                    self._purge_broken()
+                    continue
+                except BaseException:
+                    self._pool.putconn(conn)
+                    raise
+            return conn
         raise AssertionError("unreachable")      # pragma: no cover
 
     @contextmanager
