@@ -12,7 +12,9 @@
 * **Roles**: a reader sees everything and has no write buttons; every write route needs the operator role (403).
 * **Actions**: every one needs a reason (recorded in the operator log with the principal), destructive ones a typed
   confirmation, both checked once (:func:`action_form`) before the backend runs the CLI's operation; a refusal of the
-  node is a 409 with the CLI's words. A selection (several bridges or dead letters) runs the same operation per item.
+  node (its CORBA exceptions included: a quota's ``IMP_LIMIT``, ``NO_PERMISSION``, a spec's user exception) is a 409
+  with the CLI's words, a node that does not answer a 503 with the CLI's "node not reachable"; both are logged.
+  A selection (several bridges or dead letters) runs the same operation per item.
 * **Headers**: a CSP without inline scripts or styles, ``X-Frame-Options: DENY``, ``nosniff``, no referrer,
   ``Cache-Control: no-store`` on everything except the vendored static files.
 
@@ -22,6 +24,7 @@ Every page answers ``?format=json`` with the data it renders.
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 import threading
 import time
@@ -41,11 +44,15 @@ from router.console.backend import (
     Backend,
     BridgeSpec,
     ConsoleRefused,
+    NodeRefused,
+    NodeUnavailable,
 )
 from router.console.views import MAX_PER_PAGE, RateSampler, paginate, read_operator_log
 from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT
 
 __all__ = ["COOKIE", "LoginThrottle", "Session", "Sessions", "create_app"]
+
+log = logging.getLogger("nsjms.console")
 
 COOKIE = "nsjms_console"
 LOGIN_COOKIE = "nsjms_login"
@@ -254,7 +261,11 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.errorhandler(ConsoleRefused)
     def refused(exc: ConsoleRefused) -> Response:
-        return _error(409, f"refused: {exc}")
+        text = str(exc) if str(exc).startswith(("refused", "node not")) else f"refused: {exc}"
+        session = g.get("session")
+        log.warning("console %s %s by %s: %d %s", request.method, request.path,
+                    session.principal.name if session else "-", exc.status, text)
+        return _error(exc.status, text)
 
     def done(result: Any, target: str) -> Any:
         """A JSON answer for ``?format=json``, else a redirect to ``target``."""
@@ -267,7 +278,9 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
             try:
                 results.append({"id": item, "ok": True, "result": act(item)})
             except ConsoleRefused as exc:
-                results.append({"id": item, "ok": False, "result": f"refused: {exc}"})
+                text = str(exc) if str(exc).startswith(("refused", "node not")) else f"refused: {exc}"
+                log.warning("console %s %s %s by %s: %s", kind, request.form.get("action", ""), item, who().name, text)
+                results.append({"id": item, "ok": False, "result": text})
         if request.args.get("format") == "json":
             return jsonify({"results": results})
         return render_template("selected.html", kind=kind, action=request.form.get("action", ""),
@@ -365,6 +378,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         try:
             return page("channel.html", backend.channel(who(), cid))
         except ConsoleRefused as exc:
+            if isinstance(exc, (NodeRefused, NodeUnavailable)):
+                raise
             return _error(404, str(exc))
 
     @app.post("/channels/create")
@@ -450,6 +465,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         try:
             view = backend.transaction(gtrid)
         except ConsoleRefused as exc:
+            if isinstance(exc, (NodeRefused, NodeUnavailable)):
+                raise
             return _error(404, str(exc))
         confirm = request.args.get("confirm", "")
         from router.txncli import heuristic_warning
@@ -484,6 +501,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         try:
             return page("deadletter.html", backend.dead_letter(dl_id), actions=DEAD_LETTER_ACTIONS)
         except ConsoleRefused as exc:
+            if isinstance(exc, (NodeRefused, NodeUnavailable)):
+                raise
             return _error(404, str(exc))
 
     @app.post("/deadletters/<int:dl_id>/<action>")

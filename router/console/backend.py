@@ -20,14 +20,20 @@
 
 Calls run under the signed-in principal (:func:`router.auth.acting_as`): the node's own guards see who asks.
 
-Exceptions: :class:`ConsoleRefused` (the node refused; the message says why, as the CLI would print it).
+Exceptions (the CORBA exceptions of the node translated here, once, by the CLI's :func:`router.cliout.corba_error`)::
+
+    Exception
+     └── ConsoleRefused      the node refused (409); the message says why, as the CLI would print it
+          ├── NodeRefused        ... with a CORBA exception (a quota's IMP_LIMIT, NO_PERMISSION, a user exception)
+          └── NodeUnavailable    the node did not answer (503): the CLI's "node not reachable"
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,7 +41,7 @@ from typing import Any, Protocol
 from router.auth import Principal, acting_as
 from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT, Refused, TxnOps
 
-__all__ = ["Backend", "BridgeSpec", "ConsoleRefused", "NodeBackend"]
+__all__ = ["Backend", "BridgeSpec", "ConsoleRefused", "NodeBackend", "NodeRefused", "NodeUnavailable", "node_errors"]
 
 BRIDGE_ACTIONS = ("start", "stop", "destroy")
 TXN_ACTIONS = ("commit", "rollback", "forget")
@@ -58,6 +64,35 @@ class BridgeSpec:
 
 class ConsoleRefused(Exception):
     """The node refused an action or a lookup; the message is the CLI's."""
+
+    status = 409
+
+
+class NodeRefused(ConsoleRefused):
+    """The node answered with a CORBA exception that refuses the request (never a "not found" of a page)."""
+
+
+class NodeUnavailable(ConsoleRefused):
+    """The node did not answer (a CORBA ``TRANSIENT``, ``COMM_FAILURE``, ``TIMEOUT``): the CLI's exit 3."""
+
+    status = 503
+
+
+@contextlib.contextmanager
+def node_errors() -> Iterator[None]:
+    """Any CORBA exception the node answers with, as the CLI words it (:func:`router.cliout.corba_error`): a
+    refusal (``IMP_LIMIT`` of a quota, ``NO_PERMISSION``, a spec's user exception ...) or the node unavailable."""
+    from router.cliout import corba_error
+
+    try:
+        yield
+    except ConsoleRefused:
+        raise
+    except Exception as exc:
+        error = corba_error(exc)
+        if error is None:
+            raise
+        raise (NodeUnavailable if error.unavailable else NodeRefused)(error.words) from None
 
 
 class Backend(Protocol):
@@ -131,7 +166,7 @@ class NodeBackend:
     def channels(self, who: Principal) -> list[dict[str, Any]]:
         from router.channelcli import _list
 
-        with acting_as(who):
+        with node_errors(), acting_as(who):
             return _list(self._ecf(), self.snapshot())
 
     def channel(self, who: Principal, cid: int) -> dict[str, Any]:
@@ -139,7 +174,7 @@ class NodeBackend:
 
         from router.channelcli import show
 
-        with acting_as(who):
+        with node_errors(), acting_as(who):
             try:
                 channel = self._ecf().get_event_channel(cid)
             except CosNotifyChannelAdmin.ChannelNotFound:
@@ -153,7 +188,7 @@ class NodeBackend:
         from router.bridgecli import _dispatch, _snapshot_bridges, invalid_endpoints
 
         out: list[str] = []
-        with acting_as(who):
+        with node_errors(), acting_as(who):
             factory = self.node.bridges.ref._narrow(BA.BridgeFactory)
             if args.bridge_command == "list":
                 args.existing_channels = set(self._ecf().get_all_channels())
@@ -198,9 +233,11 @@ class NodeBackend:
                   act: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Run ``act`` and put it in the operator log with the principal and the reason, refused or done."""
         try:
-            result = act()
+            with node_errors():
+                result = act()
         except ConsoleRefused as exc:
-            self.audit(who.name, why, action, target, f"refused: {exc}")
+            self.audit(who.name, why, action, target, str(exc) if str(exc).startswith(("refused", "node not"))
+                       else f"refused: {exc}")
             raise
         self.audit(who.name, why, action, target, result)
         return result
@@ -226,7 +263,7 @@ class NodeBackend:
             try:
                 if spec.transaction.strip():
                     args.transaction = parse_transaction(spec.transaction.strip())
-                with acting_as(who):
+                with node_errors(), acting_as(who):
                     reasons, errors = _precheck(args, BA, self.node.factory.ref)
             except (UsageError, argparse.ArgumentTypeError) as exc:
                 raise ConsoleRefused(str(exc)) from None
@@ -274,7 +311,7 @@ class NodeBackend:
         try:
             if args.channel_command == "create":
                 qos, admin = check_create_args(args)
-            with acting_as(who):
+            with node_errors(), acting_as(who):
                 _dispatch(args, self._ecf(), self.state_dir, qos, admin, out.append)
         except UsageError as exc:
             raise ConsoleRefused(str(exc)) from None
