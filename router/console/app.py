@@ -40,6 +40,7 @@ from router.auth import Authenticator, Principal, Role
 from router.console.backend import (
     BRIDGE_ACTIONS,
     DEAD_LETTER_ACTIONS,
+    ORPHAN_ACTIONS,
     TXN_ACTIONS,
     Backend,
     BridgeSpec,
@@ -487,6 +488,31 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
             return jsonify(result)
         return render_template("done.html", action=action, gtrid=gtrid, result=result, session=g.session,
                                errors=list(result.get("errors") or []))
+
+    @app.get("/orphans/<path:gid>")
+    def orphan(gid: str) -> Any:
+        """One orphaned prepared branch of the listing, and (``?confirm=commit|rollback``) the confirmation of
+        ``nsjms txn commit|rollback --xid GID`` with the CLI's summary."""
+        found = [o for o in backend.transactions()["orphans"] if o["gid"] == gid]
+        if not found:
+            return _error(404, f"no orphaned prepared branch with GID {gid!r} (it may have been decided)")
+        confirm = request.args.get("confirm", "")
+        from router.txncli import orphan_summary
+
+        return page("orphan.html", found[0], actions=ORPHAN_ACTIONS,
+                    confirm=confirm if confirm in ORPHAN_ACTIONS else "", summary=orphan_summary(gid))
+
+    @app.post("/orphans/<path:gid>/<action>")
+    def orphan_action(gid: str, action: str) -> Any:
+        require_operator()
+        if action not in ORPHAN_ACTIONS:
+            abort(404)
+        why = action_form(request.form, confirm=("confirm_gid", gid, "GID"))
+        result = backend.orphan_action(who(), gid, action, why)
+        if request.args.get("format") == "json":
+            return jsonify(result)
+        return render_template("done.html", action=f"{action} orphaned branch", gtrid=gid, result=result,
+                               session=g.session, errors=[])
 
     @app.get("/deadletters")
     def dead_letters() -> Any:

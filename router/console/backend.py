@@ -45,6 +45,7 @@ __all__ = ["Backend", "BridgeSpec", "ConsoleRefused", "NodeBackend", "NodeRefuse
 
 BRIDGE_ACTIONS = ("start", "stop", "destroy")
 TXN_ACTIONS = ("commit", "rollback", "forget")
+ORPHAN_ACTIONS = ("commit", "rollback")         # `nsjms txn commit|rollback --xid GID`
 DEAD_LETTER_ACTIONS = ("retry", "discard")
 
 
@@ -115,6 +116,8 @@ class Backend(Protocol):
     def transaction(self, gtrid: str) -> dict[str, Any]: ...
 
     def txn_action(self, who: Principal, gtrid: str, action: str, why: str) -> dict[str, Any]: ...
+
+    def orphan_action(self, who: Principal, gid: str, action: str, why: str) -> dict[str, Any]: ...
 
     def dead_letters(self, channel: int | None) -> dict[str, Any]: ...
 
@@ -346,6 +349,16 @@ class NodeBackend:
         except Refused as exc:
             raise ConsoleRefused(str(exc)) from None
         raise ConsoleRefused(f"an operator can commit, roll back or forget, not {action!r}")
+
+    def orphan_action(self, who: Principal, gid: str, action: str, why: str) -> dict[str, Any]:
+        """``nsjms txn commit|rollback --xid GID``: :meth:`router.txnops.TxnOps.resolve_xid`, the call the
+        TransactionAdmin servant makes (its refusals, the HEURISTIC record and the operator log included)."""
+        if action not in ORPHAN_ACTIONS:
+            raise ConsoleRefused(f"an orphaned prepared branch can be committed or rolled back, not {action!r}")
+        try:
+            return self.ops.resolve_xid(gid, action, who.name, why)
+        except Refused as exc:
+            raise ConsoleRefused(str(exc)) from None
 
     def _dl_ops(self) -> Any:
         return self.node.dead_letter_admin.ops

@@ -19,6 +19,8 @@ from router.console.app import COOKIE, Sessions, create_app
 from router.console.backend import BridgeSpec, ConsoleRefused
 from router.console.views import RateSampler, paginate, read_operator_log
 
+ORPHAN = "1853188657_Z29uZTox_cGc="      # an orphan's GID: characters a URL path must carry
+
 
 class FakeBackend:
     def __init__(self, state_dir: Path) -> None:
@@ -57,7 +59,9 @@ class FakeBackend:
         return {"id": bid, "stopped": True}
 
     def transactions(self) -> dict[str, Any]:
-        return {"node": "node1", "mode": "online", "time": 0, "orphans": [], "foreign": 0, "errors": [],
+        return {"node": "node1", "mode": "online", "time": 0, "foreign": 0, "errors": [],
+                "orphans": [{"gid": ORPHAN, "format_id": 1853188657, "gtrid": "gone:1", "bqual": "pg",
+                             "prepared_at": 0.0, "age_s": 900.0, "owner": "nsjms", "reason": "names no transaction"}],
                 "transactions": [self.transaction("node1:abc")]}
 
     def transaction(self, gtrid: str) -> dict[str, Any]:
@@ -72,6 +76,12 @@ class FakeBackend:
         if action == "commit":
             raise ConsoleRefused("no COMMIT is logged ... Add --heuristic to commit it")
         return {"gtrid": gtrid, "action": action}
+
+    def orphan_action(self, who: Principal, gid: str, action: str, why: str) -> dict[str, Any]:
+        self.calls.append(("orphan", who.name, gid, action, why))
+        if action == "rollback":
+            raise ConsoleRefused(f"{gid} belongs to another node or application: nsjms never touches it")
+        return {"gid": gid, "gtrid": "gone:1", "action": action, "heuristic": True}
 
     def dead_letters(self, channel: int | None) -> dict[str, Any]:
         rows = [{"id": 7, "channel_id": 1, "side": "C", "admin_id": 0, "proxy_id": 0, "event_name": "d/t/e2",
@@ -365,8 +375,8 @@ def test_every_post_route_needs_the_csrf_token_and_the_operator_role(env: Any) -
              r.endpoint not in ("login_post", "logout")]
     assert {r.endpoint for r in posts} >= {"channel_create", "channel_destroy", "bridge_create", "bridge_action",
                                            "bridge_transaction", "bridges_selected", "transaction_action",
-                                           "dead_letter_action", "dead_letters_selected"}
-    values = {"cid": 1, "bid": 5, "action": "stop", "gtrid": "node1:abc", "dl_id": 7}
+                                           "dead_letter_action", "dead_letters_selected", "orphan_action"}
+    values = {"cid": 1, "bid": 5, "action": "stop", "gtrid": "node1:abc", "dl_id": 7, "gid": ORPHAN}
     for rule in posts:
         url = rule.build({k: v for k, v in values.items() if k in rule.arguments})[1]
         form = {"why": "x", "confirm_gtrid": "node1:abc", "confirm_id": "1", "ids": "5", "action": "stop",
@@ -526,3 +536,40 @@ def test_audit_days_view_sums_the_stored_verdicts() -> None:
     assert [(b["direction"], b["bridge_id"], b["delivered"], b["lost"]) for b in view["bridges"]] == [
         ("channel_to_jms", 5, 10, 1), ("jms_to_channel", None, 2, 0)]
     assert view["totals"]["delivered"] == 12 and audit_days_view([])["days"] == []
+
+
+def test_orphaned_branch_decided_with_the_clis_rules_and_words(env: Any) -> None:
+    """``nsjms txn commit|rollback --xid GID`` from the routing-transactions page: operator role, typed GID, reason;
+    the CLI's summary shown before it; the node's refusal in its words (it was listed, not actionable)."""
+    from router.txncli import orphan_summary
+
+    backend, client, secrets = env
+    login(client, "reader", secrets["reader"])
+    listing = client.get("/transactions").get_data(as_text=True)
+    assert f'href="/orphans/{ORPHAN}"' in listing
+    page = client.get(f"/orphans/{ORPHAN}?confirm=commit").get_data(as_text=True)
+    assert "names no transaction" in page and "confirm_gid" not in page and "ask-commit" not in page
+    token = _csrf(page)
+    assert client.post(f"/orphans/{ORPHAN}/commit", data={"csrf": token, "why": "x",
+                                                          "confirm_gid": ORPHAN}).status_code == 403
+    client.post("/logout", data={"csrf": token})
+    login(client, "operator", secrets["operator"])
+    page = client.get(f"/orphans/{ORPHAN}").get_data(as_text=True)
+    assert 'id="ask-commit"' in page and 'id="ask-rollback"' in page and "heuristic" not in page.lower()
+    page = client.get(f"/orphans/{ORPHAN}?confirm=commit").get_data(as_text=True)
+    assert orphan_summary(ORPHAN) in page
+    token = _csrf(page)
+    url = f"/orphans/{ORPHAN}/commit"
+    assert client.post(url, data={"csrf": token, "confirm_gid": ORPHAN}).status_code == 400          # no reason
+    assert client.post(url, data={"csrf": token, "why": "x", "confirm_gid": "other"}).status_code == 400
+    assert backend.calls == []
+    resp = client.post(url + "?format=json", data={"csrf": token, "why": "checked: rows unknown",
+                                                    "confirm_gid": ORPHAN})
+    assert resp.status_code == 200 and resp.get_json()["heuristic"] is True
+    resp = client.post(f"/orphans/{ORPHAN}/rollback", data={"csrf": token, "why": "y", "confirm_gid": ORPHAN})
+    assert resp.status_code == 409 and "nsjms never touches it" in resp.get_data(as_text=True)
+    assert backend.calls == [("orphan", "operator", ORPHAN, "commit", "checked: rows unknown"),
+                             ("orphan", "operator", ORPHAN, "rollback", "y")]
+    assert client.post(f"/orphans/{ORPHAN}/forget", data={"csrf": token, "why": "y",
+                                                          "confirm_gid": ORPHAN}).status_code == 404
+    assert client.get("/orphans/nope").status_code == 404

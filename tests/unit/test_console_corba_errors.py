@@ -26,7 +26,7 @@ from omniORB import CORBA
 import CosNotification
 import CosNotifyChannelAdmin
 
-from router.auth import Role, issue
+from router.auth import Principal, Role, issue
 from router.cliout import corba_error, run_handler
 from router.console.app import create_app
 from router.console.backend import NodeBackend, NodeRefused, NodeUnavailable
@@ -143,3 +143,23 @@ def test_the_translation_is_one_function() -> None:
     assert refused.words == ("refused: the node failed the request (minor code 7): CORBA.INTERNAL, it may have been "
                              "done: check before retrying")
     assert issubclass(NodeRefused, Exception) and NodeUnavailable.status == 503 and NodeRefused.status == 409
+
+
+def test_an_orphans_refusal_is_the_clis(tmp_path: Path) -> None:
+    """``orphan_action`` is ``TxnOps.resolve_xid`` (``nsjms txn commit|rollback --xid``): its refusal, its words."""
+    from router.console.backend import ConsoleRefused
+    from router.txnops import Refused
+
+    class XidOps(Ops):
+        def resolve_xid(self, gid: str, action: str, who: str, why: str) -> dict[str, Any]:
+            self.audits.append((who, why, f"{action} --xid", gid, "refused"))
+            raise Refused(f"{gid} belongs to another node or application: nsjms never touches it")
+
+    stand_in = node(tmp_path, QUOTA)
+    stand_in.txn_admin.ops = XidOps()
+    backend = NodeBackend(stand_in)
+    with pytest.raises(ConsoleRefused, match="nsjms never touches it"):
+        backend.orphan_action(Principal("op", Role.OPERATOR), "g1", "commit", "checked")
+    with pytest.raises(ConsoleRefused, match="committed or rolled back, not 'forget'"):
+        backend.orphan_action(Principal("op", Role.OPERATOR), "g1", "forget", "checked")
+    assert stand_in.txn_admin.ops.audits == [("op", "checked", "commit --xid", "g1", "refused")]
