@@ -37,6 +37,7 @@ from urllib.parse import quote
 from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, url_for
 
 from router.auth import Authenticator, Principal, Role
+from router.console import calls as node_calls
 from router.console.backend import (
     BRIDGE_ACTIONS,
     DEAD_LETTER_ACTIONS,
@@ -48,7 +49,7 @@ from router.console.backend import (
     NodeRefused,
     NodeUnavailable,
 )
-from router.console.views import MAX_PER_PAGE, RateSampler, paginate, read_operator_log
+from router.console.views import CHART_BRIDGES, MAX_PER_PAGE, RateSampler, paginate, read_operator_log
 from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT
 
 __all__ = ["COOKIE", "LoginThrottle", "Session", "Sessions", "create_app"]
@@ -79,6 +80,7 @@ def action_form(form: Any, *, confirm: tuple[str, str, str] | None = None) -> st
 
 
 MAX_SELECTED = MAX_PER_PAGE    # a selection is at most one page of a list
+OVERVIEW_ROWS = 50             # bridges (and their errors) the overview lists: a summary, the rest on /bridges
 
 
 def selected_ids(form: Any) -> list[int]:
@@ -203,6 +205,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.before_request
     def authenticate() -> Any:
+        node_calls.reset()
         g.session = None
         if request.endpoint in ("static", "login", "login_post"):
             return None
@@ -228,6 +231,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
             resp.headers["Cache-Control"] = "no-store"
         if secure_cookies:
             resp.headers["Strict-Transport-Security"] = "max-age=31536000"
+        resp.headers["X-Nsjms-Node-Calls"] = str(node_calls.taken())   # the node calls of a page (router/console/calls)
         return resp
 
     def _error(status: int, message: str) -> Response:
@@ -355,7 +359,11 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         age = time.time() - float(snap["time"]) if snap.get("time") else None
         from router.bridgecli import bridge_state
 
-        bridges = [{**b, "state_text": bridge_state(b)} for b in snap.get("bridges", [])]
+        every = snap.get("bridges", [])
+        # a summary: the bridges not active first, then by id, at most OVERVIEW_ROWS (the rest on /bridges)
+        shown = sorted(every, key=lambda b: (b.get("state") == "active", int(b["id"])))[:OVERVIEW_ROWS]
+        bridges = [{**b, "state_text": bridge_state(b)} for b in shown]
+        errors = [b for b in every if b.get("last_error") and b.get("state") != "active"]
         data = {"node": {"id": ep.get("node_id") or snap.get("node_id"), "pid": ep.get("pid"),
                          "factory": (ep.get("event_channel_factory") or {}).get("corbaloc"),
                          "postgres": ep.get("postgres_dsn"), "broker": ep.get("broker_url")},
@@ -363,10 +371,19 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
                 "transactions": snap.get("transactions", {}), "store": snap.get("store", {}),
                 "channels": len(channels), "queued": depth,
                 "events_held": sum(int(c.get("events_held") or 0) for c in channels),
-                "bridges": bridges,
-                "errors": [b for b in bridges if b.get("last_error") and b.get("state") != "active"],
-                "rates": sampler.series() if sampler is not None else {"t": [], "bridges": {}}}
+                "bridges": bridges, "bridges_total": len(every),
+                "errors": errors[:OVERVIEW_ROWS], "errors_total": len(errors), "rates": rates()}
         return page("overview.html", data)
+
+    def rates() -> dict[str, Any]:
+        if sampler is None:
+            return {"t": [], "bridges": {}, "total": [], "of": 0}
+        return sampler.series(busiest=CHART_BRIDGES)
+
+    @app.get("/rates")
+    def rates_json() -> Any:
+        """The overview chart's data (refreshed every 5 s by the page): the busiest bridges and the total."""
+        return jsonify(rates())
 
     @app.get("/channels")
     def channels() -> Any:
@@ -399,13 +416,17 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.get("/bridges")
     def bridges() -> Any:
-        rows = backend.bridges(who())
-        p = paginate(rows, fields=("id", "source", "sink", "state", "reason", "last_error"), **list_args())
-        return page("bridges.html", p.as_dict())
+        # filtered and sorted by the node's bridge ids and its status snapshot; only the page's rows are asked of
+        # the node (what `nsjms bridge list` asks about each bridge), so a page costs the same with 10 or 1,000
+        index = backend.bridge_index(who())
+        p = paginate(index, fields=("id", "source", "sink", "state", "reason", "last_error"), **list_args())
+        live = {int(r["id"]): r for r in backend.bridges(who(), [int(r["id"]) for r in p.rows])}
+        rows = [live[int(r["id"])] for r in p.rows if int(r["id"]) in live]     # not those destroyed meanwhile
+        return page("bridges.html", {**p.as_dict(), "rows": rows})
 
     @app.get("/bridges/<int:bid>")
     def bridge(bid: int) -> Any:
-        row = next((r for r in backend.bridges(who()) if int(r["id"]) == bid), None)
+        row = next(iter(backend.bridges(who(), [bid])), None)
         if row is None:
             return _error(404, f"no bridge with id {bid}")
         return page("bridge.html", row, actions=BRIDGE_ACTIONS)

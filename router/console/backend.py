@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from router.auth import Principal, acting_as
+from router.console.calls import Counted
 from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT, Refused, TxnOps
 
 __all__ = ["Backend", "BridgeSpec", "ConsoleRefused", "NodeBackend", "NodeRefused", "NodeUnavailable", "node_errors"]
@@ -107,7 +108,9 @@ class Backend(Protocol):
 
     def channel(self, who: Principal, cid: int) -> dict[str, Any]: ...
 
-    def bridges(self, who: Principal) -> list[dict[str, Any]]: ...
+    def bridges(self, who: Principal, ids: Sequence[int] | None = None) -> list[dict[str, Any]]: ...
+
+    def bridge_index(self, who: Principal) -> list[dict[str, Any]]: ...
 
     def bridge_action(self, who: Principal, bid: int, action: str, why: str) -> dict[str, Any]: ...
 
@@ -161,16 +164,19 @@ class NodeBackend:
     def endpoints(self) -> dict[str, Any]:
         return _read_json(self.state_dir / "endpoints.json")
 
-    def _ecf(self) -> Any:
+    def _ecf(self, counted: bool = False) -> Any:
+        """The node's EventChannelFactory; ``counted``: its operations (and those of what it returns) counted for
+        the request's ``X-Nsjms-Node-Calls`` (read paths only)."""
         import CosNotifyChannelAdmin
 
-        return self.node.factory.ref._narrow(CosNotifyChannelAdmin.EventChannelFactory)
+        ecf = self.node.factory.ref._narrow(CosNotifyChannelAdmin.EventChannelFactory)
+        return Counted(ecf) if counted else ecf
 
     def channels(self, who: Principal) -> list[dict[str, Any]]:
         from router.channelcli import _list
 
         with node_errors(), acting_as(who):
-            return _list(self._ecf(), self.snapshot())
+            return _list(self._ecf(counted=True), self.snapshot())
 
     def channel(self, who: Principal, cid: int) -> dict[str, Any]:
         import CosNotifyChannelAdmin
@@ -179,7 +185,7 @@ class NodeBackend:
 
         with node_errors(), acting_as(who):
             try:
-                channel = self._ecf().get_event_channel(cid)
+                channel = self._ecf(counted=True).get_event_channel(cid)
             except CosNotifyChannelAdmin.ChannelNotFound:
                 raise ConsoleRefused(f"no channel with id {cid}") from None
             return show(channel, cid, self.snapshot())
@@ -194,7 +200,8 @@ class NodeBackend:
         with node_errors(), acting_as(who):
             factory = self.node.bridges.ref._narrow(BA.BridgeFactory)
             if args.bridge_command == "list":
-                args.existing_channels = set(self._ecf().get_all_channels())
+                factory = Counted(factory)
+                args.existing_channels = set(self._ecf(counted=True).get_all_channels())
             try:
                 code = _dispatch(args, factory, BA, NsjmsAdmin, out.append, _snapshot_bridges(self.state_dir))
             except BA.BridgeNotFound:
@@ -209,10 +216,22 @@ class NodeBackend:
             raise ConsoleRefused("; ".join(line.removeprefix("nsjms bridge: ") for line in out))
         return out
 
-    def bridges(self, who: Principal) -> list[dict[str, Any]]:
-        """``bridge list --json`` rows joined with the snapshot's counters (forwarded, dead-lettered, broker ...)."""
-        rows: list[dict[str, Any]] = json.loads(
-            self._bridge_cli(who, argparse.Namespace(bridge_command="list", json=True))[0])
+    def bridge_index(self, who: Principal) -> list[dict[str, Any]]:
+        """Every bridge the node has (one call: ``get_all_bridges``) with what its status snapshot (at most 2 s old)
+        says of it: what a list is filtered and sorted by before :meth:`bridges` asks the node about one page."""
+        from idl.generated import CosBridgeAdmin as BA
+
+        with node_errors(), acting_as(who):
+            ids = Counted(self.node.bridges.ref._narrow(BA.BridgeFactory)).get_all_bridges()
+        snap = {int(b["id"]): b for b in self.snapshot().get("bridges", [])}
+        keys = ("source", "sink", "state", "reason", "last_error", "forwarded", "dead_lettered")
+        return [{"id": int(bid), **{k: snap.get(int(bid), {}).get(k) for k in keys}} for bid in ids]
+
+    def bridges(self, who: Principal, ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        """``bridge list --json`` rows (``ids``: of these bridges only, skipping any destroyed meanwhile) joined with
+        the snapshot's counters (forwarded, dead-lettered, broker ...)."""
+        args = argparse.Namespace(bridge_command="list", json=True, ids=None if ids is None else list(ids))
+        rows: list[dict[str, Any]] = json.loads(self._bridge_cli(who, args)[0])
         counters = {int(b["id"]): b for b in self.snapshot().get("bridges", [])}
         for row in rows:
             extra = counters.get(int(row["id"]), {})

@@ -27,6 +27,8 @@ class FakeBackend:
         self.state_dir = state_dir
         self.calls: list[tuple[Any, ...]] = []
         self.audits: list[tuple[Any, ...]] = []
+        self.asked: list[list[int] | None] = []       # the bridge ids a page asked the node about
+        self.bridge_ids = [5]
 
     def snapshot(self) -> dict[str, Any]:
         return {"time": 0, "channels": [{"id": 1, "events_held": 3,
@@ -47,10 +49,16 @@ class FakeBackend:
         return {"id": 1, "qos": {"EventReliability": 1}, "admin": {"MaxQueueLength": 0}, "events_held": 3,
                 "consumer_admins": [], "supplier_admins": [], "snapshot_age_s": 1.0}
 
-    def bridges(self, who: Principal) -> list[dict[str, Any]]:
-        return [{"id": 5, "source": "channel:1", "sink": "queue:q", "state": "active", "started": True,
+    def bridges(self, who: Principal, ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        self.asked.append(None if ids is None else list(ids))
+        return [{"id": bid, "source": "channel:1", "sink": "queue:q", "state": "active", "started": True,
                  "reason": None, "channel_id": 1, "channel_exists": True, "last_error": None, "forwarded": 9,
-                 "dead_lettered": 0, "transactions": {}}]
+                 "dead_lettered": 0, "transactions": {}} for bid in ([5] if ids is None else ids)
+                if bid in self.bridge_ids]
+
+    def bridge_index(self, who: Principal) -> list[dict[str, Any]]:
+        return [{"id": bid, "source": "channel:1", "sink": f"queue:q{bid}", "state": "active", "reason": None,
+                 "last_error": None, "forwarded": bid, "dead_lettered": 0} for bid in self.bridge_ids]
 
     def bridge_action(self, who: Principal, bid: int, action: str, why: str) -> dict[str, Any]:
         self.calls.append(("bridge", who.name, bid, action, why))
@@ -277,7 +285,9 @@ def test_rate_sampler_series() -> None:
     s = RateSampler(lambda: next(snaps), interval_s=2)
     for t in (100.0, 102.0, 104.0):
         s.sample(now=t)
-    assert s.series() == {"t": [102.0, 104.0], "bridges": {"1": [5.0, 10.0], "2": [None, None]}}
+    assert s.series() == {"t": [102.0, 104.0], "bridges": {"1": [5.0, 10.0], "2": [None, None]},
+                          "total": [5.0, 10.0], "of": 2}
+    assert s.series(busiest=1) == {"t": [102.0, 104.0], "bridges": {"1": [5.0, 10.0]}, "total": [5.0, 10.0], "of": 2}
 
 
 def test_read_operator_log(tmp_path: Path) -> None:
@@ -439,7 +449,8 @@ def test_bridge_create_and_routing_transactions_on_off(env: Any) -> None:
 def test_bridge_page_offers_disable_when_transactions_are_on(env: Any) -> None:
     backend, client, secrets = env
     original = backend.bridges
-    backend.bridges = lambda who: [{**original(who)[0], "transactions": {"transaction_events": 5}}]  # type: ignore[method-assign]
+    backend.bridges = lambda who, ids=None: [  # type: ignore[method-assign]
+        {**original(who, ids)[0], "transactions": {"transaction_events": 5}}]
     login(client, "operator", secrets["operator"])
     detail = client.get("/bridges/5").get_data(as_text=True)
     assert 'id="bridge-t2-off"' in detail and 'id="bridge-t2-on"' not in detail and "on: 5 event(s)" in detail
@@ -573,3 +584,38 @@ def test_orphaned_branch_decided_with_the_clis_rules_and_words(env: Any) -> None
     assert client.post(f"/orphans/{ORPHAN}/forget", data={"csrf": token, "why": "y",
                                                           "confirm_gid": ORPHAN}).status_code == 404
     assert client.get("/orphans/nope").status_code == 404
+
+
+def test_lists_stay_the_same_size_with_many_bridges(env: Any) -> None:
+    """1,000 bridges: /bridges asks the node about its page's bridges only (it asked about every bridge), a bridge's
+    page about that bridge; the overview lists 50 (those not active first) and says so; the chart's data has the
+    busiest bridges and the total, not a line per bridge."""
+    backend, client, secrets = env
+    backend.bridge_ids = list(range(1000))
+    login(client, "reader", secrets["reader"])
+    page = client.get("/bridges?page=3").get_data(as_text=True)
+    assert backend.asked == [list(range(100, 150))]
+    assert "showing 50 of 1000 item(s), page 3 of 20" in page and "bridge 149<" in page and "bridge 150<" not in page
+    data = client.get("/bridges?sort=forwarded&desc=1&per_page=500&format=json").get_json()
+    assert [r["id"] for r in data["rows"]] == list(range(999, 499, -1)) and data["total"] == 1000
+    assert backend.asked[-1] == list(range(999, 499, -1))
+    assert client.get("/bridges/7").status_code == 200 and backend.asked[-1] == [7]
+    assert client.get("/bridges/1000").status_code == 404
+    assert "X-Nsjms-Node-Calls" in client.get("/bridges").headers
+
+
+def test_overview_is_a_summary(env: Any) -> None:
+    backend, client, secrets = env
+    snap = backend.snapshot()
+    many = [{"id": i, "source": "channel:1", "sink": f"queue:q{i}", "state": "active" if i % 10 else "inactive",
+             "reason": None if i % 10 else "stopped", "last_error": None if i % 10 else "refused", "forwarded": i}
+            for i in range(1000)]
+    backend.snapshot = lambda: {**snap, "bridges": many}                  # type: ignore[method-assign]
+    login(client, "reader", secrets["reader"])
+    data = client.get("/?format=json").get_json()
+    assert data["bridges_total"] == 1000 and len(data["bridges"]) == 50 and data["errors_total"] == 100
+    assert [b["id"] for b in data["bridges"]] == list(range(0, 500, 10))    # those not active first
+    assert len(data["errors"]) == 50
+    page = client.get("/").get_data(as_text=True)
+    assert "showing 50 of 1000 bridges" in page and "showing 50 of 100" in page
+    assert client.get("/rates").get_json() == {"t": [], "bridges": {}, "total": [], "of": 0}   # no samples yet

@@ -163,3 +163,22 @@ def test_an_orphans_refusal_is_the_clis(tmp_path: Path) -> None:
     with pytest.raises(ConsoleRefused, match="committed or rolled back, not 'forget'"):
         backend.orphan_action(Principal("op", Role.OPERATOR), "g1", "forget", "checked")
     assert stand_in.txn_admin.ops.audits == [("op", "checked", "commit --xid", "g1", "refused")]
+
+
+def test_node_calls_are_counted_per_request_thread() -> None:
+    from router.console import calls
+
+    class Factory:
+        def _narrow(self, _type: Any) -> Factory:
+            return self
+
+        def get_all_bridges(self) -> list[int]:
+            return [1, 2]
+
+    calls.reset()
+    counted = calls.Counted(Factory())
+    counted._narrow(None)                                                # not an operation
+    assert counted.get_all_bridges() == [1, 2] and counted.get_all_bridges() == [1, 2]
+    assert calls.taken() == 2
+    calls.reset()
+    assert calls.taken() == 0
