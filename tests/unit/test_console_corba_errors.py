@@ -182,3 +182,19 @@ def test_node_calls_are_counted_per_request_thread() -> None:
     assert calls.taken() == 2
     calls.reset()
     assert calls.taken() == 0
+
+
+def test_the_status_snapshot_is_parsed_once_per_version(tmp_path: Path) -> None:
+    import json
+    import os
+
+    backend = NodeBackend(node(tmp_path, QUOTA))
+    assert backend.snapshot() == {}
+    path = tmp_path / "status.json"
+    path.write_text(json.dumps({"bridges": [{"id": 1}]}))
+    first = backend.snapshot()
+    assert first == {"bridges": [{"id": 1}]} and backend.snapshot() is first       # not parsed again
+    tmp = tmp_path / "status.json.tmp"
+    tmp.write_text(json.dumps({"bridges": [{"id": 1}, {"id": 2}]}))
+    os.replace(tmp, path)                                                           # as the node rewrites it
+    assert backend.snapshot() == {"bridges": [{"id": 1}, {"id": 2}]}
