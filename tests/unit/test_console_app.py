@@ -619,3 +619,14 @@ def test_overview_is_a_summary(env: Any) -> None:
     page = client.get("/").get_data(as_text=True)
     assert "showing 50 of 1000 bridges" in page and "showing 50 of 100" in page
     assert client.get("/rates").get_json() == {"t": [], "bridges": {}, "total": [], "of": 0}   # no samples yet
+
+
+def test_rate_series_computed_once_per_sample() -> None:
+    snaps = iter([{"bridges": [{"id": 1, "forwarded": n}]} for n in (0, 10, 30)])
+    s = RateSampler(lambda: next(snaps), interval_s=2)
+    s.sample(now=100.0)
+    s.sample(now=102.0)
+    first = s.series(busiest=10)
+    assert s.series(busiest=10) is first and s.series() is not first
+    s.sample(now=104.0)
+    assert s.series(busiest=10)["t"] == [102.0, 104.0]
