@@ -160,8 +160,8 @@ class NodeBackend:
 
     # ------------------------------------------------------------------------------------------ read
     def snapshot(self) -> dict[str, Any]:
-        """The node's status snapshot (``status.json``, rewritten every 2 s), parsed once per version (it is a
-        megabyte with 1,000 channels and bridges, and every page and the rate sampler read it): read only."""
+        """The node's status snapshot (``status.json``, rewritten every 2 s), parsed once per version (it grows with
+        the channels, proxies and bridges, and every page and the rate sampler read it): read only."""
         path = self.state_dir / "status.json"
         try:
             st = path.stat()
