@@ -1,7 +1,13 @@
-"""The console's lists with many channels and bridges: page render time against the same query through the CLI's JSON.
+"""The console's lists with many channels and bridges: what a page costs the node, against the same query through the
+CLI's JSON.
 
 One node (``nsjms serve`` with ``[console] enabled``) gets ``--channels`` channels and ``--bridges`` bridges (channel ->
-queue, created stopped: listing needs no broker traffic). Then, in one run, each query is timed ``--repeats`` times:
+queue, created stopped: listing needs no broker traffic). Then, in one run, each query is made ``--repeats`` times and
+measured by what stays stable on a shared machine: the **node process's CPU seconds** per request (``utime + stime``
+of ``/proc/PID/stat``; also with the node's idle CPU over the same wall time taken off), the **bytes** of the answer
+and the **node calls** the console made for it (the CORBA operations on the node's objects, counted by the console
+and sent in its ``X-Nsjms-Node-Calls`` header; absent in versions before it). Wall times are printed too, and mean
+little while others use the machine. The queries:
 
 * the console: ``/channels`` and ``/bridges`` (first page of 50, HTML), the same lists whole as JSON
   (``?format=json&per_page=500`` pages until done), and one channel's and one bridge's page;
@@ -9,7 +15,8 @@ queue, created stopped: listing needs no broker traffic). Then, in one run, each
 
 Both ask the node the same things (the console calls the CLI's functions in the node process); the CLI pays an
 interpreter start and an ORB per call, the console a session and Jinja2 rendering. Medians and spreads are reported;
-nothing here is a test (no thresholds).
+nothing here is a test (no thresholds). For the CLI, the node's CPU and the CLI process's own (``getrusage`` of the
+children) are given apart.
 
     .venv/bin/python bench/console_bench.py --channels 1000 --bridges 1000
 """
@@ -21,12 +28,16 @@ import http.cookiejar
 import json
 import os
 import re
+import resource
+import statistics
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from router.services import free_port
@@ -34,13 +45,30 @@ from router.services import free_port
 from common import ROOT, client_orb, median_spread, node_process, services
 
 
-def _timed(fn: Callable[[], Any], repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Took:
+    wall_s: float
+    node_cpu_s: float
+    client_cpu_s: float
+    bytes: int
+    calls: int | None
+
+
+def measured(fn: Callable[[], tuple[int, int | None]], pid: int) -> Took:
+    wall, node, kids = time.perf_counter(), cpu_s(pid), children_cpu_s()
+    size, calls = fn()
+    return Took(time.perf_counter() - wall, cpu_s(pid) - node, children_cpu_s() - kids, size, calls)
 
 
 class Console:
@@ -56,16 +84,29 @@ class Console:
         self.opener.open(self.base + "/login", data, timeout=120).read()
 
     def get(self, path: str) -> str:
-        with self.opener.open(self.base + path, timeout=300) as resp:
-            return str(resp.read().decode())
+        return self.fetch(path)[0]
 
-    def all_json(self, path: str) -> int:
-        page, rows = 1, 0
+    def fetch(self, path: str) -> tuple[str, int, int | None]:
+        """(text, bytes, node calls from the X-Nsjms-Node-Calls header or None)."""
+        with self.opener.open(self.base + path, timeout=600) as resp:
+            body = resp.read()
+            calls = resp.headers.get("X-Nsjms-Node-Calls")
+        return body.decode(), len(body), None if calls is None else int(calls)
+
+    def sized(self, path: str) -> tuple[int, int | None]:
+        _, size, calls = self.fetch(path)
+        return size, calls
+
+    def all_json(self, path: str) -> tuple[int, int, int | None]:
+        """(rows, bytes, node calls) of every page of ``path`` as JSON, 500 rows a page."""
+        page, rows, size, calls = 1, 0, 0, 0
+        counted = True
         while True:
-            data = json.loads(self.get(f"{path}?format=json&per_page=500&page={page}"))
-            rows += len(data["rows"])
+            text, n, c = self.fetch(f"{path}?format=json&per_page=500&page={page}")
+            data = json.loads(text)
+            rows, size, calls, counted = rows + len(data["rows"]), size + n, calls + (c or 0), counted and c is not None
             if page >= data["pages"]:
-                return rows
+                return rows, size, calls if counted else None
             page += 1
 
 
@@ -74,6 +115,7 @@ def main() -> None:
     ap.add_argument("--channels", type=int, default=1000)
     ap.add_argument("--bridges", type=int, default=1000, help="one per channel, so at most --channels")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--idle", type=float, default=10.0, help="seconds of the node's idle CPU measured first")
     ap.add_argument("--json", default="", help="also write the results to this file")
     args = ap.parse_args()
     port = free_port()
@@ -105,34 +147,50 @@ def main() -> None:
         console = Console(f"http://127.0.0.1:{port}", proc.state)
         env = dict(os.environ, NSJMS_POSTGRES_DSN=proc.dsn)
 
-        def cli(*what: str) -> int:
+        def cli(*what: str) -> tuple[int, int]:
             out = subprocess.run([sys.executable, "-m", "router.cli", *what, "--json", "--state-dir",
                                   str(proc.state)], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-            return len(json.loads(out.stdout))
+            return len(json.loads(out.stdout)), len(out.stdout.encode())
 
-        assert cli("channel", "list") == console.all_json("/channels") == len(ids)
+        assert cli("channel", "list")[0] == console.all_json("/channels")[0] == len(ids)
         first, bridge_id = ids[0], 0
-        queries: list[tuple[str, Callable[[], Any]]] = [
-            ("console /channels (HTML, first 50)", lambda: console.get("/channels")),
-            ("console /channels (JSON, all)", lambda: console.all_json("/channels")),
-            ("CLI channel list --json", lambda: cli("channel", "list")),
-            ("console /bridges (HTML, first 50)", lambda: console.get("/bridges")),
-            ("console /bridges (JSON, all)", lambda: console.all_json("/bridges")),
-            ("CLI bridge list --json", lambda: cli("bridge", "list")),
-            ("console /channels/ID (HTML)", lambda: console.get(f"/channels/{first}")),
-            ("console /bridges/ID (HTML)", lambda: console.get(f"/bridges/{bridge_id}")),
-            ("console / overview (HTML)", lambda: console.get("/")),
+        queries: list[tuple[str, Callable[[], tuple[int, int | None]]]] = [
+            ("console /channels (HTML, first 50)", lambda: console.sized("/channels")),
+            ("console /channels (JSON, all)", lambda: console.all_json("/channels")[1:]),
+            ("CLI channel list --json", lambda: (cli("channel", "list")[1], None)),
+            ("console /bridges (HTML, first 50)", lambda: console.sized("/bridges")),
+            ("console /bridges?sort=state (HTML)", lambda: console.sized("/bridges?sort=state")),
+            ("console /bridges (JSON, all)", lambda: console.all_json("/bridges")[1:]),
+            ("CLI bridge list --json", lambda: (cli("bridge", "list")[1], None)),
+            ("console /channels/ID (HTML)", lambda: console.sized(f"/channels/{first}")),
+            ("console /bridges/ID (HTML)", lambda: console.sized(f"/bridges/{bridge_id}")),
+            ("console / overview (HTML)", lambda: console.sized("/")),
+            ("console / overview (JSON)", lambda: console.sized("/?format=json")),
         ]
+        assert proc.proc is not None
+        pid = proc.proc.pid
+        idle_wall, idle_cpu = time.perf_counter(), cpu_s(pid)
+        time.sleep(args.idle)
+        idle = (cpu_s(pid) - idle_cpu) / (time.perf_counter() - idle_wall)
+        print(f"node idle: {idle * 1000:.1f} ms CPU per s (status snapshot, rate sampler)", flush=True)
         results = {}
         for name, fn in queries:
-            med, low, high = median_spread(_timed(fn, args.repeats))
-            results[name] = {"median_s": med, "min_s": low, "max_s": high}
-            print(f"{name:<40} median {med * 1000:8.1f} ms  (min {low * 1000:.1f}, max {high * 1000:.1f})",
-                  flush=True)
+            runs = [measured(fn, pid) for _ in range(args.repeats)]
+            node, _, _ = median_spread([r.node_cpu_s for r in runs])
+            net = statistics.median([max(0.0, r.node_cpu_s - idle * r.wall_s) for r in runs])
+            client = statistics.median([r.client_cpu_s for r in runs])
+            wall, low, high = median_spread([r.wall_s for r in runs])
+            results[name] = {"node_cpu_s": node, "node_cpu_less_idle_s": net, "cli_process_cpu_s": client,
+                             "bytes": runs[-1].bytes, "node_calls": runs[-1].calls, "wall_median_s": wall,
+                             "wall_min_s": low, "wall_max_s": high}
+            calls = "-" if runs[-1].calls is None else str(runs[-1].calls)
+            print(f"{name:<38} node CPU {node * 1000:8.1f} ms ({net * 1000:8.1f} less idle)"
+                  f"{f'  CLI process {client * 1000:7.1f} ms' if client else ''}  {runs[-1].bytes:>9} bytes  "
+                  f"{calls:>6} node calls  wall {wall * 1000:8.1f} ms", flush=True)
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"channels": len(ids), "bridges": min(args.bridges, len(ids)), "repeats": args.repeats,
-                           "results": results}, fh, indent=2)
+                           "node_idle_cpu_per_s": idle, "results": results}, fh, indent=2)
 
 
 if __name__ == "__main__":

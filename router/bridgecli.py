@@ -264,8 +264,12 @@ def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, 
     as_json = getattr(args, "json", False)
     if cmd == "list":
         rows = []
-        for bid in factory.get_all_bridges():
-            bridge = factory.get_bridge_with_id(bid)._narrow(NsjmsAdmin.ManagedBridge)
+        only = getattr(args, "ids", None)        # the console's page of a list: these bridges only
+        for bid in factory.get_all_bridges() if only is None else only:
+            try:
+                bridge = factory.get_bridge_with_id(bid)._narrow(NsjmsAdmin.ManagedBridge)
+            except BA.BridgeNotFound:            # destroyed since it was listed
+                continue
             started = bridge.get_status() == NsjmsAdmin.started  # administrative (not NJI 2.3 Active)
             receiver, sender = bridge._get_end_point_receiver(), bridge._get_end_point_sender()
             channel = next(c for c in (_channel_of(receiver), _channel_of(sender), -1) if c is not None)

@@ -308,8 +308,9 @@ def _snapshot_channel(snapshot: Mapping[str, Any], cid: int) -> dict[str, Any]:
 
 def _list(factory: Any, snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
+    by_id = {c.get("id"): c for c in snapshot.get("channels", [])}     # one pass, not one per channel
     for cid in factory.get_all_channels():
-        snap = _snapshot_channel(snapshot, cid)
+        snap = dict(by_id.get(cid, {}))
         proxies = snap.get("proxy_suppliers")
         rows.append({"id": cid, "events_held": snap.get("events_held"),
                      "proxy_suppliers": None if proxies is None else len(proxies),

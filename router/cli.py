@@ -582,8 +582,9 @@ def _authorised(handler: Callable[[argparse.Namespace, Any], int]) -> Callable[[
             try:
                 return handler(args, cfg)
             except CORBA.NO_PERMISSION:
-                why = "the node refused this credential" if presented else "no admin credential readable here"
-                print(f"nsjms {args.command}: refused: not authorised ({why}; docs/security.md)", file=sys.stderr)
+                from router.cliout import not_authorised
+
+                print(f"nsjms {args.command}: refused: {not_authorised(presented)}", file=sys.stderr)
                 return EXIT_REFUSED
     return run
 

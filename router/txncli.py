@@ -461,7 +461,7 @@ def _decide(args: argparse.Namespace, b: Backend, out: Callable[[str], None], er
         elif view["action"] not in (action, "resend" if action == "commit" else action):
             summary += f"\nNOTE: the safe action is {view['action']!r}: {view['reason']}"
     else:
-        summary = f"orphaned prepared branch {args.xid}: recorded as a HEURISTIC outcome until `nsjms txn forget`"
+        summary = orphan_summary(args.xid)
     why = args.why
     if not why:
         if not tty:
@@ -479,6 +479,12 @@ def _decide(args: argparse.Namespace, b: Backend, out: Callable[[str], None], er
         result = b.resolve(args.gtrid, HEURISTIC_COMMIT if heuristic and action == "commit" else action, who, why)
     out(json.dumps(result, indent=2, sort_keys=True) if args.json else render_report(result, b.mode))
     return EXIT_FAILURE if result.get("errors") else EXIT_OK
+
+
+def orphan_summary(gid: str) -> str:
+    """What ``txn commit|rollback --xid GID`` does, shown before it is confirmed (the CLI's prompt and the console's
+    confirmation)."""
+    return f"orphaned prepared branch {gid}: recorded as a HEURISTIC outcome until `nsjms txn forget`"
 
 
 def heuristic_warning(view: dict[str, Any]) -> str:

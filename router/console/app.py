@@ -12,7 +12,9 @@
 * **Roles**: a reader sees everything and has no write buttons; every write route needs the operator role (403).
 * **Actions**: every one needs a reason (recorded in the operator log with the principal), destructive ones a typed
   confirmation, both checked once (:func:`action_form`) before the backend runs the CLI's operation; a refusal of the
-  node is a 409 with the CLI's words. A selection (several bridges or dead letters) runs the same operation per item.
+  node (its CORBA exceptions included: a quota's ``IMP_LIMIT``, ``NO_PERMISSION``, a spec's user exception) is a 409
+  with the CLI's words, a node that does not answer a 503 with the CLI's "node not reachable"; both are logged.
+  A selection (several bridges or dead letters) runs the same operation per item.
 * **Headers**: a CSP without inline scripts or styles, ``X-Frame-Options: DENY``, ``nosniff``, no referrer,
   ``Cache-Control: no-store`` on everything except the vendored static files.
 
@@ -22,6 +24,7 @@ Every page answers ``?format=json`` with the data it renders.
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 import threading
 import time
@@ -34,18 +37,24 @@ from urllib.parse import quote
 from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, url_for
 
 from router.auth import Authenticator, Principal, Role
+from router.console import calls as node_calls
 from router.console.backend import (
     BRIDGE_ACTIONS,
     DEAD_LETTER_ACTIONS,
+    ORPHAN_ACTIONS,
     TXN_ACTIONS,
     Backend,
     BridgeSpec,
     ConsoleRefused,
+    NodeRefused,
+    NodeUnavailable,
 )
-from router.console.views import MAX_PER_PAGE, RateSampler, paginate, read_operator_log
+from router.console.views import CHART_BRIDGES, MAX_PER_PAGE, RateSampler, paginate, read_operator_log
 from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT
 
 __all__ = ["COOKIE", "LoginThrottle", "Session", "Sessions", "create_app"]
+
+log = logging.getLogger("nsjms.console")
 
 COOKIE = "nsjms_console"
 LOGIN_COOKIE = "nsjms_login"
@@ -71,6 +80,7 @@ def action_form(form: Any, *, confirm: tuple[str, str, str] | None = None) -> st
 
 
 MAX_SELECTED = MAX_PER_PAGE    # a selection is at most one page of a list
+OVERVIEW_ROWS = 50             # bridges (and their errors) the overview lists: a summary, the rest on /bridges
 
 
 def selected_ids(form: Any) -> list[int]:
@@ -195,6 +205,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.before_request
     def authenticate() -> Any:
+        node_calls.reset()
         g.session = None
         if request.endpoint in ("static", "login", "login_post"):
             return None
@@ -220,6 +231,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
             resp.headers["Cache-Control"] = "no-store"
         if secure_cookies:
             resp.headers["Strict-Transport-Security"] = "max-age=31536000"
+        resp.headers["X-Nsjms-Node-Calls"] = str(node_calls.taken())   # the node calls of a page (router/console/calls)
         return resp
 
     def _error(status: int, message: str) -> Response:
@@ -254,7 +266,11 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.errorhandler(ConsoleRefused)
     def refused(exc: ConsoleRefused) -> Response:
-        return _error(409, f"refused: {exc}")
+        text = str(exc) if str(exc).startswith(("refused", "node not")) else f"refused: {exc}"
+        session = g.get("session")
+        log.warning("console %s %s by %s: %d %s", request.method, request.path,
+                    session.principal.name if session else "-", exc.status, text)
+        return _error(exc.status, text)
 
     def done(result: Any, target: str) -> Any:
         """A JSON answer for ``?format=json``, else a redirect to ``target``."""
@@ -267,7 +283,9 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
             try:
                 results.append({"id": item, "ok": True, "result": act(item)})
             except ConsoleRefused as exc:
-                results.append({"id": item, "ok": False, "result": f"refused: {exc}"})
+                text = str(exc) if str(exc).startswith(("refused", "node not")) else f"refused: {exc}"
+                log.warning("console %s %s %s by %s: %s", kind, request.form.get("action", ""), item, who().name, text)
+                results.append({"id": item, "ok": False, "result": text})
         if request.args.get("format") == "json":
             return jsonify({"results": results})
         return render_template("selected.html", kind=kind, action=request.form.get("action", ""),
@@ -341,7 +359,11 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         age = time.time() - float(snap["time"]) if snap.get("time") else None
         from router.bridgecli import bridge_state
 
-        bridges = [{**b, "state_text": bridge_state(b)} for b in snap.get("bridges", [])]
+        every = snap.get("bridges", [])
+        # a summary: the bridges not active first, then by id, at most OVERVIEW_ROWS (the rest on /bridges)
+        shown = sorted(every, key=lambda b: (b.get("state") == "active", int(b["id"])))[:OVERVIEW_ROWS]
+        bridges = [{**b, "state_text": bridge_state(b)} for b in shown]
+        errors = [b for b in every if b.get("last_error") and b.get("state") != "active"]
         data = {"node": {"id": ep.get("node_id") or snap.get("node_id"), "pid": ep.get("pid"),
                          "factory": (ep.get("event_channel_factory") or {}).get("corbaloc"),
                          "postgres": ep.get("postgres_dsn"), "broker": ep.get("broker_url")},
@@ -349,10 +371,19 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
                 "transactions": snap.get("transactions", {}), "store": snap.get("store", {}),
                 "channels": len(channels), "queued": depth,
                 "events_held": sum(int(c.get("events_held") or 0) for c in channels),
-                "bridges": bridges,
-                "errors": [b for b in bridges if b.get("last_error") and b.get("state") != "active"],
-                "rates": sampler.series() if sampler is not None else {"t": [], "bridges": {}}}
+                "bridges": bridges, "bridges_total": len(every),
+                "errors": errors[:OVERVIEW_ROWS], "errors_total": len(errors), "rates": rates()}
         return page("overview.html", data)
+
+    def rates() -> dict[str, Any]:
+        if sampler is None:
+            return {"t": [], "bridges": {}, "total": [], "of": 0}
+        return sampler.series(busiest=CHART_BRIDGES)
+
+    @app.get("/rates")
+    def rates_json() -> Any:
+        """The overview chart's data (refreshed every 5 s by the page): the busiest bridges and the total."""
+        return jsonify(rates())
 
     @app.get("/channels")
     def channels() -> Any:
@@ -365,6 +396,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         try:
             return page("channel.html", backend.channel(who(), cid))
         except ConsoleRefused as exc:
+            if isinstance(exc, (NodeRefused, NodeUnavailable)):
+                raise
             return _error(404, str(exc))
 
     @app.post("/channels/create")
@@ -383,13 +416,17 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.get("/bridges")
     def bridges() -> Any:
-        rows = backend.bridges(who())
-        p = paginate(rows, fields=("id", "source", "sink", "state", "reason", "last_error"), **list_args())
-        return page("bridges.html", p.as_dict())
+        # filtered and sorted by the node's bridge ids and its status snapshot; only the page's rows are asked of
+        # the node (what `nsjms bridge list` asks about each bridge), so a page costs the same with 10 or 1,000
+        index = backend.bridge_index(who())
+        p = paginate(index, fields=("id", "source", "sink", "state", "reason", "last_error"), **list_args())
+        live = {int(r["id"]): r for r in backend.bridges(who(), [int(r["id"]) for r in p.rows])}
+        rows = [live[int(r["id"])] for r in p.rows if int(r["id"]) in live]     # not those destroyed meanwhile
+        return page("bridges.html", {**p.as_dict(), "rows": rows})
 
     @app.get("/bridges/<int:bid>")
     def bridge(bid: int) -> Any:
-        row = next((r for r in backend.bridges(who()) if int(r["id"]) == bid), None)
+        row = next(iter(backend.bridges(who(), [bid])), None)
         if row is None:
             return _error(404, f"no bridge with id {bid}")
         return page("bridge.html", row, actions=BRIDGE_ACTIONS)
@@ -450,6 +487,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         try:
             view = backend.transaction(gtrid)
         except ConsoleRefused as exc:
+            if isinstance(exc, (NodeRefused, NodeUnavailable)):
+                raise
             return _error(404, str(exc))
         confirm = request.args.get("confirm", "")
         from router.txncli import heuristic_warning
@@ -471,6 +510,31 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         return render_template("done.html", action=action, gtrid=gtrid, result=result, session=g.session,
                                errors=list(result.get("errors") or []))
 
+    @app.get("/orphans/<path:gid>")
+    def orphan(gid: str) -> Any:
+        """One orphaned prepared branch of the listing, and (``?confirm=commit|rollback``) the confirmation of
+        ``nsjms txn commit|rollback --xid GID`` with the CLI's summary."""
+        found = [o for o in backend.transactions()["orphans"] if o["gid"] == gid]
+        if not found:
+            return _error(404, f"no orphaned prepared branch with GID {gid!r} (it may have been decided)")
+        confirm = request.args.get("confirm", "")
+        from router.txncli import orphan_summary
+
+        return page("orphan.html", found[0], actions=ORPHAN_ACTIONS,
+                    confirm=confirm if confirm in ORPHAN_ACTIONS else "", summary=orphan_summary(gid))
+
+    @app.post("/orphans/<path:gid>/<action>")
+    def orphan_action(gid: str, action: str) -> Any:
+        require_operator()
+        if action not in ORPHAN_ACTIONS:
+            abort(404)
+        why = action_form(request.form, confirm=("confirm_gid", gid, "GID"))
+        result = backend.orphan_action(who(), gid, action, why)
+        if request.args.get("format") == "json":
+            return jsonify(result)
+        return render_template("done.html", action=f"{action} orphaned branch", gtrid=gid, result=result,
+                               session=g.session, errors=[])
+
     @app.get("/deadletters")
     def dead_letters() -> Any:
         channel = request.args.get("channel", "")
@@ -484,6 +548,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         try:
             return page("deadletter.html", backend.dead_letter(dl_id), actions=DEAD_LETTER_ACTIONS)
         except ConsoleRefused as exc:
+            if isinstance(exc, (NodeRefused, NodeUnavailable)):
+                raise
             return _error(404, str(exc))
 
     @app.post("/deadletters/<int:dl_id>/<action>")

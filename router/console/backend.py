@@ -20,25 +20,33 @@
 
 Calls run under the signed-in principal (:func:`router.auth.acting_as`): the node's own guards see who asks.
 
-Exceptions: :class:`ConsoleRefused` (the node refused; the message says why, as the CLI would print it).
+Exceptions (the CORBA exceptions of the node translated here, once, by the CLI's :func:`router.cliout.corba_error`)::
+
+    Exception
+     └── ConsoleRefused      the node refused (409); the message says why, as the CLI would print it
+          ├── NodeRefused        ... with a CORBA exception (a quota's IMP_LIMIT, NO_PERMISSION, a user exception)
+          └── NodeUnavailable    the node did not answer (503): the CLI's "node not reachable"
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from router.auth import Principal, acting_as
+from router.console.calls import Counted
 from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT, Refused, TxnOps
 
-__all__ = ["Backend", "BridgeSpec", "ConsoleRefused", "NodeBackend"]
+__all__ = ["Backend", "BridgeSpec", "ConsoleRefused", "NodeBackend", "NodeRefused", "NodeUnavailable", "node_errors"]
 
 BRIDGE_ACTIONS = ("start", "stop", "destroy")
 TXN_ACTIONS = ("commit", "rollback", "forget")
+ORPHAN_ACTIONS = ("commit", "rollback")         # `nsjms txn commit|rollback --xid GID`
 DEAD_LETTER_ACTIONS = ("retry", "discard")
 
 
@@ -59,6 +67,35 @@ class BridgeSpec:
 class ConsoleRefused(Exception):
     """The node refused an action or a lookup; the message is the CLI's."""
 
+    status = 409
+
+
+class NodeRefused(ConsoleRefused):
+    """The node answered with a CORBA exception that refuses the request (never a "not found" of a page)."""
+
+
+class NodeUnavailable(ConsoleRefused):
+    """The node did not answer (a CORBA ``TRANSIENT``, ``COMM_FAILURE``, ``TIMEOUT``): the CLI's exit 3."""
+
+    status = 503
+
+
+@contextlib.contextmanager
+def node_errors() -> Iterator[None]:
+    """Any CORBA exception the node answers with, as the CLI words it (:func:`router.cliout.corba_error`): a
+    refusal (``IMP_LIMIT`` of a quota, ``NO_PERMISSION``, a spec's user exception ...) or the node unavailable."""
+    from router.cliout import corba_error
+
+    try:
+        yield
+    except ConsoleRefused:
+        raise
+    except Exception as exc:
+        error = corba_error(exc)
+        if error is None:
+            raise
+        raise (NodeUnavailable if error.unavailable else NodeRefused)(error.words) from None
+
 
 class Backend(Protocol):
     state_dir: Path
@@ -71,7 +108,9 @@ class Backend(Protocol):
 
     def channel(self, who: Principal, cid: int) -> dict[str, Any]: ...
 
-    def bridges(self, who: Principal) -> list[dict[str, Any]]: ...
+    def bridges(self, who: Principal, ids: Sequence[int] | None = None) -> list[dict[str, Any]]: ...
+
+    def bridge_index(self, who: Principal) -> list[dict[str, Any]]: ...
 
     def bridge_action(self, who: Principal, bid: int, action: str, why: str) -> dict[str, Any]: ...
 
@@ -80,6 +119,8 @@ class Backend(Protocol):
     def transaction(self, gtrid: str) -> dict[str, Any]: ...
 
     def txn_action(self, who: Principal, gtrid: str, action: str, why: str) -> dict[str, Any]: ...
+
+    def orphan_action(self, who: Principal, gid: str, action: str, why: str) -> dict[str, Any]: ...
 
     def dead_letters(self, channel: int | None) -> dict[str, Any]: ...
 
@@ -115,33 +156,49 @@ class NodeBackend:
         self.node = node
         self.state_dir: Path = node.s.state_dir
         self.ops: TxnOps = node.txn_admin.ops
+        self._snapshot: tuple[tuple[int, int], dict[str, Any]] = ((0, -1), {})
 
     # ------------------------------------------------------------------------------------------ read
     def snapshot(self) -> dict[str, Any]:
-        return _read_json(self.state_dir / "status.json")
+        """The node's status snapshot (``status.json``, rewritten every 2 s), parsed once per version (it grows with
+        the channels, proxies and bridges, and every page and the rate sampler read it): read only."""
+        path = self.state_dir / "status.json"
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return {}
+        version, cached = self._snapshot
+        if version == (st.st_mtime_ns, st.st_size):
+            return cached
+        snap = _read_json(path)
+        self._snapshot = ((st.st_mtime_ns, st.st_size), snap)
+        return snap
 
     def endpoints(self) -> dict[str, Any]:
         return _read_json(self.state_dir / "endpoints.json")
 
-    def _ecf(self) -> Any:
+    def _ecf(self, counted: bool = False) -> Any:
+        """The node's EventChannelFactory; ``counted``: its operations (and those of what it returns) counted for
+        the request's ``X-Nsjms-Node-Calls`` (read paths only)."""
         import CosNotifyChannelAdmin
 
-        return self.node.factory.ref._narrow(CosNotifyChannelAdmin.EventChannelFactory)
+        ecf = self.node.factory.ref._narrow(CosNotifyChannelAdmin.EventChannelFactory)
+        return Counted(ecf) if counted else ecf
 
     def channels(self, who: Principal) -> list[dict[str, Any]]:
         from router.channelcli import _list
 
-        with acting_as(who):
-            return _list(self._ecf(), self.snapshot())
+        with node_errors(), acting_as(who):
+            return _list(self._ecf(counted=True), self.snapshot())
 
     def channel(self, who: Principal, cid: int) -> dict[str, Any]:
         import CosNotifyChannelAdmin
 
         from router.channelcli import show
 
-        with acting_as(who):
+        with node_errors(), acting_as(who):
             try:
-                channel = self._ecf().get_event_channel(cid)
+                channel = self._ecf(counted=True).get_event_channel(cid)
             except CosNotifyChannelAdmin.ChannelNotFound:
                 raise ConsoleRefused(f"no channel with id {cid}") from None
             return show(channel, cid, self.snapshot())
@@ -153,10 +210,11 @@ class NodeBackend:
         from router.bridgecli import _dispatch, _snapshot_bridges, invalid_endpoints
 
         out: list[str] = []
-        with acting_as(who):
+        with node_errors(), acting_as(who):
             factory = self.node.bridges.ref._narrow(BA.BridgeFactory)
             if args.bridge_command == "list":
-                args.existing_channels = set(self._ecf().get_all_channels())
+                factory = Counted(factory)
+                args.existing_channels = set(self._ecf(counted=True).get_all_channels())
             try:
                 code = _dispatch(args, factory, BA, NsjmsAdmin, out.append, _snapshot_bridges(self.state_dir))
             except BA.BridgeNotFound:
@@ -171,10 +229,22 @@ class NodeBackend:
             raise ConsoleRefused("; ".join(line.removeprefix("nsjms bridge: ") for line in out))
         return out
 
-    def bridges(self, who: Principal) -> list[dict[str, Any]]:
-        """``bridge list --json`` rows joined with the snapshot's counters (forwarded, dead-lettered, broker ...)."""
-        rows: list[dict[str, Any]] = json.loads(
-            self._bridge_cli(who, argparse.Namespace(bridge_command="list", json=True))[0])
+    def bridge_index(self, who: Principal) -> list[dict[str, Any]]:
+        """Every bridge the node has (one call: ``get_all_bridges``) with what its status snapshot (at most 2 s old)
+        says of it: what a list is filtered and sorted by before :meth:`bridges` asks the node about one page."""
+        from idl.generated import CosBridgeAdmin as BA
+
+        with node_errors(), acting_as(who):
+            ids = Counted(self.node.bridges.ref._narrow(BA.BridgeFactory)).get_all_bridges()
+        snap = {int(b["id"]): b for b in self.snapshot().get("bridges", [])}
+        keys = ("source", "sink", "state", "reason", "last_error", "forwarded", "dead_lettered")
+        return [{"id": int(bid), **{k: snap.get(int(bid), {}).get(k) for k in keys}} for bid in ids]
+
+    def bridges(self, who: Principal, ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        """``bridge list --json`` rows (``ids``: of these bridges only, skipping any destroyed meanwhile) joined with
+        the snapshot's counters (forwarded, dead-lettered, broker ...)."""
+        args = argparse.Namespace(bridge_command="list", json=True, ids=None if ids is None else list(ids))
+        rows: list[dict[str, Any]] = json.loads(self._bridge_cli(who, args)[0])
         counters = {int(b["id"]): b for b in self.snapshot().get("bridges", [])}
         for row in rows:
             extra = counters.get(int(row["id"]), {})
@@ -198,9 +268,11 @@ class NodeBackend:
                   act: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Run ``act`` and put it in the operator log with the principal and the reason, refused or done."""
         try:
-            result = act()
+            with node_errors():
+                result = act()
         except ConsoleRefused as exc:
-            self.audit(who.name, why, action, target, f"refused: {exc}")
+            self.audit(who.name, why, action, target, str(exc) if str(exc).startswith(("refused", "node not"))
+                       else f"refused: {exc}")
             raise
         self.audit(who.name, why, action, target, result)
         return result
@@ -226,7 +298,7 @@ class NodeBackend:
             try:
                 if spec.transaction.strip():
                     args.transaction = parse_transaction(spec.transaction.strip())
-                with acting_as(who):
+                with node_errors(), acting_as(who):
                     reasons, errors = _precheck(args, BA, self.node.factory.ref)
             except (UsageError, argparse.ArgumentTypeError) as exc:
                 raise ConsoleRefused(str(exc)) from None
@@ -274,7 +346,7 @@ class NodeBackend:
         try:
             if args.channel_command == "create":
                 qos, admin = check_create_args(args)
-            with acting_as(who):
+            with node_errors(), acting_as(who):
                 _dispatch(args, self._ecf(), self.state_dir, qos, admin, out.append)
         except UsageError as exc:
             raise ConsoleRefused(str(exc)) from None
@@ -309,6 +381,16 @@ class NodeBackend:
         except Refused as exc:
             raise ConsoleRefused(str(exc)) from None
         raise ConsoleRefused(f"an operator can commit, roll back or forget, not {action!r}")
+
+    def orphan_action(self, who: Principal, gid: str, action: str, why: str) -> dict[str, Any]:
+        """``nsjms txn commit|rollback --xid GID``: :meth:`router.txnops.TxnOps.resolve_xid`, the call the
+        TransactionAdmin servant makes (its refusals, the HEURISTIC record and the operator log included)."""
+        if action not in ORPHAN_ACTIONS:
+            raise ConsoleRefused(f"an orphaned prepared branch can be committed or rolled back, not {action!r}")
+        try:
+            return self.ops.resolve_xid(gid, action, who.name, why)
+        except Refused as exc:
+            raise ConsoleRefused(str(exc)) from None
 
     def _dl_ops(self) -> Any:
         return self.node.dead_letter_admin.ops

@@ -18,6 +18,8 @@ from typing import Any
 __all__ = ["Page", "RateSampler", "paginate", "read_operator_log"]
 
 MAX_PER_PAGE = 500
+#: The busiest bridges the overview's chart draws one line each for (the others are in the "all bridges" line).
+CHART_BRIDGES = 10
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class RateSampler:
         self.interval_s = interval_s
         self._samples: deque[tuple[float, dict[int, int]]] = deque(maxlen=max(2, int(window_s / interval_s) + 1))
         self._lock = threading.Lock()
+        self._series: dict[int | None, dict[str, Any]] = {}     # series() per ``busiest``, until the next sample
+        self._generation = 0                                     # samples taken
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -88,11 +92,17 @@ class RateSampler:
         counters = {int(b["id"]): int(b.get("forwarded", 0)) for b in snap.get("bridges", [])}
         with self._lock:
             self._samples.append((time.time() if now is None else now, counters))
+            self._series.clear()
+            self._generation += 1
 
-    def series(self) -> dict[str, Any]:
-        """``{"t": [unix s...], "bridges": {id: [events/s or None...]}}``: one point per pair of samples."""
+    def series(self, busiest: int | None = None) -> dict[str, Any]:
+        """``{"t": [unix s...], "bridges": {id: [events/s or None...]}, "total": [events/s of all...],
+        "of": bridges sampled}``: one point per pair of samples; ``busiest``: only the bridges that forwarded the
+        most over the window (ties: the lower id), so the chart's data stays the same size with 1,000 bridges."""
         with self._lock:
-            samples = list(self._samples)
+            if busiest in self._series:            # computed once per sample: every open overview asks every 5 s
+                return self._series[busiest]
+            samples, generation = list(self._samples), self._generation
         ids = sorted({bid for _, c in samples for bid in c})
         t: list[float] = []
         rates: dict[str, list[float | None]] = {str(bid): [] for bid in ids}
@@ -104,7 +114,15 @@ class RateSampler:
             for bid in ids:
                 ok = bid in c0 and bid in c1 and c1[bid] >= c0[bid]
                 rates[str(bid)].append(round((c1[bid] - c0[bid]) / dt, 3) if ok else None)
-        return {"t": t, "bridges": rates}
+        total = [round(sum(r[i] or 0.0 for r in rates.values()), 3) for i in range(len(t))]
+        if busiest is not None and len(rates) > busiest:
+            ranked = sorted(rates, key=lambda b: (-sum(v or 0.0 for v in rates[b]), int(b)))[:busiest]
+            rates = {b: rates[b] for b in sorted(ranked, key=int)}
+        result = {"t": t, "bridges": rates, "total": total, "of": len(ids)}
+        with self._lock:
+            if generation == self._generation:
+                self._series[busiest] = result
+        return result
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="console-sampler", daemon=True)

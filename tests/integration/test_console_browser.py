@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import Xid
 
 from omniORB import CORBA
 
@@ -33,7 +34,8 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 from router.services import EmbeddedActiveMQ
-from xa.xid import NodeId, branch_xid, new_gtrid
+from router.txncli import orphan_summary
+from xa.xid import FORMAT_ID, NodeId, branch_xid, new_gtrid
 
 from bridgekit import (
     bridge_factory,
@@ -81,6 +83,7 @@ def node(tmp_path: Path, fresh_db: str, amq: EmbeddedActiveMQ,
          monkeypatch: pytest.MonkeyPatch) -> Iterator[NsjmsServer]:
     monkeypatch.setenv("NSJMS_CONSOLE_ENABLED", "true")
     monkeypatch.setenv("NSJMS_CONSOLE_PORT", str(free_port()))
+    monkeypatch.setenv("NSJMS_LIMITS_MAX_CHANNELS", "3")   # the test's three channels: a fourth meets the quota
     state = tmp_path / "state"
     state.mkdir()
     server = NsjmsServer(state_dir=state, pg_dsn=fresh_db, broker_url=amq.url, port=free_port())
@@ -289,6 +292,32 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     assert "Done." in page.inner_text("#result")
     assert cli_json(node, "txn", "list")["transactions"] == []
 
+    # an orphaned prepared branch (the nsjms format id, a gtrid that names no transaction): listed, and decided from
+    # the console as `nsjms txn rollback --xid GID` decides it (the CLI's summary, the GID typed back, a reason)
+    orphan = prepare_foreign(node.pg_dsn, Xid.from_parts(FORMAT_ID, "hand-made", "outbox"))
+    page.goto(base + "/transactions")
+    assert orphan in page.content(), page.inner_text("main")
+    page.click(f"#orphans a[href='/orphans/{orphan}']")
+    page.click("#ask-rollback")
+    assert orphan_summary(orphan) in page.inner_text("#orphan-warning")
+    page.fill("#confirm_gid", orphan)
+    page.fill("#why", "console test: checked, it holds nothing")
+    shot(page, "orphan-confirm")
+    page.click("#do-rollback")
+    assert "Done." in page.inner_text("#result"), page.inner_text("main")
+    assert prepared_gids(node.pg_dsn) == []
+    entry = operator_log(node)[-1]
+    assert (entry["who"], entry["action"], entry["target"], entry["why"]) == (
+        "operator", "rollback --xid", orphan, "console test: checked, it holds nothing")
+    [after] = cli_json(node, "txn", "list")["transactions"]
+    assert (after["gtrid"], after["status"], after["action"]) == ("hand-made", "heuristic-rollback", "forget")
+    page.goto(f"{base}/transactions/hand-made?confirm=forget")
+    page.fill("#confirm_gtrid", "hand-made")
+    page.fill("#why", "console test: checked the data")
+    page.click("#do-forget")
+    assert "Done." in page.inner_text("#result")
+    assert cli_json(node, "txn", "list")["transactions"] == []
+
     # a bridge with traffic: channel -> queue, 40 events forwarded
     channel, cid = persistent_channel(factory)
     _, busy = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, unique_name("console.traffic")))
@@ -354,6 +383,19 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     entry = operator_log(node)[-1]
     assert (entry["who"], entry["action"], entry["why"], entry["result"]) == (
         "operator", "console channel create", "console test: a feed", {"id": new_cid})
+    # a fourth channel meets the node's quota ([limits] max_channels = 3): the node's IMP_LIMIT is a refusal in the
+    # words `nsjms channel create` prints for it (409, recorded), not a server error
+    page.goto(base + "/channels")
+    page.fill("#channel-why", "console test: one too many")
+    page.click("#channel-create")
+    refusal = page.inner_text("#error")
+    code, _, err = cli(node, "channel", "create")
+    assert code == 4 and "CORBA.IMP_LIMIT, nothing was done" in refusal and refusal in err, (refusal, err)
+    assert page.request.post(f"{base}/channels/create?format=json", form={
+        "why": "x", "csrf": page.locator("input[name=csrf]").first.get_attribute("value")}).status == 409
+    shot(page, "channel-quota")
+    assert operator_log(node)[-1]["result"] == refusal
+    assert len(cli_json(node, "channel", "list")) == 3
 
     # a bridge created from it with routing transactions (T2), not started; T2 turned off and refused a bad setting
     page.goto(base + "/bridges")

@@ -19,12 +19,16 @@ from router.console.app import COOKIE, Sessions, create_app
 from router.console.backend import BridgeSpec, ConsoleRefused
 from router.console.views import RateSampler, paginate, read_operator_log
 
+ORPHAN = "1853188657_Z29uZTox_cGc="      # an orphan's GID: characters a URL path must carry
+
 
 class FakeBackend:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.calls: list[tuple[Any, ...]] = []
         self.audits: list[tuple[Any, ...]] = []
+        self.asked: list[list[int] | None] = []       # the bridge ids a page asked the node about
+        self.bridge_ids = [5]
 
     def snapshot(self) -> dict[str, Any]:
         return {"time": 0, "channels": [{"id": 1, "events_held": 3,
@@ -45,10 +49,16 @@ class FakeBackend:
         return {"id": 1, "qos": {"EventReliability": 1}, "admin": {"MaxQueueLength": 0}, "events_held": 3,
                 "consumer_admins": [], "supplier_admins": [], "snapshot_age_s": 1.0}
 
-    def bridges(self, who: Principal) -> list[dict[str, Any]]:
-        return [{"id": 5, "source": "channel:1", "sink": "queue:q", "state": "active", "started": True,
+    def bridges(self, who: Principal, ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        self.asked.append(None if ids is None else list(ids))
+        return [{"id": bid, "source": "channel:1", "sink": "queue:q", "state": "active", "started": True,
                  "reason": None, "channel_id": 1, "channel_exists": True, "last_error": None, "forwarded": 9,
-                 "dead_lettered": 0, "transactions": {}}]
+                 "dead_lettered": 0, "transactions": {}} for bid in ([5] if ids is None else ids)
+                if bid in self.bridge_ids]
+
+    def bridge_index(self, who: Principal) -> list[dict[str, Any]]:
+        return [{"id": bid, "source": "channel:1", "sink": f"queue:q{bid}", "state": "active", "reason": None,
+                 "last_error": None, "forwarded": bid, "dead_lettered": 0} for bid in self.bridge_ids]
 
     def bridge_action(self, who: Principal, bid: int, action: str, why: str) -> dict[str, Any]:
         self.calls.append(("bridge", who.name, bid, action, why))
@@ -57,7 +67,9 @@ class FakeBackend:
         return {"id": bid, "stopped": True}
 
     def transactions(self) -> dict[str, Any]:
-        return {"node": "node1", "mode": "online", "time": 0, "orphans": [], "foreign": 0, "errors": [],
+        return {"node": "node1", "mode": "online", "time": 0, "foreign": 0, "errors": [],
+                "orphans": [{"gid": ORPHAN, "format_id": 1853188657, "gtrid": "gone:1", "bqual": "pg",
+                             "prepared_at": 0.0, "age_s": 900.0, "owner": "nsjms", "reason": "names no transaction"}],
                 "transactions": [self.transaction("node1:abc")]}
 
     def transaction(self, gtrid: str) -> dict[str, Any]:
@@ -72,6 +84,12 @@ class FakeBackend:
         if action == "commit":
             raise ConsoleRefused("no COMMIT is logged ... Add --heuristic to commit it")
         return {"gtrid": gtrid, "action": action}
+
+    def orphan_action(self, who: Principal, gid: str, action: str, why: str) -> dict[str, Any]:
+        self.calls.append(("orphan", who.name, gid, action, why))
+        if action == "rollback":
+            raise ConsoleRefused(f"{gid} belongs to another node or application: nsjms never touches it")
+        return {"gid": gid, "gtrid": "gone:1", "action": action, "heuristic": True}
 
     def dead_letters(self, channel: int | None) -> dict[str, Any]:
         rows = [{"id": 7, "channel_id": 1, "side": "C", "admin_id": 0, "proxy_id": 0, "event_name": "d/t/e2",
@@ -267,7 +285,9 @@ def test_rate_sampler_series() -> None:
     s = RateSampler(lambda: next(snaps), interval_s=2)
     for t in (100.0, 102.0, 104.0):
         s.sample(now=t)
-    assert s.series() == {"t": [102.0, 104.0], "bridges": {"1": [5.0, 10.0], "2": [None, None]}}
+    assert s.series() == {"t": [102.0, 104.0], "bridges": {"1": [5.0, 10.0], "2": [None, None]},
+                          "total": [5.0, 10.0], "of": 2}
+    assert s.series(busiest=1) == {"t": [102.0, 104.0], "bridges": {"1": [5.0, 10.0]}, "total": [5.0, 10.0], "of": 2}
 
 
 def test_read_operator_log(tmp_path: Path) -> None:
@@ -365,8 +385,8 @@ def test_every_post_route_needs_the_csrf_token_and_the_operator_role(env: Any) -
              r.endpoint not in ("login_post", "logout")]
     assert {r.endpoint for r in posts} >= {"channel_create", "channel_destroy", "bridge_create", "bridge_action",
                                            "bridge_transaction", "bridges_selected", "transaction_action",
-                                           "dead_letter_action", "dead_letters_selected"}
-    values = {"cid": 1, "bid": 5, "action": "stop", "gtrid": "node1:abc", "dl_id": 7}
+                                           "dead_letter_action", "dead_letters_selected", "orphan_action"}
+    values = {"cid": 1, "bid": 5, "action": "stop", "gtrid": "node1:abc", "dl_id": 7, "gid": ORPHAN}
     for rule in posts:
         url = rule.build({k: v for k, v in values.items() if k in rule.arguments})[1]
         form = {"why": "x", "confirm_gtrid": "node1:abc", "confirm_id": "1", "ids": "5", "action": "stop",
@@ -429,7 +449,8 @@ def test_bridge_create_and_routing_transactions_on_off(env: Any) -> None:
 def test_bridge_page_offers_disable_when_transactions_are_on(env: Any) -> None:
     backend, client, secrets = env
     original = backend.bridges
-    backend.bridges = lambda who: [{**original(who)[0], "transactions": {"transaction_events": 5}}]  # type: ignore[method-assign]
+    backend.bridges = lambda who, ids=None: [  # type: ignore[method-assign]
+        {**original(who, ids)[0], "transactions": {"transaction_events": 5}}]
     login(client, "operator", secrets["operator"])
     detail = client.get("/bridges/5").get_data(as_text=True)
     assert 'id="bridge-t2-off"' in detail and 'id="bridge-t2-on"' not in detail and "on: 5 event(s)" in detail
@@ -526,3 +547,86 @@ def test_audit_days_view_sums_the_stored_verdicts() -> None:
     assert [(b["direction"], b["bridge_id"], b["delivered"], b["lost"]) for b in view["bridges"]] == [
         ("channel_to_jms", 5, 10, 1), ("jms_to_channel", None, 2, 0)]
     assert view["totals"]["delivered"] == 12 and audit_days_view([])["days"] == []
+
+
+def test_orphaned_branch_decided_with_the_clis_rules_and_words(env: Any) -> None:
+    """``nsjms txn commit|rollback --xid GID`` from the routing-transactions page: operator role, typed GID, reason;
+    the CLI's summary shown before it; the node's refusal in its words (it was listed, not actionable)."""
+    from router.txncli import orphan_summary
+
+    backend, client, secrets = env
+    login(client, "reader", secrets["reader"])
+    listing = client.get("/transactions").get_data(as_text=True)
+    assert f'href="/orphans/{ORPHAN}"' in listing
+    page = client.get(f"/orphans/{ORPHAN}?confirm=commit").get_data(as_text=True)
+    assert "names no transaction" in page and "confirm_gid" not in page and "ask-commit" not in page
+    token = _csrf(page)
+    assert client.post(f"/orphans/{ORPHAN}/commit", data={"csrf": token, "why": "x",
+                                                          "confirm_gid": ORPHAN}).status_code == 403
+    client.post("/logout", data={"csrf": token})
+    login(client, "operator", secrets["operator"])
+    page = client.get(f"/orphans/{ORPHAN}").get_data(as_text=True)
+    assert 'id="ask-commit"' in page and 'id="ask-rollback"' in page and "heuristic" not in page.lower()
+    page = client.get(f"/orphans/{ORPHAN}?confirm=commit").get_data(as_text=True)
+    assert orphan_summary(ORPHAN) in page
+    token = _csrf(page)
+    url = f"/orphans/{ORPHAN}/commit"
+    assert client.post(url, data={"csrf": token, "confirm_gid": ORPHAN}).status_code == 400          # no reason
+    assert client.post(url, data={"csrf": token, "why": "x", "confirm_gid": "other"}).status_code == 400
+    assert backend.calls == []
+    resp = client.post(url + "?format=json", data={"csrf": token, "why": "checked: rows unknown",
+                                                    "confirm_gid": ORPHAN})
+    assert resp.status_code == 200 and resp.get_json()["heuristic"] is True
+    resp = client.post(f"/orphans/{ORPHAN}/rollback", data={"csrf": token, "why": "y", "confirm_gid": ORPHAN})
+    assert resp.status_code == 409 and "nsjms never touches it" in resp.get_data(as_text=True)
+    assert backend.calls == [("orphan", "operator", ORPHAN, "commit", "checked: rows unknown"),
+                             ("orphan", "operator", ORPHAN, "rollback", "y")]
+    assert client.post(f"/orphans/{ORPHAN}/forget", data={"csrf": token, "why": "y",
+                                                          "confirm_gid": ORPHAN}).status_code == 404
+    assert client.get("/orphans/nope").status_code == 404
+
+
+def test_lists_stay_the_same_size_with_many_bridges(env: Any) -> None:
+    """1,000 bridges: /bridges asks the node about its page's bridges only (it asked about every bridge), a bridge's
+    page about that bridge; the overview lists 50 (those not active first) and says so; the chart's data has the
+    busiest bridges and the total, not a line per bridge."""
+    backend, client, secrets = env
+    backend.bridge_ids = list(range(1000))
+    login(client, "reader", secrets["reader"])
+    page = client.get("/bridges?page=3").get_data(as_text=True)
+    assert backend.asked == [list(range(100, 150))]
+    assert "showing 50 of 1000 item(s), page 3 of 20" in page and "bridge 149<" in page and "bridge 150<" not in page
+    data = client.get("/bridges?sort=forwarded&desc=1&per_page=500&format=json").get_json()
+    assert [r["id"] for r in data["rows"]] == list(range(999, 499, -1)) and data["total"] == 1000
+    assert backend.asked[-1] == list(range(999, 499, -1))
+    assert client.get("/bridges/7").status_code == 200 and backend.asked[-1] == [7]
+    assert client.get("/bridges/1000").status_code == 404
+    assert "X-Nsjms-Node-Calls" in client.get("/bridges").headers
+
+
+def test_overview_is_a_summary(env: Any) -> None:
+    backend, client, secrets = env
+    snap = backend.snapshot()
+    many = [{"id": i, "source": "channel:1", "sink": f"queue:q{i}", "state": "active" if i % 10 else "inactive",
+             "reason": None if i % 10 else "stopped", "last_error": None if i % 10 else "refused", "forwarded": i}
+            for i in range(1000)]
+    backend.snapshot = lambda: {**snap, "bridges": many}                  # type: ignore[method-assign]
+    login(client, "reader", secrets["reader"])
+    data = client.get("/?format=json").get_json()
+    assert data["bridges_total"] == 1000 and len(data["bridges"]) == 50 and data["errors_total"] == 100
+    assert [b["id"] for b in data["bridges"]] == list(range(0, 500, 10))    # those not active first
+    assert len(data["errors"]) == 50
+    page = client.get("/").get_data(as_text=True)
+    assert "showing 50 of 1000 bridges" in page and "showing 50 of 100" in page
+    assert client.get("/rates").get_json() == {"t": [], "bridges": {}, "total": [], "of": 0}   # no samples yet
+
+
+def test_rate_series_computed_once_per_sample() -> None:
+    snaps = iter([{"bridges": [{"id": 1, "forwarded": n}]} for n in (0, 10, 30)])
+    s = RateSampler(lambda: next(snaps), interval_s=2)
+    s.sample(now=100.0)
+    s.sample(now=102.0)
+    first = s.series(busiest=10)
+    assert s.series(busiest=10) is first and s.series() is not first
+    s.sample(now=104.0)
+    assert s.series(busiest=10)["t"] == [102.0, 104.0]

@@ -12,13 +12,17 @@
     var series = [{}].concat(ids.map(function (id, i) {
       return { label: "bridge " + id, stroke: palette[i % palette.length], width: 2, spanGaps: false };
     }));
+    if (rates.total && ids.length > 1) {   // the busiest bridges are drawn one by one, all of them together too
+      data.push(rates.total);
+      series.push({ label: "all " + rates.of + " bridges", stroke: "#555", width: 1, dash: [4, 4] });
+    }
     new uPlot({ width: Math.max(480, el.clientWidth - 20), height: 220, series: series,
                 axes: [{}, { label: "events/s" }], scales: { x: { time: true } } }, data, el);
   }
   function refresh() {
     fetch(el.dataset.src, { credentials: "same-origin", headers: { "Accept": "application/json" } })
       .then(function (r) { return r.json(); })
-      .then(function (d) { draw(d.rates); })
+      .then(function (d) { draw(d); })
       .catch(function () { el.textContent = "chart data unavailable"; });
   }
   refresh();
