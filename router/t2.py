@@ -359,6 +359,9 @@ class NodeTransactions:
             ticks += 1
             try:
                 self.coordinator.expire()
+                flush = getattr(self.coordinator.log, "flush_ended", None)
+                if flush is not None:
+                    flush()             # decision rows of ended T2s (router/cluster/decisions.py), every 0.5 s
                 if ticks % max(1, int(self.period_s / 0.5)) == 0:
                     self.recover_now()
                     self._purge()

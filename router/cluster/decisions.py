@@ -90,6 +90,22 @@ class FencedDecisionLog:
                                            gtrid=record.gtrid) from exc
             raise LogWriteFailed(f"decision row not written: {exc}", gtrid=record.gtrid) from exc
 
+    def flush_ended(self) -> None:
+        """Delete the decision rows of the transactions whose END was logged since the last decision write (the
+        node's T2 housekeeping calls this every 0.5 s, so an idle node leaves none behind for long: a survivor
+        re-sends the outbox rows of every decision row it finds). A failure keeps them for the next call."""
+        with self._lock:
+            ended, self._ended = self._ended, []
+        if not ended:
+            return
+        try:
+            with self.db.unit_of_work() as conn:
+                conn.execute("DELETE FROM nsjms_decision WHERE gtrid = ANY(%s)", (ended,))
+        except Exception:  # retried at the next call
+            with self._lock:
+                self._ended.extend(ended)
+            raise
+
     def _undo(self, gtrid: str) -> None:
         try:
             with self.db.unit_of_work() as conn:

@@ -97,7 +97,10 @@ def test_a_fenced_nodes_decision_is_refused_and_its_file_log_never_gets_it(db: D
     decisions = FencedDecisionLog(file_log, db, "na", lambda: epochs["na"])
     first = new_gtrid(NodeId("na"))
     decisions.append(Commit(first, (PG, SEND), None, 0.0), durable=True)       # live: decided
+    with db.unit_of_work() as conn:
+        assert conn.execute("SELECT gtrid, node_id, epoch FROM nsjms_decision").fetchall() == [(first, "na", na)]
     decisions.append(End(first, 0.0), durable=False)
+    decisions.flush_ended()                                                    # (the T2 housekeeping, every 0.5 s)
     _fence(db, "na", "nb", nb)                                                 # na paused past its lease
     second = new_gtrid(NodeId("na"))
     with pytest.raises(LogWriteFailed):                                        # it wakes and decides: refused
@@ -105,7 +108,7 @@ def test_a_fenced_nodes_decision_is_refused_and_its_file_log_never_gets_it(db: D
     assert [type(r).__name__ for r in file_log.records] == ["Commit", "End"], "the refused COMMIT is in no log"
     with db.unit_of_work() as conn:
         rows = conn.execute("SELECT gtrid FROM nsjms_decision").fetchall()
-    assert rows == [(first,)], "only the decision taken while live (its END removes it at the next write)"
+    assert rows == [], "the ended transaction's row is gone, and the refused decision never had one"
 
 
 def test_a_survivor_commits_decided_rolls_back_undecided_and_never_touches_a_live_nodes_xids(

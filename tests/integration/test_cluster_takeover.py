@@ -8,13 +8,16 @@ commits the prepared branch of the logged decision, re-sends its outbox rows wit
 channel's queued events and routes them. Counted at an independent stomp.py consumer: every event; a duplicate
 only of a transaction whose decision row the dead node left (its broker commit unknown), with its original's
 dedupe id. Then ``na`` restarts on the shared database as a new member and restores nothing: the channel and
-bridge stay with ``nb`` (before, a restarted node restored every node's).
+bridge stay with ``nb`` (before, a restarted node restored every node's). Last, ``nb`` is paused (SIGSTOP) past its
+lease: ``na`` takes the channel and bridge back and routes 10 new events; ``nb`` woken (SIGCONT) finds itself fenced
+and stops (exit 1); each new event arrives exactly once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -164,8 +167,30 @@ def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_tran
             ("live", 3, {"channels": [], "bridges": []})
         assert (members["nb"]["state"], members["nb"]["owns"]) == ("live", {"channels": [cid], "bridges": [bid]})
         assert members["na"]["in_doubt"] == {"prepared": 0, "decided": 0} and members["nb"]["lease_left_s"] > 0
-        seen = len(counter.got)
-        assert len(counter.got) == seen, "the restart re-sent nothing"
+
+        # nb, the owner now, paused past its lease (SIGSTOP): na takes it over; nb woken (SIGCONT) stops
+        assert b.proc is not None
+        b.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert wait_until(lambda: any(t["node_id"] == "nb" for t in
+                                          node_status(a).get("cluster", {}).get("takeovers", [])), 60), \
+                node_status(a).get("cluster")
+            channel = client_orb.factory(a.ior()).get_event_channel(cid)     # its new owner
+            supplier = structured_supplier(channel)
+            for i in range(EVENTS, EVENTS + 10):
+                supplier.push_one(make_event(i, reliability=CosNotification.Persistent))
+            assert wait_until(lambda: len(counter.names()) >= EVENTS + 10, 60), sorted(counter.names())
+        finally:
+            b.proc.send_signal(signal.SIGCONT)
+        assert b.proc.wait(timeout=60) == 1, "the woken node learns it was fenced and stops (exit 1)"
+        assert _rows(fresh_db, "SELECT epoch, state, fenced_by FROM nsjms_member WHERE node_id = 'nb'") == \
+            [(2, "fenced", "na")]
+        assert _owners(fresh_db) == {("channel", cid): "na", ("bridge", bid): "na"}
+        assert counter.names() == {f"e{i}" for i in range(EVENTS + 10)}
+        later = [name for name, _ in counter.got if int(name[1:]) >= EVENTS]
+        assert sorted(later) == sorted(f"e{i}" for i in range(EVENTS, EVENTS + 10)), \
+            f"routed by the new owner exactly once; the woken node committed nothing: {later}"
+        assert wait_until(lambda: prepared_count(fresh_db) == 0, 30)
     finally:
         conn.disconnect()
         a.state_dir.chmod(0o700)
