@@ -648,10 +648,12 @@ def _check_cluster(config: Config, merged: dict[tuple[str, str], tuple[Any, str,
     renew, expiry = config.cluster.renew_s, config.cluster.expiry_s
     if expiry >= 3 * renew:
         return
-    entry = merged.get(("cluster", "expiry_s")) or merged.get(("cluster", "renew_s"))
+    key = "expiry_s" if ("cluster", "expiry_s") in merged or ("cluster", "renew_s") not in merged else "renew_s"
+    entry = merged.get(("cluster", key))
     source = entry[1] if entry else "defaults"
-    raise ConfigError(f"cluster.expiry_s (from {source}): must be at least 3 x cluster.renew_s ({3 * renew}) so a "
-                      f"lease survives two missed renewals, got {expiry}", "cluster.expiry_s", source)
+    raise ConfigError(f"cluster.{key} (from {source}): cluster.expiry_s must be at least 3 x cluster.renew_s "
+                      f"({3 * renew}) so a lease survives two missed renewals, got expiry_s {expiry}, renew_s {renew}",
+                      f"cluster.{key}", source)
 
 
 def load_config(
