@@ -276,8 +276,9 @@ class NodeTransactions:
                  guard_s: float = DEFAULT_GUARD_S, period_s: float = DEFAULT_PERIOD_S,
                  inbox_retention_s: float = DEFAULT_INBOX_RETENTION_S, observer: Observer | None = None,
                  ledger_hops: bool = False, epoch: Callable[[], int | None] | None = None) -> None:
-        """``epoch``: the node's live cluster epoch (None once fenced); given, the coordinator's decisions are also
-        written to PostgreSQL, fenced by it (router/cluster/decisions.py, docs/cluster.md)."""
+        """``epoch``: the node's live cluster epoch (None once fenced); given, the decisions of the coordinator and
+        of recovery (an operator's commit) are also written to PostgreSQL, fenced by it, and their rows deleted once
+        the transactions end (router/cluster/decisions.py, docs/cluster.md)."""
         self.node = NodeId(node_id)
         self.db = db
         self.clock: Clock = clock or SystemClock()
@@ -304,7 +305,7 @@ class NodeTransactions:
         # concurrent presumed abort of the same branch.
         self.recovery_lock = threading.RLock()
         self.resender = OutboxResender(self._rows_of, self._resend_transport, rows_of_many=self._rows_of_many)
-        self.recovery = RecoveryManager(self.node, self.log, [self.pg], self.resender, self.clock,
+        self.recovery = RecoveryManager(self.node, decisions, [self.pg], self.resender, self.clock,
                                         in_flight_guard=guard_s, in_flight=self.coordinator.in_flight,
                                         observer=observer)
         self._stop = threading.Event()
