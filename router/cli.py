@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsjms", parents=[common],
                                 description="CORBA Notification Service ⇄ JMS routing engine")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{serve,status,channel,bridge,txn,deadletter,credentials,demo,stop-services,reset,ledger,audit}")
+                           metavar="{serve,status,channel,bridge,txn,deadletter,credentials,cluster,demo,stop-services,reset,ledger,audit}")
 
     serve = sub.add_parser("serve", parents=[common],
                            help="run a node (embedded PostgreSQL and ActiveMQ unless given)")
@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     from router.credcli import add_parser as add_credentials_parser
 
     add_credentials_parser(sub, common)
+    from router.clustercli import add_parser as add_cluster_parser
+
+    add_cluster_parser(sub, common)
     from audit.cli import add_parsers as add_audit_parsers  # ledger + audit (heavy imports stay inside)
 
     add_audit_parsers(sub, common)
@@ -236,6 +239,8 @@ def _settings(cfg: Any) -> Any:
                               cfg.ledger.ahead_days, float(cfg.ledger.maintenance_interval_s)),
         limits=NodeLimits(cfg.limits.max_channels, cfg.limits.max_admins, cfg.limits.max_proxies,
                           cfg.limits.max_bridges),
+        cluster_renew_s=float(cfg.cluster.renew_s),
+        cluster_expiry_s=float(cfg.cluster.expiry_s),
     )
 
 
@@ -558,6 +563,12 @@ def cmd_credentials(args: argparse.Namespace, cfg: Any) -> int:
         return _private("credentials", Path(cfg.node.state_dir))
 
 
+def cmd_cluster(args: argparse.Namespace, cfg: Any) -> int:
+    from router.clustercli import run
+
+    return run(args, cfg)
+
+
 def cmd_audit(args: argparse.Namespace, cfg: Any) -> int:
     from audit.cli import run
 
@@ -606,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bridge": cmd_bridge,
                 "channel": cmd_channel, "txn": cmd_txn, "stop-services": cmd_stop_services, "reset": cmd_reset,
                 "ledger": cmd_audit, "credentials": cmd_credentials, "deadletter": cmd_deadletter,
-                "audit": cmd_audit}
+                "audit": cmd_audit, "cluster": cmd_cluster}
     from router.cliout import run_handler
 
     return run_handler(_authorised(handlers[args.command]), args, cfg)

@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
     "ENV_PREFIX",
     "BrokerConfig",
+    "ClusterConfig",
     "Config",
     "ConfigError",
     "LedgerConfig",
@@ -245,6 +246,14 @@ class ConsoleConfig:
     tls_key: str = ""               # PEM private key (keep it 0600)
 
 
+@dataclass(frozen=True)
+class ClusterConfig:
+    """``[cluster]``: the membership lease of nodes sharing one PostgreSQL (router/cluster, docs/cluster.md)."""
+
+    renew_s: int = 2                # how often the node renews its lease (ActiveMQ Artemis's JDBC default)
+    expiry_s: int = 20              # a lease not renewed for this long is taken over; at least 3 x renew_s
+
+
 def _mask(secret: str) -> str:
     return REDACTED if secret else ""
 
@@ -261,6 +270,7 @@ class Config:
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def redacted(self) -> dict[str, dict[str, Any]]:
         """A plain dict safe to log or print: DSN/URL passwords and ``broker.passcode`` become ``***``."""
@@ -465,6 +475,7 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
                "max_proxies": _Key(_integer(0, 1_000_000)), "max_bridges": _Key(_integer(0, 1_000_000))},
     "console": {"enabled": _Key(_boolean), "host": _Key(_host), "port": _Key(_PORT),
                 "tls_cert": _Key(_file_name), "tls_key": _Key(_file_name)},
+    "cluster": {"renew_s": _Key(_integer(1, 60)), "expiry_s": _Key(_integer(3, 600))},
 }
 _SECTION_TYPES: dict[str, type] = {
     "node": NodeConfig,
@@ -475,6 +486,7 @@ _SECTION_TYPES: dict[str, type] = {
     "ledger": LedgerConfig,
     "limits": LimitsConfig,
     "console": ConsoleConfig,
+    "cluster": ClusterConfig,
 }
 
 
@@ -591,6 +603,7 @@ def _parse_one(section: str, key: str, spec: _Key, entry: tuple[Any, str, bool])
 
 def _check_cross(config: Config, merged: dict[tuple[str, str], tuple[Any, str, bool]]) -> None:
     _check_giop(config, merged)
+    _check_cluster(config, merged)
     console = config.console
     if bool(console.tls_cert) != bool(console.tls_key):
         key = "tls_key" if console.tls_cert else "tls_cert"
@@ -628,6 +641,19 @@ def _check_giop(config: Config, merged: dict[tuple[str, str], tuple[Any, str, bo
         "orb.giop_max_msg_size",
         source,
     )
+
+
+def _check_cluster(config: Config, merged: dict[tuple[str, str], tuple[Any, str, bool]]) -> None:
+    """A lease must survive two missed renewals: ``cluster.expiry_s >= 3 x cluster.renew_s``."""
+    renew, expiry = config.cluster.renew_s, config.cluster.expiry_s
+    if expiry >= 3 * renew:
+        return
+    key = "expiry_s" if ("cluster", "expiry_s") in merged or ("cluster", "renew_s") not in merged else "renew_s"
+    entry = merged.get(("cluster", key))
+    source = entry[1] if entry else "defaults"
+    raise ConfigError(f"cluster.{key} (from {source}): cluster.expiry_s must be at least 3 x cluster.renew_s "
+                      f"({3 * renew}) so a lease survives two missed renewals, got expiry_s {expiry}, renew_s {renew}",
+                      f"cluster.{key}", source)
 
 
 def load_config(

@@ -78,6 +78,8 @@ class NodeSettings:
     ledger: LedgerSettings = field(default_factory=LedgerSettings)   # [ledger]: router/ledger.py
     gil_switch_interval_s: float = GIL_SWITCH_INTERVAL_S   # sys.setswitchinterval while the node runs
     limits: NodeLimits = field(default_factory=NodeLimits)  # [limits]: router/quotas.py
+    cluster_renew_s: float = 2.0     # [cluster] renew_s / expiry_s: the membership lease (docs/cluster.md)
+    cluster_expiry_s: float = 20.0
 
 
 def orb_args(s: NodeSettings) -> list[str]:
@@ -153,6 +155,7 @@ class Node:
         self._lock: Any = None
         self._stopped = threading.Event()
         self.membership: Any = None      # router.cluster.node.Membership
+        self.takeover: Any = None        # router.cluster.takeover.Takeover
         self.fenced = False              # the node's work was taken over: it stopped acting (docs/cluster.md)
         self._db_facts: Any = None  # router.status.DatabaseFacts once published
 
@@ -305,12 +308,14 @@ class Node:
         # It also registers each bridge's ledger route (BridgeImpl._register_ledger_route), which the
         # delivered-events journal replay inside factory.restore() needs: replayed rows carry the bridge id,
         # destination and direction (keep this order).
-        self._build_bridges()
-        self.factory.restore()
+        owned = self._owned_at_start()     # a cluster member restores only what it owns (docs/cluster.md)
+        self._build_bridges(set(owned.bridges))
+        self.factory.restore(set(owned.channels))
         self._queue_late_commits()
         self.runtime.poa._get_the_POAManager().activate()
         self.runtime.ins_poa._get_the_POAManager().activate()
         self.bridges.resume()
+        self._start_takeover()
 
     def _queue_late_commits(self) -> None:
         """From now on, the events of PostgreSQL branches recovery or an operator commits (JMS -> channel T2s their
@@ -330,9 +335,71 @@ class Node:
         from router.lifecycle import write_private
 
         self.membership = Membership(self.db, self.s.node_id, f"{self.s.orb_host}:{self.s.orb_port}",
-                                     self.s.state_dir, LeaseSettings(), self._fenced, write_private=write_private)
+                                     self.s.state_dir, LeaseSettings(self.s.cluster_renew_s, self.s.cluster_expiry_s),
+                                     self._fenced, write_private=write_private)
         self.membership.join()
         self.membership.start()
+        self.db.fence = self._fence_check    # every unit of work of this node checks its epoch (docs/cluster.md)
+
+    def _live_epoch(self) -> int | None:
+        m = self.membership
+        return None if m is None or m.fenced or m.epoch is None else int(m.epoch)
+
+    def _fence_check(self, conn: Any) -> None:
+        """The fence check run last, before the COMMIT, in each of this node's units of work (not its T2 branches: a
+        prepared branch must hold no lock a takeover waits for; T2 is fenced at its decision). A fenced node's write
+        is refused as a :class:`router.db.StoreError` (its callers keep the work and retry; the node is stopping)."""
+        from router.cluster import members as M
+        from router.cluster.errors import Fenced
+        from router.db import StoreError
+
+        if self.membership is not None and self.membership.leaving:
+            return                                       # its own leave (the last write of a clean stop)
+        epoch = self._live_epoch()
+        try:
+            if epoch is None:
+                raise Fenced(f"node {self.s.node_id!r} is fenced", self.s.node_id)
+            M.check(conn, self.s.node_id, epoch)
+        except Fenced as exc:
+            if self.membership is not None:
+                self.membership.notice_fenced(exc)       # the node stops (serve exits 1 and is started again)
+            raise StoreError(f"write refused: {exc}") from exc
+
+    def _owned_at_start(self) -> Any:
+        """What this node restores: the channels (and their bridges) it owns, after adopting those nobody owns (a
+        database of an earlier version, or of a single node)."""
+        from router.cluster.local import LocalOwner
+        from router.cluster.ownership import adopt_unowned
+
+        epoch = self._live_epoch()
+        assert epoch is not None
+        with self.db.unit_of_work() as conn:
+            owned = adopt_unowned(conn, self.s.node_id, epoch)
+        self.runtime.owner = LocalOwner(self.s.node_id, self._live_epoch)
+        log.info("cluster: node %s owns channels %s and bridges %s", self.s.node_id, list(owned.channels),
+                 list(owned.bridges))
+        return owned
+
+    def _start_takeover(self) -> None:
+        from router.cluster.takeover import Takeover
+
+        self.takeover = Takeover(self.db, self.s.node_id, self._live_epoch, self.s.cluster_renew_s,
+                                 start=self._take_over, recover=self._recover_dead)
+        self.takeover.start()
+
+    def _take_over(self, owned: Any) -> None:
+        """Start what this node claimed from a dead one: its bridges' servants first (the channel's dispatchers push
+        to them at once), then the channels with their queues, then the bridges that were started."""
+        made = self.bridges.restore(set(owned.bridges))
+        for bid in made:                                 # their channel proxies' clients were the old node's
+            self.bridges.bridges[bid].repoint_stored_proxy()
+        self.factory.adopt(set(owned.channels))
+        self.bridges.resume(set(made))
+
+    def _recover_dead(self, dead: str) -> None:
+        """Finish a fenced node's routing transactions from PostgreSQL (router/cluster/decisions.py)."""
+        if self.t2 is not None:
+            self.t2.recover_fenced(dead)
 
     def _fenced(self) -> None:
         self.fenced = True
@@ -364,7 +431,7 @@ class Node:
         from router.telemetry import T2Telemetry
 
         t2 = NodeTransactions(self.s.node_id, self.s.state_dir, self.db, self.pg_dsn, transport=transport,
-                              observer=T2Telemetry(), ledger_hops=self.s.ledger.enabled)
+                              observer=T2Telemetry(), ledger_hops=self.s.ledger.enabled, epoch=self._live_epoch)
         report = t2.start()
         if report.committed or report.rolled_back or report.resent or report.errors:
             log.info("T2 recovery at start: committed %d, rolled back %d, re-sent %d, %d problem(s)",
@@ -397,7 +464,7 @@ class Node:
         while not self.runtime.shutting_down.wait(self.s.ledger.maintenance_interval_s):
             self.maintain_ledger()
 
-    def _build_bridges(self) -> None:
+    def _build_bridges(self, only: set[int] | None = None) -> None:
         from router.bridge.bridge import BridgeFactoryImpl
         from router.bridge.codec import MappingCodec
         from router.bridge.store import BridgeStore
@@ -410,7 +477,7 @@ class Node:
         self.bridges = BridgeFactoryImpl(self.factory, self.bridge_store, self.broker_settings(), transport,
                                          self.s.node_id)
         self.bridges.activate()
-        self.bridges.restore()
+        self.bridges.restore(only)
 
     def broker_settings(self) -> Any:
         """The bridges' BrokerSettings: the broker, and the node's one event size limit (``node.max_event_bytes``)
@@ -471,8 +538,17 @@ class Node:
         return {"time": time.time(), "node_id": self.s.node_id, "channels": channels,
                 "bridges": self.bridges.status() if self.bridges is not None else [],
                 "store": facts["store"], "transactions": facts["transactions"],
-                "cluster": self.membership.status() if self.membership is not None else {},
+                "cluster": self._cluster_status(),
                 "services": {name: health.as_dict() for name, health in self.health.items()}}
+
+    def _cluster_status(self) -> dict[str, Any]:
+        if self.membership is None:
+            return {}
+        out: dict[str, Any] = self.membership.status()
+        out["owned"] = {"channels": sorted(self.factory.channels) if self.factory is not None else [],
+                        "bridges": sorted(self.bridges.bridges) if self.bridges is not None else []}
+        out["takeovers"] = self.takeover.status() if self.takeover is not None else []
+        return out
 
     def _t2_status(self) -> dict[str, Any]:
         """In-doubt count, oldest age, recovery passes, outbox/inbox rows; also what the T2 gauges show."""
@@ -580,6 +656,8 @@ class Node:
             return
         for watch in self.watches:
             watch.stop()  # before the services stop: a watch would restart them
+        if self.takeover is not None:
+            self.takeover.stop()         # before the bridges: a takeover pass may be starting some
         if self.bridges is not None:
             self.bridges.shutdown()
         if self.runtime is not None:

@@ -159,6 +159,23 @@ def render_transactions(txn: dict[str, Any]) -> str:
             f"inbox {txn.get('inbox', 0)} rows{_as_of(txn)}")
 
 
+def render_cluster(cluster: dict[str, Any]) -> str:
+    """``cluster     epoch 3; members na live 18.2s, nb fenced (by na); took over nb 12:00:03Z (channels [0],
+    bridges [0])`` (docs/cluster.md; ``nsjms cluster status`` has the whole view)."""
+    if cluster.get("fenced"):
+        return f"cluster     FENCED: {cluster.get('error') or 'this node was taken over'}; it stops"
+    members = ", ".join(f"{m.get('node_id')} {m.get('state')}"
+                        + (f" {m['lease_left_s']:.1f}s" if m.get("state") == "live" and "lease_left_s" in m else "")
+                        for m in cluster.get("members") or [])
+    line = f"cluster     epoch {cluster.get('epoch')}; members {members or '(not read yet)'}"
+    for t in cluster.get("takeovers") or []:
+        at = time.strftime("%H:%M:%SZ", time.gmtime(t.get("at", 0)))
+        line += f"; took over {t.get('node_id')} {at} (channels {t.get('channels')}, bridges {t.get('bridges')})"
+    if cluster.get("error"):
+        line += f"\n  lease renewal failing: {cluster['error']}"
+    return line
+
+
 def _as_of(part: dict[str, Any]) -> str:
     """`` (as of 14:00:02Z: the database did not answer since)`` for a part the node could not refresh."""
     at = part.get("as_of")
@@ -208,6 +225,8 @@ def render(report: dict[str, Any]) -> str:
     txn = snap.get("transactions")
     if txn:
         lines.append(render_transactions(txn))
+    if snap.get("cluster"):
+        lines.append(render_cluster(snap["cluster"]))
     store = snap.get("store") or {}
     if store:
         lines.append(f"stored      {store.get('events', 0)} persistent events, {store.get('queued', 0)} queue rows"

@@ -42,7 +42,7 @@ from router.latecommit import LateCommitManager, LateCommits
 from router.ledger import T2HopRecorder, T2Hops
 from xa.coordinator import Coordinator, Transaction
 from xa.errors import ResourceError
-from xa.log import FileLog
+from xa.log import FileLog, RecoveryLog
 from xa.observer import Observer
 from xa.pg import PgManager
 from xa.records import Participant
@@ -276,7 +276,10 @@ class NodeTransactions:
                  transport: Callable[[], Transport] | None = None, clock: Clock | None = None,
                  guard_s: float = DEFAULT_GUARD_S, period_s: float = DEFAULT_PERIOD_S,
                  inbox_retention_s: float = DEFAULT_INBOX_RETENTION_S, observer: Observer | None = None,
-                 ledger_hops: bool = False) -> None:
+                 ledger_hops: bool = False, epoch: Callable[[], int | None] | None = None) -> None:
+        """``epoch``: the node's live cluster epoch (None once fenced); given, the decisions of the coordinator and
+        of recovery (an operator's commit) are also written to PostgreSQL, fenced by it, and their rows deleted once
+        the transactions end (router/cluster/decisions.py, docs/cluster.md)."""
         self.node = NodeId(node_id)
         self.db = db
         self.clock: Clock = clock or SystemClock()
@@ -285,7 +288,13 @@ class NodeTransactions:
         self.log = FileLog(state_dir, self.node)
         # ledger_hops: the decision and broker-commit times go into the T2s' ledger rows at the purge (docs/audit.md)
         self.hops = T2HopRecorder(observer) if ledger_hops else None
-        self.coordinator = Coordinator(self.node, self.log, self.clock, observer=self.hops or observer)
+        self.epoch = epoch
+        decisions: RecoveryLog = self.log
+        if epoch is not None:
+            from router.cluster.decisions import FencedDecisionLog
+
+            decisions = FencedDecisionLog(self.log, db, node_id, epoch)
+        self.coordinator = Coordinator(self.node, decisions, self.clock, observer=self.hops or observer)
         # bounded: a recovery pass (and `nsjms txn`, which waits for it) never hangs on a cut network
         self.pg = PgManager(lambda: connect_bounded(dsn, autocommit=True, connect_timeout=3), key=PG_MANAGER)
         # what recovery or an operator commits is queued by the running channels (router/latecommit.py)
@@ -300,7 +309,7 @@ class NodeTransactions:
         # concurrent presumed abort of the same branch.
         self.recovery_lock = threading.RLock()
         self.resender = OutboxResender(self._rows_of, self._resend_transport, rows_of_many=self._rows_of_many)
-        self.recovery = RecoveryManager(self.node, self.log, [self.pg], self.resender, self.clock,
+        self.recovery = RecoveryManager(self.node, decisions, [self.pg], self.resender, self.clock,
                                         in_flight_guard=guard_s, in_flight=self.coordinator.in_flight,
                                         observer=observer)
         self._stop = threading.Event()
@@ -355,6 +364,9 @@ class NodeTransactions:
             ticks += 1
             try:
                 self.coordinator.expire()
+                flush = getattr(self.coordinator.log, "flush_ended", None)
+                if flush is not None:
+                    flush()             # decision rows of ended T2s (router/cluster/decisions.py), every 0.5 s
                 if ticks % max(1, int(self.period_s / 0.5)) == 0:
                     self.recover_now()
                     self._purge()
@@ -405,6 +417,17 @@ class NodeTransactions:
             return self.log.live()
         except Exception:  # noqa: BLE001 - the recovery pass reports the log's failure itself
             return {}
+
+    def recover_fenced(self, dead: str) -> Any:
+        """A survivor's recovery of the routing transactions of ``dead``, a node this node fenced, from PostgreSQL
+        alone (router/cluster/decisions.py); returns its ``FencedRecovery`` report, None without a cluster epoch."""
+        from router.cluster.decisions import recover_fenced
+
+        epoch = self.epoch() if self.epoch is not None else None
+        if epoch is None:
+            return None
+        with self.recovery_lock:
+            return recover_fenced(self.db, dead, self.node.value, epoch, self.pg, self.resender, SEND_MANAGER)
 
     def view(self) -> list[InDoubt]:
         return self.recovery.view()

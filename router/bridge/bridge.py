@@ -24,7 +24,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,19 +99,25 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
         self.ref = self.rt.ins_poa.id_to_reference(BRIDGE_FACTORY_KEY.encode())
         return self.ref
 
-    def restore(self) -> None:
-        """Re-create stored bridges; their servants must be active before the channel's dispatchers run."""
+    def restore(self, only: Collection[int] | None = None) -> list[int]:
+        """Re-create stored bridges (``only``: those ids, the bridges this node owns in a cluster); their servants
+        must be active before the channel's dispatchers run. Returns the ids re-created (those not already here)."""
         with self.rt.db.unit_of_work() as conn:
             rows = self.store.load(conn)
+        made = []
         for row in rows:
+            if (only is not None and row.id not in only) or row.id in self.bridges:
+                continue
             bridge = BridgeImpl(self, row)
             self.bridges[row.id] = bridge
-        log.info("restored %d bridge(s)", len(self.bridges))
+            made.append(row.id)
+        log.info("restored %d bridge(s)", len(made))
+        return made
 
-    def resume(self) -> None:
-        """After the POAs are active: restart the bridges that were started."""
+    def resume(self, only: Collection[int] | None = None) -> None:
+        """After the POAs are active: restart the bridges that were started (``only``: of those ids)."""
         for bridge in list(self.bridges.values()):
-            if bridge.row.state == "started":
+            if bridge.row.state == "started" and (only is None or bridge.id in only):
                 bridge.resume_after_restart()
 
     def shutdown(self) -> None:
@@ -140,6 +146,8 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
                 row = BridgeRow(bid, src.to_json(), snk.to_json(), "created", int(channel_spec.channel_id or 0),
                                 None, None, {})
                 self.store.insert(conn, row)
+                if self.rt.owner is not None:       # a cluster member owns what it creates (docs/cluster.md)
+                    self.rt.owner.assign(conn, "bridge", bid)
             bridge = BridgeImpl(self, row)
             self.bridges[bid] = bridge
         try:

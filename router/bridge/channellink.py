@@ -162,6 +162,19 @@ class ChannelLink:
             getattr(proxy, connect)(self.endpoint_ref)
         self.channel_ok = True
 
+    def repoint_stored_proxy(self) -> None:
+        """A bridge this node took over from another (router/cluster/takeover.py), before its channel is loaded: the
+        stored client of its channel proxy is the old node's endpoint reference; it becomes this node's, so the
+        restored proxy delivers to (or pulls from) this bridge, in-process and in T2 where enabled."""
+        if self.row.admin_id is None or self.row.proxy_id is None:
+            return
+        side = "C" if self.to_jms_direction else "S"
+        with self.factory.rt.db.unit_of_work() as conn:
+            conn.execute("UPDATE nsjms_proxy SET client_ior = %s WHERE channel_id = %s AND side = %s "
+                         "AND admin_id = %s AND id = %s AND client_ior IS NOT NULL",
+                         (self.factory.rt.ior(self.endpoint_ref), self.row.channel_id, side, self.row.admin_id,
+                          self.row.proxy_id))
+
     def _resume_proxy_now(self, servant: Any, proxy: Any) -> None:
         """At start: resume a suspended (stopped bridge) or Ack-stopped proxy (one ``resume_connection`` clears
         both)."""

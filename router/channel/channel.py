@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,8 +75,9 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         self.ref = self.rt.ins_poa.id_to_reference(FACTORY_KEY.encode())
         return self.ref
 
-    def restore(self) -> None:
-        """Re-create every stored channel with its admins, proxies and queued persistent events."""
+    def restore(self, only: Collection[int] | None = None) -> None:
+        """Re-create every stored channel (``only``: those ids, the channels this node owns in a cluster) with its
+        admins, proxies and queued persistent events."""
         with self.rt.db.unit_of_work() as conn:
             self.rt.set_seq_floor(self.rt.store.max_seq(conn))
         journals = getattr(self.rt, "delivered", None)
@@ -89,10 +90,30 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         with self.rt.db.unit_of_work() as conn:
             crows = self.rt.store.load_channels(conn)
         for row in crows:
+            if only is not None and row.id not in only:
+                continue
             channel = EventChannelImpl(self, row)
             self.channels[row.id] = channel
             channel.restore()
         log.info("restored %d channel(s)", len(self.channels))
+
+    def adopt(self, ids: Collection[int]) -> list[int]:
+        """Load channels this node took over from a dead node (router/cluster/takeover.py) as :meth:`restore`
+        does; returns the ids loaded (those not already here)."""
+        with self.rt.db.unit_of_work() as conn:
+            self.rt.raise_seq_floor(self.rt.store.max_seq(conn))
+            crows = [r for r in self.rt.store.load_channels(conn) if r.id in ids]
+        loaded = []
+        for row in crows:
+            with self._lock:
+                if row.id in self.channels:
+                    continue
+                channel = EventChannelImpl(self, row)
+                self.channels[row.id] = channel
+            channel.restore()
+            loaded.append(row.id)
+        log.info("took over %d channel(s): %s", len(loaded), loaded)
+        return loaded
 
     # -- IDL ----------------------------------------------------------------------------------------------
     def create_channel(self, initial_qos: list[Any], initial_admin: list[Any]) -> tuple[Any, int]:
@@ -112,6 +133,8 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
             with self.rt.db.unit_of_work() as conn:
                 cid = self.rt.store.next_channel_id(conn)
                 self.rt.store.insert_channel(conn, cid, qos, admin, default_admin_qos)
+                if self.rt.owner is not None:       # a cluster member owns what it creates (docs/cluster.md)
+                    self.rt.owner.assign(conn, "channel", cid)
             row = ChannelRow(cid, qos, admin, 1, 1)
             channel = EventChannelImpl(self, row)
             self.channels[cid] = channel

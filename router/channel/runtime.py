@@ -13,7 +13,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omniORB import CORBA, PortableServer
 
@@ -25,6 +25,9 @@ from router.channel.store import Store
 from router.db import Database, StoreError
 from router.quotas import NodeLimits
 from router.routing.registry import LocalEndpoints, T2Host
+
+if TYPE_CHECKING:
+    from router.cluster.local import OwnerRecorder
 
 __all__ = ["FACTORY_KEY", "Runtime", "admin_oid", "channel_oid", "proxy_oid"]
 
@@ -59,6 +62,7 @@ class Runtime:
         self.t2: T2Host | None = None               # router.t2.NodeTransactions of a node; None: no T2 here
         self.limits = NodeLimits()                  # [limits]: per-node quotas (router/quotas.py), set by the node
         self.delivered = delivered                  # push proxies' delivered-events journals; None: commit each
+        self.owner: OwnerRecorder | None = None     # records this node as the owner of what it creates (cluster)
         self.accept_commits = GroupCommit(db, self.store, one_statement=True,   # accepted persistent events
                                           max_wait=float(getattr(db, "checkout_timeout", MAX_WAIT_S)))
         root = orb.resolve_initial_references("RootPOA")
@@ -80,6 +84,11 @@ class Runtime:
     def set_seq_floor(self, floor: int) -> None:
         with self._seq_lock:
             self._seq = itertools.count(floor + 1)
+
+    def raise_seq_floor(self, floor: int) -> None:
+        """Like :meth:`set_seq_floor` but never lowers the next seq (a channel taken over from another node)."""
+        with self._seq_lock:
+            self._seq = itertools.count(max(next(self._seq), floor + 1))
 
     def next_seq(self) -> int:
         with self._seq_lock:

@@ -43,6 +43,8 @@ class Membership:
         self._write_private = write_private
         self.epoch: int | None = None
         self.fenced = False
+        self._fenced_lock = threading.Lock()
+        self.leaving = False             # stop() is leaving: the node's fence check lets that last write through
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -104,9 +106,21 @@ class Membership:
         self._thread = threading.Thread(target=self._loop, name="cluster-lease", daemon=True)
         self._thread.start()
 
+    def notice_fenced(self, exc: Exception) -> None:
+        """This node learnt it was fenced (a renewal, or a write's fence check refused): ``on_fenced``, once."""
+        with self._fenced_lock:
+            if self.fenced:
+                return
+            self.fenced = True
+        self.last_error = str(exc)
+        log.critical("cluster: %s; this node stops acting and must start again as a new member", exc)
+        self.on_fenced()
+
     def renew_once(self) -> bool:
         """One renewal; False once fenced (``on_fenced`` was called)."""
         assert self.epoch is not None
+        if self.fenced:
+            return False
         try:
             with self.db.unit_of_work() as conn:
                 M.renew(conn, self.node_id, self.epoch, self.settings)
@@ -115,10 +129,7 @@ class Membership:
             self.last_error = None
             return True
         except Fenced as exc:
-            self.fenced = True
-            self.last_error = str(exc)
-            log.critical("cluster: %s; this node stops acting and must start again as a new member", exc)
-            self.on_fenced()
+            self.notice_fenced(exc)
             return False
         except Exception as exc:  # noqa: BLE001 - PostgreSQL unreachable: retried next period, the lease says the rest
             self.last_error = f"{type(exc).__name__}: {exc}"
@@ -138,6 +149,7 @@ class Membership:
             self._thread.join(timeout=self.settings.renew_s + 10)
         if self.epoch is None or self.fenced:
             return
+        self.leaving = True
         try:
             with self.db.unit_of_work() as conn:
                 M.leave(conn, self.node_id, self.epoch)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import select
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -61,6 +61,9 @@ class Database:
                  connect_timeout: int = DEFAULT_CONNECT_TIMEOUT, idle_check: float = DEFAULT_IDLE_CHECK) -> None:
         self.checkout_timeout = checkout_timeout
         self.idle_check = idle_check
+        # the node's fence check (router/cluster, docs/cluster.md), run last in every unit of work that ends cleanly,
+        # before its COMMIT (not in branch() nor statement()); raises StoreError (rolled back) when it was fenced
+        self.fence: Callable[[psycopg.Connection[Any]], None] | None = None
         self._generation = 0                 # +1 each time a connection is found broken (the server restarted?)
         self._generation_lock = threading.Lock()
         self._purging = threading.Lock()     # at most one background check of the idle connections at a time
@@ -106,6 +109,8 @@ class Database:
                 used, stage = conn, "work"
                 try:
                     yield conn
+                    if self.fence is not None:      # last, before the COMMIT: held until it (docs/cluster.md)
+                        self.fence(conn)
                 finally:
                     _mark_idle(conn)
                 stage = "commit"

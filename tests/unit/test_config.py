@@ -265,6 +265,23 @@ def test_ledger_section_defaults_file_env_and_errors(tmp_path: Path) -> None:
         load_config(write(tmp_path, '[ledger]\nenabled = "yes"\n'), env={})   # TOML has real booleans
 
 
+def test_cluster_section_defaults_env_and_the_lease_must_survive_two_missed_renewals(tmp_path: Path) -> None:
+    from router.config import ClusterConfig
+
+    assert load_config(env={}).cluster == ClusterConfig(2, 20)       # ActiveMQ Artemis's JDBC lease
+    config = load_config(env={"NSJMS_CLUSTER_RENEW_S": "1", "NSJMS_CLUSTER_EXPIRY_S": "3"})
+    assert config.cluster == ClusterConfig(renew_s=1, expiry_s=3)
+    with pytest.raises(ConfigError, match=re.escape("cluster.expiry_s (from NSJMS_CLUSTER_EXPIRY_S): "
+                                                    "cluster.expiry_s must be at least 3 x cluster.renew_s (6)")):
+        load_config(env={"NSJMS_CLUSTER_RENEW_S": "2", "NSJMS_CLUSTER_EXPIRY_S": "5"})
+    path = write(tmp_path, "[cluster]\nrenew_s = 10\n")                   # the default expiry 20 < 3 x 10
+    with pytest.raises(ConfigError, match=re.escape(f"cluster.renew_s (from {path}): cluster.expiry_s must be")):
+        load_config(path, env={})
+    with pytest.raises(ConfigError, match=re.escape("cluster.renew_s (from NSJMS_CLUSTER_RENEW_S): expected an "
+                                                    "integer 1-60")):
+        load_config(env={"NSJMS_CLUSTER_RENEW_S": "0"})
+
+
 # ------------------------------------------------------------------ schemes checked at configuration time (issue 7)
 @pytest.mark.parametrize(
     ("key", "value", "expected"),

@@ -45,3 +45,16 @@ def test_render_says_when_the_database_parts_are_old_or_failed() -> None:
     line = render_transactions({"in_doubt": 0, "outbox": 1, "inbox": 2, "as_of": 0.0})
     assert line.endswith("inbox 2 rows (as of 00:00:00Z: the database did not answer since)")
     assert "as of" not in render_transactions({"in_doubt": 0, "outbox": 1, "inbox": 2})
+
+
+def test_render_cluster_names_members_takeovers_and_a_fenced_node() -> None:
+    from router.status import render_cluster
+
+    line = render_cluster({"epoch": 3, "fenced": False, "error": None,
+                           "members": [{"node_id": "na", "state": "live", "lease_left_s": 18.24},
+                                       {"node_id": "nb", "state": "fenced", "lease_left_s": -3.0}],
+                           "takeovers": [{"node_id": "nb", "at": 0.0, "channels": [0], "bridges": [0]}]})
+    assert line == ("cluster     epoch 3; members na live 18.2s, nb fenced; took over nb 00:00:00Z (channels [0], "
+                    "bridges [0])")
+    assert render_cluster({"epoch": 1, "fenced": True, "error": "node 'na' epoch 1 is fenced"}) == \
+        "cluster     FENCED: node 'na' epoch 1 is fenced; it stops"

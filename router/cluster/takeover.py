@@ -1,0 +1,139 @@
+"""A survivor's takeover of dead members' work (docs/cluster.md).
+
+Every ``period`` seconds (the lease renewal period) a node reads the members; for each one whose lease expired or
+that left, it runs, in ONE PostgreSQL transaction, the fence (the dead node's epoch + 1, ``fenced``) and the claim of
+every channel and bridge it owned (:func:`router.cluster.ownership.claim_all`). Then, outside that transaction:
+
+1. ``recover(dead)``: finish the dead node's routing transactions from PostgreSQL alone (its decisions in
+   ``nsjms_decision``; :mod:`router.cluster.decisions`), so no prepared branch of it still locks the queue rows
+   the survivor is about to load, and no logged COMMIT is delivered again;
+2. ``start(owned)``: load the claimed channels and bridges from PostgreSQL and start them.
+
+Two survivors never both take one node over: the fence reads the member row ``FOR UPDATE``; the second finds it
+``fenced`` and claims nothing. A survivor that dies after its claim committed owns the work like any other member:
+its own lease expires and the next survivor takes it all over. ``recover`` is retried every pass for the members
+this node fenced until they rejoin (a failed pass, or a branch a paused node prepared after the fence and never
+decided: its decision is refused by the fence, so it is rolled back).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from router.cluster import members as M
+from router.cluster.errors import ClusterError, Fenced, NotExpired
+from router.cluster.lease import expired
+from router.cluster.ownership import Owned, claim_all
+
+__all__ = ["TakenOver", "Takeover"]
+
+log = logging.getLogger("nsjms.cluster")
+
+
+@dataclass(frozen=True)
+class TakenOver:
+    """One takeover this node did: whom, when (``time.time()``), how long after the dead node's last renewal (from
+    PostgreSQL's clock), its new epoch, and what moved."""
+
+    node_id: str
+    at: float
+    after_last_renewal_s: float
+    epoch: int
+    owned: Owned
+
+
+class Takeover:
+    """The takeover loop of one node (see the module docstring). ``db``: the node's :class:`router.db.Database`;
+    ``epoch()``: this node's live epoch (None once fenced); ``recover(dead)`` and ``start(owned)`` are the node's."""
+
+    def __init__(self, db: Any, node_id: str, epoch: Callable[[], int | None], period_s: float, *,
+                 start: Callable[[Owned], None], recover: Callable[[str], None] | None = None) -> None:
+        self.db, self.node_id, self._epoch, self.period_s = db, node_id, epoch, period_s
+        self._start, self._recover = start, recover
+        self.done: list[TakenOver] = []
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="cluster-takeover", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.period_s + 30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.pass_once()
+                self.last_error = None
+            except Fenced:
+                return                                        # the membership's renewal stops the node
+            except Exception as exc:  # noqa: BLE001 - PostgreSQL unreachable, a start failure: next period retries
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("cluster: takeover pass failed (%s); retrying in %g s", self.last_error, self.period_s)
+
+    def pass_once(self) -> list[TakenOver]:
+        """One pass: take every expired or departed member over, then retry the transaction recovery of the members
+        this node fenced. Returns the takeovers of this pass."""
+        with self._lock:
+            epoch = self._epoch()
+            if epoch is None:
+                raise Fenced(f"node {self.node_id!r} is not a live member", self.node_id)
+            with self.db.unit_of_work() as conn:
+                views = M.members(conn)
+            renewed = {v.node_id: (v.now - v.renewed_at).total_seconds() for v in views}
+            out = []
+            for dead in expired(views):
+                if dead == self.node_id:
+                    continue
+                try:
+                    with self.db.unit_of_work() as conn:
+                        conn.execute("SET LOCAL lock_timeout = '10s'")
+                        new_epoch, owned = claim_all(conn, dead, self.node_id, epoch)
+                except NotExpired:
+                    continue                                   # it renewed, or rejoined, meanwhile
+                if owned:
+                    done = TakenOver(dead, time.time(), renewed.get(dead, 0.0), new_epoch, owned)
+                    log.warning("cluster: node %s fenced (epoch %d); took over channels %s and bridges %s",
+                                dead, new_epoch, list(owned.channels), list(owned.bridges))
+                    self._finish(dead)
+                    self._start(owned)
+                    self.done.append(done)
+                    out.append(done)
+                else:
+                    log.info("cluster: node %s fenced (epoch %d); it owned nothing", dead, new_epoch)
+                    self._finish(dead)
+            for dead in self._fenced_by_me():
+                self._finish(dead)
+            return out
+
+    def _finish(self, dead: str) -> None:
+        if self._recover is None:
+            return
+        try:
+            self._recover(dead)
+        except ClusterError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - retried at the next pass (the member stays fenced by us)
+            self.last_error = f"recovery of {dead}'s transactions: {type(exc).__name__}: {exc}"
+            log.warning("cluster: %s; retried in %g s", self.last_error, self.period_s)
+
+    def _fenced_by_me(self) -> list[str]:
+        with self.db.unit_of_work() as conn:
+            rows = conn.execute("SELECT node_id FROM nsjms_member WHERE state = 'fenced' AND fenced_by = %s "
+                                "ORDER BY node_id", (self.node_id,)).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def status(self) -> list[dict[str, Any]]:
+        return [{"node_id": t.node_id, "at": t.at, "after_last_renewal_s": round(t.after_last_renewal_s, 1),
+                 "epoch": t.epoch, "channels": list(t.owned.channels), "bridges": list(t.owned.bridges)}
+                for t in self.done]

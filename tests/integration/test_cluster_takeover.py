@@ -1,0 +1,223 @@
+"""Two nodes on one PostgreSQL and one broker (docs/cluster.md): ownership, takeover of a dead node's bridge with
+fencing, and a survivor finishing the dead node's in-doubt routing transaction from PostgreSQL alone.
+
+Node ``na`` owns a channel -> JMS bridge running in T2 (10 events per transaction) and dies (SIGKILL by its own
+crash point) right after the decision of its 2nd transaction is durable, before any branch committed; its state
+directory is made unreadable at once. Node ``nb`` fences it once its lease expires, claims the channel and bridge,
+commits the prepared branch of the logged decision, re-sends its outbox rows with their dedupe ids, loads the
+channel's queued events and routes them. Counted at an independent stomp.py consumer: every event; a duplicate only
+of a transaction whose decision row the dead node left (its broker commit unknown), with its original's dedupe id. A
+second channel of ``na``'s has a JMS -> channel queue bridge and a standard-stub push consumer; 20 messages are
+produced while ``na`` is dead: the survivor's bridge turns each into exactly one event at that consumer (its
+reference is stored with the proxy). Then ``na`` restarts on the shared database as a new member and restores
+nothing: the channel and bridge stay with ``nb`` (before, a restarted node restored every node's). Last, ``nb`` is
+paused (SIGSTOP) past its lease: ``na`` takes the channel and bridge back and routes 10 new events; ``nb`` woken
+(SIGCONT) finds itself fenced and stops (exit 1); each new event arrives exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import stomp
+
+import CosNotification
+
+from idl.generated import CosBridgeAdmin as BA
+
+from bridgekit import (
+    bridge_factory,
+    channel_ep,
+    jms_ep,
+    managed_bridge,
+    node_status,
+    persistent_channel,
+    prepared_count,
+    stomp_produce,
+    structured_consumer,
+    structured_supplier,
+    unique_name,
+)
+from conftest import ClientOrb, NsjmsServer, free_port
+from stdclients import make_event, wait_until
+
+pytestmark = pytest.mark.integration
+
+EVENTS = 30
+INBOUND = 20
+PER_T2 = 10
+RENEW_S, EXPIRY_S = 1, 4
+
+
+class _Counter(stomp.ConnectionListener):  # type: ignore[misc]
+    """stomp.py, auto-ack: every message's event name and dedupe id."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def on_message(self, frame: Any) -> None:
+        with self.lock:
+            self.got.append((frame.headers.get("$event_name", ""), frame.headers.get("nsjms_dedupe_id", "")))
+
+    def names(self) -> set[str]:
+        with self.lock:
+            return {n for n, _ in self.got}
+
+
+def _start(tmp_path: Path, name: str, dsn: str, broker_url: str, monkeypatch: pytest.MonkeyPatch,
+           crash_at: str | None = None) -> NsjmsServer:
+    state = tmp_path / name
+    state.mkdir(exist_ok=True)
+    monkeypatch.setenv("NSJMS_NODE_NODE_ID", name)
+    monkeypatch.setenv("NSJMS_CLUSTER_RENEW_S", str(RENEW_S))
+    monkeypatch.setenv("NSJMS_CLUSTER_EXPIRY_S", str(EXPIRY_S))
+    if crash_at:
+        monkeypatch.setenv("NSJMS_CRASH_AT", crash_at)
+    server = NsjmsServer(state_dir=state, pg_dsn=dsn, broker_url=broker_url, port=free_port())
+    try:
+        server.start()
+    finally:
+        monkeypatch.delenv("NSJMS_CRASH_AT", raising=False)
+    return server
+
+
+def _rows(dsn: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return list(conn.execute(query, params).fetchall())
+
+
+def _numbers(events: list[Any]) -> list[int]:
+    """The header ``n`` stomp_produce gave each message, as the channel's events carry it."""
+    return [int({p.name: p.value.value() for p in ev.filterable_data}["n"]) for ev in events]
+
+
+def _owners(dsn: str) -> dict[tuple[str, int], str]:
+    return {(str(k), int(i)): str(n) for k, i, n in _rows(dsn, "SELECT kind, object_id, node_id FROM nsjms_owner")}
+
+
+def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_transaction(
+        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    a = _start(tmp_path, "na", fresh_db, broker_url, monkeypatch, crash_at="t2.after_decision@2")
+    b = _start(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
+    host, port = broker_url.removeprefix("stomp://").split(":")
+    counter = _Counter()
+    conn = stomp.Connection([(host, int(port))], auto_content_length=False)
+    conn.set_listener("counter", counter)
+    conn.connect(wait=True)
+    try:
+        queue = unique_name("cluster.takeover")
+        conn.subscribe(f"/queue/{queue}", id="counter", ack="auto")
+        factory = client_orb.factory(a.ior())
+        channel, cid = persistent_channel(factory)
+        bridge, bid = bridge_factory(client_orb, a).create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, queue))
+        managed_bridge(bridge).enable_transaction(PER_T2, 30)
+
+        bridge.start_bridge()                            # its channel proxy connects ...
+        bridge.stop_bridge()                             # ... and queues while the bridge is stopped
+        inbound, cin = persistent_channel(factory)      # JMS -> channel: a second channel of na's, its consumer
+        consumer = structured_consumer(inbound)          # a standard-stub push consumer in this process
+        queue_in = unique_name("cluster.inbound")
+        bridge_in, bid_in = bridge_factory(client_orb, a).create_bridge(jms_ep(BA.SOURCE, queue_in),
+                                                                         channel_ep(BA.SINK, cin))
+        bridge_in.start_bridge()
+        assert _owners(fresh_db) == {("channel", cid): "na", ("bridge", bid): "na", ("channel", cin): "na",
+                                     ("bridge", bid_in): "na"}, "the creating node owns them"
+
+        supplier = structured_supplier(channel)
+        for i in range(EVENTS):
+            supplier.push_one(make_event(i, reliability=CosNotification.Persistent))
+        assert _rows(fresh_db, "SELECT count(*) FROM nsjms_queue WHERE channel_id = %s", cid) == [(EVENTS,)]
+        bridge.start_bridge()                            # na dies at its 2nd T2's decision (a counted point)
+        assert a.proc is not None and a.proc.wait(timeout=120) != 0
+        died = time.monotonic()
+        a.state_dir.chmod(0)                             # nb never needs na's disk
+        stomp_produce(broker_url, queue_in, range(INBOUND))   # JMS -> channel while its owner is dead
+        decided = {str(g) for g, n in _rows(fresh_db, "SELECT gtrid, node_id FROM nsjms_decision") if n == "na"}
+        in_doubt = {psycopg.Xid.from_string(g).gtrid for (g,) in _rows(fresh_db, "SELECT gid FROM pg_prepared_xacts")}
+        assert in_doubt and in_doubt <= decided, \
+            f"its branch is in doubt and its decision readable in PostgreSQL: {in_doubt} {decided}"
+
+        assert wait_until(lambda: bool(node_status(b).get("cluster", {}).get("takeovers")), 60), node_status(b)
+        took = time.monotonic() - died
+        assert wait_until(lambda: len(counter.names()) >= EVENTS, 90), sorted(counter.names())
+        print(f"\ntakeover: nb took na over {took:.1f} s after na died (lease expiry {EXPIRY_S} s, renewal "
+              f"{RENEW_S} s); all {EVENTS} events routed {time.monotonic() - died:.1f} s after")
+        assert counter.names() == {f"e{i}" for i in range(EVENTS)}, "no event lost"
+        assert consumer.wait_for(INBOUND, 60), consumer.count()
+        assert sorted(_numbers(consumer.snapshot())) == list(range(INBOUND)), \
+            "JMS -> channel across the takeover: each message exactly one event, at the consumer na connected"
+        by_name: dict[str, set[str]] = {}
+        for name, dedupe in counter.got:
+            by_name.setdefault(name, set()).add(dedupe)
+        assert all(len(d) == 1 for d in by_name.values()), "a duplicate only ever carries its original's dedupe id"
+        twice = {name for name, _ in counter.got if [n for n, _ in counter.got].count(name) > 1}
+        assert all(next(iter(by_name[n])).rsplit("/", 1)[0] in decided for n in twice), \
+            f"duplicates only of transactions whose decision row was left (phase two unknown): {sorted(twice)}"
+        print(f"events received {len(counter.got)}, distinct {len(by_name)}, re-sent twice {len(twice)}")
+
+        assert wait_until(lambda: prepared_count(fresh_db) == 0, 30), "no prepared transaction left"
+        assert _rows(fresh_db, "SELECT count(*) FROM nsjms_decision WHERE node_id = 'na'") == [(0,)]
+        assert _rows(fresh_db, "SELECT epoch, state, fenced_by FROM nsjms_member WHERE node_id = 'na'") == \
+            [(2, "fenced", "nb")]
+        assert _owners(fresh_db) == {("channel", cid): "nb", ("bridge", bid): "nb", ("channel", cin): "nb",
+                                     ("bridge", bid_in): "nb"}
+
+        a.state_dir.chmod(0o700)                         # na comes back as a new member and restores nothing
+        a = _start(tmp_path, "na", fresh_db, broker_url, monkeypatch)
+        assert wait_until(lambda: node_status(a).get("cluster", {}).get("epoch") == 3, 30), node_status(a)
+        status = node_status(a)                          # (the first status.json of the new process)
+        assert status["channels"] == [] and status["bridges"] == [], status
+        assert status["cluster"]["owned"] == {"channels": [], "bridges": []}
+        assert [x["id"] for x in node_status(b)["bridges"]] == [bid, bid_in]
+        out = subprocess.run([sys.executable, "-m", "router.cli", "cluster", "status", "--json", "--state-dir",
+                              str(b.state_dir)], env=dict(os.environ, NSJMS_POSTGRES_DSN=fresh_db),
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, out.stderr[-2000:]
+        members = {m["node_id"]: m for m in json.loads(out.stdout)["members"]}
+        assert (members["na"]["state"], members["na"]["epoch"], members["na"]["owns"]) == \
+            ("live", 3, {"channels": [], "bridges": []})
+        assert (members["nb"]["state"], members["nb"]["owns"]) == \
+            ("live", {"channels": [cid, cin], "bridges": [bid, bid_in]})
+        assert members["na"]["in_doubt"] == {"prepared": 0, "decided": 0} and members["nb"]["lease_left_s"] > 0
+
+        # nb, the owner now, paused past its lease (SIGSTOP): na takes it over; nb woken (SIGCONT) stops
+        assert b.proc is not None
+        b.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert wait_until(lambda: any(t["node_id"] == "nb" for t in
+                                          node_status(a).get("cluster", {}).get("takeovers", [])), 60), \
+                node_status(a).get("cluster")
+            channel = client_orb.factory(a.ior()).get_event_channel(cid)     # its new owner
+            supplier = structured_supplier(channel)
+            for i in range(EVENTS, EVENTS + 10):
+                supplier.push_one(make_event(i, reliability=CosNotification.Persistent))
+            assert wait_until(lambda: len(counter.names()) >= EVENTS + 10, 60), sorted(counter.names())
+        finally:
+            b.proc.send_signal(signal.SIGCONT)
+        assert b.proc.wait(timeout=60) == 1, "the woken node learns it was fenced and stops (exit 1)"
+        assert _rows(fresh_db, "SELECT epoch, state, fenced_by FROM nsjms_member WHERE node_id = 'nb'") == \
+            [(2, "fenced", "na")]
+        assert _owners(fresh_db) == {("channel", cid): "na", ("bridge", bid): "na", ("channel", cin): "na",
+                                     ("bridge", bid_in): "na"}
+        assert counter.names() == {f"e{i}" for i in range(EVENTS + 10)}
+        later = [name for name, _ in counter.got if int(name[1:]) >= EVENTS]
+        assert sorted(later) == sorted(f"e{i}" for i in range(EVENTS, EVENTS + 10)), \
+            f"routed by the new owner exactly once; the woken node committed nothing: {later}"
+        assert wait_until(lambda: prepared_count(fresh_db) == 0, 30)
+    finally:
+        conn.disconnect()
+        a.state_dir.chmod(0o700)
+        a.stop()
+        b.stop()

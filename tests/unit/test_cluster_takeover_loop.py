@@ -1,0 +1,89 @@
+"""router.cluster.takeover.Takeover.pass_once without a database: who is taken over (expired or departed members,
+never this node), what happens when a member renewed meanwhile (NotExpired: skipped), the order recovery -> start,
+and a failed recovery retried at the next pass for the members this node fenced."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from router.cluster import NotExpired
+from router.cluster import takeover as T
+from router.cluster.lease import MemberView
+from router.cluster.ownership import Owned
+
+NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+
+
+def _view(node: str, state: str, lease_left_s: float) -> MemberView:
+    return MemberView(node, 1, state, f"{node}:2809", NOW + timedelta(seconds=lease_left_s),
+                      NOW - timedelta(seconds=7), NOW)
+
+
+class _Db:
+    @contextmanager
+    def unit_of_work(self) -> Iterator[Any]:
+        yield self
+
+    def execute(self, *args: Any) -> Any:
+        return self
+
+
+def _takeover(monkeypatch: pytest.MonkeyPatch, views: list[MemberView], claims: dict[str, Any],
+              fenced_by_me: list[str], events: list[tuple[str, Any]], *, fail_recover: bool = False) -> T.Takeover:
+    monkeypatch.setattr(T.M, "members", lambda conn: views)
+
+    def claim_all(conn: Any, dead: str, by: str, by_epoch: int) -> tuple[int, Owned]:
+        events.append(("claim", dead))
+        outcome = claims[dead]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return 2, outcome
+
+    monkeypatch.setattr(T, "claim_all", claim_all)
+
+    def recover(dead: str) -> None:
+        events.append(("recover", dead))
+        if fail_recover:
+            raise ConnectionError("PostgreSQL went away")
+
+    t = T.Takeover(_Db(), "me", lambda: 1, 1.0, start=lambda owned: events.append(("start", owned)),
+                   recover=recover)
+    monkeypatch.setattr(t, "_fenced_by_me", lambda: fenced_by_me)
+    return t
+
+
+def test_expired_and_departed_members_are_taken_over_never_this_node_nor_a_live_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    views = [_view("me", "live", -5.0), _view("dead", "live", -1.0), _view("gone", "left", 0.0),
+             _view("alive", "live", 10.0), _view("renewed", "live", -0.5)]
+    owned = Owned((3,), (7,))
+    events: list[tuple[str, Any]] = []
+    t = _takeover(monkeypatch, views, {"dead": owned, "gone": Owned(), "renewed": NotExpired("renewed", "renewed")},
+                  [], events)
+    done = t.pass_once()
+    assert [d.node_id for d in done] == ["dead"] and done[0].owned == owned and done[0].epoch == 2
+    assert done[0].after_last_renewal_s == 7.0
+    assert events == [("claim", "dead"), ("recover", "dead"), ("start", owned),     # recovery before the start
+                      ("claim", "gone"), ("recover", "gone"),                       # owned nothing: no start
+                      ("claim", "renewed")]                                         # renewed meanwhile: skipped
+    assert t.status()[0]["channels"] == [3] and t.status()[0]["bridges"] == [7]
+
+
+def test_a_failed_recovery_is_reported_and_retried_for_the_members_this_node_fenced(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[tuple[str, Any]] = []
+    t = _takeover(monkeypatch, [_view("me", "live", 5.0)], {}, ["old"], events, fail_recover=True)
+    assert t.pass_once() == []
+    assert events == [("recover", "old")]
+    assert t.last_error is not None and "PostgreSQL went away" in t.last_error
+
+
+def test_a_fenced_node_takes_nothing_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = T.Takeover(_Db(), "me", lambda: None, 1.0, start=lambda owned: None)
+    with pytest.raises(T.Fenced):
+        t.pass_once()
