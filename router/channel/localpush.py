@@ -28,11 +28,11 @@ from collections import deque
 from typing import Any
 
 from router.channel.boundary import Outcome
+from router.channel.dedupe import dedupe_ids
 from router.channel.events import as_structured
 from router.channel.queue import Entry
-from router.ledger import channel_dedupe_id, volatile_dedupe_id
 
-__all__ = ["IN_FLIGHT", "MAX_BATCHES_PER_CALL", "STRUCTURED_BATCH", "dedupe_ids", "deliver", "target"]
+__all__ = ["IN_FLIGHT", "MAX_BATCHES_PER_CALL", "STRUCTURED_BATCH", "deliver", "target"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -123,24 +123,6 @@ def _done(proxy: Any, entries: list[Entry]) -> bool:
     due: bool = proxy._delivered(entries, defer_flush=True)
     _settled(proxy, entries)
     return due
-
-
-def dedupe_ids(proxy: Any, entries: list[Entry]) -> list[str]:
-    """Each entry's dedupe id for this proxy, the same whenever the entry is offered again (the JMS property
-    ``nsjms_dedupe_id``): the ledger's id of the obligation, ``e<event>/c<channel>/a<admin>/p<proxy>`` for a stored
-    event; ``b<run>/s<seq>/c…/a…/p…`` for a BestEffort one (which never outlives its run)."""
-    cid, aid, pid = proxy.channel.id, proxy.admin.id, proxy.id
-    run = None
-    out: list[str] = []
-    for e in entries:
-        db_id = e.record.db_id
-        if db_id is not None:
-            out.append(channel_dedupe_id(db_id, cid, aid, pid))
-        else:
-            if run is None:
-                run = proxy.rt.store.ledger.run_id
-            out.append(volatile_dedupe_id(run, e.record.seq, cid, aid, pid))
-    return out
 
 
 def deliver(proxy: Any, batches: Any, entries: list[Entry]) -> Outcome:
