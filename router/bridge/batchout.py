@@ -107,14 +107,18 @@ class LocalBatches:
         flow = self.flow
         if not flow.bridge.running():
             raise ForwardDeferred("the bridge is stopped")
+        ids = batch.ids
         try:                  # a dead letter the broker refuses (SendRefused) keeps the rest of the batch queued
             for i, ev in enumerate(batch.events):
                 mapped = self._map(ev)
                 if mapped is None:
                     batch.handled.add(i)               # dead-lettered: that is its delivery
                 else:
-                    if batch.ids is not None:
-                        mapped = _with_dedupe_id(mapped, batch.ids[i])
+                    if ids is not None:
+                        if mapped[1] is not None:      # the frame the batch's SEND writes
+                            mapped[1].headers[DEDUPE_PROPERTY] = ids[i]
+                        else:
+                            mapped = (_message_with(mapped[0], ids[i]), None)
                     batch.messages.append(mapped)
                     batch.origin.append(i)
         except TransportError as exc:
@@ -231,16 +235,6 @@ class LocalBatches:
         self.flow.bridge.note_broker_problem(exc)
         log.warning("bridge: forwarding failed, events stay in the channel: %s", exc)
         return ForwardDeferred(str(exc))
-
-
-def _with_dedupe_id(mapped: tuple[JmsMessage, EncodedMessage | None], dedupe_id: str
-                    ) -> tuple[JmsMessage, EncodedMessage | None]:
-    """The message (or its frame, when it has one: what the batch's SEND writes) carrying ``dedupe_id``."""
-    msg, encoded = mapped
-    if encoded is not None:
-        encoded.headers[DEDUPE_PROPERTY] = dedupe_id
-        return mapped
-    return _message_with(msg, dedupe_id), None
 
 
 def _message_with(msg: JmsMessage, dedupe_id: str) -> JmsMessage:

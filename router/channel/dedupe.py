@@ -33,12 +33,13 @@ __all__ = ["dedupe_ids"]
 def dedupe_ids(proxy: Any, entries: Sequence[Entry]) -> list[str]:
     """Each entry's dedupe id for ``proxy`` (see the module docstring)."""
     cid, aid, pid = proxy.channel.id, proxy.admin.id, proxy.id
+    suffix = channel_dedupe_id(0, cid, aid, pid)[2:]       # "/c…/a…/p…": one format per batch, not per event
     run = None
     out: list[str] = []
     for e in entries:
         db_id = e.record.db_id
         if db_id is not None:
-            out.append(channel_dedupe_id(db_id, cid, aid, pid))
+            out.append(f"e{db_id}{suffix}")                 # = channel_dedupe_id(db_id, cid, aid, pid)
         else:
             if run is None:
                 run = proxy.rt.store.ledger.run_id
