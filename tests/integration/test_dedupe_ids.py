@@ -1,11 +1,12 @@
 """Channel -> JMS without T2 carries a dedupe id on every message (issue 31, router.channel.dedupe).
 
-A push bridge (fed in-process in batches by its proxy) and a pull bridge (it pulls its proxy over CORBA) of a
-Persistent channel on a real node: every message read by a consumer of its own (the router's STOMP
-transport, auto-ack) carries ``nsjms_dedupe_id``, distinct per event, and equal to the ledger's ``dedupe_id`` of the
-event's delivery to that bridge's proxy (``e<event>/c<channel>/a<admin>/p<proxy>``): the id names the obligation, so
-a re-send of the same event to the same bridge carries it again. The variable-header entry that carried it over
-CORBA is not in the message (no ``$ohf_nsjms_dedupe_id``).
+A push bridge (fed in-process in batches by its proxy), a pull bridge (it pulls its proxy over CORBA) and a push
+bridge of an Acknowledgment channel (its Ack proxy pushes over CORBA), each of a Persistent channel on a real node:
+every message read by a consumer of its own (the router's STOMP transport, auto-ack) carries ``nsjms_dedupe_id``,
+distinct per event, and equal to the ledger's ``dedupe_id`` of the event's delivery to that bridge's proxy
+(``e<event>/c<channel>/a<admin>/p<proxy>``): the id names the obligation, so a re-send of the same event to the same
+bridge carries it again. The variable-header entry that carried it over CORBA is not in the message (no
+``$ohf_nsjms_dedupe_id``).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import pytest
 import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
+from idl.generated import CosNotifyCommAck
 from router.bridge.codec import MappingCodec
 from router.jms.transport import open_transport
 
-from bridgekit import bridge_factory, channel_ep, jms_ep, persistent_channel, structured_supplier, unique_name
+from bridgekit import bridge_factory, channel_ep, jms_ep, structured_supplier, unique_name
 from conftest import NsjmsServer
-from stdclients import make_event
+from stdclients import make_event, prop, short
 
 pytestmark = pytest.mark.integration
 
@@ -48,13 +50,17 @@ def _read(broker_url: str, queue: str, n: int) -> list[dict[str, str]]:
     return got
 
 
-@pytest.mark.parametrize("style", ["push", "pull"])
+@pytest.mark.parametrize("style", ["push", "pull", "ack"])
 def test_every_message_carries_the_ledger_dedupe_id_of_its_event(
         style: str, nsjms_server: NsjmsServer, client_orb: Any, factory: Any, fresh_db: str, broker_url: str) -> None:
     bf = bridge_factory(client_orb, nsjms_server)
     queue = unique_name(f"dedupe.{style}")
-    channel, cid = persistent_channel(factory)
-    source = channel_ep(BA.SOURCE, cid, BA.PUSH if style == "push" else BA.PULL)
+    persistent = short(CosNotification.Persistent)
+    qos = [prop("EventReliability", persistent), prop("ConnectionReliability", persistent)]
+    if style == "ack":
+        qos.append(prop("DeliveryReliability", short(CosNotifyCommAck.Acknowledgment)))
+    channel, cid = factory.create_channel(qos, [])
+    source = channel_ep(BA.SOURCE, cid, BA.PULL if style == "pull" else BA.PUSH)
     bridge, bid = bf.create_bridge(source, jms_ep(BA.SINK, queue))
     bridge.start_bridge()
     supplier = structured_supplier(channel)
