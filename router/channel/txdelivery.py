@@ -494,7 +494,8 @@ def _without_gone(proxy: Any, gtrid: str, conn: Any, entries: list[Entry], event
     instead (that unit of work wrote their ledger rows). The T2's ledger rows name the messages by their new
     places (:func:`router.ledger.t2_branch`'s ``messages``)."""
     keep = [k for k, e in enumerate(entries) if e.record.db_id is None or e.record.db_id in deleted]
-    gone = [e for k, e in enumerate(entries) if k not in set(keep)]
+    kept_at = set(keep)
+    gone = [e for k, e in enumerate(entries) if k not in kept_at]
     log.warning("proxy %s: T2 %s: %d event(s) of the batch no longer have their queue row (another unit of work, "
                 "e.g. a heuristic commit of an earlier T2, ended their delivery): not sent again (event ids %s)",
                 proxy.oid, gtrid, len(gone), [e.record.db_id for e in gone][:10])
