@@ -19,19 +19,26 @@ every batch in flight goes back to the queue (a COMMIT whose receipt was lost ma
 duplicates), except the events already delivered (:attr:`Batch.handled`): the messages the one-by-one resend had
 confirmed before it stopped (a dead letter refused too, a lost connection) and the events dead-lettered by the
 mapping. An event the mapping cannot express is dead-lettered before its batch is sent, as on the push path.
+
+Every message carries the JMS property ``nsjms_dedupe_id`` (:data:`router.bridge.txout.DEDUPE_PROPERTY`, the name
+the routing transactions use) with the id the channel gives its event for this proxy (:meth:`LocalBatches.batch`'s
+``ids``: ``e<event>/c<channel>/a<admin>/p<proxy>`` for a stored event, ``router.ledger.channel_dedupe_id``, the
+ledger's id of the same obligation; ``b<run>/s<seq>/…`` for a BestEffort one). A batch put back and sent again
+carries the same ids, also when it is resent one message at a time, so a JMS consumer recognises every duplicate.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from router import telemetry
 from router.bridge.core import ChannelToJms
 from router.bridge.ports import ForwardDeferred
-from router.jms.model import DeliveryMode, Destination, JmsMessage
+from router.bridge.txout import DEDUPE_PROPERTY
+from router.jms.model import DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import (
     BrokerError,
     EncodedMessage,
@@ -69,6 +76,8 @@ class Batch:
     pending: PendingReceipt | None = None
     committed: bool = False                      # its COMMIT was written: never ABORTed, its outcome is the broker's
     refused: TransportError | None = None        # the broker refused a frame of it: sent again one by one
+    #: The dedupe id of each event (``nsjms_dedupe_id``), by index in ``events``; None: the messages carry none.
+    ids: Sequence[str] | None = None
 
 
 class LocalBatches:
@@ -86,10 +95,11 @@ class LocalBatches:
 
     # -- the steps, in order: batch, start, commit, settle (or abort) -----------------------------------------
     @staticmethod
-    def batch(events: Sequence[Any]) -> Batch:
+    def batch(events: Sequence[Any], ids: Sequence[str] | None = None) -> Batch:
         """A new batch of ``events`` (the caller holds it before :meth:`start`: a failure there may have
-        dead-lettered some of its events already, see :attr:`Batch.handled`)."""
-        return Batch(list(events))
+        dead-lettered some of its events already, see :attr:`Batch.handled`). ``ids``: each event's dedupe id,
+        the same every time the channel offers that event to this bridge (see the module docstring)."""
+        return Batch(list(events), ids=ids)
 
     def start(self, batch: Batch) -> None:
         """Map the batch's events and write BEGIN and the SENDs, no receipt awaited (the SENDs with one socket write
@@ -97,12 +107,18 @@ class LocalBatches:
         flow = self.flow
         if not flow.bridge.running():
             raise ForwardDeferred("the bridge is stopped")
+        ids = batch.ids
         try:                  # a dead letter the broker refuses (SendRefused) keeps the rest of the batch queued
             for i, ev in enumerate(batch.events):
                 mapped = self._map(ev)
                 if mapped is None:
                     batch.handled.add(i)               # dead-lettered: that is its delivery
                 else:
+                    if ids is not None:
+                        if mapped[1] is not None:      # the frame the batch's SEND writes
+                            mapped[1].headers[DEDUPE_PROPERTY] = ids[i]
+                        else:
+                            mapped = (_message_with(mapped[0], ids[i]), None)
                     batch.messages.append(mapped)
                     batch.origin.append(i)
         except TransportError as exc:
@@ -170,6 +186,8 @@ class LocalBatches:
                 with telemetry.forward_span(flow.bridge.id, len(batch.messages)):
                     for k, (msg, _) in enumerate(batch.messages):
                         if batch.origin[k] not in batch.handled:
+                            if batch.ids is not None:      # the same id as the batch's SEND carried
+                                msg = _message_with(msg, batch.ids[batch.origin[k]])
                             flow._send_one(msg)
                             batch.handled.add(batch.origin[k])
         except TransportError as exc:
@@ -217,3 +235,10 @@ class LocalBatches:
         self.flow.bridge.note_broker_problem(exc)
         log.warning("bridge: forwarding failed, events stay in the channel: %s", exc)
         return ForwardDeferred(str(exc))
+
+
+def _message_with(msg: JmsMessage, dedupe_id: str) -> JmsMessage:
+    """``msg`` with the property ``nsjms_dedupe_id``: for a message sent (encoded again) one by one."""
+    if DEDUPE_PROPERTY in msg.properties:
+        return msg
+    return replace(msg, properties={**msg.properties, DEDUPE_PROPERTY: Typed(JmsType.STRING, dedupe_id)})

@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from router import telemetry
@@ -161,10 +162,18 @@ class ChannelToJms:
         telemetry.bridge_moved(self.bridge.id, len(messages), "to_jms")
 
     def _map(self, event: Any) -> JmsMessage | None:
+        """The message for ``event``; None once the event was dead-lettered. An event the channel handed over
+        CORBA with its dedupe id in the variable header (router.channel.dedupe) is mapped without it, and the
+        message carries it as its ``nsjms_dedupe_id`` property."""
+        from router.mapping.dedupe import DEDUPE_HEADER, taken  # router.mapping loads the ORB: not at import
         from router.mapping.errors import MappingError
 
+        event, dedupe_id = taken(event)
         try:
-            return self.to_jms(event, self.destination)
+            msg = self.to_jms(event, self.destination)
+            if dedupe_id is None:
+                return msg
+            return replace(msg, properties={**msg.properties, DEDUPE_HEADER: Typed(JmsType.STRING, dedupe_id)})
         except MappingError as exc:
             reason = str(exc)
         except Exception as exc:  # any failure to map one event dead-letters that event, never stalls

@@ -29,6 +29,7 @@ from collections import deque
 from typing import Any
 
 from router.channel.boundary import Outcome
+from router.channel.dedupe import dedupe_ids
 from router.channel.events import as_structured
 from router.channel.queue import Entry
 from router.routing.errors import ForwardDeferred
@@ -145,7 +146,7 @@ def deliver(proxy: Any, batches: OutboundBatches, entries: list[Entry]) -> Outco
                 except Exception as exc:  # noqa: BLE001 — the channel cannot convert this content: event-specific
                     failed, held = (held, exc), []
                 else:
-                    batch = batches.batch(events)
+                    batch = batches.batch(events, dedupe_ids(proxy, held))
                     inflight.append((held, batch))     # in flight before start: a failure there puts it back
                     held = []
                     batches.start(batch)

@@ -33,6 +33,7 @@ from router.channel.common import (
     mapping_filter_from_ior,
     raise_unsupported_qos,
 )
+from router.channel.dedupe import dedupe_ids
 from router.channel.delivery import DeliveryFailures
 from router.channel.events import Event, Form, as_any, as_structured
 from router.channel.queue import Entry, ProxyQueue, Record
@@ -40,6 +41,7 @@ from router.channel.runtime import proxy_oid
 from router.channel.store import ProxyRow, StoreError
 from router.channel.typesets import TypeSet
 from router.ledger import Outcome as LedgerOutcome
+from router.mapping.dedupe import stamped
 from router.mapping.text import narrow_event
 
 __all__ = ["OWN_ENABLE_TRANSACTION", "ProxyBase", "ProxySupplierBase"]
@@ -453,6 +455,9 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
             value = as_structured(events[0])
         else:
             value = [as_structured(ev) for ev in events]
+        if self.form != "ANY" and self.rt.store.ledger.route(self.channel.id, "C", self.admin.id, self.id) \
+                is not None:                  # a bridge of this node: each event carries its dedupe id
+            value = stamped(value, dedupe_ids(self, entries))
         return value if self.text_limit is None else narrow_event(value, self.form, self.text_limit)
 
     def empty_value(self) -> Any:

@@ -390,7 +390,8 @@ class Store:
                           dispatched_at: float | None = None, gtrid: str | None = None, ledger: bool = True,
                           best_effort: Sequence[tuple[int, float]] = (),
                           acknowledged_at: Mapping[int, float] | None = None,
-                          best_effort_acknowledged_at: Mapping[int, float] | None = None) -> None:
+                          best_effort_acknowledged_at: Mapping[int, float] | None = None,
+                          returning: bool = False) -> set[int] | None:
         """The proxy no longer has to deliver these events (one statement), because of ``outcome``
         (``delivered``; ``discarded``, ``expired`` or ``dead_letter`` with a ``reason``). When the ledger records
         persistent traffic, the same statement writes one ``outcome`` row per queue row actually deleted (a row
@@ -399,38 +400,44 @@ class Store:
         For a T2 branch: ``gtrid`` fills the rows' ``gtrid``; ``ledger=False`` writes no ledger row (the caller
         writes its own, e.g. with :meth:`router.ledger.LedgerWriter.t2`). ``acknowledged_at`` (event id → unix
         time) and ``best_effort_acknowledged_at`` (seq → unix time): when each ``delivered`` event was delivered
-        (the consumer's call returned), for the rows' ``acknowledged_at``; an event not in them gets now."""
+        (the consumer's call returned), for the rows' ``acknowledged_at``; an event not in them gets now.
+
+        ``returning``: return the ids of the queue rows this statement deleted (a row already gone is not among
+        them); otherwise None."""
         ids = list(event_ids)
         reason = _reason(outcome, reason)
         if best_effort and self.ledger.records(persistent=False):
             self._best_effort_finished(conn, cid, aid, pid, best_effort, outcome, reason, dispatched_at,
                                        best_effort_acknowledged_at or {})
         if not ids:
-            return
+            return set() if returning else None
         if not ledger or not self.ledger.records(persistent=True):
-            conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s "
-                         "AND event_id = ANY(%s)", (cid, aid, pid, ids))
-            return
+            cur = conn.execute("DELETE FROM nsjms_queue WHERE channel_id = %s AND admin_id = %s AND proxy_id = %s "
+                               "AND event_id = ANY(%s)" + (" RETURNING event_id" if returning else ""),
+                               (cid, aid, pid, ids))
+            return {int(r[0]) for r in cur.fetchall()} if returning else None
         route = self.ledger.route(cid, "C", aid, pid) or CONSUMER
         t2 = self.ledger.t2_rows(conn)
         if t2 is not None:
-            self._t2_delete(conn, t2, cid, aid, pid, ids, route, outcome, reason, dispatched_at)
-            return
+            gone = self._t2_delete(conn, t2, cid, aid, pid, ids, route, outcome, reason, dispatched_at)
+            return gone if returning else None
         acks = None
         if outcome is Outcome.DELIVERED:
             now, given = self._clock(), acknowledged_at or {}
             acks = [given.get(i, now) for i in ids]
-        cur = conn.execute(self._DELETE_LEDGERED, {
+        cur = conn.execute(self._DELETE_LEDGERED + (" RETURNING event_id" if returning else ""), {
             "cid": cid, "aid": aid, "pid": pid, "ids": ids, "bridge": route.bridge_id, "dest": route.destination,
             "dir": str(route.direction), "disp": timestamp(dispatched_at), "acks": acks, "outcome": str(outcome),
             "reason": reason, "gtrid": gtrid})
         self.ledger.count(max(cur.rowcount, 0))
+        return {int(r[0]) for r in cur.fetchall()} if returning else None
 
     def _t2_delete(self, conn: Conn, t2: T2Rows, cid: int, aid: int, pid: int, ids: list[int], route: Route,
-                   outcome: Outcome, reason: str | None, dispatched_at: float | None) -> None:
+                   outcome: Outcome, reason: str | None, dispatched_at: float | None) -> set[int]:
         """Inside a T2: the queue rows leave now; the row of each one actually deleted is collected for the
         branch's prepare (gtrid, ``dispatched_at`` = now unless given, the message's dedupe id as
-        ``jms_message_id``), without ``acknowledged_at`` (the broker commit follows the decision)."""
+        ``jms_message_id``), without ``acknowledged_at`` (the broker commit follows the decision). Returns the
+        ids of the rows deleted."""
         gone = conn.execute(
             "DELETE FROM nsjms_queue q USING nsjms_event e WHERE q.channel_id = %s AND q.admin_id = %s "
             "AND q.proxy_id = %s AND q.event_id = ANY(%s) AND e.id = q.event_id "
@@ -442,6 +449,7 @@ class Store:
                       event_id=eid, jms_message_id=t2.messages.get(eid), proxy_id=pid, bridge_id=route.bridge_id,
                       destination=route.destination, gtrid=t2.gtrid, dispatched_at=when, failure_reason=reason)
             for eid, accepted_at in sorted(gone, key=lambda g: order.get(g[0], 0)))
+        return {int(g[0]) for g in gone}
 
     # One statement: the queue rows leave, and each one actually deleted gets its ledger row.
     _DELETE_LEDGERED = f"""

@@ -41,7 +41,7 @@ import queue
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from router.channel import qos as Q
@@ -54,6 +54,7 @@ from router.routing.errors import ForwardFailed, refused_content
 from router.routing.ports import OutboundParticipant
 from xa.errors import DecisionUnknown, TransactionTimeout, XAError
 from xa.pg import PgBranch
+from xa.xid import dedupe_id as message_dedupe_id
 
 __all__ = ["Completer", "ForwardFailed", "T2State", "check_honoured", "client_refused", "deliver", "drain",
            "participant", "settings", "status"]
@@ -299,9 +300,11 @@ def deliver(proxy: Any, target: OutboundParticipant, entries: list[Entry]) -> Ou
                 t2.enlist(txn, t2_branch(proxy.rt.store.ledger, conn, PgBranch(conn, PG_BRANCH), txn.gtrid,
                                          [e.record.db_id for e in entries]))
                 ids = [e.record.db_id for e in entries if e.record.db_id is not None]
-                proxy.rt.store.delete_deliveries(
-                    conn, proxy.channel.id, proxy.admin.id, proxy.id, ids,
+                deleted = proxy.rt.store.delete_deliveries(
+                    conn, proxy.channel.id, proxy.admin.id, proxy.id, ids, returning=True,
                     **({"outcome": Ledgered.DEAD_LETTER, "reason": dead_reason} if dead_reason else {}))
+                if deleted is not None and len(deleted) < len(ids):
+                    entries, events = _without_gone(proxy, txn.gtrid, conn, entries, events, deleted)
                 result = target.forward_in_t2(txn, conn, events, dead_letter_reason=dead_reason)
                 txn.decide()                        # phase one + the durable COMMIT record; phase two below
             except DecisionUnknown:
@@ -464,6 +467,36 @@ def drain(proxy: Any, timeout: float | None = None) -> bool:
     """Wait for the phase two of the proxy's decided T2s (its delivery ends, or it stops delivering in T2)."""
     c: Completer | None = getattr(proxy, "_t2_completer", None)
     return True if c is None else c.drain(timeout)
+
+
+def _without_gone(proxy: Any, gtrid: str, conn: Any, entries: list[Entry], events: list[Any], deleted: set[int]
+                  ) -> tuple[list[Entry], list[Any]]:
+    """The entries (and their events) whose queue rows this T2 deleted, and those of BestEffort events; the others'
+    rows were already gone: another unit of work ended their delivery — typically a previous run's undecided T2
+    that an operator committed (``nsjms txn commit --heuristic``) after the restore had loaded its deleted but
+    uncommitted rows (the start-up pass failed to roll it back); its outbox re-sends them with their dedupe ids.
+    Sending them again here, under this T2's ids, would be a duplicate nobody could recognise: they leave memory
+    instead (that unit of work wrote their ledger rows). The T2's ledger rows name the messages by their new
+    places (:func:`router.ledger.t2_branch`'s ``messages``)."""
+    keep = [k for k, e in enumerate(entries) if e.record.db_id is None or e.record.db_id in deleted]
+    kept_at = set(keep)
+    gone = [e for k, e in enumerate(entries) if k not in kept_at]
+    log.warning("proxy %s: T2 %s: %d event(s) of the batch no longer have their queue row (another unit of work, "
+                "e.g. a heuristic commit of an earlier T2, ended their delivery): not sent again (event ids %s)",
+                proxy.oid, gtrid, len(gone), [e.record.db_id for e in gone][:10])
+    flight = getattr(proxy, "_flight", None)
+    if flight is not None:
+        flight.drop(gone)
+    for e in gone:
+        e.record.release()
+    kept = [entries[k] for k in keep]
+    rows = proxy.rt.store.ledger.t2_rows(conn)
+    if rows is not None:
+        rows.messages = {e.record.db_id: message_dedupe_id(gtrid, i) for i, e in enumerate(kept)
+                         if e.record.db_id is not None}
+        rows.rows = [replace(r, jms_message_id=rows.messages.get(r.event_id)) if r.gtrid == gtrid
+                     and r.event_id is not None else r for r in rows.rows]
+    return kept, [events[k] for k in keep]
 
 
 def _ended(target: OutboundParticipant, txn: Any, result: Any, committed: bool, reason: str = "") -> None:

@@ -47,8 +47,9 @@ class OutboundBatches(Protocol):
         """The bridge forwards (started, not destroyed); else the channel pushes over CORBA, which refuses."""
         ...
 
-    def batch(self, events: Sequence[Any]) -> Any:
-        """A new batch of structured events (an :class:`OutboundBatch`); nothing is sent yet."""
+    def batch(self, events: Sequence[Any], ids: Sequence[str] | None = None) -> Any:
+        """A new batch of structured events (an :class:`OutboundBatch`); nothing is sent yet. ``ids``: each event's
+        dedupe id (``nsjms_dedupe_id``), the same every time the channel offers that event to this bridge."""
         ...
 
     def start(self, batch: Any) -> None:

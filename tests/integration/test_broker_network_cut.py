@@ -17,9 +17,10 @@ Asserted (docs/bridge.md "A silent network cut to the broker"):
 * the node notices the cut within the documented bound (STOMP heart-beats) and ``nsjms status`` says degraded
   (exit 8) naming the broker, while the suppliers' pushes go on being accepted;
 * once the link is back, the bridges reconnect by themselves and ``nsjms status`` is clean again (exit 0);
-* every accepted event and every receipted message is delivered (0 lost); channel -> JMS in T2s duplicates only with
-  their original's dedupe id; without T2 (at-least-once, no dedupe id) at most the batches in flight at the loss;
-  JMS -> channel none (the inbox: exactly once into a Persistent channel).
+* every accepted event and every receipted message is delivered (0 lost); channel -> JMS duplicates only with their
+  original's dedupe id, with and without T2 (without T2 at most the batches in flight at the loss), and no two
+  events share a dedupe id (a consumer that drops by id drops only duplicates); JMS -> channel none (the inbox:
+  exactly once into a Persistent channel).
 
 Needs root (network namespaces): a machine without them fails the test (never a skip).
 """
@@ -241,6 +242,15 @@ def _dups(counts: collections.Counter[int], ids: dict[int, set[str]]) -> tuple[i
     return extra, bad
 
 
+def _shared_ids(ids: dict[int, set[str]]) -> dict[str, set[int]]:
+    """The dedupe ids carried by more than one event (a consumer dropping by id would lose one of them)."""
+    events: dict[str, set[int]] = collections.defaultdict(set)
+    for i, dids in ids.items():
+        for d in dids:
+            events[d].add(i)
+    return {d: ns for d, ns in events.items() if len(ns) > 1}
+
+
 def test_a_silent_network_cut_to_the_broker_is_noticed_and_loses_nothing_either_way(
         tmp_path: Path, cut_broker: NetnsActiveMQ, fresh_db: str, client_orb: Any) -> None:
     state = tmp_path / "state"
@@ -357,10 +367,15 @@ def test_a_silent_network_cut_to_the_broker_is_noticed_and_loses_nothing_either_
         for s in accepted:
             assert set(counter.counts(s)) <= accepted[s], f"{s}: an event nobody pushed arrived"
         # docs/bridge.md "What is promised": without T2 at-least-once (a batch whose receipt the cut swallowed is sent
-        # again; these messages carry no dedupe id), at most the batches in flight when the connection was lost
+        # again, each message with its original's dedupe id), at most the batches in flight when the connection was lost
         assert report["plain"][0] <= PLAIN_DUPLICATES_MAX, f"plain: {report['plain'][0]} duplicates"
+        assert not report["plain"][1], f"plain: duplicates without their original's dedupe id: {report['plain'][1]}"
         # in T2s: a duplicate only from a re-sent T2, with its original's dedupe id
         assert not report["t2"][1], f"T2: duplicates without their original's dedupe id: {report['t2'][1]}"
+        for s in accepted:                # every message carries one, and no two events share one
+            ids = counter.dedupe_ids(s)
+            assert not [i for i in ids if "" in ids[i]], f"{s}: messages without a dedupe id"
+            assert not _shared_ids(ids), f"{s}: events sharing a dedupe id: {list(_shared_ids(ids).items())[:3]}"
         for k, q in enumerate(producers):
             assert set(in_counts[k]) <= set(range(q.base, q.next)), f"{inbound[k]}: a message nobody sent arrived"
         assert not any(in_dups.values()), f"JMS -> channel duplicates: {in_dups}"

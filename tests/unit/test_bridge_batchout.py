@@ -25,8 +25,15 @@ from router.channel import localpush
 from router.channel.boundary import Outcome
 from router.channel.events import Event, Form
 from router.channel.queue import ANY_ORDER, FIFO_ORDER, Entry, ProxyQueue, Record
-from router.jms.model import BodyType, Destination, JmsMessage
-from router.jms.transport import BrokerError, BrokerUnavailable, ReceiptTimeout, SendRefused, refused_send
+from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
+from router.jms.transport import (
+    BrokerError,
+    BrokerUnavailable,
+    EncodedMessage,
+    ReceiptTimeout,
+    SendRefused,
+    refused_send,
+)
 from router.routing.registry import LocalEndpoint, LocalEndpoints
 
 QUEUE = Destination("queue", "out")
@@ -140,6 +147,9 @@ class Proxy:
     """A push proxy supplier: a real ProxyQueue; records what was delivered (journaled), in order."""
 
     oid = "1/2/3"
+    id = 3
+    channel = SimpleNamespace(id=1)
+    admin = SimpleNamespace(id=2)
     client_ior = "IOR:bridge"
     suspended = False
     connected = True
@@ -155,7 +165,8 @@ class Proxy:
         endpoints = LocalEndpoints(lambda ref: servant)      # the servant behind every client reference
         if getattr(servant, "local_batches", None) is not None:     # a bridge endpoint: it registered its port
             endpoints.add(servant, LocalEndpoint(batches=servant.local_batches))
-        self.rt = SimpleNamespace(shutting_down=threading.Event(), max_event_bytes=0, endpoints=endpoints)
+        self.rt = SimpleNamespace(shutting_down=threading.Event(), max_event_bytes=0, endpoints=endpoints,
+                                  store=SimpleNamespace(ledger=SimpleNamespace(run_id="r1")))
         self.delivered: list[Any] = []
         self.delivery_calls: list[list[Any]] = []
         self.content_failed: list[list[Any]] = []
@@ -163,10 +174,11 @@ class Proxy:
         self.flush_due = False                      # the journal's pending deletes are due after each delivery
         self.frames: list[tuple[Any, ...]] | None = None     # where a flush is recorded (the broker's frames)
 
-    def put(self, *values: Any) -> None:
+    def put(self, *values: Any, stored: bool = True) -> None:
         for v in values:
             self._seq += 1
-            self.queue.put(Record(self._seq, Event(Form.STRUCTURED, v), 0, None, None, True, db_id=self._seq))
+            self.queue.put(Record(self._seq, Event(Form.STRUCTURED, v), 0, None, None, stored,
+                                  db_id=self._seq if stored else None))
 
     def client_ref(self) -> Any:
         return object()
@@ -610,3 +622,52 @@ def test_a_full_broker_store_defers_the_batch_and_dead_letters_nothing() -> None
     broker.full = False
     assert proxy.run()[-1] is Outcome.DELIVERED
     assert broker.bodies() == events(150) and proxy.delivered == events(150) and broker.bodies(DEFAULT_DLQ) == []
+
+
+# ------------------------------------------------------------------------------------------------ dedupe ids
+def _ids(broker: PipeBroker) -> list[tuple[Any, str]]:
+    """(body, nsjms_dedupe_id) of each message the broker stored on the bridge's destination."""
+    return [(m.body, str(m.properties["nsjms_dedupe_id"].value)) for d, m in broker.stored if d == QUEUE.stomp()]
+
+
+def test_a_batch_sent_again_after_a_lost_commit_receipt_carries_its_original_dedupe_ids() -> None:
+    """Issue 31: without T2 a batch whose COMMIT receipt was lost is sent again; every copy carries the channel's id
+    of its event for this proxy (the ledger's ``e<event>/c<channel>/a<admin>/p<proxy>``), so a JMS consumer drops
+    the duplicates; a BestEffort event's id is its run's and seq's."""
+    broker, _, proxy = make()
+    broker.commit_outcomes = [(ReceiptTimeout("connection lost before the receipt", "commit"), True)]
+    proxy.put(*events(150))
+    proxy.put("volatile", stored=False)
+    proxy.run()
+    got = _ids(broker)
+    assert [b for b, _ in got] == events(100) + events(150) + ["volatile"]      # the first batch twice
+    expected = {f"e{i}": f"e{i + 1}/c1/a2/p3" for i in range(150)} | {"volatile": "br1/s151/c1/a2/p3"}
+    assert all(did == expected[body] for body, did in got), [x for x in got if x[1] != expected[x[0]]][:3]
+
+
+def test_a_batch_resent_one_by_one_and_a_frame_of_the_mapping_carry_the_dedupe_ids() -> None:
+    """The one-by-one resend after a refused COMMIT (encoded again from the message) and the frames a bridge maps
+    and encodes at once (``to_frame``) carry the same ids as the batch's SENDs."""
+    class FrameBroker(PipeBroker):
+        def send_encoded(self, destination: Destination, encoded: EncodedMessage, *, transaction: str | None,
+                         receipt: bool, persistent: bool) -> None:
+            props = {k: Typed(JmsType.STRING, v) for k, v in encoded.headers.items()}
+            self.send(destination, JmsMessage(BodyType.TEXT, encoded.body.decode(), properties=props),
+                      transaction=transaction, receipt=receipt)
+
+    broker, bridge = FrameBroker(), Bridge()
+    transport: Any = broker
+    flow = ChannelToJms(bridge, QUEUE, transport, to_jms, DeadLetter(lambda: transport, bridge.id),
+                        lambda ev: str(ev).encode())
+    frames: list[EncodedMessage] = []
+
+    def to_frame(event: Any, destination: Destination) -> tuple[JmsMessage, EncodedMessage]:
+        frames.append(EncodedMessage({"$event_name": str(event)}, str(event).encode()))
+        return to_jms(event, destination), frames[-1]
+
+    proxy = Proxy(SimpleNamespace(local_batches=LocalBatches(flow, to_frame)))
+    broker.commit_outcomes = [(BrokerError("commit refused"), False)]
+    proxy.put(*events(3))
+    localpush.deliver(proxy, localpush.target(proxy), proxy.queue.take(1))
+    assert [f.headers["nsjms_dedupe_id"] for f in frames] == ["e1/c1/a2/p3", "e2/c1/a2/p3", "e3/c1/a2/p3"]
+    assert _ids(broker) == [("e0", "e1/c1/a2/p3"), ("e1", "e2/c1/a2/p3"), ("e2", "e3/c1/a2/p3")]
