@@ -203,7 +203,10 @@ def _read(spark: Any, req: AuditRequest) -> Any:
     if req.source == "parquet":
         assert req.parquet is not None
         known = _export_schema(req.parquet)
-        raw = (spark.read if known is None else spark.read.schema(known)).parquet(str(req.parquet))
+        # not exactly the export's schema (e.g. an export from before the ledger's node_id column, perhaps beside
+        # newer days): Spark infers it, merging the files' schemas (a column some files lack reads as null)
+        reader = spark.read.option("mergeSchema", "true") if known is None else spark.read.schema(known)
+        raw = reader.parquet(str(req.parquet))
         if "day" in raw.columns:  # prune whole day directories before reading them
             if req.start is not None:
                 raw = raw.where(F.col("day") >= F.lit(req.start.strftime("%Y-%m-%d")).cast("date"))

@@ -12,8 +12,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from test_audit_transforms import frame, row, spark  # noqa: F401  (the local Spark session fixture)
 
 from audit import job
@@ -120,3 +122,21 @@ def test_an_obligations_node_is_its_accepted_rows_and_a_handover_is_seen(spark: 
                for x in T.obligations(led, AS_OF, timedelta(minutes=5), codes=c).collect()}
         assert got == {"same": ("n1", False, "delivered"), "moved": ("n2", True, "delivered"),
                        "old": ("n3", False, "delivered"), "none": (None, False, "lost")}, c
+
+
+def test_an_export_from_before_the_node_column_is_still_read(spark: SparkSession, tmp_path: Path) -> None:
+    """Day 1 exported before migration 0009 (no node_id), day 2 after: both days are read, day 1's node is null."""
+    table, _ = generate(SynthSpec(deliveries=200, seed=2, rate_per_s=0.002, nodes=2))   # spans two UTC days
+    write_parquet(table, tmp_path / "ledger")
+    days = sorted((tmp_path / "ledger").glob("day=*"))
+    assert len(days) >= 2
+    for f in days[0].glob("*.parquet"):
+        pq.write_table(pq.read_table(f).drop_columns(["node_id"]), f)
+    req = job.AuditRequest(out=tmp_path / "out", source="parquet", as_of=AS_OF, grace=timedelta(minutes=5),
+                           parquet=tmp_path / "ledger")
+    led = job._read(spark, req)
+    got = {(str(r["day"]), r["node_id"] is None) for r in
+           led.select(F.col("accepted_at").cast("date").alias("day"), "node_id").distinct().collect()}
+    assert {d for d, _ in got} == {p.name.split("=")[1] for p in days}
+    assert (days[0].name.split("=")[1], True) in got and (days[-1].name.split("=")[1], False) in got
+    assert led.count() == table.num_rows
