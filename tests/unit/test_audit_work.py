@@ -140,3 +140,24 @@ def test_an_export_from_before_the_node_column_is_still_read(spark: SparkSession
     assert {d for d, _ in got} == {p.name.split("=")[1] for p in days}
     assert (days[0].name.split("=")[1], True) in got and (days[-1].name.split("=")[1], False) in got
     assert led.count() == table.num_rows
+
+
+def test_the_spark_fallbacks_beyond_the_collect_limits_write_the_same_tables(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the collect limits at 0 every table takes its former path (one Spark query each, kept frames, Spark's
+    writer): the same rows as the collected path."""
+    table, _ = generate(FAULTS)
+    write_parquet(table, tmp_path / "ledger")
+
+    def audit(out: str) -> dict[str, list[str]]:
+        req = job.AuditRequest(out=tmp_path / out, source="parquet", as_of=AS_OF, grace=timedelta(minutes=5),
+                               parquet=tmp_path / "ledger")
+        job._compute(spark, req, lambda _step: None)
+        return {p.name: sorted(map(repr, pq.read_table(p).to_pylist()))
+                for p in sorted((tmp_path / out / "tables").iterdir())}
+
+    collected = audit("collected")
+    monkeypatch.setattr(job, "SMALL_TABLE_LIMIT", 0)
+    monkeypatch.setattr(job, "COUNTS_LIMIT", 0)
+    assert audit("spark") == collected
+    assert "node_counts" in collected and len(collected["lost"]) == 3
