@@ -19,8 +19,10 @@ Each run (docs/audit.md, "Incremental audit"):
    per (direction, bridge, node, status) are upserted in the same transaction, under an advisory lock (two
    scheduled runs never interleave).
 
-The **node** of an obligation is the one named by its rows' gtrid (``node:token``, a T2's rows); rows written
-outside a T2 carry no gtrid and count under node ``-``.
+The **node** of an obligation is the node of its ``accepted`` row, else the first node any of its rows names (in
+string order), else ``-``; a row names the node in its ``node_id`` (the writer, migration 0009), or, on a row from
+before that column, the node of its gtrid (``node:token``, a T2's rows). ``multi_node`` counts the obligations whose
+rows' ``node_id`` name more than one node. The same rules as :func:`audit.transforms.obligations`.
 
 Decisions are pure functions (:func:`due`, :func:`verdict`, :func:`recheck_at`, :func:`metrics_text`); the SQL
 runs in :func:`run_incremental`.
@@ -50,7 +52,7 @@ ADVISORY_LOCK = 7715028          # pg_advisory_xact_lock key of an incremental r
 LIST_LIMIT = 100                 # lost / duplicated ids kept per day
 OPEN = ("in_flight", "in_doubt")
 _NULLABLE = ("event_id", "jms_message_id", "proxy_id", "bridge_id", "destination", "gtrid", "dispatched_at",
-             "prepared_at", "decided_at", "broker_committed_at", "acknowledged_at", "failure_reason")
+             "prepared_at", "decided_at", "broker_committed_at", "acknowledged_at", "failure_reason", "node_id")
 _SUMMED = ("dispatched_at", "prepared_at", "decided_at", "broker_committed_at", "acknowledged_at")
 
 FINGERPRINT_SQL = (
@@ -70,7 +72,11 @@ WHERE d.accepted_at >= %(lo)s AND d.accepted_at < %(hi)s AND d.outcome = 'in_dou
 DAY_SQL = """
 WITH per AS (
     SELECT dedupe_id, min(direction) AS direction, min(bridge_id) AS bridge_id,
-           coalesce(min(split_part(gtrid, ':', 1)) FILTER (WHERE gtrid LIKE '%%:%%'), '-') AS node,
+           coalesce(min(coalesce(node_id, CASE WHEN gtrid LIKE '%%:%%' THEN split_part(gtrid, ':', 1) END))
+                        FILTER (WHERE outcome = 'accepted'),
+                    min(coalesce(node_id, CASE WHEN gtrid LIKE '%%:%%' THEN split_part(gtrid, ':', 1) END)),
+                    '-') AS node,
+           coalesce(min(node_id) <> max(node_id), false) AS multi_node,
            min(accepted_at) AS accepted_at,
            count(*) FILTER (WHERE outcome = 'delivered') AS deliveries,
            count(*) FILTER (WHERE outcome = 'dead_letter') AS dead_letter,
@@ -90,7 +96,8 @@ WITH per AS (
 SELECT direction, bridge_id, node, status, count(*) AS obligations, min(accepted_at) AS oldest,
        min(prepared_at) AS oldest_prepared,
        (array_agg(dedupe_id ORDER BY accepted_at, dedupe_id)
-            FILTER (WHERE status IN ('lost', 'duplicated')))[1:%(limit)s] AS ids
+            FILTER (WHERE status IN ('lost', 'duplicated')))[1:%(limit)s] AS ids,
+       count(*) FILTER (WHERE multi_node) AS multi_node
 FROM judged GROUP BY direction, bridge_id, node, status
 ORDER BY direction, bridge_id NULLS FIRST, node, status"""
 
@@ -114,16 +121,18 @@ class Group:
     oldest: datetime | None             # the earliest accepted_at among them
     oldest_prepared: datetime | None    # in doubt: the earliest prepared_at
     ids: tuple[str, ...] = ()           # lost / duplicated: up to LIST_LIMIT dedupe ids
+    multi_node: int = 0                 # how many of them have rows written by more than one node
 
     def as_dict(self) -> dict[str, Any]:
         return {"direction": self.direction, "bridge_id": self.bridge_id, "node": self.node, "status": self.status,
                 "obligations": self.obligations, "oldest": _iso(self.oldest),
-                "oldest_prepared": _iso(self.oldest_prepared), "ids": list(self.ids)}
+                "oldest_prepared": _iso(self.oldest_prepared), "ids": list(self.ids), "multi_node": self.multi_node}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Group:
         return Group(d["direction"], d["bridge_id"], d["node"], d["status"], int(d["obligations"]),
-                     _time(d.get("oldest")), _time(d.get("oldest_prepared")), tuple(d.get("ids") or ()))
+                     _time(d.get("oldest")), _time(d.get("oldest_prepared")), tuple(d.get("ids") or ()),
+                     int(d.get("multi_node") or 0))
 
 
 @dataclass(frozen=True)
@@ -253,7 +262,7 @@ def _audit_day(conn: psycopg.Connection[Any], fp: Fingerprint, as_of: datetime, 
     window = {"lo": lo, "hi": lo + timedelta(days=1)}
     open_ = [r[0] for r in conn.execute(OPEN_DOUBTS_SQL, window).fetchall()]
     rows = conn.execute(DAY_SQL, {**window, "open": open_, "cutoff": as_of - grace, "limit": LIST_LIMIT}).fetchall()
-    groups = tuple(Group(r[0], r[1], r[2], r[3], int(r[4]), r[5], r[6], tuple(r[7] or ())) for r in rows)
+    groups = tuple(Group(r[0], r[1], r[2], r[3], int(r[4]), r[5], r[6], tuple(r[7] or ()), int(r[8])) for r in rows)
     result = DayResult(fp.day, verdict(groups), groups, True, fp.rows, recheck_at(groups, grace))
     figures = {"rows": fp.rows, "groups": [g.as_dict() for g in groups]}
     conn.execute(

@@ -18,7 +18,8 @@ COLUMNS = _COLUMNS   # the statuses of the tables, in their order (the console's
 
 def by_key(result: IncrementalResult, key: str) -> dict[Any, dict[str, int]]:
     """Obligations per status, summed over the days in scope, per ``key`` (``bridge``: (direction, bridge_id);
-    ``node``: the node named by the rows' gtrid)."""
+    ``node``: the obligation's node, :mod:`audit.incremental`; its rows also have ``multi_node``, the obligations
+    among them whose rows name more than one node)."""
     table: dict[Any, dict[str, int]] = {}
     for d in result.days:
         for g in d.groups:
@@ -28,6 +29,8 @@ def by_key(result: IncrementalResult, key: str) -> dict[Any, dict[str, int]]:
             row[status] = row.get(status, 0) + g.obligations
             if g.status == "duplicated":
                 row["duplicated"] += g.obligations
+            if key == "node":
+                row["multi_node"] = row.get("multi_node", 0) + g.multi_node
     return table
 
 
@@ -56,8 +59,11 @@ def render(result: IncrementalResult) -> str:
     lines += _table(head, ((k[0], "-" if k[1] is None else str(k[1]), *(str(v[c]) for c in _COLUMNS))
                            for k, v in sorted(bridges.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1))))
     nodes = by_key(result, "node")
-    lines += ["", "per node (named by the rows' gtrid; '-': rows written outside a routing transaction):"]
-    lines += _table(("NODE", *head[2:]), ((k, *(str(v[c]) for c in _COLUMNS)) for k, v in sorted(nodes.items())))
+    lines += ["", "per node (the node that wrote the accepted row; '-': no row names a node, older rows written "
+                  "outside a routing transaction):"]
+    lines += _table(("NODE", *head[2:], "MULTI NODE"),
+                    ((k, *(str(v[c]) for c in _COLUMNS), str(v.get("multi_node", 0)))
+                     for k, v in sorted(nodes.items())))
     opened = [g.oldest for d in result.days for g in d.groups if g.status in OPEN and g.oldest is not None]
     if opened:
         lines.append(f"oldest open obligation: accepted {min(opened).isoformat()} "

@@ -100,14 +100,19 @@ def run_audit(req: AuditRequest) -> AuditResult:
     """Run the audit; raise :class:`UsageError` for a bad request (before starting Spark when possible)."""
     _check(req)
     from audit import report
+    from audit.sparkwork import counted
 
     step = _Progress(req.progress)
     try:
         step("start Spark")
         with _session(req) as spark:
-            frames = _compute(spark, req, step)
+            with counted(spark) as work:
+                frames = _compute(spark, req, step)
+            log.info("audit: Spark work: %d jobs, %d stages (%d skipped), %d tasks", work.jobs, work.stages,
+                     work.skipped_stages, work.tasks)
             step("report")
             summary = report.summary(frames, req, master=str(spark.sparkContext.master))
+            summary["spark_work"] = work.as_dict()
             report.write(req.out, summary, frames)
     finally:
         step.close()
@@ -198,7 +203,10 @@ def _read(spark: Any, req: AuditRequest) -> Any:
     if req.source == "parquet":
         assert req.parquet is not None
         known = _export_schema(req.parquet)
-        raw = (spark.read if known is None else spark.read.schema(known)).parquet(str(req.parquet))
+        # not exactly the export's schema (e.g. an export from before the ledger's node_id column, perhaps beside
+        # newer days): Spark infers it, merging the files' schemas (a column some files lack reads as null)
+        reader = spark.read.option("mergeSchema", "true") if known is None else spark.read.schema(known)
+        raw = reader.parquet(str(req.parquet))
         if "day" in raw.columns:  # prune whole day directories before reading them
             if req.start is not None:
                 raw = raw.where(F.col("day") >= F.lit(req.start.strftime("%Y-%m-%d")).cast("date"))
@@ -266,18 +274,11 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     if doubt_rows:  # read twice: by the obligations and by the stuck transactions
         doubts = doubts.persist(StorageLevel.MEMORY_AND_DISK)
     obl = T.obligations(ledger, req.as_of, req.grace, doubts=doubts, codes=codes, broadcast=few_doubts)
-    # the per-obligation frame is aggregated once more (to counts and the listed obligations) and not kept
-    rec = T.reconciliation(obl).persist(StorageLevel.MEMORY_AND_DISK)
-    out: dict[str, Any] = {"status_counts": _result(T.status_counts(rec), tables / "status_counts")}
-    by_status = {s: sum(r["obligations"] for r in out["status_counts"] if r["status"] == s)
-                 for s in ("lost", "duplicated")}
-    out["lost"] = _result(T.lost(rec), tables / "lost", rows=by_status["lost"])
-    out["duplicates"] = _result(T.duplicates(ledger if by_status["duplicated"] else none, rec,
-                                             broadcast=by_status["duplicated"] <= BROADCAST_LIMIT),
-                                tables / "duplicates", rows=by_status["duplicated"])
-    out["bridge_counts"] = _result(T.bridge_counts(rec), tables / "bridge_counts")
-    rec.unpersist()
-    # the dead letters are a sum over the collected facets: written by the driver, no query
+    # the per-obligation frame is aggregated once more (to counts and the listed obligations) and not kept: that
+    # reconciliation is collected once (one query) and its tables are summed by the driver; only when it has more
+    # than SMALL_TABLE_LIMIT rows (that many lost or duplicated obligations) is it kept and each table one query
+    out = _reconciled(spark, ledger, T.reconciliation(obl), tables, none)
+        # the dead letters are a sum over the collected facets: written by the driver, no query
     dead = T.dead_letters_by_reason(T.facets(none))
     out["dead_letters"] = _write_rows(dead, T.dead_letters_from_facets(facets), tables / "dead_letters")
     # the list keeps LIST_LIMIT rows; the summary's count is of all of them (at most one per in-doubt row)
@@ -287,25 +288,87 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     if doubt_rows:
         doubts.unpersist()
     step("latency")
-    # the counts (one row per hop, direction and distinct latency) are collected once, which fills the cache the
-    # histogram reads; the exact percentiles are taken from the collected rows by the driver (no window query)
-    # -- up to COUNTS_LIMIT rows (see _latency_percentiles)
-    counts = T.latency_counts(T.hop_micros(ledger), codes).persist(StorageLevel.MEMORY_AND_DISK)
-    out["latency_percentiles"] = _latency_percentiles(counts, tables / "latency_percentiles")
-    out["latency_histogram"] = _result(T.latency_histogram(counts), tables / "latency_histogram")
-    counts.unpersist()
+    out.update(_latency(spark, T.latency_counts(T.hop_micros(ledger), codes), tables))
     step("throughput")
-    out["throughput_totals"] = _throughput(T.throughput_per_minute(ledger, codes), tables / "throughput_per_minute")
-    out["open_per_minute"] = _result(T.open_per_minute(ledger), tables / "open_per_minute")
+    out.update(_minutes(ledger, codes, tables))
     if req.source == "jdbc":
         ledger.unpersist()
     return out
+
+
+def _reconciled(spark: Any, ledger: Any, rec: Any, tables: Path, none: Any) -> dict[str, Any]:
+    """Write the tables of the :func:`~audit.transforms.reconciliation` ``rec``: status_counts, lost, duplicates,
+    bridge_counts, node_counts; return them listed (``none``: the ledger with no row)."""
+    from pyspark import StorageLevel
+
+    from audit import transforms as T
+
+    collected = rec.limit(SMALL_TABLE_LIMIT + 1).toArrow()
+    out: dict[str, Any] = {}
+    if collected.num_rows <= SMALL_TABLE_LIMIT:
+        rows = collected.to_pylist()
+        del collected
+        small = T.reconciled_rows(rows)
+        for name, df in (("status_counts", T.status_counts(rec)), ("lost", T.lost(rec)),
+                         ("bridge_counts", T.bridge_counts(rec)), ("node_counts", T.node_counts(rec))):
+            out[name] = _write_rows(df, small[name], tables / name)
+        duplicated = [r["dedupe_id"] for r in rows if r["status"] == "duplicated"]
+        # the duplicated ids as a local frame: the duplicates' query reads the ledger, not the reconciliation again
+        ids = spark.createDataFrame([(i, "duplicated") for i in duplicated], "dedupe_id string, status string")
+        out["duplicates"] = _result(T.duplicates(ledger if duplicated else none, ids,
+                                                 broadcast=len(duplicated) <= BROADCAST_LIMIT),
+                                    tables / "duplicates", rows=len(duplicated))
+        return out
+    del collected
+    rec = rec.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        out["status_counts"] = _result(T.status_counts(rec), tables / "status_counts")
+        by_status = {s: sum(r["obligations"] for r in out["status_counts"] if r["status"] == s)
+                     for s in ("lost", "duplicated")}
+        out["lost"] = _result(T.lost(rec), tables / "lost", rows=by_status["lost"])
+        out["duplicates"] = _result(T.duplicates(ledger if by_status["duplicated"] else none, rec,
+                                                 broadcast=by_status["duplicated"] <= BROADCAST_LIMIT),
+                                    tables / "duplicates", rows=by_status["duplicated"])
+        out["bridge_counts"] = _result(T.bridge_counts(rec), tables / "bridge_counts")
+        out["node_counts"] = _result(T.node_counts(rec), tables / "node_counts")
+        return out
+    finally:
+        rec.unpersist()
 
 
 #: The latency counts (one row per hop, direction and distinct latency in µs: their number grows with the spread of
 #: the latencies, not with the ledger's rows) are collected for the driver's percentiles up to this many rows
 #: (about 100 MB of Python lists); beyond, Spark's window query computes the same rows.
 COUNTS_LIMIT = 1_000_000
+
+def _latency(spark: Any, counts: Any, tables: Path) -> dict[str, Any]:
+    """Write ``latency_percentiles`` and ``latency_histogram`` from the latency ``counts`` (one row per hop,
+    direction and distinct latency): collected once (one query) up to :data:`COUNTS_LIMIT` rows, and both tables
+    computed by the driver from those rows (exact percentiles, :func:`audit.transforms.latency_percentiles_rows`;
+    the histogram with Spark's own StrictMath, :func:`audit.transforms.latency_histogram_rows`); beyond, the counts
+    are kept and each table is a Spark query (:func:`_latency_percentiles`)."""
+    from pyspark import StorageLevel
+
+    from audit import transforms as T
+
+    collected = counts.limit(COUNTS_LIMIT + 1).toArrow()
+    if collected.num_rows > COUNTS_LIMIT:
+        del collected
+        counts = counts.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            return {"latency_percentiles": _latency_percentiles(counts, tables / "latency_percentiles"),
+                    "latency_histogram": _result(T.latency_histogram(counts), tables / "latency_histogram")}
+        finally:
+            counts.unpersist()
+    columns = T.CountColumns(*(collected.column(c).to_pylist() for c in ("hop", "direction", "v_ms", "n")))
+    del collected
+    strict = spark.sparkContext._jvm.java.lang.StrictMath
+    return {"latency_percentiles": _write_rows(T.latency_percentiles(counts), T.latency_percentiles_rows(columns),
+                                               tables / "latency_percentiles"),
+            "latency_histogram": _write_rows(T.latency_histogram(counts),
+                                             T.latency_histogram_rows(columns, strict.log10, strict.pow),
+                                             tables / "latency_histogram")}
+
 
 def _latency_percentiles(counts: Any, path: Path) -> list[dict[str, Any]]:
     """Write and return the latency percentiles of the (cached) latency ``counts``: up to :data:`COUNTS_LIMIT`
@@ -358,6 +421,25 @@ def _result(df: Any, path: Path, *, rows: int | None = None, count: bool = False
         return (listed, int(df.count())) if count else listed
     finally:
         df.unpersist()
+
+
+def _minutes(ledger: Any, codes: Any, tables: Path) -> dict[str, Any]:
+    """Write ``throughput_per_minute`` and ``open_per_minute``; return the throughput totals and the open rows.
+    One query (:func:`~audit.transforms.minutes`, collected with a limit one beyond :data:`SMALL_TABLE_LIMIT`) and
+    both tables summed by the driver; beyond, one Spark query each (:func:`_throughput`)."""
+    from audit import transforms as T
+
+    per_minute, opened = T.throughput_per_minute(ledger, codes), T.open_per_minute(ledger)
+    collected = T.minutes(ledger, codes).limit(SMALL_TABLE_LIMIT + 1).toArrow()
+    if collected.num_rows > SMALL_TABLE_LIMIT:
+        del collected
+        return {"throughput_totals": _throughput(per_minute, tables / "throughput_per_minute"),
+                "open_per_minute": _result(opened, tables / "open_per_minute")}
+    throughput, open_rows = T.minutes_rows(collected.to_pylist())
+    del collected
+    _write_rows(per_minute, throughput, tables / "throughput_per_minute")
+    return {"throughput_totals": T.throughput_totals_rows(throughput),
+            "open_per_minute": _write_rows(opened, open_rows, tables / "open_per_minute")}
 
 
 def _throughput(per_minute: Any, path: Path) -> list[dict[str, Any]]:

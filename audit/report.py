@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from audit.job import AuditRequest
 
-__all__ = ["bridge_table", "open_figure", "summary", "violations", "write"]
+__all__ = ["bridge_table", "node_table", "open_figure", "summary", "violations", "write"]
 
 _ID_LIMIT = 100
 _BRIDGE_STATUSES = ("delivered", "duplicated", "lost", "in_doubt", "in_flight", "dead_letter", "discarded", "expired")
@@ -30,6 +30,19 @@ def bridge_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                      **dict.fromkeys(_BRIDGE_STATUSES, 0)})
         row[r["status"]] = row.get(r["status"], 0) + int(r["obligations"])
     return [table[k] for k in sorted(table, key=lambda k: (k[0], -1 if k[1] is None else k[1]))]
+
+
+def node_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``node_counts`` rows → one row per node with a column per status (0 when none) and ``multi_node`` (the
+    obligations among them whose rows name more than one node); node ``-``: no row of the obligation names one
+    (written before the ledger had a node column, outside a routing transaction)."""
+    table: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        key = "-" if r["node"] is None else str(r["node"])
+        row = table.setdefault(key, {"node": key, **dict.fromkeys(_BRIDGE_STATUSES, 0), "multi_node": 0})
+        row[r["status"]] = row.get(r["status"], 0) + int(r["obligations"])
+        row["multi_node"] += int(r["multi_node"])
+    return [table[k] for k in sorted(table)]
 
 
 def _utc(value: Any) -> Any:
@@ -86,6 +99,7 @@ def summary(frames: dict[str, list[dict[str, Any]]], req: AuditRequest, master: 
         "stuck_gtrids": sorted(r["gtrid"] for r in frames["stuck_in_doubt"])[:_ID_LIMIT],
         "latency_ms": latency,
         "by_bridge": bridge_table(frames.get("bridge_counts", [])),
+        "by_node": node_table(frames.get("node_counts", [])),
         "throughput": {"minutes": len(per_minute), "delivered": sum(per_minute.values()),
                        "peak_per_minute": max(per_minute.values(), default=0),
                        "first_minute": min(per_minute, default=None), "last_minute": max(per_minute, default=None)},
@@ -262,6 +276,9 @@ td,th{{border:1px solid #bbb;padding:2px 6px;font-size:90%}} .bad{{color:#fff;ba
 <h2>Throughput</h2>{_img(plots["throughput"], "throughput per minute")}
 <h2>Per bridge</h2><p>Obligations by status per direction and bridge (bridge <code>-</code>: the channel's own
 CORBA consumers).</p>{_table(summ.get("by_bridge", []))}
+<h2>Per node</h2><p>Obligations by status per node: the node that wrote the obligation's <code>accepted</code> row
+(node <code>-</code>: none of its rows names a node, they predate the ledger's node column);
+<code>multi_node</code>: those whose rows were written by more than one node.</p>{_table(summ.get("by_node", []))}
 <h2>Open obligations</h2>{_img(plots["open"], "open obligations over time") if "open" in plots else ""}
 <h2>Latency</h2>{_img(plots["latency"], "latency distribution")}{_table(pct)}
 <h2>Losses and duplicates</h2>{_img(plots["faults"], "losses and duplicates")}

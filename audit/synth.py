@@ -73,6 +73,7 @@ class SynthSpec:
     bridges: int = 6
     destinations: int = 4
     jms_to_channel_share: float = 0.3
+    nodes: int = 1                      # bridge b's rows are written by node ``node<b % nodes + 1>``
     lost: int = 0
     duplicates: int = 0
     in_doubt: int = 0
@@ -80,7 +81,8 @@ class SynthSpec:
 
     def __post_init__(self) -> None:
         faults = self.lost + self.duplicates + self.in_doubt + self.dead_letters
-        if self.deliveries < 1 or min(self.lost, self.duplicates, self.in_doubt, self.dead_letters) < 0:
+        if self.deliveries < 1 or self.nodes < 1 or min(self.lost, self.duplicates, self.in_doubt,
+                                                         self.dead_letters) < 0:
             raise UsageError("deliveries must be >= 1 and fault counts >= 0")
         if faults > self.deliveries:
             raise UsageError(f"{faults} injected faults need at least as many deliveries, got {self.deliveries}")
@@ -154,6 +156,7 @@ def _base(spec: SynthSpec, rng: np.random.Generator) -> dict[str, Any]:
         "destination": destinations.take(pa.array(bridge % spec.destinations)),
         "direction": pc.if_else(pa.array(j2c), "jms_to_channel", "channel_to_jms"),
         "gtrid": pc.binary_join_element_wise("nsjms-synth-", num, ""),
+        "node_id": pa.array([f"node{i + 1}" for i in range(spec.nodes)]).take(pa.array(bridge % spec.nodes)),
     }
 
 

@@ -6,7 +6,15 @@ For each size it generates a ledger of about that many rows (half as many delive
 ``accepted`` and one closing row each, 0.01 % of them lost/duplicated/in doubt/dead-lettered), writes it as
 Parquet by day, then times the whole ``nsjms audit`` command (a new process: JVM and Spark start included) and
 reports rows per second. A 2,000-row run first measures the fixed cost (process + Spark start + the
-job's fixed stages), so the per-row cost can be read off. Numbers are machine-specific; nothing here is a test.
+job's fixed stages), so the per-row cost can be read off.
+
+The **floor** of each size is measured in the same run: a new process that starts PySpark the same way, reads the
+same Parquet and does one grouped count (``groupBy("outcome").count()``), timed the same way; ``ratio`` = audit
+seconds / floor seconds (the issue's targets: <= 1.5 at 2,000 rows, <= 3 at 10M). Seconds are machine- and
+load-specific; the **Spark jobs and stages** of each run (from its event log: every job started, every stage that
+ran; skipped stages not counted) are not: they depend only on the ledger, so they are printed beside the seconds
+and are what to compare between two versions of the audit on a shared machine (docs/audit.md, "What the audit
+costs"). Nothing here is a test; tests/unit/test_audit_work.py pins the job count of a small audit.
 """
 
 from __future__ import annotations
@@ -123,7 +131,42 @@ def _audit(ledger: Path, out: Path, master: str, driver_memory: str, event_dir: 
     return elapsed, cpu, proc.returncode, _steps(proc.stderr)
 
 
+def _floor_job(ledger: str, master: str, driver_memory: str) -> None:
+    """The floor (run in its own process, ``--floor-job``): start PySpark as the audit does, read the Parquet
+    ledger, one grouped count, collected."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(master).appName("nsjms-audit-floor")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.memory", driver_memory).config("spark.sql.session.timeZone", "UTC")
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+             .getOrCreate())
+    try:
+        spark.read.parquet(ledger).groupBy("outcome").count().collect()
+    finally:
+        spark.stop()
+
+
+def _floor(ledger: Path, master: str, driver_memory: str, event_dir: Path) -> tuple[float, dict[str, float]]:
+    event_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYSPARK_SUBMIT_ARGS": f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={event_dir} "
+                                  "--conf spark.eventLog.compress=false pyspark-shell"}
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--floor-job", str(ledger), master, driver_memory],
+                          check=False, capture_output=True, text=True, env=env)
+    elapsed = time.perf_counter() - t
+    _reap()
+    if proc.returncode != 0:
+        raise SystemExit(f"floor job failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return elapsed, _spark_work(event_dir)
+
+
 def main() -> int:
+    if len(sys.argv) == 5 and sys.argv[1] == "--floor-job":
+        _floor_job(*sys.argv[2:])
+        return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
     p.add_argument("--master", default="local[2]")
@@ -150,8 +193,13 @@ def main() -> int:
                 shutil.rmtree(args.keep_out / f"out-{rows}", ignore_errors=True)
                 shutil.copytree(base / f"out-{rows}", args.keep_out / f"out-{rows}")
             work = _spark_work(base / f"events-{rows}")
+            floor_s, floor_work = _floor(ledgers / f"ledger-{rows}", args.master, args.driver_memory,
+                                         base / f"floor-events-{rows}")
             summary = json.loads((base / f"out-{rows}" / "summary.json").read_text())
             r = {"rows": made, "generate_s": round(gen_s, 1), "audit_s": round(audit_s, 1),
+                 "floor_s": round(floor_s, 1), "ratio": round(audit_s / floor_s, 2),
+                 "floor_jobs": floor_work["jobs"], "floor_stages": floor_work["stages"],
+                 "audit_counted": summary.get("spark_work", {}),
                  "rows_per_s": round(made / audit_s), "steps_s": steps,
                  "job_s": round(sum(v for k, v in steps.items() if k != "start Spark"), 1),
                  "process_cpu_s": round(cpu_s, 1), "exit": rc,
@@ -168,14 +216,14 @@ def main() -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     fixed = results[0]["audit_s"]
-    print("\n| rows | audit command (s) | minus the 2,000-row run (s) | job without Spark start (s) | rows/s "
-          "| CPU s (process / tasks) | jobs | stages | tasks | shuffle written (MB) "
-          "| load avg 1 min (before / after) |\n"
-          "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("\n| rows | audit command (s) | floor (s) | ratio | jobs | stages | floor jobs / stages "
+          "| minus the 2,000-row run (s) | job without Spark start (s) | rows/s "
+          "| CPU s (process / tasks) | tasks | shuffle written (MB) | load avg 1 min (before / after) |\n"
+          "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
-        print(f"| {r['rows']:,} | {r['audit_s']} | {max(r['audit_s'] - fixed, 0):.1f} | {r['job_s']} "
-              f"| {r['rows_per_s']:,} | {r['process_cpu_s']} / {r['task_cpu_s']} | {r['jobs']} | {r['stages']} "
-              f"| {r['tasks']} "
+        print(f"| {r['rows']:,} | {r['audit_s']} | {r['floor_s']} | {r['ratio']} | {r['jobs']} | {r['stages']} "
+              f"| {r['floor_jobs']} / {r['floor_stages']} | {max(r['audit_s'] - fixed, 0):.1f} | {r['job_s']} "
+              f"| {r['rows_per_s']:,} | {r['process_cpu_s']} / {r['task_cpu_s']} | {r['tasks']} "
               f"| {r['shuffle_write_bytes'] / 1e6:.1f} | {r['load_avg_1m_before']} / {r['load_avg_1m']} |")
     return 0
 

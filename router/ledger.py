@@ -78,10 +78,11 @@ _PARTITION_RE = re.compile(r"^nsjms_ledger_p(\d{8})$")
 HOP_COLUMNS: tuple[str, ...] = (
     "accepted_at", "dispatched_at", "prepared_at", "decided_at", "broker_committed_at", "acknowledged_at",
 )
-#: Every column, in table order (``entry_id`` and ``recorded_at`` are filled by PostgreSQL on insert).
+#: Every column, in table order (``entry_id`` and ``recorded_at`` are filled by PostgreSQL on insert; ``node_id``,
+#: added by migration 0009, is the writer's :attr:`LedgerWriter.node_id`, NULL on older rows).
 COLUMNS: tuple[str, ...] = (
     "entry_id", "event_id", "jms_message_id", "dedupe_id", "channel_id", "proxy_id", "bridge_id", "destination",
-    "direction", "gtrid", *HOP_COLUMNS, "outcome", "failure_reason", "recorded_at",
+    "direction", "gtrid", *HOP_COLUMNS, "outcome", "failure_reason", "recorded_at", "node_id",
 )
 
 
@@ -232,11 +233,11 @@ def inbound_dedupe_id(bridge_id: int, jms_message_id: str) -> str:
 _INSERT = sql.SQL("""
     INSERT INTO nsjms_ledger (event_id, jms_message_id, dedupe_id, channel_id, proxy_id, bridge_id, destination,
                               direction, gtrid, accepted_at, dispatched_at, prepared_at, decided_at,
-                              broker_committed_at, acknowledged_at, outcome, failure_reason)
-    SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::integer[], %s::integer[], %s::integer[],
-                         %s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[],
-                         %s::timestamptz[], %s::timestamptz[], %s::timestamptz[], %s::timestamptz[], %s::text[],
-                         %s::text[])""")
+                              broker_committed_at, acknowledged_at, outcome, failure_reason, node_id)
+    SELECT u.*, n.node FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::integer[], %s::integer[], %s::integer[],
+                                   %s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[],
+                                   %s::timestamptz[], %s::timestamptz[], %s::timestamptz[], %s::timestamptz[],
+                                   %s::text[], %s::text[]) AS u CROSS JOIN (SELECT %s::text) AS n(node)""")
 
 _FIELDS = ("event_id", "jms_message_id", "dedupe_id", "channel_id", "proxy_id", "bridge_id", "destination",
            "direction", "gtrid", "accepted_at", "dispatched_at", "prepared_at", "decided_at", "broker_committed_at",
@@ -248,12 +249,15 @@ class LedgerWriter:
     """Writes ledger rows on the caller's connection, and knows which channel proxies belong to bridges.
 
     Thread-safe; holds no connection. ``settings.enabled`` False makes every write a no-op (the callers need not
-    check). Route registry: a bridge registers the channel proxy it uses (:meth:`set_route`) so the channel's rows
-    for that proxy carry the bridge, its destination and the direction; any other proxy is a CORBA consumer.
+    check). ``node_id``: the node this process runs as (``node.node_id``); every row it writes carries it (column
+    ``node_id``, migration 0009), None writes NULL (unknown, as on rows written before that migration).
+    Route registry: a bridge registers the channel proxy it uses (:meth:`set_route`) so the channel's rows for that
+    proxy carry the bridge, its destination and the direction; any other proxy is a CORBA consumer.
     """
 
-    def __init__(self, settings: LedgerSettings | None = None) -> None:
+    def __init__(self, settings: LedgerSettings | None = None, node_id: str | None = None) -> None:
         self.settings = settings or LedgerSettings()
+        self.node_id = node_id
         self._routes: dict[tuple[int, str, int, int], Route] = {}
         self._lock = threading.Lock()
         self.rows_written = 0
@@ -308,7 +312,7 @@ class LedgerWriter:
                                  f"{'needs' if Outcome(r.outcome).needs_reason else 'takes no'} failure_reason")
         columns = [[timestamp(getattr(r, f)) if f in _TIMES else _plain(getattr(r, f)) for r in rows]
                    for f in _FIELDS]
-        conn.execute(_INSERT, columns)
+        conn.execute(_INSERT, [*columns, self.node_id])
         self.count(len(rows))
         return len(rows)
 

@@ -290,7 +290,7 @@ class Node:
         self.db = Database(self.pg_dsn, self.s.pg_pool_size)
         self.db.open()                     # one pool for the node; applies the missing schema migrations
         self._join_cluster()               # refused (NodeLive) when another process runs with this node id
-        self.store = Store(LedgerWriter(self.s.ledger))
+        self.store = Store(LedgerWriter(self.s.ledger, node_id=self.s.node_id))
         self.maintain_ledger()             # today's partitions exist before the first routed event
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
         self.runtime.limits = self.s.limits

@@ -249,9 +249,9 @@ class Store:
     # The ``accepted`` ledger row of each (event, proxy supplier) obligation, in the same statement.
     _LEDGER_ACCEPTED = f""", l AS (
             INSERT INTO nsjms_ledger(event_id, dedupe_id, channel_id, proxy_id, bridge_id, destination, direction,
-                                     gtrid, accepted_at, outcome)
+                                     gtrid, accepted_at, outcome, node_id)
             SELECT ev.id, {CHANNEL_DEDUPE_SQL.format(event="ev.id", channel="%(cid)s", admin="t.a", proxy="t.p")},
-                   %(cid)s, t.p, t.bridge, t.dest, t.dir, %(gtrid)s::text, ev.received_at, 'accepted'
+                   %(cid)s, t.p, t.bridge, t.dest, t.dir, %(gtrid)s::text, ev.received_at, 'accepted', %(node)s::text
             FROM t JOIN ev ON ev.seq = t.seq
         )"""
     # The ``accepted`` and ``delivered`` rows of the JMS message of each event a JMS -> channel bridge pushed (the
@@ -261,10 +261,10 @@ class Store:
     # Its arrays go in binary too (a text dump of the message ids and destinations cost ~8 us per element).
     _LEDGER_INBOUND = """, i AS (
             INSERT INTO nsjms_ledger(event_id, jms_message_id, dedupe_id, channel_id, proxy_id, bridge_id, destination,
-                                     direction, accepted_at, acknowledged_at, outcome)
+                                     direction, accepted_at, acknowledged_at, outcome, node_id)
             SELECT ev.id, s.jms, 'j' || COALESCE(s.bridge, 0) || '/' || COALESCE(NULLIF(s.jms, ''), 'event-' || ev.id),
                    %(cid)s, s.p, s.bridge, s.dest, 'jms_to_channel', ev.received_at,
-                   CASE WHEN o.n = 2 THEN to_timestamp(%(iack)s::float8) END, o.outcome
+                   CASE WHEN o.n = 2 THEN to_timestamp(%(iack)s::float8) END, o.outcome, %(node)s::text
             FROM unnest(%(iseq)b::bigint[], %(ijms)b::text[], %(iproxy)b::integer[], %(ibridge)b::integer[],
                         %(idest)b::text[]) AS s(seq, jms, p, bridge, dest)
             JOIN ev ON ev.seq = s.seq CROSS JOIN (VALUES (1, 'accepted'), (2, 'delivered')) AS o(n, outcome)
@@ -310,6 +310,7 @@ class Store:
             "qproxy": [p for ev in events for _, p in ev.targets],
             "qbridge": [r.bridge_id for r in routes], "qdest": [r.destination for r in routes],
             "qdir": [str(r.direction) for r in routes], "gtrid": t2.gtrid if t2 is not None else None,
+            "node": self.ledger.node_id,
         }
         statement = self._INSERT_PLAIN
         if ledgered:
@@ -428,7 +429,7 @@ class Store:
         cur = conn.execute(self._DELETE_LEDGERED + (" RETURNING event_id" if returning else ""), {
             "cid": cid, "aid": aid, "pid": pid, "ids": ids, "bridge": route.bridge_id, "dest": route.destination,
             "dir": str(route.direction), "disp": timestamp(dispatched_at), "acks": acks, "outcome": str(outcome),
-            "reason": reason, "gtrid": gtrid})
+            "reason": reason, "gtrid": gtrid, "node": self.ledger.node_id})
         self.ledger.count(max(cur.rowcount, 0))
         return {int(r[0]) for r in cur.fetchall()} if returning else None
 
@@ -460,12 +461,12 @@ class Store:
             RETURNING q.event_id, e.received_at
         )
         INSERT INTO nsjms_ledger(event_id, dedupe_id, channel_id, proxy_id, bridge_id, destination, direction,
-                                 gtrid, accepted_at, dispatched_at, acknowledged_at, outcome, failure_reason)
+                                 gtrid, accepted_at, dispatched_at, acknowledged_at, outcome, failure_reason, node_id)
         SELECT g.event_id, {CHANNEL_DEDUPE_SQL.format(event="g.event_id", channel="%(cid)s", admin="%(aid)s",
                                                       proxy="%(pid)s")},
                %(cid)s, %(pid)s, %(bridge)s, %(dest)s, %(dir)s, %(gtrid)s, g.received_at, %(disp)s::timestamptz,
                to_timestamp((%(acks)s::float8[])[array_position(%(ids)s::bigint[], g.event_id)]), %(outcome)s,
-               %(reason)s
+               %(reason)s, %(node)s::text
         FROM gone g"""
 
     def _best_effort_finished(self, conn: Conn, cid: int, aid: int, pid: int, events: Sequence[tuple[int, float]],

@@ -177,3 +177,30 @@ def test_stored_verdicts_are_read_back_newest_first(ledger_db: str) -> None:
             for s in stored] == [(D2, "fail", 1, at(D3, 12), 300.0, False), (D1, "pass", 2, at(D3, 12), 300.0, False)]
     assert stored[0].result.groups == day(ran, D2).groups and stored[0].result.count("lost") == 1
     assert [s.result.day for s in stored_verdicts(ledger_db, limit=1)] == [D2]
+
+
+def test_per_node_figures_come_from_the_node_column_and_a_handover_is_counted(ledger_db: str) -> None:
+    """Rows carry the node that wrote them (node_id, migration 0009): an obligation is its accepted row's node; one
+    accepted by n2 and delivered by n1 is n2's and counted as multi-node; rows from before the column (NULL) still
+    fall back to the gtrid's node."""
+    def r(dedupe: str, outcome: str, node: str | None, gtrid: str | None = None) -> None:
+        with psycopg.connect(ledger_db) as conn:
+            conn.execute(f"INSERT INTO {TABLE} (dedupe_id, channel_id, bridge_id, direction, gtrid, accepted_at, "
+                         "outcome, node_id) VALUES (%s, 1, 7, 'channel_to_jms', %s, %s, %s, %s)",
+                         (dedupe, gtrid, at(D1, 10), outcome, node))
+
+    r("same", "accepted", "n1")
+    r("same", "delivered", "n1", "n1:1")
+    r("moved", "accepted", "n2")
+    r("moved", "delivered", "n1", "n1:2")
+    r("old", "accepted", None)
+    r("old", "delivered", None, "n3:3")
+    r("gone", "accepted", "n2")
+    result = run(ledger_db, at(D1, 12))
+    groups = day(result, D1).groups
+    got = {(g.node, g.status): (g.obligations, g.multi_node) for g in groups}
+    assert got == {("n1", "delivered"): (1, 0), ("n2", "delivered"): (1, 1), ("n3", "delivered"): (1, 0),
+                   ("n2", "lost"): (1, 0)}
+    with psycopg.connect(ledger_db) as conn:   # stored and read back with the figures
+        stored = conn.execute(f"SELECT figures FROM {DAY_TABLE} WHERE day = %s", (D1,)).fetchone()
+    assert stored is not None and {(g["node"], g["multi_node"]) for g in stored[0]["groups"]} >= {("n2", 1)}

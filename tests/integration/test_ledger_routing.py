@@ -5,7 +5,8 @@ Real node, PostgreSQL, ActiveMQ (STOMP for the node, OpenWire for the Java clien
 * persistent events pushed into a channel get an ``accepted`` row per consumer when stored and a ``delivered`` row
   when their queue row is removed, with the same ``accepted_at``;
 * a channel → JMS bridge's obligations carry the bridge id and destination; a JMS → channel bridge's carry the
-  JMS message id too; ``nsjms audit`` over that ledger reports no loss and no duplicate and exits 0;
+  JMS message id too; every row names the node that wrote it (``node_id``); ``nsjms audit`` over that ledger
+  reports no loss and no duplicate and exits 0;
 * a ledger insert that fails fails the push: neither the event nor any ledger row is left behind.
 """
 
@@ -88,6 +89,7 @@ def test_persistent_channel_traffic_is_in_the_ledger(nsjms_server: NsjmsServer, 
         assert (r["channel_id"], r["proxy_id"], r["direction"], r["bridge_id"]) == (cid, pid, "channel_to_consumer",
                                                                                    None)
         assert dedupe == f"e{r['event_id']}/c{cid}/a0/p{pid}"
+        assert {x["node_id"] for x in obl} == {"node1"}    # the node that wrote them (the default node.node_id)
     with psycopg.connect(dsn) as conn:    # the partitions of today exist: the node made them at start
         assert conn.execute("SELECT to_regclass(%s) IS NOT NULL",
                             (f"nsjms_ledger_p{datetime.now(UTC):%Y%m%d}",)).fetchone() == (True,)
@@ -132,6 +134,8 @@ def test_bridge_traffic_both_ways_is_in_the_ledger_and_the_audit_finds_nothing_w
     onward = by_dedupe_id(ledger_rows(dsn, "direction = 'channel_to_consumer'"))
     assert len(onward) == N and {o[0]["channel_id"] for o in onward.values()} == {in_cid}
     assert {o[0]["event_id"] for o in onward.values()} == {o[0]["event_id"] for o in from_jms.values()}
+    # every row, of both directions and of the event's own obligations, names the node that wrote it
+    assert {r["node_id"] for r in ledger_rows(dsn)} == {"node1"}
 
     summary = audit_ledger(dsn, tmp_path / "audit")
     assert summary["lost"] == 0 and summary["duplicated"] == 0, summary

@@ -45,13 +45,20 @@ def test_a_batch_is_one_statement_with_one_array_per_column() -> None:
     assert w.accepted(conn, [row("a", event_id=1), row("b", event_id=2, bridge_id=7, destination="queue/q")]) == 2
     assert len(conn.calls) == 1
     params = conn.calls[0][1]
-    assert len(params) == 17 and all(len(col) == 2 for col in params)
+    assert len(params) == 18 and all(len(col) == 2 for col in params[:17])
+    assert params[17] is None      # the writer's node id (LedgerWriter(node_id=...)), one for the whole statement
     event_id, _jms, dedupe, channel, _proxy, bridge, dest, direction, _gtrid, accepted = params[:10]
     assert (event_id, dedupe, channel, bridge, dest) == ([1, 2], ["a", "b"], [3, 3], [None, 7], [None, "queue/q"])
     assert direction == ["channel_to_jms", "channel_to_jms"] and all(type(d) is str for d in direction)
     assert accepted[0] == datetime(2023, 11, 14, 22, 13, 20, 250000, tzinfo=UTC)
     assert params[15] == ["accepted", "accepted"] and params[16] == [None, None]
     assert w.rows_written == 2
+
+
+def test_every_row_of_a_batch_carries_the_writers_node() -> None:
+    conn, w = fake(), LedgerWriter(node_id="node-b")
+    w.delivered(conn, [row("a"), row("b")])
+    assert conn.calls[0][1][17] == "node-b" and "node_id" in conn.calls[0][0].as_string(None)
 
 
 def test_terminal_helpers_set_outcome_and_reason() -> None:
