@@ -37,7 +37,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -130,7 +130,7 @@ class _Presented:
     ``stat`` nor the digest; what a guard sees is exactly what an eager check would have given it."""
 
     op: str
-    data: Any
+    data: Any = field(repr=False)      # the raw token, secret included: never in a repr, a log or a traceback
 
     def check(self) -> Principal | None:
         token = _decode(self.data)

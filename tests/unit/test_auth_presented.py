@@ -87,3 +87,12 @@ def test_acting_as_restores_the_requests_caller(counted: tuple[str, list[str]]) 
         assert auth.current() == Principal("alice", Role.READER)
     assert auth.current() == Principal("ops", Role.OPERATOR)
     assert checked == [token]
+
+
+def test_the_presented_credential_never_shows_in_a_repr() -> None:
+    """The raw token a request presented (its secret included) stays in a thread-local until the thread's next
+    request: a ``%r`` in a log line or a debugger's dump of it must not print it (review finding)."""
+    from router.auth import _Presented
+
+    secret = b"operator:s3cr3t-token-value"
+    assert "s3cr3t" not in repr(_Presented("push_structured_event", secret))

@@ -50,7 +50,11 @@ def no_delay(conn: stomp.Connection12) -> None:
 #: A silent cut (packets dropped, no RST) while a write waits for room in a full send buffer otherwise blocks that
 #: write, stomp.py's socket lock and with it the heart-beat thread (it sends before it checks what it received)
 #: for as long as TCP retransmits (``tcp_retries2``: about 15 minutes); with it the write fails and the connection
-#: counts as lost (issue 31). A broker that answers zero-window probes (a full receive window under load) is not cut.
+#: counts as lost (issue 31). Linux (5.11 and later) applies the same bound to a zero window: a broker that stops
+#: reading this connection for longer (ActiveMQ's producer flow control blocking a producer with a full memory or
+#: store limit) is cut too, although it answers the probes. That is deliberate: the write would otherwise block, and
+#: the heart-beat with it, for as long as the broker holds it, invisibly; cut, the bridge shows ``broker down`` and
+#: reconnects with back-off (its open transaction is aborted by the broker, nothing is lost, see docs/transport.md).
 SILENT_LINK_TIMEOUT_MS = 15_000
 
 
