@@ -1,6 +1,6 @@
-"""Event acknowledgement (NJI 4.2): Ack proxy suppliers, acknowledging Ack suppliers, stopped-connection reports.
+"""Event acknowledgement (NJI 4.2), outbound: the Ack proxy suppliers (push and pull) and their resend loop.
 
-Outbound (channel → consumer), :class:`AckState` plus the ``*SupplierAck`` servants:
+Outbound (channel → consumer), the ``*SupplierAck`` servants over :class:`AckState`:
 
 * A proxy supplier of structured or sequence form whose QoS ``DeliveryReliability`` is ``Acknowledgment`` when it
   is created (inherited from its admin/channel, or restored from the store) is activated as the matching
@@ -23,26 +23,19 @@ Outbound (channel → consumer), :class:`AckState` plus the ``*SupplierAck`` ser
   object. ``resume_connection`` on the proxy is the operator's reset: it clears
   the flag and the retry count and resends the in-flight events with their original numbers.
 
-Inbound (supplier → channel), :class:`InboundAck`: a proxy consumer whose DeliveryReliability is Acknowledgment
-and whose connected supplier is a ``CosNotifyCommAck`` supplier acknowledges each event (or batch) by its
-SequenceNumber once the channel has queued and, if persistent, stored it; a number seen before on that
-connection is a duplicate: acknowledged again, not routed again.
-
-Status: :class:`ConnectionStatusImpl` is activated in the INS POA under ``NsjmsStatus``
-(``corbaloc::HOST:PORT/NsjmsStatus``) as a ``CosNotification::QoSAdmin``; ``get_qos()`` lists one property per
-stopped connection (name = proxy object id, value = the reason, a string).
+The concepts around these servants have modules of their own (re-exported here for existing importers):
+:mod:`router.channel.ackstate` (SequenceNumbers, :class:`AckState`: the in-flight window, no I/O),
+:mod:`router.channel.ackstatus` (the operators' ``NsjmsStatus`` object of stopped connections) and
+:mod:`router.channel.ackin` (:class:`InboundAck`: the channel acknowledges ``CosNotifyCommAck`` suppliers).
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import tenacity
@@ -51,14 +44,22 @@ import omniORB
 from omniORB import CORBA
 
 import CosEventComm
-import CosNotification
-import CosNotification__POA
 
-from idl.generated import CosNotifyChannelAdminAck__POA, CosNotifyCommAck
-from router.channel import qos as Q
+from idl.generated import CosNotifyChannelAdminAck__POA
 from router.channel import txdelivery
+from router.channel.ackin import InboundAck
+from router.channel.ackstate import (
+    SN_LIMIT,
+    AckState,
+    Pending,
+    ack_enabled,
+    next_sn,
+    retry_policy,
+    sequence_number_of,
+    with_sequence_number,
+)
+from router.channel.ackstatus import STATUS_KEY, ConnectionStatusImpl, _status, _stopped_counter, activate_status
 from router.channel.boundary import EVENT_SPECIFIC, Outcome, store_boundary_all
-from router.channel.events import Form
 from router.channel.proxies import (
     _TRANSIENT,
     PullSupplierMixin,
@@ -69,8 +70,6 @@ from router.channel.proxies import (
     StructuredProxyPushSupplierImpl,
 )
 from router.channel.queue import Entry, order_key
-from router.channel.store import StoreError
-from router.corbacall import NOTIFY, PROBE, CallFailed, best_effort, call
 
 __all__ = [
     "SN_LIMIT",
@@ -87,191 +86,7 @@ __all__ = [
 
 log = logging.getLogger("nsjms.ack")
 
-STATUS_KEY = "NsjmsStatus"
-SN_LIMIT = 2**31 - 1            # SequenceNumber range 0..2^31-1; the value after SN_LIMIT is 0
-WINDOW = 64                     # batches in flight per connection before the proxy waits for acknowledgements
 _IDLE = 0.5
-_TIMET = 10_000_000
-
-
-def next_sn(sn: int) -> int:
-    return 0 if sn >= SN_LIMIT else sn + 1
-
-
-def ack_enabled(qos: dict[str, Any]) -> bool:
-    return int(qos.get(Q.DELIVERY_RELIABILITY, Q.ACK_NONE)) == Q.ACK_ACKNOWLEDGMENT
-
-
-def retry_policy(qos: dict[str, Any]) -> tuple[int, float]:
-    """(Retries, RetryInterval in seconds) of a proxy's effective QoS."""
-    return int(qos.get(Q.RETRIES, 3)), int(qos.get(Q.RETRY_INTERVAL, _TIMET)) / _TIMET
-
-
-# -- SequenceNumber header ---------------------------------------------------------------------------------
-def with_sequence_number(event: Any, sn: int) -> Any:
-    """A copy of a StructuredEvent whose variable header carries ``SequenceNumber = sn`` (any old one replaced)."""
-    header = event.header
-    variable = [p for p in header.variable_header if p.name != Q.SEQUENCE_NUMBER]
-    variable.append(CosNotification.Property(Q.SEQUENCE_NUMBER, CORBA.Any(CORBA.TC_long, sn)))
-    new_header = CosNotification.EventHeader(header.fixed_header, variable)
-    return CosNotification.StructuredEvent(new_header, event.filterable_data, event.remainder_of_body)
-
-
-def sequence_number_of(event: Any) -> int | None:
-    for p in event.header.variable_header:
-        if p.name == Q.SEQUENCE_NUMBER:
-            try:
-                value = p.value.value()
-            except (AttributeError, CORBA.Exception):
-                return None
-            return int(value) if isinstance(value, int) and 0 <= value <= SN_LIMIT else None
-    return None
-
-
-# -- operator-visible status -------------------------------------------------------------------------------
-class ConnectionStatusImpl(CosNotification__POA.QoSAdmin):
-    """Stopped logical connections of this node, readable with ``get_qos`` (name = proxy oid, value = reason)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.stopped: dict[str, str] = {}
-
-    def report(self, oid: str, reason: str) -> None:
-        with self._lock:
-            self.stopped[oid] = reason
-
-    def clear(self, oid: str) -> None:
-        with self._lock:
-            self.stopped.pop(oid, None)
-
-    def get_qos(self) -> list[Any]:
-        with self._lock:
-            items = sorted(self.stopped.items())
-        return [CosNotification.Property(k, CORBA.Any(CORBA.TC_string, v)) for k, v in items]
-
-    def set_qos(self, qos: list[Any]) -> None:
-        raise CORBA.NO_PERMISSION(0, CORBA.COMPLETED_NO)
-
-    def validate_qos(self, required_qos: list[Any]) -> list[Any]:
-        return []
-
-
-def activate_status(rt: Any) -> ConnectionStatusImpl:
-    servant = ConnectionStatusImpl()
-    rt.ins_poa.activate_object_with_id(STATUS_KEY.encode(), servant)
-    rt.connection_status = servant
-    return servant
-
-
-def _status(rt: Any) -> ConnectionStatusImpl | None:
-    return getattr(rt, "connection_status", None)
-
-
-@functools.lru_cache(maxsize=1)
-def _stopped_counter() -> Any:
-    """Created on first use, so a meter provider configured by the CLI after import is used."""
-    from opentelemetry import metrics
-
-    from router.telemetry import NAME
-
-    return metrics.get_meter(NAME).create_counter(
-        "nsjms.ack.connections_stopped", unit="{connection}",
-        description="Logical connections stopped because the acknowledgement retries ran out (NJI 4.2.7.3)")
-
-
-# -- outbound state ----------------------------------------------------------------------------------------
-@dataclass
-class Pending:
-    """One event or batch sent (or about to be sent) under a SequenceNumber, waiting for its acknowledgement."""
-
-    sn: int
-    entries: list[Entry]
-    sent_at: float = 0.0            # 0: never sent in this process (due at once)
-    order: int = 0
-
-
-@dataclass
-class AckState:
-    """Per-connection acknowledgement bookkeeping of one proxy supplier (thread-safe through ``lock``)."""
-
-    next: int = 0
-    stopped: str = ""
-    retry_count: int = 0
-    resends: int = 0                # retries counted on this connection (resends and push retries); never reset
-    checked_at: float = 0.0         # clock reading of the last finished scheduling pass (see ``passed``)
-    inflight: dict[int, Pending] = field(default_factory=dict)
-    restored: dict[int, int] = field(default_factory=dict)      # event db id -> SN, from before a restart
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    _order: int = 0
-
-    @classmethod
-    def load(cls, saved: dict[str, Any] | None) -> AckState:
-        saved = saved or {}
-        restored = {int(eid): int(sn) for sn, eids in (saved.get("inflight") or {}).items() for eid in eids}
-        return cls(next=int(saved.get("next", 0)), stopped=str(saved.get("stopped", "")), restored=restored)
-
-    def to_json(self) -> dict[str, Any]:
-        inflight = {str(p.sn): [e.record.db_id for e in p.entries if e.record.db_id is not None]
-                    for p in self.inflight.values()}
-        return {"next": self.next, "stopped": self.stopped, "inflight": {k: v for k, v in inflight.items() if v}}
-
-    def open(self, entries: list[Entry], now: float) -> Pending:
-        with self.lock:
-            sn, self.next = self.next, next_sn(self.next)
-            self._order += 1
-            p = Pending(sn, entries, now, self._order)
-            self.inflight[sn] = p
-            return p
-
-    def adopt(self, entry: Entry) -> bool:
-        """Put a restored entry back in flight under its old SequenceNumber; False if it was not in flight."""
-        sn = self.restored.pop(entry.record.db_id, None) if entry.record.db_id is not None else None
-        if sn is None:
-            return False
-        with self.lock:
-            p = self.inflight.get(sn)
-            if p is None:
-                self._order += 1
-                p = self.inflight[sn] = Pending(sn, [], 0.0, self._order)
-            p.entries.append(entry)
-        return True
-
-    def acknowledge(self, sns: list[int]) -> list[Entry]:
-        with self.lock:
-            done = [self.inflight.pop(sn) for sn in dict.fromkeys(sns) if sn in self.inflight]
-            if done:
-                self.retry_count = 0
-        return [e for p in done for e in p.entries]
-
-    def overdue(self, now: float, interval: float) -> list[Pending]:
-        with self.lock:
-            return sorted((p for p in self.inflight.values() if p.sent_at + interval <= now), key=lambda p: p.order)
-
-    def next_due(self, interval: float) -> float | None:
-        with self.lock:
-            return min((p.sent_at + interval for p in self.inflight.values()), default=None)
-
-    def room(self) -> bool:
-        with self.lock:
-            return len(self.inflight) < WINDOW
-
-    def passed(self, now: float) -> None:
-        """A scheduling pass that decided at ``now`` is over: every resend due by ``now`` has been pushed (or the
-        connection is stopped). Tests and operators wait for ``checked_at`` to pass a deadline, not for time."""
-        with self.lock:
-            self.checked_at = max(self.checked_at, now)
-
-    def schedule(self, interval: float) -> dict[str, Any]:
-        """The resend scheduler's state for ``status_extra`` (``next_resend_at`` None: nothing will be resent)."""
-        due = None if self.stopped else self.next_due(interval)
-        with self.lock:
-            return {"resends": self.resends, "checked_at": self.checked_at, "next_resend_at": due}
-
-    def drain(self) -> list[Entry]:
-        with self.lock:
-            rest = [e for p in self.inflight.values() for e in p.entries]
-            self.inflight.clear()
-        return rest
 
 
 class _AckSupplierMixin:
@@ -632,89 +447,6 @@ def ack_class_for(side: str, kind: str, es_style: bool, qos: dict[str, Any]) -> 
     if side != "C" or es_style or not ack_enabled(qos):
         return None
     return ACK_SUPPLIER_CLASSES.get(kind)
-
-
-# -- inbound: the channel acknowledges CosNotifyCommAck suppliers -------------------------------------------
-_ACK_SUPPLIER_IFACES = {
-    "PUSH_STRUCTURED": CosNotifyCommAck.StructuredPushSupplierAck,
-    "PUSH_SEQUENCE": CosNotifyCommAck.SequencePushSupplierAck,
-    "PULL_STRUCTURED": CosNotifyCommAck.StructuredPullSupplierAck,
-    "PULL_SEQUENCE": CosNotifyCommAck.SequencePullSupplierAck,
-}
-_SEEN = 4096
-
-
-class InboundAck:
-    """Duplicate suppression and acknowledgement towards one Ack supplier (one per proxy consumer)."""
-
-    def __init__(self, proxy: Any) -> None:
-        self.proxy = proxy
-        self._lock = threading.Lock()
-        saved = proxy.extra.get("ack_in") or {}
-        self._seen: deque[int] = deque(saved.get("seen", []), maxlen=_SEEN)
-        self._seen_set = set(self._seen)
-        self._ack_ref: Any = None
-        self._probed = False
-
-    def active(self) -> bool:
-        """DeliveryReliability=Acknowledgment on the proxy and a CosNotifyCommAck supplier connected."""
-        if not ack_enabled(self.proxy.qos):
-            return False
-        if not self._probed:
-            self._ack_ref = self._probe()
-            self._probed = True
-        return self._ack_ref is not None
-
-    def _probe(self) -> Any:
-        iface = _ACK_SUPPLIER_IFACES.get(self.proxy.kind)
-        try:
-            client = self.proxy.client_ref()
-            if iface is None or client is None or not call(client, "_is_a", iface._NP_RepositoryId, policy=PROBE):
-                return None
-            return client._unchecked_narrow(iface)
-        except CallFailed as exc:
-            log.info("proxy %s: cannot tell whether the supplier acknowledges (%s)", self.proxy.oid, exc)
-            return None
-
-    def accept(self, events: list[Any], route: Callable[[list[Any]], None]) -> None:
-        """Route ``events`` unless their SequenceNumber was seen; then acknowledge it to the supplier."""
-        sn = sequence_number_of(events[0].value) if events and events[0].form is Form.STRUCTURED else None
-        if sn is None:
-            route(events)
-            return
-        with self._lock:
-            duplicate = sn in self._seen_set
-        if duplicate:
-            log.info("proxy %s: duplicate SequenceNumber %d from the supplier; not routed again", self.proxy.oid, sn)
-        else:
-            route(events)
-            self._remember(sn)
-        self._acknowledge([sn])
-
-    def _remember(self, sn: int) -> None:
-        with self._lock:
-            if len(self._seen) == self._seen.maxlen:
-                self._seen_set.discard(self._seen[0])
-            self._seen.append(sn)
-            self._seen_set.add(sn)
-            recent = list(self._seen)[-256:]
-        try:
-            self.proxy.save_extra(ack_in={"seen": recent})
-        except StoreError as exc:
-            # The events are routed and committed: the answer is success (TRANSIENT would tell the supplier they
-            # were not, which is false). The number is remembered in memory, and the next save stores it too;
-            # only a crash before then lets a resend of this number through (at-least-once, docs/ack.md).
-            log.warning("proxy %s: events with SequenceNumber %d are stored and routed, but the numbers seen could "
-                        "not be saved (%s); a resend after a crash may be routed again", self.proxy.oid, sn, exc)
-
-    def _acknowledge(self, sns: list[int]) -> None:
-        client = self._ack_ref
-
-        def acknowledge() -> None:
-            best_effort(client, "acknowledge", sns, policy=NOTIFY, logger=log,
-                        what=f"proxy {self.proxy.oid}: acknowledge {sns} to the supplier")
-
-        self.proxy.rt.spawn(f"ack-{self.proxy.oid}", acknowledge)
 
 
 store_boundary_all([ACK_SUPPLIER_CLASSES])

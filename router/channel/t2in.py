@@ -35,7 +35,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +46,15 @@ from router.channel import qos as Q
 from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe
 from router.channel.channel import RoutePlan
 from router.channel.events import Event, Form, normalise_structured
-from router.channel.txdelivery import Completer, enable_needs_check
+from router.channel.txdelivery import enable_needs_check
 from router.crashpoints import crashpoint, pausepoint
 from router.ledger import t2_branch
+from router.routing.completer import Completer
 from router.routing.ports import InboundSource
+from router.routing.runner import Abandon, RunHooks, T2Runner
+from router.routing.runner import Outcome as RunOutcome
 from xa.coordinator import BranchOutcome, Transaction
+from xa.coordinator import Outcome as XaOutcome
 from xa.errors import TransactionRolledBack
 from xa.pg import PgBranch
 from xa.states import State
@@ -67,7 +70,6 @@ RECEIVE_WAIT_S = 0.2
 LOCAL_BATCH = 100
 #: How long a local round whose COMMIT broke keeps asking the store whether it committed.
 IN_DOUBT_RESOLVE_S = 600.0
-_UNDECIDED = (State.ACTIVE, State.ROLLBACK_ONLY)
 
 
 @dataclass(frozen=True)
@@ -329,6 +331,57 @@ def _disown(t2: Any, gtrid: str) -> None:
         late.disown(gtrid)
 
 
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _TakeAndStore:
+    """The work of one JMS → channel T2 (router.routing.runner): the PostgreSQL branch enlisted (its statements
+    bounded by TransactionTimeout), the bridge's batch taken in the T2, the events planned, the broker branch
+    sealed, the events stored in the branch. Returns the plan, published once the T2 committed."""
+
+    def __init__(self, driver: InboundT2Driver, rt: Any, settings: T2Settings, target: InboundSource,
+                 wait_s: float) -> None:
+        self.driver, self.rt, self.settings, self.target, self.wait_s = driver, rt, settings, target, wait_s
+        self.received = 0
+
+    def __call__(self, txn: Transaction, conn: Any) -> RoutePlan:
+        rt, settings, proxy = self.rt, self.settings, self.driver.proxy
+        rt.t2.enlist(txn, t2_branch(getattr(getattr(rt, "store", None), "ledger", None), conn,
+                                    PgBranch(conn, "pg"), txn.gtrid))
+        if settings.timeout_s:
+            conn.execute("SELECT set_config('statement_timeout', %s, true)", (f"{settings.timeout_s * 1000}ms",))
+        batch = self.target.take_in_t2(txn, conn, proxy.room(settings.batch), self.wait_s)
+        if not batch.received:
+            raise Abandon("nothing received")
+        plan = self.driver._plan(batch) if batch.events else RoutePlan()
+        seal = getattr(batch, "seal", None)
+        if seal is not None:        # the broker takes the acks while PostgreSQL stores and prepares
+            seal()
+        if batch.events:
+            proxy.channel.store_in(conn, plan)
+        self.received = int(batch.received)
+        return plan
+
+
+class _InboundHooks(RunHooks[RoutePlan]):
+    """The driver's part of its T2s: owned from begin (router/latecommit.py), phase two's end publishes."""
+
+    def __init__(self, driver: InboundT2Driver) -> None:
+        self.driver = driver
+
+    def started(self, txn: Transaction) -> None:
+        _own(self.driver.proxy.rt.t2, txn.gtrid)   # its events are queued here, whoever commits its branch
+
+    def before_phase_two(self, txn: Transaction) -> None:
+        crashpoint("t2.in.before_phase_two")
+        pausepoint("t2.in.before_phase_two")     # tests: PostgreSQL stopped here (tests/integration/test_t2_inbound.py)
+
+    def completed(self, txn: Transaction, value: RoutePlan, outcome: XaOutcome | None,
+                  error: Exception | None) -> None:
+        self.driver._complete(txn, outcome, error, value)
+
+
 class InboundT2Driver:
     """Runs the T2 rounds of one pull-style proxy consumer (its pull thread only)."""
 
@@ -434,58 +487,29 @@ class InboundT2Driver:
             completer.drain()
         else:
             completer.wait_for_room()
-        txn = rt.t2.coordinator.begin(settings.timeout_s or None)
-        _own(rt.t2, txn.gtrid)          # its events are queued here, whoever commits its branch (router/latecommit.py)
-        plan = RoutePlan()
-        session = ExitStack()           # the branch's pooled session: kept until phase two is done
-        try:
-            conn = session.enter_context(rt.db.branch())
-            rt.t2.enlist(txn, t2_branch(getattr(getattr(rt, "store", None), "ledger", None), conn,
-                                        PgBranch(conn, "pg"), txn.gtrid))
-            if settings.timeout_s:
-                conn.execute("SELECT set_config('statement_timeout', %s, true)",
-                             (f"{settings.timeout_s * 1000}ms",))
-            batch = target.take_in_t2(txn, conn, proxy.room(settings.batch), wait_s)
-            if not batch.received:
-                txn.rollback("nothing received")
-                session.close()
-                _disown(rt.t2, txn.gtrid)
-                return 0
-            if batch.events:
-                plan = self._plan(batch)
-            seal = getattr(batch, "seal", None)
-            if seal is not None:        # the broker takes the acks while PostgreSQL stores and prepares
-                seal()
-            if batch.events:
-                proxy.channel.store_in(conn, plan)
-            txn.decide()                # phase one + the durable COMMIT record: the T2 commits from here on
-        except BaseException as exc:
-            self._failed(txn, exc)      # rolled back while the branch's session is still ours
-            session.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        completer.submit(lambda: self._complete(txn, session, plan))
-        return int(batch.received)
+        work = _TakeAndStore(self, rt, settings, target, wait_s)
+        run = T2Runner(rt.t2, rt.db, reason=_reason).run(work, _InboundHooks(self), timeout=settings.timeout_s or None,
+                                                          completer=completer)
+        if run.outcome in (RunOutcome.COMMITTED, RunOutcome.DEFERRED):
+            return work.received
+        if run.error is None:                # nothing received: the work abandoned the T2
+            if run.txn is not None:
+                _disown(rt.t2, run.txn.gtrid)
+            return 0
+        if run.txn is not None:              # it began: its failure is this driver's
+            self._failed(run.txn, run.cause or run.error)
+        raise run.error
 
-    def _complete(self, txn: Transaction, session: ExitStack, plan: RoutePlan) -> None:
-        """Phase two of a decided T2 (on the completer): then the session goes back to the pool and, once the
+    def _complete(self, txn: Transaction, outcome: XaOutcome | None, error: Exception | None, plan: RoutePlan) -> None:
+        """Phase two of a decided T2 ended (on the completer) and the session went back to the pool: once the
         PostgreSQL branch committed, the events are queued in memory. A phase two that failed outside a branch's
         outcome was handed to recovery by the coordinator (it commits from the COMMIT record)."""
         proxy = self.proxy
-        outcome = None
-        crashpoint("t2.in.before_phase_two")
-        pausepoint("t2.in.before_phase_two")     # tests: PostgreSQL stopped here (tests/integration/test_t2_inbound.py)
-        try:
-            outcome = txn.complete()
-        except Exception as exc:
-            self.last_error = f"{type(exc).__name__}: {exc}"[:500]
-            log.exception("proxy %s: phase two of T2 %s failed; handed to recovery, which commits it from its "
-                          "COMMIT record; its %d event(s) are queued once it did", proxy.oid, txn.gtrid,
-                          len(plan.plans))
-        finally:
-            try:
-                session.close()
-            except Exception:
-                log.exception("proxy %s: returning the session of T2 %s failed", proxy.oid, txn.gtrid)
+        if error is not None:
+            self.last_error = f"{type(error).__name__}: {error}"[:500]
+            log.error("proxy %s: phase two of T2 %s failed; handed to recovery, which commits it from its "
+                      "COMMIT record; its %d event(s) are queued once it did", proxy.oid, txn.gtrid,
+                      len(plan.plans), exc_info=error)
         if outcome is None:
             self._await_recovery(txn.gtrid, plan)
             return
@@ -560,13 +584,8 @@ class InboundT2Driver:
     def _failed(self, txn: Transaction, exc: BaseException) -> None:
         # This driver queues nothing of a T2 that failed: if its branch is committed later (recovery commits a
         # decided one; an operator commits an undecided one it could not roll back), router/latecommit.py queues
-        # its events.
+        # its events. The runner rolled an undecided one back already (router.routing.runner).
         _disown(self.proxy.rt.t2, txn.gtrid)
-        if txn.state in _UNDECIDED:
-            try:
-                txn.rollback(f"{type(exc).__name__}: {exc}")
-            except Exception:                     # left to recovery's presumed abort
-                log.exception("proxy %s: rolling back T2 %s failed", self.proxy.oid, txn.gtrid)
         if isinstance(exc, TransactionRolledBack) or txn.state in (State.ROLLED_BACK, State.ROLLING_BACK):
             self.rolled_back += 1
             if txn.timed_out:

@@ -37,10 +37,6 @@ others released.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,9 +46,13 @@ from router.channel.events import as_structured
 from router.channel.queue import Entry
 from router.ledger import Outcome as Ledgered
 from router.ledger import t2_branch
+from router.routing.completer import Completer
 from router.routing.errors import ForwardFailed, refused_content
 from router.routing.ports import OutboundParticipant
-from xa.errors import DecisionUnknown, TransactionTimeout, XAError
+from router.routing.runner import Outcome as RunOutcome
+from router.routing.runner import RunHooks, RunResult, T2Runner
+from xa.coordinator import Transaction
+from xa.errors import TransactionTimeout
 from xa.pg import PgBranch
 from xa.xid import dedupe_id as message_dedupe_id
 
@@ -285,174 +285,112 @@ def deliver(proxy: Any, target: OutboundParticipant, entries: list[Entry]) -> Ou
         return Outcome.EVENT_FAILED
     dead_reason = st.reasons.get(entries[0].record.seq) if len(entries) == 1 else None
     completer(proxy).wait_for_room()     # at most two T2s of the proxy hold a session and a prepared transaction
-    t2 = proxy.rt.t2
-    result = None
-    txn = None
-    reason = ""
-    session = ExitStack()                           # the branch's pooled session: kept until phase two is done
+    hooks = _OutboundHooks(proxy, st, target, entries, flight)
     try:
-        txn = t2.coordinator.begin(timeout or None)
-        st.active = txn.gtrid
-        try:
-            conn = session.enter_context(proxy.rt.db.branch())
-            try:
-                target.begin_in_t2(txn)            # the broker's BEGIN goes out now, its receipt overlaps our SQL
-                t2.enlist(txn, t2_branch(proxy.rt.store.ledger, conn, PgBranch(conn, PG_BRANCH), txn.gtrid,
-                                         [e.record.db_id for e in entries]))
-                ids = [e.record.db_id for e in entries if e.record.db_id is not None]
-                deleted = proxy.rt.store.delete_deliveries(
-                    conn, proxy.channel.id, proxy.admin.id, proxy.id, ids, returning=True,
-                    **({"outcome": Ledgered.DEAD_LETTER, "reason": dead_reason} if dead_reason else {}))
-                if deleted is not None and len(deleted) < len(ids):
-                    entries, events = _without_gone(proxy, txn.gtrid, conn, entries, events, deleted)
-                result = target.forward_in_t2(txn, conn, events, dead_letter_reason=dead_reason)
-                txn.decide()                        # phase one + the durable COMMIT record; phase two below
-            except DecisionUnknown:
-                raise
-            except BaseException as exc:            # roll back while the branch's session is still ours
-                reason = _rollback(txn, exc)
-                raise
-        except DecisionUnknown as exc:
-            session.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        except BaseException as exc:
-            session.__exit__(type(exc), exc, exc.__traceback__)
-            reason = reason or _rollback(txn, exc)   # the session could not even be checked out
-            raise
-    except DecisionUnknown as exc:
-        st.in_doubt[exc.gtrid or (txn.gtrid if txn else "?")] = entries
-        proxy.failing = f"T2 decision unknown: {exc}"
-        log.error("proxy %s: T2 %s: %s; %d event(s) held out of the queue until recovery decides", proxy.oid,
-                  exc.gtrid, exc, len(entries))
-        _ended(target, txn, None, False, str(exc))
-        return Outcome.RETRY
-    except BaseException as exc:
-        reason = reason or _rollback(txn, exc)
-        _ended(target, txn, None, False, reason)
-        if not isinstance(exc, Exception):
-            proxy.queue.requeue(entries)
-            raise
-        return _rolled_back(proxy, st, entries, exc, reason)
+        run = T2Runner(proxy.rt.t2, proxy.rt.db).run(_Forward(proxy, target, hooks, events, dead_reason), hooks,
+                                                      timeout=timeout or None, completer=completer(proxy))
+        return _settle(proxy, st, target, hooks.entries, run)     # without the events whose rows were gone
     finally:
         st.active = None
-    # Decided: the T2 commits whatever happens now (recovery finishes it after a crash), so the proxy goes on with
-    # its next batch while this one's phase two runs on the proxy's completer (docs/transactions.md#performance).
-    st.consecutive_timeouts = 0
-    for e in entries:
-        st.reasons.pop(e.record.seq, None)
-    proxy.failing, proxy.failed_attempts = None, 0
-    proxy._delivered_one_batch()
-    # a teardown of the proxy (its own destroy, its channel's) waits for this phase two too (bounded), never
-    # deleting the proxy under a committing T2 nor recording its entries discarded (router.channel.inflight)
-    token = flight.hold(entries, PHASE_TWO_WAIT_S) if flight is not None else None
-    completer(proxy).submit(lambda: _complete(st, target, txn, result, entries, session, flight, token))
-    return Outcome.DELIVERED
+
+
+class _Forward:
+    """The work of one channel → JMS T2: the participant's broker branch begins, the PostgreSQL branch deletes
+    the batch's queue rows, the participant forwards the events (outbox rows, broker SENDs)."""
+
+    def __init__(self, proxy: Any, target: OutboundParticipant, hooks: _OutboundHooks, events: list[Any],
+                 dead_reason: str | None) -> None:
+        self.proxy, self.target, self.hooks, self.events, self.dead_reason = proxy, target, hooks, events, dead_reason
+
+    def __call__(self, txn: Transaction, conn: Any) -> Any:
+        proxy, entries, dead_reason = self.proxy, self.hooks.entries, self.dead_reason
+        self.target.begin_in_t2(txn)          # the broker's BEGIN goes out now, its receipt overlaps our SQL
+        proxy.rt.t2.enlist(txn, t2_branch(proxy.rt.store.ledger, conn, PgBranch(conn, PG_BRANCH), txn.gtrid,
+                                          [e.record.db_id for e in entries]))
+        ids = [e.record.db_id for e in entries if e.record.db_id is not None]
+        deleted = proxy.rt.store.delete_deliveries(
+            conn, proxy.channel.id, proxy.admin.id, proxy.id, ids, returning=True,
+            **({"outcome": Ledgered.DEAD_LETTER, "reason": dead_reason} if dead_reason else {}))
+        if deleted is not None and len(deleted) < len(ids):       # another unit of work ended some deliveries
+            self.hooks.entries, self.events = _without_gone(proxy, txn.gtrid, conn, entries, self.events, deleted)
+        return self.target.forward_in_t2(txn, conn, self.events, dead_letter_reason=dead_reason)
+
+
+class _OutboundHooks(RunHooks[Any]):
+    """The proxy's part of its T2s (router.routing.runner): bookkeeping once decided, phase two's end."""
+
+    def __init__(self, proxy: Any, st: T2State, target: OutboundParticipant, entries: list[Entry],
+                 flight: Any) -> None:
+        self.proxy, self.st, self.target, self.entries, self.flight = proxy, st, target, entries, flight
+        self.token: int | None = None
+
+    def started(self, txn: Transaction) -> None:
+        self.st.active = txn.gtrid
+
+    def decided(self, txn: Transaction, value: Any) -> None:
+        # Decided: the T2 commits whatever happens now (recovery finishes it after a crash), so the proxy goes on
+        # with its next batch while this one's phase two runs on the proxy's completer
+        # (docs/transactions.md#performance).
+        st, proxy = self.st, self.proxy
+        st.consecutive_timeouts = 0
+        for e in self.entries:
+            st.reasons.pop(e.record.seq, None)
+        proxy.failing, proxy.failed_attempts = None, 0
+        proxy._delivered_one_batch()
+        # a teardown of the proxy (its own destroy, its channel's) waits for this phase two too (bounded), never
+        # deleting the proxy under a committing T2 nor recording its entries discarded (router.channel.inflight)
+        if self.flight is not None:
+            self.token = self.flight.hold(self.entries, PHASE_TWO_WAIT_S)
+
+    def completed(self, txn: Transaction, value: Any, outcome: Any, error: Exception | None) -> None:
+        """Phase two ended (COMMIT PREPARED, the broker's COMMIT, END) and the session went back to the pool: the
+        participant hears of the end and the records are released (their rows went with the PostgreSQL branch,
+        here or in recovery: the decision is COMMIT either way); only a finished phase two counts as committed."""
+        done = error is None
+        if not done:    # the coordinator handed it to recovery (COMMIT_PENDING, out of in_flight)
+            log.error("T2 %s: phase two failed; handed to recovery, which commits it from its COMMIT record",
+                      txn.gtrid, exc_info=error)
+        _ended(self.target, txn, value if done else None, True)
+        if done:
+            self.st.committed += 1
+        else:
+            self.st.phase_two_failed += 1
+        for e in self.entries:
+            e.record.release()
+
+    def settled(self, txn: Transaction) -> None:
+        if self.flight is not None and self.token is not None:
+            self.flight.settle(self.token)
+
+
+def _settle(proxy: Any, st: T2State, target: OutboundParticipant, entries: list[Entry], run: RunResult[Any]) -> Outcome:
+    """The proxy's side of a T2's outcome: its entries delivered, held for recovery, or put back."""
+    txn = run.txn
+    match run.outcome:
+        case RunOutcome.COMMITTED | RunOutcome.DEFERRED:
+            return Outcome.DELIVERED
+        case RunOutcome.IN_DOUBT:
+            exc = run.cause
+            gtrid = getattr(exc, "gtrid", None) or (txn.gtrid if txn else "?")
+            st.in_doubt[gtrid] = entries
+            proxy.failing = f"T2 decision unknown: {exc}"
+            log.error("proxy %s: T2 %s: %s; %d event(s) held out of the queue until recovery decides", proxy.oid,
+                      getattr(exc, "gtrid", None), exc, len(entries))
+            _ended(target, txn, None, False, str(exc))
+            return Outcome.RETRY
+        case RunOutcome.ROLLED_BACK:
+            _ended(target, txn, None, False, run.reason)
+            error = run.error
+            if not isinstance(error, Exception):
+                proxy.queue.requeue(entries)
+                run.reraise_interrupt()
+                raise AssertionError("a T2 the work abandoned")   # deliver's work never abandons
+            return _rolled_back(proxy, st, entries, error, run.reason)
 
 
 #: How long a teardown of the proxy waits for a decided T2's phase two (COMMIT PREPARED and the broker's COMMIT
 #: receipt); past it the teardown goes on and recovery finishes the T2 from its COMMIT record.
 PHASE_TWO_WAIT_S = 15.0
-
-
-def _complete(st: T2State, target: OutboundParticipant, txn: Any, result: Any, entries: list[Entry], session: ExitStack,
-              flight: Any = None, token: int | None = None) -> None:
-    """Phase two of a decided T2 (on the proxy's completer): COMMIT PREPARED, the broker's COMMIT, END; then the
-    session goes back to the pool, the participant hears of the end and the records are released; last, a
-    teardown waiting for it is let go (``flight``/``token``)."""
-    try:
-        _phase_two(st, target, txn, result, entries, session)
-    finally:
-        if flight is not None and token is not None:
-            flight.settle(token)
-
-
-def _phase_two(st: T2State, target: OutboundParticipant, txn: Any, result: Any, entries: list[Entry],
-               session: ExitStack) -> None:
-    done = False
-    try:
-        txn.complete()
-        done = True
-    except Exception:    # the coordinator handed it to recovery (COMMIT_PENDING, out of in_flight)
-        log.exception("T2 %s: phase two failed; handed to recovery, which commits it from its COMMIT record",
-                      txn.gtrid)
-    finally:
-        try:
-            session.close()
-        except Exception:
-            log.exception("T2 %s: returning the branch's session failed", txn.gtrid)
-    # the decision is COMMIT either way: the entries' queue rows go with the PostgreSQL branch when it commits
-    # (here or in recovery), so the records are released; only a finished phase two counts as committed
-    _ended(target, txn, result if done else None, True)
-    if done:
-        st.committed += 1
-    else:
-        st.phase_two_failed += 1
-    for e in entries:
-        e.record.release()
-
-
-class Completer:
-    """Phase two of one proxy's decided T2s, in the order they were decided, on one thread of its own.
-
-    The depth is bounded by :meth:`wait_for_room`, which the proxy calls before it begins a T2: it waits until at
-    most one T2 is still in the completer, so a proxy holds at most TWO T2s at any moment (one in phase two and
-    one in phase one, or one in phase two and one decided waiting for it): two pooled sessions and two prepared
-    PostgreSQL transactions per T2 proxy (docs/transactions.md "Depth"). :meth:`submit` therefore never waits
-    behind more than the one T2 the thread runs. The thread is started on demand and ends when idle. Phase two of
-    T2 *n* always ends (its broker COMMIT receipted or given up) before phase two of T2 *n+1* starts: the broker
-    commits the proxy's batches in the order it took them."""
-
-    DEPTH = 1            # T2s in the completer (phase two, or decided and waiting for it) when a new one may begin
-    IDLE_S = 2.0
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._jobs: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=1)
-        self._cond = threading.Condition()
-        self._pending = 0
-        self._thread: threading.Thread | None = None
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._cond:
-            self._pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-                self._thread.start()
-        self._jobs.put(job)
-
-    def wait_for_room(self) -> None:
-        """Wait until at most :attr:`DEPTH` T2s are in the completer (see the class docstring); bounded by the
-        phase two of the oldest one (its broker COMMIT's receipt timeout)."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._pending <= self.DEPTH)
-
-    def pending(self) -> int:
-        with self._cond:
-            return self._pending
-
-    def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted T2 finished its phase two; False if ``timeout`` passed first."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._pending == 0, timeout)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                job = self._jobs.get(timeout=self.IDLE_S)
-            except queue.Empty:
-                with self._cond:
-                    if self._pending == 0:
-                        self._thread = None
-                        return
-                continue
-            try:
-                job()
-            except BaseException:  # the thread must outlive any job, or drain() would never end
-                log.exception("%s: a phase-two job failed", self.name)
-            finally:
-                with self._cond:
-                    self._pending -= 1
-                    self._cond.notify_all()
 
 
 def completer(proxy: Any) -> Completer:
@@ -506,21 +444,6 @@ def _ended(target: OutboundParticipant, txn: Any, result: Any, committed: bool, 
         target.ended(txn.gtrid, result, committed, reason)
     except Exception:
         log.exception("T2 %s: the participant's end callback failed", txn.gtrid)
-
-
-def _rollback(txn: Any, exc: BaseException) -> str:
-    """Roll ``txn`` back if the failure left it undecided; returns the reason to report."""
-    reason = getattr(exc, "reason", "") or f"{type(exc).__name__}: {exc}"
-    if txn is None:
-        return reason
-    from xa.states import State
-
-    if txn.state in (State.ACTIVE, State.ROLLBACK_ONLY):
-        try:
-            txn.rollback(reason)
-        except XAError as again:
-            log.warning("T2 %s: rollback after %s failed (%s); recovery rolls it back", txn.gtrid, reason, again)
-    return txn.rollback_reason or reason
 
 
 def _rolled_back(proxy: Any, st: T2State, entries: list[Entry], exc: Exception, reason: str) -> Outcome:

@@ -170,7 +170,7 @@ def test_resume_connection_resends_in_flight_events_at_once(monkeypatch: pytest.
 # -- inbound: the seen numbers cannot be saved after the events were committed ------------------------------------
 def test_routed_events_are_answered_as_routed_when_the_seen_numbers_cannot_be_saved(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from router.channel import ack as A
+    from router.channel import ackin as A  # InboundAck's module (router.channel.ack re-exports it)
     from router.channel.store import StoreUnavailable
 
     spawned: list[str] = []
