@@ -341,6 +341,7 @@ class Store:
             "acc": float(ev.accepted_at if ev.accepted_at is not None else now),
             "qadmin": aid, "qproxy": pid, "qbridge": route.bridge_id, "qdest": route.destination,
             "qdir": str(route.direction), "gtrid": t2.gtrid if t2 is not None else None,
+            "node": self.ledger.node_id,
         }
         row = conn.execute(self._INSERT_ONE_LEDGERED if ledgered else self._INSERT_ONE_PLAIN, params).fetchone()
         if row is None:                           # pragma: no cover — INSERT ... RETURNING returns its row
