@@ -353,8 +353,8 @@ class Node:
         from router.cluster.errors import Fenced
         from router.db import StoreError
 
-        if self.membership is not None and self.membership.leaving:
-            return                                       # its own leave (the last write of a clean stop)
+        if self.membership is not None and self.membership.is_leave(conn):
+            return                                       # its own leave (the last write of a clean stop), only it
         epoch = self._live_epoch()
         try:
             if epoch is None:
