@@ -93,7 +93,6 @@ class Takeover:
             epoch = self._epoch()
             if epoch is None:
                 raise Fenced(f"node {self.node_id!r} is not a live member", self.node_id)
-            self._start_pending()
             with self.db.unit_of_work() as conn:
                 views = M.members(conn)
             renewed = {v.node_id: (v.now - v.renewed_at).total_seconds() for v in views}
@@ -121,6 +120,7 @@ class Takeover:
                     self._finish(dead)
             for dead in self._to_recover():
                 self._finish(dead)
+            self._start_pending()            # a start that failed at an earlier pass (after the recoveries)
             return out
 
     def _start_pending(self) -> None:
