@@ -353,8 +353,8 @@ class Node:
         from router.cluster.errors import Fenced
         from router.db import StoreError
 
-        if self.membership is not None and self.membership.leaving:
-            return                                       # its own leave (the last write of a clean stop)
+        if self.membership is not None and self.membership.is_leave(conn):
+            return                                       # its own leave (the last write of a clean stop), only it
         epoch = self._live_epoch()
         try:
             if epoch is None:
@@ -389,12 +389,17 @@ class Node:
 
     def _take_over(self, owned: Any) -> None:
         """Start what this node claimed from a dead one: its bridges' servants first (the channel's dispatchers push
-        to them at once), then the channels with their queues, then the bridges that were started."""
-        made = self.bridges.restore(set(owned.bridges))
-        for bid in made:                                 # their channel proxies' clients were the old node's
-            self.bridges.bridges[bid].repoint_stored_proxy()
+        to them at once), then the channels with their queues, then the bridges that were started. Idempotent over
+        ``owned`` (a failed start is retried with the same ids, router/cluster/takeover.py): what is loaded already is
+        not loaded again, and every claimed bridge is repointed and resumed, not only those this call made."""
+        ids = set(owned.bridges)
+        self.bridges.restore(ids)
+        for bid in sorted(ids):                          # their channel proxies' clients were the old node's
+            bridge = self.bridges.bridges.get(bid)
+            if bridge is not None:
+                bridge.repoint_stored_proxy()
         self.factory.adopt(set(owned.channels))
-        self.bridges.resume(set(made))
+        self.bridges.resume(ids)
 
     def _recover_dead(self, dead: str) -> None:
         """Finish a fenced node's routing transactions from PostgreSQL (router/cluster/decisions.py)."""

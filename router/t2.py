@@ -317,6 +317,7 @@ class NodeTransactions:
         self._targets: dict[str, Any] = {}
         self.last_report: RecoveryReport | None = None
         self.passes = 0
+        self._flush_failing = False
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self, *, background: bool = True) -> RecoveryReport:
@@ -342,9 +343,16 @@ class NodeTransactions:
         return report
 
     def close(self) -> None:
+        """Stop the housekeeping, then delete the decision rows (``nsjms_decision``) and outbox rows of the T2s that
+        ended (a clean stop leaves none behind: a survivor re-sends the outbox of every decision row it finds)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._flush_ended()
+        try:
+            self._purge()
+        except Exception as exc:  # noqa: BLE001 - the next start's purge does it
+            log.warning("T2: the outbox purge at stop failed (done at the next start): %s", exc)
         self.pg.close()
         with self._transport_lock:
             if self._transport is not None:
@@ -362,11 +370,9 @@ class NodeTransactions:
         inbox_due = 0.0
         while not self._stop.wait(0.5):
             ticks += 1
+            self._flush_ended()         # decision rows of ended T2s (router/cluster/decisions.py), every 0.5 s
             try:
                 self.coordinator.expire()
-                flush = getattr(self.coordinator.log, "flush_ended", None)
-                if flush is not None:
-                    flush()             # decision rows of ended T2s (router/cluster/decisions.py), every 0.5 s
                 if ticks % max(1, int(self.period_s / 0.5)) == 0:
                     self.recover_now()
                     self._purge()
@@ -375,6 +381,25 @@ class NodeTransactions:
                                                         self.period_s * 12)
             except Exception:
                 log.exception("T2 housekeeping pass failed; retrying")
+
+    def _flush_ended(self) -> bool:
+        """Delete the decision rows of the T2s that ended (a node in a cluster); its own try: a failing DELETE
+        neither stops the recovery and purge of the tick nor logs a traceback (one warning per run of failures)."""
+        flush = getattr(self.coordinator.log, "flush_ended", None)
+        if flush is None:
+            return True
+        try:
+            flush()
+        except Exception as exc:  # noqa: BLE001 - kept for the next call (FencedDecisionLog.flush_ended)
+            if not self._flush_failing:
+                log.warning("T2: the decision rows of ended transactions could not be deleted (retried every 0.5 s): "
+                            "%s", exc)
+            self._flush_failing = True
+            return False
+        if self._flush_failing:
+            log.info("T2: the decision rows of ended transactions are deleted again")
+        self._flush_failing = False
+        return True
 
     def maintain_inbox(self) -> bool:
         """Create the inbox's day partitions ahead and drop those past the retention (``router/db/inbox.py``), in

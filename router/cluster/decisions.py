@@ -144,12 +144,25 @@ def recover_fenced(db: Any, dead: str, by: str, by_epoch: int, pg: Any,
     the report (the caller retries at its next pass); the rows of a transaction are deleted only once its branches
     are finished and its messages re-sent."""
     report = FencedRecovery(dead)
-    with db.unit_of_work() as conn:
-        M.check(conn, by, by_epoch)
-        row = conn.execute("SELECT state FROM nsjms_member WHERE node_id = %s", (dead,)).fetchone()
+    with db.unit_of_work() as lock:
+        # held until the end: one node at a time finishes ``dead``'s transactions (a survivor whose fencer died
+        # takes this over, takeover.to_recover); another node's pass skips it meanwhile
+        M.check(lock, by, by_epoch)
+        row = lock.execute("SELECT state FROM nsjms_member WHERE node_id = %s FOR UPDATE SKIP LOCKED",
+                           (dead,)).fetchone()
         if row is None or row[0] != "fenced":
-            return report                                      # rejoined (its own recovery runs) or unknown
-        decided = decisions_of(conn, dead)
+            return report                                      # rejoined (its own recovery runs), unknown, or busy
+        decided = decisions_of(lock, dead)
+        _finish_fenced(lock, dead, decided, pg, resend, send_manager, report)
+    if report.committed or report.rolled_back or report.resent or report.errors:
+        log.warning("cluster: transactions of fenced node %s: committed %d, rolled back %d, re-sent %d, %d error(s)",
+                    dead, len(set(report.committed)), len(set(report.rolled_back)), len(report.resent),
+                    len(report.errors))
+    return report
+
+
+def _finish_fenced(conn: Any, dead: str, decided: dict[str, tuple[Participant, ...]], pg: Any,
+                   resend: Callable[[str, Participant], None], send_manager: str, report: FencedRecovery) -> None:
     node = NodeId(dead)
     prepared = [x for x in pg.recover() if is_ours(x, node)]
     failed: set[str] = set()
@@ -178,11 +191,5 @@ def recover_fenced(db: Any, dead: str, by: str, by_epoch: int, pg: Any,
             continue
         done.append(gtrid)
     if done:
-        with db.unit_of_work() as conn:
-            conn.execute("DELETE FROM nsjms_outbox WHERE gtrid = ANY(%s)", (done,))
-            conn.execute("DELETE FROM nsjms_decision WHERE gtrid = ANY(%s) AND node_id = %s", (done, dead))
-    if report.committed or report.rolled_back or report.resent or report.errors:
-        log.warning("cluster: transactions of fenced node %s: committed %d, rolled back %d, re-sent %d, %d error(s)",
-                    dead, len(set(report.committed)), len(set(report.rolled_back)), len(report.resent),
-                    len(report.errors))
-    return report
+        conn.execute("DELETE FROM nsjms_outbox WHERE gtrid = ANY(%s)", (done,))
+        conn.execute("DELETE FROM nsjms_decision WHERE gtrid = ANY(%s) AND node_id = %s", (done, dead))

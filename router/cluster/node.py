@@ -44,7 +44,7 @@ class Membership:
         self.epoch: int | None = None
         self.fenced = False
         self._fenced_lock = threading.Lock()
-        self.leaving = False             # stop() is leaving: the node's fence check lets that last write through
+        self._leave_conn: Any = None     # the connection of stop()'s leave: the fence check lets that one through
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -149,12 +149,22 @@ class Membership:
             self._thread.join(timeout=self.settings.renew_s + 10)
         if self.epoch is None or self.fenced:
             return
-        self.leaving = True
         try:
             with self.db.unit_of_work() as conn:
                 M.leave(conn, self.node_id, self.epoch)
+                self._leave_conn = conn
         except Exception:
             log.warning("cluster: leaving failed; the lease expires by itself", exc_info=True)
+        finally:
+            self._leave_conn = None
+
+    def is_leave(self, conn: Any) -> bool:
+        """Whether ``conn`` is running this node's leave (its last write, made after its state is no longer
+        checked live): the node's fence check lets that unit of work through, and only that one (consumed)."""
+        if conn is None or conn is not self._leave_conn:
+            return False
+        self._leave_conn = None
+        return True
 
     def status(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "epoch": self.epoch, "fenced": self.fenced, "error": self.last_error,

@@ -12,8 +12,12 @@ every channel and bridge it owned (:func:`router.cluster.ownership.claim_all`). 
 Two survivors never both take one node over: the fence reads the member row ``FOR UPDATE``; the second finds it
 ``fenced`` and claims nothing. A survivor that dies after its claim committed owns the work like any other member:
 its own lease expires and the next survivor takes it all over. ``recover`` is retried every pass for the members
-this node fenced until they rejoin (a failed pass, or a branch a paused node prepared after the fence and never
-decided: its decision is refused by the fence, so it is rolled back).
+this node fenced, and for every fenced member whose fencer is no longer live (the fencer died before it finished:
+its successor, or any other live node, finishes the work; :func:`router.cluster.decisions.recover_fenced` holds the
+dead member's row ``FOR UPDATE`` while it works, so one node at a time does it), until they rejoin (a failed pass,
+or a branch a paused node prepared after the fence and never decided: its decision is refused by the fence, so it
+is rolled back). A ``start`` that fails after its claim committed is retried every pass until it succeeds (the
+claimed ids stay pending; ``start`` is idempotent: it loads what is not loaded yet).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class Takeover:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pending = Owned()          # claimed, not started yet (a failed start): retried every pass
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="cluster-takeover", daemon=True)
@@ -106,15 +111,22 @@ class Takeover:
                     log.warning("cluster: node %s fenced (epoch %d); took over channels %s and bridges %s",
                                 dead, new_epoch, list(owned.channels), list(owned.bridges))
                     self._finish(dead)
-                    self._start(owned)
                     self.done.append(done)
                     out.append(done)
+                    self._pending = _merge(self._pending, owned)
+                    self._start_pending()
                 else:
                     log.info("cluster: node %s fenced (epoch %d); it owned nothing", dead, new_epoch)
                     self._finish(dead)
-            for dead in self._fenced_by_me():
+            for dead in self._to_recover():
                 self._finish(dead)
+            self._start_pending()            # a start that failed at an earlier pass (after the recoveries)
             return out
+
+    def _start_pending(self) -> None:
+        if self._pending:
+            self._start(self._pending)
+            self._pending = Owned()
 
     def _finish(self, dead: str) -> None:
         if self._recover is None:
@@ -127,13 +139,26 @@ class Takeover:
             self.last_error = f"recovery of {dead}'s transactions: {type(exc).__name__}: {exc}"
             log.warning("cluster: %s; retried in %g s", self.last_error, self.period_s)
 
-    def _fenced_by_me(self) -> list[str]:
+    def _to_recover(self) -> list[str]:
         with self.db.unit_of_work() as conn:
-            rows = conn.execute("SELECT node_id FROM nsjms_member WHERE state = 'fenced' AND fenced_by = %s "
-                                "ORDER BY node_id", (self.node_id,)).fetchall()
-        return [str(r[0]) for r in rows]
+            return to_recover(conn, self.node_id)
 
     def status(self) -> list[dict[str, Any]]:
         return [{"node_id": t.node_id, "at": t.at, "after_last_renewal_s": round(t.after_last_renewal_s, 1),
                  "epoch": t.epoch, "channels": list(t.owned.channels), "bridges": list(t.owned.bridges)}
                 for t in self.done]
+
+
+def to_recover(conn: Any, me: str) -> list[str]:
+    """The fenced members whose transactions ``me`` must (try to) finish: those ``me`` fenced, and those whose
+    fencer is no longer a live member with a live lease (it died, left or was fenced in turn before it finished)."""
+    rows = conn.execute(
+        "SELECT m.node_id FROM nsjms_member m WHERE m.state = 'fenced' AND m.node_id <> %s "
+        "AND (m.fenced_by = %s OR m.fenced_by IS NULL OR NOT EXISTS (SELECT 1 FROM nsjms_member f "
+        "WHERE f.node_id = m.fenced_by AND f.state = 'live' AND f.lease_until > clock_timestamp())) "
+        "ORDER BY m.node_id", (me, me)).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _merge(a: Owned, b: Owned) -> Owned:
+    return Owned(tuple(sorted(set(a.channels) | set(b.channels))), tuple(sorted(set(a.bridges) | set(b.bridges))))

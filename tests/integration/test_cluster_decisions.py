@@ -141,3 +141,72 @@ def test_a_survivor_commits_decided_rolls_back_undecided_and_never_touches_a_liv
                                  "(SELECT count(*) FROM nsjms_outbox)").fetchone()
         assert left == (0, 0), "the finished transaction's decision and outbox rows are gone"
         conn.tpc_rollback(branch_xid(live, "pg"))
+
+
+def test_a_fenced_nodes_transactions_are_finished_by_a_survivor_of_its_dead_fencer(
+        db: Database, fresh_db: str) -> None:
+    """nb fences na but cannot re-send na's decided outbox (broker down), then nb dies and nc takes nb over: nc's
+    takeover pass finishes na's transactions too (before: only the fencer ever retried them)."""
+    from router.cluster.takeover import Takeover
+
+    na = _join(db, "na", SHORT)
+    nb = _join(db, "nb", SHORT)
+    nc = _join(db, "nc")
+    decided, undecided = new_gtrid(NodeId("na")), new_gtrid(NodeId("na"))
+    for gtrid in (decided, undecided):
+        _prepare(fresh_db, gtrid, gtrid)
+    FencedDecisionLog(_FileLog("na"), db, "na", lambda: na).append(Commit(decided, (PG, SEND), None, 0.0),
+                                                                     durable=True)
+    sent: list[tuple[str, Participant]] = []
+
+    def broker_down(gtrid: str, p: Participant) -> None:
+        raise ConnectionError("broker down")
+
+    def resend(gtrid: str, p: Participant) -> None:
+        sent.append((gtrid, p))
+
+    pg = PgManager(lambda: psycopg.connect(fresh_db, autocommit=True))
+    try:
+        _fence(db, "na", "nb", nb)
+        first = recover_fenced(db, "na", "nb", nb, pg, broker_down, "stomp-send")
+        assert first.errors and sent == [], "nb's re-send failed: na's decision row stays"
+        _fence(db, "nb", "nc", nc)                                   # nb dies before its next pass
+        recovered: list[str] = []
+
+        def recover(dead: str) -> None:
+            recovered.append(dead)
+            recover_fenced(db, dead, "nc", nc, pg, resend, "stomp-send")
+
+        Takeover(db, "nc", lambda: nc, 1.0, start=lambda owned: None, recover=recover).pass_once()
+    finally:
+        pg.close()
+    assert recovered == ["na", "nb"], "nc finishes the work of the member nb fenced, not only of nb"
+    assert sent == [(decided, SEND)], "na's decided outbox is re-sent by nc"
+    assert _prepared(fresh_db) == set()
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        left: Any = conn.execute("SELECT (SELECT count(*) FROM nsjms_decision), "
+                                 "(SELECT count(*) FROM nsjms_outbox)").fetchone()
+        assert left == (0, 0)
+
+
+def test_one_node_at_a_time_recovers_a_fenced_member(db: Database, fresh_db: str) -> None:
+    """recover_fenced holds the fenced member's row FOR UPDATE: a second node meanwhile skips it."""
+    na = _join(db, "na", SHORT)
+    nb = _join(db, "nb")
+    decided = new_gtrid(NodeId("na"))
+    _prepare(fresh_db, decided, decided)
+    FencedDecisionLog(_FileLog("na"), db, "na", lambda: na).append(Commit(decided, (PG, SEND), None, 0.0),
+                                                                     durable=True)
+    _fence(db, "na", "nb", nb)
+    pg = PgManager(lambda: psycopg.connect(fresh_db, autocommit=True))
+    other = psycopg.connect(fresh_db)
+    try:
+        other.execute("SELECT 1 FROM nsjms_member WHERE node_id = 'na' FOR UPDATE")   # another node recovers na
+        busy = recover_fenced(db, "na", "nb", nb, pg, lambda g, p: None, "stomp-send")
+        assert busy.committed == [] and _prepared(fresh_db) == {decided}, "skipped while another node holds it"
+        other.rollback()
+        done = recover_fenced(db, "na", "nb", nb, pg, lambda g, p: None, "stomp-send")
+        assert done.committed == [decided] and _prepared(fresh_db) == set()
+    finally:
+        other.close()
+        pg.close()

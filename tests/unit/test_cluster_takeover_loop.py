@@ -53,7 +53,7 @@ def _takeover(monkeypatch: pytest.MonkeyPatch, views: list[MemberView], claims: 
 
     t = T.Takeover(_Db(), "me", lambda: 1, 1.0, start=lambda owned: events.append(("start", owned)),
                    recover=recover)
-    monkeypatch.setattr(t, "_fenced_by_me", lambda: fenced_by_me)
+    monkeypatch.setattr(t, "_to_recover", lambda: fenced_by_me)
     return t
 
 
@@ -87,3 +87,28 @@ def test_a_fenced_node_takes_nothing_over(monkeypatch: pytest.MonkeyPatch) -> No
     t = T.Takeover(_Db(), "me", lambda: None, 1.0, start=lambda owned: None)
     with pytest.raises(T.Fenced):
         t.pass_once()
+
+
+def test_a_start_that_failed_after_its_claim_committed_is_retried_at_the_next_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim commits, then loading the claimed work fails (a database blip): the next pass no longer lists the
+    member as expired, yet the claimed ids are started then."""
+    owned = Owned((3,), (7,))
+    views = [_view("me", "live", 5.0), _view("dead", "live", -1.0)]
+    events: list[tuple[str, Any]] = []
+    t = _takeover(monkeypatch, views, {"dead": owned}, [], events)
+    starts: list[Owned] = []
+
+    def start(o: Owned) -> None:
+        starts.append(o)
+        if len(starts) == 1:
+            raise ConnectionError("PostgreSQL blip in bridges.restore")
+
+    t._start = start
+    with pytest.raises(ConnectionError):
+        t.pass_once()
+    views[1] = _view("dead", "fenced", -1.0)          # claimed: no longer expired
+    t.pass_once()
+    assert starts == [owned, owned], "the claimed work is started at the next pass"
+    t.pass_once()
+    assert len(starts) == 2, "once started, not again"
