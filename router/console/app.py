@@ -374,7 +374,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
                 "channels": len(channels), "queued": depth,
                 "events_held": sum(int(c.get("events_held") or 0) for c in channels),
                 "bridges": bridges, "bridges_total": len(every),
-                "errors": errors[:OVERVIEW_ROWS], "errors_total": len(errors), "rates": rates()}
+                "errors": errors[:OVERVIEW_ROWS], "errors_total": len(errors), "rates": rates(),
+                "cluster": backend.cluster()}
         return page("overview.html", data)
 
     def rates() -> dict[str, Any]:
