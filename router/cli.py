@@ -365,7 +365,7 @@ def _start_console(node: Any, cfg: Any, *, demo: bool) -> Any:
     if not (c.enabled or demo):
         return False
     try:
-        console = start_console(node, c.host, c.port, c.tls_cert, c.tls_key)
+        console = start_console(node, c.host, c.port, c.tls_cert, c.tls_key, c.audit_reports)
     except ConsoleError as exc:
         print(f"nsjms serve: {exc}", file=sys.stderr, flush=True)
         return None

@@ -244,6 +244,7 @@ class ConsoleConfig:
     port: int = 8460
     tls_cert: str = ""              # PEM certificate chain; with tls_key: https and Secure cookies
     tls_key: str = ""               # PEM private key (keep it 0600)
+    audit_reports: str = ""         # the audit reports the console lists and starts; empty: <state_dir>/audit
 
 
 @dataclass(frozen=True)
@@ -474,7 +475,8 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
     "limits": {"max_channels": _Key(_integer(0, 1_000_000)), "max_admins": _Key(_integer(0, 1_000_000)),
                "max_proxies": _Key(_integer(0, 1_000_000)), "max_bridges": _Key(_integer(0, 1_000_000))},
     "console": {"enabled": _Key(_boolean), "host": _Key(_host), "port": _Key(_PORT),
-                "tls_cert": _Key(_file_name), "tls_key": _Key(_file_name)},
+                "tls_cert": _Key(_file_name), "tls_key": _Key(_file_name),
+                "audit_reports": _Key(_file_name)},
     "cluster": {"renew_s": _Key(_integer(1, 60)), "expiry_s": _Key(_integer(3, 600))},
 }
 _SECTION_TYPES: dict[str, type] = {

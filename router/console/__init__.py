@@ -49,18 +49,26 @@ def _check_free(host: str, port: int) -> None:
         probe.bind((host, port))
 
 
-def start_console(node: Any, host: str, port: int, tls_cert: str = "", tls_key: str = "") -> ConsoleServer:
-    """Serve the console of a started node on ``host:port`` (TLS when both files are given); returns at once."""
+def start_console(node: Any, host: str, port: int, tls_cert: str = "", tls_key: str = "",
+                  audit_reports: str = "") -> ConsoleServer:
+    """Serve the console of a started node on ``host:port`` (TLS when both files are given); returns at once.
+    ``audit_reports``: the directory of ``nsjms audit`` reports (default ``<state-dir>/audit``)."""
+    from pathlib import Path
+
     from cheroot import wsgi
 
     from router.console.app import create_app
+    from router.console.auditruns import AuditRuns, nsjms_audit_command
     from router.console.backend import NodeBackend
     from router.console.views import RateSampler
 
     backend = NodeBackend(node)
     sampler = RateSampler(backend.snapshot)
     tls = bool(tls_cert and tls_key)
-    app = create_app(backend, secure_cookies=tls, sampler=sampler)
+    reports = Path(audit_reports) if audit_reports else backend.state_dir / "audit"
+    runs = AuditRuns(reports, nsjms_audit_command(backend.state_dir),
+                     env={"NSJMS_POSTGRES_DSN": str(node.pg_dsn)} if getattr(node, "pg_dsn", None) else None)
+    app = create_app(backend, secure_cookies=tls, sampler=sampler, audit_runs=runs)
     server = wsgi.Server((host, port), app, numthreads=4, server_name="nsjms-console")
     if tls:
         from cheroot.ssl.builtin import BuiltinSSLAdapter

@@ -38,6 +38,7 @@ from flask import Flask, Response, abort, g, jsonify, redirect, render_template,
 
 from router.auth import Authenticator, Principal, Role
 from router.console import calls as node_calls
+from router.console.auditruns import AuditRefused, AuditRuns, nsjms_audit_command
 from router.console.backend import (
     BRIDGE_ACTIONS,
     DEAD_LETTER_ACTIONS,
@@ -177,7 +178,7 @@ def _fmt_age(value: Any) -> str:
 
 
 def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float = 1800.0, max_s: float = 8 * 3600.0,
-               sampler: RateSampler | None = None) -> Flask:
+               sampler: RateSampler | None = None, audit_runs: AuditRuns | None = None) -> Flask:
     app = Flask("router.console", template_folder=str(Path(__file__).parent / "templates"),
                 static_folder=str(Path(__file__).parent / "static"))
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024, SEND_FILE_MAX_AGE_DEFAULT=3600)
@@ -188,6 +189,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
     sessions = Sessions(idle_s, max_s)
     throttle = LoginThrottle()
     app.extensions["nsjms_sessions"] = sessions
+    runs = audit_runs or AuditRuns(backend.state_dir / "audit", nsjms_audit_command(backend.state_dir))
 
     # ------------------------------------------------------------------------------------------ plumbing
     def current_session() -> Session | None:
@@ -222,7 +224,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.after_request
     def headers(resp: Response) -> Response:
-        resp.headers["Content-Security-Policy"] = CSP
+        resp.headers.setdefault("Content-Security-Policy", CSP)   # an audit report's own (stricter on scripts)
         resp.headers["X-Frame-Options"] = "DENY"
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers["Referrer-Policy"] = "no-referrer"
@@ -372,7 +374,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
                 "channels": len(channels), "queued": depth,
                 "events_held": sum(int(c.get("events_held") or 0) for c in channels),
                 "bridges": bridges, "bridges_total": len(every),
-                "errors": errors[:OVERVIEW_ROWS], "errors_total": len(errors), "rates": rates()}
+                "errors": errors[:OVERVIEW_ROWS], "errors_total": len(errors), "rates": rates(),
+                "cluster": backend.cluster()}
         return page("overview.html", data)
 
     def rates() -> dict[str, Any]:
@@ -582,6 +585,48 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
     @app.get("/audit/days")
     def audit_days() -> Any:
         return page("auditdays.html", backend.audit_days(max(1, min(_int(request.args.get("days"), 31), 366))))
+
+    @app.get("/audit/reports")
+    def audit_reports() -> Any:
+        return page("auditreports.html", {"directory": str(runs.directory), "running": runs.running(),
+                                          "reports": runs.reports()})
+
+    def known_run(name: str) -> dict[str, Any]:
+        found = next((r for r in runs.reports() if r["name"] == name), None)
+        if found is None:
+            abort(404)
+        return found
+
+    @app.get("/audit/reports/<name>")
+    def audit_report_run(name: str) -> Any:
+        return page("auditrun.html", known_run(name))
+
+    @app.get("/audit/reports/<name>/files/<path:file>")
+    def audit_report_file(name: str, file: str) -> Any:
+        """A file of a report's listing (report.html, plots/*.png, summary.json); nothing else is reachable."""
+        path = runs.files(name).get(file)
+        if path is None:
+            abort(404)
+        import mimetypes
+
+        resp = Response(path.read_bytes(), mimetype=mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+        if path.suffix == ".html":   # the report's own inline style; still no script, no request elsewhere
+            resp.headers["Content-Security-Policy"] = ("default-src 'none'; img-src 'self' data:; "
+                                                       "style-src 'unsafe-inline'; frame-ancestors 'none'")
+        return resp
+
+    @app.post("/audit/reports/start")
+    def audit_start() -> Any:
+        require_operator()
+        why = action_form(request.form)
+        try:
+            name = runs.start()
+        except AuditRefused as exc:
+            backend.audit(who().name, why, "console audit start", "", f"refused: {exc}")
+            raise ConsoleRefused(f"refused: {exc}") from exc
+        backend.audit(who().name, why, "console audit start", name, "started")
+        log.info("console audit run %s started by %s", name, who().name)
+        return done({"name": name, "state": "running"}, url_for("audit_report_run", name=name))
 
     return app
 

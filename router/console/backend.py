@@ -141,6 +141,8 @@ class Backend(Protocol):
 
     def audit_days(self, limit: int) -> dict[str, Any]: ...
 
+    def cluster(self) -> dict[str, Any]: ...
+
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
@@ -368,6 +370,21 @@ class NodeBackend:
             return audit_days_view(stored_verdicts(self.node.pg_dsn, limit))
         except AuditError as exc:
             return {"days": [], "bridges": [], "totals": {}, "error": str(exc)}
+
+    def cluster(self) -> dict[str, Any]:
+        """What ``nsjms cluster status --json`` shows (:func:`router.cluster.report.cluster_report`, read only, over
+        the node's database); ``error`` when it cannot be read."""
+        import psycopg
+
+        from router.cluster.report import cluster_report
+        from router.db.conninfo import connect
+
+        try:
+            with connect(self.node.pg_dsn, autocommit=True, connect_timeout=5,
+                         options="-c default_transaction_read_only=on") as conn:
+                return {**cluster_report(conn), "error": None}
+        except psycopg.Error as exc:
+            return {"members": [], "error": f"cannot read the cluster's members: {type(exc).__name__}"}
 
     def txn_action(self, who: Principal, gtrid: str, action: str, why: str) -> dict[str, Any]:
         """``nsjms txn commit [--heuristic]|rollback|forget`` (``heuristic-commit``: ``commit --heuristic``): the same

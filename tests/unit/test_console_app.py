@@ -22,6 +22,12 @@ from router.console.views import RateSampler, paginate, read_operator_log
 ORPHAN = "1853188657_Z29uZTox_cGc="      # an orphan's GID: characters a URL path must carry
 
 
+def _member(node: str) -> dict[str, Any]:
+    return {"node_id": node, "state": "live", "epoch": 3, "address": f"{node}:2809", "lease_left_s": 18.0,
+            "since_renewal_s": 1.0, "owns": {"channels": [1], "bridges": [5, 6]},
+            "in_doubt": {"prepared": 1, "decided": 0}}
+
+
 class FakeBackend:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
@@ -29,6 +35,7 @@ class FakeBackend:
         self.audits: list[tuple[Any, ...]] = []
         self.asked: list[list[int] | None] = []       # the bridge ids a page asked the node about
         self.bridge_ids = [5]
+        self.members = ["node1"]
 
     def snapshot(self) -> dict[str, Any]:
         return {"time": 0, "channels": [{"id": 1, "events_held": 3,
@@ -130,6 +137,9 @@ class FakeBackend:
         if bid == 9:
             raise ConsoleRefused("bridge 9 refuses routing transactions (UnsupportedTransaction)")
         return {"id": bid, "transaction": None if setting == "off" else {"events": 5, "timeout_s": 30}}
+
+    def cluster(self) -> dict[str, Any]:
+        return {"members": [_member(n) for n in self.members], "error": None}
 
     def audit_days(self, limit: int) -> dict[str, Any]:
         self.calls.append(("audit days", limit))
@@ -630,3 +640,15 @@ def test_rate_series_computed_once_per_sample() -> None:
     assert s.series(busiest=10) is first and s.series() is not first
     s.sample(now=104.0)
     assert s.series(busiest=10)["t"] == [102.0, 104.0]
+
+
+def test_overview_shows_the_cluster_members_or_one_line_for_one(env: Any) -> None:
+    backend, client, secrets = env
+    login(client, "reader", secrets["reader"])
+    page = client.get("/").get_data(as_text=True)
+    assert "One node in the cluster: node1 (live, epoch 3)" in page and "cluster-members" not in page
+    backend.members = ["node1", "node2"]
+    page = client.get("/").get_data(as_text=True)
+    assert 'id="cluster-members"' in page and "cluster-one" not in page
+    assert "node2:2809" in page and "<td>1 / 0</td>" in page
+    assert [m["node_id"] for m in client.get("/?format=json").get_json()["cluster"]["members"]] == ["node1", "node2"]

@@ -1,0 +1,146 @@
+"""The audit reports the console lists and serves, and the audit runs it starts (docs/console.md, "Audit reports").
+
+* **Reports**: each directory directly under the reports directory (``[console] audit_reports``, default
+  ``<state-dir>/audit``) that holds a ``report.html`` is a report (what ``nsjms audit --out DIR`` writes: the HTML
+  with its plots embedded, ``plots/*.png``, ``summary.json``). A file is served only when it appears in the listing
+  of that directory (regular files, no symbolic links, inside the directory once resolved): a request names a
+  report and a file of its listing, never a path of the machine.
+* **Runs**: ``nsjms audit --out <reports>/<run>`` started as a subprocess (the node never imports pyspark: the
+  import-linter contract and tests/unit/test_audit_units.py check it), its output in ``<reports>/<run>.log``, its
+  exit status in ``<run>.exit`` once it ends. One run at a time; refused when pyspark (the ``audit`` extra) is not
+  installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["AuditRefused", "AuditRuns", "nsjms_audit_command", "spark_installed"]
+
+LOG_TAIL = 40          # lines of a run's log the progress page shows
+
+
+class AuditRefused(Exception):
+    """An audit run cannot start (one is running, pyspark is missing, the directory is not writable): 409."""
+
+
+def spark_installed() -> bool:
+    """Whether the ``audit`` extra's pyspark is importable, without importing it."""
+    return importlib.util.find_spec("pyspark") is not None
+
+
+def nsjms_audit_command(state_dir: Path) -> Callable[[Path], list[str]]:
+    """``nsjms audit --out OUT`` for the node's state directory (its DSN comes from the environment)."""
+    def command(out: Path) -> list[str]:
+        return [sys.executable, "-m", "router.cli", "--state-dir", str(state_dir), "audit", "--out", str(out)]
+    return command
+
+
+class AuditRuns:
+    """The reports under ``directory`` and the one audit run the console may have going."""
+
+    def __init__(self, directory: Path, command: Callable[[Path], Sequence[str]], *,
+                 env: dict[str, str] | None = None, spark: Callable[[], bool] = spark_installed,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.directory, self.command, self.env, self.spark, self.clock = directory, command, env, spark, clock
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._run = ""
+
+    # ------------------------------------------------------------------------------------------- reports
+    def _children(self) -> dict[str, Path]:
+        if not self.directory.is_dir():
+            return {}
+        return {p.name: p for p in self.directory.iterdir() if not p.is_symlink()}
+
+    def reports(self) -> list[dict[str, Any]]:
+        """Every report (newest first) and every run the console started (their logs), by name."""
+        children = self._children()
+        names = {n for n, p in children.items() if p.is_dir() and (p / "report.html").is_file()}
+        names |= {n[:-4] for n, p in children.items() if n.endswith(".log") and p.is_file()}
+        rows = [self.status(n) for n in names]
+        return sorted(rows, key=lambda r: (r["time"], r["name"]), reverse=True)
+
+    def files(self, name: str) -> dict[str, Path]:
+        """The files of report ``name`` by their path inside it (only those of the listing; empty when unknown)."""
+        base = self._children().get(name)
+        if base is None or not base.is_dir():
+            return {}
+        root = base.resolve()
+        out: dict[str, Path] = {}
+        for path in sorted(base.rglob("*")):
+            if path.is_symlink() or not path.is_file() or not path.resolve().is_relative_to(root):
+                continue
+            out[path.relative_to(base).as_posix()] = path
+        return out
+
+    # ---------------------------------------------------------------------------------------------- runs
+    def _poll(self) -> None:
+        """Record the exit status of the console's run once it has ended (called under the lock)."""
+        if self._proc is not None and self._proc.poll() is not None:
+            (self.directory / f"{self._run}.exit").write_text(f"{self._proc.returncode}\n")
+            self._proc = None
+
+    def running(self) -> str:
+        with self._lock:
+            self._poll()
+            return self._run if self._proc is not None else ""
+
+    def start(self) -> str:
+        """Start ``nsjms audit`` into a new report directory; returns the run's name or raises AuditRefused."""
+        if not self.spark():
+            raise AuditRefused("the audit extra is not installed (pyspark): install nsjms[audit] on this node "
+                               "to run `nsjms audit` (docs/audit.md)")
+        with self._lock:
+            self._poll()
+            if self._proc is not None:
+                raise AuditRefused(f"an audit run is already going ({self._run}): one run at a time")
+            name = time.strftime("run-%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                if (self.directory / f"{name}.log").exists() or (self.directory / name).exists():
+                    raise AuditRefused(f"a run named {name} exists already: start again in a second")
+                with open(self.directory / f"{name}.log", "xb") as log:
+                    env = {**os.environ, **(self.env or {})}
+                    self._proc = subprocess.Popen(list(self.command(self.directory / name)), stdout=log,
+                                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                                  start_new_session=True)
+            except OSError as exc:
+                raise AuditRefused(f"cannot start the audit in {self.directory}: {exc.strerror or exc}") from exc
+            self._run = name
+            return name
+
+    def status(self, name: str) -> dict[str, Any]:
+        """A run's or a report's state (running / done / failed / unknown), exit status, log tail, report."""
+        with self._lock:
+            self._poll()
+            current = self._proc is not None and name == self._run
+        children = self._children()     # after the poll: an exit status it just recorded is seen
+        log, exit_file, report = children.get(f"{name}.log"), children.get(f"{name}.exit"), children.get(name)
+        code: int | None = None
+        if exit_file is not None and exit_file.is_file():
+            text = exit_file.read_text().strip()
+            code = int(text) if text.lstrip("-").isdigit() else None
+        has_report = report is not None and report.is_dir() and (report / "report.html").is_file()
+        if current:
+            state = "running"
+        elif code is not None:
+            state = "done" if code == 0 else ("violation" if code == 7 else "failed")
+        elif log is not None:
+            state = "unknown"       # started by a node that stopped before it ended
+        else:
+            state = "done"          # a report written by `nsjms audit --out` by hand
+        stamp = next((p.stat().st_mtime for p in (report, log) if p is not None and p.exists()), 0.0)
+        tail: list[str] = []
+        if log is not None and log.is_file():
+            tail = log.read_bytes()[-16384:].decode("utf-8", "replace").replace("\r", "\n").splitlines()[-LOG_TAIL:]
+        return {"name": name, "state": state, "exit": code, "report": has_report, "time": stamp,
+                "log": tail, "has_log": log is not None}

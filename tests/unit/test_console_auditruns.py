@@ -1,0 +1,134 @@
+"""The console's audit reports page and audit runs (router/console/auditruns.py): roles, CSRF, path traversal
+refused, one run at a time, the audit extra missing."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.auth import Role
+from router.console.app import create_app
+from router.console.auditruns import AuditRuns
+from router.console.views import RateSampler
+from tests.unit.test_console_app import FakeBackend, _csrf, issue, login
+
+# a stand-in for `nsjms audit --out OUT`: prints, waits until the test lets it go, writes a report with a plot
+FAKE_AUDIT = """
+import pathlib, sys, time
+out = pathlib.Path(sys.argv[1]); gate = pathlib.Path(sys.argv[2])
+print("audit: reading the ledger", flush=True)
+while not gate.exists():
+    time.sleep(0.05)
+(out / "plots").mkdir(parents=True)
+(out / "plots" / "latency.png").write_bytes(b"PNG")
+(out / "report.html").write_text("<html><style>b{}</style><b>lost 0</b></html>")
+print("audit: 3 obligations, lost 0", flush=True)
+"""
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Any:
+    secrets = {name: issue(tmp_path, name, role).read_text().strip().partition(":")[2]
+               for name, role in (("operator", Role.OPERATOR), ("reader", Role.READER))}
+    backend = FakeBackend(tmp_path)
+    gate = tmp_path / "gate"
+    reports = tmp_path / "audit"
+    spark = {"installed": True}
+    runs = AuditRuns(reports, lambda out: [sys.executable, "-c", FAKE_AUDIT, str(out), str(gate)],
+                     spark=lambda: spark["installed"])
+    app = create_app(backend, sampler=RateSampler(backend.snapshot), audit_runs=runs)
+    return backend, app.test_client(), secrets, runs, gate, spark
+
+
+def _wait_done(runs: AuditRuns, name: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = runs.status(name)
+        if status["state"] != "running":
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"audit run {name} did not end: {runs.status(name)}")
+
+
+def test_operator_starts_one_run_at_a_time_and_sees_progress_and_report(env: Any) -> None:
+    backend, client, secrets, runs, gate, _ = env
+    login(client, "operator", secrets["operator"])
+    page = client.get("/audit/reports").get_data(as_text=True)
+    assert "no reports yet" in page and 'id="audit-start"' in page
+    assert client.post("/audit/reports/start", data={"why": "weekly"}).status_code == 403    # no CSRF token
+    assert client.post("/audit/reports/start", data={"csrf": _csrf(page)}).status_code == 400  # no reason
+    resp = client.post("/audit/reports/start?format=json", data={"why": "weekly", "csrf": _csrf(page)})
+    assert resp.status_code == 200
+    name = resp.get_json()["name"]
+    assert backend.audits[-1][:4] == ("operator", "weekly", "console audit start", name)
+    second = client.post("/audit/reports/start?format=json", data={"why": "again", "csrf": _csrf(page)})
+    assert second.status_code == 409 and "one run at a time" in second.get_json()["error"]
+    assert backend.audits[-1][4].startswith("refused: an audit run is already going")
+    running = client.get(f"/audit/reports/{name}?format=json").get_json()
+    assert running["state"] == "running" and running["exit"] is None and not running["report"]
+    gate.write_text("go")
+    assert _wait_done(runs, name)["state"] == "done"
+    done = client.get(f"/audit/reports/{name}").get_data(as_text=True)
+    assert 'id="run-state">done' in done and "lost 0" in done and 'id="run-exit">0' in done
+    assert f"/audit/reports/{name}/files/report.html" in done
+    report = client.get(f"/audit/reports/{name}/files/report.html")
+    assert report.status_code == 200 and b"<b>lost 0</b>" in report.data
+    assert "script-src" not in report.headers["Content-Security-Policy"]
+    assert client.get(f"/audit/reports/{name}/files/plots/latency.png").data == b"PNG"
+    listing = client.get("/audit/reports?format=json").get_json()
+    assert [(r["name"], r["state"], r["report"]) for r in listing["reports"]] == [(name, "done", True)]
+    page = client.get("/audit/reports").get_data(as_text=True)
+    again = client.post("/audit/reports/start?format=json", data={"why": "rerun", "csrf": _csrf(page)})
+    assert (again.status_code == 200 and again.get_json()["name"] != name) or again.status_code == 409
+
+
+def test_reader_sees_reports_but_cannot_start(env: Any, tmp_path: Path) -> None:
+    backend, client, secrets, runs, _, _ = env
+    (tmp_path / "audit" / "by-hand").mkdir(parents=True)
+    (tmp_path / "audit" / "by-hand" / "report.html").write_text("<p>by hand</p>")
+    login(client, "reader", secrets["reader"])
+    page = client.get("/audit/reports").get_data(as_text=True)
+    assert "by-hand" in page and 'id="audit-start"' not in page
+    assert client.get("/audit/reports/by-hand/files/report.html").data == b"<p>by hand</p>"
+    resp = client.post("/audit/reports/start", data={"why": "x", "csrf": _csrf(page)})
+    assert resp.status_code == 403 and runs.running() == ""
+    assert backend.audits[-1][2:] == ("console /audit/reports/start", "", "refused: needs the operator role")
+    assert not any((tmp_path / "audit").glob("*.log"))
+
+
+@pytest.mark.parametrize("url", [
+    "/audit/reports/by-hand/files/../../secret.txt",
+    "/audit/reports/by-hand/files/..%2F..%2Fsecret.txt",
+    "/audit/reports/by-hand/files/%2Fetc%2Fpasswd",
+    "/audit/reports/..%2F/files/secret.txt",
+    "/audit/reports/by-hand/files/link.html",
+    "/audit/reports/by-hand/files/plots",
+    "/audit/reports/nothere/files/report.html",
+    "/audit/reports/nothere",
+])
+def test_only_files_of_a_reports_listing_are_served(env: Any, tmp_path: Path, url: str) -> None:
+    _, client, secrets, _, _, _ = env
+    (tmp_path / "secret.txt").write_text("SECRET")
+    base = tmp_path / "audit" / "by-hand"
+    (base / "plots").mkdir(parents=True)
+    (base / "report.html").write_text("<p>by hand</p>")
+    (base / "link.html").symlink_to(tmp_path / "secret.txt")
+    login(client, "reader", secrets["reader"])
+    resp = client.get(url, follow_redirects=True)      # werkzeug merges a doubled slash with a redirect first
+    assert resp.status_code == 404 and b"SECRET" not in resp.data
+
+
+def test_start_refused_without_the_audit_extra(env: Any, tmp_path: Path) -> None:
+    backend, client, secrets, runs, _, spark = env
+    spark["installed"] = False
+    login(client, "operator", secrets["operator"])
+    page = client.get("/audit/reports").get_data(as_text=True)
+    resp = client.post("/audit/reports/start?format=json", data={"why": "x", "csrf": _csrf(page)})
+    assert resp.status_code == 409
+    assert "the audit extra is not installed (pyspark)" in resp.get_json()["error"]
+    assert "pyspark" in backend.audits[-1][4] and runs.running() == ""
+    assert not (tmp_path / "audit").exists()
