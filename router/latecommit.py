@@ -142,9 +142,13 @@ class LateCommitManager:
 
     def commit_branch(self, xid: Xid) -> None:
         ids = self._ids([xid])
-        self.inner.commit_branch(xid)
-        if str(xid) in ids:
-            self.late.committed([(xid.gtrid, ids[str(xid)])])
+        try:
+            self.inner.commit_branch(xid)
+        finally:
+            # handed over on every outcome: a COMMIT PREPARED whose answer was lost may have committed, and the next
+            # pass no longer sees the branch; an id that did not commit finds no rows (a later commit hands it again)
+            if str(xid) in ids:
+                self.late.committed([(xid.gtrid, ids[str(xid)])])
 
     def finish_branches(self, ops: Sequence[tuple[str, Xid]]) -> list[ResourceError | None]:
         commits = [xid for step, xid in ops if step == "commit"]
@@ -153,8 +157,8 @@ class LateCommitManager:
         except BranchUnavailable as exc:
             return self._rollbacks_only(ops, exc)
         results = self.inner.finish_branches(ops)
-        done = [(xid.gtrid, ids[str(xid)]) for (step, xid), err in zip(ops, results, strict=True)
-                if step == "commit" and err is None and str(xid) in ids]
+        # every commit, failed ones too: a lost answer may hide a commit (see commit_branch)
+        done = [(xid.gtrid, ids[str(xid)]) for step, xid in ops if step == "commit" and str(xid) in ids]
         if done:
             self.late.committed(done)
         return results

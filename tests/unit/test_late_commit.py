@@ -118,3 +118,30 @@ def test_a_late_event_is_queued_once_per_proxy_and_never_when_the_channel_holds_
     assert sorted(r.db_id for r in channel.records.values()) == [50, 51]
     assert _queue(channel, rows[:3]) == 0, "queued once: a second hand-over finds it held"
     assert got == {1: [51], 2: [51]}
+
+
+def test_a_commit_whose_answer_was_lost_is_still_handed_over() -> None:
+    """The connection dropped during COMMIT PREPARED after PostgreSQL committed: the next pass no longer sees the
+    branch, so the hand-over must not wait for a success (an id that did not commit finds no rows)."""
+    class LostAnswer(FakeManager):
+        def commit_branch(self, xid: Xid) -> None:
+            super().commit_branch(xid)
+            raise BranchUnavailable("server closed the connection unexpectedly", gtrid=xid.gtrid)
+
+        def finish_branches(self, ops: Sequence[tuple[str, Xid]]) -> list[ResourceError | None]:
+            super().finish_branches(ops)
+            return [BranchUnavailable("connection lost", gtrid=x.gtrid) for _, x in ops]
+
+    late, sunk = LateCommits(), list[list[str]]()
+    late.attach(lambda ids: sunk.append(list(ids)) or len(ids))
+    mgr = LateCommitManager(LostAnswer(), late, ids_of({"n:a": "101", "n:b": "102"}))
+    try:
+        mgr.commit_branch(xid("n:a"))
+    except BranchUnavailable:
+        pass
+    else:
+        raise AssertionError("the commit's error was swallowed")
+    assert sunk == [["101"]]
+    results = mgr.finish_branches([("commit", xid("n:b"))])
+    assert isinstance(results[0], BranchUnavailable), "the error is still reported (recovery retries)"
+    assert sunk == [["101"], ["102"]]
