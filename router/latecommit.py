@@ -16,8 +16,9 @@ an operator goes through it): before it commits prepared branches it reads their
 (``pg_prepared_xacts.transaction``; a row the branch inserted keeps it as its ``xmin`` once committed), and after
 each successful commit it hands the ids to :class:`LateCommits`, which passes those of T2s no driver owns to the
 channels (``router.channel.late.queue_committed``: the queue rows whose ``xmin`` is one of the ids, each event
-queued unless the channel already holds it). Commits made before the channels restored are kept and handed over
-when they attach: restore loaded some of those rows (they are then skipped), the others are queued.
+queued unless the channel already holds it). Commits made before the channels' restore began are dropped (the
+restore loads every committed queue row); those made during the restore are kept and handed over when the channels
+attach: restore loaded some of those rows (they are then skipped), the others are queued.
 """
 
 from __future__ import annotations
@@ -90,6 +91,13 @@ class LateCommits:
                 self._pending.extend(ids)
                 return
         self._hand(sink, ids)
+
+    def restoring(self) -> None:
+        """The channels' restore begins: it loads every queue row committed so far, so the ids held until now are
+        dropped (handing them over at :meth:`attach` could queue again an event delivered and released meanwhile:
+        a duplicate). Commits from now until :meth:`attach` are still handed over."""
+        with self._lock:
+            self._pending = []
 
     def attach(self, sink: Sink) -> None:
         """The channels are restored: from now on late commits go to ``sink``, first those made before."""
