@@ -157,3 +157,26 @@ def test_commits_before_the_restore_began_are_not_handed_over_again() -> None:
     mgr.commit_branch(xid("n:b"))        # during the restore: maybe after its snapshot
     late.attach(lambda ids: sunk.append(list(ids)) or len(ids))
     assert sunk == [["102"]]
+
+
+def test_the_hand_over_reads_only_the_loaded_channels_and_nothing_when_none() -> None:
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+    from typing import Any
+
+    from router.channel.late import queue_committed
+
+    calls: list[tuple[str, Any]] = []
+
+    @contextmanager
+    def unit_of_work() -> Iterator[Any]:
+        yield SimpleNamespace(execute=lambda sql, params: (calls.append((sql, params)),
+                                                           SimpleNamespace(fetchall=lambda: []))[1])
+
+    factory = SimpleNamespace(channels={}, rt=SimpleNamespace(db=SimpleNamespace(unit_of_work=unit_of_work)))
+    assert queue_committed(factory, ["101"]) == 0
+    assert calls == [], "no channel loaded: no scan of nsjms_queue"
+    factory.channels = {4: SimpleNamespace(destroyed=False), 5: SimpleNamespace(destroyed=True)}
+    assert queue_committed(factory, ["101"]) == 0
+    assert len(calls) == 1 and "channel_id = ANY" in calls[0][0] and calls[0][1][0] == [4]
