@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from psycopg import Xid
 
@@ -163,7 +164,6 @@ def test_the_hand_over_reads_only_the_loaded_channels_and_nothing_when_none() ->
     from collections.abc import Iterator
     from contextlib import contextmanager
     from types import SimpleNamespace
-    from typing import Any
 
     from router.channel.late import queue_committed
 
@@ -180,3 +180,39 @@ def test_the_hand_over_reads_only_the_loaded_channels_and_nothing_when_none() ->
     factory.channels = {4: SimpleNamespace(destroyed=False), 5: SimpleNamespace(destroyed=True)}
     assert queue_committed(factory, ["101"]) == 0
     assert len(calls) == 1 and "channel_id = ANY" in calls[0][0] and calls[0][1][0] == [4]
+
+
+def test_a_fenced_nodes_recovery_hands_its_commits_over_in_one_call(monkeypatch: Any) -> None:
+    """recover_fenced finishes the dead node's branches in one finish_branches call, so the hand-over (one scan of
+    nsjms_queue under recovery_lock) runs once per pass, not once per branch; BranchNotFound counts as finished."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from router.cluster import decisions
+    from xa.errors import BranchNotFound
+    from xa.xid import NodeId, branch_xid, new_gtrid
+
+    dead = NodeId("dead")
+    g1, g2, g3, g4 = (new_gtrid(dead) for _ in range(4))
+    monkeypatch.setattr(decisions.M, "check", lambda conn, node, epoch: None)
+    monkeypatch.setattr(decisions, "decisions_of", lambda conn, node: {g1: [], g2: [], g4: []})
+
+    @contextmanager
+    def unit_of_work() -> Any:
+        yield SimpleNamespace(execute=lambda sql, params: SimpleNamespace(fetchone=lambda: ("fenced",)))
+
+    class Inner(FakeManager):
+        def recover(self) -> Sequence[Xid]:
+            return [branch_xid(g, "pg") for g in (g1, g2, g3, g4)]
+
+        def finish_branches(self, ops: Sequence[tuple[str, Xid]]) -> list[ResourceError | None]:
+            super().finish_branches(ops)
+            return [BranchNotFound("gone", gtrid=x.gtrid) if x.gtrid == g4 else None for _, x in ops]
+
+    late, sunk = LateCommits(), list[list[str]]()
+    late.attach(lambda ids: sunk.append(sorted(ids)) or len(ids))
+    ids = {g1: "101", g2: "102", g4: "104"}
+    report = decisions.recover_fenced(SimpleNamespace(unit_of_work=unit_of_work), "dead", "me", 1,
+                                      LateCommitManager(Inner(), late, ids_of(ids)), lambda g, p: None, "jms")
+    assert sunk == [["101", "102", "104"]], "one hand-over for the pass"
+    assert sorted(report.committed) == sorted([g1, g2, g4]) and report.rolled_back == [g3] and not report.errors
