@@ -155,7 +155,11 @@ def recover_fenced(db: Any, dead: str, by: str, by_epoch: int, pg: Any,
     failed: set[str] = set()
     # one call: the PostgreSQL manager's late-commit hand-over (router/latecommit.py) then scans the queue once
     ops = [("commit" if xid.gtrid in decided else "rollback", xid) for xid in prepared]
-    for (step, xid), err in zip(ops, pg.finish_branches(ops) if ops else [], strict=True):
+    try:
+        results: list[Exception | None] = list(pg.finish_branches(ops)) if ops else []
+    except Exception as exc:  # noqa: BLE001 - reported, retried at the next pass
+        results = [exc] * len(ops)
+    for (step, xid), err in zip(ops, results, strict=True):
         if err is not None and not isinstance(err, BranchNotFound):   # BranchNotFound: finished meanwhile
             failed.add(xid.gtrid)                                      # reported, retried at the next pass
             report.errors.append(f"{xid.gtrid}: {type(err).__name__}: {err}")
