@@ -16,8 +16,9 @@ an operator goes through it): before it commits prepared branches it reads their
 (``pg_prepared_xacts.transaction``; a row the branch inserted keeps it as its ``xmin`` once committed), and after
 each successful commit it hands the ids to :class:`LateCommits`, which passes those of T2s no driver owns to the
 channels (``router.channel.late.queue_committed``: the queue rows whose ``xmin`` is one of the ids, each event
-queued unless the channel already holds it). Commits made before the channels restored are kept and handed over
-when they attach: restore loaded some of those rows (they are then skipped), the others are queued.
+queued unless the channel already holds it). Commits made before the channels' restore began are dropped (the
+restore loads every committed queue row); those made during the restore are kept and handed over when the channels
+attach: restore loaded some of those rows (they are then skipped), the others are queued.
 """
 
 from __future__ import annotations
@@ -91,6 +92,13 @@ class LateCommits:
                 return
         self._hand(sink, ids)
 
+    def restoring(self) -> None:
+        """The channels' restore begins: it loads every queue row committed so far, so the ids held until now are
+        dropped (handing them over at :meth:`attach` could queue again an event delivered and released meanwhile:
+        a duplicate). Commits from now until :meth:`attach` are still handed over."""
+        with self._lock:
+            self._pending = []
+
     def attach(self, sink: Sink) -> None:
         """The channels are restored: from now on late commits go to ``sink``, first those made before."""
         with self._lock:
@@ -142,9 +150,13 @@ class LateCommitManager:
 
     def commit_branch(self, xid: Xid) -> None:
         ids = self._ids([xid])
-        self.inner.commit_branch(xid)
-        if str(xid) in ids:
-            self.late.committed([(xid.gtrid, ids[str(xid)])])
+        try:
+            self.inner.commit_branch(xid)
+        finally:
+            # handed over on every outcome: a COMMIT PREPARED whose answer was lost may have committed, and the next
+            # pass no longer sees the branch; an id that did not commit finds no rows (a later commit hands it again)
+            if str(xid) in ids:
+                self.late.committed([(xid.gtrid, ids[str(xid)])])
 
     def finish_branches(self, ops: Sequence[tuple[str, Xid]]) -> list[ResourceError | None]:
         commits = [xid for step, xid in ops if step == "commit"]
@@ -153,8 +165,8 @@ class LateCommitManager:
         except BranchUnavailable as exc:
             return self._rollbacks_only(ops, exc)
         results = self.inner.finish_branches(ops)
-        done = [(xid.gtrid, ids[str(xid)]) for (step, xid), err in zip(ops, results, strict=True)
-                if step == "commit" and err is None and str(xid) in ids]
+        # every commit, failed ones too: a lost answer may hide a commit (see commit_branch)
+        done = [(xid.gtrid, ids[str(xid)]) for step, xid in ops if step == "commit" and str(xid) in ids]
         if done:
             self.late.committed(done)
         return results

@@ -311,6 +311,7 @@ class Node(ClusterRole):
         # destination and direction (keep this order).
         owned = self._owned_at_start()     # a cluster member restores only what it owns (docs/cluster.md)
         self._build_bridges(set(owned.bridges))
+        self.t2.late.restoring()           # restore loads what was committed so far (router/latecommit.py)
         self.factory.restore(set(owned.channels))
         self._queue_late_commits()
         self.runtime.poa._get_the_POAManager().activate()

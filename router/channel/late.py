@@ -7,8 +7,9 @@
 event gets a fresh ``seq`` (its stored one may belong to a previous incarnation's numbering, above the floor this
 run started from): it queues behind what the channel holds now.
 
-One sequential scan of ``nsjms_queue`` per call (``xmin`` has no index); calls are rare (faults, operators), and
-a recovery pass hands all its commits in one call.
+``xmin`` has no index: each call scans the queue rows of the channels loaded here (none loaded: no query). Calls
+are rare (faults, operators); a recovery pass that commits through ``finish_branches`` hands its commits over in one
+call, a single ``commit_branch`` (an operator's commit, a fenced node's recovery) in one call each.
 """
 
 from __future__ import annotations
@@ -28,14 +29,16 @@ log = logging.getLogger("nsjms.channel")
 
 def queue_committed(factory: Any, txids: Sequence[str]) -> int:
     """Queue the events whose queue rows PostgreSQL transactions ``txids`` inserted; returns how many events."""
-    if not txids:
-        return 0
+    loaded = [int(cid) for cid, ch in list(factory.channels.items()) if not ch.destroyed]
+    if not txids or not loaded:
+        return 0                     # no channel here to queue on: no scan
     with factory.rt.db.unit_of_work() as conn:
         rows = conn.execute(
             "SELECT q.channel_id, q.admin_id, q.proxy_id, e.id, e.seq, e.form, e.body, e.priority, e.deadline, "
             "e.start_at FROM nsjms_queue q JOIN nsjms_event e ON e.id = q.event_id "
-            "WHERE q.xmin = ANY(%s::xid[]) ORDER BY q.channel_id, e.seq, q.admin_id, q.proxy_id",
-            (list(txids),)).fetchall()
+            "WHERE q.channel_id = ANY(%s) AND q.xmin = ANY(%s::xid[]) "
+            "ORDER BY q.channel_id, e.seq, q.admin_id, q.proxy_id",
+            (loaded, list(txids))).fetchall()
     by_channel: dict[int, list[QueuedRow]] = {}
     for cid, *rest in rows:
         by_channel.setdefault(int(cid), []).append(QueuedRow(*rest))

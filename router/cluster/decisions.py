@@ -166,17 +166,18 @@ def _finish_fenced(conn: Any, dead: str, decided: dict[str, tuple[Participant, .
     node = NodeId(dead)
     prepared = [x for x in pg.recover() if is_ours(x, node)]
     failed: set[str] = set()
-    for xid in prepared:
-        commit = xid.gtrid in decided
-        try:
-            (pg.commit_branch if commit else pg.rollback_branch)(xid)
-        except BranchNotFound:
-            pass                                               # finished meanwhile (its own restart, or us)
-        except Exception as exc:  # noqa: BLE001 - reported, retried at the next pass
-            failed.add(xid.gtrid)
-            report.errors.append(f"{xid.gtrid}: {type(exc).__name__}: {exc}")
+    # one call: the PostgreSQL manager's late-commit hand-over (router/latecommit.py) then scans the queue once
+    ops = [("commit" if xid.gtrid in decided else "rollback", xid) for xid in prepared]
+    try:
+        results: list[Exception | None] = list(pg.finish_branches(ops)) if ops else []
+    except Exception as exc:  # noqa: BLE001 - reported, retried at the next pass
+        results = [exc] * len(ops)
+    for (step, xid), err in zip(ops, results, strict=True):
+        if err is not None and not isinstance(err, BranchNotFound):   # BranchNotFound: finished meanwhile
+            failed.add(xid.gtrid)                                      # reported, retried at the next pass
+            report.errors.append(f"{xid.gtrid}: {type(err).__name__}: {err}")
             continue
-        (report.committed if commit else report.rolled_back).append(xid.gtrid)
+        (report.committed if step == "commit" else report.rolled_back).append(xid.gtrid)
     done = []
     for gtrid, parts in sorted(decided.items()):
         if gtrid in failed:
