@@ -89,6 +89,16 @@ class AuditRuns:
             (self.directory / f"{self._run}.exit").write_text(f"{self._proc.returncode}\n")
             self._proc = None
 
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until the console's run (if any) has ended and record its exit status (a test's teardown; a node's
+        stop leaves a run going: it runs in a session of its own and writes its report and exit file anyway)."""
+        with self._lock:
+            proc = self._proc
+        if proc is not None:
+            proc.wait(timeout)
+        with self._lock:
+            self._poll()
+
     def running(self) -> str:
         with self._lock:
             self._poll()

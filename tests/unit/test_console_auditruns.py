@@ -41,7 +41,9 @@ def env(tmp_path: Path) -> Any:
     runs = AuditRuns(reports, lambda out: [sys.executable, "-c", FAKE_AUDIT, str(out), str(gate)],
                      spark=lambda: spark["installed"])
     app = create_app(backend, sampler=RateSampler(backend.snapshot), audit_runs=runs)
-    return backend, app.test_client(), secrets, runs, gate, spark
+    yield backend, app.test_client(), secrets, runs, gate, spark
+    gate.touch()                    # a run a test left waiting ends, and is reaped (no process outlives the test)
+    runs.wait(60)
 
 
 def _wait_done(runs: AuditRuns, name: str) -> dict[str, Any]:
