@@ -7,12 +7,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Self
 
 from router.jms.errors import BrokerUnavailable, LocalProtocolError
-from router.jms.transport import AckMode, Delivery
+from router.jms.model import DeliveryMode, Destination, JmsMessage
+from router.jms.transport import AckMode, Delivery, EncodedMessage, MessageCodec
 
-__all__ = ["QueueSubscription", "SessionBook", "SubscriptionSpec"]
+__all__ = ["QueueSubscription", "SessionBook", "SubscriptionSpec", "TransportBase"]
 
 
 @dataclass
@@ -297,3 +300,39 @@ class QueueSubscription:
     def _fresh(self, delivery: Delivery) -> bool:
         """Deliveries needing an ack are only usable on the connection that delivered them."""
         return self.ack_mode is AckMode.AUTO or (delivery.epoch == self._book.epoch and self._book.connected)
+
+
+class TransportBase:
+    """What both transports (STOMP and the in-memory twin) do the same way over their :class:`SessionBook` and
+    codec: the context manager, ``is_connected`` and ``send`` (encode, then the transport's own ``send_encoded``)."""
+
+    _book: SessionBook
+    _codec: MessageCodec
+
+    def connect(self, *, retry: bool = False) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
+                     transaction: str | None = None, receipt: bool = True) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def is_connected(self) -> bool:
+        return self._book.connected and not self._book.closed
+
+    def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
+             receipt: bool = True, headers: Mapping[str, str] | None = None) -> None:
+        encoded = self._codec.encode(message)
+        if headers:
+            encoded = EncodedMessage({**encoded.headers, **headers}, encoded.body)
+        self.send_encoded(destination, encoded, persistent=message.delivery_mode is DeliveryMode.PERSISTENT,
+                          transaction=transaction, receipt=receipt)

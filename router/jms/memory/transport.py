@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,9 +20,9 @@ from router.jms.errors import (
     refused_send,
 )
 from router.jms.memory.broker import MemoryBroker
-from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage
+from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.retry import RECONNECT_POLICY, RetryPolicy
-from router.jms.session import QueueSubscription, SessionBook, SubscriptionSpec
+from router.jms.session import QueueSubscription, SessionBook, SubscriptionSpec, TransportBase
 from router.jms.transport import (
     AckMode,
     ConnectionState,
@@ -60,7 +60,7 @@ class _Done:
         return None
 
 
-class MemoryTransport:
+class MemoryTransport(TransportBase):
     """:class:`~router.jms.transport.Transport` on a :class:`MemoryBroker` (``memory://NAME`` or ``broker=``)."""
 
     def __init__(self, url: str = "memory://", *, broker: MemoryBroker | None = None, client_id: str | None = None,
@@ -84,17 +84,7 @@ class MemoryTransport:
         self._txs: dict[str, _TxOps] = {}
         self.renewals = 0
 
-    def __enter__(self) -> MemoryTransport:
-        self.connect()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- connection
-    def is_connected(self) -> bool:
-        return self._book.connected and not self._book.closed
-
     def connect(self, *, retry: bool = False) -> None:
         if retry:
             self.reconnect()
@@ -182,14 +172,6 @@ class MemoryTransport:
             raise fault[0]
 
     # -- sending and transactions
-    def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
-             receipt: bool = True, headers: Mapping[str, str] | None = None) -> None:
-        encoded = self._codec.encode(message)
-        if headers:
-            encoded = EncodedMessage({**encoded.headers, **headers}, encoded.body)
-        self.send_encoded(destination, encoded, persistent=message.delivery_mode is DeliveryMode.PERSISTENT,
-                          transaction=transaction, receipt=receipt)
-
     def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
                      transaction: str | None = None, receipt: bool = True) -> None:
         dest = stomp_destination(destination)

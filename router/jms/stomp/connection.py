@@ -33,7 +33,7 @@ from router.jms.errors import BrokerError, BrokerUnavailable, LocalProtocolError
 from router.jms.model import BodyType, JmsMessage
 from router.jms.refusal import RESOURCE_MARK, is_resource
 from router.jms.retry import RECONNECT_POLICY, RetryPolicy
-from router.jms.session import QueueSubscription, SessionBook
+from router.jms.session import QueueSubscription, SessionBook, TransportBase
 from router.jms.stomp import readframe
 from router.jms.stomp.inbound import SPLIT_FRAME, Listener, SplitFrame, broker_error, watch_split_frames
 from router.jms.stomp.link import LINK_ERRORS, bound_silence, no_delay, parse_stomp_url
@@ -48,7 +48,7 @@ log = logging.getLogger("nsjms.transport.stomp")
 _STOP = object()
 
 
-class StompConnection:
+class StompConnection(TransportBase):
     """The connection under :class:`~router.jms.stomp.transport.StompTransport` (see the module docstring)."""
 
     def __init__(self, url: str, *, username: str | None = None, password: str | None = None,
@@ -90,17 +90,7 @@ class StompConnection:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, connected={self.is_connected()})"
 
-    def __enter__(self) -> StompConnection:
-        self.connect()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ------------------------------------------------------------------------------------------- connection
-    def is_connected(self) -> bool:
-        return self._book.connected and not self._book.closed
-
     def connect(self, *, retry: bool = False) -> None:
         self._book.check_open()
         self._start_dispatcher()

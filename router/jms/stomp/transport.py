@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import stomp
 
@@ -18,7 +18,7 @@ from router.jms.errors import (
     TransportError,
     refused_send,
 )
-from router.jms.model import DeliveryMode, Destination, JmsMessage
+from router.jms.model import Destination
 from router.jms.session import QueueSubscription, SubscriptionSpec
 from router.jms.stomp.connection import StompConnection
 from router.jms.stomp.link import LINK_ERRORS, write_chunked
@@ -35,14 +35,6 @@ class StompTransport(StompConnection):
     """:class:`~router.jms.transport.Transport` over STOMP 1.2 with stomp.py 9 (see :mod:`router.jms.stomp`)."""
 
     # ------------------------------------------------------------------------------------------- sending
-    def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
-             receipt: bool = True, headers: Mapping[str, str] | None = None) -> None:
-        encoded = self._codec.encode(message)
-        if headers:
-            encoded = EncodedMessage({**encoded.headers, **headers}, encoded.body)
-        self.send_encoded(destination, encoded, persistent=message.delivery_mode is DeliveryMode.PERSISTENT,
-                          transaction=transaction, receipt=receipt)
-
     def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
                      transaction: str | None = None, receipt: bool = True) -> None:
         dest = stomp_destination(destination)
