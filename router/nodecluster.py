@@ -85,7 +85,8 @@ class ClusterRole:
         from router.cluster.takeover import Takeover
 
         self.takeover = Takeover(self.db, self.s.node_id, self._live_epoch, self.s.cluster_renew_s,
-                                 start=self._take_over, recover=self._recover_dead)
+                                 start=self._take_over, recover=self._recover_dead,
+                                 claimed=lambda owned: self.factory.arrive(owned.channels))
         self.takeover.start()
 
     def _take_over(self, owned: Any) -> None:

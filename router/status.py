@@ -170,7 +170,8 @@ def render_cluster(cluster: dict[str, Any]) -> str:
     line = f"cluster     epoch {cluster.get('epoch')}; members {members or '(not read yet)'}"
     for t in cluster.get("takeovers") or []:
         at = time.strftime("%H:%M:%SZ", time.gmtime(t.get("at", 0)))
-        line += f"; took over {t.get('node_id')} {at} (channels {t.get('channels')}, bridges {t.get('bridges')})"
+        line += f"; took over {t.get('node_id')} {at} (channels {t.get('channels')}, bridges {t.get('bridges')}" \
+            + ("" if t.get("started", True) else "; loading") + ")"
     if cluster.get("error"):
         line += f"\n  lease renewal failing: {cluster['error']}"
     return line

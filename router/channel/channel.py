@@ -59,6 +59,7 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         self.rt = rt
         self._lock = threading.RLock()
         self.channels: dict[int, EventChannelImpl] = {}
+        self.arriving: set[int] = set()     # claimed from a dead node, not loaded yet (router/cluster/takeover.py)
         self.ref: Any = None
         self.filter_factory: Any = None
         self.filter_factory_ref: Any = None
@@ -97,6 +98,12 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
             channel.restore()
         log.info("restored %d channel(s)", len(self.channels))
 
+    def arrive(self, ids: Collection[int]) -> None:
+        """Channels this node has just claimed from a dead node and will load: until :meth:`adopt` loads each,
+        ``get_event_channel`` answers TRANSIENT (retry) for it, not ChannelNotFound (which a client may act on)."""
+        with self._lock:
+            self.arriving |= set(ids) - set(self.channels)
+
     def adopt(self, ids: Collection[int]) -> list[int]:
         """Load channels this node took over from a dead node (router/cluster/takeover.py) as :meth:`restore`
         does; returns the ids loaded (those not already here)."""
@@ -112,6 +119,10 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
                 self.channels[row.id] = channel
             channel.restore()
             loaded.append(row.id)
+            with self._lock:
+                self.arriving.discard(row.id)
+        with self._lock:
+            self.arriving -= set(ids)            # gone from the database meanwhile (destroyed): not found, not retry
         log.info("took over %d channel(s): %s", len(loaded), loaded)
         return loaded
 
@@ -156,6 +167,9 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
     def get_event_channel(self, id: int) -> Any:  # noqa: A002
         with self._lock:
             channel = self.channels.get(id)
+            arriving = id in self.arriving
+        if channel is None and arriving:
+            raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)      # taken over, being loaded: asked again, it is here
         if channel is None:
             raise CosNotifyChannelAdmin.ChannelNotFound()
         return channel.ref

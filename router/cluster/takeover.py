@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from router.cluster import members as M
@@ -42,13 +42,15 @@ log = logging.getLogger("nsjms.cluster")
 @dataclass(frozen=True)
 class TakenOver:
     """One takeover this node did: whom, when (``time.time()``), how long after the dead node's last renewal (from
-    PostgreSQL's clock), its new epoch, and what moved."""
+    PostgreSQL's clock), its new epoch, and what moved. ``started`` turns true once what moved is loaded and running
+    here (until then the claim is committed but a client asking this node for a claimed channel is told to retry)."""
 
     node_id: str
     at: float
     after_last_renewal_s: float
     epoch: int
     owned: Owned
+    started: bool = False
 
 
 class Takeover:
@@ -56,9 +58,10 @@ class Takeover:
     ``epoch()``: this node's live epoch (None once fenced); ``recover(dead)`` and ``start(owned)`` are the node's."""
 
     def __init__(self, db: Any, node_id: str, epoch: Callable[[], int | None], period_s: float, *,
-                 start: Callable[[Owned], None], recover: Callable[[str], None] | None = None) -> None:
+                 start: Callable[[Owned], None], recover: Callable[[str], None] | None = None,
+                 claimed: Callable[[Owned], None] | None = None) -> None:
         self.db, self.node_id, self._epoch, self.period_s = db, node_id, epoch, period_s
-        self._start, self._recover = start, recover
+        self._start, self._recover, self._claimed = start, recover, claimed
         self.done: list[TakenOver] = []
         self.last_error: str | None = None
         self._stop = threading.Event()
@@ -110,10 +113,12 @@ class Takeover:
                     done = TakenOver(dead, time.time(), renewed.get(dead, 0.0), new_epoch, owned)
                     log.warning("cluster: node %s fenced (epoch %d); took over channels %s and bridges %s",
                                 dead, new_epoch, list(owned.channels), list(owned.bridges))
-                    self._finish(dead)
                     self.done.append(done)
                     out.append(done)
                     self._pending = _merge(self._pending, owned)
+                    if self._claimed is not None:
+                        self._claimed(owned)                   # claimed, not loaded yet: clients are told to retry
+                    self._finish(dead)
                     self._start_pending()
                 else:
                     log.info("cluster: node %s fenced (epoch %d); it owned nothing", dead, new_epoch)
@@ -127,6 +132,9 @@ class Takeover:
         if self._pending:
             self._start(self._pending)
             self._pending = Owned()
+            for i, t in enumerate(self.done):
+                if not t.started:
+                    self.done[i] = replace(t, started=True)
 
     def _finish(self, dead: str) -> None:
         if self._recover is None:
@@ -145,7 +153,8 @@ class Takeover:
 
     def status(self) -> list[dict[str, Any]]:
         return [{"node_id": t.node_id, "at": t.at, "after_last_renewal_s": round(t.after_last_renewal_s, 1),
-                 "epoch": t.epoch, "channels": list(t.owned.channels), "bridges": list(t.owned.bridges)}
+                 "epoch": t.epoch, "channels": list(t.owned.channels), "bridges": list(t.owned.bridges),
+                 "started": t.started}
                 for t in self.done]
 
 

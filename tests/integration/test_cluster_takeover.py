@@ -149,7 +149,8 @@ def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_tran
         assert in_doubt and in_doubt <= decided, \
             f"its branch is in doubt and its decision readable in PostgreSQL: {in_doubt} {decided}"
 
-        assert wait_until(lambda: bool(node_status(b).get("cluster", {}).get("takeovers")), 60), node_status(b)
+        assert wait_until(lambda: any(t["started"] for t in node_status(b).get("cluster", {}).get("takeovers", [])),
+                          60), node_status(b)
         took = time.monotonic() - died
         assert wait_until(lambda: len(counter.names()) >= EVENTS, 90), sorted(counter.names())
         print(f"\ntakeover: nb took na over {took:.1f} s after na died (lease expiry {EXPIRY_S} s, renewal "
@@ -180,7 +181,8 @@ def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_tran
         status = node_status(a)                          # (the first status.json of the new process)
         assert status["channels"] == [] and status["bridges"] == [], status
         assert status["cluster"]["owned"] == {"channels": [], "bridges": []}
-        assert [x["id"] for x in node_status(b)["bridges"]] == [bid, bid_in]
+        assert wait_until(lambda: [x["id"] for x in node_status(b).get("bridges", [])] == [bid, bid_in], 10), \
+            node_status(b)                                   # (status.json is a snapshot rewritten every 2 s)
         out = subprocess.run([sys.executable, "-m", "router.cli", "cluster", "status", "--json", "--state-dir",
                               str(b.state_dir)], env=dict(os.environ, NSJMS_POSTGRES_DSN=fresh_db),
                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
@@ -196,9 +198,9 @@ def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_tran
         assert b.proc is not None
         b.proc.send_signal(signal.SIGSTOP)
         try:
-            assert wait_until(lambda: any(t["node_id"] == "nb" for t in
+            assert wait_until(lambda: any(t["node_id"] == "nb" and t["started"] for t in
                                           node_status(a).get("cluster", {}).get("takeovers", [])), 60), \
-                node_status(a).get("cluster")
+                node_status(a).get("cluster")            # claimed AND loaded (before, a claim alone was listed)
             channel = client_orb.factory(a.ior()).get_event_channel(cid)     # its new owner
             supplier = structured_supplier(channel)
             for i in range(EVENTS, EVENTS + 10):

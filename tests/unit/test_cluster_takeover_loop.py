@@ -112,3 +112,19 @@ def test_a_start_that_failed_after_its_claim_committed_is_retried_at_the_next_pa
     assert starts == [owned, owned], "the claimed work is started at the next pass"
     t.pass_once()
     assert len(starts) == 2, "once started, not again"
+    assert [s["started"] for s in t.status()] == [True]
+
+
+def test_a_takeover_is_listed_as_started_only_once_its_work_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (CI, test_cluster_takeover): the status listed a takeover as soon as the claim committed, and a
+    client that read it asked the node for the channel before it was loaded (ChannelNotFound). The claim is told
+    to the node at once (``claimed``: its factory answers TRANSIENT meanwhile); ``started`` turns true after start."""
+    owned = Owned((3,), (7,))
+    events: list[tuple[str, Any]] = []
+    t = _takeover(monkeypatch, [_view("me", "live", 5.0), _view("dead", "live", -1.0)], {"dead": owned}, [], events)
+    seen: list[tuple[str, Any]] = []
+    t._claimed = lambda o: seen.append(("claimed", o, [s["started"] for s in t.status()]))
+    t._start = lambda o: seen.append(("start", o, [s["started"] for s in t.status()]))
+    t.pass_once()
+    assert seen == [("claimed", owned, [False]), ("start", owned, [False])]
+    assert [s["started"] for s in t.status()] == [True]
