@@ -38,7 +38,7 @@ from flask import Flask, Response, abort, g, jsonify, redirect, render_template,
 
 from router.auth import Authenticator, Principal, Role
 from router.console import calls as node_calls
-from router.console.auditruns import AuditRefused, AuditRuns, nsjms_audit_command
+from router.console.auditruns import AuditRefused, AuditRuns, WindowRefused, nsjms_audit_command, parse_window
 from router.console.backend import (
     BRIDGE_ACTIONS,
     DEAD_LETTER_ACTIONS,
@@ -78,6 +78,27 @@ def action_form(form: Any, *, confirm: tuple[str, str, str] | None = None) -> st
         if str(form.get(field, "")).strip() != expected:
             raise FormRefused(f"confirm by typing the {what} {expected}")
     return why
+
+
+class NoSuchItem(Exception):
+    """The item a page names does not exist (the backend's refusal to find it): 404."""
+
+
+def refusal_text(exc: ConsoleRefused) -> str:
+    """A refusal as the page shows it and the log records it: the CLI's words, starting with "refused" (or the
+    CLI's "node not reachable")."""
+    return str(exc) if str(exc).startswith(("refused", "node not")) else f"refused: {exc}"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A list whose ticked items can be acted on together: its item's name, the actions a selection may take (and
+    how a refusal names them), and the one item's operation (the same the item's own page calls)."""
+
+    kind: str
+    actions: tuple[str, ...]
+    verbs: str
+    act: Callable[[Principal, int, str, str], dict[str, Any]]
 
 
 MAX_SELECTED = MAX_PER_PAGE    # a selection is at most one page of a list
@@ -248,6 +269,14 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         session: Session = g.session
         return session.principal
 
+    def acting(action: str, allowed: tuple[str, ...], confirm: tuple[str, str, str] | None = None) -> str:
+        """What every action on one item checks before anything runs: the operator role, an action the item has
+        (404 otherwise), the reason and the typed confirmation (:func:`action_form`); returns the reason."""
+        require_operator()
+        if action not in allowed:
+            abort(404)
+        return action_form(request.form, confirm=confirm)
+
     def require_operator() -> None:
         if who().role < Role.OPERATOR:
             backend.audit(who().name, request.form.get("why", ""), f"console {request.path}", "",
@@ -262,13 +291,17 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
     def not_found(_exc: Any) -> Response:
         return _error(404, "no such page")
 
+    @app.errorhandler(NoSuchItem)
+    def no_such_item(exc: NoSuchItem) -> Response:
+        return _error(404, str(exc))
+
     @app.errorhandler(FormRefused)
     def bad_form(exc: FormRefused) -> Response:
         return _error(400, str(exc))
 
     @app.errorhandler(ConsoleRefused)
     def refused(exc: ConsoleRefused) -> Response:
-        text = str(exc) if str(exc).startswith(("refused", "node not")) else f"refused: {exc}"
+        text = refusal_text(exc)
         session = g.get("session")
         log.warning("console %s %s by %s: %d %s", request.method, request.path,
                     session.principal.name if session else "-", exc.status, text)
@@ -278,20 +311,52 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         """A JSON answer for ``?format=json``, else a redirect to ``target``."""
         return jsonify(result) if request.args.get("format") == "json" else redirect(target)
 
-    def run_selected(kind: str, ids: list[int], act: Callable[[int], dict[str, Any]]) -> Any:
-        """One operation per selected id (each recorded by the backend); the page lists each one's outcome."""
-        results: list[dict[str, Any]] = []
-        for item in ids:
-            try:
-                results.append({"id": item, "ok": True, "result": act(item)})
-            except ConsoleRefused as exc:
-                text = str(exc) if str(exc).startswith(("refused", "node not")) else f"refused: {exc}"
-                log.warning("console %s %s %s by %s: %s", kind, request.form.get("action", ""), item, who().name, text)
-                results.append({"id": item, "ok": False, "result": text})
+    def selection(what: Selection) -> Callable[[], Any]:
+        """The POST of a list's ticked items (``ids``) and its ``action``: checked once (the operator role, the
+        action, the reason, the ids) before anything runs, then the one item's operation per id, in order, each
+        recorded by the backend; one refusal stops none of the others. The page lists each one's outcome."""
+        def view() -> Any:
+            require_operator()
+            action = request.form.get("action", "")
+            if action not in what.actions:
+                raise FormRefused(f"a selection of {what.kind}s can be {what.verbs}, not {action!r}")
+            why = action_form(request.form)
+            results: list[dict[str, Any]] = []
+            for item in selected_ids(request.form):
+                try:
+                    results.append({"id": item, "ok": True, "result": what.act(who(), item, action, why)})
+                except ConsoleRefused as exc:
+                    text = refusal_text(exc)
+                    log.warning("console %s %s %s by %s: %s", what.kind, action, item, who().name, text)
+                    results.append({"id": item, "ok": False, "result": text})
+            if request.args.get("format") == "json":
+                return jsonify({"results": results})
+            return render_template("selected.html", kind=what.kind, action=action, results=results,
+                                   session=g.session)
+        return view
+
+    for path, endpoint, what in (
+            ("/bridges/selected", "bridges_selected",
+             Selection("bridge", BRIDGE_ACTIONS, "started, stopped or destroyed", backend.bridge_action)),
+            ("/deadletters/selected", "dead_letters_selected",
+             Selection("dead letter", DEAD_LETTER_ACTIONS, "retried or discarded", backend.dead_letter_action))):
+        app.add_url_rule(path, endpoint, selection(what), methods=["POST"])
+
+    def item(get: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """An item the backend looks up; its "no such" refusal is a 404 (the node's own refusals stay 409/503)."""
+        try:
+            return get()
+        except (NodeRefused, NodeUnavailable):
+            raise
+        except ConsoleRefused as exc:
+            raise NoSuchItem(str(exc)) from exc
+
+    def decided(result: dict[str, Any], action: str, target: str, errors: list[Any]) -> Any:
+        """The answer to a decision on one item (a transaction, an orphaned branch, a dead letter)."""
         if request.args.get("format") == "json":
-            return jsonify({"results": results})
-        return render_template("selected.html", kind=kind, action=request.form.get("action", ""),
-                               results=results, session=g.session)
+            return jsonify(result)
+        return render_template("done.html", action=action, gtrid=target, result=result, session=g.session,
+                               errors=errors)
 
     def page(template: str, data: dict[str, Any], **extra: Any) -> Any:
         if request.args.get("format") == "json":
@@ -396,12 +461,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.get("/channels/<int:cid>")
     def channel(cid: int) -> Any:
-        try:
-            return page("channel.html", backend.channel(who(), cid))
-        except ConsoleRefused as exc:
-            if isinstance(exc, (NodeRefused, NodeUnavailable)):
-                raise
-            return _error(404, str(exc))
+        return page("channel.html", item(lambda: backend.channel(who(), cid)))
 
     @app.post("/channels/create")
     def channel_create() -> Any:
@@ -436,10 +496,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.post("/bridges/<int:bid>/<action>")
     def bridge_action(bid: int, action: str) -> Any:
-        require_operator()
-        if action not in BRIDGE_ACTIONS:
-            abort(404)
-        why = action_form(request.form)
+        why = acting(action, BRIDGE_ACTIONS)
         result = backend.bridge_action(who(), bid, action, why)
         return done(result, url_for("bridges") if action == "destroy" else url_for("bridge", bid=bid))
 
@@ -466,16 +523,6 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         result = backend.bridge_create(who(), spec, why)
         return done(result, url_for("bridge", bid=int(result["id"])))
 
-    @app.post("/bridges/selected")
-    def bridges_selected() -> Any:
-        require_operator()
-        action = request.form.get("action", "")
-        if action not in BRIDGE_ACTIONS:
-            raise FormRefused(f"a selection of bridges can be started, stopped or destroyed, not {action!r}")
-        why = action_form(request.form)
-        return run_selected("bridge", selected_ids(request.form),
-                            lambda bid: backend.bridge_action(who(), bid, action, why))
-
     @app.get("/transactions")
     def transactions() -> Any:
         listing = backend.transactions()
@@ -487,12 +534,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.get("/transactions/<path:gtrid>")
     def transaction(gtrid: str) -> Any:
-        try:
-            view = backend.transaction(gtrid)
-        except ConsoleRefused as exc:
-            if isinstance(exc, (NodeRefused, NodeUnavailable)):
-                raise
-            return _error(404, str(exc))
+        view = item(lambda: backend.transaction(gtrid))
         confirm = request.args.get("confirm", "")
         from router.txncli import heuristic_warning
 
@@ -501,17 +543,11 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.post("/transactions/<path:gtrid>/<action>")
     def transaction_action(gtrid: str, action: str) -> Any:
-        require_operator()
-        if action not in TXN_ACTIONS:
-            abort(404)
-        why = action_form(request.form, confirm=("confirm_gtrid", gtrid, "transaction id"))
+        why = acting(action, TXN_ACTIONS, confirm=("confirm_gtrid", gtrid, "transaction id"))
         if action == "commit" and request.form.get("heuristic") == "1":
             action = HEURISTIC_COMMIT            # `nsjms txn commit --heuristic`: the same refusals and words
         result = backend.txn_action(who(), gtrid, action, why)
-        if request.args.get("format") == "json":
-            return jsonify(result)
-        return render_template("done.html", action=action, gtrid=gtrid, result=result, session=g.session,
-                               errors=list(result.get("errors") or []))
+        return decided(result, action, gtrid, list(result.get("errors") or []))
 
     @app.get("/orphans/<path:gid>")
     def orphan(gid: str) -> Any:
@@ -528,15 +564,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.post("/orphans/<path:gid>/<action>")
     def orphan_action(gid: str, action: str) -> Any:
-        require_operator()
-        if action not in ORPHAN_ACTIONS:
-            abort(404)
-        why = action_form(request.form, confirm=("confirm_gid", gid, "GID"))
-        result = backend.orphan_action(who(), gid, action, why)
-        if request.args.get("format") == "json":
-            return jsonify(result)
-        return render_template("done.html", action=f"{action} orphaned branch", gtrid=gid, result=result,
-                               session=g.session, errors=[])
+        why = acting(action, ORPHAN_ACTIONS, confirm=("confirm_gid", gid, "GID"))
+        return decided(backend.orphan_action(who(), gid, action, why), f"{action} orphaned branch", gid, [])
 
     @app.get("/deadletters")
     def dead_letters() -> Any:
@@ -548,34 +577,13 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.get("/deadletters/<int:dl_id>")
     def dead_letter(dl_id: int) -> Any:
-        try:
-            return page("deadletter.html", backend.dead_letter(dl_id), actions=DEAD_LETTER_ACTIONS)
-        except ConsoleRefused as exc:
-            if isinstance(exc, (NodeRefused, NodeUnavailable)):
-                raise
-            return _error(404, str(exc))
+        return page("deadletter.html", item(lambda: backend.dead_letter(dl_id)), actions=DEAD_LETTER_ACTIONS)
 
     @app.post("/deadletters/<int:dl_id>/<action>")
     def dead_letter_action(dl_id: int, action: str) -> Any:
-        require_operator()
-        if action not in DEAD_LETTER_ACTIONS:
-            abort(404)
-        why = action_form(request.form)
-        result = backend.dead_letter_action(who(), dl_id, action, why)
-        if request.args.get("format") == "json":
-            return jsonify(result)
-        return render_template("done.html", action=f"{action} dead letter", gtrid=str(dl_id), result=result,
-                               session=g.session, errors=[])
-
-    @app.post("/deadletters/selected")
-    def dead_letters_selected() -> Any:
-        require_operator()
-        action = request.form.get("action", "")
-        if action not in DEAD_LETTER_ACTIONS:
-            raise FormRefused(f"a selection of dead letters can be retried or discarded, not {action!r}")
-        why = action_form(request.form)
-        return run_selected("dead letter", selected_ids(request.form),
-                            lambda dl_id: backend.dead_letter_action(who(), dl_id, action, why))
+        why = acting(action, DEAD_LETTER_ACTIONS)
+        return decided(backend.dead_letter_action(who(), dl_id, action, why), f"{action} dead letter", str(dl_id),
+                       [])
 
     @app.get("/audit")
     def audit() -> Any:
@@ -619,14 +627,20 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
     def audit_start() -> Any:
         require_operator()
         why = action_form(request.form)
+        try:       # parsed here (never evaluated), passed as the command's own argv items (never a shell)
+            window = parse_window(request.form.get("from", ""), request.form.get("to", ""))
+        except WindowRefused as exc:
+            raise FormRefused(str(exc)) from exc
+        shown = " ".join(window.argv()) or "the whole ledger"
         try:
-            name = runs.start()
+            name = runs.start(window)
         except AuditRefused as exc:
-            backend.audit(who().name, why, "console audit start", "", f"refused: {exc}")
+            backend.audit(who().name, why, "console audit start", "", f"refused: {exc} ({shown})")
             raise ConsoleRefused(f"refused: {exc}") from exc
-        backend.audit(who().name, why, "console audit start", name, "started")
-        log.info("console audit run %s started by %s", name, who().name)
-        return done({"name": name, "state": "running"}, url_for("audit_report_run", name=name))
+        backend.audit(who().name, why, "console audit start", name, f"started ({shown})")
+        log.info("console audit run %s (%s) started by %s", name, shown, who().name)
+        return done({"name": name, "state": "running", "window": window.as_dict()},
+                    url_for("audit_report_run", name=name))
 
     return app
 

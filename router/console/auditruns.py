@@ -9,27 +9,89 @@
   import-linter contract and tests/unit/test_audit_units.py check it), its output in ``<reports>/<run>.log``, its
   exit status in ``<run>.exit`` once it ends. One run at a time; refused when pyspark (the ``audit`` extra) is not
   installed.
+* **Window**: a run may be given ``--from`` / ``--to`` (:func:`parse_window`: ISO 8601 dates or date-times, UTC
+  without a zone, ``from`` before ``to``), parsed here and passed to the command as separate arguments of its argv
+  in the parsed value's own ISO form (never a shell, never the text typed); the window asked for is kept beside
+  the run's log (``<run>.window.json``) and, once written, the report's ``summary.json`` says which window it
+  audited: a run's page and the list show that one.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AuditRefused", "AuditRuns", "nsjms_audit_command", "spark_installed"]
+__all__ = ["AuditRefused", "AuditRuns", "AuditWindow", "WindowRefused", "nsjms_audit_command", "parse_window",
+           "spark_installed"]
 
 LOG_TAIL = 40          # lines of a run's log the progress page shows
+MAX_TIME_TEXT = 40     # an ISO 8601 date-time with an offset and microseconds is 32 characters
 
 
 class AuditRefused(Exception):
     """An audit run cannot start (one is running, pyspark is missing, the directory is not writable): 409."""
+
+
+class WindowRefused(AuditRefused):
+    """The window asked for is not one (a bound that is no ISO 8601 date or date-time, ``from`` not before
+    ``to``): the request's fault, 400, nothing started."""
+
+
+@dataclass(frozen=True)
+class AuditWindow:
+    """``nsjms audit --from START --to END`` (either open): ``accepted_at >= start`` and ``< end``, in UTC."""
+
+    start: datetime | None = None
+    end: datetime | None = None
+
+    def argv(self) -> list[str]:
+        """The options for the command's argv: the parsed values' ISO form, never the text that was typed."""
+        out: list[str] = []
+        if self.start is not None:
+            out += ["--from", self.start.isoformat()]
+        if self.end is not None:
+            out += ["--to", self.end.isoformat()]
+        return out
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"from": None if self.start is None else self.start.isoformat(),
+                "to": None if self.end is None else self.end.isoformat()}
+
+
+def _parse_time(text: str, what: str) -> datetime | None:
+    """An ISO 8601 date or date-time (``nsjms audit``'s own rule: without a zone it is UTC), as UTC; None when
+    empty."""
+    text = text.strip()
+    if not text:
+        return None
+    if len(text) > MAX_TIME_TEXT:
+        raise WindowRefused(f"{what}: not an ISO 8601 date or date-time (longer than {MAX_TIME_TEXT} characters)")
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise WindowRefused(f"{what}: not an ISO 8601 date or date-time: {text!r} (e.g. 2026-02-01 or "
+                            "2026-02-01T12:00:00Z)") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def parse_window(start: str = "", end: str = "") -> AuditWindow:
+    """The window of an audit run from the text of its two fields (empty: open on that side); WindowRefused
+    naming the field when a bound is no date or the window is empty or reversed."""
+    window = AuditWindow(_parse_time(start, "from"), _parse_time(end, "to"))
+    if window.start is not None and window.end is not None and window.start >= window.end:
+        raise WindowRefused(f"from {window.start.isoformat()} is not before to {window.end.isoformat()}: the "
+                            "window would be empty")
+    return window
 
 
 def spark_installed() -> bool:
@@ -104,8 +166,10 @@ class AuditRuns:
             self._poll()
             return self._run if self._proc is not None else ""
 
-    def start(self) -> str:
-        """Start ``nsjms audit`` into a new report directory; returns the run's name or raises AuditRefused."""
+    def start(self, window: AuditWindow | None = None) -> str:
+        """Start ``nsjms audit [--from ...] [--to ...]`` into a new report directory; returns the run's name or
+        raises AuditRefused."""
+        window = window or AuditWindow()
         if not self.spark():
             raise AuditRefused("the audit extra is not installed (pyspark): install nsjms[audit] on this node "
                                "to run `nsjms audit` (docs/audit.md)")
@@ -118,9 +182,11 @@ class AuditRuns:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 if (self.directory / f"{name}.log").exists() or (self.directory / name).exists():
                     raise AuditRefused(f"a run named {name} exists already: start again in a second")
+                (self.directory / f"{name}.window.json").write_text(json.dumps(window.as_dict()) + "\n")
                 with open(self.directory / f"{name}.log", "xb") as log:
                     env = {**os.environ, **(self.env or {})}
-                    self._proc = subprocess.Popen(list(self.command(self.directory / name)), stdout=log,
+                    argv = [*self.command(self.directory / name), *window.argv()]
+                    self._proc = subprocess.Popen(argv, stdout=log,
                                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                                   start_new_session=True)
             except OSError as exc:
@@ -153,4 +219,22 @@ class AuditRuns:
         if log is not None and log.is_file():
             tail = log.read_bytes()[-16384:].decode("utf-8", "replace").replace("\r", "\n").splitlines()[-LOG_TAIL:]
         return {"name": name, "state": state, "exit": code, "report": has_report, "time": stamp,
-                "log": tail, "has_log": log is not None}
+                "log": tail, "has_log": log is not None,
+                **_window(report if has_report else None, children.get(f"{name}.window.json"))}
+
+
+def _window(report: Path | None, asked: Path | None) -> dict[str, Any]:
+    """``window`` ({"from", "to"}: ISO text or None for an open side) and ``window_of``: "report" (what its
+    summary.json says it audited), "requested" (what the run was started with; no report yet), or None (unknown)."""
+    for path, of in ((report / "summary.json" if report is not None else None, "report"), (asked, "requested")):
+        if path is None or not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        window = data.get("window") if of == "report" and isinstance(data, dict) else data
+        if isinstance(window, dict):
+            return {"window": {k: None if window.get(k) is None else str(window[k]) for k in ("from", "to")},
+                    "window_of": of}
+    return {"window": None, "window_of": None}

@@ -3,6 +3,7 @@ refused, one run at a time, the audit extra missing."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -12,20 +13,22 @@ import pytest
 
 from router.auth import Role
 from router.console.app import create_app
-from router.console.auditruns import AuditRuns
+from router.console.auditruns import AuditRuns, WindowRefused, parse_window
 from router.console.views import RateSampler
 from tests.unit.test_console_app import FakeBackend, _csrf, issue, login
 
 # a stand-in for `nsjms audit --out OUT`: prints, waits until the test lets it go, writes a report with a plot
 FAKE_AUDIT = """
-import pathlib, sys, time
-out = pathlib.Path(sys.argv[1]); gate = pathlib.Path(sys.argv[2])
-print("audit: reading the ledger", flush=True)
+import json, pathlib, sys, time
+out = pathlib.Path(sys.argv[1]); gate = pathlib.Path(sys.argv[2]); rest = sys.argv[3:]
+print("audit: reading the ledger", json.dumps(rest), flush=True)
 while not gate.exists():
     time.sleep(0.05)
 (out / "plots").mkdir(parents=True)
 (out / "plots" / "latency.png").write_bytes(b"PNG")
 (out / "report.html").write_text("<html><style>b{}</style><b>lost 0</b></html>")
+bound = {o: rest[rest.index(o) + 1] if o in rest else None for o in ("--from", "--to")}
+(out / "summary.json").write_text(json.dumps({"window": {"from": bound["--from"], "to": bound["--to"]}}))
 print("audit: 3 obligations, lost 0", flush=True)
 """
 
@@ -134,3 +137,74 @@ def test_start_refused_without_the_audit_extra(env: Any, tmp_path: Path) -> None
     assert "the audit extra is not installed (pyspark)" in resp.get_json()["error"]
     assert "pyspark" in backend.audits[-1][4] and runs.running() == ""
     assert not (tmp_path / "audit").exists()
+
+
+def test_a_run_with_a_window_passes_it_as_argv_and_shows_it(env: Any, tmp_path: Path) -> None:
+    backend, client, secrets, runs, gate, _ = env
+    login(client, "operator", secrets["operator"])
+    page = client.get("/audit/reports").get_data(as_text=True)
+    assert 'id="audit-from"' in page and 'id="audit-to"' in page
+    resp = client.post("/audit/reports/start?format=json",
+                       data={"why": "february", "csrf": _csrf(page), "from": "2026-02-01",
+                             "to": "2026-03-01T01:00+01:00"})
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    name = resp.get_json()["name"]
+    window = {"from": "2026-02-01T00:00:00+00:00", "to": "2026-03-01T00:00:00+00:00"}
+    assert resp.get_json()["window"] == window
+    assert backend.audits[-1][2:] == ("console audit start", name,
+                                      "started (--from 2026-02-01T00:00:00+00:00 --to 2026-03-01T00:00:00+00:00)")
+    running = client.get(f"/audit/reports/{name}?format=json").get_json()
+    assert running["window"] == window and running["window_of"] == "requested"
+    gate.write_text("go")
+    status = _wait_done(runs, name)
+    # the command got the parsed bounds as argv items of their own (the stand-in prints what it was given)
+    assert status["state"] == "done"
+    assert json.dumps(["--from", window["from"], "--to", window["to"]]) in status["log"][0]
+    done = client.get(f"/audit/reports/{name}").get_data(as_text=True)
+    assert ('<span id="run-window">from 2026-02-01T00:00:00+00:00 to 2026-03-01T00:00:00+00:00</span>' in done
+            and "what the report audited" in done)
+    listing = client.get("/audit/reports").get_data(as_text=True)
+    assert "from 2026-02-01T00:00:00+00:00 to 2026-03-01T00:00:00+00:00" in listing
+
+
+def test_a_run_without_a_window_audits_the_whole_ledger(env: Any) -> None:
+    _, client, secrets, runs, gate, _ = env
+    login(client, "operator", secrets["operator"])
+    page = client.get("/audit/reports").get_data(as_text=True)
+    name = client.post("/audit/reports/start?format=json", data={"why": "all", "csrf": _csrf(page), "from": " ",
+                                                                 "to": ""}).get_json()["name"]
+    gate.write_text("go")
+    assert _wait_done(runs, name)["log"][0] == "audit: reading the ledger []"
+    page = client.get(f"/audit/reports/{name}").get_data(as_text=True)
+    assert '<span id="run-window">the whole ledger</span>' in page
+
+
+@pytest.mark.parametrize(("start", "end", "words"), [
+    ("yesterday", "", "from: not an ISO 8601 date or date-time: 'yesterday'"),
+    ("2026-02-01; rm -rf /", "", "from: not an ISO 8601"),
+    ("", "$(id)", "to: not an ISO 8601"),
+    ("--help", "", "from: not an ISO 8601"),
+    ("2026-02-01", "--out=/tmp/x", "to: not an ISO 8601"),
+    ("2026-02-08", "2026-02-01", "is not before to"),
+    ("2026-02-01T00:00Z", "2026-02-01T01:00+01:00", "is not before to"),       # the same instant: empty
+    ("2026-02-01" + " " * 2 + "0" * 60, "", "longer than 40 characters"),
+    ("2026-13-01", "", "from: not an ISO 8601"),
+])
+def test_a_bad_window_is_refused_before_anything_starts(env: Any, tmp_path: Path, start: str, end: str,
+                                                        words: str) -> None:
+    backend, client, secrets, runs, _, _ = env
+    login(client, "operator", secrets["operator"])
+    page = client.get("/audit/reports").get_data(as_text=True)
+    audits = len(backend.audits)
+    resp = client.post("/audit/reports/start?format=json",
+                       data={"why": "x", "csrf": _csrf(page), "from": start, "to": end})
+    assert resp.status_code == 400 and words in resp.get_json()["error"], resp.get_json()
+    assert runs.running() == "" and not (tmp_path / "audit").exists() and len(backend.audits) == audits
+
+
+def test_parse_window_is_utc_and_open_where_empty() -> None:
+    assert parse_window().argv() == []
+    assert parse_window("2026-02-01T12:30:00Z").argv() == ["--from", "2026-02-01T12:30:00+00:00"]
+    assert parse_window("", "2026-02-01T12:30:00-02:00").as_dict() == {"from": None, "to": "2026-02-01T14:30:00+00:00"}
+    with pytest.raises(WindowRefused):
+        parse_window("2026-02-02", "2026-02-01")
