@@ -50,7 +50,7 @@ from router.console.backend import (
     NodeRefused,
     NodeUnavailable,
 )
-from router.console.views import CHART_BRIDGES, MAX_PER_PAGE, RateSampler, paginate, read_operator_log
+from router.console.views import CHART_BRIDGES, MAX_PER_PAGE, Page, RateSampler, paginate, read_operator_log
 from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT
 
 __all__ = ["COOKIE", "LoginThrottle", "Session", "Sessions", "create_app"]
@@ -102,6 +102,7 @@ class Selection:
 
 
 MAX_SELECTED = MAX_PER_PAGE    # a selection is at most one page of a list
+OPERATOR_LOG_ROWS = 10_000    # the newest entries of the operator log the page pages, sorts and filters
 OVERVIEW_ROWS = 50             # bridges (and their errors) the overview lists: a summary, the rest on /bridges
 
 
@@ -364,9 +365,12 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         return render_template(template, data=data, session=g.session, operator=who().role >= Role.OPERATOR,
                                **extra)
 
-    def list_args(default_sort: str = "id") -> dict[str, Any]:
+    def list_args(default_sort: str = "id", newest_first: bool = False) -> dict[str, Any]:
+        """A list's paging, sorting and filter from the query; ``newest_first``: descending unless a column was
+        chosen (the operator log, the audit reports)."""
         a = request.args
-        return {"q": a.get("q", ""), "sort": a.get("sort", default_sort), "desc": a.get("desc") == "1",
+        desc = a.get("desc") == "1" if "sort" in a else newest_first
+        return {"q": a.get("q", ""), "sort": a.get("sort", default_sort), "desc": desc,
                 "page": _int(a.get("page"), 1), "per_page": _int(a.get("per_page"), 50)}
 
     # --------------------------------------------------------------------------------------------- login
@@ -450,7 +454,11 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.get("/rates")
     def rates_json() -> Any:
-        """The overview chart's data (refreshed every 5 s by the page): the busiest bridges and the total."""
+        """The overview chart's data (refreshed every 5 s by the page): the busiest bridges and the total; with
+        ``bridge=ID`` that bridge's line only (its page's chart)."""
+        bid = request.args.get("bridge", "")
+        if bid.isdigit():
+            return jsonify(sampler.series_of(int(bid)) if sampler is not None else rates())
         return jsonify(rates())
 
     @app.get("/channels")
@@ -587,8 +595,11 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.get("/audit")
     def audit() -> Any:
-        entries = read_operator_log(backend.state_dir / AUDIT_FILE, limit=_int(request.args.get("limit"), 200))
-        return page("audit.html", {"entries": entries})
+        limit = max(1, min(_int(request.args.get("limit"), OPERATOR_LOG_ROWS), OPERATOR_LOG_ROWS))
+        entries = read_operator_log(backend.state_dir / AUDIT_FILE, limit=limit)
+        p = paginate(entries, fields=("who", "action", "target", "why", "result", "node"),
+                     **list_args("at", newest_first=True))
+        return page("audit.html", {**rows_and_page(p, "entries"), "read": len(entries), "limit": limit})
 
     @app.get("/audit/days")
     def audit_days() -> Any:
@@ -596,8 +607,9 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.get("/audit/reports")
     def audit_reports() -> Any:
+        p = paginate(runs.reports(), fields=("name", "state", "exit", "window"), **list_args("time", newest_first=True))
         return page("auditreports.html", {"directory": str(runs.directory), "running": runs.running(),
-                                          "reports": runs.reports()})
+                                          **rows_and_page(p, "reports")})
 
     def known_run(name: str) -> dict[str, Any]:
         found = next((r for r in runs.reports() if r["name"] == name), None)
@@ -643,6 +655,11 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
                     url_for("audit_report_run", name=name))
 
     return app
+
+
+def rows_and_page(p: Page, key: str) -> dict[str, Any]:
+    """A page's rows under ``key`` and its paging (total, page, pages, per_page, sort, desc, q) under "page"."""
+    return {key: p.rows, "page": {k: v for k, v in p.as_dict().items() if k != "rows"}}
 
 
 def _int(text: str | None, default: int) -> int:

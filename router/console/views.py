@@ -112,8 +112,7 @@ class RateSampler:
                 continue
             t.append(round(t1, 3))
             for bid in ids:
-                ok = bid in c0 and bid in c1 and c1[bid] >= c0[bid]
-                rates[str(bid)].append(round((c1[bid] - c0[bid]) / dt, 3) if ok else None)
+                rates[str(bid)].append(_rate(c0, c1, bid, dt))
         total = [round(sum(r[i] or 0.0 for r in rates.values()), 3) for i in range(len(t))]
         if busiest is not None and len(rates) > busiest:
             ranked = sorted(rates, key=lambda b: (-sum(v or 0.0 for v in rates[b]), int(b)))[:busiest]
@@ -123,6 +122,20 @@ class RateSampler:
             if generation == self._generation:
                 self._series[busiest] = result
         return result
+
+    def series_of(self, bid: int) -> dict[str, Any]:
+        """One bridge's events/s, in :meth:`series`'s form (a bridge's page: its chart costs the samples, not the
+        number of bridges); no line when the bridge was in no sample."""
+        with self._lock:
+            samples = list(self._samples)
+        t: list[float] = []
+        rates: list[float | None] = []
+        for (t0, c0), (t1, c1) in itertools.pairwise(samples):
+            if t1 - t0 > 0:
+                t.append(round(t1, 3))
+                rates.append(_rate(c0, c1, bid, t1 - t0))
+        seen = any(bid in c for _, c in samples)
+        return {"t": t, "bridges": {str(bid): rates} if seen else {}, "total": [], "of": 1 if seen else 0}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="console-sampler", daemon=True)
@@ -137,6 +150,14 @@ class RateSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+def _rate(c0: Mapping[int, int], c1: Mapping[int, int], bid: int, dt: float) -> float | None:
+    """A bridge's events/s between two samples; None where it is missing from one or its counter went back (the
+    node restarted)."""
+    if bid in c0 and bid in c1 and c1[bid] >= c0[bid]:
+        return round((c1[bid] - c0[bid]) / dt, 3)
+    return None
 
 
 def read_operator_log(path: Path, limit: int = 200) -> list[dict[str, Any]]:
