@@ -70,14 +70,17 @@ def paginate(rows: Sequence[Mapping[str, Any]], *, q: str = "", sort: str = "id"
 
 
 class RateSampler:
-    """Events/s per bridge over the last ``window_s``: samples the node's forwarded counters (from its status
-    snapshot) every ``interval_s`` on a thread of its own; :meth:`series` gives uPlot's columnar data."""
+    """Events/s per bridge over the last ``window_s``: samples the node's forwarded and dead-lettered counters
+    (from its status snapshot) every ``interval_s`` on a thread of its own; :meth:`series` gives uPlot's columnar
+    data."""
 
     def __init__(self, read: Callable[[], Mapping[str, Any]], *, interval_s: float = 2.0,
                  window_s: float = 600.0) -> None:
         self._read = read
         self.interval_s = interval_s
-        self._samples: deque[tuple[float, dict[int, int]]] = deque(maxlen=max(2, int(window_s / interval_s) + 1))
+        # (time, forwarded per bridge, dead-lettered per bridge)
+        self._samples: deque[tuple[float, dict[int, int], dict[int, int]]] = deque(
+            maxlen=max(2, int(window_s / interval_s) + 1))
         self._lock = threading.Lock()
         self._series: dict[int | None, dict[str, Any]] = {}     # series() per ``busiest``, until the next sample
         self._generation = 0                                     # samples taken
@@ -90,8 +93,9 @@ class RateSampler:
         except (OSError, ValueError):
             return
         counters = {int(b["id"]): int(b.get("forwarded", 0)) for b in snap.get("bridges", [])}
+        dead = {int(b["id"]): int(b.get("dead_lettered") or 0) for b in snap.get("bridges", [])}
         with self._lock:
-            self._samples.append((time.time() if now is None else now, counters))
+            self._samples.append((time.time() if now is None else now, counters, dead))
             self._series.clear()
             self._generation += 1
 
@@ -102,7 +106,7 @@ class RateSampler:
         with self._lock:
             if busiest in self._series:            # computed once per sample: every open overview asks every 5 s
                 return self._series[busiest]
-            samples, generation = list(self._samples), self._generation
+            samples, generation = [(t, c) for t, c, _ in self._samples], self._generation
         ids = sorted({bid for _, c in samples for bid in c})
         t: list[float] = []
         rates: dict[str, list[float | None]] = {str(bid): [] for bid in ids}
@@ -124,18 +128,22 @@ class RateSampler:
         return result
 
     def series_of(self, bid: int) -> dict[str, Any]:
-        """One bridge's events/s, in :meth:`series`'s form (a bridge's page: its chart costs the samples, not the
-        number of bridges); no line when the bridge was in no sample."""
+        """One bridge's events/s forwarded, in :meth:`series`'s form, and its dead letters/s (``dead_lettered``): a
+        bridge's page (its chart costs the samples, not the number of bridges); no line when the bridge was in no
+        sample."""
         with self._lock:
             samples = list(self._samples)
         t: list[float] = []
-        rates: list[float | None] = []
-        for (t0, c0), (t1, c1) in itertools.pairwise(samples):
+        forwarded: list[float | None] = []
+        dead: list[float | None] = []
+        for (t0, c0, d0), (t1, c1, d1) in itertools.pairwise(samples):
             if t1 - t0 > 0:
                 t.append(round(t1, 3))
-                rates.append(_rate(c0, c1, bid, t1 - t0))
-        seen = any(bid in c for _, c in samples)
-        return {"t": t, "bridges": {str(bid): rates} if seen else {}, "total": [], "of": 1 if seen else 0}
+                forwarded.append(_rate(c0, c1, bid, t1 - t0))
+                dead.append(_rate(d0, d1, bid, t1 - t0))
+        seen = any(bid in c for _, c, _ in samples)
+        return {"t": t, "bridges": {str(bid): forwarded} if seen else {}, "dead_lettered": dead if seen else [],
+                "total": [], "of": 1 if seen else 0}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="console-sampler", daemon=True)

@@ -22,9 +22,9 @@ def env(tmp_path: Path) -> Any:
     secrets = {name: issue(tmp_path, name, role).read_text().strip().partition(":")[2]
                for name, role in (("operator", Role.OPERATOR), ("reader", Role.READER))}
     backend = FakeBackend(tmp_path)
-    snaps = iter([{"bridges": [{"id": 5, "forwarded": 0}, {"id": 8, "forwarded": 0}]},
-                  {"bridges": [{"id": 5, "forwarded": 8}, {"id": 8, "forwarded": 100}]},
-                  {"bridges": [{"id": 5, "forwarded": 20}, {"id": 8, "forwarded": 100}]}])
+    snaps = iter([{"bridges": [{"id": 5, "forwarded": 0, "dead_lettered": 0}, {"id": 8, "forwarded": 0}]},
+                  {"bridges": [{"id": 5, "forwarded": 8, "dead_lettered": 2}, {"id": 8, "forwarded": 100}]},
+                  {"bridges": [{"id": 5, "forwarded": 20, "dead_lettered": 2}, {"id": 8, "forwarded": 100}]}])
     sampler = RateSampler(lambda: next(snaps), interval_s=2)
     for t in (100.0, 102.0, 104.0):
         sampler.sample(now=t)
@@ -73,8 +73,9 @@ def test_the_audit_reports_are_paged_filtered_and_sorted(env: Any) -> None:
 def test_a_bridges_page_charts_its_own_events_per_second(env: Any) -> None:
     _, client, _ = env
     assert client.get("/rates?bridge=5").get_json() == {"t": [102.0, 104.0], "bridges": {"5": [4.0, 6.0]},
-                                                        "total": [], "of": 1}
-    assert client.get("/rates?bridge=9").get_json() == {"t": [102.0, 104.0], "bridges": {}, "total": [], "of": 0}
+                                                        "dead_lettered": [1.0, 0.0], "total": [], "of": 1}
+    assert client.get("/rates?bridge=9").get_json() == {"t": [102.0, 104.0], "bridges": {}, "dead_lettered": [],
+                                                        "total": [], "of": 0}
     assert client.get("/rates").get_json()["bridges"] == {"5": [4.0, 6.0], "8": [50.0, 0.0]}
     page = client.get("/bridges/5").get_data(as_text=True)
     assert 'id="rates" class="chart" data-src="/rates?bridge=5"' in page and "uPlot.iife.min.js" in page

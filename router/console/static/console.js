@@ -12,6 +12,10 @@
     var series = [{}].concat(ids.map(function (id, i) {
       return { label: "bridge " + id, stroke: palette[i % palette.length], width: 2, spanGaps: false };
     }));
+    if (rates.dead_lettered && rates.dead_lettered.length) {   // a bridge's page: its dead letters too
+      data.push(rates.dead_lettered);
+      series.push({ label: "dead-lettered", stroke: "#b3261e", width: 2, spanGaps: false });
+    }
     if (rates.total && ids.length > 1) {   // the busiest bridges are drawn one by one, all of them together too
       data.push(rates.total);
       series.push({ label: "all " + rates.of + " bridges", stroke: "#555", width: 1, dash: [4, 4] });
