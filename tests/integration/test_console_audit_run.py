@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from playwright.sync_api import expect
 from test_console_browser import CHROMIUM, CHROMIUM_ARGS, shot, sign_in
 
 from audit.ledger import ensure_partitions
@@ -73,12 +73,11 @@ def test_a_spark_audit_run_with_a_window_started_from_the_console(node: NsjmsSer
     name = page.url.rsplit("/", 1)[1]
     window = {"from": "2026-02-01T00:00:00+00:00", "to": "2026-02-02T00:00:00+00:00"}
 
-    deadline, status = time.monotonic() + RUN_DEADLINE_S, {}
-    while time.monotonic() < deadline:
-        status = page.request.get(f"{base}/audit/reports/{name}?format=json").json()
-        if status["state"] != "running":
-            break
-        time.sleep(2.0)
+    # the run's page follows it (console.js polls its JSON) and shows it again once it ended: no reload here
+    assert page.inner_text("#run-state") == "running" and "follows it" in page.inner_text("main")
+    expect(page.locator("#run-state")).not_to_have_text("running", timeout=RUN_DEADLINE_S * 1000)
+    expect(page.locator("#run-report")).to_be_visible()
+    status = page.request.get(f"{base}/audit/reports/{name}?format=json").json()
     log = "\n".join(status.get("log", []))
     assert status["state"] == "done" and status["exit"] == 0 and status["report"], (status["state"], log)
     assert status["window"] == window and status["window_of"] == "report"   # what the report says it audited

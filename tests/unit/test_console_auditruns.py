@@ -78,7 +78,8 @@ def test_operator_starts_one_run_at_a_time_and_sees_progress_and_report(env: Any
     gate.write_text("go")
     assert _wait_done(runs, name)["state"] == "done"
     done = client.get(f"/audit/reports/{name}").get_data(as_text=True)
-    assert 'id="run-state">done' in done and "lost 0" in done and 'id="run-exit">0' in done
+    assert f'id="run-state" data-src="/audit/reports/{name}?format=json">done' in done
+    assert "lost 0" in done and 'id="run-exit">0' in done
     assert f"/audit/reports/{name}/files/report.html" in done
     report = client.get(f"/audit/reports/{name}/files/report.html")
     assert report.status_code == 200 and b"<b>lost 0</b>" in report.data

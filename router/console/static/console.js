@@ -32,3 +32,21 @@
   refresh();
   setInterval(refresh, 5000);
 }());
+
+// an audit run's page follows the run while it goes: its state and log every 3 s, the page again once it ended
+(function () {
+  var state = document.getElementById("run-state");
+  if (!state || state.textContent !== "running" || !state.dataset.src) { return; }
+  function poll() {
+    fetch(state.dataset.src, { credentials: "same-origin", headers: { "Accept": "application/json" } })
+      .then(function (r) { return r.json(); })
+      .then(function (d) {
+        var log = document.getElementById("run-log");
+        if (log && d.log) { log.textContent = d.log.join("\n") + "\n"; }
+        if (d.state !== "running") { window.location.reload(); return; }
+        setTimeout(poll, 3000);
+      })
+      .catch(function () { setTimeout(poll, 10000); });
+  }
+  setTimeout(poll, 3000);
+}());
