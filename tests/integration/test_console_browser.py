@@ -359,6 +359,8 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     page.goto(f"{base}/bridges/{busy}")
     assert page.inner_text("#forwarded") == "40"
     assert page.locator("#bridge-stop").count() == 1
+    page.wait_for_selector("#rates canvas", timeout=30_000)        # the bridge's own chart (its forwarded events/s)
+    assert "bridge " + str(busy) in page.inner_text("#rates") and "dead-lettered" in page.inner_text("#rates")
     shot(page, "bridge")
     rows = page.request.get(base + "/bridges?format=json").json()["rows"]
     assert {r["id"] for r in rows} == {r["id"] for r in cli_json(node, "bridge", "list")}
