@@ -569,6 +569,8 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
         g["obligations"] for d in report["days"] for g in d["groups"]
         if g["bridge_id"] == busy and g["status"] in ("delivered", "duplicated")) >= 40
     assert report["days"][0]["verdict"] in page.inner_text("#audit-days")
+    page.wait_for_selector("#audit-chart canvas", timeout=30_000)   # the days' chart (the page's own JSON)
+    assert "delivered" in page.inner_text("#audit-chart") and "lost" in page.inner_text("#audit-chart")
     shot(page, "auditdays")
 
     page.goto(base + "/audit")

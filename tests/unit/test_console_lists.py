@@ -79,3 +79,10 @@ def test_a_bridges_page_charts_its_own_events_per_second(env: Any) -> None:
     assert client.get("/rates").get_json()["bridges"] == {"5": [4.0, 6.0], "8": [50.0, 0.0]}
     page = client.get("/bridges/5").get_data(as_text=True)
     assert 'id="rates" class="chart" data-src="/rates?bridge=5"' in page and "uPlot.iife.min.js" in page
+
+
+def test_the_ledger_audit_page_charts_its_days(env: Any) -> None:
+    _, client, _ = env
+    page = client.get("/audit/days?days=9").get_data(as_text=True)
+    assert '<div id="audit-chart" class="chart" data-src="/audit/days?days=9&amp;format=json">' in page
+    assert "uPlot.iife.min.js" in page and "console.js" in page

@@ -50,3 +50,30 @@
   }
   setTimeout(poll, 3000);
 }());
+
+// the ledger audit page: delivered, lost, duplicated and dead-lettered per UTC day (the page's own JSON)
+(function () {
+  var el = document.getElementById("audit-chart");
+  if (!el || typeof uPlot === "undefined") { return; }
+  fetch(el.dataset.src, { credentials: "same-origin", headers: { "Accept": "application/json" } })
+    .then(function (r) { return r.json(); })
+    .then(function (d) {
+      var days = (d.days || []).slice().reverse();          // the page lists the newest first
+      if (!days.length) { el.textContent = "no stored verdicts yet"; return; }
+      var cols = [["delivered", "#31456e"], ["lost", "#c8372d"], ["duplicated", "#d98f1e"],
+                  ["dead_letter", "#7d4cb0"]];
+      var data = [days.map(function (x) { return Date.parse(x.day + "T00:00:00Z") / 1000; })];
+      var series = [{ label: "day (UTC)" }];
+      cols.forEach(function (c) {
+        data.push(days.map(function (x) { return x[c[0]] || 0; }));
+        series.push({ label: c[0].replace("_", " "), stroke: c[1], width: 2, points: { show: true, size: 6 } });
+      });
+      new uPlot({ width: Math.max(480, el.clientWidth - 20), height: 220, series: series,
+                  axes: [{}, { label: "obligations" }],
+                  // a day either side: one stored day is a point in the middle, not a range of years
+                  scales: { x: { time: true, auto: false,
+                                 range: [data[0][0] - 86400, data[0][data[0].length - 1] + 86400] } } },
+                data, el);
+    })
+    .catch(function () { el.textContent = "chart data unavailable"; });
+}());
