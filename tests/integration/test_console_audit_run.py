@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 from playwright.sync_api import expect
-from test_console_browser import CHROMIUM, CHROMIUM_ARGS, shot, sign_in
+from test_console_browser import browser, shot, sign_in  # noqa: F401 (browser: its Chromium fixture)
 
 from audit.ledger import ensure_partitions
 from audit.synth import SynthSpec, copy_to_postgres, generate
@@ -48,19 +48,8 @@ def node(tmp_path: Path, fresh_db: str, broker_url: str, monkeypatch: pytest.Mon
         yield server
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-def test_a_spark_audit_run_with_a_window_started_from_the_console(node: NsjmsServer, browser: Any) -> None:
+def test_a_spark_audit_run_with_a_window_started_from_the_console(node: NsjmsServer,
+                                                                  browser: Any) -> None:  # noqa: F811
     base = f"http://127.0.0.1:{os.environ['NSJMS_CONSOLE_PORT']}"
     page = sign_in(browser, base, node, "operator")
     page.goto(base + "/audit/reports")
