@@ -456,9 +456,10 @@ class NodeTransactions:
                                   record=self._record_resends if self.hops is not None else None)
 
     def _record_resends(self, conn: Conn, gtrids: list[str]) -> None:
-        """The ledger's rows of a survivor's re-send of a fenced node's messages (router.ledger.record_resends), at
-        the re-send's broker commit (the resender's time; now if it has none: nothing was sent in it)."""
-        from router.ledger import record_resends
+        """The ledger's rows of a survivor's re-send of a fenced node's messages
+        (router.ledger_takeover.record_resends), at the re-send's broker commit (the resender's time; now if it has
+        none: nothing was sent in it)."""
+        from router.ledger_takeover import record_resends
 
         now = time.time()
         record_resends(conn, self.node.value, {g: self.resender.committed_at.get(g, now) for g in gtrids})

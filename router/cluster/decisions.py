@@ -145,7 +145,7 @@ def recover_fenced(db: Any, dead: str, by: str, by_epoch: int, pg: Any,
     the report (the caller retries at its next pass); the rows of a transaction are deleted only once its branches
     are finished and its messages re-sent. ``record(conn, gtrids)``: called with the transactions whose outbox rows
     were re-sent, on the transaction that then deletes those rows (the ledger's re-send rows,
-    ``router.ledger.record_resends``)."""
+    ``router.ledger_takeover.record_resends``)."""
     report = FencedRecovery(dead)
     with db.unit_of_work() as lock:
         # held until the end: one node at a time finishes ``dead``'s transactions (a survivor whose fencer died
