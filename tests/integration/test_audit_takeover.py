@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from audit.incremental import run_incremental
+from audit.incremental import metrics_text, run_incremental
 from audit.incremental_report import render
 from audit.ledger import TABLE, ensure_partitions, install_schema
 from audit.synth import SURVIVOR, SynthSpec, copy_to_postgres, generate
@@ -37,6 +37,7 @@ SHORT = LeaseSettings(renew_s=0.05, expiry_s=0.2)
 PG = Participant("pg", "postgresql", "postgresql", False)
 SEND = Participant("broker", "stomp-send", "stomp-send", True)
 GRACE = timedelta(seconds=300)
+T0 = datetime(2026, 3, 1, 10, tzinfo=UTC)      # one UTC day
 
 
 class _FileLog:
@@ -58,7 +59,7 @@ class _FileLog:
 def db(fresh_db: str) -> Iterator[Database]:
     with psycopg.connect(fresh_db) as conn:
         install_schema(conn)
-        ensure_partitions(conn, datetime.now(UTC).date() - timedelta(days=1), 3)
+        ensure_partitions(conn, T0.date(), 1)
     database = Database(fresh_db, 4)
     database.open()
     yield database
@@ -108,7 +109,7 @@ def _prepare_t2(dsn: str, gtrid: str, events: list[tuple[str, datetime]]) -> Non
 def test_a_survivors_re_send_is_recorded_and_audited_as_resent_not_duplicated(db: Database, fresh_db: str) -> None:
     na = _join(db, "na", SHORT)
     nb = _join(db, "nb")
-    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+    t0 = T0
     events = [("e1/c1/a1/p1", t0), ("e2/c1/a1/p1", t0 + timedelta(seconds=1))]
     with psycopg.connect(fresh_db) as conn:
         for dedupe, accepted in events:
@@ -158,6 +159,11 @@ def test_a_survivors_re_send_is_recorded_and_audited_as_resent_not_duplicated(db
     assert set(groups[("na", "resent")].ids) == {e for e, _ in events} and groups[("na", "resent")].multi_node == 2
     assert groups[("na", "duplicated")].ids == ("e3/c1/a1/p1",) and groups[("na", "lost")].ids == ("e4/c1/a1/p1",)
     assert "re-sent at a takeover (allowed) 2" in render(result)
+    metrics = metrics_text(result)
+    assert 'nsjms_audit_resent_obligations{direction="channel_to_jms",bridge="7",node="na"} 2' in metrics
+    assert 'nsjms_audit_duplicated_obligations{direction="channel_to_jms",bridge="7",node="na"} 1' in metrics
+    assert 'nsjms_audit_delivered_obligations{direction="channel_to_jms",bridge="7",node="na"} 3' in metrics
+    assert [d.verdict for d in result.days] == ["fail"], "the duplicate and the loss fail the day, not the re-sends"
 
 
 def test_only_re_sends_make_a_passing_day(fresh_db: str) -> None:
