@@ -295,8 +295,8 @@ CORBA consumers).</p>{_table(summ.get("by_bridge", []))}
 the deliveries).</p>{_table(_rows(frames["duplicates"]))}
 <h3>Re-sent at a takeover (allowed)</h3><p>Channel &rarr; JMS obligations delivered twice by one routing transaction
 with one <code>nsjms_dedupe_id</code>: once by the node that died, once by the survivor that took its work over and
-re-sent the messages whose broker commit was unknown (docs/cluster.md). The JMS consumer may see them twice, with the
-same dedupe id; not a violation.</p>{_table(_rows(frames.get("resent", [])))}
+re-sent the messages whose broker commit was unknown (docs/cluster.md). The JMS consumer may see them more than
+once, with the same dedupe id; not a violation.</p>{_table(_rows(frames.get("resent", [])))}
 <h3>Stuck in doubt</h3>{_table(_rows(frames["stuck_in_doubt"]))}
 <h3>Dead letters by reason</h3>{_table(_rows(frames["dead_letters"]))}
 <p>Generated {html.escape(summ["generated_at"])}; full tables in <code>tables/</code>, numbers in
