@@ -145,7 +145,8 @@ def recover_fenced(db: Any, dead: str, by: str, by_epoch: int, pg: Any,
     the report (the caller retries at its next pass); the rows of a transaction are deleted only once its branches
     are finished and its messages re-sent. ``record(conn, gtrids)``: called with the transactions whose outbox rows
     were re-sent, on the transaction that then deletes those rows (the ledger's re-send rows,
-    ``router.ledger_takeover.record_resends``)."""
+    ``router.ledger_takeover.record_resends``), in a savepoint: if it fails, it is logged and the clean-up goes on
+    (the ledger lacks those rows; re-sending again to record them would add duplicates)."""
     report = FencedRecovery(dead)
     with db.unit_of_work() as lock:
         # held until the end: one node at a time finishes ``dead``'s transactions (a survivor whose fencer died
@@ -196,9 +197,13 @@ def _finish_fenced(conn: Any, dead: str, decided: dict[str, tuple[Participant, .
             continue
         done.append(gtrid)
     if done:
-        if record is not None:
-            resent = sorted(set(report.resent) & set(done))
-            if resent:
-                record(conn, resent)
+        resent = sorted(set(report.resent) & set(done))
+        if record is not None and resent:
+            try:
+                with conn.transaction():     # a savepoint: a failing record never blocks the clean-up (re-sent again)
+                    record(conn, resent)
+            except Exception as exc:  # noqa: BLE001 - the ledger then lacks these rows; logged
+                log.warning("cluster: the ledger rows of the re-send of %d transaction(s) of %s were not written: %s",
+                            len(resent), dead, exc)
         conn.execute("DELETE FROM nsjms_outbox WHERE gtrid = ANY(%s)", (done,))
         conn.execute("DELETE FROM nsjms_decision WHERE gtrid = ANY(%s) AND node_id = %s", (done, dead))

@@ -194,3 +194,30 @@ def test_incremental_audit_of_a_synthetic_takeover_ledger_finds_exactly_what_was
     assert len(ids["duplicated"]) == 3 + 3
     assert SURVIVOR not in {g.node for d in result.days for g in d.groups}, \
         "attributed to the node that accepted them, not to the survivor that wrote the extra delivery"
+
+
+def test_a_failing_record_is_logged_and_never_blocks_the_clean_up(db: Database, fresh_db: str) -> None:
+    """The ledger insert runs in a savepoint: a failure leaves the re-send rows out (logged) but the decision and
+    outbox rows are still deleted, so the next pass does not re-send (and duplicate) the messages again."""
+    na = _join(db, "na", SHORT)
+    nb = _join(db, "nb")
+    decided = new_gtrid(NodeId("na"))
+    _prepare_t2(fresh_db, decided, [("e1/c1/a1/p1", T0)])
+    FencedDecisionLog(_FileLog("na"), db, "na", lambda: na).append(Commit(decided, (PG, SEND), None, 0.0),
+                                                                     durable=True)
+    sent: list[str] = []
+
+    def record(conn: Any, gtrids: list[str]) -> None:
+        conn.execute("SELECT no_such_column FROM nsjms_ledger")
+
+    pg = PgManager(lambda: psycopg.connect(fresh_db, autocommit=True))
+    try:
+        _fence(db, "na", "nb", nb)
+        report = recover_fenced(db, "na", "nb", nb, pg, lambda g, p: sent.append(g), "stomp-send", record=record)
+        again = recover_fenced(db, "na", "nb", nb, pg, lambda g, p: sent.append(g), "stomp-send", record=record)
+    finally:
+        pg.close()
+    assert report.errors == [] and sent == [decided] and again.resent == [], "re-sent once, cleaned up"
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT (SELECT count(*) FROM nsjms_outbox), (SELECT count(*) FROM nsjms_decision), "
+                            f"(SELECT count(*) FROM {TABLE} WHERE node_id = 'nb')").fetchone() == (0, 0, 0)
