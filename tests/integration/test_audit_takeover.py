@@ -221,3 +221,29 @@ def test_a_failing_record_is_logged_and_never_blocks_the_clean_up(db: Database, 
     with psycopg.connect(fresh_db) as conn:
         assert conn.execute("SELECT (SELECT count(*) FROM nsjms_outbox), (SELECT count(*) FROM nsjms_decision), "
                             f"(SELECT count(*) FROM {TABLE} WHERE node_id = 'nb')").fetchone() == (0, 0, 0)
+
+
+def test_the_incremental_rule_is_the_spark_rule_on_every_look_alike(fresh_db: str) -> None:
+    """The same hand-built cases as tests/unit/test_audit_takeover.py: only the takeover's re-send is ``resent``."""
+    cases: dict[str, tuple[str, list[tuple[str | None, str, str]]]] = {
+        "resent": ("channel_to_jms", [("a", "a:1", "a:1/0"), ("b", "a:1", "a:1/0")]),
+        "same-node": ("channel_to_jms", [("a", "a:2", "a:2/0"), ("a", "a:2", "a:2/0")]),
+        "two-txns": ("channel_to_jms", [("a", "a:3", "a:3/0"), ("b", "b:4", "b:4/0")]),
+        "two-msgs": ("channel_to_jms", [("a", "a:5", "a:5/0"), ("b", "a:5", "a:5/1")]),
+        "thrice": ("channel_to_jms", [("a", "a:6", "a:6/0"), ("b", "a:6", "a:6/0"), ("c", "a:6", "a:6/0")]),
+        "no-node": ("channel_to_jms", [("a", "a:7", "a:7/0"), (None, "a:7", "a:7/0")]),
+        "plain-gtrid": ("channel_to_jms", [("a", "g8", "g8/0"), ("b", "g8", "g8/0")]),
+        "inbound": ("jms_to_channel", [("a", "a:9", "m9"), ("b", "a:9", "m9")]),
+    }
+    with psycopg.connect(fresh_db) as conn:
+        install_schema(conn)
+        ensure_partitions(conn, T0.date(), 1)
+        for dedupe, (direction, writers) in cases.items():
+            for node, gtrid, message in [("a", None, None), *writers]:
+                conn.execute(f"INSERT INTO {TABLE} (dedupe_id, channel_id, bridge_id, direction, gtrid, "
+                             "jms_message_id, accepted_at, outcome, node_id) VALUES (%s, 1, 7, %s, %s, %s, %s, %s, %s)",
+                             (dedupe, direction, gtrid, message, T0, "accepted" if gtrid is None else "delivered",
+                              node))
+    result = run_incremental(fresh_db, as_of=T0 + timedelta(days=1), grace=GRACE)
+    status = {i: g.status for d in result.days for g in d.groups for i in g.ids}
+    assert status == {k: "resent" if k == "resent" else "duplicated" for k in cases}
