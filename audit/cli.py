@@ -78,6 +78,11 @@ def _generate_parser(lsub: Any, parents: list[argparse.ArgumentParser]) -> None:
     gen.add_argument("--rate", type=float, default=500.0, help="obligations accepted per second")
     for name in ("lost", "duplicates", "in-doubt", "dead-letters"):
         gen.add_argument(f"--{name}", type=int, default=0)
+    gen.add_argument("--nodes", type=int, default=1, help="nodes writing the rows (node1, node2, ...)")
+    gen.add_argument("--resent", type=int, default=0,
+                     help="channel → JMS obligations re-sent by a survivor at a takeover (allowed, not a violation)")
+    gen.add_argument("--cross-node-duplicates", type=int, default=0,
+                     help="channel → JMS obligations delivered again by a survivor in a transaction of its own")
     gen.add_argument("--out", type=Path, default=None, help="write Parquet by day here")
     gen.add_argument("--to-db", action="store_true", help="COPY into the ledger at --pg-dsn (schema must exist)")
 
@@ -180,7 +185,8 @@ def _generate(args: argparse.Namespace, cfg: Any) -> int:
         raise UsageError("give --out DIR and/or --to-db")
     spec = synth.SynthSpec(deliveries=args.deliveries, seed=args.seed, start=args.start, rate_per_s=args.rate,
                            lost=args.lost, duplicates=args.duplicates, in_doubt=args.in_doubt,
-                           dead_letters=args.dead_letters)
+                           dead_letters=args.dead_letters, nodes=args.nodes, resent=args.resent,
+                           cross_node_duplicates=args.cross_node_duplicates)
     table, truth = synth.generate(spec)
     if args.out is not None:
         synth.write_parquet(table, args.out)
@@ -194,7 +200,7 @@ def _generate(args: argparse.Namespace, cfg: Any) -> int:
             raise LedgerError("copy synthetic rows into the ledger", f"{type(exc).__name__}: {exc}") from exc
     print(f"generated {table.num_rows} rows ({args.deliveries} obligations): lost {len(truth.lost)}, "
           f"duplicated {len(truth.duplicated)}, in doubt {len(truth.in_doubt)}, "
-          f"dead letters {sum(truth.dead_letters.values())}")
+          f"dead letters {sum(truth.dead_letters.values())}, re-sent at a takeover {len(truth.resent)}")
     return EXIT_OK
 
 
@@ -262,6 +268,7 @@ def _spark_audit(args: argparse.Namespace, source: Literal["jdbc", "parquet"], d
         return EXIT_FAILURE
     s = result.summary
     print(f"audit: {s['obligations']} obligations, lost {s['lost']}, duplicated {s['duplicated']}, "
+          f"re-sent at a takeover (allowed) {s['resent']}, "
           f"stuck in doubt {s['stuck_in_doubt']}, dead letters {sum(s['dead_letters'].values())}; "
           f"report {args.out / 'report.html'}")
     if result.violations:

@@ -13,8 +13,9 @@ Each run (docs/audit.md, "Incremental audit"):
    obligation accepted at 23:59:59 and delivered after midnight is *open* in its day's verdict until then (or lost
    once its grace has passed), never a loss at the day boundary;
 3. each due day is reconciled by one aggregate over its partition (:data:`DAY_SQL`), with the status rules of
-   :mod:`audit.transforms` (delivered, duplicated, dead_letter, discarded, expired, in_doubt, lost, in_flight); an
-   in-doubt row's gtrid is looked up in the whole ledger (a transaction may resolve on another day's rows);
+   :mod:`audit.transforms` (delivered, duplicated, resent, dead_letter, discarded, expired, in_doubt, lost,
+   in_flight); an in-doubt row's gtrid is looked up in the whole ledger (a transaction may resolve on another
+   day's rows);
 4. the day's verdict (``fail``: lost or duplicated; ``open``: in flight or in doubt; else ``pass``) and its figures
    per (direction, bridge, node, status) are upserted in the same transaction, under an advisory lock (two
    scheduled runs never interleave).
@@ -79,6 +80,14 @@ WITH per AS (
            coalesce(min(node_id) <> max(node_id), false) AS multi_node,
            min(accepted_at) AS accepted_at,
            count(*) FILTER (WHERE outcome = 'delivered') AS deliveries,
+           min(gtrid) FILTER (WHERE outcome = 'delivered') AS g_min,
+           max(gtrid) FILTER (WHERE outcome = 'delivered') AS g_max,
+           min(jms_message_id) FILTER (WHERE outcome = 'delivered') AS m_min,
+           max(jms_message_id) FILTER (WHERE outcome = 'delivered') AS m_max,
+           count(*) FILTER (WHERE outcome = 'delivered' AND gtrid LIKE '%%:%%'
+                            AND node_id = split_part(gtrid, ':', 1)) AS by_owner,
+           count(*) FILTER (WHERE outcome = 'delivered' AND gtrid LIKE '%%:%%'
+                            AND node_id <> split_part(gtrid, ':', 1)) AS by_other,
            count(*) FILTER (WHERE outcome = 'dead_letter') AS dead_letter,
            count(*) FILTER (WHERE outcome = 'discarded') AS discarded,
            count(*) FILTER (WHERE outcome = 'expired') AS expired,
@@ -87,7 +96,9 @@ WITH per AS (
     FROM nsjms_ledger WHERE accepted_at >= %(lo)s AND accepted_at < %(hi)s
     GROUP BY dedupe_id
 ), judged AS (
-    SELECT *, CASE WHEN deliveries > 1 THEN 'duplicated' WHEN deliveries = 1 THEN 'delivered'
+    SELECT *, CASE WHEN deliveries = 2 AND direction = 'channel_to_jms' AND g_min LIKE '%%:%%' AND g_min = g_max
+                        AND m_min = m_max AND by_owner = 1 AND by_other = 1 THEN 'resent'
+                   WHEN deliveries > 1 THEN 'duplicated' WHEN deliveries = 1 THEN 'delivered'
                    WHEN dead_letter > 0 THEN 'dead_letter' WHEN discarded > 0 THEN 'discarded'
                    WHEN expired > 0 THEN 'expired' WHEN open_doubts > 0 THEN 'in_doubt'
                    WHEN accepted_at <= %(cutoff)s THEN 'lost' ELSE 'in_flight' END AS status
@@ -96,7 +107,7 @@ WITH per AS (
 SELECT direction, bridge_id, node, status, count(*) AS obligations, min(accepted_at) AS oldest,
        min(prepared_at) AS oldest_prepared,
        (array_agg(dedupe_id ORDER BY accepted_at, dedupe_id)
-            FILTER (WHERE status IN ('lost', 'duplicated')))[1:%(limit)s] AS ids,
+            FILTER (WHERE status IN ('lost', 'duplicated', 'resent')))[1:%(limit)s] AS ids,
        count(*) FILTER (WHERE multi_node) AS multi_node
 FROM judged GROUP BY direction, bridge_id, node, status
 ORDER BY direction, bridge_id NULLS FIRST, node, status"""
@@ -120,7 +131,7 @@ class Group:
     obligations: int
     oldest: datetime | None             # the earliest accepted_at among them
     oldest_prepared: datetime | None    # in doubt: the earliest prepared_at
-    ids: tuple[str, ...] = ()           # lost / duplicated: up to LIST_LIMIT dedupe ids
+    ids: tuple[str, ...] = ()           # lost / duplicated / resent: up to LIST_LIMIT dedupe ids
     multi_node: int = 0                 # how many of them have rows written by more than one node
 
     def as_dict(self) -> dict[str, Any]:
@@ -192,18 +203,21 @@ def due(fingerprint: str, grace_s: float, as_of: datetime, stored: Mapping[str, 
 def run_incremental(dsn: str, *, as_of: datetime, grace: timedelta, start: datetime | None = None,
                     end: datetime | None = None) -> IncrementalResult:
     """Reconcile the due days of ``[start, end)`` (default: every day of the ledger); return every day in scope with
-    its verdict (the stored one for the days not due). Days whose rows are gone (dropped by retention) lose their
-    stored verdict when they are in scope."""
-    lo = start or datetime(1, 1, 2, tzinfo=UTC)
+    its verdict (the stored one for the days not due). The window is whole UTC days (``start`` rounded down to its
+    day, ``end`` up to the next midnight): a day is always reconciled and fingerprinted whole. Days whose rows are
+    gone (dropped by retention) lose their stored verdict when they are in scope."""
+    lo = _day_start((start or datetime(1, 1, 2, tzinfo=UTC)).astimezone(UTC).date())
     hi = end or datetime(9999, 12, 30, tzinfo=UTC)
+    if hi != _day_start(hi.astimezone(UTC).date()):
+        hi = _day_start(hi.astimezone(UTC).date()) + timedelta(days=1)
     grace_s = grace.total_seconds()
     days: list[DayResult] = []
     try:
         with psycopg.connect(dsn) as conn, conn.cursor(row_factory=dict_row) as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK,))
             prints = [_fingerprint(r) for r in conn.execute(FINGERPRINT_SQL, {"lo": lo, "hi": hi}).fetchall()]
-            cur.execute(f"SELECT * FROM {DAY_TABLE} WHERE day >= %s AND day <= %s",
-                        ((lo.astimezone(UTC)).date(), (hi.astimezone(UTC)).date()))
+            cur.execute(f"SELECT * FROM {DAY_TABLE} WHERE day >= %s AND day < %s",
+                        (lo.astimezone(UTC).date(), hi.astimezone(UTC).date()))
             stored = {r["day"]: r for r in cur.fetchall()}
             for fp in prints:
                 old = stored.pop(fp.day, None)
@@ -213,7 +227,7 @@ def run_incremental(dsn: str, *, as_of: datetime, grace: timedelta, start: datet
                     assert old is not None
                     groups = tuple(Group.from_dict(g) for g in old["figures"]["groups"])
                     days.append(DayResult(fp.day, old["verdict"], groups, False, fp.rows, old["recheck_at"]))
-            gone = [d for d in stored if start is None or (lo <= _day_start(d) and _day_start(d) + timedelta(1) <= hi)]
+            gone = list(stored)             # days of the window without rows
             if gone:
                 conn.execute(f"DELETE FROM {DAY_TABLE} WHERE day = ANY(%s)", (gone,))
     except psycopg.Error as exc:
@@ -289,7 +303,8 @@ _METRICS = (
     ("duplicated", ("duplicated",), "obligations delivered more than once"),
     ("in_doubt", ("in_doubt",), "obligations whose routing transaction is in doubt"),
     ("in_flight", ("in_flight",), "obligations accepted within the grace and not yet delivered"),
-    ("delivered", ("delivered", "duplicated"), "obligations delivered"),
+    ("resent", ("resent",), "obligations re-sent at a takeover (allowed: one nsjms_dedupe_id, two nodes)"),
+    ("delivered", ("delivered", "duplicated", "resent"), "obligations delivered"),
     ("dead_letter", ("dead_letter",), "obligations dead-lettered"),
 )
 

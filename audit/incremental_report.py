@@ -10,10 +10,13 @@ from typing import Any
 
 from audit.incremental import OPEN, IncrementalResult, metrics_text, write_metrics
 
-__all__ = ["COLUMNS", "as_json", "by_key", "render", "write_outputs"]
+__all__ = ["COLUMNS", "SHOWN", "as_json", "by_key", "render", "write_outputs"]
 
 _COLUMNS = ("delivered", "lost", "duplicated", "in_doubt", "in_flight", "dead_letter", "discarded", "expired")
 COLUMNS = _COLUMNS   # the statuses of the tables, in their order (the console's audit page shows the same)
+#: What ``nsjms audit --incremental`` prints and writes: also ``resent`` (a takeover's re-send, docs/audit.md "Nodes";
+#: counted in ``delivered`` too, as ``duplicated`` is; not a violation). :func:`by_key` rows have it only when some.
+SHOWN = (*_COLUMNS[:3], "resent", *_COLUMNS[3:])
 
 
 def by_key(result: IncrementalResult, key: str) -> dict[Any, dict[str, int]]:
@@ -25,10 +28,10 @@ def by_key(result: IncrementalResult, key: str) -> dict[Any, dict[str, int]]:
         for g in d.groups:
             k = (g.direction, g.bridge_id) if key == "bridge" else g.node
             row = table.setdefault(k, dict.fromkeys(_COLUMNS, 0))
-            status = "delivered" if g.status == "duplicated" else g.status
+            status = "delivered" if g.status in ("duplicated", "resent") else g.status
             row[status] = row.get(status, 0) + g.obligations
-            if g.status == "duplicated":
-                row["duplicated"] += g.obligations
+            if g.status in ("duplicated", "resent"):
+                row[g.status] = row.get(g.status, 0) + g.obligations
             if key == "node":
                 row["multi_node"] = row.get("multi_node", 0) + g.multi_node
     return table
@@ -49,27 +52,29 @@ def render(result: IncrementalResult) -> str:
     audited = ", ".join(f"{d.day} ({d.verdict})" for d in result.audited) or "none (no day changed)"
     lines = [f"audit (incremental, as of {result.as_of.isoformat()}): {len(result.days)} day(s) in scope, "
              f"reconciled now: {audited}"]
-    lines += _table(("DAY", "VERDICT", "ROWS", "LOST", "DUPLICATED", "IN DOUBT", "IN FLIGHT", "AUDITED"),
+    lines += _table(("DAY", "VERDICT", "ROWS", "LOST", "DUPLICATED", "RESENT", "IN DOUBT", "IN FLIGHT", "AUDITED"),
                     ((str(d.day), d.verdict, str(d.rows), str(d.count("lost")), str(d.count("duplicated")),
-                      str(d.count("in_doubt")), str(d.count("in_flight")), "now" if d.audited else "kept")
+                      str(d.count("resent")), str(d.count("in_doubt")), str(d.count("in_flight")),
+                      "now" if d.audited else "kept")
                      for d in result.days))
-    head = ("DIRECTION", "BRIDGE", *(c.upper().replace("_", " ") for c in _COLUMNS))
+    head = ("DIRECTION", "BRIDGE", *(c.upper().replace("_", " ") for c in SHOWN))
     bridges = by_key(result, "bridge")
     lines += ["", "per bridge:"]
-    lines += _table(head, ((k[0], "-" if k[1] is None else str(k[1]), *(str(v[c]) for c in _COLUMNS))
+    lines += _table(head, ((k[0], "-" if k[1] is None else str(k[1]), *(str(v.get(c, 0)) for c in SHOWN))
                            for k, v in sorted(bridges.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1))))
     nodes = by_key(result, "node")
     lines += ["", "per node (the node that wrote the accepted row; '-': no row names a node, older rows written "
                   "outside a routing transaction):"]
     lines += _table(("NODE", *head[2:], "MULTI NODE"),
-                    ((k, *(str(v[c]) for c in _COLUMNS), str(v.get("multi_node", 0)))
+                    ((k, *(str(v.get(c, 0)) for c in SHOWN), str(v.get("multi_node", 0)))
                      for k, v in sorted(nodes.items())))
     opened = [g.oldest for d in result.days for g in d.groups if g.status in OPEN and g.oldest is not None]
     if opened:
         lines.append(f"oldest open obligation: accepted {min(opened).isoformat()} "
                      f"({(result.as_of - min(opened)).total_seconds():.0f} s ago)")
     lines.append(f"total: lost {result.count('lost')}, duplicated {result.count('duplicated')}, "
-                 f"in doubt {result.count('in_doubt')}, in flight {result.count('in_flight')}")
+                 f"in doubt {result.count('in_doubt')}, in flight {result.count('in_flight')}"
+                 + (f"; re-sent at a takeover (allowed) {result.count('resent')}" if result.count("resent") else ""))
     return "\n".join(lines)
 
 
@@ -78,7 +83,7 @@ def as_json(result: IncrementalResult) -> dict[str, Any]:
             "days": [{"day": str(d.day), "verdict": d.verdict, "rows": d.rows, "reconciled_now": d.audited,
                       "recheck_at": None if d.recheck_at is None else d.recheck_at.isoformat(),
                       "groups": [g.as_dict() for g in d.groups]} for d in result.days],
-            "totals": {s: result.count(s) for s in _COLUMNS}}
+            "totals": {s: result.count(s) for s in SHOWN}}
 
 
 def write_outputs(result: IncrementalResult, *, metrics: Path | None, out: Path | None) -> None:

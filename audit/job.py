@@ -2,7 +2,7 @@
 
 Output directory::
 
-    OUT/tables/<name>/*.parquet   lost, duplicates, stuck_in_doubt, dead_letters, status_counts,
+    OUT/tables/<name>/*.parquet   lost, duplicates, resent, stuck_in_doubt, dead_letters, status_counts,
                                   latency_percentiles, latency_histogram, throughput_per_minute
     OUT/summary.json              counts, violations, percentiles (``audit.report.summary``)
     OUT/report.html               self-contained report, PNG plots embedded as base64
@@ -298,7 +298,9 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
 
 def _reconciled(spark: Any, ledger: Any, rec: Any, tables: Path, none: Any) -> dict[str, Any]:
     """Write the tables of the :func:`~audit.transforms.reconciliation` ``rec``: status_counts, lost, duplicates,
-    bridge_counts, node_counts; return them listed (``none``: the ledger with no row)."""
+    resent, bridge_counts, node_counts; return them listed (``none``: the ledger with no row). The duplicated
+    obligations whose deliveries are a takeover's re-send (:func:`~audit.transforms.resend_rule`) go to ``resent``
+    and are counted with the status ``resent``, not ``duplicated`` (docs/audit.md, "Nodes")."""
     from pyspark import StorageLevel
 
     from audit import transforms as T
@@ -308,32 +310,56 @@ def _reconciled(spark: Any, ledger: Any, rec: Any, tables: Path, none: Any) -> d
     if collected.num_rows <= SMALL_TABLE_LIMIT:
         rows = collected.to_pylist()
         del collected
-        small = T.reconciled_rows(rows)
-        for name, df in (("status_counts", T.status_counts(rec)), ("lost", T.lost(rec)),
-                         ("bridge_counts", T.bridge_counts(rec)), ("node_counts", T.node_counts(rec))):
-            out[name] = _write_rows(df, small[name], tables / name)
         duplicated = [r["dedupe_id"] for r in rows if r["status"] == "duplicated"]
         # the duplicated ids as a local frame: the duplicates' query reads the ledger, not the reconciliation again
         ids = spark.createDataFrame([(i, "duplicated") for i in duplicated], "dedupe_id string, status string")
-        out["duplicates"] = _result(T.duplicates(ledger if duplicated else none, ids,
-                                                 broadcast=len(duplicated) <= BROADCAST_LIMIT),
-                                    tables / "duplicates", rows=len(duplicated))
+        dups = T.duplicates(ledger if duplicated else none, ids, broadcast=len(duplicated) <= BROADCAST_LIMIT)
+        out["duplicates"], out["resent"], resent = _split_duplicates(dups, tables, len(duplicated))
+        small = T.reconciled_rows(rows, resent)
+        for name, df in (("status_counts", T.status_counts(rec)), ("lost", T.lost(rec)),
+                         ("bridge_counts", T.bridge_counts(rec)), ("node_counts", T.node_counts(rec))):
+            out[name] = _write_rows(df, small[name], tables / name)
         return out
     del collected
     rec = rec.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        out["status_counts"] = _result(T.status_counts(rec), tables / "status_counts")
-        by_status = {s: sum(r["obligations"] for r in out["status_counts"] if r["status"] == s)
-                     for s in ("lost", "duplicated")}
-        out["lost"] = _result(T.lost(rec), tables / "lost", rows=by_status["lost"])
-        out["duplicates"] = _result(T.duplicates(ledger if by_status["duplicated"] else none, rec,
-                                                 broadcast=by_status["duplicated"] <= BROADCAST_LIMIT),
-                                    tables / "duplicates", rows=by_status["duplicated"])
-        out["bridge_counts"] = _result(T.bridge_counts(rec), tables / "bridge_counts")
-        out["node_counts"] = _result(T.node_counts(rec), tables / "node_counts")
+        n_dup = sum(r["obligations"] for r in T.status_counts(rec).collect() if r["status"] == "duplicated")
+        dups = T.duplicates(ledger if n_dup else none, rec, broadcast=n_dup <= BROADCAST_LIMIT)
+        if n_dup:
+            dups = dups.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            resend = dups.where("resend")
+            out["duplicates"] = _result(dups.where("NOT resend"), tables / "duplicates", rows=n_dup)
+            out["resent"] = _result(resend, tables / "resent", rows=n_dup)
+            judged = T.with_resent(rec, resend, broadcast=n_dup <= BROADCAST_LIMIT) if n_dup else rec
+            out["status_counts"] = _result(T.status_counts(judged), tables / "status_counts")
+            n_lost = sum(r["obligations"] for r in out["status_counts"] if r["status"] == "lost")
+            out["lost"] = _result(T.lost(rec), tables / "lost", rows=n_lost)
+            out["bridge_counts"] = _result(T.bridge_counts(judged), tables / "bridge_counts")
+            out["node_counts"] = _result(T.node_counts(judged), tables / "node_counts")
+        finally:
+            if n_dup:
+                dups.unpersist()
         return out
     finally:
         rec.unpersist()
+
+
+def _split_duplicates(dups: Any, tables: Path, rows: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                                   set[str]]:
+    """Write :func:`~audit.transforms.duplicates` ``dups`` (at most ``rows`` ≤ :data:`SMALL_TABLE_LIMIT` rows) as
+    two tables, ``duplicates`` (violations) and ``resent`` (a takeover's re-send, its ``resend`` column true), from
+    ONE query (none when ``rows`` is 0); return both listed and the ids of the re-sent obligations."""
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    if rows == 0:
+        return _write_rows(dups, [], tables / "duplicates"), _write_rows(dups, [], tables / "resent"), set()
+    table = dups.toArrow()
+    resend = pc.fill_null(table.column("resend"), False)
+    resent = _write_arrow(dups, table.filter(resend), tables / "resent")
+    dup = _write_arrow(dups, table.filter(pc.invert(resend)), tables / "duplicates")
+    return (dup.slice(0, LIST_LIMIT).to_pylist(), resent.slice(0, LIST_LIMIT).to_pylist(),
+            set(resent.column("dedupe_id").to_pylist()))
 
 
 #: The latency counts (one row per hop, direction and distinct latency in µs: their number grows with the spread of

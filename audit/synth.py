@@ -32,6 +32,7 @@ from audit.ledger import COLUMNS, TABLE, Outcome
 __all__ = [
     "DEAD_LETTER_REASONS",
     "HOPS",
+    "SURVIVOR",
     "SynthSpec",
     "Truth",
     "arrow_schema",
@@ -50,6 +51,8 @@ HOPS: tuple[tuple[str, float, float], ...] = (
 )
 DEAD_LETTER_REASONS: tuple[str, ...] = ("mapping failed", "header too large", "max redeliveries", "no such destination")
 _TS = pa.timestamp("us", tz="UTC")
+#: The node that writes the takeover rows of :attr:`SynthSpec.resent` and :attr:`SynthSpec.cross_node_duplicates`.
+SURVIVOR = "survivor"
 
 
 def arrow_schema() -> pa.Schema:
@@ -78,11 +81,20 @@ class SynthSpec:
     duplicates: int = 0
     in_doubt: int = 0
     dead_letters: int = 0
+    #: channel → JMS obligations re-sent at a takeover (docs/cluster.md): their delivered row's gtrid names the
+    #: node that wrote it (``node:…``), and the survivor (node :data:`SURVIVOR`) wrote a second ``delivered`` row of
+    #: the same transaction and message, as ``router.ledger_takeover.record_resends`` does: expected, not a violation
+    resent: int = 0
+    #: channel → JMS obligations delivered a second time by :data:`SURVIVOR` in a transaction of its own (another
+    #: gtrid): a duplicate across nodes that the takeover's rules do not allow (counted in ``Truth.duplicated``)
+    cross_node_duplicates: int = 0
 
     def __post_init__(self) -> None:
-        faults = self.lost + self.duplicates + self.in_doubt + self.dead_letters
+        faults = (self.lost + self.duplicates + self.in_doubt + self.dead_letters + self.resent
+                  + self.cross_node_duplicates)
         if self.deliveries < 1 or self.nodes < 1 or min(self.lost, self.duplicates, self.in_doubt,
-                                                         self.dead_letters) < 0:
+                                                         self.dead_letters, self.resent,
+                                                         self.cross_node_duplicates) < 0:
             raise UsageError("deliveries must be >= 1 and fault counts >= 0")
         if faults > self.deliveries:
             raise UsageError(f"{faults} injected faults need at least as many deliveries, got {self.deliveries}")
@@ -99,6 +111,7 @@ class Truth:
     in_doubt: frozenset[str] = field(default_factory=frozenset)
     in_doubt_gtrids: frozenset[str] = field(default_factory=frozenset)
     dead_letters: dict[str, int] = field(default_factory=dict)
+    resent: frozenset[str] = field(default_factory=frozenset)
 
 
 def generate(spec: SynthSpec) -> tuple[pa.Table, Truth]:
@@ -113,6 +126,7 @@ def generate(spec: SynthSpec) -> tuple[pa.Table, Truth]:
     reasons = rng.integers(0, len(DEAD_LETTER_REASONS), size=len(dead))
     delivered = np.ones(n, dtype=bool)
     delivered[np.concatenate([lost, doubt, dead])] = False
+    resent, cross = _takeover_picks(spec, base, delivered, dup)
     parts = [
         _rows(base, {}, np.arange(n), Outcome.ACCEPTED),
         _rows(base, hops, np.flatnonzero(delivered), Outcome.DELIVERED),
@@ -122,6 +136,8 @@ def generate(spec: SynthSpec) -> tuple[pa.Table, Truth]:
         _rows(base, {"dispatched_at": hops["dispatched_at"]}, dead, Outcome.DEAD_LETTER,
               reasons=np.array(DEAD_LETTER_REASONS, dtype=object)[reasons]),
     ]
+    if len(resent) or len(cross):
+        parts += _takeover_rows(base, hops, resent, cross)
     table = pa.concat_tables(parts)
     table = table.take(pc.sort_indices(table, [("accepted_at", "ascending"), ("recorded_at", "ascending")]))
     table = table.set_column(0, "entry_id", pa.array(np.arange(1, table.num_rows + 1, dtype=np.int64)))
@@ -129,7 +145,8 @@ def generate(spec: SynthSpec) -> tuple[pa.Table, Truth]:
         return frozenset(base[column].take(pa.array(which, type=pa.int64())).to_pylist())
 
     truth = Truth(
-        lost=ids(lost), duplicated=ids(dup), in_doubt=ids(doubt), in_doubt_gtrids=ids(doubt, "gtrid"),
+        lost=ids(lost), duplicated=ids(np.concatenate([dup, cross])), resent=ids(resent), in_doubt=ids(doubt),
+        in_doubt_gtrids=ids(doubt, "gtrid"),
         dead_letters={r: int((reasons == i).sum()) for i, r in enumerate(DEAD_LETTER_REASONS) if (reasons == i).any()},
     )
     return table.cast(arrow_schema()), truth
@@ -158,6 +175,49 @@ def _base(spec: SynthSpec, rng: np.random.Generator) -> dict[str, Any]:
         "gtrid": pc.binary_join_element_wise("nsjms-synth-", num, ""),
         "node_id": pa.array([f"node{i + 1}" for i in range(spec.nodes)]).take(pa.array(bridge % spec.nodes)),
     }
+
+
+def _takeover_picks(spec: SynthSpec, base: dict[str, Any], delivered: np.ndarray[Any, Any],
+                    dup: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """The obligations of :attr:`SynthSpec.resent` and :attr:`SynthSpec.cross_node_duplicates`: delivered channel →
+    JMS ones not duplicated already, from a random stream of their own (a spec without them gives the same ledger
+    as before they existed). The re-sent ones' gtrid gets their node's name (``node:…``), as a T2's has."""
+    want = spec.resent + spec.cross_node_duplicates
+    none = np.zeros(0, dtype=np.int64)
+    if not want:
+        return none, none
+    free = delivered.copy()
+    free[dup] = False
+    free &= np.asarray(pc.equal(base["direction"], "channel_to_jms").to_numpy(zero_copy_only=False), dtype=bool)
+    candidates = np.flatnonzero(free)
+    if len(candidates) < want:
+        raise UsageError(f"{want} takeover faults need as many delivered channel → JMS obligations, "
+                         f"got {len(candidates)}")
+    picks = np.random.default_rng([spec.seed, 28]).permutation(candidates)[:want]
+    resent, cross = np.sort(picks[: spec.resent]), np.sort(picks[spec.resent:])
+    mark = np.zeros(len(delivered), dtype=bool)
+    mark[resent] = True
+    base["gtrid"] = pc.if_else(pa.array(mark), pc.binary_join_element_wise(base["node_id"], base["gtrid"], ":"),
+                               base["gtrid"])
+    return resent, cross
+
+
+def _takeover_rows(base: dict[str, Any], hops: dict[str, np.ndarray[Any, Any]], resent: np.ndarray[Any, Any],
+                   cross: np.ndarray[Any, Any]) -> list[pa.Table]:
+    """The survivor's second ``delivered`` rows: a re-send (same gtrid and message, broker commit 30 s later, no
+    acknowledgement) and a delivery in a transaction of its own (gtrid ``survivor:…``)."""
+    later = {**hops, "broker_committed_at": hops["broker_committed_at"] + 30_000_000}
+    out = []
+    for idx, own in ((resent, False), (cross, True)):
+        if not len(idx):
+            continue
+        t = _rows(base, {k: v for k, v in later.items() if k != "acknowledged_at"}, idx, Outcome.DELIVERED)
+        t = t.set_column(t.schema.get_field_index("node_id"), "node_id", pa.array([SURVIVOR] * len(idx), pa.string()))
+        if own:
+            gtrid = pc.binary_join_element_wise(f"{SURVIVOR}:", t["gtrid"], "")
+            t = t.set_column(t.schema.get_field_index("gtrid"), "gtrid", gtrid.cast(pa.string()))
+        out.append(t)
+    return out
 
 
 def _hops(accepted: np.ndarray[Any, Any], n: int, rng: np.random.Generator) -> dict[str, np.ndarray[Any, Any]]:

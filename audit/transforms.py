@@ -16,7 +16,7 @@ Definitions (the contract the router's ledger writes follow):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -65,6 +65,7 @@ __all__ = [
     "open_per_minute",
     "reconciled_rows",
     "reconciliation",
+    "resend_rule",
     "resolving_gtrids",
     "row_node",
     "status_counts",
@@ -72,6 +73,7 @@ __all__ = [
     "throughput_per_minute",
     "throughput_totals",
     "throughput_totals_rows",
+    "with_resent",
 ]
 
 _TS = ("accepted_at", "dispatched_at", "prepared_at", "decided_at", "broker_committed_at", "acknowledged_at")
@@ -302,15 +304,20 @@ def _total_if(cond: Column, col: str) -> Column:
     return F.coalesce(F.sum(F.when(cond, F.col(col)).otherwise(0)), F.lit(0)).cast(LongType())
 
 
-def reconciled_rows(rec_rows: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def reconciled_rows(rec_rows: Iterable[Mapping[str, Any]],
+                    resent: Collection[str] = ()) -> dict[str, list[dict[str, Any]]]:
     """:func:`status_counts`, :func:`bridge_counts`, :func:`node_counts` and :func:`lost` of collected
     :func:`reconciliation` rows, in Python (the same rows, unordered): the job collects the reconciliation once
-    instead of running a Spark query per table. Integer sums only: exact."""
+    instead of running a Spark query per table. Integer sums only: exact. ``resent``: the ids of the duplicated
+    obligations whose deliveries are a takeover's re-send (:func:`duplicates`' ``resend``): counted with the
+    status ``resent`` (as :func:`with_resent`)."""
     status: dict[tuple[Any, ...], int] = {}
     bridge: dict[tuple[Any, ...], int] = {}
     node: dict[tuple[Any, ...], list[int]] = {}
     lost_rows: list[dict[str, Any]] = []
     for r in rec_rows:
+        if r["status"] == "duplicated" and r["dedupe_id"] in resent:
+            r = {**r, "status": "resent"}
         n = int(r["obligations"])
         status[(r["status"], r["direction"])] = status.get((r["status"], r["direction"]), 0) + n
         key = (r["status"], r["direction"], r["bridge_id"])
@@ -319,7 +326,7 @@ def reconciled_rows(rec_rows: Iterable[Mapping[str, Any]]) -> dict[str, list[dic
         got[0] += n
         got[1] += n if r["multi_node"] else 0
         if r["status"] == "lost":
-            lost_rows.append({c: r[c] for c in ("dedupe_id", *_DIMS, "accepted_at")})
+            lost_rows.append({c: r[c] for c in ("dedupe_id", *_DIMS, "accepted_at", "node")})
     return {
         "status_counts": [{"status": s_, "direction": d, "obligations": n} for (s_, d), n in _ordered(status)],
         "bridge_counts": [{"status": s_, "direction": d, "bridge_id": b, "obligations": n}
@@ -378,27 +385,65 @@ def open_over_time(rows: Iterable[Mapping[str, Any]],
 
 
 def lost(obl: DataFrame) -> DataFrame:
-    """The lost obligations: dedupe_id, direction, channel_id, bridge_id, destination, accepted_at (``obl``:
+    """The lost obligations: dedupe_id, direction, channel_id, bridge_id, destination, accepted_at, node (the node
+    it is attributed to: the one that wrote its ``accepted`` row, see :func:`obligations`) (``obl``:
     :func:`obligations` or its :func:`reconciliation`)."""
-    return (obl.select("dedupe_id", *_DIMS, "accepted_at", "status").where(F.col("status") == "lost")
-            .select("dedupe_id", *_DIMS, "accepted_at"))
+    return (obl.select("dedupe_id", *_DIMS, "accepted_at", "node", "status").where(F.col("status") == "lost")
+            .select("dedupe_id", *_DIMS, "accepted_at", "node"))
 
 
 def duplicates(ledger_df: DataFrame, obl: DataFrame, broadcast: bool = True) -> DataFrame:
     """dedupe_ids delivered more than once (``obl``: :func:`obligations` or its :func:`reconciliation`):
-    deliveries, distinct_gtrids, first/last delivery time (of the last hop). ``broadcast``: the duplicated ids
-    are few (sent to every task, so the ledger's delivered rows are not shuffled)."""
+    deliveries, distinct_gtrids, first/last delivery time (of the last hop), ``nodes`` (the distinct ``node_id``
+    of its delivered rows, sorted, comma-separated; null when none names one) and ``resend`` (:func:`resend_rule`:
+    the one re-send a survivor's takeover of a dead node may make, docs/cluster.md; not a violation).
+    ``broadcast``: the duplicated ids are few (sent to every task, so the ledger's delivered rows are not
+    shuffled)."""
     done = F.coalesce(*[F.col(c) for c in reversed(_TS)])
     dup_ids = obl.select("dedupe_id", "status").where(F.col("status") == "duplicated").select("dedupe_id")
-    rows = (ledger_df.select("dedupe_id", *_DIMS, "gtrid", *_TS, "outcome").where(F.col("outcome") == "delivered")
+    rows = (ledger_df.select("dedupe_id", *_DIMS, "gtrid", "jms_message_id", "node_id", *_TS, "outcome")
+            .where(F.col("outcome") == "delivered")
             .join(F.broadcast(dup_ids) if broadcast else dup_ids, on="dedupe_id", how="left_semi"))
-    return (rows.groupBy("dedupe_id").agg(
-                *[F.min(c).alias(c) for c in _DIMS], F.count(F.lit(1)).alias("deliveries"),
-                F.countDistinct("gtrid").alias("distinct_gtrids"),
-                F.min(done).alias("first_delivered_at"), F.max(done).alias("last_delivered_at"))
-            .select("dedupe_id", *_DIMS, F.col("deliveries").cast(LongType()).alias("deliveries"),
-                    F.col("distinct_gtrids").cast(LongType()).alias("distinct_gtrids"),
-                    "first_delivered_at", "last_delivered_at"))
+    owner = F.when(F.col("gtrid").contains(":"), F.substring_index(F.col("gtrid"), ":", 1))
+    per = rows.groupBy("dedupe_id").agg(
+        *[F.min(c).alias(c) for c in _DIMS], F.count(F.lit(1)).alias("deliveries"),
+        F.countDistinct("gtrid").alias("distinct_gtrids"),
+        F.min(done).alias("first_delivered_at"), F.max(done).alias("last_delivered_at"),
+        F.min("gtrid").alias("g_min"), F.max("gtrid").alias("g_max"),
+        F.min("jms_message_id").alias("m_min"), F.max("jms_message_id").alias("m_max"),
+        _count_if(F.col("node_id") == owner).alias("by_owner"),
+        _count_if(F.col("node_id").isNotNull() & (F.col("node_id") != owner)).alias("by_other"),
+        F.array_sort(F.collect_set("node_id")).alias("node_set"))
+    return per.select("dedupe_id", *_DIMS, F.col("deliveries").cast(LongType()).alias("deliveries"),
+                      F.col("distinct_gtrids").cast(LongType()).alias("distinct_gtrids"),
+                      "first_delivered_at", "last_delivered_at",
+                      F.when(F.size("node_set") > 0, F.array_join("node_set", ",")).alias("nodes"),
+                      F.coalesce(resend_rule(), F.lit(False)).alias("resend"))
+
+
+def resend_rule() -> Column:
+    """Whether a duplicated obligation's deliveries are exactly what a takeover's re-send records (docs/cluster.md,
+    docs/audit.md "Nodes"): a channel → JMS obligation with two ``delivered`` rows of ONE routing transaction
+    (the same gtrid, ``node:token``) and ONE JMS message (the same ``jms_message_id``, its ``nsjms_dedupe_id``),
+    one written by the transaction's own node (its branch) and one by another node (the survivor that fenced it,
+    committed its decision and re-sent its outbox rows: ``router.ledger_takeover.record_resends``). Over the
+    columns of :func:`duplicates`' aggregation (``deliveries``, ``g_min``/``g_max``, ``m_min``/``m_max``, ``by_owner``,
+    ``by_other``, ``direction``); null when a column is. Anything else delivered twice stays a duplicate."""
+    return ((F.col("direction") == "channel_to_jms") & (F.col("deliveries") == 2)
+            & F.col("g_min").contains(":") & (F.col("g_min") == F.col("g_max"))
+            & (F.col("m_min") == F.col("m_max")) & (F.col("by_owner") == 1) & (F.col("by_other") == 1))
+
+
+def with_resent(rec: DataFrame, resent_ids: DataFrame, broadcast: bool = True) -> DataFrame:
+    """The :func:`reconciliation` ``rec`` with the duplicated obligations whose id is in ``resent_ids``
+    (dedupe_id: the :func:`duplicates` rows with ``resend``) given the status ``resent`` (what
+    :func:`reconciled_rows` does with its ``resent`` ids, as a Spark query for a reconciliation too large to
+    collect)."""
+    ids = resent_ids.select("dedupe_id").withColumn("resent", F.lit(True))
+    return (rec.join(F.broadcast(ids) if broadcast else ids, on="dedupe_id", how="left_outer")
+            .select(F.when(F.col("resent") & (F.col("status") == "duplicated"), F.lit("resent"))
+                    .otherwise(F.col("status")).alias("status"),
+                    "dedupe_id", *_DIMS, "accepted_at", "obligations", "node", "multi_node"))
 
 
 def stuck_in_doubt(ledger_df: DataFrame, as_of: datetime, grace: timedelta, *,

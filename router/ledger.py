@@ -65,6 +65,7 @@ __all__ = [
     "partition_name",
     "schema_sql",
     "t2_branch",
+    "t2_dead_letter",
     "timestamp",
     "volatile_dedupe_id",
 ]
@@ -202,11 +203,32 @@ class T2Rows:
     """The ledger rows of one T2's PostgreSQL branch, collected while the branch's statements run (the store's
     calls add them instead of writing them) and written by :class:`T2LedgerBranch` in one statement, the branch's
     last before ``PREPARE TRANSACTION``. ``messages``: event id -> the ``nsjms_dedupe_id`` of the JMS message the
-    T2 sends for it (channel → JMS)."""
+    T2 sends for it (channel → JMS). ``dead_letters``: ``nsjms_dedupe_id`` -> reason of the messages the bridge
+    dead-lettered instead of sending them to their destination (:func:`t2_dead_letter`)."""
 
     gtrid: str
     messages: dict[int, str] = field(default_factory=dict)
     rows: list[LedgerRow] = field(default_factory=list)
+    dead_letters: dict[str, str] = field(default_factory=dict)
+
+
+#: The T2 branches collecting rows, by connection (every writer's): :func:`t2_dead_letter` finds them from the
+#: connection alone (the bridge has the branch's connection, not the node's writer).
+_BRANCHES: dict[int, tuple[Any, T2Rows]] = {}
+_BRANCHES_LOCK = threading.Lock()
+
+
+def t2_dead_letter(conn: Any, message_id: str, reason: str) -> bool:
+    """The bridge dead-lettered the message ``message_id`` (its ``nsjms_dedupe_id``) of the T2 whose PostgreSQL
+    branch runs on ``conn`` (an event its mapping cannot express, in a batch): that event's terminal row is written
+    ``dead_letter`` with ``reason`` instead of ``delivered`` (:class:`T2LedgerBranch`). False when ``conn`` is no T2
+    branch collecting ledger rows (ledger disabled, or not in a T2): nothing to record."""
+    with _BRANCHES_LOCK:
+        got = _BRANCHES.get(id(conn))
+    if got is None or got[0] is not conn:
+        return False
+    got[1].dead_letters[message_id] = reason
+    return True
 
 
 def channel_dedupe_id(event_id: int, channel_id: int, admin_id: int, proxy_id: int) -> str:
@@ -274,8 +296,14 @@ class LedgerWriter:
     def _attach(self, conn: Any, rows: T2Rows) -> None:
         with self._lock:
             self._t2[id(conn)] = (conn, rows)
+        with _BRANCHES_LOCK:
+            _BRANCHES[id(conn)] = (conn, rows)
 
     def _detach(self, conn: Any) -> T2Rows | None:
+        with _BRANCHES_LOCK:
+            mine = _BRANCHES.get(id(conn))
+            if mine is not None and mine[0] is conn:
+                del _BRANCHES[id(conn)]
         with self._lock:
             got = self._t2.get(id(conn))
             if got is None or got[0] is not conn:
@@ -378,8 +406,9 @@ class T2LedgerBranch:
         rows = self.writer._detach(self.conn)
         if rows is not None and rows.rows:
             now = datetime.now(UTC)
+            dead = rows.dead_letters
             try:
-                self.writer.write(self.conn, [replace(r, prepared_at=now) for r in rows.rows])
+                self.writer.write(self.conn, [replace(_dead_lettered(r, dead), prepared_at=now) for r in rows.rows])
             except psycopg.Error as exc:
                 raise translate(exc, step="prepare", gtrid=rows.gtrid, branch=self.name) from exc
         self.inner.prepare()
@@ -552,6 +581,15 @@ class T2HopRecorder:
         n = max(cur.rowcount, 0)
         self.rows_updated += n
         return n
+
+
+def _dead_lettered(row: LedgerRow, dead: Mapping[str, str]) -> LedgerRow:
+    """``row`` as ``dead_letter`` with its reason when it is the ``delivered`` row of a message the bridge
+    dead-lettered (:attr:`T2Rows.dead_letters`), else unchanged."""
+    reason = dead.get(row.jms_message_id) if dead and row.jms_message_id is not None else None
+    if reason is None or Outcome(row.outcome) is not Outcome.DELIVERED:
+        return row
+    return _with(row, Outcome.DEAD_LETTER, reason)
 
 
 def _with(row: LedgerRow, outcome: Outcome, reason: str | None) -> LedgerRow:

@@ -452,7 +452,17 @@ class NodeTransactions:
         if epoch is None:
             return None
         with self.recovery_lock:
-            return recover_fenced(self.db, dead, self.node.value, epoch, self.pg, self.resender, SEND_MANAGER)
+            return recover_fenced(self.db, dead, self.node.value, epoch, self.pg, self.resender, SEND_MANAGER,
+                                  record=self._record_resends if self.hops is not None else None)
+
+    def _record_resends(self, conn: Conn, gtrids: list[str]) -> None:
+        """The ledger's rows of a survivor's re-send of a fenced node's messages
+        (router.ledger_takeover.record_resends), at the re-send's broker commit (the resender's time; now if it has
+        none: nothing was sent in it)."""
+        from router.ledger_takeover import record_resends
+
+        now = time.time()
+        record_resends(conn, self.node.value, {g: self.resender.committed_at.get(g, now) for g in gtrids})
 
     def view(self) -> list[InDoubt]:
         return self.recovery.view()

@@ -62,6 +62,7 @@ from router.bridge.ports import Outbox
 from router.bridge.txbranch import SendBranch
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import EncodedMessage, MessageCodec, SendRefused, Transport, stomp_destination
+from router.ledger import t2_dead_letter
 from router.routing.errors import ForwardFailed
 from router.t2 import OutboxRow, outbox_insert
 from xa.errors import TransactionRolledBack
@@ -215,9 +216,12 @@ class OutboundT2:
         last = len(events) - 1                   # one frame per event: the last one carries the receipt
         for i, event in enumerate(events):
             frame, refused = self._frame_of(event, dead_letter_reason)
-            dead += refused
+            dead += refused is not None
             frames.append(frame)
-            rows.append(OutboxRow(txn.gtrid, i, self._dedupe(frame, txn.gtrid, i), self.bridge_id,
+            did = self._dedupe(frame, txn.gtrid, i)
+            if refused is not None and dead_letter_reason is None:   # the mapping's: its ledger row says so
+                t2_dead_letter(conn, did, refused)
+            rows.append(OutboxRow(txn.gtrid, i, did, self.bridge_id,
                                   frame.destination, {**frame.encoded.headers,
                                                       "persistent": "true" if frame.persistent else "false"},
                                   frame.encoded.body))
@@ -318,8 +322,8 @@ class OutboundT2:
             frame.encoded.headers[DUPL_ID_HEADER] = did
         return did
 
-    def _frame_of(self, event: Any, dead_letter_reason: str | None) -> tuple[_Frame, bool]:
-        """The frame of ``event`` and whether it is a dead letter (unmappable, or ``dead_letter_reason``)."""
+    def _frame_of(self, event: Any, dead_letter_reason: str | None) -> tuple[_Frame, str | None]:
+        """The frame of ``event`` and, when it is a dead letter (unmappable, or ``dead_letter_reason``), why."""
         from router.mapping.errors import MappingError
 
         reason = dead_letter_reason
@@ -327,8 +331,8 @@ class OutboundT2:
             try:
                 if self.to_frame is not None:
                     msg, encoded = self.to_frame(event, self.destination)
-                    return self._encoded(self.destination, msg, encoded), False
-                return self._frame(self.destination, self.to_jms(event, self.destination)), False
+                    return self._encoded(self.destination, msg, encoded), None
+                return self._frame(self.destination, self.to_jms(event, self.destination)), None
             except MappingError as exc:
                 reason = str(exc)
             except Exception as exc:
@@ -336,7 +340,7 @@ class OutboundT2:
                 reason = f"mapping failed: {type(exc).__name__}: {exc}"
         log.warning("bridge %d: dead-lettering an event to %s in its routing transaction: %s", self.bridge_id,
                     self.dead_letter.stomp(), reason)
-        return self._frame(self.dead_letter, self._dead_letter(self.event_bytes(event), reason)), True
+        return self._frame(self.dead_letter, self._dead_letter(self.event_bytes(event), reason)), reason
 
     def _frame(self, destination: Destination, msg: JmsMessage) -> _Frame:
         return self._encoded(destination, msg, self.codec.encode(msg))

@@ -137,12 +137,16 @@ class FencedRecovery:
 
 
 def recover_fenced(db: Any, dead: str, by: str, by_epoch: int, pg: Any,
-                   resend: Callable[[str, Participant], None], send_manager: str) -> FencedRecovery:
+                   resend: Callable[[str, Participant], None], send_manager: str, *,
+                   record: Callable[[Any, list[str]], None] | None = None) -> FencedRecovery:
     """Finish ``dead``'s routing transactions (see the module docstring). ``dead`` must be ``fenced`` (checked
     first, with ``by``'s own epoch): a live node's xids are never touched. ``pg``: an ``xa.pg.PgManager``;
     ``resend(gtrid, participant)``: the outbox re-sender (``router.t2.OutboxResender``). Failures are collected in
     the report (the caller retries at its next pass); the rows of a transaction are deleted only once its branches
-    are finished and its messages re-sent."""
+    are finished and its messages re-sent. ``record(conn, gtrids)``: called with the transactions whose outbox rows
+    were re-sent, on the transaction that then deletes those rows (the ledger's re-send rows,
+    ``router.ledger_takeover.record_resends``), in a savepoint: if it fails, it is logged and the clean-up goes on
+    (the ledger lacks those rows; re-sending again to record them would add duplicates)."""
     report = FencedRecovery(dead)
     with db.unit_of_work() as lock:
         # held until the end: one node at a time finishes ``dead``'s transactions (a survivor whose fencer died
@@ -153,7 +157,7 @@ def recover_fenced(db: Any, dead: str, by: str, by_epoch: int, pg: Any,
         if row is None or row[0] != "fenced":
             return report                                      # rejoined (its own recovery runs), unknown, or busy
         decided = decisions_of(lock, dead)
-        _finish_fenced(lock, dead, decided, pg, resend, send_manager, report)
+        _finish_fenced(lock, dead, decided, pg, resend, send_manager, report, record)
     if report.committed or report.rolled_back or report.resent or report.errors:
         log.warning("cluster: transactions of fenced node %s: committed %d, rolled back %d, re-sent %d, %d error(s)",
                     dead, len(set(report.committed)), len(set(report.rolled_back)), len(report.resent),
@@ -162,7 +166,8 @@ def recover_fenced(db: Any, dead: str, by: str, by_epoch: int, pg: Any,
 
 
 def _finish_fenced(conn: Any, dead: str, decided: dict[str, tuple[Participant, ...]], pg: Any,
-                   resend: Callable[[str, Participant], None], send_manager: str, report: FencedRecovery) -> None:
+                   resend: Callable[[str, Participant], None], send_manager: str, report: FencedRecovery,
+                   record: Callable[[Any, list[str]], None] | None = None) -> None:
     node = NodeId(dead)
     prepared = [x for x in pg.recover() if is_ours(x, node)]
     failed: set[str] = set()
@@ -192,5 +197,13 @@ def _finish_fenced(conn: Any, dead: str, decided: dict[str, tuple[Participant, .
             continue
         done.append(gtrid)
     if done:
+        resent = sorted(set(report.resent) & set(done))
+        if record is not None and resent:
+            try:
+                with conn.transaction():     # a savepoint: a failing record never blocks the clean-up (re-sent again)
+                    record(conn, resent)
+            except Exception as exc:  # noqa: BLE001 - the ledger then lacks these rows; logged
+                log.warning("cluster: the ledger rows of the re-send of %d transaction(s) of %s were not written: %s",
+                            len(resent), dead, exc)
         conn.execute("DELETE FROM nsjms_outbox WHERE gtrid = ANY(%s)", (done,))
         conn.execute("DELETE FROM nsjms_decision WHERE gtrid = ANY(%s) AND node_id = %s", (done, dead))

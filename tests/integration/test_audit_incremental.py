@@ -204,3 +204,24 @@ def test_per_node_figures_come_from_the_node_column_and_a_handover_is_counted(le
     with psycopg.connect(ledger_db) as conn:   # stored and read back with the figures
         stored = conn.execute(f"SELECT figures FROM {DAY_TABLE} WHERE day = %s", (D1,)).fetchone()
     assert stored is not None and {(g["node"], g["multi_node"]) for g in stored[0]["groups"]} >= {("n2", 1)}
+
+
+def test_a_window_is_whole_days_and_never_drops_a_day_outside_it(ledger_db: str) -> None:
+    """The incremental audit works by UTC day: ``--to`` at midnight must not take the day starting there for a day
+    whose rows are gone (its stored verdict was deleted), and ``--from``/``--to`` inside a day reconcile that whole
+    day (its rows and fingerprint, so a later run over every day finds it unchanged)."""
+    with psycopg.connect(ledger_db) as conn:
+        obligation(conn, "a", at(D1, 10))
+        obligation(conn, "b", at(D2, 6))
+        obligation(conn, "c", at(D2, 18))
+    full = run(ledger_db, at(D3, 12))
+    assert [(d.day, d.rows) for d in full.days] == [(D1, 2), (D2, 4)]
+    to_midnight = run(ledger_db, at(D3, 12), end=at(D2, 0))
+    assert [d.day for d in to_midnight.days] == [D1]
+    with psycopg.connect(ledger_db) as conn:
+        kept = [r[0] for r in conn.execute(f"SELECT day FROM {DAY_TABLE} ORDER BY day").fetchall()]
+    assert kept == [D1, D2], "the day after the window keeps its stored verdict"
+    inside = run(ledger_db, at(D3, 12), start=at(D2, 12), end=at(D2, 13))
+    assert [(d.day, d.rows, d.count("delivered"), d.audited) for d in inside.days] == [(D2, 4, 2, False)]
+    again = run(ledger_db, at(D3, 12))
+    assert again.audited == (), "nothing changed: no day reconciled again"

@@ -106,6 +106,25 @@ def _owners(dsn: str) -> dict[tuple[str, int], str]:
     return {(str(k), int(i)): str(n) for k, i, n in _rows(dsn, "SELECT kind, object_id, node_id FROM nsjms_owner")}
 
 
+def _audit_counts_the_re_send_apart(dsn: str, decided: set[str]) -> None:
+    """The ledger of the takeover (docs/audit.md "Takeovers"): nb recorded its re-send of na's decided transactions,
+    one ``delivered`` row per message beside na's, same transaction and nsjms_dedupe_id; the incremental audit counts
+    exactly those obligations ``resent``, and nothing lost or duplicated."""
+    from datetime import UTC, datetime, timedelta
+
+    from audit.incremental import run_incremental
+
+    resent = _rows(dsn, "SELECT dedupe_id, gtrid, jms_message_id FROM nsjms_ledger WHERE node_id = 'nb' "
+                        "AND gtrid LIKE %s AND outcome = 'delivered'", "na:%")
+    assert resent and {g for _, g, _ in resent} <= decided, resent
+    originals = _rows(dsn, "SELECT dedupe_id, gtrid, jms_message_id FROM nsjms_ledger WHERE node_id = 'na' "
+                           "AND gtrid LIKE %s AND outcome = 'delivered'", "na:%")
+    assert set(resent) <= set(originals), "each re-send row beside the dead node's row of the same message"
+    result = run_incremental(dsn, as_of=datetime.now(UTC), grace=timedelta(minutes=10))
+    counts = {s: result.count(s) for s in ("resent", "duplicated", "lost")}
+    assert counts == {"resent": len(resent), "duplicated": 0, "lost": 0}, counts
+
+
 def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_transaction(
         tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,6 +191,7 @@ def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_tran
         assert _rows(fresh_db, "SELECT count(*) FROM nsjms_decision WHERE node_id = 'na'") == [(0,)]
         assert _rows(fresh_db, "SELECT epoch, state, fenced_by FROM nsjms_member WHERE node_id = 'na'") == \
             [(2, "fenced", "nb")]
+        _audit_counts_the_re_send_apart(fresh_db, decided)
         assert _owners(fresh_db) == {("channel", cid): "nb", ("bridge", bid): "nb", ("channel", cin): "nb",
                                      ("bridge", bid_in): "nb"}
 

@@ -242,11 +242,16 @@ def test_every_transform_states_its_schema_and_runs_no_python(ledger: DataFrame)
         "dead": T.dead_letters_by_reason(facets), "lat": lat, "lat_ms": T.hop_latencies(led),
         "counts": counts, "pct": T.latency_percentiles(counts),
         "hist": T.latency_histogram(counts), "tpm": T.throughput_per_minute(led),
+        "resent": T.with_resent(T.reconciliation(obl), T.duplicates(led, obl).where("resend")),
     }
     assert outputs["pct"].columns == ["hop", "direction", "samples", "p50_ms", "p90_ms", "p99_ms", "p999_ms",
                                       "max_ms"]
     assert outputs["lost"].columns == ["dedupe_id", "direction", "channel_id", "bridge_id", "destination",
-                                       "accepted_at"]
+                                       "accepted_at", "node"]       # node: the loss's node (issue 28, takeovers)
+    assert outputs["duplicates"].columns == ["dedupe_id", "direction", "channel_id", "bridge_id", "destination",
+                                             "deliveries", "distinct_gtrids", "first_delivered_at",
+                                             "last_delivered_at", "nodes", "resend"]
+    assert outputs["resent"].columns == outputs["reconciliation"].columns
     for name, df in outputs.items():
         plan = df._jdf.queryExecution().executedPlan().toString()
         assert "Python" not in plan, f"{name} runs Python on executors:\n{plan}"

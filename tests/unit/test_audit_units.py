@@ -193,3 +193,30 @@ def test_open_obligations_curve_takes_back_a_duplicates_extra_delivery() -> None
     dup = {"direction": "d", "deliveries": 2, "last_delivered_at": m1.replace(second=7)}
     line = open_figure(rows, [dup]).axes[0].get_lines()[0]
     assert list(line.get_ydata()) == [2, 1]
+
+
+def test_the_scheduled_audit_units_run_a_command_the_cli_has_and_systemd_accepts_them(tmp_path: Path) -> None:
+    """deploy/nsjms-audit.service + .timer (issue 28's scheduled mode): the ExecStart is an ``nsjms audit
+    --incremental`` the CLI parses, and ``systemd-analyze verify`` accepts both units."""
+    import shlex
+    import shutil
+
+    from router.cli import build_parser
+
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    service = (deploy / "nsjms-audit.service").read_text()
+    lines = service.replace("\\\n", " ").splitlines()
+    (start,) = [line.partition("=")[2] for line in lines if line.startswith("ExecStart=")]
+    argv = shlex.split(start)
+    assert argv[0] == "/opt/nsjms/bin/nsjms" and argv[1:3] == ["audit", "--incremental"] and "--if-running" in argv
+    args = build_parser().parse_args(argv[1:])          # exits (SystemExit) on an unknown option
+    assert args.incremental and args.if_running and args.metrics_file is not None
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.fail("systemd-analyze is not installed (apt-get install systemd)", pytrace=False)
+    (tmp_path / "nsjms-audit.service").write_text(service.replace("/opt/nsjms/bin/nsjms", "/bin/true"))
+    shutil.copy(deploy / "nsjms-audit.timer", tmp_path / "nsjms-audit.timer")
+    units = [str(tmp_path / "nsjms-audit.service"), str(tmp_path / "nsjms-audit.timer")]
+    done = subprocess.run([analyze, "verify", *units], capture_output=True, text=True, check=False, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 0 and "nsjms-audit" not in done.stderr, done.stdout + done.stderr

@@ -39,3 +39,64 @@ def test_the_event_the_bridge_dead_letters_in_its_t2_is_a_dead_letter_in_the_led
     assert last[105] == (Ledgered.DELIVERED, None) and last[108] == (Ledgered.DELIVERED, None)
     outcome, reason = last[107]
     assert outcome is Ledgered.DEAD_LETTER and "not authorized" in reason
+
+
+# -- an event the bridge's mapping cannot express, dead-lettered inside a batch (docs/audit.md, issue 28) ----------
+class _Conn:
+    """A branch connection that records the ledger's INSERT."""
+
+    def __init__(self) -> None:
+        self.inserts: list[list[Any]] = []
+
+    def execute(self, query: Any, params: Any = None) -> Any:
+        self.inserts.append(list(params))
+        return self
+
+
+class _Inner:
+    name, kind, manager, one_phase_only = "pg", "postgresql", "postgresql", False
+
+    def __init__(self) -> None:
+        self.prepared = False
+
+    def sort_key(self) -> str:
+        return "pg"
+
+    def begin(self, xid: Any) -> None:
+        pass
+
+    def prepare(self) -> None:
+        self.prepared = True
+
+
+def test_a_message_the_bridge_dead_letters_in_a_batch_is_its_events_dead_letter_row() -> None:
+    from router.ledger import Direction, LedgerRow, LedgerWriter, T2LedgerBranch, T2Rows, t2_dead_letter
+
+    writer, conn, other = LedgerWriter(node_id="n1"), _Conn(), _Conn()
+    rows = T2Rows("n1:g", {1: "n1:g/0", 2: "n1:g/1"}, [
+        LedgerRow(f"e{i}/c1/a1/p1", 1, Direction.CHANNEL_TO_JMS, 0.0, Ledgered.DELIVERED, event_id=i,
+                  jms_message_id=f"n1:g/{i - 1}", gtrid="n1:g") for i in (1, 2)])
+    branch = T2LedgerBranch(writer, conn, _Inner(), rows)
+    assert not t2_dead_letter(conn, "n1:g/1", "not mapped"), "no T2 branch on that connection yet"
+    branch.begin(None)
+    assert t2_dead_letter(conn, "n1:g/1", "event 2 cannot be mapped") and not t2_dead_letter(other, "n1:g/0", "x")
+    branch.prepare()
+    assert branch.inner.prepared and len(conn.inserts) == 1
+    columns = conn.inserts[0]
+    outcomes, reasons, messages = columns[15], columns[16], columns[1]
+    assert list(zip(messages, outcomes, reasons, strict=True)) == [
+        ("n1:g/0", "delivered", None), ("n1:g/1", "dead_letter", "event 2 cannot be mapped")]
+    assert not t2_dead_letter(conn, "n1:g/0", "late"), "prepared: the branch's rows are written, none collected"
+
+
+def test_the_bridge_notes_the_dead_letter_of_an_unmappable_event_in_its_t2(monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.bridge import txout
+
+    noted: list[tuple[Any, str, str]] = []
+    monkeypatch.setattr(txout, "t2_dead_letter", lambda conn, mid, reason: noted.append((conn, mid, reason)) or True)
+    rig = Rig(monkeypatch, events=3)
+    rig.put(12, 13, 14)
+    assert rig.round() is Outcome.DELIVERED
+    gtrid = rig.on("out")[0].headers["nsjms_dedupe_id"].rsplit("/", 1)[0]
+    assert [(mid, "cannot be mapped" in reason) for _, mid, reason in noted] == [(f"{gtrid}/1", True)]
+    assert noted[0][0] is rig.proxy.rt.db.conn, "on the T2's PostgreSQL branch"
