@@ -11,20 +11,26 @@ import psycopg
 from router.cluster import members as M
 from xa.xid import parse_gtrid
 
-__all__ = ["cluster_report", "render"]
+__all__ = ["cluster_report", "render", "xid_node"]
 
 Conn = psycopg.Connection[Any]
+
+
+def xid_node(gid: str) -> str | None:
+    """The node a prepared transaction's gid names (its xid's gtrid), None for a foreign one."""
+    try:
+        parsed = parse_gtrid(psycopg.Xid.from_string(gid).gtrid)
+    except (ValueError, TypeError):
+        return None
+    return None if parsed is None else str(parsed.node)
 
 
 def _prepared_by_node(conn: Conn) -> dict[str, int]:
     out: dict[str, int] = {}
     for (gid,) in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()").fetchall():
-        try:
-            parsed = parse_gtrid(psycopg.Xid.from_string(str(gid)).gtrid)
-        except (ValueError, TypeError):
-            parsed = None
-        if parsed is not None:
-            out[parsed.node] = out.get(parsed.node, 0) + 1
+        node = xid_node(str(gid))
+        if node is not None:
+            out[node] = out.get(node, 0) + 1
     return out
 
 
