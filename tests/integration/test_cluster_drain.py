@@ -267,6 +267,10 @@ def test_drain_hands_a_nodes_channels_over_under_t2_traffic_and_rebalance_gives_
               f" s (renewal period {RENEW_S} s)")
         assert _owners(fresh_db) == {("channel", cid1): "nb", ("bridge", bid1): "nb", ("channel", cid2): "nb",
                                      ("bridge", bid2): "nb"}
+        status = _cli(fresh_db, b.state_dir, "status")
+        members = {m["node_id"]: m for m in json.loads(status.stdout)["members"]}
+        assert (members["na"]["draining"], members["na"]["state"], members["na"]["owns"]) == \
+            (True, "live", {"channels": [], "bridges": []}), "drained: live, owning nothing, safe to remove"
         mark_out, mark_in = supplier.pushed, producer.sent
         assert wait_until(lambda: supplier.pushed >= mark_out + 30 and consumer.count() >= mark_in + 30, 90), \
             "both flows run on through nb"
@@ -311,5 +315,36 @@ def test_drain_hands_a_nodes_channels_over_under_t2_traffic_and_rebalance_gives_
             if worker is not None:
                 worker.stop.set()
         listen.disconnect()
+        a.stop()
+        b.stop()
+
+
+def test_least_loaded_placement_hands_a_new_channel_to_the_member_owning_fewer_objects(
+        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cluster.placement = "least-loaded"``: the creating node keeps a channel while it is the least loaded; the
+    next goes to the other member right after its creation (a hand-off), which then runs it."""
+    monkeypatch.setenv("NSJMS_CLUSTER_PLACEMENT", "least-loaded")
+    a = _start(tmp_path, "na", fresh_db, broker_url, monkeypatch)
+    b = _start(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
+    try:
+        factory = client_orb.factory(a.ior())
+        _, cid1 = persistent_channel(factory)
+        _, cid2 = persistent_channel(factory)                       # na owns 1, nb 0: this one goes to nb
+        assert wait_until(lambda: cid2 in [c["id"] for c in node_status(b).get("channels", [])], 30), \
+            node_status(b).get("channels")
+        assert _owners(fresh_db) == {("channel", cid1): "na", ("channel", cid2): "nb"}
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            assert conn.execute("SELECT channel_id, from_node, to_node, reason, state FROM nsjms_handoff").fetchall() \
+                == [(cid2, "na", "nb", "placement", "started")]
+        channel = client_orb.factory(b.ior()).get_event_channel(cid2)   # nb runs it: routed there
+        consumer = structured_consumer(channel)
+        proxy, _ = obtain_proxy_consumer(channel.default_supplier_admin, Form.STRUCTURED, Style.PUSH)
+        supplier = PushSupplierClient(proxy, Form.STRUCTURED)
+        supplier.connect()
+        for i in range(5):
+            supplier.push_one(make_event(i, reliability=PERSISTENT))
+        assert consumer.wait_for(5, 30) and sorted(_numbers(consumer)) == list(range(5))
+    finally:
         a.stop()
         b.stop()
