@@ -254,7 +254,7 @@ class DrainState:
     owns: Owned                       # what it still owns
     reported: bool                    # its in-doubt report is newer than its last release
     in_doubt: list[dict[str, Any]]    # from its log: gtrid, status, action
-    prepared: list[str]               # prepared branches of its xids in PostgreSQL (gids)
+    prepared: list[str]               # prepared branches of its xids in PostgreSQL ("gtrid (gid ...)")
     decided: list[str]                # its decision rows a survivor would have to finish (gtrids)
 
     @property
@@ -286,7 +286,7 @@ class DrainState:
 def drain_state(conn: Conn, node: str, epoch: int, ids: Sequence[int]) -> DrainState:
     """The state of ``node``'s drain (``ids``: its moves) as ``nsjms cluster drain`` reports it."""
     from router.cluster.ownership import owned_by
-    from router.cluster.report import xid_node
+    from router.cluster.report import xid_gtrid, xid_node
 
     live = any(m.node_id == node and m.epoch == epoch and m.live for m in M.members(conn))
     moves = moves_of(conn, ids)
@@ -294,7 +294,7 @@ def drain_state(conn: Conn, node: str, epoch: int, ids: Sequence[int]) -> DrainS
                        (node, epoch)).fetchone()
     last = max((m.released_at for m in moves if m.released_at is not None), default=None)
     reported = row is not None and row[1] is not None and (last is None or row[1] > last)
-    prepared = sorted(str(g) for (g,) in conn.execute(
+    prepared = sorted(f"{xid_gtrid(str(g))} (gid {g})" for (g,) in conn.execute(
         "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()").fetchall()
         if xid_node(str(g)) == node)
     decided = sorted(str(g) for (g,) in conn.execute(

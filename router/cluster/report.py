@@ -11,17 +11,24 @@ import psycopg
 from router.cluster import members as M
 from xa.xid import parse_gtrid
 
-__all__ = ["cluster_report", "render", "xid_node"]
+__all__ = ["cluster_report", "render", "xid_gtrid", "xid_node"]
 
 Conn = psycopg.Connection[Any]
 
 
-def xid_node(gid: str) -> str | None:
-    """The node a prepared transaction's gid names (its xid's gtrid), None for a foreign one."""
+def xid_gtrid(gid: str) -> str | None:
+    """The nsjms gtrid of a prepared transaction's gid, None for a foreign one."""
     try:
-        parsed = parse_gtrid(psycopg.Xid.from_string(gid).gtrid)
+        gtrid = psycopg.Xid.from_string(gid).gtrid
     except (ValueError, TypeError):
         return None
+    return gtrid if parse_gtrid(gtrid) is not None else None
+
+
+def xid_node(gid: str) -> str | None:
+    """The node a prepared transaction's gid names (its xid's gtrid), None for a foreign one."""
+    gtrid = xid_gtrid(gid)
+    parsed = parse_gtrid(gtrid) if gtrid is not None else None
     return None if parsed is None else str(parsed.node)
 
 

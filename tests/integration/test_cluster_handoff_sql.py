@@ -127,3 +127,42 @@ def test_a_rebalance_gives_a_joined_node_its_share_and_placement_picks_the_least
         conn.execute("INSERT INTO nsjms_channel (id, qos, admin_props) VALUES (7, '{}', '{}')")
         M.assign(conn, ("channel", 7), "n2")
         assert H.place_new(conn, 7, "n2", 1) is None, "the creator is the least loaded: it keeps it"
+
+
+def test_a_drain_is_clean_dirty_or_heuristic_by_what_the_node_leaves_in_doubt(db: Database, fresh_db: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    from xa.xid import NodeId, branch_xid, new_gtrid
+
+    e1, _ = _join(db, "n1"), _join(db, "n2")
+    with db.unit_of_work() as conn:
+        assert H.request_drain(conn, "n1") == (e1, [])                # it owns nothing: no move
+        state = H.drain_state(conn, "n1", e1, [])
+    assert not state.reported, "the verdict waits for the node's own report of its log"
+    with db.unit_of_work() as conn:
+        H.report_in_doubt(conn, "n1", e1, [])
+        state = H.drain_state(conn, "n1", e1, [])
+    assert (state.reported, state.finished, state.verdict()) == (True, True, "clean")
+
+    gtrid = new_gtrid(NodeId("n1"))
+    xid = branch_xid(gtrid, "pg")
+    conn2 = psycopg.connect(fresh_db)
+    conn2.tpc_begin(psycopg.Xid.from_parts(xid.format_id, xid.gtrid, xid.bqual))
+    conn2.execute("SELECT 1")
+    conn2.tpc_prepare()
+    conn2.close()
+    try:
+        with db.unit_of_work() as conn:
+            state = H.drain_state(conn, "n1", e1, [])
+        assert state.verdict() == "dirty" and len(state.prepared) == 1, state
+        assert gtrid in state.prepared[0], "the prepared branch of the node's xid is listed"
+        with db.unit_of_work() as conn:
+            H.report_in_doubt(conn, "n1", e1, [{"gtrid": gtrid, "status": "heuristic-commit", "action": "forget",
+                                                "reason": "operator"}])
+            state = H.drain_state(conn, "n1", e1, [])
+        assert (state.verdict(), state.heuristic) == ("heuristic", [gtrid])
+    finally:
+        with psycopg.connect(fresh_db, autocommit=True) as conn3:
+            for (gid,) in conn3.execute("SELECT gid FROM pg_prepared_xacts").fetchall():
+                conn3.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
