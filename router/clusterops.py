@@ -28,9 +28,8 @@ def run_handoff(args: argparse.Namespace, dsn: str, connect_timeout: int) -> int
         with connect(dsn, autocommit=False, connect_timeout=connect_timeout) as conn:
             try:
                 if args.cluster_command == "drain":
-                    epoch, moves = H.request_drain(conn, args.node)
-                    ids = [m.id for m in moves] + [m.id for m in H.open_from(conn, args.node, epoch)
-                                                   if m.id not in {x.id for x in moves}]
+                    epoch, _ = H.request_drain(conn, args.node)
+                    ids: list[int] = []
                 else:
                     moves = H.request_rebalance(conn)
                     ids = [m.id for m in moves]
@@ -42,18 +41,18 @@ def run_handoff(args: argparse.Namespace, dsn: str, connect_timeout: int) -> int
             conn.autocommit = True
             deadline = time.monotonic() + float(args.timeout)
             if args.cluster_command == "drain":
-                return _wait_drain(conn, args, epoch, ids, deadline)
+                return _wait_drain(conn, args, epoch, deadline)
             return _wait_rebalance(conn, args, ids, deadline)
     except psycopg.Error as exc:
         print(f"nsjms cluster: postgres.dsn {redact_dsn(dsn)}: {redact_dsn(str(exc).strip())}", file=sys.stderr)
         return EXIT_FAILURE
 
 
-def _wait_drain(conn: Any, args: argparse.Namespace, epoch: int, ids: list[int], deadline: float) -> int:
+def _wait_drain(conn: Any, args: argparse.Namespace, epoch: int, deadline: float) -> int:
     from router.cluster import handoff as H
 
     while True:
-        state = H.drain_state(conn, args.node, epoch, ids)
+        state = H.drain_state(conn, args.node, epoch)       # every drain move of this incarnation
         done = not state.live or (state.finished and state.reported)
         if done or time.monotonic() >= deadline:
             break

@@ -135,6 +135,9 @@ class ClusterRole:
             else:
                 bids = [bid for bid, b in list(self.bridges.bridges.items()) if b.row.channel_id == h.channel_id]
                 left = stop_channel(self.factory, self.bridges, h.channel_id, bids, HANDOFF_STOP_S)
+                late = [bid for bid, b in list(self.bridges.bridges.items()) if b.row.channel_id == h.channel_id]
+                if late:                                 # created while the channel stopped: stopped too
+                    left += stop_channel(self.factory, self.bridges, h.channel_id, late, HANDOFF_STOP_S)
             if left:                                     # never released while something of it may still act
                 stuck[h.id] = left
                 continue
@@ -181,6 +184,10 @@ class ClusterRole:
         with self.db.unit_of_work() as conn:
             if not H.is_draining(conn, self.s.node_id, epoch):
                 return
+            try:                             # what it took over from a dead member meanwhile goes on, too
+                H.request_drain(conn, self.s.node_id)
+            except H.HandOffRefused as exc:
+                log.warning("cluster: drained node %s cannot hand on what it owns: %s", self.s.node_id, exc)
         view = [] if self.t2 is None else [
             {"gtrid": v.gtrid, "status": v.status, "action": str(v.action), "reason": v.reason}
             for v in self.t2.view() if v.action is not SafeAction.WAIT]

@@ -138,7 +138,8 @@ def request_drain(conn: Conn, node: str) -> tuple[int, list[HandOff]]:
         raise HandOffRefused(f"no other live member to take node {node!r}'s channels: start another node first",
                              node)
     conn.execute("INSERT INTO nsjms_drain (node_id, epoch) VALUES (%s, %s) ON CONFLICT (node_id) DO UPDATE "
-                 "SET epoch = EXCLUDED.epoch, requested_at = clock_timestamp()", (node, epoch))
+                 "SET epoch = EXCLUDED.epoch, in_doubt = NULL, reported_at = NULL, requested_at = clock_timestamp() "
+                 "WHERE nsjms_drain.epoch <> EXCLUDED.epoch", (node, epoch))
     loads = {n: sum(u.values()) for n, u in all_units.items()}
     return epoch, [_insert(conn, cid, node, epoch, to, "drain")
                    for cid, to in sorted(drain_moves(mine, loads, targets).items())]
@@ -283,12 +284,17 @@ class DrainState:
                 "decided": self.decided}
 
 
-def drain_state(conn: Conn, node: str, epoch: int, ids: Sequence[int]) -> DrainState:
-    """The state of ``node``'s drain (``ids``: its moves) as ``nsjms cluster drain`` reports it."""
+def drain_state(conn: Conn, node: str, epoch: int, ids: Sequence[int] | None = None) -> DrainState:
+    """The state of ``node``'s drain as ``nsjms cluster drain`` reports it; ``ids``: its moves (None: every drain move
+    of this incarnation, those the node requested itself for what it took over meanwhile included)."""
     from router.cluster.ownership import owned_by
     from router.cluster.report import xid_gtrid, xid_node
 
     live = any(m.node_id == node and m.epoch == epoch and m.live for m in M.members(conn))
+    if ids is None:
+        ids = [int(r[0]) for r in conn.execute(
+            "SELECT id FROM nsjms_handoff WHERE from_node = %s AND from_epoch = %s AND reason = 'drain'",
+            (node, epoch)).fetchall()]
     moves = moves_of(conn, ids)
     row = conn.execute("SELECT in_doubt, reported_at FROM nsjms_drain WHERE node_id = %s AND epoch = %s",
                        (node, epoch)).fetchone()
