@@ -198,7 +198,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         self._volatile_accepted: dict[int, float] = {}   # BestEffort seq → accepted_at, when the ledger has it
         self.destroyed = False
         self._next_admin = {"C": row.next_admin_c, "S": row.next_admin_s}
-        self.gate = Gate()                        # closed when the channel is handed to another node
+        self._gate = Gate()                       # closed when the channel is handed to another node
         self.oid = channel_oid(self.id)
         self.ref = self.rt.activate(self.oid, self)
 
@@ -383,6 +383,14 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             raise CosNotifyChannelAdmin.AdminLimitExceeded(CosNotifyChannelAdmin.AdminLimit(name, value))
 
     # -- routing ------------------------------------------------------------------------------------------
+    @property
+    def gate(self) -> Gate:
+        """The channel's entry gate (router/channel/gate.py); made on first use for a channel built bare."""
+        gate: Gate | None = self.__dict__.get("_gate")
+        if gate is None:
+            gate = self.__dict__.setdefault("_gate", Gate())
+        return gate
+
     def route(self, source: Any, events: Sequence[Event]) -> None:
         """Accept events from a proxy consumer; returns once they are queued (and stored, if persistent)."""
         with self.gate.passing():           # a hand-over waits for the routes in flight (router/channel/gate.py)
