@@ -348,3 +348,72 @@ def test_least_loaded_placement_hands_a_new_channel_to_the_member_owning_fewer_o
     finally:
         a.stop()
         b.stop()
+
+
+def _flowing(supplier: _Supplier, producer: _Producer, consumer: Any) -> bool:
+    """Both flows move 20 more: pushes accepted, events at the consumer."""
+    pushed, sent = supplier.pushed, producer.sent
+    return wait_until(lambda: supplier.pushed >= pushed + 20 and consumer.count() >= sent + 20, 90)
+
+
+def test_a_rolling_restart_of_three_nodes_by_drain_and_rebalance_loses_nothing(
+        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under T2 traffic both ways, each of three nodes in turn is drained (clean), stopped, started again and given
+    its share back by a rebalance: every event and message arrives exactly once."""
+    nodes = [_start(tmp_path, n, fresh_db, broker_url, monkeypatch) for n in ("na", "nb", "nc")]
+    host, port = broker_url.removeprefix("stomp://").split(":")
+    counter = _Counter()
+    listen = stomp.Connection([(host, int(port))], auto_content_length=False)
+    listen.set_listener("counter", counter)
+    listen.connect(wait=True)
+    supplier: _Supplier | None = None
+    producer: _Producer | None = None
+    try:
+        q_out, q_in = unique_name("cluster.roll.out"), unique_name("cluster.roll.in")
+        listen.subscribe(f"/queue/{q_out}", id="counter", ack="auto")
+        factory = client_orb.factory(nodes[0].ior())
+        bf = bridge_factory(client_orb, nodes[0])
+        c1, cid1 = persistent_channel(factory)
+        out_bridge, _ = bf.create_bridge(channel_ep(BA.SOURCE, cid1), jms_ep(BA.SINK, q_out))
+        managed_bridge(out_bridge).enable_transaction(PER_T2, 30)
+        out_bridge.start_bridge()
+        c2, cid2 = _t2_persistent_channel(factory)
+        consumer = structured_consumer(c2)
+        in_bridge, _ = bf.create_bridge(jms_ep(BA.SOURCE, q_in), channel_ep(BA.SINK, cid2, BA.PULL))
+        in_bridge.start_bridge()
+        supplier = _Supplier(client_orb, nodes, c1, cid1)          # the same list: restarted nodes replace theirs
+        producer = _Producer(broker_url, q_in)
+        supplier.thread.start()
+        producer.thread.start()
+        times = []
+        for k, node in enumerate(list(nodes)):
+            name = node.state_dir.name
+            assert _flowing(supplier, producer, consumer), f"traffic flows before {name} restarts"
+            began = time.monotonic()
+            out = _cli(fresh_db, nodes[(k + 1) % 3].state_dir, "drain", name)
+            assert out.returncode == 0 and json.loads(out.stdout)["result"] == "clean", out.stdout + out.stderr[-2000:]
+            node.stop()
+            nodes[k] = _start(tmp_path, name, fresh_db, broker_url, monkeypatch)
+            out = _cli(fresh_db, nodes[k].state_dir, "rebalance")
+            assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+            times.append(round(time.monotonic() - began, 1))
+        owners = _owners(fresh_db)
+        print(f"\nrolling restart: drain + restart + rebalance per node {times} s; owners at the end {owners}")
+        assert _flowing(supplier, producer, consumer)
+        supplier.stop.set()
+        producer.stop.set()
+        supplier.thread.join(90)
+        producer.thread.join(30)
+        assert supplier.maybe == []
+        dup, n_in = _check_once(counter, supplier.pushed, consumer, producer.sent)
+        print(f"channel -> JMS: {supplier.pushed} events, {dup} duplicate(s); JMS -> channel: {producer.sent} "
+              f"messages, {n_in} events; pushes refused while moving: {len(supplier.refused)}")
+        assert wait_until(lambda: prepared_count(fresh_db) == 0, 30)
+    finally:
+        for worker in (supplier, producer):
+            if worker is not None:
+                worker.stop.set()
+        listen.disconnect()
+        for node in nodes:
+            node.stop()
