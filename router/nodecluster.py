@@ -156,6 +156,9 @@ class ClusterRole:
                     unit = H.channel_unit(conn, h.channel_id)
                 self._take_over(unit)
                 continue
+            forwarder = getattr(self.runtime, "forwarder", None)   # a cached owner answer is stale now
+            if forwarder is not None:
+                forwarder.invalidate()
             log.info("cluster: channel %d and bridges %s handed to %s (%s; stopped in %.2f s)", h.channel_id,
                      list(done.bridges), done.to_node, h.reason, stop_s)
             telemetry.cluster_handoff("released", h.reason, stop_s)

@@ -77,21 +77,21 @@ def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], ti
         if b.transport is not None:
             b.transport.close()
     rt = factory.rt
-    for b in loaded:                                            # 4. servants
-        if b._t2_ior is not None and getattr(rt, "t2", None) is not None:
+    for b in loaded:                                            # 4. servants: forgotten first (a request for a
+        bridges.forget(b.id)                                    # deactivated id then finds it not loaded here:
+        if b._t2_ior is not None and getattr(rt, "t2", None) is not None:      # retry, not "gone")
             rt.t2.unregister_local(b._t2_ior)
         rt.endpoints.remove(b.endpoint_servant)
         rt.deactivate(b._endpoint_oid())
         rt.deactivate(b.oid)
-        bridges.forget(b.id)
     if channel is not None:
         channel.destroyed = True                                # in memory only: nothing more is routed here
+        factory.forget(cid)
         for a in admins:
             for p in list(a.proxies.values()):
                 rt.deactivate(p.oid)
             rt.deactivate(a.oid)
         rt.deactivate(channel.oid)
-        factory.forget(cid)
     if stuck:
         log.warning("hand-off of channel %d: still running after %g s: %s", cid, timeout_s, ", ".join(stuck))
     return stuck

@@ -8,8 +8,9 @@ pulls from the bridge; a stomp.py producer sends all along; a standard-stub push
 flows run, ``nsjms cluster drain na`` hands C1 and C2 (with their bridges) to ``nb``: ``na`` finishes the T2s in
 flight, stops them, moves their ownership in one fenced transaction, ``nb`` loads and resumes them. The drain
 reports ``clean`` (exit 0); the supplier, refused by ``na`` once C1 left, gets its proxy from ``nb`` by the same ids
-(no forwarding is needed for that; docs/cluster.md) and pushes on. Counted at the clients: every event and every
-message exactly once (channel -> JMS: a duplicate only with its original's dedupe id); no prepared transaction left.
+(where ``na`` forwards requests for objects other nodes run, its ORB follows the forward instead; docs/cluster.md)
+and pushes on. Counted at the clients: every event and every message exactly once (channel -> JMS: a duplicate only
+with its original's dedupe id); no prepared transaction left.
 Then ``na`` restarts (a new incarnation, no longer drained) and ``nsjms cluster rebalance`` moves one channel back to
 it; a last round of traffic both ways is counted the same way."""
 
@@ -279,7 +280,6 @@ def test_drain_hands_a_nodes_channels_over_under_t2_traffic_and_rebalance_gives_
         supplier.thread.join(90)
         producer.thread.join(30)
         dup, n_in = _check_once(counter, supplier.pushed, consumer, producer.sent)
-        assert supplier.refused, "the supplier was refused by na once C1 left (it then used nb)"
         assert supplier.maybe == [], "a hand-off refuses a push before storing anything (COMPLETED_NO)"
         print(f"channel -> JMS: {supplier.pushed} events pushed, {len(counter.got)} messages ({dup} duplicate(s)); "
               f"JMS -> channel: {producer.sent} messages, {n_in} events; pushes refused while moving: "
