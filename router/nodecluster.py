@@ -118,6 +118,7 @@ class ClusterRole:
         channels this node was asked to give (stopped first, router/cluster/release.py; then the ownership moves in
         one fenced transaction), then start those released to it."""
         from router import telemetry
+        from router.channel.txdelivery import drain
         from router.cluster import handoff as H
         from router.cluster.ownership import Owned
         from router.cluster.release import join_threads, stop_channel
@@ -134,10 +135,10 @@ class ClusterRole:
                 left = join_threads(stuck[h.id], began + HANDOFF_STOP_S)
             else:
                 bids = [bid for bid, b in list(self.bridges.bridges.items()) if b.row.channel_id == h.channel_id]
-                left = stop_channel(self.factory, self.bridges, h.channel_id, bids, HANDOFF_STOP_S)
+                left = stop_channel(self.factory, self.bridges, h.channel_id, bids, HANDOFF_STOP_S, drain)
                 late = [bid for bid, b in list(self.bridges.bridges.items()) if b.row.channel_id == h.channel_id]
                 if late:                                 # created while the channel stopped: stopped too
-                    left += stop_channel(self.factory, self.bridges, h.channel_id, late, HANDOFF_STOP_S)
+                    left += stop_channel(self.factory, self.bridges, h.channel_id, late, HANDOFF_STOP_S, drain)
             if left:                                     # never released while something of it may still act
                 stuck[h.id] = left
                 continue

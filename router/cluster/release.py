@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 __all__ = ["join_threads", "stop_channel"]
@@ -41,10 +41,13 @@ def join_threads(names: Iterable[str], deadline: float) -> list[str]:
     return left
 
 
-def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], timeout_s: float) -> list[str]:
+def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], timeout_s: float,
+                 drain_supplier: Callable[[Any, float], bool]) -> list[str]:
     """Stop channel ``cid`` of ``factory`` (the node's EventChannelFactoryImpl) and the bridges ``bids`` of
-    ``bridges`` (its BridgeFactoryImpl) here, as the module docstring says; those not loaded are skipped. Returns
-    what did not end within ``timeout_s`` (thread names; empty: a clean stop)."""
+    ``bridges`` (its BridgeFactoryImpl) here, as the module docstring says; those not loaded are skipped.
+    ``drain_supplier(proxy, timeout_s)``: waits for the phase two of a proxy supplier's decided T2s
+    (``router.channel.txdelivery.drain``; this package sits below the channel's). Returns what did not end within
+    ``timeout_s`` (thread names; empty: a clean stop)."""
     deadline = time.monotonic() + timeout_s
     loaded = [b for b in (bridges.bridges.get(bid) for bid in sorted(bids)) if b is not None]
     stuck: list[str] = []
@@ -55,6 +58,7 @@ def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], ti
     if channel is not None:                                     # 2. the channel
         if not channel.gate.close(max(0.0, deadline - time.monotonic())):
             stuck.append(f"channel {cid}: accepts in flight")
+        suppliers = [p for a in list(channel.consumer_admins.values()) for p in list(a.proxies.values())]
         admins = list(channel.consumer_admins.values()) + list(channel.supplier_admins.values())
         proxies = [p for a in admins for p in list(a.proxies.values())]
         for p in proxies:
@@ -63,11 +67,14 @@ def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], ti
                 p.stop_event.set()
             p._wake()
         stuck += join_threads([n for p in proxies for n in (f"push-{p.oid}", f"pull-{p.oid}")], deadline)
-        for p in proxies:                   # the phase two of their decided T2s (completer threads), both ways
-            completers = [getattr(p, "_t2_completer", None), getattr(getattr(p, "_t2", None), "_completer", None)]
-            for c in completers:
-                if c is not None and not c.drain(max(0.0, deadline - time.monotonic())):
-                    stuck.append(f"proxy {p.oid}: phase two of its routing transactions")
+        # the phase two of their decided T2s (completer threads): channel -> JMS (a proxy supplier's), JMS -> channel
+        # (a proxy consumer's inbound driver, router/channel/t2in.py)
+        ended = [(p, drain_supplier(p, max(0.0, deadline - time.monotonic()))) for p in suppliers]
+        for p in proxies:
+            driver = getattr(p, "_t2", None)
+            if driver is not None:
+                ended.append((p, driver.drain(max(0.0, deadline - time.monotonic()))))
+        stuck += [f"proxy {p.oid}: phase two of its routing transactions" for p, done in ended if not done]
     for b in loaded:                                            # 3. the bridges' T2s and broker connections
         with b._lock:
             b.started = False
