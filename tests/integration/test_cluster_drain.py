@@ -345,6 +345,8 @@ def test_least_loaded_placement_hands_a_new_channel_to_the_member_owning_fewer_o
         for i in range(5):
             supplier.push_one(make_event(i, reliability=PERSISTENT))
         assert consumer.wait_for(5, 30) and sorted(_numbers(consumer)) == list(range(5))
+        refused = _cli(fresh_db, a.state_dir, "drain", "nobody")
+        assert refused.returncode == 4 and "not a member" in refused.stderr, (refused.returncode, refused.stderr)
     finally:
         a.stop()
         b.stop()
