@@ -30,6 +30,7 @@ EXIT_REFUSED = 4  # returned by bridgecli / channelcli
 EXIT_LOCKED, EXIT_UNREACHABLE = 5, 6
 EXIT_AUDIT_VIOLATION = 7  # audit.cli.EXIT_VIOLATION
 EXIT_DEGRADED = 8  # `status`: router.status.degraded
+EXIT_DRAIN_DIRTY, EXIT_DRAIN_HEURISTIC = 9, 10  # `cluster drain`: router.clustercli.EXIT_DIRTY / EXIT_HEURISTIC
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
     EXIT_FAILURE: "runtime failure (the message says what; `demo`: not every event came back)",
@@ -49,6 +50,10 @@ EXIT_CODES: dict[int, str] = {
     EXIT_DEGRADED: "`status`: the node answers but is degraded: PostgreSQL or the broker unreachable at its last "
                    "probe, or its status snapshot older than 10 s (listed on a `DEGRADED` line and in the JSON's "
                    "`degraded`)",
+    EXIT_DRAIN_DIRTY: "`cluster drain`: the node's channels and bridges run elsewhere, but routing transactions of "
+                      "the node are left in doubt (listed; the node, or a survivor if it stops, finishes them)",
+    EXIT_DRAIN_HEURISTIC: "`cluster drain`: a routing transaction of the node has a heuristic outcome (listed): an "
+                          "operator checks the data, then `nsjms txn forget`",
 }
 
 log = logging.getLogger("nsjms")
@@ -241,6 +246,7 @@ def _settings(cfg: Any) -> Any:
                           cfg.limits.max_bridges),
         cluster_renew_s=float(cfg.cluster.renew_s),
         cluster_expiry_s=float(cfg.cluster.expiry_s),
+        cluster_placement=str(cfg.cluster.placement),
     )
 
 

@@ -253,6 +253,7 @@ class ClusterConfig:
 
     renew_s: int = 2                # how often the node renews its lease (ActiveMQ Artemis's JDBC default)
     expiry_s: int = 20              # a lease not renewed for this long is taken over; at least 3 x renew_s
+    placement: str = "creator"      # who owns a new channel: "creator" or "least-loaded" (docs/cluster.md)
 
 
 def _mask(secret: str) -> str:
@@ -425,6 +426,16 @@ def _exporter(raw: Any, textual: bool) -> str:
     return value
 
 
+PLACEMENTS = ("creator", "least-loaded")
+
+
+def _placement(raw: Any, textual: bool) -> str:
+    value = _string(raw, textual).strip().lower()
+    if value not in PLACEMENTS:
+        raise _Invalid("expected one of " + ", ".join(repr(p) for p in PLACEMENTS))
+    return value
+
+
 def _listen_address(raw: Any, textual: bool) -> str:
     value = _string(raw, textual).strip()
     host, _, port = value.rpartition(":")
@@ -477,7 +488,8 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
     "console": {"enabled": _Key(_boolean), "host": _Key(_host), "port": _Key(_PORT),
                 "tls_cert": _Key(_file_name), "tls_key": _Key(_file_name),
                 "audit_reports": _Key(_file_name)},
-    "cluster": {"renew_s": _Key(_integer(1, 60)), "expiry_s": _Key(_integer(3, 600))},
+    "cluster": {"renew_s": _Key(_integer(1, 60)), "expiry_s": _Key(_integer(3, 600)),
+                "placement": _Key(_placement)},
 }
 _SECTION_TYPES: dict[str, type] = {
     "node": NodeConfig,

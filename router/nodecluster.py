@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 log = logging.getLogger("nsjms.server")
 
-__all__ = ["ClusterRole"]
+__all__ = ["HANDOFF_STOP_S", "ClusterRole"]
+
+#: How long a hand-off waits for a channel's and its bridges' work in flight to end (a push's own call timeout is
+#: 10 s; a routing transaction's phase two is bounded likewise); what has not ended is waited for again at the next
+#: renewal period, and the channel is released only once nothing of it runs here.
+HANDOFF_STOP_S = 30.0
 
 
 class ClusterRole:
@@ -62,6 +68,9 @@ class ClusterRole:
                 raise Fenced(f"node {self.s.node_id!r} is fenced", self.s.node_id)
             M.check(conn, self.s.node_id, epoch)
         except Fenced as exc:
+            from router import telemetry
+
+            telemetry.cluster_fenced_write("unit_of_work")
             if self.membership is not None:
                 self.membership.notice_fenced(exc)       # the node stops (serve exits 1 and is started again)
             raise StoreError(f"write refused: {exc}") from exc
@@ -76,7 +85,7 @@ class ClusterRole:
         assert epoch is not None
         with self.db.unit_of_work() as conn:
             owned = adopt_unowned(conn, self.s.node_id, epoch)
-        self.runtime.owner = LocalOwner(self.s.node_id, self._live_epoch)
+        self.runtime.owner = LocalOwner(self.s.node_id, self._live_epoch, self.s.cluster_placement)
         log.info("cluster: node %s owns channels %s and bridges %s", self.s.node_id, list(owned.channels),
                  list(owned.bridges))
         return owned
@@ -86,7 +95,8 @@ class ClusterRole:
 
         self.takeover = Takeover(self.db, self.s.node_id, self._live_epoch, self.s.cluster_renew_s,
                                  start=self._take_over, recover=self._recover_dead,
-                                 claimed=lambda owned: self.factory.arrive(owned.channels))
+                                 claimed=lambda owned: self.factory.arrive(owned.channels),
+                                 handoff=self._handoff_pass)
         self.takeover.start()
 
     def _take_over(self, owned: Any) -> None:
@@ -102,6 +112,91 @@ class ClusterRole:
                 bridge.repoint_stored_proxy()
         self.factory.adopt(set(owned.channels))
         self.bridges.resume(ids)
+
+    def _handoff_pass(self) -> None:
+        """Hand-offs (router/cluster/handoff.py), once per renewal period on the takeover thread: release the
+        channels this node was asked to give (stopped first, router/cluster/release.py; then the ownership moves in
+        one fenced transaction), then start those released to it."""
+        from router import telemetry
+        from router.channel.txdelivery import drain
+        from router.cluster import handoff as H
+        from router.cluster.ownership import Owned
+        from router.cluster.release import join_threads, stop_channel
+
+        epoch = self._live_epoch()
+        if epoch is None:
+            return
+        with self.db.unit_of_work() as conn:
+            outbound = H.open_from(conn, self.s.node_id, epoch)
+        stuck: dict[int, list[str]] = self.__dict__.setdefault("_handoff_stuck", {})
+        for h in outbound:
+            began = time.monotonic()
+            if h.id in stuck:                            # stopped at an earlier pass, a thread had not ended
+                left = join_threads(stuck[h.id], began + HANDOFF_STOP_S)
+            else:
+                bids = [bid for bid, b in list(self.bridges.bridges.items()) if b.row.channel_id == h.channel_id]
+                left = stop_channel(self.factory, self.bridges, h.channel_id, bids, HANDOFF_STOP_S, drain)
+                late = [bid for bid, b in list(self.bridges.bridges.items()) if b.row.channel_id == h.channel_id]
+                if late:                                 # created while the channel stopped: stopped too
+                    left += stop_channel(self.factory, self.bridges, h.channel_id, late, HANDOFF_STOP_S, drain)
+            if left:                                     # never released while something of it may still act
+                stuck[h.id] = left
+                continue
+            stuck.pop(h.id, None)
+            stop_s = time.monotonic() - began
+            try:
+                with self.db.unit_of_work() as conn:
+                    done = H.release(conn, h, self.s.node_id, epoch, stop_s)
+            except H.HandOffRefused:
+                continue
+            if done.state == "failed":                   # nobody can take it: it runs here again
+                log.warning("cluster: hand-off of channel %d failed (%s); it stays on this node", h.channel_id,
+                            done.error)
+                telemetry.cluster_handoff("failed", h.reason)
+                with self.db.unit_of_work() as conn:
+                    unit = H.channel_unit(conn, h.channel_id)
+                self._take_over(unit)
+                continue
+            forwarder = getattr(self.runtime, "forwarder", None)   # a cached owner answer is stale now
+            if forwarder is not None:
+                forwarder.invalidate()
+            log.info("cluster: channel %d and bridges %s handed to %s (%s; stopped in %.2f s)", h.channel_id,
+                     list(done.bridges), done.to_node, h.reason, stop_s)
+            telemetry.cluster_handoff("released", h.reason, stop_s)
+        self._report_drained(epoch)
+        with self.db.unit_of_work() as conn:
+            inbound = H.released_to(conn, self.s.node_id)
+        if not inbound:
+            return
+        owned = Owned(tuple(sorted({h.channel_id for h in inbound})),
+                      tuple(sorted({b for h in inbound for b in h.bridges})))
+        self.factory.arrive(owned.channels)
+        self._take_over(owned)
+        with self.db.unit_of_work() as conn:
+            H.mark_started(conn, [h.id for h in inbound])
+        for h in inbound:
+            telemetry.cluster_handoff("started", h.reason)
+        log.info("cluster: took channels %s and bridges %s over by hand-off", list(owned.channels),
+                 list(owned.bridges))
+
+    def _report_drained(self, epoch: int) -> None:
+        """While this node is drained: its routing transactions still in doubt in its own log (only it reads
+        that), for ``nsjms cluster drain``'s clean / dirty / heuristic (router/cluster/handoff.py)."""
+        from router.cluster import handoff as H
+        from xa.recovery import SafeAction
+
+        with self.db.unit_of_work() as conn:
+            if not H.is_draining(conn, self.s.node_id, epoch):
+                return
+            try:                             # what it took over from a dead member meanwhile goes on, too
+                H.request_drain(conn, self.s.node_id)
+            except H.HandOffRefused as exc:
+                log.warning("cluster: drained node %s cannot hand on what it owns: %s", self.s.node_id, exc)
+        view = [] if self.t2 is None else [
+            {"gtrid": v.gtrid, "status": v.status, "action": str(v.action), "reason": v.reason}
+            for v in self.t2.view() if v.action is not SafeAction.WAIT]
+        with self.db.unit_of_work() as conn:
+            H.report_in_doubt(conn, self.s.node_id, epoch, view)
 
     def _recover_dead(self, dead: str) -> None:
         """Finish a fenced node's routing transactions from PostgreSQL (router/cluster/decisions.py)."""

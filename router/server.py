@@ -81,6 +81,7 @@ class NodeSettings:
     limits: NodeLimits = field(default_factory=NodeLimits)  # [limits]: router/quotas.py
     cluster_renew_s: float = 2.0     # [cluster] renew_s / expiry_s: the membership lease (docs/cluster.md)
     cluster_expiry_s: float = 20.0
+    cluster_placement: str = "creator"   # [cluster] placement: who owns a new channel (docs/cluster.md)
 
 
 def orb_args(s: NodeSettings) -> list[str]:

@@ -22,6 +22,16 @@ Library code calls only the helpers below, which use the OpenTelemetry *API* wit
 ``nsjms.t2.recovery.passes``       counter    recovery passes by ``nsjms.t2.recovery.result``: clean, errors, failed
 ``nsjms.t2.recovery.actions``      counter    branches recovery finished, by ``nsjms.t2.recovery.action``:
                                               committed, rolled_back, resent, ended, heuristic
+``nsjms.cluster.takeovers``        counter    dead members this node fenced and took over (``nsjms.cluster.node``:
+                                              the dead one)
+``nsjms.cluster.lease.renew``      histogram  seconds one lease renewal took (PostgreSQL round trip and commit)
+``nsjms.cluster.fenced_writes``    counter    writes of this node refused by the fence check (its epoch was no
+                                              longer live: it was taken over), by ``nsjms.cluster.write``: unit_of_work,
+                                              decision
+``nsjms.cluster.handoffs``         counter    channels handed over (drain, rebalance, placement), by
+                                              ``nsjms.cluster.role``: released (this node gave it), started (this
+                                              node took it), failed; and ``nsjms.cluster.reason``
+``nsjms.cluster.handoff.stop``     histogram  seconds the old owner took to stop a channel and its bridges
 =================================  =========  ================================================================
 
 Spans: ``nsjms.bridge.forward`` (one per batch sent to the broker, with ``nsjms.bridge``, ``nsjms.batch_size``);
@@ -59,6 +69,10 @@ __all__ = [
     "accepted",
     "bridge_dead_letter",
     "bridge_moved",
+    "cluster_fenced_write",
+    "cluster_handoff",
+    "cluster_lease_renewed",
+    "cluster_takeover",
     "configure",
     "forward_span",
     "register_gauges",
@@ -89,6 +103,10 @@ class A:
     DECISION = "nsjms.t2.decision"
     RECOVERY_RESULT = "nsjms.t2.recovery.result"
     RECOVERY_ACTION = "nsjms.t2.recovery.action"
+    CLUSTER_NODE = "nsjms.cluster.node"
+    CLUSTER_WRITE = "nsjms.cluster.write"
+    CLUSTER_ROLE = "nsjms.cluster.role"
+    CLUSTER_REASON = "nsjms.cluster.reason"
 
 
 #: Histogram buckets in seconds (``nsjms.t2.duration``, ``nsjms.bridge.forward.duration``): a T2 or a forward takes
@@ -172,6 +190,35 @@ def register_gauges(queue_depths: Callable[[], Iterable[tuple[int, str, int]]],
     m = _meter()
     m.create_observable_gauge("nsjms.queue.depth", [depth], unit="{event}", description="events queued per proxy")
     m.create_observable_gauge("nsjms.bridge.active", [active], description="1 when a bridge is active")
+
+
+# ------------------------------------------------------------------------------------------------ cluster
+def cluster_takeover(dead: str) -> None:
+    _Instruments.get("takeovers", lambda m: m.create_counter(
+        "nsjms.cluster.takeovers", unit="{takeover}", description="dead members this node fenced and took over")).add(
+        1, {A.CLUSTER_NODE: dead})
+
+
+def cluster_lease_renewed(seconds: float) -> None:
+    _Instruments.get("renew", lambda m: m.create_histogram(
+        "nsjms.cluster.lease.renew", unit="s", description="time one lease renewal took",
+        explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)).record(seconds)
+
+
+def cluster_fenced_write(write: str) -> None:
+    _Instruments.get("fenced", lambda m: m.create_counter(
+        "nsjms.cluster.fenced_writes", unit="{write}",
+        description="writes of this node refused by the fence check")).add(1, {A.CLUSTER_WRITE: write})
+
+
+def cluster_handoff(role: str, reason: str, stop_s: float | None = None) -> None:
+    _Instruments.get("handoffs", lambda m: m.create_counter(
+        "nsjms.cluster.handoffs", unit="{channel}", description="channels handed over between nodes")).add(
+        1, {A.CLUSTER_ROLE: role, A.CLUSTER_REASON: reason})
+    if stop_s is not None:
+        _Instruments.get("handoff_stop", lambda m: m.create_histogram(
+            "nsjms.cluster.handoff.stop", unit="s", description="time to stop a channel and its bridges for a hand-off",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)).record(stop_s, {A.CLUSTER_REASON: reason})
 
 
 # ------------------------------------------------------------------------------------------------ T2

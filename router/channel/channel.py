@@ -26,6 +26,7 @@ from router.channel import qos as Q
 from router.channel.boundary import MINOR_EVENT_TOO_DEEP, check_size, store_boundary
 from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
 from router.channel.events import Event, Form, encode
+from router.channel.gate import Gate
 from router.channel.queue import Entry, Record, choose_victim
 from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
 from router.channel.sizing import EventTooDeep, check_depth, size_bound
@@ -197,6 +198,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         self._volatile_accepted: dict[int, float] = {}   # BestEffort seq → accepted_at, when the ledger has it
         self.destroyed = False
         self._next_admin = {"C": row.next_admin_c, "S": row.next_admin_s}
+        self._gate = Gate()                       # closed when the channel is handed to another node
         self.oid = channel_oid(self.id)
         self.ref = self.rt.activate(self.oid, self)
 
@@ -381,8 +383,20 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             raise CosNotifyChannelAdmin.AdminLimitExceeded(CosNotifyChannelAdmin.AdminLimit(name, value))
 
     # -- routing ------------------------------------------------------------------------------------------
+    @property
+    def gate(self) -> Gate:
+        """The channel's entry gate (router/channel/gate.py); made on first use for a channel built bare."""
+        gate: Gate | None = self.__dict__.get("_gate")
+        if gate is None:
+            gate = self.__dict__.setdefault("_gate", Gate())
+        return gate
+
     def route(self, source: Any, events: Sequence[Event]) -> None:
         """Accept events from a proxy consumer; returns once they are queued (and stored, if persistent)."""
+        with self.gate.passing():           # a hand-over waits for the routes in flight (router/channel/gate.py)
+            self._route(source, events)
+
+    def _route(self, source: Any, events: Sequence[Event]) -> None:
         if self.destroyed:
             raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
         now = time.time()

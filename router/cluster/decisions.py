@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from router import telemetry
 from router.cluster import members as M
 from router.cluster.errors import Fenced
 from xa.errors import BranchNotFound, LogDurabilityUnknown, LogWriteFailed
@@ -67,6 +68,7 @@ class FencedDecisionLog:
     def _decide(self, record: Commit) -> None:
         epoch = self._epoch()
         if epoch is None:
+            telemetry.cluster_fenced_write("decision")
             raise LogWriteFailed(f"node {self.node_id!r} is fenced: no decision", gtrid=record.gtrid)
         with self._lock:
             ended, self._ended = self._ended, []
@@ -79,6 +81,7 @@ class FencedDecisionLog:
                 if ended:
                     conn.execute("DELETE FROM nsjms_decision WHERE gtrid = ANY(%s)", (ended,))
         except Fenced as exc:
+            telemetry.cluster_fenced_write("decision")
             raise LogWriteFailed(f"decision refused: {exc}", gtrid=record.gtrid) from exc
         except Exception as exc:
             # router.db's StoreError (this package sits beside router.db: its errors are matched by their

@@ -16,10 +16,12 @@ import json
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from router import telemetry
 from router.cluster import members as M
 from router.cluster.errors import Fenced, NodeLive
 from router.cluster.lease import LeaseSettings
@@ -122,10 +124,12 @@ class Membership:
         if self.fenced:
             return False
         try:
+            began = time.monotonic()
             with self.db.unit_of_work() as conn:
                 M.renew(conn, self.node_id, self.epoch, self.settings)
                 self._members = [{"node_id": m.node_id, "epoch": m.epoch, "state": m.state, "address": m.address,
                                   "lease_left_s": round(m.lease_left_s, 1)} for m in M.members(conn)]
+            telemetry.cluster_lease_renewed(time.monotonic() - began)
             self.last_error = None
             return True
         except Fenced as exc:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from router import telemetry
 from router.cluster import members as M
 from router.cluster.errors import ClusterError, Fenced, NotExpired
 from router.cluster.lease import expired
@@ -59,9 +60,11 @@ class Takeover:
 
     def __init__(self, db: Any, node_id: str, epoch: Callable[[], int | None], period_s: float, *,
                  start: Callable[[Owned], None], recover: Callable[[str], None] | None = None,
-                 claimed: Callable[[Owned], None] | None = None) -> None:
+                 claimed: Callable[[Owned], None] | None = None,
+                 handoff: Callable[[], None] | None = None) -> None:
         self.db, self.node_id, self._epoch, self.period_s = db, node_id, epoch, period_s
         self._start, self._recover, self._claimed = start, recover, claimed
+        self._handoff = handoff          # the node's hand-off step (router/cluster/handoff.py), after the takeovers
         self.done: list[TakenOver] = []
         self.last_error: str | None = None
         self._stop = threading.Event()
@@ -109,6 +112,7 @@ class Takeover:
                         new_epoch, owned = claim_all(conn, dead, self.node_id, epoch)
                 except NotExpired:
                     continue                                   # it renewed, or rejoined, meanwhile
+                telemetry.cluster_takeover(dead)
                 if owned:
                     done = TakenOver(dead, time.time(), renewed.get(dead, 0.0), new_epoch, owned)
                     log.warning("cluster: node %s fenced (epoch %d); took over channels %s and bridges %s",
@@ -126,6 +130,8 @@ class Takeover:
             for dead in self._to_recover():
                 self._finish(dead)
             self._start_pending()            # a start that failed at an earlier pass (after the recoveries)
+            if self._handoff is not None:
+                self._handoff()              # under the same lock: never beside a takeover's start
             return out
 
     def _start_pending(self) -> None:

@@ -84,6 +84,9 @@ def test_node_metrics_are_scraped_over_loopback(metrics_server: tuple[NsjmsServe
     assert values["nsjms_t2_outbox_depth"] == 0 and values["nsjms_t2_inbox_depth"] == 0
     assert values["nsjms_t2_recovery_passes_total"] >= 1
     assert 'nsjms_t2_recovery_passes_total{nsjms_t2_recovery_result="clean"' in text
+    text = scrape_until(port, "nsjms_cluster_lease_renew_seconds_count")   # the lease, renewed every 2 s
+    [count] = [x for x in text.splitlines() if x.startswith("nsjms_cluster_lease_renew_seconds_count")]
+    assert float(count.split(" ")[-1]) >= 1
 
 
 def test_routing_transactions_are_counted_and_timed(metrics_server: tuple[NsjmsServer, int], client_orb: Any) -> None:

@@ -87,3 +87,23 @@ def test_gauges_read_live_values(sdk: Any) -> None:
 
 def test_configure_none_installs_nothing() -> None:
     assert telemetry.configure("none", 30)() is None
+
+
+def test_cluster_instruments(sdk: Any) -> None:
+    reader, _ = sdk
+    telemetry.cluster_takeover("n1")
+    telemetry.cluster_lease_renewed(0.004)
+    telemetry.cluster_fenced_write("unit_of_work")
+    telemetry.cluster_fenced_write("decision")
+    telemetry.cluster_handoff("released", "drain", 0.02)
+    telemetry.cluster_handoff("started", "drain")
+    [took] = points(reader, "nsjms.cluster.takeovers")
+    assert took.value == 1 and took.attributes == {telemetry.A.CLUSTER_NODE: "n1"}
+    [renew] = points(reader, "nsjms.cluster.lease.renew")
+    assert renew.count == 1 and renew.sum == pytest.approx(0.004)
+    fenced = {p.attributes[telemetry.A.CLUSTER_WRITE]: p.value for p in points(reader, "nsjms.cluster.fenced_writes")}
+    assert fenced == {"unit_of_work": 1, "decision": 1}
+    moves = {p.attributes[telemetry.A.CLUSTER_ROLE]: p.value for p in points(reader, "nsjms.cluster.handoffs")}
+    assert moves == {"released": 1, "started": 1}
+    [stop] = points(reader, "nsjms.cluster.handoff.stop")
+    assert stop.count == 1

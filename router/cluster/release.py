@@ -1,0 +1,104 @@
+"""The old owner's side of a hand-off (router/cluster/handoff.py): stop one channel and its bridges on this node
+without touching what PostgreSQL keeps of them, so that another node can load them and resume.
+
+Order (each step bounded by ``timeout_s``; docs/cluster.md, "Placement and operations"):
+
+1. the bridges' own loops (JMS -> channel receive, channel pulled by the bridge) stop after the round in flight,
+   a routing transaction included: nothing more comes in from the broker here;
+2. the channel's gate closes (:class:`router.channel.gate.Gate`): the accepts in flight end, new ones get
+   ``TRANSIENT``; then every proxy stops (``closing``) and its delivery or pull thread ends after its push or T2
+   in flight and the delete of its delivered events' rows; then the phase two of its decided T2s ends (channel ->
+   JMS: the broker's COMMIT of the sends; JMS -> channel: the broker's COMMIT of the acknowledgements);
+3. each bridge's T2s in progress end (``quiesce``) and its broker connections close (unacknowledged messages go
+   back to the broker, which redelivers them to the new owner);
+4. the servants are deactivated and forgotten. Stored rows stay: queued events, proxies, admins, bridges.
+
+The caller then moves the ownership in ONE fenced transaction (:func:`router.cluster.handoff.release`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
+
+__all__ = ["join_threads", "stop_channel"]
+
+log = logging.getLogger("nsjms.cluster")
+
+
+def join_threads(names: Iterable[str], deadline: float) -> list[str]:
+    """Wait for the live threads with these names to end; returns the names of those still running."""
+    wanted = set(names)
+    left: list[str] = []
+    for t in threading.enumerate():
+        if t.name in wanted and t is not threading.current_thread():
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                left.append(t.name)
+    return left
+
+
+def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], timeout_s: float,
+                 drain_supplier: Callable[[Any, float], bool]) -> list[str]:
+    """Stop channel ``cid`` of ``factory`` (the node's EventChannelFactoryImpl) and the bridges ``bids`` of
+    ``bridges`` (its BridgeFactoryImpl) here, as the module docstring says; those not loaded are skipped.
+    ``drain_supplier(proxy, timeout_s)``: waits for the phase two of a proxy supplier's decided T2s
+    (``router.channel.txdelivery.drain``; this package sits below the channel's). Returns what did not end within
+    ``timeout_s`` (thread names; empty: a clean stop)."""
+    deadline = time.monotonic() + timeout_s
+    loaded = [b for b in (bridges.bridges.get(bid) for bid in sorted(bids)) if b is not None]
+    stuck: list[str] = []
+    for b in loaded:                                            # 1. the bridges' own loops
+        b.stop_event.set()
+    stuck += join_threads([n for b in loaded for n in (f"bridge-{b.id}-recv", f"bridge-{b.id}-pull")], deadline)
+    channel = factory.channels.get(cid)
+    if channel is not None:                                     # 2. the channel
+        if not channel.gate.close(max(0.0, deadline - time.monotonic())):
+            stuck.append(f"channel {cid}: accepts in flight")
+        suppliers = [p for a in list(channel.consumer_admins.values()) for p in list(a.proxies.values())]
+        admins = list(channel.consumer_admins.values()) + list(channel.supplier_admins.values())
+        proxies = [p for a in admins for p in list(a.proxies.values())]
+        for p in proxies:
+            with p._lock:
+                p.closing = True
+                p.stop_event.set()
+            p._wake()
+        stuck += join_threads([n for p in proxies for n in (f"push-{p.oid}", f"pull-{p.oid}")], deadline)
+        # the phase two of their decided T2s (completer threads): channel -> JMS (a proxy supplier's), JMS -> channel
+        # (a proxy consumer's inbound driver, router/channel/t2in.py)
+        ended = [(p, drain_supplier(p, max(0.0, deadline - time.monotonic()))) for p in suppliers]
+        for p in proxies:
+            driver = getattr(p, "_t2", None)
+            if driver is not None:
+                ended.append((p, driver.drain(max(0.0, deadline - time.monotonic()))))
+        stuck += [f"proxy {p.oid}: phase two of its routing transactions" for p, done in ended if not done]
+    for b in loaded:                                            # 3. the bridges' T2s and broker connections
+        with b._lock:
+            b.started = False
+            b.destroyed = True                                  # in memory only: its supervisor ends
+        b._wake.set()
+        b._close_t2_out()
+        if b.transport is not None:
+            b.transport.close()
+    rt = factory.rt
+    for b in loaded:                                            # 4. servants: forgotten first (a request for a
+        bridges.forget(b.id)                                    # deactivated id then finds it not loaded here:
+        if b._t2_ior is not None and getattr(rt, "t2", None) is not None:      # retry, not "gone")
+            rt.t2.unregister_local(b._t2_ior)
+        rt.endpoints.remove(b.endpoint_servant)
+        rt.deactivate(b._endpoint_oid())
+        rt.deactivate(b.oid)
+    if channel is not None:
+        channel.destroyed = True                                # in memory only: nothing more is routed here
+        factory.forget(cid)
+        for a in admins:
+            for p in list(a.proxies.values()):
+                rt.deactivate(p.oid)
+            rt.deactivate(a.oid)
+        rt.deactivate(channel.oid)
+    if stuck:
+        log.warning("hand-off of channel %d: still running after %g s: %s", cid, timeout_s, ", ".join(stuck))
+    return stuck

@@ -1,0 +1,168 @@
+"""Drain-and-handoff requests in PostgreSQL (router/cluster/handoff.py, migration 0010) on a real database: who
+gets a drained node's channels, the release's fence, a rebalance after a join, least-loaded placement, and what a
+drain reports. The nodes' part (stopping, loading) is tested with real nodes in test_cluster_drain.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from router.cluster import Fenced
+from router.cluster import handoff as H
+from router.cluster import members as M
+from router.cluster.lease import LeaseSettings
+from router.db import Database
+
+pytestmark = pytest.mark.integration
+
+LONG = LeaseSettings(renew_s=1.0, expiry_s=60.0)
+
+
+@pytest.fixture
+def db(fresh_db: str) -> Iterator[Database]:
+    database = Database(fresh_db, 4)
+    database.open()
+    yield database
+    database.close()
+
+
+def _join(db: Database, node: str) -> int:
+    with db.unit_of_work() as conn:
+        return M.join(conn, node, f"{node}:2809", LONG)
+
+
+def _channel(db: Database, cid: int, owner: str, bridges: int = 0) -> None:
+    with db.unit_of_work() as conn:
+        conn.execute("INSERT INTO nsjms_channel (id, qos, admin_props) VALUES (%s, '{}', '{}')", (cid,))
+        M.assign(conn, ("channel", cid), owner)
+        for i in range(bridges):
+            bid = cid * 100 + i
+            conn.execute("INSERT INTO nsjms_bridge (id, source, sink, state, channel_id) VALUES "
+                         "(%s, '{}', '{}', 'started', %s)", (bid, cid))
+            M.assign(conn, ("bridge", bid), owner)
+
+
+def _owners(db: Database) -> dict[tuple[str, int], str]:
+    with db.unit_of_work() as conn:
+        return {(str(k), int(i)): str(n) for k, i, n in
+                conn.execute("SELECT kind, object_id, node_id FROM nsjms_owner").fetchall()}
+
+
+def test_a_drain_spreads_the_channels_and_the_release_moves_them_fenced(db: Database) -> None:
+    e1, _, _ = _join(db, "n1"), _join(db, "n2"), _join(db, "n3")
+    _channel(db, 1, "n1", bridges=2)
+    _channel(db, 2, "n1")
+    _channel(db, 3, "n1")
+    _channel(db, 4, "n2")
+    with db.unit_of_work() as conn:
+        epoch, moves = H.request_drain(conn, "n1")
+    assert epoch == e1
+    assert [(m.channel_id, m.to_node, m.state) for m in moves] == \
+        [(1, "n3", "requested"), (2, "n2", "requested"), (3, "n2", "requested")], "heaviest first, least loaded"
+    with db.unit_of_work() as conn:
+        assert H.draining(conn) == {"n1"}
+        assert H.live_targets(conn) == ["n2", "n3"], "a draining member gets nothing new"
+        again = H.request_drain(conn, "n1")[1]
+    assert again == [], "a channel already being moved keeps its move"
+
+    with db.unit_of_work() as conn:
+        done = H.release(conn, moves[0], "n1", e1, 0.25)
+    assert (done.state, done.to_node, done.bridges) == ("released", "n3", (100, 101))
+    assert {k: v for k, v in _owners(db).items() if k[1] in (1, 100, 101)} == \
+        {("channel", 1): "n3", ("bridge", 100): "n3", ("bridge", 101): "n3"}, "the channel and its bridges, together"
+    with db.unit_of_work() as conn:
+        assert [h.id for h in H.released_to(conn, "n3")] == [done.id]
+        H.mark_started(conn, [done.id])
+        assert H.released_to(conn, "n3") == []
+        with pytest.raises(H.HandOffRefused):
+            H.release(conn, moves[0], "n1", e1, 0.0)        # released once only
+    with pytest.raises(Fenced), db.unit_of_work() as conn:
+        H.release(conn, moves[1], "n1", e1 + 7, 0.0)         # not the live epoch: refused, nothing moves
+    assert _owners(db)[("channel", 2)] == "n1"
+    with db.unit_of_work() as conn:
+        M.leave(conn, "n2", 1)                               # the chosen target left: the least loaded other one
+        done2 = H.release(conn, moves[1], "n1", e1, 0.1)
+    assert (done2.state, done2.to_node) == ("released", "n3")
+
+    with db.unit_of_work() as conn:
+        state = H.drain_state(conn, "n1", e1, [m.id for m in moves])
+    assert not state.finished and state.owns.channels == (3,)
+    assert state.verdict() == "failed", "a node that still owns a channel is not drained"
+
+
+def test_a_drain_is_refused_without_another_live_member_and_for_a_dead_node(db: Database) -> None:
+    _join(db, "n1")
+    _channel(db, 1, "n1")
+    with pytest.raises(H.HandOffRefused, match="no other live member"), db.unit_of_work() as conn:
+        H.request_drain(conn, "n1")
+    with pytest.raises(H.HandOffRefused, match="not a member"), db.unit_of_work() as conn:
+        H.request_drain(conn, "nobody")
+    with db.unit_of_work() as conn:
+        M.leave(conn, "n1", 1)
+    with pytest.raises(H.HandOffRefused, match="not a live member"), db.unit_of_work() as conn:
+        H.request_drain(conn, "n1")
+    with db.unit_of_work() as conn:
+        assert H.draining(conn) == set()
+
+
+def test_a_rebalance_gives_a_joined_node_its_share_and_placement_picks_the_least_loaded(db: Database) -> None:
+    _join(db, "n1")
+    for cid in (1, 2, 3, 4):
+        _channel(db, cid, "n1")
+    _join(db, "n2")                                          # joins owning nothing: sticky, nothing moves by itself
+    assert set(_owners(db).values()) == {"n1"}
+    with db.unit_of_work() as conn:
+        moves = H.request_rebalance(conn)
+    assert sorted((m.from_node, m.to_node) for m in moves) == [("n1", "n2"), ("n1", "n2")]
+    with db.unit_of_work() as conn:
+        assert H.request_rebalance(conn) == [], "moves already requested are not requested twice"
+
+    _channel(db, 5, "n2")
+    with db.unit_of_work() as conn:                          # n1 owns 4, n2 owns 1: a new channel of n1's goes to n2
+        conn.execute("INSERT INTO nsjms_channel (id, qos, admin_props) VALUES (6, '{}', '{}')")
+        M.assign(conn, ("channel", 6), "n1")
+        placed = H.place_new(conn, 6, "n1", 1)
+        assert placed is not None and (placed.to_node, placed.reason) == ("n2", "placement")
+        conn.execute("INSERT INTO nsjms_channel (id, qos, admin_props) VALUES (7, '{}', '{}')")
+        M.assign(conn, ("channel", 7), "n2")
+        assert H.place_new(conn, 7, "n2", 1) is None, "the creator is the least loaded: it keeps it"
+
+
+def test_a_drain_is_clean_dirty_or_heuristic_by_what_the_node_leaves_in_doubt(db: Database, fresh_db: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    from xa.xid import NodeId, branch_xid, new_gtrid
+
+    e1, _ = _join(db, "n1"), _join(db, "n2")
+    with db.unit_of_work() as conn:
+        assert H.request_drain(conn, "n1") == (e1, [])                # it owns nothing: no move
+        state = H.drain_state(conn, "n1", e1, [])
+    assert not state.reported, "the verdict waits for the node's own report of its log"
+    with db.unit_of_work() as conn:
+        H.report_in_doubt(conn, "n1", e1, [])
+        state = H.drain_state(conn, "n1", e1, [])
+    assert (state.reported, state.finished, state.verdict()) == (True, True, "clean")
+
+    gtrid = new_gtrid(NodeId("n1"))
+    xid = branch_xid(gtrid, "pg")
+    conn2 = psycopg.connect(fresh_db)
+    conn2.tpc_begin(psycopg.Xid.from_parts(xid.format_id, xid.gtrid, xid.bqual))
+    conn2.execute("SELECT 1")
+    conn2.tpc_prepare()
+    conn2.close()
+    try:
+        with db.unit_of_work() as conn:
+            state = H.drain_state(conn, "n1", e1, [])
+        assert state.verdict() == "dirty" and len(state.prepared) == 1, state
+        assert gtrid in state.prepared[0], "the prepared branch of the node's xid is listed"
+        with db.unit_of_work() as conn:
+            H.report_in_doubt(conn, "n1", e1, [{"gtrid": gtrid, "status": "heuristic-commit", "action": "forget",
+                                                "reason": "operator"}])
+            state = H.drain_state(conn, "n1", e1, [])
+        assert (state.verdict(), state.heuristic) == ("heuristic", [gtrid])
+    finally:
+        with psycopg.connect(fresh_db, autocommit=True) as conn3:
+            for (gid,) in conn3.execute("SELECT gid FROM pg_prepared_xacts").fetchall():
+                conn3.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
