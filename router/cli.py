@@ -241,6 +241,7 @@ def _settings(cfg: Any) -> Any:
                           cfg.limits.max_bridges),
         cluster_renew_s=float(cfg.cluster.renew_s),
         cluster_expiry_s=float(cfg.cluster.expiry_s),
+        cluster_peers=cfg.cluster.peers,
     )
 
 
