@@ -34,9 +34,20 @@ from omniORB import CORBA
 
 import CosNotification
 
-from bridgekit import node_status, persistent_channel, structured_consumer, structured_supplier
+from idl.generated import CosBridgeAdmin as BA
+
+from bridgekit import (
+    bridge_factory,
+    channel_ep,
+    jms_ep,
+    node_status,
+    persistent_channel,
+    structured_consumer,
+    structured_supplier,
+    unique_name,
+)
 from conftest import ClientOrb, NsjmsServer, free_port
-from stdclients import event_id, make_event, wait_until
+from stdclients import Form, PullConsumerClient, Style, event_id, make_event, obtain_proxy_supplier, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -131,6 +142,12 @@ def test_any_node_answers_for_any_object_and_references_outlive_their_node(
         consumer = structured_consumer(channel_a)            # connected on na, the channel's owner
         supplier_a = structured_supplier(channel_a)          # a proxy push consumer obtained from na
         assert _addresses(orb, supplier_a.proxy)[0] == ("127.0.0.1", pa)
+        puller = PullConsumerClient(obtain_proxy_supplier(channel_a.default_consumer_admin, Form.STRUCTURED,
+                                                          Style.PULL)[0], Form.STRUCTURED)
+        puller.connect()                                     # a pull consumer of na's
+        _, cbr = persistent_channel(factory_a)               # a bridge of na's (not started)
+        _, bid = bridge_factory(client_orb, a).create_bridge(channel_ep(BA.SOURCE, cbr),
+                                                             jms_ep(BA.SINK, unique_name("cluster.fwd")))
 
         # 1. nb answers for na's channel: its reference is forwarded to na
         factory_b = client_orb.factory(b.ior())
@@ -149,6 +166,12 @@ def test_any_node_answers_for_any_object_and_references_outlive_their_node(
         assert consumer.wait_for(20 + CPP_COUNT, 60), _received(consumer)
         assert sorted(_received(consumer)[0]) == list(range(20)), "every event pushed through nb reached na"
         assert a.proc is not None and not [x for x in node_status(b).get("channels", []) if x["id"] == cid]
+        bridge_b = bridge_factory(client_orb, b).get_bridge_with_id(bid)      # nb answers for na's bridge too
+        assert _addresses(orb, bridge_b)[0] == ("127.0.0.1", pb)
+        assert bridge_b.end_point_receiver.connector.channel_id == cbr        # (forwarded to na)
+        pulled = [event_id(ev) for ev in puller.drain(20 + CPP_COUNT, 60)
+                  if not ev.header.fixed_header.event_name.startswith("example-")]
+        assert sorted(pulled) == list(range(20)), pulled
 
         # 3. na dies; the references obtained from it keep working through nb
         assert a.kill() != 0
@@ -169,14 +192,21 @@ def test_any_node_answers_for_any_object_and_references_outlive_their_node(
         for i in range(45, 50):
             supplier_two.push_one(make(i))
         cpp_second = _cpp_supply(cpp_examples["supplier"], two, cid, "two-addresses")
+        assert _retrying(lambda: bridge_b.end_point_receiver, seen).connector.channel_id == cbr
+        after: list[int] = []                                # the pull consumer's proxy, from na: served by nb
+        deadline = time.monotonic() + 60
+        while not set(range(20, 50)) <= set(after) and time.monotonic() < deadline:
+            after.extend(event_id(ev) for ev in _retrying(puller.try_pull, seen)
+                         if not ev.header.fixed_header.event_name.startswith("example-"))
         assert len(cpp_second) == 1 + CPP_COUNT, cpp_second
         assert not [x for x in seen if x.startswith("OBJECT_NOT_EXIST")], \
             f"a channel being taken over is never said not to exist: {seen}"
         print(f"\nna killed: the proxy reference from na accepted pushes again {took:.1f} s later (lease expiry "
               f"{EXPIRY_S} s, renewal {RENEW_S} s); exceptions the client retried: {len(seen)} "
               f"{seen}")
-        takeovers = node_status(b).get("cluster", {}).get("takeovers", [])
-        assert [t["node_id"] for t in takeovers] == ["na"] and takeovers[0]["channels"] == [cid], takeovers
+        assert wait_until(lambda: [(t["node_id"], t["channels"], t["bridges"]) for t in
+                                   node_status(b).get("cluster", {}).get("takeovers", [])]
+                          == [("na", sorted([cid, cbr]), [bid])], 10), node_status(b).get("cluster")
 
         want_cpp = [f"via-nb #{i}" for i in range(CPP_COUNT)] + [f"two-addresses #{i}" for i in range(CPP_COUNT)]
         assert consumer.wait_for(50 + 2 * CPP_COUNT, 90), _received(consumer)
@@ -194,6 +224,12 @@ def test_any_node_answers_for_any_object_and_references_outlive_their_node(
             "each event pushed after the death exactly once (the survivor stored and delivered it)"
         assert sorted(x for x in cpp if x.startswith("two-")) == want_cpp[CPP_COUNT:]
         # events na had delivered may come again from nb: na's delivered-events journals are on its disk
+        assert set(pulled + after) == set(range(50)), "the pull consumer lost nothing either"
+        time.sleep(1)                                        # (a duplicate would come within the dispatch time)
+        after.extend(event_id(ev) for ev in puller.try_pull()
+                     if not ev.header.fixed_header.event_name.startswith("example-"))
+        assert sorted(i for i in after if i >= 20) == list(range(20, 50)), sorted(after)
+        print(f"pull consumer: {len(pulled)} pulled before the death, {len(after)} after")
     finally:
         a.stop()
         b.stop()
