@@ -169,6 +169,8 @@ def test_any_node_answers_for_any_object_and_references_outlive_their_node(
         bridge_b = bridge_factory(client_orb, b).get_bridge_with_id(bid)      # nb answers for na's bridge too
         assert _addresses(orb, bridge_b)[0] == ("127.0.0.1", pb)
         assert bridge_b.end_point_receiver.connector.channel_id == cbr        # (forwarded to na)
+        assert wait_until(lambda: node_status(b).get("cluster", {}).get("forwarding", {}).get("forwarded", 0) > 0,
+                          10), node_status(b).get("cluster")   # nb said LOCATION_FORWARD (status.json)
         pulled = [event_id(ev) for ev in puller.drain(20 + CPP_COUNT, 60)
                   if not ev.header.fixed_header.event_name.startswith("example-")]
         assert sorted(pulled) == list(range(20)), pulled
