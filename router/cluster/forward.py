@@ -38,12 +38,13 @@ from omniORB import CORBA, PortableServer
 from router.cluster.ior import Address, IorError, retarget
 from router.cluster.lease import Object
 
-__all__ = ["CACHE_S", "Forward", "Forwarder", "Gone", "OwnerRow", "Retry", "cluster_addresses", "decide",
-           "endpoint_publish", "lookup_owner", "object_of", "owner_lookup", "parse_address"]
+__all__ = ["CACHE_S", "LOOKUP_WAIT_S", "Forward", "Forwarder", "Gone", "OwnerRow", "Retry", "cluster_addresses",
+           "decide", "endpoint_publish", "lookup_owner", "object_of", "owner_lookup", "parse_address"]
 
 log = logging.getLogger("nsjms.cluster")
 
 CACHE_S = 1.0                      # how long an owner answer is reused (a takeover here drops it at once)
+LOOKUP_WAIT_S = 2.0                # the longest wait for a pooled connection to read an owner
 _OBJECT = "IDL:omg.org/CORBA/Object:1.0"
 _NO_MATCH = int(omniORB.OBJECT_NOT_EXIST_NoMatch)   # what a POA without a servant manager answers
 _OID = re.compile(r"(ch|br)/(\d+)(?:/.*)?", re.S)
@@ -226,9 +227,11 @@ class Forwarder(PortableServer.ServantActivator):
 
 def owner_lookup(db: Any) -> Callable[[Object], OwnerRow | None]:
     """:func:`lookup_owner` over a node's :class:`router.db.Database`, one autocommit statement per call (no unit
-    of work: a read needs neither the fence check nor a transaction)."""
+    of work: a read needs neither the fence check nor a transaction). A pooled connection is waited for at most
+    :data:`LOOKUP_WAIT_S` (the POA serialises its activator's calls: a starved pool must not hold them all); the
+    caller answers TRANSIENT when it fails."""
     def lookup(obj: Object) -> OwnerRow | None:
-        with db.statement() as conn:
+        with db.statement(timeout=LOOKUP_WAIT_S) as conn:
             return lookup_owner(conn, obj)
 
     return lookup
