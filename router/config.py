@@ -254,6 +254,9 @@ class ClusterConfig:
     renew_s: int = 2                # how often the node renews its lease (ActiveMQ Artemis's JDBC default)
     expiry_s: int = 20              # a lease not renewed for this long is taken over; at least 3 x renew_s
     placement: str = "creator"      # who owns a new channel: "creator" or "least-loaded" (docs/cluster.md)
+    #: The other nodes' ORB addresses (``host:port``), published as alternate IIOP addresses in every reference of
+    #: this node, with the members PostgreSQL knows at start (docs/cluster.md, "CORBA addressing").
+    peers: tuple[str, ...] = ()
 
 
 def _mask(secret: str) -> str:
@@ -444,6 +447,21 @@ def _listen_address(raw: Any, textual: bool) -> str:
     return value
 
 
+def _addresses(raw: Any, textual: bool) -> tuple[str, ...]:
+    """HOST:PORT list: a TOML array of strings, or text with the addresses separated by commas or spaces."""
+    items = raw if isinstance(raw, list) else re.split(r"[\s,]+", _string(raw, textual).strip())
+    out = []
+    for item in items:
+        if not isinstance(item, str):
+            raise _Invalid("expected HOST:PORT addresses")
+        if item.strip():
+            host, _, port = item.strip().rpartition(":")
+            if not _HOST.fullmatch(host.strip("[]") or "-") or not port.isdigit() or not 0 < int(port) <= 65535:
+                raise _Invalid(f"expected HOST:PORT addresses, e.g. 10.0.0.2:2809,10.0.0.3:2809 (got {item!r})")
+            out.append(item.strip())
+    return tuple(out)
+
+
 def _http_url(raw: Any, textual: bool) -> str:
     value = _string(raw, textual).strip()
     parts = urlsplit(value)
@@ -489,7 +507,7 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
                 "tls_cert": _Key(_file_name), "tls_key": _Key(_file_name),
                 "audit_reports": _Key(_file_name)},
     "cluster": {"renew_s": _Key(_integer(1, 60)), "expiry_s": _Key(_integer(3, 600)),
-                "placement": _Key(_placement)},
+                "placement": _Key(_placement), "peers": _Key(_addresses)},
 }
 _SECTION_TYPES: dict[str, type] = {
     "node": NodeConfig,

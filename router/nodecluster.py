@@ -214,4 +214,6 @@ class ClusterRole:
         out["owned"] = {"channels": sorted(self.factory.channels) if self.factory is not None else [],
                         "bridges": sorted(self.bridges.bridges) if self.bridges is not None else []}
         out["takeovers"] = self.takeover.status() if self.takeover is not None else []
+        fwd = getattr(self.runtime, "forwarder", None)          # requests for objects other nodes run (forward.py)
+        out["forwarding"] = {"forwarded": fwd.forwarded, "retried": fwd.retried} if fwd is not None else {}
         return out

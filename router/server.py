@@ -82,10 +82,14 @@ class NodeSettings:
     cluster_renew_s: float = 2.0     # [cluster] renew_s / expiry_s: the membership lease (docs/cluster.md)
     cluster_expiry_s: float = 20.0
     cluster_placement: str = "creator"   # [cluster] placement: who owns a new channel (docs/cluster.md)
+    cluster_peers: tuple[str, ...] = ()   # [cluster] peers: other nodes' host:port, published in every reference
 
 
-def orb_args(s: NodeSettings) -> list[str]:
+def orb_args(s: NodeSettings, publish: list[str] | None = None) -> list[str]:
+    """``publish``: the addresses every reference carries (this node's first, the other nodes' as alternate IIOP
+    addresses; router/cluster/forward.py); None or one address: the ORB publishes its endpoint alone."""
     from router.channel.boundary import giop_max_msg_size
+    from router.cluster.forward import endpoint_publish
 
     return [
         "nsjms",
@@ -98,6 +102,7 @@ def orb_args(s: NodeSettings) -> list[str]:
         # Above the channel's event size limit: a larger event reaches the servant, which refuses it with
         # IMP_LIMIT (docs/channel.md), and whatever the channel accepted fits in its own outgoing messages.
         "-ORBgiopMaxMsgSize", str(s.orb_giop_max_msg_size or giop_max_msg_size(s.max_event_bytes)),
+        *endpoint_publish(publish or []),
         *s.extra_orb_args,
     ]
 
@@ -284,13 +289,15 @@ class Node(ClusterRole):
         from router.channel.runtime import Runtime
         from router.channel.store import Store
         from router.channel.t2in import LocalRounds
+        from router.cluster.forward import owner_lookup
         from router.db import Database
         from router.ledger import LedgerWriter
 
         self._secure_admin()                # before ORB_init: the credential interceptor
-        self.orb = CORBA.ORB_init(orb_args(self.s), CORBA.ORB_ID)
         self.db = Database(self.pg_dsn, self.s.pg_pool_size)
         self.db.open()                     # one pool for the node; applies the missing schema migrations
+        addresses = self._cluster_addresses()     # before ORB_init: every reference carries the other nodes'
+        self.orb = CORBA.ORB_init(orb_args(self.s, addresses), CORBA.ORB_ID)
         self._join_cluster()               # refused (NodeLive) when another process runs with this node id
         self.store = Store(LedgerWriter(self.s.ledger, node_id=self.s.node_id))
         self.maintain_ledger()             # today's partitions exist before the first routed event
@@ -315,10 +322,27 @@ class Node(ClusterRole):
         self.t2.late.restoring()           # restore loads what was committed so far (router/latecommit.py)
         self.factory.restore(set(owned.channels))
         self._queue_late_commits()
+        self.runtime.forwarder.configure(self.s.node_id, owner_lookup(self.db), self._runs)   # every object key
         self.runtime.poa._get_the_POAManager().activate()
         self.runtime.ins_poa._get_the_POAManager().activate()
         self.bridges.resume()
         self._start_takeover()
+
+    def _cluster_addresses(self) -> list[str]:
+        """This node's ``host:port`` first, then the other nodes' (``cluster.peers`` and the members PostgreSQL
+        knows): the addresses every reference of this node carries (docs/cluster.md, "CORBA addressing")."""
+        from router.cluster.forward import cluster_addresses
+
+        with self.db.unit_of_work() as conn:
+            return cluster_addresses(conn, self.s.node_id, f"{self.s.orb_host}:{self.s.orb_port}",
+                                     self.s.cluster_peers)
+
+    def _runs(self, obj: tuple[str, int]) -> bool:
+        """Whether this node runs the channel or bridge now (loaded, not still being loaded at a takeover)."""
+        kind, oid = obj
+        if kind == "channel":
+            return oid in self.factory.channels and oid not in self.factory.arriving
+        return self.bridges is not None and oid in self.bridges.bridges
 
     def _queue_late_commits(self) -> None:
         """From now on, the events of PostgreSQL branches recovery or an operator commits (JMS -> channel T2s their

@@ -164,8 +164,11 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
 
     def get_bridge_with_id(self, id: int) -> Any:  # noqa: A002
         bridge = self.bridges.get(id)
-        if bridge is None:
-            raise BA.BridgeNotFound()
+        if bridge is None:          # run by another node of the cluster: forwarded (router/cluster/forward.py)
+            ref = self.rt.forwarder.reference_for(self.rt.poa, f"br/{id}", BA.Bridge._NP_RepositoryId)
+            if ref is None:
+                raise BA.BridgeNotFound()
+            return ref
         return bridge.ref
 
     def get_all_bridges(self) -> list[int]:

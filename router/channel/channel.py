@@ -104,6 +104,7 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         ``get_event_channel`` answers TRANSIENT (retry) for it, not ChannelNotFound (which a client may act on)."""
         with self._lock:
             self.arriving |= set(ids) - set(self.channels)
+        self.rt.forwarder.invalidate()          # their owner is this node now (router/cluster/forward.py)
 
     def adopt(self, ids: Collection[int]) -> list[int]:
         """Load channels this node took over from a dead node (router/cluster/takeover.py) as :meth:`restore`
@@ -171,8 +172,12 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
             arriving = id in self.arriving
         if channel is None and arriving:
             raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)      # taken over, being loaded: asked again, it is here
-        if channel is None:
-            raise CosNotifyChannelAdmin.ChannelNotFound()
+        if channel is None:        # run by another node of the cluster: forwarded (router/cluster/forward.py)
+            ref = self.rt.forwarder.reference_for(self.rt.poa, channel_oid(id),
+                                                  CosNotifyChannelAdmin.EventChannel._NP_RepositoryId)
+            if ref is None:
+                raise CosNotifyChannelAdmin.ChannelNotFound()
+            return ref
         return channel.ref
 
     def forget(self, cid: int) -> None:

@@ -5,6 +5,10 @@ on a fixed endpoint, with object ids derived from the NS ids (``ch/<channel>``, 
 ``ch/<c>/<side>/<admin>/<proxy>``), so a reference handed out before a restart names the same object after it.
 The factory is activated in omniORB's INS POA under the key ``NotifyEventChannelFactory`` so that
 ``corbaloc::HOST:PORT/NotifyEventChannelFactory`` resolves.
+
+The persistent POA has a servant manager (:class:`router.cluster.forward.Forwarder`, USE_SERVANT_MANAGER with
+RETAIN): an id that is not active here is answered from its owner in a cluster (``LOCATION_FORWARD`` to the node
+that runs it, ``TRANSIENT`` while nobody does), else ``OBJECT_NOT_EXIST`` as before (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from router.channel.deadletters import DeadLetterStore
 from router.channel.delivered import DeliveredJournals
 from router.channel.groupcommit import MAX_WAIT_S, GroupCommit
 from router.channel.store import Store
+from router.cluster.forward import Forwarder
 from router.db import Database, StoreError
 from router.quotas import NodeLimits
 from router.routing.registry import LocalEndpoints, T2Host
@@ -70,8 +75,11 @@ class Runtime:
         policies = [
             root.create_lifespan_policy(PortableServer.PERSISTENT),
             root.create_id_assignment_policy(PortableServer.USER_ID),
+            root.create_request_processing_policy(PortableServer.USE_SERVANT_MANAGER),
         ]
         self.poa = root.create_POA("nsjms", root._get_the_POAManager(), policies)
+        self.forwarder = Forwarder(orb)             # ids not active here: forwarded, retried or not found (cluster)
+        self.poa.set_servant_manager(self.forwarder)
         self.ins_poa = orb.resolve_initial_references("omniINSPOA")
         self._seq = itertools.count(1)
         self._seq_lock = threading.Lock()

@@ -16,6 +16,7 @@ from omniORB import CORBA
 import CosNotifyChannelAdmin
 
 from router.channel.channel import EventChannelFactoryImpl
+from router.cluster.forward import Forwarder
 
 
 class _Store:
@@ -33,7 +34,8 @@ class _Db:
 
 
 def test_a_claimed_channel_not_loaded_yet_answers_transient_then_not_found_once_gone() -> None:
-    rt = SimpleNamespace(db=_Db(), store=_Store(), raise_seq_floor=lambda seq: None)
+    rt = SimpleNamespace(db=_Db(), store=_Store(), raise_seq_floor=lambda seq: None, poa=None,
+                         forwarder=Forwarder(None))     # a node outside a cluster: nothing runs elsewhere
     factory = EventChannelFactoryImpl(rt)  # type: ignore[arg-type]
     factory.arrive([3])
     with pytest.raises(CORBA.TRANSIENT):

@@ -384,3 +384,15 @@ def test_broker_amq_dupl_id_is_a_boolean_off_by_default(tmp_path: Path) -> None:
     assert load_config(path, env={}).broker.amq_dupl_id is False
     with pytest.raises(ConfigError, match=r"broker\.amq_dupl_id"):
         load_config(env={"NSJMS_BROKER_AMQ_DUPL_ID": "maybe"})
+
+
+def test_cluster_peers_are_host_port_addresses_from_a_file_or_the_environment(tmp_path: Path) -> None:
+    assert load_config(env={}).cluster.peers == ()
+    assert load_config(env={"NSJMS_CLUSTER_PEERS": "10.0.0.2:2809, 10.0.0.3:2809"}).cluster.peers == \
+        ("10.0.0.2:2809", "10.0.0.3:2809")
+    path = write(tmp_path, '[cluster]\npeers = ["n2.example:2809", "[::1]:2810"]\n')
+    assert load_config(path, env={}).cluster.peers == ("n2.example:2809", "[::1]:2810")
+    for bad in ("10.0.0.2", "10.0.0.2:0", "10.0.0.2:x", "a b:1"):
+        with pytest.raises(ConfigError, match=re.escape("cluster.peers (from NSJMS_CLUSTER_PEERS): expected "
+                                                        "HOST:PORT addresses")):
+            load_config(env={"NSJMS_CLUSTER_PEERS": bad})

@@ -1,0 +1,262 @@
+"""Every node answers for every object key (docs/cluster.md, "CORBA addressing").
+
+The node's persistent POA (``nsjms``, :mod:`router.channel.runtime`) has a servant manager, a
+:class:`Forwarder` (a ``PortableServer.ServantActivator``). A request for an object id that is active here is
+served as before; omniORB calls :meth:`Forwarder.incarnate` only for an id that is **not** active here, and the
+answer comes from the object's owner in PostgreSQL (``nsjms_owner`` and the owner's ``nsjms_member`` row, one
+autocommit statement, cached for :data:`CACHE_S` and dropped at every takeover this node does):
+
+* owned by another **live** member: ``PortableServer.ForwardRequest`` with this node's reference for the same id
+  re-addressed to the owner's ``host:port``: omniORB replies ``LOCATION_FORWARD`` and the client's ORB sends this
+  and later calls to the owner (back to its own reference when the owner cannot be reached);
+* owned by a member that is not live (its lease expired, it left, it is being taken over), or by this node but not
+  loaded yet (claimed at a takeover, or the node is starting): ``TRANSIENT`` (retry; the object is not gone);
+* not owned by anyone (destroyed, never existed) or owned here and loaded but this id is not active (a destroyed
+  admin or proxy): ``OBJECT_NOT_EXIST``, as a node without a cluster answers.
+
+The unit of ownership is the channel (its admins and proxies, ``ch/<channel>/...``) and the bridge (``br/<id>``
+and its endpoints, which follow their channel's owner). Other ids (filters ``flt/...``) have no owner row: they
+are not forwarded (``OBJECT_NOT_EXIST`` when not active here). :meth:`Forwarder.incarnate` never returns a servant.
+
+omniORB serialises the calls of a POA's servant activator, so :meth:`Forwarder.incarnate` does one short
+statement at most (usually none: cached), and only for requests that reach a node which does not run the object.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import omniORB
+from omniORB import CORBA, PortableServer
+
+from router.cluster.ior import Address, IorError, retarget
+from router.cluster.lease import Object
+
+__all__ = ["CACHE_S", "LOOKUP_WAIT_S", "Forward", "Forwarder", "Gone", "OwnerRow", "Retry", "cluster_addresses",
+           "decide", "endpoint_publish", "lookup_owner", "object_of", "owner_lookup", "parse_address"]
+
+log = logging.getLogger("nsjms.cluster")
+
+CACHE_S = 1.0                      # how long an owner answer is reused (a takeover here drops it at once)
+LOOKUP_WAIT_S = 2.0                # the longest wait for a pooled connection to read an owner
+_OBJECT = "IDL:omg.org/CORBA/Object:1.0"
+_NO_MATCH = int(omniORB.OBJECT_NOT_EXIST_NoMatch)   # what a POA without a servant manager answers
+_OID = re.compile(r"(ch|br)/(\d+)(?:/.*)?", re.S)
+
+
+@dataclass(frozen=True)
+class OwnerRow:
+    """The owner of an object as PostgreSQL says now: its node id, its ORB address, whether its lease is live."""
+
+    node_id: str
+    address: str
+    live: bool
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Served by another live node, at ``address``."""
+
+    node_id: str
+    address: Address
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Exists, but nobody can serve it right now (owner dead and not taken over yet, or loading here)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Gone:
+    """Does not exist (or is served here and this id is not active)."""
+
+
+Decision = Forward | Retry | Gone
+
+
+def object_of(oid: str) -> Object | None:
+    """The owned unit an object id belongs to: ``ch/3/C/1/2`` -> ("channel", 3), ``br/7/recv`` -> ("bridge", 7);
+    None for ids without an owner (filters, the node's own objects)."""
+    m = _OID.fullmatch(oid)
+    if m is None:
+        return None
+    return ("channel" if m.group(1) == "ch" else "bridge", int(m.group(2)))
+
+
+def parse_address(address: str) -> Address | None:
+    """``host:port`` (``[v6]:port``) of a member row; None when it is not one."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def decide(row: OwnerRow | None, me: str, loaded_here: bool) -> Decision:
+    """Where a request for an object that is not active on this node goes (see the module docstring)."""
+    if row is None:
+        return Gone()
+    if row.node_id == me:
+        return Gone() if loaded_here else Retry(f"owned by this node ({me}), not loaded yet")
+    if not row.live:
+        return Retry(f"owned by {row.node_id}, whose lease is not live (to be taken over)")
+    addr = parse_address(row.address)
+    if addr is None:
+        return Retry(f"owned by {row.node_id}, which published no usable address ({row.address!r})")
+    return Forward(row.node_id, addr)
+
+
+def lookup_owner(conn: Any, obj: Object) -> OwnerRow | None:
+    """The owner of an existing channel or bridge (one statement; None when the object does not exist or has no
+    owner row)."""
+    table = "nsjms_channel" if obj[0] == "channel" else "nsjms_bridge"
+    row = conn.execute(
+        f"SELECT o.node_id, coalesce(m.address, ''), coalesce(m.state = 'live' AND m.lease_until > clock_timestamp(),"
+        f" false) FROM nsjms_owner o JOIN {table} x ON x.id = o.object_id "
+        "LEFT JOIN nsjms_member m ON m.node_id = o.node_id WHERE o.kind = %s AND o.object_id = %s", obj).fetchone()
+    return None if row is None else OwnerRow(str(row[0]), str(row[1]), bool(row[2]))
+
+
+class Forwarder(PortableServer.ServantActivator):
+    """The servant manager of the node's persistent POA. Until :meth:`configure` it answers ``OBJECT_NOT_EXIST``
+    for every id that is not active (a node outside a cluster: what the POA without a servant manager did)."""
+
+    def __init__(self, orb: Any) -> None:
+        self.orb = orb
+        self._lock = threading.Lock()
+        self._cache: dict[Object, tuple[float, OwnerRow | None]] = {}
+        self.me: str | None = None
+        self._lookup: Callable[[Object], OwnerRow | None] | None = None
+        self._loaded: Callable[[Object], bool] = lambda obj: False
+        self.forwarded = 0                       # requests answered LOCATION_FORWARD (status)
+        self.retried = 0                         # requests answered TRANSIENT
+
+    def configure(self, me: str, lookup: Callable[[Object], OwnerRow | None],
+                  loaded: Callable[[Object], bool]) -> None:
+        """``me``: this node's id; ``lookup``: the owner row in PostgreSQL; ``loaded``: whether this node runs the
+        unit now."""
+        self.me, self._lookup, self._loaded = me, lookup, loaded
+
+    def invalidate(self) -> None:
+        """Forget every cached owner (this node took something over)."""
+        with self._lock:
+            self._cache.clear()
+
+    def where(self, obj: Object) -> Decision:
+        """Where requests for ``obj`` go, as :func:`decide` says (the owner row cached for :data:`CACHE_S`)."""
+        if self._lookup is None or self.me is None:
+            return Gone()
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(obj)
+        if hit is not None and now - hit[0] < CACHE_S and (hit[1] is None or hit[1].node_id != self.me):
+            row = hit[1]
+        else:                        # (owned here: what runs here decides, and the row may be of a destroyed one)
+            row = self._lookup(obj)
+            with self._lock:
+                self._cache[obj] = (now, row)
+        return decide(row, self.me, self._loaded(obj))
+
+    def reference_for(self, poa: Any, oid: str, repo_id: str) -> Any | None:
+        """For a factory's lookup by id (``get_event_channel``, ``get_bridge_with_id``) of an object this node does
+        not run: this node's reference for ``oid`` (its requests are forwarded to the live owner) when another live
+        node runs it; ``TRANSIENT`` while its owner is not live (or PostgreSQL cannot say); None when nobody owns it
+        (the factory raises its not-found exception)."""
+        obj = object_of(oid)
+        if obj is None:
+            return None
+        try:
+            where = self.where(obj)
+        except Exception as exc:  # noqa: BLE001 - PostgreSQL unreachable: it may exist; ask again
+            log.warning("cluster: owner of %s unknown (%s): TRANSIENT", oid, exc)
+            raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO) from None
+        if isinstance(where, Forward):
+            return poa.create_reference_with_id(oid.encode(), repo_id)
+        if isinstance(where, Retry):
+            raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+        return None
+
+    def forward_reference(self, poa: Any, oid: bytes, to: Address) -> Any:
+        """This node's reference for ``oid`` re-addressed to ``to`` alone. No alternates on purpose: when the
+        owner cannot be reached, omniORB goes back to the reference the client had (whose alternates name every
+        node) and retries with a growing pause (``TRANSIENT_FailedOnForwarded``); with this node as an alternate it
+        would bounce between the dead owner and this node without a pause until the owner's lease expired."""
+        ref = poa.create_reference_with_id(oid, _OBJECT)
+        text = retarget(str(self.orb.object_to_string(ref)), to, [])
+        return self.orb.string_to_object(text)
+
+    # -- PortableServer.ServantActivator -------------------------------------------------------------------
+    def incarnate(self, oid: bytes, adapter: Any) -> Any:
+        key = oid.decode("utf-8", "replace")
+        obj = object_of(key)
+        if obj is None:
+            raise CORBA.OBJECT_NOT_EXIST(_NO_MATCH, CORBA.COMPLETED_NO)
+        try:
+            decision = self.where(obj)
+        except Exception as exc:  # noqa: BLE001 - PostgreSQL unreachable: the object is not gone, ask again
+            log.warning("cluster: owner of %s unknown (%s): TRANSIENT", key, exc)
+            self.retried += 1
+            raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO) from None
+        if isinstance(decision, Forward):
+            try:
+                ref = self.forward_reference(adapter, oid, decision.address)
+            except (IorError, CORBA.Exception) as exc:
+                log.warning("cluster: cannot forward %s to %s (%s): TRANSIENT", key, decision.node_id, exc)
+                self.retried += 1
+                raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO) from None
+            self.forwarded += 1
+            log.debug("cluster: %s forwarded to %s at %s:%d", key, decision.node_id, *decision.address)
+            raise PortableServer.ForwardRequest(ref)
+        if isinstance(decision, Retry):
+            self.retried += 1
+            log.debug("cluster: %s: TRANSIENT (%s)", key, decision.why)
+            raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+        raise CORBA.OBJECT_NOT_EXIST(_NO_MATCH, CORBA.COMPLETED_NO)
+
+    def etherealize(self, oid: bytes, adapter: Any, serv: Any, cleanup_in_progress: bool,
+                    remaining_activations: bool) -> None:
+        """Objects are deactivated by their owners' code (``Runtime.deactivate``); nothing to release here."""
+
+
+def owner_lookup(db: Any) -> Callable[[Object], OwnerRow | None]:
+    """:func:`lookup_owner` over a node's :class:`router.db.Database`, one autocommit statement per call (no unit
+    of work: a read needs neither the fence check nor a transaction). A pooled connection is waited for at most
+    :data:`LOOKUP_WAIT_S` (the POA serialises its activator's calls: a starved pool must not hold them all); the
+    caller answers TRANSIENT when it fails."""
+    def lookup(obj: Object) -> OwnerRow | None:
+        with db.statement(timeout=LOOKUP_WAIT_S) as conn:
+            return lookup_owner(conn, obj)
+
+    return lookup
+
+
+def cluster_addresses(conn: Any, me: str, own: str, peers: Sequence[str]) -> list[str]:
+    """The ``host:port`` list a node publishes in its references: its own first, then the configured peers
+    (``cluster.peers``), then the address of every other member PostgreSQL knows that has not left for good (a
+    node that died may come back on the same address), without repeats."""
+    rows = conn.execute("SELECT address FROM nsjms_member WHERE node_id <> %s AND state <> 'left' "
+                        "AND address <> '' ORDER BY node_id", (me,)).fetchall()
+    out = [own, *peers, *(str(r[0]) for r in rows)]
+    return [a for a in dict.fromkeys(out) if parse_address(a) is not None]
+
+
+def endpoint_publish(addresses: Sequence[str]) -> list[str]:
+    """omniORB's ``-ORBendPointPublish`` for ``addresses`` (the first is the main IIOP address of every reference,
+    the others ``TAG_ALTERNATE_IIOP_ADDRESS`` components, which an omniORB client tries in order when a connection
+    to the one in use fails); empty for a single address (the ORB publishes its endpoint by itself)."""
+    if len(addresses) < 2:
+        return []
+    eps = []
+    for a in addresses:
+        parsed = parse_address(a)
+        assert parsed is not None
+        host = f"[{parsed[0]}]" if ":" in parsed[0] else parsed[0]
+        eps.append(f"giop:tcp:{host}:{parsed[1]}")
+    return ["-ORBendPointPublish", ",".join(eps)]
