@@ -458,6 +458,7 @@ class _Holder:
 class _Proxy:
     def __init__(self, qos: dict[str, Any], admin: _Holder, channel: _Holder) -> None:
         self.qos, self.admin, self.channel = qos, admin, channel
+        self.extra: dict[str, Any] = {}
 
 
 def test_t2_batch_follows_nji_table_2_10() -> None:
