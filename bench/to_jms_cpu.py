@@ -175,7 +175,7 @@ STAGES = (  # (label, function name as cProfile reports it: file suffix, functio
     ("mapping: event_to_jms", "mapping/to_jms.py", "event_to_jms"),
     ("  of which NameAllocator.allocate", "mapping/names.py", "allocate"),
     ("encoding: message_to_stomp", "mapping/stomp_body.py", "message_to_stomp"),
-    ("limits: check_stomp_limits", "bridge/limits.py", "check_stomp_limits"),
+    ("limits: check_stomp_limits", "mapping/stomp_limits.py", "check_stomp_limits"),
     ("framing + socket: send_encoded (one by one)", "jms/stomp/transport.py", "send_encoded"),
     ("framing + socket: send_encoded_many (a batch)", "jms/stomp/transport.py", "send_encoded_many"),
     ("  of which stomp.py convert_frame", "stomp/utils.py", "convert_frame"),
@@ -215,9 +215,9 @@ def main() -> int:
 
     from router.bridge.batchout import LocalBatches
     from router.bridge.bridge import BridgeImpl
-    from router.bridge.codec import MappingCodec
     from router.jms.model import Destination
     from router.jms.stomp.transport import StompTransport
+    from router.mapping.stomp_codec import StompCodec
 
     CORBA.ORB_init([], CORBA.ORB_ID)
     n = args.events
@@ -232,7 +232,7 @@ def main() -> int:
         raw_sink.kill()
         raw_sink.wait()
     sink, port = _sink()
-    transport = StompTransport(f"stomp://127.0.0.1:{port}", heartbeats=(0, 0), codec=MappingCodec())
+    transport = StompTransport(f"stomp://127.0.0.1:{port}", heartbeats=(0, 0), codec=StompCodec())
     transport.connect()
     destination = Destination("queue", "bench.cpu")
     batches = LocalBatches(_Flow(transport, destination),  # type: ignore[arg-type]

@@ -34,6 +34,7 @@ from router.jms.transport import (
     SendRefused,
     refused_send,
 )
+from router.mapping.stomp_codec import StompCodec
 from router.routing.registry import LocalEndpoint, LocalEndpoints
 
 QUEUE = Destination("queue", "out")
@@ -81,6 +82,10 @@ class PipeBroker:
         self.refuse: set[Any] = set()
         self.refuse_dest: set[str] = set()      # destinations that refuse every message sent alone (a DLQ)
         self._n = 0
+
+    def encode(self, message: JmsMessage) -> EncodedMessage:
+        """The node's encoding (the transport's codec): a refused message's dead letter carries its body."""
+        return StompCodec().encode(message)
 
     def begin(self) -> str:
         raise AssertionError("a batch's BEGIN goes without a receipt (begin_nowait)")

@@ -24,7 +24,6 @@ import CosNotification
 
 from idl.generated import BridgeTransactionMgmt as BTM
 from router.bridge import txbranch
-from router.bridge.codec import MappingCodec
 from router.bridge.txbranch import SendBranch
 from router.bridge.txmgmt import TransactionMgmtMixin
 from router.bridge.txout import DEDUPE_PROPERTY, DUPL_ID_HEADER, OutboundT2
@@ -47,6 +46,7 @@ from router.jms.transport import (
     Transport,
 )
 from router.mapping.errors import MappingError
+from router.mapping.stomp_codec import StompCodec
 from xa.coordinator import Coordinator
 from xa.errors import BranchUnavailable, LogDurabilityUnknown, OutcomeUnknown, PrepareFailed
 from xa.testing import FakeClock, MemoryLog, MemoryManager
@@ -165,11 +165,11 @@ class Rig:
         self.pg = MemoryManager("postgresql", self.clock)
         monkeypatch.setattr(TX, "PgBranch", lambda conn, name: self.pg.branch(name))
         self.broker = MemoryBroker(f"t2u-{id(self)}")
-        self.transport = MemoryTransport(broker=self.broker, codec=MappingCodec())
+        self.transport = MemoryTransport(broker=self.broker, codec=StompCodec())
         self.transport.connect()
         self.wire: Transport = RefusingTransport(self.transport)
         self.running = True
-        self.out = OutboundT2(3, OUT, lambda: self.wire, MappingCodec(), to_jms, lambda ev: str(ev).encode(), DLQ,
+        self.out = OutboundT2(3, OUT, lambda: self.wire, StompCodec(), to_jms, lambda ev: str(ev).encode(), DLQ,
                               self.t2.enlist, lambda: self.running, amq_dupl_id=dupl,
                               **({} if outbox is None else {"outbox": outbox}))
         self.t2.register_local(IOR, self.out)
@@ -362,7 +362,7 @@ def test_a_participant_that_maps_and_encodes_in_one_step_sends_that_frame(monkey
     def to_frame(event: Any, destination: Destination) -> tuple[JmsMessage, EncodedMessage]:
         calls.append(event)
         msg = to_jms(event, destination)
-        encoded = MappingCodec().encode(msg)
+        encoded = StompCodec().encode(msg)
         return msg, EncodedMessage({**encoded.headers, "encoded_once": str(event)}, encoded.body)
 
     def no_to_jms(event: Any, destination: Destination) -> JmsMessage:

@@ -152,11 +152,11 @@ def test_consecutive_t2s_alternate_between_the_two_connections_and_commit_in_ord
         monkeypatch: pytest.MonkeyPatch) -> None:
     """T2 1 goes out on the second connection, T2 2 on the first: T2 2's BEGIN and SENDs reach the broker while
     T2 1's COMMIT is held on the other connection, and the broker still commits T2 1's batch first."""
-    from router.bridge.codec import MappingCodec
     from router.jms.memory.transport import MemoryTransport
+    from router.mapping.stomp_codec import StompCodec
 
     rig = Rig(monkeypatch, events=2)
-    alt = MemoryTransport(broker=rig.broker, codec=MappingCodec())
+    alt = MemoryTransport(broker=rig.broker, codec=StompCodec())
     alt.connect()
     order: list[str] = []
     hold = threading.Event()
