@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,7 +215,7 @@ def main() -> int:
     from omniORB import CORBA
 
     from router.bridge.batchout import LocalBatches
-    from router.bridge.bridge import BridgeImpl
+    from router.bridge.brokerlink import BrokerLink
     from router.jms.model import Destination
     from router.jms.stomp.transport import StompTransport
     from router.mapping.stomp_codec import StompCodec
@@ -235,8 +236,9 @@ def main() -> int:
     transport = StompTransport(f"stomp://127.0.0.1:{port}", heartbeats=(0, 0), codec=StompCodec())
     transport.connect()
     destination = Destination("queue", "bench.cpu")
+    bridge = SimpleNamespace(codec=StompCodec())        # the bridge's codec (BrokerSettings.codec)
     batches = LocalBatches(_Flow(transport, destination),  # type: ignore[arg-type]
-                           lambda ev, dest: BridgeImpl._to_jms_frame(None, ev, dest))  # type: ignore[arg-type]
+                           lambda ev, dest: BrokerLink._to_jms_frame(bridge, ev, dest))  # type: ignore[arg-type]
     events = _events(args.event, n)
     try:
         run(events[:1000], batches, args.batch)                                     # warm-up
