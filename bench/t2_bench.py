@@ -166,10 +166,10 @@ class Scenario:
 
 def drain(url: str, queue: str, want: int, timeout: float = 30.0) -> set[str]:
     """The dedupe ids of the messages on ``queue`` (waits for ``want`` of them, then for silence)."""
-    from router.bridge.codec import MappingCodec
     from router.jms.transport import open_transport
+    from router.mapping.stomp_codec import StompCodec
 
-    t = open_transport(url, codec=MappingCodec())
+    t = open_transport(url, codec=StompCodec())
     t.connect()
     seen: list[str] = []
     try:
@@ -192,15 +192,15 @@ def drain(url: str, queue: str, want: int, timeout: float = 30.0) -> set[str]:
 def time_node_transactions(s: Scenario, profile: Path | None) -> tuple[float, float]:
     """Seconds of ``NodeTransactions.start()`` (the first recovery pass and the purge; the re-sends follow in
     its housekeeping thread) and seconds until every in-doubt T2 is finished (the log holds none)."""
-    from router.bridge.codec import MappingCodec
     from router.db import Database
     from router.jms.transport import open_transport
+    from router.mapping.stomp_codec import StompCodec
     from router.t2 import NodeTransactions
 
     db = Database(s.dsn, 8)
     db.open()
     t2 = NodeTransactions(NODE_ID, s.state, db, s.dsn,
-                          transport=lambda: open_transport(s.url, codec=MappingCodec()))
+                          transport=lambda: open_transport(s.url, codec=StompCodec()))
     prof = cProfile.Profile() if profile else None
     try:
         t0 = time.perf_counter()

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,7 +176,7 @@ STAGES = (  # (label, function name as cProfile reports it: file suffix, functio
     ("mapping: event_to_jms", "mapping/to_jms.py", "event_to_jms"),
     ("  of which NameAllocator.allocate", "mapping/names.py", "allocate"),
     ("encoding: message_to_stomp", "mapping/stomp_body.py", "message_to_stomp"),
-    ("limits: check_stomp_limits", "bridge/limits.py", "check_stomp_limits"),
+    ("limits: check_stomp_limits", "mapping/stomp_limits.py", "check_stomp_limits"),
     ("framing + socket: send_encoded (one by one)", "jms/stomp/transport.py", "send_encoded"),
     ("framing + socket: send_encoded_many (a batch)", "jms/stomp/transport.py", "send_encoded_many"),
     ("  of which stomp.py convert_frame", "stomp/utils.py", "convert_frame"),
@@ -214,10 +215,10 @@ def main() -> int:
     from omniORB import CORBA
 
     from router.bridge.batchout import LocalBatches
-    from router.bridge.bridge import BridgeImpl
-    from router.bridge.codec import MappingCodec
+    from router.bridge.brokerlink import BrokerLink
     from router.jms.model import Destination
     from router.jms.stomp.transport import StompTransport
+    from router.mapping.stomp_codec import StompCodec
 
     CORBA.ORB_init([], CORBA.ORB_ID)
     n = args.events
@@ -232,11 +233,12 @@ def main() -> int:
         raw_sink.kill()
         raw_sink.wait()
     sink, port = _sink()
-    transport = StompTransport(f"stomp://127.0.0.1:{port}", heartbeats=(0, 0), codec=MappingCodec())
+    transport = StompTransport(f"stomp://127.0.0.1:{port}", heartbeats=(0, 0), codec=StompCodec())
     transport.connect()
     destination = Destination("queue", "bench.cpu")
+    bridge = SimpleNamespace(codec=StompCodec())        # the bridge's codec (BrokerSettings.codec)
     batches = LocalBatches(_Flow(transport, destination),  # type: ignore[arg-type]
-                           lambda ev, dest: BridgeImpl._to_jms_frame(None, ev, dest))  # type: ignore[arg-type]
+                           lambda ev, dest: BrokerLink._to_jms_frame(bridge, ev, dest))  # type: ignore[arg-type]
     events = _events(args.event, n)
     try:
         run(events[:1000], batches, args.batch)                                     # warm-up

@@ -369,12 +369,12 @@ class Node(ClusterRole):
     def _start_transactions(self) -> Any:
         """The node's T2 machinery; its first recovery pass runs BEFORE the channel restores its queues (a logged
         COMMIT still to finish removes queue rows that restore would otherwise load and deliver again)."""
-        from router.bridge.codec import MappingCodec
         from router.jms.transport import open_transport
+        from router.mapping.stomp_codec import StompCodec
         from router.t2 import NodeTransactions
 
         def transport() -> Any:
-            return open_transport(self.broker_url, codec=MappingCodec(), username=self.broker_login,
+            return open_transport(self.broker_url, codec=StompCodec(), username=self.broker_login,
                                   password=self.broker_passcode)
 
         from router.telemetry import T2Telemetry
@@ -415,15 +415,16 @@ class Node(ClusterRole):
 
     def _build_bridges(self, only: set[int] | None = None) -> None:
         from router.bridge.bridge import BridgeFactoryImpl
-        from router.bridge.codec import MappingCodec
         from router.bridge.store import BridgeStore
         from router.jms.transport import open_transport
 
+        settings = self.broker_settings()
+
         def transport(url: str, **opts: Any) -> Any:
-            return open_transport(url, codec=MappingCodec(), **opts)
+            return open_transport(url, codec=settings.codec, **opts)     # the codec the bridges map with
 
         self.bridge_store = BridgeStore()
-        self.bridges = BridgeFactoryImpl(self.factory, self.bridge_store, self.broker_settings(), transport,
+        self.bridges = BridgeFactoryImpl(self.factory, self.bridge_store, settings, transport,
                                          self.s.node_id)
         self.bridges.activate()
         self.bridges.restore(only)
@@ -432,9 +433,11 @@ class Node(ClusterRole):
         """The bridges' BrokerSettings: the broker, and the node's one event size limit (``node.max_event_bytes``)
         for JMS -> channel events and message bodies."""
         from router.bridge.bridge import BrokerSettings
+        from router.mapping.stomp_codec import StompCodec
 
         return BrokerSettings(self.broker_url, self.broker_login, self.broker_passcode,
-                              max_event_bytes=self.s.max_event_bytes, amq_dupl_id=self.s.broker_amq_dupl_id)
+                              max_event_bytes=self.s.max_event_bytes, amq_dupl_id=self.s.broker_amq_dupl_id,
+                              codec=StompCodec())
 
     def endpoints(self) -> dict[str, Any]:
         from router.config import redact_dsn

@@ -346,13 +346,13 @@ class OfflineBroker:
         return f"stomp://127.0.0.1:{port}", login, passcode
 
     def transport(self) -> Any:
-        from router.bridge.codec import MappingCodec
         from router.jms.transport import open_transport
+        from router.mapping.stomp_codec import StompCodec
 
         if self._transport is None or not self._transport.is_connected():
             self.close()
             url, login, passcode = self._target()
-            t = open_transport(url, codec=MappingCodec(), username=login, password=passcode)
+            t = open_transport(url, codec=StompCodec(), username=login, password=passcode)
             t.connect()
             self._transport = t
         return self._transport

@@ -1,6 +1,6 @@
 """The broker side of a JMS → channel round: the frames that settle its deliveries (ACK, NACK, dead-letter SEND).
 
-* :class:`StompAckBranch`: in a routing transaction (T2), the broker branch: one STOMP transaction holding the
+* :class:`AckBranch`: in a routing transaction (T2), the broker branch: one STOMP transaction holding the
   batch's frames, one-phase (STOMP has no prepare), committed only after the PostgreSQL branch committed;
 * :class:`LocalAcks`: without a T2 (a local unit of work), the same frames written in order after the local
   transaction committed.
@@ -31,7 +31,7 @@ from router.jms.transport import (
 from router.t2 import ACK_MANAGER
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 
-__all__ = ["ACK_RUN", "LocalAcks", "StompAckBranch", "transport_book"]
+__all__ = ["ACK_RUN", "AckBranch", "LocalAcks", "transport_book"]
 
 log = logging.getLogger("nsjms.bridge")
 
@@ -48,7 +48,7 @@ def transport_book(transport: Any) -> Any:
         return None
 
 
-class StompAckBranch:
+class AckBranch:
     """The broker branch of a JMS → channel T2: one STOMP transaction holding the batch's ACKs (and NACKs and
     dead-letter SENDs). One-phase (STOMP has no prepare):
 
@@ -70,7 +70,7 @@ class StompAckBranch:
     one_phase_only = True
 
     def __init__(self, transport: Transport, deliveries: Sequence[Delivery] = (), *, name: str = "stomp-ack",
-                 on_rollback: Callable[[StompAckBranch], None] | None = None,
+                 on_rollback: Callable[[AckBranch], None] | None = None,
                  on_commit: Callable[[], None] | None = None,
                  on_unknown: Callable[[BaseException], None] | None = None,
                  background_begin: bool = False) -> None:

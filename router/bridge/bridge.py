@@ -20,10 +20,8 @@ re-subscribes, and resumes the bridge's proxy if the channel stopped or suspende
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,19 +34,19 @@ import CosNotifyChannelAdmin
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import CosBridgeAdmin__POA, NsjmsAdmin, NsjmsAdmin__POA
 from router.bridge import flows as F
+from router.bridge.brokerlink import BrokerLink, LazyTransport
 from router.bridge.channellink import ChannelLink
 from router.bridge.channellink import invalid as _invalid
 from router.bridge.channellink import persistent as _persistent
-from router.bridge.endpoints import EndpointSpec, check_pair, from_idl, parse_factory, to_idl
-from router.bridge.limits import check_stomp_limits
+from router.bridge.endpoints import EndpointSpec, check_pair, from_idl, to_idl
 from router.bridge.store import BridgeRow, BridgeStore
 from router.bridge.supervisor import Supervised
 from router.bridge.txmgmt import TransactionMgmtMixin
 from router.bridge.txout import OutboundT2
+from router.jms.codec import SimpleCodec
 from router.jms.model import Destination
-from router.jms.transport import ConnectionState, EncodedMessage, Transport, TransportError
-from router.mapping import ChannelTimeSupport, event_to_jms, map_message
-from router.mapping.stomp_body import message_to_stomp
+from router.jms.transport import ConnectionState, MessageCodec, Transport, TransportError
+from router.mapping import ChannelTimeSupport, map_message
 from router.quotas import check_bridges
 from router.routing.faults import store_boundary
 from router.routing.registry import LocalEndpoint
@@ -59,11 +57,6 @@ log = logging.getLogger("nsjms.bridge")
 
 BRIDGE_FACTORY_KEY = "BridgeFactory"
 _TIMET = 10_000_000
-# A JMS source's prefetch (``settings["prefetch"]`` overrides it): three rounds' worth of the inbound loop
-# (router.channel.t2in.LOCAL_BATCH, 100), so the broker keeps sending while a round stores and commits; with 100 the
-# broker waited for the round's acks and the next round found only what had arrived since (issue 12: bench/paths.py
-# from_jms 0.11-0.15 PG transactions per event and ratio 0.17-0.19 to the raw consume, against 0.07-0.12 and 0.30-0.34).
-DEFAULT_PREFETCH = 300
 
 
 @dataclass(frozen=True)
@@ -76,6 +69,9 @@ class BrokerSettings:
                                                   # are dead-lettered (flows.py)
     amq_dupl_id: bool = False                     # T2 sends carry the dedupe id as _AMQ_DUPL_ID too (Artemis drops
                                                   # duplicates by it; ActiveMQ Classic ignores it: off)
+    #: the one encoding of the bridges' messages (checked against the broker's limits while mapping, written to the
+    #: outbox, given to the bridges' transports): the node gives router.mapping.stomp_codec.StompCodec
+    codec: MessageCodec = field(default_factory=SimpleCodec)
 
 
 class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
@@ -182,11 +178,9 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
         return [b.status() for b in sorted(self.bridges.values(), key=lambda b: b.id)]
 
 
-class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge):
-    """One bridge: endpoints, connections, the data path thread(s), state."""
-
-    _t2_alt_opening = False          # a caller is opening the second connection (_t2_transport), outside the lock
-    _t2_alt_retry_at = 0.0           # _now() before which a refused second connection is not tried again
+class BridgeImpl(ChannelLink, BrokerLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.ManagedBridge):
+    """One bridge: endpoints, connections (its broker side: router.bridge.brokerlink), the data path thread(s),
+    state."""
 
     def __init__(self, factory: BridgeFactoryImpl, row: BridgeRow) -> None:
         self.factory = factory
@@ -259,7 +253,7 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
     def _make_endpoint_servant(self) -> Any:
         seq = self._kind() == "SEQUENCE"
         if self.to_jms_direction:
-            self.flow_out = F.ChannelToJms(self, self.destination, _LazyTransport(self), self._to_jms,
+            self.flow_out = F.ChannelToJms(self, self.destination, LazyTransport(self), self._to_jms,
                                            self.dead_letter, _event_bytes)
             if self.channel_spec.style == "PUSH":
                 from router.bridge.batchout import LocalBatches
@@ -269,7 +263,7 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
                 return receiver
             cls = F.SequencePullReceiver if seq else F.StructuredPullReceiver
             return cls(self.flow_out, None, self._pacing_s, self.stop_event)
-        self.flow_in = F.JmsToChannel(self, _LazyTransport(self), self._to_event, self.dead_letter, self._subscribe,
+        self.flow_in = F.JmsToChannel(self, LazyTransport(self), self._to_event, self.dead_letter, self._subscribe,
                                       event_bytes=_event_bytes,
                                       max_event_bytes=self.factory.broker.max_event_bytes)
         if self.channel_spec.style == "PUSH":
@@ -285,9 +279,7 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         t2 = getattr(self.rt, "t2", None)
         if t2 is None or not self.to_jms_direction or self.channel_spec.style != "PUSH":
             return None
-        from router.bridge.codec import MappingCodec
-
-        out = OutboundT2(self.id, self.destination, self._transport, MappingCodec(), self._to_jms, _event_bytes,
+        out = OutboundT2(self.id, self.destination, self._transport, self.codec, self._to_jms, _event_bytes,
                          self.factory.broker.dead_letter, t2.enlist, self.running, self.note_broker_problem,
                          amq_dupl_id=self.factory.broker.amq_dupl_id, to_frame=self._to_jms_frame,
                          alt_transport=self._t2_transport)
@@ -297,20 +289,6 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
         t2.register_local(self._t2_ior, out)
         self.rt.endpoints.update(self.endpoint_servant, t2=out)
         return out
-
-    def _to_jms(self, event: Any, destination: Destination) -> Any:
-        """Map, and check the message can be encoded for STOMP (an encoding failure is a mapping failure)."""
-        msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
-        check_stomp_limits(message_to_stomp(msg).headers)
-        return msg
-
-    def _to_jms_frame(self, event: Any, destination: Destination) -> tuple[Any, Any]:
-        """:meth:`_to_jms` and the frame it checked, encoded once (``MappingCodec.encode``'s encoding): the T2
-        path sends that frame instead of encoding the message a second time."""
-        msg = event_to_jms(event, destination, now_ms=int(time.time() * 1000))
-        frame = message_to_stomp(msg)
-        check_stomp_limits(frame.headers)
-        return msg, EncodedMessage(dict(frame.headers), bytes(frame.body))
 
     def _to_event(self, msg: Any) -> Any:
         """NJI 2.4.1 mapping; into a BestEffort channel the EventReliability header is left out, because the
@@ -332,105 +310,6 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
                             self.id, self.channel_spec.channel_id)
             event.header.variable_header = kept
         return event
-
-    # -- transport -------------------------------------------------------------------------------------------
-    def _transport(self) -> Transport:
-        with self._transport_lock:
-            if self.transport is None:
-                b = self.factory.broker
-                self.transport = self.factory.open_transport(
-                    b.url, username=b.login or None, password=b.passcode or None,
-                    client_id=f"nsjms-{self.factory.node_id}-bridge-{self.id}", on_state=self._on_broker_state,
-                    shutdown=self.factory.shutdown_event)
-                self.transport.connect(retry=False)
-                self.broker_state = ConnectionState.CONNECTED
-            return self.transport
-
-    def _t2_transport(self) -> Transport:
-        """The bridge's second broker connection, for every other channel → JMS T2 (router.bridge.txout: the broker
-        then takes T2 *n+1*'s frames while it commits T2 *n* on the first). Opened on first use and again after it
-        was lost; while it cannot be opened the T2 goes on the first connection. A failed open is tried again
-        only after :data:`T2_ALT_RETRY_S` (each failure logged once, with the reason), by one caller at a time and
-        outside ``_transport_lock`` (the first connection's users never wait for it)."""
-        with self._transport_lock:
-            alt, lost = self._t2_alt, None
-            if alt is not None and not alt.is_connected():
-                self._t2_alt, lost, alt = None, alt, None
-            stop = self.stop_event
-            attempt = (alt is None and not stop.is_set() and not self._t2_alt_opening
-                       and _now() >= self._t2_alt_retry_at)
-            if attempt:
-                self._t2_alt_opening = True
-        if lost is not None:
-            lost.close()
-        if attempt:
-            alt = self._open_t2_alt(stop)
-        return alt if alt is not None else self._transport()
-
-    def _open_t2_alt(self, stop: threading.Event) -> Transport | None:
-        """Open the second connection (the caller set ``_t2_alt_opening``); None when it cannot be opened now."""
-        b = self.factory.broker
-        alt: Transport | None = None
-        try:
-            alt = self.factory.open_transport(
-                b.url, username=b.login or None, password=b.passcode or None,
-                client_id=f"nsjms-{self.factory.node_id}-bridge-{self.id}-t2b",
-                shutdown=self.factory.shutdown_event)
-            alt.connect(retry=False)
-        except Exception as exc:  # noqa: BLE001 - any failure (not only TransportError: e.g. no thread for its
-            # dispatcher) leaves the optional second connection closed and retried later, never the flag stuck
-            with self._transport_lock:
-                self._t2_alt_opening = False
-                self._t2_alt_retry_at = _now() + T2_ALT_RETRY_S
-            log.warning("bridge %d: no second broker connection for routing transactions (%s: %s); they use the "
-                        "first one; tried again in %g s", self.id, type(exc).__name__, exc, T2_ALT_RETRY_S)
-            if alt is not None:
-                with contextlib.suppress(Exception):
-                    alt.close()
-            return None
-        with self._transport_lock:
-            self._t2_alt_opening = False
-            kept = not stop.is_set()          # the bridge stopped meanwhile (_close_t2_out ran): not kept
-            if kept:
-                self._t2_alt = alt
-        if not kept:
-            alt.close()
-            return None
-        return alt
-
-    def _close_t2_out(self) -> None:
-        """Before the broker connections close: the bridge's T2s in progress end first (bounded; what is left is
-        recovery's), then the second connection closes."""
-        if self.t2_out is not None and not self.t2_out.quiesce(T2_STOP_WAIT_S):
-            log.warning("bridge %d: routing transactions still in progress after %g s; closing its broker "
-                        "connections anyway (recovery finishes them)", self.id, T2_STOP_WAIT_S)
-        with self._transport_lock:
-            alt, self._t2_alt = self._t2_alt, None
-        if alt is not None:
-            alt.close()
-
-    def _subscribe(self) -> Any:
-        from router.jms.transport import AckMode
-
-        durable = self._durable_name()
-        if durable is not None and self.row.settings.get("durable_name") != durable:
-            self._save_settings(durable_name=durable)     # destroy needs it even once the channel is gone
-        profile = parse_factory(self.jms_spec.factory_name, check_selector_syntax=False)
-        return self._transport().subscribe(self.destination, selector=profile.selector,
-                                           ack=AckMode.CLIENT_INDIVIDUAL, durable_name=durable,
-                                           prefetch=int(self.row.settings.get("prefetch", DEFAULT_PREFETCH)),
-                                           transformation=profile.transformation)
-
-    def _durable_name(self) -> str | None:
-        """NJI Table 2-3: a topic source of a Persistent channel is a durable subscription. Its name is stored in
-        the bridge's settings when it subscribes: once the channel is gone, the stored name is the answer (so
-        destroy still removes it from the broker)."""
-        stored = self.row.settings.get("durable_name")
-        try:
-            durable = self.destination.kind == "topic" and self.flow_in is not None and self._connection_persistent()
-        except BA.InvalidExternalEndPoints:          # the channel is gone: only the stored name tells
-            return str(stored) if stored else None
-        return f"nsjms-bridge-{self.id}" if durable else None
 
     # -- running -------------------------------------------------------------------------------------------
     def running(self) -> bool:
@@ -677,28 +556,6 @@ class BridgeImpl(ChannelLink, TransactionMgmtMixin, Supervised, NsjmsAdmin__POA.
             **self.transaction_status(),
             "last_error": self.dead_letter.problem or self.last_error,
         }
-
-
-#: How long a node stop or a bridge destroy waits for the bridge's routing transactions in progress (a decided
-#: one's phase two: COMMIT PREPARED, the broker's COMMIT receipt) before it closes the broker connections.
-T2_STOP_WAIT_S = 15.0
-#: After the broker refused the bridge's second connection (``-t2b``), how long its T2s use the first one before
-#: the second is tried again (and the next failure logged).
-T2_ALT_RETRY_S = 30.0
-
-
-def _now() -> float:
-    return time.monotonic()
-
-
-class _LazyTransport:
-    """Defers to the bridge's transport, opening it on first use (so a bridge can start while the broker is down)."""
-
-    def __init__(self, bridge: BridgeImpl) -> None:
-        self._bridge = bridge
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bridge._transport(), name)
 
 
 def _event_bytes(event: Any) -> bytes:

@@ -218,10 +218,8 @@ class ChannelToJms:
         try:
             self.transport.send(self.destination, msg, receipt=True)
         except SendRefused as exc:
-            from router.mapping.stomp_body import message_to_stomp
-
             reason = f"broker refused the message: {exc.message or exc.reason}"
-            self._dead_letter(message_to_stomp(msg).body, reason)
+            self._dead_letter(self.transport.encode(msg).body, reason)
 
     def _send_transaction(self, chunk: list[JmsMessage]) -> None:
         tx = self.transport.begin_nowait()

@@ -10,7 +10,7 @@ enlists its PostgreSQL branch and calls the bridge's pull sender in-process with
 * maps the others; a message that cannot become an event (undecodable, expired, unmappable, too large, or one the
   channel refuses) is dead-lettered with the reason by a SEND in the same STOMP transaction as its ACK, and its
   inbox claim is released (so a redelivery after an unknown broker outcome is dead-lettered again, never dropped);
-* enlists :class:`StompAckBranch`, the broker branch: every delivery of the batch (new, duplicate, dead-lettered)
+* enlists :class:`AckBranch`, the broker branch: every delivery of the batch (new, duplicate, dead-lettered)
   is acknowledged inside one STOMP transaction, committed only after the PostgreSQL branch committed.
 
 A rolled-back T2 leaves the deliveries un-acknowledged on the live subscription (ActiveMQ restores the acks of an
@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 
-from router.bridge.ackbranch import ACK_RUN, LocalAcks, StompAckBranch, transport_book
+from router.bridge.ackbranch import ACK_RUN, AckBranch, LocalAcks, transport_book
 from router.bridge.ports import Inbox
 from router.jms.transport import (
     BrokerError,
@@ -42,8 +42,8 @@ from router.jms.transport import (
 from router.t2 import inbox_claim
 from xa.errors import UsageError
 
-# ACK_RUN, LocalAcks, StompAckBranch: router.bridge.ackbranch (re-exported for existing importers)
-__all__ = ["ACK_RUN", "PG_INBOX", "InBatch", "InboundT2", "LocalAcks", "PgInbox", "StompAckBranch", "inbox_release"]
+# ACK_RUN, LocalAcks, AckBranch: router.bridge.ackbranch (re-exported for existing importers)
+__all__ = ["ACK_RUN", "PG_INBOX", "AckBranch", "InBatch", "InboundT2", "LocalAcks", "PgInbox", "inbox_release"]
 
 log = logging.getLogger("nsjms.bridge")
 
@@ -95,7 +95,7 @@ class InBatch:
     dead_lettered: int = 0
     _reject: Callable[[int, str], None] | None = None
     _local: LocalAcks | None = None
-    _branch: StompAckBranch | None = None
+    _branch: AckBranch | None = None
 
     def settle(self) -> None:
         """Non-transactional round: the caller's transaction committed; write the acks (see :class:`LocalAcks`)."""
@@ -104,7 +104,7 @@ class InBatch:
 
     def seal(self) -> None:
         """T2 round: every frame of the batch is in (the channel rejected what it refuses): the broker branch writes
-        its last frame now and awaits the receipt while PostgreSQL prepares (:meth:`StompAckBranch.seal`)."""
+        its last frame now and awaits the receipt while PostgreSQL prepares (:meth:`AckBranch.seal`)."""
         if self._branch is not None:
             self._branch.seal()
 
@@ -134,7 +134,7 @@ class InboundT2:
         self.renewals = 0
         self.renew_after = RENEW_AFTER
         self._settled: tuple[Any, int] = (None, 0)  # (connection epoch, deliveries put in STOMP transactions on it)
-        self._inflight: list[StompAckBranch] = []   # broker branches not finished yet (see RENEW_WAIT_S)
+        self._inflight: list[AckBranch] = []   # broker branches not finished yet (see RENEW_WAIT_S)
         self._lock = threading.Lock()          # one T2 at a time per bridge: deliveries keep their order
 
     # -- the T2 call ------------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ class InboundT2:
         return self._take(conn, max_n, timeout, f"local:{uuid.uuid4().hex}", None)
 
     def _take(self, conn: Conn, max_n: int, timeout: float, gtrid: str,
-              enlist: Callable[[StompAckBranch], object] | None) -> InBatch:
+              enlist: Callable[[AckBranch], object] | None) -> InBatch:
         flow = self.flow
         if not flow.bridge.running():
             return InBatch()
@@ -204,10 +204,10 @@ class InboundT2:
                 return InBatch()
             stats = {"forwarded": 0, "duplicates": 0}
             letters: list[tuple[str, str, str]] = []
-            branch: StompAckBranch | LocalAcks
+            branch: AckBranch | LocalAcks
             if enlist is not None:
                 self._count_settled(len(deliveries))
-                branch = StompAckBranch(flow.transport, deliveries, on_rollback=lambda b: self._hold(b, letters),
+                branch = AckBranch(flow.transport, deliveries, on_rollback=lambda b: self._hold(b, letters),
                                         on_commit=lambda: self._committed(stats, letters),
                                         on_unknown=self._unknown, background_begin=True)
                 self._inflight = [b for b in self._inflight if not b.finished.is_set()] + [branch]
@@ -234,7 +234,7 @@ class InboundT2:
             stats["forwarded"], stats["duplicates"] = len(batch.events), batch.duplicates
             return batch
 
-    def _fill(self, batch: InBatch, branch: StompAckBranch | LocalAcks, conn: Conn, gtrid: str,
+    def _fill(self, batch: InBatch, branch: AckBranch | LocalAcks, conn: Conn, gtrid: str,
               deliveries: list[Delivery], letters: list[tuple[str, str, str]]) -> None:
         flow = self.flow
         bridge_id = int(flow.bridge.id)
@@ -315,7 +315,7 @@ class InboundT2:
 
         telemetry.bridge_moved(flow.bridge.id, stats["forwarded"], "from_jms")
 
-    def _hold(self, branch: StompAckBranch | LocalAcks, letters: list[tuple[str, str, str]]) -> None:
+    def _hold(self, branch: AckBranch | LocalAcks, letters: list[tuple[str, str, str]]) -> None:
         """A rolled-back T2: its deliveries stay un-acknowledged on the subscription; the next T2 takes them. When
         the broker refused a frame of a T2 that sent dead letters, those messages are NACKed next time (to the
         broker's own DLQ, the reason in the log): a refused dead letter must not stall the bridge."""

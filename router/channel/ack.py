@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import tenacity
 
@@ -84,6 +84,9 @@ __all__ = [
     "with_sequence_number",
 ]
 
+if TYPE_CHECKING:
+    from router.channel.proxyport import SupplierView
+
 log = logging.getLogger("nsjms.ack")
 
 _IDLE = 0.5
@@ -93,6 +96,7 @@ class _AckSupplierMixin:
     """acknowledge, SequenceNumber headers, stop/reset, persistence — shared by push and pull Ack proxies."""
 
     ack: AckState
+    acknowledging = True          # its own resend window delivers (router.channel.txdelivery: never in a T2)
 
     def _init_ack(self) -> None:
         self.ack = AckState.load(self.extra.get("ack"))  # type: ignore[attr-defined]
@@ -111,7 +115,7 @@ class _AckSupplierMixin:
         if self.ack.stopped and _status(self.rt) is not None:  # type: ignore[attr-defined]
             _status(self.rt).report(self.oid, self.ack.stopped)  # type: ignore[attr-defined,union-attr]
         if self.connected and not self.destroyed:  # type: ignore[attr-defined]
-            txdelivery.warn_unavailable(self)
+            txdelivery.warn_unavailable(cast("SupplierView", self))
         super().start()  # type: ignore[misc]
 
     def status_extra(self) -> dict[str, Any]:
@@ -121,7 +125,8 @@ class _AckSupplierMixin:
             if self.ack.stopped:
                 extra["STOPPED"] = repr(self.ack.stopped) + " (reset with resume_connection)"
         extra.update(self.ack.schedule(self._policy()[1]))
-        return {**extra, **getattr(self, "dead_letter_status", dict)(), **txdelivery.unavailable(self)}
+        unavailable = txdelivery.unavailable(cast("SupplierView", self))
+        return {**extra, **getattr(self, "dead_letter_status", dict)(), **unavailable}
 
     def _save_ack(self) -> None:
         with self.ack.lock:
@@ -246,8 +251,8 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
                 return Step.STOPPED, since
             return self._send_all(overdue), since
         if self.ack.room():
-            n, since = self._ready(since)
-            entries = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes) if n else []
+            n, since = self.ready_count(since)
+            entries = self.queue.take(self.batch_limit(n), self.rt.max_event_bytes) if n else []
             if entries:
                 p = self.ack.open(entries, 0.0)
                 if any(e.record.db_id is not None for e in entries):
@@ -284,7 +289,7 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
         except CORBA.Exception as exc:
             log.warning("proxy %s: push of SequenceNumber %d failed (%s)", self.oid, p.sn, exc)
         else:
-            self._delivered_one_batch()
+            self.delivered_one_batch()
         p.sent_at = self._clock()
         return Step.OK
 
@@ -294,7 +299,7 @@ class AckPushMixin(_AckSupplierMixin, PushSupplierMixin):
         through the channel's poison handling (isolated, retried alone, dead-lettered after the limit)."""
         with self.ack.lock:
             self.ack.inflight.pop(p.sn, None)
-        self._content_failed(p.entries, exc)
+        self.content_failed(p.entries, exc)
         if any(e.record.db_id is not None for e in p.entries):
             self._save_ack()
         return Step.OK

@@ -568,11 +568,11 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             deadline = stop_unix if deadline is None else min(deadline, stop_unix)
         start = eq["start_time"]
         start_at = Q.utc_to_unix(start) if start is not None else None
-        persistent = eq["persistent"] and self._connections_persistent()
+        persistent = eq["persistent"] and self.connections_persistent()
         return Record(self.rt.next_seq(), ev, eq["priority"], deadline, start_at, persistent,
                       on_released=self.released)
 
-    def _connections_persistent(self) -> bool:
+    def connections_persistent(self) -> bool:
         return bool(int(self.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent)
 
     def _targets(self, rec: Record) -> list[Any]:

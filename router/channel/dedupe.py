@@ -22,15 +22,18 @@ message carries it as its property and nothing else of the event changes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from router.channel.queue import Entry
 from router.ledger import channel_dedupe_id, volatile_dedupe_id
 
+if TYPE_CHECKING:
+    from router.channel.proxyport import ProxyView
+
 __all__ = ["dedupe_ids"]
 
 
-def dedupe_ids(proxy: Any, entries: Sequence[Entry]) -> list[str]:
+def dedupe_ids(proxy: ProxyView, entries: Sequence[Entry]) -> list[str]:
     """Each entry's dedupe id for ``proxy`` (see the module docstring)."""
     cid, aid, pid = proxy.channel.id, proxy.admin.id, proxy.id
     suffix = channel_dedupe_id(0, cid, aid, pid)[2:]       # "/c…/a…/p…": one format per batch, not per event

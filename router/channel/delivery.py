@@ -83,7 +83,7 @@ class DeadLetters:
 class DeliveryFailures(DeadLetters):
     """Poison handling shared by push and pull proxy suppliers (needs ``queue``, ``oid``, ``channel``, ``_finish``)."""
 
-    _isolate = 0                  # entries still to be delivered one at a time after a batch failed on content
+    isolating = 0                  # entries still to be delivered one at a time after a batch failed on content
     text_limit: int | None = None  # the highest code point sent in strings to this consumer (None: any)
     queue: Any
     oid: str
@@ -105,20 +105,20 @@ class DeliveryFailures(DeadLetters):
                     self.oid, describe(exc), narrower)
         return True
 
-    def _batch_limit(self, n: int) -> int:
+    def batch_limit(self, n: int) -> int:
         """The batch size to take now: 1 while isolating the entries of a batch that failed on its content."""
-        return min(n, 1) if self._isolate else n
+        return min(n, 1) if self.isolating else n
 
-    def _delivered_one_batch(self) -> None:
-        if self._isolate:
-            self._isolate -= 1
+    def delivered_one_batch(self) -> None:
+        if self.isolating:
+            self.isolating -= 1
 
-    def _content_failed(self, entries: list[Entry], exc: BaseException) -> None:
+    def content_failed(self, entries: list[Entry], exc: BaseException) -> None:
         """The batch failed because of what it holds: isolate it, or count the failure of its only entry and
         dead-letter that entry once it failed :data:`POISON_ATTEMPTS` times. Never loses an entry."""
         reason = describe(exc)
         if len(entries) > 1:
-            self._isolate = max(self._isolate, len(entries))
+            self.isolating = max(self.isolating, len(entries))
             log.warning("proxy %s: a batch of %d event(s) failed (%s); delivering them one at a time", self.oid,
                         len(entries), reason)
             self.queue.requeue(entries)
@@ -130,9 +130,9 @@ class DeliveryFailures(DeadLetters):
                         self.oid, entry.record.seq, reason, entry.failures, POISON_ATTEMPTS)
             self.queue.requeue(entries)
             return
-        self._dead_letter(entry, reason, readable=readable_reason(exc, entry.failures))
+        self.dead_letter_entry(entry, reason, readable=readable_reason(exc, entry.failures))
 
-    def _dead_letter(self, entry: Entry, reason: str, *, readable: str | None = None) -> None:
+    def dead_letter_entry(self, entry: Entry, reason: str, *, readable: str | None = None) -> None:
         """Move ``entry`` to the dead-letter store (:mod:`router.channel.deadletters`) in the unit of work that
         deletes its queue row and writes its ``dead_letter`` ledger row; ``reason`` is the failure (the exception),
         ``readable`` what it means for an operator (default: ``reason``)."""
@@ -140,7 +140,7 @@ class DeliveryFailures(DeadLetters):
         what = f"seq={rec.seq} {describe_event(rec.event)} ({rec.size} bytes)"
         if rec.db_id is not None:
             what += f" stored as event id {rec.db_id}"
-        self._delivered_one_batch()
+        self.delivered_one_batch()
         self._count_dead_letter(what, reason, f"DEAD-LETTERED event {what} after {entry.failures} failed "
                                               f"deliveries: {reason}; moved to the dead-letter store "
                                               "(nsjms deadletter list); the events behind it go on")

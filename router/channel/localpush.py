@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any
 
 from router.channel.boundary import Outcome
 from router.channel.dedupe import dedupe_ids
 from router.channel.events import as_structured
+from router.channel.proxyport import PushDelivering
 from router.channel.queue import Entry
 from router.routing.errors import ForwardDeferred
-from router.routing.ports import OutboundBatches
+from router.routing.ports import OutboundBatch, OutboundBatches
 
 __all__ = ["IN_FLIGHT", "MAX_BATCHES_PER_CALL", "STRUCTURED_BATCH", "deliver", "target"]
 
@@ -48,27 +48,27 @@ IN_FLIGHT = 2
 MAX_BATCHES_PER_CALL = 64
 
 
-def target(proxy: Any) -> OutboundBatches | None:
+def target(proxy: PushDelivering) -> OutboundBatches | None:
     """The bridge's outbound batches port (``LocalBatches``) when ``proxy`` (a push proxy supplier, structured or
     sequence, not an acknowledging one) feeds a running bridge of this node; None otherwise (the proxy pushes over
     CORBA, which also tells it when a stopped or destroyed bridge refuses)."""
-    if proxy.form not in ("STRUCTURED", "SEQUENCE") or hasattr(proxy, "_init_ack") or not proxy.client_ior:
+    client_ior = proxy.client_ior
+    if proxy.form not in ("STRUCTURED", "SEQUENCE") or proxy.acknowledging or not client_ior:
         return None
-    cached = proxy.__dict__.get("_local_batches")
-    if cached is None or cached[0] != proxy.client_ior:
+    cached = proxy.local_batches_cache
+    if cached is None or cached[0] != client_ior:
         try:
             found = proxy.rt.endpoints.outbound_batches(proxy.client_ref())
         except Exception:  # noqa: BLE001 — not resolvable here: not a local bridge
             found = None
-        cached = (proxy.client_ior, found)
-        proxy._local_batches = cached
-    batches: OutboundBatches | None = cached[1]
+        cached = proxy.local_batches_cache = (client_ior, found)
+    batches = cached[1]
     if batches is None or not batches.running():
         return None
     return batches
 
 
-def _cap(proxy: Any) -> int:
+def _cap(proxy: PushDelivering) -> int:
     return int(proxy.batch_size()) if proxy.form == "SEQUENCE" else STRUCTURED_BATCH
 
 
@@ -77,64 +77,59 @@ def _cap(proxy: Any) -> int:
 RECEIPT_TIMEOUT_S = 30.0
 
 
-def _may_go_on(proxy: Any) -> bool:
+def _may_go_on(proxy: PushDelivering) -> bool:
     return not (proxy.stop_event.is_set() or proxy.rt.shutting_down.is_set() or proxy.suspended
-                or not proxy.connected or proxy.destroyed or getattr(proxy, "closing", False))
+                or not proxy.connected or proxy.destroyed or proxy.closing)
 
 
-def _flight(proxy: Any) -> Any:
-    """The proxy's push in flight (router.channel.inflight), None for a proxy built bare (tests)."""
-    return getattr(proxy, "_flight", None)
-
-
-def _track(proxy: Any, entries: list[Entry]) -> list[Entry]:
+def _track(proxy: PushDelivering, entries: list[Entry]) -> list[Entry]:
     """Mark ``entries`` (just taken from the queue) in flight, so a teardown waits for them and records them."""
-    flight = _flight(proxy)
+    flight = proxy.push_flight
     if flight is not None:
         flight.add(entries)
     return entries
 
 
-def _settled(proxy: Any, entries: list[Entry]) -> None:
-    flight = _flight(proxy)
+def _settled(proxy: PushDelivering, entries: list[Entry]) -> None:
+    flight = proxy.push_flight
     if flight is not None:
         flight.drop(entries)
 
 
-def _take_more(proxy: Any) -> list[Entry]:
+def _take_more(proxy: PushDelivering) -> list[Entry]:
     """The next batch, when one is ready (a sequence proxy's pacing as in its dispatcher loop)."""
     if not _may_go_on(proxy):
         return []
     if proxy.form == "SEQUENCE":
-        n, _ = proxy._ready(None)
+        n, _ = proxy.ready_count(None)
     else:
         n = STRUCTURED_BATCH
     if not n:
         return []
-    taken: list[Entry] = proxy.queue.take(proxy._batch_limit(n), proxy.rt.max_event_bytes)
+    taken: list[Entry] = proxy.queue.take(proxy.batch_limit(n), proxy.rt.max_event_bytes)
     return _track(proxy, taken)
 
 
-def _done(proxy: Any, entries: list[Entry]) -> bool:
+def _done(proxy: PushDelivering, entries: list[Entry]) -> bool:
     """The broker confirmed ``entries``: journal them as delivered. True when the pending deletes are due: the
-    caller flushes them once the next COMMIT is written (``PushSupplierMixin._delivered``'s ``defer_flush``)."""
+    caller flushes them once the next COMMIT is written (``PushSupplierMixin.delivered_entries``'s ``defer_flush``)."""
     proxy.failing, proxy.failed_attempts = None, 0
-    proxy._delivered_one_batch()
-    due: bool = proxy._delivered(entries, defer_flush=True)
+    proxy.delivered_one_batch()
+    due: bool = proxy.delivered_entries(entries, defer_flush=True)
     _settled(proxy, entries)
     return due
 
 
-def deliver(proxy: Any, batches: OutboundBatches, entries: list[Entry]) -> Outcome:
+def deliver(proxy: PushDelivering, batches: OutboundBatches, entries: list[Entry]) -> Outcome:
     """Deliver ``entries`` and what else is queued, batch after batch, pipelined (see the module docstring).
     Whatever happens, each entry ends delivered, put back or (content) handled by the proxy's poison handling."""
-    flight = _flight(proxy)
+    flight = proxy.push_flight
     if flight is not None:     # a teardown waits for every batch in flight to have its COMMIT receipt
         flight.allow(IN_FLIGHT * RECEIPT_TIMEOUT_S + 2.0)
-    limit = proxy._batch_limit(_cap(proxy))
+    limit = proxy.batch_limit(_cap(proxy))
     if len(entries) < limit:
         entries = entries + _track(proxy, proxy.queue.take(limit - len(entries), proxy.rt.max_event_bytes))
-    inflight: deque[tuple[list[Entry], Any]] = deque()     # [0]: COMMIT written; [1]: BEGIN + SENDs written
+    inflight: deque[tuple[list[Entry], OutboundBatch]] = deque()     # [0]: COMMIT written; [1]: BEGIN + SENDs written
     held = entries                                          # taken, not started yet
     failed: tuple[list[Entry], Exception] | None = None     # a batch the channel could not convert
     sent = 0
@@ -170,7 +165,7 @@ def deliver(proxy: Any, batches: OutboundBatches, entries: list[Entry]) -> Outco
             if inflight:
                 batches.commit(inflight[0][1])
             if due:                           # the delivered rows' delete runs while that COMMIT's receipt is out
-                proxy._flush_delivered()
+                proxy.flush_delivered()
     except ForwardDeferred as exc:
         _put_back(proxy, batches, inflight, held + (failed[0] if failed else []))
         proxy.failing, proxy.failed_attempts = f"ForwardDeferred: {exc}", proxy.failed_attempts + 1
@@ -181,14 +176,14 @@ def deliver(proxy: Any, batches: OutboundBatches, entries: list[Entry]) -> Outco
         _put_back(proxy, batches, inflight, held + (failed[0] if failed else []), settle=False)
         raise
     if failed is not None:
-        proxy._flush_delivered()
-        proxy._content_failed(*failed)
+        proxy.flush_delivered()
+        proxy.content_failed(*failed)
         return Outcome.EVENT_FAILED
     return Outcome.DELIVERED
 
 
-def _put_back(proxy: Any, batches: OutboundBatches, inflight: deque[tuple[list[Entry], Any]], held: list[Entry], *,
-              settle: bool = True) -> None:
+def _put_back(proxy: PushDelivering, batches: OutboundBatches, inflight: deque[tuple[list[Entry], OutboundBatch]],
+              held: list[Entry], *, settle: bool = True) -> None:
     """Nothing after a failure is sent: a head whose COMMIT is out is settled first when it can be (so a COMMIT
     that went through is not sent twice), every other batch is aborted, and their entries go back to the queue in
     their place (after the delivered ones' rows are deleted: the store is exact before a put-back)."""
@@ -205,12 +200,12 @@ def _put_back(proxy: Any, batches: OutboundBatches, inflight: deque[tuple[list[E
         batches.abort(batch)
         handled = batch.handled             # dead-lettered, or confirmed one by one before the failure
         if handled:
-            proxy._delivered([e for k, e in enumerate(entries) if k in handled])
+            proxy.delivered_entries([e for k, e in enumerate(entries) if k in handled])
             _settled(proxy, [e for k, e in enumerate(entries) if k in handled])
         back += [e for k, e in enumerate(entries) if k not in handled]
     inflight.clear()
     back += held
     if back:
-        proxy._flush_delivered()
+        proxy.flush_delivered()
         proxy.queue.requeue(back)
         _settled(proxy, back)

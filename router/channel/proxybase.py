@@ -43,6 +43,7 @@ from router.channel.typesets import TypeSet
 from router.ledger import Outcome as LedgerOutcome
 from router.mapping.dedupe import stamped
 from router.mapping.text import narrow_event
+from router.routing.completer import Completer
 
 __all__ = ["OWN_ENABLE_TRANSACTION", "ProxyBase", "ProxySupplierBase"]
 
@@ -77,6 +78,7 @@ class ProxyBase(QoSMixin, FilterMixin):
     side = "C"
     client_iface: Any = None          # typed interface of the connected client, for narrowing stored IORs
     closing = False                   # teardown begun (stopped), stored row not yet deleted
+    connected = False                 # a client is connected (set from the stored row when the proxy is made)
     #: the connect operation declares CosEventChannelAdmin::TypeError (NS 3.4: pull proxy consumers and
     #: push proxy suppliers; not push proxy consumers nor pull proxy suppliers, where omniORB would turn it into
     #: UNKNOWN at the client)
@@ -315,6 +317,9 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
     """Channel → consumer: an ordered queue, filters with the admin's, mapping filters, delivery."""
 
     side = "C"
+    acknowledging = False                         # DeliveryReliability=Acknowledgment (router.channel.ack): True
+    t2_state: txdelivery.T2State | None = None    # its routing transactions' bookkeeping (router.channel.txdelivery)
+    t2_completer: Completer | None = None         # the phase-two thread of its T2s, made on first use
 
     def __init__(self, admin: Any, row: ProxyRow) -> None:
         super().__init__(admin, row)

@@ -129,7 +129,7 @@ class PullSupplierMixin(ProxySupplierBase):
                 count = self.queue.peek_count()
                 pacing = self.pacing()
                 if count >= n or (count and time.time() - started >= pacing):
-                    entries: list[Entry] = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes)
+                    entries: list[Entry] = self.queue.take(self.batch_limit(n), self.rt.max_event_bytes)
                     if entries:
                         return entries
             left = give_up - time.monotonic()
@@ -144,7 +144,7 @@ class PullSupplierMixin(ProxySupplierBase):
             self._check_pullable()
             if self.suspended:
                 return []
-            taken: list[Entry] = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes)
+            taken: list[Entry] = self.queue.take(self.batch_limit(n), self.rt.max_event_bytes)
             return taken
         except BaseException:
             self._end_pull([])
@@ -174,9 +174,9 @@ class PullSupplierMixin(ProxySupplierBase):
         try:
             value = self.convert(entries)
         except Exception as exc:
-            self._content_failed(entries, exc)
+            self.content_failed(entries, exc)
             raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO) from exc
-        self._delivered_one_batch()
+        self.delivered_one_batch()
         return value
 
     def start(self) -> None:

@@ -16,6 +16,7 @@ from router.channel.proxybase import _IDLE_WAIT, _MAX_BACKOFF, ProxySupplierBase
 from router.channel.queue import Entry
 from router.channel.store import ProxyRow
 from router.ledger import Outcome as LedgerOutcome
+from router.routing.ports import OutboundBatches
 
 __all__ = ["PushSupplierMixin"]
 
@@ -39,19 +40,21 @@ class PushSupplierMixin(ProxySupplierBase):
     _undeleted: tuple[int, ...] = ()      # delivered, records released, a flush could not delete their rows
     _pending_lock = threading.RLock()     # per proxy (__init__); this default serves proxies built bare in tests
 
-    _flight: Flight[Entry] | None = None          # the push in flight (router.channel.inflight), vs a teardown
+    push_flight: Flight[Entry] | None = None          # the push in flight (router.channel.inflight), vs a teardown
+    #: (client IOR, the outbound batches port of the bridge it names, or None) (router.channel.localpush.target)
+    local_batches_cache: tuple[str, OutboundBatches | None] | None = None
     _stuck: tuple[Entry, ...] = ()         # in flight when the teardown stopped waiting for the push
 
     def __init__(self, admin: Any, row: ProxyRow) -> None:
         super().__init__(admin, row)
         self._pending_lock = threading.RLock()   # _pending/_undeleted: the delivery thread vs a teardown
-        self._flight = Flight[Entry]()
+        self.push_flight = Flight[Entry]()
 
     def start(self) -> None:
         if self.connected and not self.destroyed:
             self.rt.spawn(f"push-{self.oid}", self.supervised(self._push_loop))
 
-    def _ready(self, since: float | None) -> tuple[int, float | None]:
+    def ready_count(self, since: float | None) -> tuple[int, float | None]:
         """How many entries to take now, and when the current partial batch started (sequence pacing)."""
         count = self.queue.peek_count()
         size = self.batch_size()
@@ -70,17 +73,17 @@ class PushSupplierMixin(ProxySupplierBase):
             self._push_until_stopped()
         finally:
             txdelivery.drain(self)         # the phase two of T2s this loop decided (txdelivery.Completer)
-            self._flush_delivered(closing=True)
+            self.flush_delivered(closing=True)
 
     def _push_until_stopped(self) -> None:
         backoff, since = 0.05, None
         while not (self.stop_event.is_set() or self.rt.shutting_down.is_set()):
             if self.suspended or not self.connected or self.closing:   # closing: a destroy in progress; if it
-                self._flush_delivered()                                   # fails the proxy is re-opened (inflight)
+                self.flush_delivered()                                   # fails the proxy is re-opened (inflight)
                 self.queue.park(_IDLE_WAIT)      # new events cannot help: only a state change (which wakes it)
                 continue
-            n, since = self._ready(since)
-            entries = self.queue.take(self._batch_limit(n), self.rt.max_event_bytes) if n else []
+            n, since = self.ready_count(since)
+            entries = self.queue.take(self.batch_limit(n), self.rt.max_event_bytes) if n else []
             if not entries:
                 flush_in = self._idle_flush()
                 if flush_in is None:         # it flushed (a commit): look at the queue again before waiting
@@ -107,7 +110,7 @@ class PushSupplierMixin(ProxySupplierBase):
             return _IDLE_WAIT
         left = since + IDLE_FLUSH_AGE - time.monotonic()
         if count >= IDLE_FLUSH_EVENTS or left <= 0:
-            self._flush_delivered()
+            self.flush_delivered()
             return None
         return max(0.001, left)
 
@@ -129,7 +132,7 @@ class PushSupplierMixin(ProxySupplierBase):
     def _deliver(self, entries: list[Entry]) -> Outcome:
         """:meth:`_deliver_now`, marked in flight so a teardown waits for its end (router.channel.inflight); once a
         teardown began nothing is pushed (the entries go back; the teardown records them with the queue)."""
-        flight = self._flight
+        flight = self.push_flight
         if flight is None:                       # a proxy built bare (tests)
             return self._deliver_now(entries)
         if not flight.begin(list(entries), lambda: bool(self.closing or self.destroyed)):
@@ -151,7 +154,7 @@ class PushSupplierMixin(ProxySupplierBase):
         a bridge and no routing transaction, batches go to it in-process (router.channel.localpush)."""
         target = txdelivery.participant(self)
         if target is not None:
-            self._flush_delivered()
+            self.flush_delivered()
             return txdelivery.deliver(self, target, entries)
         batches = localpush.target(self)
         if batches is not None:            # a bridge of this node: batched, pipelined, in-process
@@ -163,10 +166,10 @@ class PushSupplierMixin(ProxySupplierBase):
             raise
         if outcome is Outcome.DELIVERED:
             self.failing, self.failed_attempts = None, 0
-            self._delivered_one_batch()
-            self._delivered(entries)
+            self.delivered_one_batch()
+            self.delivered_entries(entries)
             return outcome
-        self._flush_delivered()            # the store is exact before a put-back, a teardown or a dead letter
+        self.flush_delivered()            # the store is exact before a put-back, a teardown or a dead letter
         if outcome is Outcome.GONE:
             log.info("proxy %s: consumer gone (%s); disconnecting", self.oid, type(exc).__name__)
             self.queue.requeue(entries)
@@ -180,10 +183,10 @@ class PushSupplierMixin(ProxySupplierBase):
             self.queue.requeue(entries)
         else:
             assert exc is not None
-            self._content_failed(entries, exc)
+            self.content_failed(entries, exc)
         return outcome
 
-    def _delivered(self, entries: list[Entry], *, defer_flush: bool = False) -> bool:
+    def delivered_entries(self, entries: list[Entry], *, defer_flush: bool = False) -> bool:
         """The consumer's call returned: journal the events and delete their rows with later deliveries', or (no
         journal, or it cannot be written) delete them now.
 
@@ -207,7 +210,7 @@ class PushSupplierMixin(ProxySupplierBase):
                         exc)
             if journal.unusable:
                 self._journal_off = True       # it could not be cut back: each delivery commits from now on
-            self._flush_delivered()
+            self.flush_delivered()
             self._finish(entries)
             return False
         with self._pending_lock:
@@ -218,11 +221,11 @@ class PushSupplierMixin(ProxySupplierBase):
         # A BestEffort event the ledger records has no row to journal: its delivered row is written now (with
         # the pending ones), so a crash cannot leave a delivered event looking lost to the audit.
         if any(e.record.db_id is None for e in entries) and self._volatile_ledger(entries):
-            self._flush_delivered()
+            self.flush_delivered()
         elif full:
             if defer_flush:
                 return True
-            self._flush_delivered()
+            self.flush_delivered()
         return False
 
     def _journal_of_thread(self) -> Any:
@@ -239,7 +242,7 @@ class PushSupplierMixin(ProxySupplierBase):
                 return None
         return self._journal
 
-    def _flush_delivered(self, *, closing: bool = False) -> None:
+    def flush_delivered(self, *, closing: bool = False) -> None:
         """Delete the pending delivered events' rows in one commit, then empty the journal. ``closing`` (the
         delivery thread ends): the journal is closed too, and removed if the proxy is gone.
 
@@ -262,12 +265,12 @@ class PushSupplierMixin(ProxySupplierBase):
         """The teardown's delete, with the delivered events not yet deleted recorded as ``delivered`` in the same
         unit of work (not ``discarded`` with the proxy's other rows), and the proxy's journal removed. A push in
         flight is waited for first (bounded by the push's call timeout): what it delivered is then among them."""
-        if self._flight is not None:
+        if self.push_flight is not None:
             wait_s = getattr(self.rt, "push_timeout_ms", 10_000) / 1000.0 + 2.0      # inflight.teardown_bound_s
             deadline = getattr(self, "_teardown_deadline", None)     # one for all proxies of a destroy (inflight)
             if deadline is not None:
                 wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
-            self._stuck = tuple(self._flight.wait_ended(wait_s))
+            self._stuck = tuple(self.push_flight.wait_ended(wait_s))
             if self._stuck:
                 log.warning("proxy %s: destroyed while a push of %d event(s) did not end within %g s; recorded as "
                             "discarded with that reason (the consumer may have received them)", self.oid,

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omniORB import CORBA
 
@@ -46,11 +46,12 @@ from router.channel import qos as Q
 from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe
 from router.channel.channel import RoutePlan
 from router.channel.events import Event, Form, normalise_structured
+from router.channel.proxyport import InboundProxy, ProxyView
 from router.channel.txdelivery import enable_needs_check
 from router.crashpoints import crashpoint, pausepoint
 from router.ledger import t2_branch
 from router.routing.completer import Completer
-from router.routing.ports import InboundSource
+from router.routing.ports import InboundBatch, InboundSource
 from router.routing.runner import Abandon, RunHooks, T2Runner
 from router.routing.runner import Outcome as RunOutcome
 from xa.coordinator import BranchOutcome, Transaction
@@ -58,6 +59,9 @@ from xa.coordinator import Outcome as XaOutcome
 from xa.errors import TransactionRolledBack
 from xa.pg import PgBranch
 from xa.states import State
+
+if TYPE_CHECKING:
+    from router.channel.runtime import Runtime
 
 __all__ = ["InboundT2Driver", "T2Settings", "check_honoured", "local_round", "local_target", "plan_events",
            "resolve_in_doubt", "room", "status", "supplier_refused", "t2_settings", "unavailable_reason"]
@@ -79,21 +83,19 @@ class T2Settings:
     timeout_s: int      # TransactionTimeout; 0 = none
 
 
-def _lookup(proxy: Any, name: str, default: Any) -> Any:
+def _lookup(proxy: ProxyView, name: str, default: Any) -> Any:
     """``name`` as ``proxy`` sees it: its own QoS, its admin's, the channel's admin properties, the channel's QoS."""
-    admin = getattr(proxy, "admin", None)
-    channel = getattr(proxy, "channel", None)
-    for holder in (getattr(proxy, "qos", None), getattr(admin, "qos", None), getattr(admin, "admin_props", None),
-                   getattr(channel, "admin_props", None), getattr(channel, "qos", None)):
+    admin, channel = proxy.admin, proxy.channel
+    for holder in (proxy.qos, admin.qos, getattr(admin, "admin_props", None), channel.admin_props, channel.qos):
         if isinstance(holder, dict) and name in holder:
             return holder[name]
     return default
 
 
-def t2_settings(proxy: Any, *, sequence: bool) -> T2Settings:
+def t2_settings(proxy: ProxyView, *, sequence: bool) -> T2Settings:
     """The values ``enable_transaction`` stored on the proxy (``extra["transaction"]``, as for channel → JMS,
     router.channel.txdelivery) win over the QoS / admin properties."""
-    own = (getattr(proxy, "extra", None) or {}).get("transaction") or {}
+    own = proxy.extra.get("transaction") or {}
     enabled = bool(_lookup(proxy, Q.ENABLE_TRANSACTION, False))
     if sequence:
         per = max(1, int(_lookup(proxy, CosNotification.MaximumBatchSize, 1)))
@@ -104,7 +106,7 @@ def t2_settings(proxy: Any, *, sequence: bool) -> T2Settings:
     return T2Settings(enabled, batch, max(0, int(timeout or 0)))
 
 
-def room(proxy: Any, wanted: int) -> int:
+def room(proxy: ProxyView, wanted: int) -> int:
     """How many events a round may take now: the channel's free places when MaxQueueLength bounds it."""
     limit = int(proxy.channel.admin_props.get(CosNotification.MaxQueueLength, 0))
     if not limit:
@@ -112,7 +114,7 @@ def room(proxy: Any, wanted: int) -> int:
     return max(1, min(wanted, limit - int(proxy.channel.queued_count())))
 
 
-def plan_events(proxy: Any, batch: Any) -> RoutePlan:
+def plan_events(proxy: ProxyView, batch: InboundBatch) -> RoutePlan:
     """Targets of the batch's events for ``proxy`` (the bridge's proxy consumer). An event the channel refuses
     (BAD_QOS, above the size limit) is dead-lettered by the bridge in the same transaction/unit of work; a full
     channel (IMP_LIMIT with RejectNewEvents) or anything else fails the round (retried)."""
@@ -139,12 +141,12 @@ def plan_events(proxy: Any, batch: Any) -> RoutePlan:
     return _with_bodies(channel.plan_in(proxy, good), events, batch) if good else RoutePlan()
 
 
-def _with_bodies(plan: RoutePlan, events: list[Event], batch: Any) -> RoutePlan:
+def _with_bodies(plan: RoutePlan, events: list[Event], batch: InboundBatch) -> RoutePlan:
     """The CDR encodings the bridge made of the batch's events (``batch.bodies``, to check their size) become the
     plan's bodies, so :meth:`EventChannelImpl.store_in` stores a persistent event without encoding it again. Only
     for a StructuredEvent kept as it is (the channel's encoding of it is the same ``cdrMarshal`` of the same
     value); an event the channel already encoded keeps its own."""
-    bodies = getattr(batch, "bodies", None)
+    bodies = batch.bodies
     if not bodies:
         return plan
     by_event = {id(ev): body for ev, body in zip(events, bodies, strict=False)
@@ -157,7 +159,7 @@ def _with_bodies(plan: RoutePlan, events: list[Event], batch: Any) -> RoutePlan:
     return plan
 
 
-def local_round(proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, wait_s: float, *,
+def local_round(proxy: ProxyView, take: Callable[[Any, int, float], InboundBatch], max_n: int, wait_s: float, *,
                 ready: Callable[[float], bool] | None = None) -> int:
     """JMS → channel without a T2, the bridge and ``proxy``'s channel in this process: the inbox claims and the
     events in ONE local PostgreSQL transaction, the acks written after it committed, the events queued in memory
@@ -173,7 +175,7 @@ def local_round(proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, 
             return 0
         wait_s = 0.0
     plan = RoutePlan()
-    batch: Any = None
+    batch: InboundBatch | None = None
     try:
         with proxy.rt.db.unit_of_work() as conn:
             batch = take(conn, max_n, wait_s)
@@ -203,15 +205,15 @@ class LocalRounds:
 
     batch = LOCAL_BATCH
 
-    def room(self, proxy: Any, wanted: int) -> int:
+    def room(self, proxy: ProxyView, wanted: int) -> int:
         return room(proxy, wanted)
 
-    def round(self, proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, timeout: float, *,
+    def round(self, proxy: ProxyView, take: Callable[[Any, int, float], InboundBatch], max_n: int, timeout: float, *,
               ready: Callable[[float], bool] | None = None) -> int:
         return local_round(proxy, take, max_n, timeout, ready=ready)
 
 
-def resolve_in_doubt(proxy: Any, plan: RoutePlan, *, within_s: float = IN_DOUBT_RESOLVE_S) -> threading.Thread:
+def resolve_in_doubt(proxy: ProxyView, plan: RoutePlan, *, within_s: float = IN_DOUBT_RESOLVE_S) -> threading.Thread:
     """A local round whose COMMIT broke (``StoreUnavailable.in_doubt``) may have stored its events: the broker
     redelivers its messages, which the inbox then acknowledges without events if the commit happened, so the
     events would stay in the store, unqueued, until the node restarts (issue 31's pattern, here without a T2).
@@ -248,11 +250,11 @@ def resolve_in_doubt(proxy: Any, plan: RoutePlan, *, within_s: float = IN_DOUBT_
     return thread
 
 
-def local_target(proxy: Any) -> InboundSource | None:
+def local_target(proxy: ProxyView) -> InboundSource | None:
     """The JMS bridge pull sender of this node that ``proxy`` (a proxy consumer) pulls from, in-process: the one
     registered under its supplier's IOR, else the inbound port the node's local endpoints hold for the servant
     behind the supplier's reference (the same bridge, whatever its IOR's spelling); None otherwise."""
-    t2 = getattr(proxy.rt, "t2", None)
+    t2 = proxy.rt.t2
     if t2 is None or not proxy.client_ior:
         return None
     target: InboundSource | None = t2.local(proxy.client_ior)
@@ -268,10 +270,10 @@ def local_target(proxy: Any) -> InboundSource | None:
     return target
 
 
-def supplier_refused(proxy: Any, client: Any) -> str | None:
+def supplier_refused(proxy: ProxyView, client: Any) -> str | None:
     """Why ``client`` (a supplier about to connect) cannot take part in this proxy consumer's routing transactions,
     or None when it can: a JMS bridge pull sender of this node, pulled by a PULL proxy consumer."""
-    t2 = getattr(proxy.rt, "t2", None)
+    t2 = proxy.rt.t2
     if t2 is None or proxy.style != "PULL":
         return unavailable_reason(proxy)
     target = t2.local(proxy.rt.ior(client))
@@ -282,10 +284,10 @@ def supplier_refused(proxy: Any, client: Any) -> str | None:
     return None if target is not None else "its supplier is not a JMS bridge pull sender of this node"
 
 
-def unavailable_reason(proxy: Any) -> str | None:
+def unavailable_reason(proxy: ProxyView) -> str | None:
     """Why a proxy consumer cannot run its routing transactions (NJI 2.7.2), or None when it can, or when it has no
     supplier yet (decided when one connects, see :func:`status`)."""
-    if getattr(proxy.rt, "t2", None) is None:
+    if proxy.rt.t2 is None:
         return "this runtime has no routing transactions"
     if proxy.style != "PULL":
         return ("it is a push-style proxy consumer: its supplier pushes outside any routing transaction (nsjms has "
@@ -295,7 +297,7 @@ def unavailable_reason(proxy: Any) -> str | None:
     return None
 
 
-def check_honoured(proxy: Any, qos: dict[str, Any], requested: frozenset[str] | None = None) -> None:
+def check_honoured(proxy: ProxyView, qos: dict[str, Any], requested: frozenset[str] | None = None) -> None:
     """``EnableTransaction`` = TRUE on a proxy consumer is accepted only where a routing transaction can run: a
     PULL proxy consumer, on a node with T2, whose supplier is a JMS bridge pull sender of this node, or that has no
     supplier yet. Anything else (a push-style proxy consumer, a pull proxy consumer connected to any other supplier,
@@ -310,10 +312,10 @@ def check_honoured(proxy: Any, qos: dict[str, Any], requested: frozenset[str] | 
         raise Q.QoSError([Q.PropertyProblem("UNAVAILABLE_VALUE", Q.ENABLE_TRANSACTION, False, False)])
 
 
-def status(proxy: Any) -> dict[str, Any]:
+def status(proxy: ProxyView) -> dict[str, Any]:
     """``t2_unavailable`` (the reason) for a connected proxy consumer whose EnableTransaction is TRUE (its own, or
     inherited from its admin or channel) but that cannot run a routing transaction; else nothing."""
-    if not getattr(proxy, "connected", False) or not t2_settings(proxy, sequence=proxy.form == "SEQUENCE").enabled:
+    if not proxy.connected or not t2_settings(proxy, sequence=proxy.form == "SEQUENCE").enabled:
         return {}
     reason = unavailable_reason(proxy)
     return {"t2_unavailable": reason} if reason is not None else {}
@@ -340,15 +342,15 @@ class _TakeAndStore:
     bounded by TransactionTimeout), the bridge's batch taken in the T2, the events planned, the broker branch
     sealed, the events stored in the branch. Returns the plan, published once the T2 committed."""
 
-    def __init__(self, driver: InboundT2Driver, rt: Any, settings: T2Settings, target: InboundSource,
+    def __init__(self, driver: InboundT2Driver, rt: Runtime, settings: T2Settings, target: InboundSource,
                  wait_s: float) -> None:
         self.driver, self.rt, self.settings, self.target, self.wait_s = driver, rt, settings, target, wait_s
         self.received = 0
 
     def __call__(self, txn: Transaction, conn: Any) -> RoutePlan:
         rt, settings, proxy = self.rt, self.settings, self.driver.proxy
-        rt.t2.enlist(txn, t2_branch(getattr(getattr(rt, "store", None), "ledger", None), conn,
-                                    PgBranch(conn, "pg"), txn.gtrid))
+        assert rt.t2 is not None                   # a round runs only on a node with T2 (local_target)
+        rt.t2.enlist(txn, t2_branch(rt.store.ledger, conn, PgBranch(conn, "pg"), txn.gtrid))
         if settings.timeout_s:
             conn.execute("SELECT set_config('statement_timeout', %s, true)", (f"{settings.timeout_s * 1000}ms",))
         batch = self.target.take_in_t2(txn, conn, proxy.room(settings.batch), self.wait_s)
@@ -385,7 +387,7 @@ class _InboundHooks(RunHooks[RoutePlan]):
 class InboundT2Driver:
     """Runs the T2 rounds of one pull-style proxy consumer (its pull thread only)."""
 
-    def __init__(self, proxy: Any, *, sequence: bool) -> None:
+    def __init__(self, proxy: InboundProxy, *, sequence: bool) -> None:
         self.proxy = proxy
         self.sequence = sequence
         self.committed = 0
@@ -424,7 +426,7 @@ class InboundT2Driver:
                 log.warning("proxy %s: EnableTransaction is TRUE but %s; it pulls without a routing transaction "
                             "(nsjms status shows t2_unavailable)", self.proxy.oid, unavailable_reason(self.proxy))
             return None
-        if not enabled and not self.proxy.channel._connections_persistent():
+        if not enabled and not self.proxy.channel.connections_persistent():
             return None                  # BestEffort: nothing is stored, the pull path as before
         return target
 
@@ -473,7 +475,7 @@ class InboundT2Driver:
         finally:
             self.active = False
 
-    def _round(self, rt: Any, settings: T2Settings, target: InboundSource, wait_s: float) -> int:
+    def _round(self, rt: Runtime, settings: T2Settings, target: InboundSource, wait_s: float) -> int:
         """Phase one and the decision on this thread; phase two (COMMIT PREPARED, the broker's COMMIT of the acks,
         END) and the publication of the events on the proxy's completer (:meth:`_complete`), while this thread
         begins the next T2: pipelining, as for channel → JMS (docs/transactions.md "Pipelining"). At most one
@@ -488,6 +490,7 @@ class InboundT2Driver:
         else:
             completer.wait_for_room()
         work = _TakeAndStore(self, rt, settings, target, wait_s)
+        assert rt.t2 is not None             # a round runs only on a node with T2 (local_target)
         run = T2Runner(rt.t2, rt.db, reason=_reason).run(work, _InboundHooks(self), timeout=settings.timeout_s or None,
                                                           completer=completer)
         if run.outcome in (RunOutcome.COMMITTED, RunOutcome.DEFERRED):
@@ -543,6 +546,8 @@ class InboundT2Driver:
                 return 0
             waiting = dict(self._recovering)
         t2 = self.proxy.rt.t2
+        if t2 is None:
+            return 0
         try:
             live, busy = t2.log.live(), t2.coordinator.in_flight()
         except Exception as exc:  # noqa: BLE001 — the log refuses reads after a durability failure: a restart loads them
@@ -578,7 +583,7 @@ class InboundT2Driver:
         """Wait until the phase two of every decided T2 ended (and its events were published)."""
         return True if self._completer is None else self._completer.drain(timeout)
 
-    def _plan(self, batch: Any) -> RoutePlan:
+    def _plan(self, batch: InboundBatch) -> RoutePlan:
         return plan_events(self.proxy, batch)
 
     def _failed(self, txn: Transaction, exc: BaseException) -> None:

@@ -21,7 +21,7 @@ stringified IOR) is the transaction client of NJI 2.7.3.1: instead of the CORBA 
 A rollback (rollback-only set by the bridge, a branch that could not prepare, ``TransactionTimeout``) puts the
 entries back in their places and the dispatcher retries with backoff, like a failed push: nothing is lost and the
 order is kept. A rollback caused by the batch's content (the broker refused a frame) makes the proxy deliver the
-batch's entries one per T2 (``_isolate``, as the non-T2 path does for a failing batch); an entry that fails alone
+batch's entries one per T2 (``isolating``, as the non-T2 path does for a failing batch); an entry that fails alone
 is then dead-lettered by the bridge INSIDE its next T2 (the bridge's dead-letter destination, with the reason);
 if even that fails :data:`~router.channel.boundary.POISON_ATTEMPTS` times, the channel dead-letters it as the
 non-T2 path does (into the channel's dead-letter store, :mod:`router.channel.deadletters`; ERROR log,
@@ -43,6 +43,8 @@ from typing import Any
 from router.channel import qos as Q
 from router.channel.boundary import POISON_ATTEMPTS, Outcome
 from router.channel.events import as_structured
+from router.channel.inflight import Flight
+from router.channel.proxyport import ProxyView, PushDelivering, SupplierView
 from router.channel.queue import Entry
 from router.ledger import Outcome as Ledgered
 from router.ledger import t2_branch
@@ -81,19 +83,18 @@ class T2State:
     unavailable_warned: bool = False
 
 
-def state(proxy: Any) -> T2State:
-    st: T2State | None = getattr(proxy, "_t2_state", None)
+def state(proxy: SupplierView) -> T2State:
+    st = proxy.t2_state
     if st is None:
-        st = T2State()
-        proxy._t2_state = st
+        st = proxy.t2_state = T2State()
     return st
 
 
-def enabled(proxy: Any) -> bool:
+def enabled(proxy: SupplierView) -> bool:
     return bool(proxy.qos.get(Q.ENABLE_TRANSACTION, False))
 
 
-def participant(proxy: Any) -> OutboundParticipant | None:
+def participant(proxy: PushDelivering) -> OutboundParticipant | None:
     """The in-process T2 participant the proxy's client is, when this proxy delivers in T2; None otherwise (the
     proxy then pushes over CORBA as usual)."""
     if not enabled(proxy):
@@ -110,23 +111,23 @@ def participant(proxy: Any) -> OutboundParticipant | None:
     return target
 
 
-def unavailable_reason(proxy: Any) -> str:
-    if getattr(proxy.rt, "t2", None) is None:
+def unavailable_reason(proxy: SupplierView) -> str:
+    if proxy.rt.t2 is None:
         return "this runtime has no routing transactions"
     if _acknowledging(proxy):
         return "it is an acknowledging proxy (DeliveryReliability=Acknowledgment), which has its own delivery"
     return "its consumer is not a bridge endpoint of this node"
 
 
-def _acknowledging(proxy: Any) -> bool:
+def _acknowledging(proxy: SupplierView) -> bool:
     """An Ack proxy supplier (router.channel.ack) runs its own push loop, which never calls ``_deliver``."""
-    return hasattr(proxy, "_init_ack")
+    return proxy.acknowledging
 
 
-def settings(proxy: Any) -> tuple[int, float]:
+def settings(proxy: SupplierView) -> tuple[int, float]:
     """(events per T2, TransactionTimeout seconds) for ``proxy`` (see the module docstring)."""
     own = proxy.extra.get("transaction") or {}
-    admin = getattr(proxy.channel, "admin_props", {}) or {}
+    admin = proxy.channel.admin_props or {}
     timeout = float(own.get("timeout", admin.get(Q.TRANSACTION_TIMEOUT, 0)) or 0)
     if proxy.form == "SEQUENCE":
         sequences = int(own.get("sequences") or admin.get(Q.TRANSACTION_EVENT_SEQUENCES, 1) or 1)
@@ -134,9 +135,9 @@ def settings(proxy: Any) -> tuple[int, float]:
     return max(1, int(own.get("events") or admin.get(Q.TRANSACTION_EVENTS, 1) or 1)), timeout
 
 
-def status(proxy: Any) -> dict[str, Any]:
+def status(proxy: SupplierView) -> dict[str, Any]:
     """The proxy's T2 fields for ``nsjms status`` (empty when it never ran one and is not enabled)."""
-    st: T2State | None = getattr(proxy, "_t2_state", None)
+    st = proxy.t2_state
     if st is None and not enabled(proxy):
         return {}
     st = st or T2State()
@@ -154,11 +155,11 @@ def status(proxy: Any) -> dict[str, Any]:
     return out
 
 
-def unavailable(proxy: Any) -> dict[str, Any]:
+def unavailable(proxy: SupplierView) -> dict[str, Any]:
     """``t2_unavailable`` (the reason) for a connected proxy supplier of any kind (push or pull, acknowledging or
     not) whose EnableTransaction is TRUE — inherited from its admin or channel, or a stored value (docs/qos.md) —
     but that delivers without a routing transaction; else nothing."""
-    if not enabled(proxy) or not getattr(proxy, "connected", False):
+    if not enabled(proxy) or not proxy.connected:
         return {}
     reason = never_transactional(proxy)
     if reason is None and participant_quiet(proxy) is None:
@@ -166,7 +167,7 @@ def unavailable(proxy: Any) -> dict[str, Any]:
     return {} if reason is None else {"t2_unavailable": reason}
 
 
-def warn_unavailable(proxy: Any) -> None:
+def warn_unavailable(proxy: SupplierView) -> None:
     """One WARNING per proxy supplier (and node run) that delivers without the routing transaction its
     EnableTransaction asks for; called when a pull or acknowledging proxy supplier starts (connect, restore). A
     plain push proxy supplier says it at its first delivery (:func:`participant`)."""
@@ -184,7 +185,7 @@ def warn_unavailable(proxy: Any) -> None:
 OWN_ENABLE_TRANSACTION = "own_enable_transaction"
 
 
-def enable_needs_check(proxy: Any, qos: dict[str, Any], requested: frozenset[str] | None) -> bool:
+def enable_needs_check(proxy: ProxyView, qos: dict[str, Any], requested: frozenset[str] | None) -> bool:
     """Whether the request (``requested``: the names it sets on the proxy, None: all of ``qos``) makes the proxy's
     EnableTransaction TRUE where it was not checked yet: it asks for TRUE, and the proxy holds no TRUE yet, or holds
     one only by inheritance (a value its admin or channel had, copied in when the proxy was made) and the request
@@ -195,12 +196,12 @@ def enable_needs_check(proxy: Any, qos: dict[str, Any], requested: frozenset[str
     if not proxy.qos.get(Q.ENABLE_TRANSACTION):
         return True
     named = requested is None or Q.ENABLE_TRANSACTION in requested
-    return named and not getattr(proxy, "extra", {}).get(OWN_ENABLE_TRANSACTION)
+    return named and not proxy.extra.get(OWN_ENABLE_TRANSACTION)
 
 
-def never_transactional(proxy: Any) -> str | None:
+def never_transactional(proxy: SupplierView) -> str | None:
     """Why proxy supplier ``proxy`` can never run a routing transaction, whatever its consumer (NJI 2.7.2), or None."""
-    if getattr(proxy.rt, "t2", None) is None:
+    if proxy.rt.t2 is None:
         return "this node runs no routing transactions"
     if proxy.style == "PULL":
         return "it is a pull proxy supplier (nsjms has no OTS to receive a client's transaction)"
@@ -209,7 +210,7 @@ def never_transactional(proxy: Any) -> str | None:
     return None
 
 
-def check_honoured(proxy: Any, qos: dict[str, Any], requested: frozenset[str] | None = None) -> None:
+def check_honoured(proxy: SupplierView, qos: dict[str, Any], requested: frozenset[str] | None = None) -> None:
     """``EnableTransaction`` = TRUE on a proxy supplier is accepted only where a routing transaction can run
     (NJI 2.7.2): a PUSH proxy supplier whose connected consumer is a bridge endpoint of this node, or that has no
     consumer yet (decided at delivery: see :func:`status`). A pull proxy supplier (NJI's transaction server role:
@@ -223,10 +224,10 @@ def check_honoured(proxy: Any, qos: dict[str, Any], requested: frozenset[str] | 
         raise Q.QoSError([Q.PropertyProblem("UNAVAILABLE_VALUE", Q.ENABLE_TRANSACTION, False, False)])
 
 
-def client_refused(proxy: Any, client: Any) -> str | None:
+def client_refused(proxy: SupplierView, client: Any) -> str | None:
     """Why ``client`` (a consumer about to connect) cannot take part in this push proxy supplier's routing
     transactions, or None when it can: it is a bridge endpoint of this node (a T2 participant)."""
-    t2 = getattr(proxy.rt, "t2", None)
+    t2 = proxy.rt.t2
     if t2 is None or _acknowledging(proxy):
         return unavailable_reason(proxy)
     if t2.local(proxy.rt.ior(client)) is not None:
@@ -236,10 +237,10 @@ def client_refused(proxy: Any, client: Any) -> str | None:
     return "its consumer is not a bridge endpoint of this node"
 
 
-def participant_quiet(proxy: Any) -> OutboundParticipant | None:
+def participant_quiet(proxy: SupplierView) -> OutboundParticipant | None:
     """The participant registered under the client's IOR; else the one the node's local endpoints hold for the
     servant behind the client reference (the same bridge, whatever its IOR's spelling)."""
-    t2 = getattr(proxy.rt, "t2", None)
+    t2 = proxy.rt.t2
     if t2 is None or not proxy.client_ior or _acknowledging(proxy):
         return None
     target: OutboundParticipant | None = t2.local(proxy.client_ior)
@@ -254,14 +255,14 @@ def participant_quiet(proxy: Any) -> OutboundParticipant | None:
 
 
 # ----------------------------------------------------------------------------------------------- delivering
-def deliver(proxy: Any, target: OutboundParticipant, entries: list[Entry]) -> Outcome:
+def deliver(proxy: PushDelivering, target: OutboundParticipant, entries: list[Entry]) -> Outcome:
     """One T2 for ``entries`` (plus what else is queued, up to the batch size). Every entry ends delivered, put
     back, held for recovery (decision unknown) or dead-lettered."""
     st = state(proxy)
     limit, timeout = settings(proxy)
-    if proxy._isolate:
+    if proxy.isolating:
         limit = 1
-    flight = getattr(proxy, "_flight", None)   # the push in flight (router.channel.inflight), vs a teardown
+    flight = proxy.push_flight   # the push in flight (router.channel.inflight), vs a teardown
     if _resolve_in_doubt(proxy, st):          # entries were put back ahead of these: take again, in order
         proxy.queue.requeue(entries)
         if flight is not None:
@@ -281,11 +282,12 @@ def deliver(proxy: Any, target: OutboundParticipant, entries: list[Entry]) -> Ou
     try:
         events = [as_structured(e.record.event) for e in entries]
     except Exception as exc:  # noqa: BLE001 — the channel cannot convert this content: event-specific
-        proxy._content_failed(entries, exc)
+        proxy.content_failed(entries, exc)
         return Outcome.EVENT_FAILED
     dead_reason = st.reasons.get(entries[0].record.seq) if len(entries) == 1 else None
     completer(proxy).wait_for_room()     # at most two T2s of the proxy hold a session and a prepared transaction
     hooks = _OutboundHooks(proxy, st, target, entries, flight)
+    assert proxy.rt.t2 is not None            # a proxy delivers in T2 only on a node with T2 (participant)
     try:
         run = T2Runner(proxy.rt.t2, proxy.rt.db).run(_Forward(proxy, target, hooks, events, dead_reason), hooks,
                                                       timeout=timeout or None, completer=completer(proxy))
@@ -298,19 +300,21 @@ class _Forward:
     """The work of one channel → JMS T2: the participant's broker branch begins, the PostgreSQL branch deletes
     the batch's queue rows, the participant forwards the events (outbox rows, broker SENDs)."""
 
-    def __init__(self, proxy: Any, target: OutboundParticipant, hooks: _OutboundHooks, events: list[Any],
+    def __init__(self, proxy: PushDelivering, target: OutboundParticipant, hooks: _OutboundHooks, events: list[Any],
                  dead_reason: str | None) -> None:
         self.proxy, self.target, self.hooks, self.events, self.dead_reason = proxy, target, hooks, events, dead_reason
 
     def __call__(self, txn: Transaction, conn: Any) -> Any:
         proxy, entries, dead_reason = self.proxy, self.hooks.entries, self.dead_reason
+        t2 = proxy.rt.t2
+        assert t2 is not None                 # a proxy delivers in T2 only on a node with T2 (participant)
         self.target.begin_in_t2(txn)          # the broker's BEGIN goes out now, its receipt overlaps our SQL
-        proxy.rt.t2.enlist(txn, t2_branch(proxy.rt.store.ledger, conn, PgBranch(conn, PG_BRANCH), txn.gtrid,
-                                          [e.record.db_id for e in entries]))
+        t2.enlist(txn, t2_branch(proxy.rt.store.ledger, conn, PgBranch(conn, PG_BRANCH), txn.gtrid,
+                                 [e.record.db_id for e in entries]))
         ids = [e.record.db_id for e in entries if e.record.db_id is not None]
-        deleted = proxy.rt.store.delete_deliveries(
-            conn, proxy.channel.id, proxy.admin.id, proxy.id, ids, returning=True,
-            **({"outcome": Ledgered.DEAD_LETTER, "reason": dead_reason} if dead_reason else {}))
+        store, where = proxy.rt.store, (conn, proxy.channel.id, proxy.admin.id, proxy.id, ids)
+        deleted = (store.delete_deliveries(*where, returning=True, outcome=Ledgered.DEAD_LETTER, reason=dead_reason)
+                   if dead_reason else store.delete_deliveries(*where, returning=True))
         if deleted is not None and len(deleted) < len(ids):       # another unit of work ended some deliveries
             self.hooks.entries, self.events = _without_gone(proxy, txn.gtrid, conn, entries, self.events, deleted)
         return self.target.forward_in_t2(txn, conn, self.events, dead_letter_reason=dead_reason)
@@ -319,8 +323,8 @@ class _Forward:
 class _OutboundHooks(RunHooks[Any]):
     """The proxy's part of its T2s (router.routing.runner): bookkeeping once decided, phase two's end."""
 
-    def __init__(self, proxy: Any, st: T2State, target: OutboundParticipant, entries: list[Entry],
-                 flight: Any) -> None:
+    def __init__(self, proxy: PushDelivering, st: T2State, target: OutboundParticipant, entries: list[Entry],
+                 flight: Flight[Entry] | None) -> None:
         self.proxy, self.st, self.target, self.entries, self.flight = proxy, st, target, entries, flight
         self.token: int | None = None
 
@@ -336,7 +340,7 @@ class _OutboundHooks(RunHooks[Any]):
         for e in self.entries:
             st.reasons.pop(e.record.seq, None)
         proxy.failing, proxy.failed_attempts = None, 0
-        proxy._delivered_one_batch()
+        proxy.delivered_one_batch()
         # a teardown of the proxy (its own destroy, its channel's) waits for this phase two too (bounded), never
         # deleting the proxy under a committing T2 nor recording its entries discarded (router.channel.inflight)
         if self.flight is not None:
@@ -363,7 +367,8 @@ class _OutboundHooks(RunHooks[Any]):
             self.flight.settle(self.token)
 
 
-def _settle(proxy: Any, st: T2State, target: OutboundParticipant, entries: list[Entry], run: RunResult[Any]) -> Outcome:
+def _settle(proxy: PushDelivering, st: T2State, target: OutboundParticipant, entries: list[Entry],
+            run: RunResult[Any]) -> Outcome:
     """The proxy's side of a T2's outcome: its entries delivered, held for recovery, or put back."""
     txn = run.txn
     match run.outcome:
@@ -393,22 +398,22 @@ def _settle(proxy: Any, st: T2State, target: OutboundParticipant, entries: list[
 PHASE_TWO_WAIT_S = 15.0
 
 
-def completer(proxy: Any) -> Completer:
+def completer(proxy: SupplierView) -> Completer:
     """The proxy's :class:`Completer` (created on first use)."""
-    c: Completer | None = getattr(proxy, "_t2_completer", None)
+    c = proxy.t2_completer
     if c is None:
-        c = proxy._t2_completer = Completer(f"t2-complete-{proxy.oid}")
+        c = proxy.t2_completer = Completer(f"t2-complete-{proxy.oid}")
     return c
 
 
-def drain(proxy: Any, timeout: float | None = None) -> bool:
+def drain(proxy: SupplierView, timeout: float | None = None) -> bool:
     """Wait for the phase two of the proxy's decided T2s (its delivery ends, or it stops delivering in T2)."""
-    c: Completer | None = getattr(proxy, "_t2_completer", None)
+    c = proxy.t2_completer
     return True if c is None else c.drain(timeout)
 
 
-def _without_gone(proxy: Any, gtrid: str, conn: Any, entries: list[Entry], events: list[Any], deleted: set[int]
-                  ) -> tuple[list[Entry], list[Any]]:
+def _without_gone(proxy: PushDelivering, gtrid: str, conn: Any, entries: list[Entry], events: list[Any],
+                  deleted: set[int]) -> tuple[list[Entry], list[Any]]:
     """The entries (and their events) whose queue rows this T2 deleted, and those of BestEffort events; the others'
     rows were already gone: another unit of work ended their delivery — typically a previous run's undecided T2
     that an operator committed (``nsjms txn commit --heuristic``) after the restore had loaded its deleted but
@@ -422,7 +427,7 @@ def _without_gone(proxy: Any, gtrid: str, conn: Any, entries: list[Entry], event
     log.warning("proxy %s: T2 %s: %d event(s) of the batch no longer have their queue row (another unit of work, "
                 "e.g. a heuristic commit of an earlier T2, ended their delivery): not sent again (event ids %s)",
                 proxy.oid, gtrid, len(gone), [e.record.db_id for e in gone][:10])
-    flight = getattr(proxy, "_flight", None)
+    flight = proxy.push_flight
     if flight is not None:
         flight.drop(gone)
     for e in gone:
@@ -437,7 +442,8 @@ def _without_gone(proxy: Any, gtrid: str, conn: Any, entries: list[Entry], event
     return kept, [events[k] for k in keep]
 
 
-def _ended(target: OutboundParticipant, txn: Any, result: Any, committed: bool, reason: str = "") -> None:
+def _ended(target: OutboundParticipant, txn: Transaction | None, result: Any, committed: bool,
+           reason: str = "") -> None:
     if txn is None:
         return
     try:
@@ -446,7 +452,7 @@ def _ended(target: OutboundParticipant, txn: Any, result: Any, committed: bool, 
         log.exception("T2 %s: the participant's end callback failed", txn.gtrid)
 
 
-def _rolled_back(proxy: Any, st: T2State, entries: list[Entry], exc: Exception, reason: str) -> Outcome:
+def _rolled_back(proxy: PushDelivering, st: T2State, entries: list[Entry], exc: Exception, reason: str) -> Outcome:
     st.rolled_back += 1
     st.last_rollback = reason
     content = refused_content(exc)     # ForwardFailed / a refused frame found at prepare
@@ -457,7 +463,7 @@ def _rolled_back(proxy: Any, st: T2State, entries: list[Entry], exc: Exception, 
     if content:
         return _content_failure(proxy, st, entries, reason)
     if timed_out and len(entries) > 1 and st.consecutive_timeouts >= _ISOLATE_AFTER_TIMEOUTS:
-        proxy._isolate = max(proxy._isolate, len(entries))
+        proxy.isolating = max(proxy.isolating, len(entries))
         log.warning("proxy %s: %d routing transactions in a row passed their TransactionTimeout; delivering the "
                     "next %d event(s) one per transaction", proxy.oid, st.consecutive_timeouts, len(entries))
     proxy.failing, proxy.failed_attempts = f"T2 rolled back: {reason}", proxy.failed_attempts + 1
@@ -467,10 +473,10 @@ def _rolled_back(proxy: Any, st: T2State, entries: list[Entry], exc: Exception, 
     return Outcome.RETRY
 
 
-def _content_failure(proxy: Any, st: T2State, entries: list[Entry], reason: str) -> Outcome:
+def _content_failure(proxy: PushDelivering, st: T2State, entries: list[Entry], reason: str) -> Outcome:
     """The batch's content made the T2 roll back: isolate, then dead-letter through the bridge, then here."""
     if len(entries) > 1:
-        proxy._isolate = max(proxy._isolate, len(entries))
+        proxy.isolating = max(proxy.isolating, len(entries))
         log.warning("proxy %s: a routing transaction of %d event(s) rolled back because of its content (%s); "
                     "delivering them one per transaction", proxy.oid, len(entries), reason)
         proxy.queue.requeue(entries)
@@ -479,7 +485,7 @@ def _content_failure(proxy: Any, st: T2State, entries: list[Entry], reason: str)
     entry.failures += 1
     if entry.failures >= POISON_ATTEMPTS:
         st.reasons.pop(entry.record.seq, None)
-        proxy._dead_letter(entry, f"{reason} (its dead letter could not be sent either, in "
+        proxy.dead_letter_entry(entry, f"{reason} (its dead letter could not be sent either, in "
                                   f"{entry.failures - 1} routing transaction(s))",
                            readable=f"its routing transaction to the JMS bridge rolled back because of its content "
                                     f"{entry.failures} time(s), and the bridge could not send it to its dead-letter "
@@ -494,12 +500,14 @@ def _content_failure(proxy: Any, st: T2State, entries: list[Entry], reason: str)
 
 
 # ------------------------------------------------------------------------------------------ decision unknown
-def _resolve_in_doubt(proxy: Any, st: T2State) -> bool:
+def _resolve_in_doubt(proxy: PushDelivering, st: T2State) -> bool:
     """Entries of a T2 whose decision was unknown: once recovery finished it, put back what is still queued in
     the store (rolled back) and release the rest (committed). True when entries were put back."""
     if not st.in_doubt:
         return False
     t2 = proxy.rt.t2
+    if t2 is None:
+        return False
     put_back = False
     try:
         live = set(t2.log.live()) | set(t2.coordinator.in_flight())

@@ -1,5 +1,5 @@
 """The default :class:`~router.jms.transport.MessageCodec` of both transports: TEXT/BYTES bodies and String
-properties as STOMP headers (the mapping layer's codec, :mod:`router.bridge.codec`, carries everything else)."""
+properties as STOMP headers (the mapping layer's codec, :mod:`router.mapping.stomp_codec`, carries everything else)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,13 @@ class SimpleCodec:
     layer's codec for those.
     """
 
+    name = "simple"
+
     def __init__(self, clock_ms: Callable[[], int] | None = None) -> None:
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+
+    def check(self, encoded: EncodedMessage) -> None:
+        """Nothing to check: what :meth:`encode` cannot carry it refuses itself."""
 
     def encode(self, message: JmsMessage) -> EncodedMessage:
         headers = self._jms_headers(message)

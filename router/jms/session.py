@@ -329,6 +329,9 @@ class TransportBase:
     def is_connected(self) -> bool:
         return self._book.connected and not self._book.closed
 
+    def encode(self, message: JmsMessage) -> EncodedMessage:
+        return self._codec.encode(message)
+
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
              receipt: bool = True, headers: Mapping[str, str] | None = None) -> None:
         encoded = self._codec.encode(message)

@@ -1,8 +1,12 @@
 """The broker transport contract: one interface, the values crossing it, and the URL-scheme table that picks an
 implementation.
 
-A transport moves :class:`~router.jms.model.JmsMessage` values (through a pluggable :class:`MessageCodec`) and raw
-STOMP-style header dicts between nsjms and a JMS broker. Implementations: :mod:`router.jms.stomp` (stomp.py 9, for
+A transport moves :class:`~router.jms.model.JmsMessage` values between nsjms and a JMS broker, encoded at its one
+boundary by a pluggable :class:`MessageCodec` into an :class:`EncodedMessage` (the codec's named string fields and
+body bytes: for STOMP the frame's headers and body). Above ``router.jms`` nothing builds or reads a wire format:
+the bridge hands the transport a ``JmsMessage``, or an ``EncodedMessage`` the same codec made (checked against the
+broker's limits with :meth:`MessageCodec.check`, stamped with dedupe ids as string properties, stored in the outbox
+and re-sent by recovery). Implementations: :mod:`router.jms.stomp` (stomp.py 9, for
 ActiveMQ Classic and other STOMP 1.2 brokers) and :mod:`router.jms.memory` (an in-process twin for unit tests).
 What they share beside this interface: :mod:`router.jms.session` (client-side session state, so misuse fails the
 same way on each), :mod:`router.jms.retry` (the reconnect policy), :mod:`router.jms.codec` (the default codec).
@@ -97,14 +101,21 @@ class Delivery:
 
 @dataclass(frozen=True)
 class EncodedMessage:
-    """A message as STOMP headers plus body bytes (``content-length`` present means a JMS BytesMessage)."""
+    """A message in its codec's wire form: ``headers``, named string fields (a JMS String property is one, by its
+    name: the bridge stamps dedupe ids there), and ``body`` bytes. The STOMP codecs: the frame's headers and body
+    (``content-length`` present means a JMS BytesMessage)."""
 
     headers: dict[str, str]
     body: bytes
 
 
 class MessageCodec(Protocol):
-    """Turns :class:`JmsMessage` values into STOMP headers + body and back (the mapping layer provides richer ones)."""
+    """Turns :class:`JmsMessage` values into an :class:`EncodedMessage` and back: the wire format of a transport
+    (:class:`~router.jms.codec.SimpleCodec` by default; the node gives its STOMP transports the mapping layer's
+    ``router.mapping.stomp_codec.StompCodec``)."""
+
+    #: which encoding this is (what an outbox row would record to be re-sent with the same codec)
+    name: str
 
     def encode(self, message: JmsMessage) -> EncodedMessage:
         """Headers and body for ``message``; raise :class:`LocalProtocolError` for what cannot be carried."""
@@ -112,6 +123,12 @@ class MessageCodec(Protocol):
 
     def decode(self, headers: Mapping[str, str], body: bytes) -> JmsMessage:
         """The message for a received MESSAGE frame; must not raise for unknown headers."""
+        ...
+
+    def check(self, encoded: EncodedMessage) -> None:
+        """Raise when the broker would refuse ``encoded`` for its wire limits (header count or size, number
+        formats): the codec's own error, which its callers treat as a failure of the message (the mapping's
+        ``MappingError``: the bridge dead-letters it). A codec whose wire has no such limits checks nothing."""
         ...
 
 
@@ -175,6 +192,10 @@ class Transport(Protocol):
              receipt: bool = True, headers: Mapping[str, str] | None = None) -> None:
         """Send one message (``persistent`` always explicit). With ``receipt`` wait for the broker's receipt.
         Raises :class:`SendFailed` (definitely not sent) or :class:`ReceiptTimeout` (unknown)."""
+        ...
+
+    def encode(self, message: JmsMessage) -> EncodedMessage:
+        """``message`` as this transport's codec encodes it (what :meth:`send` would write), without sending."""
         ...
 
     def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,

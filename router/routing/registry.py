@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from psycopg import Xid
 
     from xa.coordinator import Coordinator, Transaction
+    from xa.log import RecoveryLog
     from xa.resource import Resource
 
 __all__ = ["LocalEndpoint", "LocalEndpoints", "NodeRuntime", "Resolve", "T2Host"]
@@ -106,6 +107,8 @@ class T2Host(Protocol):
     """What the data paths ask of the node's routing transactions (``router.t2.NodeTransactions``)."""
 
     coordinator: Coordinator
+    #: the node's recovery log (which T2s are still live: in-doubt entries are settled once they are not)
+    log: RecoveryLog
 
     def enlist(self, txn: Transaction, resource: Resource) -> Xid:
         ...

@@ -315,10 +315,10 @@ def _read_until(sock: socket.socket, marker: bytes) -> None:
 def leftover(broker_url: str, queue: str) -> int:
     """Consume what is still on ``queue`` (auto-ack, a fresh connection, 1 s without a message ends it); how many:
     after a bridge was destroyed, the messages whose acks it never wrote come back here."""
-    from router.bridge.codec import MappingCodec
     from router.jms.transport import open_transport
+    from router.mapping.stomp_codec import StompCodec
 
-    t = open_transport(broker_url, codec=MappingCodec())
+    t = open_transport(broker_url, codec=StompCodec())
     t.connect()
     try:
         sub = t.subscribe(f"/queue/{queue}")

@@ -21,8 +21,8 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import CosNotifyCommAck
-from router.bridge.codec import MappingCodec
 from router.jms.transport import open_transport
+from router.mapping.stomp_codec import StompCodec
 
 from bridgekit import bridge_factory, channel_ep, jms_ep, structured_supplier, unique_name
 from conftest import NsjmsServer
@@ -35,7 +35,7 @@ N = 5
 
 
 def _read(broker_url: str, queue: str, n: int) -> list[dict[str, str]]:
-    t = open_transport(broker_url, codec=MappingCodec())
+    t = open_transport(broker_url, codec=StompCodec())
     t.connect()
     got: list[dict[str, str]] = []
     try:

@@ -29,10 +29,10 @@ import pytest
 from idl.generated import BridgeTransactionMgmt as BTM
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
-from router.bridge.bridge import DEFAULT_PREFETCH
-from router.bridge.codec import MappingCodec
+from router.bridge.brokerlink import DEFAULT_PREFETCH
 from router.bridge.t2in import RENEW_AFTER
 from router.jms.transport import open_transport
+from router.mapping.stomp_codec import StompCodec
 from router.services import EmbeddedPostgres
 
 from bridgekit import (
@@ -207,7 +207,7 @@ def test_poison_message_is_dead_lettered_inside_t2(nsjms_server: NsjmsServer, fa
     good = [0, 1, 3, 4]
     assert wait_until(lambda: consumer.count() >= len(good), TIMEOUT_S), f"{consumer.count()} events"
     assert sorted(_ids(consumer)) == good
-    t = open_transport(broker_url, codec=MappingCodec())
+    t = open_transport(broker_url, codec=StompCodec())
     t.connect()
     try:
         sub = t.subscribe("/queue/nsjms.DLQ", selector=f"nsjms_dlq_destination = '/queue/{queue}'")

@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from router.bridge.codec import MappingCodec
 from router.db import Database
 from router.jms.transport import Transport, open_transport
+from router.mapping.stomp_codec import StompCodec
 from router.t2 import NodeTransactions, OutboxRow, inbox_claim, outbox_insert
 from xa.pg import PgBranch
 from xa.xid import dedupe_id
@@ -38,7 +38,7 @@ def db(fresh_db: str) -> Iterator[Database]:
 
 
 def _transport(broker_url: str) -> Transport:
-    return open_transport(broker_url, codec=MappingCodec())
+    return open_transport(broker_url, codec=StompCodec())
 
 
 def _node(tmp_path: Path, db: Database, dsn: str, broker_url: str) -> NodeTransactions:

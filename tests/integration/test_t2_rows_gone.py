@@ -23,8 +23,8 @@ import pytest
 
 import CosNotification
 
-from router.bridge.codec import MappingCodec
 from router.jms.transport import open_transport
+from router.mapping.stomp_codec import StompCodec
 
 from bridgekit import bridge_factory, structured_supplier, t2_bridge, unique_name
 from conftest import NsjmsServer
@@ -51,7 +51,7 @@ def test_a_t2_does_not_send_events_whose_queue_rows_another_unit_of_work_deleted
     bridge.start_bridge()
     for i in range(5, 7):
         supplier.push_one(make_event(i, reliability=CosNotification.Persistent))
-    t = open_transport(broker_url, codec=MappingCodec())
+    t = open_transport(broker_url, codec=StompCodec())
     t.connect()
     got: list[int] = []
     ids: list[str] = []

@@ -17,11 +17,11 @@ import pytest
 from psycopg import Xid, sql
 from psycopg.conninfo import make_conninfo
 
-from router.bridge.codec import MappingCodec
 from router.cli import main
 from router.db import Database
 from router.jms.transport import open_transport
 from router.lifecycle import StateLock
+from router.mapping.stomp_codec import StompCodec
 from router.t2 import NodeTransactions, OutboxRow, outbox_insert
 from router.txnops import AUDIT_FILE
 from xa.pg import PgBranch
@@ -87,7 +87,7 @@ def died(tmp_path: Path, db: Database, dsn: str, queue: str, n: int, *, decided:
 
 
 def receive(broker_url: str, queue: str, want: int) -> list[Any]:
-    t = open_transport(broker_url, codec=MappingCodec())
+    t = open_transport(broker_url, codec=StompCodec())
     t.connect()
     try:
         sub = t.subscribe(f"/queue/{queue}")

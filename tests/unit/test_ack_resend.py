@@ -81,7 +81,7 @@ def make_proxy(monkeypatch: pytest.MonkeyPatch, consumer: Consumer, clock: Clock
     proxy.client, proxy.client_ior = consumer, "IOR:fake"
     proxy.queue = ProxyQueue(FIFO_ORDER, 0, 0, proxy._dropped)
     proxy.queue.wait = lambda timeout: None            # a pass never blocks: the test moves the clock
-    proxy.dead_lettered, proxy.last_dead_letter, proxy._isolate = 0, None, 0
+    proxy.dead_lettered, proxy.last_dead_letter, proxy.isolating = 0, None, 0
     proxy.ack, proxy._tls, proxy._clock = AckState(), threading.local(), clock
     proxy.save_extra = lambda **kw: None
     return proxy

@@ -34,6 +34,7 @@ from router.jms.transport import (
     SendRefused,
     refused_send,
 )
+from router.mapping.stomp_codec import StompCodec
 from router.routing.registry import LocalEndpoint, LocalEndpoints
 
 QUEUE = Destination("queue", "out")
@@ -81,6 +82,10 @@ class PipeBroker:
         self.refuse: set[Any] = set()
         self.refuse_dest: set[str] = set()      # destinations that refuse every message sent alone (a DLQ)
         self._n = 0
+
+    def encode(self, message: JmsMessage) -> EncodedMessage:
+        """The node's encoding (the transport's codec): a refused message's dead letter carries its body."""
+        return StompCodec().encode(message)
 
     def begin(self) -> str:
         raise AssertionError("a batch's BEGIN goes without a receipt (begin_nowait)")
@@ -156,6 +161,10 @@ class Proxy:
     destroyed = False
     failing: str | None = None
     failed_attempts = 0
+    acknowledging = False
+    closing = False
+    push_flight = None
+    local_batches_cache = None
 
     def __init__(self, servant: Any, form: str = "STRUCTURED", max_batch: int = 1) -> None:
         self.form = form
@@ -169,7 +178,7 @@ class Proxy:
                                   store=SimpleNamespace(ledger=SimpleNamespace(run_id="r1")))
         self.delivered: list[Any] = []
         self.delivery_calls: list[list[Any]] = []
-        self.content_failed: list[list[Any]] = []
+        self.content_failures: list[list[Any]] = []
         self._seq = 0
         self.flush_due = False                      # the journal's pending deletes are due after each delivery
         self.frames: list[tuple[Any, ...]] | None = None     # where a flush is recorded (the broker's frames)
@@ -186,16 +195,16 @@ class Proxy:
     def batch_size(self) -> int:
         return self.max_batch if self.form == "SEQUENCE" else 1
 
-    def _ready(self, since: float | None) -> tuple[int, float | None]:
+    def ready_count(self, since: float | None) -> tuple[int, float | None]:
         return min(self.queue.peek_count(), self.batch_size()), None
 
-    def _batch_limit(self, n: int) -> int:
+    def batch_limit(self, n: int) -> int:
         return n
 
-    def _delivered_one_batch(self) -> None:
+    def delivered_one_batch(self) -> None:
         return None
 
-    def _delivered(self, entries: list[Entry], *, defer_flush: bool = False) -> bool:
+    def delivered_entries(self, entries: list[Entry], *, defer_flush: bool = False) -> bool:
         """As the real proxy's: with ``flush_due`` the pending deletes are due after each delivery; they are
         flushed at once unless ``defer_flush`` (then True is returned and the caller flushes)."""
         values = [e.record.event.value for e in entries]
@@ -204,24 +213,24 @@ class Proxy:
         if self.flush_due:
             if defer_flush:
                 return True
-            self._flush_delivered()
+            self.flush_delivered()
         return False
 
-    def _flush_delivered(self) -> None:
+    def flush_delivered(self) -> None:
         if self.frames is not None:
             self.frames.append(("FLUSH",))
 
-    def _content_failed(self, entries: list[Entry], exc: BaseException) -> None:
+    def content_failed(self, entries: list[Entry], exc: BaseException) -> None:
         """The proxy's poison handling, shortened: the event that cannot be converted is dead-lettered at once,
         the others of its batch go back to the queue."""
-        self.content_failed.append([e.record.event.value for e in entries])
+        self.content_failures.append([e.record.event.value for e in entries])
         self.queue.requeue([e for e in entries if e.record.event.value != "unconvertible"])
 
     def run(self) -> list[Outcome]:
         """The dispatcher loop, until the queue is empty (what ``_push_until_stopped`` does)."""
         outcomes: list[Outcome] = []
         for _ in range(100):
-            n, _ = self._ready(None) if self.form == "SEQUENCE" else (1, None)
+            n, _ = self.ready_count(None) if self.form == "SEQUENCE" else (1, None)
             entries = self.queue.take(n)
             if not entries:
                 return outcomes
@@ -437,7 +446,7 @@ def test_an_event_the_channel_cannot_convert_goes_to_poison_handling_after_the_b
     proxy.put(*values)
     outcomes = proxy.run()
     assert Outcome.EVENT_FAILED in outcomes
-    assert proxy.content_failed[0] == values[100:200]        # the batch that held it, not sent
+    assert proxy.content_failures[0] == values[100:200]        # the batch that held it, not sent
     expected = [v for v in values if v != "unconvertible"]
     assert broker.bodies() == expected and proxy.delivered == expected       # in order, nothing else lost
 
@@ -554,7 +563,7 @@ def test_a_teardown_that_stops_waiting_records_every_entry_of_the_batches_in_fli
                         lambda ev: str(ev).encode())
     proxy: Any = Proxy(SimpleNamespace(local_batches=LocalBatches(flow)))
     proxy.closing = False
-    proxy._flight = flight = Flight[Entry]()
+    proxy.push_flight = flight = Flight[Entry]()
     proxy.put(*events(250))
     monkeypatch.setattr(localpush, "RECEIPT_TIMEOUT_S", 0.01, raising=False)
 

@@ -31,8 +31,16 @@ from router.bridge.ports import (
     LocalChannel,
 )
 from router.jms.model import BodyType, Destination, JmsMessage
-from router.jms.transport import BrokerFull, BrokerUnavailable, Delivery, SendFailed, SendRefused
+from router.jms.transport import (
+    BrokerFull,
+    BrokerUnavailable,
+    Delivery,
+    EncodedMessage,
+    SendFailed,
+    SendRefused,
+)
 from router.mapping.errors import MappingError
+from router.mapping.stomp_codec import StompCodec
 
 QUEUE = Destination("queue", "out")
 UNEXPECTED: list[str] = []
@@ -76,6 +84,10 @@ class TwinTransport(Strict):
     refuse: dict[Any, SendRefused] = field(default_factory=dict)
     open_tx: dict[str, list[tuple[str, JmsMessage]]] = field(default_factory=dict)
     committed_tx: int = 0
+
+    def encode(self, message: JmsMessage) -> EncodedMessage:
+        """The node's encoding (the transport's codec): a refused message's dead letter carries its body."""
+        return StompCodec().encode(message)
 
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
              receipt: bool = True, headers: Any = None) -> None:

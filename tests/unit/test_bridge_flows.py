@@ -24,9 +24,11 @@ from router.jms.transport import (
     BrokerUnavailable,
     ConnectionState,
     Delivery,
+    EncodedMessage,
     SendFailed,
     SendRefused,
 )
+from router.mapping.stomp_codec import StompCodec
 
 QUEUE = Destination("queue", "out")
 
@@ -42,6 +44,10 @@ class FakeTransport:
     subscribes: int = 0
 
     pending: list[tuple[str, JmsMessage]] = field(default_factory=list)
+
+    def encode(self, message: JmsMessage) -> EncodedMessage:
+        """The node's encoding (the transport's codec): a refused message's dead letter carries its body."""
+        return StompCodec().encode(message)
 
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
              receipt: bool = True, headers: Any = None) -> None:
@@ -341,8 +347,8 @@ def test_broker_unavailable_is_a_transport_error_not_a_refusal() -> None:
 def test_headers_activemq_parses_as_numbers_are_checked_before_sending(name: str, value: str, ok: bool) -> None:
     """ActiveMQ closes the connection (no ERROR frame) on such a SEND: the event must be a mapping failure
     (dead-lettered), not an endless unknown-outcome retry."""
-    from router.bridge.limits import check_stomp_limits
     from router.mapping.errors import MappingError
+    from router.mapping.stomp_limits import check_stomp_limits
 
     if ok:
         check_stomp_limits({name: value})
@@ -363,8 +369,8 @@ def test_headers_activemq_parses_as_numbers_are_checked_before_sending(name: str
 def test_a_header_line_over_10_kib_is_a_mapping_failure(value: str, ok: bool) -> None:
     """The header-line check counts UTF-8 bytes after STOMP escaping; its shortcut (a line that cannot reach the
     limit even at 4 bytes a character is not counted) never lets a longer line through."""
-    from router.bridge.limits import check_stomp_limits
     from router.mapping.errors import MappingError
+    from router.mapping.stomp_limits import check_stomp_limits
 
     if ok:
         check_stomp_limits({"x": value})

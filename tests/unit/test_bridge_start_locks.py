@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from router.bridge import bridge as B
+from router.bridge import brokerlink
 from router.bridge import flows as F
 from router.jms.transport import ConnectionState
 
@@ -82,7 +83,7 @@ def test_start_and_a_pull_thread_subscribing_at_once_do_not_deadlock(monkeypatch
         assert start_holds_lock.wait(WAIT_S)
         return bridge._transport().subscribe(None)  # type: ignore[arg-type]
 
-    bridge.flow_in = F.JmsToChannel(bridge, B._LazyTransport(bridge), lambda m: m, None,  # type: ignore[arg-type]
+    bridge.flow_in = F.JmsToChannel(bridge, brokerlink.LazyTransport(bridge), lambda m: m, None,  # type: ignore[arg-type]
                                     subscribe)
     puller = threading.Thread(target=bridge.flow_in.ensure_subscribed, daemon=True)
     puller.start()

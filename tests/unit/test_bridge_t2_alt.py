@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from router.bridge import bridge as B
+from router.bridge import brokerlink
 from router.jms.transport import BrokerUnavailable
 
 SECRET = "s3cret-passcode"
@@ -70,14 +71,14 @@ def _bridge(factory: Factory, main: Twin) -> Any:
 def test_a_refused_second_connection_is_retried_at_most_every_back_off_period(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     clock = {"now": 1000.0}
-    monkeypatch.setattr(B, "_now", lambda: clock["now"])
+    monkeypatch.setattr(brokerlink, "_now", lambda: clock["now"])
     factory, main = Factory(), Twin("main")
     bridge = _bridge(factory, main)
     with caplog.at_level(logging.WARNING, logger="nsjms.bridge"):
         for _ in range(5):                                  # five T2s at once: one open, all on the first one
             assert bridge._t2_transport() is main
         assert factory.opens == ["nsjms-node1-bridge-4-t2b"]
-        clock["now"] += B.T2_ALT_RETRY_S - 0.5
+        clock["now"] += brokerlink.T2_ALT_RETRY_S - 0.5
         assert bridge._t2_transport() is main and len(factory.opens) == 1
         clock["now"] += 1.0                                 # the back-off period is over: tried (and logged) again
         assert bridge._t2_transport() is main and bridge._t2_transport() is main
@@ -86,7 +87,7 @@ def test_a_refused_second_connection_is_retried_at_most_every_back_off_period(
     assert len(failures) == 2, "each failed attempt is logged, at most once per back-off period"
     assert all("too many" in m for m in failures), "with the reason"
     assert SECRET not in caplog.text
-    clock["now"] += B.T2_ALT_RETRY_S + 1.0                  # the broker takes it now
+    clock["now"] += brokerlink.T2_ALT_RETRY_S + 1.0                  # the broker takes it now
     alt = Twin("t2b")
     factory.make = lambda: alt
     assert bridge._t2_transport() is alt and bridge._t2_transport() is alt
@@ -95,7 +96,7 @@ def test_a_refused_second_connection_is_retried_at_most_every_back_off_period(
 
 def test_opening_the_second_connection_never_holds_the_first_connections_lock(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(B, "_now", lambda: 1000.0)
+    monkeypatch.setattr(brokerlink, "_now", lambda: 1000.0)
     factory, main = Factory(), Twin("main")
     gate, entered = threading.Event(), threading.Event()
     factory.make = lambda: Twin("t2b", refuse=BrokerUnavailable("refused"), gate=gate, entered=entered)
@@ -120,7 +121,7 @@ def test_opening_the_second_connection_never_holds_the_first_connections_lock(
 
 def test_a_second_connection_opened_while_the_bridge_stopped_is_closed_not_kept(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(B, "_now", lambda: 1000.0)
+    monkeypatch.setattr(brokerlink, "_now", lambda: 1000.0)
     factory, main = Factory(), Twin("main")
     bridge = _bridge(factory, main)
     alt = Twin("t2b")
@@ -140,7 +141,7 @@ def test_any_failure_to_open_the_second_connection_leaves_it_closed_and_retried_
     the 'opening' flag set forever (the second connection was then never tried again) nor the half-made
     connection open."""
     clock = {"now": 1000.0}
-    monkeypatch.setattr(B, "_now", lambda: clock["now"])
+    monkeypatch.setattr(brokerlink, "_now", lambda: clock["now"])
     factory, main = Factory(), Twin("main")
     made: list[Twin] = []
 
@@ -152,7 +153,7 @@ def test_any_failure_to_open_the_second_connection_leaves_it_closed_and_retried_
     bridge = _bridge(factory, main)
     assert bridge._t2_transport() is main
     assert made[0].closed, "the half-made connection is closed"
-    clock["now"] += B.T2_ALT_RETRY_S + 1.0
+    clock["now"] += brokerlink.T2_ALT_RETRY_S + 1.0
     alt = Twin("t2b")
     factory.make = lambda: alt
     assert bridge._t2_transport() is alt, "tried again after the back-off period"

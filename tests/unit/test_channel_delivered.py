@@ -169,7 +169,7 @@ def test_a_destroyed_proxy_records_its_pending_delivered_events_as_delivered(
         proxy.queue.put(record(i, db_id=100 + i))
     monkeypatch.setattr(pushsupplier, "FLUSH_EVENTS", 10**6)
     monkeypatch.setattr(pushsupplier, "FLUSH_AGE", 10**6)
-    proxy._flush_delivered = lambda **kw: None        # only the teardown may delete: the thread keeps them pending
+    proxy.flush_delivered = lambda **kw: None        # only the teardown may delete: the thread keeps them pending
     t = run_worker(proxy)
     try:
         wait_for(lambda: len(proxy._pending or []) == 3, "three deliveries pending their batch delete")

@@ -83,6 +83,7 @@ class FakeRt:
         self.shutting_down = threading.Event()
         self.push_timeout_ms = 1000
         self.max_event_bytes = 0
+        self.t2: Any = None                    # no routing transactions (router.channel.runtime.Runtime.t2)
         self._seq = 1000
 
     def next_seq(self) -> int:
@@ -133,7 +134,7 @@ def make_proxy(cls: type, consumer: Consumer, monkeypatch: pytest.MonkeyPatch, *
     proxy.client = consumer
     proxy.client_ior = "IOR:fake"
     proxy.queue = ProxyQueue(FIFO_ORDER, 0, 0, proxy._dropped)
-    proxy.dead_lettered, proxy.last_dead_letter, proxy._isolate = 0, None, 0
+    proxy.dead_lettered, proxy.last_dead_letter, proxy.isolating = 0, None, 0
     if hasattr(cls, "_pull_lock"):
         pass
     return proxy
@@ -538,7 +539,9 @@ def test_pulled_events_already_routed_are_not_routed_again_when_a_later_one_wait
     consumer: Any = object.__new__(StructuredProxyPullConsumerImpl)
     consumer.oid, consumer.rt, consumer.id = "ch/0/S/0/1", FakeRt(), 1
     consumer.rt.max_event_bytes = 10
-    consumer.channel, consumer.admin = type("Channel", (), {"id": 0})(), type("Admin", (), {"id": 0})()
+    consumer.channel = type("Channel", (), {"id": 0, "qos": {}, "admin_props": {}})()
+    consumer.admin = type("Admin", (), {"id": 0, "qos": {}})()
+    consumer.qos, consumer.extra = {}, {}
     consumer.stop_event = threading.Event()
     consumer.suspended = False
     routed: list[int] = []

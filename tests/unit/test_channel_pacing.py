@@ -41,19 +41,19 @@ def _fill(proxy: Any, n: int) -> None:
 def test_sequence_push_without_pacing_delivers_a_partial_batch() -> None:
     proxy = _proxy(P.SequenceProxyPushSupplierImpl, batch=10, pacing_s=0)
     _fill(proxy, 3)
-    assert proxy._ready(None) == (3, None)          # before the fix: (0, None), forever
+    assert proxy.ready_count(None) == (3, None)          # before the fix: (0, None), forever
 
 
 def test_sequence_push_takes_at_most_a_full_batch() -> None:
     proxy = _proxy(P.SequenceProxyPushSupplierImpl, batch=10, pacing_s=0)
     _fill(proxy, 25)
-    assert proxy._ready(None) == (10, None)
+    assert proxy.ready_count(None) == (10, None)
 
 
 def test_sequence_push_with_pacing_still_collects_a_partial_batch() -> None:
     proxy = _proxy(P.SequenceProxyPushSupplierImpl, batch=10, pacing_s=3600)
     _fill(proxy, 3)
-    n, since = proxy._ready(None)
+    n, since = proxy.ready_count(None)
     assert n == 0 and since is not None             # the pacing interval has not elapsed: keep collecting
 
 

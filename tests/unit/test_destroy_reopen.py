@@ -72,7 +72,7 @@ def pushing_proxy(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Consumer]:
     consumer = Consumer()
     proxy = make_proxy(P.StructuredProxyPushSupplierImpl, consumer, monkeypatch)
     proxy._lock = threading.RLock()
-    proxy._flight = Flight()
+    proxy.push_flight = Flight()
     return proxy, consumer
 
 

@@ -12,7 +12,7 @@ from omniORB import CORBA, tcInternal
 
 import CosNotification as N
 
-from router.bridge.limits import STOMP_MAX_HEADER_LINE, check_stomp_limits
+from router.mapping.stomp_limits import STOMP_MAX_HEADER_LINE, check_stomp_limits
 from router.jms.model import Destination
 from router.mapping import MappingError, event_to_jms
 from router.mapping import idltypes as it

@@ -16,7 +16,7 @@ from stomp.protocol import Protocol12
 from test_stomp_framing import _Capture
 from test_transport_stomp_faults import FakeBroker, _subscribed, connect, fake  # noqa: F401
 
-from router.bridge.t2in import ACK_RUN, LocalAcks, StompAckBranch
+from router.bridge.t2in import ACK_RUN, AckBranch, LocalAcks
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.stomp.sendframe import encode_ack_frame
 from router.jms.transport import Delivery, LocalProtocolError
@@ -127,7 +127,7 @@ def test_a_local_rounds_acks_between_other_frames_go_out_together_in_order() -> 
     assert outcome == ["commit"]
 
 
-# -- StompAckBranch (T2): runs of ACKs ---------------------------------------------------------------------------
+# -- AckBranch (T2): runs of ACKs ---------------------------------------------------------------------------
 class _TxRecorder(_Recorder):
     def ack_many(self, ds: list[Delivery], transaction: str | None = None) -> None:
         self.calls.append(("ack_many", ([d.message_id for d in ds], transaction)))
@@ -146,8 +146,8 @@ class _TxRecorder(_Recorder):
         self.calls.append(("send", (message.body, transaction, receipt)))
 
 
-def _branch(t: Any, ds: list[Delivery], back: list[list[Delivery]] | None = None) -> StompAckBranch:
-    branch = StompAckBranch(t, ds, on_rollback=(lambda b: back.append(b.deliveries)) if back is not None else None)
+def _branch(t: Any, ds: list[Delivery], back: list[list[Delivery]] | None = None) -> AckBranch:
+    branch = AckBranch(t, ds, on_rollback=(lambda b: back.append(b.deliveries)) if back is not None else None)
     branch.begin(Xid(1, "g1", "stomp-ack"))
     return branch
 

@@ -15,7 +15,7 @@ from router.channel.txdelivery import OWN_ENABLE_TRANSACTION
 
 def _proxy(side: str, style: str, *, qos: dict[str, Any], extra: dict[str, Any] | None = None,
            admin_qos: dict[str, Any] | None = None, t2: bool = True, ack: bool = False) -> Any:
-    proxy: Any = type("Proxy", (), {"_init_ack": lambda self: None} if ack else {})()
+    proxy: Any = type("Proxy", (), {"acknowledging": ack})()
     proxy.side, proxy.style, proxy.qos, proxy.extra = side, style, qos, extra or {}
     proxy.rt = type("Rt", (), {"t2": object() if t2 else None})()
     proxy.admin = type("Admin", (), {"qos": admin_qos or {}})()

@@ -74,8 +74,8 @@ def proxy(db: Db, *, t2: bool) -> Any:
     rt = SimpleNamespace(db=db, t2=SimpleNamespace(coordinator=coordinator, enlist=lambda txn, branch: None))
     channel = SimpleNamespace(admin_props={}, qos={C.Q.ENABLE_TRANSACTION: t2}, publish=lambda plan: None,
                               queued_count=lambda: 0)
-    return SimpleNamespace(rt=rt, channel=channel, qos={}, admin=None, oid="p1", room=lambda n: n, begun=begun,
-                           extra=None)
+    return SimpleNamespace(rt=rt, channel=channel, qos={}, admin=SimpleNamespace(id=1, qos={}), oid="p1",
+                           room=lambda n: n, begun=begun, extra={})
 
 
 def test_an_idle_local_round_checks_out_no_connection() -> None:

@@ -98,13 +98,14 @@ class Rig:
         self.db = Db()
         begun = iter(range(1, 100))
         coordinator = SimpleNamespace(begin=lambda timeout: Txn(next(begun), self.log, self.gate))
-        rt = SimpleNamespace(db=self.db, t2=SimpleNamespace(coordinator=coordinator, enlist=lambda txn, b: None))
+        rt = SimpleNamespace(db=self.db, t2=SimpleNamespace(coordinator=coordinator, enlist=lambda txn, b: None),
+                             store=SimpleNamespace(ledger=None))
         self.published: list[Any] = []
         channel = SimpleNamespace(admin_props=admin_props or {}, qos={Q.ENABLE_TRANSACTION: True},
                                   queued_count=lambda: 0, store_in=lambda conn, plan: None,
                                   publish=self._publish)
-        self.proxy = SimpleNamespace(rt=rt, channel=channel, qos={}, admin=None, oid="p1", room=lambda n: n,
-                                     extra=None)
+        self.proxy = SimpleNamespace(rt=rt, channel=channel, qos={}, admin=SimpleNamespace(id=1, qos={}), oid="p1",
+                                     room=lambda n: n, extra={})
         monkeypatch.setattr(C, "t2_branch", lambda ledger, conn, branch, gtrid: branch)
         monkeypatch.setattr(C, "PgBranch", lambda conn, name: SimpleNamespace(name=name))
         self.driver = C.InboundT2Driver(self.proxy, sequence=False)

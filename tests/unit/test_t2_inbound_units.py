@@ -18,11 +18,11 @@ from psycopg import Xid
 
 from router.bridge import flows as F
 from router.bridge import t2in as T
-from router.bridge.codec import MappingCodec
 from router.jms.memory.broker import MemoryBroker
 from router.jms.memory.transport import MemoryTransport
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.transport import BrokerError, BrokerUnavailable, Delivery, ReceiptTimeout
+from router.mapping.stomp_codec import StompCodec
 from xa.coordinator import Coordinator, Transaction
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 from xa.states import State
@@ -126,7 +126,7 @@ class Rig:
     def __init__(self, broker: MemoryBroker, coordinator: Coordinator) -> None:
         self.broker = broker
         self.coordinator = coordinator
-        self.transport = MemoryTransport(broker=broker, codec=MappingCodec())
+        self.transport = MemoryTransport(broker=broker, codec=StompCodec())
         self.transport.connect()
         self.bridge = FakeBridge()
         self.dead = F.DeadLetter(lambda: self.transport, self.bridge.id)
@@ -137,7 +137,7 @@ class Rig:
         self.seal = True
 
     def produce(self, *bodies: str) -> None:
-        with MemoryTransport(broker=self.broker, codec=MappingCodec()) as t:
+        with MemoryTransport(broker=self.broker, codec=StompCodec()) as t:
             for b in bodies:
                 t.send(QUEUE, JmsMessage(BodyType.TEXT, b))
 
@@ -160,7 +160,7 @@ class Rig:
         """Bodies still on the queue once this rig's connection is gone (what the broker would redeliver)."""
         self.transport.close()
         out = []
-        with MemoryTransport(broker=self.broker, codec=MappingCodec()) as t:
+        with MemoryTransport(broker=self.broker, codec=StompCodec()) as t:
             sub = t.subscribe(QUEUE)
             while (d := sub.receive(0.0)) is not None:
                 out.append(str(d.message.body))
@@ -169,7 +169,7 @@ class Rig:
 
     def dlq(self) -> list[Delivery]:
         out = []
-        with MemoryTransport(broker=self.broker, codec=MappingCodec()) as t:
+        with MemoryTransport(broker=self.broker, codec=StompCodec()) as t:
             sub = t.subscribe(F.DEFAULT_DLQ)
             while (d := sub.receive(0.0)) is not None:
                 out.append(d)
@@ -188,7 +188,7 @@ def test_ack_branch_commits_the_acks_only_at_commit(rig: Rig) -> None:
     sub = rig.transport.subscribe(QUEUE)
     got = [sub.receive(0.0), sub.receive(0.0)]
     txn = rig.coordinator.begin(30)
-    branch = T.StompAckBranch(rig.transport, [d for d in got if d is not None])
+    branch = T.AckBranch(rig.transport, [d for d in got if d is not None])
     txn.enlist(branch)
     for d in branch.deliveries:
         branch.ack(d)
@@ -205,14 +205,14 @@ def test_ack_branch_rollback_aborts_and_gives_the_deliveries_back(rig: Rig) -> N
     assert d is not None
     back: list[list[Delivery]] = []
     txn = rig.coordinator.begin(30)
-    branch = T.StompAckBranch(rig.transport, [d], on_rollback=lambda b: back.append(b.deliveries))
+    branch = T.AckBranch(rig.transport, [d], on_rollback=lambda b: back.append(b.deliveries))
     txn.enlist(branch)
     branch.ack(d)
     txn.rollback("no")
     assert back == [[d]]
     # ActiveMQ keeps an aborted ack's message dispatched to the live consumer: it must be acked again, here
     txn2 = rig.coordinator.begin(30)
-    again = T.StompAckBranch(rig.transport, [d])
+    again = T.AckBranch(rig.transport, [d])
     txn2.enlist(again)
     again.ack(d)
     txn2.commit()
@@ -226,7 +226,7 @@ def test_lost_commit_is_outcome_unknown_and_reported(rig: Rig) -> None:
     assert d is not None
     unknown: list[BaseException] = []
     txn = rig.coordinator.begin(30)
-    branch = T.StompAckBranch(rig.transport, [d], on_unknown=unknown.append)
+    branch = T.AckBranch(rig.transport, [d], on_unknown=unknown.append)
     txn.enlist(branch)
     branch.ack(d)
     rig.broker.inject_fault("commit", BrokerUnavailable("connection lost before the receipt"))
@@ -241,7 +241,7 @@ def test_commit_without_receipt_raises_outcome_unknown(rig: Rig) -> None:
     sub = rig.transport.subscribe(QUEUE)
     d = sub.receive(0.0)
     assert d is not None
-    branch = T.StompAckBranch(rig.transport, [d])
+    branch = T.AckBranch(rig.transport, [d])
     branch.begin(Xid(1, "g1", "stomp-ack"))
     branch.ack(d)
     branch.prepare()
@@ -255,7 +255,7 @@ def test_a_failed_frame_votes_no_at_prepare(rig: Rig) -> None:
     sub = rig.transport.subscribe(QUEUE)
     got = [sub.receive(0.0), sub.receive(0.0)]
     txn = rig.coordinator.begin(30)
-    branch = T.StompAckBranch(rig.transport, [d for d in got if d is not None])
+    branch = T.AckBranch(rig.transport, [d for d in got if d is not None])
     txn.enlist(branch)
     for d in branch.deliveries:
         branch.ack(d)
@@ -458,6 +458,7 @@ class _Holder:
 class _Proxy:
     def __init__(self, qos: dict[str, Any], admin: _Holder, channel: _Holder) -> None:
         self.qos, self.admin, self.channel = qos, admin, channel
+        self.extra: dict[str, Any] = {}
 
 
 def test_t2_batch_follows_nji_table_2_10() -> None:

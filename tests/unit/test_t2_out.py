@@ -24,7 +24,6 @@ import CosNotification
 
 from idl.generated import BridgeTransactionMgmt as BTM
 from router.bridge import txbranch
-from router.bridge.codec import MappingCodec
 from router.bridge.txbranch import SendBranch
 from router.bridge.txmgmt import TransactionMgmtMixin
 from router.bridge.txout import DEDUPE_PROPERTY, DUPL_ID_HEADER, OutboundT2
@@ -47,6 +46,7 @@ from router.jms.transport import (
     Transport,
 )
 from router.mapping.errors import MappingError
+from router.mapping.stomp_codec import StompCodec
 from xa.coordinator import Coordinator
 from xa.errors import BranchUnavailable, LogDurabilityUnknown, OutcomeUnknown, PrepareFailed
 from xa.testing import FakeClock, MemoryLog, MemoryManager
@@ -165,11 +165,11 @@ class Rig:
         self.pg = MemoryManager("postgresql", self.clock)
         monkeypatch.setattr(TX, "PgBranch", lambda conn, name: self.pg.branch(name))
         self.broker = MemoryBroker(f"t2u-{id(self)}")
-        self.transport = MemoryTransport(broker=self.broker, codec=MappingCodec())
+        self.transport = MemoryTransport(broker=self.broker, codec=StompCodec())
         self.transport.connect()
         self.wire: Transport = RefusingTransport(self.transport)
         self.running = True
-        self.out = OutboundT2(3, OUT, lambda: self.wire, MappingCodec(), to_jms, lambda ev: str(ev).encode(), DLQ,
+        self.out = OutboundT2(3, OUT, lambda: self.wire, StompCodec(), to_jms, lambda ev: str(ev).encode(), DLQ,
                               self.t2.enlist, lambda: self.running, amq_dupl_id=dupl,
                               **({} if outbox is None else {"outbox": outbox}))
         self.t2.register_local(IOR, self.out)
@@ -189,7 +189,7 @@ class Rig:
         proxy.stop_event = threading.Event()
         proxy.client, proxy.client_ior = None, IOR
         proxy.queue = ProxyQueue(FIFO_ORDER, 0, 0, proxy._dropped)
-        proxy.dead_lettered, proxy.last_dead_letter, proxy._isolate = 0, None, 0
+        proxy.dead_lettered, proxy.last_dead_letter, proxy.isolating = 0, None, 0
         self.proxy = proxy
         self.records: dict[int, Record] = {}
 
@@ -201,7 +201,7 @@ class Rig:
 
     def round(self) -> Outcome:
         """What one turn of the dispatcher does: take a batch, deliver it."""
-        entries = self.proxy.queue.take(self.proxy._batch_limit(self.proxy.batch_size()))
+        entries = self.proxy.queue.take(self.proxy.batch_limit(self.proxy.batch_size()))
         assert entries, "nothing queued"
         outcome: Outcome = self.proxy._deliver(entries)
         TX.drain(self.proxy)             # the phase two the proxy's completer runs meanwhile (pipelined T2s)
@@ -362,7 +362,7 @@ def test_a_participant_that_maps_and_encodes_in_one_step_sends_that_frame(monkey
     def to_frame(event: Any, destination: Destination) -> tuple[JmsMessage, EncodedMessage]:
         calls.append(event)
         msg = to_jms(event, destination)
-        encoded = MappingCodec().encode(msg)
+        encoded = StompCodec().encode(msg)
         return msg, EncodedMessage({**encoded.headers, "encoded_once": str(event)}, encoded.body)
 
     def no_to_jms(event: Any, destination: Destination) -> JmsMessage:
@@ -435,7 +435,7 @@ def test_a_refused_send_rolls_back_then_the_poison_event_is_dead_lettered_in_a_t
     assert rig.bodies("out") == ["event 5", "event 6", "event 8"], outcomes
     dead = rig.on("nsjms.DLQ")
     assert len(dead) == 1 and "not authorized" in dead[0].headers["nsjms_dlq_reason"]
-    assert len(rig.proxy.queue) == 0 and rig.proxy._isolate == 0
+    assert len(rig.proxy.queue) == 0 and rig.proxy.isolating == 0
     assert rig.proxy.rt.store.deleted.count(107) == 3, "each attempt deleted it in its own branch"
     assert all(r.holders == 0 for r in rig.records.values())
 
@@ -724,7 +724,7 @@ def test_an_acknowledging_proxy_never_claims_a_t2(monkeypatch: pytest.MonkeyPatc
     """An Ack proxy supplier pushes from its own loop (resend window), never through ``_deliver``: it must refuse
     EnableTransaction rather than accept it and deliver without a transaction."""
     rig = Rig(monkeypatch)
-    rig.proxy._init_ack = lambda: None
+    rig.proxy.acknowledging = True
     assert TX.participant(rig.proxy) is None
     assert "acknowledging" in rig.proxy.status_extra()["t2_unavailable"]
     rig.proxy.qos[Q.ENABLE_TRANSACTION] = False
@@ -922,7 +922,7 @@ def test_a_refused_message_in_the_next_t2_leaves_the_decided_one_committed(monke
     assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.DELIVERED       # T2 1 decided, COMMIT held
     assert gated.entered.wait(10)
     assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.EVENT_FAILED    # T2 2: event 7 refused
-    assert rig.proxy._isolate == 2
+    assert rig.proxy.isolating == 2
     gated.gate.set()
     assert TX.drain(rig.proxy, 10)
     assert rig.bodies("out") == ["event 1", "event 2"]
@@ -947,7 +947,7 @@ def test_a_pending_disable_refuses_new_t2s_so_it_applies_under_steady_traffic(
     assert gated.entered.wait(10)
     pending[0] = True                                                             # disable_transaction: pending
     assert rig.proxy._deliver(rig.proxy.queue.take(2)) is Outcome.RETRY           # no T2 2
-    assert rig.proxy._isolate == 0
+    assert rig.proxy.isolating == 0
     assert "disable_transaction is pending" in TX.state(rig.proxy).last_rollback
     gated.gate.set()
     assert TX.drain(rig.proxy, 10)
@@ -1050,7 +1050,7 @@ def test_a_refused_last_frame_is_a_content_failure(monkeypatch: pytest.MonkeyPat
     rig = Rig(monkeypatch, events=3)
     rig.put(5, 6, 7)                                    # event 7 is refused, and it is the last of the batch
     assert rig.round() is Outcome.EVENT_FAILED
-    assert rig.proxy._isolate == 3 and rig.bodies("out") == []
+    assert rig.proxy.isolating == 3 and rig.bodies("out") == []
     assert [e.record.seq for e in rig.proxy.queue.take(5)] == [5, 6, 7]
 
 
@@ -1113,7 +1113,7 @@ def test_a_failed_background_begin_is_an_outage(monkeypatch: pytest.MonkeyPatch)
     gated.release.set()
     rig.put(1, 2)
     assert rig.round() is Outcome.RETRY
-    assert rig.proxy._isolate == 0, "an outage never isolates the batch"
+    assert rig.proxy.isolating == 0, "an outage never isolates the batch"
     assert rig.bodies("out") == [] and [e.record.seq for e in rig.proxy.queue.take(5)] == [1, 2]
     assert rig.pg.prepared == {} and rig.t2.coordinator.in_flight() == frozenset()
 
@@ -1240,7 +1240,7 @@ def test_a_full_broker_store_is_an_outage_nothing_dead_lettered_nothing_deleted(
         rig.broker.inject_fault("send", full)
         assert rig.round() is Outcome.RETRY
         assert [e.record.seq for e in rig.proxy.queue._all()] == [5, 6, 8]
-        assert all(e.failures == 0 for e in rig.proxy.queue._all()) and rig.proxy._isolate == 0
+        assert all(e.failures == 0 for e in rig.proxy.queue._all()) and rig.proxy.isolating == 0
         assert RESOURCE_MARK in rig.proxy.failing, rig.proxy.failing
     assert rig.proxy.dead_lettered == 0 and rig.on("nsjms.DLQ") == [] and rig.on("out") == []
     assert rig.proxy.rt.store.deleted.count(105) == POISON_ATTEMPTS + 2, "each rolled-back branch, none committed"

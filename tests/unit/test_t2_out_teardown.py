@@ -58,14 +58,14 @@ def test_a_proxy_teardown_waits_for_the_phase_two_of_a_decided_t2(monkeypatch: p
 
     gated.inner = commit_and_note
     proxy = rig.proxy
-    proxy._flight = Flight()
+    proxy.push_flight = Flight()
     proxy.rt.store = TeardownStore(proxy.rt.store, order)
     proxy.rt.db = Db(proxy.rt.db)
     proxy.rt.shutting_down = threading.Event()
     rig.put(1, 2)
     assert proxy._deliver(proxy.queue.take(2)) is Outcome.DELIVERED       # decided; phase two held at COMMIT
     assert gated.entered.wait(10)
-    assert proxy._flight.holding() == 2
+    assert proxy.push_flight.holding() == 2
     teardown = threading.Thread(target=proxy._delete_row, args=(False,))
     teardown.start()
     teardown.join(0.5)               # the gate is closed: with the fix the teardown cannot have finished
@@ -74,7 +74,7 @@ def test_a_proxy_teardown_waits_for_the_phase_two_of_a_decided_t2(monkeypatch: p
     assert not teardown.is_alive()
     assert order == ["broker committed", "proxy deleted"]
     assert proxy._stuck == (), "a decided T2's entries are never recorded as stuck (discarded)"
-    assert TX.state(proxy).committed == 1 and proxy._flight.holding() == 0
+    assert TX.state(proxy).committed == 1 and proxy.push_flight.holding() == 0
     assert rig.t2.log.live() == {}
 
 
@@ -85,18 +85,18 @@ def test_a_teardown_that_stops_waiting_leaves_the_t2_to_recovery_and_reports_not
     rig = Rig(monkeypatch, events=2)
     gated = GatedCommit(rig)
     proxy = rig.proxy
-    proxy._flight = Flight()
+    proxy.push_flight = Flight()
     monkeypatch.setattr(TX, "PHASE_TWO_WAIT_S", 0.0)
     rig.put(1, 2)
     assert proxy._deliver(proxy.queue.take(2)) is Outcome.DELIVERED
     assert gated.entered.wait(10)
-    assert proxy._flight.wait_ended(0.0) == []
+    assert proxy.push_flight.wait_ended(0.0) == []
     assert "recovery finishes them" in caplog.text
     decided = [g for g, t in rig.t2.log.live().items() if t.commit is not None]
     assert len(decided) == 1, "the COMMIT record stays live for recovery"
     gated.gate.set()
     assert TX.drain(proxy, 10)
-    assert proxy._flight.holding() == 0 and rig.t2.log.live() == {}
+    assert proxy.push_flight.holding() == 0 and rig.t2.log.live() == {}
 
 
 # ------------------------------------------------------------------------------------------------ node stop
@@ -152,11 +152,11 @@ def test_consecutive_t2s_alternate_between_the_two_connections_and_commit_in_ord
         monkeypatch: pytest.MonkeyPatch) -> None:
     """T2 1 goes out on the second connection, T2 2 on the first: T2 2's BEGIN and SENDs reach the broker while
     T2 1's COMMIT is held on the other connection, and the broker still commits T2 1's batch first."""
-    from router.bridge.codec import MappingCodec
     from router.jms.memory.transport import MemoryTransport
+    from router.mapping.stomp_codec import StompCodec
 
     rig = Rig(monkeypatch, events=2)
-    alt = MemoryTransport(broker=rig.broker, codec=MappingCodec())
+    alt = MemoryTransport(broker=rig.broker, codec=StompCodec())
     alt.connect()
     order: list[str] = []
     hold = threading.Event()

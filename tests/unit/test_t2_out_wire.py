@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -33,14 +34,14 @@ from test_to_jms_wire import (  # noqa: F401  (orb, recorder: that module's fixt
     recorder,
 )
 
-from router.bridge import bridge as bridge_module
-from router.bridge.bridge import BridgeImpl
-from router.bridge.codec import MappingCodec
+from router.bridge import brokerlink as bridge_module
+from router.bridge.brokerlink import BrokerLink
 from router.bridge.txbranch import SendBranch
 from router.bridge.txout import OutboundT2
 from router.jms.model import Destination
 from router.jms.stomp.transport import StompTransport
 from router.mapping.errors import MappingError
+from router.mapping.stomp_codec import StompCodec
 from router.t2 import OutboxRow
 from xa.xid import NodeId, branch_xid, new_gtrid
 
@@ -81,7 +82,8 @@ def _enlist(txn: Txn, branch: SendBranch) -> None:
 def _to_frame(event: Any, destination: Destination) -> Any:
     if event == UNMAPPABLE:
         raise MappingError("this event cannot be mapped (pinned dead letter)", "body")
-    return BridgeImpl._to_jms_frame(None, event, destination)  # type: ignore[arg-type]
+    bridge = SimpleNamespace(codec=StompCodec())       # the bridge's codec (BrokerSettings.codec)
+    return BrokerLink._to_jms_frame(bridge, event, destination)  # type: ignore[arg-type]
 
 
 def _wire(recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> tuple[str, list[Txn], Outbox, list[int]]:
@@ -91,10 +93,10 @@ def _wire(recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> tuple[str, lis
             return NOW_MS / 1000
 
     monkeypatch.setattr(bridge_module, "time", Clock)
-    t = StompTransport(f"stomp://127.0.0.1:{recorder.port}", heartbeats=(0, 0), codec=MappingCodec())
+    t = StompTransport(f"stomp://127.0.0.1:{recorder.port}", heartbeats=(0, 0), codec=StompCodec())
     t.connect()
     outbox = Outbox()
-    out = OutboundT2(7, DEST, lambda: t, MappingCodec(), lambda ev, dest: None,  # type: ignore[arg-type,return-value]
+    out = OutboundT2(7, DEST, lambda: t, StompCodec(), lambda ev, dest: None,  # type: ignore[arg-type,return-value]
                      lambda ev: b"the unmappable event's bytes", DLQ, _enlist, lambda: True, to_frame=_to_frame,
                      outbox=outbox)
     out.send_chunk = 3          # chunks of mapped frames written while mapping goes on (ignored by the older code)

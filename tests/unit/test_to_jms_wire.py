@@ -21,6 +21,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import omniORB
@@ -31,9 +32,9 @@ import CosNotification as N
 import CosNotifyChannelAdmin as CA
 import TimeBase
 
-from router.bridge import bridge as bridge_module
-from router.bridge.bridge import BridgeImpl
-from router.bridge.codec import MappingCodec
+from router.bridge import brokerlink as bridge_module
+from router.bridge.brokerlink import BrokerLink
+from router.mapping.stomp_codec import StompCodec
 from router.channel.events import Event, Form, as_structured
 from router.jms.model import DeliveryMode, Destination
 from router.jms.stomp.transport import StompTransport
@@ -179,12 +180,13 @@ def _frames(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
             return NOW_MS / 1000
 
     monkeypatch.setattr(bridge_module, "time", Clock)
-    return [BridgeImpl._to_jms_frame(None, ev, DEST) for ev in events()]  # type: ignore[arg-type]
+    bridge = SimpleNamespace(codec=StompCodec())       # the bridge's codec (BrokerSettings.codec)
+    return [BrokerLink._to_jms_frame(bridge, ev, DEST) for ev in events()]  # type: ignore[arg-type]
 
 
 def _wire(recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> str:
     frames = _frames(monkeypatch)
-    t = StompTransport(f"stomp://127.0.0.1:{recorder.port}", heartbeats=(0, 0), codec=MappingCodec())
+    t = StompTransport(f"stomp://127.0.0.1:{recorder.port}", heartbeats=(0, 0), codec=StompCodec())
     t.connect()
     try:
         tx = t.begin_nowait()                      # a batch (a structured proxy's) or a pushed sequence

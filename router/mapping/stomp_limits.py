@@ -4,10 +4,13 @@ A frame ActiveMQ refuses is either answered with an ERROR frame that closes the 
 10 KiB, more than 1000 headers) or makes it close the connection without any answer (a header it parses as a number
 that is not one — measured on 5.17). Either looks like a broker failure to the sender, so an event producing such a
 frame would be retried forever and stall its bridge: :func:`check_stomp_limits` turns it into a mapping failure,
-which the bridge dead-letters with the reason.
+which the bridge dead-letters with the reason. Part of the STOMP codec (:mod:`router.mapping.stomp_codec`,
+``StompCodec.check``); moved here from ``router/bridge/limits.py`` (issue 24: the bridge names no wire format).
 """
 
 from __future__ import annotations
+
+from router.mapping.errors import MappingError
 
 __all__ = ["STOMP_INTEGER_HEADERS", "STOMP_MAX_HEADERS", "STOMP_MAX_HEADER_LINE", "check_stomp_limits"]
 
@@ -28,8 +31,6 @@ _INTEGER_BITS = tuple((name, 32 if name == "JMSXGroupSeq" else 64) for name in s
 def check_stomp_limits(headers: dict[str, str]) -> None:
     """A mapping failure (the event is dead-lettered) when the frame exceeds what the broker accepts."""
     if len(headers) + _STOMP_RESERVE > STOMP_MAX_HEADERS:
-        from router.mapping.errors import MappingError
-
         raise MappingError(f"{len(headers)} STOMP headers; the broker accepts at most {STOMP_MAX_HEADERS}",
                            "properties")
     # The usual frame: no line can reach the limit (a character takes at most 4 bytes, escaped or in UTF-8, even
@@ -42,7 +43,6 @@ def check_stomp_limits(headers: dict[str, str]) -> None:
                 break                    # not a Java integer: the walk below raises for it
         else:
             return
-    from router.mapping.errors import MappingError
 
     for name, value in headers.items():
         if name in STOMP_INTEGER_HEADERS and not _is_java_integer(value, 32 if name == "JMSXGroupSeq" else 64):
