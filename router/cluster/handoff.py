@@ -222,9 +222,13 @@ def fail(conn: Conn, hid: int, error: str) -> HandOff:
 
 
 def released_to(conn: Conn, node: str) -> list[HandOff]:
-    """The moves released to ``node`` that it has still to start, oldest first."""
+    """The moves released to ``node`` that it has still to start, oldest first: only those whose channel ``node``
+    still owns (a takeover may have moved it on meanwhile; :func:`router.cluster.ownership.claim_all` also ends
+    them)."""
+    cols = ", ".join(f"h.{c.strip()}" for c in _COLS.split(","))
     return [_row(r) for r in conn.execute(
-        f"SELECT {_COLS} FROM nsjms_handoff WHERE to_node = %s AND state = 'released' ORDER BY id",
+        f"SELECT {cols} FROM nsjms_handoff h JOIN nsjms_owner o ON o.kind = 'channel' AND o.object_id = h.channel_id "
+        "AND o.node_id = h.to_node WHERE h.to_node = %s AND h.state = 'released' ORDER BY h.id",
         (node,)).fetchall()]
 
 

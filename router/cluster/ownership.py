@@ -91,4 +91,11 @@ def claim_all(conn: Conn, dead: str, by: str, by_epoch: int) -> tuple[int, Owned
         (dead,)).fetchall()
     for kind, oid in rows:
         M.claim(conn, (str(kind), int(oid)), dead, by)
+    # the dead node's open hand-offs end here (migration 0010): a move it was to make ('requested' from it) or to
+    # start ('requested' or 'released' to it; the latter's channel moved to ``by`` just above). Left open, one pinned
+    # its channel (no other move, never a clean drain), and a 'released' one was started by the dead node's next
+    # incarnation beside ``by``: two nodes running one channel (review of this session).
+    conn.execute("UPDATE nsjms_handoff SET state = 'failed', error = %s WHERE (from_node = %s AND state = 'requested') "
+                 "OR (to_node = %s AND state IN ('requested', 'released'))",
+                 (f"node {dead} was taken over by {by}", dead, dead))
     return new_epoch, moved

@@ -166,3 +166,45 @@ def test_a_drain_is_clean_dirty_or_heuristic_by_what_the_node_leaves_in_doubt(db
         with psycopg.connect(fresh_db, autocommit=True) as conn3:
             for (gid,) in conn3.execute("SELECT gid FROM pg_prepared_xacts").fetchall():
                 conn3.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+
+
+def _expire(db: Database, node: str) -> None:
+    with db.unit_of_work() as conn:
+        conn.execute("UPDATE nsjms_member SET lease_until = clock_timestamp() - interval '1 second' "
+                     "WHERE node_id = %s", (node,))
+
+
+def test_a_takeover_ends_the_dead_nodes_open_moves_so_its_next_incarnation_starts_none(db: Database) -> None:
+    """Review finding (this session): a move released TO a node that then died stayed 'released'; the survivor
+    claimed the channel and ran it, and the dead node's next incarnation started the same channel from that row: two
+    nodes running one channel. A move requested FROM a dead node pinned its channel (no other move, no clean drain)."""
+    from router.cluster.ownership import claim_all
+
+    e1, e2, e3 = _join(db, "n1"), _join(db, "n2"), _join(db, "n3")
+    _channel(db, 1, "n1")
+    _channel(db, 2, "n2")
+    with db.unit_of_work() as conn:
+        move = H.request_drain(conn, "n1")[1][0]
+        released = H.release(conn, move, "n1", e1, 0.1)              # channel 1 released to n3 (least loaded) ...
+    assert released.to_node == "n3" and _owners(db)[("channel", 1)] == "n3"
+    _channel(db, 3, "n3")
+    with db.unit_of_work() as conn:
+        from_dead = H._insert(conn, 3, "n3", e3, "n2", "rebalance")  # ... a move n3 was to make ...
+        live_move = H._insert(conn, 2, "n2", e2, "n1", "rebalance")  # ... and a live node's own move
+    _expire(db, "n3")                                                # n3 dies before starting channel 1
+    with db.unit_of_work() as conn:
+        claim_all(conn, "n3", "n2", e2)
+    assert _owners(db)[("channel", 1)] == "n2" and _owners(db)[("channel", 3)] == "n2", "the survivor owns them"
+    with db.unit_of_work() as conn:
+        assert H.released_to(conn, "n3") == [], "the dead node's next incarnation starts nothing of it"
+        states = dict(conn.execute("SELECT id, state FROM nsjms_handoff").fetchall())
+    assert (states[released.id], states[from_dead.id], states[live_move.id]) == ("failed", "failed", "requested")
+
+
+def test_a_released_move_whose_channel_moved_on_is_not_started(db: Database) -> None:
+    e1, _ = _join(db, "n1"), _join(db, "n2")
+    _channel(db, 1, "n1")
+    with db.unit_of_work() as conn:
+        released = H.release(conn, H.request_drain(conn, "n1")[1][0], "n1", e1, 0.1)
+        M.claim(conn, ("channel", 1), "n2", "n1")                    # moved on by other means meanwhile
+        assert released.to_node == "n2" and H.released_to(conn, "n2") == []
