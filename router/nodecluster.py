@@ -121,24 +121,35 @@ class ClusterRole:
         from router.channel.txdelivery import drain
         from router.cluster import handoff as H
         from router.cluster.ownership import Owned
-        from router.cluster.release import join_threads, stop_channel
+        from router.cluster.release import Pending, stop_channel, wait_pending
 
         epoch = self._live_epoch()
         if epoch is None:
             return
         with self.db.unit_of_work() as conn:
             outbound = H.open_from(conn, self.s.node_id, epoch)
-        stuck: dict[int, list[str]] = self.__dict__.setdefault("_handoff_stuck", {})
+        stuck: dict[int, list[Pending]] = self.__dict__.setdefault("_handoff_stuck", {})
         for h in outbound:
             began = time.monotonic()
-            if h.id in stuck:                            # stopped at an earlier pass, a thread had not ended
-                left = join_threads(stuck[h.id], began + HANDOFF_STOP_S)
+            if h.id in stuck:                            # stopped at an earlier pass, something had not ended
+                left = wait_pending(stuck[h.id], began + HANDOFF_STOP_S)
             else:
-                bids = [bid for bid, b in list(self.bridges.bridges.items()) if b.row.channel_id == h.channel_id]
-                left = stop_channel(self.factory, self.bridges, h.channel_id, bids, HANDOFF_STOP_S, drain)
-                late = [bid for bid, b in list(self.bridges.bridges.items()) if b.row.channel_id == h.channel_id]
-                if late:                                 # created while the channel stopped: stopped too
-                    left += stop_channel(self.factory, self.bridges, h.channel_id, late, HANDOFF_STOP_S, drain)
+                try:
+                    bids = [bid for bid, b in list(self.bridges.bridges.items()) if b.row.channel_id == h.channel_id]
+                    left = stop_channel(self.factory, self.bridges, h.channel_id, bids, HANDOFF_STOP_S, drain)
+                    late = [bid for bid, b in list(self.bridges.bridges.items()) if b.row.channel_id == h.channel_id]
+                    if late:                             # created while the channel stopped: stopped too
+                        left += stop_channel(self.factory, self.bridges, h.channel_id, late, HANDOFF_STOP_S, drain)
+                except Exception as exc:
+                    log.exception("cluster: stopping channel %d for its hand-off failed; it stays on this node",
+                                  h.channel_id)
+                    with self.db.unit_of_work() as conn:
+                        H.fail(conn, h.id, f"stopping it on {self.s.node_id} failed: {type(exc).__name__}: {exc}")
+                        unit = H.channel_unit(conn, h.channel_id)
+                    telemetry.cluster_handoff("failed", h.reason)
+                    self.factory.arrive(unit.channels)
+                    self._take_over(unit)
+                    continue
             if left:                                     # never released while something of it may still act
                 stuck[h.id] = left
                 continue
@@ -155,6 +166,7 @@ class ClusterRole:
                 telemetry.cluster_handoff("failed", h.reason)
                 with self.db.unit_of_work() as conn:
                     unit = H.channel_unit(conn, h.channel_id)
+                self.factory.arrive(unit.channels)       # TRANSIENT, not OBJECT_NOT_EXIST, while it loads again
                 self._take_over(unit)
                 continue
             forwarder = getattr(self.runtime, "forwarder", None)   # a cached owner answer is stale now

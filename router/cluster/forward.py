@@ -47,7 +47,9 @@ CACHE_S = 1.0                      # how long an owner answer is reused (a takeo
 LOOKUP_WAIT_S = 2.0                # the longest wait for a pooled connection to read an owner
 _OBJECT = "IDL:omg.org/CORBA/Object:1.0"
 _NO_MATCH = int(omniORB.OBJECT_NOT_EXIST_NoMatch)   # what a POA without a servant manager answers
-_OID = re.compile(r"(ch|br)/(\d+)(?:/.*)?", re.S)
+_OID = re.compile(r"(ch|br)/(\d{1,10})(?:/.*)?", re.S)
+_MAX_ID = 2**31 - 1                # channel and bridge ids are PostgreSQL integers
+_CACHE_MAX = 4096                  # owner answers kept at most (an id nobody owns is asked for once a second at most)
 
 
 @dataclass(frozen=True)
@@ -86,8 +88,8 @@ def object_of(oid: str) -> Object | None:
     """The owned unit an object id belongs to: ``ch/3/C/1/2`` -> ("channel", 3), ``br/7/recv`` -> ("bridge", 7);
     None for ids without an owner (filters, the node's own objects)."""
     m = _OID.fullmatch(oid)
-    if m is None:
-        return None
+    if m is None or int(m.group(2)) > _MAX_ID:
+        return None                  # (a larger id exists nowhere; asked, PostgreSQL would refuse the parameter)
     return ("channel" if m.group(1) == "ch" else "bridge", int(m.group(2)))
 
 
@@ -161,6 +163,10 @@ class Forwarder(PortableServer.ServantActivator):
         else:                        # (owned here: what runs here decides, and the row may be of a destroyed one)
             row = self._lookup(obj)
             with self._lock:
+                if len(self._cache) >= _CACHE_MAX:           # requests run before any auth: bounded, stale first
+                    self._cache = {k: v for k, v in self._cache.items() if now - v[0] < CACHE_S}
+                    if len(self._cache) >= _CACHE_MAX:
+                        self._cache.clear()
                 self._cache[obj] = (now, row)
         return decide(row, self.me, self._loaded(obj))
 

@@ -105,11 +105,17 @@ def _open_channels(conn: Conn) -> set[int]:
         "SELECT channel_id FROM nsjms_handoff WHERE state IN ('requested', 'released')").fetchall()}
 
 
-def _insert(conn: Conn, cid: int, frm: str, epoch: int, to: str, reason: str) -> HandOff:
+def _insert(conn: Conn, cid: int, frm: str, epoch: int, to: str, reason: str) -> HandOff | None:
+    """A move requested; None when the channel already has an open one (two requests at once, e.g. an operator's
+    drain and the drained node's own pass: the first one's move stands)."""
     row = conn.execute(f"INSERT INTO nsjms_handoff (channel_id, from_node, from_epoch, to_node, reason) "
-                       f"VALUES (%s, %s, %s, %s, %s) RETURNING {_COLS}", (cid, frm, epoch, to, reason)).fetchone()
-    assert row is not None
-    return _row(row)
+                       f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT (channel_id) WHERE state IN ('requested', "
+                       f"'released') DO NOTHING RETURNING {_COLS}", (cid, frm, epoch, to, reason)).fetchone()
+    return None if row is None else _row(row)
+
+
+def _inserted(moves: Sequence[HandOff | None]) -> list[HandOff]:
+    return [m for m in moves if m is not None]
 
 
 def _live_epoch(conn: Conn, node: str) -> int:
@@ -141,8 +147,8 @@ def request_drain(conn: Conn, node: str) -> tuple[int, list[HandOff]]:
                  "SET epoch = EXCLUDED.epoch, in_doubt = NULL, reported_at = NULL, requested_at = clock_timestamp() "
                  "WHERE nsjms_drain.epoch <> EXCLUDED.epoch", (node, epoch))
     loads = {n: sum(u.values()) for n, u in all_units.items()}
-    return epoch, [_insert(conn, cid, node, epoch, to, "drain")
-                   for cid, to in sorted(drain_moves(mine, loads, targets).items())]
+    return epoch, _inserted([_insert(conn, cid, node, epoch, to, "drain")
+                             for cid, to in sorted(drain_moves(mine, loads, targets).items())])
 
 
 def request_rebalance(conn: Conn) -> list[HandOff]:
@@ -159,8 +165,8 @@ def request_rebalance(conn: Conn) -> list[HandOff]:
             if cid in busy:                                   # counted where it is going, never moved again
                 fixed[busy[cid]] = fixed.get(busy[cid], 0) + w
     movable = {n: {c: w for c, w in u.items() if c not in busy} for n, u in owned.items() if n in targets}
-    return [_insert(conn, cid, frm, live[frm], to, "rebalance")
-            for cid, frm, to in rebalance_moves(movable, targets, fixed)]
+    return _inserted([_insert(conn, cid, frm, live[frm], to, "rebalance")
+                      for cid, frm, to in rebalance_moves(movable, targets, fixed)])
 
 
 def place_new(conn: Conn, cid: int, creator: str, epoch: int) -> HandOff | None:

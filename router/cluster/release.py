@@ -22,42 +22,69 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["join_threads", "stop_channel"]
+__all__ = ["Pending", "stop_channel", "wait_pending"]
 
 log = logging.getLogger("nsjms.cluster")
 
 
-def join_threads(names: Iterable[str], deadline: float) -> list[str]:
-    """Wait for the live threads with these names to end; returns the names of those still running."""
+@dataclass(frozen=True)
+class Pending:
+    """Something of a stopping channel that had not ended in time: ``label`` for the log, ``wait(deadline)`` waits
+    again (until the ``time.monotonic()`` deadline) and says whether it has ended. The hand-off keeps these and waits
+    on them at each later pass; the channel is released only once every one has ended (review of this session: they
+    were kept as text, and a later pass found nothing to wait for and released the channel with an accept or a
+    phase two still running)."""
+
+    label: str
+    wait: Callable[[float], bool]
+
+
+def wait_pending(pending: Iterable[Pending], deadline: float) -> list[Pending]:
+    """Wait for each (until ``deadline``); returns those still running."""
+    return [p for p in pending if not p.wait(deadline)]
+
+
+def _thread(t: threading.Thread) -> Pending:
+    def wait(deadline: float) -> bool:
+        t.join(max(0.0, deadline - time.monotonic()))
+        return not t.is_alive()
+    return Pending(f"thread {t.name}", wait)
+
+
+def _threads(names: Iterable[str], deadline: float) -> list[Pending]:
     wanted = set(names)
-    left: list[str] = []
-    for t in threading.enumerate():
-        if t.name in wanted and t is not threading.current_thread():
-            t.join(max(0.0, deadline - time.monotonic()))
-            if t.is_alive():
-                left.append(t.name)
-    return left
+    return wait_pending([_thread(t) for t in threading.enumerate()
+                         if t.name in wanted and t is not threading.current_thread()], deadline)
+
+
+def _drained(drain: Callable[[Any, float], bool], obj: Any) -> Callable[[float], bool]:
+    def wait(deadline: float) -> bool:
+        return bool(drain(obj, max(0.0, deadline - time.monotonic())))
+    return wait
 
 
 def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], timeout_s: float,
-                 drain_supplier: Callable[[Any, float], bool]) -> list[str]:
+                 drain_supplier: Callable[[Any, float], bool]) -> list[Pending]:
     """Stop channel ``cid`` of ``factory`` (the node's EventChannelFactoryImpl) and the bridges ``bids`` of
     ``bridges`` (its BridgeFactoryImpl) here, as the module docstring says; those not loaded are skipped.
     ``drain_supplier(proxy, timeout_s)``: waits for the phase two of a proxy supplier's decided T2s
     (``router.channel.txdelivery.drain``; this package sits below the channel's). Returns what did not end within
-    ``timeout_s`` (thread names; empty: a clean stop)."""
+    ``timeout_s`` (:class:`Pending`, to be waited on again; empty: a clean stop)."""
     deadline = time.monotonic() + timeout_s
     loaded = [b for b in (bridges.bridges.get(bid) for bid in sorted(bids)) if b is not None]
-    stuck: list[str] = []
+    stuck: list[Pending] = []
     for b in loaded:                                            # 1. the bridges' own loops
         b.stop_event.set()
-    stuck += join_threads([n for b in loaded for n in (f"bridge-{b.id}-recv", f"bridge-{b.id}-pull")], deadline)
+    stuck += _threads([n for b in loaded for n in (f"bridge-{b.id}-recv", f"bridge-{b.id}-pull")], deadline)
     channel = factory.channels.get(cid)
     if channel is not None:                                     # 2. the channel
-        if not channel.gate.close(max(0.0, deadline - time.monotonic())):
-            stuck.append(f"channel {cid}: accepts in flight")
+        gate = channel.gate
+        if not gate.close(max(0.0, deadline - time.monotonic())):
+            stuck.append(Pending(f"channel {cid}: accepts in flight",
+                                 _drained(lambda g, timeout: bool(g.close(timeout)), gate)))
         suppliers = [p for a in list(channel.consumer_admins.values()) for p in list(a.proxies.values())]
         admins = list(channel.consumer_admins.values()) + list(channel.supplier_admins.values())
         proxies = [p for a in admins for p in list(a.proxies.values())]
@@ -66,15 +93,17 @@ def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], ti
                 p.closing = True
                 p.stop_event.set()
             p._wake()
-        stuck += join_threads([n for p in proxies for n in (f"push-{p.oid}", f"pull-{p.oid}")], deadline)
+        stuck += _threads([n for p in proxies for n in (f"push-{p.oid}", f"pull-{p.oid}")], deadline)
         # the phase two of their decided T2s (completer threads): channel -> JMS (a proxy supplier's), JMS -> channel
         # (a proxy consumer's inbound driver, router/channel/t2in.py)
-        ended = [(p, drain_supplier(p, max(0.0, deadline - time.monotonic()))) for p in suppliers]
+        phase_two = [Pending(f"proxy {p.oid}: phase two of its routing transactions", _drained(drain_supplier, p))
+                     for p in suppliers]
         for p in proxies:
             driver = getattr(p, "_t2", None)
             if driver is not None:
-                ended.append((p, driver.drain(max(0.0, deadline - time.monotonic()))))
-        stuck += [f"proxy {p.oid}: phase two of its routing transactions" for p, done in ended if not done]
+                phase_two.append(Pending(f"proxy {p.oid}: phase two of its inbound routing transactions",
+                                         _drained(lambda obj, timeout: bool(obj.drain(timeout)), driver)))
+        stuck += wait_pending(phase_two, deadline)
     for b in loaded:                                            # 3. the bridges' T2s and broker connections
         with b._lock:
             b.started = False
@@ -100,5 +129,6 @@ def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], ti
             rt.deactivate(a.oid)
         rt.deactivate(channel.oid)
     if stuck:
-        log.warning("hand-off of channel %d: still running after %g s: %s", cid, timeout_s, ", ".join(stuck))
+        log.warning("hand-off of channel %d: still running after %g s: %s", cid, timeout_s,
+                    ", ".join(p.label for p in stuck))
     return stuck

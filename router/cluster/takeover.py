@@ -88,9 +88,10 @@ class Takeover:
                 self.last_error = None
             except Fenced:
                 return                                        # the membership's renewal stops the node
-            except Exception as exc:  # noqa: BLE001 - PostgreSQL unreachable, a start failure: next period retries
+            except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("cluster: takeover pass failed (%s); retrying in %g s", self.last_error, self.period_s)
+                log.warning("cluster: takeover pass failed (%s); retrying in %g s", self.last_error, self.period_s,
+                            exc_info=True)
 
     def pass_once(self) -> list[TakenOver]:
         """One pass: take every expired or departed member over, then retry the transaction recovery of the members

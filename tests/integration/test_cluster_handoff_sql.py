@@ -4,7 +4,9 @@ drain reports. The nodes' part (stopping, loading) is tested with real nodes in 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -208,3 +210,33 @@ def test_a_released_move_whose_channel_moved_on_is_not_started(db: Database) -> 
         released = H.release(conn, H.request_drain(conn, "n1")[1][0], "n1", e1, 0.1)
         M.claim(conn, ("channel", 1), "n2", "n1")                    # moved on by other means meanwhile
         assert released.to_node == "n2" and H.released_to(conn, "n2") == []
+
+
+def test_two_drain_requests_at_once_leave_one_move_per_channel(db: Database, fresh_db: str) -> None:
+    """Review: the operator's drain and the drained node's own pass both requested a move of a channel created
+    meanwhile; the second broke the one-open-move index and failed (the CLI exited 1 on a raw database error)."""
+    _join(db, "n1"), _join(db, "n2")
+    _channel(db, 1, "n1")
+    other = Database(fresh_db, 1)
+    other.open()
+    try:
+        with db.unit_of_work() as first:
+            moves = H.request_drain(first, "n1")[1]                  # not committed yet ...
+            assert [m.channel_id for m in moves] == [1]
+            done = threading.Event()
+            seen: list[Any] = []
+
+            def second() -> None:
+                with other.unit_of_work() as conn:
+                    seen.append(H.request_drain(conn, "n1")[1])      # ... waits on the index, then finds it taken
+                done.set()
+
+            t = threading.Thread(target=second)
+            t.start()
+            assert not done.wait(0.5), "the second request waits for the first one's transaction"
+        t.join(30)
+        assert seen == [[]], seen
+    finally:
+        other.close()
+    with db.unit_of_work() as conn:
+        assert conn.execute("SELECT count(*) FROM nsjms_handoff WHERE channel_id = 1").fetchone() == (1,)
