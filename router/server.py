@@ -302,6 +302,7 @@ class Node(ClusterRole):
         self.store = Store(LedgerWriter(self.s.ledger, node_id=self.s.node_id))
         self.maintain_ledger()             # today's partitions exist before the first routed event
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
+        self.runtime.forwarder.starting = True     # until configured after the restore: TRANSIENT, never "gone"
         self.runtime.limits = self.s.limits
         self.runtime.delivered = DeliveredJournals(self.s.state_dir / "delivered")   # push proxies' journals
         self.runtime.endpoints.inbound_rounds = LocalRounds()     # the channel's side of a bridge's local rounds

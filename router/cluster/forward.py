@@ -137,6 +137,10 @@ class Forwarder(PortableServer.ServantActivator):
         self.me: str | None = None
         self._lookup: Callable[[Object], OwnerRow | None] | None = None
         self._loaded: Callable[[Object], bool] = lambda obj: False
+        #: set by the node from its runtime's creation until :meth:`configure`: a request for an id not active yet
+        #: (a client of the previous incarnation, a pull or push on a proxy not restored yet) is told to retry
+        #: (TRANSIENT), not that the object does not exist (which ended such a client before it was restored)
+        self.starting = False
         self.forwarded = 0                       # requests answered LOCATION_FORWARD (status)
         self.retried = 0                         # requests answered TRANSIENT
 
@@ -145,6 +149,7 @@ class Forwarder(PortableServer.ServantActivator):
         """``me``: this node's id; ``lookup``: the owner row in PostgreSQL; ``loaded``: whether this node runs the
         unit now."""
         self.me, self._lookup, self._loaded = me, lookup, loaded
+        self.starting = False
 
     def invalidate(self) -> None:
         """Forget every cached owner (this node took something over)."""
@@ -154,6 +159,8 @@ class Forwarder(PortableServer.ServantActivator):
     def where(self, obj: Object) -> Decision:
         """Where requests for ``obj`` go, as :func:`decide` says (the owner row cached for :data:`CACHE_S`)."""
         if self._lookup is None or self.me is None:
+            if self.starting:
+                return Retry("the node is starting: its objects are being loaded")
             return Gone()
         now = time.monotonic()
         with self._lock:

@@ -188,3 +188,17 @@ def test_the_owner_cache_stays_bounded_whatever_ids_are_asked_for() -> None:
     for i in range(3 * F._CACHE_MAX):
         fw.where(("channel", i))
     assert len(fw._cache) <= F._CACHE_MAX
+
+
+def test_a_starting_node_tells_a_request_for_an_id_not_restored_yet_to_retry() -> None:
+    """Regression (CI, test_channel_crash): a pull consumer of the previous incarnation asked for its proxy while the
+    restarted node was restoring (the POA's servant manager was asked before it was configured) and got
+    OBJECT_NOT_EXIST, which ended the client: its events stayed queued."""
+    from router.cluster import forward as F
+
+    fw = F.Forwarder(orb=None)
+    assert isinstance(fw.where(("channel", 0)), F.Gone), "a runtime outside a node: as before"
+    fw.starting = True
+    assert isinstance(fw.where(("channel", 0)), F.Retry)
+    fw.configure("a", lambda obj: None, lambda obj: False)
+    assert isinstance(fw.where(("channel", 0)), F.Gone), "configured: the owner decides (nobody: gone)"
