@@ -581,7 +581,9 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         listing = backend.dead_letters(int(channel) if channel.isdigit() else None)
         p = paginate(listing["dead_letters"], fields=("id", "channel_id", "event_name", "reason", "exception"),
                      **list_args("dead_at"))
-        return page("deadletters.html", {**listing, "page": p.as_dict()})
+        from router.console.brokerpages import summaries
+
+        return page("deadletters.html", {**listing, "page": p.as_dict(), "broker": summaries(backend)})
 
     @app.get("/deadletters/<int:dl_id>")
     def dead_letter(dl_id: int) -> Any:
@@ -592,6 +594,12 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         why = acting(action, DEAD_LETTER_ACTIONS)
         return decided(backend.dead_letter_action(who(), dl_id, action, why), f"{action} dead letter", str(dl_id),
                        [])
+
+    from router.console import brokerpages  # the broker's dead-letter queues (nsjms deadletter broker)
+
+    brokerpages.install(app, backend, page=page, item=item, acting=acting, require_operator=require_operator,
+                        action_form=action_form, who=who, list_args=list_args, refusal_text=refusal_text,
+                        form_refused=FormRefused)
 
     @app.get("/audit")
     def audit() -> Any:
