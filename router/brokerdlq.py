@@ -48,8 +48,9 @@ NSJMS_DLQ = "nsjms.DLQ"
 AMQ_DLQ = "ActiveMQ.DLQ"
 BROKER_QUEUES = (NSJMS_DLQ, AMQ_DLQ)
 PREVIEW_BYTES = 200
-#: The messages one listing reads of a queue at most (ActiveMQ shows 400 by default: ``maxBrowsePageSize``).
-SCAN_LIMIT = 5000
+#: The messages one listing reads of a queue at most, bodies included (ActiveMQ shows 400 by default: its
+#: ``maxBrowsePageSize``).
+SCAN_LIMIT = 1000
 #: Headers the broker (or the dead letter itself) sets: never copied to a retried message.
 _NOT_COPIED = frozenset({"message-id", "destination", "subscription", "ack", "timestamp", "redelivered", "expires",
                          "original-destination", "originalExpiration", "receipt", "transaction", "content-length",
@@ -158,11 +159,12 @@ class BrokerDeadLetterOps:
         self._serial = threading.Lock()     # one operator action at a time from this process
 
     # --------------------------------------------------------------------------------------------------- read
-    def listing(self, queue: str, offset: int = 0, limit: int = 1000) -> dict[str, Any]:
+    def listing(self, queue: str, offset: int = 0, limit: int = 1000, scan: int = SCAN_LIMIT) -> dict[str, Any]:
         """The dead letters of ``queue``, oldest first (the broker's order), ``limit`` of them from ``offset``;
-        ``total``: how many the broker showed (``complete``: all of them)."""
+        ``total``: how many the broker showed, reading at most ``scan`` (``complete``: all of them; bodies are read
+        too: a browse carries whole messages)."""
         self._known(queue)
-        browse = self._ask(lambda b: b.browse(f"/queue/{queue}", limit=SCAN_LIMIT))
+        browse = self._ask(lambda b: b.browse(f"/queue/{queue}", limit=max(1, scan)))
         records = self._records() if queue == AMQ_DLQ and browse.messages else {}
         rows = [summary(queue, m, records.get(m.message_id)) for m in browse.messages]
         start = max(0, offset)

@@ -51,7 +51,7 @@ BRIDGE_ACTIONS = ("start", "stop", "destroy")
 TXN_ACTIONS = ("commit", "rollback", "forget")
 ORPHAN_ACTIONS = ("commit", "rollback")         # `nsjms txn commit|rollback --xid GID`
 DEAD_LETTER_ACTIONS = ("retry", "discard")
-BROKER_DLQ_ROWS = 5000          # what one listing of a broker dead-letter queue reads at most (then paged)
+BROKER_DLQ_ROWS = 1000          # what one listing of a broker dead-letter queue reads at most (then paged)
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class Backend(Protocol):
 
     def dead_letter_action(self, who: Principal, dl_id: int, action: str, why: str) -> dict[str, Any]: ...
 
-    def broker_dead_letters(self, queue: str) -> dict[str, Any]: ...
+    def broker_dead_letters(self, queue: str, scan: int = BROKER_DLQ_ROWS) -> dict[str, Any]: ...
 
     def broker_dead_letter(self, queue: str, message_id: str) -> dict[str, Any]: ...
 
@@ -485,10 +485,10 @@ class NodeBackend:
         except BrokerDown as exc:
             raise BrokerUnavailable(str(exc)) from None
 
-    def broker_dead_letters(self, queue: str) -> dict[str, Any]:
-        """``nsjms deadletter broker list QUEUE --json`` (up to :data:`BROKER_DLQ_ROWS`, paged by the page)."""
+    def broker_dead_letters(self, queue: str, scan: int = BROKER_DLQ_ROWS) -> dict[str, Any]:
+        """``nsjms deadletter broker list QUEUE --json`` (reading up to ``scan`` messages, paged by the page)."""
         with self._broker_errors():
-            result: dict[str, Any] = self._broker_dlq().listing(queue, 0, BROKER_DLQ_ROWS)
+            result: dict[str, Any] = self._broker_dlq().listing(queue, 0, scan, scan)
         return result
 
     def broker_dead_letter(self, queue: str, message_id: str) -> dict[str, Any]:

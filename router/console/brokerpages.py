@@ -25,6 +25,7 @@ log = logging.getLogger("nsjms.console")
 
 MAX_ID_CHARS = 500        # a message id longer than this is not one the broker gave (refused before anything runs)
 SUMMARY_ROWS = 5          # the rows of each broker queue shown on the dead-letters page itself
+SUMMARY_SCAN = 100        # the messages of each broker queue the dead-letters page reads (bodies included) at most
 
 
 def selected_message_ids(form: Any, refused: Callable[[str], Exception]) -> list[str]:
@@ -49,7 +50,7 @@ def summaries(backend: Backend) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for queue in BROKER_QUEUES:
         try:
-            listing = backend.broker_dead_letters(queue)
+            listing = backend.broker_dead_letters(queue, SUMMARY_SCAN)
         except ConsoleRefused as exc:
             out.append({"queue": queue, "total": None, "rows": [], "error": str(exc)})
             continue

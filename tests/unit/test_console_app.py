@@ -115,13 +115,13 @@ class FakeBackend:
         self.calls.append(("deadletter", who.name, dl_id, action, why))
         return {"id": dl_id, "retried": True}
 
-    def broker_dead_letters(self, queue: str) -> dict[str, Any]:
+    def broker_dead_letters(self, queue: str, scan: int = 1000) -> dict[str, Any]:
         rows = [{"id": f"ID:b-{i}:1", "queue": queue, "reason": f"expired {i}", "origin": "message", "bridge": 5,
                  "source": "/queue/in", "at": 0.0, "size": 4, "preview": "late", "headers": {"mark": "x"},
                  "retry_to": "/queue/in", "retry": "back to /queue/in"}
                 for i in range(60 if queue == "nsjms.DLQ" else 0)]
-        return {"node": "node1", "queue": queue, "total": len(rows), "complete": True, "offset": 0,
-                "dead_letters": rows}
+        return {"node": "node1", "queue": queue, "total": min(len(rows), scan), "complete": len(rows) <= scan,
+                "offset": 0, "dead_letters": rows[:scan]}
 
     def broker_dead_letter(self, queue: str, message_id: str) -> dict[str, Any]:
         rows = [r for r in self.broker_dead_letters(queue)["dead_letters"] if r["id"] == message_id]

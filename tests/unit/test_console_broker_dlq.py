@@ -75,3 +75,13 @@ def test_an_operator_retries_and_discards_with_csrf_and_a_reason(env: Any) -> No
     assert [c[2:] for c in backend.calls if c[0] == "broker deadletter"] == [
         ("nsjms.DLQ", "ID:b-3:1", "retry", "fixed"), ("ActiveMQ.DLQ", "ID:gone", "discard", "old"),
         ("nsjms.DLQ", "ID:b-1:1", "discard", "bulk"), ("nsjms.DLQ", "ID:gone", "discard", "bulk")]
+
+
+def test_the_summary_reads_a_bounded_number_and_says_at_least(env: Any, monkeypatch: Any) -> None:
+    from router.console import brokerpages
+
+    _, client, secrets = env
+    monkeypatch.setattr(brokerpages, "SUMMARY_SCAN", 10)     # a browse carries whole messages: bounded
+    login(client, "reader", secrets["reader"])
+    page = client.get("/deadletters").get_data(as_text=True)
+    assert "nsjms.DLQ</a>:\nat least 10 message(s)" in page and "all of them" in page
