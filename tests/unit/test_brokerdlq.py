@@ -113,3 +113,24 @@ def test_the_operations_refuse_record_and_report_the_broker_down(tmp_path: Path)
     assert [(e["action"], "done" if isinstance(e["result"], dict) else e["result"][:7]) for e in log] == [
         ("broker deadletter retry", "done"), ("broker deadletter discard", "refused"),
         ("broker deadletter retry", "refused"), ("broker deadletter discard", "failed:")]
+
+
+def test_the_cli_finds_the_configured_or_the_embedded_broker(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from router.brokerdlqcli import NoBroker, broker_ops
+
+    def cfg(url: str = "", login: str = "", passcode: str = "") -> SimpleNamespace:
+        return SimpleNamespace(node=SimpleNamespace(state_dir=str(tmp_path), node_id="n1"),
+                               broker=SimpleNamespace(url=url, login=login, passcode=passcode, connect_timeout_s=5))
+
+    with pytest.raises(NoBroker, match="is not configured and no node runs"):
+        broker_ops(cfg())
+    given = broker_ops(cfg("stomp://10.0.0.1:61613", "app", "pw")).broker()
+    assert (given.url, given._credentials) == ("stomp://10.0.0.1:61613", ("app", "pw"))
+    (tmp_path / "endpoints.json").write_text(json.dumps({"broker_url": "stomp://127.0.0.1:5555"}))
+    (tmp_path / "activemq").mkdir()
+    (tmp_path / "activemq" / "credentials").write_text("nsjms\nsecret-pass\n")
+    embedded = broker_ops(cfg()).broker()
+    assert (embedded.url, embedded._credentials) == ("stomp://127.0.0.1:5555",
+                                                     ("nsjms", "secret-pass"))
