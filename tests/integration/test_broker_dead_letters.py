@@ -327,3 +327,31 @@ def test_the_cli_lists_shows_retries_and_discards(client: _Client, broker_url: s
     log = [json.loads(line) for line in (tmp_path / "state" / AUDIT_FILE).read_text().splitlines()]
     assert [e["action"] for e in log] == ["broker deadletter retry", "broker deadletter discard",
                                           "broker deadletter discard"]
+
+
+def test_a_send_without_its_receipt_rolls_the_transaction_back(client: _Client, ops: BrokerDeadLetterOps,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy's SEND written in the transaction but its receipt never seen (injected): reported as nothing done,
+    and nothing is (the connection's close aborts the transaction): the dead letter kept, no copy."""
+    from router.brokerdlq import BrokerDown
+    from router.jms.errors import ReceiptTimeout
+
+    source = _name("bdl.noreceipt")
+    mid = _nack_to_amq_dlq(client, source, b"kept")
+    assert _row(ops, AMQ_DLQ, mid) is not None
+    real = browse_mod._Session.receipted
+
+    def lost_receipt(self: Any, what: str, action: Any) -> None:
+        if what == "SEND":
+            self.write(what, lambda: action("never-answered"))     # written, its receipt id unknown to us
+            raise ReceiptTimeout("injected: no receipt", what)
+        real(self, what, action)
+
+    monkeypatch.setattr(browse_mod._Session, "receipted", lost_receipt)
+    with pytest.raises(BrokerDown, match="nothing done"):
+        ops.retry(AMQ_DLQ, mid, "tester", "no receipt")
+    monkeypatch.setattr(browse_mod._Session, "receipted", real)
+    assert _row(ops, AMQ_DLQ, mid) is not None, "the dead letter was consumed"
+    client.conn.subscribe(f"/queue/{source}", id="back", ack="auto")
+    assert client.take(2.0) is None, "the copy was sent although the transaction was never committed"
+    ops.discard(AMQ_DLQ, mid, "tester", "cleanup")

@@ -164,9 +164,12 @@ class StompBrowser:
             out = copy(message)           # may refuse: the connection closes, the broker puts the message back
             tx = f"tx-{uuid.uuid4().hex}"
             s.write("BEGIN", lambda: s.conn.begin(tx))
-            s.receipted("SEND", lambda rid: s.conn.send(out.destination, out.body,
-                                                        headers={**out.headers, "transaction": tx, "receipt": rid}))
-            s.receipted("ACK", lambda rid: s.conn.ack(ack, transaction=tx, receipt=rid))
+            try:
+                s.receipted("SEND", lambda rid: s.conn.send(
+                    out.destination, out.body, headers={**out.headers, "transaction": tx, "receipt": rid}))
+                s.receipted("ACK", lambda rid: s.conn.ack(ack, transaction=tx, receipt=rid))
+            except ReceiptTimeout as exc:    # before the COMMIT: closing the connection rolls the transaction back
+                raise BrokerUnavailable(f"{exc}; the transaction is rolled back, nothing done") from exc
             s.receipted("COMMIT", lambda rid: s.conn.commit(tx, headers={"receipt": rid}))
             return message
 
