@@ -19,10 +19,13 @@ Two queues (docs/bridge.md, docs/operations.md "Dead letters on the broker"):
 left out) and no expiration; the broker gives it a new message id. The copy is sent and the dead letter consumed
 (by a selector on its message id) in ONE broker transaction (:class:`router.jms.stomp.browse.StompBrowser`): a crash
 or a lost connection before the commit leaves the dead letter where it was and sends nothing; after it, both are
-done. Only a commit whose answer was lost leaves the outcome unknown (reported as such; list again). Refused (the
-dead letter kept): an ``event`` (a retry would need the bridge's mapping: not built), a ``refused`` record (retry
-the original in ``ActiveMQ.DLQ``), a message whose body did not come over STOMP (a Java Map/Stream/Object message:
-a copy would be empty), and one whose source is unknown. **Discard** consumes it (selector on its id, ACK).
+done. Only a commit whose answer was lost leaves the outcome unknown (reported as such; list again). An ``event``
+dead letter (the CDR encoding of a StructuredEvent) is mapped again as the bridge maps it
+(:mod:`router.brokerdlqevent`) and sent to its bridge's JMS destination (asked of the running node), or to the one
+the operator names. Refused (the dead letter kept): an event whose bridge is not known and no destination named, or
+that the mapping still refuses; a ``refused`` record (retry the original in ``ActiveMQ.DLQ``), a message whose body
+did not come over STOMP (a Java Map/Stream/Object message: a copy would be empty), and one whose source is unknown.
+**Discard** consumes it (selector on its id, ACK).
 
 Every retry and discard, done or refused, is appended to the operator log (:func:`router.txnops.operator_log`).
 Results are plain dicts (the JSON ``--json`` prints). Exceptions: :class:`Refused` (nothing done, the message says
@@ -89,8 +92,10 @@ def untransportable(headers: Mapping[str, str], body: bytes) -> bool:
             and headers.get("transformation") != "jms-map-json" and "$nsjms_idl" not in headers)
 
 
-def retry_target(queue: str, msg: BrowsedMessage, record: Record | None = None) -> tuple[str | None, str]:
-    """Where a retry sends ``msg`` (a STOMP destination) and how, or (None, why it is refused)."""
+def retry_target(queue: str, msg: BrowsedMessage, record: Record | None = None,
+                 event_to: str | None = None) -> tuple[str | None, str]:
+    """Where a retry sends ``msg`` (a STOMP destination) and how, or (None, why it is refused); ``event_to``: the
+    destination of an ``event`` dead letter (the operator's, else its bridge's; None: not known)."""
     h = msg.headers
     if queue == NSJMS_DLQ:
         origin = h.get("nsjms_dlq_origin")
@@ -100,9 +105,12 @@ def retry_target(queue: str, msg: BrowsedMessage, record: Record | None = None) 
                 return None, "the dead letter does not name the destination it came from (nsjms_dlq_destination)"
             return source, f"back to {source}, the bridge's JMS source (the bridge reads it again)"
         if origin == "event":
-            return None, ("an event the bridge could not turn into a message (or the broker refused): its body is the "
-                          "event's CDR encoding, and a retry would need the bridge's mapping (not built); discard it "
-                          "once its reason is dealt with")
+            if event_to is None:
+                return None, (f"an event of bridge {h.get('nsjms_dlq_bridge', '?')}, which is not a channel -> JMS "
+                              "bridge of the running node (destroyed?): name the destination to send it to (--to)")
+            if not event_to.startswith(("/queue/", "/topic/")) or event_to == f"/queue/{queue}":
+                return None, f"not a destination to retry to: {event_to!r}"
+            return event_to, f"the event mapped again as the bridge maps it, to {event_to}"
         if origin == "refused":
             return None, (f"a record only: the message itself is in {AMQ_DLQ} (id "
                           f"{h.get('nsjms_dlq_message_id', '?')}): retry that one, then discard this record")
@@ -139,6 +147,10 @@ def summary(queue: str, msg: BrowsedMessage, record: Record | None = None) -> di
     h = msg.headers
     reason = h.get("nsjms_dlq_reason") or h.get("dlqDeliveryFailureCause") or (record.reason if record else "")
     target, how = retry_target(queue, msg, record)
+    event = queue == NSJMS_DLQ and h.get("nsjms_dlq_origin") == "event"
+    if event:
+        how = (f"the event mapped again as the bridge maps it, to bridge {h.get('nsjms_dlq_bridge', '?')}'s JMS "
+               "destination (or to one the operator names)")
     stamp = h.get("timestamp", "")
     return {"id": msg.message_id, "queue": queue, "reason": reason or "not recorded (moved there by the broker)",
             "origin": h.get("nsjms_dlq_origin") or ("broker" if queue == AMQ_DLQ else "unknown"),
@@ -146,7 +158,8 @@ def summary(queue: str, msg: BrowsedMessage, record: Record | None = None) -> di
             "source": h.get("nsjms_dlq_destination") or h.get("original-destination")
             or (record.source if record else None),
             "at": int(stamp) / 1000.0 if stamp.isdigit() else None, "size": len(msg.body),
-            "preview": preview(msg.body), "headers": dict(h), "retry_to": target, "retry": how}
+            "preview": preview(msg.body), "headers": dict(h), "retry_to": target, "retry": how,
+            "retryable": target is not None or event}
 
 
 # ---------------------------------------------------------------------------------------------- operations
@@ -177,9 +190,12 @@ class BrokerDeadLetterOps:
         return summary(queue, msg, record)
 
     # ---------------------------------------------------------------------------------------------------- act
-    def retry(self, queue: str, message_id: str, who: str, why: str = "") -> dict[str, Any]:
+    def retry(self, queue: str, message_id: str, who: str, why: str = "", *, to: str | None = None,
+              bridge_sink: Callable[[int], str | None] | None = None) -> dict[str, Any]:
+        """``to``: where an ``event`` dead letter goes (``/queue/NAME``, ``/topic/NAME``); without it, its bridge's
+        destination by ``bridge_sink`` (a bridge id -> its JMS destination, None when not known)."""
         return self._audited("broker deadletter retry", queue, message_id, who, why,
-                             lambda: self._retry(queue, message_id))
+                             lambda: self._retry(queue, message_id, to, bridge_sink))
 
     def discard(self, queue: str, message_id: str, who: str, why: str) -> dict[str, Any]:
         return self._audited("broker deadletter discard", queue, message_id, who, why,
@@ -201,24 +217,40 @@ class BrokerDeadLetterOps:
         operator_log(self.state_dir, self.node, self.mode, who, why, action, target, result)
         return result
 
-    def _retry(self, queue: str, message_id: str) -> dict[str, Any]:
+    def _retry(self, queue: str, message_id: str, to: str | None,
+               bridge_sink: Callable[[int], str | None] | None) -> dict[str, Any]:
         msg = self._find(queue, message_id)
         record = self._records().get(message_id) if queue == AMQ_DLQ else None
-        target, how = retry_target(queue, msg, record)
+        event = queue == NSJMS_DLQ and msg.headers.get("nsjms_dlq_origin") == "event"
+        bridge = _bridge(msg.headers)
+        event_to = (to or (bridge_sink(bridge) if bridge_sink is not None and bridge is not None else None)
+                    if event else None)
+        target, how = retry_target(queue, msg, record, event_to)
         if target is None:
             raise Refused(f"{queue} message {message_id}: {how}; kept")
+        if event:
+            self._mapped(msg, target, message_id)              # refused before anything is consumed
         chosen: list[OutgoingCopy] = []
 
         def copy(taken: BrowsedMessage) -> OutgoingCopy:
-            again, why_not = retry_target(queue, taken, record)       # the message actually consumed
+            again, why_not = retry_target(queue, taken, record, event_to)       # the message actually consumed
             if again is None:
                 raise Refused(f"{queue} message {message_id}: {why_not}; kept")
-            chosen.append(copy_for_retry(taken, again))
+            chosen.append(self._mapped(taken, again, message_id) if event else copy_for_retry(taken, again))
             return chosen[-1]
 
         taken = self._settle(queue, message_id, copy)
         return {"id": message_id, "queue": queue, "retried": True, "to": chosen[0].destination, "how": how,
                 "bridge": summary(queue, taken, record)["bridge"], "size": len(taken.body)}
+
+    @staticmethod
+    def _mapped(msg: BrowsedMessage, target: str, message_id: str) -> OutgoingCopy:
+        from router.brokerdlqevent import EventUnmappable, event_copy
+
+        try:
+            return event_copy(msg, target)
+        except EventUnmappable as exc:
+            raise Refused(f"{NSJMS_DLQ} message {message_id}: {exc}; kept") from None
 
     def _discard(self, queue: str, message_id: str) -> dict[str, Any]:
         taken = self._settle(queue, message_id, None)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from router.brokerdlq import BROKER_QUEUES, BrokerDeadLetterOps, BrokerDown, Refused
+from router.brokerdlqevent import sink_destination
 
 __all__ = ["add_parser", "broker_ops", "render_list", "render_show", "run"]
 
@@ -51,6 +52,9 @@ def add_parser(dsub: Any, common: argparse.ArgumentParser) -> None:
     retry.add_argument("queue", choices=queues)
     retry.add_argument("ids", nargs="+", metavar="ID", help="one or more message ids, each on its own")
     retry.add_argument("--why", default="", help="why (recorded in the operator log)")
+    retry.add_argument("--to", default=None, metavar="queue:NAME|topic:NAME",
+                       help="where an event dead letter (origin event) goes (default: its bridge's destination, "
+                            "asked of the running node)")
     discard = bsub.add_parser("discard", parents=[common], help="consume dead letters for good")
     discard.add_argument("queue", choices=queues)
     discard.add_argument("ids", nargs="+", metavar="ID", help="one or more message ids, each on its own")
@@ -91,7 +95,8 @@ def run(args: argparse.Namespace, cfg: Any, *, out: Out = print, err: Out = lamb
     command = args.broker_command
     try:
         ops = ops or broker_ops(cfg)
-        return _dispatch(args, ops, out, err, ask or input, sys.stdin.isatty() if tty is None else tty)
+        return _dispatch(args, ops, out, err, ask or input, sys.stdin.isatty() if tty is None else tty,
+                         node_bridge_sink(Path(cfg.node.state_dir)))
     except NoBroker as exc:
         err(f"nsjms deadletter broker {command}: {exc}")
         return EXIT_NOT_RUNNING
@@ -103,8 +108,28 @@ def run(args: argparse.Namespace, cfg: Any, *, out: Out = print, err: Out = lamb
         return EXIT_REFUSED
 
 
+def node_bridge_sink(state_dir: Path) -> Callable[[int], str | None]:
+    """A bridge's JMS destination asked of the node running on ``state_dir`` (``nsjms bridge list ID --json``);
+    None when no node runs, the bridge is gone or its sink is a channel."""
+    def sink(bid: int) -> str | None:
+        from router.bridgecli import run as bridge_run
+
+        if not (state_dir / "endpoints.json").exists():
+            return None
+        lines: list[str] = []
+        args = argparse.Namespace(bridge_command="list", json=True, ids=[bid])
+        if bridge_run(args, state_dir, out=lines.append) != 0 or not lines:
+            return None
+        try:
+            rows = json.loads(lines[-1])
+        except ValueError:
+            return None
+        return sink_destination(str(rows[0]["sink"])) if rows else None
+    return sink
+
+
 def _dispatch(args: argparse.Namespace, ops: BrokerDeadLetterOps, out: Out, err: Out, ask: Callable[[str], str],
-              tty: bool) -> int:
+              tty: bool, bridge_sink: Callable[[int], str | None] | None = None) -> int:
     command = args.broker_command
     if command == "list":
         listings = [ops.listing(q, max(0, args.offset), max(1, args.limit))
@@ -124,11 +149,17 @@ def _dispatch(args: argparse.Namespace, ops: BrokerDeadLetterOps, out: Out, err:
         if ask(f"type yes to discard {len(args.ids)} message(s) of {args.queue} for good: ").strip().lower() != "yes":
             err("nothing done")
             return EXIT_REFUSED
+    to = None
+    if command == "retry" and args.to:
+        to = sink_destination(args.to)
+        if to is None:
+            err(f"nsjms deadletter broker retry: --to {args.to!r}: want queue:NAME or topic:NAME")
+            return EXIT_CONFIG
     code, results = EXIT_OK, []
     for mid in args.ids:            # each on its own: one refused id does not stop the others
         try:
-            result = (ops.retry(args.queue, mid, who, args.why) if command == "retry"
-                      else ops.discard(args.queue, mid, who, args.why))
+            result = (ops.retry(args.queue, mid, who, args.why, to=to, bridge_sink=bridge_sink)
+                      if command == "retry" else ops.discard(args.queue, mid, who, args.why))
         except Refused as exc:
             err(f"nsjms deadletter broker {command} {mid}: refused: {exc}")
             code, result = EXIT_REFUSED, {"id": mid, "refused": str(exc)}

@@ -499,10 +499,20 @@ class NodeBackend:
     def broker_dead_letter_action(self, who: Principal, queue: str, message_id: str, action: str,
                                   why: str) -> dict[str, Any]:
         """``nsjms deadletter broker retry|discard``: the same operation (operator log included)."""
+        from router.brokerdlqevent import sink_destination
+
+        def bridge_sink(bid: int) -> str | None:
+            """An event dead letter's bridge's JMS destination (``nsjms bridge list``'s sink), None when gone."""
+            try:
+                rows = self.bridges(who, [bid])
+            except ConsoleRefused:
+                return None
+            return sink_destination(str(rows[0]["sink"])) if rows else None
+
         ops = self._broker_dlq()
         with self._broker_errors():
             if action == "retry":
-                result: dict[str, Any] = ops.retry(queue, message_id, who.name, why)
+                result: dict[str, Any] = ops.retry(queue, message_id, who.name, why, bridge_sink=bridge_sink)
                 return result
             if action == "discard":
                 result = ops.discard(queue, message_id, who.name, why)

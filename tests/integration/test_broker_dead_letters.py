@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import queue
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +28,8 @@ from typing import Any
 
 import pytest
 import stomp
+
+import omniORB
 
 import CosNotification
 
@@ -42,6 +46,7 @@ from stdclients import (
     StructuredPushConsumer,
     Style,
     connect_push_consumer,
+    make_event,
     obtain_proxy_supplier,
     prop,
     short,
@@ -84,6 +89,12 @@ class _Client(stomp.ConnectionListener):  # type: ignore[misc]
 
     def close(self) -> None:
         self.conn.disconnect()
+
+    def __enter__(self) -> _Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 @pytest.fixture
@@ -191,6 +202,32 @@ def test_a_bridge_dead_letter_is_listed_retried_back_to_its_source_and_reaches_t
     assert consumer.count() == 1
     bridge.destroy()
 
+    # an event a channel -> JMS bridge dead-lettered (its CDR encoding): `nsjms deadletter broker retry` asks the
+    # running node for the bridge's destination and sends the event mapped again as the bridge maps it
+    out = _name("bdl.out")
+    _, out_bid = bridge_factory(client_orb, nsjms_server).create_bridge(channel_ep(BA.SOURCE, cid),
+                                                                        jms_ep(BA.SINK, out))
+    cdr = bytes(omniORB.cdrMarshal(CosNotification._tc_StructuredEvent, make_event(7)))
+    with _Client(broker_url) as producer:
+        producer.send(f"/queue/{NSJMS_DLQ}", cdr, nsjms_dlq_origin="event", nsjms_dlq_bridge=str(out_bid),
+                      nsjms_dlq_reason=f"broker refused the message: not authorized {out}",
+                      **{"content-length": str(len(cdr))})
+    [event_dl] = _wait_rows(ops, NSJMS_DLQ, lambda r: out in r["reason"])
+    assert f"bridge {out_bid}'s JMS destination" in event_dl["retry"], event_dl
+    proc = subprocess.run([sys.executable, "-m", "router.cli", "deadletter", "broker", "retry", NSJMS_DLQ,
+                           event_dl["id"], "--why", "authorised now", "--json", "--state-dir",
+                           str(nsjms_server.state_dir)], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["to"] == f"/queue/{out}", proc.stdout
+    with _Client(broker_url) as reader:
+        reader.conn.subscribe(f"/queue/{out}", id="out", ack="auto")
+        got = reader.take(TIMEOUT_S)
+        assert got is not None, "the retried event did not reach the bridge's destination"
+        assert got.headers["$fd_n"] == "7" and got.headers["$event_name"] == "e7", got.headers
+        assert reader.take(1.0) is None, "a second copy arrived"
+    assert event_dl["id"] not in _ids_on(ops, NSJMS_DLQ)
+
 
 def test_an_activemq_dlq_message_is_shown_with_its_record_retried_to_its_origin_and_discarded(
         client: _Client, broker_url: str, ops: BrokerDeadLetterOps, tmp_path: Path) -> None:
@@ -269,14 +306,16 @@ def test_what_cannot_be_retried_is_refused_and_kept(client: _Client, ops: Broker
     assert _row(ops, AMQ_DLQ, empty) is not None
     with pytest.raises(Refused, match="Map, Stream or Object"):
         ops.retry(AMQ_DLQ, empty, "tester", "")
-    with pytest.raises(Refused, match="would need the bridge's mapping"):
+    with pytest.raises(Refused, match="name the destination"):        # its bridge 5 is not known here
         ops.retry(NSJMS_DLQ, event, "tester", "")
+    with pytest.raises(Refused, match="not a StructuredEvent"):        # its body is no event
+        ops.retry(NSJMS_DLQ, event, "tester", "", to=f"/queue/{source}")
     with pytest.raises(Refused, match="no message"):
         ops.retry(AMQ_DLQ, "ID:no-such-message", "tester", "")
     with pytest.raises(Refused, match="not a dead-letter queue"):
         ops.listing("some.queue")
     assert empty in _ids_on(ops, AMQ_DLQ) and event in _ids_on(ops, NSJMS_DLQ), "a refused retry consumed it"
-    assert [str(e["result"]).split(":")[0] for e in _log(tmp_path)] == ["refused"] * 3
+    assert [str(e["result"]).split(":")[0] for e in _log(tmp_path)] == ["refused"] * 4
     ops.discard(AMQ_DLQ, empty, "tester", "cleanup")
     ops.discard(NSJMS_DLQ, event, "tester", "cleanup")
 
@@ -311,6 +350,8 @@ def test_the_cli_lists_shows_retries_and_discards(client: _Client, broker_url: s
     assert f"back to /queue/{source}" in text and "body        one" in text, text
     assert main(["deadletter", "broker", "retry", AMQ_DLQ, first, "--why", "cli", "--json", *base]) == 0
     assert json.loads(capsys.readouterr().out)[0]["to"] == f"/queue/{source}"
+    assert main(["deadletter", "broker", "retry", NSJMS_DLQ, "ID:x", "--to", "channel:1", *base]) == 2
+    assert "want queue:NAME or topic:NAME" in capsys.readouterr().err
     assert main(["deadletter", "broker", "discard", AMQ_DLQ, second, "--why", "cli", *base]) == 2   # no --yes
     capsys.readouterr()
     assert main(["deadletter", "broker", "discard", AMQ_DLQ, second, "ID:none", "--yes", "--why", "cli",

@@ -34,8 +34,13 @@ def test_where_a_retry_goes_by_queue_and_origin() -> None:
     msg = _msg(NSJMS_DLQ, nsjms_dlq_origin="message", nsjms_dlq_destination="/queue/in")
     assert retry_target(NSJMS_DLQ, msg)[0] == "/queue/in"
     assert retry_target(NSJMS_DLQ, _msg(NSJMS_DLQ, nsjms_dlq_origin="message"))[0] is None
-    event = retry_target(NSJMS_DLQ, _msg(NSJMS_DLQ, nsjms_dlq_origin="event"))
-    assert event[0] is None and "bridge's mapping" in event[1]
+    event = _msg(NSJMS_DLQ, nsjms_dlq_origin="event", nsjms_dlq_bridge="4")
+    assert retry_target(NSJMS_DLQ, event)[0] is None and "name the destination" in retry_target(NSJMS_DLQ, event)[1]
+    assert retry_target(NSJMS_DLQ, event, event_to="/topic/t")[0] == "/topic/t"
+    assert retry_target(NSJMS_DLQ, event, event_to=f"/queue/{NSJMS_DLQ}")[0] is None
+    assert "bridge 4's JMS destination" in summary(NSJMS_DLQ, event)["retry"] and summary(NSJMS_DLQ, event)[
+        "retryable"]
+    assert not summary(NSJMS_DLQ, _msg(NSJMS_DLQ, nsjms_dlq_origin="refused"))["retryable"]
     record = retry_target(NSJMS_DLQ, _msg(NSJMS_DLQ, nsjms_dlq_origin="refused", nsjms_dlq_message_id="ID:o"))
     assert record[0] is None and "ID:o" in record[1] and AMQ_DLQ in record[1]
     assert retry_target(NSJMS_DLQ, _msg(NSJMS_DLQ))[1].startswith("not a dead letter of an nsjms bridge")
@@ -134,3 +139,25 @@ def test_the_cli_finds_the_configured_or_the_embedded_broker(tmp_path: Path) -> 
     embedded = broker_ops(cfg()).broker()
     assert (embedded.url, embedded._credentials) == ("stomp://127.0.0.1:5555",
                                                      ("nsjms", "secret-pass"))
+
+
+def test_an_event_dead_letter_is_mapped_again_or_refused_with_the_reason() -> None:
+    import omniORB
+    from omniORB import CORBA
+
+    import CosNotification
+
+    from router.brokerdlqevent import EventUnmappable, event_copy, sink_destination
+
+    CORBA.ORB_init(["test"], CORBA.ORB_ID)
+    fixed = CosNotification.FixedEventHeader(CosNotification.EventType("d", "t"), "e1")
+    event = CosNotification.StructuredEvent(
+        CosNotification.EventHeader(fixed, []),
+        [CosNotification.Property("n", CORBA.Any(CORBA.TC_long, 7))], CORBA.Any(CORBA.TC_string, "the body"))
+    cdr = bytes(omniORB.cdrMarshal(CosNotification._tc_StructuredEvent, event))
+    copy = event_copy(_msg(NSJMS_DLQ, cdr, nsjms_dlq_origin="event"), "/queue/out")
+    assert copy.destination == "/queue/out" and copy.headers["$fd_n"] == "7" and b"the body" in copy.body
+    with pytest.raises(EventUnmappable, match="not a StructuredEvent"):
+        event_copy(_msg(NSJMS_DLQ, b"\x00\x01cdr"), "/queue/out")
+    assert [sink_destination(s) for s in ("queue:a.b (push)", "topic:t [jms-json] (pull)", "channel:3 (push)")] == [
+        "/queue/a.b", "/topic/t", None]
