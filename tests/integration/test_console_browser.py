@@ -203,19 +203,26 @@ def operator_log(server: NsjmsServer) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (server.state_dir / "txn-operator.log").read_text().splitlines()]
 
 
-def _dead_letter_on_broker(broker_url: str, source: str, bridge: int, body: str) -> str:
+def _dead_letter_on_broker(broker_url: str, source: str, bridge: int, body: str, event: Any = None) -> str:
     """Put on ``nsjms.DLQ`` what a JMS -> channel bridge writes for a message it cannot map (docs/bridge.md): the
-    original body, ``nsjms_dlq_reason``/``_bridge``/``_origin``/``_message_id``/``_destination``; its message id."""
+    original body, ``nsjms_dlq_reason``/``_bridge``/``_origin``/``_message_id``/``_destination``; or, with ``event``,
+    what a channel -> JMS bridge writes for an event (its CDR encoding, origin ``event``); its message id."""
     import stomp
 
+    import omniORB
+
+    headers = {"nsjms_dlq_origin": "message", "nsjms_dlq_reason": "unmappable JMS message: console test",
+               "nsjms_dlq_message_id": f"ID:original-{body}", "nsjms_dlq_destination": f"/queue/{source}"}
+    data = body.encode()
+    if event is not None:
+        data = bytes(omniORB.cdrMarshal(CosNotification._tc_StructuredEvent, event))
+        headers = {"nsjms_dlq_origin": "event", "nsjms_dlq_reason": "broker refused the message: console test"}
     host, port = broker_url.removeprefix("stomp://").split(":")
     conn = stomp.Connection12([(host, int(port))], auto_content_length=False)
     conn.connect(wait=True)
     try:
-        conn.send("/queue/nsjms.DLQ", body.encode(), headers={
-            "persistent": "true", "content-length": str(len(body)), "nsjms_dlq_origin": "message",
-            "nsjms_dlq_bridge": str(bridge), "nsjms_dlq_reason": "unmappable JMS message: console test",
-            "nsjms_dlq_message_id": f"ID:original-{body}", "nsjms_dlq_destination": f"/queue/{source}",
+        conn.send("/queue/nsjms.DLQ", data, headers={
+            "persistent": "true", "content-length": str(len(data)), "nsjms_dlq_bridge": str(bridge), **headers,
             "receipt": "sent"})
     finally:
         conn.disconnect()
@@ -224,7 +231,8 @@ def _dead_letter_on_broker(broker_url: str, source: str, bridge: int, body: str)
     ops = BrokerDeadLetterOps("test", Path("/nonexistent"), lambda: _browser(broker_url))
     found: list[str] = []
     assert wait_until(lambda: bool(found.extend(d["id"] for d in ops.listing("nsjms.DLQ")["dead_letters"]
-                                                if d["preview"] == body) or found), 30, 0.5)
+                                                if d["origin"] == headers["nsjms_dlq_origin"] and d["bridge"] == bridge
+                                                and (event is not None or d["preview"] == body)) or found), 30, 0.5)
     return found[0]
 
 
@@ -234,17 +242,18 @@ def _browser(broker_url: str) -> Any:
     return StompBrowser(broker_url)
 
 
-def _drain(broker_url: str, queue: str) -> list[bytes]:
-    """Consume (auto-ack) what is on ``queue`` with an independent stomp.py client; 2 s without a message ends it."""
+def _drain(broker_url: str, queue: str, header: str = "") -> list[Any]:
+    """Consume (auto-ack) what is on ``queue`` with an independent stomp.py client; 2 s without a message ends it.
+    The bodies, or with ``header`` that header of each (None where absent)."""
     import queue as queues
 
     import stomp
 
-    got: queues.Queue[bytes] = queues.Queue()
+    got: queues.Queue[Any] = queues.Queue()
 
     class Listener(stomp.ConnectionListener):
         def on_message(self, frame: Any) -> None:
-            got.put(frame.body)
+            got.put(frame.headers.get(header) if header else frame.body)
 
     host, port = broker_url.removeprefix("stomp://").split(":")
     conn = stomp.Connection12([(host, int(port))], auto_decode=False)
@@ -380,7 +389,8 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
 
     # a bridge with traffic: channel -> queue, 40 events forwarded
     channel, cid = persistent_channel(factory)
-    _, busy = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, unique_name("console.traffic")))
+    traffic = unique_name("console.traffic")
+    _, busy = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, traffic))
     bf.get_bridge_with_id(busy).start_bridge()
     supplier = structured_supplier(channel)
 
@@ -616,6 +626,16 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     assert page.request.get(f"{base}/deadletters/broker/nsjms.DLQ?format=json").json()["dead_letters"] == []
     assert _drain(amq.url, source) == []
     assert operator_log(node)[-1]["action"] == "broker deadletter discard"
+    # an event the busy bridge dead-lettered (its CDR encoding), retried from the console: mapped again and sent to
+    # the bridge's queue, which the console asks of its node
+    _drain(amq.url, traffic)
+    event_dl = _dead_letter_on_broker(amq.url, "", busy, "", event=make_event(555))
+    page.goto(f"{base}/deadletters/broker/nsjms.DLQ/message?id={event_dl}")
+    assert f"bridge {busy}'s JMS destination" in page.inner_text("#bdl-retry-target")
+    page.fill("form:has(#bdl-retry) input[name=why]", "console test: authorised now")
+    page.click("#bdl-retry")
+    assert "Done." in page.inner_text("#result"), page.inner_text("main")
+    assert _drain(amq.url, traffic, "$fd_n") == ["555"], "the retried event reached the bridge's queue once"
 
     # the operator stops the bridge from the console: done through the node, recorded
     page.goto(f"{base}/bridges/{busy}")
