@@ -552,6 +552,10 @@ def cmd_txn(args: argparse.Namespace, cfg: Any) -> int:
 def cmd_deadletter(args: argparse.Namespace, cfg: Any) -> int:
     from router.deadlettercli import run
 
+    if args.deadletter_command == "broker":    # asks the broker itself (router/brokerdlqcli.py)
+        from router.brokerdlqcli import run as run_broker
+
+        return run_broker(args, cfg)
     state_dir = _running(f"deadletter {args.deadletter_command}", args, cfg)
     if state_dir is None:
         return EXIT_NOT_RUNNING

@@ -33,7 +33,7 @@ IGNORED_WHO = "ignored: the operator log records the authenticated principal (do
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("deadletter", parents=[common],
                        help="list, show, retry or discard the events the channels gave up on (the dead-letter store)")
-    dsub = p.add_subparsers(dest="deadletter_command", required=True, metavar="{list,show,retry,discard}")
+    dsub = p.add_subparsers(dest="deadletter_command", required=True, metavar="{list,show,retry,discard,broker}")
     ls = dsub.add_parser("list", parents=[common], help="dead letters, oldest first, with their reason")
     ls.add_argument("--channel", type=int, default=None, metavar="N", help="only those of channel N")
     ls.add_argument("--limit", type=int, default=1000, metavar="N", help="at most N rows (default 1000)")
@@ -50,6 +50,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     discard.add_argument("--why", default="", help="why (recorded in the operator log)")
     discard.add_argument("--who", default=None, help=IGNORED_WHO)
     discard.add_argument("--yes", action="store_true", help="do not ask for confirmation (scripts)")
+    from router.brokerdlqcli import add_parser as add_broker_parser
+
+    add_broker_parser(dsub, common)            # the bridges' dead letters on the broker (router/brokerdlqcli.py)
 
 
 class _Refused(Exception):

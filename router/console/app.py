@@ -38,6 +38,7 @@ from flask import Flask, Response, abort, g, jsonify, redirect, render_template,
 
 from router.auth import Authenticator, Principal, Role
 from router.console import calls as node_calls
+from router.console import sublists
 from router.console.auditruns import AuditRefused, AuditRuns, WindowRefused, nsjms_audit_command, parse_window
 from router.console.backend import (
     BRIDGE_ACTIONS,
@@ -207,6 +208,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
     from router.channelcli import format_value
 
     app.jinja_env.filters.update(utc=_fmt_time, age=_fmt_age, prop=lambda v, k: format_value(k, v))
+    sublists.install(app)                      # the lists inside an item's page, paged (router/console/sublists.py)
     auth = Authenticator(backend.state_dir)
     sessions = Sessions(idle_s, max_s)
     throttle = LoginThrottle()
@@ -469,7 +471,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
 
     @app.get("/channels/<int:cid>")
     def channel(cid: int) -> Any:
-        return page("channel.html", item(lambda: backend.channel(who(), cid)))
+        data = item(lambda: backend.channel(who(), cid))
+        return page("channel.html", data, subs=sublists.channel_subs(data, request.args))
 
     @app.post("/channels/create")
     def channel_create() -> Any:
@@ -538,7 +541,8 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         if request.args.get("in_doubt") == "1":
             txns = [t for t in txns if t["in_doubt"]]
         p = paginate(txns, fields=("gtrid", "status", "decision", "action", "reason"), **list_args("age_s"))
-        return page("transactions.html", {**listing, "page": p.as_dict()})
+        return page("transactions.html", {**listing, "page": p.as_dict()},
+                    orphans=sublists.orphan_page(listing["orphans"], request.args))
 
     @app.get("/transactions/<path:gtrid>")
     def transaction(gtrid: str) -> Any:
@@ -547,6 +551,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         from router.txncli import heuristic_warning
 
         return page("transaction.html", view, actions=TXN_ACTIONS, confirm=confirm if confirm in TXN_ACTIONS else "",
+                    subs=sublists.transaction_subs(view, request.args),
                     heuristic_warning=heuristic_warning(view) if view.get("decision") is None else "")
 
     @app.post("/transactions/<path:gtrid>/<action>")
@@ -581,7 +586,9 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         listing = backend.dead_letters(int(channel) if channel.isdigit() else None)
         p = paginate(listing["dead_letters"], fields=("id", "channel_id", "event_name", "reason", "exception"),
                      **list_args("dead_at"))
-        return page("deadletters.html", {**listing, "page": p.as_dict()})
+        from router.console.brokerpages import summaries
+
+        return page("deadletters.html", {**listing, "page": p.as_dict(), "broker": summaries(backend)})
 
     @app.get("/deadletters/<int:dl_id>")
     def dead_letter(dl_id: int) -> Any:
@@ -592,6 +599,12 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         why = acting(action, DEAD_LETTER_ACTIONS)
         return decided(backend.dead_letter_action(who(), dl_id, action, why), f"{action} dead letter", str(dl_id),
                        [])
+
+    from router.console import brokerpages  # the broker's dead-letter queues (nsjms deadletter broker)
+
+    brokerpages.install(app, backend, page=page, item=item, acting=acting, require_operator=require_operator,
+                        action_form=action_form, who=who, list_args=list_args, refusal_text=refusal_text,
+                        form_refused=FormRefused)
 
     @app.get("/audit")
     def audit() -> Any:

@@ -9,6 +9,8 @@
   answers ``nsjms txn`` with (listing with the safe action, resolve refused exactly as the CLI's, forget);
 * dead letters: the node's :class:`router.deadletterops.DeadLetterOps`, the object the ``DeadLetterAdmin`` servant
   answers ``nsjms deadletter list|show|retry|discard`` with (retry's target and refusals included);
+* dead letters on the broker (``nsjms.DLQ``, ``ActiveMQ.DLQ``): :class:`router.brokerdlq.BrokerDeadLetterOps`, the
+  operations ``nsjms deadletter broker list|show|retry|discard`` runs, over the node's own broker settings;
 * the operator log: :meth:`router.txnops.TxnOps.audit`, the file ``nsjms txn`` writes;
 * channel create / destroy: :func:`router.channelcli.check_create_args` and :func:`router.channelcli._dispatch`
   (``nsjms channel create|destroy --json``: the same ``--qos``/``--admin`` parsing and checks, the node's refusals
@@ -42,12 +44,14 @@ from router.auth import Principal, acting_as
 from router.console.calls import Counted
 from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT, Refused, TxnOps
 
-__all__ = ["Backend", "BridgeSpec", "ConsoleRefused", "NodeBackend", "NodeRefused", "NodeUnavailable", "node_errors"]
+__all__ = ["Backend", "BridgeSpec", "BrokerUnavailable", "ConsoleRefused", "NodeBackend", "NodeRefused",
+           "NodeUnavailable", "node_errors"]
 
 BRIDGE_ACTIONS = ("start", "stop", "destroy")
 TXN_ACTIONS = ("commit", "rollback", "forget")
 ORPHAN_ACTIONS = ("commit", "rollback")         # `nsjms txn commit|rollback --xid GID`
 DEAD_LETTER_ACTIONS = ("retry", "discard")
+BROKER_DLQ_ROWS = 1000          # what one listing of a broker dead-letter queue reads at most (then paged)
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,10 @@ class NodeUnavailable(ConsoleRefused):
     """The node did not answer (a CORBA ``TRANSIENT``, ``COMM_FAILURE``, ``TIMEOUT``): the CLI's exit 3."""
 
     status = 503
+
+
+class BrokerUnavailable(NodeUnavailable):
+    """The broker could not be asked about its dead-letter queues (``nsjms deadletter broker``'s exit 3)."""
 
 
 @contextlib.contextmanager
@@ -128,6 +136,13 @@ class Backend(Protocol):
 
     def dead_letter_action(self, who: Principal, dl_id: int, action: str, why: str) -> dict[str, Any]: ...
 
+    def broker_dead_letters(self, queue: str, scan: int = BROKER_DLQ_ROWS) -> dict[str, Any]: ...
+
+    def broker_dead_letter(self, queue: str, message_id: str) -> dict[str, Any]: ...
+
+    def broker_dead_letter_action(self, who: Principal, queue: str, message_id: str, action: str,
+                                  why: str) -> dict[str, Any]: ...
+
     def audit(self, who: str, why: str, action: str, target: str, result: Any) -> None: ...
 
     def channel_create(self, who: Principal, qos: Sequence[str], admin: Sequence[str], why: str) -> dict[str, Any]:
@@ -158,6 +173,7 @@ class NodeBackend:
         self.node = node
         self.state_dir: Path = node.s.state_dir
         self.ops: TxnOps = node.txn_admin.ops
+        self._broker_ops: Any = None
         self._snapshot: tuple[tuple[int, int], dict[str, Any]] = ((0, -1), {})
 
     # ------------------------------------------------------------------------------------------ read
@@ -441,6 +457,66 @@ class NodeBackend:
                 return result
         except DLRefused as exc:
             raise ConsoleRefused(str(exc)) from None
+        raise ConsoleRefused(f"a dead letter can be retried or discarded, not {action!r}")
+
+    def _broker_dlq(self) -> Any:
+        """The node's broker dead-letter operations (its broker URL and credentials, embedded or configured)."""
+        if self._broker_ops is None:
+            from router.brokerdlq import BrokerDeadLetterOps
+            from router.jms.stomp.browse import StompBrowser
+
+            node = self.node
+            timeout = float(node.s.broker_connect_timeout_s) + 20.0
+            self._broker_ops = BrokerDeadLetterOps(
+                str(node.s.node_id), self.state_dir,
+                lambda: StompBrowser(node.broker_url, username=node.broker_login or None,
+                                     password=node.broker_passcode or None, timeout=timeout), mode="online")
+        return self._broker_ops
+
+    @contextlib.contextmanager
+    def _broker_errors(self) -> Iterator[None]:
+        from router.brokerdlq import BrokerDown
+        from router.brokerdlq import Refused as BrokerRefused
+
+        try:
+            yield
+        except BrokerRefused as exc:
+            raise ConsoleRefused(str(exc)) from None
+        except BrokerDown as exc:
+            raise BrokerUnavailable(str(exc)) from None
+
+    def broker_dead_letters(self, queue: str, scan: int = BROKER_DLQ_ROWS) -> dict[str, Any]:
+        """``nsjms deadletter broker list QUEUE --json`` (reading up to ``scan`` messages, paged by the page)."""
+        with self._broker_errors():
+            result: dict[str, Any] = self._broker_dlq().listing(queue, 0, scan, scan)
+        return result
+
+    def broker_dead_letter(self, queue: str, message_id: str) -> dict[str, Any]:
+        with self._broker_errors():
+            result: dict[str, Any] = self._broker_dlq().show(queue, message_id)
+        return result
+
+    def broker_dead_letter_action(self, who: Principal, queue: str, message_id: str, action: str,
+                                  why: str) -> dict[str, Any]:
+        """``nsjms deadletter broker retry|discard``: the same operation (operator log included)."""
+        from router.brokerdlqevent import sink_destination
+
+        def bridge_sink(bid: int) -> str | None:
+            """An event dead letter's bridge's JMS destination (``nsjms bridge list``'s sink), None when gone."""
+            try:
+                rows = self.bridges(who, [bid])
+            except ConsoleRefused:
+                return None
+            return sink_destination(str(rows[0]["sink"])) if rows else None
+
+        ops = self._broker_dlq()
+        with self._broker_errors():
+            if action == "retry":
+                result: dict[str, Any] = ops.retry(queue, message_id, who.name, why, bridge_sink=bridge_sink)
+                return result
+            if action == "discard":
+                result = ops.discard(queue, message_id, who.name, why)
+                return result
         raise ConsoleRefused(f"a dead letter can be retried or discarded, not {action!r}")
 
     def audit(self, who: str, why: str, action: str, target: str, result: Any) -> None:

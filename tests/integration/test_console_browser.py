@@ -7,7 +7,9 @@ with the CLI's reason, the commit (confirmed, with a reason) is refused while th
 it; with the broker back the recovery finishes it. A transaction with no decision logged is committed only
 heuristically (the CLI's refusal without it), then forgotten. A channel and a bridge with routing transactions are
 created, T2 turned off and a bad setting refused (the CLI's words), bridges started as a selection, both destroyed
-again; three dead letters retried (one, then two as a selection) each reach their consumer once; the ledger audit
+again; three dead letters retried (one, then two as a selection) each reach their consumer once; two dead letters
+of a bridge on the broker (``nsjms.DLQ``) shown beside them, one retried back to its source (an independent stomp.py
+consumer gets it once), the other refused to a reader and discarded as a selection; the ledger audit
 page shows what ``nsjms audit --incremental`` stored. Every action is in the operator log with the principal and the
 reason. A reader has no buttons and is refused on POST; a POST without the CSRF token is refused; an unauthenticated
 request is redirected to the login page. Each page is screenshotted into docs/console/ (see docs/console.md).
@@ -201,6 +203,73 @@ def operator_log(server: NsjmsServer) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (server.state_dir / "txn-operator.log").read_text().splitlines()]
 
 
+def _dead_letter_on_broker(broker_url: str, source: str, bridge: int, body: str, event: Any = None) -> str:
+    """Put on ``nsjms.DLQ`` what a JMS -> channel bridge writes for a message it cannot map (docs/bridge.md): the
+    original body, ``nsjms_dlq_reason``/``_bridge``/``_origin``/``_message_id``/``_destination``; or, with ``event``,
+    what a channel -> JMS bridge writes for an event (its CDR encoding, origin ``event``); its message id."""
+    import stomp
+
+    import omniORB
+
+    headers = {"nsjms_dlq_origin": "message", "nsjms_dlq_reason": "unmappable JMS message: console test",
+               "nsjms_dlq_message_id": f"ID:original-{body}", "nsjms_dlq_destination": f"/queue/{source}"}
+    data = body.encode()
+    if event is not None:
+        data = bytes(omniORB.cdrMarshal(CosNotification._tc_StructuredEvent, event))
+        headers = {"nsjms_dlq_origin": "event", "nsjms_dlq_reason": "broker refused the message: console test"}
+    host, port = broker_url.removeprefix("stomp://").split(":")
+    conn = stomp.Connection12([(host, int(port))], auto_content_length=False)
+    conn.connect(wait=True)
+    try:
+        conn.send("/queue/nsjms.DLQ", data, headers={
+            "persistent": "true", "content-length": str(len(data)), "nsjms_dlq_bridge": str(bridge), **headers,
+            "receipt": "sent"})
+    finally:
+        conn.disconnect()
+    from router.brokerdlq import BrokerDeadLetterOps  # the id is found by browsing, as the console does
+
+    ops = BrokerDeadLetterOps("test", Path("/nonexistent"), lambda: _browser(broker_url))
+    found: list[str] = []
+    assert wait_until(lambda: bool(found.extend(d["id"] for d in ops.listing("nsjms.DLQ")["dead_letters"]
+                                                if d["origin"] == headers["nsjms_dlq_origin"] and d["bridge"] == bridge
+                                                and (event is not None or d["preview"] == body)) or found), 30, 0.5)
+    return found[0]
+
+
+def _browser(broker_url: str) -> Any:
+    from router.jms.stomp.browse import StompBrowser
+
+    return StompBrowser(broker_url)
+
+
+def _drain(broker_url: str, queue: str, header: str = "") -> list[Any]:
+    """Consume (auto-ack) what is on ``queue`` with an independent stomp.py client; 2 s without a message ends it.
+    The bodies, or with ``header`` that header of each (None where absent)."""
+    import queue as queues
+
+    import stomp
+
+    got: queues.Queue[Any] = queues.Queue()
+
+    class Listener(stomp.ConnectionListener):
+        def on_message(self, frame: Any) -> None:
+            got.put(frame.headers.get(header) if header else frame.body)
+
+    host, port = broker_url.removeprefix("stomp://").split(":")
+    conn = stomp.Connection12([(host, int(port))], auto_decode=False)
+    conn.set_listener("drain", Listener())
+    conn.connect(wait=True)
+    conn.subscribe(f"/queue/{queue}", id="drain", ack="auto")
+    bodies = []
+    try:
+        while True:
+            bodies.append(got.get(timeout=2.0))
+    except queues.Empty:
+        pass
+    conn.disconnect()
+    return bodies
+
+
 def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, client_orb: ClientOrb, browser: Any,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     base = console_url(node)
@@ -320,7 +389,8 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
 
     # a bridge with traffic: channel -> queue, 40 events forwarded
     channel, cid = persistent_channel(factory)
-    _, busy = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, unique_name("console.traffic")))
+    traffic = unique_name("console.traffic")
+    _, busy = bf.create_bridge(channel_ep(BA.SOURCE, cid), jms_ep(BA.SINK, traffic))
     bf.get_bridge_with_id(busy).start_bridge()
     supplier = structured_supplier(channel)
 
@@ -460,8 +530,13 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     assert wait_until(lambda: len(cli_json(node, "deadletter", "list")["dead_letters"]) == 3, 90, 1.0)
     dls = sorted(cli_json(node, "deadletter", "list")["dead_letters"], key=lambda d: d["id"])
     dl = dls[0]
+    # two dead letters on the broker too (what a bridge writes to nsjms.DLQ: the original body, its reason, bridge
+    # and source), shown beside the channel's
+    source = unique_name("console.bdl")
+    broker_dls = [_dead_letter_on_broker(amq.url, source, busy, f"body {n}") for n in (1, 2)]
     page.goto(base + "/deadletters")
     assert f"dead letter {dl['id']}" in page.inner_text("#deadletters") and "bad parameter" in page.content()
+    assert "unmappable JMS message: console test" in page.inner_text("main")
     shot(page, "deadletters")
     page.click(f"#deadletters a:text-is('dead letter {dl['id']}')")
     assert "back into the queue" in page.inner_text("#dl-retry-target")
@@ -491,6 +566,23 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
     assert {e["target"] for e in retried} == {str(d["id"]) for d in dls} and {e["who"] for e in retried} == {
         "operator"}
 
+    # the broker's dead letters: one retried from its page goes back to its source, once (an independent stomp.py
+    # consumer counts it); the other is kept for the reader below
+    page.goto(f"{base}/deadletters/broker/nsjms.DLQ")
+    page.click(f"#broker-deadletters a code:text-is('{broker_dls[0]}')")
+    assert f"back to /queue/{source}" in page.inner_text("#bdl-retry-target")
+    assert "unmappable JMS message: console test" in page.inner_text("#bdl-reason")
+    shot(page, "brokerdeadletter")
+    page.fill("form:has(#bdl-retry) input[name=why]", "console test: mapping fixed")
+    page.click("#bdl-retry")
+    assert "Done." in page.inner_text("#result")
+    assert _drain(amq.url, source) == [b"body 1"], "the retried dead letter reached its source once"
+    listed = page.request.get(f"{base}/deadletters/broker/nsjms.DLQ?format=json").json()["dead_letters"]
+    assert [d["id"] for d in listed] == [broker_dls[1]]
+    entry = operator_log(node)[-1]
+    assert (entry["who"], entry["action"], entry["target"], entry["why"]) == (
+        "operator", "broker deadletter retry", f"nsjms.DLQ {broker_dls[0]}", "console test: mapping fixed")
+
     # a POST without the CSRF token is refused (and the bridge keeps running)
     resp = page.request.post(f"{base}/bridges/{busy}/stop", form={"why": "no token"})
     assert resp.status == 403
@@ -514,6 +606,36 @@ def test_console_in_a_real_browser(node: NsjmsServer, amq: EmbeddedActiveMQ, cli
         assert reader.request.post(url, form={**form, "csrf": token}).status == 403, url
         assert page.request.post(url, form=form).status == 403, url          # the operator without the token
     assert next(b for b in cli_json(node, "bridge", "list") if b["id"] == busy)["started"] is True
+    # ... nor on a broker dead letter: no retry or discard button, the POSTs refused, the message kept
+    reader.goto(f"{base}/deadletters/broker/nsjms.DLQ/message?id={broker_dls[1]}")
+    assert "unmappable JMS message" in reader.inner_text("#bdl-reason")
+    assert reader.locator("#bdl-retry").count() == 0 and reader.locator("#bdl-discard").count() == 0
+    for url, form in ((f"{base}/deadletters/broker/nsjms.DLQ/retry", {"id": broker_dls[1], "why": "reader"}),
+                      (f"{base}/deadletters/broker/nsjms.DLQ/selected",
+                       {"ids": broker_dls[1], "action": "discard", "why": "reader"})):
+        assert reader.request.post(url, form={**form, "csrf": token}).status == 403, url
+        assert page.request.post(url, form=form).status == 403, url          # the operator without the token
+    assert [d["id"] for d in page.request.get(f"{base}/deadletters/broker/nsjms.DLQ?format=json").json()[
+        "dead_letters"]] == [broker_dls[1]]
+    # the operator discards it as a selection: consumed, sent nowhere, recorded
+    page.goto(f"{base}/deadletters/broker/nsjms.DLQ")
+    page.check(f"input[form=bdl-selected][value='{broker_dls[1]}']")
+    page.fill("#bdl-why", "console test: not needed")
+    page.click("#bdl-discard")
+    assert "Done." in page.inner_text("#result")
+    assert page.request.get(f"{base}/deadletters/broker/nsjms.DLQ?format=json").json()["dead_letters"] == []
+    assert _drain(amq.url, source) == []
+    assert operator_log(node)[-1]["action"] == "broker deadletter discard"
+    # an event the busy bridge dead-lettered (its CDR encoding), retried from the console: mapped again and sent to
+    # the bridge's queue, which the console asks of its node
+    _drain(amq.url, traffic)
+    event_dl = _dead_letter_on_broker(amq.url, "", busy, "", event=make_event(555))
+    page.goto(f"{base}/deadletters/broker/nsjms.DLQ/message?id={event_dl}")
+    assert f"bridge {busy}'s JMS destination" in page.inner_text("#bdl-retry-target")
+    page.fill("form:has(#bdl-retry) input[name=why]", "console test: authorised now")
+    page.click("#bdl-retry")
+    assert "Done." in page.inner_text("#result"), page.inner_text("main")
+    assert _drain(amq.url, traffic, "$fd_n") == ["555"], "the retried event reached the bridge's queue once"
 
     # the operator stops the bridge from the console: done through the node, recorded
     page.goto(f"{base}/bridges/{busy}")

@@ -115,6 +115,27 @@ class FakeBackend:
         self.calls.append(("deadletter", who.name, dl_id, action, why))
         return {"id": dl_id, "retried": True}
 
+    def broker_dead_letters(self, queue: str, scan: int = 1000) -> dict[str, Any]:
+        rows = [{"id": f"ID:b-{i}:1", "queue": queue, "reason": f"expired {i}", "origin": "message", "bridge": 5,
+                 "source": "/queue/in", "at": 0.0, "size": 4, "preview": "late", "headers": {"mark": "x"},
+                 "retry_to": "/queue/in", "retry": "back to /queue/in"}
+                for i in range(60 if queue == "nsjms.DLQ" else 0)]
+        return {"node": "node1", "queue": queue, "total": min(len(rows), scan), "complete": len(rows) <= scan,
+                "offset": 0, "dead_letters": rows[:scan]}
+
+    def broker_dead_letter(self, queue: str, message_id: str) -> dict[str, Any]:
+        rows = [r for r in self.broker_dead_letters(queue)["dead_letters"] if r["id"] == message_id]
+        if not rows:
+            raise ConsoleRefused(f"no message {message_id} on {queue}")
+        return rows[0]
+
+    def broker_dead_letter_action(self, who: Principal, queue: str, message_id: str, action: str,
+                                  why: str) -> dict[str, Any]:
+        self.calls.append(("broker deadletter", who.name, queue, message_id, action, why))
+        if message_id == "ID:gone":
+            raise ConsoleRefused(f"no message {message_id} on {queue}")
+        return {"id": message_id, "queue": queue, "retried": True, "to": "/queue/in"}
+
     def audit(self, who: str, why: str, action: str, target: str, result: Any) -> None:
         self.audits.append((who, why, action, target, result))
 
@@ -395,8 +416,10 @@ def test_every_post_route_needs_the_csrf_token_and_the_operator_role(env: Any) -
              r.endpoint not in ("login_post", "logout")]
     assert {r.endpoint for r in posts} >= {"channel_create", "channel_destroy", "bridge_create", "bridge_action",
                                            "bridge_transaction", "bridges_selected", "transaction_action",
-                                           "dead_letter_action", "dead_letters_selected", "orphan_action"}
-    values = {"cid": 1, "bid": 5, "action": "stop", "gtrid": "node1:abc", "dl_id": 7, "gid": ORPHAN}
+                                           "dead_letter_action", "dead_letters_selected", "orphan_action",
+                                           "broker_dead_letter_action", "broker_dead_letters_selected"}
+    values = {"cid": 1, "bid": 5, "action": "stop", "gtrid": "node1:abc", "dl_id": 7, "gid": ORPHAN,
+              "queue": "nsjms.DLQ"}
     for rule in posts:
         url = rule.build({k: v for k, v in values.items() if k in rule.arguments})[1]
         form = {"why": "x", "confirm_gtrid": "node1:abc", "confirm_id": "1", "ids": "5", "action": "stop",
