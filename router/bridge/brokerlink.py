@@ -103,11 +103,23 @@ class BrokerLink:
                 b = self.factory.broker
                 self.transport = self.factory.open_transport(
                     b.url, username=b.login or None, password=b.passcode or None,
-                    client_id=f"nsjms-{self.factory.node_id}-bridge-{self.id}", on_state=self._on_broker_state,
+                    client_id=self._client_id(), on_state=self._on_broker_state,
                     shutdown=self.factory.shutdown_event)
                 self.transport.connect(retry=False)
                 self.broker_state = ConnectionState.CONNECTED
             return self.transport
+
+    def _client_id(self) -> str:
+        """The JMS client id of the bridge's first connection. A durable subscription is the pair (client id,
+        subscription name) on the broker, so the client id it was made under is stored with the bridge (beside
+        ``durable_name``, :meth:`_subscribe`) and every later connection uses it, on whichever node: a survivor
+        that takes the bridge over resumes the dead node's subscription and gets what was published meanwhile
+        (named after the survivor, it made a new subscription, and the old one kept those messages forever).
+        While another connection still holds that id (a paused owner, until the broker drops it for its missed
+        heart-beats) the connect is refused and retried. A bridge without a durable subscription uses a per-node
+        id."""
+        stored = self.row.settings.get("durable_client_id")
+        return str(stored) if stored else f"nsjms-{self.factory.node_id}-bridge-{self.id}"
 
     def _t2_transport(self) -> Transport:
         """The bridge's second broker connection, for every other channel → JMS T2 (router.bridge.txout: the broker
@@ -175,10 +187,13 @@ class BrokerLink:
     # -- subscription ------------------------------------------------------------------------------------------
     def _subscribe(self) -> Subscription:
         durable = self._durable_name()
-        if durable is not None and self.row.settings.get("durable_name") != durable:
-            self._save_settings(durable_name=durable)     # destroy needs it even once the channel is gone
+        transport = self._transport()
+        if durable is not None and (self.row.settings.get("durable_name") != durable
+                                    or not self.row.settings.get("durable_client_id")):
+            # destroy needs the name even once the channel is gone; a survivor needs the client id (_client_id)
+            self._save_settings(durable_name=durable, durable_client_id=self._client_id())
         profile = parse_factory(self.jms_spec.factory_name, check_selector_syntax=False)
-        return self._transport().subscribe(self.destination, selector=profile.selector,
+        return transport.subscribe(self.destination, selector=profile.selector,
                                            ack=AckMode.CLIENT_INDIVIDUAL, durable_name=durable,
                                            prefetch=int(self.row.settings.get("prefetch", DEFAULT_PREFETCH)),
                                            transformation=profile.transformation)

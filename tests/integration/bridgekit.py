@@ -330,15 +330,17 @@ def leftover(broker_url: str, queue: str) -> int:
         t.close()
 
 
-def stomp_produce(broker_url: str, queue: str, ids: range, extra: dict[int, bytes] | None = None) -> None:
+def stomp_produce(broker_url: str, queue: str, ids: range, extra: dict[int, bytes] | None = None,
+                  kind: str = "queue") -> None:
     """SEND one persistent message per id (body ``m<id>``, header ``n`` = the id, plus ``extra[id]`` header lines),
-    each with a receipt: when this returns, the broker holds them all."""
+    each with a receipt, to the queue (or, ``kind="topic"``, the topic) ``queue``: when this returns, the broker
+    holds them all."""
     with socket.create_connection(_host_port(broker_url), timeout=10) as sock:
         sock.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
         _read_until(sock, b"CONNECTED")
         for i in ids:
             body = f"m{i}".encode()
-            head = (f"SEND\ndestination:/queue/{queue}\npersistent:true\nn:{i}\nreceipt:r{i}\n".encode()
+            head = (f"SEND\ndestination:/{kind}/{queue}\npersistent:true\nn:{i}\nreceipt:r{i}\n".encode()
                     + (extra or {}).get(i, b"") + f"content-length:{len(body)}\n\n".encode())
             sock.sendall(head + body + b"\x00")
             _read_until(sock, f"receipt-id:r{i}".encode())

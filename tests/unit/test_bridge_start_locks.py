@@ -19,6 +19,7 @@ import pytest
 from router.bridge import bridge as B
 from router.bridge import brokerlink
 from router.bridge import flows as F
+from router.bridge.store import BridgeRow
 from router.jms.transport import ConnectionState
 
 WAIT_S = 10.0
@@ -51,6 +52,7 @@ def _bridge(open_transport: Any) -> B.BridgeImpl:
     bridge._lock = threading.RLock()
     bridge._transport_lock = threading.Lock()
     bridge.transport = None
+    bridge.row = BridgeRow(2, {}, {}, "stopped", 1, None, None, {})
     bridge.broker_state = ConnectionState.DISCONNECTED
     bridge.source = bridge.sink = None                              # type: ignore[assignment]
     store = type("Store", (), {"set_state": staticmethod(lambda conn, bid, state: None)})()
