@@ -66,6 +66,7 @@ from router.jms.transport import EncodedMessage, MessageCodec, SendRefused, Tran
 from router.ledger import t2_dead_letter
 from router.routing.errors import ForwardFailed
 from router.routing.outbox import OutboxRow, outbox_insert
+from router.routing.ports import Conn, Forwarded
 from xa.errors import TransactionRolledBack
 from xa.xid import dedupe_id
 
@@ -77,15 +78,6 @@ DEDUPE_PROPERTY = "nsjms_dedupe_id"
 DUPL_ID_HEADER = "_AMQ_DUPL_ID"
 #: Mapped frames of a T2 written to the broker together while the next ones are mapped (module docstring).
 SEND_CHUNK = 25
-
-
-@dataclass(frozen=True)
-class Forwarded:
-    """What one T2 carried: messages for the destination, dead letters, and the gtrid."""
-
-    gtrid: str
-    sent: int
-    dead_lettered: int
 
 
 class PgOutbox:
@@ -202,7 +194,7 @@ class OutboundT2:
         with self._lock:
             self._early[txn.gtrid] = branch
 
-    def forward_in_t2(self, txn: Any, conn: Any, events: Sequence[Any], *,
+    def forward_in_t2(self, txn: Any, conn: Conn, events: Sequence[Any], *,
                       dead_letter_reason: str | None = None) -> Forwarded:
         """Carry ``events`` in ``txn`` (see the module docstring); with ``dead_letter_reason`` every event goes to
         the dead-letter destination with that reason instead (the channel isolated a poison event)."""
