@@ -371,7 +371,7 @@ class Node(ClusterRole):
         """The node's T2 machinery; its first recovery pass runs BEFORE the channel restores its queues (a logged
         COMMIT still to finish removes queue rows that restore would otherwise load and deliver again)."""
         from router.jms.transport import open_transport
-        from router.mapping.stomp_codec import StompCodec
+        from router.mapping.stomp_codec import StompCodec, node_codecs
         from router.t2 import NodeTransactions
 
         def transport() -> Any:
@@ -381,7 +381,8 @@ class Node(ClusterRole):
         from router.telemetry import T2Telemetry
 
         t2 = NodeTransactions(self.s.node_id, self.s.state_dir, self.db, self.pg_dsn, transport=transport,
-                              observer=T2Telemetry(), ledger_hops=self.s.ledger.enabled, epoch=self._live_epoch)
+                              observer=T2Telemetry(), ledger_hops=self.s.ledger.enabled, epoch=self._live_epoch,
+                              codecs=node_codecs(), dead_letter=self.broker_settings().dead_letter)
         report = t2.start()
         if report.committed or report.rolled_back or report.resent or report.errors:
             log.info("T2 recovery at start: committed %d, rolled back %d, re-sent %d, %d problem(s)",

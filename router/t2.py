@@ -14,17 +14,16 @@ One :class:`NodeTransactions` per node, made by the node before anything routes:
   that marks overdue transactions (``TransactionTimeout``), runs recovery every ``period`` seconds with the guard,
   and deletes outbox rows of ended transactions and inbox rows older than the retention.
 
-The outbox/inbox functions take the caller's connection (the T2's PostgreSQL branch) and run one statement each.
+The outbox functions and the re-sender live in :mod:`router.routing.outbox` (re-exported here); they and
+:func:`inbox_claim` take the caller's connection (the T2's PostgreSQL branch) and run one statement each.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +36,22 @@ from router.db.inbox import NO_TIMESTAMP_DAY
 from router.db.inbox import maintain as inbox_maintain
 from router.db.inbox import purge_default as inbox_purge_default
 from router.db.inbox import sent_day as inbox_sent_day
-from router.jms.transport import EncodedMessage, Transport, TransportError
+from router.jms.model import Destination
+from router.jms.transport import MessageCodec, Transport, TransportError
 from router.latecommit import LateCommitManager, LateCommits
 from router.ledger import T2HopRecorder, T2Hops
+from router.routing.outbox import (
+    ACK_MANAGER,
+    OUTBOX_DEAD_LETTER,
+    OUTBOX_DEFAULT_CODEC,
+    SEND_MANAGER,
+    OutboxResender,
+    OutboxRow,
+    outbox_delete,
+    outbox_insert,
+    outbox_rows,
+    outbox_rows_many,
+)
 from xa.coordinator import Coordinator, Transaction
 from xa.errors import ResourceError
 from xa.log import FileLog, RecoveryLog
@@ -51,87 +63,27 @@ from xa.resource import Clock, Resource, SystemClock
 from xa.xid import NodeId
 
 __all__ = [
-    "ACK_MANAGER", "OPERATOR_SEND", "PG_MANAGER", "SEND_MANAGER", "NodeTransactions", "OutboxResender", "OutboxRow",
+    "ACK_MANAGER", "OPERATOR_SEND", "OUTBOX_DEAD_LETTER", "OUTBOX_DEFAULT_CODEC", "PG_MANAGER", "SEND_MANAGER",
+    "NodeTransactions", "OutboxResender", "OutboxRow",
     "inbox_claim", "outbox_delete", "outbox_insert", "outbox_rows", "outbox_rows_many",
 ]
 
 log = logging.getLogger("nsjms.t2")
 
 PG_MANAGER = "postgresql"
-SEND_MANAGER = "stomp-send"
-ACK_MANAGER = "stomp-ack"
 DEFAULT_GUARD_S = 60.0
 DEFAULT_PERIOD_S = 5.0
 #: How often the inbox's day partitions are maintained (created ahead, dropped past the retention).
 INBOX_MAINTENANCE_S = 600.0
 DEFAULT_INBOX_RETENTION_S = 7 * 86400.0
-DEFAULT_RESEND_BATCH = 2000      # messages per broker transaction when recovery re-sends many T2s
 #: The broker send branch named by an operator's COMMIT of an undecided T2 (``xa.recovery.RecoveryManager.resolve``):
 #: recovery re-sends the T2's outbox rows once its PostgreSQL branch is committed; a T2 without outbox rows (JMS ->
 #: channel) has nothing to re-send and the branch is done at once.
 OPERATOR_SEND = Participant("broker", "stomp-send", SEND_MANAGER, True)
-
 Conn = psycopg.Connection[Any]
 
 
 # ----------------------------------------------------------------------------------------------- outbox / inbox
-@dataclass(frozen=True)
-class OutboxRow:
-    """One message of a T2 as sent to the broker: the STOMP frame (headers + body) and its dedupe id."""
-
-    gtrid: str
-    idx: int
-    dedupe_id: str
-    bridge_id: int
-    destination: str
-    headers: Mapping[str, str]
-    body: bytes
-
-    @property
-    def persistent(self) -> bool:
-        return self.headers.get("persistent", "true") == "true"
-
-
-def outbox_insert(conn: Conn, rows: Sequence[OutboxRow]) -> None:
-    """Insert ``rows`` in the caller's branch (one statement). The arrays go in binary format (``%b``): the text
-    format quotes and escapes every element of a text array in Python (a regular expression per element), which
-    cost more than the round trip for a batch of 100 1 KB frames."""
-    if not rows:
-        return
-    conn.execute(
-        "INSERT INTO nsjms_outbox(gtrid, idx, dedupe_id, bridge_id, destination, headers, body) "
-        "SELECT * FROM unnest(%b::text[], %b::int[], %b::text[], %b::int[], %b::text[], %b::text[]::jsonb[], "
-        "%b::bytea[])",
-        ([r.gtrid for r in rows], [r.idx for r in rows], [r.dedupe_id for r in rows], [r.bridge_id for r in rows],
-         [r.destination for r in rows], [json.dumps(dict(r.headers)) for r in rows], [r.body for r in rows]))
-
-
-def outbox_rows(conn: Conn, gtrid: str) -> list[OutboxRow]:
-    """The committed rows of ``gtrid`` in send order."""
-    rows = conn.execute("SELECT gtrid, idx, dedupe_id, bridge_id, destination, headers, body FROM nsjms_outbox "
-                        "WHERE gtrid = %s ORDER BY idx", (gtrid,)).fetchall()
-    return [OutboxRow(g, int(i), d, int(b), dest, {str(k): str(v) for k, v in h.items()}, bytes(body))
-            for g, i, d, b, dest, h, body in rows]
-
-
-def outbox_rows_many(conn: Conn, gtrids: Sequence[str]) -> dict[str, list[OutboxRow]]:
-    """The committed rows of each of ``gtrids`` in send order (one statement); a gtrid without rows is absent."""
-    out: dict[str, list[OutboxRow]] = {}
-    if not gtrids:
-        return out
-    rows = conn.execute("SELECT gtrid, idx, dedupe_id, bridge_id, destination, headers, body FROM nsjms_outbox "
-                        "WHERE gtrid = ANY(%s) ORDER BY gtrid, idx", (list(gtrids),)).fetchall()
-    for g, i, d, b, dest, h, body in rows:
-        out.setdefault(g, []).append(OutboxRow(g, int(i), d, int(b), dest, {str(k): str(v) for k, v in h.items()},
-                                               bytes(body)))
-    return out
-
-
-def outbox_delete(conn: Conn, gtrids: Sequence[str]) -> None:
-    """Delete the rows of transactions that ended (their broker commit is confirmed)."""
-    if gtrids:
-        conn.execute("DELETE FROM nsjms_outbox WHERE gtrid = ANY(%s)", (list(gtrids),))
-
 
 def inbox_claim(conn: Conn, bridge_id: int, message_ids: Sequence[str], gtrid: str,
                 sent_ms: Mapping[str, int | str] | None = None) -> set[str]:
@@ -158,116 +110,6 @@ def inbox_claim(conn: Conn, bridge_id: int, message_ids: Sequence[str], gtrid: s
     return {str(r[0]) for r in rows}
 
 
-# ------------------------------------------------------------------------------------------------ re-sending
-class OutboxResender:
-    """Recovery's callback for one-phase branches: ``stomp-send`` re-sends the transaction's outbox rows in one
-    broker transaction with their stored headers (same dedupe ids); ``stomp-ack`` needs nothing (the broker
-    redelivers un-acknowledged messages; the inbox turns each into an ack without a second event).
-
-    Any failure raises: recovery records it and the next pass tries again (a re-send whose COMMIT receipt was lost
-    is re-sent again: a duplicate with the same dedupe id, never a loss)."""
-
-    def __init__(self, rows_of: Callable[[str], list[OutboxRow]], transport: Callable[[], Transport], *,
-                 rows_of_many: Callable[[Sequence[str]], dict[str, list[OutboxRow]]] | None = None,
-                 batch_messages: int = DEFAULT_RESEND_BATCH) -> None:
-        self._rows_of = rows_of
-        self._rows_of_many = rows_of_many
-        self._transport = transport
-        self._lock = threading.Lock()
-        self.batch_messages = max(1, batch_messages)
-        self.committed_at: dict[str, float] = {}   # gtrid -> when a re-send of its rows was committed (ledger)
-
-    def __call__(self, gtrid: str, participant: Participant) -> None:
-        if participant.manager == ACK_MANAGER:
-            return
-        if participant.manager != SEND_MANAGER:
-            raise ValueError(f"no re-send for one-phase manager {participant.manager!r}")
-        rows = self._rows_of(gtrid)
-        if not rows:
-            return                                   # nothing was sent in it (or it was already cleaned up)
-        self._send_frames(rows)
-        log.warning("T2 %s: re-sent %d message(s) whose broker commit was not confirmed (same dedupe ids)",
-                    gtrid, len(rows))
-
-    def _send_frames(self, frames: Sequence[OutboxRow]) -> None:
-        """``frames`` in ONE broker transaction, committed with a receipt; ABORT (best effort) and re-raise on any
-        failure before the COMMIT."""
-        with self._lock:
-            transport = self._transport()
-            tx = transport.begin()
-            try:
-                for r in frames:
-                    transport.send_encoded(r.destination, EncodedMessage(dict(r.headers), r.body),
-                                           persistent=r.persistent, transaction=tx, receipt=False)
-            except BaseException:
-                try:
-                    transport.abort(tx)
-                except TransportError:
-                    pass
-                raise
-            transport.commit(tx)
-            self.committed_at.update(dict.fromkeys({r.gtrid for r in frames}, time.time()))
-        crashpoint("t2.recovery.after_resend")
-
-    def many(self, items: Sequence[tuple[str, Participant]]) -> list[Exception | None]:
-        """The re-sends of many transactions: their outbox rows read with one SELECT, sent in broker
-        transactions of up to ``batch_messages`` messages (whole T2s: a T2's rows never straddle two), each
-        committed with one receipt. A failed broker transaction fails exactly the T2s it held (the next pass
-        re-sends them; any already delivered then arrive twice with the same dedupe ids, never lost)."""
-        out: list[Exception | None] = [None] * len(items)
-        sends: list[int] = []
-        for i, (_, participant) in enumerate(items):
-            if participant.manager == SEND_MANAGER:
-                sends.append(i)
-            elif participant.manager != ACK_MANAGER:
-                out[i] = ValueError(f"no re-send for one-phase manager {participant.manager!r}")
-        if not sends:
-            return out
-        if self._rows_of_many is None:
-            for i in sends:
-                try:
-                    self(*items[i])
-                except Exception as exc:  # noqa: BLE001 - reported per transaction
-                    out[i] = exc
-            return out
-        try:
-            rows = self._rows_of_many(sorted({items[i][0] for i in sends}))
-        except Exception as exc:  # noqa: BLE001 - every re-send of this pass failed; the next pass retries
-            for i in sends:
-                out[i] = exc
-            return out
-        batch: list[int] = []
-        size = 0
-        sent = 0
-        for i in sends:
-            n = len(rows.get(items[i][0], ()))
-            if batch and size + n > self.batch_messages:
-                sent += self._send_batch(items, batch, rows, out)
-                batch, size = [], 0
-            batch.append(i)
-            size += n
-        if batch:
-            sent += self._send_batch(items, batch, rows, out)
-        if sent:
-            log.warning("T2 recovery: re-sent %d message(s) of %d transaction(s) whose broker commit was not "
-                        "confirmed (same dedupe ids)", sent, sum(1 for i in sends if out[i] is None))
-        return out
-
-    def _send_batch(self, items: Sequence[tuple[str, Participant]], batch: list[int],
-                    rows: Mapping[str, list[OutboxRow]], out: list[Exception | None]) -> int:
-        frames = [r for i in batch for r in rows.get(items[i][0], ())]
-        if not frames:
-            return 0                                 # nothing was sent in them (or they were cleaned up)
-        try:
-            self._send_frames(frames)
-        except Exception as exc:  # noqa: BLE001 - these T2s are re-sent by the next pass
-            for i in batch:
-                out[i] = exc
-            return 0
-        crashpoint("t2.recovery.after_resend")
-        return len(frames)
-
-
 # ------------------------------------------------------------------------------------------------- the node
 class NodeTransactions:
     """The node's T2 machinery (see the module docstring). Thread-safe."""
@@ -276,10 +118,12 @@ class NodeTransactions:
                  transport: Callable[[], Transport] | None = None, clock: Clock | None = None,
                  guard_s: float = DEFAULT_GUARD_S, period_s: float = DEFAULT_PERIOD_S,
                  inbox_retention_s: float = DEFAULT_INBOX_RETENTION_S, observer: Observer | None = None,
-                 ledger_hops: bool = False, epoch: Callable[[], int | None] | None = None) -> None:
+                 ledger_hops: bool = False, epoch: Callable[[], int | None] | None = None,
+                 codecs: Sequence[MessageCodec] = (), dead_letter: Destination = OUTBOX_DEAD_LETTER) -> None:
         """``epoch``: the node's live cluster epoch (None once fenced); given, the decisions of the coordinator and
         of recovery (an operator's commit) are also written to PostgreSQL, fenced by it, and their rows deleted once
-        the transactions end (router/cluster/decisions.py, docs/cluster.md)."""
+        the transactions end (router/cluster/decisions.py, docs/cluster.md). ``codecs``, ``dead_letter``: the outbox
+        re-sender's (:class:`OutboxResender`), for this run's re-sends and a takeover's alike."""
         self.node = NodeId(node_id)
         self.db = db
         self.clock: Clock = clock or SystemClock()
@@ -308,7 +152,8 @@ class NodeTransactions:
         # One recovery pass or operator action (nsjms txn) at a time: an operator's heuristic commit must not meet a
         # concurrent presumed abort of the same branch.
         self.recovery_lock = threading.RLock()
-        self.resender = OutboxResender(self._rows_of, self._resend_transport, rows_of_many=self._rows_of_many)
+        self.resender = OutboxResender(self._rows_of, self._resend_transport, rows_of_many=self._rows_of_many,
+                                       codecs=codecs, dead_letter=dead_letter)
         self.recovery = RecoveryManager(self.node, decisions, [self.pg], self.resender, self.clock,
                                         in_flight_guard=guard_s, in_flight=self.coordinator.in_flight,
                                         observer=observer)

@@ -228,6 +228,7 @@ def _online(endpoints: Path) -> Iterator[Backend]:
 @contextmanager
 def _offline(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[Backend]:
 
+    from router.mapping.stomp_codec import node_codecs
     from router.t2 import OutboxResender, outbox_rows
     from router.txnops import TxnOps, connect_rows
     from xa.log import FileLog, log_path
@@ -256,8 +257,8 @@ def _offline(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[Backend]:
 
         recovery = None
         if log is not None:
-            recovery = RecoveryManager(node, log, [pg], OutboxResender(rows_of, broker.transport), SystemClock(),
-                                       in_flight_guard=0.0)
+            resender = OutboxResender(rows_of, broker.transport, codecs=node_codecs())
+            recovery = RecoveryManager(node, log, [pg], resender, SystemClock(), in_flight_guard=0.0)
         try:
             yield Offline(TxnOps(node.value, state_dir, log, pg, connect_rows(dsn), recovery, mode="offline",
                                  guard_s=0.0, broker_check=broker.problem))

@@ -47,6 +47,7 @@ from router.jms.transport import (
     TransportError,
     resource_refusal,
 )
+from router.routing.ports import OutboundBatch
 
 __all__ = ["IN_FLIGHT", "STRUCTURED_BATCH", "Batch", "LocalBatches"]
 
@@ -80,6 +81,13 @@ class Batch:
     ids: Sequence[str] | None = None
 
 
+def _own(batch: OutboundBatch) -> Batch:
+    """A batch the port hands back: one :meth:`LocalBatches.batch` made (the channel never makes its own)."""
+    if not isinstance(batch, Batch):
+        raise TypeError(f"not a batch of a bridge's local batches: {type(batch).__name__}")
+    return batch
+
+
 class LocalBatches:
     """The in-process face of a channel → JMS bridge to its channel's push proxy (see the module docstring).
 
@@ -101,9 +109,10 @@ class LocalBatches:
         the same every time the channel offers that event to this bridge (see the module docstring)."""
         return Batch(list(events), ids=ids)
 
-    def start(self, batch: Batch) -> None:
+    def start(self, batch: OutboundBatch) -> None:
         """Map the batch's events and write BEGIN and the SENDs, no receipt awaited (the SENDs with one socket write
         per 256 KiB when the transport has ``send_encoded_many``: the STOMP transport over plain TCP)."""
+        batch = _own(batch)
         flow = self.flow
         if not flow.bridge.running():
             raise ForwardDeferred("the bridge is stopped")
@@ -148,8 +157,9 @@ class LocalBatches:
             self.abort(batch)
             raise self._deferred(exc) from None
 
-    def commit(self, batch: Batch) -> None:
+    def commit(self, batch: OutboundBatch) -> None:
         """Write the batch's COMMIT; its receipt is awaited by :meth:`settle`."""
+        batch = _own(batch)
         if batch.tx is None or batch.refused is not None:
             return
         batch.committed = True
@@ -162,12 +172,13 @@ class LocalBatches:
         except TransportError as exc:
             raise self._deferred(exc) from None
 
-    def settle(self, batch: Batch) -> bool:
+    def settle(self, batch: OutboundBatch) -> bool:
         """Wait for the batch's COMMIT receipt; True when the transaction carried it all. False when the broker
         refused part of it: it was then sent again message by message (a refused one dead-lettered), and the
         caller must abort what it wrote behind it. Raises :class:`ForwardDeferred` when the outcome is not a
         confirmation (the batch stays in the channel and is offered again); the messages confirmed one by one
         before that are then in :attr:`Batch.handled` (the caller must not put their events back)."""
+        batch = _own(batch)
         flow = self.flow
         clean = True
         try:
@@ -197,9 +208,10 @@ class LocalBatches:
         flow.bridge.acknowledge_channel(batch.events)
         return clean
 
-    def abort(self, batch: Batch) -> None:
+    def abort(self, batch: OutboundBatch) -> None:
         """The batch is not sent: roll its transaction back (a lost connection rolled it back already). A COMMIT
         already written is not rolled back (its outcome is the broker's); its receipt is no longer waited for."""
+        batch = _own(batch)
         tx, batch.tx = batch.tx, None
         pending, batch.pending = batch.pending, None
         if pending is not None:

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.bridge.core import MAX_BACKOFF, JmsToChannel
 from router.bridge.ports import (
@@ -22,6 +22,11 @@ from router.bridge.ports import (
     LocalChannel,
 )
 from router.jms.transport import BrokerUnavailable, Delivery, TransportError
+
+if TYPE_CHECKING:
+    from router.bridge.t2in import InBatch
+    from router.routing.ports import Conn
+    from xa.coordinator import Transaction
 
 #: The push loop's longest wait while the broker refuses the bridge's SUBSCRIBE (a refusal stays until the broker or
 #: the bridge changes; MAX_BACKOFF, 5 s, is for a connection that comes back by itself).
@@ -225,7 +230,7 @@ class PullSupply:
             self.flow.ack(done)
             self.flow.forwarded += len(done)
 
-    def take_in_t2(self, txn: Any, conn: Any, max_n: int, timeout: float) -> Any:
+    def take_in_t2(self, txn: Transaction, conn: Conn, max_n: int, timeout: float) -> InBatch:
         """JMS → channel inside the channel's T2 (router.bridge.t2in): called in-process by the channel's pull
         proxy with the transaction and its PostgreSQL branch. Events handed over by earlier non-transactional pulls
         are acknowledged first (the channel routed them before pulling again)."""
@@ -234,7 +239,8 @@ class PullSupply:
         except TransportError as exc:
             self.flow.bridge.note_broker_problem(exc)
             raise
-        return self.flow.inbound().take(self.flow.bridge.rt.t2, txn, conn, max_n, timeout)
+        batch: InBatch = self.flow.inbound().take(self.flow.bridge.rt.t2, txn, conn, max_n, timeout)
+        return batch
 
     def t2_ready(self) -> bool:
         """Whether a round can take anything now (the bridge is started): the channel waits otherwise."""
@@ -251,7 +257,7 @@ class PullSupply:
             raise
         return bool(self.flow.inbound().wait(timeout))
 
-    def take_local(self, conn: Any, max_n: int, timeout: float) -> Any:
+    def take_local(self, conn: Conn, max_n: int, timeout: float) -> InBatch:
         """JMS → channel without a T2, the channel in this process (router.bridge.t2in ``take_local``): the
         inbox claims go in the channel's local transaction on ``conn``; acks after it committed."""
         try:
@@ -259,7 +265,8 @@ class PullSupply:
         except TransportError as exc:
             self.flow.bridge.note_broker_problem(exc)
             raise
-        return self.flow.inbound().take_local(conn, max_n, timeout)
+        batch: InBatch = self.flow.inbound().take_local(conn, max_n, timeout)
+        return batch
 
     def _next(self, timeout: float) -> Delivery | None:
         """A delivery a rolled-back T2 left un-acknowledged (EnableTransaction was turned off since), else the

@@ -12,7 +12,8 @@ a transactional object that never decides (NJI 2.7.4), then in the SAME PostgreS
    the JMS property ``nsjms_dedupe_id`` and, when the bridge's broker settings ask for it
    (``BrokerSettings.amq_dupl_id``; off by default: ActiveMQ Classic ignores it, Artemis drops a duplicate
    itself), as ``_AMQ_DUPL_ID``;
-3. inserts one outbox row per message (the STOMP frame exactly as sent: recovery re-sends the same bytes);
+3. inserts one outbox row per message (its encoding exactly as sent, with the codec's name: recovery re-sends the
+   same bytes);
 4. enlists the broker SEND branch (:class:`router.bridge.txbranch.SendBranch`) and sends the frames in its STOMP
    transaction, the last one receipted.
 
@@ -64,7 +65,8 @@ from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, Jm
 from router.jms.transport import EncodedMessage, MessageCodec, SendRefused, Transport, stomp_destination
 from router.ledger import t2_dead_letter
 from router.routing.errors import ForwardFailed
-from router.t2 import OutboxRow, outbox_insert
+from router.routing.outbox import OutboxRow, outbox_insert
+from router.routing.ports import Conn, Forwarded
 from xa.errors import TransactionRolledBack
 from xa.xid import dedupe_id
 
@@ -76,15 +78,6 @@ DEDUPE_PROPERTY = "nsjms_dedupe_id"
 DUPL_ID_HEADER = "_AMQ_DUPL_ID"
 #: Mapped frames of a T2 written to the broker together while the next ones are mapped (module docstring).
 SEND_CHUNK = 25
-
-
-@dataclass(frozen=True)
-class Forwarded:
-    """What one T2 carried: messages for the destination, dead letters, and the gtrid."""
-
-    gtrid: str
-    sent: int
-    dead_lettered: int
 
 
 class PgOutbox:
@@ -201,7 +194,7 @@ class OutboundT2:
         with self._lock:
             self._early[txn.gtrid] = branch
 
-    def forward_in_t2(self, txn: Any, conn: Any, events: Sequence[Any], *,
+    def forward_in_t2(self, txn: Any, conn: Conn, events: Sequence[Any], *,
                       dead_letter_reason: str | None = None) -> Forwarded:
         """Carry ``events`` in ``txn`` (see the module docstring); with ``dead_letter_reason`` every event goes to
         the dead-letter destination with that reason instead (the channel isolated a poison event)."""
@@ -214,6 +207,7 @@ class OutboundT2:
         written = 0                              # frames[:written] are on the wire (receipt-less)
         branch: SendBranch | None = None
         last = len(events) - 1                   # one frame per event: the last one carries the receipt
+        codec = self.codec.name                  # every frame is this codec's encoding (``to_frame`` too)
         for i, event in enumerate(events):
             frame, refused = self._frame_of(event, dead_letter_reason)
             dead += refused is not None
@@ -224,7 +218,7 @@ class OutboundT2:
             rows.append(OutboxRow(txn.gtrid, i, did, self.bridge_id,
                                   frame.destination, {**frame.encoded.headers,
                                                       "persistent": "true" if frame.persistent else "false"},
-                                  frame.encoded.body))
+                                  frame.encoded.body, codec))
             if i - written + 1 >= self.send_chunk and i < last:     # a chunk goes out while mapping continues
                 branch = branch or self._branch(txn)
                 if branch.begun():               # else mapping goes on; the chunk grows until the BEGIN is in

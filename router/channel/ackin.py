@@ -16,6 +16,7 @@ from typing import Any
 from idl.generated import CosNotifyCommAck
 from router.channel.ackstate import ack_enabled, sequence_number_of
 from router.channel.events import Form
+from router.channel.proxyport import AckingConsumer
 from router.channel.store import StoreError
 from router.corbacall import NOTIFY, PROBE, CallFailed, best_effort, call
 
@@ -35,7 +36,7 @@ _SEEN = 4096
 class InboundAck:
     """Duplicate suppression and acknowledgement towards one Ack supplier (one per proxy consumer)."""
 
-    def __init__(self, proxy: Any) -> None:
+    def __init__(self, proxy: AckingConsumer) -> None:
         self.proxy = proxy
         self._lock = threading.Lock()
         saved = proxy.extra.get("ack_in") or {}

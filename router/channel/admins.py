@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, cast
 
 from omniORB import CORBA
 
@@ -32,6 +32,7 @@ from router.channel.common import (
 )
 from router.channel.events import Event
 from router.channel.inflight import stopped_pushing
+from router.channel.proxyport import LoadedProxy, SupplierView
 from router.channel.runtime import admin_oid
 from router.channel.store import AdminRow, ProxyRow
 from router.channel.typesets import TypeSet
@@ -277,20 +278,20 @@ class SupplierAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.SupplierAdmin):
         sharing_of(self.channel).changed()
 
 
-def _never_transactional(proxy: Any) -> str | None:
+def _never_transactional(proxy: LoadedProxy) -> str | None:
     """Why ``proxy`` can never run a routing transaction whatever its client (NJI 2.7.2), or None."""
     from router.channel.txdelivery import never_transactional
 
-    if proxy.side == "C":
-        return never_transactional(proxy)
-    if getattr(proxy.rt, "t2", None) is None:
+    if proxy.side == "C":                # a proxy supplier (LoadedProxy.side): the SupplierView the check reads
+        return never_transactional(cast(SupplierView, proxy))
+    if proxy.rt.t2 is None:
         return "this node runs no routing transactions"
     if proxy.style == "PUSH":
         return "it is a push-style proxy consumer (its supplier pushes outside any routing transaction)"
     return None
 
 
-def stored_enable_transaction_note(proxy: Any) -> str | None:
+def stored_enable_transaction_note(proxy: LoadedProxy) -> str | None:
     """The load-time rule for a stored ``EnableTransaction`` = TRUE that this version did not check (docs/qos.md,
     "Stored values"): the proxy has no own-flag record, so the value was inherited from its admin or channel, or
     set on the proxy itself by an older version, which accepted it and ignored it. It keeps the meaning the proxy's
@@ -303,7 +304,7 @@ def stored_enable_transaction_note(proxy: Any) -> str | None:
 
     if not proxy.qos.get(Q.ENABLE_TRANSACTION) or OWN_ENABLE_TRANSACTION in proxy.extra:
         return None
-    parents = (getattr(proxy.admin, "qos", {}) or {}, getattr(proxy.channel, "qos", {}) or {})
+    parents = (proxy.admin.qos or {}, proxy.channel.qos or {})
     legacy = not any(q.get(Q.ENABLE_TRANSACTION) for q in parents)
     origin = ("set on this proxy by an older nsjms version, which accepted it and ignored it" if legacy
               else "inherited from its admin or channel")

@@ -25,8 +25,9 @@ from router import telemetry
 from router.channel import qos as Q
 from router.channel.boundary import MINOR_EVENT_TOO_DEEP, check_size, store_boundary
 from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
-from router.channel.events import Event, Form, encode
+from router.channel.events import Event, Form, encode, jms_message_id
 from router.channel.gate import Gate
+from router.channel.proxyport import ConsumerView, ProxyView, QueueTarget
 from router.channel.queue import Entry, Record, choose_victim
 from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
 from router.channel.sizing import EventTooDeep, check_depth, size_bound
@@ -45,10 +46,10 @@ class RoutePlan:
     """What :meth:`EventChannelImpl.plan_in` decided: events with their target proxies, CDR bodies, and how many
     queued events the DiscardPolicy must discard to make room."""
 
-    plans: list[tuple[Record, list[Any]]] = field(default_factory=list)
+    plans: list[tuple[Record, list[QueueTarget]]] = field(default_factory=list)
     bodies: dict[int, bytes] = field(default_factory=dict)
     overflow: int = 0
-    source: Any = None                   # the proxy consumer the events came from (ledger origin)
+    source: ProxyView | None = None      # the proxy consumer the events came from (ledger origin)
     now: float = 0.0                     # when the channel accepted them (the ledger's accepted_at)
     volatile: list[int] = field(default_factory=list)   # BestEffort seqs the ledger recorded (set by store_in)
 
@@ -396,12 +397,12 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             gate = self.__dict__.setdefault("_gate", Gate())
         return gate
 
-    def route(self, source: Any, events: Sequence[Event]) -> None:
+    def route(self, source: ConsumerView, events: Sequence[Event]) -> None:
         """Accept events from a proxy consumer; returns once they are queued (and stored, if persistent)."""
         with self.gate.passing():           # a hand-over waits for the routes in flight (router/channel/gate.py)
             self._route(source, events)
 
-    def _route(self, source: Any, events: Sequence[Event]) -> None:
+    def _route(self, source: ConsumerView, events: Sequence[Event]) -> None:
         if self.destroyed:
             raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
         now = time.time()
@@ -439,7 +440,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             telemetry.accepted(self.id, len(plans) - durable, False)
 
     # -- routing inside a T2 (router.channel.t2in): decide, store in the caller's branch, publish after commit ----
-    def plan_in(self, source: Any, events: Sequence[Event]) -> RoutePlan:
+    def plan_in(self, source: ConsumerView, events: Sequence[Event]) -> RoutePlan:
         """:meth:`route` up to the store, without I/O: QoS (BAD_QOS), size (IMP_LIMIT), filters, targets and
         admission (IMP_LIMIT with RejectNewEvents). Nothing changes until :meth:`store_in` and :meth:`publish`."""
         if self.destroyed:
@@ -504,7 +505,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             telemetry.accepted(self.id, len(plan.plans) - durable, False)
 
     @staticmethod
-    def _encode_missing(durable: list[tuple[Record, list[Any]]], bodies: dict[int, bytes]) -> None:
+    def _encode_missing(durable: list[tuple[Record, list[QueueTarget]]], bodies: dict[int, bytes]) -> None:
         """Persistent events accepted on their size bound are encoded once, here, to be stored."""
         for rec, _ in durable:
             if rec.seq not in bodies:
@@ -544,15 +545,15 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         return out
 
     @staticmethod
-    def _enqueue_one(proxy: Any, rec: Record) -> None:
+    def _enqueue_one(proxy: QueueTarget, rec: Record) -> None:
         """One target's failure (e.g. a discard that could not reach the database) must not keep the event from
         the other targets; the stored queue row of a failed target makes it come back after a restart."""
         try:
             proxy.enqueue(rec)
         except Exception:
-            log.exception("channel: could not queue event seq=%d for proxy %s", rec.seq, getattr(proxy, "oid", "?"))
+            log.exception("channel: could not queue event seq=%d for proxy %s", rec.seq, proxy.oid)
 
-    def _make_record(self, source: Any, ev: Event, now: float) -> Record:
+    def _make_record(self, source: ProxyView, ev: Event, now: float) -> Record:
         header = ev.structured.header.variable_header if ev.form is Form.STRUCTURED else []
         try:
             eq = Q.event_qos(source.qos, header)
@@ -575,8 +576,8 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
     def connections_persistent(self) -> bool:
         return bool(int(self.qos.get(CosNotification.ConnectionReliability, 0)) == CosNotification.Persistent)
 
-    def _targets(self, rec: Record) -> list[Any]:
-        out: list[Any] = []
+    def _targets(self, rec: Record) -> list[QueueTarget]:
+        out: list[QueueTarget] = []
         for admin in list(self.consumer_admins.values()):
             out.extend(admin.targets_for(rec.event))
         return out
@@ -626,8 +627,8 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             for proxy in list(admin.proxies.values()):
                 proxy.queue.take(0)
 
-    def _store(self, plans: list[tuple[Record, list[Any]]], bodies: dict[int, bytes], source: Any = None,
-               now: float | None = None) -> None:
+    def _store(self, plans: list[tuple[Record, list[QueueTarget]]], bodies: dict[int, bytes],
+               source: ProxyView | None = None, now: float | None = None) -> None:
         """One unit of work: the persistent events with their queue rows and ledger rows, and (``ledger.best_effort``)
         the ledger rows of the BestEffort ones. Any failure fails the push: nothing of it is stored."""
         durable = [(rec, t) for rec, t in plans if rec.persistent]
@@ -660,18 +661,19 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         with self._records_lock:
             return self._volatile_accepted.get(seq)
 
-    def _ledger_origin(self, source: Any, records: list[Record]) -> tuple[tuple[int, int] | None, list[str | None]]:
+    def _ledger_origin(self, source: ProxyView | None,
+                       records: list[Record]) -> tuple[tuple[int, int] | None, list[str | None]]:
         """The (supplier admin, proxy consumer) the events came from, and each event's JMS message id when that
         proxy is a JMS → channel bridge's (the mapping puts ``JMSMessageID`` in the filterable data): the ledger's
         inbound rows (router/ledger.py)."""
         admin = getattr(source, "admin", None)
-        if admin is None:
+        if source is None or admin is None:
             return None, [None] * len(records)
         origin = (int(admin.id), int(source.id))
         route = self.rt.store.ledger.route(self.id, "S", *origin)
         if route is None:
             return origin, [None] * len(records)
-        return origin, [_jms_message_id(rec.event) for rec in records]
+        return origin, [jms_message_id(rec.event) for rec in records]
 
     def released(self, rec: Record) -> None:
         """A record left its last queue: forget it; its stored copy is deleted by the store's reaper."""
@@ -691,12 +693,3 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
 
 store_boundary(EventChannelFactoryImpl, EventChannelImpl)
 
-
-def _jms_message_id(event: Event) -> str | None:
-    if event.form is not Form.STRUCTURED:
-        return None
-    for prop in event.structured.filterable_data:
-        if prop.name == "JMSMessageID":
-            value = prop.value.value()
-            return value if isinstance(value, str) else None
-    return None

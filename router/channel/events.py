@@ -31,6 +31,7 @@ __all__ = [
     "decode",
     "describe_event",
     "encode",
+    "jms_message_id",
     "normalise_any",
     "normalise_structured",
 ]
@@ -131,3 +132,15 @@ def describe_event(event: Event) -> str:
         except AttributeError:
             return "a structured event"
     return "an untyped event"
+
+
+def jms_message_id(event: Event) -> str | None:
+    """The JMS message id a JMS → channel bridge's mapping put in a structured event's filterable data
+    (``JMSMessageID``: the ledger's inbound rows, ``router.channel.channel``), or None."""
+    if event.form is not Form.STRUCTURED:
+        return None
+    for prop in event.structured.filterable_data:
+        if prop.name == "JMSMessageID":
+            value = prop.value.value()
+            return value if isinstance(value, str) else None
+    return None

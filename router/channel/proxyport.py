@@ -6,7 +6,11 @@ The module-level steps of the channel's delivery variants take the proxy servant
   (channel PUSH → JMS in local batches) drive a push proxy supplier: :class:`PushDelivering`;
 * their EnableTransaction checks also read pull and acknowledging proxy suppliers: :class:`SupplierView`;
 * :mod:`router.channel.t2in` (JMS → channel PULL, in a T2 or a local unit of work) drives a pull proxy consumer:
-  :class:`InboundProxy` (its QoS checks read any proxy consumer: :class:`ProxyView`).
+  :class:`InboundProxy` (its QoS checks read any proxy consumer: :class:`ProxyView`);
+* :mod:`router.channel.ackin` (a CosNotifyCommAck supplier's acknowledgements): :class:`AckingConsumer`;
+* :mod:`router.channel.sharing` (subscription and offer changes) reads any proxy: :class:`ProxyView`;
+* :mod:`router.channel.admins` (the load-time EnableTransaction rule) reads a proxy of either side:
+  :class:`LoadedProxy`; the channel queues an event on a proxy supplier through :class:`QueueTarget`.
 
 Each protocol names exactly what those modules use, by public names; the proxy classes
 (``router.channel.proxybase``, ``pushsupplier``, ``delivery``, ``consumers``) provide them. The proxy's channel is
@@ -23,13 +27,14 @@ if TYPE_CHECKING:
     from router.channel.channel import RoutePlan
     from router.channel.events import Event
     from router.channel.inflight import Flight
-    from router.channel.queue import Entry, ProxyQueue
+    from router.channel.queue import Entry, ProxyQueue, Record
     from router.channel.runtime import Runtime
     from router.channel.txdelivery import T2State
     from router.routing.completer import Completer
     from router.routing.ports import OutboundBatches
 
-__all__ = ["InboundProxy", "ProxyAdmin", "ProxyChannel", "ProxyView", "PushDelivering", "SupplierView"]
+__all__ = ["AckingConsumer", "ConsumerView", "InboundProxy", "LoadedProxy", "ProxyAdmin", "ProxyChannel", "ProxyView",
+           "PushDelivering", "QueueTarget", "SupplierView"]
 
 
 class ProxyChannel(Protocol):
@@ -196,4 +201,52 @@ class InboundProxy(ProxyView, Protocol):
 
     def room(self, wanted: int) -> int:
         """How many events a round may take now (MaxQueueLength), at most ``wanted``."""
+        ...
+
+
+class AckingConsumer(ProxyView, Protocol):
+    """A proxy consumer as its inbound acknowledgement reads it (``router.channel.ackin.InboundAck``)."""
+
+    @property
+    def kind(self) -> str:
+        """``PUSH_STRUCTURED``, ``PULL_SEQUENCE``, ...: which Ack supplier interface its client may have."""
+        ...
+
+    def save_extra(self, **items: Any) -> None:
+        """Merge ``items`` into the proxy's stored ``extra`` (the SequenceNumbers seen)."""
+        ...
+
+
+class LoadedProxy(ProxyView, Protocol):
+    """A proxy of either side as the admin checks it when it is loaded (``router.channel.admins``)."""
+
+    @property
+    def side(self) -> str:
+        """``C``: a proxy supplier (it delivers to a consumer: a :class:`SupplierView`); ``S``: a proxy consumer."""
+        ...
+
+
+class ConsumerView(ProxyView, Protocol):
+    """A proxy consumer as the channel routes what it was given (``EventChannelImpl.route`` / ``plan_in``)."""
+
+    def admits(self, event: Event) -> bool:
+        """This proxy's filters, combined with its admin's, pass ``event`` (NS 2.3)."""
+        ...
+
+
+class QueueTarget(Protocol):
+    """A proxy supplier as the channel queues an event on it (``EventChannelImpl._enqueue_one``) and names it in
+    the event's stored queue rows."""
+
+    @property
+    def oid(self) -> str: ...
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def admin(self) -> ProxyAdmin: ...
+
+    def enqueue(self, record: Record) -> None:
+        """Queue ``record`` (and store its queue row when persistent)."""
         ...

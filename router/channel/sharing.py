@@ -29,6 +29,7 @@ from omniORB import CORBA
 import CosNotification
 import CosNotifyChannelAdmin
 
+from router.channel.proxyport import ProxyView
 from router.corbacall import NOTIFY, PROBE, CallFailed, call
 
 __all__ = ["Sharing", "sharing_of"]
@@ -109,7 +110,7 @@ class Sharing:
                 if added or removed:
                     self._fan_out(which, sorted(added), sorted(removed))
 
-    def obtain(self, proxy: Any, which: str, mode: Any) -> list[Any]:
+    def obtain(self, proxy: ProxyView, which: str, mode: Any) -> list[Any]:
         """``obtain_subscription_types`` / ``obtain_offered_types`` with ObtainInfoMode (Table 3-1), atomic."""
         with self._lock:
             snapshot = [CosNotification.EventType(d, t) for d, t in sorted(self._last[which])]
@@ -146,7 +147,7 @@ class Sharing:
             except Exception:
                 log.exception("proxy %s: %s_change notification failed", getattr(proxy, "oid", "?"), which)
 
-    def _deliver(self, proxy: Any, which: str, add: list[Any], rem: list[Any]) -> None:
+    def _deliver(self, proxy: ProxyView, which: str, add: list[Any], rem: list[Any]) -> None:
         client = self._client(proxy, _SUBSCRIBE_ID if which == "sub" else _PUBLISH_ID)
         if client is None:
             return
@@ -159,7 +160,7 @@ class Sharing:
         except Exception as exc:  # noqa: BLE001 — a client's failure (a user exception) must not stop the notifier
             log.info("proxy %s: %s to the client failed: %s", proxy.oid, operation, exc)
 
-    def _client(self, proxy: Any, repo_id: str) -> Any:
+    def _client(self, proxy: ProxyView, repo_id: str) -> Any:
         if proxy.oid in self._capable:
             return self._capable[proxy.oid]
         import CosNotifyComm

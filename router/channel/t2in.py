@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from omniORB import CORBA
 
@@ -51,7 +51,7 @@ from router.channel.txdelivery import enable_needs_check
 from router.crashpoints import crashpoint, pausepoint
 from router.ledger import t2_branch
 from router.routing.completer import Completer
-from router.routing.ports import InboundBatch, InboundSource
+from router.routing.ports import InboundBatch, InboundSource, RoundTarget, TakeLocal
 from router.routing.runner import Abandon, RunHooks, T2Runner
 from router.routing.runner import Outcome as RunOutcome
 from xa.coordinator import BranchOutcome, Transaction
@@ -205,12 +205,13 @@ class LocalRounds:
 
     batch = LOCAL_BATCH
 
-    def room(self, proxy: ProxyView, wanted: int) -> int:
-        return room(proxy, wanted)
+    # the bridge holds the channel's own proxy consumer servant (its RoundTarget): read as the InboundProxy it is
+    def room(self, proxy: RoundTarget, wanted: int) -> int:
+        return room(cast(InboundProxy, proxy), wanted)
 
-    def round(self, proxy: ProxyView, take: Callable[[Any, int, float], InboundBatch], max_n: int, timeout: float, *,
+    def round(self, proxy: RoundTarget, take: TakeLocal, max_n: int, timeout: float, *,
               ready: Callable[[float], bool] | None = None) -> int:
-        return local_round(proxy, take, max_n, timeout, ready=ready)
+        return local_round(cast(InboundProxy, proxy), take, max_n, timeout, ready=ready)
 
 
 def resolve_in_doubt(proxy: ProxyView, plan: RoutePlan, *, within_s: float = IN_DOUBT_RESOLVE_S) -> threading.Thread:

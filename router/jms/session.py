@@ -329,6 +329,10 @@ class TransportBase:
     def is_connected(self) -> bool:
         return self._book.connected and not self._book.closed
 
+    @property
+    def codec(self) -> MessageCodec:
+        return self._codec
+
     def encode(self, message: JmsMessage) -> EncodedMessage:
         return self._codec.encode(message)
 

@@ -165,6 +165,12 @@ class Transport(Protocol):
 
     url: str
 
+    @property
+    def codec(self) -> MessageCodec:
+        """The codec this transport encodes and decodes with (what :meth:`encode` and :meth:`send` use; an outbox
+        row its ``name`` names is re-sent as stored)."""
+        ...
+
     def connect(self, *, retry: bool = False) -> None:
         """Open the connection (once, or under the reconnect policy when ``retry``); :class:`BrokerUnavailable`."""
         ...

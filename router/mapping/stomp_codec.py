@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from router.jms.codec import SimpleCodec
 from router.jms.model import JmsMessage
-from router.jms.transport import EncodedMessage
+from router.jms.transport import EncodedMessage, MessageCodec
 from router.mapping.stomp_body import message_from_stomp, message_to_stomp
 from router.mapping.stomp_limits import check_stomp_limits
 
-__all__ = ["STOMP_CODEC", "StompCodec"]
+__all__ = ["STOMP_CODEC", "StompCodec", "node_codecs"]
 
 #: The codec's name (``MessageCodec.name``): what an outbox row's encoding would be recorded as.
 STOMP_CODEC = "stomp-activemq"
@@ -39,3 +40,9 @@ class StompCodec:
 
     def check(self, encoded: EncodedMessage) -> None:
         check_stomp_limits(encoded.headers)
+
+
+def node_codecs() -> tuple[MessageCodec, ...]:
+    """Every codec a node has, by ``MessageCodec.name``: what its outbox re-sender can read a row with
+    (``router.t2.OutboxResender``; a row of any other codec is dead-lettered with the reason)."""
+    return (StompCodec(), SimpleCodec())

@@ -12,28 +12,47 @@ registers them when it activates its endpoint servant and removes them when it i
 * :class:`InboundRounds`: JMS → channel PUSH into a Persistent channel (local rounds with the inbox), the one port
   the channel offers the bridge; ``router.channel.t2in.LocalRounds``.
 
-The batch values that cross (events, a T2's connection) stay ``Any`` here: the events are CosNotification
-structured events (omniORB classes without types), the connection is the T2 branch's psycopg connection.
+The events that cross are CosNotification structured events: omniORB's classes have no types, so they are
+:data:`CorbaEvent` (``Any``, named). The rest is typed: a T2's (or local unit of work's) PostgreSQL connection is
+:data:`Conn`, a batch is the port's own batch type, what a T2 carried is :class:`Forwarded`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 if TYPE_CHECKING:
+    import psycopg
+
+    from router.jms.transport import PendingReceipt
     from xa.coordinator import Transaction
 
-__all__ = ["InboundBatch", "InboundRounds", "InboundSource", "OutboundBatch", "OutboundBatches",
-           "OutboundParticipant"]
+__all__ = ["Conn", "CorbaEvent", "Forwarded", "InboundBatch", "InboundRounds", "InboundSource", "OutboundBatch",
+           "OutboundBatches", "OutboundParticipant", "RoundTarget", "TakeLocal"]
+
+#: A CosNotification structured event (omniORB's generated class: untyped, hence ``Any``).
+CorbaEvent: TypeAlias = Any
+#: The PostgreSQL connection of a T2's branch or of a local unit of work (psycopg's row type is not narrowed).
+Conn: TypeAlias = "psycopg.Connection[Any]"
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """What one channel → JMS T2 carried: messages for the destination, dead letters, and the gtrid."""
+
+    gtrid: str
+    sent: int
+    dead_lettered: int
 
 
 # ------------------------------------------------------------------------------------------ channel → JMS
 class OutboundBatch(Protocol):
     """One batch of :class:`OutboundBatches` in flight."""
 
-    #: the STOMP transaction whose COMMIT is written and not yet receipted; None before :meth:`commit`
-    pending: Any
+    #: the broker transaction's COMMIT, written and not yet confirmed; None before :meth:`commit`
+    pending: PendingReceipt | None
     #: indexes of the batch's events the bridge handled already (dead-lettered, or confirmed one by one)
     handled: set[int]
 
@@ -47,25 +66,25 @@ class OutboundBatches(Protocol):
         """The bridge forwards (started, not destroyed); else the channel pushes over CORBA, which refuses."""
         ...
 
-    def batch(self, events: Sequence[Any], ids: Sequence[str] | None = None) -> Any:
+    def batch(self, events: Sequence[CorbaEvent], ids: Sequence[str] | None = None) -> OutboundBatch:
         """A new batch of structured events (an :class:`OutboundBatch`); nothing is sent yet. ``ids``: each event's
         dedupe id (``nsjms_dedupe_id``), the same every time the channel offers that event to this bridge."""
         ...
 
-    def start(self, batch: Any) -> None:
+    def start(self, batch: OutboundBatch) -> None:
         """Map the batch and write BEGIN and its SENDs (not the COMMIT)."""
         ...
 
-    def commit(self, batch: Any) -> None:
+    def commit(self, batch: OutboundBatch) -> None:
         """Write the batch's COMMIT; its receipt is awaited by :meth:`settle`."""
         ...
 
-    def settle(self, batch: Any) -> bool:
+    def settle(self, batch: OutboundBatch) -> bool:
         """Await the COMMIT's receipt: True when the broker took the whole batch, False when it refused part of
         it (the bridge sent the rest message by message and dead-lettered what it refused)."""
         ...
 
-    def abort(self, batch: Any) -> None:
+    def abort(self, batch: OutboundBatch) -> None:
         """Abandon a batch whose COMMIT was not written (never raises)."""
         ...
 
@@ -78,13 +97,13 @@ class OutboundParticipant(Protocol):
         """Enlist the broker branch now, before the channel's own work on the T2's PostgreSQL branch."""
         ...
 
-    def forward_in_t2(self, txn: Transaction, conn: Any, events: Sequence[Any], *,
-                      dead_letter_reason: str | None = None) -> Any:
+    def forward_in_t2(self, txn: Transaction, conn: Conn, events: Sequence[CorbaEvent], *,
+                      dead_letter_reason: str | None = None) -> Forwarded:
         """Carry ``events`` in ``txn`` (outbox rows on ``conn``, the broker's SENDs); with ``dead_letter_reason``
         every event goes to the dead-letter destination instead. Returns what :meth:`ended` is given back."""
         ...
 
-    def ended(self, gtrid: str, result: Any, committed: bool, reason: str = "") -> None:
+    def ended(self, gtrid: str, result: Forwarded | None, committed: bool, reason: str = "") -> None:
         """The T2 ended (committed, rolled back, or handed to recovery); ``result`` None unless committed."""
         ...
 
@@ -93,7 +112,7 @@ class OutboundParticipant(Protocol):
 class InboundBatch(Protocol):
     """What one round took from JMS (``router.bridge.t2in.InBatch``)."""
 
-    events: list[Any]
+    events: list[CorbaEvent]
     bodies: list[bytes | None]
     received: int
 
@@ -125,14 +144,32 @@ class InboundSource(Protocol):
         """Whether a round has something to take, waiting up to ``timeout`` s without a database connection."""
         ...
 
-    def take_in_t2(self, txn: Transaction, conn: Any, max_n: int, timeout: float) -> Any:
+    def take_in_t2(self, txn: Transaction, conn: Conn, max_n: int, timeout: float) -> InboundBatch:
         """Up to ``max_n`` deliveries inside ``txn`` (inbox rows and the ack branch on ``conn``): an
         :class:`InboundBatch`."""
         ...
 
-    def take_local(self, conn: Any, max_n: int, timeout: float) -> Any:
+    def take_local(self, conn: Conn, max_n: int, timeout: float) -> InboundBatch:
         """Up to ``max_n`` deliveries in the channel's local transaction on ``conn``: an :class:`InboundBatch`."""
         ...
+
+
+class RoundTarget(Protocol):
+    """The channel's proxy consumer servant a bridge's local rounds go into, as the bridge sees it (the channel reads
+    it as its own ``router.channel.proxyport.InboundProxy``)."""
+
+    @property
+    def oid(self) -> str: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+    @property
+    def destroyed(self) -> bool: ...
+
+
+#: What a local round takes from the bridge (``InboundSource.take_local``).
+TakeLocal = Callable[[Conn, int, float], InboundBatch]
 
 
 class InboundRounds(Protocol):
@@ -142,11 +179,11 @@ class InboundRounds(Protocol):
     #: deliveries a round takes at least (when the proxy has room)
     batch: int
 
-    def room(self, proxy: Any, wanted: int) -> int:
+    def room(self, proxy: RoundTarget, wanted: int) -> int:
         """How many events ``proxy`` (the channel's proxy consumer servant) has room for, at most ``wanted``."""
         ...
 
-    def round(self, proxy: Any, take: Callable[[Any, int, float], Any], max_n: int, timeout: float, *,
+    def round(self, proxy: RoundTarget, take: TakeLocal, max_n: int, timeout: float, *,
               ready: Callable[[float], bool] | None = None) -> int:
         """One local round into ``proxy``'s channel (``router.channel.t2in.local_round``)."""
         ...

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["LocalEndpoint", "LocalEndpoints", "NodeRuntime", "Resolve", "T2Host"]
 
 #: The servant behind a CORBA object reference when it lives in this node's persistent POA, else None.
-Resolve = Callable[[Any], object | None]
+Resolve = Callable[[object], object | None]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class LocalEndpoint:
     inbound: InboundSource | None = None             # JMS → channel PULL, in a T2 or a local unit of work
 
 
-def _nothing(ref: Any) -> object | None:
+def _nothing(ref: object) -> object | None:
     return None
 
 
@@ -74,14 +74,14 @@ class LocalEndpoints:
             self._by_servant.pop(id(servant), None)
 
     # -- finding (the channel) -------------------------------------------------------------------------------
-    def servant(self, ref: Any) -> object | None:
+    def servant(self, ref: object) -> object | None:
         """The servant behind ``ref`` when it lives in this node (remote, inactive or unresolvable: None)."""
         try:
             return self._resolve(ref)
         except Exception:  # noqa: BLE001 — not resolvable here: not a local object
             return None
 
-    def endpoint(self, ref: Any) -> LocalEndpoint | None:
+    def endpoint(self, ref: object) -> LocalEndpoint | None:
         """The ports of the bridge endpoint behind ``ref``, or None (not a bridge endpoint of this node)."""
         servant = self.servant(ref)
         if servant is None:
@@ -90,15 +90,15 @@ class LocalEndpoints:
             held = self._by_servant.get(id(servant))
         return held[1] if held is not None and held[0] is servant else None
 
-    def outbound_batches(self, ref: Any) -> OutboundBatches | None:
+    def outbound_batches(self, ref: object) -> OutboundBatches | None:
         endpoint = self.endpoint(ref)
         return endpoint.batches if endpoint is not None else None
 
-    def outbound_t2(self, ref: Any) -> OutboundParticipant | None:
+    def outbound_t2(self, ref: object) -> OutboundParticipant | None:
         endpoint = self.endpoint(ref)
         return endpoint.t2 if endpoint is not None else None
 
-    def inbound(self, ref: Any) -> InboundSource | None:
+    def inbound(self, ref: object) -> InboundSource | None:
         endpoint = self.endpoint(ref)
         return endpoint.inbound if endpoint is not None else None
 
