@@ -101,9 +101,31 @@ class DeadLetter:
             props[k] = Typed(JmsType.STRING, v)
         return JmsMessage(BodyType.BYTES, body, destination=self.destination, properties=props)
 
+    def of_delivery(self, delivery: Delivery, reason: str) -> JmsMessage:
+        """The dead letter of a JMS message the bridge cannot route: the original as it arrived (its body kind and
+        body, its application properties, priority, delivery mode, type, correlation id and reply-to; not its
+        expiration: a dead letter is kept until an operator acts) with the reason, the bridge, its message id and
+        source destination added as ``nsjms_dlq_*`` properties. So a retry (``nsjms deadletter broker retry``)
+        gives the bridge the message it refused, not only its bytes. A message the codec could not decode is kept
+        as its raw bytes."""
+        extra = {"nsjms_dlq_message_id": delivery.message_id, "nsjms_dlq_destination": delivery.destination}
+        letter = self.message(delivery.body, reason, "message", extra)
+        if delivery.decode_error is not None:
+            return letter
+        original = delivery.message
+        kept = {k: v for k, v in original.properties.items() if not k.startswith("nsjms_dlq_")}
+        return JmsMessage(original.body_type, original.body, destination=self.destination,
+                          delivery_mode=original.delivery_mode, priority=original.priority,
+                          correlation_id=original.correlation_id, reply_to=original.reply_to,
+                          jms_type=original.jms_type, properties={**kept, **letter.properties})
+
     def send(self, body: bytes, reason: str, origin: str, extra: dict[str, str] | None = None) -> None:
         """Raises :class:`TransportError` if the dead letter could not be stored by the broker."""
-        msg = self.message(body, reason, origin, extra)
+        self.send_message(self.message(body, reason, origin, extra), reason, origin)
+
+    def send_message(self, msg: JmsMessage, reason: str, origin: str) -> None:
+        """Send a dead letter made by :meth:`message` or :meth:`of_delivery`; raises :class:`TransportError` if the
+        broker did not store it."""
         self._transport_for().send(self.destination, msg, receipt=True)
         self.sent(reason, origin)
 
@@ -516,9 +538,8 @@ class JmsToChannel:
         """The message can never become an event the channel takes: dead-letter the original, then ack it. If the
         broker refuses the dead letter itself (:class:`SendRefused`), the original is NACKed to the broker's DLQ
         instead (the reason is then only in the log): it must not stay unacknowledged."""
-        extra = {"nsjms_dlq_message_id": delivery.message_id, "nsjms_dlq_destination": delivery.destination}
         try:
-            self.dead_letter.send(delivery.body, reason, "message", extra)
+            self.dead_letter.send_message(self.dead_letter.of_delivery(delivery, reason), reason, "message")
         except SendRefused as exc:
             self.dead_letter.refused(exc, f"message {delivery.message_id}", delivery.message_id, reason)
             self.transport.nack(delivery, receipt=True)

@@ -251,9 +251,8 @@ class InboundT2:
                           "NACKed to %s", bridge_id, d.message_id, reason, _BROKER_DLQ)
                 branch.nack(d)
                 return
-            extra = {"nsjms_dlq_message_id": d.message_id, "nsjms_dlq_destination": d.destination}
             dl = flow.dead_letter
-            branch.send(dl.destination, dl.message(d.body, reason, "message", extra))
+            branch.send(dl.destination, dl.of_delivery(d, reason))
             branch.ack(d)
 
         for d in deliveries:
@@ -290,9 +289,8 @@ class InboundT2:
         def reject(index: int, reason: str) -> None:
             d = batch.deliveries[index]
             # its ACK is in the transaction already: add the dead letter, release the inbox claim
-            extra = {"nsjms_dlq_message_id": d.message_id, "nsjms_dlq_destination": d.destination}
             dl = flow.dead_letter
-            branch.send(dl.destination, dl.message(d.body, reason, "message", extra), before=d)
+            branch.send(dl.destination, dl.of_delivery(d, reason), before=d)
             self.inbox.release(conn, bridge_id, [d.message_id])
             batch.dead_lettered += 1
             letters.append((reason, "message", d.message_id))

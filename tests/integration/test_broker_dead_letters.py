@@ -191,6 +191,8 @@ def test_a_bridge_dead_letter_is_listed_retried_back_to_its_source_and_reaches_t
     assert consumer.wait_for(1, TIMEOUT_S), "the retried message did not reach the channel through its bridge"
     bodies = [bytes(ev.remainder_of_body.value()) for ev in consumer.snapshot()]   # the dead letter keeps the body
     assert bodies == [b"late"], bodies
+    marks = [{p.name: p.value.value() for p in ev.filterable_data}.get("mark") for ev in consumer.snapshot()]
+    assert marks == ["late"], f"the dead letter keeps the original's properties, so its retry carries them: {marks}"
     assert row["id"] not in _ids_on(ops, NSJMS_DLQ), "the retried dead letter is still on nsjms.DLQ"
     assert not [r for r in ops.listing(NSJMS_DLQ, 0, 5000)["dead_letters"] if r["source"] == f"/queue/{source}"], \
         "the retry was dead-lettered again"
