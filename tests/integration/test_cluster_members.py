@@ -126,3 +126,31 @@ def test_a_graceful_leave_needs_no_expiry(db: Database) -> None:
         M.leave(conn, "n1", 1)
         assert expired(M.members(conn)) == ["n1"]
         assert M.fence(conn, "n1", "n2", survivor) == 2
+
+
+def test_a_paused_nodes_open_unit_of_work_does_not_hold_the_takeover_back(db: Database, fresh_db: str) -> None:
+    """n1 is paused inside a unit of work right after its fence check (its member row held FOR KEY SHARE, the
+    session idle in its transaction, as a SIGSTOPped node leaves it). Before: the survivor's fence waited for it
+    until PostgreSQL ended that session (idle_in_transaction_session_timeout, 60 s; here its lock_timeout of 10 s
+    failed the pass and every next one). Now the takeover ends that session and fences n1 in the same pass; n1's
+    write is rolled back (refused)."""
+    from router.cluster.takeover import Takeover
+
+    e1 = join(db, "n1", SHORT)
+    e2 = join(db, "n2")
+    paused = psycopg.connect(fresh_db)
+    try:
+        paused.execute("INSERT INTO nsjms_channel (id, qos, admin_props) VALUES (77, '{}', '{}')")
+        M.check(paused, "n1", e1)                            # its unit of work's last statement: then it stops
+        _wait_expired(db, "n1")
+        took = Takeover(db, "n2", lambda: e2, 1.0, start=lambda owned: None, recover=lambda dead: None).pass_once()
+        with db.unit_of_work() as conn:
+            state = conn.execute("SELECT state, epoch, fenced_by FROM nsjms_member WHERE node_id = 'n1'").fetchone()
+        assert state == ("fenced", e1 + 1, "n2"), f"fenced in this pass, not after the paused session's end: {state}"
+        assert took == [], "it owned nothing"
+        with pytest.raises(psycopg.OperationalError):       # woken: its session was ended, its write rolled back
+            paused.commit()
+    finally:
+        paused.close()
+    with db.unit_of_work() as conn:
+        assert conn.execute("SELECT count(*) FROM nsjms_channel WHERE id = 77").fetchone() == (0,)
