@@ -7,13 +7,15 @@ Node ``na`` creates and owns channel C1 with a channel -> JMS queue bridge in T2
 the Java JMS client's consumer on the queue out) and T2 channel C2 with a JMS -> channel queue bridge in T2 (the
 Java JMS client's producer in, a standard-stub structured push consumer of C2 out). Both flows run all along.
 
-a. ``na`` kills itself at the commit of its 40th routing transaction branch after a decision (crash point
-   ``t2.after_decision@40``: the decision durable, that branch not committed); its state directory is made
+a. ``na`` kills itself at the commit of its 60th routing transaction branch after a decision (crash point
+   ``t2.after_decision@60``: the decision durable, that branch not committed); its state directory is made
    unreadable at once. A survivor (``nb`` or ``nc``) fences it, finishes its transactions from PostgreSQL, loads
    C1, C2 and the bridges and routes on.
 b. Once both flows moved 20 more through that survivor (a counted point), the supplier is held, the survivor is
    SIGSTOPped and the supplier goes on at the third node; the third node fences the paused one after its lease
-   expired and routes on; once both flows moved 20 more, the paused node is woken (SIGCONT): it learns it was
+   expired and routes on; once both flows moved 20 more (or after 90 s when a flow is held by a routing
+   transaction's branch the paused node had open: its rows stay locked until its session ends, docs/cluster.md;
+   that flow must then resume once it woke), the paused node is woken (SIGCONT): it learns it was
    fenced and stops (exit 1) having committed nothing (its log says so; PostgreSQL has no ledger, inbox or
    decision row of it written after its fence).
 
@@ -72,9 +74,11 @@ from stdclients import wait_until
 pytestmark = pytest.mark.integration
 
 PER_T2 = 5
-CRASH_AT = "t2.after_decision@40"
+CRASH_AT = "t2.after_decision@60"
+PRODUCER_PAUSE_MS = 50           # at most 20 JMS -> channel T2s a second: the crash count leaves channel -> JMS room
 CALL_TIMEOUT_MS = 5_000
 STEP = 20                          # events each flow moves between two faults (the counted points)
+STALL_S = 90                       # how long the paused node's open branch may hold a flow before it is woken
 
 
 def _paused(node: NsjmsServer) -> bool:
@@ -112,9 +116,10 @@ def _decided(dsn: str, node: str) -> set[str]:
     return {str(g) for (g,) in rows(dsn, "SELECT gtrid FROM nsjms_decision WHERE node_id = %s", node)}
 
 
-def _resumed(since: float, conditions: dict[str, Callable[[], bool]], timeout: float = 180) -> dict[str, float]:
+def _resumed(since: float, conditions: dict[str, Callable[[], bool]], timeout: float = 180, *,
+             required: bool = True) -> dict[str, float]:
     """Polls every condition until each has held once; returns the seconds from ``since`` to each one's first time
-    (measured apart: one flow may resume long after the other)."""
+    (measured apart: one flow may resume long after the other). ``required=False``: those seen within ``timeout``."""
     first: dict[str, float] = {}
 
     def each_seen() -> bool:
@@ -123,7 +128,8 @@ def _resumed(since: float, conditions: dict[str, Callable[[], bool]], timeout: f
                 first[k] = time.monotonic() - since
         return len(first) == len(conditions)
 
-    assert wait_until(each_seen, timeout), f"not routed again in {timeout} s: {sorted(set(conditions) - set(first))}"
+    done = wait_until(each_seen, timeout)
+    assert done or not required, f"not routed again in {timeout} s: {sorted(set(conditions) - set(first))}"
     return first
 
 
@@ -159,20 +165,20 @@ def test_three_nodes_survive_a_killed_owner_and_a_paused_one_under_t2_traffic_bo
                                   ("bridge", bid2): "na"}, "the creating node owns them"
         supplier = Supplier(client_orb, [a, b, c], c1, cid1, call_timeout_ms=CALL_TIMEOUT_MS,
                             follow_after_maybe=True)
+        in_bridge.start_bridge()          # JMS -> channel first: the JVM takes a while; at most one message per
+        producer = java_tool.produce_until("queue", q_in, stop_file, pause_ms=PRODUCER_PAUSE_MS)   # pause
+        assert wait_until(lambda: consumer.count() > 0, 120), "JMS -> channel runs through na"
         out_bridge.start_bridge()
         supplier.thread.start()
-        assert wait_until(lambda: len(out.names()) > 0, 120), "channel -> JMS runs through na"
-        in_bridge.start_bridge()
-        producer = java_tool.produce_until("queue", q_in, stop_file)
 
-        # a. na dies at a counted point (its 40th branch commit after a decision); its disk is gone at once
+        # a. na dies at a counted point (its 60th branch commit after a decision); its disk is gone at once
         assert a.proc is not None and a.proc.wait(timeout=240) != 0, "na reached its crash point"
         died = time.monotonic()
         a.state_dir.chmod(0)
         decided_a = _decided(dsn, "na")
         assert decided_a, "the decision of the transaction na died in is in PostgreSQL"
         before_in = consumer.count()
-        assert before_in > 0, "JMS -> channel ran through na before it died"
+        assert wait_until(lambda: out.by("na") > 0, 60), "channel -> JMS ran through na before it died"
         supplier.nodes = [b, c]
         assert wait_until(lambda: ownership(dsn).get(("channel", cid1)) in ("nb", "nc"), 120), ownership(dsn)
         claimed_a = time.monotonic() - died
@@ -202,16 +208,23 @@ def test_three_nodes_survive_a_killed_owner_and_a_paused_one_under_t2_traffic_bo
         assert wait_until(lambda: ownership(dsn).get(("channel", cid1)) == s2.state_dir.name, 180), ownership(dsn)
         claimed_b = time.monotonic() - stopped
         assert set(ownership(dsn).values()) == {s2.state_dir.name}
-        resume_b = _resumed(stopped, {"channel -> JMS": lambda: out.by(s2.state_dir.name) > 0,
-                                      "JMS -> channel": lambda: consumer.count() > before_in})
+        routed_b = {"channel -> JMS": lambda: out.by(s2.state_dir.name) > 0,
+                    "JMS -> channel": lambda: consumer.count() > before_in}
+        # not required while it is paused: a routing transaction's branch it had open (not prepared) holds the rows
+        # it touched until its session ends (docs/cluster.md, "A node paused inside an open PostgreSQL transaction")
+        resume_b = _resumed(stopped, routed_b, STALL_S, required=False)
         assert wait_until(lambda: _took_over(s2, s1_name), 60), node_status(s2).get("cluster")
-        mark_out, mark_in = len(out.names()), consumer.count()
-        assert wait_until(lambda: len(out.names()) >= mark_out + STEP and consumer.count() >= mark_in + STEP, 120), \
-            (len(out.names()) - mark_out, consumer.count() - mark_in)
+        if len(resume_b) == len(routed_b):
+            mark_out, mark_in = len(out.names()), consumer.count()
+            assert wait_until(lambda: len(out.names()) >= mark_out + STEP and consumer.count() >= mark_in + STEP,
+                              120), (len(out.names()) - mark_out, consumer.count() - mark_in)
         assert s1.proc.poll() is None
         s1.proc.send_signal(signal.SIGCONT)
+        woke = time.monotonic() - stopped
         paused = None
         assert s1.proc.wait(timeout=120) == 1, "the woken node learns it was fenced and stops (exit 1)"
+        stalled = sorted(set(routed_b) - set(resume_b))
+        resume_b.update(_resumed(stopped, {k: routed_b[k] for k in stalled}))     # routed again once it woke
         (fenced_at, epoch, state, fenced_by), = rows(
             dsn, "SELECT fenced_at, epoch, state, fenced_by FROM nsjms_member WHERE node_id = %s", s1_name)
         assert (epoch, state, fenced_by) == (2, "fenced", s2.state_dir.name)
@@ -260,7 +273,8 @@ def test_three_nodes_survive_a_killed_owner_and_a_paused_one_under_t2_traffic_bo
               f"\nSIGKILL of na: claimed by {s1_name} after {claimed_a:.1f} s; routed again after (s) "
               f"{ {k: round(v, 1) for k, v in resume_a.items()} }"
               f"\nSIGSTOP of {s1_name}: claimed by {s2.state_dir.name} after {claimed_b:.1f} s; routed again after (s) "
-              f"{ {k: round(v, 1) for k, v in resume_b.items()} }"
+              f"{ {k: round(v, 1) for k, v in resume_b.items()} } (woken after {woke:.1f} s; held by the paused "
+              f"node until it woke: {stalled or 'nothing'})"
               f"\nchannel -> JMS: {supplier.pushed} pushed ({len(maybe)} answered COMPLETED_MAYBE), "
               f"{len(received)} messages at the Java consumer, {len(twice)} twice "
               f"{[(n, sorted(dedupe[n])[0]) for n in twice]}; per node (sending transaction) {per_out}"
