@@ -148,6 +148,8 @@ class _AckSupplierMixin:
     def resume_connection(self) -> None:
         """Also the operator's reset of a connection stopped by exhausted retries (NJI 4.2.7.3, scheme 1); a proxy
         that was also suspended is resumed by the same call."""
+        self._check_alive()  # type: ignore[attr-defined]
+        self._check_open()  # type: ignore[attr-defined]   # not while its channel moves (router/cluster)
         if not self.ack.stopped:
             super().resume_connection()  # type: ignore[misc]
             return

@@ -189,6 +189,10 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
     #: the seq its dedupe id was made from; the pull loop offers that same event again first
     _dl_unconfirmed: tuple[Event, int] | None = None
 
+    def drain_inbound(self, timeout_s: float) -> bool:
+        """The phase two of its JMS → channel T2s (router.channel.t2in) ended within ``timeout_s``."""
+        return True if self._t2 is None else bool(self._t2.drain(timeout_s))
+
     def _t2_driver(self) -> Any:
         """The JMS → channel T2 driver of this proxy (router.channel.t2in), made on first use."""
         if self._t2 is None:

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import omniORB
 from omniORB import CORBA
@@ -47,6 +47,9 @@ from router.routing.completer import Completer
 
 __all__ = ["OWN_ENABLE_TRANSACTION", "ProxyBase", "ProxySupplierBase"]
 
+
+if TYPE_CHECKING:
+    from router.channel.proxyport import HandOffProxy
 
 log = logging.getLogger("nsjms.channel")
 
@@ -148,12 +151,21 @@ class ProxyBase(QoSMixin, FilterMixin):
         if self.destroyed:
             raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
 
+    def _check_open(self) -> None:
+        """``TRANSIENT`` (``COMPLETED_NO``: nothing changed; asked again, it is done where the proxy runs then) while
+        the proxy is closing (a teardown that failed on the store: it must be finished first; or stopped for the
+        hand-off of its channel) or its channel is being handed to another node (a proxy made during that stop):
+        a connection change made here then would reach PostgreSQL after the next owner loaded the proxy, or start a
+        worker on this node beside the next owner's (router/cluster/release.py)."""
+        gate = getattr(self.channel, "gate", None)      # (a channel stand-in of the unit tests has none)
+        if self.closing or (gate is not None and gate.closed):
+            raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+
     def _connect(self, client: Any, *, required: bool) -> None:
         """Record the client (nil allowed unless required); AlreadyConnected if one is connected."""
         with self._lock:
             self._check_alive()
-            if self.closing:                    # a teardown that failed on the store: it must be finished first
-                raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+            self._check_open()
             if self.connected:
                 raise CosEventChannelAdmin.AlreadyConnected()
             nil = client is None or CORBA.is_nil(client)
@@ -210,6 +222,7 @@ class ProxyBase(QoSMixin, FilterMixin):
     def suspend_connection(self) -> None:
         with self._lock:
             self._check_alive()
+            self._check_open()
             if not self.connected:
                 raise CosNotifyChannelAdmin.NotConnected()
             if self.suspended:
@@ -220,6 +233,7 @@ class ProxyBase(QoSMixin, FilterMixin):
     def resume_connection(self) -> None:
         with self._lock:
             self._check_alive()
+            self._check_open()
             if not self.connected:
                 raise CosNotifyChannelAdmin.NotConnected()
             if not self.suspended:
@@ -230,6 +244,26 @@ class ProxyBase(QoSMixin, FilterMixin):
 
     def _wake(self) -> None:
         """Wake the worker (queue or pull loop)."""
+
+    # -- hand-off of the channel to another node (router/cluster/release.py; proxyport.HandOffProxy) ---------
+    def stop_for_handoff(self) -> None:
+        """Stop here: the worker ends after its push, pull or routing transaction in flight; later connection
+        changes are refused ``TRANSIENT`` (:meth:`_check_open`). Unlike a teardown, the stored rows stay: the
+        channel's next owner loads them."""
+        with self._lock:
+            self.closing = True
+            self.stop_event.set()
+        self._wake()
+
+    def drain_inbound(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) for the phase two of this proxy's inbound routing transactions; True when
+        none runs (a proxy without them)."""
+        return True
+
+    def delete_delivered_rows(self) -> bool:
+        """One attempt to delete the rows of events this proxy delivered whose delete failed; True when none is
+        left (a proxy that keeps none)."""
+        return True
 
     def client_disconnected(self) -> None:
         """The client called our ``disconnect_*``: release everything, the reference dies (NS 3.3.7.2)."""
@@ -515,3 +549,8 @@ def _nil_to_none(ref: Any) -> Any:
 def _effective(own: Any, admin: Any) -> Any:
     """The proxy's own mapping filter, else its admin's; None when neither is set."""
     return _nil_to_none(own) or _nil_to_none(admin)
+
+
+def _hands_off(proxy: ProxyBase) -> HandOffProxy:
+    """mypy checks here that every proxy is what a hand-off of its channel stops (router.channel.proxyport)."""
+    return proxy

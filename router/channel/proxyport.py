@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from router.routing.completer import Completer
     from router.routing.ports import OutboundBatches
 
-__all__ = ["AckingConsumer", "ConsumerView", "InboundProxy", "LoadedProxy", "ProxyAdmin", "ProxyChannel", "ProxyView",
-           "PushDelivering", "QueueTarget", "SupplierView"]
+__all__ = ["AckingConsumer", "ConsumerView", "HandOffProxy", "InboundProxy", "LoadedProxy", "ProxyAdmin", "ProxyChannel",
+           "ProxyView", "PushDelivering", "QueueTarget", "SupplierView"]
 
 
 class ProxyChannel(Protocol):
@@ -249,4 +249,26 @@ class QueueTarget(Protocol):
 
     def enqueue(self, record: Record) -> None:
         """Queue ``record`` (and store its queue row when persistent)."""
+        ...
+
+
+class HandOffProxy(Protocol):
+    """Any proxy as the hand-off of its channel to another node stops it (``router.cluster.release``: that package
+    sits below the channel's and takes the proxies structurally; ``router.channel.proxybase.ProxyBase`` provides
+    this, checked there)."""
+
+    @property
+    def oid(self) -> str: ...
+
+    def stop_for_handoff(self) -> None:
+        """Stop after the push, pull or routing transaction in flight; connection changes are refused ``TRANSIENT``
+        from now on; the stored rows stay for the next owner."""
+        ...
+
+    def drain_inbound(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) for the phase two of its inbound routing transactions; True: none runs."""
+        ...
+
+    def delete_delivered_rows(self) -> bool:
+        """One attempt to delete the rows of events it delivered whose delete failed; True: none is left."""
         ...

@@ -201,7 +201,8 @@ class PushSupplierMixin(ProxySupplierBase):
             e.delivered_at = now                # the ledger's acknowledged_at, whenever the row is deleted
         journal = self._journal_of_thread()
         if journal is None:
-            self._finish(entries)
+            if not self._finish(entries):      # stopped before the delete worked: kept for the stop's owner
+                self._keep_undeleted(entries)
             return False
         try:
             journal.record((e.record.db_id for e in entries if e.record.db_id is not None), now)
@@ -241,6 +242,30 @@ class PushSupplierMixin(ProxySupplierBase):
                 log.warning("proxy %s: no delivered-events journal (%s); each delivery commits", self.oid, exc)
                 return None
         return self._journal
+
+    def _keep_undeleted(self, entries: list[Entry]) -> None:
+        with self._pending_lock:
+            self._undeleted += tuple(e.record.db_id for e in entries if e.record.db_id is not None)
+
+    def delete_delivered_rows(self) -> bool:
+        """One attempt to delete the rows of the events it delivered whose delete failed (``_undeleted``, and what
+        is pending once its delivery thread ended), as ``delivered``: a hand-off of the channel releases it only
+        once this says True (the next owner would deliver those events again; router/cluster/release.py)."""
+        with self._pending_lock:
+            if self._pending:
+                self.flush_delivered()
+            ids = list(self._undeleted)
+            if not ids:
+                return True
+            try:
+                with self.rt.db.unit_of_work() as conn:
+                    self.rt.store.delete_deliveries(conn, self.channel.id, self.admin.id, self.id, ids)
+            except Exception as exc:  # noqa: BLE001 - e.g. PostgreSQL restarting: the hand-off asks again
+                log.warning("proxy %s: could not remove %d delivered event(s) from the store (%s); the hand-off of "
+                            "its channel waits for it", self.oid, len(ids), exc)
+                return False
+            self._undeleted = ()
+        return True
 
     def flush_delivered(self, *, closing: bool = False) -> None:
         """Delete the pending delivered events' rows in one commit, then empty the journal. ``closing`` (the

@@ -6,9 +6,12 @@ Order (each step bounded by ``timeout_s``; docs/cluster.md, "Placement and opera
 1. the bridges' own loops (JMS -> channel receive, channel pulled by the bridge) stop after the round in flight,
    a routing transaction included: nothing more comes in from the broker here;
 2. the channel's gate closes (:class:`router.channel.gate.Gate`): the accepts in flight end, new ones get
-   ``TRANSIENT``; then every proxy stops (``closing``) and its delivery or pull thread ends after its push or T2
-   in flight and the delete of its delivered events' rows; then the phase two of its decided T2s ends (channel ->
-   JMS: the broker's COMMIT of the sends; JMS -> channel: the broker's COMMIT of the acknowledgements);
+   ``TRANSIENT``, and so do a proxy's connect, suspend and resume (a proxy made during the stop cannot start a
+   worker here); then every proxy stops (``stop_for_handoff``, the protocol
+   :class:`router.channel.proxyport.HandOffProxy`) and its delivery or pull thread ends after its push or T2 in
+   flight and the delete of its delivered events' rows; then the phase two of its decided T2s ends (channel -> JMS:
+   the broker's COMMIT of the sends; JMS -> channel: the broker's COMMIT of the acknowledgements); then the rows of
+   delivered events whose delete failed (the database away) are deleted, retried until it works;
 3. each bridge's T2s in progress end (``quiesce``) and its broker connections close (unacknowledged messages go
    back to the broker, which redelivers them to the new owner);
 4. the servants are deactivated and forgotten. Stored rows stay: queued events, proxies, admins, bridges.
@@ -43,8 +46,14 @@ class Pending:
 
 
 def wait_pending(pending: Iterable[Pending], deadline: float) -> list[Pending]:
-    """Wait for each (until ``deadline``); returns those still running."""
-    return [p for p in pending if not p.wait(deadline)]
+    """Wait for each in order (until ``deadline``); returns those still running: the first that has not ended and
+    every one after it, not asked (a later step counts only once the earlier ones ended: the delete of a proxy's
+    delivered rows after its delivery thread's last delete)."""
+    items = list(pending)
+    for i, p in enumerate(items):
+        if not p.wait(deadline):
+            return items[i:]
+    return []
 
 
 def _thread(t: threading.Thread) -> Pending:
@@ -56,13 +65,32 @@ def _thread(t: threading.Thread) -> Pending:
 
 def _threads(names: Iterable[str], deadline: float) -> list[Pending]:
     wanted = set(names)
-    return wait_pending([_thread(t) for t in threading.enumerate()
-                         if t.name in wanted and t is not threading.current_thread()], deadline)
+    return _each([_thread(t) for t in threading.enumerate()
+                  if t.name in wanted and t is not threading.current_thread()], deadline)
+
+
+def _each(pending: Iterable[Pending], deadline: float) -> list[Pending]:
+    """Wait for each of these independent ones (until ``deadline``); returns those still running."""
+    return [p for p in pending if not p.wait(deadline)]
 
 
 def _drained(drain: Callable[[Any, float], bool], obj: Any) -> Callable[[float], bool]:
     def wait(deadline: float) -> bool:
         return bool(drain(obj, max(0.0, deadline - time.monotonic())))
+    return wait
+
+
+def _retried(attempt: Callable[[], bool]) -> Callable[[float], bool]:
+    """``attempt`` until it says True or the deadline passed (backing off: it waits for the database)."""
+    def wait(deadline: float) -> bool:
+        backoff = 0.05
+        while not attempt():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(backoff, left))
+            backoff = min(backoff * 2, 1.0)
+        return True
     return wait
 
 
@@ -88,22 +116,22 @@ def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], ti
         suppliers = [p for a in list(channel.consumer_admins.values()) for p in list(a.proxies.values())]
         admins = list(channel.consumer_admins.values()) + list(channel.supplier_admins.values())
         proxies = [p for a in admins for p in list(a.proxies.values())]
-        for p in proxies:
-            with p._lock:
-                p.closing = True
-                p.stop_event.set()
-            p._wake()
+        for p in proxies:                   # a proxy made after this list cannot connect: the gate is closed
+            p.stop_for_handoff()
         stuck += _threads([n for p in proxies for n in (f"push-{p.oid}", f"pull-{p.oid}")], deadline)
         # the phase two of their decided T2s (completer threads): channel -> JMS (a proxy supplier's), JMS -> channel
         # (a proxy consumer's inbound driver, router/channel/t2in.py)
         phase_two = [Pending(f"proxy {p.oid}: phase two of its routing transactions", _drained(drain_supplier, p))
                      for p in suppliers]
-        for p in proxies:
-            driver = getattr(p, "_t2", None)
-            if driver is not None:
-                phase_two.append(Pending(f"proxy {p.oid}: phase two of its inbound routing transactions",
-                                         _drained(lambda obj, timeout: bool(obj.drain(timeout)), driver)))
-        stuck += wait_pending(phase_two, deadline)
+        phase_two += [Pending(f"proxy {p.oid}: phase two of its inbound routing transactions",
+                              _drained(lambda obj, timeout: bool(obj.drain_inbound(timeout)), p)) for p in proxies]
+        stuck += _each(phase_two, deadline)
+        # the rows of delivered events whose delete failed (the database away during the stop): deleted before the
+        # release, else the next owner delivers those events again. Waited on at later passes with the rest when
+        # something had not ended (its delivery thread's last delete comes after)
+        deletes = [Pending(f"proxy {p.oid}: delete of its delivered events' rows", _retried(p.delete_delivered_rows))
+                   for p in proxies]
+        stuck += deletes if stuck else wait_pending(deletes, deadline)
     for b in loaded:                                            # 3. the bridges' T2s and broker connections
         with b._lock:
             b.started = False

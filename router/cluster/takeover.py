@@ -31,6 +31,7 @@ from typing import Any
 
 from router import telemetry
 from router.cluster import members as M
+from router.cluster.blockers import EndBlockers
 from router.cluster.errors import ClusterError, Fenced, NotExpired
 from router.cluster.lease import expired
 from router.cluster.ownership import Owned, claim_all
@@ -110,7 +111,9 @@ class Takeover:
                 try:
                     with self.db.unit_of_work() as conn:
                         conn.execute("SET LOCAL lock_timeout = '10s'")
-                        new_epoch, owned = claim_all(conn, dead, self.node_id, epoch)
+                        pid = getattr(getattr(conn, "info", None), "backend_pid", None)
+                        with EndBlockers(self.db, pid, max(self.period_s, 1.0), f"node {dead}"):  # a paused one's
+                            new_epoch, owned = claim_all(conn, dead, self.node_id, epoch)         # open unit of work
                 except NotExpired:
                     continue                                   # it renewed, or rejoined, meanwhile
                 telemetry.cluster_takeover(dead)

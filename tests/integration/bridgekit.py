@@ -453,6 +453,14 @@ class JavaTool:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=JAVA_TIMEOUT_S)
         assert done.returncode == 0, f"JmsTool produce failed ({done.returncode}):\n{done.stderr[-3000:]}"
 
+    def produce_until(self, kind: str, name: str, stop_file: Path, first: int = 0, pause_ms: int = 20,
+                      count: int = 1_000_000) -> subprocess.Popen[str]:
+        """Send persistent text messages n = ``first``, ``first`` + 1 ... one every ``pause_ms`` in the background
+        until ``stop_file`` exists (or ``count`` were sent); the process prints ``{"sent": N}`` at its end."""
+        return subprocess.Popen(self._argv("produce", self.url, kind, name, count, "text", "persistent", first,
+                                           pause_ms, stop_file), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, stdin=subprocess.DEVNULL)
+
     def consume(self, kind: str, name: str, count: int, timeout_s: float, selector: str | None = None
                 ) -> list[dict[str, Any]]:
         """Receive up to ``count`` messages (client-acknowledged) within ``timeout_s``."""

@@ -15,29 +15,24 @@ is printed (``-s``). Needs root (network namespaces): a machine without them fai
 
 from __future__ import annotations
 
-import secrets
-import shutil
-import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import stomp
-from netcut import ip as _ip
-from test_cluster_drain import (
-    PER_T2,
-    _check_once,
-    _Counter,
-    _owners,
-    _Producer,
-    _start,
-    _Supplier,
-    _t2_persistent_channel,
+from clusterkit import (
+    EXPIRY_S,
+    Links,
+    StompCounter,
+    StompProducer,
+    Supplier,
+    check_once,
+    ownership,
+    start_node,
+    t2_persistent_channel,
+    two_links_fixture,  # noqa: F401 - the fixture "two_links", imported so pytest finds it
 )
-from test_db_network_cut import NetnsPostgres
+from test_cluster_drain import PER_T2
 
 from idl.generated import CosBridgeAdmin as BA
 
@@ -54,90 +49,27 @@ from bridgekit import (
     structured_consumer,
     unique_name,
 )
-from conftest import ClientOrb, restart_port
+from conftest import ClientOrb
 from stdclients import wait_until
 
 pytestmark = pytest.mark.integration
 
-EXPIRY_S = 4                      # test_cluster_drain's RENEW_S = 1, EXPIRY_S = 4
-
-
-class TwoLinkPostgres(NetnsPostgres):
-    """:class:`NetnsPostgres` listening on two addresses (one per veth link), dropping a silent client's sessions
-    within seconds."""
-
-    def __init__(self, base: Path, port: int, ns: str, addr: str, addr2: str) -> None:
-        super().__init__(base, port, ns, addr)
-        self.addr2 = addr2
-
-    def _server_options(self) -> str:
-        return (super()._server_options().replace(f"listen_addresses={self.addr}",
-                                                  f"listen_addresses={self.addr},{self.addr2}")
-                + " -c tcp_keepalives_idle=2 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=2"
-                + " -c tcp_user_timeout=3000")
-
-
-@dataclass
-class Links:
-    pg: TwoLinkPostgres
-    dsn: str                      # over link 1
-    dsn2: str                     # over link 2 (the node that is cut)
-    host_if2: str
-
-    def cut(self) -> None:
-        _ip("link", "set", self.host_if2, "down")
-
-    def restore(self) -> None:
-        _ip("link", "set", self.host_if2, "up")
-
-
-@pytest.fixture
-def two_links() -> Iterator[Links]:
-    tag = secrets.token_hex(3)
-    ns = f"nsjmsc3{tag}"
-    ifs = [(f"nc1{tag}", f"np1{tag}"), (f"nc2{tag}", f"np2{tag}")]
-    third = secrets.randbelow(256)
-    addrs = [(f"10.232.{third}.{4 * k + 1}", f"10.232.{third}.{4 * k + 2}") for k in (0, 1)]
-    _ip("netns", "add", ns)
-    base = Path(tempfile.mkdtemp(prefix="nsjms-test-cluster-cut-"))
-    base.chmod(0o755)
-    pg = TwoLinkPostgres(base, restart_port(), ns, addrs[0][1], addrs[1][1])
-    try:
-        _ip("link", "set", "lo", "up", ns=ns)
-        for (host_if, pg_if), (host_addr, pg_addr) in zip(ifs, addrs, strict=True):
-            _ip("link", "add", host_if, "type", "veth", "peer", "name", pg_if)
-            _ip("link", "set", pg_if, "netns", ns)
-            _ip("addr", "add", f"{host_addr}/30", "dev", host_if)
-            _ip("link", "set", host_if, "up")
-            _ip("addr", "add", f"{pg_addr}/30", "dev", pg_if, ns=ns)
-            _ip("link", "set", pg_if, "up", ns=ns)
-        pg.start()
-        yield Links(pg, pg.dsn, pg.dsn.replace(f"@{addrs[0][1]}:", f"@{addrs[1][1]}:"), ifs[1][0])
-    finally:
-        subprocess.run(["ip", "link", "set", ifs[1][0], "up"], capture_output=True, check=False)
-        try:
-            pg.stop()
-        finally:
-            for host_if, _ in ifs:
-                subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-            shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_node_cut_from_postgres_past_its_lease_is_fenced_and_its_work_resumes_on_a_survivor(
         tmp_path: Path, two_links: Links, broker_url: str, client_orb: ClientOrb,
         monkeypatch: pytest.MonkeyPatch) -> None:
     dsn = two_links.dsn
-    a = _start(tmp_path, "na", dsn, broker_url, monkeypatch)
-    b = _start(tmp_path, "nb", dsn, broker_url, monkeypatch)
-    c = _start(tmp_path, "nc", two_links.dsn2, broker_url, monkeypatch)
+    a = start_node(tmp_path, "na", dsn, broker_url, monkeypatch)
+    b = start_node(tmp_path, "nb", dsn, broker_url, monkeypatch)
+    c = start_node(tmp_path, "nc", two_links.dsn2, broker_url, monkeypatch)
     host, port = broker_url.removeprefix("stomp://").split(":")
-    counter = _Counter()
+    counter = StompCounter()
     listen = stomp.Connection([(host, int(port))], auto_content_length=False)
     listen.set_listener("counter", counter)
     listen.connect(wait=True)
-    supplier: _Supplier | None = None
-    producer: _Producer | None = None
+    supplier: Supplier | None = None
+    producer: StompProducer | None = None
     try:
         q_out, q_in = unique_name("cluster.cut.out"), unique_name("cluster.cut.in")
         listen.subscribe(f"/queue/{q_out}", id="counter", ack="auto")
@@ -147,14 +79,14 @@ def test_a_node_cut_from_postgres_past_its_lease_is_fenced_and_its_work_resumes_
         out_bridge, bid1 = bf.create_bridge(channel_ep(BA.SOURCE, cid1), jms_ep(BA.SINK, q_out))
         managed_bridge(out_bridge).enable_transaction(PER_T2, 30)
         out_bridge.start_bridge()
-        c2, cid2 = _t2_persistent_channel(factory)
+        c2, cid2 = t2_persistent_channel(factory, PER_T2)
         consumer = structured_consumer(c2)
         in_bridge, bid2 = bf.create_bridge(jms_ep(BA.SOURCE, q_in), channel_ep(BA.SINK, cid2, BA.PULL))
         in_bridge.start_bridge()
-        assert set(_owners(dsn).values()) == {"nc"}
+        assert set(ownership(dsn).values()) == {"nc"}
 
-        supplier = _Supplier(client_orb, [a, b], c1, cid1)     # refused by nc: the survivors' proxy, same ids
-        producer = _Producer(broker_url, q_in)
+        supplier = Supplier(client_orb, [a, b], c1, cid1)     # refused by nc: the survivors' proxy, same ids
+        producer = StompProducer(broker_url, q_in)
         supplier.thread.start()
         producer.thread.start()
         assert wait_until(lambda: len(counter.names()) >= 30 and consumer.count() >= 30, 60), \
@@ -163,9 +95,9 @@ def test_a_node_cut_from_postgres_past_its_lease_is_fenced_and_its_work_resumes_
         cut_at = time.monotonic()
         mark_out, mark_in = len(counter.names()), consumer.count()
         try:
-            assert wait_until(lambda: _owners(dsn).get(("channel", cid1)) in ("na", "nb"), 90), _owners(dsn)
+            assert wait_until(lambda: ownership(dsn).get(("channel", cid1)) in ("na", "nb"), 90), ownership(dsn)
             claimed = time.monotonic() - cut_at
-            owners = _owners(dsn)
+            owners = ownership(dsn)
             survivor = a if owners[("channel", cid1)] == "na" else b
             assert {owners[("bridge", bid1)], owners[("channel", cid2)], owners[("bridge", bid2)]} == \
                 {owners[("channel", cid1)]}, "a channel's bridges move with it"
@@ -187,7 +119,7 @@ def test_a_node_cut_from_postgres_past_its_lease_is_fenced_and_its_work_resumes_
         supplier.thread.join(120)
         producer.thread.join(30)
         assert not supplier.thread.is_alive()
-        dup, _ = _check_once(counter, supplier.pushed, consumer, producer.sent, maybe=supplier.maybe,
+        dup, _ = check_once(counter, supplier.pushed, consumer, producer.sent, maybe=supplier.maybe,
                              consumer_duplicates=True)
         assert wait_until(lambda: inbox_count(dsn, bid2) == producer.sent, 60), \
             "JMS -> channel: each message exactly one event in the channel (one inbox row)"

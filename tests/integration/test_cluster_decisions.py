@@ -5,11 +5,11 @@ nodes' xids, the coordinator's log seam driven directly (no ORB, no broker: the 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from clusterkit import db_fixture, join  # noqa: F401 - db_fixture: the fixture "db"
 
 from router.cluster import members as M
 from router.cluster.decisions import FencedDecisionLog, recover_fenced
@@ -23,7 +23,6 @@ from xa.xid import NodeId, branch_xid, new_gtrid
 
 pytestmark = pytest.mark.integration
 
-LONG = LeaseSettings(renew_s=1.0, expiry_s=60.0)
 SHORT = LeaseSettings(renew_s=0.05, expiry_s=0.2)
 PG = Participant("pg", "postgresql", "postgresql", False)
 SEND = Participant("broker", "stomp-send", "stomp-send", True)
@@ -45,19 +44,6 @@ class _FileLog:
 
     def live(self) -> dict[str, LiveTxn]:
         return {}
-
-
-@pytest.fixture
-def db(fresh_db: str) -> Iterator[Database]:
-    database = Database(fresh_db, 4)
-    database.open()
-    yield database
-    database.close()
-
-
-def _join(db: Database, node: str, settings: LeaseSettings = LONG) -> int:
-    with db.unit_of_work() as conn:
-        return M.join(conn, node, f"{node}.example:2809", settings)
 
 
 def _fence(db: Database, dead: str, by: str, by_epoch: int) -> None:
@@ -90,8 +76,8 @@ def _prepared(dsn: str) -> set[str]:
 
 
 def test_a_fenced_nodes_decision_is_refused_and_its_file_log_never_gets_it(db: Database) -> None:
-    na = _join(db, "na", SHORT)
-    nb = _join(db, "nb")
+    na = join(db, "na", SHORT)
+    nb = join(db, "nb")
     file_log = _FileLog("na")
     epochs: dict[str, int | None] = {"na": na}
     decisions = FencedDecisionLog(file_log, db, "na", lambda: epochs["na"])
@@ -113,8 +99,8 @@ def test_a_fenced_nodes_decision_is_refused_and_its_file_log_never_gets_it(db: D
 
 def test_a_survivor_commits_decided_rolls_back_undecided_and_never_touches_a_live_nodes_xids(
         db: Database, fresh_db: str) -> None:
-    na = _join(db, "na", SHORT)
-    nb = _join(db, "nb")
+    na = join(db, "na", SHORT)
+    nb = join(db, "nb")
     decided, undecided, live = (new_gtrid(NodeId("na")), new_gtrid(NodeId("na")), new_gtrid(NodeId("nb")))
     for gtrid in (decided, undecided, live):
         _prepare(fresh_db, gtrid, gtrid)
@@ -149,9 +135,9 @@ def test_a_fenced_nodes_transactions_are_finished_by_a_survivor_of_its_dead_fenc
     takeover pass finishes na's transactions too (before: only the fencer ever retried them)."""
     from router.cluster.takeover import Takeover
 
-    na = _join(db, "na", SHORT)
-    nb = _join(db, "nb", SHORT)
-    nc = _join(db, "nc")
+    na = join(db, "na", SHORT)
+    nb = join(db, "nb", SHORT)
+    nc = join(db, "nc")
     decided, undecided = new_gtrid(NodeId("na")), new_gtrid(NodeId("na"))
     for gtrid in (decided, undecided):
         _prepare(fresh_db, gtrid, gtrid)
@@ -191,8 +177,8 @@ def test_a_fenced_nodes_transactions_are_finished_by_a_survivor_of_its_dead_fenc
 
 def test_one_node_at_a_time_recovers_a_fenced_member(db: Database, fresh_db: str) -> None:
     """recover_fenced holds the fenced member's row FOR UPDATE: a second node meanwhile skips it."""
-    na = _join(db, "na", SHORT)
-    nb = _join(db, "nb")
+    na = join(db, "na", SHORT)
+    nb = join(db, "nb")
     decided = new_gtrid(NodeId("na"))
     _prepare(fresh_db, decided, decided)
     FencedDecisionLog(_FileLog("na"), db, "na", lambda: na).append(Commit(decided, (PG, SEND), None, 0.0),

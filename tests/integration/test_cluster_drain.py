@@ -17,10 +17,6 @@ it; a last round of traffic both ways is counted the same way."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,11 +24,19 @@ from typing import Any
 import psycopg
 import pytest
 import stomp
-
-from omniORB import CORBA
-
-import CosNotification
-import CosNotifyChannelAdmin
+from clusterkit import (
+    PERSISTENT,
+    RENEW_S,
+    StompCounter,
+    StompProducer,
+    Supplier,
+    check_once,
+    cli,
+    numbers,
+    ownership,
+    start_node,
+    t2_persistent_channel,
+)
 
 from idl.generated import CosBridgeAdmin as BA
 
@@ -47,192 +51,33 @@ from bridgekit import (
     structured_consumer,
     unique_name,
 )
-from conftest import ClientOrb, NsjmsServer, free_port
+from conftest import ClientOrb
 from stdclients import (
     Form,
     PushSupplierClient,
     Style,
-    long_,
     make_event,
     obtain_proxy_consumer,
-    prop,
-    short,
     wait_until,
 )
 
 pytestmark = pytest.mark.integration
 
-RENEW_S, EXPIRY_S = 1, 4
 PER_T2 = 5
-PERSISTENT = CosNotification.Persistent
-
-
-class _Counter(stomp.ConnectionListener):  # type: ignore[misc]
-    """stomp.py, auto-ack: every message's event name and dedupe id."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[str, str]] = []
-        self.lock = threading.Lock()
-
-    def on_message(self, frame: Any) -> None:
-        with self.lock:
-            self.got.append((frame.headers.get("$event_name", ""), frame.headers.get("nsjms_dedupe_id", "")))
-
-    def names(self) -> set[str]:
-        with self.lock:
-            return {n for n, _ in self.got}
-
-
-class _Supplier:
-    """A standard-stub push supplier of one proxy consumer (channel, admin, proxy ids): pushes e<i> one after the
-    other; a push refused because the channel moved (TRANSIENT, OBJECT_NOT_EXIST: ``COMPLETED_NO``, nothing was
-    stored) is pushed again through the proxy of the same ids at the node that owns the channel now."""
-
-    def __init__(self, client_orb: ClientOrb, nodes: list[NsjmsServer], channel: Any, cid: int) -> None:
-        self.orb, self.nodes, self.cid = client_orb, nodes, cid
-        admin = channel.default_supplier_admin
-        self.aid = int(admin.MyID)
-        proxy, pid = obtain_proxy_consumer(admin, Form.STRUCTURED, Style.PUSH)
-        self.client = PushSupplierClient(proxy, Form.STRUCTURED)
-        self.client.connect()
-        self.pid = int(pid)
-        self.pushed = 0
-        self.refused: list[str] = []
-        self.maybe: list[int] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="supplier", daemon=True)
-
-    def _reresolve(self) -> bool:
-        for node in self.nodes:
-            try:
-                channel = self.orb.factory(node.ior()).get_event_channel(self.cid)
-                proxy = channel.get_supplieradmin(self.aid).get_proxy_consumer(self.pid)
-                narrowed = proxy._narrow(CosNotifyChannelAdmin.StructuredProxyPushConsumer)
-                narrowed._non_existent()
-            except (CORBA.Exception, CosNotifyChannelAdmin.ChannelNotFound, CosNotifyChannelAdmin.AdminNotFound,
-                    CosNotifyChannelAdmin.ProxyNotFound):
-                continue
-            self.client.proxy = narrowed
-            return True
-        return False
-
-    def push(self, i: int) -> None:
-        """Push e<i> until it is accepted (refused ``COMPLETED_NO``: nothing was stored, pushed again, at the
-        channel's owner); one answered ``COMPLETED_MAYBE`` (a store whose outcome the node does not know) is recorded
-        in ``maybe`` and not pushed again (it must arrive at most once)."""
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                self.client.push_one(make_event(i, reliability=PERSISTENT))
-                self.pushed += 1
-                return
-            except CORBA.SystemException as exc:
-                if exc.completed != CORBA.COMPLETED_NO:
-                    self.maybe.append(i)
-                    self.pushed += 1
-                    return
-                self.refused.append(f"e{i}: {type(exc).__name__}")
-                assert time.monotonic() < deadline, f"e{i} could not be pushed anywhere: {self.refused[-5:]}"
-                if not self._reresolve():
-                    time.sleep(0.2)
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            self.push(self.pushed)
-            time.sleep(0.02)
-
-
-class _Producer:
-    """stomp.py: m<i> with header n = i, persistent, one after the other until stopped."""
-
-    def __init__(self, broker_url: str, queue: str) -> None:
-        host, port = broker_url.removeprefix("stomp://").split(":")
-        self.conn = stomp.Connection([(host, int(port))], auto_content_length=False)
-        self.conn.connect(wait=True)
-        self.queue, self.sent = queue, 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="producer", daemon=True)
-
-    def send(self, i: int) -> None:
-        self.conn.send(f"/queue/{self.queue}", f"m{i}", headers={"n": str(i), "persistent": "true"})
-        self.sent += 1
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            self.send(self.sent)
-            time.sleep(0.02)
-
-
-def _start(tmp_path: Path, name: str, dsn: str, broker_url: str, monkeypatch: pytest.MonkeyPatch) -> NsjmsServer:
-    state = tmp_path / name
-    state.mkdir(exist_ok=True)
-    monkeypatch.setenv("NSJMS_NODE_NODE_ID", name)
-    monkeypatch.setenv("NSJMS_CLUSTER_RENEW_S", str(RENEW_S))
-    monkeypatch.setenv("NSJMS_CLUSTER_EXPIRY_S", str(EXPIRY_S))
-    server = NsjmsServer(state_dir=state, pg_dsn=dsn, broker_url=broker_url, port=free_port())
-    server.start()
-    return server
-
-
-def _cli(dsn: str, state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "router.cli", "cluster", *args, "--json", "--state-dir",
-                           str(state)], env=dict(os.environ, NSJMS_POSTGRES_DSN=dsn), capture_output=True, text=True,
-                          timeout=180, stdin=subprocess.DEVNULL)
-
-
-def _owners(dsn: str) -> dict[tuple[str, int], str]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return {(str(k), int(i)): str(n)
-                for k, i, n in conn.execute("SELECT kind, object_id, node_id FROM nsjms_owner").fetchall()}
-
-
-def _numbers(consumer: Any) -> list[int]:
-    return [int({p.name: p.value.value() for p in ev.filterable_data}["n"]) for ev in consumer.snapshot()]
-
-
-def _t2_persistent_channel(factory: Any) -> tuple[Any, int]:
-    """Persistent (events and connections) with EnableTransaction: its pull proxies pull in T2s of PER_T2."""
-    qos = [prop("EventReliability", short(PERSISTENT)), prop("ConnectionReliability", short(PERSISTENT)),
-           prop("EnableTransaction", CORBA.Any(CORBA.TC_boolean, True))]
-    channel, cid = factory.create_channel(qos, [prop("TransactionEvents", long_(PER_T2))])
-    return channel, int(cid)
-
-
-def _check_once(counter: _Counter, pushed: int, consumer: Any, sent: int, maybe: Any = (), *,
-                consumer_duplicates: bool = False) -> tuple[int, int]:
-    """Every event at the queue (duplicates only with their original's dedupe id; ``maybe``: pushes answered
-    COMPLETED_MAYBE, there or not), every message one event at the consumer (``consumer_duplicates``: at least
-    one; a push consumer of a channel taken over from a live, cut node may get an event twice, docs/cluster.md)."""
-    want = {f"e{i}" for i in range(pushed) if i not in set(maybe)}
-    assert wait_until(lambda: want <= counter.names(), 90), sorted(want - counter.names())[:20]
-    assert counter.names() - {f"e{i}" for i in maybe} == want, "channel -> JMS: no event lost, none made up"
-    dedupe: dict[str, set[str]] = {}
-    for name, d in counter.got:
-        dedupe.setdefault(name, set()).add(d)
-    assert all(len(d) == 1 for d in dedupe.values()), "a duplicate only with its original's dedupe id"
-    assert wait_until(lambda: set(_numbers(consumer)) >= set(range(sent)), 90), (consumer.count(), sent)
-    got = _numbers(consumer)
-    if consumer_duplicates:
-        assert set(got) == set(range(sent)), "JMS -> channel: no message lost, none made up"
-        return len(counter.got) - len(dedupe), len(got)
-    assert sorted(got) == list(range(sent)), \
-        f"JMS -> channel: each message exactly one event (missing {sorted(set(range(sent)) - set(got))[:10]}, " \
-        f"twice {sorted(n for n in set(got) if got.count(n) > 1)[:10]})"
-    return len(counter.got) - len(dedupe), len(got)
 
 
 def test_drain_hands_a_nodes_channels_over_under_t2_traffic_and_rebalance_gives_a_rejoined_node_its_share(
         tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    a = _start(tmp_path, "na", fresh_db, broker_url, monkeypatch)
-    b = _start(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
+    a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch)
+    b = start_node(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
     host, port = broker_url.removeprefix("stomp://").split(":")
-    counter = _Counter()
+    counter = StompCounter()
     listen = stomp.Connection([(host, int(port))], auto_content_length=False)
     listen.set_listener("counter", counter)
     listen.connect(wait=True)
-    supplier: _Supplier | None = None
-    producer: _Producer | None = None
+    supplier: Supplier | None = None
+    producer: StompProducer | None = None
     try:
         q_out, q_in = unique_name("cluster.drain.out"), unique_name("cluster.drain.in")
         listen.subscribe(f"/queue/{q_out}", id="counter", ack="auto")
@@ -242,20 +87,20 @@ def test_drain_hands_a_nodes_channels_over_under_t2_traffic_and_rebalance_gives_
         out_bridge, bid1 = bf.create_bridge(channel_ep(BA.SOURCE, cid1), jms_ep(BA.SINK, q_out))
         managed_bridge(out_bridge).enable_transaction(PER_T2, 30)
         out_bridge.start_bridge()
-        c2, cid2 = _t2_persistent_channel(factory)
+        c2, cid2 = t2_persistent_channel(factory, PER_T2)
         consumer = structured_consumer(c2)               # its reference is stored: the new owner calls it back
         in_bridge, bid2 = bf.create_bridge(jms_ep(BA.SOURCE, q_in), channel_ep(BA.SINK, cid2, BA.PULL))
         in_bridge.start_bridge()
-        assert set(_owners(fresh_db).values()) == {"na"}
+        assert set(ownership(fresh_db).values()) == {"na"}
 
-        supplier = _Supplier(client_orb, [a, b], c1, cid1)
-        producer = _Producer(broker_url, q_in)
+        supplier = Supplier(client_orb, [a, b], c1, cid1)
+        producer = StompProducer(broker_url, q_in)
         supplier.thread.start()
         producer.thread.start()
         assert wait_until(lambda: len(counter.names()) >= 40 and consumer.count() >= 40, 60), \
             (len(counter.names()), consumer.count())    # both flows run through na, in T2
         began = time.monotonic()
-        out = _cli(fresh_db, a.state_dir, "drain", "na")
+        out = cli(fresh_db, a.state_dir, "drain", "na")
         took = time.monotonic() - began
         assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout}\n{out.stderr[-3000:]}"
         report = json.loads(out.stdout)
@@ -266,9 +111,9 @@ def test_drain_hands_a_nodes_channels_over_under_t2_traffic_and_rebalance_gives_
         print(f"\ndrain: {took:.1f} s for the command; hand-offs (request -> running on nb): "
               f"{[m['handoff_s'] for m in report['moves']]} s, stop on na: {[m['stop_s'] for m in report['moves']]}"
               f" s (renewal period {RENEW_S} s)")
-        assert _owners(fresh_db) == {("channel", cid1): "nb", ("bridge", bid1): "nb", ("channel", cid2): "nb",
+        assert ownership(fresh_db) == {("channel", cid1): "nb", ("bridge", bid1): "nb", ("channel", cid2): "nb",
                                      ("bridge", bid2): "nb"}
-        status = _cli(fresh_db, b.state_dir, "status")
+        status = cli(fresh_db, b.state_dir, "status")
         members = {m["node_id"]: m for m in json.loads(status.stdout)["members"]}
         assert (members["na"]["draining"], members["na"]["state"], members["na"]["owns"]) == \
             (True, "live", {"channels": [], "bridges": []}), "drained: live, owning nothing, safe to remove"
@@ -279,7 +124,7 @@ def test_drain_hands_a_nodes_channels_over_under_t2_traffic_and_rebalance_gives_
         producer.stop.set()
         supplier.thread.join(90)
         producer.thread.join(30)
-        dup, n_in = _check_once(counter, supplier.pushed, consumer, producer.sent)
+        dup, n_in = check_once(counter, supplier.pushed, consumer, producer.sent)
         assert supplier.maybe == [], "a hand-off refuses a push before storing anything (COMPLETED_NO)"
         print(f"channel -> JMS: {supplier.pushed} events pushed, {len(counter.got)} messages ({dup} duplicate(s)); "
               f"JMS -> channel: {producer.sent} messages, {n_in} events; pushes refused while moving: "
@@ -289,17 +134,17 @@ def test_drain_hands_a_nodes_channels_over_under_t2_traffic_and_rebalance_gives_
 
         # na restarts (a new incarnation: no longer drained); rebalance gives it one of the two channels back
         a.stop()
-        a = _start(tmp_path, "na", fresh_db, broker_url, monkeypatch)
+        a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch)
         supplier.nodes = [a, b]
-        out = _cli(fresh_db, b.state_dir, "rebalance")
+        out = cli(fresh_db, b.state_dir, "rebalance")
         assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout}\n{out.stderr[-3000:]}"
         moves = json.loads(out.stdout)["moves"]
         assert [(m["from"], m["to"], m["state"]) for m in moves] == [("nb", "na", "started")], moves
-        owners = _owners(fresh_db)
+        owners = ownership(fresh_db)
         assert sorted(owners.values()) == ["na", "na", "nb", "nb"], owners
         moved = moves[0]["channel"]
         print(f"rebalance: channel {moved} back to na in {moves[0]['handoff_s']} s")
-        again = _cli(fresh_db, b.state_dir, "rebalance")
+        again = cli(fresh_db, b.state_dir, "rebalance")
         assert again.returncode == 0 and json.loads(again.stdout)["moves"] == [], "even: sticky, nothing moves"
 
         supplier.stop.clear()
@@ -308,7 +153,7 @@ def test_drain_hands_a_nodes_channels_over_under_t2_traffic_and_rebalance_gives_
             supplier.push(i)
         for i in range(producer.sent, producer.sent + 20):
             producer.send(i)
-        _check_once(counter, supplier.pushed, consumer, producer.sent)
+        check_once(counter, supplier.pushed, consumer, producer.sent)
         assert wait_until(lambda: prepared_count(fresh_db) == 0, 30)
     finally:
         for worker in (supplier, producer):
@@ -325,15 +170,15 @@ def test_least_loaded_placement_hands_a_new_channel_to_the_member_owning_fewer_o
     """``cluster.placement = "least-loaded"``: the creating node keeps a channel while it is the least loaded; the
     next goes to the other member right after its creation (a hand-off), which then runs it."""
     monkeypatch.setenv("NSJMS_CLUSTER_PLACEMENT", "least-loaded")
-    a = _start(tmp_path, "na", fresh_db, broker_url, monkeypatch)
-    b = _start(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
+    a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch)
+    b = start_node(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
     try:
         factory = client_orb.factory(a.ior())
         _, cid1 = persistent_channel(factory)
         _, cid2 = persistent_channel(factory)                       # na owns 1, nb 0: this one goes to nb
         assert wait_until(lambda: cid2 in [c["id"] for c in node_status(b).get("channels", [])], 30), \
             node_status(b).get("channels")
-        assert _owners(fresh_db) == {("channel", cid1): "na", ("channel", cid2): "nb"}
+        assert ownership(fresh_db) == {("channel", cid1): "na", ("channel", cid2): "nb"}
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             assert conn.execute("SELECT channel_id, from_node, to_node, reason, state FROM nsjms_handoff").fetchall() \
                 == [(cid2, "na", "nb", "placement", "started")]
@@ -344,15 +189,15 @@ def test_least_loaded_placement_hands_a_new_channel_to_the_member_owning_fewer_o
         supplier.connect()
         for i in range(5):
             supplier.push_one(make_event(i, reliability=PERSISTENT))
-        assert consumer.wait_for(5, 30) and sorted(_numbers(consumer)) == list(range(5))
-        refused = _cli(fresh_db, a.state_dir, "drain", "nobody")
+        assert consumer.wait_for(5, 30) and sorted(numbers(consumer.snapshot())) == list(range(5))
+        refused = cli(fresh_db, a.state_dir, "drain", "nobody")
         assert refused.returncode == 4 and "not a member" in refused.stderr, (refused.returncode, refused.stderr)
     finally:
         a.stop()
         b.stop()
 
 
-def _flowing(supplier: _Supplier, producer: _Producer, consumer: Any) -> bool:
+def _flowing(supplier: Supplier, producer: StompProducer, consumer: Any) -> bool:
     """Both flows move 20 more: pushes accepted, events at the consumer."""
     pushed, sent = supplier.pushed, producer.sent
     return wait_until(lambda: supplier.pushed >= pushed + 20 and consumer.count() >= sent + 20, 90)
@@ -363,14 +208,14 @@ def test_a_rolling_restart_of_three_nodes_by_drain_and_rebalance_loses_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Under T2 traffic both ways, each of three nodes in turn is drained (clean), stopped, started again and given
     its share back by a rebalance: every event and message arrives exactly once."""
-    nodes = [_start(tmp_path, n, fresh_db, broker_url, monkeypatch) for n in ("na", "nb", "nc")]
+    nodes = [start_node(tmp_path, n, fresh_db, broker_url, monkeypatch) for n in ("na", "nb", "nc")]
     host, port = broker_url.removeprefix("stomp://").split(":")
-    counter = _Counter()
+    counter = StompCounter()
     listen = stomp.Connection([(host, int(port))], auto_content_length=False)
     listen.set_listener("counter", counter)
     listen.connect(wait=True)
-    supplier: _Supplier | None = None
-    producer: _Producer | None = None
+    supplier: Supplier | None = None
+    producer: StompProducer | None = None
     try:
         q_out, q_in = unique_name("cluster.roll.out"), unique_name("cluster.roll.in")
         listen.subscribe(f"/queue/{q_out}", id="counter", ack="auto")
@@ -380,12 +225,12 @@ def test_a_rolling_restart_of_three_nodes_by_drain_and_rebalance_loses_nothing(
         out_bridge, _ = bf.create_bridge(channel_ep(BA.SOURCE, cid1), jms_ep(BA.SINK, q_out))
         managed_bridge(out_bridge).enable_transaction(PER_T2, 30)
         out_bridge.start_bridge()
-        c2, cid2 = _t2_persistent_channel(factory)
+        c2, cid2 = t2_persistent_channel(factory, PER_T2)
         consumer = structured_consumer(c2)
         in_bridge, _ = bf.create_bridge(jms_ep(BA.SOURCE, q_in), channel_ep(BA.SINK, cid2, BA.PULL))
         in_bridge.start_bridge()
-        supplier = _Supplier(client_orb, nodes, c1, cid1)          # the same list: restarted nodes replace theirs
-        producer = _Producer(broker_url, q_in)
+        supplier = Supplier(client_orb, nodes, c1, cid1)          # the same list: restarted nodes replace theirs
+        producer = StompProducer(broker_url, q_in)
         supplier.thread.start()
         producer.thread.start()
         times = []
@@ -393,14 +238,14 @@ def test_a_rolling_restart_of_three_nodes_by_drain_and_rebalance_loses_nothing(
             name = node.state_dir.name
             assert _flowing(supplier, producer, consumer), f"traffic flows before {name} restarts"
             began = time.monotonic()
-            out = _cli(fresh_db, nodes[(k + 1) % 3].state_dir, "drain", name)
+            out = cli(fresh_db, nodes[(k + 1) % 3].state_dir, "drain", name)
             assert out.returncode == 0 and json.loads(out.stdout)["result"] == "clean", out.stdout + out.stderr[-2000:]
             node.stop()
-            nodes[k] = _start(tmp_path, name, fresh_db, broker_url, monkeypatch)
-            out = _cli(fresh_db, nodes[k].state_dir, "rebalance")
+            nodes[k] = start_node(tmp_path, name, fresh_db, broker_url, monkeypatch)
+            out = cli(fresh_db, nodes[k].state_dir, "rebalance")
             assert out.returncode == 0, out.stdout + out.stderr[-2000:]
             times.append(round(time.monotonic() - began, 1))
-        owners = _owners(fresh_db)
+        owners = ownership(fresh_db)
         print(f"\nrolling restart: drain + restart + rebalance per node {times} s; owners at the end {owners}")
         assert _flowing(supplier, producer, consumer)
         supplier.stop.set()
@@ -408,7 +253,7 @@ def test_a_rolling_restart_of_three_nodes_by_drain_and_rebalance_loses_nothing(
         supplier.thread.join(90)
         producer.thread.join(30)
         assert supplier.maybe == []
-        dup, n_in = _check_once(counter, supplier.pushed, consumer, producer.sent)
+        dup, n_in = check_once(counter, supplier.pushed, consumer, producer.sent)
         print(f"channel -> JMS: {supplier.pushed} events, {dup} duplicate(s); JMS -> channel: {producer.sent} "
               f"messages, {n_in} events; pushes refused while moving: {len(supplier.refused)}")
         assert wait_until(lambda: prepared_count(fresh_db) == 0, 30)

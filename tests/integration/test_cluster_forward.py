@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from clusterkit import EXPIRY_S, RENEW_S, start_node
 from test_client_examples import cpp_examples  # noqa: F401 - the session fixture building examples/cpp
 
 from omniORB import CORBA
@@ -46,27 +47,13 @@ from bridgekit import (
     structured_supplier,
     unique_name,
 )
-from conftest import ClientOrb, NsjmsServer, free_port
+from conftest import ClientOrb, free_port
 from stdclients import Form, PullConsumerClient, Style, event_id, make_event, obtain_proxy_supplier, wait_until
 
 pytestmark = pytest.mark.integration
 
-RENEW_S, EXPIRY_S = 1, 4
 CPP_COUNT = 5
 T = TypeVar("T")
-
-
-def _start(tmp_path: Path, name: str, port: int, peer_port: int, dsn: str, broker_url: str,
-           monkeypatch: pytest.MonkeyPatch) -> NsjmsServer:
-    state = tmp_path / name
-    state.mkdir(exist_ok=True)
-    monkeypatch.setenv("NSJMS_NODE_NODE_ID", name)
-    monkeypatch.setenv("NSJMS_CLUSTER_RENEW_S", str(RENEW_S))
-    monkeypatch.setenv("NSJMS_CLUSTER_EXPIRY_S", str(EXPIRY_S))
-    monkeypatch.setenv("NSJMS_CLUSTER_PEERS", f"127.0.0.1:{peer_port}")
-    server = NsjmsServer(state_dir=state, pg_dsn=dsn, broker_url=broker_url, port=port)
-    server.start()
-    return server
 
 
 def _addresses(orb: Any, ref: Any) -> list[tuple[str, int]]:
@@ -132,8 +119,8 @@ def test_any_node_answers_for_any_object_and_references_outlive_their_node(
         cpp_examples: dict[str, Path]) -> None:  # noqa: F811 - the fixture imported above
     orb = client_orb.orb
     pa, pb = free_port(), free_port()
-    a = _start(tmp_path, "na", pa, pb, fresh_db, broker_url, monkeypatch)
-    b = _start(tmp_path, "nb", pb, pa, fresh_db, broker_url, monkeypatch)
+    a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch, port=pa, peers=f"127.0.0.1:{pb}")
+    b = start_node(tmp_path, "nb", fresh_db, broker_url, monkeypatch, port=pb, peers=f"127.0.0.1:{pa}")
     try:
         factory_a = client_orb.factory(a.ior())
         assert _addresses(orb, factory_a) == [("127.0.0.1", pa), ("127.0.0.1", pb)], \

@@ -5,33 +5,18 @@ drain reports. The nodes' part (stopping, loading) is tested with real nodes in 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from clusterkit import db_fixture, join  # noqa: F401 - db_fixture: the fixture "db"
 
 from router.cluster import Fenced
 from router.cluster import handoff as H
 from router.cluster import members as M
-from router.cluster.lease import LeaseSettings
 from router.db import Database
 
 pytestmark = pytest.mark.integration
 
-LONG = LeaseSettings(renew_s=1.0, expiry_s=60.0)
-
-
-@pytest.fixture
-def db(fresh_db: str) -> Iterator[Database]:
-    database = Database(fresh_db, 4)
-    database.open()
-    yield database
-    database.close()
-
-
-def _join(db: Database, node: str) -> int:
-    with db.unit_of_work() as conn:
-        return M.join(conn, node, f"{node}:2809", LONG)
 
 
 def _channel(db: Database, cid: int, owner: str, bridges: int = 0) -> None:
@@ -52,7 +37,7 @@ def _owners(db: Database) -> dict[tuple[str, int], str]:
 
 
 def test_a_drain_spreads_the_channels_and_the_release_moves_them_fenced(db: Database) -> None:
-    e1, _, _ = _join(db, "n1"), _join(db, "n2"), _join(db, "n3")
+    e1, _, _ = join(db, "n1"), join(db, "n2"), join(db, "n3")
     _channel(db, 1, "n1", bridges=2)
     _channel(db, 2, "n1")
     _channel(db, 3, "n1")
@@ -94,7 +79,7 @@ def test_a_drain_spreads_the_channels_and_the_release_moves_them_fenced(db: Data
 
 
 def test_a_drain_is_refused_without_another_live_member_and_for_a_dead_node(db: Database) -> None:
-    _join(db, "n1")
+    join(db, "n1")
     _channel(db, 1, "n1")
     with pytest.raises(H.HandOffRefused, match="no other live member"), db.unit_of_work() as conn:
         H.request_drain(conn, "n1")
@@ -109,10 +94,10 @@ def test_a_drain_is_refused_without_another_live_member_and_for_a_dead_node(db: 
 
 
 def test_a_rebalance_gives_a_joined_node_its_share_and_placement_picks_the_least_loaded(db: Database) -> None:
-    _join(db, "n1")
+    join(db, "n1")
     for cid in (1, 2, 3, 4):
         _channel(db, cid, "n1")
-    _join(db, "n2")                                          # joins owning nothing: sticky, nothing moves by itself
+    join(db, "n2")                                          # joins owning nothing: sticky, nothing moves by itself
     assert set(_owners(db).values()) == {"n1"}
     with db.unit_of_work() as conn:
         moves = H.request_rebalance(conn)
@@ -137,7 +122,7 @@ def test_a_drain_is_clean_dirty_or_heuristic_by_what_the_node_leaves_in_doubt(db
 
     from xa.xid import NodeId, branch_xid, new_gtrid
 
-    e1, _ = _join(db, "n1"), _join(db, "n2")
+    e1, _ = join(db, "n1"), join(db, "n2")
     with db.unit_of_work() as conn:
         assert H.request_drain(conn, "n1") == (e1, [])                # it owns nothing: no move
         state = H.drain_state(conn, "n1", e1, [])
@@ -182,7 +167,7 @@ def test_a_takeover_ends_the_dead_nodes_open_moves_so_its_next_incarnation_start
     nodes running one channel. A move requested FROM a dead node pinned its channel (no other move, no clean drain)."""
     from router.cluster.ownership import claim_all
 
-    e1, e2, e3 = _join(db, "n1"), _join(db, "n2"), _join(db, "n3")
+    e1, e2, e3 = join(db, "n1"), join(db, "n2"), join(db, "n3")
     _channel(db, 1, "n1")
     _channel(db, 2, "n2")
     with db.unit_of_work() as conn:
@@ -204,7 +189,7 @@ def test_a_takeover_ends_the_dead_nodes_open_moves_so_its_next_incarnation_start
 
 
 def test_a_released_move_whose_channel_moved_on_is_not_started(db: Database) -> None:
-    e1, _ = _join(db, "n1"), _join(db, "n2")
+    e1, _ = join(db, "n1"), join(db, "n2")
     _channel(db, 1, "n1")
     with db.unit_of_work() as conn:
         released = H.release(conn, H.request_drain(conn, "n1")[1][0], "n1", e1, 0.1)
@@ -215,7 +200,7 @@ def test_a_released_move_whose_channel_moved_on_is_not_started(db: Database) -> 
 def test_two_drain_requests_at_once_leave_one_move_per_channel(db: Database, fresh_db: str) -> None:
     """Review: the operator's drain and the drained node's own pass both requested a move of a channel created
     meanwhile; the second broke the one-open-move index and failed (the CLI exited 1 on a raw database error)."""
-    _join(db, "n1"), _join(db, "n2")
+    join(db, "n1"), join(db, "n2")
     _channel(db, 1, "n1")
     other = Database(fresh_db, 1)
     other.open()

@@ -8,10 +8,10 @@ shows it waiting for that transaction's lock, then lets the writer commit."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import psycopg
 import pytest
+from clusterkit import LONG, db_fixture, join  # noqa: F401 - db_fixture: the fixture "db"
 
 from router.cluster import Fenced, NodeLive, NotExpired
 from router.cluster import members as M
@@ -20,22 +20,8 @@ from router.db import Database
 
 pytestmark = pytest.mark.integration
 
-LONG = LeaseSettings(renew_s=1.0, expiry_s=60.0)
 SHORT = LeaseSettings(renew_s=0.05, expiry_s=0.2)    # leases that expire while the test waits for it to say so
 WAIT_S = 30.0
-
-
-@pytest.fixture
-def db(fresh_db: str) -> Iterator[Database]:
-    database = Database(fresh_db, 4)
-    database.open()
-    yield database
-    database.close()
-
-
-def _join(db: Database, node: str, settings: LeaseSettings = LONG, *, steal: bool = False) -> int:
-    with db.unit_of_work() as conn:
-        return M.join(conn, node, f"{node}.example:2809", settings, steal=steal)
 
 
 def _wait_expired(db: Database, node: str) -> None:
@@ -50,20 +36,20 @@ def _wait_expired(db: Database, node: str) -> None:
 
 
 def test_join_renew_and_a_second_process_with_the_same_id(db: Database) -> None:
-    assert _join(db, "n1") == 1
+    assert join(db, "n1") == 1
     with pytest.raises(NodeLive):
-        _join(db, "n1")                                      # another process with this id: refused
+        join(db, "n1")                                      # another process with this id: refused
     with db.unit_of_work() as conn:
         before = M.members(conn)[0].lease_until
         assert M.renew(conn, "n1", 1, LONG) >= before
-    assert _join(db, "n1", steal=True) == 2                  # a restart that holds the state lock: epoch 2 at once
+    assert join(db, "n1", steal=True) == 2                  # a restart that holds the state lock: epoch 2 at once
     with pytest.raises(Fenced), db.unit_of_work() as conn:
         M.renew(conn, "n1", 1, LONG)                         # the old incarnation learns it at its next renewal
 
 
 def test_a_takeover_waits_for_the_expiry_and_fences_the_paused_node(db: Database) -> None:
-    _join(db, "n1", SHORT)
-    survivor = _join(db, "n2")
+    join(db, "n1", SHORT)
+    survivor = join(db, "n2")
     with db.unit_of_work() as conn:
         M.assign(conn, ("bridge", 7), "n1")
     with db.unit_of_work() as conn:                           # n1 is alive: its lease is fresh
@@ -86,13 +72,13 @@ def test_a_takeover_waits_for_the_expiry_and_fences_the_paused_node(db: Database
     with db.unit_of_work() as conn:
         M.check_owner(conn, ("bridge", 7), "n2", survivor)    # the new owner writes
         assert M.owned(conn, "n2") == [("bridge", 7)] and M.owned(conn, "n1") == []
-    assert _join(db, "n1") == 3                               # it rejoins as a new member (nothing owned)
+    assert join(db, "n1") == 3                               # it rejoins as a new member (nothing owned)
 
 
 def test_a_write_that_passed_its_check_commits_before_the_takeover_and_none_after(db: Database,
                                                                                   fresh_db: str) -> None:
-    _join(db, "n1", SHORT)
-    survivor = _join(db, "n2")
+    join(db, "n1", SHORT)
+    survivor = join(db, "n2")
     with db.unit_of_work() as conn:
         conn.execute("CREATE TABLE fenced_writes (epoch bigint)")
     _wait_expired(db, "n1")
@@ -134,9 +120,37 @@ def test_a_write_that_passed_its_check_commits_before_the_takeover_and_none_afte
 
 
 def test_a_graceful_leave_needs_no_expiry(db: Database) -> None:
-    _join(db, "n1")
-    survivor = _join(db, "n2")
+    join(db, "n1")
+    survivor = join(db, "n2")
     with db.unit_of_work() as conn:
         M.leave(conn, "n1", 1)
         assert expired(M.members(conn)) == ["n1"]
         assert M.fence(conn, "n1", "n2", survivor) == 2
+
+
+def test_a_paused_nodes_open_unit_of_work_does_not_hold_the_takeover_back(db: Database, fresh_db: str) -> None:
+    """n1 is paused inside a unit of work right after its fence check (its member row held FOR KEY SHARE, the
+    session idle in its transaction, as a SIGSTOPped node leaves it). Before: the survivor's fence waited for it
+    until PostgreSQL ended that session (idle_in_transaction_session_timeout, 60 s; here its lock_timeout of 10 s
+    failed the pass and every next one). Now the takeover ends that session and fences n1 in the same pass; n1's
+    write is rolled back (refused)."""
+    from router.cluster.takeover import Takeover
+
+    e1 = join(db, "n1", SHORT)
+    e2 = join(db, "n2")
+    paused = psycopg.connect(fresh_db)
+    try:
+        paused.execute("INSERT INTO nsjms_channel (id, qos, admin_props) VALUES (77, '{}', '{}')")
+        M.check(paused, "n1", e1)                            # its unit of work's last statement: then it stops
+        _wait_expired(db, "n1")
+        took = Takeover(db, "n2", lambda: e2, 1.0, start=lambda owned: None, recover=lambda dead: None).pass_once()
+        with db.unit_of_work() as conn:
+            state = conn.execute("SELECT state, epoch, fenced_by FROM nsjms_member WHERE node_id = 'n1'").fetchone()
+        assert state == ("fenced", e1 + 1, "n2"), f"fenced in this pass, not after the paused session's end: {state}"
+        assert took == [], "it owned nothing"
+        with pytest.raises(psycopg.OperationalError):       # woken: its session was ended, its write rolled back
+            paused.commit()
+    finally:
+        paused.close()
+    with db.unit_of_work() as conn:
+        assert conn.execute("SELECT count(*) FROM nsjms_channel WHERE id = 77").fetchone() == (0,)

@@ -22,14 +22,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 import stomp
+from clusterkit import EXPIRY_S, RENEW_S, StompCounter, numbers, ownership, rows, start_node
 
 import CosNotification
 
@@ -48,7 +47,7 @@ from bridgekit import (
     structured_supplier,
     unique_name,
 )
-from conftest import ClientOrb, NsjmsServer, free_port
+from conftest import ClientOrb
 from stdclients import make_event, wait_until
 
 pytestmark = pytest.mark.integration
@@ -56,54 +55,6 @@ pytestmark = pytest.mark.integration
 EVENTS = 30
 INBOUND = 20
 PER_T2 = 10
-RENEW_S, EXPIRY_S = 1, 4
-
-
-class _Counter(stomp.ConnectionListener):  # type: ignore[misc]
-    """stomp.py, auto-ack: every message's event name and dedupe id."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[str, str]] = []
-        self.lock = threading.Lock()
-
-    def on_message(self, frame: Any) -> None:
-        with self.lock:
-            self.got.append((frame.headers.get("$event_name", ""), frame.headers.get("nsjms_dedupe_id", "")))
-
-    def names(self) -> set[str]:
-        with self.lock:
-            return {n for n, _ in self.got}
-
-
-def _start(tmp_path: Path, name: str, dsn: str, broker_url: str, monkeypatch: pytest.MonkeyPatch,
-           crash_at: str | None = None) -> NsjmsServer:
-    state = tmp_path / name
-    state.mkdir(exist_ok=True)
-    monkeypatch.setenv("NSJMS_NODE_NODE_ID", name)
-    monkeypatch.setenv("NSJMS_CLUSTER_RENEW_S", str(RENEW_S))
-    monkeypatch.setenv("NSJMS_CLUSTER_EXPIRY_S", str(EXPIRY_S))
-    if crash_at:
-        monkeypatch.setenv("NSJMS_CRASH_AT", crash_at)
-    server = NsjmsServer(state_dir=state, pg_dsn=dsn, broker_url=broker_url, port=free_port())
-    try:
-        server.start()
-    finally:
-        monkeypatch.delenv("NSJMS_CRASH_AT", raising=False)
-    return server
-
-
-def _rows(dsn: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return list(conn.execute(query, params).fetchall())
-
-
-def _numbers(events: list[Any]) -> list[int]:
-    """The header ``n`` stomp_produce gave each message, as the channel's events carry it."""
-    return [int({p.name: p.value.value() for p in ev.filterable_data}["n"]) for ev in events]
-
-
-def _owners(dsn: str) -> dict[tuple[str, int], str]:
-    return {(str(k), int(i)): str(n) for k, i, n in _rows(dsn, "SELECT kind, object_id, node_id FROM nsjms_owner")}
 
 
 def _audit_counts_the_re_send_apart(dsn: str, decided: set[str]) -> None:
@@ -114,10 +65,10 @@ def _audit_counts_the_re_send_apart(dsn: str, decided: set[str]) -> None:
 
     from audit.incremental import run_incremental
 
-    resent = _rows(dsn, "SELECT dedupe_id, gtrid, jms_message_id FROM nsjms_ledger WHERE node_id = 'nb' "
+    resent = rows(dsn, "SELECT dedupe_id, gtrid, jms_message_id FROM nsjms_ledger WHERE node_id = 'nb' "
                         "AND gtrid LIKE %s AND outcome = 'delivered'", "na:%")
     assert resent and {g for _, g, _ in resent} <= decided, resent
-    originals = _rows(dsn, "SELECT dedupe_id, gtrid, jms_message_id FROM nsjms_ledger WHERE node_id = 'na' "
+    originals = rows(dsn, "SELECT dedupe_id, gtrid, jms_message_id FROM nsjms_ledger WHERE node_id = 'na' "
                            "AND gtrid LIKE %s AND outcome = 'delivered'", "na:%")
     assert set(resent) <= set(originals), "each re-send row beside the dead node's row of the same message"
     result = run_incremental(dsn, as_of=datetime.now(UTC), grace=timedelta(minutes=10))
@@ -128,10 +79,10 @@ def _audit_counts_the_re_send_apart(dsn: str, decided: set[str]) -> None:
 def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_transaction(
         tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    a = _start(tmp_path, "na", fresh_db, broker_url, monkeypatch, crash_at="t2.after_decision@2")
-    b = _start(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
+    a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch, crash_at="t2.after_decision@2")
+    b = start_node(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
     host, port = broker_url.removeprefix("stomp://").split(":")
-    counter = _Counter()
+    counter = StompCounter()
     conn = stomp.Connection([(host, int(port))], auto_content_length=False)
     conn.set_listener("counter", counter)
     conn.connect(wait=True)
@@ -151,20 +102,20 @@ def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_tran
         bridge_in, bid_in = bridge_factory(client_orb, a).create_bridge(jms_ep(BA.SOURCE, queue_in),
                                                                          channel_ep(BA.SINK, cin))
         bridge_in.start_bridge()
-        assert _owners(fresh_db) == {("channel", cid): "na", ("bridge", bid): "na", ("channel", cin): "na",
+        assert ownership(fresh_db) == {("channel", cid): "na", ("bridge", bid): "na", ("channel", cin): "na",
                                      ("bridge", bid_in): "na"}, "the creating node owns them"
 
         supplier = structured_supplier(channel)
         for i in range(EVENTS):
             supplier.push_one(make_event(i, reliability=CosNotification.Persistent))
-        assert _rows(fresh_db, "SELECT count(*) FROM nsjms_queue WHERE channel_id = %s", cid) == [(EVENTS,)]
+        assert rows(fresh_db, "SELECT count(*) FROM nsjms_queue WHERE channel_id = %s", cid) == [(EVENTS,)]
         bridge.start_bridge()                            # na dies at its 2nd T2's decision (a counted point)
         assert a.proc is not None and a.proc.wait(timeout=120) != 0
         died = time.monotonic()
         a.state_dir.chmod(0)                             # nb never needs na's disk
         stomp_produce(broker_url, queue_in, range(INBOUND))   # JMS -> channel while its owner is dead
-        decided = {str(g) for g, n in _rows(fresh_db, "SELECT gtrid, node_id FROM nsjms_decision") if n == "na"}
-        in_doubt = {psycopg.Xid.from_string(g).gtrid for (g,) in _rows(fresh_db, "SELECT gid FROM pg_prepared_xacts")}
+        decided = {str(g) for g, n in rows(fresh_db, "SELECT gtrid, node_id FROM nsjms_decision") if n == "na"}
+        in_doubt = {psycopg.Xid.from_string(g).gtrid for (g,) in rows(fresh_db, "SELECT gid FROM pg_prepared_xacts")}
         assert in_doubt and in_doubt <= decided, \
             f"its branch is in doubt and its decision readable in PostgreSQL: {in_doubt} {decided}"
 
@@ -176,7 +127,7 @@ def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_tran
               f"{RENEW_S} s); all {EVENTS} events routed {time.monotonic() - died:.1f} s after")
         assert counter.names() == {f"e{i}" for i in range(EVENTS)}, "no event lost"
         assert consumer.wait_for(INBOUND, 60), consumer.count()
-        assert sorted(_numbers(consumer.snapshot())) == list(range(INBOUND)), \
+        assert sorted(numbers(consumer.snapshot())) == list(range(INBOUND)), \
             "JMS -> channel across the takeover: each message exactly one event, at the consumer na connected"
         by_name: dict[str, set[str]] = {}
         for name, dedupe in counter.got:
@@ -188,15 +139,15 @@ def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_tran
         print(f"events received {len(counter.got)}, distinct {len(by_name)}, re-sent twice {len(twice)}")
 
         assert wait_until(lambda: prepared_count(fresh_db) == 0, 30), "no prepared transaction left"
-        assert _rows(fresh_db, "SELECT count(*) FROM nsjms_decision WHERE node_id = 'na'") == [(0,)]
-        assert _rows(fresh_db, "SELECT epoch, state, fenced_by FROM nsjms_member WHERE node_id = 'na'") == \
+        assert rows(fresh_db, "SELECT count(*) FROM nsjms_decision WHERE node_id = 'na'") == [(0,)]
+        assert rows(fresh_db, "SELECT epoch, state, fenced_by FROM nsjms_member WHERE node_id = 'na'") == \
             [(2, "fenced", "nb")]
         _audit_counts_the_re_send_apart(fresh_db, decided)
-        assert _owners(fresh_db) == {("channel", cid): "nb", ("bridge", bid): "nb", ("channel", cin): "nb",
+        assert ownership(fresh_db) == {("channel", cid): "nb", ("bridge", bid): "nb", ("channel", cin): "nb",
                                      ("bridge", bid_in): "nb"}
 
         a.state_dir.chmod(0o700)                         # na comes back as a new member and restores nothing
-        a = _start(tmp_path, "na", fresh_db, broker_url, monkeypatch)
+        a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch)
         assert wait_until(lambda: node_status(a).get("cluster", {}).get("epoch") == 3, 30), node_status(a)
         status = node_status(a)                          # (the first status.json of the new process)
         assert status["channels"] == [] and status["bridges"] == [], status
@@ -229,9 +180,9 @@ def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_tran
         finally:
             b.proc.send_signal(signal.SIGCONT)
         assert b.proc.wait(timeout=60) == 1, "the woken node learns it was fenced and stops (exit 1)"
-        assert _rows(fresh_db, "SELECT epoch, state, fenced_by FROM nsjms_member WHERE node_id = 'nb'") == \
+        assert rows(fresh_db, "SELECT epoch, state, fenced_by FROM nsjms_member WHERE node_id = 'nb'") == \
             [(2, "fenced", "na")]
-        assert _owners(fresh_db) == {("channel", cid): "na", ("bridge", bid): "na", ("channel", cin): "na",
+        assert ownership(fresh_db) == {("channel", cid): "na", ("bridge", bid): "na", ("channel", cin): "na",
                                      ("bridge", bid_in): "na"}
         assert counter.names() == {f"e{i}" for i in range(EVENTS + 10)}
         later = [name for name, _ in counter.got if int(name[1:]) >= EVENTS]

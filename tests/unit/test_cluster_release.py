@@ -7,11 +7,21 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+from test_channel_delivery import Consumer, FakeStore, make_proxy, record, wait_for
+
+from omniORB import CORBA
+
+from router.channel import proxies as P
+from router.channel import pushsupplier
+from router.channel.delivered import DeliveredJournals
 from router.channel.gate import Gate
 from router.cluster.release import stop_channel, wait_pending
+from router.db import StoreUnavailable
 
 
 def test_an_accept_in_flight_at_the_stop_is_waited_on_again_until_it_ends() -> None:
@@ -45,15 +55,114 @@ def test_an_accept_in_flight_at_the_stop_is_waited_on_again_until_it_ends() -> N
 
 def test_a_phase_two_not_ended_at_the_stop_is_waited_on_again() -> None:
     done = threading.Event()
-    supplier = SimpleNamespace(oid=b"p/1", _lock=threading.Lock(), closing=False, stop_event=threading.Event(),
-                               _wake=lambda: None)
+    supplier = SimpleNamespace(oid=b"p/1", stop_for_handoff=lambda: None, drain_inbound=lambda timeout: True,
+                               delete_delivered_rows=lambda: True)      # proxyport.HandOffProxy
     admin = SimpleNamespace(proxies={1: supplier}, oid=b"a/1")
     channel = SimpleNamespace(gate=Gate(), consumer_admins={0: admin}, supplier_admins={}, oid=b"ch/7",
                               destroyed=False)
     factory = SimpleNamespace(channels={7: channel}, rt=SimpleNamespace(deactivate=lambda oid: None),
                               forget=lambda cid: None)
     left = stop_channel(factory, SimpleNamespace(bridges={}), 7, [], 0.05, lambda p, timeout: done.wait(timeout))
-    assert [p.label for p in left] == ["proxy b'p/1': phase two of its routing transactions"]
-    assert len(wait_pending(left, time.monotonic() + 0.05)) == 1
+    assert [p.label for p in left] == ["proxy b'p/1': phase two of its routing transactions",
+                                       "proxy b'p/1': delete of its delivered events' rows"], \
+        "the delete of its delivered rows is asked again once the phase two (and its last delete) ended"
+    assert len(wait_pending(left, time.monotonic() + 0.05)) == 2
     done.set()
     assert wait_pending(left, time.monotonic() + 1) == []
+
+
+# -- the hand-off gaps docs/cluster.md named (issue 25): a connection change during the stop, a failed delete ------
+def _channel_of(*proxies: Any) -> Any:
+    admin = SimpleNamespace(proxies={p.id: p for p in proxies}, oid=b"a/0")
+    return SimpleNamespace(id=0, gate=Gate(), consumer_admins={0: admin}, supplier_admins={}, oid=b"ch/0",
+                           destroyed=False)
+
+
+def _stop(channel: Any, timeout_s: float = 5.0) -> list[Any]:
+    factory = SimpleNamespace(channels={0: channel}, rt=SimpleNamespace(deactivate=lambda oid: None),
+                              forget=lambda cid: None)
+    return stop_channel(factory, SimpleNamespace(bridges={}), 0, [], timeout_s, lambda p, timeout: True)
+
+
+def _push_proxy(monkeypatch: pytest.MonkeyPatch, channel: Any = None) -> Any:
+    proxy = make_proxy(P.StructuredProxyPushSupplierImpl, Consumer(), monkeypatch)
+    proxy._lock, proxy.closing, proxy.extra = threading.RLock(), False, {}
+    proxy.writes = []
+    proxy._update = lambda **cols: proxy.writes.append(cols)
+    if channel is not None:
+        proxy.channel = channel
+    return proxy
+
+
+def test_a_resume_or_suspend_during_the_stop_is_refused_transient_and_writes_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the stopped proxy's resume_connection wrote ``suspended = false`` (and a suspend ``true``) to its row
+    while the channel was being released: a new owner that loaded the row first kept the old state, the client was
+    told it had changed. Now TRANSIENT (COMPLETED_NO): asked again, its call reaches the new owner."""
+    proxy = _push_proxy(monkeypatch)
+    proxy.suspended = True
+    channel = _channel_of(proxy)
+    proxy.channel = channel
+    assert _stop(channel) == []
+    for change in (proxy.resume_connection, proxy.suspend_connection):
+        with pytest.raises(CORBA.TRANSIENT) as refused:
+            change()
+        assert refused.value.completed == CORBA.COMPLETED_NO
+    assert proxy.writes == [] and proxy.suspended
+
+
+def test_a_proxy_made_during_the_stop_cannot_connect_nor_start_a_worker_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a proxy an admin made while its channel stopped (not among the proxies the stop had listed) was
+    connected and started its delivery (or pull) thread on the old node, beside the next owner's."""
+    channel = _channel_of()
+    assert _stop(channel) == []
+    late = _push_proxy(monkeypatch, channel)
+    late.connected = False
+    spawned: list[str] = []
+    late.rt.spawn = lambda name, fn: spawned.append(name)
+    late.rt.ior = lambda client: "IOR:late"
+    monkeypatch.setattr(CORBA, "is_nil", lambda obj: obj is None)      # the fake consumer is no object reference
+    with pytest.raises(CORBA.TRANSIENT):
+        late.connect_structured_push_consumer(Consumer())
+    assert spawned == [] and late.writes == [] and not late.connected
+
+
+class _FlakyStore(FakeStore):
+    """FakeStore whose deletes fail while ``down`` (PostgreSQL away)."""
+
+    down = False
+
+    def delete_deliveries(self, conn: object, cid: int, aid: int, pid: int, ids: list[int], **how: Any) -> None:
+        if self.down:
+            raise StoreUnavailable("injected: the database is away")
+        super().delete_deliveries(conn, cid, aid, pid, ids, **how)
+
+
+def test_delivered_rows_whose_delete_failed_during_the_stop_are_deleted_before_the_release(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the delivery thread's last delete failed (the database away during the stop), the stop said the
+    channel could be released, and the next owner loaded those rows and delivered the events again."""
+    for name in ("FLUSH_EVENTS", "FLUSH_AGE", "IDLE_FLUSH_EVENTS", "IDLE_FLUSH_AGE"):
+        monkeypatch.setattr(pushsupplier, name, 10**6)        # the deliveries wait for a batch delete
+    proxy = _push_proxy(monkeypatch)
+    proxy.rt.delivered = DeliveredJournals(tmp_path / "delivered")
+    store = proxy.rt.store = _FlakyStore()
+    channel = _channel_of(proxy)
+    proxy.channel = channel
+    for i in range(1, 4):
+        proxy.queue.put(record(i, db_id=100 + i))
+    worker = threading.Thread(target=proxy.supervised(proxy._push_loop), name=f"push-{proxy.oid}", daemon=True)
+    worker.start()
+    wait_for(lambda: len(proxy._pending or []) == 3, "three deliveries waiting for their batch delete")
+    store.down = True
+    left = _stop(channel, 0.3)
+    worker.join(10)
+    assert not worker.is_alive()
+    assert proxy.client.got == [1, 2, 3] and store.deleted == []
+    assert [p.label for p in left] == [f"proxy {proxy.oid}: delete of its delivered events' rows"], \
+        "not released while the next owner would deliver those events again"
+    assert len(wait_pending(left, time.monotonic() + 0.1)) == 1, "still away: still not released"
+    store.down = False
+    assert wait_pending(left, time.monotonic() + 10) == []
+    assert sorted(store.deleted) == [101, 102, 103]
+    assert {o for o, _ in store.outcomes.values()} == {"delivered"}

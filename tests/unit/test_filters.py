@@ -302,6 +302,10 @@ def test_exhausted_retries_stop_the_connection_report_and_count(monkeypatch: pyt
 
         def _wake(self) -> None: ...
 
+        def _check_alive(self) -> None: ...
+
+        def _check_open(self) -> None: ...
+
     p = Proxy()
     assert p._count_retry() and p._count_retry()
     assert not p._count_retry()                                    # the third retry is one too many

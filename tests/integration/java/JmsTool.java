@@ -2,9 +2,12 @@
 // connection factory (Debian's activemq-client and geronimo-jms jars). It speaks OpenWire, not STOMP.
 //
 //   java JmsTool produce <openwire-url> <queue|topic> <name> <count> <kinds> [persistent|nonpersistent]
+//                        [<first> <pause-ms> <stop-file>]
 //       kinds: comma list of text,bytes,map,stream,object; message i has kind kinds[i % len], JMSPriority i % 10,
 //       JMSType "t<i>", correlation id "c<i>", typed properties n(int)=i, big(long), ratio(double), flag(boolean),
-//       label(String), small(short), tiny(byte), f(float), and a body that encodes i.
+//       label(String), small(short), tiny(byte), f(float), and a body that encodes i. With the optional three: i
+//       counts from <first>, each send is followed by a pause of <pause-ms>, and the producer stops early once
+//       <stop-file> exists (a traffic source for fault tests). Prints {"sent": <messages sent>} at the end.
 //   java JmsTool consume <openwire-url> <queue|topic> <name> <count> <timeout-ms> [selector]
 //       prints one JSON object per message received on stdout, then a line {"done": <received>}.
 //   java JmsTool durable <openwire-url> <client-id> <topic> <subscription> <count> <timeout-ms>
@@ -51,8 +54,13 @@ public final class JmsTool {
             int count = Integer.parseInt(a[4]);
             String[] kinds = a[5].split(",");
             boolean persistent = a.length < 7 || !a[6].equals("nonpersistent");
+            int first = a.length > 7 ? Integer.parseInt(a[7]) : 0;
+            long pauseMs = a.length > 8 ? Long.parseLong(a[8]) : 0;
+            java.io.File stopFile = a.length > 9 ? new java.io.File(a[9]) : null;
             p.setDeliveryMode(persistent ? DeliveryMode.PERSISTENT : DeliveryMode.NON_PERSISTENT);
-            for (int i = 0; i < count; i++) {
+            int sent = 0;
+            for (int i = first; i < first + count; i++) {
+                if (stopFile != null && stopFile.exists()) break;
                 Message m = body(s, kinds[i % kinds.length], i);
                 m.setJMSType("t" + i);
                 m.setJMSCorrelationID("c" + i);
@@ -65,7 +73,11 @@ public final class JmsTool {
                 m.setByteProperty("tiny", (byte) (i % 100));
                 m.setFloatProperty("f", 1.25f);
                 p.send(m, p.getDeliveryMode(), i % 10, 0);
+                sent++;
+                if (pauseMs > 0) Thread.sleep(pauseMs);
             }
+            System.out.println("{\"sent\": " + sent + "}");
+            System.out.flush();
         } finally {
             c.close();
         }
