@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from router.routing.completer import Completer
     from router.routing.ports import OutboundBatches
 
-__all__ = ["AckingConsumer", "ConsumerView", "HandOffProxy", "InboundProxy", "LoadedProxy", "ProxyAdmin", "ProxyChannel",
-           "ProxyView", "PushDelivering", "QueueTarget", "SupplierView"]
+__all__ = ["AckingConsumer", "ConsumerView", "HandOffProxy", "InboundProxy", "LoadedProxy", "ProxyAdmin",
+           "ProxyChannel", "ProxyView", "PushDelivering", "QueueTarget", "SupplierView"]
 
 
 class ProxyChannel(Protocol):
