@@ -20,18 +20,6 @@ from pathlib import Path
 
 import pytest
 import stomp
-from clusterkit import (
-    EXPIRY_S,
-    Links,
-    StompCounter,
-    StompProducer,
-    Supplier,
-    check_once,
-    ownership,
-    start_node,
-    t2_persistent_channel,
-    two_links_fixture,  # noqa: F401 - the fixture "two_links", imported so pytest finds it
-)
 from test_cluster_drain import PER_T2
 
 from idl.generated import CosBridgeAdmin as BA
@@ -48,6 +36,18 @@ from bridgekit import (
     prepared_count,
     structured_consumer,
     unique_name,
+)
+from clusterkit import (
+    EXPIRY_S,
+    Links,
+    StompCounter,
+    StompProducer,
+    Supplier,
+    check_once,
+    ownership,
+    start_node,
+    t2_persistent_channel,
+    two_links_fixture,  # noqa: F401 - the fixture "two_links", imported so pytest finds it
 )
 from conftest import ClientOrb
 from stdclients import wait_until

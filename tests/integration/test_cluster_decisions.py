@@ -9,7 +9,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from clusterkit import db_fixture, join  # noqa: F401 - db_fixture: the fixture "db"
 
 from router.cluster import members as M
 from router.cluster.decisions import FencedDecisionLog, recover_fenced
@@ -20,6 +19,8 @@ from xa.errors import LogWriteFailed
 from xa.pg import PgManager
 from xa.records import Commit, End, LiveTxn, Participant, Record
 from xa.xid import NodeId, branch_xid, new_gtrid
+
+from clusterkit import db_fixture, join  # noqa: F401 - db_fixture: the fixture "db"
 
 pytestmark = pytest.mark.integration
 

@@ -24,19 +24,6 @@ from typing import Any
 import psycopg
 import pytest
 import stomp
-from clusterkit import (
-    PERSISTENT,
-    RENEW_S,
-    StompCounter,
-    StompProducer,
-    Supplier,
-    check_once,
-    cli,
-    numbers,
-    ownership,
-    start_node,
-    t2_persistent_channel,
-)
 
 from idl.generated import CosBridgeAdmin as BA
 
@@ -50,6 +37,19 @@ from bridgekit import (
     prepared_count,
     structured_consumer,
     unique_name,
+)
+from clusterkit import (
+    PERSISTENT,
+    RENEW_S,
+    StompCounter,
+    StompProducer,
+    Supplier,
+    check_once,
+    cli,
+    numbers,
+    ownership,
+    start_node,
+    t2_persistent_channel,
 )
 from conftest import ClientOrb
 from stdclients import (

@@ -42,16 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusterkit import (
-    EXPIRY_S,
-    RENEW_S,
-    Supplier,
-    numbers,
-    ownership,
-    rows,
-    start_node,
-    t2_persistent_channel,
-)
 
 from idl.generated import CosBridgeAdmin as BA
 
@@ -67,6 +57,16 @@ from bridgekit import (
     prepared_count,
     structured_consumer,
     unique_name,
+)
+from clusterkit import (
+    EXPIRY_S,
+    RENEW_S,
+    Supplier,
+    numbers,
+    ownership,
+    rows,
+    start_node,
+    t2_persistent_channel,
 )
 from conftest import ClientOrb, NsjmsServer
 from stdclients import wait_until

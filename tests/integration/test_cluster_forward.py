@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from clusterkit import EXPIRY_S, RENEW_S, start_node
 from test_client_examples import cpp_examples  # noqa: F401 - the session fixture building examples/cpp
 
 from omniORB import CORBA
@@ -47,6 +46,7 @@ from bridgekit import (
     structured_supplier,
     unique_name,
 )
+from clusterkit import EXPIRY_S, RENEW_S, start_node
 from conftest import ClientOrb, free_port
 from stdclients import Form, PullConsumerClient, Style, event_id, make_event, obtain_proxy_supplier, wait_until
 

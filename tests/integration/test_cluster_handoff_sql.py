@@ -8,12 +8,13 @@ import threading
 from typing import Any
 
 import pytest
-from clusterkit import db_fixture, join  # noqa: F401 - db_fixture: the fixture "db"
 
 from router.cluster import Fenced
 from router.cluster import handoff as H
 from router.cluster import members as M
 from router.db import Database
+
+from clusterkit import db_fixture, join  # noqa: F401 - db_fixture: the fixture "db"
 
 pytestmark = pytest.mark.integration
 

@@ -11,12 +11,13 @@ import threading
 
 import psycopg
 import pytest
-from clusterkit import LONG, db_fixture, join  # noqa: F401 - db_fixture: the fixture "db"
 
 from router.cluster import Fenced, NodeLive, NotExpired
 from router.cluster import members as M
 from router.cluster.lease import LeaseSettings, expired
 from router.db import Database
+
+from clusterkit import LONG, db_fixture, join  # noqa: F401 - db_fixture: the fixture "db"
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,6 @@ from pathlib import Path
 import psycopg
 import pytest
 import stomp
-from clusterkit import EXPIRY_S, RENEW_S, StompCounter, numbers, ownership, rows, start_node
 
 import CosNotification
 
@@ -47,6 +46,7 @@ from bridgekit import (
     structured_supplier,
     unique_name,
 )
+from clusterkit import EXPIRY_S, RENEW_S, StompCounter, numbers, ownership, rows, start_node
 from conftest import ClientOrb
 from stdclients import make_event, wait_until
 

@@ -37,28 +37,16 @@ from bridgekit import (
     structured_consumer,
     unique_name,
 )
-from conftest import ClientOrb, NsjmsServer, free_port
+from clusterkit import EXPIRY_S, numbers, start_node
+from conftest import ClientOrb, NsjmsServer
 from stdclients import wait_until
 
 pytestmark = pytest.mark.integration
 
-RENEW_S, EXPIRY_S = 1, 4
 
-
-def _start(tmp_path: Path, name: str, dsn: str, broker_url: str, monkeypatch: pytest.MonkeyPatch) -> NsjmsServer:
-    state = tmp_path / name
-    state.mkdir(exist_ok=True)
-    monkeypatch.setenv("NSJMS_NODE_NODE_ID", name)
-    monkeypatch.setenv("NSJMS_CLUSTER_RENEW_S", str(RENEW_S))
-    monkeypatch.setenv("NSJMS_CLUSTER_EXPIRY_S", str(EXPIRY_S))
-    server = NsjmsServer(state_dir=state, pg_dsn=dsn, broker_url=broker_url, port=free_port())
-    server.start()
-    return server
-
-
-def _numbers(events: list[Any]) -> list[int]:
-    """The header ``n`` stomp_produce gave each message, as the channel's events carry it."""
-    return [int({p.name: p.value.value() for p in ev.filterable_data}["n"]) for ev in events]
+def _all(consumer: Any, n: int) -> bool:
+    """Every number below ``n`` reached ``consumer`` (a count would be reached early by duplicates)."""
+    return set(numbers(consumer.snapshot())) >= set(range(n))
 
 
 def _twice(numbers: list[int]) -> set[int]:
@@ -80,8 +68,8 @@ def _took_over(server: NsjmsServer, dead: str) -> bool:
 def test_a_topic_bridge_resumes_its_durable_subscription_on_the_node_that_takes_it_over(
         tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    a = _start(tmp_path, "na", fresh_db, broker_url, monkeypatch)
-    b = _start(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
+    a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch)
+    b = start_node(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
     try:
         channel, cid = persistent_channel(client_orb.factory(a.ior()))
         consumer = structured_consumer(channel)          # its reference is stored with the proxy: called back
@@ -99,9 +87,9 @@ def test_a_topic_bridge_resumes_its_durable_subscription_on_the_node_that_takes_
         stomp_produce(broker_url, topic, range(10, 20), kind="topic")     # the owner is dead: kept for it
         assert wait_until(lambda: _took_over(b, "na"), 60), node_status(b).get("cluster")
         stomp_produce(broker_url, topic, range(20, 25), kind="topic")
-        assert consumer.wait_for(25, 90), sorted(_numbers(consumer.snapshot()))
+        assert wait_until(lambda: _all(consumer, 25), 90), sorted(numbers(consumer.snapshot()))
         print(f"\nSIGKILL: nb routed the 15 messages of the takeover {time.monotonic() - died:.1f} s after na died")
-        got = _numbers(consumer.snapshot())
+        got = numbers(consumer.snapshot())
         assert set(got) == set(range(25)), "what was published to the topic while its owner was dead is routed"
         assert wait_until(lambda: inbox_count(fresh_db, bid) == 25, 30), inbox_count(fresh_db, bid)
         assert _twice(got) <= set(range(10)), \
@@ -109,7 +97,7 @@ def test_a_topic_bridge_resumes_its_durable_subscription_on_the_node_that_takes_
         assert _owner(fresh_db, bid) == "nb"
         before_pause = set(got)
 
-        a = _start(tmp_path, "na", fresh_db, broker_url, monkeypatch)    # back, as a new member
+        a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch)    # back, as a new member
         assert b.proc is not None
         b.proc.send_signal(signal.SIGSTOP)               # nb holds the subscription's connection, silent
         paused = time.monotonic()
@@ -117,7 +105,7 @@ def test_a_topic_bridge_resumes_its_durable_subscription_on_the_node_that_takes_
             stomp_produce(broker_url, topic, range(25, 28), kind="topic")
             assert wait_until(lambda: _took_over(a, "nb"), 60), node_status(a).get("cluster")
             stomp_produce(broker_url, topic, range(28, 30), kind="topic")
-            assert consumer.wait_for(30, 120), sorted(_numbers(consumer.snapshot()))
+            assert wait_until(lambda: _all(consumer, 30), 120), sorted(numbers(consumer.snapshot()))
             print(f"SIGSTOP: na routed the 5 messages of the takeover {time.monotonic() - paused:.1f} s after nb "
                   f"was paused (lease expiry {EXPIRY_S} s; the broker drops a silent STOMP connection after its "
                   f"missed heart-beats)")
@@ -125,7 +113,7 @@ def test_a_topic_bridge_resumes_its_durable_subscription_on_the_node_that_takes_
             b.proc.send_signal(signal.SIGCONT)
         assert b.proc.wait(timeout=60) == 1, "the woken node learns it was fenced and stops (exit 1)"
         assert _owner(fresh_db, bid) == "na"
-        got = _numbers(consumer.snapshot())
+        got = numbers(consumer.snapshot())
         assert set(got) == set(range(30))
         assert inbox_count(fresh_db, bid) == 30, "each message published is exactly one event in the channel"
         assert _twice(got) <= before_pause, f"only events pushed before a failure come twice: {_twice(got)}"
