@@ -291,9 +291,11 @@ class Node(ClusterRole):
         from router.channel.t2in import LocalRounds
         from router.cluster.forward import owner_lookup
         from router.db import Database
+        from router.db.conninfo import name_sessions
         from router.ledger import LedgerWriter
 
         self._secure_admin()                # before ORB_init: the credential interceptor
+        name_sessions(self.s.node_id)      # every session nsjms/<node>/<incarnation>: a survivor can end them
         self.db = Database(self.pg_dsn, self.s.pg_pool_size)
         self.db.open()                     # one pool for the node; applies the missing schema migrations
         addresses = self._cluster_addresses()     # before ORB_init: every reference carries the other nodes'

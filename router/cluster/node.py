@@ -25,6 +25,7 @@ from router import telemetry
 from router.cluster import members as M
 from router.cluster.errors import Fenced, NodeLive
 from router.cluster.lease import LeaseSettings
+from router.db.conninfo import session_token
 
 __all__ = ["Membership"]
 
@@ -67,7 +68,7 @@ class Membership:
         or container) carries the same epoch but cannot steal a live node's id unless it also carries the token of
         the very incarnation that row names; even then, only the process holding that copy's lock runs."""
         mine = self._recorded()
-        token = secrets.token_hex(16)
+        token = session_token() or secrets.token_hex(16)     # the token naming this process's sessions
         steal = mine is not None and self._still_ours(mine)
         with self.db.unit_of_work() as conn:
             if steal and M.incarnation(conn, self.node_id) != mine:

@@ -35,6 +35,7 @@ from router.cluster.blockers import EndBlockers
 from router.cluster.errors import ClusterError, Fenced, NotExpired
 from router.cluster.lease import expired
 from router.cluster.ownership import Owned, claim_all
+from router.cluster.sessions import end_fenced_sessions
 
 __all__ = ["TakenOver", "Takeover"]
 
@@ -116,6 +117,7 @@ class Takeover:
                             new_epoch, owned = claim_all(conn, dead, self.node_id, epoch)         # open unit of work
                 except NotExpired:
                     continue                                   # it renewed, or rejoined, meanwhile
+                self._end_sessions(dead)
                 telemetry.cluster_takeover(dead)
                 if owned:
                     done = TakenOver(dead, time.time(), renewed.get(dead, 0.0), new_epoch, owned)
@@ -137,6 +139,20 @@ class Takeover:
             if self._handoff is not None:
                 self._handoff()              # under the same lock: never beside a takeover's start
             return out
+
+    def _end_sessions(self, dead: str) -> None:
+        """After the fence: end the fenced incarnation's sessions (:mod:`router.cluster.sessions`), so an open
+        transaction of a paused node does not hold the rows the survivor now routes. A failure is logged: its
+        sessions then end by PostgreSQL's own timeouts, as before."""
+        try:
+            with self.db.unit_of_work() as conn:
+                ended = end_fenced_sessions(conn, dead)
+        except Exception as exc:  # noqa: BLE001 - best effort; the takeover goes on
+            log.warning("cluster: could not end the PostgreSQL sessions of fenced node %s: %s", dead, exc)
+            return
+        if ended:
+            log.warning("cluster: ended %d PostgreSQL session(s) of fenced node %s (pids %s)", len(ended), dead,
+                        ended)
 
     def _start_pending(self) -> None:
         if self._pending:

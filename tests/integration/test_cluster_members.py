@@ -155,3 +155,39 @@ def test_a_paused_nodes_open_unit_of_work_does_not_hold_the_takeover_back(db: Da
         paused.close()
     with db.unit_of_work() as conn:
         assert conn.execute("SELECT count(*) FROM nsjms_channel WHERE id = 77").fetchone() == (0,)
+
+
+def test_a_takeover_ends_every_session_of_the_fenced_incarnation_and_no_other(db: Database, fresh_db: str) -> None:
+    """n1 is paused inside a transaction holding a row lock (not its member row: the fence does not wait for it, the
+    survivor's routing does), as a SIGSTOPped node's open routing-transaction branch holds the rows of its flow.
+    Before: that session stayed until PostgreSQL's idle timeout (60 s), and for ever when its statement was still
+    running. Now the takeover ends every session named for n1's fenced incarnation (router/cluster/sessions.py) and
+    none of another incarnation of n1 nor of n2."""
+    from router.cluster.takeover import Takeover
+    from router.db.conninfo import session_name
+
+    token = "5" * 16                                     # as router.db.conninfo.name_sessions makes it
+    with db.unit_of_work() as conn:
+        M.join(conn, "n1", "n1.example:2809", SHORT, token=token)
+        conn.execute("INSERT INTO nsjms_channel (id, qos, admin_props) VALUES (78, '{}', '{}')")
+    e2 = join(db, "n2")
+    paused = psycopg.connect(fresh_db, application_name=session_name("n1", token))
+    other = psycopg.connect(fresh_db, application_name=session_name("n1", "0" * 16))  # another incarnation of n1
+    live = psycopg.connect(fresh_db, application_name=session_name("n2", "1" * 16))
+    try:
+        paused.execute("SELECT id FROM nsjms_channel WHERE id = 78 FOR UPDATE")        # then it stops
+        for conn in (other, live):
+            conn.execute("SELECT 1")
+        _wait_expired(db, "n1")
+        Takeover(db, "n2", lambda: e2, 1.0, start=lambda owned: None, recover=lambda dead: None).pass_once()
+        with db.unit_of_work() as conn:
+            conn.execute("SET LOCAL lock_timeout = '5s'")
+            got = conn.execute("SELECT id FROM nsjms_channel WHERE id = 78 FOR UPDATE").fetchone()
+        assert got == (78,), "the fenced incarnation's lock is gone with its session"
+        with pytest.raises(psycopg.OperationalError):
+            paused.execute("SELECT 1")
+        for conn in (other, live):
+            assert conn.execute("SELECT 1").fetchone() == (1,), "another incarnation's or node's session is kept"
+    finally:
+        for conn in (paused, other, live):
+            conn.close()
