@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -105,18 +106,37 @@ def run_audit(req: AuditRequest) -> AuditResult:
     step = _Progress(req.progress)
     try:
         step("start Spark")
+        # while the JVM starts (this process only polls for it), import what the job and the report use after it
+        warm = threading.Thread(target=_warm_imports, name="nsjms-audit-imports", daemon=True)
+        warm.start()
         with _session(req) as spark:
+            warm.join()
+            drawn: dict[str, bytes] = {}
             with counted(spark) as work:
-                frames = _compute(spark, req, step)
+                frames = _compute(spark, req, step, drawn=drawn)
             log.info("audit: Spark work: %d jobs, %d stages (%d skipped), %d tasks", work.jobs, work.stages,
                      work.skipped_stages, work.tasks)
             step("report")
             summary = report.summary(frames, req, master=str(spark.sparkContext.master))
             summary["spark_work"] = work.as_dict()
-            report.write(req.out, summary, frames)
+            report.write(req.out, summary, frames, drawn)
     finally:
         step.close()
     return AuditResult(summary, tuple(summary["violations"]))
+
+
+def _warm_imports() -> None:
+    """Import the modules the job and the report need once Spark runs (pyarrow, the transforms, matplotlib's
+    figure and Agg canvas): run in a thread while the JVM starts, so that time is not spent after it. An import
+    that fails here fails again where it is used, with its own error."""
+    import importlib
+
+    for name in ("pyarrow", "pyarrow.parquet", "pyarrow.compute", "audit.transforms", "audit.synth",
+                 "matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.ticker"):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001  (reported where the module is used)
+            continue
 
 
 def _check(req: AuditRequest) -> None:
@@ -246,16 +266,22 @@ def _export_schema(folder: Path) -> Any:
     return StructType([*T.LEDGER_SCHEMA.fields, *([StructField("day", DateType())] if days else [])])
 
 
-def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
+def _compute(spark: Any, req: AuditRequest, step: Callable[[str], None],
+             drawn: dict[str, bytes] | None = None) -> dict[str, Any]:
     """Run the transforms, write every table once, return the small ones collected (lists of dicts).
 
     Passes over the ledger: :func:`~audit.transforms.facets` (dictionary, dead letters, whether anything is in
     doubt), the per-obligation aggregation, the delivered rows' latencies and throughput; and only when there is
     something to find, the open doubts (two narrow scans) and the duplicated obligations' rows. Each result table
     is one Spark query, collected once as Arrow and written by the driver (:func:`_result`); a table known to be
-    empty (no lost, no duplicated, no in-doubt row) is written without a query."""
+    empty (no lost, no duplicated, no in-doubt row) is written without a query.
+
+    Once the facets are known, the latency pass and the per-minute pass run in threads of their own beside the
+    reconciliation (:func:`_beside`): the same queries, submitted concurrently, so the driver plans one while
+    another's tasks run (on a small ledger most of each query's time is the driver's planning, not its tasks).
+    ``drawn``: given, the throughput and latency plots are rendered into it (PNG bytes, :func:`audit.report.plot`)
+    by those threads as soon as their rows are in, while the reconciliation still runs."""
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
     from audit import transforms as T
 
@@ -267,6 +293,36 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     tables = req.out / "tables"
     facets = [r.asDict() for r in T.facets(ledger).collect()]
     codes = T.dictionary(facets)
+    latency = _beside(spark, "latency", _drawing(
+        lambda: _latency(spark, T.latency_counts(T.hop_micros(ledger), codes), tables), "latency", drawn))
+    minutes = _beside(spark, "throughput", _drawing(lambda: _minutes(ledger, codes, tables), "throughput", drawn))
+    try:
+        out = _reconcile(spark, req, ledger, facets, codes, tables)
+    except BaseException:
+        for wait in (latency, minutes):  # no query left running when the session stops
+            try:
+                wait()
+            except Exception:  # noqa: BLE001  (the reconciliation's error is the one raised)
+                continue
+        raise
+    step("latency")
+    out.update(latency())
+    step("throughput")
+    out.update(minutes())
+    if req.source == "jdbc":
+        ledger.unpersist()
+    return out
+
+
+def _reconcile(spark: Any, req: AuditRequest, ledger: Any, facets: list[dict[str, Any]], codes: Any,
+               tables: Path) -> dict[str, Any]:
+    """The reconciliation's tables (status counts, lost, duplicates, resent, per bridge and node), the dead letters
+    and the stuck transactions, listed (:func:`_compute`)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from audit import transforms as T
+
     doubt_rows = sum(r["rows"] for r in facets if r["outcome"] == "in_doubt")
     few_doubts = doubt_rows <= BROADCAST_LIMIT
     none = ledger.where(F.lit(False))  # an empty ledger: its results are empty without reading anything
@@ -277,28 +333,82 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     # the per-obligation frame is aggregated once more (to counts and the listed obligations) and not kept: that
     # reconciliation is collected once (one query) and its tables are summed by the driver; only when it has more
     # than SMALL_TABLE_LIMIT rows (that many lost or duplicated obligations) is it kept and each table one query
-    out = _reconciled(spark, ledger, T.reconciliation(obl), tables, none)
-        # the dead letters are a sum over the collected facets: written by the driver, no query
+
+    def stuck_tables() -> dict[str, Any]:
+        # the list keeps LIST_LIMIT rows; the summary's count is of all of them (at most one per in-doubt row)
+        listed, stuck = _result(T.stuck_in_doubt(none, req.as_of, req.grace, doubts=doubts),
+                                tables / "stuck_in_doubt", rows=doubt_rows, count=True)
+        return {"stuck_in_doubt": listed, "stuck_in_doubt_total": [{"transactions": stuck}]}
+
+    # the stuck transactions' query reads the kept open doubts: it starts once the reconciliation's first query
+    # filled them (so it reads them, as it did after the reconciliation), beside the duplicates' query
+    beside: list[Callable[[], dict[str, Any]]] = []
+    try:
+        out = _reconciled(spark, ledger, T.reconciliation(obl), tables, none,
+                          filled=lambda: beside.append(_beside(spark, "stuck", stuck_tables)))
+    except BaseException:
+        for wait in beside:
+            try:
+                wait()
+            except Exception:  # noqa: BLE001  (the reconciliation's error is the one raised)
+                continue
+        raise
+    # the dead letters are a sum over the collected facets: written by the driver, no query
     dead = T.dead_letters_by_reason(T.facets(none))
     out["dead_letters"] = _write_rows(dead, T.dead_letters_from_facets(facets), tables / "dead_letters")
-    # the list keeps LIST_LIMIT rows; the summary's count is of all of them (at most one per in-doubt row)
-    out["stuck_in_doubt"], stuck = _result(T.stuck_in_doubt(none, req.as_of, req.grace, doubts=doubts),
-                                           tables / "stuck_in_doubt", rows=doubt_rows, count=True)
-    out["stuck_in_doubt_total"] = [{"transactions": stuck}]
+    out.update(beside[0]() if beside else stuck_tables())
     if doubt_rows:
         doubts.unpersist()
-    step("latency")
-    out.update(_latency(spark, T.latency_counts(T.hop_micros(ledger), codes), tables))
-    step("throughput")
-    out.update(_minutes(ledger, codes, tables))
-    if req.source == "jdbc":
-        ledger.unpersist()
     return out
 
 
-def _reconciled(spark: Any, ledger: Any, rec: Any, tables: Path, none: Any) -> dict[str, Any]:
+def _beside(spark: Any, name: str, work: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """Start ``work`` (Spark queries) in a thread of its own and return what waits for its result (raising what
+    it raised). The thread inherits this thread's Spark local properties (:class:`pyspark.InheritableThread`),
+    so its jobs are in the caller's job group (:func:`audit.sparkwork.counted`). Spark runs jobs submitted from
+    several threads at once, sharing the master's cores between their tasks."""
+    from pyspark import InheritableThread
+
+    got: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            got["result"] = work()
+        except BaseException as exc:  # noqa: BLE001  (raised again by the waiter, in the caller's thread)
+            got["error"] = exc
+
+    thread = InheritableThread(run, name=f"nsjms-audit-{name}", daemon=True, session=spark)
+    thread.start()
+
+    def wait() -> dict[str, Any]:
+        thread.join()
+        if "error" in got:
+            raise got["error"]
+        result: dict[str, Any] = got["result"]
+        return result
+
+    return wait
+
+
+def _drawing(work: Callable[[], dict[str, Any]], plot: str,
+             drawn: dict[str, bytes] | None) -> Callable[[], dict[str, Any]]:
+    """``work``, then (``drawn`` given) the report's plot ``plot`` of its frames rendered into ``drawn``."""
+    def run() -> dict[str, Any]:
+        frames = work()
+        if drawn is not None:
+            from audit import report
+
+            drawn[plot] = report.plot(plot, frames)
+        return frames
+
+    return run
+
+
+def _reconciled(spark: Any, ledger: Any, rec: Any, tables: Path, none: Any,
+                filled: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Write the tables of the :func:`~audit.transforms.reconciliation` ``rec``: status_counts, lost, duplicates,
-    resent, bridge_counts, node_counts; return them listed (``none``: the ledger with no row). The duplicated
+    resent, bridge_counts, node_counts; return them listed (``none``: the ledger with no row; ``filled``: called
+    once the first query over ``rec`` ran, so every frame ``rec`` reads and the caller keeps is filled). The duplicated
     obligations whose deliveries are a takeover's re-send (:func:`~audit.transforms.resend_rule`) go to ``resent``
     and are counted with the status ``resent``, not ``duplicated`` (docs/audit.md, "Nodes")."""
     from pyspark import StorageLevel
@@ -306,6 +416,7 @@ def _reconciled(spark: Any, ledger: Any, rec: Any, tables: Path, none: Any) -> d
     from audit import transforms as T
 
     collected = rec.limit(SMALL_TABLE_LIMIT + 1).toArrow()
+    filled()
     out: dict[str, Any] = {}
     if collected.num_rows <= SMALL_TABLE_LIMIT:
         rows = collected.to_pylist()
