@@ -17,9 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -30,7 +29,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from audit import UsageError
 
-__all__ = ["DEFAULT_JDBC_JAR", "AuditRequest", "AuditResult", "jdbc_options", "run_audit"]
+__all__ = ["DEFAULT_JDBC_JAR", "SMALL_LEDGER_ROWS", "AuditRequest", "AuditResult", "jdbc_options", "run_audit",
+           "small_ledger_java_options"]
 
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
 log = logging.getLogger("nsjms.audit")
@@ -106,37 +106,18 @@ def run_audit(req: AuditRequest) -> AuditResult:
     step = _Progress(req.progress)
     try:
         step("start Spark")
-        # while the JVM starts (this process only polls for it), import what the job and the report use after it
-        warm = threading.Thread(target=_warm_imports, name="nsjms-audit-imports", daemon=True)
-        warm.start()
         with _session(req) as spark:
-            warm.join()
-            drawn: dict[str, bytes] = {}
             with counted(spark) as work:
-                frames = _compute(spark, req, step, drawn=drawn)
+                frames = _compute(spark, req, step)
             log.info("audit: Spark work: %d jobs, %d stages (%d skipped), %d tasks", work.jobs, work.stages,
                      work.skipped_stages, work.tasks)
             step("report")
             summary = report.summary(frames, req, master=str(spark.sparkContext.master))
             summary["spark_work"] = work.as_dict()
-            report.write(req.out, summary, frames, drawn)
+            report.write(req.out, summary, frames)
     finally:
         step.close()
     return AuditResult(summary, tuple(summary["violations"]))
-
-
-def _warm_imports() -> None:
-    """Import the modules the job and the report need once Spark runs (pyarrow, the transforms, matplotlib's
-    figure and Agg canvas): run in a thread while the JVM starts, so that time is not spent after it. An import
-    that fails here fails again where it is used, with its own error."""
-    import importlib
-
-    for name in ("pyarrow", "pyarrow.parquet", "pyarrow.compute", "audit.transforms", "audit.synth",
-                 "matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.ticker"):
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001  (reported where the module is used)
-            continue
 
 
 def _check(req: AuditRequest) -> None:
@@ -177,6 +158,9 @@ def _session(req: AuditRequest) -> Iterator[Any]:
             "spark.driver.host": os.environ["SPARK_LOCAL_IP"], "spark.driver.bindAddress": os.environ["SPARK_LOCAL_IP"]}
     if req.source == "jdbc":
         conf["spark.jars"] = req.jdbc_jar
+    java = None if submitted else small_ledger_java_options(req, os.environ)
+    if java is not None:
+        conf["spark.driver.extraJavaOptions"] = java
     for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
@@ -186,6 +170,50 @@ def _session(req: AuditRequest) -> Iterator[Any]:
     finally:
         if not submitted:
             spark.stop()
+
+
+#: A Parquet ledger of at most this many rows (counted from its files' footers) is audited by a driver JVM that
+#: compiles with C1 only (:func:`small_ledger_java_options`).
+SMALL_LEDGER_ROWS = 200_000
+#: The driver JVM's option for a small ledger: no C2 (the optimising JIT compiler).
+SMALL_LEDGER_JAVA = "-XX:TieredStopAtLevel=1"
+
+
+def small_ledger_java_options(req: AuditRequest, env: Mapping[str, str]) -> str | None:
+    """The driver's JVM options for this audit, or None for the JVM's defaults.
+
+    A small ledger's audit is a JVM that lives for seconds and runs a few dozen small queries: most of its CPU was
+    the JIT's optimising compiler (C2) compiling Spark's planner and scheduler for code that then runs a handful of
+    times (2,000 rows: 41.5 CPU s with C2, 26.5 without; docs/audit.md, "Round 7"). So a Parquet ledger of at most
+    :data:`SMALL_LEDGER_ROWS` rows gets ``-XX:TieredStopAtLevel=1`` (C1 only: results unchanged, only how the JVM
+    compiles). A larger one (its tasks' loops run millions of times and C2's code is faster there), a JDBC source
+    (its size is unknown before Spark reads it) and any audit whose driver JVM options are set elsewhere
+    (``PYSPARK_SUBMIT_ARGS``, a ``spark-defaults.conf``: those are left as they are, nothing is added) keep the
+    defaults. The caller does not ask when the JVM is not its own (under ``spark-submit``)."""
+    if req.source != "parquet" or req.parquet is None:
+        return None
+    if any(k in env.get("PYSPARK_SUBMIT_ARGS", "") for k in ("driver-java-options", "extraJavaOptions")):
+        return None
+    for conf_dir in (env.get("SPARK_CONF_DIR"), env.get("SPARK_HOME") and f"{env['SPARK_HOME']}/conf"):
+        defaults = Path(conf_dir) / "spark-defaults.conf" if conf_dir else None
+        if defaults is not None and defaults.is_file() and "JavaOptions" in defaults.read_text(errors="replace"):
+            return None
+    return SMALL_LEDGER_JAVA if _parquet_rows(req.parquet, SMALL_LEDGER_ROWS) <= SMALL_LEDGER_ROWS else None
+
+
+def _parquet_rows(folder: Path, limit: int) -> int:
+    """The rows of the Parquet files under ``folder`` (from their footers), counted until more than ``limit``."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    rows = 0
+    for f in sorted(folder.rglob("*.parquet")):
+        try:
+            rows += int(pq.read_metadata(f).num_rows)
+        except (OSError, ValueError):   # not readable here: treat the ledger as large (the JVM's defaults)
+            return limit + 1
+        if rows > limit:
+            break
+    return rows
 
 
 def jdbc_options(dsn: str) -> dict[str, str]:
@@ -253,7 +281,7 @@ def _export_schema(folder: Path) -> Any:
     """The Spark schema of an ``nsjms ledger export`` directory (the ledger's columns, and ``day`` when it is
     partitioned by day) when its first Parquet file has exactly the export's Arrow schema, else None (Spark then
     infers it). Given to the reader, it saves Spark's schema-inference job; the footer is read here, by the driver."""
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq
     from pyspark.sql.types import DateType, StructField, StructType
 
     from audit import transforms as T
@@ -266,22 +294,16 @@ def _export_schema(folder: Path) -> Any:
     return StructType([*T.LEDGER_SCHEMA.fields, *([StructField("day", DateType())] if days else [])])
 
 
-def _compute(spark: Any, req: AuditRequest, step: Callable[[str], None],
-             drawn: dict[str, bytes] | None = None) -> dict[str, Any]:
+def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     """Run the transforms, write every table once, return the small ones collected (lists of dicts).
 
     Passes over the ledger: :func:`~audit.transforms.facets` (dictionary, dead letters, whether anything is in
     doubt), the per-obligation aggregation, the delivered rows' latencies and throughput; and only when there is
     something to find, the open doubts (two narrow scans) and the duplicated obligations' rows. Each result table
     is one Spark query, collected once as Arrow and written by the driver (:func:`_result`); a table known to be
-    empty (no lost, no duplicated, no in-doubt row) is written without a query.
-
-    Once the facets are known, the latency pass and the per-minute pass run in threads of their own beside the
-    reconciliation (:func:`_beside`): the same queries, submitted concurrently, so the driver plans one while
-    another's tasks run (on a small ledger most of each query's time is the driver's planning, not its tasks).
-    ``drawn``: given, the throughput and latency plots are rendered into it (PNG bytes, :func:`audit.report.plot`)
-    by those threads as soon as their rows are in, while the reconciliation still runs."""
+    empty (no lost, no duplicated, no in-doubt row) is written without a query."""
     from pyspark import StorageLevel
+    from pyspark.sql import functions as F
 
     from audit import transforms as T
 
@@ -293,36 +315,6 @@ def _compute(spark: Any, req: AuditRequest, step: Callable[[str], None],
     tables = req.out / "tables"
     facets = [r.asDict() for r in T.facets(ledger).collect()]
     codes = T.dictionary(facets)
-    latency = _beside(spark, "latency", _drawing(
-        lambda: _latency(spark, T.latency_counts(T.hop_micros(ledger), codes), tables), "latency", drawn))
-    minutes = _beside(spark, "throughput", _drawing(lambda: _minutes(ledger, codes, tables), "throughput", drawn))
-    try:
-        out = _reconcile(spark, req, ledger, facets, codes, tables)
-    except BaseException:
-        for wait in (latency, minutes):  # no query left running when the session stops
-            try:
-                wait()
-            except Exception:  # noqa: BLE001  (the reconciliation's error is the one raised)
-                continue
-        raise
-    step("latency")
-    out.update(latency())
-    step("throughput")
-    out.update(minutes())
-    if req.source == "jdbc":
-        ledger.unpersist()
-    return out
-
-
-def _reconcile(spark: Any, req: AuditRequest, ledger: Any, facets: list[dict[str, Any]], codes: Any,
-               tables: Path) -> dict[str, Any]:
-    """The reconciliation's tables (status counts, lost, duplicates, resent, per bridge and node), the dead letters
-    and the stuck transactions, listed (:func:`_compute`)."""
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-
-    from audit import transforms as T
-
     doubt_rows = sum(r["rows"] for r in facets if r["outcome"] == "in_doubt")
     few_doubts = doubt_rows <= BROADCAST_LIMIT
     none = ledger.where(F.lit(False))  # an empty ledger: its results are empty without reading anything
@@ -333,82 +325,28 @@ def _reconcile(spark: Any, req: AuditRequest, ledger: Any, facets: list[dict[str
     # the per-obligation frame is aggregated once more (to counts and the listed obligations) and not kept: that
     # reconciliation is collected once (one query) and its tables are summed by the driver; only when it has more
     # than SMALL_TABLE_LIMIT rows (that many lost or duplicated obligations) is it kept and each table one query
-
-    def stuck_tables() -> dict[str, Any]:
-        # the list keeps LIST_LIMIT rows; the summary's count is of all of them (at most one per in-doubt row)
-        listed, stuck = _result(T.stuck_in_doubt(none, req.as_of, req.grace, doubts=doubts),
-                                tables / "stuck_in_doubt", rows=doubt_rows, count=True)
-        return {"stuck_in_doubt": listed, "stuck_in_doubt_total": [{"transactions": stuck}]}
-
-    # the stuck transactions' query reads the kept open doubts: it starts once the reconciliation's first query
-    # filled them (so it reads them, as it did after the reconciliation), beside the duplicates' query
-    beside: list[Callable[[], dict[str, Any]]] = []
-    try:
-        out = _reconciled(spark, ledger, T.reconciliation(obl), tables, none,
-                          filled=lambda: beside.append(_beside(spark, "stuck", stuck_tables)))
-    except BaseException:
-        for wait in beside:
-            try:
-                wait()
-            except Exception:  # noqa: BLE001  (the reconciliation's error is the one raised)
-                continue
-        raise
-    # the dead letters are a sum over the collected facets: written by the driver, no query
+    out = _reconciled(spark, ledger, T.reconciliation(obl), tables, none)
+        # the dead letters are a sum over the collected facets: written by the driver, no query
     dead = T.dead_letters_by_reason(T.facets(none))
     out["dead_letters"] = _write_rows(dead, T.dead_letters_from_facets(facets), tables / "dead_letters")
-    out.update(beside[0]() if beside else stuck_tables())
+    # the list keeps LIST_LIMIT rows; the summary's count is of all of them (at most one per in-doubt row)
+    out["stuck_in_doubt"], stuck = _result(T.stuck_in_doubt(none, req.as_of, req.grace, doubts=doubts),
+                                           tables / "stuck_in_doubt", rows=doubt_rows, count=True)
+    out["stuck_in_doubt_total"] = [{"transactions": stuck}]
     if doubt_rows:
         doubts.unpersist()
+    step("latency")
+    out.update(_latency(spark, T.latency_counts(T.hop_micros(ledger), codes), tables))
+    step("throughput")
+    out.update(_minutes(ledger, codes, tables))
+    if req.source == "jdbc":
+        ledger.unpersist()
     return out
 
 
-def _beside(spark: Any, name: str, work: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
-    """Start ``work`` (Spark queries) in a thread of its own and return what waits for its result (raising what
-    it raised). The thread inherits this thread's Spark local properties (:class:`pyspark.InheritableThread`),
-    so its jobs are in the caller's job group (:func:`audit.sparkwork.counted`). Spark runs jobs submitted from
-    several threads at once, sharing the master's cores between their tasks."""
-    from pyspark import InheritableThread
-
-    got: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            got["result"] = work()
-        except BaseException as exc:  # noqa: BLE001  (raised again by the waiter, in the caller's thread)
-            got["error"] = exc
-
-    thread = InheritableThread(run, name=f"nsjms-audit-{name}", daemon=True, session=spark)
-    thread.start()
-
-    def wait() -> dict[str, Any]:
-        thread.join()
-        if "error" in got:
-            raise got["error"]
-        result: dict[str, Any] = got["result"]
-        return result
-
-    return wait
-
-
-def _drawing(work: Callable[[], dict[str, Any]], plot: str,
-             drawn: dict[str, bytes] | None) -> Callable[[], dict[str, Any]]:
-    """``work``, then (``drawn`` given) the report's plot ``plot`` of its frames rendered into ``drawn``."""
-    def run() -> dict[str, Any]:
-        frames = work()
-        if drawn is not None:
-            from audit import report
-
-            drawn[plot] = report.plot(plot, frames)
-        return frames
-
-    return run
-
-
-def _reconciled(spark: Any, ledger: Any, rec: Any, tables: Path, none: Any,
-                filled: Callable[[], None] = lambda: None) -> dict[str, Any]:
+def _reconciled(spark: Any, ledger: Any, rec: Any, tables: Path, none: Any) -> dict[str, Any]:
     """Write the tables of the :func:`~audit.transforms.reconciliation` ``rec``: status_counts, lost, duplicates,
-    resent, bridge_counts, node_counts; return them listed (``none``: the ledger with no row; ``filled``: called
-    once the first query over ``rec`` ran, so every frame ``rec`` reads and the caller keeps is filled). The duplicated
+    resent, bridge_counts, node_counts; return them listed (``none``: the ledger with no row). The duplicated
     obligations whose deliveries are a takeover's re-send (:func:`~audit.transforms.resend_rule`) go to ``resent``
     and are counted with the status ``resent``, not ``duplicated`` (docs/audit.md, "Nodes")."""
     from pyspark import StorageLevel
@@ -416,7 +354,6 @@ def _reconciled(spark: Any, ledger: Any, rec: Any, tables: Path, none: Any,
     from audit import transforms as T
 
     collected = rec.limit(SMALL_TABLE_LIMIT + 1).toArrow()
-    filled()
     out: dict[str, Any] = {}
     if collected.num_rows <= SMALL_TABLE_LIMIT:
         rows = collected.to_pylist()

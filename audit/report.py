@@ -6,7 +6,6 @@ import base64
 import html
 import io
 import json
-import threading
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from audit.job import AuditRequest
 
-__all__ = ["bridge_table", "node_table", "open_figure", "plot", "summary", "violations", "write"]
+__all__ = ["bridge_table", "node_table", "open_figure", "summary", "violations", "write"]
 
 _ID_LIMIT = 100
 _BRIDGE_STATUSES = ("delivered", "duplicated", "resent", "lost", "in_doubt", "in_flight", "dead_letter", "discarded",
@@ -123,18 +122,14 @@ def summary(frames: dict[str, list[dict[str, Any]]], req: AuditRequest, master: 
     }
 
 
-def write(out: Path, summ: dict[str, Any], frames: dict[str, list[dict[str, Any]]],
-          drawn: Mapping[str, bytes] | None = None) -> None:
-    """Write ``summary.json``, ``plots/*.png`` and ``report.html``. ``drawn``: plots already rendered (PNG bytes by
-    name: ``throughput``, ``latency``; the job draws them while Spark still computes the reconciliation, see
-    :func:`plot`); the others are rendered here."""
+def write(out: Path, summ: dict[str, Any], frames: dict[str, list[dict[str, Any]]]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summ, indent=2, sort_keys=True, default=str) + "\n")
-    plots = {name: (drawn or {}).get(name) or plot(name, frames) for name in ("throughput", "latency")}
-    plots["faults"] = _plot_faults(summ)
-    with _PLOTTING:
-        plots["open"] = _png(open_figure(frames.get("open_per_minute", []),
-                                         [*frames.get("duplicates", []), *frames.get("resent", [])]))
+    plots = {"throughput": _plot_throughput(frames["throughput_totals"]),
+             "latency": _plot_latency(frames["latency_histogram"], frames["latency_percentiles"]),
+             "faults": _plot_faults(summ),
+             "open": _png(open_figure(frames.get("open_per_minute", []),
+                                      [*frames.get("duplicates", []), *frames.get("resent", [])]))}
     (out / "plots").mkdir(exist_ok=True)
     for name, png in plots.items():
         (out / "plots" / f"{name}.png").write_bytes(png)
@@ -142,21 +137,6 @@ def write(out: Path, summ: dict[str, Any], frames: dict[str, list[dict[str, Any]
 
 
 # ------------------------------------------------------------------------------------------- plots
-#: One figure is drawn at a time: the job draws plots from the threads of its Spark passes (matplotlib's object API,
-#: one Figure per plot, but its font cache and text layout are shared state).
-_PLOTTING = threading.Lock()
-
-
-def plot(name: str, frames: Mapping[str, list[dict[str, Any]]]) -> bytes:
-    """The PNG of the plot ``name`` that needs only its pass's frames: ``throughput`` (``throughput_totals``) or
-    ``latency`` (``latency_histogram``, ``latency_percentiles``)."""
-    if name == "throughput":
-        return _plot_throughput(frames["throughput_totals"])
-    if name == "latency":
-        return _plot_latency(frames["latency_histogram"], frames["latency_percentiles"])
-    raise ValueError(f"no plot {name!r} from a pass's frames")
-
-
 def _figure() -> Any:
     from matplotlib.figure import Figure  # the object API renders with Agg; no pyplot, no GUI backend
 
@@ -170,8 +150,7 @@ def _png(fig: Any) -> bytes:
 
 
 def _plot_throughput(rows: list[dict[str, Any]]) -> bytes:
-    with _PLOTTING:
-        return _png(throughput_figure(rows))
+    return _png(throughput_figure(rows))
 
 
 def throughput_figure(rows: list[dict[str, Any]]) -> Any:
@@ -223,11 +202,6 @@ def open_figure(rows: Sequence[Mapping[str, Any]], duplicates: Sequence[Mapping[
 
 
 def _plot_latency(hist: list[dict[str, Any]], pct: list[dict[str, Any]]) -> bytes:
-    with _PLOTTING:
-        return _latency_png(hist, pct)
-
-
-def _latency_png(hist: list[dict[str, Any]], pct: list[dict[str, Any]]) -> bytes:
     fig = _figure()
     ax, bx = fig.subplots(1, 2)
     rows = sorted(hist, key=lambda r: r["lo_ms"])
@@ -252,11 +226,6 @@ def _latency_png(hist: list[dict[str, Any]], pct: list[dict[str, Any]]) -> bytes
 
 
 def _plot_faults(summ: dict[str, Any]) -> bytes:
-    with _PLOTTING:
-        return _faults_png(summ)
-
-
-def _faults_png(summ: dict[str, Any]) -> bytes:
     fig = _figure()
     ax = fig.add_subplot()
     labels = ["lost", "duplicated", "re-sent at a takeover (allowed)", "stuck in doubt",

@@ -41,31 +41,3 @@ def test_two_directions_with_the_same_traffic_are_both_visible() -> None:
 def test_no_delivery_draws_one_labelled_panel() -> None:
     fig = report.throughput_figure([])
     assert len(fig.axes) == 1 and fig.axes[0].texts[0].get_text() == "no deliveries"
-
-
-def test_plots_drawn_while_spark_ran_are_the_ones_written(tmp_path: Any) -> None:
-    """The job draws the throughput and latency plots from its passes' threads (audit/job.py, ``_drawing``) and
-    hands them to ``report.write``: those bytes are written as they are; a plot not drawn before is drawn there;
-    ``report.plot`` draws only the plots a pass's own frames give."""
-    from datetime import timedelta
-
-    import pytest
-
-    from audit.job import AuditRequest
-
-    frames: dict[str, list[dict[str, Any]]] = {
-        "status_counts": [], "dead_letters": [], "latency_percentiles": [], "latency_histogram": [],
-        "throughput_totals": [{"minute": datetime(2026, 2, 1, 12, 0, tzinfo=UTC), "direction": "channel_to_jms",
-                               "delivered": 5}],
-        "duplicates": [], "lost": [], "stuck_in_doubt": [], "stuck_in_doubt_total": [{"transactions": 0}]}
-    req = AuditRequest(out=tmp_path, source="parquet", as_of=datetime(2026, 6, 1, tzinfo=UTC),
-                       grace=timedelta(seconds=300))
-    summ = report.summary(frames, req, master="local[2]")
-    drawn = report.plot("throughput", frames)
-    assert drawn.startswith(b"\x89PNG")
-    report.write(tmp_path, summ, frames, {"throughput": b"\x89PNG drawn beside the reconciliation"})
-    assert (tmp_path / "plots" / "throughput.png").read_bytes() == b"\x89PNG drawn beside the reconciliation"
-    for name in ("latency", "faults", "open"):
-        assert (tmp_path / "plots" / f"{name}.png").read_bytes().startswith(b"\x89PNG"), name
-    with pytest.raises(ValueError, match="faults"):
-        report.plot("faults", frames)

@@ -161,19 +161,3 @@ def test_the_spark_fallbacks_beyond_the_collect_limits_write_the_same_tables(
     monkeypatch.setattr(job, "COUNTS_LIMIT", 0)
     assert audit("spark") == collected
     assert "node_counts" in collected and len(collected["lost"]) == 3
-
-
-def test_a_pass_beside_the_reconciliation_is_counted_and_its_error_raised(spark: SparkSession) -> None:
-    """The latency and per-minute passes run in threads of their own (job._beside): their Spark jobs are in the
-    caller's job group (counted with the audit's), their result is what the waiter returns, their error is raised
-    in the caller's thread."""
-    with counted(spark) as work:
-        wait = job._beside(spark, "count", lambda: {"n": spark.range(5).count()})
-        assert wait() == {"n": 5}
-    assert work.jobs >= 1, work
-
-    def fails() -> dict[str, Any]:
-        raise RuntimeError("the pass failed")
-
-    with pytest.raises(RuntimeError, match="the pass failed"):
-        job._beside(spark, "fails", fails)()
