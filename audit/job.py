@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -29,7 +29,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from audit import UsageError
 
-__all__ = ["DEFAULT_JDBC_JAR", "AuditRequest", "AuditResult", "jdbc_options", "run_audit"]
+__all__ = ["DEFAULT_JDBC_JAR", "SMALL_LEDGER_ROWS", "AuditRequest", "AuditResult", "jdbc_options", "run_audit",
+           "small_ledger_java_options"]
 
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
 log = logging.getLogger("nsjms.audit")
@@ -157,6 +158,9 @@ def _session(req: AuditRequest) -> Iterator[Any]:
             "spark.driver.host": os.environ["SPARK_LOCAL_IP"], "spark.driver.bindAddress": os.environ["SPARK_LOCAL_IP"]}
     if req.source == "jdbc":
         conf["spark.jars"] = req.jdbc_jar
+    java = None if submitted else small_ledger_java_options(req, os.environ)
+    if java is not None:
+        conf["spark.driver.extraJavaOptions"] = java
     for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
@@ -166,6 +170,50 @@ def _session(req: AuditRequest) -> Iterator[Any]:
     finally:
         if not submitted:
             spark.stop()
+
+
+#: A Parquet ledger of at most this many rows (counted from its files' footers) is audited by a driver JVM that
+#: compiles with C1 only (:func:`small_ledger_java_options`).
+SMALL_LEDGER_ROWS = 200_000
+#: The driver JVM's option for a small ledger: no C2 (the optimising JIT compiler).
+SMALL_LEDGER_JAVA = "-XX:TieredStopAtLevel=1"
+
+
+def small_ledger_java_options(req: AuditRequest, env: Mapping[str, str]) -> str | None:
+    """The driver's JVM options for this audit, or None for the JVM's defaults.
+
+    A small ledger's audit is a JVM that lives for seconds and runs a few dozen small queries: most of its CPU was
+    the JIT's optimising compiler (C2) compiling Spark's planner and scheduler for code that then runs a handful of
+    times (2,000 rows: 41.5 CPU s with C2, 26.5 without; docs/audit.md, "Round 7"). So a Parquet ledger of at most
+    :data:`SMALL_LEDGER_ROWS` rows gets ``-XX:TieredStopAtLevel=1`` (C1 only: results unchanged, only how the JVM
+    compiles). A larger one (its tasks' loops run millions of times and C2's code is faster there), a JDBC source
+    (its size is unknown before Spark reads it) and any audit whose driver JVM options are set elsewhere
+    (``PYSPARK_SUBMIT_ARGS``, a ``spark-defaults.conf``: those are left as they are, nothing is added) keep the
+    defaults. The caller does not ask when the JVM is not its own (under ``spark-submit``)."""
+    if req.source != "parquet" or req.parquet is None:
+        return None
+    if any(k in env.get("PYSPARK_SUBMIT_ARGS", "") for k in ("driver-java-options", "extraJavaOptions")):
+        return None
+    for conf_dir in (env.get("SPARK_CONF_DIR"), env.get("SPARK_HOME") and f"{env['SPARK_HOME']}/conf"):
+        defaults = Path(conf_dir) / "spark-defaults.conf" if conf_dir else None
+        if defaults is not None and defaults.is_file() and "JavaOptions" in defaults.read_text(errors="replace"):
+            return None
+    return SMALL_LEDGER_JAVA if _parquet_rows(req.parquet, SMALL_LEDGER_ROWS) <= SMALL_LEDGER_ROWS else None
+
+
+def _parquet_rows(folder: Path, limit: int) -> int:
+    """The rows of the Parquet files under ``folder`` (from their footers), counted until more than ``limit``."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    rows = 0
+    for f in sorted(folder.rglob("*.parquet")):
+        try:
+            rows += int(pq.read_metadata(f).num_rows)
+        except (OSError, ValueError):   # not readable here: treat the ledger as large (the JVM's defaults)
+            return limit + 1
+        if rows > limit:
+            break
+    return rows
 
 
 def jdbc_options(dsn: str) -> dict[str, str]:
@@ -233,7 +281,7 @@ def _export_schema(folder: Path) -> Any:
     """The Spark schema of an ``nsjms ledger export`` directory (the ledger's columns, and ``day`` when it is
     partitioned by day) when its first Parquet file has exactly the export's Arrow schema, else None (Spark then
     infers it). Given to the reader, it saves Spark's schema-inference job; the footer is read here, by the driver."""
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq
     from pyspark.sql.types import DateType, StructField, StructType
 
     from audit import transforms as T

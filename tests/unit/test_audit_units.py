@@ -220,3 +220,34 @@ def test_the_scheduled_audit_units_run_a_command_the_cli_has_and_systemd_accepts
     done = subprocess.run([analyze, "verify", *units], capture_output=True, text=True, check=False, timeout=120,
                           cwd=tmp_path)
     assert done.returncode == 0 and "nsjms-audit" not in done.stderr, done.stdout + done.stderr
+
+
+def test_a_small_parquet_ledgers_driver_compiles_with_c1_only(tmp_path: Path) -> None:
+    """A Parquet ledger of at most SMALL_LEDGER_ROWS rows gets -XX:TieredStopAtLevel=1 for the driver JVM the audit
+    starts (docs/audit.md, "Round 7"); a larger one, a JDBC source and driver JVM options set elsewhere keep the
+    JVM's defaults (nothing added, nothing overridden)."""
+    from audit import job
+    from audit.synth import SynthSpec, generate, write_parquet
+
+    table, _ = generate(SynthSpec(deliveries=1000, seed=3))
+    write_parquet(table, tmp_path / "ledger")
+
+    def req(parquet: Path | None = tmp_path / "ledger", source: str = "parquet") -> job.AuditRequest:
+        return job.AuditRequest(out=tmp_path / "out", source=source, as_of=datetime(2026, 6, 1, tzinfo=UTC),  # type: ignore[arg-type]
+                                grace=timedelta(seconds=300), parquet=parquet, dsn="host=127.0.0.1")
+
+    assert job.small_ledger_java_options(req(), {}) == "-XX:TieredStopAtLevel=1"
+    assert job.small_ledger_java_options(req(source="jdbc", parquet=None), {}) is None
+    for args in ("--driver-java-options -XX:+UseSerialGC pyspark-shell",
+                 "--conf spark.driver.extraJavaOptions=-Xss4m pyspark-shell"):
+        assert job.small_ledger_java_options(req(), {"PYSPARK_SUBMIT_ARGS": args}) is None, args
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -XX:+UseG1GC\n")
+    assert job.small_ledger_java_options(req(), {"SPARK_CONF_DIR": str(conf)}) is None
+    (conf / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
+    assert job.small_ledger_java_options(req(), {"SPARK_CONF_DIR": str(conf)}) == "-XX:TieredStopAtLevel=1"
+    big, _ = generate(SynthSpec(deliveries=job.SMALL_LEDGER_ROWS // 2 + 1, seed=3))   # two rows per obligation
+    write_parquet(big, tmp_path / "big")
+    assert big.num_rows > job.SMALL_LEDGER_ROWS
+    assert job.small_ledger_java_options(req(parquet=tmp_path / "big"), {}) is None
