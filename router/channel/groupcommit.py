@@ -24,6 +24,11 @@ own transaction, one round trip instead of three (BEGIN, INSERT, COMMIT), equall
 returns; a connection that breaks while it runs makes the error ``in_doubt`` (``COMPLETED_MAYBE``). Other groups
 use a unit of work.
 
+Fencing (docs/cluster.md): each statement carries the node's fence check itself (``Database.statement_fence``: the
+node's token, put in the statement by ``Store.insert_events``), since an autocommit statement's COMMIT leaves no room
+for the unit of work's check; a refused check stores nothing and fails every push of the group with
+``WriteFenced`` (``TRANSIENT``, ``COMPLETED_NO``), after the fence's ``refused`` hook has seen it.
+
 Bounded waits: a push whose events are still queued (no group took them) after ``max_wait`` s (default
 :data:`MAX_WAIT_S`, the pool's checkout timeout) withdraws them and fails with ``StoreUnavailable``
 (``TRANSIENT``, ``COMPLETED_NO``): they were never sent to the database and no later group can store them, so a
@@ -47,7 +52,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from router.channel.store import NewEvent
-from router.db.errors import StoreUnavailable
+from router.db.database import FenceToken, StatementFence
+from router.db.errors import StoreUnavailable, WriteFenced
 
 __all__ = ["MAX_GROUP_EVENTS", "MAX_INFLIGHT", "MAX_WAIT_S", "GroupCommit"]
 
@@ -62,7 +68,8 @@ MIN_CHECKOUT_S = 0.5
 
 
 class _Store(Protocol):
-    def insert_events(self, conn: Any, cid: int, events: Sequence[NewEvent]) -> list[int]: ...
+    def insert_events(self, conn: Any, cid: int, events: Sequence[NewEvent], *,
+                      fence: FenceToken | None = None) -> list[int]: ...
 
 
 class _Database(Protocol):
@@ -181,12 +188,17 @@ class GroupCommit:
         # the checkout waits only what the group's oldest push has left of its max_wait (at least MIN_CHECKOUT_S):
         # a push's answer stays bounded when the database is unreachable (docs/channel.md, a network cut)
         limit = max(MIN_CHECKOUT_S, min(job.deadline for job in group) - time.monotonic())
+        fence: StatementFence | None = getattr(self._db, "statement_fence", None)
         try:                                  # whatever fails here fails every member: none is left undone
+            token = fence.token() if fence is not None else None    # each statement carries the node's fence
             single = self._single(rows)
             with (cast(_OneStatementDatabase, self._db).statement(limit) if single
                   else self._db.unit_of_work(limit)) as conn:
-                results = {cid: self._store.insert_events(conn, cid, events) for cid, events in rows.items()}
+                results = {cid: self._store.insert_events(conn, cid, events, fence=token)
+                           for cid, events in rows.items()}
         except BaseException as exc:
+            if isinstance(exc, WriteFenced) and fence is not None:
+                fence.refused(exc)
             with self._lock:
                 for job in group:
                     job.error, job.done = exc, True

@@ -20,6 +20,7 @@ every consumer it was routed to. The pool and the translation of psycopg's error
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -30,7 +31,9 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg.types.json import Jsonb
 
-from router.db.errors import StoreError, StoreUnavailable
+from router.cluster.members import CHANNEL_FENCE_CTE
+from router.db.database import FenceToken
+from router.db.errors import StoreError, StoreUnavailable, WriteFenced
 from router.ledger import (
     CHANNEL_DEDUPE_SQL,
     CONSUMER,
@@ -219,7 +222,7 @@ class Store:
     _EV_ROWS = """
             INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at, received_at)
             SELECT %(cid)s, seq, form, body, prio, deadline, start_at, to_timestamp(acc)
-            FROM unnest(%(seq)b::bigint[], %(form)b::smallint[], %(body)b::bytea[], %(prio)b::integer[],
+            FROM {fence_from}unnest(%(seq)b::bigint[], %(form)b::smallint[], %(body)b::bytea[], %(prio)b::integer[],
                         %(deadline)b::float8[], %(start)b::float8[], %(acc)b::float8[])
                  AS t(seq, form, body, prio, deadline, start_at, acc)
             RETURNING id, seq, received_at"""
@@ -232,14 +235,14 @@ class Store:
     # tables, same rows, same single statement: only the parameters' shape differs.
     _EV_ONE = """
             INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at, received_at)
-            VALUES (%(cid)s, %(seq)b::bigint, %(form)b::smallint, %(body)b::bytea, %(prio)b::integer,
-                    %(deadline)s::float8, %(start)s::float8, to_timestamp(%(acc)b::float8))
+            SELECT %(cid)s, %(seq)b::bigint, %(form)b::smallint, %(body)b::bytea, %(prio)b::integer,
+                   %(deadline)s::float8, %(start)s::float8, to_timestamp(%(acc)b::float8){fence_one}
             RETURNING id, seq, received_at"""
     _T_ONE = """
             SELECT %(seq)b::bigint AS seq, %(qadmin)b::integer AS a, %(qproxy)b::integer AS p,
                    %(qbridge)s::integer AS bridge, %(qdest)s::text AS dest, %(qdir)s::text AS dir"""
     _INSERT_EVENTS = """
-        WITH ev AS ({ev}
+        WITH {fence}ev AS ({ev}
         ), t AS ({t}
         ), q AS (
             INSERT INTO nsjms_queue(channel_id, admin_id, proxy_id, event_id)
@@ -270,14 +273,8 @@ class Store:
             JOIN ev ON ev.seq = s.seq CROSS JOIN (VALUES (1, 'accepted'), (2, 'delivered')) AS o(n, outcome)
             ORDER BY ev.id, o.n
         )"""
-    _INSERT_PLAIN = _INSERT_EVENTS.format(ev=_EV_ROWS, t=_T_ROWS, ledger="")
-    _INSERT_LEDGERED = _INSERT_EVENTS.format(ev=_EV_ROWS, t=_T_ROWS, ledger=_LEDGER_ACCEPTED)
-    _INSERT_LEDGERED_INBOUND = _INSERT_EVENTS.format(ev=_EV_ROWS, t=_T_ROWS,
-                                                     ledger=_LEDGER_ACCEPTED + _LEDGER_INBOUND)
-    _INSERT_ONE_PLAIN = _INSERT_EVENTS.format(ev=_EV_ONE, t=_T_ONE, ledger="")
-    _INSERT_ONE_LEDGERED = _INSERT_EVENTS.format(ev=_EV_ONE, t=_T_ONE, ledger=_LEDGER_ACCEPTED)
-
-    def insert_events(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> list[int]:
+    def insert_events(self, conn: Conn, cid: int, events: Sequence[NewEvent], *,
+                      fence: FenceToken | None = None) -> list[int]:
         """Store events, their queue rows and (when the ledger records persistent traffic) the ``accepted`` ledger
         row of each (event, proxy supplier) obligation in one statement; returns the new ids in order.
 
@@ -287,7 +284,12 @@ class Store:
 
         Inside a T2 (``conn`` is its PostgreSQL branch, :func:`router.ledger.t2_branch`) the ``accepted`` rows carry
         its gtrid, and the JMS message's rows are collected for the branch's prepare (gtrid, ``dispatched_at`` =
-        now, ``prepared_at``) instead of being written here."""
+        now, ``prepared_at``) instead of being written here.
+
+        ``fence``: the node's fencing token, checked IN the statement (the accept path, whose statement may be its own
+        transaction: docs/cluster.md): unless node ``fence.node_id`` is live with ``fence.epoch`` and owns channel
+        ``cid``, nothing is written and :class:`WriteFenced` is raised. Never inside a T2 branch (a prepared branch
+        must hold no lock a takeover waits for; T2 is fenced at its decision)."""
         if not events:
             return []
         now = self._clock()
@@ -298,8 +300,8 @@ class Store:
         inbound = [(ev, route) for ev in events if (route := self._inbound_route(cid, ev)) is not None] \
             if ledgered else []
         if len(events) == 1 and len(routes) == 1 and not inbound:
-            return self._insert_one(conn, cid, events[0], routes[0], now, ledgered, t2)
-        params = {
+            return self._insert_one(conn, cid, events[0], routes[0], now, ledgered, t2, fence)
+        params: dict[str, Any] = {
             "cid": cid,
             "seq": [ev.seq for ev in events], "form": [ev.form for ev in events],
             "body": [ev.body for ev in events], "prio": [ev.priority for ev in events],
@@ -312,16 +314,20 @@ class Store:
             "qdir": [str(r.direction) for r in routes], "gtrid": t2.gtrid if t2 is not None else None,
             "node": self.ledger.node_id,
         }
-        statement = self._INSERT_PLAIN
+        kind = "plain"
         if ledgered:
-            statement = self._INSERT_LEDGERED_INBOUND if inbound and t2 is None else self._INSERT_LEDGERED
+            kind = "inbound" if inbound and t2 is None else "ledgered"
+        if fence is not None:
+            params["fnode"], params["fepoch"] = fence.node_id, fence.epoch
         if inbound and t2 is None:
             params.update({
                 "iseq": [ev.seq for ev, _ in inbound], "ijms": [ev.jms_message_id for ev, _ in inbound],
                 "iproxy": [ev.source[1] if ev.source else None for ev, _ in inbound],
                 "ibridge": [r.bridge_id for _, r in inbound], "idest": [r.destination for _, r in inbound],
                 "iack": now})
-        rows = conn.execute(statement, params).fetchall()
+        rows = conn.execute(_insert_statement(False, kind, fence is not None), params).fetchall()
+        if not rows and fence is not None:
+            raise _refused(fence, cid)
         by_seq = {int(seq): (int(eid), received) for eid, seq, received in rows}
         if ledgered:
             self.ledger.count(len(routes) + (2 * len(inbound) if t2 is None else 0))
@@ -332,10 +338,10 @@ class Store:
         return [by_seq[ev.seq][0] for ev in events]
 
     def _insert_one(self, conn: Conn, cid: int, ev: NewEvent, route: Route, now: float, ledgered: bool,
-                    t2: Any) -> list[int]:
+                    t2: Any, fence: FenceToken | None = None) -> list[int]:
         """:meth:`insert_events` of one event with one target and no inbound JMS message: scalar parameters."""
         ((aid, pid),) = ev.targets
-        params = {
+        params: dict[str, Any] = {
             "cid": cid, "seq": ev.seq, "form": ev.form, "body": ev.body, "prio": ev.priority,
             "deadline": _float(ev.deadline), "start": _float(ev.start_at),
             "acc": float(ev.accepted_at if ev.accepted_at is not None else now),
@@ -343,9 +349,14 @@ class Store:
             "qdir": str(route.direction), "gtrid": t2.gtrid if t2 is not None else None,
             "node": self.ledger.node_id,
         }
-        row = conn.execute(self._INSERT_ONE_LEDGERED if ledgered else self._INSERT_ONE_PLAIN, params).fetchone()
-        if row is None:                           # pragma: no cover — INSERT ... RETURNING returns its row
-            raise StoreError("the event's INSERT returned no row")
+        if fence is not None:
+            params["fnode"], params["fepoch"] = fence.node_id, fence.epoch
+        row = conn.execute(_insert_statement(True, "ledgered" if ledgered else "plain", fence is not None),
+                           params).fetchone()
+        if row is None:
+            if fence is not None:
+                raise _refused(fence, cid)
+            raise StoreError("the event's INSERT returned no row")     # pragma: no cover — it returns its row
         if ledgered:
             self.ledger.count(1)
         return [int(row[0])]
@@ -563,6 +574,26 @@ class Store:
         where = " AND ".join(f"{k} = %s" for k in key)
         values = [Jsonb(v) if isinstance(v, dict) else v for v in cols.values()]
         conn.execute(f"UPDATE {table} SET {sets} WHERE {where}", (*values, *key.values()))
+
+
+@functools.cache
+def _insert_statement(one: bool, kind: str, fenced: bool) -> str:
+    """:meth:`Store.insert_events`'s statement: scalar (``one``) or array parameters; ledger CTEs by ``kind``
+    (``plain``, ``ledgered``, ``inbound``: ledgered with the JMS message's rows); ``fenced``: with the node's fence
+    (:data:`router.cluster.members.CHANNEL_FENCE_CTE`), the event rows selected ``FROM fence``, so a refused check
+    writes nothing (no event, hence no queue or ledger row) and returns no row. Built once per shape (a constant
+    text per shape, so psycopg prepares each on a connection that runs it often)."""
+    ledger = {"plain": "", "ledgered": Store._LEDGER_ACCEPTED,
+              "inbound": Store._LEDGER_ACCEPTED + Store._LEDGER_INBOUND}[kind]
+    ev = (Store._EV_ONE if one else Store._EV_ROWS).format(
+        fence_from="fence, " if fenced else "", fence_one="\n            FROM fence" if fenced else "")
+    return Store._INSERT_EVENTS.format(ev=ev, t=Store._T_ONE if one else Store._T_ROWS, ledger=ledger,
+                                       fence=f"{CHANNEL_FENCE_CTE}, " if fenced else "")
+
+
+def _refused(fence: FenceToken, cid: int) -> WriteFenced:
+    return WriteFenced(f"write refused: node {fence.node_id!r} epoch {fence.epoch} is fenced or does not own channel "
+                       f"{cid} any more; nothing was stored (retry: the channel's owner takes it)")
 
 
 def _reason(outcome: Outcome, reason: str | None) -> str | None:
