@@ -22,7 +22,10 @@ A group of one channel's events that the store writes in one statement (``Store.
 T2, which never comes here) is written on an autocommit connection (``Database.statement``): the statement is its
 own transaction, one round trip instead of three (BEGIN, INSERT, COMMIT), equally atomic and durable when it
 returns; a connection that breaks while it runs makes the error ``in_doubt`` (``COMPLETED_MAYBE``). Other groups
-use a unit of work.
+use a unit of work. Such a statement goes on the committer's own lane when it is free (``Database.lane``,
+``router/db/lane.py``: one dedicated autocommit connection, the one-event statement prepared on it once and run with
+values the store encodes, no pool checkout, no autocommit switches, no psycopg cursor per push; issue 27), else on
+a pooled connection (a second group in flight): the same statement, guarantees and errors either way.
 
 Fencing (docs/cluster.md): each statement carries the node's fence check itself (``Database.statement_fence``: the
 node's token, put in the statement by ``Store.insert_events``), since an autocommit statement's COMMIT leaves no room
@@ -69,7 +72,7 @@ MIN_CHECKOUT_S = 0.5
 
 class _Store(Protocol):
     def insert_events(self, conn: Any, cid: int, events: Sequence[NewEvent], *,
-                      fence: FenceToken | None = None) -> list[int]: ...
+                      fence: FenceToken | None = None, prepared: bool = False) -> list[int]: ...
 
 
 class _Database(Protocol):
@@ -118,6 +121,10 @@ class GroupCommit:
         self.commits = 0                 # groups committed (``nsjms status``, tests and benchmarks)
         self.events = 0                  # events those groups stored
         self.statements = 0              # of those groups, the ones written as one autocommit statement
+        # a dedicated autocommit connection for those statements (router/db/lane.py), when the database has one:
+        # a group that finds it in use (another group in flight) takes a pooled connection as before
+        lane = getattr(db, "lane", None) if one_statement else None
+        self._lane: Any = lane() if callable(lane) else None
 
     def insert(self, cid: int, rows: Sequence[NewEvent]) -> list[int]:
         """Store ``rows`` of channel ``cid`` durably; returns their ids in order. Raises the group's error, or
@@ -192,9 +199,13 @@ class GroupCommit:
         try:                                  # whatever fails here fails every member: none is left undone
             token = fence.token() if fence is not None else None    # each statement carries the node's fence
             single = self._single(rows)
-            with (cast(_OneStatementDatabase, self._db).statement(limit) if single
-                  else self._db.unit_of_work(limit)) as conn:
-                results = {cid: self._store.insert_events(conn, cid, events, fence=token)
+            work = self._lane.take(limit) if single and self._lane is not None else None
+            prepared = work is not None       # the lane's connection: its prepared statement (router/db/lane.py)
+            if work is None:
+                work = cast(_OneStatementDatabase, self._db).statement(limit) if single \
+                    else self._db.unit_of_work(limit)
+            with work as conn:
+                results = {cid: self._store.insert_events(conn, cid, events, fence=token, prepared=prepared)
                            for cid, events in rows.items()}
         except BaseException as exc:
             if isinstance(exc, WriteFenced) and fence is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +35,7 @@ from psycopg.types.json import Jsonb
 from router.cluster.members import CHANNEL_FENCE_CTE
 from router.db.database import FenceToken
 from router.db.errors import StoreError, StoreUnavailable, WriteFenced
+from router.db.lane import exec_prepared
 from router.ledger import (
     CHANNEL_DEDUPE_SQL,
     CONSUMER,
@@ -274,7 +276,7 @@ class Store:
             ORDER BY ev.id, o.n
         )"""
     def insert_events(self, conn: Conn, cid: int, events: Sequence[NewEvent], *,
-                      fence: FenceToken | None = None) -> list[int]:
+                      fence: FenceToken | None = None, prepared: bool = False) -> list[int]:
         """Store events, their queue rows and (when the ledger records persistent traffic) the ``accepted`` ledger
         row of each (event, proxy supplier) obligation in one statement; returns the new ids in order.
 
@@ -289,7 +291,11 @@ class Store:
         ``fence``: the node's fencing token, checked IN the statement (the accept path, whose statement may be its own
         transaction: docs/cluster.md): unless node ``fence.node_id`` is live with ``fence.epoch`` and owns channel
         ``cid``, nothing is written and :class:`WriteFenced` is raised. Never inside a T2 branch (a prepared branch
-        must hold no lock a takeover waits for; T2 is fenced at its decision)."""
+        must hold no lock a takeover waits for; T2 is fenced at its decision).
+
+        ``prepared``: ``conn`` is a statement lane's connection (:mod:`router.db.lane`, autocommit, outside a T2): one
+        event with one target goes as its prepared statement with the values encoded here (the same statement and
+        rows; issue 27)."""
         if not events:
             return []
         now = self._clock()
@@ -300,7 +306,7 @@ class Store:
         inbound = [(ev, route) for ev in events if (route := self._inbound_route(cid, ev)) is not None] \
             if ledgered else []
         if len(events) == 1 and len(routes) == 1 and not inbound:
-            return self._insert_one(conn, cid, events[0], routes[0], now, ledgered, t2, fence)
+            return self._insert_one(conn, cid, events[0], routes[0], now, ledgered, t2, fence, prepared)
         params: dict[str, Any] = {
             "cid": cid,
             "seq": [ev.seq for ev in events], "form": [ev.form for ev in events],
@@ -338,7 +344,7 @@ class Store:
         return [by_seq[ev.seq][0] for ev in events]
 
     def _insert_one(self, conn: Conn, cid: int, ev: NewEvent, route: Route, now: float, ledgered: bool,
-                    t2: Any, fence: FenceToken | None = None) -> list[int]:
+                    t2: Any, fence: FenceToken | None = None, prepared: bool = False) -> list[int]:
         """:meth:`insert_events` of one event with one target and no inbound JMS message: scalar parameters."""
         ((aid, pid),) = ev.targets
         params: dict[str, Any] = {
@@ -351,8 +357,14 @@ class Store:
         }
         if fence is not None:
             params["fnode"], params["fepoch"] = fence.node_id, fence.epoch
-        row = conn.execute(_insert_statement(True, "ledgered" if ledgered else "plain", fence is not None),
-                           params).fetchone()
+        row: Any
+        if prepared and t2 is None:
+            name, query, names, types, formats = _prepared_one(ledgered, fence is not None)
+            encoding = conn.info.encoding
+            row = exec_prepared(conn, name, query, types, [_encode(params[n], encoding) for n in names], formats)
+        else:
+            row = conn.execute(_insert_statement(True, "ledgered" if ledgered else "plain", fence is not None),
+                               params).fetchone()
         if row is None:
             if fence is not None:
                 raise _refused(fence, cid)
@@ -589,6 +601,41 @@ def _insert_statement(one: bool, kind: str, fenced: bool) -> str:
         fence_from="fence, " if fenced else "", fence_one="\n            FROM fence" if fenced else "")
     return Store._INSERT_EVENTS.format(ev=ev, t=Store._T_ONE if one else Store._T_ROWS, ledger=ledger,
                                        fence=f"{CHANNEL_FENCE_CTE}, " if fenced else "")
+
+
+#: The one-event statement's parameters for its prepared form (:func:`_prepared_one`): their PostgreSQL types (OIDs).
+_ONE_TYPES = {"cid": 23, "seq": 20, "form": 21, "body": 17, "prio": 23, "deadline": 701, "start": 701, "acc": 701,
+              "qadmin": 23, "qproxy": 23, "qbridge": 23, "qdest": 25, "qdir": 25, "gtrid": 25, "node": 25,
+              "fnode": 25, "fepoch": 20}
+
+
+@functools.cache
+def _prepared_one(ledgered: bool, fenced: bool) -> tuple[bytes, bytes, tuple[str, ...], tuple[int, ...],
+                                                         tuple[int, ...]]:
+    """The one-event statement of :func:`_insert_statement` for :func:`router.db.lane.exec_prepared`: its name, its
+    text with ``$n`` parameters (a name used twice is one parameter, as psycopg makes it), the parameter names in
+    order, their types and formats (the body binary, the rest text)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)[sb]", number, _insert_statement(True, "ledgered" if ledgered else "plain", fenced))
+    assert "%" not in text, "a placeholder left in the prepared statement"
+    return (f"nsjms_accept_one_{int(ledgered)}{int(fenced)}".encode(), text.encode(), tuple(names),
+            tuple(_ONE_TYPES[n] for n in names), tuple(1 if n == "body" else 0 for n in names))
+
+
+def _encode(value: Any, encoding: str) -> bytes | None:
+    """A parameter of :func:`_prepared_one` as PostgreSQL's text input (the body as binary bytea); None is NULL. Floats
+    as ``repr`` (the shortest text that reads back as the same float8)."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode(encoding)
+    return repr(value).encode() if isinstance(value, float) else str(int(value)).encode()
 
 
 def _refused(fence: FenceToken, cid: int) -> WriteFenced:

@@ -41,6 +41,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from router.db.conninfo import bounded
 from router.db.errors import StoreError, StoreTimeout, StoreUnavailable, WriteFenced
+from router.db.lane import StatementLane
 
 __all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_CHECK", "Database", "FenceToken",
            "StatementFence"]
@@ -92,6 +93,9 @@ class Database:
         # the same check for a write made in one autocommit statement (statement()), which carries it in the
         # statement itself (router/channel/groupcommit.py, the accept path; docs/cluster.md); None: no fence
         self.statement_fence: StatementFence | None = None
+        self._dsn = dsn
+        self._connect_timeout = max(1, int(connect_timeout))
+        self._lanes: list[StatementLane] = []
         self._generation = 0                 # +1 each time a connection is found broken (the server restarted?)
         self._generation_lock = threading.Lock()
         self._purging = threading.Lock()     # at most one background check of the idle connections at a time
@@ -113,7 +117,20 @@ class Database:
             self.migrate()
 
     def close(self) -> None:
+        for lane in self._lanes:
+            lane.close()
         self._pool.close()
+
+    def lane(self) -> StatementLane:
+        """A dedicated autocommit connection for one caller's single statements (:mod:`router.db.lane`), closed with
+        the pool; its statements are :meth:`statement`'s, without the pool's checkout."""
+        def connect(timeout: float) -> psycopg.Connection[Any]:
+            limit = max(1, min(self._connect_timeout, int(timeout)))
+            return psycopg.connect(self._dsn, **bounded(self._dsn, autocommit=True, connect_timeout=limit))
+
+        lane = StatementLane(connect, _readable, self._purge_broken)
+        self._lanes.append(lane)
+        return lane
 
     def migrate(self) -> list[int]:
         """Apply the missing numbered migrations (see :mod:`router.db.migrate`); returns the versions applied."""

@@ -125,6 +125,7 @@ def test_a_paused_node_taken_over_stores_nothing_and_its_push_is_transient(db: D
     commits, node = _accept(db)
     assert len(_push(commits, [_event(s) for s in range(1, size + 1)])) == size     # the owner's push stores
     assert _stored(fresh_db) == (size, size, size)
+    assert commits._lane.statements == 1                     # on the group committer's lane (router/db/lane.py)
     _wait_expired(db, "n1")                                  # n1 paused past its lease: n2 takes it over
     with db.unit_of_work() as conn:
         assert claim_all(conn, "n1", "n2", survivor)[0] == 2
