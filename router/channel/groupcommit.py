@@ -57,6 +57,7 @@ from typing import Any, Protocol, cast
 from router.channel.store import NewEvent
 from router.db.database import FenceToken, StatementFence
 from router.db.errors import StoreUnavailable, WriteFenced
+from router.db.lane import StatementLane
 
 __all__ = ["MAX_GROUP_EVENTS", "MAX_INFLIGHT", "MAX_WAIT_S", "GroupCommit"]
 
@@ -124,7 +125,7 @@ class GroupCommit:
         # a dedicated autocommit connection for those statements (router/db/lane.py), when the database has one:
         # a group that finds it in use (another group in flight) takes a pooled connection as before
         lane = getattr(db, "lane", None) if one_statement else None
-        self._lane: Any = lane() if callable(lane) else None
+        self._lane: StatementLane | None = lane() if callable(lane) else None
 
     def insert(self, cid: int, rows: Sequence[NewEvent]) -> list[int]:
         """Store ``rows`` of channel ``cid`` durably; returns their ids in order. Raises the group's error, or
@@ -199,7 +200,7 @@ class GroupCommit:
         try:                                  # whatever fails here fails every member: none is left undone
             token = fence.token() if fence is not None else None    # each statement carries the node's fence
             single = self._single(rows)
-            work = self._lane.take(limit) if single and self._lane is not None else None
+            work: Any = self._lane.take(limit) if single and self._lane is not None else None
             prepared = work is not None       # the lane's connection: its prepared statement (router/db/lane.py)
             if work is None:
                 work = cast(_OneStatementDatabase, self._db).statement(limit) if single \

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, cast
 
 import psycopg
@@ -51,7 +51,7 @@ class StatementLane:
         self._closed = False
         self.statements = 0                  # statements run on the lane (tests, benchmarks)
 
-    def take(self, timeout: float) -> Any:
+    def take(self, timeout: float) -> AbstractContextManager[psycopg.Connection[Any]] | None:
         """A context manager yielding the lane's connection for ONE statement, or None when the lane is in use (or
         closed): the caller then uses the pool. ``timeout``: the limit of a (re)connection, if one is needed."""
         if self._closed or not self._busy.acquire(blocking=False):
