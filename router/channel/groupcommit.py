@@ -15,6 +15,9 @@ it. Groups in flight at the same time are independent transactions: the order in
 visible is not the order of the pushes (ids are still assigned at insert; nothing on the accept side depends on
 commit order, and a push's own events are always in one group).
 
+A push that finds nothing queued and a slot free (a lone supplier's every push) commits its own rows directly, as a
+group of one, without a queued job or its wake-up event (``_commit_alone``).
+
 Wake-ups are targeted: a finished group wakes its own members (each waits on its own event) and at most one
 queued push to lead the next group, never every waiting thread.
 
@@ -132,6 +135,12 @@ class GroupCommit:
         :class:`StoreUnavailable` (nothing stored, never stored later) when no group took them within
         ``max_wait`` s."""
         deadline = time.monotonic() + self._max_wait
+        with self._lock:                 # alone: nothing queued and a free slot; it commits its own rows at once
+            alone = not self._pending and self._inflight < self._max_inflight
+            if alone:
+                self._inflight += 1
+        if alone:
+            return self._commit_alone(cid, rows, deadline)
         job = _Job(cid, rows, deadline)
         with self._lock:
             self._pending.append(job)
@@ -196,21 +205,10 @@ class GroupCommit:
         # the checkout waits only what the group's oldest push has left of its max_wait (at least MIN_CHECKOUT_S):
         # a push's answer stays bounded when the database is unreachable (docs/channel.md, a network cut)
         limit = max(MIN_CHECKOUT_S, min(job.deadline for job in group) - time.monotonic())
-        fence: StatementFence | None = getattr(self._db, "statement_fence", None)
         try:                                  # whatever fails here fails every member: none is left undone
-            token = fence.token() if fence is not None else None    # each statement carries the node's fence
             single = self._single(rows)
-            work: Any = self._lane.take(limit) if single and self._lane is not None else None
-            prepared = work is not None       # the lane's connection: its prepared statement (router/db/lane.py)
-            if work is None:
-                work = cast(_OneStatementDatabase, self._db).statement(limit) if single \
-                    else self._db.unit_of_work(limit)
-            with work as conn:
-                results = {cid: self._store.insert_events(conn, cid, events, fence=token, prepared=prepared)
-                           for cid, events in rows.items()}
+            results = self._write(rows, single, limit)
         except BaseException as exc:
-            if isinstance(exc, WriteFenced) and fence is not None:
-                fence.refused(exc)
             with self._lock:
                 for job in group:
                     job.error, job.done = exc, True
@@ -229,6 +227,45 @@ class GroupCommit:
                     job.ids, job.done = ids[at:at + len(job.rows)], True
                     at += len(job.rows)
                     job.wake.set()
+
+    def _commit_alone(self, cid: int, rows: Sequence[NewEvent], deadline: float) -> list[int]:
+        """A lone leader's group (it holds a slot; nothing else was queued): its own rows, written as any group's
+        (:meth:`_write`), without a job, its wake-up event or a second round of the lock; the slot is handed on as
+        after any group."""
+        try:
+            limit = max(MIN_CHECKOUT_S, deadline - time.monotonic())
+            group = {cid: list(rows)}
+            single = self._single(group)
+            ids = self._write(group, single, limit)[cid]
+            with self._lock:
+                self.commits += 1
+                self.statements += int(single)
+                self.events += len(rows)
+            return ids
+        finally:
+            with self._lock:
+                self._inflight -= 1
+                self._hand_on()
+
+    def _write(self, rows: dict[int, list[NewEvent]], single: bool, limit: float) -> dict[int, list[int]]:
+        """One group's write: one statement on the lane or a pooled autocommit connection (``single``), else a unit
+        of work with one statement per channel; each statement carries the node's fence. Raises what failed (the
+        fence's ``refused`` hook has seen a :class:`WriteFenced`)."""
+        fence: StatementFence | None = getattr(self._db, "statement_fence", None)
+        try:
+            token = fence.token() if fence is not None else None
+            work: Any = self._lane.take(limit) if single and self._lane is not None else None
+            prepared = work is not None       # the lane's connection: its prepared statement (router/db/lane.py)
+            if work is None:
+                work = cast(_OneStatementDatabase, self._db).statement(limit) if single \
+                    else self._db.unit_of_work(limit)
+            with work as conn:
+                return {cid: self._store.insert_events(conn, cid, events, fence=token, prepared=prepared)
+                        for cid, events in rows.items()}
+        except WriteFenced as exc:
+            if fence is not None:
+                fence.refused(exc)
+            raise
 
     def _single(self, rows: dict[int, list[NewEvent]]) -> bool:
         """Whether the group is one statement: one channel, and the store writes its events in one."""
