@@ -36,6 +36,18 @@ def worker(dsn: str, events: int, seq0: int) -> None:
     db = Database(dsn, 4)
     db.open(migrate=False)
     try:
+        import router.db as rdb
+        if hasattr(rdb, "FenceToken"):               # a tree whose accept statement carries the node's fence
+            token = rdb.FenceToken("bench", 1)
+
+            class Fence:                             # as the node's (router/nodecluster.py), never refused here
+                def token(self) -> object:
+                    return token
+
+                def refused(self, exc: object) -> None:
+                    raise AssertionError(f"the bench's accept was refused: {exc}")
+
+            db.statement_fence = Fence()  # type: ignore[assignment]
         commit = GroupCommit(db, Store(), one_statement=True)
         body = b"x" * 1000
 
@@ -89,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         with db.unit_of_work() as conn:
             Store().insert_channel(conn, 1, {}, {}, {"C": {}, "S": {}})
             Store().insert_proxy(conn, 1, "C", 0, 1, "STRUCTURED_PUSH", False, {})
+            # the member and owner rows a fenced accept statement checks (a tree without the fence ignores them)
+            conn.execute("INSERT INTO nsjms_member (node_id, epoch, state, lease_until, renewed_at, joined_at) "
+                         "VALUES ('bench', 1, 'live', now() + interval '1 day', now(), now())")
+            conn.execute("INSERT INTO nsjms_owner (kind, object_id, node_id) VALUES ('channel', 1, 'bench')")
         db.close()
         cpu: dict[str, list[float]] = {t: [] for t in trees}
         wall: dict[str, list[float]] = {t: [] for t in trees}

@@ -47,6 +47,7 @@ class ClusterRole:
         self.membership.join()
         self.membership.start()
         self.db.fence = self._fence_check    # every unit of work of this node checks its epoch (docs/cluster.md)
+        self.db.statement_fence = _AcceptFence(self)   # the accept statement checks epoch and ownership itself
 
     def _live_epoch(self) -> int | None:
         m = self.membership
@@ -229,3 +230,40 @@ class ClusterRole:
         fwd = getattr(self.runtime, "forwarder", None)          # requests for objects other nodes run (forward.py)
         out["forwarding"] = {"forwarded": fwd.forwarded, "retried": fwd.retried} if fwd is not None else {}
         return out
+
+
+class _AcceptFence:
+    """The node's :class:`router.db.StatementFence`: the token its accept statements carry (router/channel/store.py,
+    ``CHANNEL_FENCE_CTE``), and what a refused one means. A refusal is counted (``nsjms.cluster.fenced_writes``,
+    ``accept``); when the node's epoch is no longer live (checked then, one unit of work) the node notices it was
+    fenced and stops, as at a refused unit of work; a refusal because the channel moved alone leaves it running."""
+
+    def __init__(self, role: ClusterRole) -> None:
+        self._role = role
+
+    def token(self) -> Any:
+        from router.db import FenceToken, WriteFenced
+
+        epoch = self._role._live_epoch()
+        if epoch is None:
+            raise WriteFenced(f"write refused: node {self._role.s.node_id!r} is fenced; nothing was stored")
+        return FenceToken(self._role.s.node_id, epoch)
+
+    def refused(self, exc: Any) -> None:
+        from router import telemetry
+        from router.cluster import members as M
+        from router.cluster.errors import Fenced
+
+        telemetry.cluster_fenced_write("accept")
+        role = self._role
+        epoch = role._live_epoch()
+        if epoch is None:
+            return                                       # known already: the node is stopping
+        try:
+            with role.db.statement() as conn:            # one read, no unit of work (its check would count again)
+                M.check(conn, role.s.node_id, epoch)
+        except Fenced as fenced:
+            if role.membership is not None:
+                role.membership.notice_fenced(fenced)    # the node stops (serve exits 1 and is started again)
+        except Exception:                                # never raises (the refusal itself goes to the pushes)
+            log.warning("cluster: checking the epoch after a refused accept failed", exc_info=True)

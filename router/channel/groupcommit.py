@@ -15,6 +15,9 @@ it. Groups in flight at the same time are independent transactions: the order in
 visible is not the order of the pushes (ids are still assigned at insert; nothing on the accept side depends on
 commit order, and a push's own events are always in one group).
 
+A push that finds nothing queued and a slot free (a lone supplier's every push) commits its own rows directly, as a
+group of one, without a queued job or its wake-up event (``_commit_alone``).
+
 Wake-ups are targeted: a finished group wakes its own members (each waits on its own event) and at most one
 queued push to lead the next group, never every waiting thread.
 
@@ -22,7 +25,15 @@ A group of one channel's events that the store writes in one statement (``Store.
 T2, which never comes here) is written on an autocommit connection (``Database.statement``): the statement is its
 own transaction, one round trip instead of three (BEGIN, INSERT, COMMIT), equally atomic and durable when it
 returns; a connection that breaks while it runs makes the error ``in_doubt`` (``COMPLETED_MAYBE``). Other groups
-use a unit of work.
+use a unit of work. Such a statement goes on the committer's own lane when it is free (``Database.lane``,
+``router/db/lane.py``: one dedicated autocommit connection, the one-event statement prepared on it once and run with
+values the store encodes, no pool checkout, no autocommit switches, no psycopg cursor per push; issue 27), else on
+a pooled connection (a second group in flight): the same statement, guarantees and errors either way.
+
+Fencing (docs/cluster.md): each statement carries the node's fence check itself (``Database.statement_fence``: the
+node's token, put in the statement by ``Store.insert_events``), since an autocommit statement's COMMIT leaves no room
+for the unit of work's check; a refused check stores nothing and fails every push of the group with
+``WriteFenced`` (``TRANSIENT``, ``COMPLETED_NO``), after the fence's ``refused`` hook has seen it.
 
 Bounded waits: a push whose events are still queued (no group took them) after ``max_wait`` s (default
 :data:`MAX_WAIT_S`, the pool's checkout timeout) withdraws them and fails with ``StoreUnavailable``
@@ -47,7 +58,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from router.channel.store import NewEvent
-from router.db.errors import StoreUnavailable
+from router.db.database import FenceToken, StatementFence
+from router.db.errors import StoreUnavailable, WriteFenced
+from router.db.lane import StatementLane
 
 __all__ = ["MAX_GROUP_EVENTS", "MAX_INFLIGHT", "MAX_WAIT_S", "GroupCommit"]
 
@@ -62,7 +75,8 @@ MIN_CHECKOUT_S = 0.5
 
 
 class _Store(Protocol):
-    def insert_events(self, conn: Any, cid: int, events: Sequence[NewEvent]) -> list[int]: ...
+    def insert_events(self, conn: Any, cid: int, events: Sequence[NewEvent], *,
+                      fence: FenceToken | None = None, prepared: bool = False) -> list[int]: ...
 
 
 class _Database(Protocol):
@@ -111,12 +125,22 @@ class GroupCommit:
         self.commits = 0                 # groups committed (``nsjms status``, tests and benchmarks)
         self.events = 0                  # events those groups stored
         self.statements = 0              # of those groups, the ones written as one autocommit statement
+        # a dedicated autocommit connection for those statements (router/db/lane.py), when the database has one:
+        # a group that finds it in use (another group in flight) takes a pooled connection as before
+        lane = getattr(db, "lane", None) if one_statement else None
+        self._lane: StatementLane | None = lane() if callable(lane) else None
 
     def insert(self, cid: int, rows: Sequence[NewEvent]) -> list[int]:
         """Store ``rows`` of channel ``cid`` durably; returns their ids in order. Raises the group's error, or
         :class:`StoreUnavailable` (nothing stored, never stored later) when no group took them within
         ``max_wait`` s."""
         deadline = time.monotonic() + self._max_wait
+        with self._lock:                 # alone: nothing queued and a free slot; it commits its own rows at once
+            alone = not self._pending and self._inflight < self._max_inflight
+            if alone:
+                self._inflight += 1
+        if alone:
+            return self._commit_alone(cid, rows, deadline)
         job = _Job(cid, rows, deadline)
         with self._lock:
             self._pending.append(job)
@@ -183,9 +207,7 @@ class GroupCommit:
         limit = max(MIN_CHECKOUT_S, min(job.deadline for job in group) - time.monotonic())
         try:                                  # whatever fails here fails every member: none is left undone
             single = self._single(rows)
-            with (cast(_OneStatementDatabase, self._db).statement(limit) if single
-                  else self._db.unit_of_work(limit)) as conn:
-                results = {cid: self._store.insert_events(conn, cid, events) for cid, events in rows.items()}
+            results = self._write(rows, single, limit)
         except BaseException as exc:
             with self._lock:
                 for job in group:
@@ -205,6 +227,45 @@ class GroupCommit:
                     job.ids, job.done = ids[at:at + len(job.rows)], True
                     at += len(job.rows)
                     job.wake.set()
+
+    def _commit_alone(self, cid: int, rows: Sequence[NewEvent], deadline: float) -> list[int]:
+        """A lone leader's group (it holds a slot; nothing else was queued): its own rows, written as any group's
+        (:meth:`_write`), without a job, its wake-up event or a second round of the lock; the slot is handed on as
+        after any group."""
+        try:
+            limit = max(MIN_CHECKOUT_S, deadline - time.monotonic())
+            group = {cid: list(rows)}
+            single = self._single(group)
+            ids = self._write(group, single, limit)[cid]
+            with self._lock:
+                self.commits += 1
+                self.statements += int(single)
+                self.events += len(rows)
+            return ids
+        finally:
+            with self._lock:
+                self._inflight -= 1
+                self._hand_on()
+
+    def _write(self, rows: dict[int, list[NewEvent]], single: bool, limit: float) -> dict[int, list[int]]:
+        """One group's write: one statement on the lane or a pooled autocommit connection (``single``), else a unit
+        of work with one statement per channel; each statement carries the node's fence. Raises what failed (the
+        fence's ``refused`` hook has seen a :class:`WriteFenced`)."""
+        fence: StatementFence | None = getattr(self._db, "statement_fence", None)
+        try:
+            token = fence.token() if fence is not None else None
+            work: Any = self._lane.take(limit) if single and self._lane is not None else None
+            prepared = work is not None       # the lane's connection: its prepared statement (router/db/lane.py)
+            if work is None:
+                work = cast(_OneStatementDatabase, self._db).statement(limit) if single \
+                    else self._db.unit_of_work(limit)
+            with work as conn:
+                return {cid: self._store.insert_events(conn, cid, events, fence=token, prepared=prepared)
+                        for cid, events in rows.items()}
+        except WriteFenced as exc:
+            if fence is not None:
+                fence.refused(exc)
+            raise
 
     def _single(self, rows: dict[int, list[NewEvent]]) -> bool:
         """Whether the group is one statement: one channel, and the store writes its events in one."""

@@ -20,7 +20,9 @@ every consumer it was routed to. The pool and the translation of psycopg's error
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,7 +32,10 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg.types.json import Jsonb
 
-from router.db.errors import StoreError, StoreUnavailable
+from router.cluster.members import CHANNEL_FENCE_CTE
+from router.db.database import FenceToken
+from router.db.errors import StoreError, StoreUnavailable, WriteFenced
+from router.db.lane import exec_prepared
 from router.ledger import (
     CHANNEL_DEDUPE_SQL,
     CONSUMER,
@@ -219,7 +224,7 @@ class Store:
     _EV_ROWS = """
             INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at, received_at)
             SELECT %(cid)s, seq, form, body, prio, deadline, start_at, to_timestamp(acc)
-            FROM unnest(%(seq)b::bigint[], %(form)b::smallint[], %(body)b::bytea[], %(prio)b::integer[],
+            FROM {fence_from}unnest(%(seq)b::bigint[], %(form)b::smallint[], %(body)b::bytea[], %(prio)b::integer[],
                         %(deadline)b::float8[], %(start)b::float8[], %(acc)b::float8[])
                  AS t(seq, form, body, prio, deadline, start_at, acc)
             RETURNING id, seq, received_at"""
@@ -232,14 +237,14 @@ class Store:
     # tables, same rows, same single statement: only the parameters' shape differs.
     _EV_ONE = """
             INSERT INTO nsjms_event(channel_id, seq, form, body, priority, deadline, start_at, received_at)
-            VALUES (%(cid)s, %(seq)b::bigint, %(form)b::smallint, %(body)b::bytea, %(prio)b::integer,
-                    %(deadline)s::float8, %(start)s::float8, to_timestamp(%(acc)b::float8))
+            SELECT %(cid)s, %(seq)b::bigint, %(form)b::smallint, %(body)b::bytea, %(prio)b::integer,
+                   %(deadline)s::float8, %(start)s::float8, to_timestamp(%(acc)b::float8){fence_one}
             RETURNING id, seq, received_at"""
     _T_ONE = """
             SELECT %(seq)b::bigint AS seq, %(qadmin)b::integer AS a, %(qproxy)b::integer AS p,
                    %(qbridge)s::integer AS bridge, %(qdest)s::text AS dest, %(qdir)s::text AS dir"""
     _INSERT_EVENTS = """
-        WITH ev AS ({ev}
+        WITH {fence}ev AS ({ev}
         ), t AS ({t}
         ), q AS (
             INSERT INTO nsjms_queue(channel_id, admin_id, proxy_id, event_id)
@@ -270,14 +275,8 @@ class Store:
             JOIN ev ON ev.seq = s.seq CROSS JOIN (VALUES (1, 'accepted'), (2, 'delivered')) AS o(n, outcome)
             ORDER BY ev.id, o.n
         )"""
-    _INSERT_PLAIN = _INSERT_EVENTS.format(ev=_EV_ROWS, t=_T_ROWS, ledger="")
-    _INSERT_LEDGERED = _INSERT_EVENTS.format(ev=_EV_ROWS, t=_T_ROWS, ledger=_LEDGER_ACCEPTED)
-    _INSERT_LEDGERED_INBOUND = _INSERT_EVENTS.format(ev=_EV_ROWS, t=_T_ROWS,
-                                                     ledger=_LEDGER_ACCEPTED + _LEDGER_INBOUND)
-    _INSERT_ONE_PLAIN = _INSERT_EVENTS.format(ev=_EV_ONE, t=_T_ONE, ledger="")
-    _INSERT_ONE_LEDGERED = _INSERT_EVENTS.format(ev=_EV_ONE, t=_T_ONE, ledger=_LEDGER_ACCEPTED)
-
-    def insert_events(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> list[int]:
+    def insert_events(self, conn: Conn, cid: int, events: Sequence[NewEvent], *,
+                      fence: FenceToken | None = None, prepared: bool = False) -> list[int]:
         """Store events, their queue rows and (when the ledger records persistent traffic) the ``accepted`` ledger
         row of each (event, proxy supplier) obligation in one statement; returns the new ids in order.
 
@@ -287,7 +286,16 @@ class Store:
 
         Inside a T2 (``conn`` is its PostgreSQL branch, :func:`router.ledger.t2_branch`) the ``accepted`` rows carry
         its gtrid, and the JMS message's rows are collected for the branch's prepare (gtrid, ``dispatched_at`` =
-        now, ``prepared_at``) instead of being written here."""
+        now, ``prepared_at``) instead of being written here.
+
+        ``fence``: the node's fencing token, checked IN the statement (the accept path, whose statement may be its own
+        transaction: docs/cluster.md): unless node ``fence.node_id`` is live with ``fence.epoch`` and owns channel
+        ``cid``, nothing is written and :class:`WriteFenced` is raised. Never inside a T2 branch (a prepared branch
+        must hold no lock a takeover waits for; T2 is fenced at its decision).
+
+        ``prepared``: ``conn`` is a statement lane's connection (:mod:`router.db.lane`, autocommit, outside a T2): one
+        event with one target goes as its prepared statement with the values encoded here (the same statement and
+        rows; issue 27)."""
         if not events:
             return []
         now = self._clock()
@@ -298,8 +306,8 @@ class Store:
         inbound = [(ev, route) for ev in events if (route := self._inbound_route(cid, ev)) is not None] \
             if ledgered else []
         if len(events) == 1 and len(routes) == 1 and not inbound:
-            return self._insert_one(conn, cid, events[0], routes[0], now, ledgered, t2)
-        params = {
+            return self._insert_one(conn, cid, events[0], routes[0], now, ledgered, t2, fence, prepared)
+        params: dict[str, Any] = {
             "cid": cid,
             "seq": [ev.seq for ev in events], "form": [ev.form for ev in events],
             "body": [ev.body for ev in events], "prio": [ev.priority for ev in events],
@@ -312,16 +320,20 @@ class Store:
             "qdir": [str(r.direction) for r in routes], "gtrid": t2.gtrid if t2 is not None else None,
             "node": self.ledger.node_id,
         }
-        statement = self._INSERT_PLAIN
+        kind = "plain"
         if ledgered:
-            statement = self._INSERT_LEDGERED_INBOUND if inbound and t2 is None else self._INSERT_LEDGERED
+            kind = "inbound" if inbound and t2 is None else "ledgered"
+        if fence is not None:
+            params["fnode"], params["fepoch"] = fence.node_id, fence.epoch
         if inbound and t2 is None:
             params.update({
                 "iseq": [ev.seq for ev, _ in inbound], "ijms": [ev.jms_message_id for ev, _ in inbound],
                 "iproxy": [ev.source[1] if ev.source else None for ev, _ in inbound],
                 "ibridge": [r.bridge_id for _, r in inbound], "idest": [r.destination for _, r in inbound],
                 "iack": now})
-        rows = conn.execute(statement, params).fetchall()
+        rows = conn.execute(_insert_statement(False, kind, fence is not None), params).fetchall()
+        if not rows and fence is not None:
+            raise _refused(fence, cid)
         by_seq = {int(seq): (int(eid), received) for eid, seq, received in rows}
         if ledgered:
             self.ledger.count(len(routes) + (2 * len(inbound) if t2 is None else 0))
@@ -332,10 +344,10 @@ class Store:
         return [by_seq[ev.seq][0] for ev in events]
 
     def _insert_one(self, conn: Conn, cid: int, ev: NewEvent, route: Route, now: float, ledgered: bool,
-                    t2: Any) -> list[int]:
+                    t2: Any, fence: FenceToken | None = None, prepared: bool = False) -> list[int]:
         """:meth:`insert_events` of one event with one target and no inbound JMS message: scalar parameters."""
         ((aid, pid),) = ev.targets
-        params = {
+        params: dict[str, Any] = {
             "cid": cid, "seq": ev.seq, "form": ev.form, "body": ev.body, "prio": ev.priority,
             "deadline": _float(ev.deadline), "start": _float(ev.start_at),
             "acc": float(ev.accepted_at if ev.accepted_at is not None else now),
@@ -343,9 +355,20 @@ class Store:
             "qdir": str(route.direction), "gtrid": t2.gtrid if t2 is not None else None,
             "node": self.ledger.node_id,
         }
-        row = conn.execute(self._INSERT_ONE_LEDGERED if ledgered else self._INSERT_ONE_PLAIN, params).fetchone()
-        if row is None:                           # pragma: no cover — INSERT ... RETURNING returns its row
-            raise StoreError("the event's INSERT returned no row")
+        if fence is not None:
+            params["fnode"], params["fepoch"] = fence.node_id, fence.epoch
+        row: Any
+        if prepared and t2 is None:
+            name, query, names, types, formats = _prepared_one(ledgered, fence is not None)
+            encoding = conn.info.encoding
+            row = exec_prepared(conn, name, query, types, [_encode(params[n], encoding) for n in names], formats)
+        else:
+            row = conn.execute(_insert_statement(True, "ledgered" if ledgered else "plain", fence is not None),
+                               params).fetchone()
+        if row is None:
+            if fence is not None:
+                raise _refused(fence, cid)
+            raise StoreError("the event's INSERT returned no row")     # pragma: no cover — it returns its row
         if ledgered:
             self.ledger.count(1)
         return [int(row[0])]
@@ -563,6 +586,61 @@ class Store:
         where = " AND ".join(f"{k} = %s" for k in key)
         values = [Jsonb(v) if isinstance(v, dict) else v for v in cols.values()]
         conn.execute(f"UPDATE {table} SET {sets} WHERE {where}", (*values, *key.values()))
+
+
+@functools.cache
+def _insert_statement(one: bool, kind: str, fenced: bool) -> str:
+    """:meth:`Store.insert_events`'s statement: scalar (``one``) or array parameters; ledger CTEs by ``kind``
+    (``plain``, ``ledgered``, ``inbound``: ledgered with the JMS message's rows); ``fenced``: with the node's fence
+    (:data:`router.cluster.members.CHANNEL_FENCE_CTE`), the event rows selected ``FROM fence``, so a refused check
+    writes nothing (no event, hence no queue or ledger row) and returns no row. Built once per shape (a constant
+    text per shape, so psycopg prepares each on a connection that runs it often)."""
+    ledger = {"plain": "", "ledgered": Store._LEDGER_ACCEPTED,
+              "inbound": Store._LEDGER_ACCEPTED + Store._LEDGER_INBOUND}[kind]
+    ev = (Store._EV_ONE if one else Store._EV_ROWS).format(
+        fence_from="fence, " if fenced else "", fence_one="\n            FROM fence" if fenced else "")
+    return Store._INSERT_EVENTS.format(ev=ev, t=Store._T_ONE if one else Store._T_ROWS, ledger=ledger,
+                                       fence=f"{CHANNEL_FENCE_CTE}, " if fenced else "")
+
+
+#: The one-event statement's parameters for its prepared form (:func:`_prepared_one`): their PostgreSQL types (OIDs).
+_ONE_TYPES = {"cid": 23, "seq": 20, "form": 21, "body": 17, "prio": 23, "deadline": 701, "start": 701, "acc": 701,
+              "qadmin": 23, "qproxy": 23, "qbridge": 23, "qdest": 25, "qdir": 25, "gtrid": 25, "node": 25,
+              "fnode": 25, "fepoch": 20}
+
+
+@functools.cache
+def _prepared_one(ledgered: bool, fenced: bool) -> tuple[bytes, bytes, tuple[str, ...], tuple[int, ...],
+                                                         tuple[int, ...]]:
+    """The one-event statement of :func:`_insert_statement` for :func:`router.db.lane.exec_prepared`: its name, its
+    text with ``$n`` parameters (a name used twice is one parameter, as psycopg makes it), the parameter names in
+    order, their types and formats (the body binary, the rest text)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)[sb]", number, _insert_statement(True, "ledgered" if ledgered else "plain", fenced))
+    assert "%" not in text, "a placeholder left in the prepared statement"
+    return (f"nsjms_accept_one_{int(ledgered)}{int(fenced)}".encode(), text.encode(), tuple(names),
+            tuple(_ONE_TYPES[n] for n in names), tuple(1 if n == "body" else 0 for n in names))
+
+
+def _encode(value: Any, encoding: str) -> bytes | None:
+    """A parameter of :func:`_prepared_one` as PostgreSQL's text input (the body as binary bytea); None is NULL. Floats
+    as ``repr`` (the shortest text that reads back as the same float8)."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode(encoding)
+    return repr(value).encode() if isinstance(value, float) else str(int(value)).encode()
+
+
+def _refused(fence: FenceToken, cid: int) -> WriteFenced:
+    return WriteFenced(f"write refused: node {fence.node_id!r} epoch {fence.epoch} is fenced or does not own channel "
+                       f"{cid} any more; nothing was stored (retry: the channel's owner takes it)")
 
 
 def _reason(outcome: Outcome, reason: str | None) -> str | None:

@@ -28,8 +28,8 @@ import psycopg
 from router.cluster.errors import Fenced, NodeLive, NotExpired
 from router.cluster.lease import LeaseSettings, MemberView, Object
 
-__all__ = ["assign", "check", "check_owner", "claim", "fence", "incarnation", "join", "leave", "loads", "members",
-           "owned", "owner_of", "renew"]
+__all__ = ["CHANNEL_FENCE_CTE", "assign", "check", "check_owner", "claim", "fence", "incarnation", "join", "leave",
+           "loads", "members", "owned", "owner_of", "renew"]
 
 Conn = psycopg.Connection[Any]
 
@@ -110,6 +110,26 @@ def check_owner(conn: Conn, obj: Object, node_id: str, epoch: int) -> None:
                        obj).fetchone()
     if row is None or row[0] != node_id:
         raise Fenced(f"node {node_id!r} does not own {obj[0]} {obj[1]} (owner: {row[0] if row else 'none'})", node_id)
+
+
+#: :func:`check_owner` of a channel as common table expressions, for a write that must be fenced in its OWN statement
+#: (an autocommit statement is its own transaction: no check can run before its COMMIT). ``fence`` yields one row
+#: when node ``%(fnode)s`` is live with epoch ``%(fepoch)s`` and owns channel ``%(cid)s``, none otherwise; the write
+#: takes its rows ``FROM fence``, so it writes nothing when the check fails (its caller sees no row returned). Both
+#: rows are locked ``FOR KEY SHARE`` until the statement's transaction ends, as :func:`check_owner` locks them: a
+#: takeover's :func:`fence` and a :func:`claim` (each ``FOR UPDATE`` first) wait for the write, and a write that
+#: waited for either re-reads the changed row and finds the old epoch or owner gone. The member row is locked first
+#: (``fence_member`` must yield its row before the owner row can be locked), as a takeover locks them: the two never
+#: deadlock.
+CHANNEL_FENCE_CTE = """fence_member AS MATERIALIZED (
+            SELECT node_id FROM nsjms_member
+            WHERE node_id = %(fnode)s::text AND epoch = %(fepoch)s::bigint AND state = 'live'
+            FOR KEY SHARE
+        ), fence AS MATERIALIZED (
+            SELECT 1 AS ok FROM nsjms_owner o JOIN fence_member fm ON fm.node_id = o.node_id
+            WHERE o.kind = 'channel' AND o.object_id = %(cid)s::integer
+            FOR KEY SHARE OF o
+        )"""
 
 
 def fence(conn: Conn, dead: str, by: str, by_epoch: int) -> int:

@@ -5,7 +5,8 @@
 their caller opened; :mod:`router.db.migrate` brings the schema up to date at start.
 """
 
-from router.db.database import Database
-from router.db.errors import SchemaError, StoreError, StoreTimeout, StoreUnavailable
+from router.db.database import Database, FenceToken, StatementFence
+from router.db.errors import SchemaError, StoreError, StoreTimeout, StoreUnavailable, WriteFenced
 
-__all__ = ["Database", "SchemaError", "StoreError", "StoreTimeout", "StoreUnavailable"]
+__all__ = ["Database", "FenceToken", "SchemaError", "StatementFence", "StoreError", "StoreTimeout", "StoreUnavailable",
+           "WriteFenced"]

@@ -33,15 +33,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from router.db.conninfo import bounded
-from router.db.errors import StoreError, StoreTimeout, StoreUnavailable
+from router.db.errors import StoreError, StoreTimeout, StoreUnavailable, WriteFenced
+from router.db.lane import StatementLane
 
-__all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_CHECK", "Database"]
+__all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_CHECK", "Database", "FenceToken",
+           "StatementFence"]
 
 DEFAULT_CHECKOUT_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 3
@@ -54,6 +57,29 @@ _IDLE_SINCE = "_nsjms_idle_since"        # attribute stamped on a connection whe
 _GENERATION = "_nsjms_generation"        # the pool's broken generation when the connection was last checked out
 
 
+@dataclass(frozen=True, slots=True)
+class FenceToken:
+    """The node's fencing token (docs/cluster.md): its node id and its current epoch."""
+
+    node_id: str
+    epoch: int
+
+
+class StatementFence(Protocol):
+    """The node's fence for a write that checks it inside its OWN statement (a single statement in autocommit,
+    :meth:`Database.statement`, is its own transaction: :attr:`Database.fence` cannot run before its COMMIT). The
+    writer puts :func:`router.cluster.members.CHANNEL_FENCE_CTE` in the statement with :meth:`token`'s values."""
+
+    def token(self) -> FenceToken:
+        """This node's token now; :class:`WriteFenced` (nothing is sent) when the node knows it was fenced."""
+        ...
+
+    def refused(self, exc: WriteFenced) -> None:
+        """A statement carrying the token wrote nothing: the node was fenced (it notices and stops) or the object
+        moved. Called once per refused write, before ``exc`` goes to the writer's callers; never raises."""
+        ...
+
+
 class Database:
     """One pool of at most ``max(2, pool_size)`` connections shared by every store of the node."""
 
@@ -64,6 +90,12 @@ class Database:
         # the node's fence check (router/cluster, docs/cluster.md), run last in every unit of work that ends cleanly,
         # before its COMMIT (not in branch() nor statement()); raises StoreError (rolled back) when it was fenced
         self.fence: Callable[[psycopg.Connection[Any]], None] | None = None
+        # the same check for a write made in one autocommit statement (statement()), which carries it in the
+        # statement itself (router/channel/groupcommit.py, the accept path; docs/cluster.md); None: no fence
+        self.statement_fence: StatementFence | None = None
+        self._dsn = dsn
+        self._connect_timeout = max(1, int(connect_timeout))
+        self._lanes: list[StatementLane] = []
         self._generation = 0                 # +1 each time a connection is found broken (the server restarted?)
         self._generation_lock = threading.Lock()
         self._purging = threading.Lock()     # at most one background check of the idle connections at a time
@@ -85,7 +117,20 @@ class Database:
             self.migrate()
 
     def close(self) -> None:
+        for lane in self._lanes:
+            lane.close()
         self._pool.close()
+
+    def lane(self) -> StatementLane:
+        """A dedicated autocommit connection for one caller's single statements (:mod:`router.db.lane`), closed with
+        the pool; its statements are :meth:`statement`'s, without the pool's checkout."""
+        def connect(timeout: float) -> psycopg.Connection[Any]:
+            limit = max(1, min(self._connect_timeout, int(timeout)))
+            return psycopg.connect(self._dsn, **bounded(self._dsn, autocommit=True, connect_timeout=limit))
+
+        lane = StatementLane(connect, _readable, self._purge_broken)
+        self._lanes.append(lane)
+        return lane
 
     def migrate(self) -> list[int]:
         """Apply the missing numbered migrations (see :mod:`router.db.migrate`); returns the versions applied."""
@@ -136,7 +181,8 @@ class Database:
         """A pooled connection in autocommit mode for a unit of work of exactly ONE statement: that statement is
         its own transaction (atomic; durable when it returns, ``synchronous_commit`` permitting, as a COMMIT is),
         so the unit of work is one round trip instead of three (BEGIN, the statement, COMMIT). The caller must
-        not run a second statement on it: each would commit on its own.
+        not run a second statement on it: each would commit on its own. The node's fence check (:attr:`fence`) does
+        not run here: a write that depends on ownership carries it in its statement (:attr:`statement_fence`).
 
         Errors as :meth:`unit_of_work`, except that a connection that broke during the statement is
         ``in_doubt`` (its implicit commit may have happened); a statement that failed otherwise committed

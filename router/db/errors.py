@@ -3,6 +3,9 @@
     StoreError                  the database refused the operation (a bug or a schema problem)
     ├── StoreUnavailable        the database could not be reached in time (no connection within the checkout
     │                           timeout, connection lost); ``in_doubt`` when the connection broke during COMMIT
+    │   └── WriteFenced         this node may not make the write any more: its epoch was taken over (fenced) or the
+    │                           object moved to another node; nothing written. To a client it is an outage of this
+    │                           node's store (TRANSIENT, COMPLETED_NO): it retries, and reaches the new owner
     ├── StoreTimeout            the database is reachable but cancelled a statement: ``statement_timeout``,
     │                           ``lock_timeout`` or an operator's ``pg_cancel_backend`` (QueryCanceled,
     │                           LockNotAvailable); nothing committed, the connection is fine. Not an outage: a
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SchemaError", "StoreError", "StoreTimeout", "StoreUnavailable"]
+__all__ = ["SchemaError", "StoreError", "StoreTimeout", "StoreUnavailable", "WriteFenced"]
 
 
 class StoreError(RuntimeError):
@@ -36,6 +39,14 @@ class StoreUnavailable(StoreError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_unavailable, (str(self), self.in_doubt))
+
+
+class WriteFenced(StoreUnavailable):
+    """The write's fence check refused it (docs/cluster.md): the node was fenced or no longer owns what it wrote to;
+    nothing was written (never in doubt)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (WriteFenced, (str(self),))
 
 
 class StoreTimeout(StoreError):

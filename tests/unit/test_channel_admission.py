@@ -32,7 +32,7 @@ class FailingStore:
         self.inserted: list[NewEvent] = []
         self.reaped: list[int] = []
 
-    def insert_events(self, conn: object, cid: int, rows: list[NewEvent]) -> list[int]:
+    def insert_events(self, conn: object, cid: int, rows: list[NewEvent], **_: object) -> list[int]:
         if self.down:
             raise StoreUnavailable("injected: the database is unreachable")
         self.inserted.extend(rows)

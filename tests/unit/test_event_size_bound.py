@@ -122,7 +122,7 @@ class _Store:
     def __init__(self) -> None:
         self.rows: list[NewEvent] = []
 
-    def insert_events(self, conn: object, cid: int, rows: list[NewEvent]) -> list[int]:
+    def insert_events(self, conn: object, cid: int, rows: list[NewEvent], **_: object) -> list[int]:
         self.rows.extend(rows)
         return list(range(len(self.rows) - len(rows), len(self.rows)))
 

@@ -54,7 +54,7 @@ class Store:
         self.gate.set()
         self.entered = threading.Event()
 
-    def insert_events(self, conn: object, cid: int, rows: Any) -> list[int]:
+    def insert_events(self, conn: object, cid: int, rows: Any, **_: object) -> list[int]:
         self.entered.set()
         assert self.gate.wait(DEADLINE_S)
         self.calls.append((cid, [r.seq for r in rows]))
@@ -268,7 +268,7 @@ class GatedStore(Store):
         self.most_inside = 0
         self._lock = threading.Lock()
 
-    def insert_events(self, conn: object, cid: int, rows: Any) -> list[int]:
+    def insert_events(self, conn: object, cid: int, rows: Any, **_: object) -> list[int]:
         with self._lock:
             gate = threading.Event()
             self.gates.append(gate)
