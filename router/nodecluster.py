@@ -30,6 +30,7 @@ class ClusterRole:
     bridges: Any
     runtime: Any
     membership: Any
+    incarnation: str | None
     takeover: Any
     fenced: bool
     _stopped: threading.Event
@@ -43,7 +44,7 @@ class ClusterRole:
 
         self.membership = Membership(self.db, self.s.node_id, f"{self.s.orb_host}:{self.s.orb_port}",
                                      self.s.state_dir, LeaseSettings(self.s.cluster_renew_s, self.s.cluster_expiry_s),
-                                     self._fenced, write_private=write_private)
+                                     self._fenced, write_private=write_private, token=self.incarnation)
         self.membership.join()
         self.membership.start()
         self.db.fence = self._fence_check    # every unit of work of this node checks its epoch (docs/cluster.md)

@@ -162,6 +162,7 @@ class Node(ClusterRole):
         self._lock: Any = None
         self._stopped = threading.Event()
         self.membership: Any = None      # router.cluster.node.Membership
+        self.incarnation: str | None = None   # this process's token (router.cluster.sessions)
         self.takeover: Any = None        # router.cluster.takeover.Takeover
         self.fenced = False              # the node's work was taken over: it stopped acting (docs/cluster.md)
         self._db_facts: Any = None  # router.status.DatabaseFacts once published
@@ -290,12 +291,14 @@ class Node(ClusterRole):
         from router.channel.store import Store
         from router.channel.t2in import LocalRounds
         from router.cluster.forward import owner_lookup
+        from router.cluster.sessions import new_incarnation, session_name
         from router.db import Database
         from router.db.conninfo import name_sessions
         from router.ledger import LedgerWriter
 
         self._secure_admin()                # before ORB_init: the credential interceptor
-        name_sessions(self.s.node_id)      # every session nsjms/<node>/<incarnation>: a survivor can end them
+        self.incarnation = new_incarnation()   # its sessions are named after it: a survivor can end them
+        name_sessions(session_name(self.s.node_id, self.incarnation))
         self.db = Database(self.pg_dsn, self.s.pg_pool_size)
         self.db.open()                     # one pool for the node; applies the missing schema migrations
         addresses = self._cluster_addresses()     # before ORB_init: every reference carries the other nodes'

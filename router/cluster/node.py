@@ -25,7 +25,6 @@ from router import telemetry
 from router.cluster import members as M
 from router.cluster.errors import Fenced, NodeLive
 from router.cluster.lease import LeaseSettings
-from router.db.conninfo import session_token
 
 __all__ = ["Membership"]
 
@@ -38,11 +37,13 @@ class Membership:
     """This node's membership row and its renewal thread. ``db`` is the node's :class:`router.db.Database`."""
 
     def __init__(self, db: Any, node_id: str, address: str, state_dir: Path, settings: LeaseSettings,
-                 on_fenced: Callable[[], None], *, write_private: Callable[[Path, str], None]) -> None:
+                 on_fenced: Callable[[], None], *, write_private: Callable[[Path, str], None],
+                 token: str | None = None) -> None:
         self.db, self.node_id, self.address = db, node_id, address
         self.path = state_dir / MEMBER_FILE
         self.settings = settings
         self.on_fenced = on_fenced
+        self.token = token              # this process's incarnation token (its sessions are named after it)
         self._write_private = write_private
         self.epoch: int | None = None
         self.fenced = False
@@ -68,7 +69,7 @@ class Membership:
         or container) carries the same epoch but cannot steal a live node's id unless it also carries the token of
         the very incarnation that row names; even then, only the process holding that copy's lock runs."""
         mine = self._recorded()
-        token = session_token() or secrets.token_hex(16)     # the token naming this process's sessions
+        token = self.token or secrets.token_hex(16)     # the token naming this process's sessions, if given
         steal = mine is not None and self._still_ours(mine)
         with self.db.unit_of_work() as conn:
             if steal and M.incarnation(conn, self.node_id) != mine:

@@ -18,11 +18,21 @@ database role needs no privilege beyond the node's own (PostgreSQL allows a role
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
-from router.db.conninfo import session_name
+__all__ = ["end_fenced_sessions", "new_incarnation", "session_name"]
 
-__all__ = ["end_fenced_sessions"]
+
+def new_incarnation() -> str:
+    """A random incarnation token for a node process (16 hex digits)."""
+    return secrets.token_hex(8)
+
+
+def session_name(node_id: str, token: str) -> str:
+    """The ``application_name`` of the sessions of node ``node_id``'s incarnation ``token`` (at most 55 bytes:
+    PostgreSQL keeps 63)."""
+    return f"nsjms/{node_id}/{token}"
 
 
 def end_fenced_sessions(conn: Any, dead: str) -> list[int]:

@@ -35,42 +35,28 @@ Worst case of one statement on a cut network: :data:`STATEMENT_BOUND_S` (the use
 idle time when the cut happened after the statement was acknowledged).
 
 ``application_name``: a node names every session it makes ``nsjms/<node id>/<incarnation>``
-(:func:`name_sessions`, called before its first connection; the incarnation token is the one its cluster
-membership row records), so a survivor that fenced it can end exactly that process's sessions
-(:mod:`router.cluster.sessions`): a paused node's open transaction holds its row locks until its session ends.
+(:func:`name_sessions`, called before its first connection with :func:`router.cluster.sessions.session_name`; the
+incarnation token is the one its cluster membership row records), so a survivor that fenced it can end exactly
+that process's sessions (:mod:`router.cluster.sessions`): a paused node's open transaction holds its row locks until
+its session ends.
 A DSN that sets ``application_name`` itself keeps it (those sessions are then not ended at a takeover).
 """
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import psycopg
 
 __all__ = ["IDLE_IN_TRANSACTION_MS", "KEEPALIVE_IDLE_S", "STATEMENT_BOUND_S", "TCP_USER_TIMEOUT_MS", "bounded",
-           "connect", "name_sessions", "session_name", "session_token"]
+           "connect", "name_sessions"]
 
-_SESSIONS: dict[str, str] = {}      # "name" and "token" of this process's sessions, once name_sessions ran
-
-
-def session_name(node_id: str, token: str) -> str:
-    """The ``application_name`` of the sessions of node ``node_id``'s incarnation ``token`` (at most 55 bytes:
-    PostgreSQL keeps 63)."""
-    return f"nsjms/{node_id}/{token}"
+_SESSIONS: dict[str, str] = {}      # "name" of this process's sessions, once name_sessions ran
 
 
-def name_sessions(node_id: str) -> str:
-    """From now on every connection this process makes is named :func:`session_name` (``node_id``, a new random
-    token); returns the token (the cluster membership records it as the incarnation)."""
-    token = secrets.token_hex(8)
-    _SESSIONS.update(name=session_name(node_id, token), token=token)
-    return token
-
-
-def session_token() -> str | None:
-    """The token :func:`name_sessions` chose, None before it ran (a CLI process, a test)."""
-    return _SESSIONS.get("token")
+def name_sessions(name: str) -> None:
+    """From now on every connection this process makes has ``application_name`` ``name`` (unless its DSN sets one)."""
+    _SESSIONS["name"] = name
 
 #: Unacknowledged data (a statement, a keepalive probe) closes the connection after this long.
 TCP_USER_TIMEOUT_MS = 3000

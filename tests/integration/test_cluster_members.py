@@ -163,10 +163,10 @@ def test_a_takeover_ends_every_session_of_the_fenced_incarnation_and_no_other(db
     Before: that session stayed until PostgreSQL's idle timeout (60 s), and for ever when its statement was still
     running. Now the takeover ends every session named for n1's fenced incarnation (router/cluster/sessions.py) and
     none of another incarnation of n1 nor of n2."""
+    from router.cluster.sessions import session_name
     from router.cluster.takeover import Takeover
-    from router.db.conninfo import session_name
 
-    token = "5" * 16                                     # as router.db.conninfo.name_sessions makes it
+    token = "5" * 16                                     # as router.cluster.sessions.new_incarnation makes it
     with db.unit_of_work() as conn:
         M.join(conn, "n1", "n1.example:2809", SHORT, token=token)
         conn.execute("INSERT INTO nsjms_channel (id, qos, admin_props) VALUES (78, '{}', '{}')")

@@ -37,7 +37,7 @@ from bridgekit import (
     structured_consumer,
     unique_name,
 )
-from clusterkit import EXPIRY_S, numbers, start_node
+from clusterkit import EXPIRY_S, numbers, rows, start_node
 from conftest import ClientOrb, NsjmsServer
 from stdclients import wait_until
 
@@ -71,6 +71,10 @@ def test_a_topic_bridge_resumes_its_durable_subscription_on_the_node_that_takes_
     a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch)
     b = start_node(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
     try:
+        [(token,)] = rows(fresh_db, "SELECT incarnation FROM nsjms_member WHERE node_id = 'na'")
+        named = rows(fresh_db, "SELECT DISTINCT application_name FROM pg_stat_activity "
+                               "WHERE application_name LIKE %s", "nsjms/na/%")
+        assert named == [(f"nsjms/na/{token}",)], f"the node's sessions carry its incarnation: {named} {token}"
         channel, cid = persistent_channel(client_orb.factory(a.ior()))
         consumer = structured_consumer(channel)          # its reference is stored with the proxy: called back
         topic = unique_name("cluster.topic")
