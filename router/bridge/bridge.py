@@ -211,7 +211,8 @@ class BridgeImpl(ChannelLink, BrokerLink, TransactionMgmtMixin, Supervised, Nsjm
         self._t2_alt: Transport | None = None   # the second connection of channel → JMS T2s (_t2_transport)
         self.proxy: Any = None
         self.channel_ack: Any = None     # the proxy as an Ack proxy (NJI 2.6.2), when the channel made it one
-        self.dead_letter = F.DeadLetter(self._transport, self.id, factory.broker.dead_letter)
+        self.dead_letter = F.DeadLetter(self._transport, self.id, factory.broker.dead_letter,
+                                        fits=lambda msg: self.codec.check(self.codec.encode(msg)))
         self.flow_out: F.ChannelToJms | None = None
         self.flow_in: F.JmsToChannel | None = None
         self._wake = threading.Event()          # set by callbacks and failures: the supervisor has work

@@ -36,7 +36,7 @@ from typing import Any
 from router import telemetry
 from router.bridge.ports import BatchSource, BridgeHost, ChannelError, ChannelGone, ForwardDeferred, Inbox
 from router.config import DEFAULT_MAX_EVENT_BYTES
-from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
+from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import (
     BrokerError,
     Delivery,
@@ -69,8 +69,10 @@ class DeadLetter:
     """Sends what cannot be routed to the dead-letter destination, with the reason in its properties."""
 
     def __init__(self, transport_for: Callable[[], Transport], bridge_id: int,
-                 destination: Destination = DEFAULT_DLQ) -> None:
+                 destination: Destination = DEFAULT_DLQ, fits: Callable[[JmsMessage], None] | None = None) -> None:
         self._transport_for = transport_for
+        #: raises MappingError when a message would not fit the broker's limits (the bridge's codec check)
+        self.fits = fits
         self.bridge_id = bridge_id
         self.destination = destination
         self.count = 0
@@ -107,17 +109,31 @@ class DeadLetter:
         expiration: a dead letter is kept until an operator acts) with the reason, the bridge, its message id and
         source destination added as ``nsjms_dlq_*`` properties. So a retry (``nsjms deadletter broker retry``)
         gives the bridge the message it refused, not only its bytes. A message the codec could not decode is kept
-        as its raw bytes."""
+        as its raw bytes, and so is one whose copy would not fit the broker's limits with the reason added (the
+        codec's check). A dead letter is always PERSISTENT (a broker restart keeps it); the original's delivery mode
+        is in ``nsjms_dlq_delivery_mode``."""
+        from router.mapping.errors import MappingError
+
         extra = {"nsjms_dlq_message_id": delivery.message_id, "nsjms_dlq_destination": delivery.destination}
         letter = self.message(delivery.body, reason, "message", extra)
         if delivery.decode_error is not None:
             return letter
         original = delivery.message
         kept = {k: v for k, v in original.properties.items() if not k.startswith("nsjms_dlq_")}
-        return JmsMessage(original.body_type, original.body, destination=self.destination,
-                          delivery_mode=original.delivery_mode, priority=original.priority,
+        mode = Typed(JmsType.STRING, original.delivery_mode.name)
+        full = JmsMessage(original.body_type, original.body, destination=self.destination,
+                          delivery_mode=DeliveryMode.PERSISTENT, priority=original.priority,
                           correlation_id=original.correlation_id, reply_to=original.reply_to,
-                          jms_type=original.jms_type, properties={**kept, **letter.properties})
+                          jms_type=original.jms_type,
+                          properties={**kept, **letter.properties, "nsjms_dlq_delivery_mode": mode})
+        try:
+            if self.fits is not None:
+                self.fits(full)
+        except (MappingError, ValueError) as exc:
+            log.warning("bridge %d: the dead letter of message %s is its body alone: with its properties it does not "
+                        "fit (%s)", self.bridge_id, delivery.message_id, exc)
+            return letter
+        return full
 
     def send(self, body: bytes, reason: str, origin: str, extra: dict[str, str] | None = None) -> None:
         """Raises :class:`TransportError` if the dead letter could not be stored by the broker."""

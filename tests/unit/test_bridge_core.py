@@ -789,3 +789,28 @@ def test_a_dead_letter_a_full_broker_refuses_keeps_its_message_for_the_next_roun
         loop._round()
     assert transport.acked == ["m1", "m2"] and transport.nacked == []
     assert len(transport.dead_letters()) == 1 and "poison" in reason(transport.dead_letters()[0])
+
+
+def test_a_dead_letter_is_persistent_and_its_body_alone_when_the_copy_would_not_fit() -> None:
+    """The review's findings on the dead letter of a JMS message (DeadLetter.of_delivery): it copied the original's
+    delivery mode, so a NON_PERSISTENT message's dead letter was lost at a broker restart; and with the original's
+    properties and the reason added it could exceed the broker's limits, where the body-only letter always fit."""
+    from dataclasses import replace as _replace
+
+    from router.bridge.core import DeadLetter
+    from router.jms.model import DeliveryMode, JmsType, Typed
+
+    original = delivery("m9", "text")
+    original = _replace(original, message=_replace(original.message, delivery_mode=DeliveryMode.NON_PERSISTENT,
+                                                   properties={"app": Typed(JmsType.STRING, "x")}))
+    letter = DeadLetter(lambda: TwinTransport(), 5).of_delivery(original, "why")
+    assert letter.delivery_mode is DeliveryMode.PERSISTENT
+    assert letter.properties["nsjms_dlq_delivery_mode"].value == "NON_PERSISTENT"
+    assert letter.properties["app"].value == "x" and letter.body == "text"
+
+    def too_big(msg: JmsMessage) -> None:
+        raise MappingError("2,000 STOMP headers; the broker accepts at most 1,000", "properties")
+
+    plain = DeadLetter(lambda: TwinTransport(), 5, fits=too_big).of_delivery(original, "why")
+    assert (plain.body_type, plain.body) == (BodyType.BYTES, b"text") and "app" not in plain.properties
+    assert plain.properties["nsjms_dlq_reason"].value == "why"
