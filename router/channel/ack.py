@@ -139,6 +139,7 @@ class _AckSupplierMixin:
     # -- IDL ------------------------------------------------------------------------------------------
     def acknowledge(self, sequence_numbers: list[int]) -> None:
         self._check_alive()  # type: ignore[attr-defined]
+        self._check_open()   # type: ignore[attr-defined]   # not while its channel is handed over: TRANSIENT
         done = self.ack.acknowledge(list(sequence_numbers))
         if done:
             self._finish(done)  # type: ignore[attr-defined]

@@ -104,6 +104,7 @@ class PullSupplierMixin(ProxySupplierBase):
 
     def _check_pullable(self) -> None:
         self._check_alive()
+        self._check_open()       # not while its channel is handed over (TRANSIENT: the retry reaches the new owner)
         if not self.connected:
             raise CosEventComm.Disconnected()
 

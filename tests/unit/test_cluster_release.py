@@ -166,3 +166,24 @@ def test_delivered_rows_whose_delete_failed_during_the_stop_are_deleted_before_t
     assert wait_pending(left, time.monotonic() + 10) == []
     assert sorted(store.deleted) == [101, 102, 103]
     assert {o for o, _ in store.outcomes.values()} == {"delivered"}
+
+
+def test_a_pull_or_an_acknowledge_during_the_stop_is_refused_transient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The review's finding: only the push side's connection changes were refused during the stop. A pull then
+    handed out events whose rows stayed for the next owner (delivered twice), and an acknowledge deleted rows and
+    saved the ack state after the next owner had loaded them. Now both answer TRANSIENT (COMPLETED_NO): asked
+    again, the call reaches the new owner."""
+    from router.channel.ack import StructuredProxyPushSupplierAckImpl
+
+    channel = _channel_of()
+    assert _stop(channel) == []                              # the gate is closed for good on this node
+    puller = make_proxy(P.StructuredProxyPullSupplierImpl, Consumer(), monkeypatch)
+    puller.channel, puller.closing, puller.connected = channel, False, True
+    with pytest.raises(CORBA.TRANSIENT) as refused:
+        puller._check_pullable()
+    assert refused.value.completed == CORBA.COMPLETED_NO
+    acker = make_proxy(StructuredProxyPushSupplierAckImpl, Consumer(), monkeypatch)
+    acker.channel, acker.closing = channel, False
+    acker.ack = SimpleNamespace(acknowledge=lambda seqs: pytest.fail(f"acknowledged {seqs} during the stop"))
+    with pytest.raises(CORBA.TRANSIENT):
+        acker.acknowledge([0, 1])
