@@ -261,6 +261,7 @@ class BrokerDeadLetterOps:
     # ------------------------------------------------------------------------------------------------ helpers
     def _settle(self, queue: str, message_id: str,
                 copy: Callable[[BrowsedMessage], OutgoingCopy] | None) -> BrowsedMessage:
+        self._known(queue)                   # only the dead-letter queues, whoever calls (a composite name: refused)
         try:
             taken = self._ask(lambda b: b.settle(f"/queue/{queue}", message_id, copy, wait_s=self.wait_s))
         except MessageHeld as exc:

@@ -50,7 +50,7 @@ OUTBOX_DEFAULT_CODEC = "stomp-activemq"
 OUTBOX_DEAD_LETTER = Destination("queue", "nsjms.DLQ")
 #: The stored headers of such a row go in one String property of the dead letter, cut at this many characters
 #: (a STOMP header line above 10 KiB closes the connection: the dead letter must be sendable).
-_DLQ_HEADERS_MAX = 8000
+_DLQ_HEADERS_MAX = 4000      # JSON is ASCII; STOMP escaping at most doubles it: under the broker's 10 KiB header line
 #: The JMS property that carries a message's dedupe id (``router.bridge.txout.DEDUPE_PROPERTY``; not imported from
 #: ``router.mapping.dedupe``: the mapping package loads the ORB, which the bridge core never imports).
 DEDUPE_PROPERTY = "nsjms_dedupe_id"

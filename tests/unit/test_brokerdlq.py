@@ -161,3 +161,14 @@ def test_an_event_dead_letter_is_mapped_again_or_refused_with_the_reason() -> No
         event_copy(_msg(NSJMS_DLQ, b"\x00\x01cdr"), "/queue/out")
     assert [sink_destination(s) for s in ("queue:a.b (push)", "topic:t [jms-json] (pull)", "channel:3 (push)")] == [
         "/queue/a.b", "/topic/t", None]
+
+
+def test_a_discard_is_refused_on_a_queue_that_is_not_a_dead_letter_queue(tmp_path: Path) -> None:
+    """The review's finding: discard did not check the queue (retry did, through its look-up), so the shared
+    operations consumed by id from any queue a caller named (an ActiveMQ composite name ``a,b`` included)."""
+    broker = StandIn({"/queue/orders": [_msg("orders", b"body")]})
+    ops = BrokerDeadLetterOps("n1", tmp_path, lambda: broker)
+    for queue in ("orders", f"orders,{AMQ_DLQ}"):
+        with pytest.raises(Refused, match="not a dead-letter queue"):
+            ops.discard(queue, "ID:m-1", "op", "why")
+    assert broker.sent == []
