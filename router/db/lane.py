@@ -26,7 +26,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, cast
 
 import psycopg
-from psycopg.pq import ConnStatus, ExecStatus
+from psycopg.pq import ConnStatus, DiagnosticField, ExecStatus
 
 from router.db.errors import StoreError, StoreTimeout, StoreUnavailable
 
@@ -34,6 +34,7 @@ __all__ = ["StatementLane", "exec_prepared"]
 
 _PREPARED = "_nsjms_prepared"            # names of the statements prepared on a lane's connection
 _CANCELLED = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
+_NO_SUCH_STATEMENT = b"26000"            # invalid_sql_statement_name: a prepared statement the server does not have
 
 
 class StatementLane:
@@ -133,6 +134,17 @@ def exec_prepared(conn: psycopg.Connection[Any], name: bytes, query: bytes, type
             raise _error(conn, res)
         done.add(name)
     res = pg.exec_prepared(name, cast(Any, list(values)), list(formats), 0)   # None is NULL (as psycopg sends it)
+    if (res.status != ExecStatus.TUPLES_OK and conn.pgconn.status != ConnStatus.BAD
+            and res.error_field(DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT):
+        # the server forgot the statement (DEALLOCATE / DISCARD ALL, a pooler that moved the session to another
+        # backend): nothing ran; prepared again and run once more, instead of failing every push until the
+        # connection is replaced (the review of this session)
+        done.discard(name)
+        res = pg.prepare(name, query, list(types))
+        if res.status != ExecStatus.COMMAND_OK:
+            raise _error(conn, res)
+        done.add(name)
+        res = pg.exec_prepared(name, cast(Any, list(values)), list(formats), 0)
     if res.status != ExecStatus.TUPLES_OK:
         raise _error(conn, res)
     if not res.ntuples:

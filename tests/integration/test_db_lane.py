@@ -93,3 +93,21 @@ def test_a_connection_lost_during_the_statement_is_in_doubt(db: Database, fresh_
     assert _values(fresh_db) == [5]
     db.close()
     assert lane.take(5.0) is None                           # closed with the database
+
+
+def test_a_prepared_statement_the_server_forgot_is_prepared_again(db: Database, fresh_db: str) -> None:
+    """The review's finding: the lane remembered which statements it had prepared on its connection for good; a
+    server that forgot them (DEALLOCATE ALL, DISCARD ALL, a pooler moving the session) failed every lone push with
+    "prepared statement does not exist" until the connection was replaced. Now it prepares again (nothing ran)."""
+    from router.db.lane import exec_prepared
+
+    lane = db.lane()
+    insert = b"INSERT INTO lane_t VALUES ($1) RETURNING v"
+    for v, forget in ((10, False), (11, True), (12, False)):
+        work = lane.take(5.0)
+        assert work is not None
+        with work as conn:
+            if forget:
+                conn.execute("DEALLOCATE ALL")
+            assert exec_prepared(conn, b"lane_t_insert", insert, [23], [str(v).encode()], [0]) == (str(v).encode(),)
+    assert _values(fresh_db) == [10, 11, 12]
