@@ -9,10 +9,12 @@ with fewer than MaximumBatchSize events queued and PacingInterval 0 never delive
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 from router.channel import proxies as P
 from router.channel.events import Event, Form
+from router.channel.gate import Gate
 from router.channel.queue import FIFO_ORDER, ProxyQueue, Record
 
 _TIMET = 10_000_000     # TimeBase::TimeT units per second
@@ -29,6 +31,7 @@ def _proxy(cls: type, *, batch: int, pacing_s: float) -> Any:
     proxy.form = "SEQUENCE"
     proxy.qos = {"MaximumBatchSize": batch, "PacingInterval": int(pacing_s * _TIMET)}
     proxy.connected, proxy.suspended, proxy.destroyed = True, False, False
+    proxy.closing, proxy.channel = False, SimpleNamespace(gate=Gate())   # a pull checks its channel is not moving
     proxy.queue = ProxyQueue(FIFO_ORDER, 0, 0, lambda entries, why: None)
     return proxy
 
