@@ -304,5 +304,8 @@ def test_unmappable_message_goes_to_the_dead_letter_queue(nsjms_server: Any, cli
     assert "manifest" in props["nsjms_dlq_reason"]["value"], props["nsjms_dlq_reason"]
     assert props["nsjms_dlq_origin"]["value"] == "message"
     assert props["nsjms_dlq_message_id"]["value"].startswith("ID:")
-    assert base64.b64decode(dead[0]["body"]) == b"payload", "the original body is kept"
+    # the dead letter is the original as it arrived (a text message over STOMP): its kind, body, type and properties
+    assert (dead[0]["class"], dead[0]["body"]) == ("ActiveMQTextMessage", "payload"), "the original body is kept"
+    assert dead[0]["JMSType"] == "Structured Event" and props["mark"]["value"] == "bad-1", dead[0]
+    assert dead[0]["JMSDeliveryMode"] == 2 and props["nsjms_dlq_delivery_mode"]["value"] == "PERSISTENT"
     assert _wait_counter(nsjms_server, bid, "dead_lettered", 1) == 1
