@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -116,7 +117,19 @@ def secret(server: NsjmsServer, name: str) -> str:
     return (server.state_dir / "credentials" / f"{name}.token").read_text().strip().partition(":")[2]
 
 
+def _console_listens(base: str) -> bool:
+    host, _, port = base.rpartition("//")[2].rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
+
+
 def sign_in(browser: Any, base: str, server: NsjmsServer, name: str) -> Any:
+    # the node is ready (endpoints.json) a moment before `nsjms serve` starts its console: wait for it to listen
+    # (CI: ERR_CONNECTION_REFUSED once on a loaded machine)
+    assert wait_until(lambda: _console_listens(base), 60, 0.2), f"the console does not listen at {base}"
     ctx = browser.new_context(viewport={"width": 1280, "height": 860})
     page = ctx.new_page()
     page.goto(base + "/login")
