@@ -33,7 +33,9 @@ a pooled connection (a second group in flight): the same statement, guarantees a
 Fencing (docs/cluster.md): each statement carries the node's fence check itself (``Database.statement_fence``: the
 node's token, put in the statement by ``Store.insert_events``), since an autocommit statement's COMMIT leaves no room
 for the unit of work's check; a refused check stores nothing and fails every push of the group with
-``WriteFenced`` (``TRANSIENT``, ``COMPLETED_NO``), after the fence's ``refused`` hook has seen it.
+``WriteFenced`` (``TRANSIENT``, ``COMPLETED_NO``), after the fence's ``refused`` hook has seen it. A group of
+several channels refused while the node's own token is still good (one of its channels moved to another node) is
+written again channel by channel, so only the pushes of the channel that moved fail.
 
 Bounded waits: a push whose events are still queued (no group took them) after ``max_wait`` s (default
 :data:`MAX_WAIT_S`, the pool's checkout timeout) withdraws them and fails with ``StoreUnavailable``
@@ -208,11 +210,14 @@ class GroupCommit:
         try:                                  # whatever fails here fails every member: none is left undone
             single = self._single(rows)
             results = self._write(rows, single, limit)
+        except WriteFenced as exc:
+            if len(by_channel) > 1 and self._node_not_fenced():
+                self._commit_apart(by_channel)
+                return
+            self._fail(group, exc)
+            return
         except BaseException as exc:
-            with self._lock:
-                for job in group:
-                    job.error, job.done = exc, True
-                    job.wake.set()
+            self._fail(group, exc)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -221,12 +226,59 @@ class GroupCommit:
             self.statements += int(single)
             self.events += sum(len(job.rows) for job in group)
             for cid, jobs in by_channel.items():
-                ids = results[cid]
-                at = 0
-                for job in jobs:
-                    job.ids, job.done = ids[at:at + len(job.rows)], True
-                    at += len(job.rows)
-                    job.wake.set()
+                self._done(jobs, results[cid])
+
+    def _commit_apart(self, by_channel: dict[int, list[_Job]]) -> None:
+        """A group of several channels was refused by the fence while the node itself is not fenced: one of its
+        channels moved to another node (a hand-off). Nothing of the group was stored (its unit of work rolled
+        back), so each channel is written again on its own: only the pushes of a channel this node no longer owns
+        fail (``WriteFenced``, ``TRANSIENT``: the supplier retries and is forwarded to the owner); the others are
+        stored as if the group had been theirs alone."""
+        failure: BaseException | None = None
+        for cid, jobs in by_channel.items():
+            group = {cid: [r for j in jobs for r in j.rows]}
+            limit = max(MIN_CHECKOUT_S, min(job.deadline for job in jobs) - time.monotonic())
+            try:
+                single = self._single(group)
+                ids = self._write(group, single, limit)[cid]
+            except BaseException as exc:  # noqa: BLE001 — its pushes get it; a non-Exception is raised after the rest
+                self._fail(jobs, exc)
+                if not isinstance(exc, Exception):
+                    failure = exc
+                continue
+            with self._lock:
+                self.commits += 1
+                self.statements += int(single)
+                self.events += len(group[cid])
+                self._done(jobs, ids)
+        if failure is not None:
+            raise failure
+
+    def _node_not_fenced(self) -> bool:
+        """Whether this node's own token is still good (so a refused group means a channel moved, not the node)."""
+        fence: StatementFence | None = getattr(self._db, "statement_fence", None)
+        if fence is None:
+            return False
+        try:
+            fence.token()
+        except WriteFenced:
+            return False
+        return True
+
+    def _fail(self, jobs: list[_Job], exc: BaseException) -> None:
+        with self._lock:
+            for job in jobs:
+                job.error, job.done = exc, True
+                job.wake.set()
+
+    @staticmethod
+    def _done(jobs: list[_Job], ids: list[int]) -> None:
+        """(Lock held.) The jobs of one channel, in order, get their ids from the channel's statement."""
+        at = 0
+        for job in jobs:
+            job.ids, job.done = ids[at:at + len(job.rows)], True
+            at += len(job.rows)
+            job.wake.set()
 
     def _commit_alone(self, cid: int, rows: Sequence[NewEvent], deadline: float) -> list[int]:
         """A lone leader's group (it holds a slot; nothing else was queued): its own rows, written as any group's

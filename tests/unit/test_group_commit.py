@@ -19,7 +19,8 @@ import pytest
 
 from router.channel.groupcommit import GroupCommit
 from router.channel.store import NewEvent
-from router.db.errors import StoreUnavailable
+from router.db.database import FenceToken
+from router.db.errors import StoreUnavailable, WriteFenced
 
 DEADLINE_S = 20.0
 
@@ -395,3 +396,66 @@ def test_a_push_woken_to_lead_after_its_deadline_still_hands_the_lead_on() -> No
         t.join(DEADLINE_S)
         assert not t.is_alive() and t.error is None
     assert second.ids == [1020]
+
+
+class FencedDb(Db):
+    """A database with the node's statement fence: ``fenced`` says whether the node's own token is gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fenced = False
+        self.refusals: list[WriteFenced] = []
+        self.statement_fence = self
+
+    def token(self) -> FenceToken:
+        if self.fenced:
+            raise WriteFenced("injected: this node was fenced")
+        return FenceToken("na", 1)
+
+    def refused(self, exc: WriteFenced) -> None:
+        self.refusals.append(exc)
+
+
+class MovedStore(Store):
+    """Channel 2 moved to another node: its statement's fence check refuses it (nothing written)."""
+
+    def insert_events(self, conn: object, cid: int, rows: Any, **kw: object) -> list[int]:
+        assert isinstance(kw.get("fence"), FenceToken), "every statement carries the node's token"
+        if cid == 2:
+            self.entered.set()
+            raise WriteFenced("injected: channel 2 is owned by another node")
+        return super().insert_events(conn, cid, rows)
+
+
+def _group_of_two_channels(db: FencedDb, *, fence_at_group: bool = False
+                           ) -> tuple[Pusher, Pusher, Pusher, MovedStore]:
+    store = MovedStore()
+    gc = GroupCommit(db, store, max_inflight=1)
+    leader = _leader_blocked(gc, store)                                  # channel 1, alone
+    one, two = Pusher(gc, 1, [10]), Pusher(gc, 2, [20])
+    one.start()
+    two.start()
+    wait_for(lambda: len(gc._pending) == 2, "two pushes of two channels queued: the next group")
+    db.fenced = fence_at_group                                           # the node's lease lost meanwhile?
+    store.gate.set()
+    for t in (leader, one, two):
+        t.join(DEADLINE_S)
+        assert not t.is_alive()
+    assert leader.error is None and leader.ids == [1001]
+    return one, two, leader, store
+
+
+def test_a_channel_that_moved_fails_only_its_own_pushes_not_the_other_channels_of_the_group() -> None:
+    db = FencedDb()
+    one, two, _, store = _group_of_two_channels(db)
+    assert one.error is None and one.ids == [1010], f"channel 1 is still ours: stored ({one.error!r})"
+    assert isinstance(two.error, WriteFenced) and two.ids is None
+    assert (1, [10]) in store.calls and not any(cid == 2 for cid, _ in store.calls)
+    assert len(db.refusals) == 2, "the group's refusal and channel 2's own"
+
+
+def test_a_fenced_node_s_refused_group_fails_every_push_and_is_not_written_again() -> None:
+    db = FencedDb()
+    one, two, _, store = _group_of_two_channels(db, fence_at_group=True)
+    assert isinstance(one.error, WriteFenced) and isinstance(two.error, WriteFenced)
+    assert store.calls == [(1, [1])], "only the lone leader's (before the fence); nothing of the group"
