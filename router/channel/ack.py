@@ -31,6 +31,7 @@ The concepts around these servants have modules of their own (re-exported here f
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import threading
@@ -138,12 +139,20 @@ class _AckSupplierMixin:
 
     # -- IDL ------------------------------------------------------------------------------------------
     def acknowledge(self, sequence_numbers: list[int]) -> None:
+        """Delete the acknowledged events' rows, then save the acknowledgement state. The call passes the channel's
+        gate, so a hand-off of the channel (router/cluster/release.py) waits for it; if the proxy stops before the
+        rows are deleted (the database away), nothing is saved and the client gets ``TRANSIENT``
+        (``COMPLETED_NO``): asked again, the node running the proxy then acknowledges them. (Before, the call
+        returned as done with the rows still stored, and the next owner delivered those events again.)"""
         self._check_alive()  # type: ignore[attr-defined]
         self._check_open()   # type: ignore[attr-defined]   # not while its channel is handed over: TRANSIENT
-        done = self.ack.acknowledge(list(sequence_numbers))
-        if done:
-            self._finish(done)  # type: ignore[attr-defined]
-            self._save_ack()
+        gate = getattr(self.channel, "gate", None)  # type: ignore[attr-defined]   # (none on unit-test stand-ins)
+        with gate.passing() if gate is not None else contextlib.nullcontext():
+            done = self.ack.acknowledge(list(sequence_numbers))
+            if done:
+                if not self._finish(done):  # type: ignore[attr-defined]
+                    raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+                self._save_ack()
         self._wake()  # type: ignore[attr-defined]
 
     def resume_connection(self) -> None:

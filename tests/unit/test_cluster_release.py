@@ -187,3 +187,43 @@ def test_a_pull_or_an_acknowledge_during_the_stop_is_refused_transient(monkeypat
     acker.ack = SimpleNamespace(acknowledge=lambda seqs: pytest.fail(f"acknowledged {seqs} during the stop"))
     with pytest.raises(CORBA.TRANSIENT):
         acker.acknowledge([0, 1])
+
+
+def test_an_acknowledge_whose_delete_failed_during_the_stop_is_not_done_and_the_stop_waits_for_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: an acknowledge that had passed its check when the stop began kept retrying its delete (the database
+    away) until the proxy stopped, then saved the acknowledgement state without the events and returned as done:
+    their rows stayed for the next owner, which delivered the acknowledged events again. Now the call holds the
+    channel's gate (the stop waits for it) and, stopped before its delete worked, saves nothing and answers
+    TRANSIENT (COMPLETED_NO): asked again, the next owner acknowledges them."""
+    from router.channel.ack import StructuredProxyPushSupplierAckImpl
+    from router.channel.queue import Entry
+
+    acker = make_proxy(StructuredProxyPushSupplierAckImpl, Consumer(), monkeypatch)
+    acker._lock, acker.closing, acker.extra = threading.RLock(), False, {}
+    acker.writes = []
+    acker._update = lambda **cols: acker.writes.append(cols)
+    acker._init_ack()
+    store = acker.rt.store = _FlakyStore()
+    channel = acker.channel = _channel_of(acker)
+    pending = acker.ack.open([Entry(record(1, db_id=101), 0)], 0.0)
+    store.down = True
+    outcome: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            acker.acknowledge([pending.sn])
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 — the test inspects it
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    wait_for(lambda: not acker.ack.inflight, "the acknowledge taken, its delete retrying")
+    left = _stop(channel, 0.3)
+    caller.join(10)
+    assert not caller.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], CORBA.TRANSIENT), outcome
+    assert outcome[0].completed == CORBA.COMPLETED_NO
+    assert store.deleted == [] and acker.writes == [], "nothing deleted, no acknowledgement state saved"
+    assert "channel 0: accepts in flight" in [p.label for p in left], "the stop waited for the acknowledge"
