@@ -8,6 +8,7 @@ listed or resolvable by id (NS 3.4.15).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Any, cast
@@ -127,7 +128,10 @@ class _AdminBase(QoSMixin, FilterMixin):
     # -- proxies ------------------------------------------------------------------------------------------
     def _new_proxy(self, kind: str, *, es_style: bool) -> Any:
         level = Q.Level.PROXY_SUPPLIER if self.side == "C" else Q.Level.PROXY_CONSUMER
-        with self._lock:
+        # through the channel's gate: not while the channel is handed to another node (TRANSIENT, nothing made),
+        # and a hand-off waits for a proxy being made, so its row is there before the next owner loads the channel
+        gate = getattr(self.channel, "gate", None)          # (a channel stand-in of the unit tests has none)
+        with gate.passing() if gate is not None else contextlib.nullcontext(), self._lock:
             if self.destroyed:
                 raise CORBA.OBJECT_NOT_EXIST(0, CORBA.COMPLETED_NO)
             self.channel.check_limit(self.side)

@@ -357,7 +357,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         from router.channel.store import AdminRow
 
         level = Q.Level.CONSUMER_ADMIN if side == "C" else Q.Level.SUPPLIER_ADMIN
-        with self._lock:
+        with self.gate.passing(), self._lock:     # as a proxy's (router/channel/admins.py): not during a hand-off
             self._check_alive()
             check_admins(self.rt.limits, self.factory)
             admins = self.consumer_admins if side == "C" else self.supplier_admins

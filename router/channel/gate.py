@@ -1,7 +1,8 @@
 """A channel's entry gate for accepted events: a hand-over of the channel to another node (router/cluster/release.py)
 closes it and waits for the routes in flight, so no event is stored for the channel here after its ownership moved.
-A route refused at a closed gate is ``TRANSIENT`` (``COMPLETED_NO``: nothing was stored; asked again, the channel's
-new owner answers)."""
+Making an admin or a proxy and an Ack proxy's ``acknowledge`` pass the same gate (their rows must be written
+before the next owner loads the channel, or not at all). A call refused at a closed gate is ``TRANSIENT``
+(``COMPLETED_NO``: nothing was stored; asked again, the channel's new owner answers)."""
 
 from __future__ import annotations
 

@@ -227,3 +227,35 @@ def test_an_acknowledge_whose_delete_failed_during_the_stop_is_not_done_and_the_
     assert outcome[0].completed == CORBA.COMPLETED_NO
     assert store.deleted == [] and acker.writes == [], "nothing deleted, no acknowledgement state saved"
     assert "channel 0: accepts in flight" in [p.label for p in left], "the stop waited for the acknowledge"
+
+
+class _NoWrites:
+    def unit_of_work(self, timeout: float | None = None) -> Any:
+        raise AssertionError("a row was written for a channel being handed to another node")
+
+
+def test_no_admin_or_proxy_is_made_while_the_channel_is_handed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: an admin or a proxy made during the stop had its row inserted; when that committed after the next
+    owner had loaded the channel, the next owner did not know it (its calls there got OBJECT_NOT_EXIST) although
+    the client had been given its reference. Now both pass the channel's gate: refused TRANSIENT (COMPLETED_NO,
+    nothing written) while it is closed; one being made is waited for by the stop."""
+    from router.channel.admins import ConsumerAdminImpl
+    from router.channel.channel import EventChannelImpl
+
+    channel = object.__new__(EventChannelImpl)
+    channel._lock, channel.destroyed = threading.RLock(), False
+    channel.rt = SimpleNamespace(db=_NoWrites(), limits=None)
+    channel.consumer_admins, channel.supplier_admins = {}, {}
+    channel.factory, channel.qos, channel._next_admin, channel.id = None, {}, {"C": 0, "S": 0}, 0
+    channel.check_limit = lambda side: None
+    monkeypatch.setattr("router.channel.channel.check_admins", lambda limits, factory: None)
+    monkeypatch.setattr("router.channel.admins.check_proxies", lambda limits, factory: None)
+    channel.gate.close(1.0)                                   # the hand-off's stop began
+    with pytest.raises(CORBA.TRANSIENT) as refused:
+        channel._new_admin("C", SimpleNamespace(_v=0), es_style=False)
+    assert refused.value.completed == CORBA.COMPLETED_NO
+    admin = object.__new__(ConsumerAdminImpl)
+    admin._lock, admin.destroyed, admin.side, admin.channel = threading.RLock(), False, "C", channel
+    admin.rt, admin.qos, admin._next_proxy, admin.id = channel.rt, {}, 0, 0
+    with pytest.raises(CORBA.TRANSIENT):
+        admin._new_proxy("STRUCTURED", es_style=False)
