@@ -46,6 +46,7 @@ __all__ = [
     "StateLock",
     "bind_problem",
     "kept_for_restart",
+    "postgres_problem",
     "prepared_transactions_problem",
     "private_tree",
     "probe_broker",
@@ -235,15 +236,21 @@ def probe_postgres(dsn: str, timeout: float) -> str | None:
     """Connect and ``SELECT 1`` within ``timeout`` s; ``None`` when it worked, else the (redacted) reason."""
     import psycopg
 
-    from router.config import redact_dsn
     from router.db.conninfo import connect as connect_bounded
 
     try:
         with connect_bounded(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
-        return postgres_hint(redact_dsn(" ".join(str(exc).split())) or type(exc).__name__)
+        return postgres_problem(exc)
     return None
+
+
+def postgres_problem(exc: Exception) -> str:
+    """What a failed probe of PostgreSQL reports: the error on one line, redacted, with :func:`postgres_hint`."""
+    from router.config import redact_dsn
+
+    return postgres_hint(redact_dsn(" ".join(str(exc).split())) or type(exc).__name__)
 
 
 def postgres_hint(reason: str) -> str:

@@ -158,6 +158,7 @@ class Node(ClusterRole):
         self.embedded_mq: Any = None
         self.health: dict[str, Any] = {}
         self.watches: list[Any] = []
+        self._pg_probe: Any = None  # router.db.health.PostgresProbe, the PostgreSQL watch's kept connection
         self._switch_interval_before: float | None = None     # sys.getswitchinterval() before tune_interpreter
         self._lock: Any = None
         self._stopped = threading.Event()
@@ -182,6 +183,8 @@ class Node(ClusterRole):
         self._check_services()
         self._start_channel()
         self._publish()
+        if self._pg_probe is not None:   # made before the node's sessions were named: the watch makes a named one
+            self._pg_probe.close()
         for watch in self.watches:
             watch.start()
 
@@ -272,9 +275,17 @@ class Node(ClusterRole):
                         ServiceWatch("ActiveMQ", mq, self._probe_broker, self.embedded_mq, interval=interval)]
 
     def _probe_pg(self) -> str | None:
-        from router.lifecycle import probe_postgres
+        """On one kept connection (router/db/health.py: a new one only when it fails, not every probe)."""
+        from router.db.health import PostgresProbe
+        from router.lifecycle import postgres_problem
 
-        return probe_postgres(self.pg_dsn, self.s.pg_connect_timeout_s)
+        probe = self._pg_probe
+        if probe is None or probe.dsn != self.pg_dsn:
+            if probe is not None:
+                probe.close()
+            probe = self._pg_probe = PostgresProbe(self.pg_dsn, self.s.pg_connect_timeout_s)
+        problem = probe.check()
+        return None if problem is None else postgres_problem(problem)
 
     def _probe_broker(self) -> str | None:
         from router.lifecycle import probe_broker
@@ -606,6 +617,8 @@ class Node(ClusterRole):
             return
         for watch in self.watches:
             watch.stop()  # before the services stop: a watch would restart them
+        if self._pg_probe is not None:
+            self._pg_probe.close()
         if self.takeover is not None:
             self.takeover.stop()         # before the bridges: a takeover pass may be starting some
         if self.bridges is not None:

@@ -297,6 +297,36 @@ def test_the_next_batch_is_written_while_the_commit_receipt_is_in_flight_and_com
     assert broker.bodies() == events(300)
 
 
+def test_events_arriving_one_by_one_wait_for_the_commit_in_flight_and_go_in_one_transaction() -> None:
+    """Group commit (issue 27): with less than a full batch queued, nothing is written behind a COMMIT in flight;
+    once its receipt is in, everything queued meanwhile goes in ONE transaction (before: the one event queued when
+    the COMMIT was written went alone, the later ones in a third transaction)."""
+    broker, _, proxy = make()
+    real_commit, real_wait = broker.commit_nowait, Pending.wait
+    arrivals = {"tx1": ("a1",), "tx1-wait": ("a2", "a3", "a4")}
+
+    def commit_nowait(transaction: str) -> Pending:
+        pending = real_commit(transaction)
+        proxy.put(*arrivals.pop(transaction, ()))              # queued while the COMMIT is on its way
+        return pending
+
+    def wait(self: Pending) -> None:
+        proxy.put(*arrivals.pop(f"{self.tx}-wait", ()))        # queued while its receipt is awaited
+        real_wait(self)
+
+    broker.commit_nowait = commit_nowait  # type: ignore[method-assign]
+    Pending.wait = wait  # type: ignore[method-assign]
+    try:
+        proxy.put("e0")
+        assert proxy.run() == [Outcome.DELIVERED]
+    finally:
+        Pending.wait = real_wait  # type: ignore[method-assign]
+    assert transactions(broker) == [["e0"], ["a1", "a2", "a3", "a4"]]
+    f = broker.frames
+    assert f.index(("RECEIPT", "tx1")) < f.index(("BEGIN", "tx2"))      # written after the receipt, not behind it
+    assert broker.bodies() == proxy.delivered == ["e0", "a1", "a2", "a3", "a4"]
+
+
 def test_the_delivered_rows_delete_runs_while_the_next_commit_receipt_is_in_flight() -> None:
     broker, _, proxy = make()
     proxy.flush_due, proxy.frames = True, broker.frames
@@ -529,12 +559,12 @@ def test_unwinding_with_a_commit_in_flight_drops_its_receipt_waiter(monkeypatch:
         return real(event)
 
     monkeypatch.setattr(localpush, "as_structured", convert)
-    proxy.put(*events(150))
+    proxy.put(*events(250))               # a backlog: the second batch is converted while tx1's COMMIT is out
     with pytest.raises(KeyboardInterrupt):
         localpush.deliver(proxy, localpush.target(proxy), proxy.queue.take(1))
     assert ("COMMIT", "tx1") in broker.frames and ("DISCARD", "tx1") in broker.frames
     assert broker.in_flight == []
-    assert [e.record.event.value for e in proxy.queue.take(1000)] == events(150)
+    assert [e.record.event.value for e in proxy.queue.take(1000)] == events(250)
 
 
 def test_a_teardown_that_stops_waiting_records_every_entry_of_the_batches_in_flight(monkeypatch: Any) -> None:
