@@ -102,7 +102,7 @@ def units(conn: Conn) -> dict[str, dict[int, int]]:
 
 def _open_channels(conn: Conn) -> set[int]:
     return {int(r[0]) for r in conn.execute(
-        "SELECT channel_id FROM nsjms_handoff WHERE state IN ('requested', 'released')").fetchall()}
+        "SELECT channel_id FROM nsjms_handoff WHERE state IN ('claimed', 'requested', 'released')").fetchall()}
 
 
 def _insert(conn: Conn, cid: int, frm: str, epoch: int, to: str, reason: str) -> HandOff | None:
@@ -157,7 +157,7 @@ def request_rebalance(conn: Conn) -> list[HandOff]:
     live = {m.node_id: m.epoch for m in M.members(conn) if m.live}
     targets = live_targets(conn)
     busy = {int(c): str(t) for c, t in conn.execute(
-        "SELECT channel_id, to_node FROM nsjms_handoff WHERE state IN ('requested', 'released')").fetchall()}
+        "SELECT channel_id, to_node FROM nsjms_handoff WHERE state IN ('claimed', 'requested', 'released')").fetchall()}
     owned = units(conn)
     fixed: dict[str, int] = {}
     for u in owned.values():
