@@ -97,7 +97,7 @@ def test_a_rolling_restart_of_three_nodes_by_plain_restarts_loses_nothing(
             began = time.monotonic()
             assert nodes[k].stop() == 0, f"{name} stops cleanly on SIGTERM"
             stopped = time.monotonic() - began
-            assert wait_until(lambda: name not in ownership(fresh_db).values(), 60), ownership(fresh_db)
+            assert wait_until(lambda n=name: n not in ownership(fresh_db).values(), 60), ownership(fresh_db)
             moved = time.monotonic() - began
             nodes[k] = start_node(tmp_path, name, fresh_db, broker_url, monkeypatch)
             log.append(f"{name}: owned {owned}; stopped in {stopped:.1f} s, its work claimed {moved:.1f} s, running "
