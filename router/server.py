@@ -82,6 +82,7 @@ class NodeSettings:
     cluster_renew_s: float = 2.0     # [cluster] renew_s / expiry_s: the membership lease (docs/cluster.md)
     cluster_expiry_s: float = 20.0
     cluster_placement: str = "creator"   # [cluster] placement: who owns a new channel (docs/cluster.md)
+    cluster_rebalance_on_join: bool = False   # [cluster] rebalance_on_join: ask for a share at join
     cluster_peers: tuple[str, ...] = ()   # [cluster] peers: other nodes' host:port, published in every reference
 
 

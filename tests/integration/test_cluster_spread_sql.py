@@ -163,3 +163,27 @@ def test_an_open_claimed_share_blocks_other_moves_of_its_channel(db: Database) -
             assert H._insert(conn, cid, "n3", 1, "n2", "rebalance") is None
         moves = H.request_rebalance(conn)
     assert not {m.channel_id for m in moves} & claimed
+
+
+def test_a_joining_node_requests_its_share_only_moves_to_it(db: Database) -> None:
+    """cluster.rebalance_on_join (router/cluster/handoff.py request_join): n3 joins owning nothing; moves to it
+    from the most loaded members, as many as bring it level, nothing between n1 and n2; asked again (a second
+    node's request, or a retry), the moves in progress count and nothing more moves."""
+    join(db, "n1"), join(db, "n2")
+    _channel(db, 1, "n1", bridges=1)
+    for cid in (2, 3, 4):
+        _channel(db, cid, "n1")
+    _channel(db, 5, "n2")
+    _channel(db, 6, "n2")
+    join(db, "n3")
+    with db.unit_of_work() as conn:
+        moves = H.request_join(conn, "n3")
+    assert {(m.to_node, m.reason, m.state) for m in moves} == {("n3", "join", "requested")}
+    assert [(m.channel_id, m.from_node) for m in moves] == [(1, "n1")], \
+        "n1 (5 objects) gives the unit nearest half the gap (channel 1 and its bridge: 3 / 2 after), n2 keeps its own"
+    with db.unit_of_work() as conn:
+        assert H.request_join(conn, "n3") == [], "asked again: what is on its way counts"
+        conn.execute("INSERT INTO nsjms_drain (node_id, epoch) VALUES ('n2', 1)")
+    join(db, "n4")
+    with db.unit_of_work() as conn:
+        assert all(m.from_node != "n2" for m in H.request_join(conn, "n4")), "a draining member is left alone"
