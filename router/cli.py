@@ -247,6 +247,7 @@ def _settings(cfg: Any) -> Any:
         cluster_renew_s=float(cfg.cluster.renew_s),
         cluster_expiry_s=float(cfg.cluster.expiry_s),
         cluster_placement=str(cfg.cluster.placement),
+        cluster_rebalance_on_join=bool(cfg.cluster.rebalance_on_join),
         cluster_peers=cfg.cluster.peers,
     )
 

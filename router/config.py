@@ -254,6 +254,7 @@ class ClusterConfig:
     renew_s: int = 2                # how often the node renews its lease (ActiveMQ Artemis's JDBC default)
     expiry_s: int = 20              # a lease not renewed for this long is taken over; at least 3 x renew_s
     placement: str = "creator"      # who owns a new channel: "creator" or "least-loaded" (docs/cluster.md)
+    rebalance_on_join: bool = False  # a node that joins asks for its share of the channels (docs/cluster.md)
     #: The other nodes' ORB addresses (``host:port``), published as alternate IIOP addresses in every reference of
     #: this node, with the members PostgreSQL knows at start (docs/cluster.md, "CORBA addressing").
     peers: tuple[str, ...] = ()
@@ -507,7 +508,7 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
                 "tls_cert": _Key(_file_name), "tls_key": _Key(_file_name),
                 "audit_reports": _Key(_file_name)},
     "cluster": {"renew_s": _Key(_integer(1, 60)), "expiry_s": _Key(_integer(3, 600)),
-                "placement": _Key(_placement), "peers": _Key(_addresses)},
+                "placement": _Key(_placement), "peers": _Key(_addresses), "rebalance_on_join": _Key(_boolean)},
 }
 _SECTION_TYPES: dict[str, type] = {
     "node": NodeConfig,

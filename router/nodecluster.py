@@ -128,6 +128,7 @@ class ClusterRole:
         epoch = self._live_epoch()
         if epoch is None:
             return
+        self._ask_for_share(epoch)
         with self.db.unit_of_work() as conn:
             outbound = H.open_from(conn, self.s.node_id, epoch)
         stuck: dict[int, list[Pending]] = self.__dict__.setdefault("_handoff_stuck", {})
@@ -192,6 +193,21 @@ class ClusterRole:
             telemetry.cluster_handoff("started", h.reason)
         log.info("cluster: took channels %s and bridges %s over by hand-off", list(owned.channels),
                  list(owned.bridges))
+
+    def _ask_for_share(self, epoch: int) -> None:
+        """``cluster.rebalance_on_join``: once per incarnation, at its first period, the node that has just joined
+        requests its share of the channels (router/cluster/handoff.py ``request_join``: only moves to it, as many as
+        bring it level, each by the hand-off). Never again in this incarnation: a late renewal or a blip moves
+        nothing (sticky); a restart is a new incarnation and asks again."""
+        from router.cluster import handoff as H
+
+        if not getattr(self.s, "cluster_rebalance_on_join", False) or self.__dict__.get("_share_asked") == epoch:
+            return
+        with self.db.unit_of_work() as conn:
+            moves = H.request_join(conn, self.s.node_id)
+        self.__dict__["_share_asked"] = epoch
+        log.info("cluster: node %s joined; its share: %s", self.s.node_id,
+                 [(m.channel_id, m.from_node) for m in moves] or "nothing to move")
 
     def _report_drained(self, epoch: int) -> None:
         """While this node is drained: its routing transactions still in doubt in its own log (only it reads

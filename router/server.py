@@ -82,6 +82,7 @@ class NodeSettings:
     cluster_renew_s: float = 2.0     # [cluster] renew_s / expiry_s: the membership lease (docs/cluster.md)
     cluster_expiry_s: float = 20.0
     cluster_placement: str = "creator"   # [cluster] placement: who owns a new channel (docs/cluster.md)
+    cluster_rebalance_on_join: bool = False   # [cluster] rebalance_on_join: ask for a share at join
     cluster_peers: tuple[str, ...] = ()   # [cluster] peers: other nodes' host:port, published in every reference
 
 
@@ -449,13 +450,14 @@ class Node(ClusterRole):
 
     def broker_settings(self) -> Any:
         """The bridges' BrokerSettings: the broker, and the node's one event size limit (``node.max_event_bytes``)
-        for JMS -> channel events and message bodies."""
+        for JMS -> channel events and message bodies; a topic source's heart-beat from the cluster lease."""
         from router.bridge.bridge import BrokerSettings
+        from router.bridge.brokerlink import subscriber_heartbeat_ms
         from router.mapping.stomp_codec import StompCodec
 
         return BrokerSettings(self.broker_url, self.broker_login, self.broker_passcode,
                               max_event_bytes=self.s.max_event_bytes, amq_dupl_id=self.s.broker_amq_dupl_id,
-                              codec=StompCodec())
+                              codec=StompCodec(), sub_heartbeat_ms=subscriber_heartbeat_ms(self.s.cluster_expiry_s))
 
     def endpoints(self) -> dict[str, Any]:
         from router.config import redact_dsn

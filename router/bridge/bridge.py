@@ -72,6 +72,9 @@ class BrokerSettings:
     #: the one encoding of the bridges' messages (checked against the broker's limits while mapping, written to the
     #: outbox, given to the bridges' transports): the node gives router.mapping.stomp_codec.StompCodec
     codec: MessageCodec = field(default_factory=SimpleCodec)
+    #: heart-beats of a topic source's connection, both ways (the node: its cluster lease's expiry_s / 2, at most
+    #: 10 s; router.bridge.brokerlink, docs/cluster.md)
+    sub_heartbeat_ms: int = 10_000
 
 
 class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):

@@ -26,10 +26,12 @@ from router.bridge.endpoints import EndpointSpec, parse_factory
 from router.bridge.store import BridgeRow
 from router.bridge.txout import OutboundT2
 from router.jms.model import Destination, JmsMessage
+from router.jms.retry import RetryPolicy
 from router.jms.transport import AckMode, ConnectionState, EncodedMessage, MessageCodec, Subscription, Transport
 from router.mapping import event_to_jms
 
-__all__ = ["DEFAULT_PREFETCH", "T2_ALT_RETRY_S", "T2_STOP_WAIT_S", "BrokerLink", "LazyTransport"]
+__all__ = ["DEFAULT_PREFETCH", "SUBSCRIBER_RECONNECT", "T2_ALT_RETRY_S", "T2_STOP_WAIT_S", "BrokerLink",
+           "LazyTransport", "subscriber_heartbeat_ms"]
 
 log = logging.getLogger("nsjms.bridge")
 
@@ -44,6 +46,18 @@ T2_STOP_WAIT_S = 15.0
 #: After the broker refused the bridge's second connection (``-t2b``), how long its T2s use the first one before
 #: the second is tried again (and the next failure logged).
 T2_ALT_RETRY_S = 30.0
+#: Reconnecting a topic source's connection (:meth:`BrokerLink._subscriber_options`): the transport's attempts and
+#: total time, waits of at most 1 s (not 5 s): while a paused owner's connection still holds the durable
+#: subscription's client id the connect is refused, and the survivor retries until the broker dropped it.
+SUBSCRIBER_RECONNECT = RetryPolicy("transport.reconnect.subscriber", max_attempts=60, max_total_s=60.0,
+                                   initial_wait_s=0.2, max_wait_s=1.0)
+
+
+def subscriber_heartbeat_ms(expiry_s: float) -> int:
+    """A topic source's STOMP heart-beat (both ways) for a cluster lease of ``expiry_s``: half of it, at most the
+    transport's 10 s, at least 1 s. The broker then drops a paused owner's connection within about 1.5 heart-beats,
+    so the survivor that took the bridge over after ``expiry_s`` finds the durable subscription's client id free."""
+    return int(max(1_000, min(10_000, expiry_s * 500)))
 
 
 def _now() -> float:
@@ -104,10 +118,24 @@ class BrokerLink:
                 self.transport = self.factory.open_transport(
                     b.url, username=b.login or None, password=b.passcode or None,
                     client_id=self._client_id(), on_state=self._on_broker_state,
-                    shutdown=self.factory.shutdown_event)
+                    shutdown=self.factory.shutdown_event, **self._subscriber_options())
                 self.transport.connect(retry=False)
                 self.broker_state = ConnectionState.CONNECTED
             return self.transport
+
+    def _subscriber_options(self) -> dict[str, Any]:
+        """A topic source's connection (a durable subscription of a Persistent channel holds the client id the
+        bridge's next owner needs, :meth:`_client_id`): heart-beats both ways every ``BrokerSettings.sub_heartbeat_ms``
+        (the node derives it from its cluster lease: ``expiry_s / 2``, at most 10 s), so that the broker drops a
+        paused owner's connection, and with it the client id, about one and a half heart-beats after the pause
+        (ActiveMQ's STOMP inactivity monitor: the client's heart-beat times its grace period); and a reconnect
+        backoff of at most :data:`SUBSCRIBER_RECONNECT`'s 1 s while the id is refused, so a survivor resumes the
+        subscription within a second of the broker dropping it. Other connections keep the transport's defaults."""
+        destination = getattr(self, "destination", None)     # (a bridge built part-way, as some tests do: none)
+        if destination is None or destination.kind != "topic" or getattr(self, "flow_in", None) is None:
+            return {}
+        beat = int(getattr(self.factory.broker, "sub_heartbeat_ms", 10_000))
+        return {"heartbeats": (beat, beat), "reconnect_policy": SUBSCRIBER_RECONNECT}
 
     def _client_id(self) -> str:
         """The JMS client id of the bridge's first connection. A durable subscription is the pair (client id,

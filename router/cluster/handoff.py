@@ -28,11 +28,11 @@ import psycopg
 from router.cluster import members as M
 from router.cluster.errors import ClusterError
 from router.cluster.ownership import Owned
-from router.cluster.placement import drain_moves, least_loaded, rebalance_moves
+from router.cluster.placement import drain_moves, join_moves, least_loaded, rebalance_moves
 
 __all__ = ["DrainState", "HandOff", "HandOffRefused", "channel_unit", "drain_state", "draining", "fail",
            "is_draining", "live_targets", "mark_started", "moves_of", "open_from", "place_new", "release",
-           "released_to", "report_in_doubt", "request_drain", "request_rebalance", "units"]
+           "released_to", "report_in_doubt", "request_drain", "request_join", "request_rebalance", "units"]
 
 Conn = psycopg.Connection[Any]
 
@@ -102,7 +102,7 @@ def units(conn: Conn) -> dict[str, dict[int, int]]:
 
 def _open_channels(conn: Conn) -> set[int]:
     return {int(r[0]) for r in conn.execute(
-        "SELECT channel_id FROM nsjms_handoff WHERE state IN ('requested', 'released')").fetchall()}
+        "SELECT channel_id FROM nsjms_handoff WHERE state IN ('claimed', 'requested', 'released')").fetchall()}
 
 
 def _insert(conn: Conn, cid: int, frm: str, epoch: int, to: str, reason: str) -> HandOff | None:
@@ -157,7 +157,7 @@ def request_rebalance(conn: Conn) -> list[HandOff]:
     live = {m.node_id: m.epoch for m in M.members(conn) if m.live}
     targets = live_targets(conn)
     busy = {int(c): str(t) for c, t in conn.execute(
-        "SELECT channel_id, to_node FROM nsjms_handoff WHERE state IN ('requested', 'released')").fetchall()}
+        "SELECT channel_id, to_node FROM nsjms_handoff WHERE state IN ('claimed', 'requested', 'released')").fetchall()}
     owned = units(conn)
     fixed: dict[str, int] = {}
     for u in owned.values():
@@ -167,6 +167,32 @@ def request_rebalance(conn: Conn) -> list[HandOff]:
     movable = {n: {c: w for c, w in u.items() if c not in busy} for n, u in owned.items() if n in targets}
     return _inserted([_insert(conn, cid, frm, live[frm], to, "rebalance")
                       for cid, frm, to in rebalance_moves(movable, targets, fixed)])
+
+
+#: The key of the transaction-level advisory lock that serialises the join requests (two nodes joining at once each
+#: see the other's requested moves, counted at their destination): a lock of one transaction, not of a session.
+JOIN_LOCK = 7715012
+
+
+def request_join(conn: Conn, node: str) -> list[HandOff]:
+    """``cluster.rebalance_on_join``: the moves that give ``node``, which has just joined, its share
+    (:func:`router.cluster.placement.join_moves`): only channels moving to it, from the most loaded live members
+    that are not draining, as many as bring it level; channels already being moved stay out and count where they go.
+    Nothing when ``node`` is not a live member or is draining."""
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (JOIN_LOCK,))
+    live = {m.node_id: m.epoch for m in M.members(conn) if m.live}
+    targets = live_targets(conn)
+    busy = {int(c): str(t) for c, t in conn.execute(
+        "SELECT channel_id, to_node FROM nsjms_handoff WHERE state IN ('claimed', 'requested', 'released')").fetchall()}
+    owned = units(conn)
+    fixed: dict[str, int] = {}
+    for u in owned.values():
+        for cid, w in u.items():
+            if cid in busy:
+                fixed[busy[cid]] = fixed.get(busy[cid], 0) + w
+    movable = {n: {c: w for c, w in u.items() if c not in busy} for n, u in owned.items() if n in targets}
+    return _inserted([_insert(conn, cid, frm, live[frm], to, "join")
+                      for cid, frm, to in join_moves(movable, targets, node, fixed)])
 
 
 def place_new(conn: Conn, cid: int, creator: str, epoch: int) -> HandOff | None:

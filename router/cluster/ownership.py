@@ -96,6 +96,6 @@ def claim_all(conn: Conn, dead: str, by: str, by_epoch: int) -> tuple[int, Owned
     # its channel (no other move, never a clean drain), and a 'released' one was started by the dead node's next
     # incarnation beside ``by``: two nodes running one channel (review of this session).
     conn.execute("UPDATE nsjms_handoff SET state = 'failed', error = %s WHERE (from_node = %s AND state = 'requested') "
-                 "OR (to_node = %s AND state IN ('requested', 'released'))",
+                 "OR (to_node = %s AND state IN ('claimed', 'requested', 'released'))",
                  (f"node {dead} was taken over by {by}", dead, dead))
     return new_epoch, moved

@@ -5,16 +5,17 @@ The unit that moves is a **channel with its bridges** (a bridge talks to its cha
 is the number of objects it owns, channels and bridges counted alike (``nsjms_owner`` rows): a plain count, not
 events per second; a busy channel and an idle one weigh the same. A unit weighs 1 + its bridges.
 
-Assignment is **sticky**: nothing here runs by itself on a lease blip or a join. A channel moves only when an
-operator drains its node or asks for a rebalance, when its node dies (the takeover), or right after its creation
-when ``cluster.placement = "least-loaded"`` names another node.
+Assignment is **sticky**: nothing here runs by itself on a lease blip. A channel moves only when an operator drains
+its node or asks for a rebalance, when its node dies (the takeover), right after its creation when
+``cluster.placement = "least-loaded"`` names another node, or once when a node joins with
+``cluster.rebalance_on_join`` (its share, :func:`join_moves`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-__all__ = ["drain_moves", "least_loaded", "rebalance_moves"]
+__all__ = ["drain_moves", "join_moves", "least_loaded", "rebalance_moves"]
 
 
 def least_loaded(loads: Mapping[str, int], candidates: Sequence[str]) -> str | None:
@@ -68,3 +69,33 @@ def rebalance_moves(units: Mapping[str, Mapping[int, int]], live: Sequence[str],
         load[hi] -= w
         load[lo] += w
     return out
+
+
+def join_moves(units: Mapping[str, Mapping[int, int]], live: Sequence[str], joiner: str,
+               fixed: Mapping[str, int] | None = None) -> list[tuple[int, str, str]]:
+    """The share of a node that has just joined: the moves (channel, from, to ``joiner``) of :func:`rebalance_moves`
+    with the joiner always the receiving end, so only as many channels move as bring it level with the others, and
+    no channel moves between the other members. Repeatedly, from the most loaded member that has a unit lighter than
+    its gap to the joiner, the unit whose weight is nearest half that gap (then the lowest id); each channel at most
+    once. ``units``, ``fixed``: as for :func:`rebalance_moves`; nothing when the joiner is not in ``live``."""
+    if joiner not in live:
+        return []
+    load = {n: (fixed or {}).get(n, 0) + sum(units.get(n, {}).values()) for n in live}
+    held = {n: dict(units.get(n, {})) for n in live}
+    out: list[tuple[int, str, str]] = []
+    while True:
+        best: tuple[int, int, str] | None = None
+        for hi in sorted((n for n in live if n != joiner), key=lambda n: (-load[n], n)):
+            gap = load[hi] - load[joiner]
+            fits = [(cid, w) for cid, w in held[hi].items() if 0 < w < gap]
+            if fits:
+                cid, w = min(fits, key=lambda cw: (abs(2 * cw[1] - gap), cw[0]))
+                best = (cid, w, hi)
+                break
+        if best is None:
+            return out
+        cid, w, hi = best
+        out.append((cid, hi, joiner))
+        del held[hi][cid]
+        load[hi] -= w
+        load[joiner] += w

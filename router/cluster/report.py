@@ -76,11 +76,12 @@ def cluster_report(conn: Conn) -> dict[str, Any]:
 
 
 def _open_handoffs(conn: Conn) -> list[dict[str, Any]]:
-    """Moves requested or released, not started yet (router/cluster/handoff.py)."""
+    """Moves claimed (a takeover's share, until the recovery), requested or released, not started yet
+    (router/cluster/handoff.py, spread.py)."""
     return [{"channel": int(c), "from": str(f), "to": str(t), "reason": str(r), "state": str(s)}
             for c, f, t, r, s in conn.execute(
                 "SELECT channel_id, from_node, to_node, reason, state FROM nsjms_handoff "
-                "WHERE state IN ('requested', 'released') ORDER BY id").fetchall()]
+                "WHERE state IN ('claimed', 'requested', 'released') ORDER BY id").fetchall()]
 
 
 def _unowned(conn: Conn) -> dict[str, list[int]]:

@@ -1,13 +1,17 @@
 """A survivor's takeover of dead members' work (docs/cluster.md).
 
 Every ``period`` seconds (the lease renewal period) a node reads the members; for each one whose lease expired or
-that left, it runs, in ONE PostgreSQL transaction, the fence (the dead node's epoch + 1, ``fenced``) and the claim of
-every channel and bridge it owned (:func:`router.cluster.ownership.claim_all`). Then, outside that transaction:
+that left, it runs, in ONE PostgreSQL transaction, the fence (the dead node's epoch + 1, ``fenced``) and the
+assignment of every channel (with its bridges) the dead node owned to the live members, least loaded first
+(:func:`router.cluster.spread.claim_spread`: the other survivors' shares are ``claimed`` hand-offs). Then, outside
+that transaction:
 
 1. ``recover(dead)``: finish the dead node's routing transactions from PostgreSQL alone (its decisions in
    ``nsjms_decision``; :mod:`router.cluster.decisions`), so no prepared branch of it still locks the queue rows
-   the survivor is about to load, and no logged COMMIT is delivered again;
-2. ``start(owned)``: load the claimed channels and bridges from PostgreSQL and start them.
+   the survivors are about to load, and no logged COMMIT is delivered again;
+2. the other survivors' shares are released (:func:`router.cluster.spread.release_recovered`): each loads its own
+   at its next period (the hand-off's start path, ``handoff``);
+3. ``start(owned)``: load this node's share from PostgreSQL and start it.
 
 Two survivors never both take one node over: the fence reads the member row ``FOR UPDATE``; the second finds it
 ``fenced`` and claims nothing. A survivor that dies after its claim committed owns the work like any other member:
@@ -34,8 +38,9 @@ from router.cluster import members as M
 from router.cluster.blockers import EndBlockers
 from router.cluster.errors import ClusterError, Fenced, NotExpired
 from router.cluster.lease import expired
-from router.cluster.ownership import Owned, claim_all
+from router.cluster.ownership import Owned
 from router.cluster.sessions import end_fenced_sessions
+from router.cluster.spread import Spread, claim_spread, release_recovered
 
 __all__ = ["TakenOver", "Takeover"]
 
@@ -45,8 +50,9 @@ log = logging.getLogger("nsjms.cluster")
 @dataclass(frozen=True)
 class TakenOver:
     """One takeover this node did: whom, when (``time.time()``), how long after the dead node's last renewal (from
-    PostgreSQL's clock), its new epoch, and what moved. ``started`` turns true once what moved is loaded and running
-    here (until then the claim is committed but a client asking this node for a claimed channel is told to retry)."""
+    PostgreSQL's clock), its new epoch, and what moved here (``owned``) and to each other survivor (``others``).
+    ``started`` turns true once what moved here is loaded and running (until then the claim is committed but a
+    client asking this node for a claimed channel is told to retry)."""
 
     node_id: str
     at: float
@@ -54,6 +60,7 @@ class TakenOver:
     epoch: int
     owned: Owned
     started: bool = False
+    others: dict[str, Owned] | None = None
 
 
 class Takeover:
@@ -114,27 +121,33 @@ class Takeover:
                         conn.execute("SET LOCAL lock_timeout = '10s'")
                         pid = getattr(getattr(conn, "info", None), "backend_pid", None)
                         with EndBlockers(self.db, pid, max(self.period_s, 1.0), f"node {dead}"):  # a paused one's
-                            new_epoch, owned = claim_all(conn, dead, self.node_id, epoch)         # open unit of work
+                            spread = claim_spread(conn, dead, self.node_id, epoch)                # open unit of work
                 except NotExpired:
                     continue                                   # it renewed, or rejoined, meanwhile
                 self._end_sessions(dead)
                 telemetry.cluster_takeover(dead)
-                if owned:
-                    done = TakenOver(dead, time.time(), renewed.get(dead, 0.0), new_epoch, owned)
-                    log.warning("cluster: node %s fenced (epoch %d); took over channels %s and bridges %s",
-                                dead, new_epoch, list(owned.channels), list(owned.bridges))
+                owned = spread.mine
+                if spread:
+                    done = TakenOver(dead, time.time(), renewed.get(dead, 0.0), spread.epoch, owned,
+                                     started=not owned, others=dict(spread.others))   # nothing here: started
+                    log.warning("cluster: node %s fenced (epoch %d); took over channels %s and bridges %s; "
+                                "spread to the other survivors: %s", dead, spread.epoch, list(owned.channels),
+                                list(owned.bridges), _shares(spread))
                     self.done.append(done)
                     out.append(done)
                     self._pending = _merge(self._pending, owned)
-                    if self._claimed is not None:
+                    if self._claimed is not None and owned:
                         self._claimed(owned)                   # claimed, not loaded yet: clients are told to retry
                     self._finish(dead)
+                    self._release([dead])                      # the others' shares, after the recovery
                     self._start_pending()
                 else:
-                    log.info("cluster: node %s fenced (epoch %d); it owned nothing", dead, new_epoch)
+                    log.info("cluster: node %s fenced (epoch %d); it owned nothing", dead, spread.epoch)
                     self._finish(dead)
-            for dead in self._to_recover():
+            recovered = self._to_recover()
+            for dead in recovered:
                 self._finish(dead)
+            self._release(recovered)         # shares a fencer that died could not release, and of rejoined nodes
             self._start_pending()            # a start that failed at an earlier pass (after the recoveries)
             if self._handoff is not None:
                 self._handoff()              # under the same lock: never beside a takeover's start
@@ -153,6 +166,14 @@ class Takeover:
         if ended:
             log.warning("cluster: ended %d PostgreSQL session(s) of fenced node %s (pids %s)", len(ended), dead,
                         ended)
+
+    def _release(self, recovered: list[str]) -> None:
+        """The other survivors' shares of the members in ``recovered`` (whose recovery ran) become loadable
+        (:func:`router.cluster.spread.release_recovered`)."""
+        with self.db.unit_of_work() as conn:
+            released = release_recovered(conn, recovered)
+        if released:
+            log.info("cluster: released taken-over channels to their new owners: %s", released)
 
     def _start_pending(self) -> None:
         if self._pending:
@@ -180,7 +201,9 @@ class Takeover:
     def status(self) -> list[dict[str, Any]]:
         return [{"node_id": t.node_id, "at": t.at, "after_last_renewal_s": round(t.after_last_renewal_s, 1),
                  "epoch": t.epoch, "channels": list(t.owned.channels), "bridges": list(t.owned.bridges),
-                 "started": t.started}
+                 "started": t.started,
+                 "spread": {n: {"channels": list(o.channels), "bridges": list(o.bridges)}
+                            for n, o in sorted((t.others or {}).items())}}
                 for t in self.done]
 
 
@@ -193,6 +216,10 @@ def to_recover(conn: Any, me: str) -> list[str]:
         "WHERE f.node_id = m.fenced_by AND f.state = 'live' AND f.lease_until > clock_timestamp())) "
         "ORDER BY m.node_id", (me, me)).fetchall()
     return [str(r[0]) for r in rows]
+
+
+def _shares(spread: Spread) -> dict[str, list[int]]:
+    return {n: list(o.channels) for n, o in sorted(spread.others.items())}
 
 
 def _merge(a: Owned, b: Owned) -> Owned:

@@ -194,3 +194,140 @@ def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_tran
         a.state_dir.chmod(0o700)
         a.stop()
         b.stop()
+
+
+def _gtrid_node(dedupe: str) -> str:
+    """The node whose routing transaction sent a message (its dedupe id is ``<gtrid>/<n>``, the gtrid ``<node>:…``)."""
+    return dedupe.split(":", 1)[0]
+
+
+def test_a_dead_nodes_channels_are_spread_over_both_survivors_under_t2_traffic(
+        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three nodes; ``na`` owns four channels: C1 with a channel -> JMS bridge in T2 (a standard-stub push supplier,
+    counted at a stomp.py consumer), C2 (T2) with a JMS -> channel bridge in T2 (a stomp.py producer, counted at a
+    standard-stub push consumer), C3 and C4 without bridges. Under traffic both ways ``na`` is SIGKILLed. The survivor
+    that fences it spreads its channels, each with its bridges, least loaded first, in the fence's transaction: C1
+    and C3 to ``nb``, C2 and C4 to ``nc`` (before, all four went to the fencer). The other survivor's share waits
+    until the fencer finished ``na``'s transactions, then that survivor loads it. Both flows resume, each on its
+    own survivor: 0 lost both ways, channel -> JMS duplicates only with their original's dedupe id."""
+    from clusterkit import StompProducer, Supplier, check_once, t2_persistent_channel
+
+    a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch)
+    b = start_node(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
+    c = start_node(tmp_path, "nc", fresh_db, broker_url, monkeypatch)
+    host, port = broker_url.removeprefix("stomp://").split(":")
+    counter = StompCounter()
+    listen = stomp.Connection([(host, int(port))], auto_content_length=False)
+    listen.set_listener("counter", counter)
+    listen.connect(wait=True)
+    supplier: Supplier | None = None
+    producer: StompProducer | None = None
+    try:
+        q_out, q_in = unique_name("cluster.spread.out"), unique_name("cluster.spread.in")
+        listen.subscribe(f"/queue/{q_out}", id="counter", ack="auto")
+        factory = client_orb.factory(a.ior())
+        bf = bridge_factory(client_orb, a)
+        c1, cid1 = persistent_channel(factory)
+        out_bridge, bid1 = bf.create_bridge(channel_ep(BA.SOURCE, cid1), jms_ep(BA.SINK, q_out))
+        managed_bridge(out_bridge).enable_transaction(PER_T2, 30)
+        c2, cid2 = t2_persistent_channel(factory, PER_T2)
+        consumer = structured_consumer(c2)               # its reference is stored: the new owner calls it back
+        in_bridge, bid2 = bf.create_bridge(jms_ep(BA.SOURCE, q_in), channel_ep(BA.SINK, cid2, BA.PULL))
+        _, cid3 = persistent_channel(factory)
+        _, cid4 = persistent_channel(factory)
+        assert set(ownership(fresh_db).values()) == {"na"}
+        out_bridge.start_bridge()
+        in_bridge.start_bridge()
+        supplier = Supplier(client_orb, [a, b, c], c1, cid1, follow_after_maybe=True)
+        producer = StompProducer(broker_url, q_in)
+        supplier.thread.start()
+        producer.thread.start()
+        assert wait_until(lambda: len(counter.names()) >= 20 and consumer.count() >= 20, 90), \
+            (len(counter.names()), consumer.count())
+
+        a.kill()                                         # SIGKILL
+        died = time.monotonic()
+        decided = {str(g) for (g,) in rows(fresh_db, "SELECT gtrid FROM nsjms_decision WHERE node_id = 'na'")}
+        supplier.nodes = [b, c]
+        mark_in = consumer.count()
+        unit = {cid1: [bid1], cid2: [bid2], cid3: [], cid4: []}
+        assert wait_until(lambda: "na" not in ownership(fresh_db).values(), 60), ownership(fresh_db)
+        claimed = time.monotonic() - died
+        owners = ownership(fresh_db)
+        for cid, bids in unit.items():
+            assert all(owners[("bridge", bid)] == owners[("channel", cid)] for bid in bids), \
+                f"a channel's bridges go with it: {owners}"
+        assert {owners[("channel", cid1)], owners[("channel", cid2)]} == {"nb", "nc"}, \
+            f"spread over both survivors, least loaded first (C1, C2 weigh 2 each): {owners}"
+        assert {owners[("channel", cid)] for cid in unit} == {"nb", "nc"}
+        assert (owners[("channel", cid3)], owners[("channel", cid4)]) == \
+            (owners[("channel", cid1)], owners[("channel", cid2)]), f"then the lighter ones, evened: {owners}"
+        node_of = {"nb": b, "nc": c}
+        running: dict[str, float] = {}
+
+        def _runs() -> bool:
+            for name, node in node_of.items():
+                want = {cid for cid in unit if owners[("channel", cid)] == name}
+                if name not in running and want <= {x["id"] for x in node_status(node).get("channels", [])}:
+                    running[name] = time.monotonic() - died
+            return len(running) == 2
+
+        out_owner = owners[("channel", cid1)]
+        resumed: dict[str, float] = {}
+
+        def _routed() -> bool:
+            with counter.lock:
+                sent_by_owner = any(_gtrid_node(d) == out_owner for _, d in counter.got)
+            if "channel -> JMS" not in resumed and sent_by_owner:
+                resumed["channel -> JMS"] = time.monotonic() - died
+            if "JMS -> channel" not in resumed and consumer.count() > mark_in:
+                resumed["JMS -> channel"] = time.monotonic() - died
+            return len(resumed) == 2 and _runs()
+
+        assert wait_until(_routed, 90), (resumed, running, node_status(b).get("channels"),
+                                         node_status(c).get("channels"))
+        fencer = rows(fresh_db, "SELECT fenced_by FROM nsjms_member WHERE node_id = 'na'")[0][0]
+        other = "nc" if fencer == "nb" else "nb"
+        handoffs = rows(fresh_db, "SELECT channel_id, from_node, to_node, reason, state FROM nsjms_handoff "
+                                  "ORDER BY channel_id")
+        assert handoffs == [(cid, "na", other, "takeover", "started") for cid in sorted(unit)
+                            if owners[("channel", cid)] == other], \
+            f"the other survivor's share: claimed in the fence, started once released: {handoffs}"
+
+        mark_out, mark_in = len(counter.names()), consumer.count()
+        assert wait_until(lambda: len(counter.names()) >= mark_out + 20 and consumer.count() >= mark_in + 20, 90), \
+            (len(counter.names()) - mark_out, consumer.count() - mark_in)
+        supplier.pause()
+        producer.stop.set()
+        producer.thread.join(30)
+        dup, n_in = check_once(counter, supplier.pushed, consumer, producer.sent, supplier.maybe,
+                               consumer_duplicates=True)
+        names = [n for n, _ in counter.got]
+        twice = {n for n in names if names.count(n) > 1}
+        assert all(d.rsplit("/", 1)[0] in decided for n, d in counter.got if n in twice), \
+            f"duplicates only of transactions whose decision row na left (phase two unknown): {sorted(twice)}"
+        assert wait_until(lambda: prepared_count(fresh_db) == 0, 30), "no prepared transaction left"
+        assert rows(fresh_db, "SELECT count(*) FROM nsjms_decision WHERE node_id = 'na'") == [(0,)]
+        assert rows(fresh_db, "SELECT epoch, state FROM nsjms_member WHERE node_id = 'na'") == [(2, "fenced")]
+        per_out: dict[str, int] = {}
+        for _, d in counter.got:
+            per_out[_gtrid_node(d)] = per_out.get(_gtrid_node(d), 0) + 1
+        per_in = {str(n): int(k) for n, k in rows(
+            fresh_db, "SELECT split_part(gtrid, ':', 1), count(*) FROM nsjms_inbox WHERE bridge_id = %s GROUP BY 1",
+            bid2)}
+        print(f"\nspread takeover (renew {RENEW_S} s, expiry {EXPIRY_S} s): na SIGKILLed, fenced by {fencer}; claimed "
+              f"(ownership moved) {claimed:.1f} s after the kill; shares running (s) "
+              f"{ {k: round(v, 1) for k, v in sorted(running.items())} }; routed again (s) "
+              f"{ {k: round(v, 1) for k, v in resumed.items()} }; owners {sorted(owners.items())}"
+              f"\nchannel -> JMS: {supplier.pushed} pushed ({len(supplier.maybe)} COMPLETED_MAYBE), {dup} duplicate(s) "
+              f"with their dedupe id; per node (sending transaction) {per_out}"
+              f"\nJMS -> channel: {producer.sent} messages, {n_in} events at the consumer "
+              f"({n_in - len(set(numbers(consumer.snapshot())))} delivered twice); per node (inbox rows) {per_in}")
+    finally:
+        for worker in (supplier, producer):
+            if worker is not None:
+                worker.stop.set()
+        listen.disconnect()
+        for node in (a, b, c):
+            node.stop()

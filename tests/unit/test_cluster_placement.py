@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.cluster.placement import drain_moves, least_loaded, rebalance_moves
+from router.cluster.placement import drain_moves, join_moves, least_loaded, rebalance_moves
 
 
 def test_least_loaded_counts_owned_objects_and_breaks_ties_by_node_id() -> None:
@@ -46,3 +46,21 @@ def test_rebalance_counts_moves_in_progress_at_their_destination() -> None:
     # b is already receiving 4 objects: a's 2 units of 1 stay where they are
     assert rebalance_moves({"a": {1: 1, 2: 1}}, ["a", "b"], fixed={"b": 4}) == []
     assert rebalance_moves({"a": {1: 1, 2: 1, 3: 1}}, ["a", "b"], fixed={"a": 2}) == [(1, "a", "b"), (2, "a", "b")]
+
+
+def test_a_joining_node_gets_its_share_and_nothing_moves_between_the_others() -> None:
+    """cluster.rebalance_on_join: only moves to the joiner, from the most loaded first, as many as bring it level."""
+    units = {"a": {1: 2, 2: 2, 3: 1, 4: 1}, "b": {5: 1, 6: 1}}
+    moves = join_moves(units, ["a", "b", "c"], "c")                 # a 6, b 2, c 0
+    assert all(to == "c" for _, _, to in moves)
+    load = {"a": 6, "b": 2, "c": 0}
+    for cid, frm, to in moves:
+        load[frm] -= units[frm][cid]
+        load[to] += units[frm][cid]
+    assert load == {"a": 3, "b": 2, "c": 3} and len(moves) == 2, (moves, load)
+    assert join_moves({"a": {1: 2}, "b": {2: 2}}, ["a", "b", "c"], "c") == [], \
+        "a unit as heavy as the gap stays: no move that only swaps the imbalance"
+    assert join_moves({"a": {1: 1, 2: 1}}, ["a", "b"], "b") == [(1, "a", "b")]
+    assert join_moves({"a": {1: 1, 2: 1, 3: 1}}, ["a"], "b") == [], "a joiner that is not live gets nothing"
+    assert join_moves({"a": {1: 1, 2: 1, 3: 1}}, ["a", "b"], "b", fixed={"b": 2}) == [], \
+        "moves already on their way to it count"

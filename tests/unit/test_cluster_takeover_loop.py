@@ -15,6 +15,7 @@ from router.cluster import NotExpired
 from router.cluster import takeover as T
 from router.cluster.lease import MemberView
 from router.cluster.ownership import Owned
+from router.cluster.spread import Spread
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 
@@ -37,14 +38,21 @@ def _takeover(monkeypatch: pytest.MonkeyPatch, views: list[MemberView], claims: 
               fenced_by_me: list[str], events: list[tuple[str, Any]], *, fail_recover: bool = False) -> T.Takeover:
     monkeypatch.setattr(T.M, "members", lambda conn: views)
 
-    def claim_all(conn: Any, dead: str, by: str, by_epoch: int) -> tuple[int, Owned]:
+    def claim_spread(conn: Any, dead: str, by: str, by_epoch: int) -> Spread:
         events.append(("claim", dead))
         outcome = claims[dead]
         if isinstance(outcome, Exception):
             raise outcome
-        return 2, outcome
+        return outcome if isinstance(outcome, Spread) else Spread(2, outcome)
 
-    monkeypatch.setattr(T, "claim_all", claim_all)
+    monkeypatch.setattr(T, "claim_spread", claim_spread)
+
+    def release_recovered(conn: Any, recovered: list[str]) -> list[tuple[int, str]]:
+        if recovered:
+            events.append(("release", tuple(recovered)))
+        return []
+
+    monkeypatch.setattr(T, "release_recovered", release_recovered)
 
     def recover(dead: str) -> None:
         events.append(("recover", dead))
@@ -68,7 +76,8 @@ def test_expired_and_departed_members_are_taken_over_never_this_node_nor_a_live_
     done = t.pass_once()
     assert [d.node_id for d in done] == ["dead"] and done[0].owned == owned and done[0].epoch == 2
     assert done[0].after_last_renewal_s == 7.0
-    assert events == [("claim", "dead"), ("recover", "dead"), ("start", owned),     # recovery before the start
+    assert events == [("claim", "dead"), ("recover", "dead"), ("release", ("dead",)),  # recovery before the
+                      ("start", owned),                                               # others' shares, the start
                       ("claim", "gone"), ("recover", "gone"),                       # owned nothing: no start
                       ("claim", "renewed")]                                         # renewed meanwhile: skipped
     assert t.status()[0]["channels"] == [3] and t.status()[0]["bridges"] == [7]
@@ -79,7 +88,7 @@ def test_a_failed_recovery_is_reported_and_retried_for_the_members_this_node_fen
     events: list[tuple[str, Any]] = []
     t = _takeover(monkeypatch, [_view("me", "live", 5.0)], {}, ["old"], events, fail_recover=True)
     assert t.pass_once() == []
-    assert events == [("recover", "old")]
+    assert events == [("recover", "old"), ("release", ("old",))]
     assert t.last_error is not None and "PostgreSQL went away" in t.last_error
 
 
@@ -128,3 +137,32 @@ def test_a_takeover_is_listed_as_started_only_once_its_work_is_loaded(monkeypatc
     t.pass_once()
     assert seen == [("claimed", owned, [False]), ("start", owned, [False])]
     assert [s["started"] for s in t.status()] == [True]
+
+
+def test_the_other_survivors_shares_are_released_after_the_recovery_and_before_this_nodes_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dead node's work spread over the survivors (router/cluster/spread.py): the fence's transaction assigned
+    channel 3 here and channels 4 and 5 to ``other``; the dead node's transactions are finished first, then the
+    others' shares are released (they load them at their next period), then this node starts its own. The status
+    says where everything went."""
+    mine, theirs = Owned((3,), (7,)), Owned((4, 5), (8,))
+    events: list[tuple[str, Any]] = []
+    t = _takeover(monkeypatch, [_view("me", "live", 5.0), _view("dead", "live", -1.0)],
+                  {"dead": Spread(2, mine, {"other": theirs})}, [], events)
+    done = t.pass_once()
+    assert events == [("claim", "dead"), ("recover", "dead"), ("release", ("dead",)), ("start", mine)]
+    assert done[0].owned == mine and done[0].others == {"other": theirs}
+    assert t.status()[0]["spread"] == {"other": {"channels": [4, 5], "bridges": [8]}}
+
+
+def test_a_dead_node_whose_work_all_went_to_others_starts_nothing_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Everything went to another survivor (it was less loaded): nothing is started here, the shares are released
+    after the recovery, and the takeover is listed."""
+    events: list[tuple[str, Any]] = []
+    t = _takeover(monkeypatch, [_view("me", "live", 5.0), _view("dead", "live", -1.0)],
+                  {"dead": Spread(2, Owned(), {"other": Owned((4,), ())})}, [], events)
+    claimed: list[Owned] = []
+    t._claimed = claimed.append
+    assert [d.node_id for d in t.pass_once()] == ["dead"]
+    assert events == [("claim", "dead"), ("recover", "dead"), ("release", ("dead",))]
+    assert claimed == []
