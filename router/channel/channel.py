@@ -168,7 +168,7 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
             sharing_of(channel).changed()
 
     def get_all_channels(self) -> list[int]:
-        """Every channel of the cluster, not only this node's (NS 3.4.17.2; router/cluster/forward.py)."""
+        """Every channel of the cluster, not only this node's (NS 3.4.18.2; router/cluster/forward.py)."""
         with self._lock:
             here = list(self.channels)
         return cluster_ids(self.rt.db, "channel", here)

@@ -276,7 +276,7 @@ def owner_lookup(db: Any) -> Callable[[Object], OwnerRow | None]:
 
 
 def cluster_ids(db: Any, kind: str, here: Iterable[int]) -> list[int]:
-    """A factory's listing for the cluster (``get_all_channels``, ``get_all_bridges``; NS 3.4.17.2: the channels
+    """A factory's listing for the cluster (``get_all_channels``, ``get_all_bridges``; NS 3.4.18.2: the channels
     the factory created, and every node's factory is the same one): the ``kind`` objects PostgreSQL holds with an
     owner, whichever node runs them, and ``here`` (what this node runs). One autocommit read (its pooled connection
     waited for at most :data:`LOOKUP_WAIT_S`); ``TRANSIENT`` when PostgreSQL cannot be read (this node's own list

@@ -17,10 +17,14 @@ references it obtained from ``na``:
    could not answer and every later event was dropped). The client's filter reference and its push references to
    ``y`` (obtained from ``na``) keep working; events pushed after the death are filtered exactly as before it;
    omniORB's C++ example supplier pushes to ``y`` through ``corbaloc::na``. Channel ``x`` on ``nb`` is untouched.
+4. **Filters across a hand-off**: the survivor is drained (``nsjms cluster drain``): ``y`` moves to the other
+   live node, which loads the filter; a constraint added there is seen through the drained node (it retired its
+   copy and forwards), and events are filtered as before.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -45,7 +49,7 @@ from bridgekit import (
     structured_supplier,
     unique_name,
 )
-from clusterkit import start_node
+from clusterkit import cli, start_node
 from conftest import ClientOrb, free_port
 from stdclients import (
     TEST_DOMAIN,
@@ -136,8 +140,11 @@ def test_three_nodes_filters_follow_their_channel_and_references_from_one_node_r
         took = time.monotonic() - killed
         assert _retrying(lambda: _constraints(flt), seen) == want, "the client's filter reference (nc's) works"
         assert flt.match_structured(make(3)) is False and flt.match_structured(make(4)) is True
-        owner = [n for n in (a, b) if y in [ch["id"] for ch in node_status(n).get("channels", [])]]
-        assert len(owner) == 1, "one survivor runs y"
+        def runs_y() -> list[Any]:                           # (status.json is written every few seconds)
+            return [n for n in (a, b) if y in [ch["id"] for ch in node_status(n).get("channels", [])]]
+
+        assert wait_until(lambda: len(runs_y()) == 1, 30), "one survivor runs y"
+        owner = runs_y()
         for port in (pa, pb):                    # served by the survivor, forwarded by the other node
             assert _retrying(lambda port=port: _constraints(_at(orb, flt, port)), seen) == want
         cpp = _cpp_supply(cpp_examples["supplier"], f"corbaloc::{HOST}:{pa}/NotifyEventChannelFactory", y, "via-na")
@@ -161,8 +168,27 @@ def test_three_nodes_filters_follow_their_channel_and_references_from_one_node_r
         assert sorted(i for i in ours if i >= 14) == [i for i in want_y if i >= 14], \
             "each event pushed after the death that passes the filter exactly once"
         assert sorted(got_cpp) == want_cpp
-        assert not [s for s in seen if s.startswith("OBJECT_NOT_EXIST")], seen
         assert set(_received(consumer_x)[0]) == set(range(28)), "nb's channel lost nothing"
+
+        # 4. the survivor is drained: y and its filter move to the other live node by hand-off
+        survivor, other = (a, b) if owner[0] is a else (b, a)
+        out = cli(fresh_db, survivor.state_dir, "drain", "na" if survivor is a else "nb")
+        assert out.returncode == 0 and json.loads(out.stdout)["result"] == "clean", out.stdout + out.stderr[-2000:]
+        assert wait_until(lambda: runs_y() == [other], 30), "y runs on the other live node"
+        _at(orb, flt, other.port).add_constraints([_exp("nsjms.other", "Other", "TRUE")])   # at the new owner
+        want = _constraints(_at(orb, flt, other.port))
+        assert len(want) == 3
+        assert _constraints(_at(orb, flt, survivor.port)) == want, \
+            "the node that gave y away forwards its filter (it does not serve its own stale copy)"
+        assert _retrying(lambda: _constraints(flt), seen) == want
+        for i in range(28, 42):
+            _retrying(lambda i=i: supplier_y.push_one(make(i)), seen)
+        want_y = [i for i in range(42) if _passes(i)]
+        assert wait_until(complete, 90), _received(consumer_y)
+        ours = _received(consumer_y)[0]
+        assert not [i for i in ours if not _passes(i)], "filtered the same after the hand-off"
+        assert sorted(i for i in ours if i >= 28) == [i for i in want_y if i >= 28]
+        assert not [s for s in seen if s.startswith("OBJECT_NOT_EXIST")], seen
     finally:
         a.stop()
         b.stop()
