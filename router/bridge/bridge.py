@@ -171,7 +171,10 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
         return bridge.ref
 
     def get_all_bridges(self) -> list[int]:
-        return sorted(self.bridges)
+        """Every bridge of the cluster, not only this node's (router/cluster/forward.py, ``cluster_ids``)."""
+        from router.cluster.forward import cluster_ids
+
+        return cluster_ids(self.rt.db, "bridge", list(self.bridges))
 
     def forget(self, bid: int) -> None:
         with self._lock:

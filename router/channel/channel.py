@@ -26,12 +26,14 @@ from router.channel import qos as Q
 from router.channel.boundary import MINOR_EVENT_TOO_DEEP, check_size, store_boundary
 from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
 from router.channel.events import Event, Form, encode, jms_message_id
+from router.channel.filters import ChannelFilterFactory, filter_factory_oid
 from router.channel.gate import Gate
 from router.channel.proxyport import ConsumerView, ProxyView, QueueTarget
 from router.channel.queue import Entry, Record, choose_victim
 from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
 from router.channel.sizing import EventTooDeep, check_depth, size_bound
 from router.channel.store import ChannelRow, NewEvent
+from router.cluster.forward import cluster_ids
 from router.quotas import check_admins, check_channels
 
 __all__ = ["EventChannelFactoryImpl", "EventChannelImpl", "RoutePlan"]
@@ -88,8 +90,8 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
             # delivered before a crash: not queued again. A node restores its bridges first (server.py), so the
             # ledger rows of a bridge's proxy carry the bridge's route.
             journals.replay(self.rt.db, self.rt.store)
-        if self.filter_factory is not None:
-            self.filter_factory.restore()          # before the channels: their filter references name these
+        if self.filter_factory is not None:        # before the channels: their filter references name these
+            self.filter_factory.restore(only)
         with self.rt.db.unit_of_work() as conn:
             crows = self.rt.store.load_channels(conn)
         for row in crows:
@@ -113,6 +115,8 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         with self.rt.db.unit_of_work() as conn:
             self.rt.raise_seq_floor(self.rt.store.max_seq(conn))
             crows = [r for r in self.rt.store.load_channels(conn) if r.id in ids]
+        if self.filter_factory is not None:        # their filters, as they are now (made after this node started)
+            self.filter_factory.restore(ids)
         loaded = []
         for row in crows:
             with self._lock:
@@ -164,8 +168,10 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
             sharing_of(channel).changed()
 
     def get_all_channels(self) -> list[int]:
+        """Every channel of the cluster, not only this node's (NS 3.4.18.2; router/cluster/forward.py)."""
         with self._lock:
-            return sorted(self.channels)
+            here = list(self.channels)
+        return cluster_ids(self.rt.db, "channel", here)
 
     def get_event_channel(self, id: int) -> Any:  # noqa: A002
         with self._lock:
@@ -182,8 +188,16 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         return channel.ref
 
     def forget(self, cid: int) -> None:
+        """Channel ``cid`` no longer runs here: destroyed (its filters stay, as any filter outlives its channel), or
+        handed to another node (``router/cluster/release.py``: its filters are retired here, the new owner loads
+        them)."""
         with self._lock:
-            self.channels.pop(cid, None)
+            channel = self.channels.pop(cid, None)
+        if channel is None:
+            return
+        self.rt.deactivate(channel.filter_factory_oid)
+        if not channel._deleted and self.filter_factory is not None:
+            self.filter_factory.retire(cid)
 
 
 class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
@@ -207,6 +221,12 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         self._gate = Gate()                       # closed when the channel is handed to another node
         self.oid = channel_oid(self.id)
         self.ref = self.rt.activate(self.oid, self)
+        self.filter_factory_oid = filter_factory_oid(self.id)     # default_filter_factory: its filters are its
+        self.filter_factory_ref: Any = None
+        node_filters = getattr(factory, "filter_factory", None)
+        if node_filters is not None:
+            self.filter_factory_ref = self.rt.activate(self.filter_factory_oid,
+                                                       ChannelFilterFactory(node_filters, self.id))
 
     # -- restore ------------------------------------------------------------------------------------------
     def restore(self) -> None:
@@ -290,7 +310,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         return self.supplier_admins[0].ref
 
     def _get_default_filter_factory(self) -> Any:
-        return getattr(self.factory, "filter_factory_ref", None)
+        return self.filter_factory_ref or getattr(self.factory, "filter_factory_ref", None)
 
     def new_for_consumers(self, op: Any) -> tuple[Any, int]:
         admin = self._new_admin("C", op, es_style=False)

@@ -141,8 +141,10 @@ class FilterSet:
         return ref
 
     def _target(self, fid: int) -> Any:
-        """The filter to ask: its servant when it lives in this process (no IIOP), else its reference."""
-        if fid not in self._servants:
+        """The filter to ask: its servant when it lives in this process (no IIOP), else its reference. A servant
+        retired since (its channel went to another node, ``FilterFactoryImpl.retire``) is asked no more: its
+        reference reaches the node that serves the filter now."""
+        if fid not in self._servants or getattr(self._servants[fid], "retired", False):
             ref = self._ref(fid)
             self._servants[fid] = self._local(ref) if self._local is not None else None
         return self._servants[fid] or self._ref(fid)

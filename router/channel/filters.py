@@ -6,6 +6,14 @@ list admits the event and whose expression is TRUE" (NS 2.3, 3.2.1.8-10). Every 
 and the servant is activated in the node's persistent POA under the object id ``flt/<id>``. References stored
 by admins and proxies therefore keep working after a crash and restart.
 
+Each channel has its own filter factory (``default_filter_factory``, object id ``ch/<channel>/ff``): a filter it
+makes belongs to that channel (its id says which, :func:`router.cluster.forward.filter_id`) and is served by the
+node that runs the channel: loaded with it at start, at a takeover and at a hand-off (:meth:`FilterFactoryImpl.
+restore`), retired from the node that gives the channel away (:meth:`FilterFactoryImpl.retire`), and forwarded to
+its owner by every other node (docs/cluster.md, "CORBA addressing"). One node serves a filter at a time, so its
+constraints change in one place. Filters of the node-level factory ``flt/factory`` (references handed out before
+channels had their own) have no channel: every node loads them at its start and when it adopts a channel.
+
 Changes are atomic (NS 3.2.1.2): a whole ``add``/``modify``/``remove`` call is validated first, written to the
 database in one statement, and only then swapped into the servant as a new immutable tuple, so a concurrent
 ``match`` sees either the old or the new constraint set, never a mix.
@@ -19,7 +27,7 @@ from __future__ import annotations
 import base64
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +43,12 @@ import CosNotifyFilter__POA
 
 from router.channel.boundary import store_boundary
 from router.channel.queue import Record
+from router.cluster.forward import FILTER_SPAN, filter_channel, filter_id
 from router.corbacall import FILTER, NOTIFY, CallFailed, call
 from router.etcl import Constraint, EtclSyntaxError, compile_constraint, event_type_matches
 
-__all__ = ["GRAMMAR", "FilterFactoryImpl", "FilterImpl", "MappingFilterImpl", "filter_oid"]
+__all__ = ["GRAMMAR", "ChannelFilterFactory", "FilterFactoryImpl", "FilterImpl", "MappingFilterImpl",
+           "filter_factory_oid", "filter_oid"]
 
 log = logging.getLogger("nsjms.filter")
 
@@ -49,6 +59,11 @@ _TYPED_TYPE = ("", "%TYPED")
 
 def filter_oid(fid: int) -> str:
     return f"flt/{fid}"
+
+
+def filter_factory_oid(cid: int) -> str:
+    """The object id of channel ``cid``'s filter factory (under the channel's: it moves and forwards with it)."""
+    return f"ch/{cid}/ff"
 
 
 # -- value (de)serialisation -------------------------------------------------------------------------------
@@ -165,10 +180,17 @@ class FilterRepo:
         with self.db.unit_of_work() as conn:
             conn.execute("DELETE FROM nsjms_filter WHERE id = %s", (fid,))
 
-    def load(self) -> list[tuple[Any, ...]]:
+    def load(self, channels: Collection[int] | None = None) -> list[tuple[Any, ...]]:
+        """Every filter (``channels`` None), or those of ``channels`` and those no running channel serves: made by
+        the node-level factory, or by a channel destroyed since (a filter outlives its channel, as before)."""
+        cols = "f.id, f.kind, f.grammar, f.default_value, f.next_cid, f.constraints, f.callbacks, f.next_cb"
         with self.db.unit_of_work() as conn:
-            return list(conn.execute("SELECT id, kind, grammar, default_value, next_cid, constraints, callbacks, "
-                                     "next_cb FROM nsjms_filter ORDER BY id").fetchall())
+            if channels is None:
+                return list(conn.execute(f"SELECT {cols} FROM nsjms_filter f ORDER BY f.id").fetchall())
+            return list(conn.execute(
+                f"SELECT {cols} FROM nsjms_filter f WHERE f.id < %(span)s OR f.id / %(span)s - 1 = ANY(%(cids)s) "
+                "OR NOT EXISTS (SELECT 1 FROM nsjms_channel c WHERE c.id = f.id / %(span)s - 1) ORDER BY f.id",
+                {"span": FILTER_SPAN, "cids": sorted(channels)}).fetchall())
 
 
 # -- servants ----------------------------------------------------------------------------------------------
@@ -192,6 +214,8 @@ class _FilterBase:
         self.destroyed = False
         self._notify_lock = threading.Lock()
         self.ref: Any = None
+        #: deactivated here because its channel went to another node: who held this servant asks the reference
+        self.retired = False
 
     def activate(self) -> Any:
         self.ref = self.rt.activate(self.oid, self)
@@ -495,31 +519,58 @@ class FilterFactoryImpl(CosNotifyFilter__POA.FilterFactory):
         self.ref = self.rt.activate(self.OID, self)
         return self.ref
 
-    def restore(self) -> None:
-        """Re-activate every stored filter under its old object id."""
-        for fid, kind, grammar, default, next_cid, items, callbacks, next_cb in self.repo.load():
+    def restore(self, channels: Collection[int] | None = None) -> list[int]:
+        """Activate stored filters under their object ids: every one (``channels`` None), or those of
+        ``channels`` (the channels this node loads: at its start, a takeover, a hand-off) and those of no running
+        channel (module docstring). One already active here is kept. Returns the ids activated."""
+        done = []
+        for fid, kind, grammar, default, next_cid, items, callbacks, next_cb in self.repo.load(channels):
             flt: _FilterBase
+            with self._lock:
+                if int(fid) in self.filters:
+                    continue
             if kind == "M":
                 flt = MappingFilterImpl(self, int(fid), grammar, _any_from_text(default))
             else:
                 flt = FilterImpl(self, int(fid), grammar)
             flt.restore_state(int(next_cid), list(items), dict(callbacks), int(next_cb))
-            self.filters[flt.id] = flt
+            with self._lock:
+                if flt.id in self.filters:
+                    continue
+                self.filters[flt.id] = flt
             flt.activate()
-        if self.filters:
-            log.info("restored %d filter(s)", len(self.filters))
+            done.append(flt.id)
+        if done:
+            log.info("restored %d filter(s)", len(done))
+        return done
 
-    def create_filter(self, constraint_grammar: str) -> Any:
+    def retire(self, channel: int) -> list[int]:
+        """Deactivate the filters of ``channel`` here (it is handed to another node, which loads them from
+        PostgreSQL and serves them; requests here are then forwarded). Their stored rows stay."""
+        with self._lock:
+            gone = [f for f in self.filters.values() if filter_channel(f.id) == channel]
+            for f in gone:
+                del self.filters[f.id]
+        for f in gone:
+            f.retired = True
+            self.rt.deactivate(f.oid)
+        return [f.id for f in gone]
+
+    def _new_id(self, channel: int | None) -> int:
+        n = self.repo.next_id()
+        return n if channel is None else filter_id(channel, n)
+
+    def create_filter(self, constraint_grammar: str, channel: int | None = None) -> Any:
         self._check_grammar(constraint_grammar)
-        fid = self.repo.next_id()
+        fid = self._new_id(channel)
         self.repo.insert(fid, "F", GRAMMAR, None)
         return self._register(FilterImpl(self, fid, GRAMMAR))
 
-    def create_mapping_filter(self, constraint_grammar: str, default_value: Any) -> Any:
+    def create_mapping_filter(self, constraint_grammar: str, default_value: Any, channel: int | None = None) -> Any:
         self._check_grammar(constraint_grammar)
         if default_value is None:
             raise CORBA.BAD_PARAM(0, CORBA.COMPLETED_NO)
-        fid = self.repo.next_id()
+        fid = self._new_id(channel)
         self.repo.insert(fid, "M", GRAMMAR, _any_to_text(default_value))
         return self._register(MappingFilterImpl(self, fid, GRAMMAR, default_value))
 
@@ -543,6 +594,20 @@ class FilterFactoryImpl(CosNotifyFilter__POA.FilterFactory):
     def forget(self, flt: _FilterBase) -> None:
         with self._lock:
             self.filters.pop(flt.id, None)
+
+
+class ChannelFilterFactory(CosNotifyFilter__POA.FilterFactory):
+    """One channel's ``default_filter_factory`` (object id ``ch/<channel>/ff``): the node's factory making filters
+    that belong to this channel (module docstring)."""
+
+    def __init__(self, node: FilterFactoryImpl, channel: int) -> None:
+        self.node, self.channel = node, channel
+
+    def create_filter(self, constraint_grammar: str) -> Any:
+        return self.node.create_filter(constraint_grammar, self.channel)
+
+    def create_mapping_filter(self, constraint_grammar: str, default_value: Any) -> Any:
+        return self.node.create_mapping_filter(constraint_grammar, default_value, self.channel)
 
 
 # -- mapping filters applied by proxy suppliers (NS 2.3.1, spec digest §8.3) --------------------------------
@@ -601,4 +666,4 @@ def proxy_view(record: Record, priority: int, deadline: float | None) -> Record:
                   record.db_id, size=record.size, on_released=lambda _view: record.release())
 
 
-store_boundary(FilterImpl, MappingFilterImpl, FilterFactoryImpl)
+store_boundary(FilterImpl, MappingFilterImpl, FilterFactoryImpl)   # (ChannelFilterFactory calls these)

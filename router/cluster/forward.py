@@ -14,9 +14,11 @@ autocommit statement, cached for :data:`CACHE_S` and dropped at every takeover t
 * not owned by anyone (destroyed, never existed) or owned here and loaded but this id is not active (a destroyed
   admin or proxy): ``OBJECT_NOT_EXIST``, as a node without a cluster answers.
 
-The unit of ownership is the channel (its admins and proxies, ``ch/<channel>/...``) and the bridge (``br/<id>``
-and its endpoints, which follow their channel's owner). Other ids (filters ``flt/...``) have no owner row: they
-are not forwarded (``OBJECT_NOT_EXIST`` when not active here). :meth:`Forwarder.incarnate` never returns a servant.
+The unit of ownership is the channel (its admins and proxies, ``ch/<channel>/...``, its filter factory
+``ch/<channel>/ff`` and the filters that factory made, ``flt/<id>`` with the channel in the id:
+:func:`filter_id`) and the bridge (``br/<id>`` and its endpoints, which follow their channel's owner). Other ids
+(filters of the node-level factory ``flt/factory``, made before filters had a channel) have no owner: they are not
+forwarded (``OBJECT_NOT_EXIST`` when not active here). :meth:`Forwarder.incarnate` never returns a servant.
 
 omniORB serialises the calls of a POA's servant activator, so :meth:`Forwarder.incarnate` does one short
 statement at most (usually none: cached), and only for requests that reach a node which does not run the object.
@@ -28,7 +30,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +40,9 @@ from omniORB import CORBA, PortableServer
 from router.cluster.ior import Address, IorError, retarget
 from router.cluster.lease import Object
 
-__all__ = ["CACHE_S", "LOOKUP_WAIT_S", "Forward", "Forwarder", "Gone", "OwnerRow", "Retry", "cluster_addresses",
-           "decide", "endpoint_publish", "lookup_owner", "object_of", "owner_lookup", "parse_address"]
+__all__ = ["CACHE_S", "FILTER_SPAN", "LOOKUP_WAIT_S", "Forward", "Forwarder", "Gone", "OwnerRow", "Retry",
+           "cluster_addresses", "cluster_ids", "decide", "endpoint_publish", "filter_channel", "filter_id",
+           "lookup_owner", "object_of", "owner_lookup", "parse_address"]
 
 log = logging.getLogger("nsjms.cluster")
 
@@ -49,6 +52,11 @@ _OBJECT = "IDL:omg.org/CORBA/Object:1.0"
 _NO_MATCH = int(omniORB.OBJECT_NOT_EXIST_NoMatch)   # what a POA without a servant manager answers
 _OID = re.compile(r"(ch|br)/(\d{1,10})(?:/.*)?", re.S)
 _MAX_ID = 2**31 - 1                # channel and bridge ids are PostgreSQL integers
+_FLT = re.compile(r"flt/(\d{1,19})", re.S)
+#: A filter made by a channel's filter factory has the id ``(channel + 1) * FILTER_SPAN + n`` (``n`` from the
+#: filter sequence, modulo the span): its owner is its channel's, read from the id alone (no lookup, no schema
+#: change); ids below the span are filters of the node-level factory (no channel).
+FILTER_SPAN = 2**31
 _CACHE_MAX = 4096                  # owner answers kept at most (an id nobody owns is asked for once a second at most)
 
 
@@ -84,9 +92,26 @@ class Gone:
 Decision = Forward | Retry | Gone
 
 
+def filter_id(channel: int, n: int) -> int:
+    """The id of the ``n``-th filter (a sequence value) made by channel ``channel``'s filter factory."""
+    if not 0 <= channel <= _MAX_ID:
+        raise ValueError(f"channel id out of range: {channel}")
+    return (channel + 1) * FILTER_SPAN + n % FILTER_SPAN
+
+
+def filter_channel(fid: int) -> int | None:
+    """The channel whose filter factory made filter ``fid``; None for a filter of the node-level factory."""
+    return fid // FILTER_SPAN - 1 if fid >= FILTER_SPAN else None
+
+
 def object_of(oid: str) -> Object | None:
-    """The owned unit an object id belongs to: ``ch/3/C/1/2`` -> ("channel", 3), ``br/7/recv`` -> ("bridge", 7);
-    None for ids without an owner (filters, the node's own objects)."""
+    """The owned unit an object id belongs to: ``ch/3/C/1/2`` -> ("channel", 3), ``br/7/recv`` -> ("bridge", 7),
+    a filter its channel's (``flt/<id>``, :func:`filter_id`); None for ids without an owner (the node's own
+    objects, filters of the node-level factory)."""
+    f = _FLT.fullmatch(oid)
+    if f is not None:
+        cid = filter_channel(int(f.group(1)))
+        return None if cid is None or cid > _MAX_ID else ("channel", cid)
     m = _OID.fullmatch(oid)
     if m is None or int(m.group(2)) > _MAX_ID:
         return None                  # (a larger id exists nowhere; asked, PostgreSQL would refuse the parameter)
@@ -248,6 +273,23 @@ def owner_lookup(db: Any) -> Callable[[Object], OwnerRow | None]:
             return lookup_owner(conn, obj)
 
     return lookup
+
+
+def cluster_ids(db: Any, kind: str, here: Iterable[int]) -> list[int]:
+    """A factory's listing for the cluster (``get_all_channels``, ``get_all_bridges``; NS 3.4.18.2: the channels
+    the factory created, and every node's factory is the same one): the ``kind`` objects PostgreSQL holds with an
+    owner, whichever node runs them, and ``here`` (what this node runs). One autocommit read (its pooled connection
+    waited for at most :data:`LOOKUP_WAIT_S`); ``TRANSIENT`` when PostgreSQL cannot be read (this node's own list
+    is not the answer)."""
+    table = {"channel": "nsjms_channel", "bridge": "nsjms_bridge"}[kind]
+    try:
+        with db.statement(timeout=LOOKUP_WAIT_S) as conn:
+            rows = conn.execute(f"SELECT x.id FROM {table} x JOIN nsjms_owner o ON o.kind = %s "
+                                "AND o.object_id = x.id", (kind,)).fetchall()
+    except Exception as exc:  # noqa: BLE001 - PostgreSQL away: the cluster's list is unknown, ask again
+        log.warning("cluster: %s list unknown (%s): TRANSIENT", kind, exc)
+        raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO) from None
+    return sorted(set(here) | {int(r[0]) for r in rows})
 
 
 def cluster_addresses(conn: Any, me: str, own: str, peers: Sequence[str]) -> list[str]:

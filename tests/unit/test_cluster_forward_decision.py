@@ -18,6 +18,8 @@ from router.cluster.forward import (
     cluster_addresses,
     decide,
     endpoint_publish,
+    filter_channel,
+    filter_id,
     object_of,
 )
 from router.cluster.ior import IorError, addresses, decode, encode, retarget
@@ -77,8 +79,18 @@ def test_object_ids_map_to_their_unit_of_ownership() -> None:
     assert object_of("br/7/recv") == ("bridge", 7)
     assert object_of("ch/2147483647") == ("channel", 2**31 - 1)
     # review: an id beyond PostgreSQL's integer made every such request a failed statement and a logged warning
-    for other in ("flt/4", "flt/factory", "chx/3", "ch/", "ch/x", "", "ch/2147483648", "br/99999999999999"):
+    for other in ("flt/4", "flt/factory", "chx/3", "ch/", "ch/x", "", "ch/2147483648", "br/99999999999999",
+                  f"flt/{2**31 - 1}", "flt/x", "flt/99999999999999999999"):
         assert object_of(other) is None
+    # a channel's filter factory and the filters it made belong to the channel (forwarded to its owner)
+    assert object_of("ch/3/ff") == ("channel", 3)
+    for cid, n in ((0, 1), (3, 5), (3, 2**31 + 7), (2**31 - 1, 2**40)):
+        fid = filter_id(cid, n)
+        assert fid < 2**63 and filter_channel(fid) == cid and object_of(f"flt/{fid}") == ("channel", cid)
+    assert filter_id(3, 5) != filter_id(4, 5) and filter_id(3, 5) != filter_id(3, 6)
+    assert filter_channel(4) is None and filter_channel(2**31 - 1) is None       # the node-level factory's
+    with pytest.raises(ValueError):
+        filter_id(2**31, 1)
 
 
 def test_the_decision() -> None:
@@ -153,8 +165,10 @@ def test_incarnate_forwards_retries_or_says_not_found(poa: Any) -> None:
     with pytest.raises(CORBA.TRANSIENT):
         fwd.incarnate(b"br/9/recv", adapter)                 # the owner cannot be read: retry, never "not found"
     with pytest.raises(CORBA.OBJECT_NOT_EXIST):
-        fwd.incarnate(b"flt/4", adapter)                     # no owner rows for filters
-    assert (fwd.forwarded, fwd.retried) == (1, 2)
+        fwd.incarnate(b"flt/4", adapter)                     # a filter of the node-level factory: no owner
+    with pytest.raises(PortableServer.ForwardRequest):
+        fwd.incarnate(f"flt/{filter_id(1, 9)}".encode(), adapter)   # a filter of channel 1: to its owner
+    assert (fwd.forwarded, fwd.retried) == (2, 2)
     n = len(calls)
     with pytest.raises(PortableServer.ForwardRequest):
         fwd.incarnate(b"ch/1", adapter)

@@ -14,9 +14,11 @@ import CosNotification
 import CosNotifyFilter
 
 from router.channel.ack import SN_LIMIT, AckState, next_sn, sequence_number_of, with_sequence_number
+from router.channel.common import FilterSet
 from router.channel.events import Event, Form
-from router.channel.filters import FilterFactoryImpl, FilterImpl, MappingFilterImpl, types_for
+from router.channel.filters import ChannelFilterFactory, FilterFactoryImpl, FilterImpl, MappingFilterImpl, types_for
 from router.channel.queue import Entry, Record
+from router.cluster.forward import filter_channel, object_of
 from router.routing.registry import LocalEndpoints
 
 
@@ -44,9 +46,11 @@ class FakeRepo:
     def delete(self, fid: int) -> None:
         self.rows.pop(fid, None)
 
-    def load(self) -> list[tuple[Any, ...]]:
+    def load(self, channels: Any = None) -> list[tuple[Any, ...]]:
+        """As FilterRepo.load, with every channel still existing: those of ``channels`` and the node-level ones."""
         return [(fid, r["kind"], r["grammar"], r["default"], r.get("next_cid", 1), r.get("constraints", []),
-                 r.get("callbacks", {}), r.get("next_cb", 1)) for fid, r in sorted(self.rows.items())]
+                 r.get("callbacks", {}), r.get("next_cb", 1)) for fid, r in sorted(self.rows.items())
+                if channels is None or filter_channel(fid) in {None, *channels}]
 
 
 class FakeRt:
@@ -352,3 +356,46 @@ def test_a_union_arm_is_selected_by_its_enum_label(factory: FilterFactoryImpl) -
     assert flt.match_structured(carrying(etcl.ByKindDef(etcl.BOAT, "dock"))) is True
     assert flt.match_structured(carrying(etcl.ByKindDef(etcl.HOUSE, "dock"))) is True   # same arm
     assert flt.match_structured(carrying(etcl.ByKindDef(etcl.HOUSE, "shed"))) is False
+
+
+def test_a_channel_factory_makes_filters_of_its_channel_which_move_with_it(factory: FilterFactoryImpl) -> None:
+    """docs/cluster.md, "CORBA addressing": a filter made by channel 7's default_filter_factory carries the
+    channel in its id (its requests are forwarded to the channel's owner); a node adopting channel 7 loads it as
+    it is now; the node that gave channel 7 away retires it (deactivated; who held the servant asks the
+    reference)."""
+    seven, eight = ChannelFilterFactory(factory, 7), ChannelFilterFactory(factory, 8)
+    seven.create_filter("EXTENDED_TCL")
+    f7 = max(factory.filters.values(), key=lambda f: f.id)
+    assert filter_channel(f7.id) == 7 and object_of(f7.oid) == ("channel", 7)
+    f7.add_constraints([exp("$a == 1")])
+    eight.create_mapping_filter("EXTENDED_TCL", short(0))
+    m8 = max(factory.filters.values(), key=lambda f: f.id)
+    assert filter_channel(m8.id) == 8 and isinstance(m8, MappingFilterImpl)
+    factory.create_filter("EXTENDED_TCL")                # the node-level factory's: no channel, no owner
+    legacy = next(f for f in factory.filters.values() if f not in (f7, m8))
+    assert filter_channel(legacy.id) is None and object_of(legacy.oid) is None
+
+    other = FilterFactoryImpl(FakeRt())                  # another node, started before these were made
+    other.repo = factory.repo
+    assert sorted(other.restore([7])) == sorted([f7.id, legacy.id]), "channel 7's and the channel-less ones"
+    assert other.filters[f7.id].match_structured(event(a=1)) is True
+    assert other.restore([7, 8]) == [m8.id], "what is active already is kept"
+
+    assert factory.retire(7) == [f7.id]
+    assert f7.retired and f7.id not in factory.filters and f7.oid not in factory.rt.objects
+    assert legacy.oid in factory.rt.objects and m8.oid in factory.rt.objects
+
+
+def test_a_filter_set_asks_the_reference_once_the_servant_retired() -> None:
+    """An admin or proxy that evaluated a filter in process stops asking that servant once it is retired (its
+    channel moved): it asks the reference, which reaches the node serving the filter now."""
+    class Servant:
+        retired = False
+
+    servant, ref = Servant(), object()
+    fs = FilterSet(lambda ior: type("R", (), {"_narrow": lambda self, t: ref})(), {"1": "IOR:x"},
+                   local=lambda r: servant)
+    assert fs.targets() == [servant]
+    servant.retired = True
+    fs._local = lambda r: None
+    assert fs.targets() == [ref]
