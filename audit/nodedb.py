@@ -11,7 +11,7 @@ In order:
      with the password of ``pg/password``;
    * no node runs: the state directory's lock is taken for the command (a node cannot start meanwhile, ``serve``
      exits 5) and the cluster is used as it is when it still runs, else started for the command and stopped after:
-     :func:`router.txncli.offline_database`, the same code ``nsjms txn`` uses with the node stopped.
+     :func:`router.cli.txn.offline_database`, the same code ``nsjms txn`` uses with the node stopped.
 
 The DSN (it holds the password) is never printed or logged here; the Spark JDBC reader gets the password as a
 separate option (:func:`audit.job.jdbc_options`), never in the URL or on a command line.
@@ -93,7 +93,7 @@ def _running_node(cfg: Any, state_dir: Path) -> str:
 
 
 def _stopped_node(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[str]:
-    from router.txncli import Unavailable, offline_database
+    from router.cli.txn import Unavailable, offline_database
 
     try:
         with offline_database(cfg, state_dir, write=write) as dsn:

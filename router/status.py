@@ -248,7 +248,7 @@ def render(report: dict[str, Any]) -> str:
             flags += ["suspended"] if p["suspended"] else []
             flags += [_flag(k, v) for k, v in p.items() if k not in {"admin", "id", "kind", "connected", "suspended"}]
             lines.append(f"  supplier admin {p['admin']} proxy {p['id']} {p['kind']:<16}  {' '.join(flags)}".rstrip())
-    from router.bridgecli import bridge_state
+    from router.cli.bridge import bridge_state
 
     for b in snap.get("bridges", []):
         state = bridge_state(b, _missing_channel(b, report["channel_ids"]))

@@ -9,9 +9,9 @@ from typing import Any, ClassVar
 import pytest
 
 from router import cli
-from router.bridgecli import bridge_state
 from router.channel import qos as Q
-from router.channelcli import PropertyRefused, check_admin, check_qos, parse_assignments
+from router.cli.bridge import bridge_state
+from router.cli.channel import PropertyRefused, check_admin, check_qos, parse_assignments
 from router.demo import free_slot, live_runs, queue_name
 from router.status import render
 
@@ -243,16 +243,16 @@ def test_demo_progress_only_on_a_terminal(isatty: bool, flag: list[str], progres
 def test_private_node_files_are_reported_not_a_traceback(command: list[str], tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    import router.bridgecli
-    import router.channelcli
+    import router.cli.bridge
+    import router.cli.channel
 
     (tmp_path / "endpoints.json").write_text("{}")
 
     def private(*args: Any, **kw: Any) -> int:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(router.channelcli, "run", private)
-    monkeypatch.setattr(router.bridgecli, "run", private)
+    monkeypatch.setattr(router.cli.channel, "run", private)
+    monkeypatch.setattr(router.cli.bridge, "run", private)
     assert cli.main([*command, "--state-dir", str(tmp_path)]) == cli.EXIT_FAILURE
     assert "run as the node's user" in capsys.readouterr().err
 

@@ -37,7 +37,7 @@ def test_an_unusable_state_directory_is_exit_2_naming_the_key(tmp_path: Path, wh
 def test_output_into_a_closed_pipe_ends_quietly() -> None:
     """`nsjms bridge list --json | head -1` printed a BrokenPipeError traceback."""
     script = ("import argparse, sys\n"
-              "from router.cliout import run_handler\n"
+              "from router.cli.out import run_handler\n"
               "def handler(args, cfg):\n"
               "    for i in range(200000):\n"
               "        print(f'line {i}')\n"
@@ -124,7 +124,7 @@ def test_json_output_is_not_held_while_txn_asks_on_a_terminal(monkeypatch: pytes
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from router.cliout import run_handler
+    from router.cli.out import run_handler
 
     def asks(args: argparse.Namespace, cfg: Any) -> int:
         print("type yes to commit g: ", end="")
@@ -142,12 +142,12 @@ def test_a_node_that_does_not_answer_is_exit_3_for_txn_too(exception: str, tmp_p
     """`nsjms txn list` against a SIGSTOPped node printed a CORBA.TIMEOUT traceback and exited 1."""
     from omniORB import CORBA
 
-    import router.txncli
+    import router.cli.txn
 
     def hung(args: Any, cfg: Any) -> int:
         raise getattr(CORBA, exception)(0, CORBA.COMPLETED_NO)
 
-    monkeypatch.setattr(router.txncli, "run", hung)
+    monkeypatch.setattr(router.cli.txn, "run", hung)
     assert cli.main(["txn", "list", "--state-dir", str(tmp_path)]) == cli.EXIT_NOT_RUNNING
     err = capsys.readouterr().err
     assert f"nsjms txn: node not reachable: {exception}" in err and "Traceback" not in err
