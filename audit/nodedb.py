@@ -52,7 +52,7 @@ def node_database(pg_dsn: str | None, cfg: Any, *, write: bool, start: bool = Tr
     if cfg is None:
         raise UsageError("the command needs a PostgreSQL DSN: give --pg-dsn, NSJMS_POSTGRES_DSN, postgres.dsn in "
                          "--config, or run under nsjms with the node's --state-dir")
-    from router.lifecycle import StateDirLocked, StateLock
+    from router.node.lifecycle import StateDirLocked, StateLock
 
     state_dir = Path(cfg.node.state_dir)
     if not state_dir.is_dir():
@@ -77,7 +77,7 @@ def node_database(pg_dsn: str | None, cfg: Any, *, write: bool, start: bool = Tr
 
 
 def _running_node(cfg: Any, state_dir: Path) -> str:
-    from router.services import EmbeddedPostgres
+    from router.node.services import EmbeddedPostgres
 
     embedded = EmbeddedPostgres(state_dir, cfg.postgres.embedded_port)
     port = embedded._running_port()

@@ -21,8 +21,8 @@ _EXIT = {"clean": EXIT_OK, "dirty": EXIT_DIRTY, "heuristic": EXIT_HEURISTIC, "fa
 
 def run_handoff(args: argparse.Namespace, dsn: str, connect_timeout: int) -> int:
     from router.cluster import handoff as H
-    from router.config import redact_dsn
     from router.db.conninfo import connect
+    from router.node.config import redact_dsn
 
     try:
         with connect(dsn, autocommit=False, connect_timeout=connect_timeout) as conn:

@@ -29,7 +29,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_NOT_RUNNING = 0, 1, 2, 3
 EXIT_REFUSED = 4  # returned by cli.bridge / cli.channel
 EXIT_LOCKED, EXIT_UNREACHABLE = 5, 6
 EXIT_AUDIT_VIOLATION = 7  # audit.cli.EXIT_VIOLATION
-EXIT_DEGRADED = 8  # `status`: router.status.degraded
+EXIT_DEGRADED = 8  # `status`: router.node.status.degraded
 EXIT_DRAIN_DIRTY, EXIT_DRAIN_HEURISTIC = 9, 10  # `cluster drain`: router.cli.cluster.EXIT_DIRTY / EXIT_HEURISTIC
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
@@ -189,7 +189,7 @@ def _state_dir_override(args: argparse.Namespace) -> str | None:
 
 def state_dir_origin(args: argparse.Namespace, cfg: Any) -> str:
     """Where the state directory came from, for messages: ``--state-dir``, ``$NSJMS_STATE_DIR``, config, default."""
-    from router.config import NodeConfig
+    from router.node.config import NodeConfig
 
     if args.state_dir:
         return "from --state-dir"
@@ -201,7 +201,7 @@ def state_dir_origin(args: argparse.Namespace, cfg: Any) -> str:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from router.config import load_config
+    from router.node.config import load_config
 
     overrides = {
         "node.state_dir": _state_dir_override(args),
@@ -218,8 +218,8 @@ def _load(args: argparse.Namespace) -> Any:
 
 def _settings(cfg: Any) -> Any:
     from router.ledger import LedgerSettings
+    from router.node.server import NodeSettings
     from router.quotas import NodeLimits
-    from router.server import NodeSettings
 
     return NodeSettings(
         state_dir=Path(cfg.node.state_dir).resolve(),
@@ -280,9 +280,9 @@ class _TelemetryUnavailable(Exception):
 
 def cmd_serve(args: argparse.Namespace, cfg: Any) -> int:
     from router.cluster.errors import NodeLive
-    from router.config import redact_dsn
-    from router.lifecycle import ServiceMisconfigured, ServiceUnreachable, StateDirLocked, StateDirUnusable
-    from router.server import Node
+    from router.node.config import redact_dsn
+    from router.node.lifecycle import ServiceMisconfigured, ServiceUnreachable, StateDirLocked, StateDirUnusable
+    from router.node.server import Node
     from router.telemetry import configure
 
     tel = cfg.telemetry
@@ -392,7 +392,7 @@ def _start_demo(args: argparse.Namespace, state_dir: Path) -> subprocess.Popen[b
 def cmd_demo(args: argparse.Namespace, cfg: Any) -> int:
     import signal
 
-    from router.demo import run_demo
+    from router.cli.demo import run_demo
 
     state_dir = _running("demo", args, cfg)
     if state_dir is None:
@@ -413,8 +413,8 @@ def cmd_demo(args: argparse.Namespace, cfg: Any) -> int:
 
 
 def cmd_stop_services(args: argparse.Namespace, cfg: Any) -> int:
-    from router.lifecycle import ServiceError, StateDirLocked, kept_for_restart
-    from router.server import stop_services
+    from router.node.lifecycle import ServiceError, StateDirLocked, kept_for_restart
+    from router.node.server import stop_services
 
     state_dir = Path(cfg.node.state_dir).resolve()
     env = os.environ
@@ -441,12 +441,12 @@ def cmd_stop_services(args: argparse.Namespace, cfg: Any) -> int:
 
 
 def cmd_reset(args: argparse.Namespace, cfg: Any) -> int:
-    """``nsjms reset``: see :mod:`router.reset`."""
+    """``nsjms reset``: see :mod:`router.node.reset`."""
     import psycopg
 
-    from router.config import redact_dsn
-    from router.lifecycle import StateDirLocked
-    from router.reset import ResetRefused, plan, reset
+    from router.node.config import redact_dsn
+    from router.node.lifecycle import StateDirLocked
+    from router.node.reset import ResetRefused, plan, reset
 
     state_dir = Path(cfg.node.state_dir).resolve()
     if not args.yes:
@@ -482,7 +482,7 @@ def cmd_reset(args: argparse.Namespace, cfg: Any) -> int:
 
 
 def cmd_status(args: argparse.Namespace, cfg: Any) -> int:
-    from router.status import collect
+    from router.node.status import collect
 
     state_dir = Path(cfg.node.state_dir)
     try:
@@ -494,7 +494,7 @@ def cmd_status(args: argparse.Namespace, cfg: Any) -> int:
     except ConnectionError as exc:
         print(f"nsjms status: node not reachable: {exc}", file=sys.stderr)
         return EXIT_NOT_RUNNING
-    from router.status import degraded, render
+    from router.node.status import degraded, render
 
     report["degraded"] = degraded(report)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else render(report))
@@ -612,7 +612,7 @@ def _authorised(handler: Callable[[argparse.Namespace, Any], int]) -> Callable[[
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from router.config import ConfigError
+    from router.node.config import ConfigError
 
     args = build_parser().parse_args(argv)
     for key, default in GLOBAL_DEFAULTS.items():

@@ -195,7 +195,7 @@ def _fmt_time(value: Any) -> str:
 
 
 def _fmt_age(value: Any) -> str:
-    from router.status import _age
+    from router.node.status import _age
 
     return "-" if not isinstance(value, (int, float)) else _age(float(value))
 

@@ -167,7 +167,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 class NodeBackend:
-    """The console's operations inside the running node process (``node``: a started :class:`router.server.Node`)."""
+    """The console's operations inside the running node process (``node``: a started
+    :class:`router.node.server.Node`)."""
 
     def __init__(self, node: Any) -> None:
         self.node = node

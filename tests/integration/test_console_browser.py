@@ -37,7 +37,7 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 from router.cli.txn import orphan_summary
-from router.services import EmbeddedActiveMQ
+from router.node.services import EmbeddedActiveMQ
 from xa.xid import FORMAT_ID, NodeId, branch_xid, new_gtrid
 
 from bridgekit import (

@@ -12,8 +12,8 @@ from router import cli
 from router.channel import qos as Q
 from router.cli.bridge import bridge_state
 from router.cli.channel import PropertyRefused, check_admin, check_qos, parse_assignments
-from router.demo import free_slot, live_runs, queue_name
-from router.status import render
+from router.cli.demo import free_slot, live_runs, queue_name
+from router.node.status import render
 
 
 @pytest.fixture(autouse=True)
@@ -223,16 +223,16 @@ def test_demo_reuses_the_slot_of_ended_runs() -> None:
                                                           (False, ["--progress"], True), (True, ["--quiet"], False)])
 def test_demo_progress_only_on_a_terminal(isatty: bool, flag: list[str], progress: bool, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import router.demo
+    import router.cli.demo
 
     (tmp_path / "endpoints.json").write_text("{}")
     seen: dict[str, Any] = {}
 
-    def fake_run_demo(state_dir: Path, **kw: Any) -> router.demo.DemoResult:
+    def fake_run_demo(state_dir: Path, **kw: Any) -> router.cli.demo.DemoResult:
         seen.update(kw)
-        return router.demo.DemoResult(run="r", queue="q", pushed=1, received=1)
+        return router.cli.demo.DemoResult(run="r", queue="q", pushed=1, received=1)
 
-    monkeypatch.setattr(router.demo, "run_demo", fake_run_demo)
+    monkeypatch.setattr(router.cli.demo, "run_demo", fake_run_demo)
     monkeypatch.setattr("sys.stdout.isatty", lambda: isatty)
     monkeypatch.setattr("signal.signal", lambda *a: None)
     assert cli.main(["demo", "--count", "1", "--state-dir", str(tmp_path), *flag]) == cli.EXIT_OK
@@ -270,7 +270,7 @@ def test_status_shows_the_dead_letters_of_a_pull_style_proxy_consumer() -> None:
 
 # -- serve: telemetry is installed once the lock is held, before the first recovery pass ------------------------
 class _FakeNode:
-    """Stands in for router.server.Node: ``start`` takes the lock, calls ``after_lock``, then runs recovery."""
+    """Stands in for router.node.server.Node: ``start`` takes the lock, calls ``after_lock``, then runs recovery."""
 
     events: ClassVar[list[str]] = []
     locked = False
@@ -281,7 +281,7 @@ class _FakeNode:
         self.health: dict[str, Any] = {}
 
     def start(self) -> None:
-        from router.lifecycle import StateDirLocked
+        from router.node.lifecycle import StateDirLocked
 
         if self.locked:
             raise StateDirLocked(self.s.state_dir, 1234)
@@ -299,7 +299,7 @@ class _FakeNode:
 
 @pytest.fixture
 def fake_node(monkeypatch: pytest.MonkeyPatch) -> type[_FakeNode]:
-    import router.server
+    import router.node.server
     import router.telemetry
 
     _FakeNode.events, _FakeNode.locked = [], False
@@ -310,7 +310,7 @@ def fake_node(monkeypatch: pytest.MonkeyPatch) -> type[_FakeNode]:
         _FakeNode.events.append(f"telemetry {exporter} {kw['address']}")
         return lambda: _FakeNode.events.append("telemetry flushed")
 
-    monkeypatch.setattr(router.server, "Node", _FakeNode)
+    monkeypatch.setattr(router.node.server, "Node", _FakeNode)
     monkeypatch.setattr(router.telemetry, "configure", configure)
     return _FakeNode
 

@@ -329,7 +329,7 @@ def test_read_operator_log(tmp_path: Path) -> None:
 
 
 def test_console_configuration() -> None:
-    from router.config import ConfigError, load_config
+    from router.node.config import ConfigError, load_config
 
     cfg = load_config(env={})
     assert (cfg.console.enabled, cfg.console.host, cfg.console.port) == (False, "127.0.0.1", 8460)

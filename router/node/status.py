@@ -84,7 +84,7 @@ class DatabaseFacts:
             try:
                 value = part()
             except Exception as exc:  # noqa: BLE001 — the database is down or slow: the snapshot says so
-                from router.config import redact_dsn
+                from router.node.config import redact_dsn
 
                 value = {"error": redact_dsn(f"{type(exc).__name__}: {exc}")[:300]}
             with self._lock:

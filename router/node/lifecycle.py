@@ -235,8 +235,8 @@ def probe_postgres(dsn: str, timeout: float) -> str | None:
     """Connect and ``SELECT 1`` within ``timeout`` s; ``None`` when it worked, else the (redacted) reason."""
     import psycopg
 
-    from router.config import redact_dsn
     from router.db.conninfo import connect as connect_bounded
+    from router.node.config import redact_dsn
 
     try:
         with connect_bounded(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
@@ -278,7 +278,7 @@ def max_prepared_transactions(dsn: str, timeout: float) -> int | None:
 
 def probe_broker(url: str, login: str, passcode: str, timeout: float) -> str | None:
     """``None`` when one of the URL's brokers accepts a STOMP login (``stomp+ssl``: a TCP connection), else why."""
-    from router.config import broker_addresses
+    from router.node.config import broker_addresses
 
     problems = []
     for host, port in broker_addresses(url):
@@ -364,7 +364,7 @@ def restart_delay(consecutive: int, policy: RestartPolicy, draw: float = 1.0) ->
 
 
 class Supervised(Protocol):
-    """What :class:`ServiceWatch` needs from an embedded service (``router.services`` classes fit)."""
+    """What :class:`ServiceWatch` needs from an embedded service (``router.node.services`` classes fit)."""
 
     @property
     def pid(self) -> int | None: ...
