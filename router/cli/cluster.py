@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
               "read (set postgres.dsn, the database the nodes share)", file=sys.stderr)
         return EXIT_NOT_RUNNING
     if args.cluster_command in ("drain", "rebalance"):
-        from router.clusterops import run_handoff
+        from router.cli.clusterops import run_handoff
 
         return run_handoff(args, dsn, max(1, int(cfg.postgres.connect_timeout_s)))
     try:
