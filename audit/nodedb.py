@@ -11,7 +11,7 @@ In order:
      with the password of ``pg/password``;
    * no node runs: the state directory's lock is taken for the command (a node cannot start meanwhile, ``serve``
      exits 5) and the cluster is used as it is when it still runs, else started for the command and stopped after:
-     :func:`router.txncli.offline_database`, the same code ``nsjms txn`` uses with the node stopped.
+     :func:`router.cli.txn.offline_database`, the same code ``nsjms txn`` uses with the node stopped.
 
 The DSN (it holds the password) is never printed or logged here; the Spark JDBC reader gets the password as a
 separate option (:func:`audit.job.jdbc_options`), never in the URL or on a command line.
@@ -52,7 +52,7 @@ def node_database(pg_dsn: str | None, cfg: Any, *, write: bool, start: bool = Tr
     if cfg is None:
         raise UsageError("the command needs a PostgreSQL DSN: give --pg-dsn, NSJMS_POSTGRES_DSN, postgres.dsn in "
                          "--config, or run under nsjms with the node's --state-dir")
-    from router.lifecycle import StateDirLocked, StateLock
+    from router.node.lifecycle import StateDirLocked, StateLock
 
     state_dir = Path(cfg.node.state_dir)
     if not state_dir.is_dir():
@@ -77,7 +77,7 @@ def node_database(pg_dsn: str | None, cfg: Any, *, write: bool, start: bool = Tr
 
 
 def _running_node(cfg: Any, state_dir: Path) -> str:
-    from router.services import EmbeddedPostgres
+    from router.node.services import EmbeddedPostgres
 
     embedded = EmbeddedPostgres(state_dir, cfg.postgres.embedded_port)
     port = embedded._running_port()
@@ -93,7 +93,7 @@ def _running_node(cfg: Any, state_dir: Path) -> str:
 
 
 def _stopped_node(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[str]:
-    from router.txncli import Unavailable, offline_database
+    from router.cli.txn import Unavailable, offline_database
 
     try:
         with offline_database(cfg, state_dir, write=write) as dsn:

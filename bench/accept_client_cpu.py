@@ -40,7 +40,7 @@ def worker(dsn: str, events: int, seq0: int) -> None:
         if hasattr(rdb, "FenceToken"):               # a tree whose accept statement carries the node's fence
             token = rdb.FenceToken("bench", 1)
 
-            class Fence:                             # as the node's (router/nodecluster.py), never refused here
+            class Fence:                             # as the node's (router/node/cluster.py), never refused here
                 def token(self) -> object:
                     return token
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from router.channel.store import Store
     from router.db import Database
-    from router.services import EmbeddedPostgres, free_port
+    from router.node.services import EmbeddedPostgres, free_port
 
     trees = [str(Path(t).resolve()) for t in args.tree] or [str(ROOT)]
     base = Path(tempfile.mkdtemp(prefix="nsjms-bench-accept-"))

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from router.services import free_port
+from router.node.services import free_port
 
 from common import ROOT, client_orb, median_spread, node_process, services
 

@@ -28,7 +28,7 @@ import psycopg
 
 from router.channel.store import NewEvent, Store
 from router.db import Database
-from router.services import EmbeddedPostgres, free_port
+from router.node.services import EmbeddedPostgres, free_port
 
 THRESHOLDS: list[int | None] = [None, 5, 0]
 

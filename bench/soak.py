@@ -1,7 +1,7 @@
 """Soak: T2 bridges both ways at a steady offered rate for a long time (issue 31). Never run by CI.
 
-Starts its own PostgreSQL and ActiveMQ (the node's embedded configuration, ``router.services``) and a ``nsjms serve``
-subprocess, then, with independent clients only:
+Starts its own PostgreSQL and ActiveMQ (the node's embedded configuration, ``router.node.services``) and a
+``nsjms serve`` subprocess, then, with independent clients only:
 
 * channel → JMS: a standard-stub CORBA structured push supplier pushes 1 KB events (``n``, ``t`` = send time) into
   a channel with EnableTransaction TRUE; a T2 bridge (``enable_transaction``) routes them to ``soak.out.<cid>``, where
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import omniORB  # noqa: F401  (puts the COS stubs on sys.path)
 
-from router.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port
+from router.node.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port
 
 from common import PAYLOAD, NodeProcess, client_orb
 

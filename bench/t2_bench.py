@@ -44,7 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout's router/xa, not the venv's
 
-from router.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port
+from router.node.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port
 
 from common import PAYLOAD, ROOT, client_orb
 

@@ -24,7 +24,7 @@ DEAD_LETTER_ADMIN_KEY = "DeadLetterAdmin"
 
 
 def dead_letter_admin(node: Any) -> DeadLetterAdminImpl:
-    """The servant of a running :class:`router.server.Node` (its pool, channels, runtime and state directory)."""
+    """The servant of a running :class:`router.node.server.Node` (its pool, channels, runtime and state directory)."""
     rt = node.runtime
     return DeadLetterAdminImpl(DeadLetterOps(node.s.node_id, node.s.state_dir, node.db, rt.dead_letters, node.factory,
                                              next_seq=rt.next_seq))

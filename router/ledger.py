@@ -126,7 +126,7 @@ def timestamp(t: Time | None) -> datetime | None:
 
 @dataclass(frozen=True)
 class LedgerSettings:
-    """The ``ledger:`` section of the node's configuration (router/config.py, docs/configuration.md)."""
+    """The ``ledger:`` section of the node's configuration (router/node/config/, docs/configuration.md)."""
 
     enabled: bool = True              # rows for persistent and transactional traffic
     best_effort: bool = False         # rows for BestEffort events too (their own short transaction)

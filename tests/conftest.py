@@ -6,7 +6,7 @@ else the source ``NSJMS_TEST_SERVICES`` selects:
 * ``containers``: testcontainers runs the images built by ``scripts/images.sh`` (``nsjms-postgres:local``,
   ``nsjms-activemq:local``; override with ``NSJMS_TEST_PG_IMAGE`` / ``NSJMS_TEST_AMQ_IMAGE``), ports published on
   127.0.0.1 only. No engine, or a missing image, makes every test that needs a service fail, naming the fix.
-* ``local``: embedded instances (:mod:`router.services`) in a temporary directory on free ports.
+* ``local``: embedded instances (:mod:`router.node.services`) in a temporary directory on free ports.
 * ``auto`` (default): ``containers`` when a Docker engine answers a ping, else ``local``.
 
 A service that cannot be provided makes the test *fail*, in CI and locally: never a skip. Tests marked
@@ -36,8 +36,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from router.config import redact_dsn
-from router.services import EmbeddedActiveMQ, EmbeddedPostgres, ServiceError, free_port
+from router.node.config import redact_dsn
+from router.node.services import EmbeddedActiveMQ, EmbeddedPostgres, ServiceError, free_port
 
 SERVICES_ENV = "NSJMS_TEST_SERVICES"
 SERVICE_MODES = ("auto", "containers", "local")

@@ -10,6 +10,6 @@ A layer that imports no nsjms package (an import-linter contract), wired into th
 node's coordinator over its file log and the recovery manager, and runs recovery at start and periodically; both data
 paths run in T2 when ``EnableTransaction`` is on (channel → JMS: ``router/channel/txdelivery.py`` with the bridge's
 send branch, ``router/bridge/txout.py`` and ``txbranch.py``; JMS → channel: ``router/channel/t2in.py`` with
-``router/bridge/t2in.py``); ``nsjms txn`` (``router/txnview.py``, ``txnops.py``, ``txncli.py``) reads and resolves
+``router/bridge/t2in.py``); ``nsjms txn`` (``router/txnview.py``, ``txnops.py``, ``cli/txn.py``) reads and resolves
 its log; ``router/ledger.py`` and ``router/telemetry.py`` observe it.
 """

@@ -1,7 +1,7 @@
 """Global transaction ids of T2, scoped to one node, in psycopg's :class:`~psycopg.Xid` (JDBC-compatible) form.
 
 * ``format_id`` is fixed for nsjms: :data:`FORMAT_ID` (``0x6E736A31``, ASCII ``"nsj1"``).
-* ``gtrid`` is ``"<node>:<token>"``: the node id (``[A-Za-z0-9_-]{1,32}``, as in ``router.config``) and a
+* ``gtrid`` is ``"<node>:<token>"``: the node id (``[A-Za-z0-9_-]{1,32}``, as in ``router.node.config``) and a
   24-hex-digit token (48 bits of wall-clock milliseconds + 48 random bits), at most 57 characters (the XA
   limit is 64). The node id in every gtrid is what lets a node recognise its own branches in
   ``tpc_recover()`` output: anything with another format id, an unparsable gtrid or another node is foreign
@@ -42,7 +42,7 @@ _GTRID = re.compile(r"(?P<node>[A-Za-z0-9_-]{1,32}):(?P<token>[0-9a-f]{24})")
 
 @dataclass(frozen=True)
 class NodeId:
-    """This node's id; validated like ``router.config``'s ``node.node_id``."""
+    """This node's id; validated like ``router.node.config``'s ``node.node_id``."""
 
     value: str
 

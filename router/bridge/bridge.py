@@ -540,7 +540,7 @@ class BridgeImpl(ChannelLink, BrokerLink, TransactionMgmtMixin, Supervised, Nsjm
 
     def status(self) -> dict[str, Any]:
         """The node snapshot's row: ``state`` (``active``/``inactive``, NJI 2.3), ``started`` (administrative),
-        ``channel_id`` and ``reason`` (:meth:`inactive_reason`, None when active); counters. ``router.bridgecli
+        ``channel_id`` and ``reason`` (:meth:`inactive_reason`, None when active); counters. ``router.cli.bridge
         .bridge_state`` renders it for ``bridge list`` and ``status``."""
         reason = self.inactive_reason()
         return {

@@ -35,7 +35,6 @@ from typing import Any
 
 from router import telemetry
 from router.bridge.ports import BatchSource, BridgeHost, ChannelError, ChannelGone, ForwardDeferred, Inbox
-from router.config import DEFAULT_MAX_EVENT_BYTES
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import (
     BrokerError,
@@ -45,6 +44,7 @@ from router.jms.transport import (
     TransportError,
     resource_refusal,
 )
+from router.node.config import DEFAULT_MAX_EVENT_BYTES
 
 __all__ = ["BROKER_DLQ", "DEFAULT_DLQ", "MAX_EVENT_BYTES", "ChannelPuller", "ChannelToJms", "DeadLetter",
            "JmsToChannel", "untransportable"]

@@ -120,7 +120,7 @@ class _AckSupplierMixin:
         super().start()  # type: ignore[misc]
 
     def status_extra(self) -> dict[str, Any]:
-        """Extra fields of this proxy in ``nsjms status`` (router.server snapshot): acknowledgement state."""
+        """Extra fields of this proxy in ``nsjms status`` (router.node.server snapshot): acknowledgement state."""
         with self.ack.lock:
             extra: dict[str, Any] = {"in_flight": len(self.ack.inflight), "retries_used": self.ack.retry_count}
             if self.ack.stopped:

@@ -201,7 +201,7 @@ def local_round(proxy: ProxyView, take: Callable[[Any, int, float], InboundBatch
 class LocalRounds:
     """The channel's :class:`~router.routing.ports.InboundRounds`: JMS → channel PUSH into a Persistent channel of
     this node, the bridge's local rounds run by :func:`local_round` (registered as the node's
-    ``LocalEndpoints.inbound_rounds`` by the node, ``router.server``)."""
+    ``LocalEndpoints.inbound_rounds`` by the node, ``router.node.server``)."""
 
     batch = LOCAL_BATCH
 

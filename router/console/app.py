@@ -195,7 +195,7 @@ def _fmt_time(value: Any) -> str:
 
 
 def _fmt_age(value: Any) -> str:
-    from router.status import _age
+    from router.node.status import _age
 
     return "-" if not isinstance(value, (int, float)) else _age(float(value))
 
@@ -205,7 +205,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
     app = Flask("router.console", template_folder=str(Path(__file__).parent / "templates"),
                 static_folder=str(Path(__file__).parent / "static"))
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024, SEND_FILE_MAX_AGE_DEFAULT=3600)
-    from router.channelcli import format_value
+    from router.cli.channel import format_value
 
     app.jinja_env.filters.update(utc=_fmt_time, age=_fmt_age, prop=lambda v, k: format_value(k, v))
     sublists.install(app)                      # the lists inside an item's page, paged (router/console/sublists.py)
@@ -430,7 +430,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         channels = snap.get("channels", [])
         depth = sum(int(p.get("queued", 0)) for c in channels for p in c.get("proxy_suppliers", []))
         age = time.time() - float(snap["time"]) if snap.get("time") else None
-        from router.bridgecli import bridge_state
+        from router.cli.bridge import bridge_state
 
         every = snap.get("bridges", [])
         # a summary: the bridges not active first, then by id, at most OVERVIEW_ROWS (the rest on /bridges)
@@ -548,7 +548,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
     def transaction(gtrid: str) -> Any:
         view = item(lambda: backend.transaction(gtrid))
         confirm = request.args.get("confirm", "")
-        from router.txncli import heuristic_warning
+        from router.cli.txn import heuristic_warning
 
         return page("transaction.html", view, actions=TXN_ACTIONS, confirm=confirm if confirm in TXN_ACTIONS else "",
                     subs=sublists.transaction_subs(view, request.args),
@@ -570,7 +570,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         if not found:
             return _error(404, f"no orphaned prepared branch with GID {gid!r} (it may have been decided)")
         confirm = request.args.get("confirm", "")
-        from router.txncli import orphan_summary
+        from router.cli.txn import orphan_summary
 
         return page("orphan.html", found[0], actions=ORPHAN_ACTIONS,
                     confirm=confirm if confirm in ORPHAN_ACTIONS else "", summary=orphan_summary(gid))

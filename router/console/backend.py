@@ -1,10 +1,10 @@
 """What the console does, over a running node, through the SAME functions the CLI uses (no second implementation).
 
 * overview: the node's status snapshot (``status.json``, what ``nsjms status`` reads) and its endpoints;
-* channels: :func:`router.channelcli._list` / :func:`router.channelcli.show` over the node's
+* channels: :func:`router.cli.channel._list` / :func:`router.cli.channel.show` over the node's
   ``EventChannelFactory`` reference (OMG operations, as ``nsjms channel list|show``);
-* bridges: :func:`router.bridgecli._dispatch` over the node's ``BridgeFactory`` reference (``nsjms bridge
-  list|start|stop|destroy --json``), the state vocabulary of :func:`router.bridgecli.bridge_state`;
+* bridges: :func:`router.cli.bridge._dispatch` over the node's ``BridgeFactory`` reference (``nsjms bridge
+  list|start|stop|destroy --json``), the state vocabulary of :func:`router.cli.bridge.bridge_state`;
 * routing transactions: the node's :class:`router.txnops.TxnOps`, the object the ``TransactionAdmin`` servant
   answers ``nsjms txn`` with (listing with the safe action, resolve refused exactly as the CLI's, forget);
 * dead letters: the node's :class:`router.deadletterops.DeadLetterOps`, the object the ``DeadLetterAdmin`` servant
@@ -12,17 +12,17 @@
 * dead letters on the broker (``nsjms.DLQ``, ``ActiveMQ.DLQ``): :class:`router.brokerdlq.BrokerDeadLetterOps`, the
   operations ``nsjms deadletter broker list|show|retry|discard`` runs, over the node's own broker settings;
 * the operator log: :meth:`router.txnops.TxnOps.audit`, the file ``nsjms txn`` writes;
-* channel create / destroy: :func:`router.channelcli.check_create_args` and :func:`router.channelcli._dispatch`
+* channel create / destroy: :func:`router.cli.channel.check_create_args` and :func:`router.cli.channel._dispatch`
   (``nsjms channel create|destroy --json``: the same ``--qos``/``--admin`` parsing and checks, the node's refusals
   rendered the same way);
-* bridge create and routing transactions on/off: :func:`router.bridgecli._precheck` and ``_dispatch`` (``nsjms
+* bridge create and routing transactions on/off: :func:`router.cli.bridge._precheck` and ``_dispatch`` (``nsjms
   bridge create|transaction --json``, refusals in the CLI's words);
 * the ledger audit's verdicts: :func:`audit.incremental.stored_verdicts` (what ``nsjms audit --incremental``
   stored in ``nsjms_audit_day``; read only).
 
 Calls run under the signed-in principal (:func:`router.auth.acting_as`): the node's own guards see who asks.
 
-Exceptions (the CORBA exceptions of the node translated here, once, by the CLI's :func:`router.cliout.corba_error`)::
+Exceptions (the CORBA exceptions of the node translated here, once, by the CLI's :func:`router.cli.out.corba_error`)::
 
     Exception
      └── ConsoleRefused      the node refused (409); the message says why, as the CLI would print it
@@ -90,9 +90,9 @@ class BrokerUnavailable(NodeUnavailable):
 
 @contextlib.contextmanager
 def node_errors() -> Iterator[None]:
-    """Any CORBA exception the node answers with, as the CLI words it (:func:`router.cliout.corba_error`): a
+    """Any CORBA exception the node answers with, as the CLI words it (:func:`router.cli.out.corba_error`): a
     refusal (``IMP_LIMIT`` of a quota, ``NO_PERMISSION``, a spec's user exception ...) or the node unavailable."""
-    from router.cliout import corba_error
+    from router.cli.out import corba_error
 
     try:
         yield
@@ -167,7 +167,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 class NodeBackend:
-    """The console's operations inside the running node process (``node``: a started :class:`router.server.Node`)."""
+    """The console's operations inside the running node process (``node``: a started
+    :class:`router.node.server.Node`)."""
 
     def __init__(self, node: Any) -> None:
         self.node = node
@@ -204,7 +205,7 @@ class NodeBackend:
         return Counted(ecf) if counted else ecf
 
     def channels(self, who: Principal) -> list[dict[str, Any]]:
-        from router.channelcli import _list
+        from router.cli.channel import _list
 
         with node_errors(), acting_as(who):
             return _list(self._ecf(counted=True), self.snapshot())
@@ -212,7 +213,7 @@ class NodeBackend:
     def channel(self, who: Principal, cid: int) -> dict[str, Any]:
         import CosNotifyChannelAdmin
 
-        from router.channelcli import show
+        from router.cli.channel import show
 
         with node_errors(), acting_as(who):
             try:
@@ -225,7 +226,7 @@ class NodeBackend:
         """``nsjms bridge … --json`` against the node's BridgeFactory; the CLI's refusals as ConsoleRefused."""
         from idl.generated import CosBridgeAdmin as BA
         from idl.generated import NsjmsAdmin
-        from router.bridgecli import _dispatch, _snapshot_bridges, invalid_endpoints
+        from router.cli.bridge import _dispatch, _snapshot_bridges, invalid_endpoints
 
         out: list[str] = []
         with node_errors(), acting_as(who):
@@ -306,7 +307,7 @@ class NodeBackend:
         """``nsjms bridge create --from … --to … [--transaction E[:T]] [--no-start] --json``: the CLI's parsing and
         precheck (the node's endpoint rules, with their reasons), then the node's ``create_bridge``."""
         from idl.generated import CosBridgeAdmin as BA
-        from router.bridgecli import UsageError, _precheck, invalid_endpoints, parse_transaction
+        from router.cli.bridge import UsageError, _precheck, invalid_endpoints, parse_transaction
 
         def act() -> dict[str, Any]:
             args = argparse.Namespace(bridge_command="create", source=spec.source.strip(), sink=spec.sink.strip(),
@@ -328,7 +329,7 @@ class NodeBackend:
 
     def bridge_transaction(self, who: Principal, bid: int, setting: str, why: str) -> dict[str, Any]:
         """``nsjms bridge transaction ID EVENTS[:TIMEOUT]|off --json`` (enable_transaction / disable_transaction)."""
-        from router.bridgecli import _transaction_or_off
+        from router.cli.bridge import _transaction_or_off
 
         def act() -> dict[str, Any]:
             try:
@@ -356,7 +357,7 @@ class NodeBackend:
         import CosNotification
         import CosNotifyChannelAdmin
 
-        from router.channelcli import UsageError, _dispatch, _node_refusal, check_create_args
+        from router.cli.channel import UsageError, _dispatch, _node_refusal, check_create_args
 
         qos: dict[str, object] = {}
         admin: dict[str, object] = {}

@@ -1,6 +1,6 @@
 """PostgreSQL's reachability, probed on one kept connection (issue 27: the node's idle CPU).
 
-The node's PostgreSQL watch (``router.lifecycle.ServiceWatch``, every ``watch_interval_s``) used to open a new
+The node's PostgreSQL watch (``router.node.lifecycle.ServiceWatch``, every ``watch_interval_s``) used to open a new
 connection for each probe: libpq's connection set-up and the SCRAM password exchange cost the node about 6 ms of CPU
 and PostgreSQL a backend's fork and about 9 ms more, every 2 s (measured, docs/performance.md). A
 :class:`PostgresProbe` keeps its connection and runs ``SELECT 1`` on it; only when that fails (the server ended the

@@ -1,6 +1,6 @@
 """The STOMP codec: a :class:`~router.jms.model.JmsMessage` as an ActiveMQ Classic STOMP frame and back.
 
-The one :class:`~router.jms.transport.MessageCodec` the node gives its STOMP transports (``router.server``, ``nsjms
+The one :class:`~router.jms.transport.MessageCodec` the node gives its STOMP transports (``router.node.server``, ``nsjms
 txn``): :func:`~router.mapping.stomp_body.message_to_stomp` / :func:`~router.mapping.stomp_body.message_from_stomp`
 (the typed-property and body conventions of docs/mapping.md) and ActiveMQ's limits on a SEND frame
 (:func:`~router.mapping.stomp_limits.check_stomp_limits`, :meth:`StompCodec.check`). The bridge and the routing layer

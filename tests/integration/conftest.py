@@ -278,7 +278,7 @@ def shared_bf(shared_factory: Any, module_server: NsjmsServer, client_orb: Clien
 
 # The Java JMS client fixture, shared by every integration module that needs it (imported here, not in each test
 # module, so the test modules do not re-bind a fixture name).
-from router.services import EmbeddedActiveMQ, EmbeddedPostgres  # noqa: E402
+from router.node.services import EmbeddedActiveMQ, EmbeddedPostgres  # noqa: E402
 
 from bridgekit import JavaTool, bridge_factory, java_tool  # noqa: E402, F401
 from stdclients import wait_until  # noqa: E402

@@ -1,6 +1,6 @@
 """The accept path's write is fenced in its own statement (issue 25): a real PostgreSQL, the node's group committer
 (``GroupCommit`` on ``Database.statement``: one autocommit INSERT per lone push), the channel store and the node's
-``StatementFence`` (``router/nodecluster.py``).
+``StatementFence`` (``router/node/cluster.py``).
 
 A node paused past its lease is what it is to the database: a writer that still holds its old epoch. Its pushes after
 the takeover (epoch bumped, channel claimed by a survivor), or after its channel moved to another node (a hand-off),
@@ -27,7 +27,7 @@ from router.cluster.lease import LeaseSettings, expired
 from router.cluster.ownership import claim_all
 from router.db import Database, FenceToken, WriteFenced
 from router.ledger import LedgerSettings, LedgerWriter, maintain
-from router.nodecluster import _AcceptFence
+from router.node.cluster import _AcceptFence
 from router.routing.faults import MINOR_STORE_UNAVAILABLE, store_faults
 
 pytestmark = pytest.mark.integration
@@ -51,7 +51,7 @@ class _Membership:
 
 
 class PausedNode:
-    """What ``_AcceptFence`` reads of a node (``router.nodecluster.ClusterRole``): n1 at epoch 1, which it still
+    """What ``_AcceptFence`` reads of a node (``router.node.cluster.ClusterRole``): n1 at epoch 1, which it still
     believes live (it was paused: it has not renewed since)."""
 
     def __init__(self, db: Database) -> None:

@@ -31,7 +31,7 @@ from audit.cli import EXIT_VIOLATION
 from audit.export import export_days
 from audit.ledger import ensure_partitions, install_schema
 from audit.synth import SynthSpec, copy_to_postgres, generate
-from router.services import free_port
+from router.node.services import free_port
 
 # Spark jobs: about 20-40 s each on an idle 2-core machine, several minutes when the machine is shared.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]

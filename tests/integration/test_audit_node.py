@@ -18,7 +18,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 from test_node_lifecycle import EmbeddedNode
 
-from router.services import EmbeddedPostgres
+from router.node.services import EmbeddedPostgres
 
 pytestmark = pytest.mark.integration
 

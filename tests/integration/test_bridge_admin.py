@@ -24,7 +24,7 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
-from router.services import EmbeddedActiveMQ
+from router.node.services import EmbeddedActiveMQ
 
 from bridgekit import JavaTool, bridge_factory, channel_ep, error_codes, jms_ep, reconnect_client, stomp_produce
 from conftest import NsjmsServer, free_port

@@ -1,7 +1,7 @@
 """Failure behaviour of the bridge: the broker killed and restarted mid-stream (both directions), the node SIGKILLed
 mid-stream. Every event/message is counted at the far end by content id.
 
-Each broker test runs its own ActiveMQ (:class:`router.services.EmbeddedActiveMQ` on free ports, own state dir) and
+Each broker test runs its own ActiveMQ (:class:`router.node.services.EmbeddedActiveMQ` on free ports, own state dir) and
 a node started with that broker's URL; the broker is SIGKILLed (no clean shutdown) and started again on the same
 directory and ports, so what it had confirmed is still in its store.
 

@@ -38,7 +38,7 @@ import stomp
 import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
-from router.services import EmbeddedActiveMQ
+from router.node.services import EmbeddedActiveMQ
 
 from bridgekit import JavaTool, bridge_factory, channel_ep, jms_ep
 from conftest import NsjmsServer, running_rig

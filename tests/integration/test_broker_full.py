@@ -29,7 +29,7 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 from router.channel.boundary import POISON_ATTEMPTS
-from router.services import EmbeddedActiveMQ
+from router.node.services import EmbeddedActiveMQ
 
 from bridgekit import (
     bridge_factory,

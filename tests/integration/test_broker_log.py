@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from router.services import EmbeddedActiveMQ, free_port
+from router.node.services import EmbeddedActiveMQ, free_port
 
 from stdclients import wait_until
 

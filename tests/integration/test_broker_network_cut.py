@@ -48,7 +48,7 @@ from omniORB import CORBA
 
 from idl.generated import CosBridgeAdmin as BA
 from router.channel.localpush import IN_FLIGHT, STRUCTURED_BATCH
-from router.services import EmbeddedActiveMQ, wait_for_port
+from router.node.services import EmbeddedActiveMQ, wait_for_port
 
 from bridgekit import (
     bridge_factory,

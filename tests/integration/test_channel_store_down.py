@@ -21,7 +21,7 @@ from omniORB import CORBA
 import CosNotification
 
 from router.channel.boundary import MINOR_STORE_UNAVAILABLE
-from router.services import EmbeddedPostgres
+from router.node.services import EmbeddedPostgres
 
 from conftest import NsjmsServer, free_port
 from stdclients import (

@@ -12,7 +12,7 @@ import CosNotification
 import CosNotifyChannelAdmin
 import CosNotifyFilter
 
-from router.channelcli import _node_refusal
+from router.cli.channel import _node_refusal
 
 from conftest import NsjmsServer
 from stdclients import (

@@ -36,8 +36,8 @@ from omniORB import CORBA
 import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
-from router.services import EmbeddedActiveMQ
-from router.txncli import orphan_summary
+from router.cli.txn import orphan_summary
+from router.node.services import EmbeddedActiveMQ
 from xa.xid import FORMAT_ID, NodeId, branch_xid, new_gtrid
 
 from bridgekit import (

@@ -48,7 +48,7 @@ from omniORB import CORBA
 
 from idl.generated import CosBridgeAdmin as BA
 from router.channel.boundary import MINOR_STORE_TIMEOUT, MINOR_STORE_UNAVAILABLE
-from router.services import PG_OS_USER, EmbeddedPostgres
+from router.node.services import PG_OS_USER, EmbeddedPostgres
 
 from bridgekit import bridge_factory, channel_ep, jms_ep, persistent_channel, structured_supplier, unique_name
 from conftest import NsjmsServer, free_port, restart_port
@@ -66,7 +66,7 @@ CUT_S = 18.0
 SUPPLIERS = 4
 TXN_LIST_BOUND_S = 30.0       # `nsjms txn list` answers (the node's T2 view) during the cut
 SETTLE_S = 120.0
-STALE_AFTER_S = 10.0          # router/status.py STALE_AFTER_S
+STALE_AFTER_S = 10.0          # router/node/status.py STALE_AFTER_S
 
 
 class NetnsPostgres(EmbeddedPostgres):

@@ -17,7 +17,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from router.db import Database, StoreTimeout, StoreUnavailable
-from router.services import EmbeddedPostgres
+from router.node.services import EmbeddedPostgres
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from router.db import Database, StoreError, StoreTimeout, StoreUnavailable
-from router.services import EmbeddedPostgres
+from router.node.services import EmbeddedPostgres
 
 pytestmark = pytest.mark.integration
 

@@ -80,7 +80,7 @@ def test_a_failing_ledger_write_fails_the_whole_unit_of_work(fresh_db: str) -> N
 def test_node_maintenance_runs_in_its_own_transaction_and_gives_up_on_a_locked_ledger(
         fresh_db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from router.ledger import LedgerSettings, list_partitions
-    from router.server import Node, NodeSettings
+    from router.node.server import Node, NodeSettings
 
     node = Node(NodeSettings(state_dir=tmp_path, pg_dsn=fresh_db, ledger=LedgerSettings(ahead_days=2)))
     node.db = Database(fresh_db, 2)

@@ -30,9 +30,9 @@ import pytest
 import stomp
 
 from router.auth import Role, install_token, token_path, use_token
-from router.lifecycle import stomp_probe
-from router.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port
-from router.services.process import pid_alive
+from router.node.lifecycle import stomp_probe
+from router.node.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port
+from router.node.services.process import pid_alive
 
 from bridgekit import JavaTool
 from conftest import TEST_ADMIN_TOKEN, ClientOrb

@@ -130,7 +130,7 @@ def _hung_node(state: Path, port: int) -> None:
 
 def test_a_hung_node_is_not_reachable_exit_3_for_every_command(tmp_path: Path, silent_server: int) -> None:
     """Issue 29: a SIGSTOPped node made these print a CORBA.TIMEOUT traceback and exit 1; the docs promise exit 3."""
-    from router.lifecycle import StateLock
+    from router.node.lifecycle import StateLock
 
     state = tmp_path / "state"
     _hung_node(state, silent_server)

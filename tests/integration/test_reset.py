@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from router.db import migrate
-from router.lifecycle import StateLock
+from router.node.lifecycle import StateLock
 from xa.xid import NodeId, branch_xid, new_gtrid
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""router.services against the real binaries: embedded PostgreSQL and ActiveMQ lifecycles, kill -9."""
+"""router.node.services against the real binaries: embedded PostgreSQL and ActiveMQ lifecycles, kill -9."""
 
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ import psycopg
 import pytest
 import stomp
 
-from router.lifecycle import stomp_probe
-from router.services import (
+from router.node.lifecycle import stomp_probe
+from router.node.services import (
     EmbeddedActiveMQ,
     EmbeddedPostgres,
     ServiceError,
     free_port,
     wait_for_port,
 )
-from router.services.process import pid_alive  # zombie-aware liveness check
+from router.node.services.process import pid_alive  # zombie-aware liveness check
 
 pytestmark = pytest.mark.integration
 
@@ -135,7 +135,7 @@ def test_embedded_postgres_password_never_reaches_the_server_in_clear(state_dir:
 
 PG_SUPERVISOR = """
     import sys
-    from router.services import EmbeddedPostgres
+    from router.node.services import EmbeddedPostgres
     url = EmbeddedPostgres(sys.argv[1], int(sys.argv[2])).start()
 """
 
@@ -246,7 +246,7 @@ def stomp_round_trip(port: int) -> None:
 
 AMQ_SUPERVISOR = """
     import sys
-    from router.services import EmbeddedActiveMQ
+    from router.node.services import EmbeddedActiveMQ
     url = EmbeddedActiveMQ(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])).start()
 """
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from router.jms.transport import Transport, open_transport
-from router.services import EmbeddedActiveMQ, free_port
+from router.node.services import EmbeddedActiveMQ, free_port
 from tests.unit.test_transport_contract import Make, TransportContract
 
 pytestmark = pytest.mark.integration

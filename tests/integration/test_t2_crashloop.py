@@ -59,7 +59,7 @@ from idl.generated import NsjmsAdmin
 from router.auth import Role, install_token
 from router.crashpoints import ENV as CRASH_ENV
 from router.crashpoints import POINTS
-from router.services import EmbeddedActiveMQ, EmbeddedPostgres
+from router.node.services import EmbeddedActiveMQ, EmbeddedPostgres
 
 from bridgekit import JavaConsumer, JavaTool, bridge_factory, channel_ep, jms_ep
 from conftest import ENDPOINTS_FILE, START_TIMEOUT_S, TEST_ADMIN_TOKEN, ClientOrb, NsjmsServer, restart_port

@@ -33,7 +33,7 @@ from router.bridge.brokerlink import DEFAULT_PREFETCH
 from router.bridge.t2in import RENEW_AFTER
 from router.jms.transport import open_transport
 from router.mapping.stomp_codec import StompCodec
-from router.services import EmbeddedPostgres
+from router.node.services import EmbeddedPostgres
 
 from bridgekit import (
     bridge_factory,

@@ -20,8 +20,8 @@ from psycopg.conninfo import make_conninfo
 from router.cli import main
 from router.db import Database
 from router.jms.transport import open_transport
-from router.lifecycle import StateLock
 from router.mapping.stomp_codec import StompCodec
+from router.node.lifecycle import StateLock
 from router.t2 import NodeTransactions, OutboxRow, outbox_insert
 from router.txnops import AUDIT_FILE
 from xa.pg import PgBranch

@@ -31,7 +31,7 @@ import stomp
 
 from router.cli import main
 from router.db import Database
-from router.services import EmbeddedActiveMQ, EmbeddedPostgres
+from router.node.services import EmbeddedActiveMQ, EmbeddedPostgres
 from router.t2 import NodeTransactions, OutboxRow, outbox_insert
 from xa.pg import PgBranch
 from xa.xid import dedupe_id
@@ -64,7 +64,7 @@ class Stopped:
         monkeypatch.setenv("NSJMS_BROKER_EMBEDDED_OPENWIRE_PORT", str(self.openwire_port))
 
     def died(self, n: int) -> None:
-        from router.server import _postgres_may_traverse
+        from router.node.server import _postgres_may_traverse
 
         _postgres_may_traverse(self.state)
         dsn = self.pg.start()

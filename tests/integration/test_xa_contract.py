@@ -11,7 +11,7 @@ import pytest
 from psycopg import Xid
 from psycopg.conninfo import make_conninfo
 
-from router.services import free_port
+from router.node.services import free_port
 from xa.coordinator import Coordinator
 from xa.errors import BranchNotFound, BranchUnavailable, PrepareFailed, UsageError
 from xa.pg import PgBranch, PgManager

@@ -123,15 +123,15 @@ def test_no_router_module_loads_the_audit_stack() -> None:
 
 def test_the_router_imports_the_audit_package_only_in_its_audit_commands() -> None:
     """Source check for imports inside functions (which importing the modules does not run): the router names the
-    audit package only in ``router/cli.py`` (the ``ledger``/``audit`` subcommands) and the console's audit page (the
-    psycopg-only readers, see the next test), and no Spark stack anywhere."""
+    audit package only in ``router/cli/__init__.py`` (the ``ledger``/``audit`` subcommands) and the console's audit
+    page (the psycopg-only readers, see the next test), and no Spark stack anywhere."""
     import re
 
     root = Path(__file__).resolve().parents[2]
     pattern = re.compile(r"^\s*(?:import|from)\s+(" + "|".join((*HEAVY, "audit")) + r")\b", re.M)
     found = {(str(p.relative_to(root)), m.group(1)) for d in ("router", "xa") for p in (root / d).rglob("*.py")
              for m in pattern.finditer(p.read_text(encoding="utf-8"))}
-    assert found == {("router/cli.py", "audit"), ("router/console/backend.py", "audit")}, found
+    assert found == {("router/cli/__init__.py", "audit"), ("router/console/backend.py", "audit")}, found
 
 
 def test_the_audit_modules_the_console_reads_load_no_spark_stack() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router.bridge.endpoints import EndpointSpec, check_pair, from_idl, parse_factory, to_idl
-from router.bridgecli import UsageError, parse_endpoint
+from router.cli.bridge import UsageError, parse_endpoint
 
 CHANNELS = {0, 7}
 

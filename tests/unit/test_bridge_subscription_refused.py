@@ -11,7 +11,7 @@ import pytest
 
 from router.bridge import flows as F
 from router.bridge import jmsin
-from router.bridgecli import bridge_state
+from router.cli.bridge import bridge_state
 from router.jms.transport import BrokerError, TransportError
 
 

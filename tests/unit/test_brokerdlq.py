@@ -123,7 +123,7 @@ def test_the_operations_refuse_record_and_report_the_broker_down(tmp_path: Path)
 def test_the_cli_finds_the_configured_or_the_embedded_broker(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from router.brokerdlqcli import NoBroker, broker_ops
+    from router.cli.brokerdlq import NoBroker, broker_ops
 
     def cfg(url: str = "", login: str = "", passcode: str = "") -> SimpleNamespace:
         return SimpleNamespace(node=SimpleNamespace(state_dir=str(tmp_path), node_id="n1"),

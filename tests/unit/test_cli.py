@@ -9,11 +9,11 @@ from typing import Any, ClassVar
 import pytest
 
 from router import cli
-from router.bridgecli import bridge_state
 from router.channel import qos as Q
-from router.channelcli import PropertyRefused, check_admin, check_qos, parse_assignments
-from router.demo import free_slot, live_runs, queue_name
-from router.status import render
+from router.cli.bridge import bridge_state
+from router.cli.channel import PropertyRefused, check_admin, check_qos, parse_assignments
+from router.cli.demo import free_slot, live_runs, queue_name
+from router.node.status import render
 
 
 @pytest.fixture(autouse=True)
@@ -223,16 +223,16 @@ def test_demo_reuses_the_slot_of_ended_runs() -> None:
                                                           (False, ["--progress"], True), (True, ["--quiet"], False)])
 def test_demo_progress_only_on_a_terminal(isatty: bool, flag: list[str], progress: bool, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import router.demo
+    import router.cli.demo
 
     (tmp_path / "endpoints.json").write_text("{}")
     seen: dict[str, Any] = {}
 
-    def fake_run_demo(state_dir: Path, **kw: Any) -> router.demo.DemoResult:
+    def fake_run_demo(state_dir: Path, **kw: Any) -> router.cli.demo.DemoResult:
         seen.update(kw)
-        return router.demo.DemoResult(run="r", queue="q", pushed=1, received=1)
+        return router.cli.demo.DemoResult(run="r", queue="q", pushed=1, received=1)
 
-    monkeypatch.setattr(router.demo, "run_demo", fake_run_demo)
+    monkeypatch.setattr(router.cli.demo, "run_demo", fake_run_demo)
     monkeypatch.setattr("sys.stdout.isatty", lambda: isatty)
     monkeypatch.setattr("signal.signal", lambda *a: None)
     assert cli.main(["demo", "--count", "1", "--state-dir", str(tmp_path), *flag]) == cli.EXIT_OK
@@ -243,16 +243,16 @@ def test_demo_progress_only_on_a_terminal(isatty: bool, flag: list[str], progres
 def test_private_node_files_are_reported_not_a_traceback(command: list[str], tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    import router.bridgecli
-    import router.channelcli
+    import router.cli.bridge
+    import router.cli.channel
 
     (tmp_path / "endpoints.json").write_text("{}")
 
     def private(*args: Any, **kw: Any) -> int:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(router.channelcli, "run", private)
-    monkeypatch.setattr(router.bridgecli, "run", private)
+    monkeypatch.setattr(router.cli.channel, "run", private)
+    monkeypatch.setattr(router.cli.bridge, "run", private)
     assert cli.main([*command, "--state-dir", str(tmp_path)]) == cli.EXIT_FAILURE
     assert "run as the node's user" in capsys.readouterr().err
 
@@ -270,7 +270,7 @@ def test_status_shows_the_dead_letters_of_a_pull_style_proxy_consumer() -> None:
 
 # -- serve: telemetry is installed once the lock is held, before the first recovery pass ------------------------
 class _FakeNode:
-    """Stands in for router.server.Node: ``start`` takes the lock, calls ``after_lock``, then runs recovery."""
+    """Stands in for router.node.server.Node: ``start`` takes the lock, calls ``after_lock``, then runs recovery."""
 
     events: ClassVar[list[str]] = []
     locked = False
@@ -281,7 +281,7 @@ class _FakeNode:
         self.health: dict[str, Any] = {}
 
     def start(self) -> None:
-        from router.lifecycle import StateDirLocked
+        from router.node.lifecycle import StateDirLocked
 
         if self.locked:
             raise StateDirLocked(self.s.state_dir, 1234)
@@ -299,7 +299,7 @@ class _FakeNode:
 
 @pytest.fixture
 def fake_node(monkeypatch: pytest.MonkeyPatch) -> type[_FakeNode]:
-    import router.server
+    import router.node.server
     import router.telemetry
 
     _FakeNode.events, _FakeNode.locked = [], False
@@ -310,7 +310,7 @@ def fake_node(monkeypatch: pytest.MonkeyPatch) -> type[_FakeNode]:
         _FakeNode.events.append(f"telemetry {exporter} {kw['address']}")
         return lambda: _FakeNode.events.append("telemetry flushed")
 
-    monkeypatch.setattr(router.server, "Node", _FakeNode)
+    monkeypatch.setattr(router.node.server, "Node", _FakeNode)
     monkeypatch.setattr(router.telemetry, "configure", configure)
     return _FakeNode
 

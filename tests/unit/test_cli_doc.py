@@ -6,12 +6,13 @@ import argparse
 
 import pytest
 
-from router import cli, clidoc
+from router import cli
+from router.cli import doc as clidoc
 
 
 def test_docs_cli_md_is_generated_from_the_current_parser() -> None:
     committed = clidoc.DOC_PATH.read_text()
-    assert committed == clidoc.render(), "docs/cli.md is stale: run `python -m router.clidoc --write` and commit it"
+    assert committed == clidoc.render(), "docs/cli.md is stale: run `python -m router.cli.doc --write` and commit it"
 
 
 def test_every_command_and_option_is_in_the_reference() -> None:

@@ -37,7 +37,7 @@ def test_an_unusable_state_directory_is_exit_2_naming_the_key(tmp_path: Path, wh
 def test_output_into_a_closed_pipe_ends_quietly() -> None:
     """`nsjms bridge list --json | head -1` printed a BrokenPipeError traceback."""
     script = ("import argparse, sys\n"
-              "from router.cliout import run_handler\n"
+              "from router.cli.out import run_handler\n"
               "def handler(args, cfg):\n"
               "    for i in range(200000):\n"
               "        print(f'line {i}')\n"
@@ -76,17 +76,17 @@ def test_demo_rate_and_count_out_of_range_are_usage_errors(argv: list[str],
 def test_demo_json_prints_only_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     """`demo --json` printed its human lines before the JSON."""
-    import router.demo
+    import router.cli.demo
 
     (tmp_path / "endpoints.json").write_text("{}")
 
-    def fake_run_demo(state_dir: Path, **kw: Any) -> router.demo.DemoResult:
+    def fake_run_demo(state_dir: Path, **kw: Any) -> router.cli.demo.DemoResult:
         kw["out"]("demo: channel 1 created")
         if kw["progress"] is not None:
             kw["progress"]("demo: <- received 1")
-        return router.demo.DemoResult(run="r", queue="q", pushed=1, received=1)
+        return router.cli.demo.DemoResult(run="r", queue="q", pushed=1, received=1)
 
-    monkeypatch.setattr(router.demo, "run_demo", fake_run_demo)
+    monkeypatch.setattr(router.cli.demo, "run_demo", fake_run_demo)
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)
     monkeypatch.setattr("signal.signal", lambda *a: None)
     assert cli.main(["demo", "--count", "1", "--json", "--state-dir", str(tmp_path)]) == cli.EXIT_OK
@@ -98,7 +98,7 @@ def test_demo_json_prints_only_json(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_stop_services_refused_by_a_running_node_says_nothing_was_stopped(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """It said "refusing to start", the start's wording."""
-    from router.lifecycle import StateLock
+    from router.node.lifecycle import StateLock
 
     lock = StateLock(tmp_path)
     lock.acquire()
@@ -113,7 +113,7 @@ def test_stop_services_refused_by_a_running_node_says_nothing_was_stopped(
 
 def test_a_refused_postgres_password_says_what_is_wrong() -> None:
     """Compose with new secrets over old volumes looped on a bare "password authentication failed"."""
-    from router.lifecycle import postgres_hint
+    from router.node.lifecycle import postgres_hint
 
     why = postgres_hint('connection failed: FATAL: password authentication failed for user "postgres"')
     assert "the password does not match the one the server has" in why and "volume" in why
@@ -124,7 +124,7 @@ def test_json_output_is_not_held_while_txn_asks_on_a_terminal(monkeypatch: pytes
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from router.cliout import run_handler
+    from router.cli.out import run_handler
 
     def asks(args: argparse.Namespace, cfg: Any) -> int:
         print("type yes to commit g: ", end="")
@@ -142,12 +142,12 @@ def test_a_node_that_does_not_answer_is_exit_3_for_txn_too(exception: str, tmp_p
     """`nsjms txn list` against a SIGSTOPped node printed a CORBA.TIMEOUT traceback and exited 1."""
     from omniORB import CORBA
 
-    import router.txncli
+    import router.cli.txn
 
     def hung(args: Any, cfg: Any) -> int:
         raise getattr(CORBA, exception)(0, CORBA.COMPLETED_NO)
 
-    monkeypatch.setattr(router.txncli, "run", hung)
+    monkeypatch.setattr(router.cli.txn, "run", hung)
     assert cli.main(["txn", "list", "--state-dir", str(tmp_path)]) == cli.EXIT_NOT_RUNNING
     err = capsys.readouterr().err
     assert f"nsjms txn: node not reachable: {exception}" in err and "Traceback" not in err

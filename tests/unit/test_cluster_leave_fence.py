@@ -1,4 +1,4 @@
-"""The node's fence check lets only the leave's own unit of work through while the node leaves (router/server.py
+"""The node's fence check lets only the leave's own unit of work through while the node leaves (router/node/server.py
 Node._fence_check, router/cluster/node.py Membership.stop), with fakes: every other unit of work of the node that
 ends meanwhile is still checked."""
 
@@ -15,7 +15,7 @@ import pytest
 from router.cluster import members as M
 from router.cluster.lease import LeaseSettings
 from router.cluster.node import Membership
-from router.server import Node
+from router.node.server import Node
 
 
 class _Db:

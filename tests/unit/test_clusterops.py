@@ -1,8 +1,8 @@
-"""router/clusterops.py: the text nsjms cluster drain prints (the JSON is DrainState.as_dict with the result)."""
+"""router/cli/clusterops.py: the text nsjms cluster drain prints (the JSON is DrainState.as_dict with the result)."""
 
 from __future__ import annotations
 
-from router.clusterops import _render_drain
+from router.cli.clusterops import _render_drain
 
 
 def test_a_dirty_drain_lists_what_is_left_and_says_what_happens_to_it() -> None:

@@ -1,4 +1,4 @@
-"""router.config: precedence file < env < overrides, validation messages naming key and source, redaction."""
+"""router.node.config: precedence file < env < overrides, validation messages naming key and source, redaction."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.config import Config, ConfigError, load_config, redact_dsn
+from router.node.config import Config, ConfigError, load_config, redact_dsn
 
 SECRET = "s3cr3t-Pa55"
 
@@ -245,7 +245,7 @@ def test_sample_deploy_config_is_valid_and_documents_the_defaults() -> None:
 
 
 def test_ledger_section_defaults_file_env_and_errors(tmp_path: Path) -> None:
-    from router.config import LedgerConfig
+    from router.node.config import LedgerConfig
 
     assert load_config(env={}).ledger == LedgerConfig(True, False, 30, 3, 3600)
     path = write(tmp_path, "[ledger]\nenabled = false\nretention_days = 7\n")
@@ -266,7 +266,7 @@ def test_ledger_section_defaults_file_env_and_errors(tmp_path: Path) -> None:
 
 
 def test_cluster_section_defaults_env_and_the_lease_must_survive_two_missed_renewals(tmp_path: Path) -> None:
-    from router.config import ClusterConfig
+    from router.node.config import ClusterConfig
 
     assert load_config(env={}).cluster == ClusterConfig(2, 20)       # ActiveMQ Artemis's JDBC lease
     config = load_config(env={"NSJMS_CLUSTER_RENEW_S": "1", "NSJMS_CLUSTER_EXPIRY_S": "3"})

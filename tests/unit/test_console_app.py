@@ -329,7 +329,7 @@ def test_read_operator_log(tmp_path: Path) -> None:
 
 
 def test_console_configuration() -> None:
-    from router.config import ConfigError, load_config
+    from router.node.config import ConfigError, load_config
 
     cfg = load_config(env={})
     assert (cfg.console.enabled, cfg.console.host, cfg.console.port) == (False, "127.0.0.1", 8460)
@@ -585,7 +585,7 @@ def test_audit_days_view_sums_the_stored_verdicts() -> None:
 def test_orphaned_branch_decided_with_the_clis_rules_and_words(env: Any) -> None:
     """``nsjms txn commit|rollback --xid GID`` from the routing-transactions page: operator role, typed GID, reason;
     the CLI's summary shown before it; the node's refusal in its words (it was listed, not actionable)."""
-    from router.txncli import orphan_summary
+    from router.cli.txn import orphan_summary
 
     backend, client, secrets = env
     login(client, "reader", secrets["reader"])

@@ -1,10 +1,10 @@
 """The node's CORBA exceptions in the console (issue 26): a quota's ``IMP_LIMIT``, ``NO_PERMISSION``, ``TRANSIENT``,
 ``COMM_FAILURE`` and the specs' user exceptions are refusals an operator can read (409) or "node not reachable"
-(503), in the words the CLI prints for them (:func:`router.cliout.corba_error`), recorded and logged.
+(503), in the words the CLI prints for them (:func:`router.cli.out.corba_error`), recorded and logged.
 
 The console's real backend (:class:`router.console.backend.NodeBackend`) runs over a stand-in node whose
 ``EventChannelFactory`` and ``BridgeFactory`` raise what a real node raises; the CLI's words are taken from
-:func:`router.cliout.run_handler` with a handler that meets the same exception.
+:func:`router.cli.out.run_handler` with a handler that meets the same exception.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import CosNotification
 import CosNotifyChannelAdmin
 
 from router.auth import Principal, Role, issue
-from router.cliout import corba_error, run_handler
+from router.cli.out import corba_error, run_handler
 from router.console.app import create_app
 from router.console.backend import NodeBackend, NodeRefused, NodeUnavailable
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from router.cli import build_parser
-from router.lifecycle import NOT_RESTARTED_STATUSES, kept_for_restart
+from router.node.lifecycle import NOT_RESTARTED_STATUSES, kept_for_restart
 
 UNIT = Path(__file__).resolve().parents[2] / "deploy" / "nsjms.service"
 
@@ -50,7 +50,7 @@ def test_stop_timeout_covers_a_clean_stop_and_restarts_never_give_up() -> None:
     SIGTERM-to-SIGKILL 30 s + PostgreSQL's fast shutdown (a few s); systemd must not SIGKILL the node before."""
     import inspect
 
-    from router.services import EmbeddedActiveMQ
+    from router.node.services import EmbeddedActiveMQ
 
     broker_stop = inspect.signature(EmbeddedActiveMQ.__init__).parameters["stop_timeout"].default
     units = directives()
@@ -77,7 +77,7 @@ def test_the_embedded_brokers_stomp_connector_sends_frames_at_once(tmp_path: Pat
     on its STOMP connector: a RECEIPT otherwise waits for the node's delayed ACK (docs/external-services.md)."""
     import xml.etree.ElementTree as ET
 
-    from router.services import EmbeddedActiveMQ
+    from router.node.services import EmbeddedActiveMQ
 
     broker = EmbeddedActiveMQ(tmp_path, 61613, 61616)
     root = ET.fromstring(broker._instance_xml())

@@ -19,7 +19,7 @@ def _json_block_after(page: str, marker: str) -> dict[str, Any]:
 
 
 def test_channel_md_endpoints_sample_matches_what_the_node_writes() -> None:
-    from router.server import Node
+    from router.node.server import Node
 
     class _Orb:
         def object_to_string(self, ref: Any) -> str:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from router import services
-from router.lifecycle import ServiceError
-from router.services import postgres
+from router.node import services
+from router.node.lifecycle import ServiceError
+from router.node.services import postgres
 
 
 class Table:
@@ -36,7 +36,7 @@ def _server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: Table) -> se
     monkeypatch.setattr(postgres, "pid_exists", lambda pid: table.state() not in (None, "gone"), raising=False)
     monkeypatch.setattr(postgres, "is_zombie", lambda pid: table.state() == "zombie")
     monkeypatch.setattr(server, "_is_postmaster", lambda pid: table.state() == "running")
-    monkeypatch.setattr("router.services.postgres.time.sleep", table.tick)
+    monkeypatch.setattr("router.node.services.postgres.time.sleep", table.tick)
     return server
 
 
@@ -53,7 +53,7 @@ def test_a_pid_that_never_goes_is_reported(tmp_path: Path, monkeypatch: pytest.M
                                           reason: str) -> None:
     table = Table([state])
     clock = iter(range(0, 10_000, 1))
-    monkeypatch.setattr("router.services.postgres.time.monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr("router.node.services.postgres.time.monotonic", lambda: float(next(clock)))
     with pytest.raises(ServiceError, match=reason):
         _server(tmp_path, monkeypatch, table)._wait_stale_postmaster_gone()
 

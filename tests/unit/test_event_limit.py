@@ -16,8 +16,8 @@ from router import cli
 from router.bridge import flows
 from router.bridge.bridge import BrokerSettings
 from router.channel.boundary import DEFAULT_MAX_EVENT_BYTES, giop_max_msg_size
-from router.config import ConfigError, load_config
-from router.server import Node, NodeSettings, orb_args
+from router.node.config import ConfigError, load_config
+from router.node.server import Node, NodeSettings, orb_args
 
 MIB = 1024 * 1024
 

@@ -1,4 +1,4 @@
-"""router.lifecycle without services: the state-directory lock, backoff, the watch loop, private files."""
+"""router.node.lifecycle without services: the state-directory lock, backoff, the watch loop, private files."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from router.lifecycle import (
+from router.node.lifecycle import (
     EMBEDDED_RESTART,
     Health,
     RestartPolicy,
@@ -44,7 +44,7 @@ def test_second_lock_on_the_same_state_dir_is_refused_at_once(tmp_path: Path) ->
 
 def test_the_lock_dies_with_its_process_and_is_not_inherited(tmp_path: Path) -> None:
     code = (
-        "import sys, subprocess; from pathlib import Path; from router.lifecycle import StateLock\n"
+        "import sys, subprocess; from pathlib import Path; from router.node.lifecycle import StateLock\n"
         "lock = StateLock(Path(sys.argv[1])); lock.acquire()\n"
         # a service outliving its node must not keep the lock
         "child = subprocess.Popen(['sleep', '30'], stdout=subprocess.DEVNULL)\n"
@@ -181,13 +181,13 @@ def test_service_unreachable_names_key_and_address() -> None:
 
 def test_status_on_private_files_of_another_user_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    import router.status
+    import router.node.status
     from router.cli import EXIT_FAILURE, main
 
     def private(state_dir: Path) -> dict[str, object]:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(router.status, "collect", private)
+    monkeypatch.setattr(router.node.status, "collect", private)
     assert main(["status", "--state-dir", str(tmp_path)]) == EXIT_FAILURE
     assert "run as the node's user" in capsys.readouterr().err
 

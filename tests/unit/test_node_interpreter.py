@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.server import GIL_SWITCH_INTERVAL_S, Node, NodeSettings
+from router.node.server import GIL_SWITCH_INTERVAL_S, Node, NodeSettings
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """``Node.start`` order and undo, with in-memory twins of the embedded services (the real ones are exercised in
 tests/integration/test_node_lifecycle.py): a start that cannot succeed touches no service; a failed start stops
 only what it launched, never a leftover it adopted; the node never starts an anonymous broker; systemd's
-``ExecStopPost`` decision (:func:`router.lifecycle.kept_for_restart`)."""
+``ExecStopPost`` decision (:func:`router.node.lifecycle.kept_for_restart`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-import router.lifecycle as lifecycle
-import router.services as services
-from router.lifecycle import ServiceError, ServiceUnreachable, bind_problem, kept_for_restart
-from router.server import Node, NodeSettings
+import router.node.lifecycle as lifecycle
+import router.node.services as services
+from router.node.lifecycle import ServiceError, ServiceUnreachable, bind_problem, kept_for_restart
+from router.node.server import Node, NodeSettings
 
 EXTERNAL_DSN = "postgresql://u:secret@127.0.0.1:1/db"
 
@@ -184,7 +184,7 @@ def test_the_node_never_starts_an_anonymous_broker(tmp_path: Path, rec: Recorder
 
 
 def test_stop_services_builds_no_anonymous_broker_either(tmp_path: Path, rec: Recorder) -> None:
-    from router.server import stop_services
+    from router.node.server import stop_services
 
     (tmp_path / "state").mkdir()
     assert stop_services(tmp_path / "state") == []
@@ -220,13 +220,13 @@ def test_kept_for_restart(result: str | None, code: str | None, status: str | No
 
 def test_stop_services_command_reports_an_unreadable_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    import router.server
+    import router.node.server
     from router.cli import main
 
     def denied(state_dir: Path) -> list[str]:
         raise PermissionError(13, "Permission denied", str(state_dir / "node.lock"))
 
-    monkeypatch.setattr(router.server, "stop_services", denied)
+    monkeypatch.setattr(router.node.server, "stop_services", denied)
     for key in ("SERVICE_RESULT", "EXIT_CODE", "EXIT_STATUS"):
         monkeypatch.delenv(key, raising=False)
     assert main(["stop-services", "--state-dir", str(tmp_path)]) == 1

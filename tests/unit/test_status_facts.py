@@ -1,4 +1,4 @@
-"""router.status.DatabaseFacts: the database's parts of the node's snapshot never block the status loop (issue 31:
+"""router.node.status.DatabaseFacts: the database's parts of the node's snapshot never block the status loop (issue 31:
 a silent network cut to PostgreSQL stopped status.json from being rewritten for 100 s)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from router.status import DatabaseFacts
+from router.node.status import DatabaseFacts
 
 
 def test_a_part_that_hangs_does_not_block_the_snapshot_and_a_failing_part_says_why() -> None:
@@ -40,7 +40,7 @@ def test_a_part_never_answered_is_empty() -> None:
 
 
 def test_render_says_when_the_database_parts_are_old_or_failed() -> None:
-    from router.status import render_transactions
+    from router.node.status import render_transactions
 
     line = render_transactions({"in_doubt": 0, "outbox": 1, "inbox": 2, "as_of": 0.0})
     assert line.endswith("inbox 2 rows (as of 00:00:00Z: the database did not answer since)")
@@ -48,7 +48,7 @@ def test_render_says_when_the_database_parts_are_old_or_failed() -> None:
 
 
 def test_render_cluster_names_members_takeovers_and_a_fenced_node() -> None:
-    from router.status import render_cluster
+    from router.node.status import render_cluster
 
     line = render_cluster({"epoch": 3, "fenced": False, "error": None,
                            "members": [{"node_id": "na", "state": "live", "lease_left_s": 18.24},

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from router import txncli
 from router.cli import build_parser
+from router.cli import txn as txncli
 from router.txnadmin import node_ops
 
 VIEW: dict[str, Any] = {
@@ -224,7 +224,7 @@ def test_an_offline_read_only_dsn_keeps_the_dsns_own_options(tmp_path: Path) -> 
 
     from psycopg.conninfo import conninfo_to_dict
 
-    from router.txncli import offline_database
+    from router.cli.txn import offline_database
 
     cfg = SimpleNamespace(postgres=SimpleNamespace(dsn="host=db dbname=n options='-c search_path=nsjms'"))
     with offline_database(cfg, tmp_path, write=False) as dsn:

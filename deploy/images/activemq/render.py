@@ -1,9 +1,9 @@
 """Render the broker configuration of the nsjms-activemq image from nsjms's own generator.
 
 ``python deploy/images/activemq/render.py CONTEXT_DIR`` (run by ``scripts/images.sh`` with the project on
-``PYTHONPATH``) writes two files into the image's build context, both from the templates ``router/services/activemq.py``
-uses for the embedded broker (same dead-letter policy, scheduler support, connectors), listening on all container
-addresses:
+``PYTHONPATH``) writes two files into the image's build context, both from the templates
+``router/node/services/activemq.py`` uses for the embedded broker (same dead-letter policy, scheduler support,
+connectors), listening on all container addresses:
 
 * ``activemq-auth.xml``: STOMP and OpenWire require ``@AMQ_LOGIN@`` / ``@AMQ_PASSCODE@``, which the entrypoint
   replaces (XML-escaped) with ``ACTIVEMQ_LOGIN`` / ``ACTIVEMQ_PASSCODE`` from the environment at start;
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from router.services import activemq
+from router.node.services import activemq
 
 LISTEN = "0.0.0.0"
 STOMP_PORT = 61613

@@ -1,6 +1,6 @@
 """``nsjms txn``: inspect and resolve the node's routing transactions (T2), with the router running or stopped.
 
-The mode follows the state directory's lock (``router.lifecycle.StateLock``), never a file that may be stale:
+The mode follows the state directory's lock (``router.node.lifecycle.StateLock``), never a file that may be stale:
 
 * Router running (the lock is held): every subcommand asks the router over IIOP (``NsjmsAdmin::TransactionAdmin``,
   ``router.txnadmin``, found through ``endpoints.json``), so it never races the router's recovery.
@@ -179,7 +179,7 @@ class Offline:
 def backend(cfg: Any, *, write: bool) -> Iterator[Backend]:
     """The online backend when a node holds the state directory's lock, else the offline one (with the lock taken
     here and held throughout, so the router cannot start meanwhile)."""
-    from router.lifecycle import StateDirLocked, StateLock
+    from router.node.lifecycle import StateDirLocked, StateLock
 
     state_dir = Path(cfg.node.state_dir)
     if not state_dir.is_dir():
@@ -288,8 +288,8 @@ def offline_database(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[str]
     if cfg.postgres.dsn:
         yield ro(str(cfg.postgres.dsn))
         return
-    from router.lifecycle import ServiceError
-    from router.services import EmbeddedPostgres
+    from router.node.lifecycle import ServiceError
+    from router.node.services import EmbeddedPostgres
 
     embedded = EmbeddedPostgres(state_dir, cfg.postgres.embedded_port)
     running = embedded._running_port()
@@ -300,7 +300,7 @@ def offline_database(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[str]
     if not (embedded.data / "PG_VERSION").exists():
         raise Unavailable(f"no embedded PostgreSQL cluster in {embedded.root} (no node ran with this state "
                           "directory): name the node's with --state-dir, or set postgres.dsn", EXIT_CONFIG)
-    from router.server import _postgres_may_traverse
+    from router.node.server import _postgres_may_traverse
 
     _postgres_may_traverse(state_dir)                # as root the cluster runs as the postgres OS user
     try:
@@ -326,7 +326,7 @@ class OfflineBroker:
 
     def _target(self) -> tuple[str, str, str]:
         from router.jms.transport import TransportError
-        from router.services import EmbeddedActiveMQ
+        from router.node.services import EmbeddedActiveMQ
 
         broker = self.cfg.broker
         if broker.url:
@@ -512,7 +512,7 @@ def _confirm(args: argparse.Namespace, tty: bool, ask: Callable[[str], str], err
 
 # ------------------------------------------------------------------------------------------------- rendering
 def _age(seconds: float | None) -> str:
-    from router.status import _age as age
+    from router.node.status import _age as age
 
     return "-" if seconds is None else age(seconds)
 

@@ -1,6 +1,6 @@
 """The node's part in a cluster (router/cluster, docs/cluster.md): its membership and lease, the fence check every
 unit of work runs before its COMMIT, what it owns at start, and the takeover of a dead member's channels, bridges and
-routing transactions. A mixin of :class:`router.server.Node`, which composes the parts it names (``db``, ``t2``,
+routing transactions. A mixin of :class:`router.node.server.Node`, which composes the parts it names (``db``, ``t2``,
 ``factory``, ``bridges``, ``runtime``); kept apart so the node's composition root says one thing."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ HANDOFF_STOP_S = 30.0
 
 
 class ClusterRole:
-    """Membership, fencing and takeover for :class:`router.server.Node` (its attributes are the node's)."""
+    """Membership, fencing and takeover for :class:`router.node.server.Node` (its attributes are the node's)."""
 
     s: Any
     db: Any
@@ -40,7 +40,7 @@ class ClusterRole:
         a renewal that finds the node fenced ends :meth:`wait` (``serve`` then exits 1 and is started again)."""
         from router.cluster.lease import LeaseSettings
         from router.cluster.node import Membership
-        from router.lifecycle import write_private
+        from router.node.lifecycle import write_private
 
         self.membership = Membership(self.db, self.s.node_id, f"{self.s.orb_host}:{self.s.orb_port}",
                                      self.s.state_dir, LeaseSettings(self.s.cluster_renew_s, self.s.cluster_expiry_s),

@@ -42,7 +42,7 @@ def plan(state_dir: Path, external_dsn: str) -> list[str]:
     """What :func:`reset` would do, as lines (pure but for listing the directory)."""
     lines = ["stop the embedded ActiveMQ and PostgreSQL a stopped node left running under " + str(state_dir)]
     if external_dsn:
-        from router.config import redact_dsn
+        from router.node.config import redact_dsn
 
         lines.append(f"in {redact_dsn(external_dsn)}: roll back this node's prepared transactions, drop every "
                      "nsjms_* table and sequence (channels, bridges, persistent events, outbox, inbox, ledger, "
@@ -57,8 +57,8 @@ def plan(state_dir: Path, external_dsn: str) -> list[str]:
 def reset(state_dir: Path, external_dsn: str, node_id: str, *, connect_timeout_s: float = 10.0) -> ResetDone:
     """Does it (see the module docstring). Raises ``StateDirLocked`` while a node runs there (nothing touched),
     ``psycopg.Error`` when the external database refuses (the state directory is then left as it was)."""
-    from router.lifecycle import StateLock
-    from router.server import stop_services
+    from router.node.lifecycle import StateLock
+    from router.node.server import stop_services
 
     done = ResetDone()
     if not state_dir.is_dir():

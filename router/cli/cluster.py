@@ -47,7 +47,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 def _dsn(cfg: Any, state_dir: Path) -> str | None:
     if cfg.postgres.dsn:
         return str(cfg.postgres.dsn)
-    from router.services import EmbeddedPostgres
+    from router.node.services import EmbeddedPostgres
 
     embedded = EmbeddedPostgres(state_dir, cfg.postgres.embedded_port)
     running = embedded._running_port()
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
     import psycopg
 
     from router.cluster.report import cluster_report, render
-    from router.config import redact_dsn
     from router.db.conninfo import connect
+    from router.node.config import redact_dsn
 
     state_dir = Path(cfg.node.state_dir).resolve()
     dsn = _dsn(cfg, state_dir)
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
               "read (set postgres.dsn, the database the nodes share)", file=sys.stderr)
         return EXIT_NOT_RUNNING
     if args.cluster_command in ("drain", "rebalance"):
-        from router.clusterops import run_handoff
+        from router.cli.clusterops import run_handoff
 
         return run_handoff(args, dsn, max(1, int(cfg.postgres.connect_timeout_s)))
     try:

@@ -84,7 +84,7 @@ class DatabaseFacts:
             try:
                 value = part()
             except Exception as exc:  # noqa: BLE001 — the database is down or slow: the snapshot says so
-                from router.config import redact_dsn
+                from router.node.config import redact_dsn
 
                 value = {"error": redact_dsn(f"{type(exc).__name__}: {exc}")[:300]}
             with self._lock:
@@ -248,7 +248,7 @@ def render(report: dict[str, Any]) -> str:
             flags += ["suspended"] if p["suspended"] else []
             flags += [_flag(k, v) for k, v in p.items() if k not in {"admin", "id", "kind", "connected", "suspended"}]
             lines.append(f"  supplier admin {p['admin']} proxy {p['id']} {p['kind']:<16}  {' '.join(flags)}".rstrip())
-    from router.bridgecli import bridge_state
+    from router.cli.bridge import bridge_state
 
     for b in snap.get("bridges", []):
         state = bridge_state(b, _missing_channel(b, report["channel_ids"]))

@@ -5,7 +5,7 @@ no external service is given. Both listen on 127.0.0.1 only and survive a ``kill
 next ``start()`` on the same state directory reuses the running PostgreSQL (same port) or stops it and starts
 it again (other port), and reuses a leftover ActiveMQ (found through its pid file) when it is ours and healthy:
 same ``activemq.xml`` (ports, credentials, policies) and an authenticated STOMP CONNECT answered; otherwise it
-stops it and starts a fresh one. Callers must hold the state directory's lock (:mod:`router.lifecycle`) before
+stops it and starts a fresh one. Callers must hold the state directory's lock (:mod:`router.node.lifecycle`) before
 ``start()``: it may stop a leftover service, which must never be one a live node owns.
 
 Files are private: directories 0700, files 0600 (the broker runs with umask 0077; PostgreSQL sets its own).
@@ -23,19 +23,19 @@ Layout under ``base_dir``::
                    generated passcode, mode 0600)
 
 Exceptions: :class:`ServiceError` (missing binaries naming the apt package, busy port, start/stop timeout); the
-tree is drawn in :mod:`router.lifecycle`.
+tree is drawn in :mod:`router.node.lifecycle`.
 
-Modules: ``postgres`` (:class:`~router.services.postgres.EmbeddedPostgres`), ``activemq``
-(:class:`~router.services.activemq.EmbeddedActiveMQ`, the broker's configuration templates) and ``process`` (ports,
+Modules: ``postgres`` (:class:`~router.node.services.postgres.EmbeddedPostgres`), ``activemq``
+(:class:`~router.node.services.activemq.EmbeddedActiveMQ`, the broker's configuration templates) and ``process`` (ports,
 pids, log tails). The names callers use are exported here.
 """
 
 from __future__ import annotations
 
-from router.lifecycle import ServiceError, private_tree, stomp_probe
-from router.services.activemq import BROKER_OS_USER, EmbeddedActiveMQ
-from router.services.postgres import PG_OS_USER, EmbeddedPostgres
-from router.services.process import free_port, wait_for_port
+from router.node.lifecycle import ServiceError, private_tree, stomp_probe
+from router.node.services.activemq import BROKER_OS_USER, EmbeddedActiveMQ
+from router.node.services.postgres import PG_OS_USER, EmbeddedPostgres
+from router.node.services.process import free_port, wait_for_port
 
 __all__ = [
     "BROKER_OS_USER",

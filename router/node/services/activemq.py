@@ -1,5 +1,5 @@
 """The embedded ActiveMQ Classic: a private broker in ``base_dir/activemq``, STOMP and OpenWire on 127.0.0.1,
-authenticated when asked, adopted after its supervisor's crash when ours and healthy (see :mod:`router.services`).
+authenticated when asked, adopted after its supervisor's crash when ours and healthy (see :mod:`router.node.services`).
 ``AMQ_XML`` and ``AMQ_AUTH`` are also the templates of the container image's configuration
 (``deploy/images/activemq/render.py``)."""
 
@@ -13,8 +13,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from router.lifecycle import ServiceError, private_tree, stomp_probe, write_private
-from router.services.process import (
+from router.node.lifecycle import ServiceError, private_tree, stomp_probe, write_private
+from router.node.services.process import (
     LOCALHOST,
     PRIVATE_UMASK,
     ensure_port_free,
@@ -39,7 +39,7 @@ log = logging.getLogger("nsjms.services")
 
 
 AMQ_XML = """<?xml version="1.0" encoding="UTF-8"?>
-<!-- Written by nsjms (router/services/activemq.py) at every start; do not edit: changes are overwritten. -->
+<!-- Written by nsjms (router/node/services/activemq.py) at every start; do not edit: changes are overwritten. -->
 <beans
   xmlns="http://www.springframework.org/schema/beans"
   xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
@@ -80,7 +80,7 @@ AMQ_XML = """<?xml version="1.0" encoding="UTF-8"?>
 #: ``instances-available/main`` ("log4j:WARN No appenders could be found"), so the broker gets this log4j 1.2
 #: configuration (``-Dlog4j.configuration``) as well as that file (for an ActiveMQ that logs through log4j2):
 #: ``data/activemq.log`` in the node's state directory, rotated at 10 MB, five old files kept (60 MB at most).
-AMQ_LOG4J = """# Written by nsjms (router/services/activemq.py) at every start; do not edit: changes are overwritten.
+AMQ_LOG4J = """# Written by nsjms (router/node/services/activemq.py) at every start; do not edit: it is overwritten.
 log4j.rootLogger=INFO, logfile
 log4j.logger.org.apache.activemq.spring=WARN
 log4j.logger.org.apache.activemq.web.handler=WARN

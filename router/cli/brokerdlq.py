@@ -112,7 +112,7 @@ def node_bridge_sink(state_dir: Path) -> Callable[[int], str | None]:
     """A bridge's JMS destination asked of the node running on ``state_dir`` (``nsjms bridge list ID --json``);
     None when no node runs, the bridge is gone or its sink is a channel."""
     def sink(bid: int) -> str | None:
-        from router.bridgecli import run as bridge_run
+        from router.cli.bridge import run as bridge_run
 
         if not (state_dir / "endpoints.json").exists():
             return None

@@ -83,7 +83,7 @@ def _read_runs(state_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def _write_runs(state_dir: Path, runs: dict[str, dict[str, Any]]) -> None:
-    from router.lifecycle import write_private
+    from router.node.lifecycle import write_private
 
     write_private(state_dir / RECORD, json.dumps({"runs": runs}, indent=2, sort_keys=True) + "\n")
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from router.bridgecli import UsageError
+from router.cli.bridge import UsageError
 
 __all__ = ["EXIT_REFUSED", "PropertyRefused", "UsageError", "add_parser", "check_admin", "check_create_args",
            "check_qos", "describe_problem", "format_value", "parse_assignments", "render_show", "run", "show"]

@@ -62,8 +62,8 @@ def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
 
 def _rotate_service(surface: str, state_dir: Path, out: Any) -> int:
     """The embedded broker's or PostgreSQL's generated secret, with the node stopped (its state lock held)."""
-    from router import services
-    from router.lifecycle import StateDirLocked, StateLock
+    from router.node import services
+    from router.node.lifecycle import StateDirLocked, StateLock
 
     secret_file = state_dir / ("activemq/credentials" if surface == "broker" else "pg/password")
     if not secret_file.exists():

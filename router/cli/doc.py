@@ -1,6 +1,6 @@
 """Generate ``docs/cli.md`` from the ``nsjms`` argparse tree, so the CLI reference cannot drift from the parser.
 
-``python -m router.clidoc --write`` rewrites ``docs/cli.md``; without ``--write`` it prints the page.
+``python -m router.cli.doc --write`` rewrites ``docs/cli.md``; without ``--write`` it prints the page.
 ``tests/unit/test_cli_doc.py`` fails when the committed page differs from what the parser gives.
 """
 
@@ -13,12 +13,12 @@ from pathlib import Path
 
 __all__ = ["DOC_PATH", "main", "render"]
 
-DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 _GLOBAL = {"--state-dir", "--config", "--json", "-h"}
 
 _HEADER = """# CLI reference
 
-<!-- Generated from the argparse tree by `python -m router.clidoc --write`; do not edit by hand.
+<!-- Generated from the argparse tree by `python -m router.cli.doc --write`; do not edit by hand.
      tests/unit/test_cli_doc.py fails when this page and the parser differ. -->
 
 """
@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         DOC_PATH.write_text(text)
         return 0
     if args:
-        print("usage: python -m router.clidoc [--write]", file=sys.stderr)
+        print("usage: python -m router.cli.doc [--write]", file=sys.stderr)
         return 2
     sys.stdout.write(text)
     return 0

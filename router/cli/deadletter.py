@@ -50,9 +50,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     discard.add_argument("--why", default="", help="why (recorded in the operator log)")
     discard.add_argument("--who", default=None, help=IGNORED_WHO)
     discard.add_argument("--yes", action="store_true", help="do not ask for confirmation (scripts)")
-    from router.brokerdlqcli import add_parser as add_broker_parser
+    from router.cli.brokerdlq import add_parser as add_broker_parser
 
-    add_broker_parser(dsub, common)            # the bridges' dead letters on the broker (router/brokerdlqcli.py)
+    add_broker_parser(dsub, common)            # the bridges' dead letters on the broker (router/cli/brokerdlq.py)
 
 
 class _Refused(Exception):

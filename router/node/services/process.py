@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from router.lifecycle import ServiceError
+from router.node.lifecycle import ServiceError
 
 __all__ = ["LOCALHOST", "PRIVATE_UMASK", "ensure_port_free", "free_port", "is_zombie", "pid_alive", "pid_exists",
            "port_in_use", "tail", "wait_for_port", "wait_gone"]

@@ -4,10 +4,10 @@
 loopback endpoint by default so persistent object references survive restarts.
 
 Start order: (1) take the state directory's exclusive lock — a second node on the same directory is refused
-before it touches anything (:class:`router.lifecycle.StateDirLocked`); (2) make the state directory private
+before it touches anything (:class:`router.node.lifecycle.StateDirLocked`); (2) make the state directory private
 (umask 0077, no group/other bits); (3) the checks that can end the start without a service being touched: the ORB
 endpoint can be bound, and an external ``postgres.dsn`` answers within ``postgres.connect_timeout_s`` (else
-:class:`router.lifecycle.ServiceUnreachable` naming ``postgres.dsn``); (4) start or reuse the embedded services,
+:class:`router.node.lifecycle.ServiceUnreachable` naming ``postgres.dsn``); (4) start or reuse the embedded services,
 filling the embedded broker's generated credentials into the bridges' broker settings; (5) check an embedded
 PostgreSQL answers and probe the broker (an unreachable broker is logged as an error naming ``broker.url``; the
 node serves and its bridges reconnect by themselves); (6) the ORB, channels, bridges; (7) ``endpoints.json`` and
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from router.config import DEFAULT_MAX_EVENT_BYTES
 from router.ledger import LedgerSettings
-from router.nodecluster import ClusterRole
+from router.node.cluster import ClusterRole
+from router.node.config import DEFAULT_MAX_EVENT_BYTES
 from router.quotas import NodeLimits
 
 __all__ = ["Node", "NodeSettings", "stop_services", "write_endpoints"]
@@ -110,8 +110,8 @@ def orb_args(s: NodeSettings, publish: list[str] | None = None) -> list[str]:
 
 def _lock_state_dir(state_dir: Path) -> Any:
     """Creates and locks the state directory; an unusable one (read-only, a file, under /proc, another user's) is
-    :class:`router.lifecycle.StateDirUnusable` naming the OS's reason, never a raw errno."""
-    from router.lifecycle import StateDirUnusable, StateLock
+    :class:`router.node.lifecycle.StateDirUnusable` naming the OS's reason, never a raw errno."""
+    from router.node.lifecycle import StateDirUnusable, StateLock
 
     try:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -126,7 +126,7 @@ def _lock_state_dir(state_dir: Path) -> Any:
 
 def write_endpoints(path: Path, data: dict[str, Any]) -> None:
     """Write JSON atomically (readers never see a partial file), mode 0600."""
-    from router.lifecycle import write_private
+    from router.node.lifecycle import write_private
 
     write_private(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
@@ -167,7 +167,7 @@ class Node(ClusterRole):
         self.incarnation: str | None = None   # this process's token (router.cluster.sessions)
         self.takeover: Any = None        # router.cluster.takeover.Takeover
         self.fenced = False              # the node's work was taken over: it stopped acting (docs/cluster.md)
-        self._db_facts: Any = None  # router.status.DatabaseFacts once published
+        self._db_facts: Any = None  # router.node.status.DatabaseFacts once published
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -202,7 +202,7 @@ class Node(ClusterRole):
         user and lives in ``pg/``, which it owns with mode 0700); as root with the embedded broker, which runs as
         ``activemq`` and owns ``activemq/`` (0700), the broker traverses it through the directory's group (0710):
         ``postgres``, which the broker's JVM then holds as a supplementary group, else ``activemq``."""
-        from router.lifecycle import private_tree
+        from router.node.lifecycle import private_tree
 
         private_tree(self.s.state_dir)
         if not self.pg_dsn or (self.s.state_dir / "pg").exists():
@@ -212,8 +212,8 @@ class Node(ClusterRole):
 
     def _check_before_services(self) -> None:
         """What can end the start is checked before an embedded service is started, adopted or stopped."""
-        from router.config import redact_dsn
-        from router.lifecycle import ServiceError, ServiceUnreachable, bind_problem
+        from router.node.config import redact_dsn
+        from router.node.lifecycle import ServiceError, ServiceUnreachable, bind_problem
 
         problem = bind_problem(self.s.orb_host, self.s.orb_port)
         if problem is not None:
@@ -228,8 +228,8 @@ class Node(ClusterRole):
     def _check_two_phase(self) -> None:
         """T2 needs ``PREPARE TRANSACTION``: a server with ``max_prepared_transactions = 0`` is refused at start (the
         embedded cluster is started with 64)."""
-        from router.config import redact_dsn
-        from router.lifecycle import ServiceMisconfigured, max_prepared_transactions, prepared_transactions_problem
+        from router.node.config import redact_dsn
+        from router.node.lifecycle import ServiceMisconfigured, max_prepared_transactions, prepared_transactions_problem
 
         value = max_prepared_transactions(self.pg_dsn, self.s.pg_connect_timeout_s)
         problem = None if value is None else prepared_transactions_problem(value)
@@ -238,7 +238,7 @@ class Node(ClusterRole):
                                        f"postgres.dsn {redact_dsn(self.pg_dsn)}: {problem}")
 
     def _start_services(self) -> None:
-        from router import services
+        from router.node import services
 
         if not self.pg_dsn:
             self.embedded_pg = services.EmbeddedPostgres(self.s.state_dir, self.s.pg_embedded_port)
@@ -255,8 +255,8 @@ class Node(ClusterRole):
 
     def _check_services(self) -> None:
         """PostgreSQL must answer (bounded wait); an unreachable broker is reported loudly but not fatal."""
-        from router.config import redact_dsn
-        from router.lifecycle import Health, ServiceUnreachable, ServiceWatch
+        from router.node.config import redact_dsn
+        from router.node.lifecycle import Health, ServiceUnreachable, ServiceWatch
 
         pg = Health("postgres.dsn", redact_dsn(self.pg_dsn), self.embedded_pg is not None)
         mq = Health("broker.url", redact_dsn(self.broker_url), self.embedded_mq is not None)
@@ -278,7 +278,7 @@ class Node(ClusterRole):
     def _probe_pg(self) -> str | None:
         """On one kept connection (router/db/health.py: a new one only when it fails, not every probe)."""
         from router.db.health import PostgresProbe
-        from router.lifecycle import postgres_problem
+        from router.node.lifecycle import postgres_problem
 
         probe = self._pg_probe
         if probe is None or probe.dsn != self.pg_dsn:
@@ -289,7 +289,7 @@ class Node(ClusterRole):
         return None if problem is None else postgres_problem(problem)
 
     def _probe_broker(self) -> str | None:
-        from router.lifecycle import probe_broker
+        from router.node.lifecycle import probe_broker
 
         return probe_broker(self.broker_url, self.broker_login, self.broker_passcode, self.s.broker_connect_timeout_s)
 
@@ -460,7 +460,7 @@ class Node(ClusterRole):
                               codec=StompCodec(), sub_heartbeat_ms=subscriber_heartbeat_ms(self.s.cluster_expiry_s))
 
     def endpoints(self) -> dict[str, Any]:
-        from router.config import redact_dsn
+        from router.node.config import redact_dsn
 
         host, port = self.s.orb_host, self.s.orb_port
         return {
@@ -522,7 +522,7 @@ class Node(ClusterRole):
         try:
             status: dict[str, Any] = {**self.t2.status(), **self.t2.depths()}
         except Exception as exc:  # noqa: BLE001 — PostgreSQL down: status says so instead of dropping the snapshot
-            from router.config import redact_dsn
+            from router.node.config import redact_dsn
 
             return {"error": redact_dsn(f"{type(exc).__name__}: {exc}")}
         self.t2_gauges = T2Gauges(status["in_doubt"], status["oldest_in_doubt_s"] or 0.0, status["outbox"],
@@ -571,7 +571,7 @@ class Node(ClusterRole):
 
     def _publish(self) -> None:
         from router.deadletteradmin import dead_letter_admin
-        from router.lifecycle import write_private
+        from router.node.lifecycle import write_private
         from router.txnadmin import TransactionAdminImpl, node_ops
 
         self.txn_admin = TransactionAdminImpl(node_ops(self.t2, self.s.state_dir))
@@ -584,7 +584,7 @@ class Node(ClusterRole):
         write_endpoints(path, self.endpoints())
         write_endpoints(self.s.state_dir / "status.json", self.snapshot())
         self._register_gauges()
-        from router.status import DatabaseFacts  # the database's parts on their own thread: never blocks status
+        from router.node.status import DatabaseFacts  # the database's parts on their own thread: never blocks status
 
         facts = DatabaseFacts({"store": self._store_stats, "transactions": self._t2_status})
         facts.refresh()
@@ -658,7 +658,7 @@ class Node(ClusterRole):
 
 def _postgres_may_traverse(state_dir: Path) -> None:
     """As root: ``root:postgres 0710`` on the state directory, so the ``postgres`` OS user reaches ``pg/``."""
-    from router.services import PG_OS_USER
+    from router.node.services import PG_OS_USER
 
     if os.geteuid() != 0:
         return
@@ -672,7 +672,7 @@ def _postgres_may_traverse(state_dir: Path) -> None:
 def _broker_may_traverse(state_dir: Path) -> None:
     """As root: a state directory no group may traverse yet gets ``root:activemq 0710`` (the embedded broker runs
     as ``activemq``); one that ``postgres`` traverses stays so (the broker holds that group, see EmbeddedActiveMQ)."""
-    from router.services import BROKER_OS_USER
+    from router.node.services import BROKER_OS_USER
 
     if os.geteuid() != 0 or os.stat(state_dir).st_gid != 0:
         return
@@ -686,11 +686,11 @@ def _broker_may_traverse(state_dir: Path) -> None:
 def stop_services(state_dir: Path) -> list[str]:
     """Stop the embedded PostgreSQL and ActiveMQ left running under ``state_dir`` by a node that is gone.
 
-    Takes the state directory's lock first (:class:`router.lifecycle.StateDirLocked` while a node runs there:
+    Takes the state directory's lock first (:class:`router.node.lifecycle.StateDirLocked` while a node runs there:
     nothing is touched), removes the stale ``endpoints.json``/``status.json`` and returns what it stopped.
     """
-    from router import services
-    from router.lifecycle import StateLock
+    from router.node import services
+    from router.node.lifecycle import StateLock
 
     if not state_dir.is_dir():
         return []  # never a node here (and the directory is not created)

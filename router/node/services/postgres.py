@@ -1,5 +1,5 @@
 """The embedded PostgreSQL: a private cluster in ``base_dir/pg`` on 127.0.0.1, reused after its supervisor's crash
-(see :mod:`router.services`)."""
+(see :mod:`router.node.services`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,16 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from router.lifecycle import ServiceError
-from router.services.process import LOCALHOST, PRIVATE_UMASK, ensure_port_free, is_zombie, pid_alive, pid_exists, tail
+from router.node.lifecycle import ServiceError
+from router.node.services.process import (
+    LOCALHOST,
+    PRIVATE_UMASK,
+    ensure_port_free,
+    is_zombie,
+    pid_alive,
+    pid_exists,
+    tail,
+)
 
 __all__ = ["PG_OS_USER", "EmbeddedPostgres"]
 

@@ -237,6 +237,7 @@ def probe_postgres(dsn: str, timeout: float) -> str | None:
     import psycopg
 
     from router.db.conninfo import connect as connect_bounded
+    from router.node.config import redact_dsn
 
     try:
         with connect_bounded(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
@@ -248,7 +249,7 @@ def probe_postgres(dsn: str, timeout: float) -> str | None:
 
 def postgres_problem(exc: Exception) -> str:
     """What a failed probe of PostgreSQL reports: the error on one line, redacted, with :func:`postgres_hint`."""
-    from router.config import redact_dsn
+    from router.node.config import redact_dsn
 
     return postgres_hint(redact_dsn(" ".join(str(exc).split())) or type(exc).__name__)
 
@@ -285,7 +286,7 @@ def max_prepared_transactions(dsn: str, timeout: float) -> int | None:
 
 def probe_broker(url: str, login: str, passcode: str, timeout: float) -> str | None:
     """``None`` when one of the URL's brokers accepts a STOMP login (``stomp+ssl``: a TCP connection), else why."""
-    from router.config import broker_addresses
+    from router.node.config import broker_addresses
 
     problems = []
     for host, port in broker_addresses(url):
@@ -371,7 +372,7 @@ def restart_delay(consecutive: int, policy: RestartPolicy, draw: float = 1.0) ->
 
 
 class Supervised(Protocol):
-    """What :class:`ServiceWatch` needs from an embedded service (``router.services`` classes fit)."""
+    """What :class:`ServiceWatch` needs from an embedded service (``router.node.services`` classes fit)."""
 
     @property
     def pid(self) -> int | None: ...

@@ -1,4 +1,4 @@
-"""``nsjms cluster drain NODE`` and ``nsjms cluster rebalance`` (router/clustercli.py parses them): write the
+"""``nsjms cluster drain NODE`` and ``nsjms cluster rebalance`` (router/cli/cluster.py parses them): write the
 hand-off requests into PostgreSQL (router/cluster/handoff.py), wait until the nodes have carried them out, report."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from router.clustercli import EXIT_DIRTY, EXIT_FAILURE, EXIT_HEURISTIC, EXIT_OK, EXIT_REFUSED
+from router.cli.cluster import EXIT_DIRTY, EXIT_FAILURE, EXIT_HEURISTIC, EXIT_OK, EXIT_REFUSED
 
 __all__ = ["run_handoff"]
 
@@ -21,8 +21,8 @@ _EXIT = {"clean": EXIT_OK, "dirty": EXIT_DIRTY, "heuristic": EXIT_HEURISTIC, "fa
 
 def run_handoff(args: argparse.Namespace, dsn: str, connect_timeout: int) -> int:
     from router.cluster import handoff as H
-    from router.config import redact_dsn
     from router.db.conninfo import connect
+    from router.node.config import redact_dsn
 
     try:
         with connect(dsn, autocommit=False, connect_timeout=connect_timeout) as conn:
