@@ -230,14 +230,12 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-
 # ------------------------------------------------------------------------------------------------- probes
 def probe_postgres(dsn: str, timeout: float) -> str | None:
     """Connect and ``SELECT 1`` within ``timeout`` s; ``None`` when it worked, else the (redacted) reason."""
     import psycopg
 
     from router.db.conninfo import connect as connect_bounded
-    from router.node.config import redact_dsn
 
     try:
         with connect_bounded(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
