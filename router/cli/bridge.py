@@ -50,11 +50,14 @@ def bridge_state(row: dict[str, Any], missing_channel: int | None = None) -> str
     state = row.get("state")
     if state == "active":
         return "[active]"
+    if state == "unreachable":
+        return f"[unreachable] {reason}"
     if state == "inactive":
         return f"[inactive] {REASONS.get(str(reason), str(reason or 'unknown reason'))}"
     if row.get("started") is False:
         return "[inactive] stopped"
-    return "[unknown] started; not yet in the node's status snapshot (written every 2 s)"
+    return ("[unknown] started; not in this node's status snapshot (written every 2 s; a bridge another node of the "
+            "cluster runs is in that node's)")
 
 
 def _channel_of(ep: Any) -> int | None:
@@ -263,15 +266,25 @@ def _dispatch(args: argparse.Namespace, factory: Any, BA: Any, NsjmsAdmin: Any, 
     cmd = args.bridge_command
     as_json = getattr(args, "json", False)
     if cmd == "list":
+        from omniORB import CORBA
+
         rows = []
         only = getattr(args, "ids", None)        # the console's page of a list: these bridges only
         for bid in factory.get_all_bridges() if only is None else only:
             try:
                 bridge = factory.get_bridge_with_id(bid)._narrow(NsjmsAdmin.ManagedBridge)
+                started = bridge.get_status() == NsjmsAdmin.started  # administrative (not NJI 2.3 Active)
+                receiver, sender = bridge._get_end_point_receiver(), bridge._get_end_point_sender()
             except BA.BridgeNotFound:            # destroyed since it was listed
                 continue
-            started = bridge.get_status() == NsjmsAdmin.started  # administrative (not NJI 2.3 Active)
-            receiver, sender = bridge._get_end_point_receiver(), bridge._get_end_point_sender()
+            except (CORBA.TRANSIENT, CORBA.COMM_FAILURE, CORBA.TIMEOUT) as exc:
+                # the listing is the cluster's (docs/cluster.md): a bridge whose owner died and is not taken over
+                # yet (or is moving) does not answer now; the others are still listed
+                rows.append({"id": bid, "source": "?", "sink": "?", "state": "unreachable", "started": None,
+                             "reason": f"its node does not answer now ({type(exc).__name__}): a takeover or a "
+                                       "hand-off in progress?", "channel_id": None, "channel_exists": True,
+                             "last_error": None})
+                continue
             channel = next(c for c in (_channel_of(receiver), _channel_of(sender), -1) if c is not None)
             snap = snapshot.get(bid, {})
             # the node's snapshot says whether it is Active and why not; if it is older than a start/stop just

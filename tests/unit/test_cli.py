@@ -340,3 +340,49 @@ def test_serve_with_a_taken_metrics_address_exits_2_naming_the_key(
     err = capsys.readouterr().err
     assert "telemetry.address 127.0.0.1:1: cannot serve metrics there: Address already in use" in err
     assert fake_node.events == ["lock", "stopped after a failed start"]
+
+
+def test_bridge_list_shows_a_bridge_whose_node_does_not_answer_and_lists_the_others() -> None:
+    """The listing is the cluster's (get_all_bridges reads PostgreSQL): before, one bridge whose owner had died and
+    was not taken over yet (TRANSIENT through the forward) made the whole ``bridge list`` exit 3, "node not
+    reachable", although the node asked was up and every other bridge answered."""
+    from types import SimpleNamespace
+
+    from omniORB import CORBA
+
+    from router.cli.bridge import _dispatch
+
+    class BridgeNotFound(Exception):
+        pass
+
+    channel_ep = SimpleNamespace(connector=SimpleNamespace(_d=SimpleNamespace(_n="CHANNEL"), _v=7),
+                                 type=SimpleNamespace(_n="STRUCTURED"), style=SimpleNamespace(_n="PUSH"))
+
+    class Bridge:
+        def __init__(self, answers: bool) -> None:
+            self.answers = answers
+
+        def _narrow(self, cls: object) -> Bridge:
+            return self
+
+        def get_status(self) -> str:
+            if not self.answers:
+                raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
+            return "started"
+
+        def _get_end_point_receiver(self) -> Any:
+            return channel_ep
+
+        def _get_end_point_sender(self) -> Any:
+            return channel_ep
+
+    bridges = {1: Bridge(True), 2: Bridge(False)}
+    factory = SimpleNamespace(get_all_bridges=lambda: [1, 2], get_bridge_with_id=lambda bid: bridges[bid])
+    lines: list[str] = []
+    args = argparse.Namespace(bridge_command="list", json=False, existing_channels={7})
+    code = _dispatch(args, factory, SimpleNamespace(BridgeNotFound=BridgeNotFound),
+                     SimpleNamespace(started="started", ManagedBridge=object), lines.append,
+                     {1: {"state": "active", "started": True, "reason": None}})
+    assert code == 0, lines
+    assert lines[0].startswith("bridge 1: channel:7") and lines[0].endswith("[active]"), lines
+    assert lines[1].startswith("bridge 2: ? -> ?  [unreachable] its node does not answer now (TRANSIENT)"), lines
