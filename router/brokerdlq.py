@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from router.jms.browsing import BrowsedMessage, DestinationBrowser, MessageHeld, OutgoingCopy
-from router.jms.errors import BrokerError, LocalProtocolError, ReceiptTimeout, TransportError
+from router.jms.errors import BrokerError, LocalProtocolError, TransportError, UnconfirmedOutcome
 from router.txnops import operator_log
 
 __all__ = ["BROKER_QUEUES", "BrokerDeadLetterOps", "BrokerDown", "Refused", "copy_for_retry", "retry_target",
@@ -266,7 +266,7 @@ class BrokerDeadLetterOps:
             taken = self._ask(lambda b: b.settle(f"/queue/{queue}", message_id, copy, wait_s=self.wait_s))
         except MessageHeld as exc:
             raise Refused(str(exc)) from None
-        except ReceiptTimeout as exc:
+        except UnconfirmedOutcome as exc:
             raise BrokerDown(f"the broker did not confirm ({exc}): list {queue} again to see whether it was done "
                              "(the dead letter gone and its copy sent, or neither)") from None
         if taken is None:
@@ -295,7 +295,7 @@ class BrokerDeadLetterOps:
     def _ask(self, call: Callable[[DestinationBrowser], T]) -> T:
         try:
             return call(self.broker())
-        except (Refused, MessageHeld, ReceiptTimeout):
+        except (Refused, MessageHeld, UnconfirmedOutcome):
             raise
         except BrokerError as exc:
             raise BrokerDown(f"the broker refused: {exc}") from None

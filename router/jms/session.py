@@ -13,7 +13,7 @@ from typing import Self
 
 from router.jms.errors import BrokerUnavailable, LocalProtocolError
 from router.jms.model import DeliveryMode, Destination, JmsMessage
-from router.jms.transport import AckMode, Delivery, EncodedMessage, MessageCodec
+from router.jms.transport import AckMode, Confirm, Delivery, EncodedMessage, MessageCodec
 
 __all__ = ["QueueSubscription", "SessionBook", "SubscriptionSpec", "TransportBase"]
 
@@ -23,7 +23,7 @@ class _Tx:
     epoch: int
     acks: list[Delivery] = field(default_factory=list)
     rollback_only: str | None = None
-    unreceipted: int = 0        # receipt-less frames written in it (the BEGIN of ``begin_nowait`` included)
+    unreceipted: int = 0        # receipt-less frames written in it (a pipelined BEGIN included)
     answered: int = 0           # how many of them STOMP has answered (a later receipted frame of it was answered)
 
 
@@ -316,7 +316,7 @@ class TransportBase:
         raise NotImplementedError
 
     def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
-                     transaction: str | None = None, receipt: bool = True) -> None:
+                     transaction: str | None = None, confirm: Confirm = Confirm.CONFIRMED) -> None:
         raise NotImplementedError
 
     def __enter__(self) -> Self:
@@ -337,9 +337,9 @@ class TransportBase:
         return self._codec.encode(message)
 
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
-             receipt: bool = True, headers: Mapping[str, str] | None = None) -> None:
+             confirm: Confirm = Confirm.CONFIRMED, headers: Mapping[str, str] | None = None) -> None:
         encoded = self._codec.encode(message)
         if headers:
             encoded = EncodedMessage({**encoded.headers, **headers}, encoded.body)
         self.send_encoded(destination, encoded, persistent=message.delivery_mode is DeliveryMode.PERSISTENT,
-                          transaction=transaction, receipt=receipt)
+                          transaction=transaction, confirm=confirm)

@@ -22,6 +22,7 @@ from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import (
     BrokerError,
     BrokerUnavailable,
+    Confirm,
     ConnectionState,
     Delivery,
     EncodedMessage,
@@ -50,16 +51,13 @@ class FakeTransport:
         return StompCodec().encode(message)
 
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
-             receipt: bool = True, headers: Any = None) -> None:
+             confirm: Confirm = Confirm.CONFIRMED, headers: Any = None) -> None:
         dest = destination.stomp() if isinstance(destination, Destination) else destination
         if dest in self.refuse:
             raise self.refuse[dest]
         (self.pending if transaction else self.sent).append((dest, message))
 
-    def begin(self) -> str:
-        return "tx-1"
-
-    def begin_nowait(self) -> str:
+    def begin(self, confirm: Confirm = Confirm.CONFIRMED) -> str:
         return "tx-1"
 
     def commit(self, transaction: str) -> None:
@@ -69,14 +67,14 @@ class FakeTransport:
     def abort(self, transaction: str) -> None:
         self.pending = []
 
-    def ack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def ack(self, delivery: Delivery, transaction: str | None = None, *, confirm: Confirm = Confirm.CONFIRMED) -> None:
         self.acked.append(delivery.message_id)
 
     def ack_many(self, deliveries: list[Delivery], transaction: str | None = None) -> None:
         for delivery in deliveries:
-            self.ack(delivery, transaction, receipt=False)
+            self.ack(delivery, transaction, confirm=Confirm.PIPELINED)
 
-    def nack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def nack(self, delivery: Delivery, transaction: str | None = None, *, confirm: Confirm = Confirm.CONFIRMED) -> None:
         self.nacked.append(delivery.message_id)
 
     def dead_letters(self) -> list[JmsMessage]:
@@ -155,10 +153,10 @@ def test_a_refused_message_in_a_batch_is_dead_lettered_the_rest_sent() -> None:
             raise BrokerError("transaction tx-1 rolled back: a frame in it failed")
 
         def send(self, destination: Any, message: JmsMessage, *, transaction: str | None = None,
-                 receipt: bool = True, headers: Any = None) -> None:
+                 confirm: Confirm = Confirm.CONFIRMED, headers: Any = None) -> None:
             if transaction is None and message.body == "bad":
                 raise SendRefused("refused", QUEUE.stomp(), "bad header")
-            super().send(destination, message, transaction=transaction, receipt=receipt)
+            super().send(destination, message, transaction=transaction, confirm=confirm)
 
     transport = TxTransport()
     flow = _out_flow(transport)

@@ -22,6 +22,7 @@ from router.jms.transport import (
     AckMode,
     BrokerError,
     BrokerUnavailable,
+    Confirm,
     ConnectionState,
     Delivery,
     LocalProtocolError,
@@ -102,7 +103,7 @@ class TransportContract:
         t = make()
         q = queue_name()
         for i in range(20):
-            t.send(q, text(str(i)), receipt=(i == 19))
+            t.send(q, text(str(i)), confirm=Confirm.CONFIRMED if i == 19 else Confirm.PIPELINED)
         sub = t.subscribe(q, ack="auto")
         assert [d.message.body for d in drain(sub, 2.0, limit=20)] == [str(i) for i in range(20)]
 
@@ -112,7 +113,7 @@ class TransportContract:
         q = queue_name()
         sub = t.subscribe(q)
         tx = t.begin()
-        t.send(q, text("in-tx"), transaction=tx, receipt=False)
+        t.send(q, text("in-tx"), transaction=tx, confirm=Confirm.PIPELINED)
         t.send(q, text("in-tx-2"), transaction=tx)
         assert sub.receive(self.quiet) is None
         t.commit(tx)
@@ -158,7 +159,7 @@ class TransportContract:
         t = make()
         q = queue_name()
         for i in range(5):
-            t.send(q, text(f"m{i}"), receipt=(i == 4))
+            t.send(q, text(f"m{i}"), confirm=Confirm.CONFIRMED if i == 4 else Confirm.PIPELINED)
         sub = t.subscribe(q)
         got = drain(sub, 2.0, limit=5)
         assert [d.message.body for d in got] == [f"m{i}" for i in range(5)]
@@ -176,7 +177,7 @@ class TransportContract:
         t = make()
         q = queue_name()
         for i in range(3):
-            t.send(q, text(f"m{i}"), receipt=(i == 2))
+            t.send(q, text(f"m{i}"), confirm=Confirm.CONFIRMED if i == 2 else Confirm.PIPELINED)
         got = drain(t.subscribe(q), 2.0, limit=3)
         tx = t.begin()
         t.ack_many(got, tx)
@@ -385,9 +386,9 @@ class TransportContract:
         d = sub.receive(10)
         assert d is not None and d.message.body == "after"
 
-    def test_commit_nowait_of_a_transaction_lost_with_its_connection_raises_at_once(
+    def test_commit_pipelined_of_a_transaction_lost_with_its_connection_raises_at_once(
             self, outage: tuple[Make, Callable[[], None]]) -> None:
-        """commit_nowait's checks before the COMMIT raise at once, not at wait() (the twin used to defer them)."""
+        """commit_pipelined's checks before the COMMIT raise at once, not at wait() (the twin used to defer them)."""
         make, restart = outage
         t = make()
         q = queue_name()
@@ -398,7 +399,7 @@ class TransportContract:
         with pytest.raises(BrokerUnavailable):
             _wait_unavailable(sub)
         with pytest.raises(BrokerUnavailable):
-            t.commit_nowait(tx)                       # raised here: there is nothing to wait() for
+            t.commit_pipelined(tx)                       # raised here: there is nothing to wait() for
         t.reconnect()
         assert sub.receive(self.quiet) is None         # and "tx-lost" never arrives
 

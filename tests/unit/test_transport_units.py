@@ -19,11 +19,11 @@ from router.jms.transport import (
     BrokerError,
     BrokerUnavailable,
     LocalProtocolError,
-    ReceiptTimeout,
     RemoteProtocolError,
     SendFailed,
     Transport,
     TransportError,
+    UnconfirmedOutcome,
     open_transport,
     parse_destination,
     redact_url,
@@ -60,7 +60,7 @@ def test_stomp_url_forms() -> None:
 
 
 @pytest.mark.parametrize("exc", [
-    BrokerUnavailable("down"), SendFailed("refused", "/queue/q"), ReceiptTimeout("no receipt", "commit"),
+    BrokerUnavailable("down"), SendFailed("refused", "/queue/q"), UnconfirmedOutcome("no receipt", "commit"),
     BrokerError("bad", "trace", "r-1"), RemoteProtocolError("junk"), LocalProtocolError("misuse")])
 def test_exceptions_pickle_and_carry_data(exc: TransportError) -> None:
     back = pickle.loads(pickle.dumps(exc))
@@ -69,7 +69,7 @@ def test_exceptions_pickle_and_carry_data(exc: TransportError) -> None:
 
 
 def test_receipt_timeout_is_neither_failure_nor_success() -> None:
-    exc = ReceiptTimeout("x", "send")
+    exc = UnconfirmedOutcome("x", "send")
     assert exc.outcome == "unknown" and not isinstance(exc, (SendFailed, BrokerUnavailable, BrokerError))
 
 
@@ -133,8 +133,8 @@ def test_twin_fault_injection() -> None:
     t = open_transport("memory://units-faults", broker=broker)
     t.connect()
     q = Destination("queue", "f")
-    broker.inject_fault("send", ReceiptTimeout("lost receipt", "send"), applied=True)
-    with pytest.raises(ReceiptTimeout):
+    broker.inject_fault("send", UnconfirmedOutcome("lost receipt", "send"), applied=True)
+    with pytest.raises(UnconfirmedOutcome):
         t.send(q, JmsMessage(BodyType.TEXT, "landed"))
     assert [m.body for m in broker.queues["/queue/f"]] == [b"landed"]
     broker.inject_fault("send", BrokerUnavailable("cut"))
@@ -144,8 +144,8 @@ def test_twin_fault_injection() -> None:
     t.reconnect()
     tx = t.begin()
     t.send(q, JmsMessage(BodyType.TEXT, "in tx"), transaction=tx)
-    broker.inject_fault("commit", ReceiptTimeout("lost receipt", "commit"), applied=True)
-    with pytest.raises(ReceiptTimeout):
+    broker.inject_fault("commit", UnconfirmedOutcome("lost receipt", "commit"), applied=True)
+    with pytest.raises(UnconfirmedOutcome):
         t.commit(tx)
     assert len(broker.queues["/queue/f"]) == 2
     t.close()

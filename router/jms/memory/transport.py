@@ -25,6 +25,7 @@ from router.jms.retry import RECONNECT_POLICY, RetryPolicy
 from router.jms.session import QueueSubscription, SessionBook, SubscriptionSpec, TransportBase
 from router.jms.transport import (
     AckMode,
+    Confirm,
     ConnectionState,
     Delivery,
     EncodedMessage,
@@ -47,7 +48,7 @@ class _TxOps:
 
 
 class _Done:
-    """:class:`~router.jms.transport.PendingReceipt` of the twin: the outcome is known when it is made."""
+    """:class:`~router.jms.transport.PendingConfirmation` of the twin: the outcome is known when it is made."""
 
     def __init__(self, error: TransportError | None) -> None:
         self._error = error
@@ -173,45 +174,43 @@ class MemoryTransport(TransportBase):
 
     # -- sending and transactions
     def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
-                     transaction: str | None = None, receipt: bool = True) -> None:
+                     transaction: str | None = None, confirm: Confirm = Confirm.CONFIRMED) -> None:
         dest = stomp_destination(destination)
         frame = dict(encoded.headers)
         frame["persistent"] = "true" if persistent else "false"
         try:
             self._book.use_tx(transaction)
             self._run("send", lambda: self.broker.send(dest, dict(frame), encoded.body), transaction=transaction)
-            self._answered_in_order(transaction, receipt)
+            self._answered_in_order(transaction, confirm is Confirm.CONFIRMED)
         except BrokerError as exc:
             raise refused_send(exc, dest) from exc
         except BrokerUnavailable as exc:
             raise SendFailed(str(exc), dest) from exc
 
-    def _answered_in_order(self, transaction: str | None, receipt: bool) -> None:
-        """The twin answers a receipted frame at once; a receipt-less one stays unanswered in the book until a
-        later receipted frame of its transaction (as STOMP's in-order answers, ``SessionBook.frame_refused``)."""
-        rid = f"r-{next(_RIDS)}" if receipt else None
+    def _answered_in_order(self, transaction: str | None, confirmed: bool) -> None:
+        """The twin answers a confirmed operation at once; a pipelined one stays unanswered in the book until a
+        later confirmed one of its transaction (as STOMP's in-order answers, ``SessionBook.frame_refused``)."""
+        rid = f"r-{next(_RIDS)}" if confirmed else None
         self._book.frame_written(transaction, rid)
         if rid is not None:
             self._book.frame_answered(rid)
 
-    def begin(self) -> str:
+    def begin(self, confirm: Confirm = Confirm.CONFIRMED) -> str:
+        """The twin's BEGIN has no round trip either way: ``confirm`` changes nothing (an injected fault raises
+        here)."""
         tx = f"tx-{next(self._epochs)}-{id(self):x}"
         self._run("begin", lambda: None)
         self._book.add_tx(tx, self._book.epoch)
         self._txs[tx] = _TxOps(entry=self._book.get_tx(tx))
         return tx
 
-    def begin_nowait(self) -> str:
-        """The twin's BEGIN has no round trip either way: as :meth:`begin` (an injected fault raises here)."""
-        return self.begin()
-
     def transaction_problem(self, transaction: str) -> str | None:
         return self._book.tx_problem(transaction)
 
     def commit(self, transaction: str) -> None:
-        self.commit_nowait(transaction).wait()
+        self.commit_pipelined(transaction).wait()
 
-    def commit_nowait(self, transaction: str) -> _Done:
+    def commit_pipelined(self, transaction: str) -> _Done:
         """As on STOMP, the checks before the COMMIT raise at once (a transaction lost with its connection, no
         connection); the twin then commits at once and ``wait`` raises the COMMIT's own outcome (an injected
         fault)."""
@@ -280,15 +279,17 @@ class MemoryTransport(TransportBase):
         elif remove_durable:
             raise BrokerUnavailable("not connected: cannot remove the durable subscription")
 
-    def ack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def ack(self, delivery: Delivery, transaction: str | None = None, *,
+            confirm: Confirm = Confirm.CONFIRMED) -> None:
         self._settle("ack", delivery, transaction, nack=False)
 
     def ack_many(self, deliveries: Sequence[Delivery], transaction: str | None = None) -> None:
-        """Receipt-less ACKs of ``deliveries`` in order, as ``StompTransport.ack_many`` (one call each here)."""
+        """Pipelined acks of ``deliveries`` in order, as ``StompTransport.ack_many`` (one call each here)."""
         for delivery in deliveries:
-            self.ack(delivery, transaction, receipt=False)
+            self.ack(delivery, transaction, confirm=Confirm.PIPELINED)
 
-    def nack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def nack(self, delivery: Delivery, transaction: str | None = None, *,
+             confirm: Confirm = Confirm.CONFIRMED) -> None:
         self._settle("nack", delivery, transaction, nack=True)
 
     def _settle(self, operation: str, delivery: Delivery, transaction: str | None, *, nack: bool) -> None:

@@ -9,7 +9,7 @@
   delivered is ACKed, and with a copy to send, ``BEGIN``, ``SEND`` (receipted), ``ACK`` (receipted) and ``COMMIT``
   (receipted) make the copy and the consumption one broker transaction: a lost connection before the COMMIT's
   receipt rolls both back (the broker aborts the open transaction of a closed connection: the original stays, no
-  copy); after it, both happened. A COMMIT whose receipt never came is :class:`~router.jms.errors.ReceiptTimeout`:
+  copy); after it, both happened. A COMMIT whose receipt never came is :class:`~router.jms.errors.UnconfirmedOutcome`:
   the outcome is unknown (browse again: the original is either there, and no copy was sent, or gone and the copy
   sent).
 
@@ -29,7 +29,7 @@ import stomp
 from stomp.utils import Frame
 
 from router.jms.browsing import Browse, BrowsedMessage, MessageHeld, OutgoingCopy, id_selector
-from router.jms.errors import BrokerError, BrokerUnavailable, LocalProtocolError, ReceiptTimeout
+from router.jms.errors import BrokerError, BrokerUnavailable, LocalProtocolError, UnconfirmedOutcome
 from router.jms.stomp.inbound import broker_error
 from router.jms.stomp.link import LINK_ERRORS, parse_stomp_url
 from router.jms.transport import redact_url
@@ -81,13 +81,13 @@ class _Session:
 
     def receipted(self, what: str, action: Callable[[str], object]) -> None:
         """Write a frame with a receipt and wait for it; the broker's ERROR for it raises BrokerError, no answer
-        ReceiptTimeout, a lost connection BrokerUnavailable. MESSAGE frames meanwhile are not expected (dropped)."""
+        UnconfirmedOutcome, a lost connection BrokerUnavailable. MESSAGE frames meanwhile are not expected (dropped)."""
         rid = f"{what}-{uuid.uuid4().hex}"
         self.write(what, lambda: action(rid))
         while True:
             item = self.next(self.timeout)
             if item is None:
-                raise ReceiptTimeout(f"no receipt from {self.url} within {self.timeout:g} s", what)
+                raise UnconfirmedOutcome(f"no receipt from {self.url} within {self.timeout:g} s", what)
             kind, frame = item
             if kind == "lost":
                 raise BrokerUnavailable(f"{what} on {self.url}: the connection was lost before its receipt")
@@ -168,7 +168,7 @@ class StompBrowser:
                 s.receipted("SEND", lambda rid: s.conn.send(
                     out.destination, out.body, headers={**out.headers, "transaction": tx, "receipt": rid}))
                 s.receipted("ACK", lambda rid: s.conn.ack(ack, transaction=tx, receipt=rid))
-            except ReceiptTimeout as exc:    # before the COMMIT: closing the connection rolls the transaction back
+            except UnconfirmedOutcome as exc:    # before the COMMIT: closing the connection rolls the transaction back
                 raise BrokerUnavailable(f"{exc}; the transaction is rolled back, nothing done") from exc
             s.receipted("COMMIT", lambda rid: s.conn.commit(tx, headers={"receipt": rid}))
             return message

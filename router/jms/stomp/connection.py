@@ -29,7 +29,13 @@ import stomp
 from stomp.utils import Frame
 
 from router.jms.codec import SimpleCodec
-from router.jms.errors import BrokerError, BrokerUnavailable, LocalProtocolError, ReceiptTimeout, RemoteProtocolError
+from router.jms.errors import (
+    BrokerError,
+    BrokerUnavailable,
+    LocalProtocolError,
+    RemoteProtocolError,
+    UnconfirmedOutcome,
+)
 from router.jms.model import BodyType, JmsMessage
 from router.jms.refusal import RESOURCE_MARK, is_resource
 from router.jms.retry import RECONNECT_POLICY, RetryPolicy
@@ -163,7 +169,7 @@ class StompConnection(TransportBase):
             no_delay(conn)
             bound_silence(conn)
             waiter.wait(self._connect_timeout)
-        except (LINK_ERRORS + (ReceiptTimeout, BrokerUnavailable)) as exc:
+        except (LINK_ERRORS + (UnconfirmedOutcome, BrokerUnavailable)) as exc:
             self._drop_socket(conn)
             raise BrokerUnavailable(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from exc
         except BrokerError as exc:
