@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from router.jms.browsing import BrowsedMessage, DestinationBrowser, MessageHeld, OutgoingCopy
+from router.jms.codec import body_lost
 from router.jms.errors import BrokerError, LocalProtocolError, TransportError, UnconfirmedOutcome
 from router.txnops import operator_log
 
@@ -87,9 +88,9 @@ def _bridge(headers: Mapping[str, str]) -> int | None:
 
 
 def untransportable(headers: Mapping[str, str], body: bytes) -> bool:
-    """An empty body nothing marks: a Java Map/Stream/Object message over STOMP (router.bridge.core's rule)."""
-    return (not body and "content-length" not in headers and "nsjms_body" not in headers
-            and headers.get("transformation") != "jms-map-json" and "$nsjms_idl" not in headers)
+    """An empty body nothing marks: a Java Map/Stream/Object message over STOMP (the transport's rule,
+    :attr:`router.jms.transport.Delivery.body_lost`)."""
+    return body_lost(headers, body)
 
 
 def retry_target(queue: str, msg: BrowsedMessage, record: Record | None = None,

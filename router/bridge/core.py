@@ -567,6 +567,4 @@ class JmsToChannel:
 def untransportable(delivery: Delivery) -> bool:
     """An empty body that nothing marks: over STOMP a Java Map/Stream/Object message arrives exactly like this
     (ENVIRONMENT.md, docs/bridge.md), so it cannot be told from an empty TextMessage and is not forwarded."""
-    h = delivery.headers
-    return (not delivery.body and "content-length" not in h and "nsjms_body" not in h
-            and h.get("transformation") != "jms-map-json" and "$nsjms_idl" not in h)
+    return delivery.body_lost

@@ -15,11 +15,13 @@ from router.jms.errors import BrokerUnavailable, LocalProtocolError
 from router.jms.model import DeliveryMode, Destination, JmsMessage
 from router.jms.transport import AckMode, Confirm, Delivery, EncodedMessage, MessageCodec
 
-__all__ = ["QueueSubscription", "SessionBook", "SubscriptionSpec", "TransportBase"]
+__all__ = ["QueueSubscription", "SessionBook", "SubscriptionSpec", "TransportBase", "TxEntry"]
 
 
 @dataclass
-class _Tx:
+class TxEntry:
+    """One open transaction in a :class:`SessionBook`."""
+
     epoch: int
     acks: list[Delivery] = field(default_factory=list)
     rollback_only: str | None = None
@@ -40,7 +42,7 @@ class SessionBook:
         self.closed = False
         self.epoch = 0
         self.connected = False
-        self._txs: dict[str, _Tx] = {}
+        self._txs: dict[str, TxEntry] = {}
         self._receipted: dict[str, tuple[str, int]] = {}     # receipt id -> (transaction, its unreceipted count)
         self._pending: dict[str, Delivery] = {}
         self._modes: dict[str, AckMode] = {}
@@ -74,7 +76,7 @@ class SessionBook:
     # -- transactions
     def add_tx(self, tx: str, epoch: int) -> None:
         with self.lock:
-            self._txs[tx] = _Tx(epoch)
+            self._txs[tx] = TxEntry(epoch)
 
     def use_tx(self, tx: str | None) -> None:
         """Check ``tx`` may carry a frame now (None passes)."""
@@ -88,7 +90,7 @@ class SessionBook:
             if entry.epoch != self.epoch or not self.connected:
                 raise BrokerUnavailable(f"transaction {tx} was lost with its connection (the broker rolled it back)")
 
-    def get_tx(self, tx: str) -> _Tx:
+    def get_tx(self, tx: str) -> TxEntry:
         """The record of ``tx``, kept in the book. Unknown → :class:`LocalProtocolError`."""
         with self.lock:
             self.check_open()
@@ -102,7 +104,7 @@ class SessionBook:
         with self.lock:
             self._txs.pop(tx, None)
 
-    def end_tx(self, tx: str) -> _Tx:
+    def end_tx(self, tx: str) -> TxEntry:
         """Forget ``tx``; returns its record. Unknown → :class:`LocalProtocolError`."""
         with self.lock:
             self.check_open()
@@ -111,7 +113,7 @@ class SessionBook:
                 raise LocalProtocolError(f"unknown transaction {tx!r} (never begun, or already ended)")
             return entry
 
-    def is_live(self, entry: _Tx) -> bool:
+    def is_live(self, entry: TxEntry) -> bool:
         with self.lock:
             return entry.epoch == self.epoch and self.connected
 
@@ -212,7 +214,7 @@ class SessionBook:
             if ack_id == delivery.ack_id:
                 break
 
-    def restore(self, entry: _Tx) -> None:
+    def restore(self, entry: TxEntry) -> None:
         """After ABORT the broker expects the transaction's acked deliveries to be acked again."""
         with self.lock:
             if self.is_live(entry):

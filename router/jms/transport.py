@@ -100,18 +100,29 @@ class AckMode(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Delivery:
-    """One received message. ``headers``/``body`` are the raw frame; ``message`` is the codec's decoding."""
+    """One received message: the codec's decoding (``message``), the body bytes as received (``body``: the dead
+    letter of a message the codec could not decode carries them) and what the broker said about this delivery, in
+    typed fields the transport fills (callers read these, never a wire header).
+
+    ``headers`` are the received wire fields as they came (STOMP: the MESSAGE frame's headers), kept for
+    diagnostics and tests; nothing above ``router.jms`` reads them, and a protocol without named wire fields may
+    leave them empty."""
 
     message: JmsMessage
     headers: Mapping[str, str]
     body: bytes
-    subscription: str
-    ack_id: str
-    message_id: str
-    destination: str
-    redelivered: bool
+    subscription: str                 # the subscription (consumer) that received it
+    ack_id: str                       # what an ack or nack of this delivery names
+    message_id: str                   # JMSMessageID, as the broker gave it
+    destination: str                  # where it was sent, ``/queue/NAME`` or ``/topic/NAME``
+    redelivered: bool                 # JMSRedelivered
     epoch: int = field(default=0, compare=False)   # which connection delivered it; acks need the same one
-    decode_error: str | None = None   # the codec could not decode the frame: ``message`` is a raw BytesMessage
+    decode_error: str | None = None   # the codec could not decode it: ``message`` is a raw BytesMessage
+    timestamp_ms: int = 0             # JMSTimestamp as the broker gave it (ms since the epoch; 0: none)
+    dedupe_id: str | None = None      # its ``nsjms_dedupe_id`` String property (a message nsjms sent), if any
+    body_lost: bool = False           # the protocol could not carry its body: an empty body nothing marks (over
+    #                                   STOMP a Java Map/Stream/Object message arrives so, not to be told from an
+    #                                   empty TextMessage)
 
 
 @dataclass(frozen=True)

@@ -104,11 +104,12 @@ class FakeBridge:
 
 
 def _delivery(mid: str, message: JmsMessage | None = None, body: bytes = b"hello",
-              headers: dict[str, str] | None = None, decode_error: str | None = None) -> Delivery:
+              headers: dict[str, str] | None = None, decode_error: str | None = None,
+              body_lost: bool = False) -> Delivery:
     headers = {"content-length": "5"} if headers is None else headers
     return Delivery(message=message or JmsMessage(BodyType.TEXT, "hello"), headers=headers,
                     body=body, subscription="sub-1", ack_id=f"ack-{mid}", message_id=mid, destination="/queue/in",
-                    redelivered=False, decode_error=decode_error)
+                    redelivered=False, decode_error=decode_error, body_lost=body_lost)
 
 
 def _reason(message: JmsMessage) -> str:
@@ -223,7 +224,8 @@ def test_a_split_frame_is_dead_lettered_with_the_reason() -> None:
 def test_a_message_refused_to_the_broker_dlq_leaves_a_readable_record() -> None:
     transport = FakeTransport()
     flow = _jms_flow(transport)
-    assert flow.map(_delivery("map-1", body=b"", headers={})) is None      # a Java MapMessage over plain STOMP
+    # a Java MapMessage over plain STOMP: the transport flags its body lost (router.jms.codec.body_lost)
+    assert flow.map(_delivery("map-1", body=b"", headers={}, body_lost=True)) is None
     assert transport.nacked == ["map-1"] and transport.acked == []
     [record] = transport.dead_letters()
     props = {k: v.value for k, v in record.properties.items()}
@@ -431,7 +433,7 @@ def test_a_refused_record_the_broker_dlq_refuses_too_still_nacks_the_message(cap
     transport = FakeTransport(refuse={F.DEFAULT_DLQ.stomp(): SendRefused("refused", "/queue/nsjms.DLQ", "denied")})
     flow = _jms_flow(transport)
     with caplog.at_level("ERROR", logger="nsjms.bridge"):
-        assert flow.map(_delivery("map-1", body=b"", headers={})) is None
+        assert flow.map(_delivery("map-1", body=b"", headers={}, body_lost=True)) is None
     assert transport.nacked == ["map-1"] and transport.acked == []
     problem = flow.dead_letter.problem
     assert problem.startswith("dead-letter destination refused") and "denied" in problem

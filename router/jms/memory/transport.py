@@ -7,10 +7,9 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
-from router.jms.codec import SimpleCodec
+from router.jms.codec import SimpleCodec, frame_delivery
 from router.jms.errors import (
     BrokerError,
     BrokerUnavailable,
@@ -22,7 +21,7 @@ from router.jms.errors import (
 from router.jms.memory.broker import MemoryBroker
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.retry import RECONNECT_POLICY, RetryPolicy
-from router.jms.session import QueueSubscription, SessionBook, SubscriptionSpec, TransportBase
+from router.jms.session import QueueSubscription, SessionBook, SubscriptionSpec, TransportBase, TxEntry
 from router.jms.transport import (
     AckMode,
     Confirm,
@@ -44,7 +43,7 @@ _RIDS = itertools.count(1)      # receipt ids of the twin's answered frames (Ses
 @dataclass
 class _TxOps:
     ops: list[Callable[[], None]] = field(default_factory=list)
-    entry: Any = None            # the transaction's SessionBook record (its rollback_only refuses the COMMIT)
+    entry: TxEntry | None = None  # the transaction's SessionBook record (its rollback_only refuses the COMMIT)
 
 
 class _Done:
@@ -67,7 +66,7 @@ class MemoryTransport(TransportBase):
     def __init__(self, url: str = "memory://", *, broker: MemoryBroker | None = None, client_id: str | None = None,
                  codec: MessageCodec | None = None, on_state: StateCallback | None = None,
                  shutdown: threading.Event | None = None, reconnect_policy: RetryPolicy = RECONNECT_POLICY,
-                 **_ignored: Any) -> None:
+                 **_ignored: object) -> None:
         parts = urlsplit(url)
         if parts.scheme != "memory":
             raise LocalProtocolError(f"not a memory URL: {url!r}")
@@ -153,10 +152,8 @@ class MemoryTransport(TransportBase):
             message, problem = self._codec.decode(headers, body), None
         except Exception as exc:  # noqa: BLE001 — same contract as the STOMP transport: hand it on, marked
             message, problem = JmsMessage(BodyType.BYTES, body), f"{type(exc).__name__}: {exc}"
-        sub.feed(Delivery(message=message, headers=headers, body=body,
-                          subscription=sub_id, ack_id=headers["ack"], message_id=headers["message-id"],
-                          destination=headers["destination"], redelivered=headers.get("redelivered") == "true",
-                          epoch=self._book.epoch, decode_error=problem))
+        sub.feed(frame_delivery(message, headers, body, subscription=sub_id, ack_id=headers["ack"],
+                                message_id=headers["message-id"], epoch=self._book.epoch, decode_error=problem))
 
     def _run(self, operation: str, action: Callable[[], None], *, transaction: str | None = None) -> None:
         """Apply ``action`` now, or at COMMIT when in ``transaction``; an injected fault is raised here."""

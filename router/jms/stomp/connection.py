@@ -28,7 +28,7 @@ from typing import Any
 import stomp
 from stomp.utils import Frame
 
-from router.jms.codec import SimpleCodec
+from router.jms.codec import SimpleCodec, frame_delivery
 from router.jms.errors import (
     BrokerError,
     BrokerUnavailable,
@@ -340,10 +340,9 @@ class StompConnection(TransportBase):
                 message, problem = self._codec.decode(headers, body), None
             except Exception as exc:  # noqa: BLE001 — the owner must settle it (dead-letter + ack), never lose it
                 message, problem = JmsMessage(BodyType.BYTES, body), f"{type(exc).__name__}: {exc}"
-        return Delivery(message=message, headers=headers, body=body,
-                        subscription=headers.get("subscription", ""), ack_id=str(headers.get("ack", message_id)),
-                        message_id=message_id, destination=headers.get("destination", ""),
-                        redelivered=headers.get("redelivered") == "true", epoch=epoch, decode_error=problem)
+        return frame_delivery(message, headers, body, subscription=headers.get("subscription", ""),
+                              ack_id=str(headers.get("ack", message_id)), message_id=message_id, epoch=epoch,
+                              decode_error=problem)
 
     def _on_receipt(self, epoch: int, frame: Frame) -> None:
         rid = frame.headers.get("receipt-id", "")

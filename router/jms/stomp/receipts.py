@@ -8,7 +8,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stomp.utils import Frame
 
@@ -16,6 +16,7 @@ from router.jms.errors import BrokerError, BrokerUnavailable, UnconfirmedOutcome
 from router.jms.stomp.inbound import broker_error
 
 if TYPE_CHECKING:
+    from router.jms.session import TxEntry
     from router.jms.stomp.connection import StompConnection
 
 __all__ = ["EitherEvent", "PendingCommit", "Waiter"]
@@ -67,7 +68,7 @@ class EitherEvent:
 class PendingCommit:
     """A COMMIT written by ``StompTransport.commit_pipelined``, its receipt not awaited yet."""
 
-    def __init__(self, transport: StompConnection, transaction: str, entry: Any) -> None:
+    def __init__(self, transport: StompConnection, transaction: str, entry: TxEntry) -> None:
         self._transport = transport
         self.transaction = transaction
         self._entry = entry
