@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -67,11 +68,20 @@ class _Session:
     def __init__(self, conn: stomp.Connection12, inbox: _Inbox, url: str, timeout: float) -> None:
         self.conn, self.inbox, self.url, self.timeout = conn, inbox, url, timeout
 
-    def next(self, timeout: float) -> tuple[str, Frame | None] | None:
+    def next(self, timeout: float, lost: str) -> tuple[str, Frame] | None:
+        """The next MESSAGE or RECEIPT frame (its kind and the frame) within ``timeout`` s, or None: the one read
+        loop of this module. An ERROR frame raises :class:`BrokerError`, a lost connection
+        :class:`BrokerUnavailable` (``lost`` says what was lost)."""
         try:
-            return self.inbox.frames.get(timeout=timeout)
+            kind, frame = self.inbox.frames.get(timeout=timeout)
         except queue.Empty:
             return None
+        if kind == "lost":
+            raise BrokerUnavailable(lost)
+        assert frame is not None
+        if kind == "error":
+            raise broker_error(frame)
+        return kind, frame
 
     def write(self, what: str, action: Callable[[], object]) -> None:
         try:
@@ -84,18 +94,22 @@ class _Session:
         UnconfirmedOutcome, a lost connection BrokerUnavailable. MESSAGE frames meanwhile are not expected (dropped)."""
         rid = f"{what}-{uuid.uuid4().hex}"
         self.write(what, lambda: action(rid))
-        while True:
-            item = self.next(self.timeout)
+        if self.wait_for("receipt", "receipt-id", rid, self.timeout,
+                         f"{what} on {self.url}: the connection was lost before its receipt") is None:
+            raise UnconfirmedOutcome(f"no receipt from {self.url} within {self.timeout:g} s", what)
+
+    def wait_for(self, kind: str, header: str, value: str, timeout: float, lost: str) -> Frame | None:
+        """The first ``kind`` frame whose ``header`` is ``value`` within ``timeout`` s, or None; other frames are
+        dropped; raises as :meth:`next`."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            item = self.next(left, lost)
             if item is None:
-                raise UnconfirmedOutcome(f"no receipt from {self.url} within {self.timeout:g} s", what)
-            kind, frame = item
-            if kind == "lost":
-                raise BrokerUnavailable(f"{what} on {self.url}: the connection was lost before its receipt")
-            assert frame is not None
-            if kind == "error":
-                raise broker_error(frame)
-            if kind == "receipt" and frame.headers.get("receipt-id") == rid:
-                return
+                return None
+            got, frame = item
+            if got == kind and frame.headers.get(header) == value:
+                return frame
+        return None
 
 
 class StompBrowser:
@@ -148,7 +162,8 @@ class StompBrowser:
             headers = {"selector": id_selector(message_id), "activemq.prefetchSize": "1"}
             s.write("SUBSCRIBE", lambda: s.conn.subscribe(destination, id=sub, ack="client-individual",
                                                           headers=headers))
-            frame = self._delivered(s, sub, destination, wait_s)
+            frame = s.wait_for("message", "subscription", sub, wait_s,
+                               f"consuming from {destination} on {self.url}: the connection was lost")
             if frame is None:
                 s.write("UNSUBSCRIBE", lambda: s.conn.unsubscribe(sub))
                 if self._browse(s, destination, id_selector(message_id), 1).messages:
@@ -173,36 +188,12 @@ class StompBrowser:
             s.receipted("COMMIT", lambda rid: s.conn.commit(tx, headers={"receipt": rid}))
             return message
 
-    def _delivered(self, s: _Session, sub: str, destination: str, wait_s: float) -> Frame | None:
-        import time
-
-        deadline = time.monotonic() + wait_s
-        while (left := deadline - time.monotonic()) > 0:
-            item = s.next(left)
-            if item is None:
-                return None
-            kind, frame = item
-            if kind == "lost":
-                raise BrokerUnavailable(f"consuming from {destination} on {self.url}: the connection was lost")
-            assert frame is not None
-            if kind == "error":
-                raise broker_error(frame)
-            if kind == "message" and frame.headers.get("subscription") == sub:
-                return frame
-        return None
-
     # --------------------------------------------------------------------------------------------- plumbing
     def _frame(self, s: _Session, what: str) -> tuple[str, Frame]:
-        item = s.next(self._timeout)
+        item = s.next(self._timeout, f"{what} on {self.url}: the connection was lost")
         if item is None:
             raise BrokerUnavailable(f"{what} on {self.url}: the broker sent nothing for {self._timeout:g} s")
-        kind, frame = item
-        if kind == "lost":
-            raise BrokerUnavailable(f"{what} on {self.url}: the connection was lost")
-        assert frame is not None
-        if kind == "error":
-            raise broker_error(frame)
-        return kind, frame
+        return item
 
     @contextlib.contextmanager
     def _session(self) -> Iterator[_Session]:
