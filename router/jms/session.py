@@ -7,13 +7,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Self
 
-from router.jms.errors import BrokerUnavailable, LocalProtocolError
+from router.jms.errors import BrokerUnavailable, LocalProtocolError, TransportError
 from router.jms.model import DeliveryMode, Destination, JmsMessage
-from router.jms.transport import AckMode, Confirm, Delivery, EncodedMessage, MessageCodec
+from router.jms.transport import AckMode, Confirm, Delivery, EncodedMessage, MessageCodec, stomp_destination
 
 __all__ = ["QueueSubscription", "SessionBook", "SubscriptionSpec", "TransportBase", "TxEntry"]
 
@@ -250,6 +250,24 @@ class SubscriptionSpec:
     prefetch: int
     transformation: str | None
 
+    @classmethod
+    def checked(cls, destination: Destination | str, selector: str | None, ack: AckMode | str,
+                durable_name: str | None, prefetch: int, transformation: str | None, *,
+                client_id: str | None) -> SubscriptionSpec:
+        """The spec of a ``Transport.subscribe`` call, or :class:`LocalProtocolError` for a malformed destination,
+        an unknown ack mode, a durable subscription without a topic or a client id, a prefetch below 1 (the same
+        misuse refused the same way by every transport)."""
+        dest = stomp_destination(destination)
+        try:
+            mode = AckMode(ack)
+        except ValueError:
+            raise LocalProtocolError(f"unknown ack mode {ack!r}") from None
+        if durable_name is not None and (not client_id or not dest.startswith("/topic/")):
+            raise LocalProtocolError("a durable subscription needs a topic and a client_id on the transport")
+        if prefetch < 1:
+            raise LocalProtocolError(f"prefetch must be >= 1, got {prefetch}")
+        return cls(dest, selector, mode, durable_name, prefetch, transformation)
+
 
 _WAKE = object()
 
@@ -306,10 +324,14 @@ class QueueSubscription:
 
 class TransportBase:
     """What both transports (STOMP and the in-memory twin) do the same way over their :class:`SessionBook` and
-    codec: the context manager, ``is_connected`` and ``send`` (encode, then the transport's own ``send_encoded``)."""
+    codec: the context manager, ``is_connected``, ``send`` (encode, then the transport's own ``send_encoded``) and
+    ``subscribe`` (check, book, then the transport's own ``_open_subscription``)."""
 
     _book: SessionBook
     _codec: MessageCodec
+    client_id: str | None
+    _subs: dict[str, QueueSubscription]
+    _sub_ids: Iterator[int]
 
     def connect(self, *, retry: bool = False) -> None:
         raise NotImplementedError
@@ -320,6 +342,27 @@ class TransportBase:
     def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
                      transaction: str | None = None, confirm: Confirm = Confirm.CONFIRMED) -> None:
         raise NotImplementedError
+
+    def _open_subscription(self, sub: QueueSubscription) -> None:
+        """Ask the broker for ``sub``'s deliveries (confirmed); raise :class:`TransportError` when it refuses."""
+        raise NotImplementedError
+
+    def subscribe(self, destination: Destination | str, *, selector: str | None = None,
+                  ack: AckMode | str = AckMode.CLIENT_INDIVIDUAL, durable_name: str | None = None,
+                  prefetch: int = 100, transformation: str | None = None) -> QueueSubscription:
+        spec = SubscriptionSpec.checked(destination, selector, ack, durable_name, prefetch, transformation,
+                                        client_id=self.client_id)
+        sub = QueueSubscription(f"sub-{next(self._sub_ids)}", spec, self._book)
+        self._book.check_connected()
+        self._book.set_mode(sub.id, spec.ack)
+        self._subs[sub.id] = sub
+        try:
+            self._open_subscription(sub)
+        except TransportError:
+            self._subs.pop(sub.id, None)
+            self._book.forget_subscription(sub.id)
+            raise
+        return sub
 
     def __enter__(self) -> Self:
         self.connect()

@@ -21,9 +21,8 @@ from router.jms.errors import (
 from router.jms.memory.broker import MemoryBroker
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.retry import RECONNECT_POLICY, RetryPolicy
-from router.jms.session import QueueSubscription, SessionBook, SubscriptionSpec, TransportBase, TxEntry
+from router.jms.session import QueueSubscription, SessionBook, TransportBase, TxEntry
 from router.jms.transport import (
-    AckMode,
     Confirm,
     ConnectionState,
     Delivery,
@@ -238,30 +237,8 @@ class MemoryTransport(TransportBase):
             self._book.restore(entry)
 
     # -- consuming
-    def subscribe(self, destination: Destination | str, *, selector: str | None = None,
-                  ack: AckMode | str = AckMode.CLIENT_INDIVIDUAL, durable_name: str | None = None,
-                  prefetch: int = 100, transformation: str | None = None) -> Subscription:
-        dest = stomp_destination(destination)
-        try:
-            mode = AckMode(ack)
-        except ValueError:
-            raise LocalProtocolError(f"unknown ack mode {ack!r}") from None
-        if durable_name is not None and (not self.client_id or not dest.startswith("/topic/")):
-            raise LocalProtocolError("a durable subscription needs a topic and a client_id on the transport")
-        if prefetch < 1:
-            raise LocalProtocolError(f"prefetch must be >= 1, got {prefetch}")
-        spec = SubscriptionSpec(dest, selector, mode, durable_name, prefetch, transformation)
-        sub = QueueSubscription(f"sub-{next(self._sub_ids)}", spec, self._book)
-        self._book.check_connected()
-        self._book.set_mode(sub.id, mode)
-        self._subs[sub.id] = sub
-        try:
-            self._run("subscribe", lambda: self.broker.subscribe(self, sub.id, spec))
-        except TransportError:
-            self._subs.pop(sub.id, None)
-            self._book.forget_subscription(sub.id)
-            raise
-        return sub
+    def _open_subscription(self, sub: QueueSubscription) -> None:
+        self._run("subscribe", lambda: self.broker.subscribe(self, sub.id, sub.spec))
 
     def unsubscribe(self, subscription: Subscription, *, remove_durable: bool = False) -> None:
         self._book.check_open()

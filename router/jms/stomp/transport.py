@@ -19,12 +19,12 @@ from router.jms.errors import (
     refused_send,
 )
 from router.jms.model import Destination
-from router.jms.session import QueueSubscription, SubscriptionSpec
+from router.jms.session import QueueSubscription
 from router.jms.stomp.connection import StompConnection
 from router.jms.stomp.link import LINK_ERRORS, write_chunked
 from router.jms.stomp.receipts import PendingCommit
 from router.jms.stomp.sendframe import FrameTemplates, encode_ack_frame, encode_send_frame
-from router.jms.transport import AckMode, Confirm, Delivery, EncodedMessage, Subscription, stomp_destination
+from router.jms.transport import Confirm, Delivery, EncodedMessage, Subscription, stomp_destination
 
 __all__ = ["StompTransport"]
 
@@ -172,34 +172,8 @@ class StompTransport(StompConnection):
             return False
 
     # ------------------------------------------------------------------------------------------- consuming
-    def subscribe(self, destination: Destination | str, *, selector: str | None = None,
-                  ack: AckMode | str = AckMode.CLIENT_INDIVIDUAL, durable_name: str | None = None,
-                  prefetch: int = 100, transformation: str | None = None) -> Subscription:
-        spec = self._spec(destination, selector, ack, durable_name, prefetch, transformation)
-        sub = QueueSubscription(f"sub-{next(self._sub_ids)}", spec, self._book)
-        self._book.check_connected()
-        self._book.set_mode(sub.id, spec.ack)
-        self._subs[sub.id] = sub
-        try:
-            self._subscribe_once(sub)
-        except TransportError:
-            self._subs.pop(sub.id, None)
-            self._book.forget_subscription(sub.id)
-            raise
-        return sub
-
-    def _spec(self, destination: Destination | str, selector: str | None, ack: AckMode | str,
-              durable_name: str | None, prefetch: int, transformation: str | None) -> SubscriptionSpec:
-        dest = stomp_destination(destination)
-        try:
-            mode = AckMode(ack)
-        except ValueError:
-            raise LocalProtocolError(f"unknown ack mode {ack!r}") from None
-        if durable_name is not None and (not self.client_id or not dest.startswith("/topic/")):
-            raise LocalProtocolError("a durable subscription needs a topic and a client_id on the transport")
-        if prefetch < 1:
-            raise LocalProtocolError(f"prefetch must be >= 1, got {prefetch}")
-        return SubscriptionSpec(dest, selector, mode, durable_name, prefetch, transformation)
+    def _open_subscription(self, sub: QueueSubscription) -> None:
+        self._subscribe_once(sub)
 
     def _subscribe_once(self, sub: QueueSubscription) -> None:
         """At most one SUBSCRIBE per subscription and connection: ``subscribe()`` on one thread and the re-subscribe
