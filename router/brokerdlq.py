@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from router.jms.browsing import BrowsedMessage, DestinationBrowser, MessageHeld, OutgoingCopy
-from router.jms.errors import BrokerError, LocalProtocolError, ReceiptTimeout, TransportError
+from router.jms.codec import body_lost
+from router.jms.errors import BrokerError, LocalProtocolError, TransportError, UnconfirmedOutcome
 from router.txnops import operator_log
 
 __all__ = ["BROKER_QUEUES", "BrokerDeadLetterOps", "BrokerDown", "Refused", "copy_for_retry", "retry_target",
@@ -87,9 +88,9 @@ def _bridge(headers: Mapping[str, str]) -> int | None:
 
 
 def untransportable(headers: Mapping[str, str], body: bytes) -> bool:
-    """An empty body nothing marks: a Java Map/Stream/Object message over STOMP (router.bridge.core's rule)."""
-    return (not body and "content-length" not in headers and "nsjms_body" not in headers
-            and headers.get("transformation") != "jms-map-json" and "$nsjms_idl" not in headers)
+    """An empty body nothing marks: a Java Map/Stream/Object message over STOMP (the transport's rule,
+    :attr:`router.jms.transport.Delivery.body_lost`)."""
+    return body_lost(headers, body)
 
 
 def retry_target(queue: str, msg: BrowsedMessage, record: Record | None = None,
@@ -266,7 +267,7 @@ class BrokerDeadLetterOps:
             taken = self._ask(lambda b: b.settle(f"/queue/{queue}", message_id, copy, wait_s=self.wait_s))
         except MessageHeld as exc:
             raise Refused(str(exc)) from None
-        except ReceiptTimeout as exc:
+        except UnconfirmedOutcome as exc:
             raise BrokerDown(f"the broker did not confirm ({exc}): list {queue} again to see whether it was done "
                              "(the dead letter gone and its copy sent, or neither)") from None
         if taken is None:
@@ -295,7 +296,7 @@ class BrokerDeadLetterOps:
     def _ask(self, call: Callable[[DestinationBrowser], T]) -> T:
         try:
             return call(self.broker())
-        except (Refused, MessageHeld, ReceiptTimeout):
+        except (Refused, MessageHeld, UnconfirmedOutcome):
             raise
         except BrokerError as exc:
             raise BrokerDown(f"the broker refused: {exc}") from None

@@ -22,6 +22,7 @@ from router.jms.model import Destination, JmsMessage
 from router.jms.refusal import is_resource
 from router.jms.transport import (
     BrokerError,
+    Confirm,
     Delivery,
     SendRefused,
     Transport,
@@ -80,7 +81,7 @@ class AckBranch:
         self.tx: str | None = None
         self.frames = 0
         self._gtrid: str | None = None
-        self._last: Callable[[bool], None] | None = None
+        self._last: Callable[[Confirm], None] | None = None
         self._last_ack: Delivery | None = None  # the delivery ``_last`` acknowledges, when it is an ACK
         self._acks: list[Delivery] = []          # receipt-less ACKs not yet written (a run, see ACK_RUN)
         self._on_rollback = on_rollback
@@ -130,7 +131,7 @@ class AckBranch:
         if last is not None and not self._ended:
             def write_rest() -> None:             # the pending run of ACKs, then the last frame
                 self._write_acks()
-                last(True)
+                last(Confirm.CONFIRMED)
 
             self._sealed = _Background(write_rest)
 
@@ -142,7 +143,7 @@ class AckBranch:
         try:
             if last is not None:
                 self._write_acks()
-                last(True)
+                last(Confirm.CONFIRMED)
             if sealed is not None and (error := sealed.wait()) is not None:
                 raise error
         except TransportError as exc:
@@ -205,17 +206,17 @@ class AckBranch:
 
     # -- frames ---------------------------------------------------------------------------------------------
     def ack(self, delivery: Delivery) -> None:
-        self._frame(lambda receipt: self.transport.ack(delivery, self.tx, receipt=receipt), ack=delivery)
+        self._frame(lambda confirm: self.transport.ack(delivery, self.tx, confirm=confirm), ack=delivery)
 
     def nack(self, delivery: Delivery) -> None:
-        self._frame(lambda receipt: self.transport.nack(delivery, self.tx, receipt=receipt))
+        self._frame(lambda confirm: self.transport.nack(delivery, self.tx, confirm=confirm))
 
     def send(self, destination: Destination, message: JmsMessage, before: Delivery | None = None) -> None:
         """A SEND in the transaction (a dead letter); ``before`` does not matter here: the frames are atomic."""
-        self._frame(lambda receipt: self.transport.send(destination, message, transaction=self.tx,
-                                                        receipt=receipt))
+        self._frame(lambda confirm: self.transport.send(destination, message, transaction=self.tx,
+                                                        confirm=confirm))
 
-    def _frame(self, write: Callable[[bool], None], ack: Delivery | None = None) -> None:
+    def _frame(self, write: Callable[[Confirm], None], ack: Delivery | None = None) -> None:
         if not self._ended:
             self._settle_begin()
         if self.tx is None or self._ended or self._sealed is not None:
@@ -231,7 +232,7 @@ class AckBranch:
         if previous is not None:
             self._write_acks()
             try:
-                previous(False)
+                previous(Confirm.PIPELINED)
             except (BrokerError, SendRefused) as exc:   # the broker refused it (an ERROR frame)
                 if not resource_refusal(exc):
                     self.refused = str(exc)
@@ -302,9 +303,9 @@ class LocalAcks:
                 self._write_acks(acks)
                 acks = []
                 if kind == "nack" and delivery is not None:
-                    self.transport.nack(delivery, receipt=True)
+                    self.transport.nack(delivery, confirm=Confirm.CONFIRMED)
                 elif letter is not None:
-                    self.transport.send(letter[0], letter[1], receipt=True)
+                    self.transport.send(letter[0], letter[1], confirm=Confirm.CONFIRMED)
             self._write_acks(acks)
         except TransportError as exc:
             self._on_failed(exc, isinstance(exc, SendRefused | BrokerError) and not resource_refusal(exc))

@@ -41,8 +41,9 @@ from router.bridge.txout import DEDUPE_PROPERTY
 from router.jms.model import DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import (
     BrokerError,
+    Confirm,
     EncodedMessage,
-    PendingReceipt,
+    PendingConfirmation,
     SendRefused,
     TransportError,
     resource_refusal,
@@ -74,7 +75,7 @@ class Batch:
     #: back must not send (or dead-letter) them again.
     handled: set[int] = field(default_factory=set)
     tx: str | None = None
-    pending: PendingReceipt | None = None
+    pending: PendingConfirmation | None = None
     committed: bool = False                      # its COMMIT was written: never ABORTed, its outcome is the broker's
     refused: TransportError | None = None        # the broker refused a frame of it: sent again one by one
     #: The dedupe id of each event (``nsjms_dedupe_id``), by index in ``events``; None: the messages carry none.
@@ -136,7 +137,7 @@ class LocalBatches:
             return
         try:
             transport = flow.transport
-            batch.tx = transport.begin_nowait()
+            batch.tx = transport.begin(Confirm.PIPELINED)
             many = getattr(transport, "send_encoded_many", None)
             if many is not None and all(encoded is not None for _, encoded in batch.messages):
                 many(flow.destination, [(encoded, msg.delivery_mode is DeliveryMode.PERSISTENT)
@@ -144,9 +145,9 @@ class LocalBatches:
                 return
             for msg, encoded in batch.messages:
                 if encoded is None:
-                    transport.send(flow.destination, msg, transaction=batch.tx, receipt=False)
+                    transport.send(flow.destination, msg, transaction=batch.tx, confirm=Confirm.PIPELINED)
                 else:
-                    transport.send_encoded(flow.destination, encoded, transaction=batch.tx, receipt=False,
+                    transport.send_encoded(flow.destination, encoded, transaction=batch.tx, confirm=Confirm.PIPELINED,
                                            persistent=msg.delivery_mode is DeliveryMode.PERSISTENT)
         except (BrokerError, SendRefused) as exc:       # a frame refused at once: found again one by one
             batch.refused = exc
@@ -164,7 +165,7 @@ class LocalBatches:
             return
         batch.committed = True
         try:
-            batch.pending = self.flow.transport.commit_nowait(batch.tx)
+            batch.pending = self.flow.transport.commit_pipelined(batch.tx)
         except (BrokerError, SendRefused) as exc:
             if resource_refusal(exc):                   # the broker is out of a resource: an outage
                 raise self._deferred(exc) from None

@@ -38,6 +38,7 @@ from router.bridge.ports import BatchSource, BridgeHost, ChannelError, ChannelGo
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import (
     BrokerError,
+    Confirm,
     Delivery,
     SendRefused,
     Transport,
@@ -142,7 +143,7 @@ class DeadLetter:
     def send_message(self, msg: JmsMessage, reason: str, origin: str) -> None:
         """Send a dead letter made by :meth:`message` or :meth:`of_delivery`; raises :class:`TransportError` if the
         broker did not store it."""
-        self._transport_for().send(self.destination, msg, receipt=True)
+        self._transport_for().send(self.destination, msg, confirm=Confirm.CONFIRMED)
         self.sent(reason, origin)
 
     def sent(self, reason: str, origin: str) -> None:
@@ -251,19 +252,19 @@ class ChannelToJms:
     def _send_one(self, msg: JmsMessage) -> None:
         """A message the broker refuses with an ERROR frame (:class:`SendRefused`) would be refused again:
         dead-letter it (the bridge must not stall on it). Connection problems (:class:`SendFailed`,
-        :class:`BrokerUnavailable`, :class:`ReceiptTimeout`) and a broker out of a resource (:class:`BrokerFull`:
+        :class:`BrokerUnavailable`, :class:`UnconfirmedOutcome`) and a broker out of a resource (:class:`BrokerFull`:
         a full store, usage limits, quotas, producer flow control) propagate: the event stays in the channel."""
         try:
-            self.transport.send(self.destination, msg, receipt=True)
+            self.transport.send(self.destination, msg, confirm=Confirm.CONFIRMED)
         except SendRefused as exc:
             reason = f"broker refused the message: {exc.message or exc.reason}"
             self._dead_letter(self.transport.encode(msg).body, reason)
 
     def _send_transaction(self, chunk: list[JmsMessage]) -> None:
-        tx = self.transport.begin_nowait()
+        tx = self.transport.begin(Confirm.PIPELINED)
         try:
             for msg in chunk:
-                self.transport.send(self.destination, msg, transaction=tx, receipt=False)
+                self.transport.send(self.destination, msg, transaction=tx, confirm=Confirm.PIPELINED)
         except BaseException:
             try:
                 self.transport.abort(tx)
@@ -538,7 +539,7 @@ class JmsToChannel:
                                    "nsjms_dlq_moved_to": BROKER_DLQ})
         except SendRefused as exc:      # NACK anyway: unacknowledged, it would never be redelivered (stuck)
             self.dead_letter.refused(exc, f"message {delivery.message_id}", delivery.message_id, reason)
-        self.transport.nack(delivery, receipt=True)
+        self.transport.nack(delivery, confirm=Confirm.CONFIRMED)
         self.refused += 1
 
     def ack(self, deliveries: Sequence[Delivery]) -> None:
@@ -558,14 +559,12 @@ class JmsToChannel:
             self.dead_letter.send_message(self.dead_letter.of_delivery(delivery, reason), reason, "message")
         except SendRefused as exc:
             self.dead_letter.refused(exc, f"message {delivery.message_id}", delivery.message_id, reason)
-            self.transport.nack(delivery, receipt=True)
+            self.transport.nack(delivery, confirm=Confirm.CONFIRMED)
             return
-        self.transport.ack(delivery, receipt=True)
+        self.transport.ack(delivery, confirm=Confirm.CONFIRMED)
 
 
 def untransportable(delivery: Delivery) -> bool:
     """An empty body that nothing marks: over STOMP a Java Map/Stream/Object message arrives exactly like this
     (ENVIRONMENT.md, docs/bridge.md), so it cannot be told from an empty TextMessage and is not forwarded."""
-    h = delivery.headers
-    return (not delivery.body and "content-length" not in h and "nsjms_body" not in h
-            and h.get("transformation") != "jms-map-json" and "$nsjms_idl" not in h)
+    return delivery.body_lost

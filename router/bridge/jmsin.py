@@ -21,7 +21,7 @@ from router.bridge.ports import (
     EventRefused,
     LocalChannel,
 )
-from router.jms.transport import BrokerUnavailable, Delivery, TransportError
+from router.jms.transport import BrokerUnavailable, Confirm, Delivery, TransportError
 
 if TYPE_CHECKING:
     from router.bridge.t2in import InBatch
@@ -92,7 +92,7 @@ class PushSenderLoop:
                 continue
             if self.flow.seen(delivery):
                 self.flow.duplicates += 1
-                self.flow.transport.ack(delivery, receipt=False)
+                self.flow.transport.ack(delivery, confirm=Confirm.PIPELINED)
                 continue
             event = self.flow.map(delivery)
             if event is not None:
@@ -154,7 +154,7 @@ class PushSenderLoop:
                 fresh.append((delivery, event))
                 continue
             try:
-                self.flow.transport.ack(delivery, receipt=False)
+                self.flow.transport.ack(delivery, confirm=Confirm.PIPELINED)
             except TransportError as exc:     # a lost connection: the broker redelivers it, seen() recognises it
                 log.debug("bridge %d: ack of held message %s: %s", self.flow.bridge.id, delivery.message_id, exc)
         return fresh
@@ -292,7 +292,7 @@ class PullSupply:
                     break
                 if self.flow.seen(delivery):
                     self.flow.duplicates += 1
-                    self.flow.transport.ack(delivery, receipt=False)
+                    self.flow.transport.ack(delivery, confirm=Confirm.PIPELINED)
                     continue
                 event = self.flow.map(delivery)
                 if event is None:

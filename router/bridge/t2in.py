@@ -239,7 +239,7 @@ class InboundT2:
         flow = self.flow
         bridge_id = int(flow.bridge.id)
         new = self.inbox.claim(conn, bridge_id, sorted({d.message_id for d in deliveries}), gtrid,
-                               {d.message_id: d.headers.get("timestamp", "") for d in deliveries})  # partition key
+                               {d.message_id: d.timestamp_ms for d in deliveries})  # partition key
         released: list[str] = []
 
         def dead_letter(d: Delivery, reason: str) -> None:

@@ -40,11 +40,12 @@ from psycopg import Xid
 from router.jms.refusal import RESOURCE_MARK, is_resource
 from router.jms.transport import (
     BrokerUnavailable,
+    Confirm,
     EncodedMessage,
-    ReceiptTimeout,
     SendRefused,
     Transport,
     TransportError,
+    UnconfirmedOutcome,
 )
 from router.t2 import SEND_MANAGER
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
@@ -125,11 +126,12 @@ class SendBranch:
         tx = self._open_tx()
         if last and background:
             self._last = _Background(lambda: self.transport.send_encoded(destination, encoded, persistent=persistent,
-                                                                          transaction=tx, receipt=True),
+                                                                          transaction=tx, confirm=Confirm.CONFIRMED),
                                      self.sent)
             self.sent += 1
             return
-        self.transport.send_encoded(destination, encoded, persistent=persistent, transaction=tx, receipt=last)
+        self.transport.send_encoded(destination, encoded, persistent=persistent, transaction=tx,
+                                    confirm=Confirm.CONFIRMED if last else Confirm.PIPELINED)
         self.sent += 1
         self.confirmed = last
 
@@ -148,7 +150,8 @@ class SendBranch:
             self.sent += len(messages)
             return
         for encoded, persistent in messages:
-            self.transport.send_encoded(destination, encoded, persistent=persistent, transaction=tx, receipt=False)
+            self.transport.send_encoded(destination, encoded, persistent=persistent, transaction=tx,
+                                        confirm=Confirm.PIPELINED)
             self.sent += 1
 
     def _settle_last(self) -> None:
@@ -202,7 +205,7 @@ class SendBranch:
         assert self.tx is not None
         try:
             self.transport.commit(self.tx)
-        except TransportError as exc:    # ReceiptTimeout, lost connection, ERROR: the broker's outcome is unknown
+        except TransportError as exc:    # UnconfirmedOutcome, lost connection, ERROR: the broker's outcome is unknown
             raise OutcomeUnknown(f"STOMP COMMIT of {self.tx}: {type(exc).__name__}: {exc}", gtrid=self._gtrid(),
                                  branch=self.name) from exc
 
@@ -220,7 +223,7 @@ class SendBranch:
             self.transport.abort(tx)
         except BrokerUnavailable as exc:          # the broker rolled it back with the connection
             log.info("STOMP ABORT of %s not sent (%s): rolled back with its connection", tx, exc)
-        except ReceiptTimeout as exc:
+        except UnconfirmedOutcome as exc:
             raise BranchUnavailable(f"STOMP ABORT of {tx}: {exc}", gtrid=self._gtrid(), branch=self.name) from exc
         except TransportError as exc:
             log.info("STOMP ABORT of %s: %s (the transaction is not committed)", tx, exc)

@@ -298,7 +298,7 @@ class OutboundT2:
         if isinstance(exc, SendRefused):
             self._fail(txn, f"broker refused message {index} of the batch: {exc.message or exc.reason}",
                        content=True)
-        self._noted(exc)                         # SendFailed, ReceiptTimeout, BrokerUnavailable, ...
+        self._noted(exc)                         # SendFailed, UnconfirmedOutcome, BrokerUnavailable, ...
         self._fail(txn, f"sending to the broker failed: {type(exc).__name__}: {exc}", content=False)
 
     def _noted(self, exc: Exception) -> None:

@@ -3,7 +3,7 @@ dead-letter queues, :mod:`router.brokerdlq`): broker-neutral types and the :clas
 
 The STOMP implementation is :class:`router.jms.stomp.browse.StompBrowser`. Every implementation raises only the
 exceptions of :mod:`router.jms.errors` (:class:`~router.jms.errors.BrokerUnavailable` when the broker cannot be
-reached, :class:`~router.jms.errors.BrokerError` when it refuses a frame, :class:`~router.jms.errors.ReceiptTimeout`
+reached, :class:`~router.jms.errors.BrokerError` when it refuses a frame, :class:`~router.jms.errors.UnconfirmedOutcome`
 when the outcome of a settlement is unknown, :class:`~router.jms.errors.LocalProtocolError` for a malformed request)
 and :class:`MessageHeld`.
 """
@@ -68,7 +68,7 @@ class DestinationBrowser(Protocol):
         """Consume the message ``message_id`` of ``destination`` and, with ``copy``, send ``copy(message)`` in the
         SAME broker transaction (both or neither); returns the message, or None when the destination has no such
         message. ``copy`` may raise: then nothing is done and its exception propagates. :class:`MessageHeld` when
-        the message is there but not delivered within ``wait_s``; :class:`~router.jms.errors.ReceiptTimeout` when
+        the message is there but not delivered within ``wait_s``; :class:`~router.jms.errors.UnconfirmedOutcome` when
         the commit's outcome is unknown."""
         ...
 

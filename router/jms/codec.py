@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable, Mapping
 
 from router.jms.errors import LocalProtocolError
-from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
-from router.jms.transport import EncodedMessage, parse_destination
+from router.jms.model import DEDUPE_PROPERTY, BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
+from router.jms.transport import Delivery, EncodedMessage, parse_destination
 
-__all__ = ["RESERVED_HEADERS", "SimpleCodec"]
+__all__ = ["RESERVED_HEADERS", "SimpleCodec", "body_lost", "frame_delivery"]
 
 
 #: Headers with a STOMP or JMS-header meaning; never application properties.
@@ -106,3 +106,31 @@ def _maybe_destination(text: str | None) -> Destination | None:
         return parse_destination(text)
     except LocalProtocolError:
         return None
+
+
+#: What marks a body an empty frame still has: ActiveMQ's ``content-length`` (a BytesMessage), the mapping codec's
+#: body kind (``nsjms_body``) and IDL type (``$nsjms_idl``); besides, the MapMessage transformation.
+_BODY_MARKS = ("content-length", "nsjms_body", "$nsjms_idl")
+
+
+def frame_delivery(message: JmsMessage, headers: Mapping[str, str], body: bytes, *, subscription: str, ack_id: str,
+                   message_id: str, epoch: int, decode_error: str | None) -> Delivery:
+    """The :class:`~router.jms.transport.Delivery` of a received STOMP MESSAGE frame, its typed fields read from
+    the frame's headers once, here: the STOMP transport's and the in-memory twin's (whose frames have the same
+    headers) deliveries."""
+    try:
+        timestamp = int(headers.get("timestamp") or 0)
+    except ValueError:
+        timestamp = 0
+    return Delivery(message=message, headers=headers, body=body, subscription=subscription, ack_id=ack_id,
+                    message_id=message_id, destination=headers.get("destination", ""),
+                    redelivered=headers.get("redelivered") == "true", epoch=epoch, decode_error=decode_error,
+                    timestamp_ms=timestamp, dedupe_id=headers.get(DEDUPE_PROPERTY),
+                    body_lost=body_lost(headers, body))
+
+
+def body_lost(headers: Mapping[str, str], body: bytes) -> bool:
+    """An empty body that nothing marks: over STOMP a Java Map/Stream/Object message arrives exactly like this
+    (ENVIRONMENT.md, docs/bridge.md), so it cannot be told from an empty TextMessage."""
+    return (not body and not any(mark in headers for mark in _BODY_MARKS)
+            and headers.get("transformation") != "jms-map-json")

@@ -12,7 +12,7 @@ Exception tree (all picklable, all carrying their data)::
      │    └── BrokerFull        ... because the broker is out of a resource (full disk or store, usage limits,
      │                          quotas, producer flow control; router.jms.refusal): an OUTAGE, retry later, never
      │                          dead-letter for it (.message, .body, .resource)
-     ├── ReceiptTimeout         the outcome is UNKNOWN: the frame left, no receipt came back (.operation)
+     ├── UnconfirmedOutcome         the outcome is UNKNOWN: the operation left, no confirmation came back (.operation)
      ├── BrokerError            the broker answered with an ERROR frame (.message, .body, .receipt_id; .resource:
      │                          the refusal is a resource outage, router.jms.refusal)
      └── ProtocolError
@@ -20,7 +20,7 @@ Exception tree (all picklable, all carrying their data)::
           └── LocalProtocolError    the caller misused the transport (unknown tx, double ack, use after close,
                                     a message the codec cannot encode, a malformed destination)
 
-``ReceiptTimeout`` is neither a success nor a failure: a SEND may or may not be on the queue, a COMMIT may or may
+``UnconfirmedOutcome`` is neither a success nor a failure: a SEND may or may not be on the queue, a COMMIT may or may
 not have happened. Callers must resolve it with their own means (the outbox and dedupe ids), never by assuming.
 """
 
@@ -34,11 +34,11 @@ __all__ = [
     "BrokerUnavailable",
     "LocalProtocolError",
     "ProtocolError",
-    "ReceiptTimeout",
     "RemoteProtocolError",
     "SendFailed",
     "SendRefused",
     "TransportError",
+    "UnconfirmedOutcome",
     "refused_send",
     "resource_refusal",
 ]
@@ -116,8 +116,9 @@ def resource_refusal(exc: BaseException) -> bool:
     return isinstance(exc, BrokerFull) or (isinstance(exc, BrokerError) and exc.resource)
 
 
-class ReceiptTimeout(TransportError):
-    """A frame was written but no receipt (nor ERROR) came back. The outcome is UNKNOWN, not a failure."""
+class UnconfirmedOutcome(TransportError):
+    """An operation was written but no confirmation (nor refusal) came back: over STOMP no receipt (nor ERROR)
+    within the receipt timeout, or the connection was lost first. The outcome is UNKNOWN, not a failure."""
 
     outcome = "unknown"
 

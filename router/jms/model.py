@@ -19,7 +19,10 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["BodyType", "DeliveryMode", "Destination", "JmsMessage", "JmsType", "Typed"]
+__all__ = ["DEDUPE_PROPERTY", "BodyType", "DeliveryMode", "Destination", "JmsMessage", "JmsType", "Typed"]
+
+#: The String property that carries the dedupe id of every message nsjms sends for an event (docs/bridge.md).
+DEDUPE_PROPERTY = "nsjms_dedupe_id"
 
 
 class BodyType(enum.StrEnum):

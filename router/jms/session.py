@@ -7,23 +7,25 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Self
 
-from router.jms.errors import BrokerUnavailable, LocalProtocolError
+from router.jms.errors import BrokerUnavailable, LocalProtocolError, TransportError
 from router.jms.model import DeliveryMode, Destination, JmsMessage
-from router.jms.transport import AckMode, Delivery, EncodedMessage, MessageCodec
+from router.jms.transport import AckMode, Confirm, Delivery, EncodedMessage, MessageCodec, stomp_destination
 
-__all__ = ["QueueSubscription", "SessionBook", "SubscriptionSpec", "TransportBase"]
+__all__ = ["QueueSubscription", "SessionBook", "SubscriptionSpec", "TransportBase", "TxEntry"]
 
 
 @dataclass
-class _Tx:
+class TxEntry:
+    """One open transaction in a :class:`SessionBook`."""
+
     epoch: int
     acks: list[Delivery] = field(default_factory=list)
     rollback_only: str | None = None
-    unreceipted: int = 0        # receipt-less frames written in it (the BEGIN of ``begin_nowait`` included)
+    unreceipted: int = 0        # receipt-less frames written in it (a pipelined BEGIN included)
     answered: int = 0           # how many of them STOMP has answered (a later receipted frame of it was answered)
 
 
@@ -40,7 +42,7 @@ class SessionBook:
         self.closed = False
         self.epoch = 0
         self.connected = False
-        self._txs: dict[str, _Tx] = {}
+        self._txs: dict[str, TxEntry] = {}
         self._receipted: dict[str, tuple[str, int]] = {}     # receipt id -> (transaction, its unreceipted count)
         self._pending: dict[str, Delivery] = {}
         self._modes: dict[str, AckMode] = {}
@@ -74,7 +76,7 @@ class SessionBook:
     # -- transactions
     def add_tx(self, tx: str, epoch: int) -> None:
         with self.lock:
-            self._txs[tx] = _Tx(epoch)
+            self._txs[tx] = TxEntry(epoch)
 
     def use_tx(self, tx: str | None) -> None:
         """Check ``tx`` may carry a frame now (None passes)."""
@@ -88,7 +90,7 @@ class SessionBook:
             if entry.epoch != self.epoch or not self.connected:
                 raise BrokerUnavailable(f"transaction {tx} was lost with its connection (the broker rolled it back)")
 
-    def get_tx(self, tx: str) -> _Tx:
+    def get_tx(self, tx: str) -> TxEntry:
         """The record of ``tx``, kept in the book. Unknown → :class:`LocalProtocolError`."""
         with self.lock:
             self.check_open()
@@ -102,7 +104,7 @@ class SessionBook:
         with self.lock:
             self._txs.pop(tx, None)
 
-    def end_tx(self, tx: str) -> _Tx:
+    def end_tx(self, tx: str) -> TxEntry:
         """Forget ``tx``; returns its record. Unknown → :class:`LocalProtocolError`."""
         with self.lock:
             self.check_open()
@@ -111,7 +113,7 @@ class SessionBook:
                 raise LocalProtocolError(f"unknown transaction {tx!r} (never begun, or already ended)")
             return entry
 
-    def is_live(self, entry: _Tx) -> bool:
+    def is_live(self, entry: TxEntry) -> bool:
         with self.lock:
             return entry.epoch == self.epoch and self.connected
 
@@ -212,7 +214,7 @@ class SessionBook:
             if ack_id == delivery.ack_id:
                 break
 
-    def restore(self, entry: _Tx) -> None:
+    def restore(self, entry: TxEntry) -> None:
         """After ABORT the broker expects the transaction's acked deliveries to be acked again."""
         with self.lock:
             if self.is_live(entry):
@@ -247,6 +249,24 @@ class SubscriptionSpec:
     durable_name: str | None
     prefetch: int
     transformation: str | None
+
+    @classmethod
+    def checked(cls, destination: Destination | str, selector: str | None, ack: AckMode | str,
+                durable_name: str | None, prefetch: int, transformation: str | None, *,
+                client_id: str | None) -> SubscriptionSpec:
+        """The spec of a ``Transport.subscribe`` call, or :class:`LocalProtocolError` for a malformed destination,
+        an unknown ack mode, a durable subscription without a topic or a client id, a prefetch below 1 (the same
+        misuse refused the same way by every transport)."""
+        dest = stomp_destination(destination)
+        try:
+            mode = AckMode(ack)
+        except ValueError:
+            raise LocalProtocolError(f"unknown ack mode {ack!r}") from None
+        if durable_name is not None and (not client_id or not dest.startswith("/topic/")):
+            raise LocalProtocolError("a durable subscription needs a topic and a client_id on the transport")
+        if prefetch < 1:
+            raise LocalProtocolError(f"prefetch must be >= 1, got {prefetch}")
+        return cls(dest, selector, mode, durable_name, prefetch, transformation)
 
 
 _WAKE = object()
@@ -304,10 +324,14 @@ class QueueSubscription:
 
 class TransportBase:
     """What both transports (STOMP and the in-memory twin) do the same way over their :class:`SessionBook` and
-    codec: the context manager, ``is_connected`` and ``send`` (encode, then the transport's own ``send_encoded``)."""
+    codec: the context manager, ``is_connected``, ``send`` (encode, then the transport's own ``send_encoded``) and
+    ``subscribe`` (check, book, then the transport's own ``_open_subscription``)."""
 
     _book: SessionBook
     _codec: MessageCodec
+    client_id: str | None
+    _subs: dict[str, QueueSubscription]
+    _sub_ids: Iterator[int]
 
     def connect(self, *, retry: bool = False) -> None:
         raise NotImplementedError
@@ -316,8 +340,29 @@ class TransportBase:
         raise NotImplementedError
 
     def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
-                     transaction: str | None = None, receipt: bool = True) -> None:
+                     transaction: str | None = None, confirm: Confirm = Confirm.CONFIRMED) -> None:
         raise NotImplementedError
+
+    def _open_subscription(self, sub: QueueSubscription) -> None:
+        """Ask the broker for ``sub``'s deliveries (confirmed); raise :class:`TransportError` when it refuses."""
+        raise NotImplementedError
+
+    def subscribe(self, destination: Destination | str, *, selector: str | None = None,
+                  ack: AckMode | str = AckMode.CLIENT_INDIVIDUAL, durable_name: str | None = None,
+                  prefetch: int = 100, transformation: str | None = None) -> QueueSubscription:
+        spec = SubscriptionSpec.checked(destination, selector, ack, durable_name, prefetch, transformation,
+                                        client_id=self.client_id)
+        sub = QueueSubscription(f"sub-{next(self._sub_ids)}", spec, self._book)
+        self._book.check_connected()
+        self._book.set_mode(sub.id, spec.ack)
+        self._subs[sub.id] = sub
+        try:
+            self._open_subscription(sub)
+        except TransportError:
+            self._subs.pop(sub.id, None)
+            self._book.forget_subscription(sub.id)
+            raise
+        return sub
 
     def __enter__(self) -> Self:
         self.connect()
@@ -337,9 +382,9 @@ class TransportBase:
         return self._codec.encode(message)
 
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
-             receipt: bool = True, headers: Mapping[str, str] | None = None) -> None:
+             confirm: Confirm = Confirm.CONFIRMED, headers: Mapping[str, str] | None = None) -> None:
         encoded = self._codec.encode(message)
         if headers:
             encoded = EncodedMessage({**encoded.headers, **headers}, encoded.body)
         self.send_encoded(destination, encoded, persistent=message.delivery_mode is DeliveryMode.PERSISTENT,
-                          transaction=transaction, receipt=receipt)
+                          transaction=transaction, confirm=confirm)

@@ -29,11 +29,11 @@ from router.jms.errors import (
     BrokerUnavailable,
     LocalProtocolError,
     ProtocolError,
-    ReceiptTimeout,
     RemoteProtocolError,
     SendFailed,
     SendRefused,
     TransportError,
+    UnconfirmedOutcome,
     refused_send,
     resource_refusal,
 )
@@ -44,14 +44,14 @@ __all__ = [
     "BrokerError",
     "BrokerFull",
     "BrokerUnavailable",
+    "Confirm",
     "ConnectionState",
     "Delivery",
     "EncodedMessage",
     "LocalProtocolError",
     "MessageCodec",
-    "PendingReceipt",
+    "PendingConfirmation",
     "ProtocolError",
-    "ReceiptTimeout",
     "RemoteProtocolError",
     "SendFailed",
     "SendRefused",
@@ -60,6 +60,7 @@ __all__ = [
     "Transport",
     "TransportError",
     "TransportFactory",
+    "UnconfirmedOutcome",
     "open_transport",
     "parse_destination",
     "redact_url",
@@ -77,6 +78,20 @@ class ConnectionState(enum.StrEnum):
     CLOSED = "closed"
 
 
+class Confirm(enum.Enum):
+    """How long a write to the broker holds its caller (the durability point of a send, an ack, a BEGIN).
+
+    ``CONFIRMED``: until the broker confirmed the operation (or refused it: the error is raised by the call), so
+    whatever the caller does next may rely on it. ``PIPELINED``: only until it is written; the broker's refusal
+    shows up later, in order: at the next confirmed operation of the same transaction
+    (:meth:`Transport.transaction_problem`, the COMMIT), else on the connection. How an implementation gets the
+    confirmation is its own: the STOMP adapter asks for a receipt (``router.jms.stomp``); OpenWire would set
+    ``responseRequired``, AMQP 1.0 wait for the settled disposition."""
+
+    CONFIRMED = "confirmed"
+    PIPELINED = "pipelined"
+
+
 class AckMode(enum.StrEnum):
     AUTO = "auto"
     CLIENT = "client"                       # cumulative, like JMS CLIENT_ACKNOWLEDGE
@@ -85,18 +100,29 @@ class AckMode(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Delivery:
-    """One received message. ``headers``/``body`` are the raw frame; ``message`` is the codec's decoding."""
+    """One received message: the codec's decoding (``message``), the body bytes as received (``body``: the dead
+    letter of a message the codec could not decode carries them) and what the broker said about this delivery, in
+    typed fields the transport fills (callers read these, never a wire header).
+
+    ``headers`` are the received wire fields as they came (STOMP: the MESSAGE frame's headers), kept for
+    diagnostics and tests; nothing above ``router.jms`` reads them, and a protocol without named wire fields may
+    leave them empty."""
 
     message: JmsMessage
     headers: Mapping[str, str]
     body: bytes
-    subscription: str
-    ack_id: str
-    message_id: str
-    destination: str
-    redelivered: bool
+    subscription: str                 # the subscription (consumer) that received it
+    ack_id: str                       # what an ack or nack of this delivery names
+    message_id: str                   # JMSMessageID, as the broker gave it
+    destination: str                  # where it was sent, ``/queue/NAME`` or ``/topic/NAME``
+    redelivered: bool                 # JMSRedelivered
     epoch: int = field(default=0, compare=False)   # which connection delivered it; acks need the same one
-    decode_error: str | None = None   # the codec could not decode the frame: ``message`` is a raw BytesMessage
+    decode_error: str | None = None   # the codec could not decode it: ``message`` is a raw BytesMessage
+    timestamp_ms: int = 0             # JMSTimestamp as the broker gave it (ms since the epoch; 0: none)
+    dedupe_id: str | None = None      # its ``nsjms_dedupe_id`` String property (a message nsjms sent), if any
+    body_lost: bool = False           # the protocol could not carry its body: an empty body nothing marks (over
+    #                                   STOMP a Java Map/Stream/Object message arrives so, not to be told from an
+    #                                   empty TextMessage)
 
 
 @dataclass(frozen=True)
@@ -147,11 +173,12 @@ class Subscription(Protocol):
         ...
 
 
-class PendingReceipt(Protocol):
-    """A receipted frame written without waiting (:meth:`Transport.commit_nowait`)."""
+class PendingConfirmation(Protocol):
+    """An operation written to the broker whose confirmation the caller has not awaited yet
+    (:meth:`Transport.commit_pipelined`)."""
 
     def wait(self) -> None:
-        """Wait for the answer; raises as the waiting operation would have."""
+        """Wait for the broker's confirmation; raises as the confirmed operation would have."""
         ...
 
     def discard(self) -> None:
@@ -195,9 +222,9 @@ class Transport(Protocol):
     def is_connected(self) -> bool: ...
 
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
-             receipt: bool = True, headers: Mapping[str, str] | None = None) -> None:
-        """Send one message (``persistent`` always explicit). With ``receipt`` wait for the broker's receipt.
-        Raises :class:`SendFailed` (definitely not sent) or :class:`ReceiptTimeout` (unknown)."""
+             confirm: Confirm = Confirm.CONFIRMED, headers: Mapping[str, str] | None = None) -> None:
+        """Send one message (``persistent`` always explicit), returning once ``confirm`` says. Raises
+        :class:`SendFailed` (definitely not sent) or :class:`UnconfirmedOutcome` (no confirmation came: unknown)."""
         ...
 
     def encode(self, message: JmsMessage) -> EncodedMessage:
@@ -205,60 +232,61 @@ class Transport(Protocol):
         ...
 
     def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
-                     transaction: str | None = None, receipt: bool = True) -> None:
-        """Send a frame already encoded (headers + body, e.g. an outbox row re-sent by recovery), with the same
+                     transaction: str | None = None, confirm: Confirm = Confirm.CONFIRMED) -> None:
+        """Send a message already encoded (headers + body, e.g. an outbox row re-sent by recovery), with the same
         errors as :meth:`send`."""
         ...
 
-    def begin(self) -> str:
-        """Start a broker transaction (receipted: a BEGIN the broker refuses raises here); returns its id."""
-        ...
-
-    def begin_nowait(self) -> str:
-        """Start a broker transaction without awaiting the BEGIN's receipt (STOMP: no receipt asked); returns its
-        id. A BEGIN the broker refused shows up at the COMMIT (or in :meth:`transaction_problem` after a receipted
-        frame) as a failed frame of the transaction: only for callers that then resend its messages one by one."""
+    def begin(self, confirm: Confirm = Confirm.CONFIRMED) -> str:
+        """Start a broker transaction; returns its id. ``CONFIRMED``: a BEGIN the broker refuses raises here.
+        ``PIPELINED`` (no round trip): a refused BEGIN shows up at the COMMIT (or in :meth:`transaction_problem`
+        after a confirmed operation) as a failed operation of the transaction: only for callers that then resend
+        its messages one by one."""
         ...
 
     def transaction_problem(self, transaction: str) -> str | None:
         """Why ``transaction`` could not commit every frame sent in it (an ERROR frame for one of them, a lost
-        connection, not open), or None. Call it after a receipted frame: every earlier answer has arrived then."""
+        connection, not open), or None. Call it after a confirmed operation of it: every earlier answer has arrived
+        then."""
         ...
 
     def commit(self, transaction: str) -> None:
-        """Commit (receipted). :class:`ReceiptTimeout` means the commit may or may not have happened."""
+        """Commit and wait for the broker's confirmation. :class:`UnconfirmedOutcome`: the commit may or may not have
+        happened."""
         ...
 
-    def commit_nowait(self, transaction: str) -> PendingReceipt:
-        """Write the COMMIT and return without waiting for its receipt; the result's ``wait`` does (and raises
-        what :meth:`commit` raises). Other frames may be written meanwhile; call ``wait`` once."""
+    def commit_pipelined(self, transaction: str) -> PendingConfirmation:
+        """Write the commit and return without waiting for its confirmation; the result's ``wait`` does (and raises
+        what :meth:`commit` raises). Other operations may be written meanwhile; call ``wait`` once."""
         ...
 
     def abort(self, transaction: str) -> None:
-        """Roll back (receipted); a transaction of a lost connection is already rolled back: no error."""
+        """Roll back (confirmed); a transaction of a lost connection is already rolled back: no error."""
         ...
 
     def subscribe(self, destination: Destination | str, *, selector: str | None = None,
                   ack: AckMode | str = AckMode.CLIENT_INDIVIDUAL, durable_name: str | None = None,
                   prefetch: int = 100, transformation: str | None = None) -> Subscription:
-        """Start consuming (receipted). A bad selector gives :class:`BrokerError`."""
+        """Start consuming (confirmed). A bad selector gives :class:`BrokerError`."""
         ...
 
     def unsubscribe(self, subscription: Subscription, *, remove_durable: bool = False) -> None:
         """Stop consuming; un-acked deliveries go back to the broker. ``remove_durable`` deletes a durable one."""
         ...
 
-    def ack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def ack(self, delivery: Delivery, transaction: str | None = None, *,
+            confirm: Confirm = Confirm.CONFIRMED) -> None:
         """Acknowledge (in ``transaction`` if given). Acking twice is a :class:`LocalProtocolError`."""
         ...
 
     def ack_many(self, deliveries: Sequence[Delivery], transaction: str | None = None) -> None:
-        """Receipt-less ACKs of ``deliveries`` in order (in ``transaction`` if given), as that many
-        ``ack(d, transaction, receipt=False)`` calls (STOMP: written together). A delivery that cannot be acked
-        (already acked, of a lost connection) raises once those before it are acked."""
+        """Pipelined acks of ``deliveries`` in order (in ``transaction`` if given), as that many
+        ``ack(d, transaction, confirm=Confirm.PIPELINED)`` calls (STOMP: written together). A delivery that cannot
+        be acked (already acked, of a lost connection) raises once those before it are acked."""
         ...
 
-    def nack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def nack(self, delivery: Delivery, transaction: str | None = None, *,
+             confirm: Confirm = Confirm.CONFIRMED) -> None:
         """Reject: ActiveMQ moves the message to its dead-letter queue (``ActiveMQ.DLQ``)."""
         ...
 

@@ -27,7 +27,7 @@ import psycopg
 
 from router.crashpoints import crashpoint
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
-from router.jms.transport import EncodedMessage, MessageCodec, Transport, TransportError
+from router.jms.transport import Confirm, EncodedMessage, MessageCodec, Transport, TransportError
 from xa.records import Participant
 
 __all__ = [
@@ -191,7 +191,7 @@ class OutboxResender:
         own = transport.codec.name
         if row.codec == own:
             transport.send_encoded(row.destination, EncodedMessage(dict(row.headers), row.body),
-                                   persistent=row.persistent, transaction=tx, receipt=False)
+                                   persistent=row.persistent, transaction=tx, confirm=Confirm.PIPELINED)
             return
         codec = self._codecs.get(row.codec)
         if codec is None:
@@ -206,7 +206,8 @@ class OutboxResender:
                           f"{type(exc).__name__}: {exc}")
             else:
                 props = {**message.properties, DEDUPE_PROPERTY: Typed(JmsType.STRING, row.dedupe_id)}
-                transport.send(row.destination, replace(message, properties=props), transaction=tx, receipt=False)
+                transport.send(row.destination, replace(message, properties=props), transaction=tx,
+                               confirm=Confirm.PIPELINED)
                 return
         self._dead_letter(transport, tx, row, reason)
 
@@ -226,7 +227,7 @@ class OutboxResender:
                   reason)
         transport.send(self.dead_letter, JmsMessage(BodyType.BYTES, row.body, destination=self.dead_letter,
                                                     delivery_mode=DeliveryMode.PERSISTENT, properties=props),
-                       transaction=tx, receipt=False)
+                       transaction=tx, confirm=Confirm.PIPELINED)
         self.dead_lettered += 1
 
     def many(self, items: Sequence[tuple[str, Participant]]) -> list[Exception | None]:

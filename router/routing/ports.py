@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 if TYPE_CHECKING:
     import psycopg
 
-    from router.jms.transport import PendingReceipt
+    from router.jms.transport import PendingConfirmation
     from xa.coordinator import Transaction
 
 __all__ = ["Conn", "CorbaEvent", "Forwarded", "InboundBatch", "InboundRounds", "InboundSource", "OutboundBatch",
@@ -52,7 +52,7 @@ class OutboundBatch(Protocol):
     """One batch of :class:`OutboundBatches` in flight."""
 
     #: the broker transaction's COMMIT, written and not yet confirmed; None before :meth:`commit`
-    pending: PendingReceipt | None
+    pending: PendingConfirmation | None
     #: indexes of the batch's events the bridge handled already (dead-lettered, or confirmed one by one)
     handled: set[int]
 

@@ -377,7 +377,7 @@ def test_a_send_without_its_receipt_rolls_the_transaction_back(client: _Client, 
     """The copy's SEND written in the transaction but its receipt never seen (injected): reported as nothing done,
     and nothing is (the connection's close aborts the transaction): the dead letter kept, no copy."""
     from router.brokerdlq import BrokerDown
-    from router.jms.errors import ReceiptTimeout
+    from router.jms.errors import UnconfirmedOutcome
 
     source = _name("bdl.noreceipt")
     mid = _nack_to_amq_dlq(client, source, b"kept")
@@ -387,7 +387,7 @@ def test_a_send_without_its_receipt_rolls_the_transaction_back(client: _Client, 
     def lost_receipt(self: Any, what: str, action: Any) -> None:
         if what == "SEND":
             self.write(what, lambda: action("never-answered"))     # written, its receipt id unknown to us
-            raise ReceiptTimeout("injected: no receipt", what)
+            raise UnconfirmedOutcome("injected: no receipt", what)
         real(self, what, action)
 
     monkeypatch.setattr(browse_mod._Session, "receipted", lost_receipt)

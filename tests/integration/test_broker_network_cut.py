@@ -404,7 +404,7 @@ BLOCKING_WRITE = 16 * (1 << 20)
 def test_a_write_blocked_by_a_silent_cut_still_ends_in_a_lost_connection(cut_broker: NetnsActiveMQ) -> None:
     """Before: a SEND written into a cut link whose send buffer was full blocked for as long as TCP retransmits
     (``tcp_retries2``: about 15 minutes), and with it the heart-beat check: the bridge never noticed the cut."""
-    from router.jms.transport import EncodedMessage, open_transport
+    from router.jms.transport import Confirm, EncodedMessage, open_transport
 
     transport = open_transport(cut_broker.url)
     transport.connect()
@@ -415,7 +415,7 @@ def test_a_write_blocked_by_a_silent_cut_still_ends_in_a_lost_connection(cut_bro
     def write() -> None:
         try:
             for _ in range(BLOCKING_WRITE // len(body)):
-                transport.send_encoded(queue, EncodedMessage({}, body), persistent=False, receipt=False)
+                transport.send_encoded(queue, EncodedMessage({}, body), persistent=False, confirm=Confirm.PIPELINED)
             outcome.append("all written")
         except Exception as exc:  # noqa: BLE001 — the expected end: the link is lost
             outcome.append(f"{type(exc).__name__}: {exc}")

@@ -29,9 +29,10 @@ from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import (
     BrokerError,
     BrokerUnavailable,
+    Confirm,
     EncodedMessage,
-    ReceiptTimeout,
     SendRefused,
+    UnconfirmedOutcome,
     refused_send,
 )
 from router.mapping.stomp_codec import StompCodec
@@ -87,10 +88,8 @@ class PipeBroker:
         """The node's encoding (the transport's codec): a refused message's dead letter carries its body."""
         return StompCodec().encode(message)
 
-    def begin(self) -> str:
-        raise AssertionError("a batch's BEGIN goes without a receipt (begin_nowait)")
-
-    def begin_nowait(self) -> str:
+    def begin(self, confirm: Confirm = Confirm.CONFIRMED) -> str:
+        assert confirm is Confirm.PIPELINED, "a batch's BEGIN goes without a confirmation (no round trip)"
         self._n += 1
         tx = f"tx{self._n}"
         self.frames.append(("BEGIN", tx))
@@ -100,9 +99,9 @@ class PipeBroker:
         return tx
 
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
-             receipt: bool = True, headers: Any = None) -> None:
+             confirm: Confirm = Confirm.CONFIRMED, headers: Any = None) -> None:
         dest = destination.stomp() if isinstance(destination, Destination) else destination
-        self.frames.append(("SEND", transaction, message.body, receipt))
+        self.frames.append(("SEND", transaction, message.body, confirm))
         if transaction is not None:
             self.open[transaction].append((dest, message))
             return
@@ -110,7 +109,7 @@ class PipeBroker:
             raise SendRefused("ERROR", dest, "refused by policy")
         self.stored.append((dest, message))
 
-    def commit_nowait(self, transaction: str) -> Pending:
+    def commit_pipelined(self, transaction: str) -> Pending:
         self.frames.append(("COMMIT", transaction))
         outcome, applied = self.commit_outcomes.pop(0) if self.commit_outcomes else (None, False)
         return Pending(self, transaction, self.open.pop(transaction), outcome, applied)
@@ -279,7 +278,7 @@ def test_a_structured_backlog_goes_in_transactions_of_100_with_receipts_only_on_
     assert proxy.run() == [Outcome.DELIVERED]
     assert broker.bodies() == events(250)
     assert [len(t) for t in transactions(broker)] == [100, 100, 50]
-    assert all(f[3] is False for f in broker.frames if f[0] == "SEND")          # no receipt per message
+    assert all(f[3] is Confirm.PIPELINED for f in broker.frames if f[0] == "SEND")   # no receipt per message
     assert proxy.delivered == events(250)
     assert [len(c) for c in proxy.delivery_calls] == [100, 100, 50]
 
@@ -392,9 +391,10 @@ def test_an_unmappable_event_is_dead_lettered_and_its_batch_flows() -> None:
     assert proxy.delivered == ["a", "unmappable", "b"]
 
 
-@pytest.mark.parametrize("failure, applied", [(ReceiptTimeout("connection lost before the receipt", "commit"), True),
-                                              (ReceiptTimeout("no receipt within 30 s", "commit"), False),
-                                              (BrokerUnavailable("commit: the frame could not be written"), False)])
+@pytest.mark.parametrize("failure, applied", [
+    (UnconfirmedOutcome("connection lost before the receipt", "commit"), True),
+    (UnconfirmedOutcome("no receipt within 30 s", "commit"), False),
+    (BrokerUnavailable("commit: the frame could not be written"), False)])
 def test_a_failed_commit_with_a_second_batch_in_flight_puts_both_back_in_order(failure: Exception,
                                                                                applied: bool) -> None:
     broker, bridge, proxy = make()
@@ -410,7 +410,7 @@ def test_a_failed_commit_with_a_second_batch_in_flight_puts_both_back_in_order(f
 
 def test_the_retry_after_a_failed_commit_delivers_everything_in_order_at_most_twice() -> None:
     broker, _, proxy = make()
-    broker.commit_outcomes = [(ReceiptTimeout("connection lost before the receipt", "commit"), True)]
+    broker.commit_outcomes = [(UnconfirmedOutcome("connection lost before the receipt", "commit"), True)]
     proxy.put(*events(250))
     outcomes = proxy.run()
     assert outcomes[0] is Outcome.RETRY and outcomes[-1] is Outcome.DELIVERED
@@ -427,7 +427,7 @@ def test_a_broker_error_on_a_commit_resends_that_batch_one_by_one_and_puts_the_n
     assert broker.bodies() == events(250)
     sends_alone = [f[2] for f in broker.frames if f[0] == "SEND" and f[1] is None]
     assert sends_alone == events(100)                         # the per-message fallback, receipted
-    assert all(f[3] is True for f in broker.frames if f[0] == "SEND" and f[1] is None)
+    assert all(f[3] is Confirm.CONFIRMED for f in broker.frames if f[0] == "SEND" and f[1] is None)
 
 
 def test_a_stopped_bridge_or_a_remote_consumer_is_pushed_over_corba() -> None:
@@ -512,7 +512,7 @@ def test_an_event_dead_lettered_by_the_mapping_is_not_dead_lettered_again_when_i
     COMMIT fails, both batches go back. The dead letter was the event's delivery: the retry does not send another.
     (Before: the event went back with its batch and was dead-lettered on every retry.)"""
     broker, _, proxy = make()
-    broker.commit_outcomes = [(ReceiptTimeout("no receipt within 30 s", "commit"), False)]
+    broker.commit_outcomes = [(UnconfirmedOutcome("no receipt within 30 s", "commit"), False)]
     values = events(250)
     values[150] = "unmappable"
     proxy.put(*values)
@@ -582,8 +582,8 @@ def test_a_teardown_that_stops_waiting_records_every_entry_of_the_batches_in_fli
             super().wait()
 
     class SlowBroker(PipeBroker):
-        def commit_nowait(self, transaction: str) -> Pending:
-            p = super().commit_nowait(transaction)
+        def commit_pipelined(self, transaction: str) -> Pending:
+            p = super().commit_pipelined(transaction)
             return SlowPending(self, p.tx, p.messages, p.outcome, p.applied)
 
     broker = SlowBroker()
@@ -632,12 +632,12 @@ class FullBroker(PipeBroker):
     full = True
 
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
-             receipt: bool = True, headers: Any = None) -> None:
+             confirm: Confirm = Confirm.CONFIRMED, headers: Any = None) -> None:
         dest = destination.stomp() if isinstance(destination, Destination) else destination
         if self.full and transaction is None and dest == QUEUE.stomp():
-            self.frames.append(("SEND", transaction, message.body, receipt))
+            self.frames.append(("SEND", transaction, message.body, confirm))
             raise refused_send(BrokerError(_FULL, "javax.jms.ResourceAllocationException: " + _FULL), dest)
-        super().send(destination, message, transaction=transaction, receipt=receipt, headers=headers)
+        super().send(destination, message, transaction=transaction, confirm=confirm, headers=headers)
 
 
 def test_a_full_broker_store_defers_the_batch_and_dead_letters_nothing() -> None:
@@ -674,7 +674,7 @@ def test_a_batch_sent_again_after_a_lost_commit_receipt_carries_its_original_ded
     of its event for this proxy (the ledger's ``e<event>/c<channel>/a<admin>/p<proxy>``), so a JMS consumer drops
     the duplicates; a BestEffort event's id is its run's and seq's."""
     broker, _, proxy = make()
-    broker.commit_outcomes = [(ReceiptTimeout("connection lost before the receipt", "commit"), True)]
+    broker.commit_outcomes = [(UnconfirmedOutcome("connection lost before the receipt", "commit"), True)]
     proxy.put(*events(150))
     proxy.put("volatile", stored=False)
     proxy.run()
@@ -689,10 +689,10 @@ def test_a_batch_resent_one_by_one_and_a_frame_of_the_mapping_carry_the_dedupe_i
     and encodes at once (``to_frame``) carry the same ids as the batch's SENDs."""
     class FrameBroker(PipeBroker):
         def send_encoded(self, destination: Destination, encoded: EncodedMessage, *, transaction: str | None,
-                         receipt: bool, persistent: bool) -> None:
+                         confirm: Confirm, persistent: bool) -> None:
             props = {k: Typed(JmsType.STRING, v) for k, v in encoded.headers.items()}
             self.send(destination, JmsMessage(BodyType.TEXT, encoded.body.decode(), properties=props),
-                      transaction=transaction, receipt=receipt)
+                      transaction=transaction, confirm=confirm)
 
     broker, bridge = FrameBroker(), Bridge()
     transport: Any = broker

@@ -34,6 +34,7 @@ from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.transport import (
     BrokerFull,
     BrokerUnavailable,
+    Confirm,
     Delivery,
     EncodedMessage,
     SendFailed,
@@ -90,7 +91,7 @@ class TwinTransport(Strict):
         return StompCodec().encode(message)
 
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
-             receipt: bool = True, headers: Any = None) -> None:
+             confirm: Confirm = Confirm.CONFIRMED, headers: Any = None) -> None:
         dest = destination.stomp() if isinstance(destination, Destination) else destination
         if self.failures:
             raise self.failures.pop(0)
@@ -104,13 +105,10 @@ class TwinTransport(Strict):
         else:
             self.stored.append((dest, message))
 
-    def begin(self) -> str:
+    def begin(self, confirm: Confirm = Confirm.CONFIRMED) -> str:
         tx = f"tx-{len(self.open_tx) + self.committed_tx + 1}"
         self.open_tx[tx] = []
         return tx
-
-    def begin_nowait(self) -> str:
-        return self.begin()
 
     def commit(self, transaction: str) -> None:
         self.stored += self.open_tx.pop(transaction)
@@ -119,16 +117,16 @@ class TwinTransport(Strict):
     def abort(self, transaction: str) -> None:
         self.open_tx.pop(transaction)
 
-    def ack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def ack(self, delivery: Delivery, transaction: str | None = None, *, confirm: Confirm = Confirm.CONFIRMED) -> None:
         if delivery.message_id in self.acked:
             raise _unexpected(f"second ack of {delivery.message_id}")
         self.acked.append(delivery.message_id)
 
     def ack_many(self, deliveries: list[Delivery], transaction: str | None = None) -> None:
         for delivery in deliveries:
-            self.ack(delivery, transaction, receipt=False)
+            self.ack(delivery, transaction, confirm=Confirm.PIPELINED)
 
-    def nack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def nack(self, delivery: Delivery, transaction: str | None = None, *, confirm: Confirm = Confirm.CONFIRMED) -> None:
         self.nacked.append(delivery.message_id)
 
     def bodies(self, destination: Destination = QUEUE) -> list[Any]:

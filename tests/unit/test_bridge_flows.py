@@ -22,6 +22,7 @@ from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import (
     BrokerError,
     BrokerUnavailable,
+    Confirm,
     ConnectionState,
     Delivery,
     EncodedMessage,
@@ -50,16 +51,13 @@ class FakeTransport:
         return StompCodec().encode(message)
 
     def send(self, destination: Destination | str, message: JmsMessage, *, transaction: str | None = None,
-             receipt: bool = True, headers: Any = None) -> None:
+             confirm: Confirm = Confirm.CONFIRMED, headers: Any = None) -> None:
         dest = destination.stomp() if isinstance(destination, Destination) else destination
         if dest in self.refuse:
             raise self.refuse[dest]
         (self.pending if transaction else self.sent).append((dest, message))
 
-    def begin(self) -> str:
-        return "tx-1"
-
-    def begin_nowait(self) -> str:
+    def begin(self, confirm: Confirm = Confirm.CONFIRMED) -> str:
         return "tx-1"
 
     def commit(self, transaction: str) -> None:
@@ -69,14 +67,14 @@ class FakeTransport:
     def abort(self, transaction: str) -> None:
         self.pending = []
 
-    def ack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def ack(self, delivery: Delivery, transaction: str | None = None, *, confirm: Confirm = Confirm.CONFIRMED) -> None:
         self.acked.append(delivery.message_id)
 
     def ack_many(self, deliveries: list[Delivery], transaction: str | None = None) -> None:
         for delivery in deliveries:
-            self.ack(delivery, transaction, receipt=False)
+            self.ack(delivery, transaction, confirm=Confirm.PIPELINED)
 
-    def nack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def nack(self, delivery: Delivery, transaction: str | None = None, *, confirm: Confirm = Confirm.CONFIRMED) -> None:
         self.nacked.append(delivery.message_id)
 
     def dead_letters(self) -> list[JmsMessage]:
@@ -106,11 +104,12 @@ class FakeBridge:
 
 
 def _delivery(mid: str, message: JmsMessage | None = None, body: bytes = b"hello",
-              headers: dict[str, str] | None = None, decode_error: str | None = None) -> Delivery:
+              headers: dict[str, str] | None = None, decode_error: str | None = None,
+              body_lost: bool = False) -> Delivery:
     headers = {"content-length": "5"} if headers is None else headers
     return Delivery(message=message or JmsMessage(BodyType.TEXT, "hello"), headers=headers,
                     body=body, subscription="sub-1", ack_id=f"ack-{mid}", message_id=mid, destination="/queue/in",
-                    redelivered=False, decode_error=decode_error)
+                    redelivered=False, decode_error=decode_error, body_lost=body_lost)
 
 
 def _reason(message: JmsMessage) -> str:
@@ -155,10 +154,10 @@ def test_a_refused_message_in_a_batch_is_dead_lettered_the_rest_sent() -> None:
             raise BrokerError("transaction tx-1 rolled back: a frame in it failed")
 
         def send(self, destination: Any, message: JmsMessage, *, transaction: str | None = None,
-                 receipt: bool = True, headers: Any = None) -> None:
+                 confirm: Confirm = Confirm.CONFIRMED, headers: Any = None) -> None:
             if transaction is None and message.body == "bad":
                 raise SendRefused("refused", QUEUE.stomp(), "bad header")
-            super().send(destination, message, transaction=transaction, receipt=receipt)
+            super().send(destination, message, transaction=transaction, confirm=confirm)
 
     transport = TxTransport()
     flow = _out_flow(transport)
@@ -225,7 +224,8 @@ def test_a_split_frame_is_dead_lettered_with_the_reason() -> None:
 def test_a_message_refused_to_the_broker_dlq_leaves_a_readable_record() -> None:
     transport = FakeTransport()
     flow = _jms_flow(transport)
-    assert flow.map(_delivery("map-1", body=b"", headers={})) is None      # a Java MapMessage over plain STOMP
+    # a Java MapMessage over plain STOMP: the transport flags its body lost (router.jms.codec.body_lost)
+    assert flow.map(_delivery("map-1", body=b"", headers={}, body_lost=True)) is None
     assert transport.nacked == ["map-1"] and transport.acked == []
     [record] = transport.dead_letters()
     props = {k: v.value for k, v in record.properties.items()}
@@ -433,7 +433,7 @@ def test_a_refused_record_the_broker_dlq_refuses_too_still_nacks_the_message(cap
     transport = FakeTransport(refuse={F.DEFAULT_DLQ.stomp(): SendRefused("refused", "/queue/nsjms.DLQ", "denied")})
     flow = _jms_flow(transport)
     with caplog.at_level("ERROR", logger="nsjms.bridge"):
-        assert flow.map(_delivery("map-1", body=b"", headers={})) is None
+        assert flow.map(_delivery("map-1", body=b"", headers={}, body_lost=True)) is None
     assert transport.nacked == ["map-1"] and transport.acked == []
     problem = flow.dead_letter.problem
     assert problem.startswith("dead-letter destination refused") and "denied" in problem

@@ -22,7 +22,7 @@ from router.brokerdlq import (
     summary,
 )
 from router.jms.browsing import Browse, BrowsedMessage, OutgoingCopy
-from router.jms.errors import BrokerUnavailable, ReceiptTimeout
+from router.jms.errors import BrokerUnavailable, UnconfirmedOutcome
 
 
 def _msg(queue: str, body: bytes = b"x", **headers: str) -> BrowsedMessage:
@@ -111,7 +111,7 @@ def test_the_operations_refuse_record_and_report_the_broker_down(tmp_path: Path)
     down = BrokerDeadLetterOps("n1", tmp_path, lambda: StandIn({}, BrokerUnavailable("connection refused")))
     with pytest.raises(BrokerDown, match="not reachable"):
         down.listing(NSJMS_DLQ)
-    unknown = BrokerDeadLetterOps("n1", tmp_path, lambda: StandIn({}, ReceiptTimeout("no receipt", "COMMIT")))
+    unknown = BrokerDeadLetterOps("n1", tmp_path, lambda: StandIn({}, UnconfirmedOutcome("no receipt", "COMMIT")))
     with pytest.raises(BrokerDown):
         unknown.discard(NSJMS_DLQ, "ID:x", "op", "w")
     log = [json.loads(line) for line in (tmp_path / "txn-operator.log").read_text().splitlines()]

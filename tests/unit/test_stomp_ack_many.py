@@ -19,7 +19,7 @@ from test_transport_stomp_faults import FakeBroker, _subscribed, connect, fake  
 from router.bridge.t2in import ACK_RUN, AckBranch, LocalAcks
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.stomp.sendframe import encode_ack_frame
-from router.jms.transport import Delivery, LocalProtocolError
+from router.jms.transport import Confirm, Delivery, LocalProtocolError
 
 
 @pytest.mark.parametrize(("ack_id", "tx"), [("ID:host-1-2:1:1:1:7", None), ("plain", "tx-9"),
@@ -61,7 +61,7 @@ def test_ack_many_writes_the_acks_in_order_and_settles_them_in_the_book(fake: Fa
     assert _acks(fake, 3) == [encode_ack_frame(f"ID:{i}").rstrip(b"\x00") for i in range(3)]
     assert writes == [b"".join(encode_ack_frame(f"ID:{i}") for i in range(3))]     # the three in one socket write
     with pytest.raises(LocalProtocolError):      # the book took them: a second ack is refused, as after ack()
-        t.ack(got[0], receipt=False)
+        t.ack(got[0], confirm=Confirm.PIPELINED)
     t.close()
 
 
@@ -70,12 +70,12 @@ def test_ack_many_writes_those_before_a_refused_delivery_then_raises(fake: FakeB
     sub = _subscribed(fake, t)
     _messages(fake, 3)
     got = [sub.receive(5) for _ in range(3)]  # type: ignore[attr-defined]
-    t.ack(got[1], receipt=False)                 # already acknowledged: the book refuses it in ack_many
+    t.ack(got[1], confirm=Confirm.PIPELINED)                 # already acknowledged: the book refuses it in ack_many
     with pytest.raises(LocalProtocolError):
         t.ack_many(got)
     acks = _acks(fake, 2)
     assert acks == [encode_ack_frame("ID:1").rstrip(b"\x00"), encode_ack_frame("ID:0").rstrip(b"\x00")]
-    t.ack(got[2], receipt=False)                 # not taken by the failed call: still pending in the book
+    t.ack(got[2], confirm=Confirm.PIPELINED)                 # not taken by the failed call: still pending in the book
     t.close()
 
 
@@ -89,14 +89,14 @@ class _Recorder:
     def ack_many(self, ds: list[Delivery], transaction: str | None = None) -> None:
         self.calls.append(("ack_many", [d.message_id for d in ds]))
 
-    def ack(self, d: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
-        self.calls.append(("ack", (d.message_id, receipt)))
+    def ack(self, d: Delivery, transaction: str | None = None, *, confirm: Confirm = Confirm.CONFIRMED) -> None:
+        self.calls.append(("ack", (d.message_id, confirm)))
 
-    def nack(self, d: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
-        self.calls.append(("nack", (d.message_id, receipt)))
+    def nack(self, d: Delivery, transaction: str | None = None, *, confirm: Confirm = Confirm.CONFIRMED) -> None:
+        self.calls.append(("nack", (d.message_id, confirm)))
 
-    def send(self, destination: Any, message: Any, *, receipt: bool = True) -> None:
-        self.calls.append(("send", (message.body, receipt)))
+    def send(self, destination: Any, message: Any, *, confirm: Confirm = Confirm.CONFIRMED) -> None:
+        self.calls.append(("send", (message.body, confirm)))
 
 
 def _d(i: int) -> Delivery:
@@ -122,8 +122,8 @@ def test_a_local_rounds_acks_between_other_frames_go_out_together_in_order() -> 
     acks.send(dest, JmsMessage(BodyType.TEXT, "letter of 5"), before=_d(5))   # before its original's ACK
     acks.ack(_d(6))
     acks.settle()
-    assert t.calls == [("ack_many", ["m1", "m2"]), ("nack", ("m3", True)), ("ack_many", ["m4"]),
-                       ("send", ("letter of 5", True)), ("ack_many", ["m5", "m6"])]
+    assert t.calls == [("ack_many", ["m1", "m2"]), ("nack", ("m3", Confirm.CONFIRMED)), ("ack_many", ["m4"]),
+                       ("send", ("letter of 5", Confirm.CONFIRMED)), ("ack_many", ["m5", "m6"])]
     assert outcome == ["commit"]
 
 
@@ -139,11 +139,12 @@ class _TxRecorder(_Recorder):
     def abort(self, transaction: str) -> None:
         self.calls.append(("abort", transaction))
 
-    def ack(self, d: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
-        self.calls.append(("ack", (d.message_id, transaction, receipt)))
+    def ack(self, d: Delivery, transaction: str | None = None, *, confirm: Confirm = Confirm.CONFIRMED) -> None:
+        self.calls.append(("ack", (d.message_id, transaction, confirm)))
 
-    def send(self, destination: Any, message: Any, *, transaction: str | None = None, receipt: bool = True) -> None:
-        self.calls.append(("send", (message.body, transaction, receipt)))
+    def send(self, destination: Any, message: Any, *, transaction: str | None = None,
+             confirm: Confirm = Confirm.CONFIRMED) -> None:
+        self.calls.append(("send", (message.body, transaction, confirm)))
 
 
 def _branch(t: Any, ds: list[Delivery], back: list[list[Delivery]] | None = None) -> AckBranch:
@@ -165,8 +166,8 @@ def test_a_t2s_acks_go_out_in_runs_before_any_other_frame_and_the_last_one_with_
     assert t.calls == [("begin", None),
                        ("ack_many", ([f"m{i}" for i in range(ACK_RUN)], "tx-1")),
                        ("ack_many", ([f"m{i}" for i in range(ACK_RUN, len(ds) - 1)], "tx-1")),
-                       ("send", ("letter", "tx-1", False)),
-                       ("ack", (f"m{len(ds) - 1}", "tx-1", True))]
+                       ("send", ("letter", "tx-1", Confirm.PIPELINED)),
+                       ("ack", (f"m{len(ds) - 1}", "tx-1", Confirm.CONFIRMED))]
 
 
 def test_a_sealed_t2_writes_its_pending_run_then_the_last_frame_with_its_receipt() -> None:
@@ -178,7 +179,8 @@ def test_a_sealed_t2_writes_its_pending_run_then_the_last_frame_with_its_receipt
     assert t.calls == [("begin", None)]          # a short run waits for the seal
     branch.seal()
     branch.prepare()
-    assert t.calls == [("begin", None), ("ack_many", (["m0", "m1", "m2", "m3"], "tx-1")), ("ack", ("m4", "tx-1", True))]
+    assert t.calls == [("begin", None), ("ack_many", (["m0", "m1", "m2", "m3"], "tx-1")),
+                       ("ack", ("m4", "tx-1", Confirm.CONFIRMED))]
 
 
 def test_a_rolled_back_t2_never_writes_its_pending_run_and_gives_the_deliveries_back() -> None:

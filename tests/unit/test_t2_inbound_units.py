@@ -21,7 +21,7 @@ from router.bridge import t2in as T
 from router.jms.memory.broker import MemoryBroker
 from router.jms.memory.transport import MemoryTransport
 from router.jms.model import BodyType, Destination, JmsMessage
-from router.jms.transport import BrokerError, BrokerUnavailable, Delivery, ReceiptTimeout
+from router.jms.transport import BrokerError, BrokerUnavailable, Delivery, UnconfirmedOutcome
 from router.mapping.stomp_codec import StompCodec
 from xa.coordinator import Coordinator, Transaction
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
@@ -245,7 +245,7 @@ def test_commit_without_receipt_raises_outcome_unknown(rig: Rig) -> None:
     branch.begin(Xid(1, "g1", "stomp-ack"))
     branch.ack(d)
     branch.prepare()
-    rig.broker.inject_fault("commit", ReceiptTimeout("no receipt", "commit"), applied=True)
+    rig.broker.inject_fault("commit", UnconfirmedOutcome("no receipt", "commit"), applied=True)
     with pytest.raises(OutcomeUnknown):
         branch.commit()
 
@@ -259,7 +259,7 @@ def test_a_failed_frame_votes_no_at_prepare(rig: Rig) -> None:
     txn.enlist(branch)
     for d in branch.deliveries:
         branch.ack(d)
-    rig.broker.inject_fault("ack", ReceiptTimeout("no receipt", "ack"))   # the last frame, sent at prepare
+    rig.broker.inject_fault("ack", UnconfirmedOutcome("no receipt", "ack"))   # the last frame, sent at prepare
     with pytest.raises(PrepareFailed):
         txn.commit()
     assert txn.state is State.ROLLED_BACK
@@ -529,7 +529,7 @@ def test_a_sealed_t2_refuses_a_later_frame_and_an_unsealed_one_still_commits(rig
     assert [e[1] for e in again.events] == ["a", "b"] and rig.queue_left() == []
 
 
-@pytest.mark.parametrize("fault", [ReceiptTimeout("no receipt within 30 s", "abort"),
+@pytest.mark.parametrize("fault", [UnconfirmedOutcome("no receipt within 30 s", "abort"),
                                    BrokerError("java.io.IOException: No space left on device")],
                          ids=["abort-unanswered", "abort-refused"])
 def test_an_unanswered_abort_makes_the_next_t2_reconnect_instead_of_looping(rig: Rig, fault: Exception) -> None:

@@ -40,10 +40,11 @@ from router.jms.refusal import RESOURCE_MARK
 from router.jms.transport import (
     BrokerError,
     BrokerUnavailable,
+    Confirm,
     EncodedMessage,
-    ReceiptTimeout,
     SendRefused,
     Transport,
+    UnconfirmedOutcome,
 )
 from router.mapping.errors import MappingError
 from router.mapping.stomp_codec import StompCodec
@@ -281,7 +282,7 @@ def test_send_branch_votes_no_after_the_connection_was_lost() -> None:
         assert getattr(err.value, "content", True) is False, "an outage is not the batch's fault"
 
 
-@pytest.mark.parametrize("fault", [ReceiptTimeout("no receipt", "commit"), BrokerUnavailable("connection lost")])
+@pytest.mark.parametrize("fault", [UnconfirmedOutcome("no receipt", "commit"), BrokerUnavailable("connection lost")])
 def test_a_commit_without_its_receipt_is_outcome_unknown(fault: Exception) -> None:
     broker = MemoryBroker(f"t2u-unknown-{type(fault).__name__}")
     with MemoryTransport(broker=broker) as transport:
@@ -452,7 +453,8 @@ class ManyTransport(RefusingTransport):
     def send_encoded_many(self, destination: Any, messages: Any, *, transaction: str) -> None:
         self.calls.append((str(destination), len(messages), self.mapped[0]))
         for encoded, persistent in messages:
-            self.send_encoded(destination, encoded, persistent=persistent, transaction=transaction, receipt=False)
+            self.send_encoded(destination, encoded, persistent=persistent, transaction=transaction,
+                              confirm=Confirm.PIPELINED)
 
 
 def _chunked(rig: Rig, chunk: int, *, after_the_begin: bool = True) -> ManyTransport:
@@ -801,7 +803,7 @@ def test_send_branch_begin_failure_is_branch_unavailable_and_abort_failures_are_
         branch.rollback()                                   # nothing begun: nothing to roll back
     with MemoryTransport(broker=MemoryBroker("t2u-abort2")) as transport:
         branch, _ = _branch(transport)
-        transport.broker.inject_fault("abort", ReceiptTimeout("no receipt", "abort"))
+        transport.broker.inject_fault("abort", UnconfirmedOutcome("no receipt", "abort"))
         with pytest.raises(BranchUnavailable, match="ABORT"):
             branch.rollback()                               # unknown: the coordinator leaves it to recovery
 
@@ -912,7 +914,7 @@ def test_a_refused_message_in_the_next_t2_leaves_the_decided_one_committed(monke
     book = rig.transport._book
 
     def send_encoded(destination: Any, encoded: EncodedMessage, **kw: Any) -> None:
-        if b"poison" in encoded.body and not kw.get("receipt"):
+        if b"poison" in encoded.body and kw.get("confirm") is not Confirm.CONFIRMED:
             book.frame_written(kw.get("transaction"), None)            # written; the broker answers with ERROR
             book.frame_refused("User anonymous is not authorized to write", None)
             return
@@ -971,7 +973,7 @@ class GatedLastFrame:
         rig.wire.abort = self.abort  # type: ignore[method-assign]
 
     def send_encoded(self, destination: Any, encoded: EncodedMessage, **kw: Any) -> None:
-        if kw.get("receipt"):
+        if kw.get("confirm") is Confirm.CONFIRMED:
             assert self.release.wait(10), "the last frame was never released"
             self.calls.append("last frame receipted")
         self.inner_send(destination, encoded, **kw)

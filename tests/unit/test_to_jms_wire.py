@@ -38,6 +38,7 @@ from router.mapping.stomp_codec import StompCodec
 from router.channel.events import Event, Form, as_structured
 from router.jms.model import DeliveryMode, Destination
 from router.jms.stomp.transport import StompTransport
+from router.jms.transport import Confirm
 from router.mapping import qos, to_jms
 
 GOLDEN = Path(__file__).with_name("to_jms_wire_golden.txt")
@@ -189,11 +190,11 @@ def _wire(recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> str:
     t = StompTransport(f"stomp://127.0.0.1:{recorder.port}", heartbeats=(0, 0), codec=StompCodec())
     t.connect()
     try:
-        tx = t.begin_nowait()                      # a batch (a structured proxy's) or a pushed sequence
+        tx = t.begin(Confirm.PIPELINED)                      # a batch (a structured proxy's) or a pushed sequence
         for msg, encoded in frames:
-            t.send_encoded(DEST, encoded, transaction=tx, receipt=False,
+            t.send_encoded(DEST, encoded, transaction=tx, confirm=Confirm.PIPELINED,
                            persistent=msg.delivery_mode is DeliveryMode.PERSISTENT)
-        t.commit_nowait(tx).wait()
+        t.commit_pipelined(tx).wait()
         for msg, _ in frames:                      # one by one, receipted (a refused batch's resend)
             t.send(DEST, msg)
     finally:

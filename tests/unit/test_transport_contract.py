@@ -22,8 +22,10 @@ from router.jms.transport import (
     AckMode,
     BrokerError,
     BrokerUnavailable,
+    Confirm,
     ConnectionState,
     Delivery,
+    EncodedMessage,
     LocalProtocolError,
     SendFailed,
     Transport,
@@ -102,17 +104,78 @@ class TransportContract:
         t = make()
         q = queue_name()
         for i in range(20):
-            t.send(q, text(str(i)), receipt=(i == 19))
+            t.send(q, text(str(i)), confirm=Confirm.CONFIRMED if i == 19 else Confirm.PIPELINED)
         sub = t.subscribe(q, ack="auto")
         assert [d.message.body for d in drain(sub, 2.0, limit=20)] == [str(i) for i in range(20)]
 
+    # ---------------------------------------------------------------------------------------------- typed deliveries
+    def test_a_delivery_carries_what_the_broker_said_as_typed_fields(self, make: Make) -> None:
+        """message id, ack id, subscription, destination, JMSTimestamp and the dedupe id are read by the
+        transport, so no caller reads a wire header (issue 24)."""
+        t = make()
+        q = queue_name()
+        sub = t.subscribe(q)
+        t.send(q, text("stamped", nsjms_dedupe_id="e1/c1/a2/p3"))
+        t.send(q, text("plain"))
+        stamped, plain = drain(sub, 2.0, limit=2)
+        assert stamped.dedupe_id == "e1/c1/a2/p3" and plain.dedupe_id is None
+        assert stamped.timestamp_ms > 0 and stamped.timestamp_ms == stamped.message.timestamp
+        assert stamped.message_id == stamped.message.message_id and stamped.ack_id and stamped.subscription == sub.id
+        assert stamped.destination == q.stomp() and not stamped.redelivered
+        assert not stamped.body_lost and stamped.decode_error is None
+        t.ack_many([stamped, plain])
+
+    def test_an_empty_body_nothing_marks_is_flagged_lost(self, make: Make) -> None:
+        """An empty frame without a body kind (over STOMP: how a Java Map/Stream/Object message arrives) is
+        ``body_lost``; an empty BytesMessage (``content-length: 0``) is not."""
+        t = make()
+        q = queue_name()
+        sub = t.subscribe(q)
+        t.send_encoded(q, EncodedMessage({}, b""), persistent=True)
+        t.send(q, JmsMessage(BodyType.BYTES, b""))
+        lost, kept = drain(sub, 2.0, limit=2)
+        assert lost.body_lost and not kept.body_lost and kept.message.body_type is BodyType.BYTES
+        t.ack_many([lost, kept])
+
     # ---------------------------------------------------------------------------------------------- transactions
+    def test_a_pipelined_transaction_is_committed_once_its_confirmation_is_awaited(self, make: Make) -> None:
+        """begin, sends and commit without a round trip each (``Confirm.PIPELINED``, ``commit_pipelined``); the
+        pending confirmation's ``wait`` is the durability point."""
+        t = make()
+        q = queue_name()
+        sub = t.subscribe(q)
+        tx = t.begin(Confirm.PIPELINED)
+        for i in range(3):
+            t.send(q, text(f"p{i}"), transaction=tx, confirm=Confirm.PIPELINED)
+        pending = t.commit_pipelined(tx)
+        pending.wait()
+        got = drain(sub, 2.0, limit=3)
+        assert [d.message.body for d in got] == ["p0", "p1", "p2"]
+        tx2 = t.begin(Confirm.PIPELINED)
+        for d in got:
+            t.ack(d, tx2, confirm=Confirm.PIPELINED)
+        t.commit(tx2)
+        assert sub.receive(self.quiet) is None, "acked in a committed transaction: nothing comes back"
+
+    def test_a_discarded_pending_commit_leaves_the_transport_usable(self, make: Make) -> None:
+        """``discard`` instead of ``wait``: the commit's outcome stays unknown (its message may or may not come);
+        the transport goes on (a confirmed send after it arrives)."""
+        t = make()
+        q = queue_name()
+        sub = t.subscribe(q, ack="auto")
+        tx = t.begin(Confirm.PIPELINED)
+        t.send(q, text("maybe"), transaction=tx, confirm=Confirm.PIPELINED)
+        t.commit_pipelined(tx).discard()
+        t.send(q, text("after"))
+        bodies = [d.message.body for d in drain(sub, 2.0, limit=2)]
+        assert bodies[-1:] == ["after"] and set(bodies) <= {"maybe", "after"}, bodies
+
     def test_commit_delivers_and_abort_does_not(self, make: Make) -> None:
         t = make()
         q = queue_name()
         sub = t.subscribe(q)
         tx = t.begin()
-        t.send(q, text("in-tx"), transaction=tx, receipt=False)
+        t.send(q, text("in-tx"), transaction=tx, confirm=Confirm.PIPELINED)
         t.send(q, text("in-tx-2"), transaction=tx)
         assert sub.receive(self.quiet) is None
         t.commit(tx)
@@ -158,7 +221,7 @@ class TransportContract:
         t = make()
         q = queue_name()
         for i in range(5):
-            t.send(q, text(f"m{i}"), receipt=(i == 4))
+            t.send(q, text(f"m{i}"), confirm=Confirm.CONFIRMED if i == 4 else Confirm.PIPELINED)
         sub = t.subscribe(q)
         got = drain(sub, 2.0, limit=5)
         assert [d.message.body for d in got] == [f"m{i}" for i in range(5)]
@@ -176,7 +239,7 @@ class TransportContract:
         t = make()
         q = queue_name()
         for i in range(3):
-            t.send(q, text(f"m{i}"), receipt=(i == 2))
+            t.send(q, text(f"m{i}"), confirm=Confirm.CONFIRMED if i == 2 else Confirm.PIPELINED)
         got = drain(t.subscribe(q), 2.0, limit=3)
         tx = t.begin()
         t.ack_many(got, tx)
@@ -385,9 +448,9 @@ class TransportContract:
         d = sub.receive(10)
         assert d is not None and d.message.body == "after"
 
-    def test_commit_nowait_of_a_transaction_lost_with_its_connection_raises_at_once(
+    def test_commit_pipelined_of_a_transaction_lost_with_its_connection_raises_at_once(
             self, outage: tuple[Make, Callable[[], None]]) -> None:
-        """commit_nowait's checks before the COMMIT raise at once, not at wait() (the twin used to defer them)."""
+        """commit_pipelined's checks before the COMMIT raise at once, not at wait() (the twin used to defer them)."""
         make, restart = outage
         t = make()
         q = queue_name()
@@ -398,7 +461,7 @@ class TransportContract:
         with pytest.raises(BrokerUnavailable):
             _wait_unavailable(sub)
         with pytest.raises(BrokerUnavailable):
-            t.commit_nowait(tx)                       # raised here: there is nothing to wait() for
+            t.commit_pipelined(tx)                       # raised here: there is nothing to wait() for
         t.reconnect()
         assert sub.receive(self.quiet) is None         # and "tx-lost" never arrives
 

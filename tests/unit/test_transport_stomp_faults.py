@@ -16,11 +16,12 @@ from router.jms.stomp.transport import StompTransport
 from router.jms.transport import (
     BrokerError,
     BrokerUnavailable,
+    Confirm,
     ConnectionState,
     LocalProtocolError,
-    ReceiptTimeout,
     SendFailed,
     SendRefused,
+    UnconfirmedOutcome,
     open_transport,
 )
 
@@ -122,7 +123,7 @@ def in_thread(fn: object) -> tuple[threading.Thread, list[BaseException]]:
 
 def test_missing_receipt_is_an_unknown_outcome(fake: FakeBroker) -> None:
     t = connect(fake, receipt_timeout=0.3)
-    with pytest.raises(ReceiptTimeout) as info:
+    with pytest.raises(UnconfirmedOutcome) as info:
         t.send("/queue/q", MSG)
     assert info.value.outcome == "unknown" and info.value.operation == "send"
     assert b"persistent:true" in fake.frames[-1]
@@ -135,7 +136,7 @@ def test_lost_connection_while_waiting(fake: FakeBroker) -> None:
     assert fake.got_frame.wait(5)
     fake.drop()
     thread.join(5)
-    assert len(errors) == 1 and isinstance(errors[0], ReceiptTimeout)   # a plain SEND may have landed
+    assert len(errors) == 1 and isinstance(errors[0], UnconfirmedOutcome)   # a plain SEND may have landed
     assert not t.is_connected()
     with pytest.raises(SendFailed) as info:
         t.send("/queue/q", MSG)                                          # now definitely not sent
@@ -153,8 +154,8 @@ def last_frame(fake: FakeBroker, command: bytes) -> bytes:
 
 
 def begun(fake: FakeBroker, t: StompTransport) -> str:
-    """begin_nowait() writes the BEGIN without a receipt (issue 12) and returns at once; the transaction id."""
-    tx = t.begin_nowait()
+    """begin(Confirm.PIPELINED) writes the BEGIN without a receipt (issue 12), returns at once: the transaction id."""
+    tx = t.begin(Confirm.PIPELINED)
     frame = last_frame(fake, b"BEGIN").decode()
     assert frame.startswith("BEGIN") and "receipt:" not in frame
     assert frame.split("transaction:")[1].split("\n")[0] == tx
@@ -188,7 +189,7 @@ def test_an_error_answering_a_receipted_begin_raises_at_the_begin(fake: FakeBrok
     t.close()
 
 
-def test_an_error_answering_a_begin_nowait_fails_the_commit(fake: FakeBroker) -> None:
+def test_an_error_answering_a_pipelined_begin_fails_the_commit(fake: FakeBroker) -> None:
     """A BEGIN without a receipt that the broker refuses (an ERROR with no receipt id) shows up at the COMMIT."""
     t = connect(fake, receipt_timeout=10)
     tx = begun(fake, t)
@@ -207,15 +208,15 @@ def test_an_error_answering_a_begin_nowait_fails_the_commit(fake: FakeBroker) ->
 
 
 def test_commit_receipts_are_matched_asynchronously_in_any_order(fake: FakeBroker) -> None:
-    """commit_nowait writes the COMMIT and returns; two COMMITs in flight, their receipts answered in reverse
+    """commit_pipelined writes the COMMIT and returns; two COMMITs in flight, their receipts answered in reverse
     order, each wait() gets its own answer (the refused one raises, the other returns)."""
     t = connect(fake, receipt_timeout=10)
     tx1 = begun(fake, t)
-    first = t.commit_nowait(tx1)
+    first = t.commit_pipelined(tx1)
     last_frame(fake, b"COMMIT")
     rid1 = fake.receipt_header()
     tx2 = begun(fake, t)
-    second = t.commit_nowait(tx2)
+    second = t.commit_pipelined(tx2)
     last_frame(fake, b"COMMIT")
     rid2 = fake.receipt_header()
     assert rid1 != rid2
@@ -233,12 +234,12 @@ def test_an_error_after_a_commit_receipt_does_not_fail_that_commit(fake: FakeBro
     stayed in the book until wait() and the later ERROR marked it too: a false failure and a resent batch.)"""
     t = connect(fake, receipt_timeout=10)
     tx1 = begun(fake, t)
-    t.send("/queue/q", MSG, transaction=tx1, receipt=False)
-    first = t.commit_nowait(tx1)
+    t.send("/queue/q", MSG, transaction=tx1, confirm=Confirm.PIPELINED)
+    first = t.commit_pipelined(tx1)
     last_frame(fake, b"COMMIT")
     rid1 = fake.receipt_header()
     tx2 = begun(fake, t)
-    t.send("/queue/q", MSG, transaction=tx2, receipt=False)
+    t.send("/queue/q", MSG, transaction=tx2, confirm=Confirm.PIPELINED)
     last_frame(fake, b"SEND")
     fake.reply(f"RECEIPT\nreceipt-id:{rid1}\n\n\x00".encode() + b"ERROR\nmessage:tx2 send refused\n\n\x00")
     deadline = time.monotonic() + 5
@@ -255,7 +256,7 @@ def test_a_discarded_pending_commit_leaves_no_waiter_behind(fake: FakeBroker) ->
     books at once; a late receipt is dropped."""
     t = connect(fake, receipt_timeout=10)
     tx = begun(fake, t)
-    pending = t.commit_nowait(tx)
+    pending = t.commit_pipelined(tx)
     last_frame(fake, b"COMMIT")
     rid = fake.receipt_header()
     assert rid in t._waiters
@@ -274,7 +275,7 @@ def test_lost_connection_while_waiting_for_a_commit(fake: FakeBroker) -> None:
     assert fake.got_frame.wait(5)
     fake.drop()
     thread.join(5)
-    assert len(errors) == 1 and isinstance(errors[0], ReceiptTimeout) and errors[0].operation == "commit"
+    assert len(errors) == 1 and isinstance(errors[0], UnconfirmedOutcome) and errors[0].operation == "commit"
     t.close()
 
 
@@ -333,7 +334,7 @@ def test_a_nul_byte_in_a_header_is_reassembled_and_handed_over_as_undecodable(fa
     assert first.headers["note"] == ("a\x00b" if nul_at == "middle" else "a\x00")
     assert second is not None and second.decode_error is None and second.body == b"good"
     fake.got_frame.clear()
-    t.ack(first, receipt=False)                       # it can be settled like any other delivery
+    t.ack(first, confirm=Confirm.PIPELINED)                       # it can be settled like any other delivery
     assert fake.got_frame.wait(5) and fake.frames[-1].startswith(b"ACK") and b"id:ID\\c1" in fake.frames[-1]
     t.close()
 
@@ -341,7 +342,7 @@ def test_a_nul_byte_in_a_header_is_reassembled_and_handed_over_as_undecodable(fa
 def test_unreceipted_error_makes_open_transactions_roll_back(fake: FakeBroker) -> None:
     t = connect(fake, receipt_timeout=10)
     tx = began(fake, t)
-    t.send("/queue/q", MSG, transaction=tx, receipt=False)
+    t.send("/queue/q", MSG, transaction=tx, confirm=Confirm.PIPELINED)
     fake.reply(b"ERROR\nmessage:send refused\n\n\x00")
     deadline = time.monotonic() + 5
     while t.last_error is None and time.monotonic() < deadline:
@@ -358,7 +359,7 @@ def test_unreceipted_error_makes_open_transactions_roll_back(fake: FakeBroker) -
 
 def receipted_send(fake: FakeBroker, t: StompTransport, tx: str) -> None:
     """A SEND in ``tx`` with a receipt, answered by the fake (the last frame of a T2's batch)."""
-    thread, errors = in_thread(lambda: t.send("/queue/q", MSG, transaction=tx, receipt=True))
+    thread, errors = in_thread(lambda: t.send("/queue/q", MSG, transaction=tx, confirm=Confirm.CONFIRMED))
     deadline = time.monotonic() + 5
     while not (fake.frames and fake.frames[-1].startswith(b"SEND") and b"receipt:" in fake.frames[-1]) \
             and time.monotonic() < deadline:       # not an earlier receipted frame (the BEGIN) or unreceipted SEND
@@ -386,11 +387,11 @@ def test_an_error_for_the_next_transaction_does_not_mark_one_whose_frames_were_a
     t = connect(fake, receipt_timeout=10)
     fake.got_frame.clear()
     tx1 = began(fake, t)
-    t.send("/queue/q", MSG, transaction=tx1, receipt=False)
+    t.send("/queue/q", MSG, transaction=tx1, confirm=Confirm.PIPELINED)
     receipted_send(fake, t, tx1)
     fake.got_frame.clear()
     tx2 = began(fake, t)
-    t.send("/queue/q", MSG, transaction=tx2, receipt=False)
+    t.send("/queue/q", MSG, transaction=tx2, confirm=Confirm.PIPELINED)
     last_frame(fake, b"SEND")
     fake.reply(b"ERROR\nmessage:tx2 send refused\n\n\x00")
     wait_for_error(t)
@@ -417,7 +418,7 @@ def test_an_error_for_the_next_transaction_after_a_commit_was_written_does_not_f
     receipted_send(fake, t, tx1)
     fake.got_frame.clear()
     tx2 = began(fake, t)
-    t.send("/queue/q", MSG, transaction=tx2, receipt=False)
+    t.send("/queue/q", MSG, transaction=tx2, confirm=Confirm.PIPELINED)
     last_frame(fake, b"SEND")
     thread, errors = in_thread(lambda: t.commit(tx1))
     assert f"transaction:{tx1}".encode() in last_frame(fake, b"COMMIT")
@@ -430,16 +431,16 @@ def test_an_error_for_the_next_transaction_after_a_commit_was_written_does_not_f
 
 
 def test_a_late_error_for_a_receipted_frame_marks_only_its_transaction(fake: FakeBroker) -> None:
-    """An ERROR carrying the receipt id of a frame whose caller gave up waiting (ReceiptTimeout) marks that frame's
+    """An ERROR carrying the receipt id of a frame whose caller gave up waiting (UnconfirmedOutcome) marks that frame's
     transaction, not the others."""
     t = connect(fake, receipt_timeout=0.2)
     fake.got_frame.clear()
     tx1 = began(fake, t)
     fake.got_frame.clear()
     tx2 = began(fake, t)
-    t.send("/queue/q", MSG, transaction=tx2, receipt=False)
-    with pytest.raises(ReceiptTimeout):
-        t.send("/queue/q", MSG, transaction=tx1, receipt=True)
+    t.send("/queue/q", MSG, transaction=tx2, confirm=Confirm.PIPELINED)
+    with pytest.raises(UnconfirmedOutcome):
+        t.send("/queue/q", MSG, transaction=tx1, confirm=Confirm.CONFIRMED)
     assert f"transaction:{tx1}".encode() in last_frame(fake, b"SEND")
     fake.reply(f"ERROR\nreceipt-id:{fake.receipt_header()}\nmessage:late refusal\n\n\x00".encode())
     wait_for_error(t)
@@ -453,7 +454,7 @@ def test_an_error_arriving_after_the_commit_was_sent_still_fails_the_commit(fake
     refuses such a COMMIT itself; a broker that commits it has committed a transaction missing a message)."""
     t = connect(fake, receipt_timeout=10)
     tx = began(fake, t)
-    t.send("/queue/q", MSG, transaction=tx, receipt=False)
+    t.send("/queue/q", MSG, transaction=tx, confirm=Confirm.PIPELINED)
     thread, errors = in_thread(lambda: t.commit(tx))
     deadline = time.monotonic() + 5
     while not fake.frames[-1].startswith(b"COMMIT") and time.monotonic() < deadline:

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from router.jms.codec import SimpleCodec
+from router.jms.codec import SimpleCodec, body_lost, frame_delivery
 from router.jms.memory.broker import MemoryBroker
 from router.jms.memory.matcher import compile_selector
 from router.jms.memory.transport import MemoryTransport
@@ -19,11 +19,11 @@ from router.jms.transport import (
     BrokerError,
     BrokerUnavailable,
     LocalProtocolError,
-    ReceiptTimeout,
     RemoteProtocolError,
     SendFailed,
     Transport,
     TransportError,
+    UnconfirmedOutcome,
     open_transport,
     parse_destination,
     redact_url,
@@ -60,7 +60,7 @@ def test_stomp_url_forms() -> None:
 
 
 @pytest.mark.parametrize("exc", [
-    BrokerUnavailable("down"), SendFailed("refused", "/queue/q"), ReceiptTimeout("no receipt", "commit"),
+    BrokerUnavailable("down"), SendFailed("refused", "/queue/q"), UnconfirmedOutcome("no receipt", "commit"),
     BrokerError("bad", "trace", "r-1"), RemoteProtocolError("junk"), LocalProtocolError("misuse")])
 def test_exceptions_pickle_and_carry_data(exc: TransportError) -> None:
     back = pickle.loads(pickle.dumps(exc))
@@ -68,8 +68,8 @@ def test_exceptions_pickle_and_carry_data(exc: TransportError) -> None:
     assert isinstance(back, TransportError)
 
 
-def test_receipt_timeout_is_neither_failure_nor_success() -> None:
-    exc = ReceiptTimeout("x", "send")
+def test_an_unconfirmed_outcome_is_neither_failure_nor_success() -> None:
+    exc = UnconfirmedOutcome("x", "send")
     assert exc.outcome == "unknown" and not isinstance(exc, (SendFailed, BrokerUnavailable, BrokerError))
 
 
@@ -133,8 +133,8 @@ def test_twin_fault_injection() -> None:
     t = open_transport("memory://units-faults", broker=broker)
     t.connect()
     q = Destination("queue", "f")
-    broker.inject_fault("send", ReceiptTimeout("lost receipt", "send"), applied=True)
-    with pytest.raises(ReceiptTimeout):
+    broker.inject_fault("send", UnconfirmedOutcome("lost receipt", "send"), applied=True)
+    with pytest.raises(UnconfirmedOutcome):
         t.send(q, JmsMessage(BodyType.TEXT, "landed"))
     assert [m.body for m in broker.queues["/queue/f"]] == [b"landed"]
     broker.inject_fault("send", BrokerUnavailable("cut"))
@@ -144,8 +144,8 @@ def test_twin_fault_injection() -> None:
     t.reconnect()
     tx = t.begin()
     t.send(q, JmsMessage(BodyType.TEXT, "in tx"), transaction=tx)
-    broker.inject_fault("commit", ReceiptTimeout("lost receipt", "commit"), applied=True)
-    with pytest.raises(ReceiptTimeout):
+    broker.inject_fault("commit", UnconfirmedOutcome("lost receipt", "commit"), applied=True)
+    with pytest.raises(UnconfirmedOutcome):
         t.commit(tx)
     assert len(broker.queues["/queue/f"]) == 2
     t.close()
@@ -210,3 +210,32 @@ def test_undecodable_frame_is_handed_on_marked_not_dropped() -> None:
         t.ack(good)
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("headers, body, lost", [
+    ({}, b"", True),                                          # a Java Map/Stream/Object message over STOMP
+    ({"content-length": "0"}, b"", False),                    # an empty BytesMessage
+    ({"nsjms_body": "none"}, b"", False),                     # the mapping codec's body kind
+    ({"$nsjms_idl": "IDL:x:1.0"}, b"", False),                # an IDL-typed event
+    ({"transformation": "jms-map-json"}, b"", False),         # a MapMessage as JSON
+    ({}, b"x", False),                                        # a body
+])
+def test_a_body_is_lost_only_when_empty_and_unmarked(headers: dict[str, str], body: bytes, lost: bool) -> None:
+    assert body_lost(headers, body) is lost
+    d = frame_delivery(JmsMessage(BodyType.TEXT, ""), {"destination": "/queue/q", **headers}, body,
+                       subscription="s", ack_id="a", message_id="m", epoch=1, decode_error=None)
+    assert d.body_lost is lost
+
+
+def test_a_frame_delivery_reads_its_broker_fields_once() -> None:
+    """The typed fields of a received STOMP frame (issue 24): what callers read instead of headers."""
+    headers = {"destination": "/topic/t", "redelivered": "true", "timestamp": "1700000000123",
+               "nsjms_dedupe_id": "e1/c1/a2/p3", "content-length": "1"}
+    d = frame_delivery(JmsMessage(BodyType.BYTES, b"x"), headers, b"x", subscription="sub-1", ack_id="ack-1",
+                       message_id="ID:1", epoch=3, decode_error=None)
+    assert (d.destination, d.redelivered, d.timestamp_ms, d.dedupe_id) == ("/topic/t", True, 1700000000123,
+                                                                           "e1/c1/a2/p3")
+    assert (d.subscription, d.ack_id, d.message_id, d.epoch) == ("sub-1", "ack-1", "ID:1", 3)
+    for bad in ("", "soon", "12.5"):
+        assert frame_delivery(JmsMessage(BodyType.BYTES, b"x"), {"timestamp": bad}, b"x", subscription="s",
+                              ack_id="a", message_id="m", epoch=1, decode_error=None).timestamp_ms == 0

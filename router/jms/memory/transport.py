@@ -7,10 +7,9 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
-from router.jms.codec import SimpleCodec
+from router.jms.codec import SimpleCodec, frame_delivery
 from router.jms.errors import (
     BrokerError,
     BrokerUnavailable,
@@ -22,9 +21,9 @@ from router.jms.errors import (
 from router.jms.memory.broker import MemoryBroker
 from router.jms.model import BodyType, Destination, JmsMessage
 from router.jms.retry import RECONNECT_POLICY, RetryPolicy
-from router.jms.session import QueueSubscription, SessionBook, SubscriptionSpec, TransportBase
+from router.jms.session import QueueSubscription, SessionBook, TransportBase, TxEntry
 from router.jms.transport import (
-    AckMode,
+    Confirm,
     ConnectionState,
     Delivery,
     EncodedMessage,
@@ -43,11 +42,11 @@ _RIDS = itertools.count(1)      # receipt ids of the twin's answered frames (Ses
 @dataclass
 class _TxOps:
     ops: list[Callable[[], None]] = field(default_factory=list)
-    entry: Any = None            # the transaction's SessionBook record (its rollback_only refuses the COMMIT)
+    entry: TxEntry | None = None  # the transaction's SessionBook record (its rollback_only refuses the COMMIT)
 
 
 class _Done:
-    """:class:`~router.jms.transport.PendingReceipt` of the twin: the outcome is known when it is made."""
+    """:class:`~router.jms.transport.PendingConfirmation` of the twin: the outcome is known when it is made."""
 
     def __init__(self, error: TransportError | None) -> None:
         self._error = error
@@ -66,7 +65,7 @@ class MemoryTransport(TransportBase):
     def __init__(self, url: str = "memory://", *, broker: MemoryBroker | None = None, client_id: str | None = None,
                  codec: MessageCodec | None = None, on_state: StateCallback | None = None,
                  shutdown: threading.Event | None = None, reconnect_policy: RetryPolicy = RECONNECT_POLICY,
-                 **_ignored: Any) -> None:
+                 **_ignored: object) -> None:
         parts = urlsplit(url)
         if parts.scheme != "memory":
             raise LocalProtocolError(f"not a memory URL: {url!r}")
@@ -152,10 +151,8 @@ class MemoryTransport(TransportBase):
             message, problem = self._codec.decode(headers, body), None
         except Exception as exc:  # noqa: BLE001 — same contract as the STOMP transport: hand it on, marked
             message, problem = JmsMessage(BodyType.BYTES, body), f"{type(exc).__name__}: {exc}"
-        sub.feed(Delivery(message=message, headers=headers, body=body,
-                          subscription=sub_id, ack_id=headers["ack"], message_id=headers["message-id"],
-                          destination=headers["destination"], redelivered=headers.get("redelivered") == "true",
-                          epoch=self._book.epoch, decode_error=problem))
+        sub.feed(frame_delivery(message, headers, body, subscription=sub_id, ack_id=headers["ack"],
+                                message_id=headers["message-id"], epoch=self._book.epoch, decode_error=problem))
 
     def _run(self, operation: str, action: Callable[[], None], *, transaction: str | None = None) -> None:
         """Apply ``action`` now, or at COMMIT when in ``transaction``; an injected fault is raised here."""
@@ -173,45 +170,43 @@ class MemoryTransport(TransportBase):
 
     # -- sending and transactions
     def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
-                     transaction: str | None = None, receipt: bool = True) -> None:
+                     transaction: str | None = None, confirm: Confirm = Confirm.CONFIRMED) -> None:
         dest = stomp_destination(destination)
         frame = dict(encoded.headers)
         frame["persistent"] = "true" if persistent else "false"
         try:
             self._book.use_tx(transaction)
             self._run("send", lambda: self.broker.send(dest, dict(frame), encoded.body), transaction=transaction)
-            self._answered_in_order(transaction, receipt)
+            self._answered_in_order(transaction, confirm is Confirm.CONFIRMED)
         except BrokerError as exc:
             raise refused_send(exc, dest) from exc
         except BrokerUnavailable as exc:
             raise SendFailed(str(exc), dest) from exc
 
-    def _answered_in_order(self, transaction: str | None, receipt: bool) -> None:
-        """The twin answers a receipted frame at once; a receipt-less one stays unanswered in the book until a
-        later receipted frame of its transaction (as STOMP's in-order answers, ``SessionBook.frame_refused``)."""
-        rid = f"r-{next(_RIDS)}" if receipt else None
+    def _answered_in_order(self, transaction: str | None, confirmed: bool) -> None:
+        """The twin answers a confirmed operation at once; a pipelined one stays unanswered in the book until a
+        later confirmed one of its transaction (as STOMP's in-order answers, ``SessionBook.frame_refused``)."""
+        rid = f"r-{next(_RIDS)}" if confirmed else None
         self._book.frame_written(transaction, rid)
         if rid is not None:
             self._book.frame_answered(rid)
 
-    def begin(self) -> str:
+    def begin(self, confirm: Confirm = Confirm.CONFIRMED) -> str:
+        """The twin's BEGIN has no round trip either way: ``confirm`` changes nothing (an injected fault raises
+        here)."""
         tx = f"tx-{next(self._epochs)}-{id(self):x}"
         self._run("begin", lambda: None)
         self._book.add_tx(tx, self._book.epoch)
         self._txs[tx] = _TxOps(entry=self._book.get_tx(tx))
         return tx
 
-    def begin_nowait(self) -> str:
-        """The twin's BEGIN has no round trip either way: as :meth:`begin` (an injected fault raises here)."""
-        return self.begin()
-
     def transaction_problem(self, transaction: str) -> str | None:
         return self._book.tx_problem(transaction)
 
     def commit(self, transaction: str) -> None:
-        self.commit_nowait(transaction).wait()
+        self.commit_pipelined(transaction).wait()
 
-    def commit_nowait(self, transaction: str) -> _Done:
+    def commit_pipelined(self, transaction: str) -> _Done:
         """As on STOMP, the checks before the COMMIT raise at once (a transaction lost with its connection, no
         connection); the twin then commits at once and ``wait`` raises the COMMIT's own outcome (an injected
         fault)."""
@@ -242,30 +237,8 @@ class MemoryTransport(TransportBase):
             self._book.restore(entry)
 
     # -- consuming
-    def subscribe(self, destination: Destination | str, *, selector: str | None = None,
-                  ack: AckMode | str = AckMode.CLIENT_INDIVIDUAL, durable_name: str | None = None,
-                  prefetch: int = 100, transformation: str | None = None) -> Subscription:
-        dest = stomp_destination(destination)
-        try:
-            mode = AckMode(ack)
-        except ValueError:
-            raise LocalProtocolError(f"unknown ack mode {ack!r}") from None
-        if durable_name is not None and (not self.client_id or not dest.startswith("/topic/")):
-            raise LocalProtocolError("a durable subscription needs a topic and a client_id on the transport")
-        if prefetch < 1:
-            raise LocalProtocolError(f"prefetch must be >= 1, got {prefetch}")
-        spec = SubscriptionSpec(dest, selector, mode, durable_name, prefetch, transformation)
-        sub = QueueSubscription(f"sub-{next(self._sub_ids)}", spec, self._book)
-        self._book.check_connected()
-        self._book.set_mode(sub.id, mode)
-        self._subs[sub.id] = sub
-        try:
-            self._run("subscribe", lambda: self.broker.subscribe(self, sub.id, spec))
-        except TransportError:
-            self._subs.pop(sub.id, None)
-            self._book.forget_subscription(sub.id)
-            raise
-        return sub
+    def _open_subscription(self, sub: QueueSubscription) -> None:
+        self._run("subscribe", lambda: self.broker.subscribe(self, sub.id, sub.spec))
 
     def unsubscribe(self, subscription: Subscription, *, remove_durable: bool = False) -> None:
         self._book.check_open()
@@ -280,15 +253,17 @@ class MemoryTransport(TransportBase):
         elif remove_durable:
             raise BrokerUnavailable("not connected: cannot remove the durable subscription")
 
-    def ack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def ack(self, delivery: Delivery, transaction: str | None = None, *,
+            confirm: Confirm = Confirm.CONFIRMED) -> None:
         self._settle("ack", delivery, transaction, nack=False)
 
     def ack_many(self, deliveries: Sequence[Delivery], transaction: str | None = None) -> None:
-        """Receipt-less ACKs of ``deliveries`` in order, as ``StompTransport.ack_many`` (one call each here)."""
+        """Pipelined acks of ``deliveries`` in order, as ``StompTransport.ack_many`` (one call each here)."""
         for delivery in deliveries:
-            self.ack(delivery, transaction, receipt=False)
+            self.ack(delivery, transaction, confirm=Confirm.PIPELINED)
 
-    def nack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def nack(self, delivery: Delivery, transaction: str | None = None, *,
+             confirm: Confirm = Confirm.CONFIRMED) -> None:
         self._settle("nack", delivery, transaction, nack=True)
 
     def _settle(self, operation: str, delivery: Delivery, transaction: str | None, *, nack: bool) -> None:

@@ -9,7 +9,7 @@
   delivered is ACKed, and with a copy to send, ``BEGIN``, ``SEND`` (receipted), ``ACK`` (receipted) and ``COMMIT``
   (receipted) make the copy and the consumption one broker transaction: a lost connection before the COMMIT's
   receipt rolls both back (the broker aborts the open transaction of a closed connection: the original stays, no
-  copy); after it, both happened. A COMMIT whose receipt never came is :class:`~router.jms.errors.ReceiptTimeout`:
+  copy); after it, both happened. A COMMIT whose receipt never came is :class:`~router.jms.errors.UnconfirmedOutcome`:
   the outcome is unknown (browse again: the original is either there, and no copy was sent, or gone and the copy
   sent).
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -29,7 +30,7 @@ import stomp
 from stomp.utils import Frame
 
 from router.jms.browsing import Browse, BrowsedMessage, MessageHeld, OutgoingCopy, id_selector
-from router.jms.errors import BrokerError, BrokerUnavailable, LocalProtocolError, ReceiptTimeout
+from router.jms.errors import BrokerError, BrokerUnavailable, LocalProtocolError, UnconfirmedOutcome
 from router.jms.stomp.inbound import broker_error
 from router.jms.stomp.link import LINK_ERRORS, parse_stomp_url
 from router.jms.transport import redact_url
@@ -67,11 +68,20 @@ class _Session:
     def __init__(self, conn: stomp.Connection12, inbox: _Inbox, url: str, timeout: float) -> None:
         self.conn, self.inbox, self.url, self.timeout = conn, inbox, url, timeout
 
-    def next(self, timeout: float) -> tuple[str, Frame | None] | None:
+    def next(self, timeout: float, lost: str) -> tuple[str, Frame] | None:
+        """The next MESSAGE or RECEIPT frame (its kind and the frame) within ``timeout`` s, or None: the one read
+        loop of this module. An ERROR frame raises :class:`BrokerError`, a lost connection
+        :class:`BrokerUnavailable` (``lost`` says what was lost)."""
         try:
-            return self.inbox.frames.get(timeout=timeout)
+            kind, frame = self.inbox.frames.get(timeout=timeout)
         except queue.Empty:
             return None
+        if kind == "lost":
+            raise BrokerUnavailable(lost)
+        assert frame is not None
+        if kind == "error":
+            raise broker_error(frame)
+        return kind, frame
 
     def write(self, what: str, action: Callable[[], object]) -> None:
         try:
@@ -81,21 +91,25 @@ class _Session:
 
     def receipted(self, what: str, action: Callable[[str], object]) -> None:
         """Write a frame with a receipt and wait for it; the broker's ERROR for it raises BrokerError, no answer
-        ReceiptTimeout, a lost connection BrokerUnavailable. MESSAGE frames meanwhile are not expected (dropped)."""
+        UnconfirmedOutcome, a lost connection BrokerUnavailable. MESSAGE frames meanwhile are not expected (dropped)."""
         rid = f"{what}-{uuid.uuid4().hex}"
         self.write(what, lambda: action(rid))
-        while True:
-            item = self.next(self.timeout)
+        if self.wait_for("receipt", "receipt-id", rid, self.timeout,
+                         f"{what} on {self.url}: the connection was lost before its receipt") is None:
+            raise UnconfirmedOutcome(f"no receipt from {self.url} within {self.timeout:g} s", what)
+
+    def wait_for(self, kind: str, header: str, value: str, timeout: float, lost: str) -> Frame | None:
+        """The first ``kind`` frame whose ``header`` is ``value`` within ``timeout`` s, or None; other frames are
+        dropped; raises as :meth:`next`."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            item = self.next(left, lost)
             if item is None:
-                raise ReceiptTimeout(f"no receipt from {self.url} within {self.timeout:g} s", what)
-            kind, frame = item
-            if kind == "lost":
-                raise BrokerUnavailable(f"{what} on {self.url}: the connection was lost before its receipt")
-            assert frame is not None
-            if kind == "error":
-                raise broker_error(frame)
-            if kind == "receipt" and frame.headers.get("receipt-id") == rid:
-                return
+                return None
+            got, frame = item
+            if got == kind and frame.headers.get(header) == value:
+                return frame
+        return None
 
 
 class StompBrowser:
@@ -148,7 +162,8 @@ class StompBrowser:
             headers = {"selector": id_selector(message_id), "activemq.prefetchSize": "1"}
             s.write("SUBSCRIBE", lambda: s.conn.subscribe(destination, id=sub, ack="client-individual",
                                                           headers=headers))
-            frame = self._delivered(s, sub, destination, wait_s)
+            frame = s.wait_for("message", "subscription", sub, wait_s,
+                               f"consuming from {destination} on {self.url}: the connection was lost")
             if frame is None:
                 s.write("UNSUBSCRIBE", lambda: s.conn.unsubscribe(sub))
                 if self._browse(s, destination, id_selector(message_id), 1).messages:
@@ -168,41 +183,17 @@ class StompBrowser:
                 s.receipted("SEND", lambda rid: s.conn.send(
                     out.destination, out.body, headers={**out.headers, "transaction": tx, "receipt": rid}))
                 s.receipted("ACK", lambda rid: s.conn.ack(ack, transaction=tx, receipt=rid))
-            except ReceiptTimeout as exc:    # before the COMMIT: closing the connection rolls the transaction back
+            except UnconfirmedOutcome as exc:    # before the COMMIT: closing the connection rolls the transaction back
                 raise BrokerUnavailable(f"{exc}; the transaction is rolled back, nothing done") from exc
             s.receipted("COMMIT", lambda rid: s.conn.commit(tx, headers={"receipt": rid}))
             return message
 
-    def _delivered(self, s: _Session, sub: str, destination: str, wait_s: float) -> Frame | None:
-        import time
-
-        deadline = time.monotonic() + wait_s
-        while (left := deadline - time.monotonic()) > 0:
-            item = s.next(left)
-            if item is None:
-                return None
-            kind, frame = item
-            if kind == "lost":
-                raise BrokerUnavailable(f"consuming from {destination} on {self.url}: the connection was lost")
-            assert frame is not None
-            if kind == "error":
-                raise broker_error(frame)
-            if kind == "message" and frame.headers.get("subscription") == sub:
-                return frame
-        return None
-
     # --------------------------------------------------------------------------------------------- plumbing
     def _frame(self, s: _Session, what: str) -> tuple[str, Frame]:
-        item = s.next(self._timeout)
+        item = s.next(self._timeout, f"{what} on {self.url}: the connection was lost")
         if item is None:
             raise BrokerUnavailable(f"{what} on {self.url}: the broker sent nothing for {self._timeout:g} s")
-        kind, frame = item
-        if kind == "lost":
-            raise BrokerUnavailable(f"{what} on {self.url}: the connection was lost")
-        assert frame is not None
-        if kind == "error":
-            raise broker_error(frame)
-        return kind, frame
+        return item
 
     @contextlib.contextmanager
     def _session(self) -> Iterator[_Session]:

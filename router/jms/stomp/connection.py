@@ -28,8 +28,14 @@ from typing import Any
 import stomp
 from stomp.utils import Frame
 
-from router.jms.codec import SimpleCodec
-from router.jms.errors import BrokerError, BrokerUnavailable, LocalProtocolError, ReceiptTimeout, RemoteProtocolError
+from router.jms.codec import SimpleCodec, frame_delivery
+from router.jms.errors import (
+    BrokerError,
+    BrokerUnavailable,
+    LocalProtocolError,
+    RemoteProtocolError,
+    UnconfirmedOutcome,
+)
 from router.jms.model import BodyType, JmsMessage
 from router.jms.refusal import RESOURCE_MARK, is_resource
 from router.jms.retry import RECONNECT_POLICY, RetryPolicy
@@ -163,7 +169,7 @@ class StompConnection(TransportBase):
             no_delay(conn)
             bound_silence(conn)
             waiter.wait(self._connect_timeout)
-        except (LINK_ERRORS + (ReceiptTimeout, BrokerUnavailable)) as exc:
+        except (LINK_ERRORS + (UnconfirmedOutcome, BrokerUnavailable)) as exc:
             self._drop_socket(conn)
             raise BrokerUnavailable(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from exc
         except BrokerError as exc:
@@ -334,10 +340,9 @@ class StompConnection(TransportBase):
                 message, problem = self._codec.decode(headers, body), None
             except Exception as exc:  # noqa: BLE001 — the owner must settle it (dead-letter + ack), never lose it
                 message, problem = JmsMessage(BodyType.BYTES, body), f"{type(exc).__name__}: {exc}"
-        return Delivery(message=message, headers=headers, body=body,
-                        subscription=headers.get("subscription", ""), ack_id=str(headers.get("ack", message_id)),
-                        message_id=message_id, destination=headers.get("destination", ""),
-                        redelivered=headers.get("redelivered") == "true", epoch=epoch, decode_error=problem)
+        return frame_delivery(message, headers, body, subscription=headers.get("subscription", ""),
+                              ack_id=str(headers.get("ack", message_id)), message_id=message_id, epoch=epoch,
+                              decode_error=problem)
 
     def _on_receipt(self, epoch: int, frame: Frame) -> None:
         rid = frame.headers.get("receipt-id", "")

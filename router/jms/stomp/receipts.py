@@ -8,14 +8,15 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stomp.utils import Frame
 
-from router.jms.errors import BrokerError, BrokerUnavailable, ReceiptTimeout
+from router.jms.errors import BrokerError, BrokerUnavailable, UnconfirmedOutcome
 from router.jms.stomp.inbound import broker_error
 
 if TYPE_CHECKING:
+    from router.jms.session import TxEntry
     from router.jms.stomp.connection import StompConnection
 
 __all__ = ["EitherEvent", "PendingCommit", "Waiter"]
@@ -35,13 +36,13 @@ class Waiter:
         try:
             kind, frame = self.answers.get(timeout=timeout)
         except queue.Empty:
-            raise ReceiptTimeout(f"no receipt within {timeout:g} s", self.operation) from None
+            raise UnconfirmedOutcome(f"no receipt within {timeout:g} s", self.operation) from None
         if kind == "error" and frame is not None:
             raise broker_error(frame)
         if kind == "lost":
             if self.loss_is_failure:
                 raise BrokerUnavailable(f"{self.operation}: connection lost before the broker answered")
-            raise ReceiptTimeout("connection lost before the receipt", self.operation)
+            raise UnconfirmedOutcome("connection lost before the receipt", self.operation)
         assert frame is not None
         return frame
 
@@ -65,9 +66,9 @@ class EitherEvent:
 
 
 class PendingCommit:
-    """A COMMIT written by ``StompTransport.commit_nowait``, its receipt not awaited yet."""
+    """A COMMIT written by ``StompTransport.commit_pipelined``, its receipt not awaited yet."""
 
-    def __init__(self, transport: StompConnection, transaction: str, entry: Any) -> None:
+    def __init__(self, transport: StompConnection, transaction: str, entry: TxEntry) -> None:
         self._transport = transport
         self.transaction = transaction
         self._entry = entry
@@ -89,7 +90,7 @@ class PendingCommit:
         t._book.discard_tx(self.transaction)
 
     def wait(self) -> None:
-        """Wait for the COMMIT's receipt (:class:`ReceiptTimeout`: the outcome is unknown; :class:`BrokerError`:
+        """Wait for the COMMIT's receipt (:class:`UnconfirmedOutcome`: the outcome is unknown; :class:`BrokerError`:
         refused, or a frame in the transaction failed)."""
         t = self._transport
         try:

@@ -19,12 +19,12 @@ from router.jms.errors import (
     refused_send,
 )
 from router.jms.model import Destination
-from router.jms.session import QueueSubscription, SubscriptionSpec
+from router.jms.session import QueueSubscription
 from router.jms.stomp.connection import StompConnection
 from router.jms.stomp.link import LINK_ERRORS, write_chunked
 from router.jms.stomp.receipts import PendingCommit
 from router.jms.stomp.sendframe import FrameTemplates, encode_ack_frame, encode_send_frame
-from router.jms.transport import AckMode, Delivery, EncodedMessage, Subscription, stomp_destination
+from router.jms.transport import Confirm, Delivery, EncodedMessage, Subscription, stomp_destination
 
 __all__ = ["StompTransport"]
 
@@ -36,7 +36,8 @@ class StompTransport(StompConnection):
 
     # ------------------------------------------------------------------------------------------- sending
     def send_encoded(self, destination: Destination | str, encoded: EncodedMessage, *, persistent: bool,
-                     transaction: str | None = None, receipt: bool = True) -> None:
+                     transaction: str | None = None, confirm: Confirm = Confirm.CONFIRMED) -> None:
+        """A confirmed SEND asks for a receipt and waits for it; a pipelined one asks for none."""
         dest = stomp_destination(destination)
         frame_headers = dict(encoded.headers)
         frame_headers["persistent"] = "true" if persistent else "false"
@@ -53,7 +54,8 @@ class StompTransport(StompConnection):
 
         try:
             self._book.use_tx(transaction)
-            self._transmit("send", write, frame_headers, receipt=receipt, loss_is_failure=transaction is not None,
+            self._transmit("send", write, frame_headers, receipt=_receipted(confirm),
+                           loss_is_failure=transaction is not None,
                            tx=transaction)
         except BrokerError as exc:
             raise refused_send(exc, dest) from exc
@@ -63,9 +65,9 @@ class StompTransport(StompConnection):
     def send_encoded_many(self, destination: Destination | str, messages: Sequence[tuple[EncodedMessage, bool]], *,
                           transaction: str) -> None:
         """Receipt-less SENDs of ``(encoded, persistent)`` in ``transaction``: the frames and the book exactly as
-        that many ``send_encoded(..., transaction=transaction, receipt=False)`` calls, written with one socket
-        write per ``link.WRITE_CHUNK`` bytes (issue 12, round 4). Same errors as :meth:`send_encoded`; frames of a
-        failed call may have been written (the caller aborts the transaction, as after a failed SEND)."""
+        that many ``send_encoded(..., transaction=transaction, confirm=Confirm.PIPELINED)`` calls, written with one
+        socket write per ``link.WRITE_CHUNK`` bytes (issue 12, round 4). Same errors as :meth:`send_encoded`; frames of
+        a failed call may have been written (the caller aborts the transaction, as after a failed SEND)."""
         dest = stomp_destination(destination)
         try:
             self._book.use_tx(transaction)
@@ -98,16 +100,19 @@ class StompTransport(StompConnection):
                                       "transaction": transaction, "destination": dest}, encoded.body)
                               for encoded, persistent in messages))
 
-    def begin(self) -> str:
-        """BEGIN, receipted: a BEGIN the broker refuses raises here (:class:`BrokerError`), at the transaction's
-        start, so a routing transaction (T2) branch tells a refused BEGIN (an outage) from a refused message."""
+    def begin(self, confirm: Confirm = Confirm.CONFIRMED) -> str:
+        """Confirmed: a receipted BEGIN; one the broker refuses raises here (:class:`BrokerError`), at the
+        transaction's start, so a routing transaction (T2) branch tells a refused BEGIN (an outage) from a refused
+        message. Pipelined: :meth:`_begin_pipelined`."""
+        if confirm is Confirm.PIPELINED:
+            return self._begin_pipelined()
         tx = f"tx-{uuid.uuid4().hex}"
         epoch = self._transmit("begin", lambda c, h: c.begin(tx, headers=h), {}, receipt=True,
                                loss_is_failure=True)
         self._book.add_tx(tx, epoch)
         return tx
 
-    def begin_nowait(self) -> str:
+    def _begin_pipelined(self) -> str:
         """BEGIN without a receipt (issue 12: no round trip per batch). The transaction is in the book before
         its frame is written, so an ERROR answering the BEGIN (it has no receipt id) marks it rollback-only: a
         failed BEGIN shows up at the COMMIT (or :meth:`transaction_problem`), which then raises, not telling it
@@ -129,9 +134,9 @@ class StompTransport(StompConnection):
         """The transaction stays in the book until the COMMIT's receipt: an ERROR for an earlier receipt-less frame
         that arrives meanwhile still marks it, and the commit then raises :class:`BrokerError` (ActiveMQ refuses
         such a COMMIT itself; a broker that accepts it has committed the transaction without that frame)."""
-        self.commit_nowait(transaction).wait()
+        self.commit_pipelined(transaction).wait()
 
-    def commit_nowait(self, transaction: str) -> PendingCommit:
+    def commit_pipelined(self, transaction: str) -> PendingCommit:
         """Write the COMMIT (receipted) and return without waiting: :meth:`PendingCommit.wait` waits for its
         receipt and raises what :meth:`commit` raises. The caller may write other frames meanwhile (pipelining);
         it must call ``wait`` once. A transaction already known to be lost or rollback-only raises here."""
@@ -167,34 +172,8 @@ class StompTransport(StompConnection):
             return False
 
     # ------------------------------------------------------------------------------------------- consuming
-    def subscribe(self, destination: Destination | str, *, selector: str | None = None,
-                  ack: AckMode | str = AckMode.CLIENT_INDIVIDUAL, durable_name: str | None = None,
-                  prefetch: int = 100, transformation: str | None = None) -> Subscription:
-        spec = self._spec(destination, selector, ack, durable_name, prefetch, transformation)
-        sub = QueueSubscription(f"sub-{next(self._sub_ids)}", spec, self._book)
-        self._book.check_connected()
-        self._book.set_mode(sub.id, spec.ack)
-        self._subs[sub.id] = sub
-        try:
-            self._subscribe_once(sub)
-        except TransportError:
-            self._subs.pop(sub.id, None)
-            self._book.forget_subscription(sub.id)
-            raise
-        return sub
-
-    def _spec(self, destination: Destination | str, selector: str | None, ack: AckMode | str,
-              durable_name: str | None, prefetch: int, transformation: str | None) -> SubscriptionSpec:
-        dest = stomp_destination(destination)
-        try:
-            mode = AckMode(ack)
-        except ValueError:
-            raise LocalProtocolError(f"unknown ack mode {ack!r}") from None
-        if durable_name is not None and (not self.client_id or not dest.startswith("/topic/")):
-            raise LocalProtocolError("a durable subscription needs a topic and a client_id on the transport")
-        if prefetch < 1:
-            raise LocalProtocolError(f"prefetch must be >= 1, got {prefetch}")
-        return SubscriptionSpec(dest, selector, mode, durable_name, prefetch, transformation)
+    def _open_subscription(self, sub: QueueSubscription) -> None:
+        self._subscribe_once(sub)
 
     def _subscribe_once(self, sub: QueueSubscription) -> None:
         """At most one SUBSCRIBE per subscription and connection: ``subscribe()`` on one thread and the re-subscribe
@@ -241,15 +220,16 @@ class StompTransport(StompConnection):
         self._transmit("unsubscribe", lambda c, h: c.unsubscribe(sub_id, headers=h), headers, receipt=True,
                        loss_is_failure=True)
 
-    def ack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def ack(self, delivery: Delivery, transaction: str | None = None, *,
+            confirm: Confirm = Confirm.CONFIRMED) -> None:
         self._book.take_for_ack(delivery, transaction)
         self._transmit("ack", lambda c, h: c.ack(delivery.ack_id, transaction=transaction,
-                                                 receipt=h.get("receipt")), {}, receipt=receipt,
+                                                 receipt=h.get("receipt")), {}, receipt=_receipted(confirm),
                        loss_is_failure=transaction is not None)
 
     def ack_many(self, deliveries: Sequence[Delivery], transaction: str | None = None) -> None:
         """Receipt-less ACKs of ``deliveries``, in order (in ``transaction`` when given): the book and the frames
-        exactly as that many ``ack(d, transaction, receipt=False)`` calls, written with one socket write per
+        exactly as that many ``ack(d, transaction, confirm=Confirm.PIPELINED)`` calls, written with one socket write per
         ``link.WRITE_CHUNK`` bytes instead of one stomp.py frame and write each (issue 12, round 5). A delivery the
         book refuses (one of a lost connection, one already acknowledged) raises once the frames of those before
         it were written, as the one-by-one calls would; a failed write raises :class:`BrokerUnavailable` (the
@@ -282,8 +262,14 @@ class StompTransport(StompConnection):
         except LINK_ERRORS as exc:
             raise BrokerUnavailable(f"ack: the frames could not be written: {exc}") from exc
 
-    def nack(self, delivery: Delivery, transaction: str | None = None, *, receipt: bool = True) -> None:
+    def nack(self, delivery: Delivery, transaction: str | None = None, *,
+             confirm: Confirm = Confirm.CONFIRMED) -> None:
         self._book.take_for_ack(delivery, transaction)
         self._transmit("nack", lambda c, h: c.nack(delivery.ack_id, transaction=transaction,
-                                                   receipt=h.get("receipt")), {}, receipt=receipt,
+                                                   receipt=h.get("receipt")), {}, receipt=_receipted(confirm),
                        loss_is_failure=transaction is not None, tx=transaction)
+
+
+def _receipted(confirm: Confirm) -> bool:
+    """How STOMP confirms an operation: the frame asks for a receipt, and the caller waits for it."""
+    return confirm is Confirm.CONFIRMED
