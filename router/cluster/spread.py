@@ -66,6 +66,11 @@ def claim_spread(conn: Conn, dead: str, by: str, by_epoch: int) -> Spread:
     targets = live_targets(conn, exclude=[dead]) or [by]
     loads = {n: c for n, c in M.loads(conn).items() if n != dead}
     plan = drain_moves(theirs, loads, targets)
+    # the dead node's open moves end (see claim_all): one it was to make, or to start (claimed, requested, released);
+    # first, so that a share recorded below is the channel's only open move (the unique index nsjms_handoff_open)
+    conn.execute("UPDATE nsjms_handoff SET state = 'failed', error = %s WHERE (from_node = %s AND state = 'requested') "
+                 "OR (to_node = %s AND state IN ('claimed', 'requested', 'released'))",
+                 (f"node {dead} was taken over by {by}", dead, dead))
     given: dict[str, tuple[list[int], list[int]]] = {}
     moved: set[tuple[str, int]] = set()
     for cid, to in sorted(plan.items()):
@@ -86,10 +91,6 @@ def claim_spread(conn: Conn, dead: str, by: str, by_epoch: int) -> Spread:
     for kind, oid in rows:                    # rows of no existing channel's unit (destroyed objects): the fencer's
         if (str(kind), int(oid)) not in moved:
             M.claim(conn, (str(kind), int(oid)), dead, by)
-    # the dead node's open moves end (see claim_all): one it was to make, or to start (claimed, requested, released)
-    conn.execute("UPDATE nsjms_handoff SET state = 'failed', error = %s WHERE (from_node = %s AND state = 'requested') "
-                 "OR (to_node = %s AND state IN ('claimed', 'requested', 'released'))",
-                 (f"node {dead} was taken over by {by}", dead, dead))
     shares = {n: Owned(tuple(sorted(c)), tuple(sorted(b))) for n, (c, b) in given.items()}
     mine = shares.pop(by, Owned())
     return Spread(new_epoch, mine, shares)

@@ -133,6 +133,28 @@ def test_a_survivor_that_dies_holding_a_claimed_share_is_taken_over_with_it(db: 
     assert set(_owners(db).values()) == {"n2"}
 
 
+def test_a_dead_nodes_open_moves_end_before_its_channels_are_shared_out(db: Database) -> None:
+    """The review's finding: n1 had asked to move its channels (a drain: rows ``requested``) and died before
+    releasing them. The spread recorded a survivor's share (``claimed``) while the channel's ``requested`` row was
+    still open, the unique index of open moves refused it, the fence's transaction rolled back, and every later pass
+    failed the same way: the channels stayed owned by the dead node. Now its open moves end first."""
+    _, e2, _, _ = join(db, "n1"), join(db, "n2"), join(db, "n3"), join(db, "n4")
+    for cid in (1, 2, 3):
+        _channel(db, cid, "n1")
+    with db.unit_of_work() as conn:
+        for cid in (1, 2, 3):
+            conn.execute("INSERT INTO nsjms_handoff (channel_id, from_node, from_epoch, to_node, reason, state, "
+                         "bridges) VALUES (%s, 'n1', 1, 'n2', 'drain', 'requested', '{}')", (cid,))
+    _expire(db, "n1")
+    with db.unit_of_work() as conn:
+        spread = claim_spread(conn, "n1", "n2", e2)
+    assert spread.mine == Owned((1,), ()) and spread.others == {"n3": Owned((2,), ()), "n4": Owned((3,), ())}
+    assert "n1" not in _owners(db).values()
+    assert sorted(h for h in _handoffs(db) if h[4] != "failed") == \
+        [(2, "n1", "n3", "takeover", "claimed"), (3, "n1", "n4", "takeover", "claimed")]
+    assert [h[4] for h in _handoffs(db)[:3]] == ["failed"] * 3, "the dead node's drain ended"
+
+
 def test_a_claimed_share_of_a_node_that_rejoined_is_released_by_any_node(db: Database) -> None:
     """The fencer died before it released the shares, and the dead node restarted meanwhile (it recovers its own
     transactions): the share is released at the next pass of any node (``release_recovered`` with no member)."""
