@@ -183,8 +183,8 @@ STAGES = (  # (label, function name as cProfile reports it: file suffix, functio
     ("  of which encode_send_frame (one frame)", "jms/stomp/sendframe.py", "encode_send_frame"),
     ("  of which FrameTemplates.encode (a batch's frames)", "jms/stomp/sendframe.py", "encode"),
     ("  of which socket sendall", "~", "<method 'sendall' of '_socket.socket' objects>"),
-    ("BEGIN (begin_nowait)", "jms/stomp/transport.py", "begin_nowait"),
-    ("COMMIT written (commit_nowait)", "jms/stomp/transport.py", "commit_nowait"),
+    ("BEGIN (_begin_pipelined)", "jms/stomp/transport.py", "_begin_pipelined"),
+    ("COMMIT written (commit_pipelined)", "jms/stomp/transport.py", "commit_pipelined"),
     ("COMMIT receipt wait (settle)", "bridge/batchout.py", "settle"),
 )
 

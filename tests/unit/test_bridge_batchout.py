@@ -301,10 +301,10 @@ def test_events_arriving_one_by_one_wait_for_the_commit_in_flight_and_go_in_one_
     once its receipt is in, everything queued meanwhile goes in ONE transaction (before: the one event queued when
     the COMMIT was written went alone, the later ones in a third transaction)."""
     broker, _, proxy = make()
-    real_commit, real_wait = broker.commit_nowait, Pending.wait
+    real_commit, real_wait = broker.commit_pipelined, Pending.wait
     arrivals = {"tx1": ("a1",), "tx1-wait": ("a2", "a3", "a4")}
 
-    def commit_nowait(transaction: str) -> Pending:
+    def commit_pipelined(transaction: str) -> Pending:
         pending = real_commit(transaction)
         proxy.put(*arrivals.pop(transaction, ()))              # queued while the COMMIT is on its way
         return pending
@@ -313,7 +313,7 @@ def test_events_arriving_one_by_one_wait_for_the_commit_in_flight_and_go_in_one_
         proxy.put(*arrivals.pop(f"{self.tx}-wait", ()))        # queued while its receipt is awaited
         real_wait(self)
 
-    broker.commit_nowait = commit_nowait  # type: ignore[method-assign]
+    broker.commit_pipelined = commit_pipelined  # type: ignore[method-assign]
     Pending.wait = wait  # type: ignore[method-assign]
     try:
         proxy.put("e0")
