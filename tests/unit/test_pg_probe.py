@@ -139,3 +139,62 @@ def test_close_ends_the_kept_connection() -> None:
     probe.close()
     assert connector.made[0].closed
     assert probe.check() is None and len(connector.made) == 2
+
+
+def test_a_frozen_server_is_unreachable_within_the_probe_s_bound() -> None:
+    """The review's finding: a server that acknowledges at the TCP level but answers nothing (SIGSTOP, a backend
+    stuck on I/O) held the kept connection's SELECT 1 for ever (no tcp_user_timeout or keepalive fires), the
+    watch thread with it, and the node kept saying PostgreSQL was reachable. Now the SELECT gives up at the
+    probe's timeout (its socket shut down) and a new connection decides."""
+    import socket
+    import time
+    from types import SimpleNamespace
+
+    ours, server = socket.socketpair()
+
+    class Frozen(FakeConn):
+        def __init__(self) -> None:
+            super().__init__([False])
+            self.pgconn = SimpleNamespace(socket=ours.fileno())
+
+        def execute(self, sql: str) -> None:
+            if not ours.recv(1):                                  # the server never writes: only a shutdown ends it
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    clock = [100.0]
+    connector = Connector(clock)
+    probe = PostgresProbe("dbname=x", 0.5, connect=connector)
+    probe._conn = Frozen()  # type: ignore[assignment]
+    connector.refuse = True                                       # nor does a new connection get an answer
+    began = time.monotonic()
+    try:
+        error = probe.check()
+    finally:
+        ours.close()
+        server.close()
+    assert isinstance(error, psycopg.OperationalError) and "connection refused" in str(error)
+    assert time.monotonic() - began < 30, "bounded (the probe's timeout, then the new connection's)"
+    assert probe._conn is None
+
+
+def test_the_frozen_select_s_error_says_why() -> None:
+    import socket
+    from types import SimpleNamespace
+
+    from router.db.health import _select_one
+
+    ours, server = socket.socketpair()
+
+    class Frozen:
+        pgconn = SimpleNamespace(socket=ours.fileno())
+
+        def execute(self, sql: str) -> None:
+            if not ours.recv(1):
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    try:
+        with pytest.raises(psycopg.OperationalError, match=r"did not answer SELECT 1 within 0\.2 s"):
+            _select_one(Frozen(), 0.2)  # type: ignore[arg-type]
+    finally:
+        ours.close()
+        server.close()
