@@ -279,16 +279,17 @@ def cluster_ids(db: Any, kind: str, here: Iterable[int]) -> list[int]:
     """A factory's listing for the cluster (``get_all_channels``, ``get_all_bridges``; NS 3.4.18.2: the channels
     the factory created, and every node's factory is the same one): the ``kind`` objects PostgreSQL holds with an
     owner, whichever node runs them, and ``here`` (what this node runs). One autocommit read (its pooled connection
-    waited for at most :data:`LOOKUP_WAIT_S`); ``TRANSIENT`` when PostgreSQL cannot be read (this node's own list
-    is not the answer)."""
+    waited for at most :data:`LOOKUP_WAIT_S`). When PostgreSQL cannot be read, this node's own list (logged: the
+    others' are unknown then): ``TRANSIENT`` there made ``nsjms status`` report a node that answers as not running
+    (exit 3) during a database outage, where it reports it degraded (exit 8), and emptied the console's lists."""
     table = {"channel": "nsjms_channel", "bridge": "nsjms_bridge"}[kind]
     try:
         with db.statement(timeout=LOOKUP_WAIT_S) as conn:
             rows = conn.execute(f"SELECT x.id FROM {table} x JOIN nsjms_owner o ON o.kind = %s "
                                 "AND o.object_id = x.id", (kind,)).fetchall()
-    except Exception as exc:  # noqa: BLE001 - PostgreSQL away: the cluster's list is unknown, ask again
-        log.warning("cluster: %s list unknown (%s): TRANSIENT", kind, exc)
-        raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO) from None
+    except Exception as exc:  # noqa: BLE001 - PostgreSQL away: the other nodes' objects are unknown now
+        log.warning("cluster: the %ss of other nodes are unknown (%s): listing this node's only", kind, exc)
+        return sorted(set(here))
     return sorted(set(here) | {int(r[0]) for r in rows})
 
 

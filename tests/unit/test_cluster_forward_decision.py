@@ -216,3 +216,23 @@ def test_a_starting_node_tells_a_request_for_an_id_not_restored_yet_to_retry() -
     assert isinstance(fw.where(("channel", 0)), F.Retry)
     fw.configure("a", lambda obj: None, lambda obj: False)
     assert isinstance(fw.where(("channel", 0)), F.Gone), "configured: the owner decides (nobody: gone)"
+
+
+def test_a_listing_while_postgresql_is_away_is_this_node_s_own_not_transient() -> None:
+    """The review's finding: get_all_channels/get_all_bridges answered TRANSIENT while PostgreSQL was away, and
+    ``nsjms status`` (which asks get_all_channels first) then said the node was not running (exit 3) instead of
+    degraded (exit 8); the console's lists failed too. Now the node's own list, the others' unknown (logged)."""
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+
+    from router.cluster.forward import cluster_ids
+    from router.db import StoreUnavailable
+
+    class Away:
+        @contextmanager
+        def statement(self, timeout: float | None = None) -> Iterator[Any]:
+            raise StoreUnavailable("injected: PostgreSQL away")
+            yield None  # pragma: no cover
+
+    assert cluster_ids(Away(), "channel", [3, 1]) == [1, 3]
+    assert cluster_ids(Away(), "bridge", []) == []
