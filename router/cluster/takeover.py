@@ -138,15 +138,13 @@ class Takeover:
                     self._pending = _merge(self._pending, owned)
                     if self._claimed is not None and owned:
                         self._claimed(owned)                   # claimed, not loaded yet: clients are told to retry
-                    self._finish(dead)
-                    self._release([dead])                      # the others' shares, after the recovery
+                    if self._finish(dead):
+                        self._release([dead])                  # the others' shares, after the recovery only
                     self._start_pending()
                 else:
                     log.info("cluster: node %s fenced (epoch %d); it owned nothing", dead, spread.epoch)
                     self._finish(dead)
-            recovered = self._to_recover()
-            for dead in recovered:
-                self._finish(dead)
+            recovered = [dead for dead in self._to_recover() if self._finish(dead)]
             self._release(recovered)         # shares a fencer that died could not release, and of rejoined nodes
             self._start_pending()            # a start that failed at an earlier pass (after the recoveries)
             if self._handoff is not None:
@@ -183,9 +181,11 @@ class Takeover:
                 if not t.started:
                     self.done[i] = replace(t, started=True)
 
-    def _finish(self, dead: str) -> None:
+    def _finish(self, dead: str) -> bool:
+        """The recovery of ``dead``'s routing transactions; False when it failed (retried at the next pass; the
+        other survivors' shares of ``dead`` stay ``claimed`` until it worked)."""
         if self._recover is None:
-            return
+            return True
         try:
             self._recover(dead)
         except ClusterError:
@@ -193,6 +193,8 @@ class Takeover:
         except Exception as exc:  # noqa: BLE001 - retried at the next pass (the member stays fenced by us)
             self.last_error = f"recovery of {dead}'s transactions: {type(exc).__name__}: {exc}"
             log.warning("cluster: %s; retried in %g s", self.last_error, self.period_s)
+            return False
+        return True
 
     def _to_recover(self) -> list[str]:
         with self.db.unit_of_work() as conn:
