@@ -350,9 +350,15 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     step("latency")
     # the latency counts and the per-minute rows: one query (audit.latminutes), split by the driver; a table with
     # more rows than its collect limit takes its own query below, as before
-    both = L.counts_and_minutes(ledger, codes).limit(COUNTS_LIMIT + SMALL_TABLE_LIMIT + 1).toArrow()
-    columns, minute_rows = L.split(both, codes) if both.num_rows <= COUNTS_LIMIT + SMALL_TABLE_LIMIT else (None, None)
-    del both
+    # only for a small Parquet ledger: on 10M rows the merged pass (one wider struct per hop) cost more task CPU
+    # than the two scans it saves (docs/audit.md, "Round 8")
+    columns, minute_rows = None, None
+    if req.source == "parquet" and req.parquet is not None and \
+            _parquet_rows(req.parquet, SMALL_LEDGER_ROWS) <= SMALL_LEDGER_ROWS:
+        both = L.counts_and_minutes(ledger, codes).limit(COUNTS_LIMIT + SMALL_TABLE_LIMIT + 1).toArrow()
+        if both.num_rows <= COUNTS_LIMIT + SMALL_TABLE_LIMIT:
+            columns, minute_rows = L.split(both, codes)
+        del both
     if columns is not None and len(columns.n) > COUNTS_LIMIT:
         columns = None
     if minute_rows is not None and len(minute_rows) > SMALL_TABLE_LIMIT:
