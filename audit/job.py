@@ -305,6 +305,8 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    from audit import doubtrows as D
+    from audit import latminutes as L
     from audit import transforms as T
 
     step("read ledger")
@@ -318,10 +320,16 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     doubt_rows = sum(r["rows"] for r in facets if r["outcome"] == "in_doubt")
     few_doubts = doubt_rows <= BROADCAST_LIMIT
     none = ledger.where(F.lit(False))  # an empty ledger: its results are empty without reading anything
-    doubts = T.open_doubts(ledger if doubt_rows else none, broadcast=few_doubts)
-    if doubt_rows:  # read twice: by the obligations and by the stuck transactions
+    # few in-doubt rows (known from the facets): the driver finds the open doubts (audit.doubtrows: two narrow
+    # queries) and gives the per-obligation aggregation their counts as a local frame; else Spark does, as below
+    found = _open_doubts(spark, ledger, doubt_rows) if 0 < doubt_rows <= D.COLLECT_LIMIT else None
+    spark_doubts = bool(doubt_rows) and found is None
+    doubts = T.open_doubts(ledger if spark_doubts else none, broadcast=few_doubts)
+    if spark_doubts:  # read twice: by the obligations and by the stuck transactions
         doubts = doubts.persist(StorageLevel.MEMORY_AND_DISK)
-    obl = T.obligations(ledger, req.as_of, req.grace, doubts=doubts, codes=codes, broadcast=few_doubts)
+    counts = None if found is None else spark.createDataFrame(D.counts(found), "dedupe_id string, open_doubts long")
+    obl = T.obligations(ledger, req.as_of, req.grace, doubts=doubts, codes=codes, broadcast=few_doubts,
+                        doubt_counts=counts)
     # the per-obligation frame is aggregated once more (to counts and the listed obligations) and not kept: that
     # reconciliation is collected once (one query) and its tables are summed by the driver; only when it has more
     # than SMALL_TABLE_LIMIT rows (that many lost or duplicated obligations) is it kept and each table one query
@@ -330,18 +338,49 @@ def _compute(spark: Any, req: AuditRequest, step: _Progress) -> dict[str, Any]:
     dead = T.dead_letters_by_reason(T.facets(none))
     out["dead_letters"] = _write_rows(dead, T.dead_letters_from_facets(facets), tables / "dead_letters")
     # the list keeps LIST_LIMIT rows; the summary's count is of all of them (at most one per in-doubt row)
-    out["stuck_in_doubt"], stuck = _result(T.stuck_in_doubt(none, req.as_of, req.grace, doubts=doubts),
-                                           tables / "stuck_in_doubt", rows=doubt_rows, count=True)
+    stuck_df = T.stuck_in_doubt(none, req.as_of, req.grace, doubts=doubts)
+    if found is not None:  # summed by the driver from the open doubts it found: no query
+        stuck_rows = D.stuck_rows(found, req.as_of, req.grace)
+        out["stuck_in_doubt"], stuck = _write_rows(stuck_df, stuck_rows, tables / "stuck_in_doubt"), len(stuck_rows)
+    else:
+        out["stuck_in_doubt"], stuck = _result(stuck_df, tables / "stuck_in_doubt", rows=doubt_rows, count=True)
     out["stuck_in_doubt_total"] = [{"transactions": stuck}]
-    if doubt_rows:
+    if spark_doubts:
         doubts.unpersist()
     step("latency")
-    out.update(_latency(spark, T.latency_counts(T.hop_micros(ledger), codes), tables))
+    # the latency counts and the per-minute rows: one query (audit.latminutes), split by the driver; a table with
+    # more rows than its collect limit takes its own query below, as before
+    # only for a small Parquet ledger: on 10M rows the merged pass (one wider struct per hop) cost more task CPU
+    # than the two scans it saves (docs/audit.md, "Round 8")
+    columns, minute_rows = None, None
+    if req.source == "parquet" and req.parquet is not None and \
+            _parquet_rows(req.parquet, SMALL_LEDGER_ROWS) <= SMALL_LEDGER_ROWS:
+        both = L.counts_and_minutes(ledger, codes).limit(COUNTS_LIMIT + SMALL_TABLE_LIMIT + 1).toArrow()
+        if both.num_rows <= COUNTS_LIMIT + SMALL_TABLE_LIMIT:
+            columns, minute_rows = L.split(both, codes)
+        del both
+    if columns is not None and len(columns.n) > COUNTS_LIMIT:
+        columns = None
+    if minute_rows is not None and len(minute_rows) > SMALL_TABLE_LIMIT:
+        minute_rows = None
+    out.update(_latency(spark, T.latency_counts(T.hop_micros(ledger), codes), tables, columns))
     step("throughput")
-    out.update(_minutes(ledger, codes, tables))
+    out.update(_minutes(ledger, codes, tables, minute_rows))
     if req.source == "jdbc":
         ledger.unpersist()
     return out
+
+
+def _open_doubts(spark: Any, ledger: Any, doubt_rows: int) -> list[dict[str, Any]]:
+    """The open doubts of a ledger with ``doubt_rows`` (≤ :data:`audit.doubtrows.COLLECT_LIMIT`) in-doubt rows,
+    found by the driver (:mod:`audit.doubtrows`): the in-doubt rows collected (one narrow scan, no shuffle), then the
+    resolving rows' gtrids among theirs (one narrow scan, one small shuffle)."""
+    from audit import doubtrows as D
+
+    rows = D.in_doubt_rows(ledger).toArrow().to_pylist()
+    gtrids = {r["gtrid"] for r in rows if r["gtrid"] is not None}
+    resolved = {r["gtrid"] for r in D.resolved_among(ledger, gtrids).toArrow().to_pylist()} if gtrids else set()
+    return D.open_rows(rows, resolved)
 
 
 def _reconciled(spark: Any, ledger: Any, rec: Any, tables: Path, none: Any) -> dict[str, Any]:
@@ -415,16 +454,20 @@ def _split_duplicates(dups: Any, tables: Path, rows: int) -> tuple[list[dict[str
 #: (about 100 MB of Python lists); beyond, Spark's window query computes the same rows.
 COUNTS_LIMIT = 1_000_000
 
-def _latency(spark: Any, counts: Any, tables: Path) -> dict[str, Any]:
+def _latency(spark: Any, counts: Any, tables: Path, columns: Any = None) -> dict[str, Any]:
     """Write ``latency_percentiles`` and ``latency_histogram`` from the latency ``counts`` (one row per hop,
     direction and distinct latency): collected once (one query) up to :data:`COUNTS_LIMIT` rows, and both tables
     computed by the driver from those rows (exact percentiles, :func:`audit.transforms.latency_percentiles_rows`;
     the histogram with Spark's own StrictMath, :func:`audit.transforms.latency_histogram_rows`); beyond, the counts
-    are kept and each table is a Spark query (:func:`_latency_percentiles`)."""
+    are kept and each table is a Spark query (:func:`_latency_percentiles`). ``columns``: the counts already
+    collected (:class:`~audit.transforms.CountColumns`, at most :data:`COUNTS_LIMIT` rows; :mod:`audit.latminutes`):
+    no query."""
     from pyspark import StorageLevel
 
     from audit import transforms as T
 
+    if columns is not None:
+        return _latency_tables(spark, counts, columns, tables)
     collected = counts.limit(COUNTS_LIMIT + 1).toArrow()
     if collected.num_rows > COUNTS_LIMIT:
         del collected
@@ -436,6 +479,13 @@ def _latency(spark: Any, counts: Any, tables: Path) -> dict[str, Any]:
             counts.unpersist()
     columns = T.CountColumns(*(collected.column(c).to_pylist() for c in ("hop", "direction", "v_ms", "n")))
     del collected
+    return _latency_tables(spark, counts, columns, tables)
+
+
+def _latency_tables(spark: Any, counts: Any, columns: Any, tables: Path) -> dict[str, Any]:
+    """Write both latency tables from the collected count ``columns`` (``counts``: their frame, for its schema)."""
+    from audit import transforms as T
+
     strict = spark.sparkContext._jvm.java.lang.StrictMath
     return {"latency_percentiles": _write_rows(T.latency_percentiles(counts), T.latency_percentiles_rows(columns),
                                                tables / "latency_percentiles"),
@@ -497,20 +547,23 @@ def _result(df: Any, path: Path, *, rows: int | None = None, count: bool = False
         df.unpersist()
 
 
-def _minutes(ledger: Any, codes: Any, tables: Path) -> dict[str, Any]:
+def _minutes(ledger: Any, codes: Any, tables: Path, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Write ``throughput_per_minute`` and ``open_per_minute``; return the throughput totals and the open rows.
     One query (:func:`~audit.transforms.minutes`, collected with a limit one beyond :data:`SMALL_TABLE_LIMIT`) and
-    both tables summed by the driver; beyond, one Spark query each (:func:`_throughput`)."""
+    both tables summed by the driver; beyond, one Spark query each (:func:`_throughput`). ``rows``: the
+    :func:`~audit.transforms.minutes` rows already collected (:mod:`audit.latminutes`): no query."""
     from audit import transforms as T
 
     per_minute, opened = T.throughput_per_minute(ledger, codes), T.open_per_minute(ledger)
-    collected = T.minutes(ledger, codes).limit(SMALL_TABLE_LIMIT + 1).toArrow()
-    if collected.num_rows > SMALL_TABLE_LIMIT:
+    if rows is None:
+        collected = T.minutes(ledger, codes).limit(SMALL_TABLE_LIMIT + 1).toArrow()
+        if collected.num_rows > SMALL_TABLE_LIMIT:
+            del collected
+            return {"throughput_totals": _throughput(per_minute, tables / "throughput_per_minute"),
+                    "open_per_minute": _result(opened, tables / "open_per_minute")}
+        rows = collected.to_pylist()
         del collected
-        return {"throughput_totals": _throughput(per_minute, tables / "throughput_per_minute"),
-                "open_per_minute": _result(opened, tables / "open_per_minute")}
-    throughput, open_rows = T.minutes_rows(collected.to_pylist())
-    del collected
+    throughput, open_rows = T.minutes_rows(rows)
     _write_rows(per_minute, throughput, tables / "throughput_per_minute")
     return {"throughput_totals": T.throughput_totals_rows(throughput),
             "open_per_minute": _write_rows(opened, open_rows, tables / "open_per_minute")}

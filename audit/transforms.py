@@ -203,7 +203,8 @@ def resolving_gtrids(ledger_df: DataFrame, broadcast: bool = True) -> DataFrame:
 
 
 def obligations(ledger_df: DataFrame, as_of: datetime, grace: timedelta, *, doubts: DataFrame | None = None,
-                codes: Codes | None = None, broadcast: bool = True) -> DataFrame:
+                codes: Codes | None = None, broadcast: bool = True,
+                doubt_counts: DataFrame | None = None) -> DataFrame:
     """One row per dedupe_id with its counts and ``status`` (delivered, duplicated, dead_letter, discarded,
     expired, in_doubt, lost, in_flight), its ``node`` and ``multi_node``.
 
@@ -214,7 +215,9 @@ def obligations(ledger_df: DataFrame, as_of: datetime, grace: timedelta, *, doub
     ``doubts``: :func:`open_doubts` of the same ledger, when the caller has it already. ``codes``: the ledger's
     :func:`dictionary`; with it the aggregation takes ``min`` of integer codes of the string dims (a
     HashAggregate), without it ``min`` of the strings (a SortAggregate); the results are the same.
-    ``broadcast``: the open doubts are few (see :func:`open_doubts`)."""
+    ``broadcast``: the open doubts are few (see :func:`open_doubts`). ``doubt_counts``: dedupe_id, open_doubts
+    (the open doubts already counted per obligation, e.g. by the driver: :mod:`audit.doubtrows`), instead of
+    ``doubts``."""
     rows = ledger_df.select("dedupe_id", *_DIMS, "gtrid", "accepted_at", "prepared_at", "outcome", "node_id")
     accepted = F.col("outcome") == "accepted"
     if codes is None:
@@ -240,8 +243,11 @@ def obligations(ledger_df: DataFrame, as_of: datetime, grace: timedelta, *, doub
     ).select("dedupe_id", *decoded, decode_node.alias("node"),
              F.coalesce(F.col("multi_node"), F.lit(False)).alias("multi_node"), "accepted_at", "accepted_rows",
              "deliveries", "dead_letter", "discarded", "expired")
-    open_ = doubts if doubts is not None else open_doubts(rows, broadcast)
-    doubt = open_.groupBy("dedupe_id").agg(F.count(F.lit(1)).alias("open_doubts"))
+    if doubt_counts is not None:
+        doubt = doubt_counts.select("dedupe_id", "open_doubts")
+    else:
+        open_ = doubts if doubts is not None else open_doubts(rows, broadcast)
+        doubt = open_.groupBy("dedupe_id").agg(F.count(F.lit(1)).alias("open_doubts"))
     cutoff = F.lit(as_of - grace).cast(TimestampType())
     status = (F.when(F.col("deliveries") > 1, "duplicated").when(F.col("deliveries") == 1, "delivered")
               .when(F.col("dead_letter") > 0, "dead_letter").when(F.col("discarded") > 0, "discarded")
@@ -407,7 +413,7 @@ def duplicates(ledger_df: DataFrame, obl: DataFrame, broadcast: bool = True) -> 
     owner = F.when(F.col("gtrid").contains(":"), F.substring_index(F.col("gtrid"), ":", 1))
     per = rows.groupBy("dedupe_id").agg(
         *[F.min(c).alias(c) for c in _DIMS], F.count(F.lit(1)).alias("deliveries"),
-        F.countDistinct("gtrid").alias("distinct_gtrids"),
+        F.size(F.collect_set("gtrid")).alias("distinct_gtrids"),  # as countDistinct (nulls not counted), one shuffle
         F.min(done).alias("first_delivered_at"), F.max(done).alias("last_delivered_at"),
         F.min("gtrid").alias("g_min"), F.max("gtrid").alias("g_max"),
         F.min("jms_message_id").alias("m_min"), F.max("jms_message_id").alias("m_max"),

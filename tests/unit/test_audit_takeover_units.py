@@ -98,7 +98,7 @@ def test_an_audit_of_a_ledger_with_takeovers_counts_re_sends_apart(spark: SparkS
     with counted(spark) as work:
         frames = job._compute(spark, req, lambda _step: None)
     # the split costs no query: as many Spark jobs as the pinned audit with faults (test_audit_work)
-    assert (work.jobs, work.stages) == (22, 22), work
+    assert (work.jobs, work.stages) == (14, 13), work
     summ = report.summary(frames, req, master="local[1]")
     assert summ["resent"] == 4 and set(summ["resent_ids"]) == truth.resent
     assert summ["duplicated"] == 5 and set(summ["duplicate_ids"]) == truth.duplicated

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from test_audit_transforms import frame, row, spark  # noqa: F401  (the local Spark session fixture)
 
-from audit import job
+from audit import doubtrows, job
 from audit import transforms as T
 from audit.sparkwork import SparkWork, counted
 from audit.synth import SynthSpec, generate, write_parquet
@@ -28,7 +28,7 @@ CLEAN = SynthSpec(deliveries=1000, seed=11, rate_per_s=2000.0, nodes=2)
 FAULTS = SynthSpec(deliveries=1000, seed=11, rate_per_s=2000.0, nodes=2, lost=3, duplicates=3, in_doubt=3,
                    dead_letters=3)
 #: (jobs, stages that ran) of one audit of each ledger on the unit tests' local[1] session; see the module doc
-PINNED = {"clean": (9, 9), "faults": (22, 22)}
+PINNED = {"clean": (7, 7), "faults": (14, 13)}
 
 
 def _audit(spark: SparkSession, spec: SynthSpec, folder: Path) -> tuple[SparkWork, dict[str, object]]:
@@ -159,5 +159,6 @@ def test_the_spark_fallbacks_beyond_the_collect_limits_write_the_same_tables(
     collected = audit("collected")
     monkeypatch.setattr(job, "SMALL_TABLE_LIMIT", 0)
     monkeypatch.setattr(job, "COUNTS_LIMIT", 0)
+    monkeypatch.setattr(doubtrows, "COLLECT_LIMIT", 0)
     assert audit("spark") == collected
     assert "node_counts" in collected and len(collected["lost"]) == 3
