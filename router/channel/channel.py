@@ -226,7 +226,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         node_filters = getattr(factory, "filter_factory", None)
         if node_filters is not None:
             self.filter_factory_ref = self.rt.activate(self.filter_factory_oid,
-                                                       ChannelFilterFactory(node_filters, self.id))
+                                                       ChannelFilterFactory(node_filters, self.id, self.gate))
 
     # -- restore ------------------------------------------------------------------------------------------
     def restore(self) -> None:

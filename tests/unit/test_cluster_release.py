@@ -259,3 +259,24 @@ def test_no_admin_or_proxy_is_made_while_the_channel_is_handed_over(monkeypatch:
     admin.rt, admin.qos, admin._next_proxy, admin.id = channel.rt, {}, 0, 0
     with pytest.raises(CORBA.TRANSIENT):
         admin._new_proxy("STRUCTURED", es_style=False)
+
+
+def test_no_filter_of_the_channel_is_made_while_it_is_handed_over() -> None:
+    """The review's finding: a create_filter on the channel's filter factory during the stop inserted its row and
+    registered the filter here after the channel's filters were retired, while the next owner loaded it from
+    PostgreSQL: two copies, constraint changes landing on the stale one. Now it passes the channel's gate."""
+    from router.channel.filters import GRAMMAR, ChannelFilterFactory
+
+    made: list[int] = []
+    node = SimpleNamespace(create_filter=lambda grammar, channel: made.append(channel),
+                           create_mapping_filter=lambda grammar, value, channel: made.append(channel))
+    gate = Gate()
+    factory = ChannelFilterFactory(node, 4, gate)  # type: ignore[arg-type]
+    factory.create_filter(GRAMMAR)
+    assert made == [4]
+    assert gate.close(1.0)                                    # the hand-off's stop began
+    with pytest.raises(CORBA.TRANSIENT):
+        factory.create_filter(GRAMMAR)
+    with pytest.raises(CORBA.TRANSIENT):
+        factory.create_mapping_filter(GRAMMAR, 1)
+    assert made == [4], "nothing made during the stop"
