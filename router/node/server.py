@@ -220,7 +220,7 @@ class Node(ClusterRole):
             raise ServiceError(f"orb.host/orb.port: cannot listen on {self.s.orb_host}:{self.s.orb_port}: {problem}; "
                                "stop the process holding it or choose another orb.port")
         if self.pg_dsn:  # external: embedded services must not be touched for a node that cannot start
-            problem = self._probe_pg()
+            problem = self._probe_pg_once()
             if problem is not None:
                 raise ServiceUnreachable("postgres.dsn", redact_dsn(self.pg_dsn), problem)
             self._check_two_phase()
@@ -261,7 +261,7 @@ class Node(ClusterRole):
         pg = Health("postgres.dsn", redact_dsn(self.pg_dsn), self.embedded_pg is not None)
         mq = Health("broker.url", redact_dsn(self.broker_url), self.embedded_mq is not None)
         self.health = {"postgres": pg, "broker": mq}
-        problem = self._probe_pg() if self.embedded_pg is not None else None  # an external one: checked before
+        problem = self._probe_pg_once() if self.embedded_pg is not None else None  # an external one: before
         if problem is not None:
             raise ServiceUnreachable("postgres.dsn", pg.address, problem)
         pg.record_probe(None, time.time())
@@ -275,8 +275,15 @@ class Node(ClusterRole):
         self.watches = [ServiceWatch("PostgreSQL", pg, self._probe_pg, self.embedded_pg, interval=interval),
                         ServiceWatch("ActiveMQ", mq, self._probe_broker, self.embedded_mq, interval=interval)]
 
+    def _probe_pg_once(self) -> str | None:
+        """The start's checks: one connection, closed after (``lifecycle.probe_postgres``); the watch keeps one."""
+        from router.node.lifecycle import probe_postgres
+
+        return probe_postgres(self.pg_dsn, self.s.pg_connect_timeout_s)
+
     def _probe_pg(self) -> str | None:
-        """On one kept connection (router/db/health.py: a new one only when it fails, not every probe)."""
+        """The watch's probe, on one kept connection (router/db/health.py: a new one only when it fails, not every
+        probe)."""
         from router.db.health import PostgresProbe
         from router.node.lifecycle import postgres_problem
 
