@@ -111,7 +111,7 @@ def test_a_row_written_before_the_migration_resends_with_the_same_dedupe_id(
 
         gtrid = _crash_after_broker_prepare(node, db, old_writer)
         node.log.close()
-        assert db.migrate() == [11]
+        assert db.migrate() == [m.version for m in load() if m.version >= 11]   # 0011 and every later one
         with psycopg.connect(fresh_db) as conn:
             [row] = outbox_rows(conn, gtrid)
         assert row.codec == STOMP_CODEC and dict(row.headers) == headers
