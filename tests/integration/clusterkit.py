@@ -118,6 +118,25 @@ def db_fixture(fresh_db: str) -> Iterator[Database]:
     database.close()
 
 
+def sql_channel(db: Database, cid: int, owner: str, bridges: int = 0) -> None:
+    """A channel row owned by ``owner`` with ``bridges`` bridges (ids ``cid * 100 + i``), owned likewise."""
+    with db.unit_of_work() as conn:
+        conn.execute("INSERT INTO nsjms_channel (id, qos, admin_props) VALUES (%s, '{}', '{}')", (cid,))
+        M.assign(conn, ("channel", cid), owner)
+        for i in range(bridges):
+            bid = cid * 100 + i
+            conn.execute("INSERT INTO nsjms_bridge (id, source, sink, state, channel_id) VALUES "
+                         "(%s, '{}', '{}', 'started', %s)", (bid, cid))
+            M.assign(conn, ("bridge", bid), owner)
+
+
+def sql_owners(db: Database) -> dict[tuple[str, int], str]:
+    """(kind, id) -> owning node, from ``nsjms_owner``."""
+    with db.unit_of_work() as conn:
+        return {(str(k), int(i)): str(n) for k, i, n in
+                conn.execute("SELECT kind, object_id, node_id FROM nsjms_owner").fetchall()}
+
+
 def join(db: Database, node: str, settings: LeaseSettings = LONG, *, address: str | None = None,
          steal: bool = False) -> int:
     """``node`` joins (address ``<node>.example:2809`` unless given); returns its epoch."""

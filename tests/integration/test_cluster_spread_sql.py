@@ -10,32 +10,17 @@ import pytest
 
 from router.cluster import NotExpired
 from router.cluster import handoff as H
-from router.cluster import members as M
 from router.cluster.ownership import Owned
 from router.cluster.report import cluster_report
 from router.cluster.spread import claim_spread, release_recovered
 from router.db import Database
 
-from clusterkit import db_fixture, join  # noqa: F401 - db_fixture: the fixture "db"
+from clusterkit import db_fixture, join, sql_channel, sql_owners  # noqa: F401 - db_fixture: the fixture "db"
 
 pytestmark = pytest.mark.integration
 
 
-def _channel(db: Database, cid: int, owner: str, bridges: int = 0) -> None:
-    with db.unit_of_work() as conn:
-        conn.execute("INSERT INTO nsjms_channel (id, qos, admin_props) VALUES (%s, '{}', '{}')", (cid,))
-        M.assign(conn, ("channel", cid), owner)
-        for i in range(bridges):
-            bid = cid * 100 + i
-            conn.execute("INSERT INTO nsjms_bridge (id, source, sink, state, channel_id) VALUES "
-                         "(%s, '{}', '{}', 'started', %s)", (bid, cid))
-            M.assign(conn, ("bridge", bid), owner)
-
-
-def _owners(db: Database) -> dict[tuple[str, int], str]:
-    with db.unit_of_work() as conn:
-        return {(str(k), int(i)): str(n) for k, i, n in
-                conn.execute("SELECT kind, object_id, node_id FROM nsjms_owner").fetchall()}
+_channel, _owners = sql_channel, sql_owners
 
 
 def _expire(db: Database, node: str) -> None:
