@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import Xid
 
+from router.cluster.decisions import FencedDecisionLog, FencedRecovery, recover_fenced
 from router.crashpoints import armed, crashpoint, pausepoint, pauses_armed
 from router.db.conninfo import connect as connect_bounded
 from router.db.inbox import NO_TIMESTAMP_DAY
@@ -40,6 +41,7 @@ from router.jms.model import Destination
 from router.jms.transport import MessageCodec, Transport, TransportError
 from router.latecommit import LateCommitManager, LateCommits
 from router.ledger import T2HopRecorder, T2Hops
+from router.ledger_takeover import record_resends
 from router.routing.outbox import (
     ACK_MANAGER,
     OUTBOX_DEAD_LETTER,
@@ -135,8 +137,6 @@ class NodeTransactions:
         self.epoch = epoch
         decisions: RecoveryLog = self.log
         if epoch is not None:
-            from router.cluster.decisions import FencedDecisionLog
-
             decisions = FencedDecisionLog(self.log, db, node_id, epoch)
         self.coordinator = Coordinator(self.node, decisions, self.clock, observer=self.hops or observer)
         # bounded: a recovery pass (and `nsjms txn`, which waits for it) never hangs on a cut network
@@ -288,11 +288,9 @@ class NodeTransactions:
         except Exception:  # noqa: BLE001 - the recovery pass reports the log's failure itself
             return {}
 
-    def recover_fenced(self, dead: str) -> Any:
+    def recover_fenced(self, dead: str) -> FencedRecovery | None:
         """A survivor's recovery of the routing transactions of ``dead``, a node this node fenced, from PostgreSQL
         alone (router/cluster/decisions.py); returns its ``FencedRecovery`` report, None without a cluster epoch."""
-        from router.cluster.decisions import recover_fenced
-
         epoch = self.epoch() if self.epoch is not None else None
         if epoch is None:
             return None
@@ -304,8 +302,6 @@ class NodeTransactions:
         """The ledger's rows of a survivor's re-send of a fenced node's messages
         (router.ledger_takeover.record_resends), at the re-send's broker commit (the resender's time; now if it has
         none: nothing was sent in it)."""
-        from router.ledger_takeover import record_resends
-
         now = time.time()
         record_resends(conn, self.node.value, {g: self.resender.committed_at.get(g, now) for g in gtrids})
 
