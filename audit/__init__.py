@@ -1,7 +1,7 @@
 """nsjms delivery ledger and its audit.
 
-* :mod:`audit.ledger` — the ledger's schema (:mod:`router.ledger`, migration ``0003_ledger.sql``), day partitions,
-  retention;
+* :mod:`audit.ledger` — the ledger's schema (:mod:`router.routing.ledger`, migration ``0003_ledger.sql``), day
+  partitions, retention;
 * :mod:`audit.synth` — a deterministic synthetic ledger with injected faults (benchmarks, tests, demos);
 * :mod:`audit.export` — ledger rows → Parquet by day (pyarrow);
 * :mod:`audit.transforms` — the audit as pure PySpark DataFrame → DataFrame transforms;

@@ -1,6 +1,6 @@
 """The delivery ledger in PostgreSQL for the audit: schema, day partitions and retention.
 
-The schema, the row model and the partition functions live in :mod:`router.ledger` (the router writes the rows
+The schema, the row model and the partition functions live in :mod:`router.routing.ledger` (the router writes the rows
 in its routing transactions; migration ``router/db/migrations/0003_ledger.sql``): this module re-exports them for
 the audit's tools and translates psycopg's errors into :class:`audit.LedgerError`. The table is range-partitioned by
 day (UTC) on ``accepted_at``; a DEFAULT partition catches rows of a day that has no partition yet, so a missing
@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import psycopg
 
 from audit import LedgerError, UsageError
-from router import ledger as _router
-from router.ledger import (
+from router.routing import ledger as _router
+from router.routing.ledger import (
     COLUMNS,
     DEFAULT_PARTITION,
     HOP_COLUMNS,

@@ -83,7 +83,8 @@ class SynthSpec:
     dead_letters: int = 0
     #: channel → JMS obligations re-sent at a takeover (docs/cluster.md): their delivered row's gtrid names the
     #: node that wrote it (``node:…``), and the survivor (node :data:`SURVIVOR`) wrote a second ``delivered`` row of
-    #: the same transaction and message, as ``router.ledger_takeover.record_resends`` does: expected, not a violation
+    #: the same transaction and message, as ``router.routing.ledger_takeover.record_resends`` does: expected, not a
+    #: violation
     resent: int = 0
     #: channel → JMS obligations delivered a second time by :data:`SURVIVOR` in a transaction of its own (another
     #: gtrid): a duplicate across nodes that the takeover's rules do not allow (counted in ``Truth.duplicated``)

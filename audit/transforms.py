@@ -432,7 +432,7 @@ def resend_rule() -> Column:
     docs/audit.md "Nodes"): a channel → JMS obligation with two ``delivered`` rows of ONE routing transaction
     (the same gtrid, ``node:token``) and ONE JMS message (the same ``jms_message_id``, its ``nsjms_dedupe_id``),
     one written by the transaction's own node (its branch) and one by another node (the survivor that fenced it,
-    committed its decision and re-sent its outbox rows: ``router.ledger_takeover.record_resends``). Over the
+    committed its decision and re-sent its outbox rows: ``router.routing.ledger_takeover.record_resends``). Over the
     columns of :func:`duplicates`' aggregation (``deliveries``, ``g_min``/``g_max``, ``m_min``/``m_max``, ``by_owner``,
     ``by_other``, ``direction``); null when a column is. Anything else delivered twice stays a duplicate."""
     return ((F.col("direction") == "channel_to_jms") & (F.col("deliveries") == 2)

@@ -66,7 +66,7 @@ def store_rate(dsn: str, ledger: bool, n: int, batch: int) -> float:
 
     from router.channel.store import NewEvent, Store
     from router.db import Database
-    from router.ledger import LedgerSettings, LedgerWriter
+    from router.routing.ledger import LedgerSettings, LedgerWriter
 
     db_name = f"ledger_cost_{os.getpid()}_{int(time.time() * 1000)}"
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -110,7 +110,7 @@ class Scenario:
         from psycopg import sql
 
         from router.db import Database
-        from router.t2 import OutboxRow, outbox_insert
+        from router.routing.t2.transactions import OutboxRow, outbox_insert
         from xa.log import FileLog
         from xa.records import Commit, Participant
         from xa.xid import NodeId, branch_xid, dedupe_id, new_gtrid
@@ -195,7 +195,7 @@ def time_node_transactions(s: Scenario, profile: Path | None) -> tuple[float, fl
     from router.db import Database
     from router.jms.transport import open_transport
     from router.mapping.stomp_codec import StompCodec
-    from router.t2 import NodeTransactions
+    from router.routing.t2.transactions import NodeTransactions
 
     db = Database(s.dsn, 8)
     db.open()

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from router.security.files import write_private
+
 __all__ = ["INTERNAL", "SERVICE_CONTEXT_ID", "AuthError", "Authenticator", "Principal", "Role", "acting_as",
            "admin_surface",
            "current", "guard_ops", "install_client", "install_server", "present_from", "presenting", "require",
@@ -306,8 +308,6 @@ def read_principals(state_dir: Path) -> dict[str, dict[str, str]]:
 
 
 def _write_principals(state_dir: Path, principals: dict[str, dict[str, str]]) -> None:
-    from router.node.lifecycle import write_private
-
     write_private(credentials_dir(state_dir) / PRINCIPALS_FILE,
                   json.dumps({"principals": principals}, indent=2, sort_keys=True) + "\n")
 
@@ -315,8 +315,6 @@ def _write_principals(state_dir: Path, principals: dict[str, dict[str, str]]) ->
 def issue(state_dir: Path, name: str, role: Role) -> Path:
     """Create or replace principal ``name`` with a new secret; write its token file (0600); returns its path.
     The old secret stops working at the node's next request (the interceptor reloads a changed file)."""
-    from router.node.lifecycle import write_private
-
     _check_name(name)
     credentials_dir(state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(credentials_dir(state_dir), 0o700)

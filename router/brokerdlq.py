@@ -27,7 +27,7 @@ that the mapping still refuses; a ``refused`` record (retry the original in ``Ac
 did not come over STOMP (a Java Map/Stream/Object message: a copy would be empty), and one whose source is unknown.
 **Discard** consumes it (selector on its id, ACK).
 
-Every retry and discard, done or refused, is appended to the operator log (:func:`router.txnops.operator_log`).
+Every retry and discard, done or refused, is appended to the operator log (:func:`router.routing.t2.ops.operator_log`).
 Results are plain dicts (the JSON ``--json`` prints). Exceptions: :class:`Refused` (nothing done, the message says
 why); :class:`BrokerDown` (the broker could not be asked).
 """
@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 from router.jms.browsing import BrowsedMessage, DestinationBrowser, MessageHeld, OutgoingCopy
 from router.jms.codec import body_lost
 from router.jms.errors import BrokerError, LocalProtocolError, TransportError, UnconfirmedOutcome
-from router.txnops import operator_log
+from router.routing.t2.ops import operator_log
 
 __all__ = ["BROKER_QUEUES", "BrokerDeadLetterOps", "BrokerDown", "Refused", "copy_for_retry", "retry_target",
            "summary"]

@@ -16,7 +16,7 @@ They run inside the node (the CLI reaches them over IIOP through ``NsjmsAdmin::D
 * **discard**: the row is deleted (its ledger obligation already ended ``dead_letter``).
 
 Every retry and discard, done or refused, is appended to the operator log (``<state_dir>/txn-operator.log``,
-:func:`router.txnops.operator_log`). Results are plain dicts (the JSON ``--json`` prints).
+:func:`router.routing.t2.ops.operator_log`). Results are plain dicts (the JSON ``--json`` prints).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from router.channel.deadletters import DeadLetter, DeadLetterStore, RetryTarget,
 from router.channel.events import Event, Form, decode
 from router.channel.queue import Record
 from router.db import StoreUnavailable
-from router.txnops import operator_log
+from router.routing.t2.ops import operator_log
 
 __all__ = ["DeadLetterOps", "Refused", "describe_value"]
 

@@ -6,10 +6,11 @@ Modules: ``errors`` (the exception tree), ``states`` (state table), ``xid`` (nod
 ``coordinator``, ``recovery``, ``pg`` (PostgreSQL branches), ``observer`` (the hook telemetry and the ledger use),
 ``testing`` (in-memory twins for unit tests).
 
-A layer that imports no nsjms package (an import-linter contract), wired into the node: ``router/t2.py`` makes the
-node's coordinator over its file log and the recovery manager, and runs recovery at start and periodically; both data
-paths run in T2 when ``EnableTransaction`` is on (channel → JMS: ``router/channel/txdelivery.py`` with the bridge's
-send branch, ``router/bridge/txout.py`` and ``txbranch.py``; JMS → channel: ``router/channel/t2in.py`` with
-``router/bridge/t2in.py``); ``nsjms txn`` (``router/txnview.py``, ``txnops.py``, ``cli/txn.py``) reads and resolves
-its log; ``router/ledger.py`` and ``router/telemetry.py`` observe it.
+A layer that imports no nsjms package (an import-linter contract), wired into the node:
+``router/routing/t2/transactions.py`` makes the node's coordinator over its file log and the recovery manager, and runs
+recovery at start and periodically; both data paths run in T2 when ``EnableTransaction`` is on (channel → JMS:
+``router/channel/txdelivery.py`` with the bridge's send branch, ``router/bridge/txout.py`` and ``txbranch.py``; JMS →
+channel: ``router/channel/t2in.py`` with ``router/bridge/t2in.py``); ``nsjms txn`` (``router/routing/t2/view.py``,
+``ops.py``, ``cli/txn.py``) reads and resolves its log; ``router/routing/ledger.py`` and ``router/telemetry.py``
+observe it.
 """

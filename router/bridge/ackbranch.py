@@ -29,7 +29,7 @@ from router.jms.transport import (
     TransportError,
     resource_refusal,
 )
-from router.t2 import ACK_MANAGER
+from router.routing.t2.transactions import ACK_MANAGER
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 
 __all__ = ["ACK_RUN", "AckBranch", "LocalAcks", "transport_book"]

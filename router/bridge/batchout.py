@@ -22,7 +22,7 @@ mapping. An event the mapping cannot express is dead-lettered before its batch i
 
 Every message carries the JMS property ``nsjms_dedupe_id`` (:data:`router.bridge.txout.DEDUPE_PROPERTY`, the name
 the routing transactions use) with the id the channel gives its event for this proxy (:meth:`LocalBatches.batch`'s
-``ids``: ``e<event>/c<channel>/a<admin>/p<proxy>`` for a stored event, ``router.ledger.channel_dedupe_id``, the
+``ids``: ``e<event>/c<channel>/a<admin>/p<proxy>`` for a stored event, ``router.routing.ledger.channel_dedupe_id``, the
 ledger's id of the same obligation; ``b<run>/s<seq>/…`` for a BestEffort one). A batch put back and sent again
 carries the same ids, also when it is resent one message at a time, so a JMS consumer recognises every duplicate.
 """

@@ -241,8 +241,8 @@ class BridgeImpl(ChannelLink, BrokerLink, TransactionMgmtMixin, Supervised, Nsjm
     # -- construction --------------------------------------------------------------------------------------
     def _register_ledger_route(self) -> None:
         """Tell the ledger which channel proxy is this bridge's, so the channel's ledger rows for it carry the
-        bridge, its destination and the direction (router/ledger.py)."""
-        from router.ledger import Direction, Route
+        bridge, its destination and the direction (router/routing/ledger.py)."""
+        from router.routing.ledger import Direction, Route
 
         if self.row.admin_id is None or self.row.proxy_id is None:
             return

@@ -148,7 +148,7 @@ class Outbox(Protocol):
     """Channel → JMS in T2: the messages a transaction sends, kept until it ended so recovery can re-send them."""
 
     def insert(self, conn: Any, rows: Sequence[Any]) -> None:
-        """Record ``rows`` (``router.t2.OutboxRow``: the encoding exactly as sent, its codec and dedupe id) in the
-        unit of work ``conn``, the T2's PostgreSQL branch. Must not commit; may be pipelined with the sends (its
-        error surfaces when the caller's pipeline ends, before PREPARE)."""
+        """Record ``rows`` (``router.routing.t2.transactions.OutboxRow``: the encoding exactly as sent, its codec and
+        dedupe id) in the unit of work ``conn``, the T2's PostgreSQL branch. Must not commit; may be pipelined with the
+        sends (its error surfaces when the caller's pipeline ends, before PREPARE)."""
         ...

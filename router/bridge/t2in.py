@@ -4,9 +4,9 @@ The channel's pull-style proxy consumer is the transaction client (``router.chan
 enlists its PostgreSQL branch and calls the bridge's pull sender in-process with the transaction
 (:meth:`InboundT2.take`). The bridge receives up to a batch of deliveries from JMS synchronously and, in the T2:
 
-* claims the message ids in the inbox (``router.t2.inbox_claim``, the caller's PostgreSQL branch): an id already
-  there was turned into an event by an earlier, committed T2 (a redelivery after a lost ack or a crash before the
-  broker commit): it is acknowledged in the T2 and produces no event;
+* claims the message ids in the inbox (``router.routing.t2.transactions.inbox_claim``, the caller's PostgreSQL branch):
+  an id already there was turned into an event by an earlier, committed T2 (a redelivery after a lost ack or a crash
+  before the broker commit): it is acknowledged in the T2 and produces no event;
 * maps the others; a message that cannot become an event (undecodable, expired, unmappable, too large, or one the
   channel refuses) is dead-lettered with the reason by a SEND in the same STOMP transaction as its ACK, and its
   inbox claim is released (so a redelivery after an unknown broker outcome is dead-lettered again, never dropped);
@@ -39,7 +39,7 @@ from router.jms.transport import (
     Delivery,
     TransportError,
 )
-from router.t2 import inbox_claim
+from router.routing.t2.transactions import inbox_claim
 from xa.errors import UsageError
 
 # ACK_RUN, LocalAcks, AckBranch: router.bridge.ackbranch (re-exported for existing importers)

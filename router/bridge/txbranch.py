@@ -21,7 +21,7 @@ STOMP has no prepare, so the broker is T2's single one-phase participant (docs/t
   ABORT never overtakes the last SEND on the wire;
 * ``commit()``: STOMP ``COMMIT`` (receipted), called only after the decision is durable. A missing receipt, a lost
   connection or an ERROR there is :class:`~xa.errors.OutcomeUnknown`, never "aborted": recovery re-sends the
-  transaction's outbox rows with the same dedupe ids (``router.t2.OutboxResender``);
+  transaction's outbox rows with the same dedupe ids (``router.routing.t2.transactions.OutboxResender``);
 * ``rollback()``: STOMP ``ABORT``; a transaction of a lost connection is already rolled back by the broker.
 
 Transport errors are translated into ``xa`` errors here (the adapter's one boundary); the frames' own failures
@@ -47,7 +47,7 @@ from router.jms.transport import (
     TransportError,
     UnconfirmedOutcome,
 )
-from router.t2 import SEND_MANAGER
+from router.routing.t2.transactions import SEND_MANAGER
 from xa.errors import BranchUnavailable, OutcomeUnknown, PrepareFailed, UsageError
 
 __all__ = ["SendBranch"]

@@ -63,8 +63,8 @@ from router.bridge.ports import Outbox
 from router.bridge.txbranch import SendBranch
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import EncodedMessage, MessageCodec, SendRefused, Transport, stomp_destination
-from router.ledger import t2_dead_letter
 from router.routing.errors import ForwardFailed
+from router.routing.ledger import t2_dead_letter
 from router.routing.outbox import OutboxRow, outbox_insert
 from router.routing.ports import Conn, Forwarded
 from xa.errors import TransactionRolledBack

@@ -685,7 +685,7 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
                        records: list[Record]) -> tuple[tuple[int, int] | None, list[str | None]]:
         """The (supplier admin, proxy consumer) the events came from, and each event's JMS message id when that
         proxy is a JMS → channel bridge's (the mapping puts ``JMSMessageID`` in the filterable data): the ledger's
-        inbound rows (router/ledger.py)."""
+        inbound rows (router/routing/ledger.py)."""
         admin = getattr(source, "admin", None)
         if source is None or admin is None:
             return None, [None] * len(records)

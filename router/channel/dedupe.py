@@ -4,12 +4,12 @@ Every JMS message a bridge sends for a channel event carries the JMS property ``
 time the same event is sent to the same bridge again (a batch whose broker receipt was lost, an event delivered
 again after a crash), so a JMS consumer recognises a duplicate. Routing transactions (T2) number their messages
 themselves (``<gtrid>/<index>``, ``router.bridge.txout``); without T2 the id is the channel's id of the obligation,
-the one its ledger records (``router.ledger``):
+the one its ledger records (``router.routing.ledger``):
 
-* ``e<event>/c<channel>/a<admin>/p<proxy>`` for a stored event (:func:`router.ledger.channel_dedupe_id`): stable
+* ``e<event>/c<channel>/a<admin>/p<proxy>`` for a stored event (:func:`router.routing.ledger.channel_dedupe_id`): stable
   across restarts, since the event's row id and the proxy are;
-* ``b<run>/s<seq>/c<channel>/a<admin>/p<proxy>`` for a BestEffort event (:func:`router.ledger.volatile_dedupe_id`),
-  which never outlives the run that accepted it.
+* ``b<run>/s<seq>/c<channel>/a<admin>/p<proxy>`` for a BestEffort event
+  (:func:`router.routing.ledger.volatile_dedupe_id`), which never outlives the run that accepted it.
 
 A bridge fed in-process by its push proxy (``router.channel.localpush``) gets the ids with each batch. A bridge the
 channel pushes to, or that pulls, over CORBA (an acknowledging proxy, a pull endpoint) gets the events as CORBA
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from router.channel.queue import Entry
-from router.ledger import channel_dedupe_id, volatile_dedupe_id
+from router.routing.ledger import channel_dedupe_id, volatile_dedupe_id
 
 if TYPE_CHECKING:
     from router.channel.proxyport import ProxyView

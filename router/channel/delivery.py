@@ -32,9 +32,9 @@ from router.channel.deadletters import NewDeadLetter, kept_body, readable_reason
 from router.channel.events import describe_event
 from router.channel.queue import Entry
 from router.corbacall import PROBE, CallFailed, call
-from router.ledger import Outcome as LedgerOutcome
-from router.ledger import channel_dedupe_id, volatile_dedupe_id
 from router.mapping.text import next_limit
+from router.routing.ledger import Outcome as LedgerOutcome
+from router.routing.ledger import channel_dedupe_id, volatile_dedupe_id
 
 __all__ = ["DeadLetters", "DeliveryFailures"]
 

@@ -1,4 +1,5 @@
-"""Queue the events of PostgreSQL branches committed behind the channels' back (``router.latecommit``, issue 31).
+"""Queue the events of PostgreSQL branches committed behind the channels' back (``router.routing.t2.latecommit``, issue
+31).
 
 :func:`queue_committed` gets the PostgreSQL transaction ids of branches recovery or an operator just committed
 (JMS -> channel T2s no driver of this node queues itself). The queue rows such a branch inserted carry its id as

@@ -40,10 +40,10 @@ from router.channel.queue import Entry, ProxyQueue, Record
 from router.channel.runtime import proxy_oid
 from router.channel.store import ProxyRow, StoreError
 from router.channel.typesets import TypeSet
-from router.ledger import Outcome as LedgerOutcome
 from router.mapping.dedupe import stamped
 from router.mapping.text import narrow_event
 from router.routing.completer import Completer
+from router.routing.ledger import Outcome as LedgerOutcome
 
 __all__ = ["OWN_ENABLE_TRANSACTION", "ProxyBase", "ProxySupplierBase"]
 

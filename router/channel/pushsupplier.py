@@ -15,7 +15,7 @@ from router.channel.inflight import STUCK_REASON, Flight
 from router.channel.proxybase import _IDLE_WAIT, _MAX_BACKOFF, ProxySupplierBase, _delivery_times, log
 from router.channel.queue import Entry
 from router.channel.store import ProxyRow
-from router.ledger import Outcome as LedgerOutcome
+from router.routing.ledger import Outcome as LedgerOutcome
 from router.routing.ports import OutboundBatches
 
 __all__ = ["PushSupplierMixin"]

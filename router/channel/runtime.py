@@ -64,7 +64,7 @@ class Runtime:
         self.dead_letters = DeadLetterStore()       # events the channel gave up on (router.channel.deadletters)
         self.push_timeout_ms = push_timeout_ms
         self.max_event_bytes = max_event_bytes      # larger events are refused (IMP_LIMIT); 0 = no limit
-        self.t2: T2Host | None = None               # router.t2.NodeTransactions of a node; None: no T2 here
+        self.t2: T2Host | None = None               # NodeTransactions (router.routing.t2) of a node; None: no T2
         self.limits = NodeLimits()                  # [limits]: per-node quotas (router/quotas.py), set by the node
         self.delivered = delivered                  # push proxies' delivered-events journals; None: commit each
         self.owner: OwnerRecorder | None = None     # records this node as the owner of what it creates (cluster)

@@ -7,8 +7,8 @@ Tables (created by migration ``router/db/migrations/0001_initial.sql``):
 * ``nsjms_proxy`` — proxies of both sides: kind, QoS, connected client reference (IOR), suspension, filters.
 * ``nsjms_event`` — persistent events (CDR encapsulation) with their delivery attributes.
 * ``nsjms_queue`` — which proxy supplier still has to deliver which persistent event.
-* ``nsjms_ledger`` — the delivery ledger (:mod:`router.ledger`): the store writes its rows for persistent events in
-  the same unit of work that stores or removes them (``accepted`` with the event, ``delivered`` / ``discarded`` /
+* ``nsjms_ledger`` — the delivery ledger (:mod:`router.routing.ledger`): the store writes its rows for persistent events
+  in the same unit of work that stores or removes them (``accepted`` with the event, ``delivered`` / ``discarded`` /
   ``expired`` / ``dead_letter`` with the removal of the queue row), so the ledger never disagrees with the queues.
 
 Every statement is parameterised. Every method takes ``conn``, a connection inside a transaction the caller opened
@@ -36,7 +36,7 @@ from router.cluster.members import CHANNEL_FENCE_CTE
 from router.db.database import FenceToken
 from router.db.errors import StoreError, StoreUnavailable, WriteFenced
 from router.db.lane import exec_prepared
-from router.ledger import (
+from router.routing.ledger import (
     CHANNEL_DEDUPE_SQL,
     CONSUMER,
     Direction,
@@ -261,9 +261,9 @@ class Store:
         )"""
     # The ``accepted`` and ``delivered`` rows of the JMS message of each event a JMS -> channel bridge pushed (the
     # channel now durably holds it), in the same statement (outside a T2): ``j<bridge>/<JMS message id>``, or
-    # ``event-<id>`` for a message without an id (router.ledger.inbound_dedupe_id). ``delivered``'s acknowledged_at
-    # is the node's time (``iack``), like accepted_at (the event's received_at, the node's time of the push).
-    # Its arrays go in binary too (a text dump of the message ids and destinations cost ~8 us per element).
+    # ``event-<id>`` for a message without an id (router.routing.ledger.inbound_dedupe_id). ``delivered``'s
+    # acknowledged_at is the node's time (``iack``), like accepted_at (the event's received_at, the node's time of the
+    # push). Its arrays go in binary too (a text dump of the message ids and destinations cost ~8 us per element).
     _LEDGER_INBOUND = """, i AS (
             INSERT INTO nsjms_ledger(event_id, jms_message_id, dedupe_id, channel_id, proxy_id, bridge_id, destination,
                                      direction, accepted_at, acknowledged_at, outcome, node_id)
@@ -284,8 +284,8 @@ class Store:
         writes ``accepted`` and ``delivered`` for the JMS message's obligation (the channel now durably holds it).
         All carry the event's ``received_at`` as ``accepted_at``. So outside a T2 this is always ONE statement.
 
-        Inside a T2 (``conn`` is its PostgreSQL branch, :func:`router.ledger.t2_branch`) the ``accepted`` rows carry
-        its gtrid, and the JMS message's rows are collected for the branch's prepare (gtrid, ``dispatched_at`` =
+        Inside a T2 (``conn`` is its PostgreSQL branch, :func:`router.routing.ledger.t2_branch`) the ``accepted`` rows
+        carry its gtrid, and the JMS message's rows are collected for the branch's prepare (gtrid, ``dispatched_at`` =
         now, ``prepared_at``) instead of being written here.
 
         ``fence``: the node's fencing token, checked IN the statement (the accept path, whose statement may be its own
@@ -386,7 +386,7 @@ class Store:
 
     def best_effort_accepted(self, conn: Conn, cid: int, events: Sequence[NewEvent]) -> None:
         """``ledger.best_effort``: the ledger rows of BestEffort events (not stored; one statement). Their dedupe ids
-        are :func:`router.ledger.volatile_dedupe_id` (the node's run and the event's seq); ``accepted_at`` is
+        are :func:`router.routing.ledger.volatile_dedupe_id` (the node's run and the event's seq); ``accepted_at`` is
         ``NewEvent.accepted_at``, which the caller keeps for the terminal rows (:meth:`delete_deliveries`)."""
         ledger, out = self.ledger, []
         for ev in events:
@@ -423,7 +423,7 @@ class Store:
         already gone, e.g. by a retried unit of work that had committed, writes nothing). ``best_effort``: (seq,
         accepted_at) of BestEffort events leaving the proxy's queue, whose ledger rows a second statement writes.
         For a T2 branch: ``gtrid`` fills the rows' ``gtrid``; ``ledger=False`` writes no ledger row (the caller
-        writes its own, e.g. with :meth:`router.ledger.LedgerWriter.t2`). ``acknowledged_at`` (event id → unix
+        writes its own, e.g. with :meth:`router.routing.ledger.LedgerWriter.t2`). ``acknowledged_at`` (event id → unix
         time) and ``best_effort_acknowledged_at`` (seq → unix time): when each ``delivered`` event was delivered
         (the consumer's call returned), for the rows' ``acknowledged_at``; an event not in them gets now.
 

@@ -49,8 +49,8 @@ from router.channel.events import Event, Form, normalise_structured
 from router.channel.proxyport import InboundProxy, ProxyView
 from router.channel.txdelivery import enable_needs_check
 from router.crashpoints import crashpoint, pausepoint
-from router.ledger import t2_branch
 from router.routing.completer import Completer
+from router.routing.ledger import t2_branch
 from router.routing.ports import InboundBatch, InboundSource, RoundTarget, TakeLocal
 from router.routing.runner import Abandon, RunHooks, T2Runner
 from router.routing.runner import Outcome as RunOutcome
@@ -368,7 +368,7 @@ class _TakeAndStore:
 
 
 class _InboundHooks(RunHooks[RoutePlan]):
-    """The driver's part of its T2s: owned from begin (router/latecommit.py), phase two's end publishes."""
+    """The driver's part of its T2s: owned from begin (router/routing/t2/latecommit.py), phase two's end publishes."""
 
     def __init__(self, driver: InboundT2Driver) -> None:
         self.driver = driver
@@ -589,8 +589,8 @@ class InboundT2Driver:
 
     def _failed(self, txn: Transaction, exc: BaseException) -> None:
         # This driver queues nothing of a T2 that failed: if its branch is committed later (recovery commits a
-        # decided one; an operator commits an undecided one it could not roll back), router/latecommit.py queues
-        # its events. The runner rolled an undecided one back already (router.routing.runner).
+        # decided one; an operator commits an undecided one it could not roll back), router/routing/t2/latecommit.py
+        # queues its events. The runner rolled an undecided one back already (router.routing.runner).
         _disown(self.proxy.rt.t2, txn.gtrid)
         if isinstance(exc, TransactionRolledBack) or txn.state in (State.ROLLED_BACK, State.ROLLING_BACK):
             self.rolled_back += 1

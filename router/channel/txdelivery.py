@@ -46,10 +46,10 @@ from router.channel.events import as_structured
 from router.channel.inflight import Flight
 from router.channel.proxyport import ProxyView, PushDelivering, SupplierView
 from router.channel.queue import Entry
-from router.ledger import Outcome as Ledgered
-from router.ledger import t2_branch
 from router.routing.completer import Completer
 from router.routing.errors import ForwardFailed, refused_content
+from router.routing.ledger import Outcome as Ledgered
+from router.routing.ledger import t2_branch
 from router.routing.ports import OutboundParticipant
 from router.routing.runner import Outcome as RunOutcome
 from router.routing.runner import RunHooks, RunResult, T2Runner
@@ -420,7 +420,7 @@ def _without_gone(proxy: PushDelivering, gtrid: str, conn: Any, entries: list[En
     uncommitted rows (the start-up pass failed to roll it back); its outbox re-sends them with their dedupe ids.
     Sending them again here, under this T2's ids, would be a duplicate nobody could recognise: they leave memory
     instead (that unit of work wrote their ledger rows). The T2's ledger rows name the messages by their new
-    places (:func:`router.ledger.t2_branch`'s ``messages``)."""
+    places (:func:`router.routing.ledger.t2_branch`'s ``messages``)."""
     keep = [k for k, e in enumerate(entries) if e.record.db_id is None or e.record.db_id in deleted]
     kept_at = set(keep)
     gone = [e for k, e in enumerate(entries) if k not in kept_at]

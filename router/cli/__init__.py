@@ -217,9 +217,9 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _settings(cfg: Any) -> Any:
-    from router.ledger import LedgerSettings
     from router.node.server import NodeSettings
     from router.quotas import NodeLimits
+    from router.routing.ledger import LedgerSettings
 
     return NodeSettings(
         state_dir=Path(cfg.node.state_dir).resolve(),

@@ -3,10 +3,10 @@
 The mode follows the state directory's lock (``router.node.lifecycle.StateLock``), never a file that may be stale:
 
 * Router running (the lock is held): every subcommand asks the router over IIOP (``NsjmsAdmin::TransactionAdmin``,
-  ``router.txnadmin``, found through ``endpoints.json``), so it never races the router's recovery.
+  ``router.routing.t2.admin``, found through ``endpoints.json``), so it never races the router's recovery.
 * Router stopped (the lock is free; an ``endpoints.json`` a killed node left is ignored): the command takes the
   lock itself (the router cannot start meanwhile, and two commands cannot act at once), reads the recovery log,
-  PostgreSQL's prepared transactions and the outbox/inbox directly (``router.txnops``) and acts through the same
+  PostgreSQL's prepared transactions and the outbox/inbox directly (``router.routing.t2.ops``) and acts through the same
   recovery manager the router uses. Nothing is deciding then, so recovery's in-flight guard is 0.
 
 Offline on the embedded defaults, the node's PostgreSQL cluster is used when it still runs, else started for the
@@ -18,7 +18,7 @@ reach a re-send is advised as ``start-node`` and a commit refused before anythin
 for scripts; without a terminal and without ``--yes`` nothing is done). A decision logged the other way is refused
 with the reason (exit 4); so is a commit of a transaction with no decision logged unless ``--heuristic`` is given
 (the refusal names the events at stake), and a rollback after a heuristic commit. Refusals come from the backend
-(``router.txnops``), which writes every request to the operator log. Exit codes are those of ``router.cli``.
+(``router.routing.t2.ops``), which writes every request to the operator log. Exit codes are those of ``router.cli``.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ class Offline:
         self.ops = ops
 
     def _do(self, call: Callable[[], Any]) -> dict[str, Any]:
-        from router.txnops import Refused
+        from router.routing.t2.ops import Refused
 
         try:
             result = call()
@@ -229,8 +229,8 @@ def _online(endpoints: Path) -> Iterator[Backend]:
 def _offline(cfg: Any, state_dir: Path, *, write: bool) -> Iterator[Backend]:
 
     from router.mapping.stomp_codec import node_codecs
-    from router.t2 import OutboxResender, outbox_rows
-    from router.txnops import TxnOps, connect_rows
+    from router.routing.t2.ops import TxnOps, connect_rows
+    from router.routing.t2.transactions import OutboxResender, outbox_rows
     from xa.log import FileLog, log_path
     from xa.pg import PgManager
     from xa.recovery import RecoveryManager
@@ -402,7 +402,7 @@ class _Usage(Exception):
 
 
 def _older(args: argparse.Namespace) -> float | None:
-    from router.txnview import parse_duration
+    from router.routing.t2.view import parse_duration
 
     if getattr(args, "older_than", None) is None:
         return None
@@ -475,7 +475,7 @@ def _decide(args: argparse.Namespace, b: Backend, out: Callable[[str], None], er
     if args.xid is not None:
         result = b.resolve_xid(args.xid, action, who, why)
     else:
-        from router.txnops import HEURISTIC_COMMIT
+        from router.routing.t2.ops import HEURISTIC_COMMIT
 
         result = b.resolve(args.gtrid, HEURISTIC_COMMIT if heuristic and action == "commit" else action, who, why)
     out(json.dumps(result, indent=2, sort_keys=True) if args.json else render_report(result, b.mode))

@@ -144,12 +144,12 @@ def recover_fenced(db: Any, dead: str, by: str, by_epoch: int, pg: Any,
                    record: Callable[[Any, list[str]], None] | None = None) -> FencedRecovery:
     """Finish ``dead``'s routing transactions (see the module docstring). ``dead`` must be ``fenced`` (checked
     first, with ``by``'s own epoch): a live node's xids are never touched. ``pg``: an ``xa.pg.PgManager``;
-    ``resend(gtrid, participant)``: the outbox re-sender (``router.t2.OutboxResender``). Failures are collected in
-    the report (the caller retries at its next pass); the rows of a transaction are deleted only once its branches
-    are finished and its messages re-sent. ``record(conn, gtrids)``: called with the transactions whose outbox rows
-    were re-sent, on the transaction that then deletes those rows (the ledger's re-send rows,
-    ``router.ledger_takeover.record_resends``), in a savepoint: if it fails, it is logged and the clean-up goes on
-    (the ledger lacks those rows; re-sending again to record them would add duplicates)."""
+    ``resend(gtrid, participant)``: the outbox re-sender (``router.routing.t2.transactions.OutboxResender``). Failures
+    are collected in the report (the caller retries at its next pass); the rows of a transaction are deleted only once
+    its branches are finished and its messages re-sent. ``record(conn, gtrids)``: called with the transactions whose
+    outbox rows were re-sent, on the transaction that then deletes those rows (the ledger's re-send rows,
+    ``router.routing.ledger_takeover.record_resends``), in a savepoint: if it fails, it is logged and the clean-up goes
+    on (the ledger lacks those rows; re-sending again to record them would add duplicates)."""
     report = FencedRecovery(dead)
     with db.unit_of_work() as lock:
         # held until the end: one node at a time finishes ``dead``'s transactions (a survivor whose fencer died
@@ -174,7 +174,8 @@ def _finish_fenced(conn: Any, dead: str, decided: dict[str, tuple[Participant, .
     node = NodeId(dead)
     prepared = [x for x in pg.recover() if is_ours(x, node)]
     failed: set[str] = set()
-    # one call: the PostgreSQL manager's late-commit hand-over (router/latecommit.py) then scans the queue once
+    # one call: the PostgreSQL manager's late-commit hand-over (router/routing/t2/latecommit.py) then scans the queue
+    # once
     ops = [("commit" if xid.gtrid in decided else "rollback", xid) for xid in prepared]
     try:
         results: list[Exception | None] = list(pg.finish_branches(ops)) if ops else []

@@ -52,7 +52,7 @@ from router.console.backend import (
     NodeUnavailable,
 )
 from router.console.views import CHART_BRIDGES, MAX_PER_PAGE, Page, RateSampler, paginate, read_operator_log
-from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT
+from router.routing.t2.ops import AUDIT_FILE, HEURISTIC_COMMIT
 
 __all__ = ["COOKIE", "LoginThrottle", "Session", "Sessions", "create_app"]
 

@@ -5,13 +5,13 @@
   ``EventChannelFactory`` reference (OMG operations, as ``nsjms channel list|show``);
 * bridges: :func:`router.cli.bridge._dispatch` over the node's ``BridgeFactory`` reference (``nsjms bridge
   list|start|stop|destroy --json``), the state vocabulary of :func:`router.cli.bridge.bridge_state`;
-* routing transactions: the node's :class:`router.txnops.TxnOps`, the object the ``TransactionAdmin`` servant
+* routing transactions: the node's :class:`router.routing.t2.ops.TxnOps`, the object the ``TransactionAdmin`` servant
   answers ``nsjms txn`` with (listing with the safe action, resolve refused exactly as the CLI's, forget);
 * dead letters: the node's :class:`router.deadletterops.DeadLetterOps`, the object the ``DeadLetterAdmin`` servant
   answers ``nsjms deadletter list|show|retry|discard`` with (retry's target and refusals included);
 * dead letters on the broker (``nsjms.DLQ``, ``ActiveMQ.DLQ``): :class:`router.brokerdlq.BrokerDeadLetterOps`, the
   operations ``nsjms deadletter broker list|show|retry|discard`` runs, over the node's own broker settings;
-* the operator log: :meth:`router.txnops.TxnOps.audit`, the file ``nsjms txn`` writes;
+* the operator log: :meth:`router.routing.t2.ops.TxnOps.audit`, the file ``nsjms txn`` writes;
 * channel create / destroy: :func:`router.cli.channel.check_create_args` and :func:`router.cli.channel._dispatch`
   (``nsjms channel create|destroy --json``: the same ``--qos``/``--admin`` parsing and checks, the node's refusals
   rendered the same way);
@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 from router.auth import Principal, acting_as
 from router.console.calls import Counted
-from router.txnops import AUDIT_FILE, HEURISTIC_COMMIT, Refused, TxnOps
+from router.routing.t2.ops import AUDIT_FILE, HEURISTIC_COMMIT, Refused, TxnOps
 
 __all__ = ["Backend", "BridgeSpec", "BrokerUnavailable", "ConsoleRefused", "NodeBackend", "NodeRefused",
            "NodeUnavailable", "node_errors"]
@@ -417,7 +417,7 @@ class NodeBackend:
         raise ConsoleRefused(f"an operator can commit, roll back or forget, not {action!r}")
 
     def orphan_action(self, who: Principal, gid: str, action: str, why: str) -> dict[str, Any]:
-        """``nsjms txn commit|rollback --xid GID``: :meth:`router.txnops.TxnOps.resolve_xid`, the call the
+        """``nsjms txn commit|rollback --xid GID``: :meth:`router.routing.t2.ops.TxnOps.resolve_xid`, the call the
         TransactionAdmin servant makes (its refusals, the HEURISTIC record and the operator log included)."""
         if action not in ORPHAN_ACTIONS:
             raise ConsoleRefused(f"an orphaned prepared branch can be committed or rolled back, not {action!r}")

@@ -44,5 +44,5 @@ class StompCodec:
 
 def node_codecs() -> tuple[MessageCodec, ...]:
     """Every codec a node has, by ``MessageCodec.name``: what its outbox re-sender can read a row with
-    (``router.t2.OutboxResender``; a row of any other codec is dead-lettered with the reason)."""
+    (``router.routing.t2.transactions.OutboxResender``; a row of any other codec is dead-lettered with the reason)."""
     return (StompCodec(), SimpleCodec())

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from router.security.files import write_private
+
 __all__ = [
     "EMBEDDED_RESTART",
     "Health",
@@ -218,16 +220,6 @@ def _make_private(path: Path) -> None:
     except FileNotFoundError:
         pass  # a service removed it meanwhile
 
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically with mode 0600 (never readable by others, not even for a moment)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------------- probes

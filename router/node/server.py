@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from router.ledger import LedgerSettings
 from router.node.cluster import ClusterRole
 from router.node.config import DEFAULT_MAX_EVENT_BYTES
 from router.quotas import NodeLimits
+from router.routing.ledger import LedgerSettings
 
 __all__ = ["Node", "NodeSettings", "stop_services", "write_endpoints"]
 
@@ -76,7 +76,7 @@ class NodeSettings:
     node_id: str = "node1"
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES   # node.max_event_bytes: channel, ORB, bridge, mapping
     extra_orb_args: tuple[str, ...] = field(default_factory=tuple)
-    ledger: LedgerSettings = field(default_factory=LedgerSettings)   # [ledger]: router/ledger.py
+    ledger: LedgerSettings = field(default_factory=LedgerSettings)   # [ledger]: router/routing/ledger.py
     gil_switch_interval_s: float = GIL_SWITCH_INTERVAL_S   # sys.setswitchinterval while the node runs
     limits: NodeLimits = field(default_factory=NodeLimits)  # [limits]: router/quotas.py
     cluster_renew_s: float = 2.0     # [cluster] renew_s / expiry_s: the membership lease (docs/cluster.md)
@@ -148,7 +148,7 @@ class Node(ClusterRole):
         self.bridges: Any = None
         self.t2: Any = None
         self.t2_gauges: Any = None  # router.telemetry.T2Gauges of the last status snapshot
-        self.txn_admin: Any = None  # router.txnadmin.TransactionAdminImpl
+        self.txn_admin: Any = None  # router.routing.t2.admin.TransactionAdminImpl
         self.dead_letter_admin: Any = None  # router.deadletteradmin.DeadLetterAdminImpl
         self.bridge_store: Any = None
         self.pg_dsn = settings.pg_dsn
@@ -313,7 +313,7 @@ class Node(ClusterRole):
         from router.cluster.sessions import new_incarnation, session_name
         from router.db import Database
         from router.db.conninfo import name_sessions
-        from router.ledger import LedgerWriter
+        from router.routing.ledger import LedgerWriter
 
         self._secure_admin()                # before ORB_init: the credential interceptor
         self.incarnation = new_incarnation()   # its sessions are named after it: a survivor can end them
@@ -344,7 +344,7 @@ class Node(ClusterRole):
         # destination and direction (keep this order).
         owned = self._owned_at_start()     # a cluster member restores only what it owns (docs/cluster.md)
         self._build_bridges(set(owned.bridges))
-        self.t2.late.restoring()           # restore loads what was committed so far (router/latecommit.py)
+        self.t2.late.restoring()           # restore loads what was committed so far (router/routing/t2/latecommit.py)
         self.factory.restore(set(owned.channels))
         self._queue_late_commits()
         self.runtime.forwarder.configure(self.s.node_id, owner_lookup(self.db), self._runs)   # every object key
@@ -372,7 +372,7 @@ class Node(ClusterRole):
     def _queue_late_commits(self) -> None:
         """From now on, the events of PostgreSQL branches recovery or an operator commits (JMS -> channel T2s their
         driver does not queue) are queued by the running channels, first those committed since the start
-        (router/latecommit.py)."""
+        (router/routing/t2/latecommit.py)."""
         from functools import partial
 
         from router.channel.late import queue_committed
@@ -396,7 +396,7 @@ class Node(ClusterRole):
         COMMIT still to finish removes queue rows that restore would otherwise load and deliver again)."""
         from router.jms.transport import open_transport
         from router.mapping.stomp_codec import StompCodec, node_codecs
-        from router.t2 import NodeTransactions
+        from router.routing.t2.transactions import NodeTransactions
 
         def transport() -> Any:
             return open_transport(self.broker_url, codec=StompCodec(), username=self.broker_login,
@@ -418,7 +418,7 @@ class Node(ClusterRole):
         own (never a routing transaction) that waits at most 2 s for the ledger's locks. A failure is logged and
         retried at the next period: until then rows of a day without a partition land in the default partition,
         and routing never waits for this. Returns whether it succeeded."""
-        from router.ledger import maintain
+        from router.routing.ledger import maintain
 
         settings = self.s.ledger            # also when ledger.enabled is false: retention still applies
         try:
@@ -579,7 +579,7 @@ class Node(ClusterRole):
     def _publish(self) -> None:
         from router.deadletteradmin import dead_letter_admin
         from router.node.lifecycle import write_private
-        from router.txnadmin import TransactionAdminImpl, node_ops
+        from router.routing.t2.admin import TransactionAdminImpl, node_ops
 
         self.txn_admin = TransactionAdminImpl(node_ops(self.t2, self.s.state_dir))
         self.txn_admin.activate(self.runtime.ins_poa)  # nsjms txn asks the running router (online mode)

@@ -1,6 +1,6 @@
 """The outbox of channel → JMS routing transactions (T2) and its re-sender: recovery's callback for the broker
-branches (split from ``router.t2``, which re-exports these names; issue 24: the outbox lives with the routing
-layer).
+branches (split from ``router.routing.t2.transactions``, which re-exports these names; issue 24: the outbox lives
+with the routing layer).
 
 * :class:`OutboxRow`, :func:`outbox_insert` / :func:`outbox_rows` / :func:`outbox_rows_many` /
   :func:`outbox_delete`: table ``nsjms_outbox``, one statement each on the caller's connection (the T2's

@@ -104,7 +104,8 @@ class LocalEndpoints:
 
 
 class T2Host(Protocol):
-    """What the data paths ask of the node's routing transactions (``router.t2.NodeTransactions``)."""
+    """What the data paths ask of the node's routing transactions
+    (``router.routing.t2.transactions.NodeTransactions``)."""
 
     coordinator: Coordinator
     #: the node's recovery log (which T2s are still live: in-doubt entries are settled once they are not)

@@ -30,8 +30,8 @@ Outcomes (a value, matched exhaustively by the clients, CONVENTIONS 19):
 ``IN_DOUBT``          the COMMIT record may or may not be durable (``DecisionUnknown``): recovery decides
 ====================  ====================================================================================
 
-The coordinator (``xa``) and the node's T2 wiring (``router.t2.NodeTransactions``) are used as they are; this
-module only orders the calls. Users: ``router.channel.txdelivery.deliver`` (channel → JMS, NJI 2.7.3.1) and
+The coordinator (``xa``) and the node's T2 wiring (``router.routing.t2.transactions.NodeTransactions``) are used as they
+are; this module only orders the calls. Users: ``router.channel.txdelivery.deliver`` (channel → JMS, NJI 2.7.3.1) and
 ``router.channel.t2in.InboundT2Driver`` (JMS → channel, NJI 2.7.3.2).
 """
 
@@ -82,7 +82,7 @@ class Abandon(Exception):
 
 
 class Enlister(Protocol):
-    """The node's routing transactions as the runner uses them (``router.t2.NodeTransactions``)."""
+    """The node's routing transactions as the runner uses them (``router.routing.t2.transactions.NodeTransactions``)."""
 
     coordinator: Coordinator
 

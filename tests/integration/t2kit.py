@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from psycopg import Xid
 
-from router.t2 import SEND_MANAGER
+from router.routing.t2.transactions import SEND_MANAGER
 
 __all__ = ["Crash", "SendBranch"]
 

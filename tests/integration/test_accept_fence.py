@@ -26,9 +26,9 @@ from router.cluster import members as M
 from router.cluster.lease import LeaseSettings, expired
 from router.cluster.ownership import claim_all
 from router.db import Database, FenceToken, WriteFenced
-from router.ledger import LedgerSettings, LedgerWriter, maintain
 from router.node.cluster import _AcceptFence
 from router.routing.faults import MINOR_STORE_UNAVAILABLE, store_faults
+from router.routing.ledger import LedgerSettings, LedgerWriter, maintain
 
 pytestmark = pytest.mark.integration
 

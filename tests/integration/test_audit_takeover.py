@@ -1,6 +1,6 @@
 """Cluster-aware verdicts on a real PostgreSQL (issue 28, docs/audit.md "Nodes"): a survivor that finishes a fenced
 node's decided channel → JMS transaction re-sends its outbox rows (same nsjms_dedupe_id) and records the re-send in
-the ledger in the transaction that deletes them (``router.ledger_takeover.record_resends``, through
+the ledger in the transaction that deletes them (``router.routing.ledger_takeover.record_resends``, through
 ``router.cluster.decisions.recover_fenced``); the incremental audit counts that pair as ``resent`` (day verdict
 ``pass``), while a duplicate across nodes in two transactions and a loss are violations attributed to a node. Also
 the incremental audit of a synthetic ledger with both kinds injected gives exactly the injected counts."""
@@ -25,7 +25,7 @@ from router.cluster.decisions import FencedDecisionLog, recover_fenced
 from router.cluster.lease import LeaseSettings, expired
 from router.cluster.ownership import claim_all
 from router.db import Database
-from router.ledger_takeover import record_resends
+from router.routing.ledger_takeover import record_resends
 from xa.pg import PgManager
 from xa.records import Commit, LiveTxn, Participant, Record
 from xa.xid import NodeId, branch_xid, dedupe_id, new_gtrid

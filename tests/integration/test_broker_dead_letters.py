@@ -37,7 +37,7 @@ from idl.generated import CosBridgeAdmin as BA
 from router.brokerdlq import AMQ_DLQ, NSJMS_DLQ, BrokerDeadLetterOps, Refused
 from router.jms.stomp import browse as browse_mod
 from router.jms.stomp.browse import StompBrowser
-from router.txnops import AUDIT_FILE
+from router.routing.t2.ops import AUDIT_FILE
 
 from bridgekit import bridge_factory, channel_ep, jms_ep
 from conftest import NsjmsServer

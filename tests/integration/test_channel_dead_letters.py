@@ -26,7 +26,7 @@ from omniORB import CORBA
 
 import CosNotification
 
-from router.txnops import AUDIT_FILE
+from router.routing.t2.ops import AUDIT_FILE
 
 from conftest import NsjmsServer
 from stdclients import (

@@ -10,7 +10,7 @@ import pytest
 
 from router.channel.store import NewEvent, Store
 from router.db import Database, FenceToken, WriteFenced
-from router.ledger import Direction, LedgerSettings, LedgerWriter, Route, maintain
+from router.routing.ledger import Direction, LedgerSettings, LedgerWriter, Route, maintain
 
 pytestmark = pytest.mark.integration
 

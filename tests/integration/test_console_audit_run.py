@@ -24,7 +24,7 @@ from test_console_browser import browser, shot, sign_in  # noqa: F401 (browser: 
 
 from audit.ledger import ensure_partitions
 from audit.synth import SynthSpec, copy_to_postgres, generate
-from router.txnops import AUDIT_FILE
+from router.routing.t2.ops import AUDIT_FILE
 
 from conftest import NsjmsServer, free_port, started_node
 

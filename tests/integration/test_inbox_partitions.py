@@ -15,7 +15,7 @@ import pytest
 
 from router.db.inbox import DEFAULT_PARTITION, NO_TIMESTAMP_DAY, list_partitions, maintain, purge_default, sent_day
 from router.db.migrate import load, run
-from router.t2 import inbox_claim
+from router.routing.t2.transactions import inbox_claim
 
 pytestmark = pytest.mark.integration
 

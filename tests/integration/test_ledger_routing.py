@@ -1,4 +1,5 @@
-"""The router writes the delivery ledger in the transactions that move the events (docs/audit.md, router/ledger.py).
+"""The router writes the delivery ledger in the transactions that move the events (docs/audit.md,
+router/routing/ledger.py).
 
 Real node, PostgreSQL, ActiveMQ (STOMP for the node, OpenWire for the Java client) and CORBA over IIOP:
 

@@ -1,4 +1,4 @@
-"""router.ledger.LedgerWriter against a real PostgreSQL: the node's migrations create the ledger, rows of every
+"""router.routing.ledger.LedgerWriter against a real PostgreSQL: the node's migrations create the ledger, rows of every
 outcome land in their day partition, a failing write rolls the caller's transaction back."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from router.db import Database, StoreError
-from router.ledger import (
+from router.routing.ledger import (
     Direction,
     LedgerRow,
     LedgerWriter,
@@ -79,8 +79,8 @@ def test_a_failing_ledger_write_fails_the_whole_unit_of_work(fresh_db: str) -> N
 
 def test_node_maintenance_runs_in_its_own_transaction_and_gives_up_on_a_locked_ledger(
         fresh_db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from router.ledger import LedgerSettings, list_partitions
     from router.node.server import Node, NodeSettings
+    from router.routing.ledger import LedgerSettings, list_partitions
 
     node = Node(NodeSettings(state_dir=tmp_path, pg_dsn=fresh_db, ledger=LedgerSettings(ahead_days=2)))
     node.db = Database(fresh_db, 2)
@@ -132,7 +132,7 @@ def test_a_t2s_broker_commit_time_written_after_its_decision_time_still_lands(fr
     purge, and what was written first is kept (regression: the update required both columns NULL, so the broker
     commit time stayed NULL for good)."""
     from router.channel.store import NewEvent, Store
-    from router.ledger import T2HopRecorder, T2Hops
+    from router.routing.ledger import T2HopRecorder, T2Hops
 
     db = Database(fresh_db, 2)
     db.open()
@@ -166,7 +166,7 @@ def test_the_inbound_rows_folded_into_the_events_statement_carry_the_node_s_time
     clock for acknowledged_at), never the database's: with the node's clock an hour ahead of the database's,
     the message is still acknowledged after it was accepted (before: acknowledged_at was clock_timestamp())."""
     from router.channel.store import NewEvent, Store
-    from router.ledger import Route
+    from router.routing.ledger import Route
 
     ahead = datetime.now(UTC).timestamp() + 3600.0       # the node's clock, an hour ahead of the database's
     db = Database(fresh_db, 2)

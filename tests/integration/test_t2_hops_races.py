@@ -1,5 +1,5 @@
 """The T2 ledger hops against operator recovery and resolution, on real PostgreSQL and the node's real recovery log
-(router.t2.NodeTransactions with ``ledger_hops``; review findings).
+(router.routing.t2.transactions.NodeTransactions with ``ledger_hops``; review findings).
 
 * The purge (outbox rows of ended T2s deleted, their hop times written into their ledger rows) raced an operator's
   ``recover_now`` (``nsjms txn``, an ORB thread): a recovery that ended a T2 between the purge's snapshot and its
@@ -20,8 +20,8 @@ import psycopg
 import pytest
 
 from router.db import Database
-from router.t2 import NodeTransactions
-from router.txnadmin import node_ops
+from router.routing.t2.admin import node_ops
+from router.routing.t2.transactions import NodeTransactions
 from xa.pg import PgBranch
 from xa.recovery import SafeAction
 

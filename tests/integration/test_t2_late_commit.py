@@ -1,5 +1,5 @@
 """JMS -> channel T2 branches committed by someone other than their driver reach the consumer without a restart
-(issue 31, review finding 5; router/latecommit.py), with a real node, PostgreSQL and ActiveMQ.
+(issue 31, review finding 5; router/routing/t2/latecommit.py), with a real node, PostgreSQL and ActiveMQ.
 
 The node is killed inside the first T2 (NSJMS_CRASH_AT), so its PostgreSQL branch stays prepared with the T2's
 events, queue rows and inbox rows, and the broker redelivers its messages after the restart. At the restart the

@@ -1,4 +1,5 @@
-"""The node's T2 machinery (router.t2) over a real PostgreSQL, a real ActiveMQ and the real file journal.
+"""The node's T2 machinery (router.routing.t2.transactions) over a real PostgreSQL, a real ActiveMQ and the real file
+journal.
 
 A "crash" is a BaseException the coordinator does not catch, raised at a protocol step; the sessions the dead
 process held are closed and a new :class:`NodeTransactions` on the same state directory does what a restarted
@@ -19,7 +20,7 @@ import pytest
 from router.db import Database
 from router.jms.transport import Transport, open_transport
 from router.mapping.stomp_codec import StompCodec
-from router.t2 import NodeTransactions, OutboxRow, inbox_claim, outbox_insert
+from router.routing.t2.transactions import NodeTransactions, OutboxRow, inbox_claim, outbox_insert
 from xa.pg import PgBranch
 from xa.xid import dedupe_id
 

@@ -52,7 +52,7 @@ pytestmark = pytest.mark.integration
 
 PERSISTENT = CosNotification.Persistent
 TIMEOUT_S = 60.0
-#: the channel's own delivery id (router.ledger.CHANNEL_DEDUPE_SQL), which a message sent outside a T2 carries
+#: the channel's own delivery id (router.routing.ledger.CHANNEL_DEDUPE_SQL), which a message sent outside a T2 carries
 CHANNEL_ID = re.compile(r"e\d+/c\d+/a\d+/p\d+")
 
 

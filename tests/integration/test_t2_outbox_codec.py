@@ -1,5 +1,5 @@
-"""The outbox stores an encoded message with its codec's name (migration 0011, router.t2.OutboxResender), over a
-real PostgreSQL, a real ActiveMQ and the real file journal.
+"""The outbox stores an encoded message with its codec's name (migration 0011,
+router.routing.t2.transactions.OutboxResender), over a real PostgreSQL, a real ActiveMQ and the real file journal.
 
 * a row written before the migration (the old column list: the codec column's default names the STOMP codec) is
   re-sent after it, byte for byte, with the same dedupe id;
@@ -26,7 +26,7 @@ from router.jms.codec import SimpleCodec
 from router.jms.model import BodyType, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import open_transport
 from router.mapping.stomp_codec import STOMP_CODEC, StompCodec, node_codecs
-from router.t2 import OUTBOX_DEFAULT_CODEC, NodeTransactions, OutboxRow, outbox_insert, outbox_rows
+from router.routing.t2.transactions import OUTBOX_DEFAULT_CODEC, NodeTransactions, OutboxRow, outbox_insert, outbox_rows
 from xa.pg import PgBranch
 from xa.xid import dedupe_id
 

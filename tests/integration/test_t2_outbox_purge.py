@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from router.db import Database
-from router.t2 import NodeTransactions, OutboxRow, outbox_insert
+from router.routing.t2.transactions import NodeTransactions, OutboxRow, outbox_insert
 from xa.xid import NodeId, new_gtrid
 
 pytestmark = pytest.mark.integration

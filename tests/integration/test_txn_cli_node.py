@@ -22,8 +22,8 @@ from router.db import Database
 from router.jms.transport import open_transport
 from router.mapping.stomp_codec import StompCodec
 from router.node.lifecycle import StateLock
-from router.t2 import NodeTransactions, OutboxRow, outbox_insert
-from router.txnops import AUDIT_FILE
+from router.routing.t2.ops import AUDIT_FILE
+from router.routing.t2.transactions import NodeTransactions, OutboxRow, outbox_insert
 from xa.pg import PgBranch
 from xa.xid import FORMAT_ID, NodeId, branch_xid, dedupe_id, new_gtrid
 
@@ -285,7 +285,7 @@ def test_a_wrong_node_id_is_named_instead_of_showing_nothing(
 def test_node_depths_count_the_outbox_and_estimate_the_inbox(tmp_path: Path, env: Database, fresh_db: str) -> None:
     import time
 
-    from router.t2 import inbox_claim
+    from router.routing.t2.transactions import inbox_claim
 
     died(tmp_path, env, fresh_db, "unused", 2, decided=True, at_broker=True)  # 2 committed outbox rows
     with env.unit_of_work() as conn:

@@ -24,7 +24,7 @@ import CosNotification
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
 from router.cli import main
-from router.txnops import AUDIT_FILE
+from router.routing.t2.ops import AUDIT_FILE
 
 from bridgekit import channel_ep, event_numbers, jms_ep, prepared_gids, reconnect_client
 from conftest import Rig, free_port

@@ -1,6 +1,6 @@
 """``nsjms txn list/show``'s event count of a prepared channel -> JMS branch on real PostgreSQL (review finding 14).
 
-The branch DELETED queue rows (router/txnops.py ``TxnOps._held`` counts them by their ``xmax``). Rows that the
+The branch DELETED queue rows (router/routing/t2/ops.py ``TxnOps._held`` counts them by their ``xmax``). Rows that the
 branch and another transaction both share-locked first (``FOR KEY SHARE``) get a MultiXact as ``xmax`` when the
 branch deletes them, not the branch's xid: they were not counted.
 """
@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from router.db import Database
-from router.txnops import TxnOps, connect_rows
-from router.txnview import join
+from router.routing.t2.ops import TxnOps, connect_rows
+from router.routing.t2.view import join
 from xa.pg import PgManager
 from xa.xid import NodeId, branch_xid, new_gtrid
 

@@ -32,7 +32,7 @@ import stomp
 from router.cli import main
 from router.db import Database
 from router.node.services import EmbeddedActiveMQ, EmbeddedPostgres
-from router.t2 import NodeTransactions, OutboxRow, outbox_insert
+from router.routing.t2.transactions import NodeTransactions, OutboxRow, outbox_insert
 from xa.pg import PgBranch
 from xa.xid import dedupe_id
 

@@ -23,7 +23,7 @@ from router.channel.ack import AckState, StructuredProxyPushSupplierAckImpl, seq
 from router.channel.events import Event, Form
 from router.channel.queue import FIFO_ORDER, ProxyQueue, Record
 from router.db.testing import NullDatabase
-from router.ledger import LedgerWriter
+from router.routing.ledger import LedgerWriter
 
 INTERVAL_S = 10.0
 RETRIES = 2

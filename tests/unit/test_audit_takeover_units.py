@@ -1,7 +1,7 @@
 """Cluster-aware verdicts (issue 28, docs/audit.md "Nodes"): a takeover's documented re-send (docs/cluster.md: the
 survivor re-sends a dead node's decided channel → JMS messages with their original's nsjms_dedupe_id, and records
-it, ``router.ledger.record_resends``) is counted apart as ``resent``, never a violation; any other duplicate, also
-one across nodes, and any loss stay violations attributed to a node."""
+it, ``router.routing.ledger.record_resends``) is counted apart as ``resent``, never a violation; any other duplicate,
+also one across nodes, and any loss stay violations attributed to a node."""
 
 # ruff: noqa: F811  (the spark fixture imported from test_audit_transforms, used as a parameter)
 from __future__ import annotations

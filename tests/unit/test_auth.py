@@ -125,7 +125,7 @@ class _Ops:
 
 
 def test_operator_log_identity_is_the_principal_not_the_argument(monkeypatch: pytest.MonkeyPatch) -> None:
-    from router.txnadmin import TransactionAdminImpl
+    from router.routing.t2.admin import TransactionAdminImpl
 
     adminguard.apply()
     monkeypatch.setattr(auth, "current", lambda: Principal("ops-bob", Role.OPERATOR))
@@ -139,7 +139,7 @@ def test_operator_log_identity_is_the_principal_not_the_argument(monkeypatch: py
 
 
 def test_a_reader_or_anonymous_caller_is_refused_an_operator_operation(monkeypatch: pytest.MonkeyPatch) -> None:
-    from router.txnadmin import TransactionAdminImpl
+    from router.routing.t2.admin import TransactionAdminImpl
 
     adminguard.apply()
     ops = _Ops()

@@ -16,7 +16,7 @@ from router.channel import proxies as P
 from router.channel import pushsupplier
 from router.channel.delivered import FLUSH_EVENTS, IDLE_FLUSH_EVENTS, DeliveredJournals, ProxyJournal, read_ids
 from router.db.testing import NullDatabase
-from router.ledger import LedgerSettings, LedgerWriter
+from router.routing.ledger import LedgerSettings, LedgerWriter
 
 
 def _proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, consumer: Consumer) -> Any:

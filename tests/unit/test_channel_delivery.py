@@ -22,7 +22,7 @@ from router.channel.channel import EventChannelImpl
 from router.channel.events import Event, Form
 from router.channel.queue import FIFO_ORDER, ProxyQueue, Record
 from router.db.testing import NullDatabase
-from router.ledger import LedgerWriter
+from router.routing.ledger import LedgerWriter
 
 DEADLINE_S = 20.0
 

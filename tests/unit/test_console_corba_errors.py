@@ -148,7 +148,7 @@ def test_the_translation_is_one_function() -> None:
 def test_an_orphans_refusal_is_the_clis(tmp_path: Path) -> None:
     """``orphan_action`` is ``TxnOps.resolve_xid`` (``nsjms txn commit|rollback --xid``): its refusal, its words."""
     from router.console.backend import ConsoleRefused
-    from router.txnops import Refused
+    from router.routing.t2.ops import Refused
 
     class XidOps(Ops):
         def resolve_xid(self, gid: str, action: str, who: str, why: str) -> dict[str, Any]:

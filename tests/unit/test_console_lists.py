@@ -13,7 +13,7 @@ from router.auth import Role
 from router.console.app import create_app
 from router.console.auditruns import AuditRuns
 from router.console.views import RateSampler
-from router.txnops import AUDIT_FILE
+from router.routing.t2.ops import AUDIT_FILE
 from tests.unit.test_console_app import FakeBackend, issue, login
 
 

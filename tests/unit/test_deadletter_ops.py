@@ -20,7 +20,7 @@ from router.channel.deadletters import DeadLetter
 from router.channel.events import Event, Form
 from router.db.testing import NullDatabase
 from router.deadletterops import DeadLetterOps, Refused
-from router.txnops import AUDIT_FILE
+from router.routing.t2.ops import AUDIT_FILE
 
 
 def _dl(**kw: Any) -> DeadLetter:

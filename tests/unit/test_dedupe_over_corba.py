@@ -24,8 +24,8 @@ from router.channel import proxies as P
 from router.channel.events import Event, Form
 from router.channel.queue import Entry, Record
 from router.jms.model import Destination, JmsMessage
-from router.ledger import Direction, LedgerWriter, Route
 from router.mapping.to_jms import event_to_jms
+from router.routing.ledger import Direction, LedgerWriter, Route
 
 QUEUE = Destination("queue", "out")
 

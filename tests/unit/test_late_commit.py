@@ -1,4 +1,5 @@
-"""router.latecommit: what recovery or an operator commits reaches the channels unless a driver owns the T2."""
+"""router.routing.t2.latecommit: what recovery or an operator commits reaches the channels unless a driver owns the
+T2."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from psycopg import Xid
 
-from router.latecommit import LateCommitManager, LateCommits
+from router.routing.t2.latecommit import LateCommitManager, LateCommits
 from xa.errors import BranchUnavailable, ResourceError
 
 

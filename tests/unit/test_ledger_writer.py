@@ -1,4 +1,4 @@
-"""router.ledger.LedgerWriter without a database: one statement per batch, column arrays, validation, routes."""
+"""router.routing.ledger.LedgerWriter without a database: one statement per batch, column arrays, validation, routes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from router.ledger import (
+from router.routing.ledger import (
     Direction,
     LedgerRow,
     LedgerSettings,
@@ -166,7 +166,7 @@ GTRID = "n1:0123456789abcdef01234567"
 
 
 def test_a_t2_branch_writes_its_collected_rows_in_one_statement_just_before_prepare() -> None:
-    from router.ledger import t2_branch
+    from router.routing.ledger import t2_branch
 
     steps: list[str] = []
     conn, w = StepConn(steps), LedgerWriter()
@@ -190,7 +190,7 @@ def test_a_t2_branch_writes_its_collected_rows_in_one_statement_just_before_prep
 def test_a_rolled_back_t2_branch_writes_nothing_and_a_failing_insert_votes_no() -> None:
     import psycopg
 
-    from router.ledger import t2_branch
+    from router.routing.ledger import t2_branch
     from xa.errors import PrepareFailed
 
     steps: list[str] = []
@@ -210,7 +210,7 @@ def test_a_rolled_back_t2_branch_writes_nothing_and_a_failing_insert_votes_no() 
 
 
 def test_without_the_ledger_the_branch_is_unchanged() -> None:
-    from router.ledger import t2_branch
+    from router.routing.ledger import t2_branch
 
     inner = Branch([])
     assert t2_branch(LedgerWriter(LedgerSettings(enabled=False)), fake(), inner, GTRID) is inner

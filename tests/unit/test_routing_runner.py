@@ -55,7 +55,7 @@ class Sessions:
 
 
 class T2:
-    """router.t2.NodeTransactions as the runner sees it."""
+    """router.routing.t2.transactions.NodeTransactions as the runner sees it."""
 
     def __init__(self) -> None:
         self.log = MemoryLog(NODE)

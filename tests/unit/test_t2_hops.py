@@ -1,4 +1,4 @@
-"""router.ledger.T2HopRecorder: the decision and broker-commit times of T2s, driven by the real coordinator over
+"""router.routing.ledger.T2HopRecorder: the decision and broker-commit times of T2s, driven by the real coordinator over
 the in-memory twins (xa.testing), and the one UPDATE that fills them into the T2's terminal ledger rows."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 from psycopg import Xid
 
-from router.ledger import T2HopRecorder
+from router.routing.ledger import T2HopRecorder
 from xa.coordinator import Coordinator
 from xa.errors import OutcomeUnknown
 from xa.observer import Phase

@@ -1,6 +1,6 @@
-"""router.t2.NodeTransactions' housekeeping of the cluster decision rows, with fakes: close() flushes the rows of the
-T2s that ended and purges before the node leaves; a failing flush does not stop the tick's recovery and purge and
-logs one warning without a traceback."""
+"""router.routing.t2.transactions.NodeTransactions' housekeeping of the cluster decision rows, with fakes: close()
+flushes the rows of the T2s that ended and purges before the node leaves; a failing flush does not stop the tick's
+recovery and purge and logs one warning without a traceback."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from router import t2 as T
+from router.routing.t2 import transactions as T
 
 
 class _Log:

@@ -12,7 +12,7 @@ import pytest
 from test_t2_out import FakeStore, Rig
 
 from router.channel.boundary import Outcome
-from router.ledger import Outcome as Ledgered
+from router.routing.ledger import Outcome as Ledgered
 
 
 class RecordingStore(FakeStore):
@@ -70,7 +70,7 @@ class _Inner:
 
 
 def test_a_message_the_bridge_dead_letters_in_a_batch_is_its_events_dead_letter_row() -> None:
-    from router.ledger import Direction, LedgerRow, LedgerWriter, T2LedgerBranch, T2Rows, t2_dead_letter
+    from router.routing.ledger import Direction, LedgerRow, LedgerWriter, T2LedgerBranch, T2Rows, t2_dead_letter
 
     writer, conn, other = LedgerWriter(node_id="n1"), _Conn(), _Conn()
     rows = T2Rows("n1:g", {1: "n1:g/0", 2: "n1:g/1"}, [

@@ -42,7 +42,7 @@ from router.jms.model import Destination
 from router.jms.stomp.transport import StompTransport
 from router.mapping.errors import MappingError
 from router.mapping.stomp_codec import StompCodec
-from router.t2 import OutboxRow
+from router.routing.t2.transactions import OutboxRow
 from xa.xid import NodeId, branch_xid, new_gtrid
 
 GOLDEN = Path(__file__).with_name("t2_out_wire_golden.txt")

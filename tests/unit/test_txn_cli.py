@@ -13,7 +13,7 @@ import pytest
 
 from router.cli import build_parser
 from router.cli import txn as txncli
-from router.txnadmin import node_ops
+from router.routing.t2.admin import node_ops
 
 VIEW: dict[str, Any] = {
     "gtrid": "n1:000000000001000000000001", "status": "undecided", "decision": None, "decided_at": None,
@@ -41,7 +41,7 @@ class Fake:
     def resolve(self, gtrid: str, action: str, who: str, why: str) -> dict[str, Any]:
         if self.refuse:
             raise txncli.Refusal(self.refuse)
-        if action == "commit" and self.show(gtrid)["decision"] is None:   # as router.txnview.refusal does
+        if action == "commit" and self.show(gtrid)["decision"] is None:   # as router.routing.t2.view.refusal does
             self.calls.append(("refused " + action, gtrid, who, why))
             raise txncli.Refusal(f"{gtrid}: no COMMIT is logged: ... Add --heuristic to commit it")
         self.calls.append((action, gtrid, who, why))
@@ -195,7 +195,7 @@ def test_every_operator_request_is_in_the_operator_log_also_when_it_fails(tmp_pa
     """Refused (an unknown transaction) or failed (the database broke mid-way): both are written, then raised."""
     import json
 
-    from router.txnops import AUDIT_FILE, Refused, TxnOps
+    from router.routing.t2.ops import AUDIT_FILE, Refused, TxnOps
 
     class Pg:
         broken = False

@@ -1,4 +1,4 @@
-"""The operator's joined view (router.txnview): a pure function over the log's records, prepared xids and
+"""The operator's joined view (router.routing.t2.view): a pure function over the log's records, prepared xids and
 outbox/inbox rows; the safe action and its reason for each in-doubt situation; refusals; orphans and foreign xids."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 from psycopg import Xid
 
-from router.txnview import HeldInfo, InboxInfo, OutboxInfo, Snapshot, join, parse_duration, refusal, select
+from router.routing.t2.view import HeldInfo, InboxInfo, OutboxInfo, Snapshot, join, parse_duration, refusal, select
 from xa.errors import HeuristicKind
 from xa.records import Commit, Heuristic, Participant, Progress, Record, Rollback, fold
 from xa.xid import FORMAT_ID, branch_xid, dedupe_id

@@ -107,7 +107,7 @@ class TelemetryConfig:
 
 @dataclass(frozen=True)
 class LedgerConfig:
-    """``[ledger]``: the delivery ledger the router writes (router/ledger.py, docs/audit.md)."""
+    """``[ledger]``: the delivery ledger the router writes (router/routing/ledger.py, docs/audit.md)."""
 
     enabled: bool = True            # rows for persistent (and transactional) traffic, in the routing transactions
     best_effort: bool = False       # rows for BestEffort events too

@@ -468,7 +468,7 @@ _HOPS_UPDATE = sql.SQL("""
 class T2HopRecorder:
     """Records, per T2, when its COMMIT decision was durable and when its broker transaction committed, and fills
     those hops into the T2's terminal ledger rows in the transaction that ends the T2's durable state
-    (:meth:`write`, called by ``router.t2.NodeTransactions`` in the outbox purge, docs/audit.md).
+    (:meth:`write`, called by ``router.routing.t2.transactions.NodeTransactions`` in the outbox purge, docs/audit.md).
 
     It is the coordinator's :class:`xa.observer.Observer` (every call is forwarded to ``inner``, the node's
     telemetry): ``decided("commit")`` stamps ``decided_at``; a one-phase broker branch (:data:`BROKER_KINDS`)

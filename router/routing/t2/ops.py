@@ -1,4 +1,5 @@
-"""The I/O layer of ``nsjms txn``: read a :class:`router.txnview.Snapshot`, act through recovery, keep an audit trail.
+"""The I/O layer of ``nsjms txn``: read a :class:`router.routing.t2.view.Snapshot`, act through recovery, keep an audit
+trail.
 
 :class:`TxnOps` is used in both modes: offline by ``nsjms txn`` itself (holding the state directory's lock, on the
 node's recovery log and a :class:`xa.pg.PgManager` of its own, in-flight guard 0 since nothing can be deciding), and
@@ -25,8 +26,18 @@ from typing import Any
 import psycopg
 from psycopg import Xid
 
-from router.t2 import OPERATOR_SEND
-from router.txnview import START_NODE, HeldInfo, InboxInfo, Listing, OutboxInfo, Snapshot, TxnView, join, refusal
+from router.routing.t2.transactions import OPERATOR_SEND
+from router.routing.t2.view import (
+    START_NODE,
+    HeldInfo,
+    InboxInfo,
+    Listing,
+    OutboxInfo,
+    Snapshot,
+    TxnView,
+    join,
+    refusal,
+)
 from xa.errors import HeuristicKind, XAError
 from xa.log import RecoveryLog
 from xa.pg import PgManager
@@ -86,7 +97,7 @@ class TxnOps:
                         self.mode, held)
 
     def _held(self, xids: list[Xid]) -> list[HeldInfo]:
-        """The channel events prepared branches hold (:class:`router.txnview.HeldInfo`).
+        """The channel events prepared branches hold (:class:`router.routing.t2.view.HeldInfo`).
 
         A prepared branch's own INSERTs (outbox, ledger, inbox rows) are invisible to every other session until it
         commits, and PostgreSQL has no dirty read. What a channel -> JMS T2 DELETED is visible: the proxy queue rows

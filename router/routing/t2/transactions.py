@@ -39,9 +39,8 @@ from router.db.inbox import purge_default as inbox_purge_default
 from router.db.inbox import sent_day as inbox_sent_day
 from router.jms.model import Destination
 from router.jms.transport import MessageCodec, Transport, TransportError
-from router.latecommit import LateCommitManager, LateCommits
-from router.ledger import T2HopRecorder, T2Hops
-from router.ledger_takeover import record_resends
+from router.routing.ledger import T2HopRecorder, T2Hops
+from router.routing.ledger_takeover import record_resends
 from router.routing.outbox import (
     ACK_MANAGER,
     OUTBOX_DEAD_LETTER,
@@ -54,6 +53,7 @@ from router.routing.outbox import (
     outbox_rows,
     outbox_rows_many,
 )
+from router.routing.t2.latecommit import LateCommitManager, LateCommits
 from xa.coordinator import Coordinator, Transaction
 from xa.errors import ResourceError
 from xa.log import FileLog, RecoveryLog
@@ -141,7 +141,7 @@ class NodeTransactions:
         self.coordinator = Coordinator(self.node, decisions, self.clock, observer=self.hops or observer)
         # bounded: a recovery pass (and `nsjms txn`, which waits for it) never hangs on a cut network
         self.pg = PgManager(lambda: connect_bounded(dsn, autocommit=True, connect_timeout=3), key=PG_MANAGER)
-        # what recovery or an operator commits is queued by the running channels (router/latecommit.py)
+        # what recovery or an operator commits is queued by the running channels (router/routing/t2/latecommit.py)
         self.late = LateCommits()
         self.pg = LateCommitManager(self.pg, self.late, self._prepared_ids)  # type: ignore[assignment]
         if armed() or pauses_armed():
@@ -300,8 +300,8 @@ class NodeTransactions:
 
     def _record_resends(self, conn: Conn, gtrids: list[str]) -> None:
         """The ledger's rows of a survivor's re-send of a fenced node's messages
-        (router.ledger_takeover.record_resends), at the re-send's broker commit (the resender's time; now if it has
-        none: nothing was sent in it)."""
+        (router.routing.ledger_takeover.record_resends), at the re-send's broker commit (the resender's time; now if it
+        has none: nothing was sent in it)."""
         now = time.time()
         record_resends(conn, self.node.value, {g: self.resender.committed_at.get(g, now) for g in gtrids})
 
@@ -310,7 +310,7 @@ class NodeTransactions:
 
     def resolve(self, gtrid: str, action: SafeAction, who: str, why: str, *,
                 heuristic: bool = False) -> RecoveryReport:
-        """An operator's decision (``nsjms txn commit|rollback``, router.txnadmin). The ledger hops of what it
+        """An operator's decision (``nsjms txn commit|rollback``, router.routing.t2.admin). The ledger hops of what it
         ends are filled as for recovery: acting as the log says (a logged COMMIT finished) gives ``decided_at`` =
         the COMMIT record's time and, for a re-send, ``broker_committed_at``; a heuristic COMMIT (against the log)
         gives ``decided_at`` = the operator's HEURISTIC record, written at once (the T2 stays listed until it is
@@ -363,7 +363,7 @@ class NodeTransactions:
         return {"outbox": int(row[0]), "inbox": int(row[1])} if row else {"outbox": 0, "inbox": 0}
 
     def _prepared_ids(self, gids: Sequence[str]) -> dict[str, str]:
-        """PostgreSQL's transaction id of each prepared transaction ``gids`` names (router/latecommit.py)."""
+        """PostgreSQL's transaction id of each prepared transaction ``gids`` names (router/routing/t2/latecommit.py)."""
         with self.db.unit_of_work() as conn:
             rows = conn.execute("SELECT gid, transaction::text FROM pg_prepared_xacts WHERE database = "
                                 "current_database() AND gid = ANY(%s)", (list(gids),)).fetchall()
@@ -385,7 +385,7 @@ class NodeTransactions:
 
         The snapshot is taken FIRST, then the live set is read: a row visible in the snapshot was committed by a
         transaction that had begun (in flight, or in the log) before the live set was read, and it leaves both
-        only once its END is written. The hop times of the T2s that ended (:class:`router.ledger.T2HopRecorder`)
+        only once its END is written. The hop times of the T2s that ended (:class:`router.routing.ledger.T2HopRecorder`)
         are taken BEFORE the snapshot (a T2 is ready once its PostgreSQL branch committed, so its ledger rows are in
         the snapshot) and filled into their ledger rows in this same transaction.
 

@@ -1,11 +1,12 @@
 """``NsjmsAdmin::TransactionAdmin``: the running router answers ``nsjms txn`` (online mode) over IIOP.
 
 The servant is activated on the node's INS POA under the key ``TransactionAdmin`` (``corbaloc::HOST:PORT/
-TransactionAdmin``, published in ``endpoints.json`` as ``transaction_admin``). It runs :class:`router.txnops.TxnOps`
-over the node's own recovery log, recovery manager, PostgreSQL manager and in-flight set, so an operator's action
-and the router's recovery never race: both go through the same recovery manager, and a transaction this node is
-driving is refused. Results are JSON strings; a refusal is ``TransactionRefused(reason)``. Every operation needs an
-authenticated caller (router/adminguard.py); the operator log records the caller's principal (:func:`audit_identity`).
+TransactionAdmin``, published in ``endpoints.json`` as ``transaction_admin``). It runs
+:class:`router.routing.t2.ops.TxnOps` over the node's own recovery log, recovery manager, PostgreSQL manager and
+in-flight set, so an operator's action and the router's recovery never race: both go through the same recovery manager,
+and a transaction this node is driving is refused. Results are JSON strings; a refusal is
+``TransactionRefused(reason)``. Every operation needs an authenticated caller (router/adminguard.py); the operator log
+records the caller's principal (:func:`audit_identity`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from idl.generated import NsjmsAdmin, NsjmsAdmin__POA
-from router.txnops import Refused, TxnOps
+from router.routing.t2.ops import Refused, TxnOps
 
 __all__ = ["TRANSACTION_ADMIN_KEY", "TransactionAdminImpl", "node_ops"]
 
@@ -26,8 +27,9 @@ TRANSACTION_ADMIN_KEY = "TransactionAdmin"
 
 
 def node_ops(t2: Any, state_dir: Any) -> TxnOps:
-    """:class:`TxnOps` over a running node's :class:`router.t2.NodeTransactions`: a recovery pass and an operator's
-    decision go through the node (``recover_now``, ``resolve``), which count them and fill the ledger hops."""
+    """:class:`TxnOps` over a running node's :class:`router.routing.t2.transactions.NodeTransactions`: a recovery pass
+    and an operator's decision go through the node (``recover_now``, ``resolve``), which count them and fill the ledger
+    hops."""
 
     def rows() -> Any:
         return t2.db.unit_of_work()

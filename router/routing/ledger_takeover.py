@@ -1,6 +1,6 @@
 """The ledger rows of a survivor's re-send of a fenced node's routing transactions (docs/cluster.md; docs/audit.md
 "Takeovers"): :func:`record_resends`, called by ``router.cluster.decisions.recover_fenced`` through
-``router.t2.NodeTransactions`` on the transaction that deletes the re-sent outbox rows."""
+``router.routing.t2.transactions.NodeTransactions`` on the transaction that deletes the re-sent outbox rows."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from router.ledger import Time, timestamp
+from router.routing.ledger import Time, timestamp
 
 __all__ = ["record_resends"]
 

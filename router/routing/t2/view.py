@@ -67,7 +67,7 @@ class HeldInfo:
     """Channel events a PREPARED PostgreSQL branch holds: the queue rows it deleted (still visible to other sessions,
     their ``xmax`` is the prepared transaction's xid, or a MultiXact with it as the updater), by the channel -> JMS
     bridge that routes them. The outbox rows
-    the branch wrote are not visible before it commits; these rows are (``router.txnops.TxnOps._held``)."""
+    the branch wrote are not visible before it commits; these rows are (``router.routing.t2.ops.TxnOps._held``)."""
 
     gtrid: str
     bridge_id: int | None  # the bridge whose proxy queue held them (None: a consumer that is not a bridge)
@@ -78,7 +78,7 @@ class HeldInfo:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Everything the view needs, read by the I/O layer (``router.txnops``)."""
+    """Everything the view needs, read by the I/O layer (``router.routing.t2.ops``)."""
 
     node: str
     now: float  # wall clock, seconds
@@ -345,8 +345,8 @@ def _acks_only(txn: LiveTxn) -> bool:
     return bool(left) and all(p.manager == ACK_MANAGER for p in left)
 
 
-ACK_MANAGER = "stomp-ack"  # router.t2.ACK_MANAGER (not imported: this module stays free of I/O modules)
-SEND_MANAGER = "stomp-send"  # router.t2.SEND_MANAGER
+ACK_MANAGER = "stomp-ack"  # transactions.ACK_MANAGER (not imported: this module stays free of I/O modules)
+SEND_MANAGER = "stomp-send"  # router.routing.t2.transactions.SEND_MANAGER
 
 
 def _branches(txn: LiveTxn | None, xids: list[Xid], snap: Snapshot) -> tuple[BranchView, ...]:
