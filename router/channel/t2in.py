@@ -48,8 +48,8 @@ from router.channel.channel import RoutePlan
 from router.channel.events import Event, Form, normalise_structured
 from router.channel.proxyport import InboundProxy, ProxyView
 from router.channel.txdelivery import enable_needs_check
-from router.crashpoints import crashpoint, pausepoint
 from router.routing.completer import Completer
+from router.routing.crashpoints import crashpoint, pausepoint
 from router.routing.ledger import t2_branch
 from router.routing.ports import InboundBatch, InboundSource, RoundTarget, TakeLocal
 from router.routing.runner import Abandon, RunHooks, T2Runner

@@ -25,9 +25,9 @@ from typing import Any
 
 import psycopg
 
-from router.crashpoints import crashpoint
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import Confirm, EncodedMessage, MessageCodec, Transport, TransportError
+from router.routing.crashpoints import crashpoint
 from xa.records import Participant
 
 __all__ = [

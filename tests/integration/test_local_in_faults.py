@@ -3,8 +3,8 @@ while the node's PostgreSQL connections are killed under it, with a real node, P
 
 The faults land at counted points, never by timing (issue 29: the test failed on a loaded machine because its
 kills, paced by the inbox's progress, came too late): the node runs with the pause points of
-``router.crashpoints`` armed, ``in.local.after_take`` (the round's inbox claims made in its open transaction: the
-kill fails the events' statement) at its 2nd, 4th and 6th passage and ``in.local.before_commit`` (the events
+``router.routing.crashpoints`` armed, ``in.local.after_take`` (the round's inbox claims made in its open transaction:
+the kill fails the events' statement) at its 2nd, 4th and 6th passage and ``in.local.before_commit`` (the events
 stored, the COMMIT not sent: the kill fails the COMMIT, whose outcome the node then does not know) at its 3rd, 5th
 and 7th; at each the test terminates every backend of the node's database (``pg_terminate_backend``) and lets the
 round go on. Six faults, in every run, while the bridge moves a preloaded queue into a Persistent channel. Counted

@@ -1,6 +1,6 @@
 """T2 under fire (issue 8, "Show it"): a real node SIGKILLed again and again while events flow both ways inside
 routing transactions, plus one broker SIGKILL and one PostgreSQL immediate stop; and one SIGKILL at every named
-crash point (router.crashpoints.POINTS).
+crash point (router.routing.crashpoints.POINTS).
 
 The rig is the node's own: a PostgreSQL cluster (so it can be stopped with ``pg_ctl stop -m immediate``), an
 ActiveMQ broker (so it can be SIGKILLed), and ``nsjms serve`` restarted on the same state directory each time.
@@ -57,9 +57,9 @@ import CosNotification
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
 from router.auth import Role, install_token
-from router.crashpoints import ENV as CRASH_ENV
-from router.crashpoints import POINTS
 from router.node.services import EmbeddedActiveMQ, EmbeddedPostgres
+from router.routing.crashpoints import ENV as CRASH_ENV
+from router.routing.crashpoints import POINTS
 
 from bridgekit import JavaConsumer, JavaTool, bridge_factory, channel_ep, jms_ep
 from conftest import ENDPOINTS_FILE, START_TIMEOUT_S, TEST_ADMIN_TOKEN, ClientOrb, NsjmsServer, restart_port

@@ -366,7 +366,7 @@ def test_postgres_stopped_before_phase_two_delivers_the_t2_without_a_node_restar
     queue = unique_name("t2in.pgstop")
     pause = tmp_path / "pause"
     pause.mkdir()
-    marker = pause / "t2.in.before_phase_two.2.reached"  # router.crashpoints.pausepoint
+    marker = pause / "t2.in.before_phase_two.2.reached"  # router.routing.crashpoints.pausepoint
     monkeypatch.setenv("NSJMS_PAUSE_AT", "t2.in.before_phase_two@2")
     monkeypatch.setenv("NSJMS_PAUSE_DIR", str(pause))
     state = tmp_path / "state"

@@ -1,4 +1,4 @@
-"""router.crashpoints: parsing, and a real SIGKILL at the N-th passage."""
+"""router.routing.crashpoints: parsing, and a real SIGKILL at the N-th passage."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from router.crashpoints import ENV, PAUSE_DIR_ENV, PAUSE_ENV, POINTS, parse
+from router.routing.crashpoints import ENV, PAUSE_DIR_ENV, PAUSE_ENV, POINTS, parse
 
 
 def test_parse_counts_and_refuses_unknown_names() -> None:
@@ -24,7 +24,7 @@ def test_parse_counts_and_refuses_unknown_names() -> None:
 
 
 def test_an_armed_point_kills_the_process_at_its_nth_passage() -> None:
-    code = ("from router.crashpoints import crashpoint\n"
+    code = ("from router.routing.crashpoints import crashpoint\n"
             "for i in range(5):\n"
             "    print(i, flush=True)\n"
             "    crashpoint('t2.after_decision')\n")
@@ -44,7 +44,7 @@ def test_every_point_is_documented() -> None:
 
 
 def test_a_pause_point_waits_at_its_nth_passage_until_the_test_lets_it_go(tmp_path: Path) -> None:
-    code = ("from router.crashpoints import pausepoint\n"
+    code = ("from router.routing.crashpoints import pausepoint\n"
             "for i in range(4):\n"
             "    print(i, flush=True)\n"
             "    pausepoint('t2.in.before_phase_two')\n"

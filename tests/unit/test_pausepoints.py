@@ -1,4 +1,5 @@
-"""Pause points (router.crashpoints.pausepoint): faults injected at counted points, never by timing (issue 29)."""
+"""Pause points (router.routing.crashpoints.pausepoint): faults injected at counted points, never by timing (issue
+29)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from router.crashpoints import PAUSE_POINTS, parse_pauses
+from router.routing.crashpoints import PAUSE_POINTS, parse_pauses
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,7 @@ def test_every_pause_point_is_in_the_code() -> None:
 
 
 def test_a_process_waits_at_its_armed_passages_only(tmp_path: Path) -> None:
-    script = ("from router.crashpoints import pausepoint\n"
+    script = ("from router.routing.crashpoints import pausepoint\n"
               "for i in range(1, 5):\n"
               "    pausepoint('in.local.after_take')\n"
               "    print(i, flush=True)\n")

@@ -31,7 +31,6 @@ import psycopg
 from psycopg import Xid
 
 from router.cluster.decisions import FencedDecisionLog, FencedRecovery, recover_fenced
-from router.crashpoints import armed, crashpoint, pausepoint, pauses_armed
 from router.db.conninfo import connect as connect_bounded
 from router.db.inbox import NO_TIMESTAMP_DAY
 from router.db.inbox import maintain as inbox_maintain
@@ -39,6 +38,7 @@ from router.db.inbox import purge_default as inbox_purge_default
 from router.db.inbox import sent_day as inbox_sent_day
 from router.jms.model import Destination
 from router.jms.transport import MessageCodec, Transport, TransportError
+from router.routing.crashpoints import armed, crashpoint, pausepoint, pauses_armed
 from router.routing.ledger import T2HopRecorder, T2Hops
 from router.routing.ledger_takeover import record_resends
 from router.routing.outbox import (
@@ -459,7 +459,7 @@ class NodeTransactions:
 
 # ------------------------------------------------------------------------------------------ crash points (tests)
 class _CrashingResource:
-    """Passes the T2 crash points (router.crashpoints) around a participant's protocol steps."""
+    """Passes the T2 crash points (router.routing.crashpoints) around a participant's protocol steps."""
 
     def __init__(self, inner: Resource) -> None:
         self.inner = inner
