@@ -35,7 +35,7 @@ CHANNEL_GUARDS: dict[str, dict[str, Role]] = {
 
 def admin_surfaces() -> list[type]:
     from router.bridge.bridge import BridgeFactoryImpl, BridgeImpl
-    from router.deadletteradmin import DeadLetterAdminImpl
+    from router.deadletter.admin import DeadLetterAdminImpl
     from router.routing.t2.admin import TransactionAdminImpl
 
     return [TransactionAdminImpl, DeadLetterAdminImpl, BridgeFactoryImpl, BridgeImpl]

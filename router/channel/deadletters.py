@@ -7,7 +7,7 @@ gives up on an event (its content failed alone :data:`~router.channel.boundary.P
 BestEffort event, which has no stored copy, is written from its encoding (:meth:`DeadLetterStore.add`). A pulled
 event the channel refuses (unusable QoS headers, above ``node.max_event_bytes``) is written the same way (side
 ``'S'``). So an event is never in neither place. Operators list, show, retry and discard the rows
-(:mod:`router.deadletterops`, ``nsjms deadletter``).
+(:mod:`router.deadletter.ops`, ``nsjms deadletter``).
 
 Every method takes ``conn``, a connection inside the caller's transaction (CONVENTIONS 17); every statement is
 parameterised. :func:`retry_target` (where a retry goes) and :func:`readable_reason` are decisions without I/O.

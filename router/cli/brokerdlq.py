@@ -1,5 +1,6 @@
 """``nsjms deadletter broker``: list, show, retry and discard what the bridges dead-lettered on the broker
-(``nsjms.DLQ``, ``ActiveMQ.DLQ``), through :mod:`router.brokerdlq` (the console's dead-letters page runs the same).
+(``nsjms.DLQ``, ``ActiveMQ.DLQ``), through :mod:`router.deadletter.broker` (the console's dead-letters page runs the
+same).
 
 The command talks to the broker itself over STOMP: ``broker.url``, ``broker.login`` and ``broker.passcode`` of the
 configuration, or, without ``broker.url``, the embedded broker of the node running on the state directory (its URL
@@ -21,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from router.brokerdlq import BROKER_QUEUES, BrokerDeadLetterOps, BrokerDown, Refused
-from router.brokerdlqevent import sink_destination
+from router.deadletter.broker import BROKER_QUEUES, BrokerDeadLetterOps, BrokerDown, Refused
+from router.deadletter.broker_event import sink_destination
 
 __all__ = ["add_parser", "broker_ops", "render_list", "render_show", "run"]
 

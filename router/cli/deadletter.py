@@ -1,8 +1,8 @@
 """``nsjms deadletter``: list, show, retry and discard the events the node's channels gave up on.
 
 The channel's dead-letter store (:mod:`router.channel.deadletters`) is asked of the running router over IIOP
-(``NsjmsAdmin::DeadLetterAdmin``, :mod:`router.deadletteradmin`, found through ``endpoints.json``), which runs
-:mod:`router.deadletterops`: a retry goes into the live queues. With the node stopped nothing is done (exit 3):
+(``NsjmsAdmin::DeadLetterAdmin``, :mod:`router.deadletter.admin`, found through ``endpoints.json``), which runs
+:mod:`router.deadletter.ops`: a retry goes into the live queues. With the node stopped nothing is done (exit 3):
 start it. ``discard`` asks for confirmation on a terminal (``--yes`` for scripts; without a terminal and without
 ``--yes`` nothing is done). Each retry and discard, done or refused, is in the operator log
 (``<state_dir>/txn-operator.log``). Exit codes are those of ``router.cli``: 0 ok, 2 usage, 3 node not running or

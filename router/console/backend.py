@@ -7,10 +7,10 @@
   list|start|stop|destroy --json``), the state vocabulary of :func:`router.cli.bridge.bridge_state`;
 * routing transactions: the node's :class:`router.routing.t2.ops.TxnOps`, the object the ``TransactionAdmin`` servant
   answers ``nsjms txn`` with (listing with the safe action, resolve refused exactly as the CLI's, forget);
-* dead letters: the node's :class:`router.deadletterops.DeadLetterOps`, the object the ``DeadLetterAdmin`` servant
+* dead letters: the node's :class:`router.deadletter.ops.DeadLetterOps`, the object the ``DeadLetterAdmin`` servant
   answers ``nsjms deadletter list|show|retry|discard`` with (retry's target and refusals included);
-* dead letters on the broker (``nsjms.DLQ``, ``ActiveMQ.DLQ``): :class:`router.brokerdlq.BrokerDeadLetterOps`, the
-  operations ``nsjms deadletter broker list|show|retry|discard`` runs, over the node's own broker settings;
+* dead letters on the broker (``nsjms.DLQ``, ``ActiveMQ.DLQ``): :class:`router.deadletter.broker.BrokerDeadLetterOps`,
+  the operations ``nsjms deadletter broker list|show|retry|discard`` runs, over the node's own broker settings;
 * the operator log: :meth:`router.routing.t2.ops.TxnOps.audit`, the file ``nsjms txn`` writes;
 * channel create / destroy: :func:`router.cli.channel.check_create_args` and :func:`router.cli.channel._dispatch`
   (``nsjms channel create|destroy --json``: the same ``--qos``/``--admin`` parsing and checks, the node's refusals
@@ -435,7 +435,7 @@ class NodeBackend:
         return result
 
     def dead_letter(self, dl_id: int) -> dict[str, Any]:
-        from router.deadletterops import Refused as DLRefused
+        from router.deadletter.ops import Refused as DLRefused
 
         try:
             result: dict[str, Any] = self._dl_ops().show(dl_id)
@@ -445,7 +445,7 @@ class NodeBackend:
 
     def dead_letter_action(self, who: Principal, dl_id: int, action: str, why: str) -> dict[str, Any]:
         """``nsjms deadletter retry|discard``: the DeadLetterOps call the servant makes (operator log included)."""
-        from router.deadletterops import Refused as DLRefused
+        from router.deadletter.ops import Refused as DLRefused
 
         ops = self._dl_ops()
         try:
@@ -463,7 +463,7 @@ class NodeBackend:
     def _broker_dlq(self) -> Any:
         """The node's broker dead-letter operations (its broker URL and credentials, embedded or configured)."""
         if self._broker_ops is None:
-            from router.brokerdlq import BrokerDeadLetterOps
+            from router.deadletter.broker import BrokerDeadLetterOps
             from router.jms.stomp.browse import StompBrowser
 
             node = self.node
@@ -476,8 +476,8 @@ class NodeBackend:
 
     @contextlib.contextmanager
     def _broker_errors(self) -> Iterator[None]:
-        from router.brokerdlq import BrokerDown
-        from router.brokerdlq import Refused as BrokerRefused
+        from router.deadletter.broker import BrokerDown
+        from router.deadletter.broker import Refused as BrokerRefused
 
         try:
             yield
@@ -500,7 +500,7 @@ class NodeBackend:
     def broker_dead_letter_action(self, who: Principal, queue: str, message_id: str, action: str,
                                   why: str) -> dict[str, Any]:
         """``nsjms deadletter broker retry|discard``: the same operation (operator log included)."""
-        from router.brokerdlqevent import sink_destination
+        from router.deadletter.broker_event import sink_destination
 
         def bridge_sink(bid: int) -> str | None:
             """An event dead letter's bridge's JMS destination (``nsjms bridge list``'s sink), None when gone."""

@@ -1,6 +1,6 @@
 """The console's pages of the broker's dead-letter queues (``nsjms.DLQ``, ``ActiveMQ.DLQ``): a paged list per queue,
 one message, retry and discard (one, or a selection of one page), through the backend's
-:class:`router.brokerdlq.BrokerDeadLetterOps` (``nsjms deadletter broker``'s operations, operator log included).
+:class:`router.deadletter.broker.BrokerDeadLetterOps` (``nsjms deadletter broker``'s operations, operator log included).
 
 The routes are installed by :func:`install` from :func:`router.console.app.create_app`, with its helpers (rendering,
 the operator-role, reason and CSRF checks all POSTs pass through first).
@@ -15,9 +15,9 @@ from typing import Any
 from flask import Flask, abort, g, jsonify, render_template, request
 
 from router.auth import Principal
-from router.brokerdlq import BROKER_QUEUES
 from router.console.backend import DEAD_LETTER_ACTIONS, Backend, ConsoleRefused
 from router.console.views import MAX_PER_PAGE, paginate
+from router.deadletter.broker import BROKER_QUEUES
 
 __all__ = ["MAX_ID_CHARS", "install", "selected_message_ids"]
 

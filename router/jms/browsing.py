@@ -1,5 +1,5 @@
 """The port an operator's tools use to look into a broker destination and settle one of its messages (the broker's
-dead-letter queues, :mod:`router.brokerdlq`): broker-neutral types and the :class:`DestinationBrowser` protocol.
+dead-letter queues, :mod:`router.deadletter.broker`): broker-neutral types and the :class:`DestinationBrowser` protocol.
 
 The STOMP implementation is :class:`router.jms.stomp.browse.StompBrowser`. Every implementation raises only the
 exceptions of :mod:`router.jms.errors` (:class:`~router.jms.errors.BrokerUnavailable` when the broker cannot be
@@ -55,7 +55,7 @@ class MessageHeld(TransportError):
 
 
 class DestinationBrowser(Protocol):
-    """What :mod:`router.brokerdlq` needs of a broker (see the module docstring)."""
+    """What :mod:`router.deadletter.broker` needs of a broker (see the module docstring)."""
 
     def browse(self, destination: str, *, selector: str | None = None, limit: int = 1000) -> Browse:
         """Copies of the messages on ``destination`` (``/queue/NAME``), none consumed or locked; at most

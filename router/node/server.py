@@ -149,7 +149,7 @@ class Node(ClusterRole):
         self.t2: Any = None
         self.t2_gauges: Any = None  # router.telemetry.T2Gauges of the last status snapshot
         self.txn_admin: Any = None  # router.routing.t2.admin.TransactionAdminImpl
-        self.dead_letter_admin: Any = None  # router.deadletteradmin.DeadLetterAdminImpl
+        self.dead_letter_admin: Any = None  # router.deadletter.admin.DeadLetterAdminImpl
         self.bridge_store: Any = None
         self.pg_dsn = settings.pg_dsn
         self.broker_url = settings.broker_url
@@ -577,7 +577,7 @@ class Node(ClusterRole):
                 log.debug("status snapshot failed", exc_info=True)
 
     def _publish(self) -> None:
-        from router.deadletteradmin import dead_letter_admin
+        from router.deadletter.admin import dead_letter_admin
         from router.node.lifecycle import write_private
         from router.routing.t2.admin import TransactionAdminImpl, node_ops
 

@@ -1,5 +1,5 @@
 """The broker's dead-letter queues (``nsjms.DLQ``, ``ActiveMQ.DLQ``) browsed, retried and discarded against a real
-ActiveMQ (router/brokerdlq.py, router/jms/stomp/browse.py, ``nsjms deadletter broker``).
+ActiveMQ (router/deadletter/broker.py, router/jms/stomp/browse.py, ``nsjms deadletter broker``).
 
 * A real JMS -> channel bridge dead-letters an expired message (a past ``expires``) to ``nsjms.DLQ``; it is listed
   with its reason, the bridge and its source; retried, the copy (no expiry) goes back to the bridge's source and
@@ -34,7 +34,7 @@ import omniORB
 import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
-from router.brokerdlq import AMQ_DLQ, NSJMS_DLQ, BrokerDeadLetterOps, Refused
+from router.deadletter.broker import AMQ_DLQ, NSJMS_DLQ, BrokerDeadLetterOps, Refused
 from router.jms.stomp import browse as browse_mod
 from router.jms.stomp.browse import StompBrowser
 from router.routing.t2.ops import AUDIT_FILE
@@ -376,7 +376,7 @@ def test_a_send_without_its_receipt_rolls_the_transaction_back(client: _Client, 
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The copy's SEND written in the transaction but its receipt never seen (injected): reported as nothing done,
     and nothing is (the connection's close aborts the transaction): the dead letter kept, no copy."""
-    from router.brokerdlq import BrokerDown
+    from router.deadletter.broker import BrokerDown
     from router.jms.errors import UnconfirmedOutcome
 
     source = _name("bdl.noreceipt")

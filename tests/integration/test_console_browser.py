@@ -239,7 +239,7 @@ def _dead_letter_on_broker(broker_url: str, source: str, bridge: int, body: str,
             "receipt": "sent"})
     finally:
         conn.disconnect()
-    from router.brokerdlq import BrokerDeadLetterOps  # the id is found by browsing, as the console does
+    from router.deadletter.broker import BrokerDeadLetterOps  # the id is found by browsing, as the console does
 
     ops = BrokerDeadLetterOps("test", Path("/nonexistent"), lambda: _browser(broker_url))
     found: list[str] = []

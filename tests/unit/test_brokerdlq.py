@@ -1,6 +1,6 @@
-"""The decisions of the broker dead-letter operations, without a broker (router/brokerdlq.py): where a retry goes or
-why it is refused, what the copy carries, how a message is summarised; and the operations' refusals and operator log
-over a stand-in browser (the real broker: tests/integration/test_broker_dead_letters.py)."""
+"""The decisions of the broker dead-letter operations, without a broker (router/deadletter/broker.py): where a retry
+goes or why it is refused, what the copy carries, how a message is summarised; and the operations' refusals and operator
+log over a stand-in browser (the real broker: tests/integration/test_broker_dead_letters.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from router.brokerdlq import (
+from router.deadletter.broker import (
     AMQ_DLQ,
     NSJMS_DLQ,
     BrokerDeadLetterOps,
@@ -147,7 +147,7 @@ def test_an_event_dead_letter_is_mapped_again_or_refused_with_the_reason() -> No
 
     import CosNotification
 
-    from router.brokerdlqevent import EventUnmappable, event_copy, sink_destination
+    from router.deadletter.broker_event import EventUnmappable, event_copy, sink_destination
 
     CORBA.ORB_init(["test"], CORBA.ORB_ID)
     fixed = CosNotification.FixedEventHeader(CosNotification.EventType("d", "t"), "e1")

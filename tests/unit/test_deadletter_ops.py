@@ -1,4 +1,4 @@
-"""``router.deadletterops`` without services: where a retry goes, what is refused (and kept), the operator log.
+"""``router.deadletter.ops`` without services: where a retry goes, what is refused (and kept), the operator log.
 
 The store and the channel are fakes that record what was called on which unit of work (``NullDatabase``'s units
 of work are distinct objects), so "in one transaction" is an identity check.
@@ -14,12 +14,12 @@ import pytest
 
 from omniORB import CORBA
 
-from router import deadletterops as ops_module
 from router.channel.channel import RoutePlan
 from router.channel.deadletters import DeadLetter
 from router.channel.events import Event, Form
 from router.db.testing import NullDatabase
-from router.deadletterops import DeadLetterOps, Refused
+from router.deadletter import ops as ops_module
+from router.deadletter.ops import DeadLetterOps, Refused
 from router.routing.t2.ops import AUDIT_FILE
 
 

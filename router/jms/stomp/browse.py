@@ -1,6 +1,6 @@
 """Browse a broker destination, and consume one of its messages by id, over STOMP (stomp.py 9): the
 :class:`~router.jms.browsing.DestinationBrowser` of an operator's tools (the broker's dead-letter queues,
-:mod:`router.brokerdlq`). One short connection per operation, apart from the bridges' transports.
+:mod:`router.deadletter.broker`). One short connection per operation, apart from the bridges' transports.
 
 * **browse**: ``SUBSCRIBE`` with ActiveMQ's ``browser:true`` header: the broker sends copies of the queue's
   messages (none is consumed, locked or marked redelivered) and then a MESSAGE carrying ``browser:end`` (also for an

@@ -1,7 +1,7 @@
 """The operations on the channel's dead-letter store: list, show, retry, discard (``nsjms deadletter``, the console).
 
 They run inside the node (the CLI reaches them over IIOP through ``NsjmsAdmin::DeadLetterAdmin``,
-:mod:`router.deadletteradmin`), because a retry must go into the live queues:
+:mod:`router.deadletter.admin`), because a retry must go into the live queues:
 
 * **retry**: in ONE unit of work the row is locked, the event is stored again as a new event (new event id, new seq,
   the stored QoS: priority, deadline, start time, persistence) with its queue row(s) and ``accepted`` ledger row(s)

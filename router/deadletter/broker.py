@@ -21,8 +21,8 @@ left out) and no expiration; the broker gives it a new message id. The copy is s
 or a lost connection before the commit leaves the dead letter where it was and sends nothing; after it, both are
 done. Only a commit whose answer was lost leaves the outcome unknown (reported as such; list again). An ``event``
 dead letter (the CDR encoding of a StructuredEvent) is mapped again as the bridge maps it
-(:mod:`router.brokerdlqevent`) and sent to its bridge's JMS destination (asked of the running node), or to the one
-the operator names. Refused (the dead letter kept): an event whose bridge is not known and no destination named, or
+(:mod:`router.deadletter.broker_event`) and sent to its bridge's JMS destination (asked of the running node), or to the
+one the operator names. Refused (the dead letter kept): an event whose bridge is not known and no destination named, or
 that the mapping still refuses; a ``refused`` record (retry the original in ``ActiveMQ.DLQ``), a message whose body
 did not come over STOMP (a Java Map/Stream/Object message: a copy would be empty), and one whose source is unknown.
 **Discard** consumes it (selector on its id, ACK).
@@ -246,7 +246,7 @@ class BrokerDeadLetterOps:
 
     @staticmethod
     def _mapped(msg: BrowsedMessage, target: str, message_id: str) -> OutgoingCopy:
-        from router.brokerdlqevent import EventUnmappable, event_copy
+        from router.deadletter.broker_event import EventUnmappable, event_copy
 
         try:
             return event_copy(msg, target)

@@ -2,7 +2,7 @@
 
 Activated next to ``TransactionAdmin`` on the node's INS POA under the key ``DeadLetterAdmin``
 (``corbaloc::HOST:PORT/DeadLetterAdmin``, published in ``endpoints.json`` as ``dead_letter_admin``): the same
-admin surface, so what guards one guards the other. It runs :class:`router.deadletterops.DeadLetterOps`; results
+admin surface, so what guards one guards the other. It runs :class:`router.deadletter.ops.DeadLetterOps`; results
 are JSON strings, a refusal is ``DeadLetterRefused(reason)``.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from idl.generated import NsjmsAdmin, NsjmsAdmin__POA
-from router.deadletterops import DeadLetterOps, Refused
+from router.deadletter.ops import DeadLetterOps, Refused
 
 __all__ = ["DEAD_LETTER_ADMIN_KEY", "DeadLetterAdminImpl", "dead_letter_admin"]
 
