@@ -24,9 +24,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from router.auth import Role, install_client, install_token, use_token  # noqa: E402
 from router.jms.stomp.link import no_delay  # noqa: E402  (the node's own: the raw baselines' socket as the node's)
 from router.node.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port  # noqa: E402
+from router.security.auth import Role, install_client, install_token, use_token  # noqa: E402
 
 from meter import CpuMeter  # noqa: E402  (bench/meter.py: CPU of the bench's own process trees)
 

@@ -8,8 +8,8 @@ receive an event on this machine now; the node's CPU per event is reported besid
     .venv/bin/python bench/orb_unit.py [--calls 5000] [--auth] [--reps 1]
 
 ``--auth``: also measure (alternating with the plain server, ``--reps`` pairs) a server that installs the node's
-credential interceptor (``router.auth.install_server``, issue 27) while this client presents the bench's token on
-every call, as the bench's suppliers do: the interceptor's cost per incoming request.
+credential interceptor (``router.security.auth.install_server``, issue 27) while this client presents the bench's token
+on every call, as the bench's suppliers do: the interceptor's cost per incoming request.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import sys, threading
 import omniORB
 if len(sys.argv) > 2:                       # [state dir, token]: the node's credential interceptor
     from pathlib import Path
-    from router import auth
+    from router.security import auth
     auth.install_token(Path(sys.argv[1]), sys.argv[2], auth.Role.OPERATOR)
     auth.install_server(auth.Authenticator(Path(sys.argv[1])))
 from omniORB import CORBA

@@ -599,7 +599,7 @@ def _authorised(handler: Callable[[argparse.Namespace, Any], int]) -> Callable[[
             return handler(args, cfg)
         from omniORB import CORBA
 
-        from router.auth import presenting
+        from router.security.auth import presenting
 
         with presenting(Path(cfg.node.state_dir)) as presented:
             try:

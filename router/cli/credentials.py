@@ -34,7 +34,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, state_dir: Path, out: Any = print) -> int:
     """Exit codes: 0 ok, 1 failure, 2 usage, 4 refused (the node runs: a service's secret is rotated stopped)."""
-    from router.auth import AuthError, Role, issue, read_principals, token_path
+    from router.security.auth import AuthError, Role, issue, read_principals, token_path
 
     try:
         principals = read_principals(state_dir)

@@ -1,8 +1,8 @@
 """The console's Flask application: login, sessions, CSRF, secure headers, pages and their JSON.
 
-* **Login** with a principal of the node (router/auth.py): name plus the secret of its token ``NAME:SECRET``
-  (``<state-dir>/credentials/NAME.token``), checked by :class:`router.auth.Authenticator` (the same table the IIOP
-  interceptor uses; a rotated secret stops working at once). Failed and successful logins go to the operator log
+* **Login** with a principal of the node (router/security/auth.py): name plus the secret of its token ``NAME:SECRET``
+  (``<state-dir>/credentials/NAME.token``), checked by :class:`router.security.auth.Authenticator` (the same table the
+  IIOP interceptor uses; a rotated secret stops working at once). Failed and successful logins go to the operator log
   (name only, never the secret).
 * **Sessions** live in the server (:class:`Sessions`): the cookie holds only a random id (HttpOnly,
   SameSite=Strict, Secure under TLS). A session ends after ``idle_s`` without a request, after ``max_s`` in any
@@ -36,7 +36,6 @@ from urllib.parse import quote
 
 from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, url_for
 
-from router.auth import Authenticator, Principal, Role
 from router.console import calls as node_calls
 from router.console import sublists
 from router.console.auditruns import AuditRefused, AuditRuns, WindowRefused, nsjms_audit_command, parse_window
@@ -53,6 +52,7 @@ from router.console.backend import (
 )
 from router.console.views import CHART_BRIDGES, MAX_PER_PAGE, Page, RateSampler, paginate, read_operator_log
 from router.routing.t2.ops import AUDIT_FILE, HEURISTIC_COMMIT
+from router.security.auth import Authenticator, Principal, Role
 
 __all__ = ["COOKIE", "LoginThrottle", "Session", "Sessions", "create_app"]
 

@@ -20,7 +20,7 @@
 * the ledger audit's verdicts: :func:`audit.incremental.stored_verdicts` (what ``nsjms audit --incremental``
   stored in ``nsjms_audit_day``; read only).
 
-Calls run under the signed-in principal (:func:`router.auth.acting_as`): the node's own guards see who asks.
+Calls run under the signed-in principal (:func:`router.security.auth.acting_as`): the node's own guards see who asks.
 
 Exceptions (the CORBA exceptions of the node translated here, once, by the CLI's :func:`router.cli.out.corba_error`)::
 
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from router.auth import Principal, acting_as
 from router.console.calls import Counted
 from router.routing.t2.ops import AUDIT_FILE, HEURISTIC_COMMIT, Refused, TxnOps
+from router.security.auth import Principal, acting_as
 
 __all__ = ["Backend", "BridgeSpec", "BrokerUnavailable", "ConsoleRefused", "NodeBackend", "NodeRefused",
            "NodeUnavailable", "node_errors"]

@@ -14,10 +14,10 @@ from typing import Any
 
 from flask import Flask, abort, g, jsonify, render_template, request
 
-from router.auth import Principal
 from router.console.backend import DEAD_LETTER_ACTIONS, Backend, ConsoleRefused
 from router.console.views import MAX_PER_PAGE, paginate
 from router.deadletter.broker import BROKER_QUEUES
+from router.security.auth import Principal
 
 __all__ = ["MAX_ID_CHARS", "install", "selected_message_ids"]
 

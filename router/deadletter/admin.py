@@ -64,8 +64,8 @@ class DeadLetterAdminImpl(NsjmsAdmin__POA.DeadLetterAdmin):
 
 
 def _principal() -> str:
-    """Who the operator log records: the authenticated principal (:func:`router.auth.audit_identity`), never the
-    ``who`` argument the caller sends (kept in the IDL and ignored, as for ``TransactionAdmin``)."""
-    from router.auth import audit_identity
+    """Who the operator log records: the authenticated principal (:func:`router.security.auth.audit_identity`), never
+    the ``who`` argument the caller sends (kept in the IDL and ignored, as for ``TransactionAdmin``)."""
+    from router.security.auth import audit_identity
 
     return audit_identity(NsjmsAdmin.DeadLetterRefused)

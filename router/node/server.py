@@ -381,8 +381,9 @@ class Node(ClusterRole):
 
     def _secure_admin(self) -> None:
         """Admin credentials (generated on first start, 0600), the server interceptor, the servant guards
-        (router/auth.py, router/adminguard.py, docs/security.md)."""
-        from router import adminguard, auth
+        (router/security/auth.py, router/node/adminguard.py, docs/security.md)."""
+        from router.node import adminguard
+        from router.security import auth
 
         made = auth.ensure_defaults(self.s.state_dir)
         if made:

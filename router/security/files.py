@@ -1,5 +1,5 @@
 """Files readable by their owner only (credentials, tokens, the node's records): the one writer the credentials
-(:mod:`router.auth`), the node (:mod:`router.node.lifecycle` re-exports it) and its services use."""
+(:mod:`router.security.auth`), the node (:mod:`router.node.lifecycle` re-exports it) and its services use."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from omniORB import CORBA
 
 import CosNotifyChannelAdmin
 
-from router.auth import Role, install_client, install_token, use_token
+from router.security.auth import Role, install_client, install_token, use_token
 
 #: The test process's admin credential (docs/security.md): registered in every node's state directory before it
 #: starts, presented by the session's client ORB.

@@ -17,7 +17,7 @@ import CosNotifyChannelAdmin
 
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
-from router.auth import token_path, use_token
+from router.security.auth import token_path, use_token
 
 from bridgekit import bridge_factory, channel_ep, jms_ep, unique_name
 from conftest import TEST_ADMIN_TOKEN, NsjmsServer

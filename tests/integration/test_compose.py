@@ -35,7 +35,7 @@ import CosNotifyChannelAdmin
 
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
-from router.auth import use_token
+from router.security.auth import use_token
 
 from bridgekit import channel_ep, jms_ep, reconnect_client
 from conftest import TEST_ADMIN_TOKEN, ClientOrb, free_port

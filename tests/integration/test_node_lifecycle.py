@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 import stomp
 
-from router.auth import Role, install_token, token_path, use_token
 from router.node.lifecycle import stomp_probe
 from router.node.services import EmbeddedActiveMQ, EmbeddedPostgres, free_port
 from router.node.services.process import pid_alive
+from router.security.auth import Role, install_token, token_path, use_token
 
 from bridgekit import JavaTool
 from conftest import TEST_ADMIN_TOKEN, ClientOrb

@@ -56,10 +56,10 @@ import CosNotification
 
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import NsjmsAdmin
-from router.auth import Role, install_token
 from router.node.services import EmbeddedActiveMQ, EmbeddedPostgres
 from router.routing.crashpoints import ENV as CRASH_ENV
 from router.routing.crashpoints import POINTS
+from router.security.auth import Role, install_token
 
 from bridgekit import JavaConsumer, JavaTool, bridge_factory, channel_ep, jms_ep
 from conftest import ENDPOINTS_FILE, START_TIMEOUT_S, TEST_ADMIN_TOKEN, ClientOrb, NsjmsServer, restart_port

@@ -1,4 +1,5 @@
-"""router/auth.py and router/adminguard.py without a node: credentials, roles, which operations are guarded."""
+"""router/security/auth.py and router/node/adminguard.py without a node: credentials, roles, which operations are
+guarded."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from omniORB import CORBA
 
 import router
 from idl.generated import CosBridgeAdmin__POA, NsjmsAdmin__POA
-from router import adminguard, auth
-from router.auth import Authenticator, Principal, Role
+from router.node import adminguard
+from router.security import auth
+from router.security.auth import Authenticator, Principal, Role
 
 
 def test_issued_token_authenticates_with_its_role_and_files_are_private(tmp_path: Path) -> None:
@@ -96,7 +98,7 @@ def test_every_admin_servant_is_guarded_whole() -> None:
                 if c.__module__.startswith("router.") and _admin_interface(c)}
     assert {c.__name__ for c in servants} >= {"TransactionAdminImpl", "BridgeFactoryImpl", "BridgeImpl"}
     for cls in servants:
-        assert getattr(cls, "_nsjms_admin_surface", False), f"{cls.__name__}: add it to router/adminguard.py"
+        assert getattr(cls, "_nsjms_admin_surface", False), f"{cls.__name__}: add it to router/node/adminguard.py"
         for op in auth.idl_operations(cls):
             fn = getattr(cls, op, None)
             if fn is not None:

@@ -12,8 +12,8 @@ import pytest
 import omniORB
 from omniORB import CORBA
 
-from router import auth
-from router.auth import SERVICE_CONTEXT_ID, Authenticator, Principal, Role
+from router.security import auth
+from router.security.auth import SERVICE_CONTEXT_ID, Authenticator, Principal, Role
 
 
 @pytest.fixture()
@@ -92,7 +92,7 @@ def test_acting_as_restores_the_requests_caller(counted: tuple[str, list[str]]) 
 def test_the_presented_credential_never_shows_in_a_repr() -> None:
     """The raw token a request presented (its secret included) stays in a thread-local until the thread's next
     request: a ``%r`` in a log line or a debugger's dump of it must not print it (review finding)."""
-    from router.auth import _Presented
+    from router.security.auth import _Presented
 
     secret = b"operator:s3cr3t-token-value"
     assert "s3cr3t" not in repr(_Presented("push_structured_event", secret))

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from router.auth import Principal, Role, issue
 from router.console.app import COOKIE, Sessions, create_app
 from router.console.backend import BridgeSpec, ConsoleRefused
 from router.console.views import RateSampler, paginate, read_operator_log
+from router.security.auth import Principal, Role, issue
 
 ORPHAN = "1853188657_Z29uZTox_cGc="      # an orphan's GID: characters a URL path must carry
 

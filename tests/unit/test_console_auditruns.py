@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from router.auth import Role
 from router.console.app import create_app
 from router.console.auditruns import AuditRuns, WindowRefused, parse_window
 from router.console.views import RateSampler
+from router.security.auth import Role
 from tests.unit.test_console_app import FakeBackend, _csrf, issue, login
 
 # a stand-in for `nsjms audit --out OUT`: prints, waits until the test lets it go, writes a report with a plot

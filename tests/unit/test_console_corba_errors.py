@@ -26,10 +26,10 @@ from omniORB import CORBA
 import CosNotification
 import CosNotifyChannelAdmin
 
-from router.auth import Principal, Role, issue
 from router.cli.out import corba_error, run_handler
 from router.console.app import create_app
 from router.console.backend import NodeBackend, NodeRefused, NodeUnavailable
+from router.security.auth import Principal, Role, issue
 
 
 class Raises:
@@ -85,7 +85,7 @@ def signed_in(tmp_path: Path, exc: Exception) -> tuple[Ops, FlaskClient, str]:
 
 
 QUOTA = CORBA.IMP_LIMIT(0, CORBA.COMPLETED_NO)                                  # router/quotas.py
-GUARD = CORBA.NO_PERMISSION(0, CORBA.COMPLETED_NO)                              # router/auth.py require()
+GUARD = CORBA.NO_PERMISSION(0, CORBA.COMPLETED_NO)                              # router/security/auth.py require()
 PROXY_LIMIT = CosNotifyChannelAdmin.AdminLimitExceeded(CosNotification.Property("nsjms.MaxProxies", None))
 
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from router.auth import Role
 from router.console.app import create_app
 from router.console.auditruns import AuditRuns
 from router.console.views import RateSampler
 from router.routing.t2.ops import AUDIT_FILE
+from router.security.auth import Role
 from tests.unit.test_console_app import FakeBackend, issue, login
 
 

@@ -12,10 +12,10 @@ import pytest
 from flask.testing import FlaskClient
 from test_console_app import FakeBackend, login
 
-from router.auth import Principal, Role, issue
 from router.console.app import create_app
 from router.console.sublists import channel_subs, sub_page
 from router.console.views import RateSampler
+from router.security.auth import Principal, Role, issue
 
 
 def _filter(fid: int, expr: str) -> dict[str, Any]:

@@ -5,8 +5,8 @@ TransactionAdmin``, published in ``endpoints.json`` as ``transaction_admin``). I
 :class:`router.routing.t2.ops.TxnOps` over the node's own recovery log, recovery manager, PostgreSQL manager and
 in-flight set, so an operator's action and the router's recovery never race: both go through the same recovery manager,
 and a transaction this node is driving is refused. Results are JSON strings; a refusal is
-``TransactionRefused(reason)``. Every operation needs an authenticated caller (router/adminguard.py); the operator log
-records the caller's principal (:func:`audit_identity`).
+``TransactionRefused(reason)``. Every operation needs an authenticated caller (router/node/adminguard.py); the operator
+log records the caller's principal (:func:`audit_identity`).
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ class TransactionAdminImpl(NsjmsAdmin__POA.TransactionAdmin):
 
 
 def audit_identity() -> str:
-    """Who the operator log records: the authenticated principal (:func:`router.auth.audit_identity`); the ``who``
-    argument the caller sends is kept in the IDL for compatibility and ignored."""
-    from router.auth import audit_identity as principal_name
+    """Who the operator log records: the authenticated principal (:func:`router.security.auth.audit_identity`); the
+    ``who`` argument the caller sends is kept in the IDL for compatibility and ignored."""
+    from router.security.auth import audit_identity as principal_name
 
     return principal_name(NsjmsAdmin.TransactionRefused)

@@ -1,6 +1,7 @@
 """Which servant operations need an authenticated caller (docs/security.md): applied once, at node start.
 
-- The project's administrative interfaces are guarded WHOLE (:func:`router.auth.admin_surface`): every IDL operation
+- The project's administrative interfaces are guarded WHOLE (:func:`router.security.auth.admin_surface`): every IDL
+operation
   of ``NsjmsAdmin::TransactionAdmin``, ``NsjmsAdmin::DeadLetterAdmin``, ``CosBridgeAdmin::BridgeFactory`` and
   ``NsjmsAdmin::ManagedBridge`` (with
   ``CosBridgeAdmin::Bridge`` and ``BridgeTransactionMgmt::TransactionManagement``) needs an operator, except the
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.auth import Role, admin_surface, guard_ops
+from router.security.auth import Role, admin_surface, guard_ops
 
 __all__ = ["ADMIN_READS", "CHANNEL_GUARDS", "apply"]
 
@@ -91,10 +92,10 @@ def apply() -> None:
     import router.channel.ack
     import router.channel.consumers
     import router.channel.proxies  # noqa: F401 - every proxy class exists before the walk below
-    from router.auth import guard_when, node_internal
     from router.channel.admins import _AdminBase
     from router.channel.channel import EventChannelFactoryImpl, EventChannelImpl
     from router.channel.proxybase import ProxyBase
+    from router.security.auth import guard_when, node_internal
 
     for cls in node_internal_servants():
         node_internal(cls)
