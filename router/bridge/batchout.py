@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from router import telemetry
-from router.bridge.core import ChannelToJms
+from router.bridge.core import ChannelToJms, describe
 from router.bridge.ports import ForwardDeferred
 from router.bridge.txout import DEDUPE_PROPERTY
 from router.jms.model import DeliveryMode, Destination, JmsMessage, JmsType, Typed
@@ -48,6 +48,7 @@ from router.jms.transport import (
     TransportError,
     resource_refusal,
 )
+from router.mapping.errors import MappingError
 from router.routing.ports import OutboundBatch
 
 __all__ = ["IN_FLIGHT", "STRUCTURED_BATCH", "Batch", "LocalBatches"]
@@ -230,7 +231,6 @@ class LocalBatches:
         if self.to_frame is None:
             msg = self.flow._map(event)
             return None if msg is None else (msg, None)
-        from router.mapping.errors import MappingError
 
         try:
             return self.to_frame(event, self.flow.destination)
@@ -238,7 +238,6 @@ class LocalBatches:
             reason = str(exc)
         except Exception as exc:  # any failure to map one event dead-letters that event, never stalls
             log.exception("bridge %d: mapping an event failed", self.flow.bridge.id)
-            from router.bridge.core import describe
 
             reason = f"mapping failed: {describe(exc)}"
         self.flow._dead_letter(self.flow.event_bytes(event), reason)

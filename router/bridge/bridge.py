@@ -34,6 +34,7 @@ import CosNotifyChannelAdmin
 from idl.generated import CosBridgeAdmin as BA
 from idl.generated import CosBridgeAdmin__POA, NsjmsAdmin, NsjmsAdmin__POA
 from router.bridge import flows as F
+from router.bridge.batchout import LocalBatches
 from router.bridge.brokerlink import BrokerLink, LazyTransport
 from router.bridge.channellink import ChannelLink
 from router.bridge.channellink import invalid as _invalid
@@ -43,12 +44,14 @@ from router.bridge.store import BridgeRow, BridgeStore
 from router.bridge.supervisor import Supervised
 from router.bridge.txmgmt import TransactionMgmtMixin
 from router.bridge.txout import OutboundT2
+from router.cluster.forward import cluster_ids
 from router.jms.codec import SimpleCodec
 from router.jms.model import Destination
 from router.jms.transport import ConnectionState, MessageCodec, Transport, TransportError
 from router.mapping import ChannelTimeSupport, map_message
 from router.quotas import check_bridges
 from router.routing.faults import store_boundary
+from router.routing.ledger import Direction, Route
 from router.routing.registry import LocalEndpoint
 
 __all__ = ["BRIDGE_FACTORY_KEY", "BridgeFactoryImpl", "BridgeImpl", "BrokerSettings"]
@@ -172,7 +175,6 @@ class BridgeFactoryImpl(CosBridgeAdmin__POA.BridgeFactory):
 
     def get_all_bridges(self) -> list[int]:
         """Every bridge of the cluster, not only this node's (router/cluster/forward.py, ``cluster_ids``)."""
-        from router.cluster.forward import cluster_ids
 
         return cluster_ids(self.rt.db, "bridge", list(self.bridges))
 
@@ -242,7 +244,6 @@ class BridgeImpl(ChannelLink, BrokerLink, TransactionMgmtMixin, Supervised, Nsjm
     def _register_ledger_route(self) -> None:
         """Tell the ledger which channel proxy is this bridge's, so the channel's ledger rows for it carry the
         bridge, its destination and the direction (router/routing/ledger.py)."""
-        from router.routing.ledger import Direction, Route
 
         if self.row.admin_id is None or self.row.proxy_id is None:
             return
@@ -263,7 +264,6 @@ class BridgeImpl(ChannelLink, BrokerLink, TransactionMgmtMixin, Supervised, Nsjm
             self.flow_out = F.ChannelToJms(self, self.destination, LazyTransport(self), self._to_jms,
                                            self.dead_letter, _event_bytes)
             if self.channel_spec.style == "PUSH":
-                from router.bridge.batchout import LocalBatches
 
                 receiver = (F.SequencePushReceiver if seq else F.StructuredPushReceiver)(self.flow_out)
                 self._local_ports = LocalEndpoint(batches=LocalBatches(self.flow_out, self._to_jms_frame))

@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from router.jms.selector import SelectorSyntaxError, check_selector
+
 __all__ = [
     "DESTINATION_NAME",
     "EndpointSpec",
@@ -81,7 +83,6 @@ def parse_factory(text: str | None, *, check_selector_syntax: bool = True) -> Fa
             raise ValueError(f"factory_name option {rest!r} is not 'selector=<JMS selector>'")
         if any(ch in value for ch in "\r\n\0"):
             raise ValueError("the selector contains a line break or NUL")
-        from router.jms.selector import SelectorSyntaxError, check_selector
 
         selector = value.strip()
         try:  # refused when presented (JMS 2.0 §3.8.1.1), not by the broker at every subscription attempt

@@ -32,6 +32,7 @@ from typing import Any
 
 import psycopg
 
+from router import telemetry
 from router.bridge.ackbranch import ACK_RUN, AckBranch, LocalAcks, transport_book
 from router.bridge.ports import Inbox
 from router.jms.transport import (
@@ -309,7 +310,6 @@ class InboundT2:
             flow.dead_letter.sent(reason, origin)
             if origin == "refused":
                 flow.refused += 1
-        from router import telemetry
 
         telemetry.bridge_moved(flow.bridge.id, stats["forwarded"], "from_jms")
 

@@ -63,6 +63,7 @@ from router.bridge.ports import Outbox
 from router.bridge.txbranch import SendBranch
 from router.jms.model import BodyType, DeliveryMode, Destination, JmsMessage, JmsType, Typed
 from router.jms.transport import EncodedMessage, MessageCodec, SendRefused, Transport, stomp_destination
+from router.mapping.errors import MappingError
 from router.routing.errors import ForwardFailed
 from router.routing.ledger import t2_dead_letter
 from router.routing.outbox import OutboxRow, outbox_insert
@@ -318,7 +319,6 @@ class OutboundT2:
 
     def _frame_of(self, event: Any, dead_letter_reason: str | None) -> tuple[_Frame, str | None]:
         """The frame of ``event`` and, when it is a dead letter (unmappable, or ``dead_letter_reason``), why."""
-        from router.mapping.errors import MappingError
 
         reason = dead_letter_reason
         if reason is None:

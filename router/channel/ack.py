@@ -71,6 +71,7 @@ from router.channel.proxies import (
     StructuredProxyPushSupplierImpl,
 )
 from router.channel.queue import Entry, order_key
+from router.telemetry import A
 
 __all__ = [
     "SN_LIMIT",
@@ -189,7 +190,6 @@ class _AckSupplierMixin:
         status = _status(self.rt)  # type: ignore[attr-defined]
         if status is not None:
             status.report(self.oid, reason)  # type: ignore[attr-defined]
-        from router.telemetry import A
 
         _stopped_counter().add(1, {A.CHANNEL: self.channel.id, A.PROXY: self.oid})  # type: ignore[attr-defined]
 

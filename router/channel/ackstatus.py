@@ -18,6 +18,8 @@ from omniORB import CORBA
 import CosNotification
 import CosNotification__POA
 
+from router.telemetry import NAME
+
 __all__ = ["STATUS_KEY", "ConnectionStatusImpl", "activate_status"]
 
 STATUS_KEY = "NsjmsStatus"
@@ -66,7 +68,6 @@ def _stopped_counter() -> Any:
     """Created on first use, so a meter provider configured by the CLI after import is used."""
     from opentelemetry import metrics
 
-    from router.telemetry import NAME
 
     return metrics.get_meter(NAME).create_counter(
         "nsjms.ack.connections_stopped", unit="{connection}",

@@ -21,6 +21,8 @@ import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
 from router.channel import qos as Q
+from router.channel import txdelivery
+from router.channel.ack import ack_class_for
 from router.channel.boundary import store_boundary
 from router.channel.common import (
     FilterMixin,
@@ -33,9 +35,12 @@ from router.channel.common import (
 )
 from router.channel.events import Event
 from router.channel.inflight import stopped_pushing
+from router.channel.proxies import proxy_class
 from router.channel.proxyport import LoadedProxy, SupplierView
 from router.channel.runtime import admin_oid
+from router.channel.sharing import sharing_of
 from router.channel.store import AdminRow, ProxyRow
+from router.channel.txdelivery import OWN_ENABLE_TRANSACTION, never_transactional
 from router.channel.typesets import TypeSet
 from router.quotas import check_proxies
 
@@ -154,7 +159,6 @@ class _AdminBase(QoSMixin, FilterMixin):
             log.warning("proxy %s: %s", proxy.oid, note)
             if _never_transactional(proxy) is not None:               # said here: not again when it starts
                 if self.side == "C":
-                    from router.channel import txdelivery
 
                     txdelivery.state(proxy).unavailable_warned = True
                 else:
@@ -240,7 +244,6 @@ class ConsumerAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.ConsumerAdmin):
         return self._new_proxy("PULL_ANY", es_style=True).ref
 
     def subscription_change(self, added: list[Any], removed: list[Any]) -> None:
-        from router.channel.sharing import sharing_of
 
         self.types.change(added, removed)
         sharing_of(self.channel).changed()
@@ -276,7 +279,6 @@ class SupplierAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.SupplierAdmin):
         return self._new_proxy("PULL_ANY", es_style=True).ref
 
     def offer_change(self, added: list[Any], removed: list[Any]) -> None:
-        from router.channel.sharing import sharing_of
 
         self.types.change(added, removed)
         sharing_of(self.channel).changed()
@@ -284,7 +286,6 @@ class SupplierAdminImpl(_AdminBase, CosNotifyChannelAdmin__POA.SupplierAdmin):
 
 def _never_transactional(proxy: LoadedProxy) -> str | None:
     """Why ``proxy`` can never run a routing transaction whatever its client (NJI 2.7.2), or None."""
-    from router.channel.txdelivery import never_transactional
 
     if proxy.side == "C":                # a proxy supplier (LoadedProxy.side): the SupplierView the check reads
         return never_transactional(cast(SupplierView, proxy))
@@ -304,7 +305,6 @@ def stored_enable_transaction_note(proxy: LoadedProxy) -> str | None:
     client cannot take part). Returns the WARNING to log at load when that is not visible otherwise: the proxy can
     never run a routing transaction (its value is ignored, as it was), or the value was set on the proxy by an older
     version (neither its admin nor its channel holds TRUE) and is honoured from now on. None: nothing to say."""
-    from router.channel.txdelivery import OWN_ENABLE_TRANSACTION  # written whenever set_qos names it (this version)
 
     if not proxy.qos.get(Q.ENABLE_TRANSACTION) or OWN_ENABLE_TRANSACTION in proxy.extra:
         return None
@@ -326,8 +326,6 @@ def stored_enable_transaction_note(proxy: LoadedProxy) -> str | None:
 
 def _servant_class(side: str, kind: str, es_style: bool, qos: dict[str, Any]) -> type:
     """Ack servants for proxy suppliers created with DeliveryReliability=Acknowledgment (docs/ack.md)."""
-    from router.channel.ack import ack_class_for
-    from router.channel.proxies import proxy_class
 
     return ack_class_for(side, kind, es_style, qos) or proxy_class(side, kind, es_style)
 

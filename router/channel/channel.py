@@ -23,16 +23,20 @@ import CosNotifyChannelAdmin__POA
 
 from router import telemetry
 from router.channel import qos as Q
+from router.channel.ack import activate_status
+from router.channel.admins import ConsumerAdminImpl, SupplierAdminImpl
 from router.channel.boundary import MINOR_EVENT_TOO_DEEP, check_size, store_boundary
 from router.channel.common import QoSMixin, ids_of, raise_unsupported_qos
-from router.channel.events import Event, Form, encode, jms_message_id
-from router.channel.filters import ChannelFilterFactory, filter_factory_oid
+from router.channel.events import Event, Form, decode, encode, jms_message_id
+from router.channel.filters import ChannelFilterFactory, FilterFactoryImpl, filter_factory_oid
 from router.channel.gate import Gate
+from router.channel.inflight import stopped_pushing
 from router.channel.proxyport import ConsumerView, ProxyView, QueueTarget
 from router.channel.queue import Entry, Record, choose_victim
 from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
+from router.channel.sharing import sharing_of
 from router.channel.sizing import EventTooDeep, check_depth, size_bound
-from router.channel.store import ChannelRow, NewEvent
+from router.channel.store import AdminRow, ChannelRow, NewEvent
 from router.cluster.forward import cluster_ids
 from router.quotas import check_admins, check_channels
 
@@ -69,8 +73,6 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         self.filter_factory_ref: Any = None
 
     def activate(self) -> Any:
-        from router.channel.ack import activate_status
-        from router.channel.filters import FilterFactoryImpl
 
         self.filter_factory = FilterFactoryImpl(self.rt)
         self.filter_factory_ref = self.filter_factory.activate()
@@ -160,7 +162,6 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         return channel.ref, cid
 
     def _constraints_changed(self) -> None:
-        from router.channel.sharing import sharing_of
 
         with self._lock:
             channels = list(self.channels.values())
@@ -230,7 +231,6 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
 
     # -- restore ------------------------------------------------------------------------------------------
     def restore(self) -> None:
-        from router.channel.admins import ConsumerAdminImpl, SupplierAdminImpl
 
         with self.rt.db.unit_of_work() as conn:
             arows = self.rt.store.load_admins(conn, self.id)
@@ -246,14 +246,12 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
             if owner is not None:
                 owner.restore_proxy(prow)
         self._restore_events()
-        from router.channel.sharing import sharing_of
 
         sharing_of(self)            # the subscription/offer baseline, before any client can change it
         for admin in list(self.consumer_admins.values()) + list(self.supplier_admins.values()):
             admin.start_all()
 
     def _restore_events(self) -> None:
-        from router.channel.events import decode
 
         by_event: dict[int, Record] = {}
         with self.rt.db.unit_of_work() as conn:
@@ -356,7 +354,6 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
                 return
             self.destroyed = True
             admins = list(self.consumer_admins.values()) + list(self.supplier_admins.values())
-        from router.channel.inflight import stopped_pushing  # the proxies of all admins: one bound for their waits
 
         with stopped_pushing([p for a in admins for p in list(getattr(a, "proxies", {}).values())], self.rt):
             for admin in admins:                 # a failure re-opens the proxies not torn down (inflight)
@@ -373,8 +370,6 @@ class EventChannelImpl(QoSMixin, CosNotifyChannelAdmin__POA.EventChannel):
         self.rt.deactivate(self.oid)
 
     def _new_admin(self, side: str, op: Any, *, es_style: bool) -> Any:
-        from router.channel.admins import ConsumerAdminImpl, SupplierAdminImpl
-        from router.channel.store import AdminRow
 
         level = Q.Level.CONSUMER_ADMIN if side == "C" else Q.Level.SUPPLIER_ADMIN
         with self.gate.passing(), self._lock:     # as a proxy's (router/channel/admins.py): not during a hand-off

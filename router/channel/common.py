@@ -20,6 +20,7 @@ import CosNotifyFilter
 
 from router.channel import qos as Q
 from router.channel.events import Event, Form
+from router.channel.sharing import sharing_of
 from router.corbacall import FILTER, CallFailed, call
 
 __all__ = ["FilterMixin", "FilterSet", "QoSMixin", "group_passes", "raise_unsupported_qos"]
@@ -221,7 +222,6 @@ class FilterMixin:
     def _filters_changed(self) -> None:
         """Hook: consumer-side holders re-derive the channel's subscription aggregate (router.channel.sharing)."""
         if getattr(self, "side", "") == "C" and getattr(self, "channel", None) is not None:
-            from router.channel.sharing import sharing_of
 
             sharing_of(self.channel).changed()  # type: ignore[attr-defined]
 

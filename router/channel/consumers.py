@@ -22,11 +22,15 @@ import CosNotification
 import CosNotifyChannelAdmin__POA
 import CosNotifyComm
 
+from router.channel import t2in
+from router.channel.ack import InboundAck
 from router.channel.boundary import MINOR_EVENT_TOO_LARGE, describe, store_boundary_all, store_faults
 from router.channel.deadletters import NewDeadLetter, kept_body, pulled_dedupe_id
 from router.channel.delivery import DeadLetters
 from router.channel.events import Event, describe_event, normalise_any, normalise_structured
 from router.channel.proxies import ProxyBase
+from router.channel.sharing import sharing_of
+from router.channel.t2in import InboundT2Driver
 
 __all__ = ["CONSUMER_CLASSES"]
 
@@ -46,12 +50,10 @@ class ProxyConsumerBase(ProxyBase):
     _inbound_ack: Any = None
 
     def _check_honoured(self, qos: dict[str, Any], requested: frozenset[str] | None = None) -> None:
-        from router.channel import t2in
 
         t2in.check_honoured(self, qos, requested)
 
     def _check_transactional_client(self, client: Any) -> None:
-        from router.channel import t2in
 
         reason = t2in.supplier_refused(self, client)
         if reason is not None:
@@ -59,7 +61,6 @@ class ProxyConsumerBase(ProxyBase):
             raise CosEventChannelAdmin.TypeError()
 
     def _t2_unavailable(self) -> dict[str, Any]:
-        from router.channel import t2in
 
         return t2in.status(self)
 
@@ -74,7 +75,6 @@ class ProxyConsumerBase(ProxyBase):
     def _route_acked(self, events: list[Event]) -> None:
         """Route; with a CosNotifyCommAck supplier, suppress duplicates and acknowledge (docs/ack.md)."""
         if self._inbound_ack is None:
-            from router.channel.ack import InboundAck
 
             self._inbound_ack = InboundAck(self)
         if self._inbound_ack.active():
@@ -83,12 +83,10 @@ class ProxyConsumerBase(ProxyBase):
             self.channel.route(self, events)
 
     def obtain_subscription_types(self, mode: Any) -> list[Any]:
-        from router.channel.sharing import sharing_of
 
         return sharing_of(self.channel).obtain(self, "sub", mode)
 
     def offer_change(self, added: list[Any], removed: list[Any]) -> None:
-        from router.channel.sharing import sharing_of
 
         self.types.change(added, removed)
         sharing_of(self.channel).changed()
@@ -196,7 +194,6 @@ class PullConsumerMixin(ProxyConsumerBase, DeadLetters):
     def _t2_driver(self) -> Any:
         """The JMS → channel T2 driver of this proxy (router.channel.t2in), made on first use."""
         if self._t2 is None:
-            from router.channel.t2in import InboundT2Driver
 
             self._t2 = InboundT2Driver(self, sequence=self._T2_SEQUENCE)
         return self._t2

@@ -35,6 +35,7 @@ from router.corbacall import PROBE, CallFailed, call
 from router.mapping.text import next_limit
 from router.routing.ledger import Outcome as LedgerOutcome
 from router.routing.ledger import channel_dedupe_id, volatile_dedupe_id
+from router.telemetry import NAME, A
 
 __all__ = ["DeadLetters", "DeliveryFailures"]
 
@@ -48,7 +49,6 @@ def _dead_letter_counter() -> Any:
     if _counter is None:
         from opentelemetry import metrics
 
-        from router.telemetry import NAME
 
         _counter = metrics.get_meter(NAME).create_counter(
             "nsjms.events.dead_lettered", unit="{event}",
@@ -70,7 +70,6 @@ class DeadLetters:
         self.dead_lettered += 1
         self.last_dead_letter = f"{what}: {reason}"
         log.error("proxy %s: %s", self.oid, message)
-        from router.telemetry import A
 
         _dead_letter_counter().add(1, {A.CHANNEL: self.channel.id, A.PROXY: self.oid, A.REASON: reason.split()[0]})
 

@@ -42,6 +42,7 @@ import CosNotifyFilter
 import CosNotifyFilter__POA
 
 from router.channel.boundary import store_boundary
+from router.channel.events import Form
 from router.channel.gate import Gate
 from router.channel.queue import Record
 from router.cluster.forward import FILTER_SPAN, filter_channel, filter_id
@@ -621,7 +622,6 @@ class ChannelFilterFactory(CosNotifyFilter__POA.FilterFactory):
 # -- mapping filters applied by proxy suppliers (NS 2.3.1, spec digest §8.3) --------------------------------
 def ask_mapping(rt: Any, mf: Any, event: Any) -> tuple[bool, Any]:
     """``match_*`` of a mapping filter (in process when local); an unanswerable filter counts as no match."""
-    from router.channel.events import Form
 
     target = rt.endpoints.servant(mf) or mf
     try:
@@ -634,7 +634,6 @@ def ask_mapping(rt: Any, mf: Any, event: Any) -> tuple[bool, Any]:
 
 
 def _header_has(event: Any, name: str) -> bool:
-    from router.channel.events import Form
 
     return event.form is Form.STRUCTURED and any(p.name == name for p in event.value.header.variable_header)
 

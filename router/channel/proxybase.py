@@ -36,8 +36,10 @@ from router.channel.common import (
 from router.channel.dedupe import dedupe_ids
 from router.channel.delivery import DeliveryFailures
 from router.channel.events import Event, Form, as_any, as_structured
+from router.channel.filters import mapped_deadline, mapped_priority, proxy_view
 from router.channel.queue import Entry, ProxyQueue, Record
 from router.channel.runtime import proxy_oid
+from router.channel.sharing import sharing_of
 from router.channel.store import ProxyRow, StoreError
 from router.channel.typesets import TypeSet
 from router.mapping.dedupe import stamped
@@ -295,7 +297,6 @@ class ProxyBase(QoSMixin, FilterMixin):
         self.admin.forget_proxy(self.id)
         self.rt.deactivate(self.oid)
         if self.filters or self.types.types():
-            from router.channel.sharing import sharing_of
 
             sharing_of(self.channel).changed()      # its subscriptions/offers leave the aggregate
 
@@ -399,7 +400,6 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         lf = _effective(self.lifetime_filter, getattr(self.admin, "lifetime_filter", None))
         if pf is None and lf is None:
             return record
-        from router.channel.filters import mapped_deadline, mapped_priority, proxy_view
 
         priority = mapped_priority(self.rt, pf, record) if pf is not None else record.priority
         deadline = mapped_deadline(self.rt, lf, record, time.time()) if lf is not None else record.deadline
@@ -522,12 +522,10 @@ class ProxySupplierBase(ProxyBase, DeliveryFailures):
         self.save_extra(lifetime_filter=ior_or_none(self.rt, self.lifetime_filter))
 
     def obtain_offered_types(self, mode: Any) -> list[Any]:
-        from router.channel.sharing import sharing_of
 
         return sharing_of(self.channel).obtain(self, "offer", mode)
 
     def subscription_change(self, added: list[Any], removed: list[Any]) -> None:
-        from router.channel.sharing import sharing_of
 
         self.types.change(added, removed)
         sharing_of(self.channel).changed()

@@ -11,6 +11,7 @@ from omniORB import CORBA
 
 import CosEventComm
 
+from router.channel import txdelivery
 from router.channel.boundary import MINOR_PULL_WAIT_OVER
 from router.channel.proxybase import _IDLE_WAIT, _MAX_PULL_WAIT, ProxySupplierBase
 from router.channel.queue import Entry
@@ -182,14 +183,12 @@ class PullSupplierMixin(ProxySupplierBase):
 
     def start(self) -> None:
         """Nothing runs (the client pulls); says once if its EnableTransaction cannot be honoured."""
-        from router.channel import txdelivery
 
         if self.connected and not self.destroyed:
             txdelivery.warn_unavailable(self)
         super().start()
 
     def status_extra(self) -> dict[str, Any]:
-        from router.channel import txdelivery
 
         return {**self.dead_letter_status(), **txdelivery.unavailable(self)}
 

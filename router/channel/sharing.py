@@ -29,6 +29,7 @@ from omniORB import CORBA
 import CosNotification
 import CosNotifyChannelAdmin
 
+from router.channel.filters import types_for
 from router.channel.proxyport import ProxyView
 from router.corbacall import NOTIFY, PROBE, CallFailed, call
 
@@ -83,7 +84,6 @@ class Sharing:
         return out
 
     def _filter_types(self, holder: Any) -> set[tuple[str, str]]:
-        from router.channel.filters import types_for
 
         out: set[tuple[str, str]] = set()
         for target in holder.filters.targets():

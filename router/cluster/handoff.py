@@ -27,8 +27,9 @@ import psycopg
 
 from router.cluster import members as M
 from router.cluster.errors import ClusterError
-from router.cluster.ownership import Owned
+from router.cluster.ownership import Owned, owned_by
 from router.cluster.placement import drain_moves, join_moves, least_loaded, rebalance_moves
+from router.cluster.report import xid_gtrid, xid_node
 
 __all__ = ["DrainState", "HandOff", "HandOffRefused", "channel_unit", "drain_state", "draining", "fail",
            "is_draining", "live_targets", "mark_started", "moves_of", "open_from", "place_new", "release",
@@ -323,8 +324,6 @@ class DrainState:
 def drain_state(conn: Conn, node: str, epoch: int, ids: Sequence[int] | None = None) -> DrainState:
     """The state of ``node``'s drain as ``nsjms cluster drain`` reports it; ``ids``: its moves (None: every drain move
     of this incarnation, those the node requested itself for what it took over meanwhile included)."""
-    from router.cluster.ownership import owned_by
-    from router.cluster.report import xid_gtrid, xid_node
 
     live = any(m.node_id == node and m.epoch == epoch and m.live for m in M.members(conn))
     if ids is None:

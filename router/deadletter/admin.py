@@ -15,6 +15,7 @@ from typing import Any
 
 from idl.generated import NsjmsAdmin, NsjmsAdmin__POA
 from router.deadletter.ops import DeadLetterOps, Refused
+from router.security.auth import audit_identity
 
 __all__ = ["DEAD_LETTER_ADMIN_KEY", "DeadLetterAdminImpl", "dead_letter_admin"]
 
@@ -66,6 +67,5 @@ class DeadLetterAdminImpl(NsjmsAdmin__POA.DeadLetterAdmin):
 def _principal() -> str:
     """Who the operator log records: the authenticated principal (:func:`router.security.auth.audit_identity`), never
     the ``who`` argument the caller sends (kept in the IDL and ignored, as for ``TransactionAdmin``)."""
-    from router.security.auth import audit_identity
 
     return audit_identity(NsjmsAdmin.DeadLetterRefused)

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from router.jms.browsing import BrowsedMessage, DestinationBrowser, MessageHeld, OutgoingCopy
+from router.deadletter.broker_event import EventUnmappable, event_copy
+from router.jms.browsing import BrowsedMessage, DestinationBrowser, MessageHeld, OutgoingCopy, id_selector
 from router.jms.codec import body_lost
 from router.jms.errors import BrokerError, LocalProtocolError, TransportError, UnconfirmedOutcome
 from router.routing.t2.ops import operator_log
@@ -246,7 +247,6 @@ class BrokerDeadLetterOps:
 
     @staticmethod
     def _mapped(msg: BrowsedMessage, target: str, message_id: str) -> OutgoingCopy:
-        from router.deadletter.broker_event import EventUnmappable, event_copy
 
         try:
             return event_copy(msg, target)
@@ -275,7 +275,6 @@ class BrokerDeadLetterOps:
         return taken
 
     def _find(self, queue: str, message_id: str) -> BrowsedMessage:
-        from router.jms.browsing import id_selector
 
         self._known(queue)
         if not message_id:

@@ -13,6 +13,10 @@ import re
 import time
 
 from router.jms.browsing import BrowsedMessage, OutgoingCopy
+from router.jms.model import Destination
+from router.mapping import event_to_jms
+from router.mapping.errors import MappingError
+from router.mapping.stomp_codec import StompCodec
 
 __all__ = ["EventUnmappable", "event_copy", "sink_destination"]
 
@@ -36,10 +40,6 @@ def event_copy(msg: BrowsedMessage, destination: str) -> OutgoingCopy:
 
     import CosNotification
 
-    from router.jms.model import Destination
-    from router.mapping import event_to_jms
-    from router.mapping.errors import MappingError
-    from router.mapping.stomp_codec import StompCodec
 
     kind, _, name = destination.strip("/").partition("/")
     if kind not in ("queue", "topic") or not name:

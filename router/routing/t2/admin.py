@@ -18,6 +18,7 @@ from typing import Any
 
 from idl.generated import NsjmsAdmin, NsjmsAdmin__POA
 from router.routing.t2.ops import Refused, TxnOps
+from router.security.auth import audit_identity as principal_name
 
 __all__ = ["TRANSACTION_ADMIN_KEY", "TransactionAdminImpl", "node_ops"]
 
@@ -80,6 +81,5 @@ class TransactionAdminImpl(NsjmsAdmin__POA.TransactionAdmin):
 def audit_identity() -> str:
     """Who the operator log records: the authenticated principal (:func:`router.security.auth.audit_identity`); the
     ``who`` argument the caller sends is kept in the IDL for compatibility and ignored."""
-    from router.security.auth import audit_identity as principal_name
 
     return principal_name(NsjmsAdmin.TransactionRefused)

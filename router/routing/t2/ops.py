@@ -26,6 +26,7 @@ from typing import Any
 import psycopg
 from psycopg import Xid
 
+from router.db.conninfo import connect as bounded_connect
 from router.routing.t2.transactions import OPERATOR_SEND
 from router.routing.t2.view import (
     START_NODE,
@@ -328,7 +329,6 @@ def connect_rows(dsn: str) -> Rows:
     """Read-only row access on a connection of its own (offline mode), its waits bounded (router/db/conninfo.py)."""
     from contextlib import contextmanager
 
-    from router.db.conninfo import connect as bounded_connect
 
     @contextmanager
     def rows() -> Iterator[psycopg.Connection[Any]]:
