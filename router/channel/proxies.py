@@ -139,6 +139,7 @@ def proxy_class(side: str, kind: str, es_style: bool = False) -> type:
     proxy interfaces do not inherit the Event Service ones (NS 3.4), so a client narrowing to
     ``CosEventChannelAdmin::ProxyPushSupplier`` needs an object of that type.
     """
+    # cycle: router.channel.consumers imports this module (ProxyBase, the supplier tables) at its top
     from router.channel.consumers import CONSUMER_CLASSES, ES_CONSUMER_CLASSES
 
     if es_style:

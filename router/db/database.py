@@ -42,6 +42,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from router.db.conninfo import bounded
 from router.db.errors import StoreError, StoreTimeout, StoreUnavailable, WriteFenced
 from router.db.lane import StatementLane
+from router.db.migrate import run as run_migrations
 
 __all__ = ["DEFAULT_CHECKOUT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_CHECK", "Database", "FenceToken",
            "StatementFence"]
@@ -134,10 +135,8 @@ class Database:
 
     def migrate(self) -> list[int]:
         """Apply the missing numbered migrations (see :mod:`router.db.migrate`); returns the versions applied."""
-        from router.db.migrate import run
-
         with self.unit_of_work() as conn:
-            return run(conn)
+            return run_migrations(conn)
 
     @contextmanager
     def unit_of_work(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:

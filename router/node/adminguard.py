@@ -15,7 +15,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.security.auth import Role, admin_surface, guard_ops
+import router.channel.ack
+import router.channel.consumers
+import router.channel.proxies  # noqa: F401 - every proxy class exists before apply()'s walk
+from router.bridge import flows
+from router.bridge.bridge import BridgeFactoryImpl, BridgeImpl
+from router.channel.admins import _AdminBase
+from router.channel.channel import EventChannelFactoryImpl, EventChannelImpl
+from router.channel.proxybase import ProxyBase
+from router.deadletter.admin import DeadLetterAdminImpl
+from router.routing.t2.admin import TransactionAdminImpl
+from router.security.auth import Role, admin_surface, guard_ops, guard_when, node_internal
 
 __all__ = ["ADMIN_READS", "CHANNEL_GUARDS", "apply"]
 
@@ -35,16 +45,12 @@ CHANNEL_GUARDS: dict[str, dict[str, Role]] = {
 
 
 def admin_surfaces() -> list[type]:
-    from router.bridge.bridge import BridgeFactoryImpl, BridgeImpl
-    from router.deadletter.admin import DeadLetterAdminImpl
-    from router.routing.t2.admin import TransactionAdminImpl
 
     return [TransactionAdminImpl, DeadLetterAdminImpl, BridgeFactoryImpl, BridgeImpl]
 
 
 def node_internal_servants() -> list[type]:
     """The bridges' endpoint servants: the node's own channel calls them; a remote caller must be an operator."""
-    from router.bridge import flows
 
     return [flows.StructuredPushReceiver, flows.SequencePushReceiver, flows.StructuredPullReceiver,
             flows.SequencePullReceiver, flows.StructuredPullSender, flows.SequencePullSender,
@@ -89,14 +95,6 @@ def _subclasses(cls: type) -> list[type]:
 
 def apply() -> None:
     """Wrap the servant classes (idempotent)."""
-    import router.channel.ack
-    import router.channel.consumers
-    import router.channel.proxies  # noqa: F401 - every proxy class exists before the walk below
-    from router.channel.admins import _AdminBase
-    from router.channel.channel import EventChannelFactoryImpl, EventChannelImpl
-    from router.channel.proxybase import ProxyBase
-    from router.security.auth import guard_when, node_internal
-
     for cls in node_internal_servants():
         node_internal(cls)
     for cls in _subclasses(ProxyBase):
