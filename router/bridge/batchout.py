@@ -112,8 +112,9 @@ class LocalBatches:
         return Batch(list(events), ids=ids)
 
     def start(self, batch: OutboundBatch) -> None:
-        """Map the batch's events and write BEGIN and the SENDs, no receipt awaited (the SENDs with one socket write
-        per 256 KiB when the transport has ``send_encoded_many``: the STOMP transport over plain TCP)."""
+        """Map the batch's events and write BEGIN and the SENDs, no receipt awaited (the SENDs through the
+        transport's ``send_encoded_many`` when every message is encoded: the STOMP transport over plain TCP writes
+        them with one socket write per 256 KiB)."""
         batch = _own(batch)
         flow = self.flow
         if not flow.bridge.running():
@@ -139,10 +140,10 @@ class LocalBatches:
         try:
             transport = flow.transport
             batch.tx = transport.begin(Confirm.PIPELINED)
-            many = getattr(transport, "send_encoded_many", None)
-            if many is not None and all(encoded is not None for _, encoded in batch.messages):
-                many(flow.destination, [(encoded, msg.delivery_mode is DeliveryMode.PERSISTENT)
-                                        for msg, encoded in batch.messages], transaction=batch.tx)
+            encoded_all = [(encoded, msg.delivery_mode is DeliveryMode.PERSISTENT)
+                           for msg, encoded in batch.messages if encoded is not None]
+            if len(encoded_all) == len(batch.messages):
+                transport.send_encoded_many(flow.destination, encoded_all, transaction=batch.tx)
                 return
             for msg, encoded in batch.messages:
                 if encoded is None:

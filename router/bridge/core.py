@@ -45,7 +45,7 @@ from router.jms.transport import (
     TransportError,
     resource_refusal,
 )
-from router.node.config import DEFAULT_MAX_EVENT_BYTES
+from router.routing.eventsize import DEFAULT_MAX_EVENT_BYTES
 
 __all__ = ["BROKER_DLQ", "DEFAULT_DLQ", "MAX_EVENT_BYTES", "ChannelPuller", "ChannelToJms", "DeadLetter",
            "JmsToChannel", "untransportable"]

@@ -137,22 +137,15 @@ class SendBranch:
 
     def send_many(self, destination: str, messages: Sequence[tuple[EncodedMessage, bool]]) -> None:
         """Receipt-less frames ``(encoded, persistent)`` in the transaction, in order, before the last one: the
-        frames and the transport's book exactly as that many :meth:`send` calls without ``last``, written with few
-        socket writes when the transport has ``send_encoded_many`` (the STOMP transport; over TLS it hands each
-        frame to stomp.py itself), else one :meth:`send`-like write each. Errors as :meth:`send`; :attr:`sent`
-        counts the frames handed over (on a failure: the index of the first frame not known to be written)."""
+        frames and the transport's book exactly as that many :meth:`send` calls without ``last``, through the
+        transport's ``send_encoded_many`` (the STOMP transport writes them with few socket writes; over TLS it hands
+        each frame to stomp.py itself). Errors as :meth:`send`; :attr:`sent` counts the frames handed over (on a
+        failure: the index of the first frame not known to be written)."""
         if not messages:
             return
         tx = self._open_tx()
-        many = getattr(self.transport, "send_encoded_many", None)
-        if many is not None:
-            many(destination, messages, transaction=tx)
-            self.sent += len(messages)
-            return
-        for encoded, persistent in messages:
-            self.transport.send_encoded(destination, encoded, persistent=persistent, transaction=tx,
-                                        confirm=Confirm.PIPELINED)
-            self.sent += 1
+        self.transport.send_encoded_many(destination, messages, transaction=tx)
+        self.sent += len(messages)
 
     def _settle_last(self) -> None:
         """Wait for the background last frame; a failure becomes this branch's vote (see the module docstring)."""

@@ -151,7 +151,7 @@ class TransactionMgmtMixin:
     def _two_phase_problem(self) -> str | None:
         """Why the node's PostgreSQL cannot prepare a T2's branch (``max_prepared_transactions`` = 0), or None;
         None too when it cannot be asked (the store boundary reports that on the next write)."""
-        from router.node.lifecycle import prepared_transactions_problem
+        from router.db.twophase import prepared_transactions_problem
 
         db = getattr(getattr(self, "rt", None), "db", None)   # a host without a node runtime: nothing to ask
         if db is None:

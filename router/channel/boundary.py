@@ -34,8 +34,8 @@ from collections.abc import Iterable
 
 from omniORB import CORBA
 
-from router.node.config import DEFAULT_MAX_EVENT_BYTES as _NODE_DEFAULT
-from router.node.config import default_giop_max_msg_size, min_giop_max_msg_size
+from router.routing.eventsize import DEFAULT_MAX_EVENT_BYTES as _NODE_DEFAULT
+from router.routing.eventsize import default_giop_max_msg_size, min_giop_max_msg_size
 from router.routing.faults import (
     MINOR_EVENT_TOO_DEEP,
     MINOR_EVENT_TOO_LARGE,
@@ -86,7 +86,7 @@ class Outcome(enum.Enum):
 
 def giop_max_msg_size(max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> int:
     """The ORB's default ``giopMaxMsgSize`` for a node whose events may be ``max_event_bytes`` long
-    (:func:`router.node.config.default_giop_max_msg_size`: 4 x the limit + 1 MiB)."""
+    (:func:`router.routing.eventsize.default_giop_max_msg_size`: 4 x the limit + 1 MiB)."""
     return default_giop_max_msg_size(max_event_bytes)
 
 

@@ -430,7 +430,7 @@ def create_app(backend: Backend, *, secure_cookies: bool = False, idle_s: float 
         channels = snap.get("channels", [])
         depth = sum(int(p.get("queued", 0)) for c in channels for p in c.get("proxy_suppliers", []))
         age = time.time() - float(snap["time"]) if snap.get("time") else None
-        from router.cli.bridge import bridge_state
+        from router.bridge.states import bridge_state
 
         every = snap.get("bridges", [])
         # a summary: the bridges not active first, then by id, at most OVERVIEW_ROWS (the rest on /bridges)

@@ -237,6 +237,15 @@ class Transport(Protocol):
         errors as :meth:`send`."""
         ...
 
+    def send_encoded_many(self, destination: Destination | str, messages: Sequence[tuple[EncodedMessage, bool]], *,
+                          transaction: str) -> None:
+        """Send ``messages``, each ``(encoded, persistent)``, in ``transaction``, in order, unconfirmed: the frames
+        and the session's book exactly as that many ``send_encoded(..., transaction=transaction,
+        confirm=Confirm.PIPELINED)`` calls, which an implementation may write together (STOMP: one socket write per
+        256 KiB over plain TCP). Same errors as :meth:`send_encoded`; messages of a failed call may have been
+        written (the caller aborts the transaction, as after a failed send)."""
+        ...
+
     def begin(self, confirm: Confirm = Confirm.CONFIRMED) -> str:
         """Start a broker transaction; returns its id. ``CONFIRMED``: a BEGIN the broker refuses raises here.
         ``PIPELINED`` (no round trip): a refused BEGIN shows up at the COMMIT (or in :meth:`transaction_problem`

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from router.security.files import write_private
+from router.db.twophase import max_prepared_transactions, prepared_transactions_problem
 
 __all__ = [
     "EMBEDDED_RESTART",
@@ -48,6 +49,7 @@ __all__ = [
     "StateLock",
     "bind_problem",
     "kept_for_restart",
+    "max_prepared_transactions",
     "postgres_problem",
     "prepared_transactions_problem",
     "private_tree",
@@ -251,27 +253,6 @@ def postgres_hint(reason: str) -> str:
         return (f"{reason}: the password does not match the one the server has (a PostgreSQL data directory or "
                 "container volume keeps the password it was first created with: use that one, or recreate it)")
     return reason
-
-
-def prepared_transactions_problem(value: int) -> str | None:
-    """Why PostgreSQL's ``max_prepared_transactions`` cannot carry routing transactions (T2), or None. Pure."""
-    if value > 0:
-        return None
-    return (f"PostgreSQL's max_prepared_transactions is {value} (its default): every routing transaction (T2) "
-            "would fail at PREPARE TRANSACTION and roll back forever; set max_prepared_transactions (e.g. 64, "
-            "see docs/transactions.md) in postgresql.conf and restart PostgreSQL")
-
-
-def max_prepared_transactions(dsn: str, timeout: float) -> int | None:
-    """The server's ``max_prepared_transactions``, or None when it cannot be read (reachability is probed apart)."""
-    import psycopg
-
-    try:
-        with psycopg.connect(dsn, connect_timeout=max(1, int(timeout)), autocommit=True) as conn:
-            row = conn.execute("SELECT current_setting('max_prepared_transactions')::int").fetchone()
-    except psycopg.Error:
-        return None
-    return None if row is None else int(row[0])
 
 
 def probe_broker(url: str, login: str, passcode: str, timeout: float) -> str | None:

@@ -19,28 +19,36 @@ services it found running and adopted (left by a killed node) keep running for t
 start (PostgreSQL down, say) under systemd's ``Restart=on-failure`` must not stop and restart the broker every
 cycle. :func:`stop_services` stops a state directory's embedded services when no node runs there (``nsjms
 stop-services``, the systemd unit's ``ExecStopPost``).
+
+This module is the start sequence and the stop; the node's other concerns are mixins and modules beside it:
+:mod:`router.node.statedir` (the lock, who may traverse the directory, ``stop-services``),
+:mod:`router.node.watches` (the start's checks, the service watches' probes, ledger maintenance),
+:mod:`router.node.publish` (``factory.ior``, ``endpoints.json``, the admin objects, ``status.json``, gauges) and
+:mod:`router.node.cluster` (membership, fencing, takeover).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from router.node.cluster import ClusterRole
 from router.node.config import DEFAULT_MAX_EVENT_BYTES
+from router.node.publish import NodeReports, write_endpoints
+from router.node.statedir import broker_may_traverse, lock_state_dir, postgres_may_traverse, stop_services
+from router.node.watches import NodeWatches
 from router.quotas import NodeLimits
 from router.routing.ledger import LedgerSettings
 
 __all__ = ["Node", "NodeSettings", "stop_services", "write_endpoints"]
+
+_postgres_may_traverse = postgres_may_traverse   # its name before the state directory's module (router/cli/txn.py)
 
 log = logging.getLogger("nsjms.server")
 
@@ -108,30 +116,7 @@ def orb_args(s: NodeSettings, publish: list[str] | None = None) -> list[str]:
     ]
 
 
-def _lock_state_dir(state_dir: Path) -> Any:
-    """Creates and locks the state directory; an unusable one (read-only, a file, under /proc, another user's) is
-    :class:`router.node.lifecycle.StateDirUnusable` naming the OS's reason, never a raw errno."""
-    from router.node.lifecycle import StateDirUnusable, StateLock
-
-    try:
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock = StateLock(state_dir)
-        lock.acquire()
-    except OSError as exc:  # StateDirLocked is not an OSError: it passes through
-        what = exc.strerror or type(exc).__name__
-        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(state_dir) else ""
-        raise StateDirUnusable(state_dir, f"{what}{where}") from exc
-    return lock
-
-
-def write_endpoints(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON atomically (readers never see a partial file), mode 0600."""
-    from router.node.lifecycle import write_private
-
-    write_private(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-class Node(ClusterRole):
+class Node(ClusterRole, NodeWatches, NodeReports):
     """A running node. ``start()`` returns when the channel answers; ``stop()`` releases everything."""
 
     def __init__(self, settings: NodeSettings, *, after_lock: Any = None) -> None:
@@ -174,7 +159,7 @@ class Node(ClusterRole):
         """Raises StateDirLocked (nothing touched), ServiceUnreachable, ServiceError; then call :meth:`stop`."""
         os.umask(0o077)  # every file this process or its services create is private
         self._install_stop_signals()  # before endpoints.json says "ready": a SIGTERM from then on stops cleanly
-        self._lock = _lock_state_dir(self.s.state_dir)
+        self._lock = lock_state_dir(self.s.state_dir)
         if self.after_lock is not None:
             self.after_lock()
         self._private_state_dir()
@@ -206,36 +191,9 @@ class Node(ClusterRole):
 
         private_tree(self.s.state_dir)
         if not self.pg_dsn or (self.s.state_dir / "pg").exists():
-            _postgres_may_traverse(self.s.state_dir)
+            postgres_may_traverse(self.s.state_dir)
         if not self.broker_url:
-            _broker_may_traverse(self.s.state_dir)
-
-    def _check_before_services(self) -> None:
-        """What can end the start is checked before an embedded service is started, adopted or stopped."""
-        from router.node.config import redact_dsn
-        from router.node.lifecycle import ServiceError, ServiceUnreachable, bind_problem
-
-        problem = bind_problem(self.s.orb_host, self.s.orb_port)
-        if problem is not None:
-            raise ServiceError(f"orb.host/orb.port: cannot listen on {self.s.orb_host}:{self.s.orb_port}: {problem}; "
-                               "stop the process holding it or choose another orb.port")
-        if self.pg_dsn:  # external: embedded services must not be touched for a node that cannot start
-            problem = self._probe_pg_once()
-            if problem is not None:
-                raise ServiceUnreachable("postgres.dsn", redact_dsn(self.pg_dsn), problem)
-            self._check_two_phase()
-
-    def _check_two_phase(self) -> None:
-        """T2 needs ``PREPARE TRANSACTION``: a server with ``max_prepared_transactions = 0`` is refused at start (the
-        embedded cluster is started with 64)."""
-        from router.node.config import redact_dsn
-        from router.node.lifecycle import ServiceMisconfigured, max_prepared_transactions, prepared_transactions_problem
-
-        value = max_prepared_transactions(self.pg_dsn, self.s.pg_connect_timeout_s)
-        problem = None if value is None else prepared_transactions_problem(value)
-        if problem is not None:
-            raise ServiceMisconfigured("max_prepared_transactions",
-                                       f"postgres.dsn {redact_dsn(self.pg_dsn)}: {problem}")
+            broker_may_traverse(self.s.state_dir)
 
     def _start_services(self) -> None:
         from router.node import services
@@ -252,53 +210,6 @@ class Node(ClusterRole):
             self.services.append(self.embedded_mq)
             self.broker_url = self.embedded_mq.start()
             self.broker_login, self.broker_passcode = self.embedded_mq.login, self.embedded_mq.passcode
-
-    def _check_services(self) -> None:
-        """PostgreSQL must answer (bounded wait); an unreachable broker is reported loudly but not fatal."""
-        from router.node.config import redact_dsn
-        from router.node.lifecycle import Health, ServiceUnreachable, ServiceWatch
-
-        pg = Health("postgres.dsn", redact_dsn(self.pg_dsn), self.embedded_pg is not None)
-        mq = Health("broker.url", redact_dsn(self.broker_url), self.embedded_mq is not None)
-        self.health = {"postgres": pg, "broker": mq}
-        problem = self._probe_pg_once() if self.embedded_pg is not None else None  # an external one: before
-        if problem is not None:
-            raise ServiceUnreachable("postgres.dsn", pg.address, problem)
-        pg.record_probe(None, time.time())
-        problem = self._probe_broker()
-        mq.record_probe(problem, time.time())
-        if problem is not None:
-            log.error("broker.url %s is unreachable at start (%s): the node serves CORBA clients; its bridges wait "
-                      "and reconnect by themselves; `nsjms status` shows the broker's reachability",
-                      mq.address, problem)
-        interval = self.s.watch_interval_s
-        self.watches = [ServiceWatch("PostgreSQL", pg, self._probe_pg, self.embedded_pg, interval=interval),
-                        ServiceWatch("ActiveMQ", mq, self._probe_broker, self.embedded_mq, interval=interval)]
-
-    def _probe_pg_once(self) -> str | None:
-        """The start's checks: one connection, closed after (``lifecycle.probe_postgres``); the watch keeps one."""
-        from router.node.lifecycle import probe_postgres
-
-        return probe_postgres(self.pg_dsn, self.s.pg_connect_timeout_s)
-
-    def _probe_pg(self) -> str | None:
-        """The watch's probe, on one kept connection (router/db/health.py: a new one only when it fails, not every
-        probe)."""
-        from router.db.health import PostgresProbe
-        from router.node.lifecycle import postgres_problem
-
-        probe = self._pg_probe
-        if probe is None or probe.dsn != self.pg_dsn:
-            if probe is not None:
-                probe.close()
-            probe = self._pg_probe = PostgresProbe(self.pg_dsn, self.s.pg_connect_timeout_s)
-        problem = probe.check()
-        return None if problem is None else postgres_problem(problem)
-
-    def _probe_broker(self) -> str | None:
-        from router.node.lifecycle import probe_broker
-
-        return probe_broker(self.broker_url, self.broker_login, self.broker_passcode, self.s.broker_connect_timeout_s)
 
     def _start_channel(self) -> None:
         import omniORB  # noqa: F401 — puts the COS stubs on sys.path
@@ -414,32 +325,6 @@ class Node(ClusterRole):
                      len(report.committed), len(report.rolled_back), len(report.resent), len(report.errors))
         return t2
 
-    def maintain_ledger(self) -> bool:
-        """Create the ledger's day partitions ahead and drop those past retention, in one short transaction of its
-        own (never a routing transaction) that waits at most 2 s for the ledger's locks. A failure is logged and
-        retried at the next period: until then rows of a day without a partition land in the default partition,
-        and routing never waits for this. Returns whether it succeeded."""
-        from router.routing.ledger import maintain
-
-        settings = self.s.ledger            # also when ledger.enabled is false: retention still applies
-        try:
-            with self.db.unit_of_work() as conn:
-                conn.execute("SET LOCAL lock_timeout = '2s'")
-                created, dropped = maintain(conn, settings.retention_days, settings.ahead_days)
-        except Exception as exc:  # noqa: BLE001 — a store error or lock timeout: the next period retries
-            log.warning("ledger partition maintenance failed (retried in %g s): %s", settings.maintenance_interval_s,
-                        exc)
-            return False
-        if created or dropped:
-            log.info("ledger partitions: created %s; dropped %s (retention %d days)",
-                     ", ".join(map(str, created)) or "none", ", ".join(map(str, dropped)) or "none",
-                     settings.retention_days)
-        return True
-
-    def _ledger_loop(self) -> None:
-        while not self.runtime.shutting_down.wait(self.s.ledger.maintenance_interval_s):
-            self.maintain_ledger()
-
     def _build_bridges(self, only: set[int] | None = None) -> None:
         from router.bridge.bridge import BridgeFactoryImpl
         from router.bridge.store import BridgeStore
@@ -466,140 +351,6 @@ class Node(ClusterRole):
         return BrokerSettings(self.broker_url, self.broker_login, self.broker_passcode,
                               max_event_bytes=self.s.max_event_bytes, amq_dupl_id=self.s.broker_amq_dupl_id,
                               codec=StompCodec(), sub_heartbeat_ms=subscriber_heartbeat_ms(self.s.cluster_expiry_s))
-
-    def endpoints(self) -> dict[str, Any]:
-        from router.node.config import redact_dsn
-
-        host, port = self.s.orb_host, self.s.orb_port
-        return {
-            "event_channel_factory": {
-                "corbaloc": f"corbaloc::{host}:{port}/NotifyEventChannelFactory",
-                "ior": self.orb.object_to_string(self.factory.ref),
-            },
-            "bridge_factory": {
-                "corbaloc": f"corbaloc::{host}:{port}/BridgeFactory",
-                "ior": self.orb.object_to_string(self.bridges.ref),
-            },
-            "transaction_admin": {
-                "corbaloc": f"corbaloc::{host}:{port}/TransactionAdmin",
-                "ior": self.orb.object_to_string(self.txn_admin.ref),
-            },
-            "dead_letter_admin": {
-                "corbaloc": f"corbaloc::{host}:{port}/DeadLetterAdmin",
-                "ior": self.orb.object_to_string(self.dead_letter_admin.ref),
-            },
-            "postgres_dsn": redact_dsn(self.pg_dsn),
-            "broker_url": redact_dsn(self.broker_url) if self.broker_url else None,
-            "node_id": self.s.node_id,
-            "pid": os.getpid(),
-        }
-
-    def snapshot(self) -> dict[str, Any]:
-        """What ``nsjms status`` shows beyond the IDL: queue depths, proxy states, bridges, stored rows, services."""
-        channels = []
-        for cid, ch in sorted(self.factory.channels.items()):
-            proxies = []
-            for aid, admin in sorted(ch.consumer_admins.items()):
-                for pid, proxy in sorted(admin.proxies.items()):
-                    proxies.append({"admin": aid, "id": pid, "kind": proxy.kind, "connected": proxy.connected,
-                                    "suspended": proxy.suspended, "queued": len(proxy.queue),
-                                    **getattr(proxy, "status_extra", dict)()})
-            consumers = []                  # proxy consumers with something to report (pulled events dead-lettered)
-            for aid, admin in sorted(ch.supplier_admins.items()):
-                for pid, proxy in sorted(admin.proxies.items()):
-                    extra: dict[str, Any] = getattr(proxy, "status_extra", dict)()
-                    if extra:
-                        consumers.append({"admin": aid, "id": pid, "kind": proxy.kind, "connected": proxy.connected,
-                                          "suspended": proxy.suspended, **extra})
-            channels.append({"id": cid, "events_held": ch.queued_count(), "proxy_suppliers": proxies,
-                             "proxy_consumers": consumers})
-        facts = self._db_facts.get() if self._db_facts is not None else {"store": self._store_stats(),
-                                                                         "transactions": self._t2_status()}
-        return {"time": time.time(), "node_id": self.s.node_id, "channels": channels,
-                "bridges": self.bridges.status() if self.bridges is not None else [],
-                "store": facts["store"], "transactions": facts["transactions"],
-                "cluster": self._cluster_status(),
-                "services": {name: health.as_dict() for name, health in self.health.items()}}
-
-    def _t2_status(self) -> dict[str, Any]:
-        """In-doubt count, oldest age, recovery passes, outbox/inbox rows; also what the T2 gauges show."""
-        from router.telemetry import T2Gauges
-
-        if self.t2 is None:
-            return {}
-        try:
-            status: dict[str, Any] = {**self.t2.status(), **self.t2.depths()}
-        except Exception as exc:  # noqa: BLE001 — PostgreSQL down: status says so instead of dropping the snapshot
-            from router.node.config import redact_dsn
-
-            return {"error": redact_dsn(f"{type(exc).__name__}: {exc}")}
-        self.t2_gauges = T2Gauges(status["in_doubt"], status["oldest_in_doubt_s"] or 0.0, status["outbox"],
-                                  status["inbox"])
-        return status
-
-    def _store_stats(self) -> dict[str, int]:
-        with self.db.unit_of_work() as conn:
-            stats: dict[str, int] = self.store.stats(conn)
-        pool = self.db.stats()           # psycopg_pool's counters: a starved pool shows here (waits, timeouts)
-        stats.update(pool_size=pool.get("pool_size", 0), pool_available=pool.get("pool_available", 0),
-                     pool_waiting=pool.get("requests_waiting", 0), pool_checkouts=pool.get("requests_num", 0),
-                     pool_queued=pool.get("requests_queued", 0), pool_timeouts=pool.get("requests_errors", 0))
-        accept = getattr(self.runtime, "accept_commits", None)
-        if accept is not None:           # group commit of accepted persistent events: commits shared by pushes
-            stats["accept_commits"], stats["accept_events"] = int(accept.commits), int(accept.events)
-        return stats
-
-    def _register_gauges(self) -> None:
-        from router import telemetry
-
-        def depths() -> list[tuple[int, str, int]]:
-            return [(cid, proxy.oid, len(proxy.queue))
-                    for cid, ch in list(self.factory.channels.items())
-                    for admin in list(ch.consumer_admins.values())
-                    for proxy in list(admin.proxies.values())]
-
-        def bridges() -> list[tuple[int, bool]]:
-            return [(b.id, b.active()) for b in list(self.bridges.bridges.values())]
-
-        telemetry.register_gauges(depths, bridges)
-        telemetry.register_t2_gauges(lambda: self.t2_gauges)  # refreshed by the status loop every 2 s
-
-    def _status_loop(self) -> None:
-        path = self.s.state_dir / "status.json"
-        while not self._stopped.wait(2.0):
-            for channel in list(self.factory.channels.values()):
-                try:
-                    channel.sweep_expired()
-                except Exception:
-                    log.warning("sweeping expired events of channel %d failed", channel.id, exc_info=True)
-            try:
-                write_endpoints(path, self.snapshot())
-            except Exception:
-                log.debug("status snapshot failed", exc_info=True)
-
-    def _publish(self) -> None:
-        from router.deadletter.admin import dead_letter_admin
-        from router.node.lifecycle import write_private
-        from router.routing.t2.admin import TransactionAdminImpl, node_ops
-
-        self.txn_admin = TransactionAdminImpl(node_ops(self.t2, self.s.state_dir))
-        self.txn_admin.activate(self.runtime.ins_poa)  # nsjms txn asks the running router (online mode)
-        self.dead_letter_admin = dead_letter_admin(self)
-        self.dead_letter_admin.activate(self.runtime.ins_poa)  # nsjms deadletter asks the running router
-        # factory.ior first: endpoints.json is the "ready" signal, so every file it announces already exists
-        write_private(self.s.state_dir / "factory.ior", self.orb.object_to_string(self.factory.ref) + "\n")
-        path = self.s.state_dir / "endpoints.json"
-        write_endpoints(path, self.endpoints())
-        write_endpoints(self.s.state_dir / "status.json", self.snapshot())
-        self._register_gauges()
-        from router.node.status import DatabaseFacts  # the database's parts on their own thread: never blocks status
-
-        facts = DatabaseFacts({"store": self._store_stats, "transactions": self._t2_status})
-        facts.refresh()
-        facts.start()
-        self._db_facts = facts
-        self.runtime.spawn("status", self._status_loop)
-        log.info("nsjms node %s ready: %s", self.s.node_id, path)
 
     def _install_stop_signals(self) -> None:
         """SIGTERM/SIGINT end :meth:`wait` (only the main thread may set handlers; elsewhere call :meth:`stop`)."""
@@ -662,63 +413,3 @@ class Node(ClusterRole):
                 pass
         self._lock.release()
         self._lock = None
-
-
-def _postgres_may_traverse(state_dir: Path) -> None:
-    """As root: ``root:postgres 0710`` on the state directory, so the ``postgres`` OS user reaches ``pg/``."""
-    from router.node.services import PG_OS_USER
-
-    if os.geteuid() != 0:
-        return
-    try:
-        shutil.chown(state_dir, group=PG_OS_USER)
-        os.chmod(state_dir, 0o710)
-    except LookupError:
-        pass  # no postgres user: EmbeddedPostgres says what to install
-
-
-def _broker_may_traverse(state_dir: Path) -> None:
-    """As root: a state directory no group may traverse yet gets ``root:activemq 0710`` (the embedded broker runs
-    as ``activemq``); one that ``postgres`` traverses stays so (the broker holds that group, see EmbeddedActiveMQ)."""
-    from router.node.services import BROKER_OS_USER
-
-    if os.geteuid() != 0 or os.stat(state_dir).st_gid != 0:
-        return
-    try:
-        shutil.chown(state_dir, group=BROKER_OS_USER)
-        os.chmod(state_dir, 0o710)
-    except LookupError:
-        pass  # no activemq user: EmbeddedActiveMQ says what to install
-
-
-def stop_services(state_dir: Path) -> list[str]:
-    """Stop the embedded PostgreSQL and ActiveMQ left running under ``state_dir`` by a node that is gone.
-
-    Takes the state directory's lock first (:class:`router.node.lifecycle.StateDirLocked` while a node runs there:
-    nothing is touched), removes the stale ``endpoints.json``/``status.json`` and returns what it stopped.
-    """
-    from router.node import services
-    from router.node.lifecycle import StateLock
-
-    if not state_dir.is_dir():
-        return []  # never a node here (and the directory is not created)
-    lock = StateLock(state_dir)
-    lock.acquire()
-    try:
-        stopped = []
-        mq = services.EmbeddedActiveMQ(state_dir, 0, 0, authenticate=True)  # ports are not needed to stop it
-        pid = mq.pid
-        if pid is not None:
-            mq.stop()
-            stopped.append(f"embedded ActiveMQ (pid {pid})")
-        pg = services.EmbeddedPostgres(state_dir, 0)
-        pid = pg.pid
-        if pid is not None:
-            _postgres_may_traverse(state_dir)  # pg_ctl runs as postgres
-            pg.stop()
-            stopped.append(f"embedded PostgreSQL (pid {pid})")
-        for name in ("endpoints.json", "status.json"):
-            (state_dir / name).unlink(missing_ok=True)
-        return stopped
-    finally:
-        lock.release()

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from router.bridge.states import bridge_state
+
 __all__ = ["DatabaseFacts", "collect", "degraded", "render", "render_service", "render_transactions"]
 
 STALE_AFTER_S = 10.0
@@ -248,8 +250,6 @@ def render(report: dict[str, Any]) -> str:
             flags += ["suspended"] if p["suspended"] else []
             flags += [_flag(k, v) for k, v in p.items() if k not in {"admin", "id", "kind", "connected", "suspended"}]
             lines.append(f"  supplier admin {p['admin']} proxy {p['id']} {p['kind']:<16}  {' '.join(flags)}".rstrip())
-    from router.cli.bridge import bridge_state
-
     for b in snap.get("bridges", []):
         state = bridge_state(b, _missing_channel(b, report["channel_ids"]))
         lines.append(f"bridge {b['id']}: {b['source']} -> {b['sink']}  {state};  broker {b['broker']}, "

@@ -6,6 +6,7 @@
   runtime's protocol the bridge sees (:class:`NodeRuntime`, :class:`T2Host`);
 * :mod:`router.routing.errors`: the one error tree for "could not forward now / refused content";
 * :mod:`router.routing.faults`: the minor codes and the store-failure boundary of both sides' CORBA servants;
+* :mod:`router.routing.eventsize`: the node's one event size limit both sides check (``node.max_event_bytes``);
 * :mod:`router.routing.qos`: the QoS property names both sides read (``EnableTransaction``);
 * :mod:`router.routing.runner`: the one T2 runner (begin, enlist, work, decide, complete; an outcome value) both
   directions use, and :mod:`router.routing.completer`, the phase-two thread of a T2 client.

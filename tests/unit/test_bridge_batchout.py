@@ -694,6 +694,11 @@ def test_a_batch_resent_one_by_one_and_a_frame_of_the_mapping_carry_the_dedupe_i
             self.send(destination, JmsMessage(BodyType.TEXT, encoded.body.decode(), properties=props),
                       transaction=transaction, confirm=confirm)
 
+        def send_encoded_many(self, destination: Destination, messages: Any, *, transaction: str) -> None:
+            for encoded, persistent in messages:
+                self.send_encoded(destination, encoded, transaction=transaction, confirm=Confirm.PIPELINED,
+                                  persistent=persistent)
+
     broker, bridge = FrameBroker(), Bridge()
     transport: Any = broker
     flow = ChannelToJms(bridge, QUEUE, transport, to_jms, DeadLetter(lambda: transport, bridge.id),

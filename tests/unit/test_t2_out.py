@@ -150,6 +150,11 @@ class RefusingTransport:
             raise SendRefused("ERROR frame", str(destination), "User anonymous is not authorized to write")
         self.inner.send_encoded(destination, encoded, **kw)
 
+    def send_encoded_many(self, destination: Any, messages: Any, *, transaction: str) -> None:
+        for encoded, persistent in messages:          # each through send_encoded above (refused there)
+            self.send_encoded(destination, encoded, persistent=persistent, transaction=transaction,
+                              confirm=Confirm.PIPELINED)
+
 
 def to_jms(event: Any, destination: Destination) -> JmsMessage:
     if event == 13:

@@ -186,6 +186,31 @@ class TransportContract:
         t.abort(tx2)
         assert sub.receive(self.quiet) is None
 
+    def test_many_encoded_messages_go_in_order_in_one_transaction(self, make: Make) -> None:
+        """``send_encoded_many`` (the port's batch write): that many pipelined sends in the transaction, in order,
+        each with its own persistence; nothing arrives before the COMMIT, nothing after an ABORT. (ActiveMQ keeps the
+        order among messages of one persistence; it may hand the persistent ones of a transaction out first.)"""
+        t = make()
+        q = queue_name()
+        sub = t.subscribe(q)
+        tx = t.begin(Confirm.PIPELINED)
+        t.send_encoded_many(q, [(t.encode(text(f"m{i}")), i % 2 == 0) for i in range(5)], transaction=tx)
+        assert sub.receive(self.quiet) is None
+        t.commit(tx)
+        got = drain(sub, 2.0, limit=5)
+        modes = {d.message.body: d.message.delivery_mode for d in got}
+        assert modes == {f"m{i}": DeliveryMode.PERSISTENT if i % 2 == 0 else DeliveryMode.NON_PERSISTENT
+                         for i in range(5)}
+        for mode in DeliveryMode:
+            assert [d.message.body for d in got if d.message.delivery_mode is mode] == [
+                f"m{i}" for i in range(5) if modes[f"m{i}"] is mode], "in order"
+        t.ack_many(got)
+        tx2 = t.begin()
+        t.send_encoded_many(q, [(t.encode(text("aborted")), True), (t.encode(text("aborted 2")), False)],
+                            transaction=tx2)
+        t.abort(tx2)
+        assert sub.receive(self.quiet) is None
+
     def test_acks_in_an_aborted_transaction_must_be_acked_again(self, make: Make) -> None:
         t = make()
         q = queue_name()

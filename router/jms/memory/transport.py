@@ -183,6 +183,14 @@ class MemoryTransport(TransportBase):
         except BrokerUnavailable as exc:
             raise SendFailed(str(exc), dest) from exc
 
+    def send_encoded_many(self, destination: Destination | str, messages: Sequence[tuple[EncodedMessage, bool]], *,
+                          transaction: str) -> None:
+        """As that many pipelined :meth:`send_encoded` calls in ``transaction``, in order (the twin has no socket
+        writes to join); the first that fails raises, those before it are sent."""
+        for encoded, persistent in messages:
+            self.send_encoded(destination, encoded, persistent=persistent, transaction=transaction,
+                              confirm=Confirm.PIPELINED)
+
     def _answered_in_order(self, transaction: str | None, confirmed: bool) -> None:
         """The twin answers a confirmed operation at once; a pipelined one stays unanswered in the book until a
         later confirmed one of its transaction (as STOMP's in-order answers, ``SessionBook.frame_refused``)."""
