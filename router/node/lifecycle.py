@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from router.security.files import write_private
 from router.db.twophase import max_prepared_transactions, prepared_transactions_problem
+from router.security.files import write_private
 
 __all__ = [
     "EMBEDDED_RESTART",
