@@ -295,7 +295,8 @@ class ClusterRole:
                         "bridges": sorted(self.bridges.bridges) if self.bridges is not None else []}
         out["takeovers"] = self.takeover.status() if self.takeover is not None else []
         fwd = getattr(self.runtime, "forwarder", None)          # requests for objects other nodes run (forward.py)
-        out["forwarding"] = {"forwarded": fwd.forwarded, "retried": fwd.retried} if fwd is not None else {}
+        out["forwarding"] = {"forwarded": fwd.forwarded, "retried": fwd.retried,        # waits: activations that
+                             "activation_waits": fwd.activation_waits} if fwd is not None else {}   # met a request
         return out
 
 
