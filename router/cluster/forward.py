@@ -12,7 +12,15 @@ autocommit statement, cached for :data:`CACHE_S` and dropped at every takeover t
 * owned by a member that is not live (its lease expired, it left, it is being taken over), or by this node but not
   loaded yet (claimed at a takeover, or the node is starting): ``TRANSIENT`` (retry; the object is not gone);
 * not owned by anyone (destroyed, never existed) or owned here and loaded but this id is not active (a destroyed
-  admin or proxy): ``OBJECT_NOT_EXIST``, as a node without a cluster answers.
+  admin or proxy): ``OBJECT_NOT_EXIST``, as a node without a cluster answers;
+* **PostgreSQL cannot be read** (the node is cut from it, or it is down): the owner this node last read for the
+  object, when that read is at most :attr:`Forwarder.stale_s` old (the node sets its lease expiry,
+  ``cluster.expiry_s``: past it, this node's own lease has run out and its knowledge is older than any lease) and
+  named another node whose lease was live: ``LOCATION_FORWARD`` there. That node decides again from PostgreSQL
+  (serves the object, forwards to its owner now, or ``TRANSIENT``), so an owner that changed meanwhile costs the
+  client a second forward, never a wrong answer. Otherwise ``TRANSIENT``; never ``OBJECT_NOT_EXIST``. After a failed
+  look-up that waited (:data:`SLOW_S`) none is tried for :data:`DOWN_S` (each would hold the serialised activator
+  for a statement's bound).
 
 The unit of ownership is the channel (its admins and proxies, ``ch/<channel>/...``, its filter factory
 ``ch/<channel>/ff`` and the filters that factory made, ``flt/<id>`` with the channel in the id:
@@ -50,13 +58,17 @@ from omniORB import CORBA, PortableServer
 from router.cluster.ior import Address, IorError, retarget
 from router.cluster.lease import Object
 
-__all__ = ["ACTIVATE_WAIT_S", "CACHE_S", "FILTER_SPAN", "LOOKUP_WAIT_S", "Forward", "Forwarder", "Gone", "OwnerRow",
-           "Retry", "cluster_addresses", "cluster_ids", "decide", "endpoint_publish", "filter_channel", "filter_id",
+__all__ = ["ACTIVATE_WAIT_S", "CACHE_S", "DOWN_S", "FILTER_SPAN", "LOOKUP_WAIT_S", "SLOW_S", "Forward", "Forwarder",
+           "Gone", "OwnerRow", "Retry", "cluster_addresses", "cluster_ids", "decide", "endpoint_publish", "filter_channel", "filter_id",
            "lookup_owner", "object_of", "owner_lookup", "parse_address"]
 
 log = logging.getLogger("nsjms.cluster")
 
 CACHE_S = 1.0                      # how long an owner answer is reused (a takeover here drops it at once)
+#: After an owner look-up failed, none is tried for this long (the POA serialises its activator's calls: on a cut
+#: network each look-up would hold them all for a checkout wait and a statement's bound, router/db/conninfo.py)
+DOWN_S = 1.0
+SLOW_S = 0.5                       # a failed look-up that took this long starts that pause
 LOOKUP_WAIT_S = 2.0                # the longest wait for a pooled connection to read an owner
 #: How long :meth:`Forwarder.activate` waits for an incarnation (or a deactivation) of the same id to end: an
 #: incarnation is one owner look-up at most (:data:`LOOKUP_WAIT_S` for a connection, then one statement)
@@ -182,6 +194,10 @@ class Forwarder(PortableServer.ServantActivator):
         self.forwarded = 0                       # requests answered LOCATION_FORWARD (status)
         self.retried = 0                         # requests answered TRANSIENT
         self.activation_waits = 0                # activations that waited for an incarnation of their id
+        #: how long an owner read is used when PostgreSQL cannot be read (0: never; the node sets its lease expiry)
+        self.stale_s = 0.0
+        self.forwarded_stale = 0                 # of ``forwarded``: answered from an owner read before a failure
+        self._down_until = 0.0                   # no look-up before this (the last one failed)
         self._activating: dict[bytes, int] = {}  # ids being activated here (incarnate answers TRANSIENT at once)
         self._recorded = threading.local()       # the ids a load activated, per thread (:meth:`recording`)
 
@@ -209,7 +225,19 @@ class Forwarder(PortableServer.ServantActivator):
         if hit is not None and now - hit[0] < CACHE_S and (hit[1] is None or hit[1].node_id != self.me):
             row = hit[1]
         else:                        # (owned here: what runs here decides, and the row may be of a destroyed one)
-            row = self._lookup(obj)
+            try:
+                if now < self._down_until:
+                    raise ConnectionError("PostgreSQL did not answer the last owner look-up")
+                row = self._lookup(obj)
+            except Exception:
+                failed_at = time.monotonic()
+                if failed_at - now >= SLOW_S:                # it waited (a cut network), not refused at once
+                    with self._lock:
+                        self._down_until = max(self._down_until, failed_at + DOWN_S)
+                last = self._last_known(obj, hit, now)
+                if last is None:
+                    raise                                    # the caller answers TRANSIENT
+                return last
             with self._lock:
                 if len(self._cache) >= _CACHE_MAX:           # requests run before any auth: bounded, stale first
                     self._cache = {k: v for k, v in self._cache.items() if now - v[0] < CACHE_S}
@@ -217,6 +245,22 @@ class Forwarder(PortableServer.ServantActivator):
                         self._cache.clear()
                 self._cache[obj] = (now, row)
         return decide(row, self.me, self._loaded(obj))
+
+    def _last_known(self, obj: Object, hit: tuple[float, OwnerRow | None] | None, now: float) -> Forward | None:
+        """PostgreSQL cannot be read: the owner this node last read for ``obj``, when that read is at most
+        :attr:`stale_s` old and named another node whose lease was live (module docstring, "cut from PostgreSQL");
+        None otherwise (TRANSIENT)."""
+        if hit is None or hit[1] is None or now - hit[0] > self.stale_s:
+            return None
+        row = hit[1]
+        if row.node_id == self.me or not row.live:
+            return None
+        decision = decide(row, self.me or "", False)
+        if not isinstance(decision, Forward):
+            return None
+        with self._lock:
+            self.forwarded_stale += 1
+        return decision
 
     def reference_for(self, poa: Any, oid: str, repo_id: str) -> Any | None:
         """For a factory's lookup by id (``get_event_channel``, ``get_bridge_with_id``) of an object this node does

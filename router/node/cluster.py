@@ -95,6 +95,10 @@ class ClusterRole:
     def _start_takeover(self) -> None:
         from router.cluster.takeover import Takeover
 
+        fwd = getattr(self.runtime, "forwarder", None)   # cut from PostgreSQL: the owners last read, for a lease's
+        if fwd is not None:                              # time (router/cluster/forward.py)
+            fwd.stale_s = float(self.s.cluster_expiry_s)
+
         self.takeover = Takeover(self.db, self.s.node_id, self._live_epoch, self.s.cluster_renew_s,
                                  start=self._take_over, recover=self._recover_dead,
                                  claimed=lambda owned: self.factory.arrive(owned.channels),
@@ -296,7 +300,8 @@ class ClusterRole:
         out["takeovers"] = self.takeover.status() if self.takeover is not None else []
         fwd = getattr(self.runtime, "forwarder", None)          # requests for objects other nodes run (forward.py)
         out["forwarding"] = {"forwarded": fwd.forwarded, "retried": fwd.retried,        # waits: activations that
-                             "activation_waits": fwd.activation_waits} if fwd is not None else {}   # met a request
+                             "forwarded_last_known": fwd.forwarded_stale,                 # met a request
+                             "activation_waits": fwd.activation_waits} if fwd is not None else {}
         return out
 
 
