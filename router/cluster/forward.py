@@ -59,8 +59,8 @@ from router.cluster.ior import Address, IorError, retarget
 from router.cluster.lease import Object
 
 __all__ = ["ACTIVATE_WAIT_S", "CACHE_S", "DOWN_S", "FILTER_SPAN", "LOOKUP_WAIT_S", "SLOW_S", "Forward", "Forwarder",
-           "Gone", "OwnerRow", "Retry", "cluster_addresses", "cluster_ids", "decide", "endpoint_publish", "filter_channel", "filter_id",
-           "lookup_owner", "object_of", "owner_lookup", "parse_address"]
+           "Gone", "OwnerRow", "Retry", "cluster_addresses", "cluster_ids", "decide", "endpoint_publish",
+           "filter_channel", "filter_id", "lookup_owner", "object_of", "owner_lookup", "parse_address"]
 
 log = logging.getLogger("nsjms.cluster")
 
