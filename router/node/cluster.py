@@ -143,16 +143,13 @@ class ClusterRole:
                 stop_channel(self.factory, self.bridges, cid, bids, HANDOFF_STOP_S, drain)
 
     def _resume_new(self, ids: set[int]) -> None:
-        """Restart the bridges of ``ids`` that were started and run here now with their channel, each bridge object
-        once: a load retried with the same ids (its start marked after a database blip) must not start a running
-        bridge's workers a second time beside the first."""
-        import weakref
-
-        resumed: weakref.WeakSet[Any] = self.__dict__.setdefault("_resumed", weakref.WeakSet())
-        fresh = {bid for bid in ids if (b := self.bridges.bridges.get(bid)) is not None and b not in resumed
-                 and b.row.channel_id in self.factory.channels}
+        """Restart the bridges of ``ids`` that were started, run here now with their channel and have not run yet
+        (no supervisor: made by this load, or whose resume failed): a load retried with the same ids (its start
+        marked after a database blip, a failed hand-off's stop) must not start a running bridge's workers a second
+        time beside the first."""
+        fresh = {bid for bid in ids if (b := self.bridges.bridges.get(bid)) is not None
+                 and not getattr(b, "_supervising", False) and b.row.channel_id in self.factory.channels}
         self.bridges.resume(fresh)
-        resumed.update(b for bid in fresh if (b := self.bridges.bridges.get(bid)) is not None)
 
     def _handoff_pass(self) -> None:
         """Hand-offs (router/cluster/handoff.py), once per renewal period on the takeover thread: release the
