@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from omniORB import CORBA
@@ -31,6 +32,7 @@ from router.channel.events import Event, Form, decode, encode, jms_message_id
 from router.channel.filters import ChannelFilterFactory, FilterFactoryImpl, filter_factory_oid
 from router.channel.gate import Gate
 from router.channel.inflight import stopped_pushing
+from router.channel.loading import LoadFailed, drop_created, load
 from router.channel.proxyport import ConsumerView, ProxyView, QueueTarget
 from router.channel.queue import Entry, Record, choose_victim
 from router.channel.runtime import FACTORY_KEY, Runtime, channel_oid
@@ -40,7 +42,7 @@ from router.channel.store import AdminRow, ChannelRow, NewEvent
 from router.cluster.forward import cluster_ids
 from router.quotas import check_admins, check_channels
 
-__all__ = ["EventChannelFactoryImpl", "EventChannelImpl", "RoutePlan"]
+__all__ = ["EventChannelFactoryImpl", "EventChannelImpl", "LoadFailed", "RoutePlan"]
 
 log = logging.getLogger("nsjms.channel")
 
@@ -99,9 +101,7 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         for row in crows:
             if only is not None and row.id not in only:
                 continue
-            channel = EventChannelImpl(self, row)
-            self.channels[row.id] = channel
-            channel.restore()
+            load(self, row.id, partial(EventChannelImpl, self, row))     # all or nothing (loading.py)
         log.info("restored %d channel(s)", len(self.channels))
 
     def arrive(self, ids: Collection[int]) -> None:
@@ -112,27 +112,35 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
         self.rt.forwarder.invalidate()          # their owner is this node now (router/cluster/forward.py)
 
     def adopt(self, ids: Collection[int]) -> list[int]:
-        """Load channels this node took over from a dead node (router/cluster/takeover.py) as :meth:`restore`
-        does; returns the ids loaded (those not already here)."""
+        """Load channels this node took over from a dead node or by a hand-off (router/cluster/takeover.py) as
+        :meth:`restore` does; returns the ids loaded (those not already here). Each channel is loaded all or nothing
+        (router/channel/loading.py): one that fails is undone and stays ``arriving`` (clients are told to retry)
+        while the others are loaded; then :class:`LoadFailed` says which, and the caller loads them again later."""
         with self.rt.db.unit_of_work() as conn:
             self.rt.raise_seq_floor(self.rt.store.max_seq(conn))
             crows = [r for r in self.rt.store.load_channels(conn) if r.id in ids]
         if self.filter_factory is not None:        # their filters, as they are now (made after this node started)
             self.filter_factory.restore(ids)
-        loaded = []
+        loaded: list[int] = []
+        failed: list[int] = []
         for row in crows:
             with self._lock:
                 if row.id in self.channels:
                     continue
-                channel = EventChannelImpl(self, row)
-                self.channels[row.id] = channel
-            channel.restore()
+            try:
+                load(self, row.id, partial(EventChannelImpl, self, row))
+            except Exception:
+                log.exception("channel %d: loading it failed; undone, it is loaded again at the next period", row.id)
+                failed.append(row.id)
+                continue
             loaded.append(row.id)
             with self._lock:
                 self.arriving.discard(row.id)
-        with self._lock:
-            self.arriving -= set(ids)            # gone from the database meanwhile (destroyed): not found, not retry
+        with self._lock:                         # loaded, or gone from the database meanwhile (destroyed): not found,
+            self.arriving -= set(ids) - set(failed)      # not retry; a failed one: retry
         log.info("took over %d channel(s): %s", len(loaded), loaded)
+        if failed:
+            raise LoadFailed(loaded, failed)
         return loaded
 
     # -- IDL ----------------------------------------------------------------------------------------------
@@ -156,9 +164,11 @@ class EventChannelFactoryImpl(CosNotifyChannelAdmin__POA.EventChannelFactory):
                 if self.rt.owner is not None:       # a cluster member owns what it creates (docs/cluster.md)
                     self.rt.owner.assign(conn, "channel", cid)
             row = ChannelRow(cid, qos, admin, 1, 1)
-            channel = EventChannelImpl(self, row)
-            self.channels[cid] = channel
-        channel.restore()
+            try:
+                channel = load(self, cid, partial(EventChannelImpl, self, row))   # all or nothing (loading.py)
+            except Exception:
+                drop_created(self.rt, cid)
+                raise
         return channel.ref, cid
 
     def _constraints_changed(self) -> None:

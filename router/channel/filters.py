@@ -540,7 +540,11 @@ class FilterFactoryImpl(CosNotifyFilter__POA.FilterFactory):
                 if flt.id in self.filters:
                     continue
                 self.filters[flt.id] = flt
-            flt.activate()
+            try:
+                flt.activate()
+            except BaseException:                # not kept half-made: the next restore activates it (all or nothing)
+                self.forget(flt)
+                raise
             done.append(flt.id)
         if done:
             log.info("restored %d filter(s)", len(done))

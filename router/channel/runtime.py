@@ -103,7 +103,8 @@ class Runtime:
             return next(self._seq)
 
     def activate(self, oid: str, servant: PortableServer.Servant) -> Any:
-        self.poa.activate_object_with_id(oid.encode(), servant)
+        """Activate ``servant`` under ``oid`` (waiting out a request's incarnation of that id: Forwarder.activate)."""
+        self.forwarder.activate(self.poa, oid.encode(), servant)
         return self.poa.id_to_reference(oid.encode())
 
     def reference(self, oid: str) -> Any:

@@ -12,7 +12,15 @@ autocommit statement, cached for :data:`CACHE_S` and dropped at every takeover t
 * owned by a member that is not live (its lease expired, it left, it is being taken over), or by this node but not
   loaded yet (claimed at a takeover, or the node is starting): ``TRANSIENT`` (retry; the object is not gone);
 * not owned by anyone (destroyed, never existed) or owned here and loaded but this id is not active (a destroyed
-  admin or proxy): ``OBJECT_NOT_EXIST``, as a node without a cluster answers.
+  admin or proxy): ``OBJECT_NOT_EXIST``, as a node without a cluster answers;
+* **PostgreSQL cannot be read** (the node is cut from it, or it is down): the owner this node last read for the
+  object, when that read is at most :attr:`Forwarder.stale_s` old (the node sets its lease expiry,
+  ``cluster.expiry_s``: past it, this node's own lease has run out and its knowledge is older than any lease) and
+  named another node whose lease was live: ``LOCATION_FORWARD`` there. That node decides again from PostgreSQL
+  (serves the object, forwards to its owner now, or ``TRANSIENT``), so an owner that changed meanwhile costs the
+  client a second forward, never a wrong answer. Otherwise ``TRANSIENT``; never ``OBJECT_NOT_EXIST``. After a failed
+  look-up that waited (:data:`SLOW_S`) none is tried for :data:`DOWN_S` (each would hold the serialised activator
+  for a statement's bound).
 
 The unit of ownership is the channel (its admins and proxies, ``ch/<channel>/...``, its filter factory
 ``ch/<channel>/ff`` and the filters that factory made, ``flt/<id>`` with the channel in the id:
@@ -22,6 +30,15 @@ forwarded (``OBJECT_NOT_EXIST`` when not active here). :meth:`Forwarder.incarnat
 
 omniORB serialises the calls of a POA's servant activator, so :meth:`Forwarder.incarnate` does one short
 statement at most (usually none: cached), and only for requests that reach a node which does not run the object.
+
+**Activation beside the activator** (:meth:`Forwarder.activate`, every servant of the node's POA is activated through
+it, ``Runtime.activate``): while omniORB runs ``incarnate`` for an id (a request for it arrived: a client, or a
+``LOCATION_FORWARD`` from the node that just handed the channel here), that id is *activating* in the POA's object
+table, and ``activate_object_with_id`` of the same id raises ``ObjectAlreadyActive`` although no servant is active
+(checked with omniORBpy 4.3.3: ``id_to_servant`` then raises ``ObjectNotActive``). That made a node's load of a
+channel handed to it fail half-way (docs/cluster.md, "Loading is all or nothing"). :meth:`Forwarder.activate` waits
+such an incarnation out and activates again (an id really active with a servant is refused at once, as before), and
+:meth:`Forwarder.incarnate` answers ``TRANSIENT`` at once, without a look-up, for an id being activated here.
 """
 
 from __future__ import annotations
@@ -30,7 +47,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,14 +58,21 @@ from omniORB import CORBA, PortableServer
 from router.cluster.ior import Address, IorError, retarget
 from router.cluster.lease import Object
 
-__all__ = ["CACHE_S", "FILTER_SPAN", "LOOKUP_WAIT_S", "Forward", "Forwarder", "Gone", "OwnerRow", "Retry",
-           "cluster_addresses", "cluster_ids", "decide", "endpoint_publish", "filter_channel", "filter_id",
-           "lookup_owner", "object_of", "owner_lookup", "parse_address"]
+__all__ = ["ACTIVATE_WAIT_S", "CACHE_S", "DOWN_S", "FILTER_SPAN", "LOOKUP_WAIT_S", "SLOW_S", "Forward", "Forwarder",
+           "Gone", "OwnerRow", "Retry", "cluster_addresses", "cluster_ids", "decide", "endpoint_publish",
+           "filter_channel", "filter_id", "lookup_owner", "object_of", "owner_lookup", "parse_address"]
 
 log = logging.getLogger("nsjms.cluster")
 
 CACHE_S = 1.0                      # how long an owner answer is reused (a takeover here drops it at once)
+#: After an owner look-up failed, none is tried for this long (the POA serialises its activator's calls: on a cut
+#: network each look-up would hold them all for a checkout wait and a statement's bound, router/db/conninfo.py)
+DOWN_S = 1.0
+SLOW_S = 0.5                       # a failed look-up that took this long starts that pause
 LOOKUP_WAIT_S = 2.0                # the longest wait for a pooled connection to read an owner
+#: How long :meth:`Forwarder.activate` waits for an incarnation (or a deactivation) of the same id to end: an
+#: incarnation is one owner look-up at most (:data:`LOOKUP_WAIT_S` for a connection, then one statement)
+ACTIVATE_WAIT_S = 30.0
 _OBJECT = "IDL:omg.org/CORBA/Object:1.0"
 _NO_MATCH = int(omniORB.OBJECT_NOT_EXIST_NoMatch)   # what a POA without a servant manager answers
 _OID = re.compile(r"(ch|br)/(\d{1,10})(?:/.*)?", re.S)
@@ -168,6 +193,13 @@ class Forwarder(PortableServer.ServantActivator):
         self.starting = False
         self.forwarded = 0                       # requests answered LOCATION_FORWARD (status)
         self.retried = 0                         # requests answered TRANSIENT
+        self.activation_waits = 0                # activations that waited for an incarnation of their id
+        #: how long an owner read is used when PostgreSQL cannot be read (0: never; the node sets its lease expiry)
+        self.stale_s = 0.0
+        self.forwarded_stale = 0                 # of ``forwarded``: answered from an owner read before a failure
+        self._down_until = 0.0                   # no look-up before this (the last one failed)
+        self._activating: dict[bytes, int] = {}  # ids being activated here (incarnate answers TRANSIENT at once)
+        self._recorded = threading.local()       # the ids a load activated, per thread (:meth:`recording`)
 
     def configure(self, me: str, lookup: Callable[[Object], OwnerRow | None],
                   loaded: Callable[[Object], bool]) -> None:
@@ -193,7 +225,19 @@ class Forwarder(PortableServer.ServantActivator):
         if hit is not None and now - hit[0] < CACHE_S and (hit[1] is None or hit[1].node_id != self.me):
             row = hit[1]
         else:                        # (owned here: what runs here decides, and the row may be of a destroyed one)
-            row = self._lookup(obj)
+            try:
+                if now < self._down_until:
+                    raise ConnectionError("PostgreSQL did not answer the last owner look-up")
+                row = self._lookup(obj)
+            except Exception:
+                failed_at = time.monotonic()
+                if failed_at - now >= SLOW_S:                # it waited (a cut network), not refused at once
+                    with self._lock:
+                        self._down_until = max(self._down_until, failed_at + DOWN_S)
+                last = self._last_known(obj, hit, now)
+                if last is None:
+                    raise                                    # the caller answers TRANSIENT
+                return last
             with self._lock:
                 if len(self._cache) >= _CACHE_MAX:           # requests run before any auth: bounded, stale first
                     self._cache = {k: v for k, v in self._cache.items() if now - v[0] < CACHE_S}
@@ -201,6 +245,22 @@ class Forwarder(PortableServer.ServantActivator):
                         self._cache.clear()
                 self._cache[obj] = (now, row)
         return decide(row, self.me, self._loaded(obj))
+
+    def _last_known(self, obj: Object, hit: tuple[float, OwnerRow | None] | None, now: float) -> Forward | None:
+        """PostgreSQL cannot be read: the owner this node last read for ``obj``, when that read is at most
+        :attr:`stale_s` old and named another node whose lease was live (module docstring, "cut from PostgreSQL");
+        None otherwise (TRANSIENT)."""
+        if hit is None or hit[1] is None or now - hit[0] > self.stale_s:
+            return None
+        row = hit[1]
+        if row.node_id == self.me or not row.live:
+            return None
+        decision = decide(row, self.me or "", False)
+        if not isinstance(decision, Forward):
+            return None
+        with self._lock:
+            self.forwarded_stale += 1
+        return decision
 
     def reference_for(self, poa: Any, oid: str, repo_id: str) -> Any | None:
         """For a factory's lookup by id (``get_event_channel``, ``get_bridge_with_id``) of an object this node does
@@ -230,9 +290,60 @@ class Forwarder(PortableServer.ServantActivator):
         text = retarget(str(self.orb.object_to_string(ref)), to, [])
         return self.orb.string_to_object(text)
 
+    # -- activation (see the module docstring) ----------------------------------------------------------------
+    def activate(self, poa: Any, oid: bytes, servant: Any) -> None:
+        """``poa.activate_object_with_id(oid, servant)``, waiting (at most :data:`ACTIVATE_WAIT_S`) while an
+        incarnation or a deactivation of ``oid`` is in progress in the POA; an id active with a servant raises
+        ``ObjectAlreadyActive`` at once. The id is recorded for :meth:`recording`."""
+        with self._lock:
+            self._activating[oid] = self._activating.get(oid, 0) + 1
+        try:
+            deadline = time.monotonic() + ACTIVATE_WAIT_S
+            pause = 0.001
+            while True:
+                try:
+                    poa.activate_object_with_id(oid, servant)
+                    break
+                except PortableServer.POA.ObjectAlreadyActive:
+                    if _has_servant(poa, oid) or time.monotonic() > deadline:
+                        raise
+                with self._lock:
+                    self.activation_waits += 1
+                log.debug("cluster: %r is being incarnated (a request for it arrived): activated again",
+                          oid.decode("utf-8", "replace"))
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+        finally:
+            with self._lock:
+                left = self._activating.pop(oid) - 1
+                if left:
+                    self._activating[oid] = left
+        made = getattr(self._recorded, "ids", None)
+        if made is not None:
+            made.append(oid)
+
+    @contextmanager
+    def recording(self) -> Iterator[list[bytes]]:
+        """The ids this thread activates through :meth:`activate` inside the block (a load undoes them when it
+        fails: router/channel/channel.py)."""
+        outer = getattr(self._recorded, "ids", None)
+        made: list[bytes] = []
+        self._recorded.ids = made
+        try:
+            yield made
+        finally:
+            self._recorded.ids = outer
+            if outer is not None:
+                outer.extend(made)
+
     # -- PortableServer.ServantActivator -------------------------------------------------------------------
     def incarnate(self, oid: bytes, adapter: Any) -> Any:
         key = oid.decode("utf-8", "replace")
+        with self._lock:
+            being_activated = oid in self._activating
+        if being_activated:                     # its servant is being activated here: asked again, it is served
+            self.retried += 1
+            raise CORBA.TRANSIENT(0, CORBA.COMPLETED_NO)
         obj = object_of(key)
         if obj is None:
             raise CORBA.OBJECT_NOT_EXIST(_NO_MATCH, CORBA.COMPLETED_NO)
@@ -261,6 +372,15 @@ class Forwarder(PortableServer.ServantActivator):
     def etherealize(self, oid: bytes, adapter: Any, serv: Any, cleanup_in_progress: bool,
                     remaining_activations: bool) -> None:
         """Objects are deactivated by their owners' code (``Runtime.deactivate``); nothing to release here."""
+
+
+def _has_servant(poa: Any, oid: bytes) -> bool:
+    """Whether ``oid`` is active in ``poa`` with a servant (not merely being incarnated or deactivated)."""
+    try:
+        poa.id_to_servant(oid)
+    except PortableServer.POA.ObjectNotActive:
+        return False
+    return True
 
 
 def owner_lookup(db: Any) -> Callable[[Object], OwnerRow | None]:

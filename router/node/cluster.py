@@ -95,6 +95,10 @@ class ClusterRole:
     def _start_takeover(self) -> None:
         from router.cluster.takeover import Takeover
 
+        fwd = getattr(self.runtime, "forwarder", None)   # cut from PostgreSQL: the owners last read, for a lease's
+        if fwd is not None:                              # time (router/cluster/forward.py)
+            fwd.stale_s = float(self.s.cluster_expiry_s)
+
         self.takeover = Takeover(self.db, self.s.node_id, self._live_epoch, self.s.cluster_renew_s,
                                  start=self._take_over, recover=self._recover_dead,
                                  claimed=lambda owned: self.factory.arrive(owned.channels),
@@ -106,14 +110,46 @@ class ClusterRole:
         to them at once), then the channels with their queues, then the bridges that were started. Idempotent over
         ``owned`` (a failed start is retried with the same ids, router/cluster/takeover.py): what is loaded already is
         not loaded again, and every claimed bridge is repointed and resumed, not only those this call made."""
+        from router.channel.loading import LoadFailed
+
         ids = set(owned.bridges)
         self.bridges.restore(ids)
         for bid in sorted(ids):                          # their channel proxies' clients were the old node's
             bridge = self.bridges.bridges.get(bid)
             if bridge is not None:
                 bridge.repoint_stored_proxy()
-        self.factory.adopt(set(owned.channels))
-        self.bridges.resume(ids)
+        try:
+            self.factory.adopt(set(owned.channels))
+        except LoadFailed as exc:                        # each failed channel was undone: its bridges too, and the
+            self._unload_bridges(exc.failed)             # others run (all or nothing per channel: loading.py)
+            self._resume_new(ids)
+            raise
+        except Exception:                                # nothing was loaded (e.g. the database away): the bridges
+            self._unload_bridges(owned.channels)         # made for them are undone as well
+            raise
+        self._resume_new(ids)
+
+    def _unload_bridges(self, channels: Any) -> None:
+        """The bridges made here for ``channels`` whose load failed are stopped and deactivated (their rows stay):
+        the next attempt makes them again with their channel (a bridge never runs without its channel)."""
+        from router.channel.txdelivery import drain
+        from router.cluster.release import stop_channel
+
+        for cid in sorted(set(channels)):
+            if cid in self.factory.channels:
+                continue                                 # loaded earlier: it runs, with its bridges
+            bids = [bid for bid, b in list(self.bridges.bridges.items()) if b.row.channel_id == cid]
+            if bids:
+                stop_channel(self.factory, self.bridges, cid, bids, HANDOFF_STOP_S, drain)
+
+    def _resume_new(self, ids: set[int]) -> None:
+        """Restart the bridges of ``ids`` that were started, run here now with their channel and have not run yet
+        (no supervisor: made by this load, or whose resume failed): a load retried with the same ids (its start
+        marked after a database blip, a failed hand-off's stop) must not start a running bridge's workers a second
+        time beside the first."""
+        fresh = {bid for bid in ids if (b := self.bridges.bridges.get(bid)) is not None
+                 and not getattr(b, "_supervising", False) and b.row.channel_id in self.factory.channels}
+        self.bridges.resume(fresh)
 
     def _handoff_pass(self) -> None:
         """Hand-offs (router/cluster/handoff.py), once per renewal period on the takeover thread: release the
@@ -129,6 +165,9 @@ class ClusterRole:
         if epoch is None:
             return
         self._ask_for_share(epoch)
+        again: Owned = self.__dict__.pop("_load_retry", Owned())
+        if again:                                        # a channel whose hand-off failed, not loaded back yet
+            self._load_again(again)
         with self.db.unit_of_work() as conn:
             outbound = H.open_from(conn, self.s.node_id, epoch)
         stuck: dict[int, list[Pending]] = self.__dict__.setdefault("_handoff_stuck", {})
@@ -150,8 +189,7 @@ class ClusterRole:
                         H.fail(conn, h.id, f"stopping it on {self.s.node_id} failed: {type(exc).__name__}: {exc}")
                         unit = H.channel_unit(conn, h.channel_id)
                     telemetry.cluster_handoff("failed", h.reason)
-                    self.factory.arrive(unit.channels)
-                    self._take_over(unit)
+                    self._load_again(unit)
                     continue
             if left:                                     # never released while something of it may still act
                 stuck[h.id] = left
@@ -169,8 +207,7 @@ class ClusterRole:
                 telemetry.cluster_handoff("failed", h.reason)
                 with self.db.unit_of_work() as conn:
                     unit = H.channel_unit(conn, h.channel_id)
-                self.factory.arrive(unit.channels)       # TRANSIENT, not OBJECT_NOT_EXIST, while it loads again
-                self._take_over(unit)
+                self._load_again(unit)
                 continue
             forwarder = getattr(self.runtime, "forwarder", None)   # a cached owner answer is stale now
             if forwarder is not None:
@@ -193,6 +230,20 @@ class ClusterRole:
             telemetry.cluster_handoff("started", h.reason)
         log.info("cluster: took channels %s and bridges %s over by hand-off", list(owned.channels),
                  list(owned.bridges))
+
+    def _load_again(self, unit: Any) -> None:
+        """A channel whose hand-off failed runs here again (it never left): loaded whole, or, when that fails,
+        undone and loaded again at the next period (until then clients are told to retry: ``arriving``)."""
+        from router.cluster.ownership import Owned
+
+        self.factory.arrive(unit.channels)               # TRANSIENT, not OBJECT_NOT_EXIST, while it loads again
+        try:
+            self._take_over(unit)
+        except Exception:
+            log.exception("cluster: loading channels %s back failed; retried at the next period", list(unit.channels))
+            left: Owned = self.__dict__.get("_load_retry", Owned())
+            self.__dict__["_load_retry"] = Owned(tuple(sorted(set(left.channels) | set(unit.channels))),
+                                                 tuple(sorted(set(left.bridges) | set(unit.bridges))))
 
     def _ask_for_share(self, epoch: int) -> None:
         """``cluster.rebalance_on_join``: once per incarnation, at its first period, the node that has just joined
@@ -245,7 +296,9 @@ class ClusterRole:
                         "bridges": sorted(self.bridges.bridges) if self.bridges is not None else []}
         out["takeovers"] = self.takeover.status() if self.takeover is not None else []
         fwd = getattr(self.runtime, "forwarder", None)          # requests for objects other nodes run (forward.py)
-        out["forwarding"] = {"forwarded": fwd.forwarded, "retried": fwd.retried} if fwd is not None else {}
+        out["forwarding"] = {"forwarded": fwd.forwarded, "retried": fwd.retried,        # waits: activations that
+                             "forwarded_last_known": fwd.forwarded_stale,                 # met a request
+                             "activation_waits": fwd.activation_waits} if fwd is not None else {}
         return out
 
 
