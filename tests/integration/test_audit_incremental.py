@@ -315,3 +315,22 @@ def test_rows_written_while_the_tracking_was_off_are_found_by_one_full_pass(ledg
 def changes_installed(dsn: str) -> bool:
     with psycopg.connect(dsn) as conn:
         return installed(conn)
+
+
+def test_a_late_row_of_a_prepared_branch_is_found_once_it_commits(ledger_db: str) -> None:
+    """A T2 writes its rows in a prepared branch: its marker is invisible until COMMIT PREPARED, like its rows, so a
+    run in between keeps the day's verdict and the next one after the commit reconciles the day."""
+    with psycopg.connect(ledger_db) as conn:
+        obligation(conn, "p", at(D1, 10), delivered=False)
+    assert run(ledger_db, at(D1, 10, 1)).count("in_flight") == 1
+    with psycopg.connect(ledger_db, autocommit=True) as branch:
+        branch.execute("BEGIN")
+        row(branch, "p", at(D1, 10), "delivered", gtrid="n1:00p1")
+        branch.execute("PREPARE TRANSACTION 'audit-test-p1'")
+        try:
+            between = run(ledger_db, at(D1, 10, 2))
+            assert between.audited == () and between.count("in_flight") == 1
+        finally:
+            branch.execute("COMMIT PREPARED 'audit-test-p1'")
+    after = run(ledger_db, at(D1, 10, 3))
+    assert [d.day for d in after.audited] == [D1] and after.count("delivered") == 1 and after.count("in_flight") == 0
