@@ -41,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
-from audit import LedgerError
+from audit import LedgerError, changes
+from audit.ledger import DEFAULT_PARTITION, list_partitions
 
 __all__ = ["DAY_TABLE", "DayResult", "Fingerprint", "Group", "IncrementalResult", "StoredDay", "due", "metrics_text",
            "recheck_at", "run_incremental", "stored_verdicts", "verdict", "write_metrics"]
@@ -62,12 +64,16 @@ FINGERPRINT_SQL = (
     + ", ".join(f"sum(extract(epoch FROM {c}))" for c in _SUMMED)
     + " FROM nsjms_ledger WHERE accepted_at >= %(lo)s AND accepted_at < %(hi)s GROUP BY 1 ORDER BY 1")
 
-#: One day's in-doubt gtrids that no row of the whole ledger resolves (index nsjms_ledger_gtrid).
-OPEN_DOUBTS_SQL = """
-SELECT DISTINCT d.gtrid FROM nsjms_ledger d
-WHERE d.accepted_at >= %(lo)s AND d.accepted_at < %(hi)s AND d.outcome = 'in_doubt' AND d.gtrid IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM nsjms_ledger r WHERE r.gtrid = d.gtrid
-                  AND r.outcome IN ('delivered', 'rolled_back', 'dead_letter', 'discarded', 'expired'))"""
+#: One day's in-doubt gtrids (its partition only).
+DOUBTS_SQL = """
+SELECT DISTINCT gtrid FROM nsjms_ledger
+WHERE accepted_at >= %(lo)s AND accepted_at < %(hi)s AND outcome = 'in_doubt' AND gtrid IS NOT NULL"""
+
+#: Those of them that a row of the whole ledger resolves (index nsjms_ledger_gtrid); only run when the day has some.
+RESOLVED_SQL = """
+SELECT DISTINCT gtrid FROM nsjms_ledger
+WHERE gtrid = ANY(%(gtrids)s::text[])
+  AND outcome IN ('delivered', 'rolled_back', 'dead_letter', 'discarded', 'expired')"""
 
 #: One day reconciled: per obligation, then per (direction, bridge_id, node, status).
 DAY_SQL = """
@@ -205,34 +211,76 @@ def run_incremental(dsn: str, *, as_of: datetime, grace: timedelta, start: datet
     """Reconcile the due days of ``[start, end)`` (default: every day of the ledger); return every day in scope with
     its verdict (the stored one for the days not due). The window is whole UTC days (``start`` rounded down to its
     day, ``end`` up to the next midnight): a day is always reconciled and fingerprinted whole. Days whose rows are
-    gone (dropped by retention) lose their stored verdict when they are in scope."""
+    gone (dropped by retention) lose their stored verdict when they are in scope.
+
+    Which days changed comes from the ledger's change markers (:mod:`audit.changes`): a run where nothing changed
+    reads no partition of the ledger, a late row or a filled-in column makes only its day due. The first run after
+    the tracking was installed (and a run without it) fingerprints every day of its window instead."""
     lo = _day_start((start or datetime(1, 1, 2, tzinfo=UTC)).astimezone(UTC).date())
     hi = end or datetime(9999, 12, 30, tzinfo=UTC)
     if hi != _day_start(hi.astimezone(UTC).date()):
         hi = _day_start(hi.astimezone(UTC).date()) + timedelta(days=1)
+    lo_day, hi_day = lo.astimezone(UTC).date(), hi.astimezone(UTC).date()
     grace_s = grace.total_seconds()
     days: list[DayResult] = []
     try:
         with psycopg.connect(dsn) as conn, conn.cursor(row_factory=dict_row) as cur:
+            tracked = changes.ensure(conn)
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK,))
-            prints = [_fingerprint(r) for r in conn.execute(FINGERPRINT_SQL, {"lo": lo, "hi": hi}).fetchall()]
-            cur.execute(f"SELECT * FROM {DAY_TABLE} WHERE day >= %s AND day < %s",
-                        (lo.astimezone(UTC).date(), hi.astimezone(UTC).date()))
+            changed, full = (changes.take(conn, lo_day, hi_day, whole=start is None and end is None)
+                             if tracked else (set(), True))
+            cur.execute(f"SELECT * FROM {DAY_TABLE} WHERE day >= %s AND day < %s", (lo_day, hi_day))
             stored = {r["day"]: r for r in cur.fetchall()}
-            for fp in prints:
-                old = stored.pop(fp.day, None)
-                if due(fp.text, grace_s, as_of, old):
-                    days.append(_audit_day(conn, fp, as_of, grace))
-                else:
-                    assert old is not None
-                    groups = tuple(Group.from_dict(g) for g in old["figures"]["groups"])
-                    days.append(DayResult(fp.day, old["verdict"], groups, False, fp.rows, old["recheck_at"]))
-            gone = list(stored)             # days of the window without rows
+            if full:
+                prints = [_fingerprint(r) for r in conn.execute(FINGERPRINT_SQL, {"lo": lo, "hi": hi}).fetchall()]
+                for fp in prints:
+                    old = stored.pop(fp.day, None)
+                    if due(fp.text, grace_s, as_of, old):
+                        days.append(_audit_day(conn, fp, as_of, grace))
+                    else:
+                        assert old is not None
+                        days.append(_kept(old, fp.rows))
+                gone = list(stored)             # days of the window without rows
+            else:
+                gone = []
+                partitions = set(list_partitions(conn))
+                for d in sorted(set(stored) | changed):
+                    old = stored.get(d)
+                    if old is None or d in changed or due(old["fingerprint"], grace_s, as_of, old):
+                        day_fp = _day_fingerprint(conn, d)
+                        if day_fp is None:
+                            gone.append(d)
+                        else:
+                            days.append(_audit_day(conn, day_fp, as_of, grace))
+                    elif d not in partitions and not _in_default(conn, d):
+                        gone.append(d)          # its partition dropped (retention)
+                    else:
+                        days.append(_kept(old, int(old["figures"].get("rows", 0))))
             if gone:
                 conn.execute(f"DELETE FROM {DAY_TABLE} WHERE day = ANY(%s)", (gone,))
     except psycopg.Error as exc:
         raise LedgerError("incremental audit", f"{type(exc).__name__}: {exc}") from exc
     return IncrementalResult(as_of, tuple(days))
+
+
+def _kept(old: Mapping[str, Any], rows: int) -> DayResult:
+    groups = tuple(Group.from_dict(g) for g in old["figures"]["groups"])
+    return DayResult(old["day"], old["verdict"], groups, False, rows, old["recheck_at"])
+
+
+def _day_fingerprint(conn: psycopg.Connection[Any], day: date) -> Fingerprint | None:
+    """One day's fingerprint (its partition only), None when the day has no rows."""
+    lo = _day_start(day)
+    row = conn.execute(FINGERPRINT_SQL, {"lo": lo, "hi": lo + timedelta(days=1)}).fetchone()
+    return None if row is None else _fingerprint(row)
+
+
+def _in_default(conn: psycopg.Connection[Any], day: date) -> bool:
+    """Whether the default partition holds rows of ``day`` (a day without a partition of its own)."""
+    lo = _day_start(day)
+    row = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE accepted_at >= %s AND accepted_at < %s)")
+                       .format(sql.Identifier(DEFAULT_PARTITION)), (lo, lo + timedelta(days=1))).fetchone()
+    return bool(row and row[0])
 
 
 @dataclass(frozen=True)
@@ -274,7 +322,9 @@ def _day_start(day: date) -> datetime:
 def _audit_day(conn: psycopg.Connection[Any], fp: Fingerprint, as_of: datetime, grace: timedelta) -> DayResult:
     lo = _day_start(fp.day)
     window = {"lo": lo, "hi": lo + timedelta(days=1)}
-    open_ = [r[0] for r in conn.execute(OPEN_DOUBTS_SQL, window).fetchall()]
+    doubts = [r[0] for r in conn.execute(DOUBTS_SQL, window).fetchall()]
+    resolved = {r[0] for r in conn.execute(RESOLVED_SQL, {"gtrids": doubts}).fetchall()} if doubts else set()
+    open_ = [g for g in doubts if g not in resolved]
     rows = conn.execute(DAY_SQL, {**window, "open": open_, "cutoff": as_of - grace, "limit": LIST_LIMIT}).fetchall()
     groups = tuple(Group(r[0], r[1], r[2], r[3], int(r[4]), r[5], r[6], tuple(r[7] or ()), int(r[8])) for r in rows)
     result = DayResult(fp.day, verdict(groups), groups, True, fp.rows, recheck_at(groups, grace))

@@ -5,16 +5,20 @@ metrics textfile, the empty window. No Spark: the incremental audit runs in Post
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
+from audit.changes import installed
 from audit.cli import EXIT_OK, EXIT_VIOLATION, main
-from audit.incremental import DAY_TABLE, IncrementalResult, run_incremental
-from audit.ledger import TABLE, ensure_partitions, install_schema
+from audit.incremental import DAY_TABLE, FINGERPRINT_SQL, IncrementalResult, run_incremental
+from audit.ledger import TABLE, ensure_partitions, install_schema, partition_name
 
 pytestmark = pytest.mark.integration
 
@@ -225,3 +229,108 @@ def test_a_window_is_whole_days_and_never_drops_a_day_outside_it(ledger_db: str)
     assert [(d.day, d.rows, d.count("delivered"), d.audited) for d in inside.days] == [(D2, 4, 2, False)]
     again = run(ledger_db, at(D3, 12))
     assert again.audited == (), "nothing changed: no day reconciled again"
+
+
+# --------------------------------------------------------------- what a run reads (the change markers, issue 28)
+@contextmanager
+def locked(dsn: str, *tables: str) -> Iterator[None]:
+    """Another session holds ACCESS EXCLUSIVE locks on ``tables`` (the ledger, or some of its partitions): a query
+    of the audit that reads one of them waits for it, and fails after the audit session's ``lock_timeout``."""
+    with psycopg.connect(dsn) as other:
+        for t in tables:
+            other.execute(f"LOCK TABLE {t} IN ACCESS EXCLUSIVE MODE")
+        yield
+        other.rollback()
+
+
+def impatient(dsn: str) -> str:
+    """The DSN with ``lock_timeout`` set: a read of a locked table fails (LedgerError) instead of waiting."""
+    return make_conninfo(dsn, options="-c lock_timeout=3000")
+
+
+def test_a_run_with_nothing_changed_reads_no_ledger_partition(ledger_db: str) -> None:
+    with psycopg.connect(ledger_db) as conn:
+        obligation(conn, "a", at(D1, 10))
+        obligation(conn, "b", at(D2, 10))
+        obligation(conn, "c", at(D3, 10), delivered=False)
+    first = run(ledger_db, at(D3, 12))
+    assert [(d.day, d.verdict, d.audited) for d in first.days] == [
+        (D1, "pass", True), (D2, "pass", True), (D3, "fail", True)]
+    with locked(ledger_db, TABLE):            # the whole ledger, every partition
+        again = run(impatient(ledger_db), at(D3, 12, 1))
+    assert again.audited == ()
+    assert [(d.day, d.verdict, d.rows) for d in again.days] == [(D1, "pass", 2), (D2, "pass", 2), (D3, "fail", 1)]
+    assert again.count("lost") == 1 and again.count("delivered") == 2
+
+
+def test_a_late_row_and_a_filled_in_column_make_only_their_day_read(ledger_db: str) -> None:
+    with psycopg.connect(ledger_db) as conn:
+        obligation(conn, "a", at(D1, 10))
+        obligation(conn, "b", at(D2, 10), delivered=False)
+        obligation(conn, "c", at(D3, 10), gtrid="n1:0003")
+    run(ledger_db, at(D2, 10, 1))             # b in flight: day 2 open until 10:05
+    with psycopg.connect(ledger_db) as conn:
+        row(conn, "b", at(D2, 10), "delivered", gtrid="n1:0002")      # b's late delivery
+    with locked(ledger_db, partition_name(D1), partition_name(D3)):
+        late = run(impatient(ledger_db), at(D2, 10, 2))
+    assert [(d.day, d.verdict) for d in late.audited] == [(D2, "pass")]
+    assert late.count("in_flight") == 0 and late.count("delivered") == 3
+
+    with psycopg.connect(ledger_db) as conn:  # the outbox purge fills a T2 hop in after day 3 was audited
+        conn.execute(f"UPDATE {TABLE} SET decided_at = %s WHERE dedupe_id = 'c' AND outcome = 'delivered'",
+                     (at(D3, 10, 0, 1),))
+    with locked(ledger_db, partition_name(D1), partition_name(D2)):
+        filled = run(impatient(ledger_db), at(D3, 12))
+    assert [d.day for d in filled.audited] == [D3]
+    with psycopg.connect(ledger_db) as conn:
+        stored = conn.execute(f"SELECT fingerprint FROM {DAY_TABLE} WHERE day = %s", (D3,)).fetchone()
+        full = conn.execute(FINGERPRINT_SQL, {"lo": at(D3, 0), "hi": at(D3, 0) + timedelta(days=1)}).fetchone()
+    assert stored is not None and full is not None
+    assert stored[0] == "|".join("" if v is None else str(v) for v in full[1:]), "the stored fingerprint is current"
+
+    # a retention drop is seen in the catalogue: the day's verdict goes, nothing is read
+    with psycopg.connect(ledger_db) as conn:
+        conn.execute(f"DROP TABLE {partition_name(D1)}")
+    with locked(ledger_db, partition_name(D2), partition_name(D3)):
+        dropped = run(impatient(ledger_db), at(D3, 12, 1))
+    assert [d.day for d in dropped.days] == [D2, D3] and dropped.audited == ()
+
+
+def test_rows_written_while_the_tracking_was_off_are_found_by_one_full_pass(ledger_db: str) -> None:
+    with psycopg.connect(ledger_db) as conn:
+        obligation(conn, "a", at(D1, 10))
+    run(ledger_db, at(D1, 12))
+    assert changes_installed(ledger_db)
+    with psycopg.connect(ledger_db) as conn:
+        conn.execute(f"DROP TRIGGER nsjms_ledger_changed_insert ON {TABLE}")
+        obligation(conn, "late", at(D1, 9), delivered=False)          # no marker written
+    r = run(ledger_db, at(D1, 12, 1))           # triggers missing: installed again, every day fingerprinted
+    assert [d.day for d in r.audited] == [D1] and r.count("lost") == 1
+    assert changes_installed(ledger_db)
+    with psycopg.connect(ledger_db) as conn:    # a truncate marks every day
+        conn.execute(f"TRUNCATE {TABLE}")
+    assert run(ledger_db, at(D1, 12, 2)).days == ()
+
+
+def changes_installed(dsn: str) -> bool:
+    with psycopg.connect(dsn) as conn:
+        return installed(conn)
+
+
+def test_a_late_row_of_a_prepared_branch_is_found_once_it_commits(ledger_db: str) -> None:
+    """A T2 writes its rows in a prepared branch: its marker is invisible until COMMIT PREPARED, like its rows, so a
+    run in between keeps the day's verdict and the next one after the commit reconciles the day."""
+    with psycopg.connect(ledger_db) as conn:
+        obligation(conn, "p", at(D1, 10), delivered=False)
+    assert run(ledger_db, at(D1, 10, 1)).count("in_flight") == 1
+    with psycopg.connect(ledger_db, autocommit=True) as branch:
+        branch.execute("BEGIN")
+        row(branch, "p", at(D1, 10), "delivered", gtrid="n1:00p1")
+        branch.execute("PREPARE TRANSACTION 'audit-test-p1'")
+        try:
+            between = run(ledger_db, at(D1, 10, 2))
+            assert between.audited == () and between.count("in_flight") == 1
+        finally:
+            branch.execute("COMMIT PREPARED 'audit-test-p1'")
+    after = run(ledger_db, at(D1, 10, 3))
+    assert [d.day for d in after.audited] == [D1] and after.count("delivered") == 1 and after.count("in_flight") == 0
