@@ -10,6 +10,9 @@ CORBA consumer checks the events NJI 2.4.1 prescribes. What STOMP cannot carry (
 profile, Stream, Object) must not become an empty event: it is refused to ``ActiveMQ.DLQ``, where the Java consumer
 finds it intact, and the bridge counts it. Selectors given in ``factory_name`` filter at the broker; unmappable
 input goes to ``nsjms.DLQ`` with the reason while later messages keep flowing.
+
+The tests share one node (``module_server``): each makes its own channel, bridges and uniquely named destinations
+and asserts only about those (a bridge's counters, its own queue's messages), never stops or restarts the node.
 """
 
 from __future__ import annotations
@@ -140,10 +143,10 @@ def _check_outgoing(m: dict[str, Any], want: dict[str, Any], received_ms: int) -
     assert abs(m["JMSTimestamp"] - received_ms) < EXPIRY_TOLERANCE_MS, name
 
 
-def test_events_reach_java_on_a_queue_and_a_durable_topic(nsjms_server: Any, client_orb: Any, factory: Any,
+def test_events_reach_java_on_a_queue_and_a_durable_topic(module_server: Any, client_orb: Any, shared_factory: Any,
                                                           java_tool: JavaTool) -> None:
-    bf = bridge_factory(client_orb, nsjms_server)
-    channel, cid = _persistent_channel(factory)
+    bf = bridge_factory(client_orb, module_server)
+    channel, cid = _persistent_channel(shared_factory)
     queue, topic, client_id = _name("java.out.q"), _name("java.out.t"), _name("jmstool")
     java_tool.durable_async(client_id, topic, "sub", 0, 5).finish()     # registers the durable subscription
     for dest, kind in ((queue, BA.QUEUE), (topic, BA.TOPIC)):
@@ -197,19 +200,19 @@ def _start_inbound(nsjms_server: Any, client_orb: Any, factory: Any, queue: str,
     return consumer, bid
 
 
-def test_java_producer_all_five_types(nsjms_server: Any, client_orb: Any, factory: Any,
+def test_java_producer_all_five_types(module_server: Any, client_orb: Any, shared_factory: Any,
                                       java_tool: JavaTool) -> None:
     """Default profile: Text and Bytes become %TextMessage / %BytesMessage events; Map, Stream and Object arrive
     empty over STOMP, so they are refused to ActiveMQ.DLQ, intact, and never become empty events."""
     queue = _name("java.in.all")
     _drain(java_tool, BROKER_DLQ)
-    consumer, bid = _start_inbound(nsjms_server, client_orb, factory, queue)
+    consumer, bid = _start_inbound(module_server, client_orb, shared_factory, queue)
     java_tool.produce("queue", queue, 10, "text,bytes,map,stream,object")
     assert consumer.wait_for(4, TIMEOUT_S), f"{consumer.count()} events"
-    assert _wait_counter(nsjms_server, bid, "refused_to_broker_dlq", 6) == 6
+    assert _wait_counter(module_server, bid, "refused_to_broker_dlq", 6) == 6
     # every message is settled and acknowledged (4 forwarded + 6 refused = 10 produced): no more events can come,
     # and a duplicate would have counted as a fifth forward
-    assert _wait_counter(nsjms_server, bid, "forwarded", 4) == 4
+    assert _wait_counter(module_server, bid, "forwarded", 4) == 4
     events = consumer.snapshot()
     assert len(events) == 4, [e.header.fixed_header.event_type.type_name for e in events]
     for ev in events:
@@ -240,10 +243,10 @@ def test_java_producer_all_five_types(nsjms_server: Any, client_orb: Any, factor
         assert m["properties"]["n"]["type"] == "Integer", "the original, with its typed properties"
 
 
-def test_jms_json_profile_maps_map_messages_typed(nsjms_server: Any, client_orb: Any, factory: Any,
+def test_jms_json_profile_maps_map_messages_typed(module_server: Any, client_orb: Any, shared_factory: Any,
                                                   java_tool: JavaTool) -> None:
     queue = _name("java.in.json")
-    consumer, _ = _start_inbound(nsjms_server, client_orb, factory, queue, "jms-json")
+    consumer, _ = _start_inbound(module_server, client_orb, shared_factory, queue, "jms-json")
     java_tool.produce("queue", queue, 6, "text,bytes,map")
     assert consumer.wait_for(6, TIMEOUT_S), f"{consumer.count()} events"
     by_id = {_check_incoming(ev, queue): ev for ev in consumer.snapshot()}
@@ -263,13 +266,13 @@ def test_jms_json_profile_maps_map_messages_typed(nsjms_server: Any, client_orb:
     assert by_id[1].header.fixed_header.event_type.type_name == "%BytesMessage"
 
 
-def test_selector_in_factory_name_filters_at_the_broker(nsjms_server: Any, client_orb: Any, factory: Any,
+def test_selector_in_factory_name_filters_at_the_broker(module_server: Any, client_orb: Any, shared_factory: Any,
                                                         java_tool: JavaTool) -> None:
     queue = _name("java.in.sel")
-    consumer, bid = _start_inbound(nsjms_server, client_orb, factory, queue, "default;selector=n >= 5")
+    consumer, bid = _start_inbound(module_server, client_orb, shared_factory, queue, "default;selector=n >= 5")
     java_tool.produce("queue", queue, 10, "text")
     assert consumer.wait_for(5, TIMEOUT_S)
-    assert _wait_counter(nsjms_server, bid, "forwarded", 5) == 5   # the 5 selected ones forwarded and acknowledged
+    assert _wait_counter(module_server, bid, "forwarded", 5) == 5   # the 5 selected ones forwarded and acknowledged
     assert sorted(_check_incoming(ev, queue) for ev in consumer.snapshot()) == [5, 6, 7, 8, 9]
     left = java_tool.consume("queue", queue, 10, 3)
     assert sorted(m["JMSType"] for m in left) == [f"t{i}" for i in range(5)], "unselected messages stay queued"
@@ -286,16 +289,16 @@ def _stomp_send(broker_url: str, queue: str, frames: list[tuple[dict[str, str], 
         conn.disconnect()
 
 
-def test_unmappable_message_goes_to_the_dead_letter_queue(nsjms_server: Any, client_orb: Any, factory: Any,
+def test_unmappable_message_goes_to_the_dead_letter_queue(module_server: Any, client_orb: Any, shared_factory: Any,
                                                           broker_url: str, java_tool: JavaTool) -> None:
     queue = _name("java.in.bad")
-    consumer, bid = _start_inbound(nsjms_server, client_orb, factory, queue)
+    consumer, bid = _start_inbound(module_server, client_orb, shared_factory, queue)
     bad = {"type": "Structured Event", "$nsjms_idl": "{not a manifest", "mark": "bad-1"}
     _stomp_send(broker_url, queue, [({"mark": "ok-1"}, b"first"), (bad, b"payload"), ({"mark": "ok-2"}, b"second")])
     assert consumer.wait_for(2, TIMEOUT_S), f"{consumer.count()} events"
     # all three settled and acknowledged: nothing more can come
-    assert _wait_counter(nsjms_server, bid, "forwarded", 2) == 2
-    assert _wait_counter(nsjms_server, bid, "dead_lettered", 1) == 1
+    assert _wait_counter(module_server, bid, "forwarded", 2) == 2
+    assert _wait_counter(module_server, bid, "dead_lettered", 1) == 1
     events = consumer.snapshot()
     assert [(e.remainder_of_body.value(), _fd(e)["mark"]) for e in events] == [("first", "ok-1"), ("second", "ok-2")]
     dead = java_tool.consume("queue", "nsjms.DLQ", 10, 5, f"nsjms_dlq_destination = '/queue/{queue}'")
@@ -308,4 +311,4 @@ def test_unmappable_message_goes_to_the_dead_letter_queue(nsjms_server: Any, cli
     assert (dead[0]["class"], dead[0]["body"]) == ("ActiveMQTextMessage", "payload"), "the original body is kept"
     assert dead[0]["JMSType"] == "Structured Event" and props["mark"]["value"] == "bad-1", dead[0]
     assert dead[0]["JMSDeliveryMode"] == 2 and props["nsjms_dlq_delivery_mode"]["value"] == "PERSISTENT"
-    assert _wait_counter(nsjms_server, bid, "dead_lettered", 1) == 1
+    assert _wait_counter(module_server, bid, "dead_lettered", 1) == 1

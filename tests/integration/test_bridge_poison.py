@@ -18,6 +18,9 @@ on the source queue):
 Channel → JMS: a destination the broker refuses to write to (ActiveMQ authorization on a broker of this test)
 answers each SEND with an ERROR frame; the events are dead-lettered with the broker's reason instead of being
 retried forever.
+
+The JMS -> channel cases and the direct push share one node (``module_server``, started with the 1 MiB limit): each
+has its own channel, bridge and queue and reads only those (``nsjms.DLQ`` through a selector on its queue).
 """
 
 from __future__ import annotations
@@ -63,11 +66,14 @@ PERSISTENT = CosNotification.Persistent
 LIMIT = 1024 * 1024          # node.max_event_bytes of the nodes of this module
 
 
-@pytest.fixture(autouse=True)
-def _small_event_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module", autouse=True)
+def _small_event_limit() -> Iterator[None]:
     """Every node of this module starts with ``NSJMS_NODE_MAX_EVENT_BYTES`` = 1 MiB (the servers inherit the
-    environment): the one limit feeds the channel, the ORB, the bridge and the mapping."""
-    monkeypatch.setenv("NSJMS_NODE_MAX_EVENT_BYTES", str(LIMIT))
+    environment): the one limit feeds the channel, the ORB, the bridge and the mapping. Module-scoped and autouse, so
+    it is set before the module's shared node (``module_server``) starts."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NSJMS_NODE_MAX_EVENT_BYTES", str(LIMIT))
+        yield
 
 
 def _name(prefix: str) -> str:
@@ -75,8 +81,8 @@ def _name(prefix: str) -> str:
 
 
 @pytest.fixture
-def bf(nsjms_server: NsjmsServer, client_orb: Any) -> Any:
-    return bridge_factory(client_orb, nsjms_server)
+def bf(module_server: NsjmsServer, client_orb: Any) -> Any:
+    return bridge_factory(client_orb, module_server)
 
 
 def _persistent_channel(factory: Any) -> tuple[Any, int]:
@@ -155,11 +161,12 @@ REASONS = {"nul-header": "NUL byte", "deep-manifest": "unmappable JMS message", 
 
 
 @pytest.mark.parametrize("case", sorted(REASONS))
-def test_a_poison_message_is_dead_lettered_and_the_good_ones_flow(nsjms_server: NsjmsServer, bf: Any, factory: Any,
-                                                                  broker_url: str, java_tool: JavaTool,
+def test_a_poison_message_is_dead_lettered_and_the_good_ones_flow(module_server: NsjmsServer, bf: Any,
+                                                                  shared_factory: Any, broker_url: str,
+                                                                  java_tool: JavaTool,
                                                                   case: str) -> None:
     queue = _name(f"poison.{case}")
-    channel, cid = _persistent_channel(factory)
+    channel, cid = _persistent_channel(shared_factory)
     consumer = _consumer(channel)
     bridge, _ = bf.create_bridge(jms_ep(BA.SOURCE, queue), channel_ep(BA.SINK, cid))
     bridge.start_bridge()
@@ -181,12 +188,12 @@ def test_a_poison_message_is_dead_lettered_and_the_good_ones_flow(nsjms_server: 
     assert consumer.count() == 2, "the poison message became an event"
 
 
-def test_the_channel_refuses_a_push_above_the_node_limit(nsjms_server: NsjmsServer, factory: Any) -> None:
+def test_the_channel_refuses_a_push_above_the_node_limit(module_server: NsjmsServer, shared_factory: Any) -> None:
     """The same ``node.max_event_bytes`` is the channel's limit: a direct push above it is refused (IMP_LIMIT),
     one below it is delivered."""
     from omniORB import CORBA
 
-    channel, _ = _persistent_channel(factory)
+    channel, _ = _persistent_channel(shared_factory)
     consumer = _consumer(channel)
     proxy, _ = obtain_proxy_consumer(channel.default_supplier_admin, Form.STRUCTURED, Style.PUSH)
     supplier = PushSupplierClient(proxy, Form.STRUCTURED)

@@ -4,6 +4,8 @@ The bridge maps JMSExpiration to what the receiving proxy consumer accepts: an e
 ``StopTimeSupported`` is TRUE, a relative ``Timeout`` (the original StopTime kept in ``filterable_data``) when it
 is FALSE. Either way the channel accepts the event; nothing is dead-lettered. Before the bridge read its proxy's
 QoS it always sent the Timeout form, so a channel that supports StopTime never received one.
+
+The cases share one node (``module_server``): each has its own channel, bridge and queue.
 """
 
 from __future__ import annotations
@@ -53,19 +55,19 @@ def _send_expiring(broker_url: str, queue: str, expires_ms: int) -> None:
 
 @pytest.mark.parametrize(("style", "supported"), [(BA.PUSH, True), (BA.PUSH, False), (BA.PULL, True)],
                          ids=["push-stoptime-supported", "push-stoptime-unsupported", "pull-stoptime-supported"])
-def test_expiring_message_becomes_what_the_channel_accepts(nsjms_server: NsjmsServer, client_orb: Any,
-                                                           factory: Any, broker_url: str, style: Any,
+def test_expiring_message_becomes_what_the_channel_accepts(module_server: NsjmsServer, client_orb: Any,
+                                                           shared_factory: Any, broker_url: str, style: Any,
                                                            supported: bool) -> None:
     qos = [prop("EventReliability", short(CosNotification.Persistent)),
            prop("ConnectionReliability", short(CosNotification.Persistent)),
            prop("StopTimeSupported", boolean(supported))]
-    channel, cid = factory.create_channel(qos, [])
+    channel, cid = shared_factory.create_channel(qos, [])
     proxy, _ = obtain_proxy_supplier(channel.default_consumer_admin, Form.STRUCTURED, Style.PUSH)
     consumer = StructuredPushConsumer()
     connect_push_consumer(proxy, Form.STRUCTURED, consumer)
     queue = f"times.{uuid.uuid4().hex[:8]}"
-    bridge, _ = bridge_factory(client_orb, nsjms_server).create_bridge(jms_ep(BA.SOURCE, queue),
-                                                                       channel_ep(BA.SINK, cid, style))
+    bridge, _ = bridge_factory(client_orb, module_server).create_bridge(jms_ep(BA.SOURCE, queue),
+                                                                        channel_ep(BA.SINK, cid, style))
     bridge.start_bridge()
     expires = int(time.time() * 1000) + LIFETIME_MS
     _send_expiring(broker_url, queue, expires)

@@ -1,4 +1,7 @@
-"""``nsjms channel …`` and ``nsjms bridge list``/``status`` against a real node (IIOP, PostgreSQL, ActiveMQ)."""
+"""``nsjms channel …`` and ``nsjms bridge list``/``status`` against a real node (IIOP, PostgreSQL, ActiveMQ).
+
+The channel tests share one node (``module_server``: each reads only the channels it made or names); the bridge
+tests, which assert over the node's whole bridge list, have a node each."""
 
 from __future__ import annotations
 
@@ -33,14 +36,14 @@ def _cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, cwd=REPO)
 
 
-def test_channel_create_list_show_destroy(nsjms_server: NsjmsServer, factory: Any, client_orb: Any) -> None:
-    state = nsjms_server.state_dir
+def test_channel_create_list_show_destroy(module_server: NsjmsServer, shared_factory: Any, client_orb: Any) -> None:
+    state = module_server.state_dir
     done = _cli(state, "channel", "create", "--json", "--qos", "EventReliability=Persistent",
                 "--qos", "ConnectionReliability=Persistent", "--qos", "OrderPolicy=FifoOrder",
                 "--admin", "MaxQueueLength=500")
     assert done.returncode == 0, done.stderr
     cid = json.loads(done.stdout)["id"]
-    channel = factory.get_event_channel(cid)
+    channel = shared_factory.get_event_channel(cid)
     qos = {p.name: p.value.value() for p in channel.get_qos()}
     assert (qos["EventReliability"], qos["ConnectionReliability"], qos["OrderPolicy"]) == (1, 1, 1)
     assert {p.name: p.value.value() for p in channel.get_admin()}["MaxQueueLength"] == 500
@@ -81,26 +84,26 @@ def test_channel_create_list_show_destroy(nsjms_server: NsjmsServer, factory: An
 
     gone = _cli(state, "channel", "destroy", str(cid))
     assert gone.returncode == 0 and f"channel {cid} destroyed" in gone.stdout, gone.stderr
-    assert cid not in list(factory.get_all_channels())
+    assert cid not in list(shared_factory.get_all_channels())
 
 
-def test_unknown_channel_is_named(nsjms_server: NsjmsServer, factory: Any) -> None:
+def test_unknown_channel_is_named(module_server: NsjmsServer, shared_factory: Any) -> None:
     for command in ("show", "destroy"):
-        done = _cli(nsjms_server.state_dir, "channel", command, "99999")
+        done = _cli(module_server.state_dir, "channel", command, "99999")
         assert done.returncode == 4 and "no channel with id 99999" in done.stderr, done.stdout + done.stderr
 
 
-def test_refusals_name_the_property_and_the_reason(nsjms_server: NsjmsServer, factory: Any) -> None:
+def test_refusals_name_the_property_and_the_reason(module_server: NsjmsServer, shared_factory: Any) -> None:
     """A client-side refusal (exit 2, nothing created) and the node's own UnsupportedQoS render the same way."""
-    before = list(factory.get_all_channels())
-    done = _cli(nsjms_server.state_dir, "channel", "create", "--qos", "EventReliability=Persistent")
+    before = list(shared_factory.get_all_channels())
+    done = _cli(module_server.state_dir, "channel", "create", "--qos", "EventReliability=Persistent")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--qos EventReliability: UNAVAILABLE_VALUE" in done.stderr
     assert "ConnectionReliability=Persistent" in done.stderr, done.stderr
-    assert list(factory.get_all_channels()) == before
+    assert list(shared_factory.get_all_channels()) == before
 
     try:
-        factory.create_channel([CosNotification.Property("EventReliability", _short(1))], [])
+        shared_factory.create_channel([CosNotification.Property("EventReliability", _short(1))], [])
     except CosNotification.UnsupportedQoS as exc:
         lines = _node_refusal("--qos", exc.qos_err)
     else:
@@ -134,15 +137,15 @@ def test_bridge_state_is_the_same_in_bridge_list_and_status(nsjms_server: NsjmsS
     assert [(r["id"], r["state"]) for r in rows] == [(bid, "active")]
 
 
-def test_node_found_from_any_directory_by_the_environment(nsjms_server: NsjmsServer, tmp_path: Path) -> None:
+def test_node_found_from_any_directory_by_the_environment(module_server: NsjmsServer, tmp_path: Path) -> None:
     import os
 
-    env = dict(os.environ, NSJMS_STATE_DIR=str(nsjms_server.state_dir), PYTHONPATH=str(REPO))
+    env = dict(os.environ, NSJMS_STATE_DIR=str(module_server.state_dir), PYTHONPATH=str(REPO))
     argv = [sys.executable, "-m", "router.cli", "status", "--json"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["endpoints"]["pid"] == nsjms_server.pid
+    assert json.loads(done.stdout)["endpoints"]["pid"] == module_server.pid
 
 
 def test_bridge_refusals_carry_the_reason(nsjms_server: NsjmsServer, factory: Any) -> None:

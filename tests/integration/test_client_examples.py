@@ -9,6 +9,9 @@
 
 The Java example is not run here: no Java ORB with the OMG COS Notification stubs is installable on the project's
 machines (see docs/clients.md, "Java"); tests/unit/test_java_example.py only compiles it.
+
+The tests share one node (``module_server``): each makes its own channel (and queue) and asserts only about those;
+the one that stops and restarts a node (the endpoints test) has its own.
 """
 
 from __future__ import annotations
@@ -193,13 +196,13 @@ CASES = [  # (supplier language, consumer language, how the factory is reached, 
 
 @pytest.mark.parametrize(("supplier", "consumer", "reference", "first_run"), CASES,
                          ids=[f"{s}-to-{c}-{r}-{w}-first" for s, c, r, w in CASES])
-def test_consumer_prints_every_event_the_supplier_pushed(nsjms_server: Any, cpp_examples: dict[str, Path],
+def test_consumer_prints_every_event_the_supplier_pushed(module_server: Any, cpp_examples: dict[str, Path],
                                                          consumers: list[Consumer], client_orb: Any, supplier: str,
                                                          consumer: str, reference: str, first_run: str) -> None:
     """Creating a channel is an operator's action (docs/security.md): the test's operator creates it; the examples
     (standard clients, no credential) use it with --channel."""
-    ref = _reference(reference, nsjms_server)
-    _, made = client_orb.factory(nsjms_server.ior()).create_channel([], [])
+    ref = _reference(reference, module_server)
+    _, made = client_orb.factory(module_server.ior()).create_channel([], [])
     supplier_cmd = _command(supplier, "supplier", cpp_examples) + ref
     channel_args = ["--channel", str(made)]
     if first_run == "supplier":  # a supplier run that pushes nothing prints the channel id
@@ -257,41 +260,41 @@ def test_published_endpoints_match_the_docs(nsjms_server: Any, cpp_examples: dic
 
 
 @pytest.mark.parametrize("lang", ["python", "cpp"])
-def test_admin_example_presents_the_credential(nsjms_server: Any, cpp_examples: dict[str, Path], client_orb: Any,
+def test_admin_example_presents_the_credential(module_server: Any, cpp_examples: dict[str, Path], client_orb: Any,
                                                lang: str) -> None:
     """docs/security.md: a standard client presents the admin credential with a client request interceptor; without
     it the node refuses create_channel (NO_PERMISSION), with the operator's token file it creates the channel."""
     command = ([sys.executable, str(EXAMPLES / "python" / "admin.py")] if lang == "python"
                else [str(cpp_examples["admin"])])
-    factory = ["--factory", f"corbaloc::127.0.0.1:{nsjms_server.port}/NotifyEventChannelFactory"]
+    factory = ["--factory", f"corbaloc::127.0.0.1:{module_server.port}/NotifyEventChannelFactory"]
     refused = subprocess.run([*command, *factory], capture_output=True, text=True, timeout=120, check=False)
     assert refused.returncode == 4 and "NO_PERMISSION" in refused.stderr, refused.stdout + refused.stderr
-    token = str(nsjms_server.state_dir / "credentials" / "operator.token")
+    token = str(module_server.state_dir / "credentials" / "operator.token")
     done = subprocess.run([*command, "--token-file", token, *factory], capture_output=True, text=True, timeout=120,
                           check=False)
     assert done.returncode == 0, done.stderr
     [line] = done.stdout.splitlines()
     assert re.fullmatch(r"channel \d+", line), line
-    assert int(line.split()[1]) in client_orb.factory(nsjms_server.ior()).get_all_channels()
+    assert int(line.split()[1]) in client_orb.factory(module_server.ior()).get_all_channels()
 
 
-def test_jms_consumer_example_receives_what_a_bridge_sends(nsjms_server: Any, consumers: list[Consumer]) -> None:
+def test_jms_consumer_example_receives_what_a_bridge_sends(module_server: Any, consumers: list[Consumer]) -> None:
     """docs/clients.md, "JMS clients": examples/python/jms_consumer.py (stomp.py alone) reads what a channel -> queue
     bridge sends, with the headers the page lists (issue 29: no JMS client was documented)."""
-    state = str(nsjms_server.state_dir)
+    state = str(module_server.state_dir)
     nsjms = [sys.executable, "-m", "router.cli"]
     created = _run([*nsjms, "channel", "create", "--state-dir", state, "--qos", "EventReliability=Persistent",
                     "--qos", "ConnectionReliability=Persistent"])
     cid = int(re.search(r"channel (\d+) created", "\n".join(created)).group(1))  # type: ignore[union-attr]
     queue_name = f"nsjms.test.example.jms.{cid}.{time.monotonic_ns()}"
     _run([*nsjms, "bridge", "create", "--state-dir", state, "--from", f"channel:{cid}", "--to", f"queue:{queue_name}"])
-    broker = nsjms_server.broker_url.removeprefix("stomp://")
+    broker = module_server.broker_url.removeprefix("stomp://")
     consumer = Consumer.start([sys.executable, str(EXAMPLES / "python" / "jms_consumer.py"), "--destination",
                                f"/queue/{queue_name}", "--broker", broker, "--count", str(COUNT), "--timeout",
                                str(RUN_TIMEOUT_S)])
     consumers.append(consumer)
     assert consumer.lines.get(timeout=RUN_TIMEOUT_S) == "ready"
-    _run(_command("python", "supplier", {}) + ["--factory", nsjms_server.corbaloc(), "--channel", str(cid),
+    _run(_command("python", "supplier", {}) + ["--factory", module_server.corbaloc(), "--channel", str(cid),
                                                "--count", str(COUNT), "--text", "jms"])
     lines = consumer.finish()
     assert len(lines) == COUNT, lines
@@ -300,7 +303,7 @@ def test_jms_consumer_example_receives_what_a_bridge_sends(nsjms_server: Any, co
                             rf"type=Structured Event body=jms #{i}", line), line
 
 
-def test_java_jms_consumer_example_receives_what_a_bridge_sends(nsjms_server: Any, consumers: list[Consumer],
+def test_java_jms_consumer_example_receives_what_a_bridge_sends(module_server: Any, consumers: list[Consumer],
                                                                  java_tool: Any, tmp_path: Path) -> None:
     """docs/clients.md, "JMS clients": examples/jms/JmsConsumer.java (the ActiveMQ client over OpenWire), compiled
     with the documented class path, reads what a channel -> queue bridge sends."""
@@ -313,7 +316,7 @@ def test_java_jms_consumer_example_receives_what_a_bridge_sends(nsjms_server: An
     built = subprocess.run([javac, "-nowarn", "-cp", cp, "-d", str(tmp_path), source],
                            capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
     assert built.returncode == 0, built.stderr[-3000:]
-    state = str(nsjms_server.state_dir)
+    state = str(module_server.state_dir)
     nsjms = [sys.executable, "-m", "router.cli"]
     created = _run([*nsjms, "channel", "create", "--state-dir", state, "--qos", "EventReliability=Persistent",
                     "--qos", "ConnectionReliability=Persistent"])
@@ -324,7 +327,7 @@ def test_java_jms_consumer_example_receives_what_a_bridge_sends(nsjms_server: An
                                queue_name, str(COUNT), str(int(RUN_TIMEOUT_S))])
     consumers.append(consumer)
     assert consumer.lines.get(timeout=RUN_TIMEOUT_S) == "ready"
-    _run(_command("python", "supplier", {}) + ["--factory", nsjms_server.corbaloc(), "--channel", str(cid),
+    _run(_command("python", "supplier", {}) + ["--factory", module_server.corbaloc(), "--channel", str(cid),
                                                "--count", str(COUNT), "--text", "java"])
     lines = consumer.finish()
     assert lines == [f"example-{i} nsjms.example/ExampleEvent priority=0 persistent=true type=Structured Event "

@@ -7,6 +7,9 @@ distinct per event, and equal to the ledger's ``dedupe_id`` of the event's deliv
 (``e<event>/c<channel>/a<admin>/p<proxy>``): the id names the obligation, so a re-send of the same event to the same
 bridge carries it again. The variable-header entry that carried it over CORBA is not in the message (no
 ``$ohf_nsjms_dedupe_id``).
+
+The three share one node (``module_server``): each has its own channel, bridge and queue, and reads only its
+bridge's ledger rows.
 """
 
 from __future__ import annotations
@@ -52,14 +55,14 @@ def _read(broker_url: str, queue: str, n: int) -> list[dict[str, str]]:
 
 @pytest.mark.parametrize("style", ["push", "pull", "ack"])
 def test_every_message_carries_the_ledger_dedupe_id_of_its_event(
-        style: str, nsjms_server: NsjmsServer, client_orb: Any, factory: Any, fresh_db: str, broker_url: str) -> None:
-    bf = bridge_factory(client_orb, nsjms_server)
+        style: str, module_server: NsjmsServer, client_orb: Any, shared_factory: Any, broker_url: str) -> None:
+    bf = bridge_factory(client_orb, module_server)
     queue = unique_name(f"dedupe.{style}")
     persistent = short(CosNotification.Persistent)
     qos = [prop("EventReliability", persistent), prop("ConnectionReliability", persistent)]
     if style == "ack":
         qos.append(prop("DeliveryReliability", short(CosNotifyCommAck.Acknowledgment)))
-    channel, cid = factory.create_channel(qos, [])
+    channel, cid = shared_factory.create_channel(qos, [])
     source = channel_ep(BA.SOURCE, cid, BA.PULL if style == "pull" else BA.PUSH)
     bridge, bid = bf.create_bridge(source, jms_ep(BA.SINK, queue))
     bridge.start_bridge()
@@ -74,7 +77,7 @@ def test_every_message_carries_the_ledger_dedupe_id_of_its_event(
     deadline = time.monotonic() + TIMEOUT_S
     ledgered: set[str] = set()
     while time.monotonic() < deadline:      # the delivered rows are written once the proxy's deletes flush
-        with psycopg.connect(fresh_db, autocommit=True) as conn:
+        with psycopg.connect(module_server.pg_dsn, autocommit=True) as conn:
             ledgered = {r[0] for r in conn.execute(
                 "SELECT dedupe_id FROM nsjms_ledger WHERE bridge_id = %s AND outcome = 'delivered'", (bid,))}
         if len(ledgered) >= N:

@@ -2,8 +2,10 @@
 the ledger recorded the event ``discarded`` although the consumer received it. Now the teardown waits for the push
 (bounded by the push's call timeout) and the event the consumer got is ``delivered``.
 
-A real node; the consumer is a CORBA servant in this process whose push blocks until the test lets it return. The
-test destroys while the push is blocked, then lets it return, and waits for the event's terminal ledger row.
+A real node, shared by the module's tests (``module_server``: each makes its own channel and reads only that
+channel's ledger rows); the consumer is a CORBA servant in this process whose push blocks until the test lets it
+return. The test destroys while the push is blocked, then lets it return, and waits for the event's terminal ledger
+row.
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ class BlockingConsumer(StructuredPushConsumer):
 
 
 @pytest.mark.parametrize("what", ["proxy", "admin", "channel"])
-def test_an_event_pushed_during_destroy_is_recorded_delivered(nsjms_server: NsjmsServer, factory: Any,
+def test_an_event_pushed_during_destroy_is_recorded_delivered(module_server: NsjmsServer, shared_factory: Any,
                                                               what: str) -> None:
-    channel, cid = persistent_channel(factory)
+    channel, cid = persistent_channel(shared_factory)
     admin, _ = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
     proxy, pid = obtain_proxy_supplier(admin, Form.STRUCTURED, Style.PUSH)
     consumer = BlockingConsumer()
@@ -79,17 +81,17 @@ def test_an_event_pushed_during_destroy_is_recorded_delivered(nsjms_server: Nsjm
     assert wait_until(lambda: consumer.count() == 1, WAIT_S)    # the consumer got the event
 
     where = "channel_id = %s AND proxy_id = %s AND outcome <> 'accepted'"
-    assert wait_until(lambda: bool(ledger_rows(nsjms_server.pg_dsn, where, (cid, pid))), WAIT_S)
-    rows = ledger_rows(nsjms_server.pg_dsn, where, (cid, pid))
+    assert wait_until(lambda: bool(ledger_rows(module_server.pg_dsn, where, (cid, pid))), WAIT_S)
+    rows = ledger_rows(module_server.pg_dsn, where, (cid, pid))
     assert [(r["outcome"], r["failure_reason"]) for r in rows] == [("delivered", None)], rows
 
 
 @pytest.mark.parametrize("what", ["proxy", "admin", "channel"])
-def test_an_event_pulled_before_the_destroy_is_recorded_delivered(nsjms_server: NsjmsServer, factory: Any,
+def test_an_event_pulled_before_the_destroy_is_recorded_delivered(module_server: NsjmsServer, shared_factory: Any,
                                                                    what: str) -> None:
     """The same for a pull proxy supplier: an event handed out by a pull whose reply went out is confirmed by the
     next pull; a disconnect or destroy after that pull recorded it ``discarded`` although the consumer had it."""
-    channel, cid = persistent_channel(factory)
+    channel, cid = persistent_channel(shared_factory)
     admin, _ = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
     proxy, pid = obtain_proxy_supplier(admin, Form.STRUCTURED, Style.PULL)
     client = PullConsumerClient(proxy, Form.STRUCTURED)
@@ -100,13 +102,13 @@ def test_an_event_pulled_before_the_destroy_is_recorded_delivered(nsjms_server: 
     {"proxy": proxy.disconnect_structured_pull_supplier, "admin": admin.destroy, "channel": channel.destroy}[what]()
 
     where = "channel_id = %s AND proxy_id = %s AND outcome <> 'accepted'"
-    assert wait_until(lambda: bool(ledger_rows(nsjms_server.pg_dsn, where, (cid, pid))), WAIT_S)
-    rows = ledger_rows(nsjms_server.pg_dsn, where, (cid, pid))
+    assert wait_until(lambda: bool(ledger_rows(module_server.pg_dsn, where, (cid, pid))), WAIT_S)
+    rows = ledger_rows(module_server.pg_dsn, where, (cid, pid))
     assert [(r["outcome"], r["failure_reason"]) for r in rows] == [("delivered", None)], rows
 
 
 def test_a_channel_destroy_waits_for_its_proxies_pushes_at_once_not_one_after_another(
-        nsjms_server: NsjmsServer, factory: Any) -> None:
+        module_server: NsjmsServer, shared_factory: Any) -> None:
     """Five push proxies, each with a consumer that does not answer (a push ends only by the channel's push call
     timeout, 10 s); their pushes start one after another, the last proxy's first. The destroy used to tear the
     proxies down in order, one at a time: while it waited for the first proxy's push, the others' pushes timed out
@@ -117,7 +119,7 @@ def test_a_channel_destroy_waits_for_its_proxies_pushes_at_once_not_one_after_an
     measured duration."""
     import omniORB
 
-    channel, cid = persistent_channel(factory)
+    channel, cid = persistent_channel(shared_factory)
     admin, _ = channel.new_for_consumers(CosNotifyChannelAdmin.AND_OP)
     proxies = [obtain_proxy_supplier(admin, Form.STRUCTURED, Style.PUSH)[0] for _ in range(5)]
     consumers = [BlockingConsumer() for _ in proxies]
@@ -131,7 +133,7 @@ def test_a_channel_destroy_waits_for_its_proxies_pushes_at_once_not_one_after_an
         channel.destroy()                       # raises CORBA.TIMEOUT if the destroy outlasts the call timeout
         where = "channel_id = %s AND outcome <> 'accepted'"
         # every event has its terminal row (the first proxy connected got 5 events, the next 4, ..., the last 1)
-        assert wait_until(lambda: len(ledger_rows(nsjms_server.pg_dsn, where, (cid,))) == 15, WAIT_S)
+        assert wait_until(lambda: len(ledger_rows(module_server.pg_dsn, where, (cid,))) == 15, WAIT_S)
     finally:
         for consumer in consumers:
             consumer.gate.set()
