@@ -20,13 +20,14 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +43,26 @@ from omniORB import CORBA
 import CosNotification
 import CosNotifyChannelAdmin
 
+from idl.generated import CosBridgeAdmin as BA
 from router.cluster import members as M
 from router.cluster.lease import LeaseSettings
 from router.db import Database
 
+from bridgekit import (
+    bridge_factory,
+    channel_ep,
+    jms_ep,
+    managed_bridge,
+    persistent_channel,
+    prepared_count,
+    structured_consumer,
+    unique_name,
+)
 from conftest import ClientOrb, NsjmsServer, free_port, restart_port
 from stdclients import (
     Form,
     PushSupplierClient,
+    StructuredPushConsumer,
     Style,
     long_,
     make_event,
@@ -59,9 +72,10 @@ from stdclients import (
     wait_until,
 )
 
-__all__ = ["EXPIRY_S", "LONG", "PERSISTENT", "RENEW_S", "Links", "StompCounter", "StompProducer", "Supplier",
-           "TwoLinkPostgres", "check_once", "cli", "db_fixture", "join", "numbers", "ownership", "rows", "start_node",
-           "t2_persistent_channel", "two_links_fixture"]
+__all__ = ["EXPIRY_S", "LONG", "PERSISTENT", "RENEW_S", "Cluster", "Flows", "Links", "Routes", "StompCounter",
+           "StompProducer", "Supplier", "TwoLinkPostgres", "check_once", "cli", "cluster_fixture", "db_fixture",
+           "join", "make_routes", "module_cluster_fixture", "numbers", "ownership", "rows", "start_node",
+           "start_nodes", "stop_nodes", "t2_persistent_channel", "two_links_fixture"]
 
 RENEW_S, EXPIRY_S = 1, 4
 PERSISTENT = CosNotification.Persistent
@@ -69,26 +83,70 @@ LONG = LeaseSettings(renew_s=1.0, expiry_s=60.0)
 
 
 # ------------------------------------------------------------------------------------------------------- nodes
+def _node_env(mp: pytest.MonkeyPatch, name: str, crash_at: str | None, peers: str | None) -> None:
+    mp.setenv("NSJMS_NODE_NODE_ID", name)
+    mp.setenv("NSJMS_CLUSTER_RENEW_S", str(RENEW_S))
+    mp.setenv("NSJMS_CLUSTER_EXPIRY_S", str(EXPIRY_S))
+    if peers is not None:
+        mp.setenv("NSJMS_CLUSTER_PEERS", peers)
+    if crash_at:
+        mp.setenv("NSJMS_CRASH_AT", crash_at)
+
+
+def _server(tmp_path: Path, name: str, dsn: str, broker_url: str, port: int | None) -> NsjmsServer:
+    state = tmp_path / name
+    state.mkdir(exist_ok=True)
+    return NsjmsServer(state_dir=state, pg_dsn=dsn, broker_url=broker_url, port=free_port() if port is None else port)
+
+
 def start_node(tmp_path: Path, name: str, dsn: str, broker_url: str, monkeypatch: pytest.MonkeyPatch, *,
                crash_at: str | None = None, port: int | None = None, peers: str | None = None) -> NsjmsServer:
     """Node ``name`` (state directory ``tmp_path/name``) with the short leases of the cluster tests; ``crash_at``
     arms ``NSJMS_CRASH_AT`` for this process only; ``peers``: ``cluster.peers``."""
-    state = tmp_path / name
-    state.mkdir(exist_ok=True)
-    monkeypatch.setenv("NSJMS_NODE_NODE_ID", name)
-    monkeypatch.setenv("NSJMS_CLUSTER_RENEW_S", str(RENEW_S))
-    monkeypatch.setenv("NSJMS_CLUSTER_EXPIRY_S", str(EXPIRY_S))
-    if peers is not None:
-        monkeypatch.setenv("NSJMS_CLUSTER_PEERS", peers)
-    if crash_at:
-        monkeypatch.setenv("NSJMS_CRASH_AT", crash_at)
-    server = NsjmsServer(state_dir=state, pg_dsn=dsn, broker_url=broker_url,
-                         port=free_port() if port is None else port)
+    _node_env(monkeypatch, name, crash_at, peers)
+    server = _server(tmp_path, name, dsn, broker_url, port)
     try:
         server.start()
     finally:
         monkeypatch.delenv("NSJMS_CRASH_AT", raising=False)
     return server
+
+
+def start_nodes(tmp_path: Path, names: Sequence[str], dsn: str, broker_url: str, *,
+                crash_at: Mapping[str, str] | None = None, peers: bool = False, dsns: Mapping[str, str] | None = None,
+                env: Mapping[str, str] | None = None) -> list[NsjmsServer]:
+    """Nodes ``names`` as :func:`start_node` makes them, launched one after the other and then waited for (they
+    start side by side); ``crash_at``: name -> crash point; ``peers``: each node told the others' ORB addresses
+    (``cluster.peers``); ``dsns``: name -> its own DSN (``dsn`` otherwise); ``env``: more settings for each. The
+    test's environment is left as it was. A node that does not start stops the others and fails the test."""
+    ports = {n: free_port() for n in names}
+    servers: list[NsjmsServer] = []
+    try:
+        for name in names:
+            server = _server(tmp_path, name, (dsns or {}).get(name, dsn), broker_url, ports[name])
+            with pytest.MonkeyPatch.context() as mp:
+                _node_env(mp, name, (crash_at or {}).get(name),
+                          ",".join(f"127.0.0.1:{ports[o]}" for o in names if o != name) if peers else None)
+                for key, value in (env or {}).items():
+                    mp.setenv(key, value)
+                server.launch()
+            servers.append(server)
+        for server in servers:
+            server.wait_ready()
+    except BaseException:
+        stop_nodes(servers)
+        raise
+    return servers
+
+
+def stop_nodes(nodes: Iterable[NsjmsServer]) -> dict[str, int | None]:
+    """SIGTERM to every running node at once, then each one's exit code (name -> code; None: it was not running or
+    was killed after the stop timeout)."""
+    running = [n for n in nodes if n.proc is not None and n.proc.poll() is None]
+    for node in running:
+        assert node.proc is not None
+        node.proc.send_signal(signal.SIGTERM)
+    return {node.state_dir.name: node.wait_stopped() for node in running}
 
 
 def cli(dsn: str, state: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -303,6 +361,213 @@ def check_once(counter: StompCounter, pushed: int, consumer: Any, sent: int, may
         f"JMS -> channel: each message exactly one event (missing {sorted(set(range(sent)) - set(got))[:10]}, " \
         f"twice {sorted(n for n in set(got) if got.count(n) > 1)[:10]})"
     return len(counter.got) - len(dedupe), len(got)
+
+
+# ------------------------------------------------------------------------------ T2 traffic both ways, counted
+@dataclass
+class Routes:
+    """The two routes of the cluster traffic tests, made on one node: channel C1 with a channel -> JMS queue bridge
+    in T2 (``per_t2`` events per transaction) and T2 channel C2 with a JMS -> channel queue bridge in T2 (the channel
+    pulls from the bridge) and a standard-stub push consumer of C2 (its reference is stored with the proxy: each new
+    owner calls it back)."""
+
+    c1: Any
+    cid1: int
+    out_bridge: Any
+    bid1: int
+    c2: Any
+    cid2: int
+    in_bridge: Any
+    bid2: int
+    consumer: StructuredPushConsumer
+
+    def owned_by(self, node: str) -> dict[tuple[str, int], str]:
+        """The ownership rows of both routes, all ``node``'s."""
+        return {("channel", self.cid1): node, ("bridge", self.bid1): node, ("channel", self.cid2): node,
+                ("bridge", self.bid2): node}
+
+    def start(self) -> None:
+        self.out_bridge.start_bridge()
+        self.in_bridge.start_bridge()
+
+
+def make_routes(client_orb: ClientOrb, node: NsjmsServer, q_out: str, q_in: str, per_t2: int, *,
+                start: bool = True) -> Routes:
+    """:class:`Routes` made through ``node`` (so it owns them), sending to queue ``q_out`` and receiving from
+    ``q_in``; ``start``: both bridges started (else :meth:`Routes.start` does it)."""
+    factory = client_orb.factory(node.ior())
+    bf = bridge_factory(client_orb, node)
+    c1, cid1 = persistent_channel(factory)
+    out_bridge, bid1 = bf.create_bridge(channel_ep(BA.SOURCE, cid1), jms_ep(BA.SINK, q_out))
+    managed_bridge(out_bridge).enable_transaction(per_t2, 30)
+    if start:
+        out_bridge.start_bridge()
+    c2, cid2 = t2_persistent_channel(factory, per_t2)
+    consumer = structured_consumer(c2)
+    in_bridge, bid2 = bf.create_bridge(jms_ep(BA.SOURCE, q_in), channel_ep(BA.SINK, cid2, BA.PULL))
+    if start:
+        in_bridge.start_bridge()
+    return Routes(c1, int(cid1), out_bridge, int(bid1), c2, int(cid2), in_bridge, int(bid2), consumer)
+
+
+class Flows:
+    """T2 traffic both ways through :class:`Routes` made on ``node``, from independent clients: a standard-stub
+    :class:`Supplier` pushes persistent events into C1 (following the channel over ``nodes``), counted at a stomp.py
+    :class:`StompCounter` of the out queue; a stomp.py :class:`StompProducer` sends into the in queue, counted at the
+    standard-stub push consumer of C2. :meth:`run` starts both clients, :meth:`moved` waits until both flows moved on,
+    :meth:`stop` holds both at a counted point, :meth:`check` counts (:func:`check_once`), :meth:`close` ends all."""
+
+    def __init__(self, client_orb: ClientOrb, broker_url: str, node: NsjmsServer, nodes: list[NsjmsServer],
+                 prefix: str, per_t2: int, *, start_bridges: bool = True, follow_after_maybe: bool = False) -> None:
+        host, port = broker_url.removeprefix("stomp://").split(":")
+        self.counter = StompCounter()
+        self.listen = stomp.Connection([(host, int(port))], auto_content_length=False)
+        self.listen.set_listener("counter", self.counter)
+        self.listen.connect(wait=True)
+        self.producer: StompProducer | None = None
+        try:
+            q_out, q_in = unique_name(f"{prefix}.out"), unique_name(f"{prefix}.in")
+            self.listen.subscribe(f"/queue/{q_out}", id="counter", ack="auto")
+            self.routes = make_routes(client_orb, node, q_out, q_in, per_t2, start=start_bridges)
+            self.supplier = Supplier(client_orb, nodes, self.routes.c1, self.routes.cid1,
+                                     follow_after_maybe=follow_after_maybe)
+            self.producer = StompProducer(broker_url, q_in)
+        except BaseException:
+            self.close()
+            raise
+        self.consumer = self.routes.consumer
+
+    def run(self) -> None:
+        assert self.producer is not None
+        self.supplier.thread.start()
+        self.producer.thread.start()
+
+    def arrived(self) -> tuple[int, int]:
+        """(distinct events at the stomp.py consumer, events at the push consumer)."""
+        return len(self.counter.names()), self.consumer.count()
+
+    def moved(self, step: int, timeout: float = 90) -> bool:
+        """Both flows move ``step`` more from now: ``step`` more pushes accepted and messages sent, and as many
+        more arrived at each counting client than had been pushed / sent by now (so events sent from now on
+        arrive)."""
+        assert self.producer is not None
+        producer = self.producer
+        pushed, sent = self.supplier.pushed, producer.sent
+        return wait_until(lambda: self.supplier.pushed >= pushed + step and producer.sent >= sent + step
+                          and len(self.counter.names()) >= pushed + step and self.consumer.count() >= sent + step,
+                          timeout)
+
+    def stop(self) -> None:
+        """Hold both clients after their call in flight (a counted point: ``pushed`` and ``sent`` are final)."""
+        assert self.producer is not None
+        self.supplier.pause()
+        self.producer.stop.set()
+        self.producer.thread.join(30)
+        assert not self.producer.thread.is_alive(), "the producer's send in flight ended"
+
+    def check(self, *, consumer_duplicates: bool = False) -> tuple[int, int]:
+        """:func:`check_once` of everything pushed and sent (duplicates channel -> JMS, events at the consumer)."""
+        assert self.producer is not None
+        return check_once(self.counter, self.supplier.pushed, self.consumer, self.producer.sent, self.supplier.maybe,
+                          consumer_duplicates=consumer_duplicates)
+
+    def per_node_out(self) -> dict[str, int]:
+        """Messages at the stomp.py consumer per node of the sending transaction (its gtrid ``<node>:...`` starts
+        the dedupe id)."""
+        out: dict[str, int] = {}
+        with self.counter.lock:
+            for _, dedupe in self.counter.got:
+                out[dedupe.split(":", 1)[0]] = out.get(dedupe.split(":", 1)[0], 0) + 1
+        return out
+
+    def close(self) -> None:
+        if hasattr(self, "supplier"):
+            self.supplier.stop.set()
+        if self.producer is not None:
+            self.producer.stop.set()
+        self.listen.disconnect()
+
+
+# --------------------------------------------------------------------------------- a module's shared cluster
+@dataclass
+class Cluster:
+    """Nodes on one database and broker, shared by the tests of a module (:func:`module_cluster_fixture`); each
+    test asks for the nodes it needs running (:meth:`up`), replaces a node it restarts (:meth:`restart`), and
+    leaves nothing behind: the function fixture ``cluster`` destroys every bridge and channel after each test and
+    checks that no ownership row and no prepared transaction is left."""
+
+    base: Path
+    dsn: str
+    broker_url: str
+    nodes: dict[str, NsjmsServer] = field(default_factory=dict)
+
+    def running(self, name: str) -> bool:
+        node = self.nodes.get(name)
+        return node is not None and node.proc is not None and node.proc.poll() is None
+
+    def __getitem__(self, name: str) -> NsjmsServer:
+        assert self.running(name), f"node {name} is not running"
+        return self.nodes[name]
+
+    def up(self, *names: str, env: Mapping[str, str] | None = None) -> list[NsjmsServer]:
+        """Exactly ``names`` running (in that order): missing ones started side by side, others stopped."""
+        extra = [n for n in self.nodes.values() if n.state_dir.name not in names]
+        codes = stop_nodes(extra)
+        assert all(c == 0 for c in codes.values()), f"stopped cleanly: {codes}"
+        missing = [n for n in names if not self.running(n)]
+        if missing:
+            started = start_nodes(self.base, missing, self.dsn, self.broker_url, env=env)
+            self.nodes.update({n.state_dir.name: n for n in started})
+        return [self.nodes[n] for n in names]
+
+    def restart(self, name: str, env: Mapping[str, str] | None = None) -> NsjmsServer:
+        """Node ``name`` started again (after its stop or kill): a new incarnation, a new process."""
+        assert not self.running(name), f"{name} still runs"
+        self.nodes[name] = start_nodes(self.base, [name], self.dsn, self.broker_url, env=env)[0]
+        return self.nodes[name]
+
+    def reset(self, client_orb: ClientOrb) -> None:
+        """Every bridge and channel destroyed (through a running node: forwarded to their owners), their ownership
+        rows gone, no prepared transaction left. A destroy leaves the object's ``nsjms_owner`` row behind (a defect,
+        ``test_cluster_drain.py::test_a_destroyed_channel_and_bridge_leave_no_ownership_row``): those rows are
+        deleted here, or the next test's loads (placement, drain, rebalance) would count them."""
+        live = [n for n in self.nodes.values() if n.proc is not None and n.proc.poll() is None]
+        assert live, "a running node to reset the cluster through"
+
+        def destroyed() -> bool:
+            try:
+                bf = bridge_factory(client_orb, live[0])
+                for bid in bf.get_all_bridges():
+                    bf.get_bridge_with_id(bid).destroy()
+                factory = client_orb.factory(live[0].ior())
+                for cid in factory.get_all_channels():
+                    factory.get_event_channel(cid).destroy()
+            except (CORBA.TRANSIENT, CORBA.OBJECT_NOT_EXIST, CORBA.COMM_FAILURE):
+                return False                 # a channel being taken over or handed off: again
+            return rows(self.dsn, "SELECT (SELECT count(*) FROM nsjms_channel) + (SELECT count(*) FROM nsjms_bridge)"
+                        ) == [(0,)]
+
+        assert wait_until(destroyed, 90), f"left behind: {ownership(self.dsn)}"
+        rows(self.dsn, "DELETE FROM nsjms_owner WHERE kind IN ('channel', 'bridge') RETURNING kind")
+        assert not ownership(self.dsn), ownership(self.dsn)
+        assert wait_until(lambda: prepared_count(self.dsn) == 0, 60), "no prepared transaction left"
+
+
+@pytest.fixture(name="module_cluster", scope="module")
+def module_cluster_fixture(tmp_path_factory: pytest.TempPathFactory, module_db: str, broker_url: str
+                           ) -> Iterator[Cluster]:
+    """A module's :class:`Cluster` on the module's database (no node yet: tests ask for theirs); every node stopped
+    at the end, side by side."""
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"), module_db, broker_url)
+    yield cluster
+    stop_nodes(cluster.nodes.values())
+
+
+@pytest.fixture(name="cluster")
+def cluster_fixture(module_cluster: Cluster, client_orb: ClientOrb) -> Iterator[Cluster]:
+    """The module's :class:`Cluster`, reset after the test (every bridge and channel destroyed)."""
+    yield module_cluster
+    module_cluster.reset(client_orb)
 
 
 # ------------------------------------------------------------------------------- PostgreSQL over two veth links

@@ -124,12 +124,21 @@ class NsjmsServer:
 
     def start(self, timeout: float = START_TIMEOUT_S) -> dict[str, Any]:
         """Start the process and wait until it wrote ``endpoints.json`` naming its own pid."""
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the process (the environment as it is now) without waiting: :meth:`wait_ready` follows (several
+        nodes launched, then waited for, start side by side)."""
         assert self.proc is None or self.proc.poll() is not None, "server already running"
         self.endpoints_path.unlink(missing_ok=True)
         install_token(self.state_dir, TEST_ADMIN_TOKEN, Role.OPERATOR)  # the test process is an operator
         env = dict(os.environ, PYTHONUNBUFFERED="1", NSJMS_POSTGRES_DSN=self.pg_dsn)
         with open(self.state_dir / "server.stdout.log", "ab") as out, open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(self.command(), stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> dict[str, Any]:
+        """Wait until the launched process wrote ``endpoints.json`` naming its own pid."""
         self.endpoints = self._wait_ready(timeout)
         return self.endpoints
 
@@ -177,6 +186,12 @@ class NsjmsServer:
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
         self.proc.send_signal(signal.SIGTERM)
+        return self.wait_stopped()
+
+    def wait_stopped(self) -> int | None:
+        """After a SIGTERM (:meth:`stop`, or several nodes signalled first): its exit code, SIGKILL if it does not
+        end within the stop timeout."""
+        assert self.proc is not None, "server not started"
         try:
             return self.proc.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:

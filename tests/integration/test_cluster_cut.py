@@ -19,34 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
-import stomp
-from test_cluster_drain import PER_T2
 
-from idl.generated import CosBridgeAdmin as BA
-
-from bridgekit import (
-    bridge_factory,
-    channel_ep,
-    inbox_count,
-    jms_ep,
-    managed_bridge,
-    node_status,
-    persistent_channel,
-    pg_scalar,
-    prepared_count,
-    structured_consumer,
-    unique_name,
-)
+from bridgekit import inbox_count, node_status, pg_scalar, prepared_count
 from clusterkit import (
     EXPIRY_S,
+    Flows,
     Links,
-    StompCounter,
-    StompProducer,
-    Supplier,
-    check_once,
     ownership,
-    start_node,
-    t2_persistent_channel,
+    start_nodes,
+    stop_nodes,
     two_links_fixture,  # noqa: F401 - the fixture "two_links", imported so pytest finds it
 )
 from conftest import ClientOrb
@@ -54,46 +35,23 @@ from stdclients import wait_until
 
 pytestmark = pytest.mark.integration
 
+PER_T2 = 5
 
 
 def test_a_node_cut_from_postgres_past_its_lease_is_fenced_and_its_work_resumes_on_a_survivor(
-        tmp_path: Path, two_links: Links, broker_url: str, client_orb: ClientOrb,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, two_links: Links, broker_url: str, client_orb: ClientOrb) -> None:
     dsn = two_links.dsn
-    a = start_node(tmp_path, "na", dsn, broker_url, monkeypatch)
-    b = start_node(tmp_path, "nb", dsn, broker_url, monkeypatch)
-    c = start_node(tmp_path, "nc", two_links.dsn2, broker_url, monkeypatch)
-    host, port = broker_url.removeprefix("stomp://").split(":")
-    counter = StompCounter()
-    listen = stomp.Connection([(host, int(port))], auto_content_length=False)
-    listen.set_listener("counter", counter)
-    listen.connect(wait=True)
-    supplier: Supplier | None = None
-    producer: StompProducer | None = None
+    a, b, c = start_nodes(tmp_path, ["na", "nb", "nc"], dsn, broker_url, dsns={"nc": two_links.dsn2})
+    flows: Flows | None = None
     try:
-        q_out, q_in = unique_name("cluster.cut.out"), unique_name("cluster.cut.in")
-        listen.subscribe(f"/queue/{q_out}", id="counter", ack="auto")
-        factory = client_orb.factory(c.ior())
-        bf = bridge_factory(client_orb, c)
-        c1, cid1 = persistent_channel(factory)
-        out_bridge, bid1 = bf.create_bridge(channel_ep(BA.SOURCE, cid1), jms_ep(BA.SINK, q_out))
-        managed_bridge(out_bridge).enable_transaction(PER_T2, 30)
-        out_bridge.start_bridge()
-        c2, cid2 = t2_persistent_channel(factory, PER_T2)
-        consumer = structured_consumer(c2)
-        in_bridge, bid2 = bf.create_bridge(jms_ep(BA.SOURCE, q_in), channel_ep(BA.SINK, cid2, BA.PULL))
-        in_bridge.start_bridge()
+        flows = Flows(client_orb, broker_url, c, [a, b], "cluster.cut", PER_T2)   # refused by nc: the survivors'
+        routes, supplier, consumer = flows.routes, flows.supplier, flows.consumer      # proxy, same ids
+        cid1, bid1, cid2, bid2 = routes.cid1, routes.bid1, routes.cid2, routes.bid2
         assert set(ownership(dsn).values()) == {"nc"}
-
-        supplier = Supplier(client_orb, [a, b], c1, cid1)     # refused by nc: the survivors' proxy, same ids
-        producer = StompProducer(broker_url, q_in)
-        supplier.thread.start()
-        producer.thread.start()
-        assert wait_until(lambda: len(counter.names()) >= 30 and consumer.count() >= 30, 60), \
-            (len(counter.names()), consumer.count())
+        flows.run()
+        assert flows.moved(30, 60), flows.arrived()
         two_links.cut()
         cut_at = time.monotonic()
-        mark_out, mark_in = len(counter.names()), consumer.count()
         try:
             assert wait_until(lambda: ownership(dsn).get(("channel", cid1)) in ("na", "nb"), 90), ownership(dsn)
             claimed = time.monotonic() - cut_at
@@ -105,8 +63,7 @@ def test_a_node_cut_from_postgres_past_its_lease_is_fenced_and_its_work_resumes_
                 f"spread over both survivors (docs/cluster.md, Takeover): {owners}"
             assert wait_until(lambda: any(t["node_id"] == "nc" and t["started"] for t in
                                           node_status(fencer).get("cluster", {}).get("takeovers", [])), 60)
-            assert wait_until(lambda: len(counter.names()) >= mark_out + 20 and consumer.count() >= mark_in + 20,
-                              90), (len(counter.names()) - mark_out, consumer.count() - mark_in)
+            assert flows.moved(20), flows.arrived()
             resumed = time.monotonic() - cut_at
             assert c.proc is not None and c.proc.poll() is None, "the cut node does not know yet"
         finally:
@@ -116,25 +73,19 @@ def test_a_node_cut_from_postgres_past_its_lease_is_fenced_and_its_work_resumes_
         assert c.proc.wait(timeout=90) == 1, "nc, reconnected, learns it was fenced and stops (exit 1)"
         assert pg_scalar(dsn, "SELECT state || ':' || epoch FROM nsjms_member WHERE node_id = 'nc'") == "fenced:2"
 
-        supplier.stop.set()
-        producer.stop.set()
-        supplier.thread.join(120)
-        producer.thread.join(30)
-        assert not supplier.thread.is_alive()
-        dup, _ = check_once(counter, supplier.pushed, consumer, producer.sent, maybe=supplier.maybe,
-                             consumer_duplicates=True)
-        assert wait_until(lambda: inbox_count(dsn, bid2) == producer.sent, 60), \
+        flows.stop()
+        dup, _ = flows.check(consumer_duplicates=True)
+        assert flows.producer is not None
+        sent = flows.producer.sent
+        assert wait_until(lambda: inbox_count(dsn, bid2) == sent, 60), \
             "JMS -> channel: each message exactly one event in the channel (one inbox row)"
         assert wait_until(lambda: prepared_count(dsn) == 0, 60), "no prepared transaction left"
         assert pg_scalar(dsn, "SELECT count(*) FROM nsjms_decision WHERE node_id = 'nc'") == 0
         print(f"channel -> JMS: {supplier.pushed} pushed ({len(supplier.maybe)} answered COMPLETED_MAYBE), "
-              f"{len(counter.got)} messages, {dup} duplicate(s) (same dedupe id); JMS -> channel: {producer.sent} "
+              f"{len(flows.counter.got)} messages, {dup} duplicate(s) (same dedupe id); JMS -> channel: {sent} "
               f"messages, {consumer.count()} events at the consumer, {inbox_count(dsn, bid2)} inbox rows")
     finally:
-        for worker in (supplier, producer):
-            if worker is not None:
-                worker.stop.set()
-        listen.disconnect()
+        if flows is not None:
+            flows.close()
         two_links.restore()
-        for node in (a, b, c):
-            node.stop()
+        stop_nodes([a, b, c])

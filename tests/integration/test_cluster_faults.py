@@ -43,30 +43,17 @@ from typing import Any
 
 import pytest
 
-from idl.generated import CosBridgeAdmin as BA
-
-from bridgekit import (
-    JavaTool,
-    bridge_factory,
-    channel_ep,
-    inbox_count,
-    jms_ep,
-    managed_bridge,
-    node_status,
-    persistent_channel,
-    prepared_count,
-    structured_consumer,
-    unique_name,
-)
+from bridgekit import JavaTool, inbox_count, node_status, prepared_count, unique_name
 from clusterkit import (
     EXPIRY_S,
     RENEW_S,
     Supplier,
+    make_routes,
     numbers,
     ownership,
     rows,
-    start_node,
-    t2_persistent_channel,
+    start_nodes,
+    stop_nodes,
 )
 from conftest import ClientOrb, NsjmsServer
 from stdclients import wait_until
@@ -142,12 +129,9 @@ def _took_over(node: NsjmsServer, dead: str) -> bool:
 
 
 def test_three_nodes_survive_a_killed_owner_and_a_paused_one_under_t2_traffic_both_ways(
-        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb, java_tool: JavaTool,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb, java_tool: JavaTool) -> None:
     dsn = fresh_db
-    a = start_node(tmp_path, "na", dsn, broker_url, monkeypatch, crash_at=CRASH_AT)
-    b = start_node(tmp_path, "nb", dsn, broker_url, monkeypatch)
-    c = start_node(tmp_path, "nc", dsn, broker_url, monkeypatch)
+    a, b, c = start_nodes(tmp_path, ["na", "nb", "nc"], dsn, broker_url, crash_at={"na": CRASH_AT})
     nodes = {n.state_dir.name: n for n in (a, b, c)}
     q_out, q_in = unique_name("cluster.faults.out"), unique_name("cluster.faults.in")
     stop_file = tmp_path / "producer.stop"
@@ -157,22 +141,15 @@ def test_three_nodes_survive_a_killed_owner_and_a_paused_one_under_t2_traffic_bo
     supplier: Supplier | None = None
     paused: NsjmsServer | None = None
     try:
-        factory = client_orb.factory(a.ior())
-        bf = bridge_factory(client_orb, a)
-        c1, cid1 = persistent_channel(factory)
-        out_bridge, bid1 = bf.create_bridge(channel_ep(BA.SOURCE, cid1), jms_ep(BA.SINK, q_out))
-        managed_bridge(out_bridge).enable_transaction(PER_T2, 30)
-        c2, cid2 = t2_persistent_channel(factory, PER_T2)
-        consumer = structured_consumer(c2)               # its reference is stored: a new owner calls it back
-        in_bridge, bid2 = bf.create_bridge(jms_ep(BA.SOURCE, q_in), channel_ep(BA.SINK, cid2, BA.PULL))
-        assert ownership(dsn) == {("channel", cid1): "na", ("bridge", bid1): "na", ("channel", cid2): "na",
-                                  ("bridge", bid2): "na"}, "the creating node owns them"
-        supplier = Supplier(client_orb, [a, b, c], c1, cid1, call_timeout_ms=CALL_TIMEOUT_MS,
+        routes = make_routes(client_orb, a, q_out, q_in, PER_T2, start=False)
+        cid1, bid1, cid2, bid2, consumer = routes.cid1, routes.bid1, routes.cid2, routes.bid2, routes.consumer
+        assert ownership(dsn) == routes.owned_by("na"), "the creating node owns them"
+        supplier = Supplier(client_orb, [a, b, c], routes.c1, cid1, call_timeout_ms=CALL_TIMEOUT_MS,
                             follow_after_maybe=True)
-        in_bridge.start_bridge()          # JMS -> channel first: the JVM takes a while; at most one message per
+        routes.in_bridge.start_bridge()   # JMS -> channel first: the JVM takes a while; at most one message per
         producer = java_tool.produce_until("queue", q_in, stop_file, pause_ms=PRODUCER_PAUSE_MS)   # pause
         assert wait_until(lambda: consumer.count() > 0, 120), "JMS -> channel runs through na"
-        out_bridge.start_bridge()
+        routes.out_bridge.start_bridge()
         supplier.thread.start()
 
         # a. na dies at a counted point (its 60th branch commit after a decision); its disk is gone at once
@@ -299,5 +276,4 @@ def test_three_nodes_survive_a_killed_owner_and_a_paused_one_under_t2_traffic_bo
             producer.communicate()
         java_out.stop()
         a.state_dir.chmod(0o700)
-        for node in (a, b, c):
-            node.stop()
+        stop_nodes([a, b, c])

@@ -49,8 +49,8 @@ from bridgekit import (
     structured_supplier,
     unique_name,
 )
-from clusterkit import cli, start_node
-from conftest import ClientOrb, free_port
+from clusterkit import cli, start_nodes, stop_nodes
+from conftest import ClientOrb
 from stdclients import (
     TEST_DOMAIN,
     TEST_TYPE,
@@ -88,13 +88,11 @@ def _constraints(flt: Any) -> list[tuple[int, str]]:
 
 
 def test_three_nodes_filters_follow_their_channel_and_references_from_one_node_reach_every_node(
-        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb,
         cpp_examples: dict[str, Path]) -> None:  # noqa: F811 - the fixture imported above
     orb = client_orb.orb
-    pa, pb, pc = free_port(), free_port(), free_port()
-    a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch, port=pa, peers=f"{HOST}:{pb},{HOST}:{pc}")
-    b = start_node(tmp_path, "nb", fresh_db, broker_url, monkeypatch, port=pb, peers=f"{HOST}:{pa},{HOST}:{pc}")
-    c = start_node(tmp_path, "nc", fresh_db, broker_url, monkeypatch, port=pc, peers=f"{HOST}:{pa},{HOST}:{pb}")
+    a, b, c = start_nodes(tmp_path, ["na", "nb", "nc"], fresh_db, broker_url, peers=True)   # on HOST
+    pa, pb, pc = a.port, b.port, c.port
     try:
         _, x = persistent_channel(client_orb.factory(b.ior()))                 # owned by nb
         _, y = persistent_channel(client_orb.factory(c.ior()))                 # owned by nc
@@ -190,6 +188,4 @@ def test_three_nodes_filters_follow_their_channel_and_references_from_one_node_r
         assert sorted(i for i in ours if i >= 28) == [i for i in want_y if i >= 28]
         assert not [s for s in seen if s.startswith("OBJECT_NOT_EXIST")], seen
     finally:
-        a.stop()
-        b.stop()
-        c.stop()
+        stop_nodes([a, b, c])

@@ -46,7 +46,7 @@ from bridgekit import (
     structured_supplier,
     unique_name,
 )
-from clusterkit import EXPIRY_S, RENEW_S, StompCounter, numbers, ownership, rows, start_node
+from clusterkit import EXPIRY_S, RENEW_S, Flows, StompCounter, numbers, ownership, rows, start_nodes, stop_nodes
 from conftest import ClientOrb
 from stdclients import make_event, wait_until
 
@@ -77,10 +77,8 @@ def _audit_counts_the_re_send_apart(dsn: str, decided: set[str]) -> None:
 
 
 def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_transaction(
-        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch, crash_at="t2.after_decision@2")
-    b = start_node(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
+        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb) -> None:
+    a, b = start_nodes(tmp_path, ["na", "nb"], fresh_db, broker_url, crash_at={"na": "t2.after_decision@2"})
     host, port = broker_url.removeprefix("stomp://").split(":")
     counter = StompCounter()
     conn = stomp.Connection([(host, int(port))], auto_content_length=False)
@@ -147,7 +145,7 @@ def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_tran
                                      ("bridge", bid_in): "nb"}
 
         a.state_dir.chmod(0o700)                         # na comes back as a new member and restores nothing
-        a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch)
+        a, = start_nodes(tmp_path, ["na"], fresh_db, broker_url)
         assert wait_until(lambda: node_status(a).get("cluster", {}).get("epoch") == 3, 30), node_status(a)
         status = node_status(a)                          # (the first status.json of the new process)
         assert status["channels"] == [] and status["bridges"] == [], status
@@ -192,8 +190,7 @@ def test_a_survivor_takes_a_dead_nodes_bridge_over_and_finishes_its_decided_tran
     finally:
         conn.disconnect()
         a.state_dir.chmod(0o700)
-        a.stop()
-        b.stop()
+        stop_nodes([a, b])
 
 
 def _gtrid_node(dedupe: str) -> str:
@@ -202,8 +199,7 @@ def _gtrid_node(dedupe: str) -> str:
 
 
 def test_a_dead_nodes_channels_are_spread_over_both_survivors_under_t2_traffic(
-        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb) -> None:
     """Three nodes; ``na`` owns four channels: C1 with a channel -> JMS bridge in T2 (a standard-stub push supplier,
     counted at a stomp.py consumer), C2 (T2) with a JMS -> channel bridge in T2 (a stomp.py producer, counted at a
     standard-stub push consumer), C3 and C4 without bridges. Under traffic both ways ``na`` is SIGKILLed. The survivor
@@ -211,40 +207,20 @@ def test_a_dead_nodes_channels_are_spread_over_both_survivors_under_t2_traffic(
     and C3 to ``nb``, C2 and C4 to ``nc`` (before, all four went to the fencer). The other survivor's share waits
     until the fencer finished ``na``'s transactions, then that survivor loads it. Both flows resume, each on its
     own survivor: 0 lost both ways, channel -> JMS duplicates only with their original's dedupe id."""
-    from clusterkit import StompProducer, Supplier, check_once, t2_persistent_channel
-
-    a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch)
-    b = start_node(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
-    c = start_node(tmp_path, "nc", fresh_db, broker_url, monkeypatch)
-    host, port = broker_url.removeprefix("stomp://").split(":")
-    counter = StompCounter()
-    listen = stomp.Connection([(host, int(port))], auto_content_length=False)
-    listen.set_listener("counter", counter)
-    listen.connect(wait=True)
-    supplier: Supplier | None = None
-    producer: StompProducer | None = None
+    a, b, c = start_nodes(tmp_path, ["na", "nb", "nc"], fresh_db, broker_url)
+    flows: Flows | None = None
     try:
-        q_out, q_in = unique_name("cluster.spread.out"), unique_name("cluster.spread.in")
-        listen.subscribe(f"/queue/{q_out}", id="counter", ack="auto")
+        flows = Flows(client_orb, broker_url, a, [a, b, c], "cluster.spread", PER_T2, start_bridges=False,
+                      follow_after_maybe=True)
+        routes, counter, consumer, supplier = flows.routes, flows.counter, flows.consumer, flows.supplier
+        cid1, bid1, cid2, bid2 = routes.cid1, routes.bid1, routes.cid2, routes.bid2
         factory = client_orb.factory(a.ior())
-        bf = bridge_factory(client_orb, a)
-        c1, cid1 = persistent_channel(factory)
-        out_bridge, bid1 = bf.create_bridge(channel_ep(BA.SOURCE, cid1), jms_ep(BA.SINK, q_out))
-        managed_bridge(out_bridge).enable_transaction(PER_T2, 30)
-        c2, cid2 = t2_persistent_channel(factory, PER_T2)
-        consumer = structured_consumer(c2)               # its reference is stored: the new owner calls it back
-        in_bridge, bid2 = bf.create_bridge(jms_ep(BA.SOURCE, q_in), channel_ep(BA.SINK, cid2, BA.PULL))
         _, cid3 = persistent_channel(factory)
         _, cid4 = persistent_channel(factory)
         assert set(ownership(fresh_db).values()) == {"na"}
-        out_bridge.start_bridge()
-        in_bridge.start_bridge()
-        supplier = Supplier(client_orb, [a, b, c], c1, cid1, follow_after_maybe=True)
-        producer = StompProducer(broker_url, q_in)
-        supplier.thread.start()
-        producer.thread.start()
-        assert wait_until(lambda: len(counter.names()) >= 20 and consumer.count() >= 20, 90), \
-            (len(counter.names()), consumer.count())
+        routes.start()
+        flows.run()
+        assert flows.moved(20), flows.arrived()
 
         a.kill()                                         # SIGKILL
         died = time.monotonic()
@@ -295,14 +271,9 @@ def test_a_dead_nodes_channels_are_spread_over_both_survivors_under_t2_traffic(
                             if owners[("channel", cid)] == other], \
             f"the other survivor's share: claimed in the fence, started once released: {handoffs}"
 
-        mark_out, mark_in = len(counter.names()), consumer.count()
-        assert wait_until(lambda: len(counter.names()) >= mark_out + 20 and consumer.count() >= mark_in + 20, 90), \
-            (len(counter.names()) - mark_out, consumer.count() - mark_in)
-        supplier.pause()
-        producer.stop.set()
-        producer.thread.join(30)
-        dup, n_in = check_once(counter, supplier.pushed, consumer, producer.sent, supplier.maybe,
-                               consumer_duplicates=True)
+        assert flows.moved(20), flows.arrived()
+        flows.stop()
+        dup, n_in = flows.check(consumer_duplicates=True)
         names = [n for n, _ in counter.got]
         twice = {n for n in names if names.count(n) > 1}
         assert all(d.rsplit("/", 1)[0] in decided for n, d in counter.got if n in twice), \
@@ -310,9 +281,6 @@ def test_a_dead_nodes_channels_are_spread_over_both_survivors_under_t2_traffic(
         assert wait_until(lambda: prepared_count(fresh_db) == 0, 30), "no prepared transaction left"
         assert rows(fresh_db, "SELECT count(*) FROM nsjms_decision WHERE node_id = 'na'") == [(0,)]
         assert rows(fresh_db, "SELECT epoch, state FROM nsjms_member WHERE node_id = 'na'") == [(2, "fenced")]
-        per_out: dict[str, int] = {}
-        for _, d in counter.got:
-            per_out[_gtrid_node(d)] = per_out.get(_gtrid_node(d), 0) + 1
         per_in = {str(n): int(k) for n, k in rows(
             fresh_db, "SELECT split_part(gtrid, ':', 1), count(*) FROM nsjms_inbox WHERE bridge_id = %s GROUP BY 1",
             bid2)}
@@ -321,13 +289,11 @@ def test_a_dead_nodes_channels_are_spread_over_both_survivors_under_t2_traffic(
               f"{ {k: round(v, 1) for k, v in sorted(running.items())} }; routed again (s) "
               f"{ {k: round(v, 1) for k, v in resumed.items()} }; owners {sorted(owners.items())}"
               f"\nchannel -> JMS: {supplier.pushed} pushed ({len(supplier.maybe)} COMPLETED_MAYBE), {dup} duplicate(s) "
-              f"with their dedupe id; per node (sending transaction) {per_out}"
-              f"\nJMS -> channel: {producer.sent} messages, {n_in} events at the consumer "
+              f"with their dedupe id; per node (sending transaction) {flows.per_node_out()}"
+              f"\nJMS -> channel: {flows.producer.sent if flows.producer else 0} messages, {n_in} events at the "
+              f"consumer "
               f"({n_in - len(set(numbers(consumer.snapshot())))} delivered twice); per node (inbox rows) {per_in}")
     finally:
-        for worker in (supplier, producer):
-            if worker is not None:
-                worker.stop.set()
-        listen.disconnect()
-        for node in (a, b, c):
-            node.stop()
+        if flows is not None:
+            flows.close()
+        stop_nodes([a, b, c])

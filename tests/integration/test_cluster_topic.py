@@ -37,7 +37,7 @@ from bridgekit import (
     structured_consumer,
     unique_name,
 )
-from clusterkit import EXPIRY_S, numbers, rows, start_node
+from clusterkit import EXPIRY_S, numbers, rows, start_nodes, stop_nodes
 from conftest import ClientOrb, NsjmsServer
 from stdclients import wait_until
 
@@ -66,10 +66,8 @@ def _took_over(server: NsjmsServer, dead: str) -> bool:
 
 
 def test_a_topic_bridge_resumes_its_durable_subscription_on_the_node_that_takes_it_over(
-        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch)
-    b = start_node(tmp_path, "nb", fresh_db, broker_url, monkeypatch)
+        tmp_path: Path, fresh_db: str, broker_url: str, client_orb: ClientOrb) -> None:
+    a, b = start_nodes(tmp_path, ["na", "nb"], fresh_db, broker_url)
     try:
         [(token,)] = rows(fresh_db, "SELECT incarnation FROM nsjms_member WHERE node_id = 'na'")
         named = rows(fresh_db, "SELECT DISTINCT application_name FROM pg_stat_activity "
@@ -101,7 +99,7 @@ def test_a_topic_bridge_resumes_its_durable_subscription_on_the_node_that_takes_
         assert _owner(fresh_db, bid) == "nb"
         before_pause = set(got)
 
-        a = start_node(tmp_path, "na", fresh_db, broker_url, monkeypatch)    # back, as a new member
+        a, = start_nodes(tmp_path, ["na"], fresh_db, broker_url)          # back, as a new member
         assert b.proc is not None
         b.proc.send_signal(signal.SIGSTOP)               # nb holds the subscription's connection, silent
         paused = time.monotonic()
@@ -124,5 +122,4 @@ def test_a_topic_bridge_resumes_its_durable_subscription_on_the_node_that_takes_
         print(f"events at the consumer {len(got)}, distinct 30, twice {sorted(_twice(got))}")
         assert wait_until(lambda: prepared_count(fresh_db) == 0, 30)
     finally:
-        a.stop()
-        b.stop()
+        stop_nodes([a, b])
