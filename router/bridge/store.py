@@ -13,6 +13,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from router.cluster.ownership import disown
+
 __all__ = ["BridgeRow", "BridgeStore"]
 
 Conn = psycopg.Connection[Any]
@@ -56,6 +58,7 @@ class BridgeStore:
 
     def delete(self, conn: Conn, bid: int) -> None:
         conn.execute("DELETE FROM nsjms_bridge WHERE id = %s", (bid,))
+        disown(conn, "bridge", bid)        # a destroyed bridge is owned by no node (docs/cluster.md)
 
     def load(self, conn: Conn) -> list[BridgeRow]:
         rows = conn.execute("SELECT id, source, sink, state, channel_id, admin_id, proxy_id, settings "

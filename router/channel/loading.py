@@ -20,6 +20,9 @@ import logging
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
+from router.channel.txdelivery import drain
+from router.cluster.release import stop_channel
+
 __all__ = ["UNLOAD_STOP_S", "LoadFailed", "drop_created", "load", "unload"]
 
 log = logging.getLogger("nsjms.channel")
@@ -79,8 +82,6 @@ def load(factory: Any, cid: int, make: Callable[[], Any]) -> Any:
 def unload(factory: Any, cid: int, channel: Any, made: Collection[bytes]) -> None:
     """Undo a failed load of channel ``cid``: stop what ``channel`` (None: its servant was not even made) started,
     unregister it, retire its filters, deactivate the ids ``made``. Never raises (logged)."""
-    from router.channel.txdelivery import drain
-    from router.cluster.release import stop_channel
 
     if channel is not None:
         with factory._lock:

@@ -33,6 +33,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from router.cluster.members import CHANNEL_FENCE_CTE
+from router.cluster.ownership import disown
 from router.db.database import FenceToken
 from router.db.errors import StoreError, StoreUnavailable, WriteFenced
 from router.db.lane import exec_prepared
@@ -159,6 +160,7 @@ class Store:
         self._drop_queue_rows(conn, "q.channel_id = %s", (cid,), cid, "the channel was destroyed")
         conn.execute("DELETE FROM nsjms_proxy WHERE channel_id = %s", (cid,))
         conn.execute("DELETE FROM nsjms_channel WHERE id = %s", (cid,))
+        disown(conn, "channel", cid)       # a destroyed channel is owned by no node (docs/cluster.md)
 
     def load_channels(self, conn: Conn) -> list[ChannelRow]:
         rows = conn.execute("SELECT id, qos, admin_props, next_admin_c, next_admin_s "

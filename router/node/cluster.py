@@ -6,18 +6,28 @@ routing transactions. A mixin of :class:`router.node.server.Node`, which compose
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
 import time
 from typing import Any
 
 log = logging.getLogger("nsjms.server")
 
-__all__ = ["HANDOFF_STOP_S", "ClusterRole"]
+__all__ = ["HANDOFF_STOP_S", "ClusterRole", "published_address"]
 
 #: How long a hand-off waits for a channel's and its bridges' work in flight to end (a push's own call timeout is
 #: 10 s; a routing transaction's phase two is bounded likewise); what has not ended is waited for again at the next
 #: renewal period, and the channel is released only once nothing of it runs here.
 HANDOFF_STOP_S = 30.0
+
+
+def published_address(endpoint_publish: str, orb_host: str, orb_port: int) -> str:
+    """``host:port`` of a single ``giop:tcp:HOST:PORT`` endpoint (``[v6]`` kept), else ``orb_host:orb_port``."""
+    m = re.fullmatch(r"giop:tcp:(\[[0-9A-Fa-f:.]+\]|[^:,\s]+):(\d{1,5})", endpoint_publish.strip())
+    if m is not None and 0 < int(m.group(2)) < 65536:
+        return f"{m.group(1)}:{m.group(2)}"
+    return f"{orb_host}:{orb_port}"
 
 
 class ClusterRole:
@@ -42,13 +52,21 @@ class ClusterRole:
         from router.cluster.node import Membership
         from router.node.lifecycle import write_private
 
-        self.membership = Membership(self.db, self.s.node_id, f"{self.s.orb_host}:{self.s.orb_port}",
+        self.membership = Membership(self.db, self.s.node_id, self._own_address(),
                                      self.s.state_dir, LeaseSettings(self.s.cluster_renew_s, self.s.cluster_expiry_s),
                                      self._fenced, write_private=write_private, token=self.incarnation)
         self.membership.join()
         self.membership.start()
         self.db.fence = self._fence_check    # every unit of work of this node checks its epoch (docs/cluster.md)
         self.db.statement_fence = _AcceptFence(self)   # the accept statement checks epoch and ownership itself
+
+    def _own_address(self) -> str:
+        """``host:port`` at which the other nodes and the clients reach this node: the one endpoint omniORB is told
+        to publish (``ORBendPointPublish`` in the environment, which the container image sets from
+        ``ORB_PUBLISH_HOST``) when there is one, else ``orb.host:orb.port``. A node listening on every address
+        (``0.0.0.0``) never names that in its references nor in its member row (docs/cluster.md, Deployment)."""
+        return published_address(os.environ.get("ORBendPointPublish", ""),  # noqa: SIM112 - omniORB's own name
+                                 self.s.orb_host, self.s.orb_port)
 
     def _live_epoch(self) -> int | None:
         m = self.membership

@@ -106,6 +106,9 @@ def orb_args(s: NodeSettings, publish: list[str] | None = None) -> list[str]:
         "-ORBmaxServerThreadPoolSize", str(s.orb_max_threads),
         "-ORBclientCallTimeOutPeriod", "30000",
         "-ORBclientConnectTimeOutPeriod", "5000",
+        # omniORB's scavenger wakes every scanGranularity s (default 5) and ORB::destroy waits for it: a clean stop
+        # (SIGTERM) spent about 4 of its 6 s there. 1 s keeps the idle-connection scan and ends a stop in ~1 s.
+        "-ORBscanGranularity", "1",
         "-ORBtraceLevel", "1",            # level 1 logs unexpected servant exceptions with a traceback
         "-ORBnativeCharCodeSet", "UTF-8",  # IDL strings carry any Unicode text (JMS text bodies)
         # Above the channel's event size limit: a larger event reaches the servant, which refuses it with
@@ -270,7 +273,7 @@ class Node(ClusterRole, NodeWatches, NodeReports):
         from router.cluster.forward import cluster_addresses
 
         with self.db.unit_of_work() as conn:
-            return cluster_addresses(conn, self.s.node_id, f"{self.s.orb_host}:{self.s.orb_port}",
+            return cluster_addresses(conn, self.s.node_id, self._own_address(),
                                      self.s.cluster_peers)
 
     def _runs(self, obj: tuple[str, int]) -> bool:

@@ -14,7 +14,10 @@ from typing import Any
 
 log = logging.getLogger("nsjms.server")
 
-__all__ = ["NodeWatches"]
+#: A failed ledger maintenance pass is tried again after at most this many seconds (not a whole period later).
+LEDGER_RETRY_S = 60.0
+
+__all__ = ["LEDGER_RETRY_S", "NodeWatches"]
 
 
 class NodeWatches:
@@ -121,9 +124,8 @@ class NodeWatches:
             with self.db.unit_of_work() as conn:
                 conn.execute("SET LOCAL lock_timeout = '2s'")
                 created, dropped = maintain(conn, settings.retention_days, settings.ahead_days)
-        except Exception as exc:  # noqa: BLE001 — a store error or lock timeout: the next period retries
-            log.warning("ledger partition maintenance failed (retried in %g s): %s", settings.maintenance_interval_s,
-                        exc)
+        except Exception as exc:  # noqa: BLE001 — a store error or lock timeout: retried soon
+            log.warning("ledger partition maintenance failed (retried in %g s): %s", self._ledger_retry_s(), exc)
             return False
         if created or dropped:
             log.info("ledger partitions: created %s; dropped %s (retention %d days)",
@@ -131,6 +133,11 @@ class NodeWatches:
                      settings.retention_days)
         return True
 
+    def _ledger_retry_s(self) -> float:
+        """After a failed pass: the next one within a minute, not a whole period (an hour by default) later."""
+        return float(min(self.s.ledger.maintenance_interval_s, LEDGER_RETRY_S))
+
     def _ledger_loop(self) -> None:
-        while not self.runtime.shutting_down.wait(self.s.ledger.maintenance_interval_s):
-            self.maintain_ledger()
+        wait = self.s.ledger.maintenance_interval_s
+        while not self.runtime.shutting_down.wait(wait):
+            wait = self.s.ledger.maintenance_interval_s if self.maintain_ledger() else self._ledger_retry_s()

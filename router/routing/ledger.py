@@ -42,6 +42,7 @@ __all__ = [
     "COLUMNS",
     "DEFAULT_PARTITION",
     "HOP_COLUMNS",
+    "MAINTENANCE_LOCK",
     "MIGRATION",
     "TABLE",
     "Direction",
@@ -679,9 +680,19 @@ def drop_expired_partitions(conn: psycopg.Connection[Any], retention_days: int, 
     return dropped
 
 
+#: The advisory lock key of ledger partition maintenance (the ASCII of "nsjmsldg").
+MAINTENANCE_LOCK = 0x6E736A6D736C6467
+
+
 def maintain(conn: psycopg.Connection[Any], retention_days: int, ahead_days: int,
              today: date | None = None) -> tuple[list[date], list[date]]:
-    """Create today's and ``ahead_days`` next partitions, drop expired ones; return (created, dropped)."""
+    """Create today's and ``ahead_days`` next partitions, drop expired ones; return (created, dropped).
+
+    Nodes of a cluster maintain one ledger: the transaction first takes :data:`MAINTENANCE_LOCK` (a
+    transaction-level advisory lock, released at its end), so two nodes never create the same day's partition at
+    once (the second failed with "already exists" and gave up until its next period); the second then finds the
+    first's partitions."""
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (MAINTENANCE_LOCK,))
     today = today or datetime.now(UTC).date()
     created = ensure_partitions(conn, today, ahead_days + 1)
     dropped = drop_expired_partitions(conn, retention_days, today)

@@ -528,9 +528,9 @@ class Cluster:
 
     def reset(self, client_orb: ClientOrb) -> None:
         """Every bridge and channel destroyed (through a running node: forwarded to their owners), their ownership
-        rows gone, no prepared transaction left. A destroy leaves the object's ``nsjms_owner`` row behind (a defect,
-        ``test_cluster_drain.py::test_a_destroyed_channel_and_bridge_leave_no_ownership_row``): those rows are
-        deleted here, or the next test's loads (placement, drain, rebalance) would count them."""
+        rows gone with them (a destroy deletes its object's ``nsjms_owner`` row,
+        ``test_cluster_drain.py::test_a_destroyed_channel_and_bridge_leave_no_ownership_row``), no prepared
+        transaction left."""
         live = [n for n in self.nodes.values() if n.proc is not None and n.proc.poll() is None]
         assert live, "a running node to reset the cluster through"
 
@@ -548,8 +548,7 @@ class Cluster:
                         ) == [(0,)]
 
         assert wait_until(destroyed, 90), f"left behind: {ownership(self.dsn)}"
-        rows(self.dsn, "DELETE FROM nsjms_owner WHERE kind IN ('channel', 'bridge') RETURNING kind")
-        assert not ownership(self.dsn), ownership(self.dsn)
+        assert not ownership(self.dsn), f"ownership rows of destroyed objects: {ownership(self.dsn)}"
         assert wait_until(lambda: prepared_count(self.dsn) == 0, 60), "no prepared transaction left"
 
 

@@ -252,9 +252,6 @@ def test_a_rolling_restart_of_three_nodes_by_plain_restarts_loses_nothing(
         flows.close()
 
 
-@pytest.mark.xfail(strict=True, reason="defect: EventChannel::destroy and Bridge::destroy leave the object's "
-                   "nsjms_owner row (router.cluster.ownership.disown has no caller): loads, drains and rebalances "
-                   "count destroyed objects")
 def test_a_destroyed_channel_and_bridge_leave_no_ownership_row(cluster: Cluster, client_orb: ClientOrb) -> None:
     a, _ = cluster.up("na", "nb")
     channel, cid = persistent_channel(client_orb.factory(a.ior()))

@@ -240,9 +240,6 @@ def _joined(stack: Stack, client_orb: ClientOrb) -> dict[str, Any]:
     return factories
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a node in a container publishes its listening address (orb.host "
-                   "0.0.0.0) as its own in the references it makes once it knows other members, and records it in "
-                   "nsjms_member for forwards, instead of ORB_PUBLISH_HOST (docs/cluster.md, Deployment)")
 def test_every_node_of_the_stack_publishes_the_published_host_for_every_node(
         stack: Stack, client_orb: ClientOrb) -> None:
     factories = _joined(stack, client_orb)

@@ -190,3 +190,38 @@ def test_the_inbound_rows_folded_into_the_events_statement_carry_the_node_s_time
         assert rows[1][2] == datetime.fromtimestamp(ahead + 0.5, UTC)
     finally:
         db.close()
+
+
+def test_two_nodes_maintaining_the_ledger_at_once_both_succeed(fresh_db: str) -> None:
+    """Cluster nodes started together maintained one ledger at once: the second's CREATE TABLE of the same day
+    failed with "already exists" (seen in a three-node start) and its maintenance waited a whole period. The
+    maintenance's advisory lock makes the second wait for the first and find its partitions."""
+    import threading
+
+    db = Database(fresh_db, 3)
+    db.open()
+    day = datetime.now(UTC).date() + timedelta(days=400)       # days no migration or node made
+    try:
+        results: list[object] = []
+        with db.unit_of_work() as first:
+            assert maintain(first, retention_days=10_000, ahead_days=1, today=day)[0] == [day, day + timedelta(1)]
+
+            def second() -> None:
+                try:
+                    with db.unit_of_work() as conn:
+                        results.append(maintain(conn, retention_days=10_000, ahead_days=1, today=day))
+                except Exception as exc:  # noqa: BLE001 - the failure is the result
+                    results.append(exc)
+
+            t = threading.Thread(target=second)
+            t.start()
+            with psycopg.connect(fresh_db, autocommit=True) as watch:   # the second waits for the first
+                deadline = datetime.now(UTC) + timedelta(seconds=30)
+                while watch.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone() == (0,):
+                    assert datetime.now(UTC) < deadline, "the second maintenance never waited for the first"
+                    t.join(0.05)
+                    assert t.is_alive(), f"the second maintenance did not wait: {results}"
+        t.join(30)
+        assert results == [([], [])], "the second found the first's partitions and created nothing"
+    finally:
+        db.close()
