@@ -17,7 +17,11 @@ and a run where nothing changed reads no partition of the ledger.
 The audit installs the tracking itself (:func:`ensure`), in a short transaction of its own that waits at most
 :data:`LOCK_TIMEOUT` for the ledger's lock (``CREATE TRIGGER`` conflicts with writers for a moment), and appends the
 ``NULL`` marker in the same transaction: rows written before the tracking existed are found by one full pass
-(the fingerprint of every day, as before the tracking). A ledger never audited incrementally pays nothing. The
+(the fingerprint of every day, as before the tracking). Only the ledger's owner (the nodes' role) installs it, and
+the trigger function runs with its owner's rights (``SECURITY DEFINER``), so no writer role ever fails a ledger write
+on the change table. A ledger never audited incrementally pays nothing; once installed, every ledger statement
+appends one marker row per day it touched, which only an incremental run removes (docs/audit.md says how to remove
+the tracking). The
 triggers are checked on every run (in the catalogue); missing or disabled ones are installed again, with one more
 full pass. Not seen: writes with the triggers disabled and enabled again in between
 (``ALTER TABLE … DISABLE TRIGGER``, ``session_replication_role = replica``) and writes straight into a partition
@@ -46,7 +50,11 @@ _DAY = "(accepted_at AT TIME ZONE 'UTC')::date"
 
 INSTALL_SQL = (
     f"CREATE TABLE IF NOT EXISTS {CHANGE_TABLE} (day date)",
-    f"""CREATE OR REPLACE FUNCTION nsjms_ledger_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    # SECURITY DEFINER: the triggers fire in every writer's statements (the nodes' role) and append as the ledger's
+    # owner, who installed them (ensure() installs only as that owner) and owns the change table; a writer role
+    # without a grant on it never fails a ledger write. search_path fixed at creation (FROM CURRENT).
+    f"""CREATE OR REPLACE FUNCTION nsjms_ledger_changed() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO {CHANGE_TABLE} (day) SELECT DISTINCT {_DAY} FROM nsjms_new;
@@ -59,6 +67,7 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$""",
+    "REVOKE ALL ON FUNCTION nsjms_ledger_changed() FROM PUBLIC",
     "CREATE OR REPLACE TRIGGER nsjms_ledger_changed_insert AFTER INSERT ON nsjms_ledger "
     "REFERENCING NEW TABLE AS nsjms_new FOR EACH STATEMENT EXECUTE FUNCTION nsjms_ledger_changed()",
     "CREATE OR REPLACE TRIGGER nsjms_ledger_changed_update AFTER UPDATE ON nsjms_ledger "
@@ -88,6 +97,13 @@ def ensure(conn: psycopg.Connection[Any]) -> bool:
     if installed(conn):
         conn.commit()
         return True
+    row = conn.execute("SELECT pg_get_userbyid(relowner) = current_user FROM pg_class "
+                       "WHERE oid = to_regclass('nsjms_ledger')").fetchone()
+    if not (row and row[0]):
+        conn.rollback()
+        log.warning("audit: the ledger's change tracking is installed only by the ledger's owner (the nodes' role), "
+                    "not by this role; this run fingerprints every day")
+        return False
     try:
         conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         for statement in INSTALL_SQL:

@@ -94,6 +94,16 @@ def _retried(attempt: Callable[[], bool]) -> Callable[[float], bool]:
     return wait
 
 
+def _guarded(what: str, fn: Callable[..., Any], *args: Any) -> None:
+    """One step of a stop that must not end the stop when it fails (logged): the rest of the teardown still runs,
+    so the channel is never left registered here with its gate closed and its proxies stopped (nothing could load
+    it again: it would answer TRANSIENT for ever)."""
+    try:
+        fn(*args)
+    except Exception:  # logged; the teardown goes on
+        log.exception("hand-off stop: %s failed (the stop goes on)", what)
+
+
 def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], timeout_s: float,
                  drain_supplier: Callable[[Any, float], bool]) -> list[Pending]:
     """Stop channel ``cid`` of ``factory`` (the node's EventChannelFactoryImpl) and the bridges ``bids`` of
@@ -117,7 +127,7 @@ def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], ti
         admins = list(channel.consumer_admins.values()) + list(channel.supplier_admins.values())
         proxies = [p for a in admins for p in list(a.proxies.values())]
         for p in proxies:                   # a proxy made after this list cannot connect: the gate is closed
-            p.stop_for_handoff()
+            _guarded(f"proxy {p.oid}: stop", p.stop_for_handoff)
         stuck += _threads([n for p in proxies for n in (f"push-{p.oid}", f"pull-{p.oid}")], deadline)
         # the phase two of their decided T2s (completer threads): channel -> JMS (a proxy supplier's), JMS -> channel
         # (a proxy consumer's inbound driver, router/channel/t2in.py)
@@ -137,15 +147,15 @@ def stop_channel(factory: Any, bridges: Any, cid: int, bids: Collection[int], ti
             b.started = False
             b.destroyed = True                                  # in memory only: its supervisor ends
         b._wake.set()
-        b._close_t2_out()
+        _guarded(f"bridge {b.id}: its T2 sender", b._close_t2_out)
         if b.transport is not None:
-            b.transport.close()
+            _guarded(f"bridge {b.id}: its broker connection", b.transport.close)
     rt = factory.rt
     for b in loaded:                                            # 4. servants: forgotten first (a request for a
         bridges.forget(b.id)                                    # deactivated id then finds it not loaded here:
         if b._t2_ior is not None and getattr(rt, "t2", None) is not None:      # retry, not "gone")
-            rt.t2.unregister_local(b._t2_ior)
-        rt.endpoints.remove(b.endpoint_servant)
+            _guarded(f"bridge {b.id}: its T2 registration", rt.t2.unregister_local, b._t2_ior)
+        _guarded(f"bridge {b.id}: its endpoint", rt.endpoints.remove, b.endpoint_servant)
         rt.deactivate(b._endpoint_oid())
         rt.deactivate(b.oid)
     if channel is not None:

@@ -6,7 +6,7 @@ operation
   ``NsjmsAdmin::ManagedBridge`` (with
   ``CosBridgeAdmin::Bridge`` and ``BridgeTransactionMgmt::TransactionManagement``) needs an operator, except the
   read operations named here, which a reader may call. An operation added to their IDL is guarded by default; a new
-  administrative servant class goes in :data:`ADMIN_SURFACES` (tests/unit/test_auth.py fails until it does).
+  administrative servant class goes in :func:`admin_surfaces` (tests/unit/test_auth.py fails until it does).
 - The standard Notification Service interfaces stay open to suppliers and consumers, except the operations that
   create or destroy a channel or change the properties that can delete held events (:data:`CHANNEL_GUARDS`).
 """

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+from router.channel.loading import LoadFailed
+
 log = logging.getLogger("nsjms.server")
 
 __all__ = ["HANDOFF_STOP_S", "ClusterRole", "published_address"]
@@ -128,8 +130,6 @@ class ClusterRole:
         to them at once), then the channels with their queues, then the bridges that were started. Idempotent over
         ``owned`` (a failed start is retried with the same ids, router/cluster/takeover.py): what is loaded already is
         not loaded again, and every claimed bridge is repointed and resumed, not only those this call made."""
-        from router.channel.loading import LoadFailed
-
         ids = set(owned.bridges)
         self.bridges.restore(ids)
         for bid in sorted(ids):                          # their channel proxies' clients were the old node's
@@ -241,7 +241,16 @@ class ClusterRole:
         owned = Owned(tuple(sorted({h.channel_id for h in inbound})),
                       tuple(sorted({b for h in inbound for b in h.bridges})))
         self.factory.arrive(owned.channels)
-        self._take_over(owned)
+        try:
+            self._take_over(owned)
+        except LoadFailed as exc:                        # the channels that loaded run: their hand-offs started
+            started = [h for h in inbound if h.channel_id in set(exc.loaded)]
+            if started:
+                with self.db.unit_of_work() as conn:
+                    H.mark_started(conn, [h.id for h in started])
+                for h in started:
+                    telemetry.cluster_handoff("started", h.reason)
+            raise
         with self.db.unit_of_work() as conn:
             H.mark_started(conn, [h.id for h in inbound])
         for h in inbound:

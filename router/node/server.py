@@ -238,7 +238,7 @@ class Node(ClusterRole, NodeWatches, NodeReports):
         self.orb = CORBA.ORB_init(orb_args(self.s, addresses), CORBA.ORB_ID)
         self._join_cluster()               # refused (NodeLive) when another process runs with this node id
         self.store = Store(LedgerWriter(self.s.ledger, node_id=self.s.node_id))
-        self.maintain_ledger()             # today's partitions exist before the first routed event
+        started_ok = self.maintain_ledger()   # today's partitions exist before the first routed event
         self.runtime = Runtime(self.orb, self.db, self.store, max_event_bytes=self.s.max_event_bytes)
         self.runtime.forwarder.starting = True     # until configured after the restore: TRANSIENT, never "gone"
         self.runtime.limits = self.s.limits
@@ -247,7 +247,7 @@ class Node(ClusterRole, NodeWatches, NodeReports):
         self.t2 = self._start_transactions()
         self.runtime.t2 = self.t2
         self.runtime.start_reaper()
-        self.runtime.spawn("ledger-maintenance", self._ledger_loop)
+        self.runtime.spawn("ledger-maintenance", lambda: self._ledger_loop(started_ok))
         self.factory = EventChannelFactoryImpl(self.runtime)
         self.factory.activate()
         # Bridges' endpoint servants must be active before the channel restores: its dispatchers start at once and

@@ -137,7 +137,8 @@ class NodeWatches:
         """After a failed pass: the next one within a minute, not a whole period (an hour by default) later."""
         return float(min(self.s.ledger.maintenance_interval_s, LEDGER_RETRY_S))
 
-    def _ledger_loop(self) -> None:
-        wait = self.s.ledger.maintenance_interval_s
+    def _ledger_loop(self, last_ok: bool = True) -> None:
+        """``last_ok``: whether the start's pass worked (if not, the first pass of the loop comes within a minute)."""
+        wait = self.s.ledger.maintenance_interval_s if last_ok else self._ledger_retry_s()
         while not self.runtime.shutting_down.wait(wait):
             wait = self.s.ledger.maintenance_interval_s if self.maintain_ledger() else self._ledger_retry_s()

@@ -136,6 +136,7 @@ def test_drain_hands_a_nodes_channels_over_under_t2_traffic_and_rebalance_gives_
         for i in range(flows.producer.sent, flows.producer.sent + 20):
             flows.producer.send(i)
         flows.check()
+        assert supplier.maybe == [], "a hand-off refuses a push before storing anything (COMPLETED_NO)"
         assert wait_until(lambda: prepared_count(dsn) == 0, 30)
     finally:
         flows.close()

@@ -42,7 +42,7 @@ import CosNotification
 import CosNotifyChannelAdmin
 
 from idl.generated import CosBridgeAdmin as BA
-from router.auth import use_token
+from router.security.auth import use_token
 
 from bridgekit import channel_ep, jms_ep
 from clusterkit import StompCounter

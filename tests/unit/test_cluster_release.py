@@ -280,3 +280,28 @@ def test_no_filter_of_the_channel_is_made_while_it_is_handed_over() -> None:
     with pytest.raises(CORBA.TRANSIENT):
         factory.create_mapping_filter(GRAMMAR, 1)
     assert made == [4], "nothing made during the stop"
+
+
+def test_a_step_of_the_stop_that_fails_does_not_leave_the_channel_half_stopped_and_registered() -> None:
+    """Review of issue 25's merge: a proxy's ``stop_for_handoff`` (or a bridge's connection close) that raised ended
+    ``stop_channel`` after the gate closed and the other proxies stopped but before ``factory.forget``: the channel
+    stayed registered, so the reload after the failed hand-off skipped it (already loaded) and it answered
+    TRANSIENT for ever. Every step now runs; the failure is logged."""
+    def broken() -> None:
+        raise RuntimeError("stop failed")
+
+    stopped: list[bytes] = []
+    first = SimpleNamespace(oid=b"p/1", id=1, stop_for_handoff=broken, drain_inbound=lambda timeout: True,
+                            delete_delivered_rows=lambda: True)
+    second = SimpleNamespace(oid=b"p/2", id=2, stop_for_handoff=lambda: stopped.append(b"p/2"),
+                             drain_inbound=lambda timeout: True, delete_delivered_rows=lambda: True)
+    channel = _channel_of(first, second)
+    forgotten: list[int] = []
+    deactivated: list[bytes] = []
+    factory = SimpleNamespace(channels={0: channel}, rt=SimpleNamespace(deactivate=deactivated.append),
+                              forget=forgotten.append)
+    left = stop_channel(factory, SimpleNamespace(bridges={}), 0, [], 5.0, lambda p, timeout: True)
+    assert left == []
+    assert stopped == [b"p/2"], "the next proxy is stopped too"
+    assert forgotten == [0] and channel.destroyed, "the channel no longer runs here: a reload can load it whole"
+    assert {b"p/1", b"p/2", b"a/0", b"ch/0"} <= set(deactivated)
