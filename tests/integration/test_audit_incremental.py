@@ -334,3 +334,34 @@ def test_a_late_row_of_a_prepared_branch_is_found_once_it_commits(ledger_db: str
             branch.execute("COMMIT PREPARED 'audit-test-p1'")
     after = run(ledger_db, at(D1, 10, 3))
     assert [d.day for d in after.audited] == [D1] and after.count("delivered") == 1 and after.count("in_flight") == 0
+
+
+def test_a_writer_role_without_a_grant_on_the_markers_still_writes_and_only_the_owner_installs(ledger_db: str) -> None:
+    """Review of issue 28's merge: the trigger function ran with the writer's rights, so a node role without a grant
+    on ``nsjms_ledger_change`` (the audit run as another role installed it) failed every ledger write: an outage.
+    It runs with its owner's rights now, and only the ledger's owner installs it."""
+    from audit.changes import ensure
+
+    writer = f"nsjms_writer_{datetime.now(UTC):%H%M%S%f}"
+    with psycopg.connect(ledger_db, autocommit=True) as su:
+        su.execute(f'CREATE ROLE "{writer}"')
+        su.execute(f'GRANT SELECT, INSERT ON {TABLE} TO "{writer}"')
+    try:
+        run(ledger_db, at(D1, 12))                           # the ledger's owner installs the tracking
+        assert changes_installed(ledger_db)
+        with psycopg.connect(ledger_db) as conn:
+            conn.execute(f'SET ROLE "{writer}"')
+            obligation(conn, "by-the-writer", at(D1, 11), delivered=False)   # the trigger appends as the owner
+        r = run(ledger_db, at(D1, 12, 1))
+        assert [d.day for d in r.audited] == [D1] and r.count("lost") == 1, "its marker made the day due"
+        with psycopg.connect(ledger_db) as conn:            # a role that does not own the ledger installs nothing
+            for name in ("insert", "update", "delete", "truncate"):
+                conn.execute(f"DROP TRIGGER nsjms_ledger_changed_{name} ON {TABLE}")
+            conn.commit()
+            conn.execute(f'SET ROLE "{writer}"')
+            assert ensure(conn) is False
+        assert not changes_installed(ledger_db)
+    finally:
+        with psycopg.connect(ledger_db, autocommit=True) as su:
+            su.execute(f'DROP OWNED BY "{writer}"')
+            su.execute(f'DROP ROLE "{writer}"')
