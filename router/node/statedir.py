@@ -31,18 +31,21 @@ def lock_state_dir(state_dir: Path) -> Any:
     return lock
 
 
+def _group_may_traverse(state_dir: Path, group: str) -> None:
+    """``root:<group> 0710`` on the state directory; nothing when the OS has no such group's user."""
+    try:
+        shutil.chown(state_dir, group=group)
+        os.chmod(state_dir, 0o710)
+    except LookupError:
+        pass
+
 
 def postgres_may_traverse(state_dir: Path) -> None:
     """As root: ``root:postgres 0710`` on the state directory, so the ``postgres`` OS user reaches ``pg/``."""
     from router.node.services import PG_OS_USER
 
-    if os.geteuid() != 0:
-        return
-    try:
-        shutil.chown(state_dir, group=PG_OS_USER)
-        os.chmod(state_dir, 0o710)
-    except LookupError:
-        pass  # no postgres user: EmbeddedPostgres says what to install
+    if os.geteuid() == 0:
+        _group_may_traverse(state_dir, PG_OS_USER)   # no postgres user: EmbeddedPostgres says what to install
 
 
 def broker_may_traverse(state_dir: Path) -> None:
@@ -50,13 +53,8 @@ def broker_may_traverse(state_dir: Path) -> None:
     as ``activemq``); one that ``postgres`` traverses stays so (the broker holds that group, see EmbeddedActiveMQ)."""
     from router.node.services import BROKER_OS_USER
 
-    if os.geteuid() != 0 or os.stat(state_dir).st_gid != 0:
-        return
-    try:
-        shutil.chown(state_dir, group=BROKER_OS_USER)
-        os.chmod(state_dir, 0o710)
-    except LookupError:
-        pass  # no activemq user: EmbeddedActiveMQ says what to install
+    if os.geteuid() == 0 and os.stat(state_dir).st_gid == 0:
+        _group_may_traverse(state_dir, BROKER_OS_USER)   # no activemq user: EmbeddedActiveMQ says what to install
 
 
 def stop_services(state_dir: Path) -> list[str]:
